@@ -1,0 +1,319 @@
+"""``spotlight-agent``: the persistent per-node daemon on a spot (or reserved) node.
+
+It registers with the coordinator over ZeroMQ (DEALER → ROUTER, identity = node id),
+heartbeats, runs the node Scheduler, and spawns one Rollout Worker process per GPU
+(group). Workers talk only to the agent (a local ROUTER socket); the agent relays
+their pulls, results and commits to the coordinator and caches weight versions so a
+new worker gets them locally (paper §4.4, DESIGN §5).
+
+The daemon never imports torch (``tests`` check it): GPU work happens in child
+processes; tensor frames are relayed as opaque bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import os
+import pathlib
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Optional
+
+import msgspec
+import typer
+import zmq
+
+from agent.node_scheduler import NodeScheduler, WorkerStatus
+from spotlight import protocol as P
+
+log = logging.getLogger("spotlight.agent")
+
+app = typer.Typer(help="Spotlight node agent: joins a coordinator and runs Rollout Workers on this node's GPUs.", no_args_is_help=True, add_completion=False)
+
+MAX_CACHED_WEIGHTS = 3
+
+
+@app.callback()
+def _root() -> None:
+    """Spotlight node agent."""
+
+
+def register_auth(secret: str, node_id: str, nonce: str, version: int) -> str:
+    """HMAC-SHA256 proof of the shared secret for a REGISTER handshake."""
+    return hmac.new(secret.encode(), f"register|{node_id}|{nonce}|{version}".encode(), hashlib.sha256).hexdigest()
+
+
+class AgentDaemon:
+    """One node's agent.
+
+    Args:
+        coordinator: ``HOST:PORT`` or a ZeroMQ endpoint of the coordinator.
+        gpus: GPU indices of this node that Spotlight may use.
+        node_id: unique node id (default: hostname-pid).
+        is_spot: False for the reserved node's own rollout workers.
+        secret: shared secret proven in the handshake (``SPOTLIGHT_SECRET``).
+        register_timeout_s: give up if the coordinator does not answer.
+    """
+
+    def __init__(self, coordinator: str, gpus: list[int], *, node_id: str | None = None, is_spot: bool = True, secret: str = "", register_timeout_s: float = 60.0, grace_s: float = 20.0):
+        self.endpoint = coordinator if "://" in coordinator else f"tcp://{coordinator}"
+        self.gpus = list(gpus)
+        self.node_id = node_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.is_spot = is_spot
+        self.secret = secret
+        self.register_timeout_s = register_timeout_s
+        self.grace_s = grace_s
+        self.ctx = zmq.Context.instance()
+        self.coord = self.ctx.socket(zmq.DEALER)
+        self.coord.setsockopt(zmq.IDENTITY, self.node_id.encode())
+        self.coord.setsockopt(zmq.LINGER, 1000)
+        self.workers_sock = self.ctx.socket(zmq.ROUTER)
+        self.workers_sock.setsockopt(zmq.LINGER, 0)
+        self._ipc_dir = tempfile.mkdtemp(prefix="spotlight-agent-")
+        self.worker_endpoint = f"ipc://{self._ipc_dir}/workers.sock"
+        self.workers_sock.bind(self.worker_endpoint)
+        self.sched = NodeScheduler(self.node_id)
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.weights: dict[int, bytes] = {}
+        self.weight_waiters: dict[int, list[str]] = {}
+        self.registered: P.Registered | None = None
+        self.session = ""
+        self.draining = False
+        self.stop_reason = ""
+        self._stop_deadline: float | None = None
+        self._last_heartbeat = 0.0
+
+    # ------------------------------------------------------------ wire helpers
+    def _to_coord(self, msg, frames=None) -> None:
+        self.coord.send_multipart(P.encode(msg, frames), copy=False)
+
+    def _to_worker(self, worker_id: str, msg, frames=None) -> None:
+        self.workers_sock.send_multipart([worker_id.encode(), *P.encode(msg, frames)], copy=False)
+
+    # ------------------------------------------------------------ lifecycle
+    def register(self) -> P.Registered:
+        """Handshake; raises SystemExit with a clear message on refusal or timeout."""
+        self.coord.connect(self.endpoint)
+        nonce = secrets.token_hex(16)
+        auth = register_auth(self.secret, self.node_id, nonce, P.PROTOCOL_VERSION) if self.secret else ""
+        self._to_coord(P.Register(protocol_version=P.PROTOCOL_VERSION, node_id=self.node_id, gpus=self.gpus, is_spot=self.is_spot, hostname=socket.gethostname(), pid=os.getpid(), nonce=nonce, auth=auth))
+        deadline = time.monotonic() + self.register_timeout_s
+        while time.monotonic() < deadline:
+            if not self.coord.poll(500):
+                continue
+            try:
+                mtype, body, _ = P.decode(self.coord.recv_multipart())
+            except P.ProtocolError as exc:
+                log.error("malformed reply from coordinator: %s", exc)
+                continue
+            if mtype == P.MsgType.REGISTERED:
+                self.registered = body
+                self.session = body.session
+                log.info("registered with %s as %s (%d GPUs, spot=%s)", self.endpoint, self.node_id, len(self.gpus), self.is_spot)
+                return body
+            if mtype == P.MsgType.ERROR:
+                raise SystemExit(f"coordinator refused registration: {body.code}: {body.message}")
+        raise SystemExit(f"no answer from coordinator at {self.endpoint} within {self.register_timeout_s:.0f}s")
+
+    def spawn_worker(self, gpus: list[int]) -> None:
+        slot = self.sched.add_worker(gpus)
+        reg = self.registered
+        conf = {"model": reg.model, "sampler": reg.sampler, "worker_batch_size": reg.worker_batch_size, "torch_threads": reg.torch_threads}
+        env = dict(os.environ)
+        env.setdefault("CUDA_VISIBLE_DEVICES", ",".join(map(str, gpus)))
+        cmd = [sys.executable, "-m", "spotlight.workers.rollout_worker", "--agent", self.worker_endpoint, "--worker-id", slot.worker_id, "--gpus", ",".join(map(str, gpus)), "--config-json", msgspec.json.encode(conf).decode()]
+        self.procs[slot.worker_id] = subprocess.Popen(cmd, env=env)
+        log.info("spawned worker %s (pid %d)", slot.worker_id, self.procs[slot.worker_id].pid)
+
+    def heartbeat(self, now: float) -> None:
+        workers = [P.WorkerInfo(worker_id=s.worker_id, gpus=s.gpus, busy=bool(s.in_flight), pid=s.pid) for s in self.sched.live_workers()]
+        self._to_coord(P.Heartbeat(node_id=self.node_id, session=self.session, workers=workers, in_flight=self.sched.in_flight(), draining=self.draining))
+        self._last_heartbeat = now
+
+    def begin_drain(self, reason: str) -> None:
+        """Stop pulling; ask every worker to commit in-flight state and exit."""
+        if self.draining:
+            return
+        self.draining = True
+        self.stop_reason = reason
+        self._stop_deadline = time.monotonic() + self.grace_s
+        log.warning("draining: %s", reason)
+        for slot in self.sched.live_workers():
+            self._to_worker(slot.worker_id, P.Stop(commit=True, reason=reason))
+            slot.status = WorkerStatus.STOPPING
+
+    # ------------------------------------------------------------ message handling
+    def on_worker(self, frames: list) -> None:
+        wid = bytes(frames[0]).decode(errors="replace")
+        try:
+            mtype, body, payload = P.decode(frames[1:])
+        except P.ProtocolError as exc:
+            log.error("worker %s sent a malformed frame: %s", wid, exc)
+            return
+        if mtype == P.MsgType.WORKER_HELLO:
+            self.sched.hello(wid, body.pid)
+        elif mtype == P.MsgType.PULL:
+            if self.draining or wid not in self.sched.workers:
+                self._to_worker(wid, P.Leases(worker_id=wid))
+                return
+            body.node_id, body.session, body.worker_id = self.node_id, self.session, wid
+            self._to_coord(body)
+        elif mtype in (P.MsgType.RESULT, P.MsgType.COMMIT, P.MsgType.FAIL):
+            body.node_id, body.session, body.worker_id = self.node_id, self.session, wid
+            ids = [it.request_id for it in body.items] if mtype != P.MsgType.FAIL else list(body.request_ids)
+            self.sched.finished(wid, ids)
+            self._to_coord(body, payload)
+        elif mtype == P.MsgType.FETCH_WEIGHTS:
+            blob = self.weights.get(body.version)
+            if blob is not None:
+                self._to_worker(wid, P.Weights(version=body.version, size_bytes=len(blob)), [blob])
+                return
+            waiters = self.weight_waiters.setdefault(body.version, [])
+            if not waiters:
+                self._to_coord(P.FetchWeights(node_id=self.node_id, session=self.session, worker_id=wid, version=body.version))
+            waiters.append(wid)
+        else:
+            log.warning("worker %s sent unexpected %s", wid, mtype.name)
+
+    def on_coordinator(self, frames: list) -> None:
+        try:
+            mtype, body, payload = P.decode(frames)
+        except P.ProtocolError as exc:
+            log.error("coordinator sent a malformed frame: %s", exc)
+            return
+        if mtype == P.MsgType.LEASES:
+            if body.worker_id in self.sched.workers:
+                self.sched.leased(body.worker_id, [(i.request_id, i.lease_id) for i in body.items], time.monotonic())
+            self._to_worker(body.worker_id, body, payload)
+        elif mtype == P.MsgType.WEIGHTS:
+            if body.found and payload:
+                self.weights[body.version] = bytes(payload[0])
+                for v in sorted(self.weights)[:-MAX_CACHED_WEIGHTS]:
+                    del self.weights[v]
+            for wid in self.weight_waiters.pop(body.version, []):
+                self._to_worker(wid, body, payload[:1] if body.found else [])
+        elif mtype == P.MsgType.SHUTDOWN:
+            log.info("coordinator asked to shut down: %s", body.reason)
+            self.stop_reason = body.reason or "shutdown"
+            for slot in self.sched.live_workers():
+                self._to_worker(slot.worker_id, P.Stop(commit=False, reason="shutdown"))
+            self.draining = True
+            self._stop_deadline = time.monotonic() + 5.0
+        elif mtype == P.MsgType.ERROR:
+            log.error("coordinator error %s: %s", body.code, body.message)
+            if body.code in ("unknown_session", "not_registered"):
+                raise SystemExit(f"coordinator forgot this agent: {body.message}")
+        else:
+            log.warning("coordinator sent unexpected %s", mtype.name)
+
+    def check_workers(self) -> None:
+        for wid, proc in list(self.procs.items()):
+            rc = proc.poll()
+            if rc is None:
+                continue
+            held = self.sched.exited(wid)
+            del self.procs[wid]
+            if held:
+                self._to_coord(P.Fail(node_id=self.node_id, session=self.session, worker_id=wid, request_ids=[r for r, _ in held], lease_ids=[l for _, l in held], reason=f"worker exited with code {rc}"))
+            if not self.draining:
+                log.error("worker %s exited with code %s; restarting it", wid, rc)
+                self.spawn_worker(self.sched.workers[wid].gpus)
+
+    def run(self) -> int:
+        self.register()
+        for group in self.sched.plan_workers(self.gpus, 1):
+            self.spawn_worker(group)
+        poller = zmq.Poller()
+        poller.register(self.coord, zmq.POLLIN)
+        poller.register(self.workers_sock, zmq.POLLIN)
+        interval = self.registered.heartbeat_interval_s
+        try:
+            while True:
+                events = dict(poller.poll(100))
+                if self.workers_sock in events:
+                    for _ in range(64):
+                        try:
+                            self.on_worker(self.workers_sock.recv_multipart(zmq.NOBLOCK))
+                        except zmq.Again:
+                            break
+                if self.coord in events:
+                    for _ in range(64):
+                        try:
+                            self.on_coordinator(self.coord.recv_multipart(zmq.NOBLOCK))
+                        except zmq.Again:
+                            break
+                now = time.monotonic()
+                self.check_workers()
+                if now - self._last_heartbeat >= interval:
+                    self.heartbeat(now)
+                if self.draining and (not self.procs or (self._stop_deadline is not None and now > self._stop_deadline)):
+                    break
+        finally:
+            self.shutdown()
+        return 0
+
+    def shutdown(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        try:
+            self._to_coord(P.Bye(node_id=self.node_id, session=self.session, reason=self.stop_reason or "exit"))
+        except zmq.ZMQError:
+            pass
+        self.coord.close(linger=1000)
+        self.workers_sock.close(linger=0)
+        try:
+            os.unlink(f"{self._ipc_dir}/workers.sock")
+            os.rmdir(self._ipc_dir)
+        except OSError:
+            pass
+
+
+def _parse_gpus(text: str) -> list[int]:
+    try:
+        gpus = [int(g) for g in text.split(",") if g.strip() != ""]
+    except ValueError:
+        raise typer.BadParameter(f"--gpus must be a comma-separated list of integers, got {text!r}") from None
+    if not gpus or len(set(gpus)) != len(gpus) or min(gpus) < 0:
+        raise typer.BadParameter(f"--gpus must list distinct non-negative indices, got {text!r}")
+    return gpus
+
+
+@app.command()
+def join(
+    coordinator: str = typer.Option(..., "--coordinator", "-c", help="Coordinator address HOST:PORT (or a tcp:// endpoint)."),
+    gpus: str = typer.Option("0", "--gpus", help="Comma-separated GPU indices this agent may use, e.g. 0,1."),
+    node_id: Optional[str] = typer.Option(None, "--node-id", help="Unique node id (default: hostname-pid)."),
+    reserved: bool = typer.Option(False, "--reserved", help="This is the reserved node's own rollout agent (not preemptible)."),
+    cloud: str = typer.Option("none", "--cloud", help="Preemption notice source: aws, gcp, azure or none."),
+    metadata_url: Optional[str] = typer.Option(None, "--metadata-url", help="Override the cloud metadata base URL (e.g. a mock server)."),
+    config: Optional[pathlib.Path] = typer.Option(None, "--config", help="Agent TOML config (optional)."),
+    secret_env: str = typer.Option("SPOTLIGHT_SECRET", "--secret-env", help="Environment variable holding the shared secret."),
+    grace_s: float = typer.Option(20.0, "--grace-s", help="Seconds workers get to commit in-flight state on a notice or SIGTERM."),
+    log_level: str = typer.Option("INFO", "--log-level", help="Logging level."),
+) -> None:
+    """Register this node with a coordinator and serve Rollout Workers until told to stop."""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s agent %(levelname)s %(message)s")
+    daemon = AgentDaemon(coordinator, _parse_gpus(gpus), node_id=node_id, is_spot=not reserved, secret=os.environ.get(secret_env, ""), grace_s=grace_s)
+    signal.signal(signal.SIGTERM, lambda *_: daemon.begin_drain("SIGTERM"))
+    raise typer.Exit(daemon.run())
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

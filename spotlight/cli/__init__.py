@@ -1,0 +1,28 @@
+"""``spotlight`` command line (typer + rich). Each command lives in its own module and
+registers itself on :data:`app`; heavy imports (torch, diffusers) happen inside the
+commands, so ``spotlight --help`` and ``spotlight status`` stay fast."""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(
+    help="Spotlight: Flow-GRPO post-training of Diffusion Transformers on reserved + spot GPUs.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+)
+
+
+def _register_all() -> None:
+    from spotlight.cli import mock_metadata, status, up
+
+    for module in (up, status, mock_metadata):
+        module.register(app)
+
+
+_register_all()
+
+
+def main() -> None:
+    app()

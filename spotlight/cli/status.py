@@ -1,0 +1,127 @@
+"""``spotlight status``: one snapshot of a running coordinator, or a live TUI with --watch.
+
+Data comes from one STATUS_REQUEST → STATUS round trip (``spotlight/protocol.py``);
+:func:`render_status` is a pure function of that snapshot.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import time
+from typing import Optional
+
+import typer
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+SPARK = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float]) -> str:
+    vals = [v for v in values if v == v]
+    if not vals:
+        return ""
+    lo, hi = min(vals), max(vals)
+    span = (hi - lo) or 1.0
+    return "".join(SPARK[min(len(SPARK) - 1, int((v - lo) / span * (len(SPARK) - 1)))] for v in vals[-60:])
+
+
+def render_status(snap: dict):
+    """Rich renderable for a coordinator snapshot (pure)."""
+    head = Text.assemble(
+        ("Spotlight  ", "bold"),
+        f"phase {snap['phase']}  iteration {snap['iteration'] + 1}/{snap['iterations']}  weights v{snap['version']}",
+    )
+    nodes = Table(title="nodes", expand=True)
+    for col in ("node", "status", "kind", "GPUs", "workers", "detector", "last seen"):
+        nodes.add_column(col)
+    for n in snap["nodes"]:
+        nodes.add_row(
+            n["node_id"], n["status"], "spot" if n["spot"] else "reserved", ",".join(map(str, n["gpus"])), str(len(n["workers"])),
+            "ok" if n["detector_healthy"] else f"[red]unhealthy[/red] {n['detector_error']}", f"{n['last_seen_s_ago']}s",
+        )
+    reqs = Table(title="requests", expand=True)
+    statuses = sorted({s for c in snap["requests"].values() for s in c})
+    reqs.add_column("kind")
+    for s in statuses:
+        reqs.add_column(s)
+    for kind, counts in snap["requests"].items():
+        reqs.add_row(kind, *[str(counts.get(s, 0)) for s in statuses])
+    m = snap.get("last_metrics") or {}
+    lines = [f"reward curve {sparkline(snap.get('reward_curve', []))}"]
+    if m:
+        lines.append(
+            f"last iteration: reward {m.get('reward/mean', float('nan')):+.4f}  rollout {m.get('time/rollout_s', 0):.1f}s  "
+            f"train {m.get('time/train_s', 0):.1f}s  explore critical {m.get('time/explore_critical_path_s', 0):.1f}s  "
+            f"spot busy {100 * m.get('spot/busy_fraction', float('nan')):.0f}%  cost ${m.get('cost/usd', 0):.4f}"
+        )
+    return Group(head, nodes, reqs, Text("\n".join(lines)))
+
+
+def fetch_snapshot(endpoint: str, timeout_s: float = 3.0) -> dict:
+    """Ask the coordinator for a snapshot.
+
+    Raises:
+        TimeoutError: no answer within ``timeout_s``.
+    """
+    import zmq
+
+    from spotlight import protocol as P
+
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    try:
+        sock.send_multipart(P.encode(P.StatusRequest()))
+        if not sock.poll(int(timeout_s * 1000)):
+            raise TimeoutError(f"no answer from {endpoint} within {timeout_s}s")
+        mtype, body, _ = P.decode(sock.recv_multipart())
+        if mtype != P.MsgType.STATUS:
+            raise TimeoutError(f"unexpected reply {mtype.name}")
+        return body.snapshot
+    finally:
+        sock.close()
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def status(
+        coordinator: Optional[str] = typer.Option(None, "--coordinator", "-c", help="Coordinator endpoint tcp://HOST:PORT (default: read from --run-dir)."),
+        run_dir: Optional[pathlib.Path] = typer.Option(None, "--run-dir", help="Run directory of a local run (its coordinator.json names the endpoint); default: newest under runs/."),
+        watch: bool = typer.Option(False, "--watch", "-w", help="Refresh continuously (live TUI); Ctrl-C exits."),
+        as_json: bool = typer.Option(False, "--json", help="Print the raw snapshot as JSON."),
+        interval_s: float = typer.Option(1.0, "--interval-s", help="Refresh period with --watch."),
+    ) -> None:
+        """Show nodes, request queues, weights version and the reward curve of a running job."""
+        console = Console()
+        endpoint = coordinator
+        if endpoint is None:
+            rd = run_dir
+            if rd is None:
+                runs = sorted(pathlib.Path("runs").glob("*/coordinator.json"), key=lambda p: p.stat().st_mtime)
+                if not runs:
+                    console.print("[red]error:[/red] no --coordinator given and no runs/*/coordinator.json found")
+                    raise typer.Exit(2)
+                rd = runs[-1].parent
+            endpoint = json.loads((pathlib.Path(rd) / "coordinator.json").read_text())["endpoint"]
+        if "://" not in endpoint:
+            endpoint = f"tcp://{endpoint}"
+        try:
+            if not watch:
+                snap = fetch_snapshot(endpoint)
+                console.print_json(json.dumps(snap)) if as_json else console.print(render_status(snap))
+                return
+            from rich.live import Live
+
+            with Live(render_status(fetch_snapshot(endpoint)), console=console, refresh_per_second=4) as live:
+                while True:
+                    time.sleep(interval_s)
+                    live.update(render_status(fetch_snapshot(endpoint)))
+        except TimeoutError as exc:
+            console.print(f"[red]error:[/red] {exc} (is the run still going?)")
+            raise typer.Exit(1)
+        except KeyboardInterrupt:
+            return

@@ -1,0 +1,155 @@
+"""``spotlight up``: start the coordinator (and, with ``--local``, agents on this machine)."""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import pathlib
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+console = Console()
+
+
+def _cache_dir() -> pathlib.Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return pathlib.Path(base) / "spotlight"
+
+
+def load_prompts(path: str) -> list[str]:
+    """Prompts from a GenEval-style JSONL (``prompt`` key) or a text file, one per line.
+
+    Raises:
+        ConfigError: missing file, or no prompts in it.
+    """
+    import json
+
+    from spotlight.config import EXAMPLES_DIR, ConfigError
+
+    p = pathlib.Path(path) if path else EXAMPLES_DIR / "default" / "prompts" / "evaluation_metadata.jsonl"
+    if not p.is_file():
+        raise ConfigError(f"data.prompts_path: file not found: {p}")
+    prompts = []
+    for n, line in enumerate(p.read_text().splitlines(), 1):
+        line = line.strip()
+        if not line:
+            continue
+        if p.suffix == ".jsonl":
+            try:
+                prompts.append(str(json.loads(line)["prompt"]))
+            except (ValueError, KeyError, TypeError):
+                raise ConfigError(f"{p}:{n}: expected a JSON object with a 'prompt' key") from None
+        else:
+            prompts.append(line)
+    if not prompts:
+        raise ConfigError(f"{p}: no prompts")
+    return prompts
+
+
+def _spawn_agent(endpoint: str, gpus: list[int], node_id: str, *, reserved: bool, secret: str, extra: list[str] | None = None) -> subprocess.Popen:
+    env = dict(os.environ, SPOTLIGHT_SECRET=secret)
+    cmd = [sys.executable, "-m", "agent.main", "join", "--coordinator", endpoint, "--gpus", ",".join(map(str, gpus)), "--node-id", node_id]
+    if reserved:
+        cmd.append("--reserved")
+    cmd += extra or []
+    return subprocess.Popen(cmd, env=env)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def up(
+        local: bool = typer.Option(False, "--local", help="Also start N spot agents (and the reserved node's rollout agent) on this machine, with CPU 'GPUs'."),
+        agents: int = typer.Option(2, "--agents", min=0, help="Number of local spot agents (with --local)."),
+        gpus_per_agent: int = typer.Option(1, "--gpus-per-agent", min=1, help="Worker 'GPUs' per local spot agent (with --local)."),
+        iterations: Optional[int] = typer.Option(None, "--iterations", min=1, help="Training iterations (overrides run.iterations)."),
+        config: Optional[pathlib.Path] = typer.Option(None, "--config", help="Run config TOML (default: the embedded example examples/default/config.toml)."),
+        run_dir: Optional[pathlib.Path] = typer.Option(None, "--run-dir", help="Output directory (default: runs/<timestamp>)."),
+        reserved: str = typer.Option("127.0.0.1:0", "--reserved", help="HOST:PORT the coordinator listens on for agents (port 0 = any free port)."),
+        timeout_s: Optional[float] = typer.Option(None, "--timeout-s", help="Abort if the run takes longer than this many seconds."),
+        log_level: str = typer.Option("WARNING", "--log-level", help="Log level of the coordinator and agents (INFO shows joins and leases)."),
+    ) -> None:
+        """Post-train a DiT with Flow-GRPO while spot agents explore seeds on stale weights.
+
+        Without --local only the coordinator (Request Scheduler, Planner, Instance Manager,
+        Tensor Store) and the Train Workers start; agents join with
+        `spotlight-agent join --coordinator HOST:PORT --gpus 0,1`.
+        """
+        logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+        os.environ.setdefault("SPOTLIGHT_LOG_LEVEL", log_level.upper())
+        from spotlight.config import ConfigError, load_config
+        from spotlight.errors import SpotlightError
+
+        overrides = {"run.iterations": iterations} if iterations else {}
+        try:
+            cfg = load_config(config, overrides)
+            prompts = load_prompts(cfg.data.prompts_path)
+        except SpotlightError as exc:
+            console.print(f"[red]error:[/red] {exc}")
+            raise typer.Exit(2)
+        rd = run_dir or pathlib.Path("runs") / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        console.print(f"[bold]Spotlight[/bold] run dir [cyan]{rd}[/cyan]  ({cfg.run.iterations} iterations, {cfg.data.prompts_per_iteration}×{cfg.data.group_size} samples/iteration)")
+        with console.status("encoding prompts (MiniLM, cached after the first run)…"):
+            import torch
+
+            torch.set_num_threads(max(1, cfg.cluster.torch_threads))
+            from spotlight.coordinator import Coordinator
+            from spotlight.models.text_encoder import cached_prompt_embeddings
+
+            embeds, mask = cached_prompt_embeddings(prompts, _cache_dir(), cfg.model.max_text_tokens)
+        secret = os.environ.get("SPOTLIGHT_SECRET") or (secrets.token_hex(16) if local else "")
+        host = reserved.rsplit(":", 1)[0]
+        if not secret and host not in ("127.0.0.1", "localhost"):
+            console.print("[red]error:[/red] listening on a routable address needs a shared secret: set SPOTLIGHT_SECRET (agents need the same value)")
+            raise typer.Exit(2)
+        coord = Coordinator(cfg, rd, bind=f"tcp://{reserved}", secret=secret, prompts=prompts, embeds=embeds, mask=mask, progress=console.print)
+        console.print(f"coordinator listening on [cyan]{coord.endpoint}[/cyan]")
+        procs: list[subprocess.Popen] = []
+        stop = {"sig": None}
+        signal.signal(signal.SIGTERM, lambda s, f: stop.update(sig=s) or (_ for _ in ()).throw(KeyboardInterrupt()))
+        try:
+            coord.start_trainers()
+            if local:
+                endpoint = coord.endpoint
+                for i, gpu in enumerate(cfg.cluster.reserved_rollout_gpus):
+                    procs.append(_spawn_agent(endpoint, [gpu], f"reserved-{i}", reserved=True, secret=secret))
+                for a in range(agents):
+                    procs.append(_spawn_agent(endpoint, list(range(gpus_per_agent)), f"spot-{a}", reserved=False, secret=secret))
+            else:
+                console.print(f"waiting for agents: spotlight-agent join --coordinator <this-host>:{coord.endpoint.rsplit(':', 1)[1]} --gpus 0")
+            t0 = time.monotonic()
+            coord.serve(timeout_s=timeout_s)
+            console.print(f"[green]done[/green] in {time.monotonic() - t0:.0f}s: metrics {rd / 'metrics.jsonl'}, model {rd / 'final'}, curve {rd / 'reward_curve.png'}")
+        except KeyboardInterrupt:
+            console.print("[yellow]interrupted[/yellow]")
+            raise typer.Exit(130)
+        except RuntimeError as exc:
+            console.print(f"[red]error:[/red] {exc}")
+            raise typer.Exit(1)
+        finally:
+            coord.shutdown_agents()
+            deadline = time.monotonic() + 15
+            for p in procs:
+                try:
+                    p.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    p.terminate()
+            for p in procs:
+                try:
+                    p.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+            for p in coord.train_procs:
+                if p.poll() is None:
+                    try:
+                        p.wait(timeout=10)
+                    except subprocess.TimeoutExpired:
+                        p.kill()
+            coord.close()

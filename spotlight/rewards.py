@@ -1,0 +1,106 @@
+"""Reward scoring: built-in JPEG rewards (DDPO) and a client for an HTTP reward service.
+
+Built-ins (Black et al. 2023, DDPO; Flow-GRPO ``rewards.py``):
+    * ``jpeg_compressibility``   = −(JPEG size at quality 95 in kB)
+    * ``jpeg_incompressibility`` = +(JPEG size in kB)
+
+HTTP reward service protocol (JSON only — never pickle; Flow-GRPO's reward server uses
+pickle, which is remote code execution for whoever can reach it)::
+
+    POST <url>            Content-Type: application/json
+    {"images": ["<base64 PNG>", ...], "prompts": ["...", ...]}
+    200 → {"rewards": [float, ...]}     (same length and order)
+
+Non-2xx, a timeout, a malformed body or a length mismatch raise :class:`RewardError`
+after ``max_retries`` attempts; the caller keeps the samples and retries later.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import math
+
+import numpy as np
+from PIL import Image
+
+from spotlight.config import RewardConfig
+from spotlight.errors import SpotlightError
+
+
+class RewardError(SpotlightError):
+    """Scoring failed (service unreachable, bad response)."""
+
+
+def jpeg_size_kb(image_hwc: np.ndarray, quality: int = 95) -> float:
+    """Encoded JPEG size of one ``[H, W, 3] uint8`` image, in kB (1000 bytes)."""
+    buf = io.BytesIO()
+    Image.fromarray(image_hwc).save(buf, format="JPEG", quality=quality)
+    return buf.tell() / 1000.0
+
+
+def _to_hwc(images_bchw: np.ndarray) -> list[np.ndarray]:
+    if images_bchw.ndim != 4 or images_bchw.shape[1] != 3 or images_bchw.dtype != np.uint8:
+        raise RewardError(f"expected [B, 3, H, W] uint8 images, got {images_bchw.shape} {images_bchw.dtype}")
+    return [np.ascontiguousarray(img.transpose(1, 2, 0)) for img in images_bchw]
+
+
+class RewardFn:
+    """Scores a batch of images.
+
+    Args:
+        cfg: the ``[reward]`` config section.
+        session: optional ``requests.Session`` (tests inject one).
+    """
+
+    def __init__(self, cfg: RewardConfig, session=None):
+        self.cfg = cfg
+        self._session = session
+
+    def __call__(self, images_bchw: np.ndarray, prompts: list[str]) -> list[float]:
+        """Rewards for ``[B, 3, H, W] uint8`` images, in input order.
+
+        Raises:
+            RewardError: bad input, or the HTTP service failed ``max_retries`` times.
+        """
+        hwc = _to_hwc(images_bchw)
+        if self.cfg.kind == "jpeg_compressibility":
+            return [-jpeg_size_kb(im, self.cfg.jpeg_quality) for im in hwc]
+        if self.cfg.kind == "jpeg_incompressibility":
+            return [jpeg_size_kb(im, self.cfg.jpeg_quality) for im in hwc]
+        return self._http(hwc, prompts)
+
+    def _http(self, hwc: list[np.ndarray], prompts: list[str]) -> list[float]:
+        import requests
+
+        session = self._session or requests.Session()
+        payload = {"images": [_png_b64(im) for im in hwc], "prompts": list(prompts)}
+        last = "no attempt"
+        for attempt in range(max(1, self.cfg.max_retries)):
+            try:
+                resp = session.post(self.cfg.url, json=payload, timeout=self.cfg.timeout_s)
+            except requests.RequestException as exc:
+                last = f"{type(exc).__name__}: {exc}"
+                continue
+            if resp.status_code // 100 != 2:
+                last = f"HTTP {resp.status_code}: {resp.text[:200]}"
+                continue
+            try:
+                rewards = [float(r) for r in resp.json()["rewards"]]
+            except (ValueError, KeyError, TypeError) as exc:
+                raise RewardError(f"reward service {self.cfg.url} sent a malformed body: {exc}") from None
+            if len(rewards) != len(hwc):
+                raise RewardError(f"reward service returned {len(rewards)} rewards for {len(hwc)} images")
+            return rewards
+        raise RewardError(f"reward service {self.cfg.url} failed after {self.cfg.max_retries} attempts: {last}")
+
+
+def _png_b64(image_hwc: np.ndarray) -> str:
+    buf = io.BytesIO()
+    Image.fromarray(image_hwc).save(buf, format="PNG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def finite_rewards(rewards: list[float]) -> list[bool]:
+    """Mask of rewards that can be trained on (NaN/inf samples are excluded and logged)."""
+    return [math.isfinite(r) for r in rewards]

@@ -1,0 +1,354 @@
+"""Rollout Worker: one GPU worker process that denoises batches of leased requests.
+
+A worker is a child of its node's ``spotlight-agent`` (the node Scheduler) and talks
+only to it, over a ZeroMQ DEALER socket (identity = worker id)::
+
+    worker                         agent (node Scheduler)             coordinator
+      WORKER_HELLO ─────────────▶
+      PULL(max) ────────────────▶  PULL ──────────────────────────▶  Request Scheduler
+      ◀──────────────── LEASES     ◀───────────────────────── LEASES (+ text conditioning)
+      FETCH_WEIGHTS(v) ─────────▶  (cache hit, or FETCH_WEIGHTS ──▶  Tensor Store)
+      ◀──────────────── WEIGHTS
+      … denoise (SDE window, seeded noise; exploration may use a step cache) …
+      RESULT (images, window latents, log-probs) ─▶ RESULT ───────▶ rewards, trainer
+      ◀── STOP(commit)  → COMMIT (latent, step, window so far) ───▶ Tensor Store
+
+Rollout requests always run at full fidelity (no cache): their log-probs feed the
+policy gradient (DESIGN §3 "On-policy training"). Exploration requests may run with
+diffusers' First Block Cache at the threshold in their params; the number of steps
+whose transformer actually ran is reported per request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import sys
+import time
+import uuid
+from typing import Callable
+
+import msgspec
+import torch
+import zmq
+
+from spotlight import protocol as P
+from spotlight.config import ModelConfig, SamplerConfig
+from spotlight.models.dit import build_transformer, decode_images, make_velocity_fn, token_shape
+from spotlight.rl.sampler import Conditioning, DenoiseState, Sampler
+from spotlight.tensor_wire import bytes_to_state_dict, pack_tensors, unpack_tensors
+
+log = logging.getLogger("spotlight.worker")
+
+MAX_CACHED_VERSIONS = 2
+
+
+@dataclasses.dataclass
+class BatchOutcome:
+    """What one leased batch produced.
+
+    Exactly one of ``result`` / ``commit`` is set: ``result`` when every request
+    finished, ``commit`` when ``should_stop`` interrupted it (preemption).
+    """
+
+    result: tuple[P.Result, list[bytes]] | None = None
+    commit: tuple[P.Commit, list[bytes]] | None = None
+
+
+class StepCounter:
+    """Counts transformer forwards whose tail blocks really ran (First Block Cache may skip them)."""
+
+    def __init__(self, transformer):
+        self.count = 0
+        tail = transformer.transformer_blocks[-1]
+        self._handle = tail.img_mlp.register_forward_hook(self._hook)
+
+    def _hook(self, *_):
+        self.count += 1
+
+
+class RolloutExecutor:
+    """Holds the transformer and up to :data:`MAX_CACHED_VERSIONS` weight versions, and
+    runs batches. Pure compute: no sockets (the process loop below owns those).
+
+    Args:
+        model_cfg, sampler_cfg: the run's ``[model]`` and ``[sampler]`` sections.
+        text_dim: width D of text embeddings.
+    """
+
+    def __init__(self, model_cfg: ModelConfig, sampler_cfg: SamplerConfig, text_dim: int = 384):
+        self.model_cfg = model_cfg
+        self.sampler = Sampler(sampler_cfg, token_shape(model_cfg))
+        self.text_dim = text_dim
+        self.versions: dict[int, dict[str, torch.Tensor]] = {}
+        self.transformer = None
+        self.loaded_version: int | None = None
+        self._counter: StepCounter | None = None
+        self._cache_threshold: float = 0.0
+
+    # ------------------------------------------------------------ weights
+    def add_version(self, version: int, state_dict: dict[str, torch.Tensor]) -> None:
+        """Keep ``state_dict`` as ``version``; drops the oldest beyond the cap."""
+        self.versions[version] = state_dict
+        for v in sorted(self.versions)[:-MAX_CACHED_VERSIONS]:
+            if v != self.loaded_version:
+                del self.versions[v]
+
+    def _use(self, version: int) -> None:
+        if self.transformer is None:
+            self.transformer = build_transformer(self.model_cfg, self.text_dim)
+            self._counter = StepCounter(self.transformer)
+        if self.loaded_version != version:
+            self.transformer.load_state_dict(self.versions[version])
+            self.loaded_version = version
+
+    def _set_cache(self, threshold: float) -> None:
+        if threshold == self._cache_threshold:
+            return
+        from diffusers.hooks import FirstBlockCacheConfig
+
+        if self._cache_threshold > 0:
+            self.transformer.disable_cache()
+        if threshold > 0:
+            self.transformer.enable_cache(FirstBlockCacheConfig(threshold=threshold))
+        self._cache_threshold = threshold
+
+    # ------------------------------------------------------------ compute
+    def run(
+        self,
+        worker_id: str,
+        leases: P.Leases,
+        tensors: dict[str, torch.Tensor],
+        *,
+        should_stop: Callable[[], bool] = lambda: False,
+    ) -> BatchOutcome:
+        """Denoise one leased batch.
+
+        All items share kind, weight version and params (the Request Scheduler batches
+        them that way). Items resuming from a committed state are denoised in sub-batches
+        by their resume step, then joined with the rest.
+
+        Raises:
+            KeyError: the needed weight version was never added.
+        """
+        items = leases.items
+        kind = items[0].kind
+        version = items[0].weight_version
+        threshold = float(items[0].params.get("cache_threshold", 0.0)) if kind == "explore" else 0.0
+        self._use(version)
+        self._set_cache(threshold)
+        cond_all = Conditioning(tensors["cond.embeds"].float(), tensors["cond.mask"])
+        velocity_fn = make_velocity_fn(self.transformer, self.model_cfg)
+        t0 = time.monotonic()
+
+        # Group rows by starting step (fresh rows start at 0).
+        starts: dict[int, list[int]] = {}
+        for i, it in enumerate(items):
+            starts.setdefault(it.resume_step or 0, []).append(i)
+        finished: dict[int, DenoiseState] = {}
+        stopped: dict[int, DenoiseState] = {}
+        for step0 in sorted(starts):
+            rows = starts[step0]
+            if step0 == 0:
+                state = self.sampler.initial_state([items[i].seed for i in rows])
+            else:
+                state = DenoiseState.concat(
+                    [
+                        DenoiseState.from_tensors(
+                            [items[i].seed],
+                            step0,
+                            {k[len(f"state.{i}.") :]: v for k, v in tensors.items() if k.startswith(f"state.{i}.")},
+                        )
+                        for i in rows
+                    ]
+                )
+            cond = cond_all.index(rows)
+            with torch.no_grad(), self._cache_context():
+                while state.step < self.sampler.cfg.num_steps:
+                    if should_stop():
+                        break
+                    before = self._counter.count
+                    self.sampler.advance(state, velocity_fn, cond, computed=None)
+                    ran = self._counter.count - before
+                    if ran == 0:
+                        state.computed_steps -= 1
+            for k, i in enumerate(rows):
+                (finished if state.step >= self.sampler.cfg.num_steps else stopped)[i] = state.select([k])
+        elapsed = time.monotonic() - t0
+
+        if stopped:
+            return BatchOutcome(commit=self._commit(worker_id, items, finished, stopped))
+        order = list(range(len(items)))
+        full = DenoiseState.concat([finished[i] for i in order])
+        out = {"images": decode_images(full.latents, self.model_cfg), "computed_steps": full.computed_steps}
+        if kind == "rollout":
+            out["window_latents"] = torch.stack(full.window_latents, dim=1)
+            out["log_probs"] = torch.stack(full.log_probs, dim=1)
+        metas, frames = pack_tensors(out)
+        msg = P.Result(
+            worker_id=worker_id,
+            batch_id=uuid.uuid4().hex[:12],
+            items=[
+                P.ResultItem(request_id=it.request_id, lease_id=it.lease_id, computed_steps=int(full.computed_steps[i]))
+                for i, it in enumerate(items)
+            ],
+            tensors=metas,
+            elapsed_s=elapsed,
+        )
+        return BatchOutcome(result=(msg, frames))
+
+    def _cache_context(self):
+        import contextlib
+
+        if self._cache_threshold > 0:
+            self.transformer._reset_stateful_cache()
+            return self.transformer.cache_context("explore")
+        return contextlib.nullcontext()
+
+    def _commit(self, worker_id, items, finished, stopped) -> tuple[P.Commit, list[bytes]]:
+        """Commit every unfinished row (and finished ones as step-T states) for resumption."""
+        tensors, commit_items = {}, []
+        for i, it in enumerate(items):
+            st = stopped.get(i) or finished[i]
+            for name, t in st.tensors().items():
+                tensors[f"state.{i}.{name}"] = t[0]
+            commit_items.append(
+                P.CommitItem(request_id=it.request_id, lease_id=it.lease_id, step=st.step, seed=it.seed, weight_version=it.weight_version)
+            )
+        metas, frames = pack_tensors(tensors)
+        return P.Commit(worker_id=worker_id, items=commit_items, tensors=metas), frames
+
+
+# ---------------------------------------------------------------- process shell
+
+
+class WorkerProcess:
+    """The socket loop around :class:`RolloutExecutor` (one per GPU worker process)."""
+
+    def __init__(self, agent_endpoint: str, worker_id: str, gpus: list[int], model_cfg: ModelConfig, sampler_cfg: SamplerConfig, batch_size: int):
+        self.worker_id = worker_id
+        self.gpus = gpus
+        self.batch_size = batch_size
+        self.executor = RolloutExecutor(model_cfg, sampler_cfg)
+        self.ctx = zmq.Context.instance()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.IDENTITY, worker_id.encode())
+        self.sock.setsockopt(zmq.LINGER, 2000)
+        self.sock.connect(agent_endpoint)
+        self.stop_requested: P.Stop | None = None
+        self._backlog: list[tuple[P.MsgType, object, list]] = []
+
+    def send(self, msg, frames=None, msg_type=None):
+        self.sock.send_multipart(P.encode(msg, frames, msg_type=msg_type), copy=False)
+
+    def _recv(self, timeout_ms: int):
+        if self._backlog:
+            return self._backlog.pop(0)
+        if not self.sock.poll(timeout_ms):
+            return None
+        frames = self.sock.recv_multipart()
+        try:
+            return P.decode(frames)
+        except P.ProtocolError as exc:
+            log.error("worker %s: dropped malformed frame: %s", self.worker_id, exc)
+            return None
+
+    def _check_stop(self) -> bool:
+        if self.stop_requested is not None:
+            return True
+        while self.sock.poll(0):
+            frames = self.sock.recv_multipart()
+            try:
+                mtype, body, payload = P.decode(frames)
+            except P.ProtocolError as exc:
+                log.error("worker %s: dropped malformed frame: %s", self.worker_id, exc)
+                continue
+            if mtype == P.MsgType.STOP:
+                self.stop_requested = body
+                return True
+            self._backlog.append((mtype, body, payload))
+        return False
+
+    def _ensure_version(self, version: int) -> None:
+        if version in self.executor.versions:
+            return
+        self.send(P.FetchWeights(worker_id=self.worker_id, version=version))
+        while True:
+            got = self._recv(1000)
+            if got is None:
+                continue
+            mtype, body, payload = got
+            if mtype == P.MsgType.WEIGHTS and body.version == version:
+                if not body.found:
+                    raise RuntimeError(f"weight version {version} is not available")
+                self.executor.add_version(version, bytes_to_state_dict(payload[0]))
+                return
+            if mtype == P.MsgType.STOP:
+                self.stop_requested = body
+                return
+            self._backlog.append(got)
+
+    def run(self) -> int:
+        self.send(P.WorkerHello(worker_id=self.worker_id, gpus=self.gpus, pid=os.getpid()))
+        idle_wait_ms = 20
+        pulled = False
+        while True:
+            if self.stop_requested is not None:
+                return 0
+            if not pulled:
+                self.send(P.Pull(worker_id=self.worker_id, max_requests=self.batch_size, versions=sorted(self.executor.versions)))
+                pulled = True
+            got = self._recv(500)
+            if got is None:
+                continue
+            mtype, body, payload = got
+            if mtype == P.MsgType.STOP:
+                return 0
+            if mtype != P.MsgType.LEASES:
+                log.warning("worker %s: unexpected %s while idle", self.worker_id, mtype.name)
+                continue
+            pulled = False
+            if not body.items:
+                time.sleep(idle_wait_ms / 1000.0)
+                idle_wait_ms = min(200, idle_wait_ms * 2)
+                continue
+            idle_wait_ms = 20
+            tensors = unpack_tensors(body.tensors, payload)
+            self._ensure_version(body.items[0].weight_version)
+            if self.stop_requested is not None:
+                # Stopped before starting: give the leases back untouched (full re-execution).
+                self.send(P.Fail(worker_id=self.worker_id, request_ids=[i.request_id for i in body.items], lease_ids=[i.lease_id for i in body.items], reason="worker stopping"))
+                return 0
+            try:
+                outcome = self.executor.run(self.worker_id, body, tensors, should_stop=self._check_stop)
+            except Exception as exc:  # report, keep serving
+                log.exception("worker %s: batch failed", self.worker_id)
+                self.send(P.Fail(worker_id=self.worker_id, request_ids=[i.request_id for i in body.items], lease_ids=[i.lease_id for i in body.items], reason=f"{type(exc).__name__}: {exc}"))
+                continue
+            if outcome.commit is not None:
+                self.send(*outcome.commit)
+                return 0
+            self.send(*outcome.result)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Spotlight Rollout Worker (started by spotlight-agent)")
+    ap.add_argument("--agent", required=True, help="agent endpoint, e.g. ipc:///tmp/x or tcp://127.0.0.1:5555")
+    ap.add_argument("--worker-id", required=True)
+    ap.add_argument("--gpus", default="0", help="comma-separated GPU indices of this worker")
+    ap.add_argument("--config-json", required=True, help="JSON with 'model', 'sampler', 'worker_batch_size', 'torch_threads'")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=os.environ.get("SPOTLIGHT_LOG_LEVEL", "INFO"), format=f"%(asctime)s worker[{args.worker_id}] %(levelname)s %(message)s")
+    conf = json.loads(args.config_json)
+    torch.set_num_threads(int(conf.get("torch_threads", 1)))
+    model_cfg = msgspec.convert(conf["model"], ModelConfig)
+    sampler_cfg = msgspec.convert(conf["sampler"], SamplerConfig)
+    proc = WorkerProcess(args.agent, args.worker_id, [int(g) for g in args.gpus.split(",") if g != ""], model_cfg, sampler_cfg, int(conf.get("worker_batch_size", 8)))
+    return proc.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

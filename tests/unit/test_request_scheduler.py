@@ -1,0 +1,505 @@
+"""CPU tests for the Request Scheduler state machine and pull policy (paper §4.5, DESIGN §4)."""
+
+import itertools
+import random
+
+import pytest
+
+from spotlight.errors import SpotlightError
+from spotlight.request_scheduler import (
+    VALID_TRANSITIONS,
+    InvalidTransition,
+    RequestKind,
+    RequestScheduler,
+    RequestStatus,
+)
+
+S = RequestStatus
+R, E = RequestKind.ROLLOUT, RequestKind.EXPLORE
+
+
+def make(lease_timeout_s=10.0, **kw):
+    return RequestScheduler(lease_timeout_s=lease_timeout_s, **kw)
+
+
+def submit(sched, kind=R, iteration=0, n=1, *, weight_version=0, params=None, now=0.0, seed0=0):
+    items = [(i, seed0 + i, i // 2) for i in range(n)]
+    return sched.submit(kind, iteration, items, weight_version=weight_version, params=params, now=now)
+
+
+def statuses(sched, rid):
+    return [s for s, _, _ in sched.get(rid).history]
+
+
+# --------------------------------------------------------------- the table
+
+
+def test_transition_table_is_exactly_the_documented_graph():
+    assert VALID_TRANSITIONS == {
+        S.PENDING: {S.IN_FLIGHT, S.CANCELLED},
+        S.IN_FLIGHT: {S.DONE, S.RECOMPUTE, S.ABORTED, S.CANCELLED},
+        S.RECOMPUTE: {S.IN_FLIGHT, S.CANCELLED},
+        S.ABORTED: {S.PENDING, S.CANCELLED},
+        S.DONE: set(),
+        S.CANCELLED: set(),
+    }
+    assert set(VALID_TRANSITIONS) == set(RequestStatus)
+    assert {s for s in RequestStatus if s.is_terminal()} == {S.DONE, S.CANCELLED}
+    assert all(not VALID_TRANSITIONS[s] for s in RequestStatus if s.is_terminal())
+
+
+def test_invalid_transition_is_a_spotlight_error():
+    assert issubclass(InvalidTransition, SpotlightError)
+
+
+@pytest.mark.parametrize(
+    "old,new",
+    [(a, b) for a, b in itertools.product(RequestStatus, RequestStatus) if b not in VALID_TRANSITIONS[a]],
+)
+def test_every_illegal_edge_raises_and_changes_nothing(old, new):
+    sched = make()
+    (rid,) = submit(sched)
+    req = sched.get(rid)
+    req.status = old  # force the starting point; _transition must validate before touching anything
+    history = list(req.history)
+    with pytest.raises(InvalidTransition, match=f"{rid}: {old.value} -> {new.value} is not allowed"):
+        sched._transition(req, new, 1.0, "illegal")
+    assert req.status is old
+    assert req.history == history
+
+
+def _walk_pending_to_in_flight(sched, rid):
+    (lease,) = sched.pull("w", is_spot=False, max_requests=1, now=1.0)
+    assert lease.request_id == rid
+    return lease
+
+
+def test_legal_edges_through_public_api():
+    walked = set()
+
+    def note(rid, sched):
+        st = statuses(sched, rid)
+        for a, b in zip(st, st[1:]):
+            assert b in VALID_TRANSITIONS[a]
+            walked.add((a, b))
+
+    # PENDING -> IN_FLIGHT -> DONE
+    sched = make()
+    (rid,) = submit(sched)
+    lease = _walk_pending_to_in_flight(sched, rid)
+    assert sched.complete(rid, lease.lease_id, now=2.0)
+    assert sched.get(rid).history == [
+        (S.PENDING, 0.0, "submitted"),
+        (S.IN_FLIGHT, 1.0, "leased to w (lease 1)"),
+        (S.DONE, 2.0, "done by w (lease 1)"),
+    ]
+    note(rid, sched)
+
+    # PENDING -> CANCELLED
+    sched = make()
+    (rid,) = submit(sched)
+    assert sched.cancel(iteration=0, now=1.0, reason="phase over") == [rid]
+    assert sched.get(rid).history[-1] == (S.CANCELLED, 1.0, "phase over")
+    note(rid, sched)
+
+    # IN_FLIGHT -> RECOMPUTE -> IN_FLIGHT, then RECOMPUTE -> CANCELLED
+    sched = make()
+    (rid,) = submit(sched)
+    lease = _walk_pending_to_in_flight(sched, rid)
+    assert sched.commit(rid, lease.lease_id, committed_step=4, commit_key="ts/k", now=2.0)
+    (lease2,) = sched.pull("w2", is_spot=True, max_requests=1, now=3.0)
+    assert sched.commit(rid, lease2.lease_id, committed_step=6, commit_key="ts/k2", now=4.0)
+    sched.cancel(iteration=0, now=5.0)
+    assert statuses(sched, rid) == [S.PENDING, S.IN_FLIGHT, S.RECOMPUTE, S.IN_FLIGHT, S.RECOMPUTE, S.CANCELLED]
+    assert sched.get(rid).history[3] == (S.IN_FLIGHT, 3.0, "leased to w2 (lease 2), resume from step 4")
+    note(rid, sched)
+
+    # IN_FLIGHT -> ABORTED -> PENDING (fail), and IN_FLIGHT -> CANCELLED
+    sched = make()
+    (rid,) = submit(sched)
+    lease = _walk_pending_to_in_flight(sched, rid)
+    assert sched.fail(rid, lease.lease_id, reason="oom", now=2.0)
+    assert sched.get(rid).history[-2:] == [
+        (S.ABORTED, 2.0, "failed on w: oom"),
+        (S.PENDING, 2.0, "re-enqueued for full re-execution"),
+    ]
+    lease = _walk_pending_to_in_flight(sched, rid)
+    sched.cancel(iteration=0, now=3.0)
+    assert statuses(sched, rid) == [S.PENDING, S.IN_FLIGHT, S.ABORTED, S.PENDING, S.IN_FLIGHT, S.CANCELLED]
+    note(rid, sched)
+
+    # ABORTED -> CANCELLED: a request parked after max_failures
+    sched = make(max_failures=1)
+    (rid,) = submit(sched)
+    lease = _walk_pending_to_in_flight(sched, rid)
+    assert sched.fail(rid, lease.lease_id, reason="bad prompt", now=2.0)
+    assert sched.get(rid).status is S.ABORTED
+    assert sched.pull("w", is_spot=True, max_requests=1, now=2.5) == []
+    sched.cancel(iteration=0, now=3.0)
+    assert statuses(sched, rid) == [S.PENDING, S.IN_FLIGHT, S.ABORTED, S.CANCELLED]
+    note(rid, sched)
+
+    legal = {(a, b) for a, outs in VALID_TRANSITIONS.items() for b in outs}
+    assert walked == legal
+
+
+# ----------------------------------------------------------------- pulling
+
+
+def test_pull_priority_recompute_then_rollout_then_explore_fifo():
+    sched = make()
+    e = submit(sched, E, iteration=1, n=2, now=0.0)
+    r = submit(sched, R, iteration=1, n=3, now=0.0)
+    # Make the newest rollout RECOMPUTE and send the older two back to PENDING.
+    l0, l1, l2 = sched.pull("a", is_spot=False, max_requests=3, now=1.0)
+    assert [l0.request_id, l1.request_id, l2.request_id] == r
+    sched.commit(r[2], l2.lease_id, committed_step=3, commit_key="k", now=1.5)
+    sched.fail(r[0], l0.lease_id, reason="x", now=1.5)
+    sched.fail(r[1], l1.lease_id, reason="x", now=1.5)
+    got = [sched.pull("b", is_spot=True, max_requests=1, now=2.0)[0].request_id for _ in range(5)]
+    assert got == [r[2], r[0], r[1], e[0], e[1]]
+    assert sched.pull("b", is_spot=True, max_requests=1, now=2.0) == []
+
+
+def test_requeued_request_keeps_its_submission_place():
+    sched = make()
+    a, b, c = submit(sched, n=3)
+    (la,) = sched.pull("w", is_spot=False, max_requests=1, now=1.0)
+    sched.fail(a, la.lease_id, reason="x", now=2.0)
+    leases = sched.pull("w", is_spot=False, max_requests=3, now=3.0)
+    assert [l.request_id for l in leases] == [a, b, c]
+
+
+def test_pull_batches_only_same_key_and_respects_max_requests():
+    sched = make()
+    r0 = submit(sched, R, iteration=0, n=2, params={"cache_threshold": 0.0})
+    r1 = submit(sched, R, iteration=1, n=2, weight_version=1)
+    rp = submit(sched, R, iteration=0, n=2, params={"cache_threshold": 0.1})
+    r0b = submit(sched, R, iteration=0, n=3, params={"cache_threshold": 0.0})
+    rv = submit(sched, R, iteration=0, n=1, weight_version=7, params={"cache_threshold": 0.0})
+
+    first = sched.pull("w", is_spot=False, max_requests=4, now=1.0)
+    assert [l.request_id for l in first] == r0 + r0b[:2]
+    # The oldest remaining request fixes the next key, even if older-key leftovers exist.
+    assert [l.request_id for l in sched.pull("w", is_spot=False, max_requests=10, now=1.0)] == r1
+    assert [l.request_id for l in sched.pull("w", is_spot=False, max_requests=10, now=1.0)] == rp
+    assert [l.request_id for l in sched.pull("w", is_spot=False, max_requests=10, now=1.0)] == r0b[2:]
+    assert [l.request_id for l in sched.pull("w", is_spot=False, max_requests=10, now=1.0)] == rv
+    with pytest.raises(ValueError):
+        sched.pull("w", is_spot=False, max_requests=0, now=1.0)
+
+
+def test_recompute_batches_with_same_key_and_carries_resume_info():
+    sched = make()
+    a, b, c = submit(sched, n=3)
+    (la,) = sched.pull("w1", is_spot=True, max_requests=1, now=1.0)
+    assert la.resume_step is None and la.commit_key is None
+    sched.commit(a, la.lease_id, committed_step=5, commit_key="ts/a", now=2.0)
+    leases = sched.pull("w2", is_spot=False, max_requests=3, now=3.0)
+    assert [(l.request_id, l.resume_step, l.commit_key) for l in leases] == [
+        (a, 5, "ts/a"), (b, None, None), (c, None, None)]
+    assert sched.get(a).attempts == 2 and sched.get(a).worker_id == "w2"
+
+
+def test_exploration_gated_to_spot_while_training():
+    sched = make()
+    (e,) = submit(sched, E, iteration=1)
+    sched.set_training_active(True)
+    assert sched.training_active
+    assert sched.pull("reserved", is_spot=False, max_requests=4, now=1.0) == []
+    (lease,) = sched.pull("spot", is_spot=True, max_requests=4, now=1.0)
+    assert lease.request_id == e
+    sched.release_worker("spot", reason="preempted", now=2.0)
+    sched.set_training_active(False)
+    assert not sched.training_active
+    assert [l.request_id for l in sched.pull("reserved", is_spot=False, max_requests=4, now=3.0)] == [e]
+
+
+def test_gating_skips_explore_recompute_but_reserved_still_gets_rollouts_behind_it():
+    sched = make()
+    sched.set_training_active(True)
+    (e,) = submit(sched, E, iteration=0)
+    (le,) = sched.pull("spot", is_spot=True, max_requests=1, now=1.0)
+    sched.commit(e, le.lease_id, committed_step=2, commit_key="ts/e", now=2.0)
+    (r,) = submit(sched, R, iteration=1, now=3.0)
+    # The RECOMPUTE exploration outranks the rollout, but not for a reserved worker during training.
+    assert [l.request_id for l in sched.pull("res", is_spot=False, max_requests=4, now=4.0)] == [r]
+    assert sched.pull("res", is_spot=False, max_requests=4, now=4.0) == []
+    (le,) = sched.pull("spot2", is_spot=True, max_requests=4, now=5.0)
+    assert (le.request_id, le.resume_step, le.commit_key) == (e, 2, "ts/e")
+
+
+def test_no_work_for_anyone_who_did_not_ask():
+    sched = make()
+    ids = submit(sched, n=4)
+    sched.pull("a", is_spot=False, max_requests=2, now=1.0)
+    assert sched.leases("b") == [] and sched.renew("b", now=2.0) == 0
+    assert [l.request_id for l in sched.leases("a")] == ids[:2]
+    assert sched.counts()[S.PENDING] == 2
+
+
+def test_lease_ids_strictly_increase_and_expiry_uses_timeout():
+    sched = make(lease_timeout_s=7.5)
+    submit(sched, n=3)
+    leases = sched.pull("a", is_spot=False, max_requests=2, now=1.0)
+    leases += sched.pull("b", is_spot=True, max_requests=2, now=2.0)
+    assert [l.lease_id for l in leases] == [1, 2, 3]
+    assert [(l.granted_at, l.expires_at) for l in leases] == [(1.0, 8.5), (1.0, 8.5), (2.0, 9.5)]
+
+
+# ----------------------------------------------------------- exactly once
+
+
+def test_late_completion_from_presumed_dead_worker_is_rejected():
+    sched = make(lease_timeout_s=5.0)
+    ids = submit(sched, n=2)
+    la = sched.pull("A", is_spot=True, max_requests=2, now=0.0)
+    assert sched.expire(now=4.9) == []
+    assert sched.expire(now=5.0) == ids
+    assert all(sched.get(i).status is S.PENDING for i in ids)
+    lb = sched.pull("B", is_spot=False, max_requests=2, now=6.0)
+    assert [l.request_id for l in lb] == ids
+    for l in la:  # A was only slow: its late reports must not count
+        assert not sched.complete(l.request_id, l.lease_id, now=7.0)
+        assert not sched.commit(l.request_id, l.lease_id, committed_step=1, commit_key="k", now=7.0)
+        assert not sched.fail(l.request_id, l.lease_id, reason="late", now=7.0)
+    assert all(sched.get(i).worker_id == "B" for i in ids)
+    for l in lb:
+        assert sched.complete(l.request_id, l.lease_id, now=8.0)
+        assert not sched.complete(l.request_id, l.lease_id, now=8.5)  # duplicate
+    assert sched.counts()[S.DONE] == len(ids)
+    assert sum(1 for i in ids for s in statuses(sched, i) if s is S.DONE) == len(ids)
+
+
+def test_reports_for_unknown_or_cancelled_requests_are_rejected():
+    sched = make()
+    (rid,) = submit(sched)
+    (l,) = sched.pull("w", is_spot=False, max_requests=1, now=1.0)
+    sched.cancel(iteration=0, now=2.0)
+    assert not sched.complete(rid, l.lease_id, now=3.0)
+    assert not sched.complete("nope", 1, now=3.0)
+    assert sched.get(rid).status is S.CANCELLED and sched.get(rid).lease is None
+    assert sched.leases("w") == []
+
+
+# --------------------------------------------------------- commit / clear
+
+
+def test_fail_and_expire_clear_commit_info():
+    sched = make(lease_timeout_s=5.0)
+    a, b = submit(sched, n=2)
+    for l in sched.pull("w", is_spot=True, max_requests=2, now=0.0):
+        sched.commit(l.request_id, l.lease_id, committed_step=3, commit_key=f"k{l.request_id}", now=1.0)
+    la, lb = sched.pull("v", is_spot=True, max_requests=2, now=2.0)
+    assert (la.resume_step, lb.resume_step) == (3, 3)
+    sched.fail(a, la.lease_id, reason="nccl", now=3.0)
+    assert sched.expire(now=100.0) == [b]
+    for rid in (a, b):
+        req = sched.get(rid)
+        assert (req.status, req.committed_step, req.commit_key) == (S.PENDING, None, None)
+    leases = sched.pull("u", is_spot=True, max_requests=2, now=101.0)
+    assert [(l.resume_step, l.commit_key) for l in leases] == [(None, None), (None, None)]
+
+
+def test_commit_rejects_negative_step():
+    sched = make()
+    (rid,) = submit(sched)
+    (l,) = sched.pull("w", is_spot=False, max_requests=1, now=0.0)
+    with pytest.raises(ValueError):
+        sched.commit(rid, l.lease_id, committed_step=-1, commit_key="k", now=1.0)
+    assert sched.get(rid).status is S.IN_FLIGHT
+
+
+def test_max_failures_counts_only_reported_failures():
+    sched = make(lease_timeout_s=1.0, max_failures=2)
+    (rid,) = submit(sched)
+    (l,) = sched.pull("w", is_spot=True, max_requests=1, now=0.0)
+    sched.expire(now=5.0)  # preemption: not the request's fault
+    (l,) = sched.pull("w", is_spot=True, max_requests=1, now=6.0)
+    sched.fail(rid, l.lease_id, reason="x", now=6.5)
+    assert sched.get(rid).status is S.PENDING
+    (l,) = sched.pull("w", is_spot=True, max_requests=1, now=7.0)
+    sched.fail(rid, l.lease_id, reason="x", now=7.5)
+    assert sched.get(rid).status is S.ABORTED and sched.get(rid).failures == 2
+    assert not sched.is_finished(iteration=0, kind=R)
+
+
+# ----------------------------------------------- release / renew / cancel
+
+
+def test_release_worker_requeues_only_that_workers_leases():
+    sched = make()
+    ids = submit(sched, n=4)
+    sched.pull("a", is_spot=True, max_requests=2, now=0.0)
+    sched.pull("b", is_spot=True, max_requests=2, now=0.0)
+    assert sched.release_worker("a", reason="agent died", now=1.0) == ids[:2]
+    assert sched.release_worker("a", reason="again", now=1.0) == []
+    assert [sched.get(i).status for i in ids] == [S.PENDING, S.PENDING, S.IN_FLIGHT, S.IN_FLIGHT]
+    assert sched.get(ids[0]).history[-2] == (S.ABORTED, 1.0, "a released: agent died")
+
+
+def test_renew_extends_all_of_a_workers_leases():
+    sched = make(lease_timeout_s=10.0)
+    ids = submit(sched, n=3)
+    sched.pull("a", is_spot=True, max_requests=2, now=0.0)
+    sched.pull("b", is_spot=True, max_requests=1, now=0.0)
+    assert sched.renew("a", now=8.0) == 2
+    assert [l.expires_at for l in sched.leases("a")] == [18.0, 18.0]
+    assert sched.expire(now=10.0) == [ids[2]]
+    assert sched.expire(now=17.9) == []
+    assert sched.expire(now=18.0) == ids[:2]
+
+
+def test_cancel_by_iteration_and_kind():
+    sched = make()
+    r0 = submit(sched, R, iteration=0, n=2)
+    e0 = submit(sched, E, iteration=0, n=2)
+    e1 = submit(sched, E, iteration=1, n=1)
+    (l,) = sched.pull("w", is_spot=False, max_requests=1, now=0.0)
+    sched.complete(l.request_id, l.lease_id, now=1.0)
+    assert sched.cancel(iteration=0, kind=E, now=2.0, reason="exploration window closed") == e0
+    assert [sched.get(i).status for i in r0 + e1] == [S.DONE, S.PENDING, S.PENDING]
+    assert sched.cancel(iteration=0, now=3.0) == r0[1:]
+    assert sched.cancel(iteration=0, now=4.0) == []
+
+
+# ---------------------------------------------------------------- queries
+
+
+def test_counts_is_finished_num_outstanding_and_forget():
+    sched = make()
+    assert sched.is_finished(iteration=0, kind=R)
+    assert sched.counts() == dict.fromkeys(RequestStatus, 0)
+    r0 = submit(sched, R, iteration=0, n=2)
+    e0 = submit(sched, E, iteration=0, n=1)
+    r1 = submit(sched, R, iteration=1, n=1)
+    leases = sched.pull("w", is_spot=False, max_requests=2, now=0.0)
+    assert sched.counts(iteration=0, kind=R) == {**dict.fromkeys(RequestStatus, 0), S.IN_FLIGHT: 2}
+    assert sched.num_outstanding() == 4 and sched.num_outstanding(kind=E) == 1
+    sched.complete(r0[0], leases[0].lease_id, now=1.0)
+    assert not sched.is_finished(iteration=0, kind=R)
+    sched.complete(r0[1], leases[1].lease_id, now=1.0)
+    assert sched.is_finished(iteration=0, kind=R)
+    assert not sched.is_finished(iteration=0, kind=E)
+    sched.cancel(iteration=0, kind=E, now=2.0)
+    assert sched.is_finished(iteration=0, kind=E)
+    assert sched.num_outstanding() == 1
+    assert [r.request_id for r in sched.requests(status=S.DONE)] == r0
+    assert [r.request_id for r in sched.requests(iteration=1)] == r1
+
+    assert sched.forget(before_iteration=2) == 3  # r1 is still pending, kept
+    with pytest.raises(KeyError):
+        sched.get(r0[0])
+    assert sched.get(r1[0]).status is S.PENDING
+    assert sched.counts() == {**dict.fromkeys(RequestStatus, 0), S.PENDING: 1}
+    assert sched.is_finished(iteration=0, kind=R)
+    assert not sched.complete(r0[0], leases[0].lease_id, now=3.0)
+
+
+def test_submit_ids_params_and_validation():
+    sched = make()
+    params = {"cache_threshold": 0.1}
+    ids = sched.submit(E, 3, [(5, 42, 1), (6, 43, 2)], weight_version=2, params=params, now=9.0)
+    assert ids == ["e3-0", "e3-1"]
+    assert submit(sched, E, iteration=3) == ["e3-2"]
+    assert submit(sched, R, iteration=3) == ["r3-0"]
+    params["cache_threshold"] = 0.5
+    req = sched.get("e3-1")
+    assert (req.prompt_index, req.seed, req.group, req.weight_version) == (6, 43, 2, 2)
+    assert req.params == {"cache_threshold": 0.1}  # copied at submit
+    assert req.history == [(S.PENDING, 9.0, "submitted")]
+    assert sched.get("r3-0").params == {}
+    with pytest.raises(ValueError):
+        submit(sched, R, iteration=-1)
+    with pytest.raises(ValueError):
+        make(lease_timeout_s=0)
+
+
+# ------------------------------------------------------------- property
+
+
+def _check_invariants(sched):
+    active = {}
+    for req in sched.requests():
+        st = [s for s, _, _ in req.history]
+        assert st[0] is S.PENDING and st[-1] is req.status
+        for a, b in zip(st, st[1:]):
+            assert b in VALID_TRANSITIONS[a], (req.request_id, st)
+        if req.status is S.IN_FLIGHT:
+            assert req.lease is not None and req.lease.request_id == req.request_id
+            assert req.lease.lease_id not in active
+            active[req.lease.lease_id] = req.request_id
+            assert req.attempts == st.count(S.IN_FLIGHT)
+        else:
+            assert req.lease is None
+    held = [l for w in {r.worker_id for r in sched.requests()} if w for l in sched.leases(w)]
+    assert {l.lease_id: l.request_id for l in held} == active  # one lease per in-flight request, nothing else
+
+
+def test_randomized_operations_end_done_exactly_once():
+    rng = random.Random(1234)
+    sched = make(lease_timeout_s=5.0)
+    workers = {"r0": False, "r1": False, "s0": True, "s1": True, "s2": True}
+    believed = {w: [] for w in workers}  # leases each worker thinks it holds (may be stale)
+    accepted = {}  # request id -> number of accepted completions
+    submitted = []
+    now = 0.0
+    for step in range(2000):
+        now += rng.uniform(0.0, 1.0)
+        op = rng.random()
+        w = rng.choice(list(workers))
+        if op < 0.08:
+            kind = rng.choice([R, E])
+            it = rng.randrange(4)
+            items = [(rng.randrange(8), rng.randrange(100), 0) for _ in range(rng.randint(1, 4))]
+            submitted += sched.submit(kind, it, items, weight_version=it, params={"s": rng.choice([10, 20])}, now=now)
+        elif op < 0.35:
+            got = sched.pull(w, is_spot=workers[w], max_requests=rng.randint(1, 3), now=now)
+            keys = [sched.get(l.request_id).batch_key for l in got]
+            assert all(k == keys[0] for k in keys)
+            if sched.training_active and not workers[w]:
+                assert all(sched.get(l.request_id).kind is R for l in got)
+            believed[w] += got
+        elif op < 0.6 and believed[w]:
+            l = believed[w].pop(rng.randrange(len(believed[w])))
+            current = sched.get(l.request_id).lease
+            ok = sched.complete(l.request_id, l.lease_id, now=now)
+            assert ok == (current is not None and current.lease_id == l.lease_id)
+            if ok:
+                accepted[l.request_id] = accepted.get(l.request_id, 0) + 1
+        elif op < 0.68 and believed[w]:
+            l = believed[w].pop(rng.randrange(len(believed[w])))
+            sched.commit(l.request_id, l.lease_id, committed_step=rng.randrange(10), commit_key=f"k{step}", now=now)
+        elif op < 0.72 and believed[w]:
+            l = believed[w].pop(rng.randrange(len(believed[w])))
+            sched.fail(l.request_id, l.lease_id, reason="random", now=now)
+        elif op < 0.82:
+            sched.renew(w, now=now)
+        elif op < 0.9:
+            sched.expire(now=now)
+        elif op < 0.93:
+            sched.release_worker(w, reason="preempted", now=now)
+            if rng.random() < 0.5:
+                believed[w] = []  # the worker really died; otherwise it reports late
+        elif op < 0.96:
+            sched.set_training_active(not sched.training_active)
+        _check_invariants(sched)
+
+    # Drain: training over, one reserved worker pulls and completes until nothing is left.
+    sched.set_training_active(False)
+    for _ in range(10_000):
+        now += 100.0
+        sched.expire(now=now)  # whatever the random phase left in flight is presumed dead
+        got = sched.pull("drain", is_spot=False, max_requests=4, now=now)
+        if not got:
+            break
+        for l in got:
+            assert sched.complete(l.request_id, l.lease_id, now=now)
+            accepted[l.request_id] = accepted.get(l.request_id, 0) + 1
+    _check_invariants(sched)
+    assert sched.num_outstanding() == 0
+    assert len(submitted) > 100
+    assert accepted == {rid: 1 for rid in submitted}
+    assert sched.counts()[S.DONE] == len(submitted)
+    for rid in submitted:
+        assert statuses(sched, rid).count(S.DONE) == 1
