@@ -127,20 +127,58 @@ class DataConfig(_Section):
 
 
 class ExploreConfig(_Section):
-    """Seed exploration on stale weights (paper §3.2.1, §4.2)."""
+    """Seed exploration (paper §3.2.1, §4.2–§4.3).
+
+    ``mode``:
+      * ``"stale"`` — Spotlight: batch n+1 is explored on the stale weights v_n by the
+        spot workers while the reserved side trains (leftovers drained after training);
+      * ``"critical_path"`` — the veRL-omni(spot)/DanceGRPO baseline: batch n is explored
+        on v_n by all workers *before* its rollout, on the critical path;
+      * ``"off"`` — no exploration (RLBoost): every group uses default seeds.
+
+    ``planner``: ``"bandit"`` picks (d, s) each iteration with the UCB Planner (§4.3);
+    ``"fixed"`` always uses ``num_candidates`` and ``cache_threshold``.
+    """
 
     enabled: bool = True
+    """False is the same as mode = "off"."""
+    mode: Literal["stale", "critical_path", "off"] = "stale"
+    planner: Literal["bandit", "fixed"] = "fixed"
     num_candidates: int = 24
-    """d: candidate seeds explored per prompt (>= group_size)."""
+    """d for the fixed planner: candidate seeds explored per prompt (>= group_size)."""
     num_steps: int = 0
-    """s: effective denoising steps per candidate; 0 = all sampler steps (no cache)."""
+    """s for the fixed planner: target effective denoising steps; 0 = all steps (no cache).
+    A value below ``sampler.num_steps`` picks the cache threshold from the profile table."""
     cache_threshold: float = 0.0
-    """First-Block-Cache threshold used for exploration (0 = cache off)."""
+    """First-Block-Cache threshold for the fixed planner (0 = cache off)."""
+    profile_path: str = ""
+    """JSON written by ``spotlight profile``; "" = the profile cached for this model config, if any."""
 
     def __post_init__(self) -> None:
         _check(self.num_candidates >= 1, "explore.num_candidates", "must be >= 1")
         _check(self.num_steps >= 0, "explore.num_steps", "must be >= 0")
         _check(self.cache_threshold >= 0, "explore.cache_threshold", "must be >= 0")
+
+    @property
+    def active(self) -> bool:
+        return self.enabled and self.mode != "off"
+
+
+class PlannerSection(_Section):
+    """UCB bandit over exploration actions a = (d, s) (paper §4.3, Appendix B.2)."""
+
+    max_sequences: int = 32
+    """Largest d (paper §6.8: reward std saturates at 32)."""
+    min_sequences: int = 0
+    """Smallest d; 0 = data.group_size (fewer candidates than K cannot be selected from)."""
+    sequence_step: int = 8
+    min_effective_steps: float = 1.0
+    min_exploration_accuracy: float = 0.8
+    """Thresholds whose profiled Spearman accuracy is below this are refused (paper §6.8)."""
+    beta: float = 0.5
+    window: int = 10
+    """W_b: sliding window of feedback observations per arm."""
+    seed: int = 0
 
 
 class TrainConfig(_Section):
@@ -227,6 +265,7 @@ class SpotlightConfig(_Section):
     sampler: SamplerConfig = msgspec.field(default_factory=SamplerConfig)
     data: DataConfig = msgspec.field(default_factory=DataConfig)
     explore: ExploreConfig = msgspec.field(default_factory=ExploreConfig)
+    planner: PlannerSection = msgspec.field(default_factory=PlannerSection)
     train: TrainConfig = msgspec.field(default_factory=TrainConfig)
     reward: RewardConfig = msgspec.field(default_factory=RewardConfig)
     cluster: ClusterConfig = msgspec.field(default_factory=ClusterConfig)
@@ -234,7 +273,7 @@ class SpotlightConfig(_Section):
     cost: CostConfig = msgspec.field(default_factory=CostConfig)
 
     def __post_init__(self) -> None:
-        if self.explore.enabled:
+        if self.explore.active and self.explore.planner == "fixed":
             _check(
                 self.explore.num_candidates >= self.data.group_size,
                 "explore.num_candidates",

@@ -54,6 +54,8 @@ import zmq
 from spotlight import protocol as P
 from spotlight.config import SpotlightConfig, config_to_dict, dump_config
 from spotlight.instance_manager import InstanceManager
+from spotlight.planner import Action, Planner, PlannerConfig, PlannerObservation, StepOption, feedback_ratio
+from spotlight.profiling import load_profile
 from spotlight.request_scheduler import RequestKind, RequestScheduler, RequestStatus
 from spotlight.rewards import RewardError, RewardFn
 from spotlight.rl.grpo import group_advantages
@@ -166,7 +168,30 @@ class Coordinator:
         rng.shuffle(self.prompt_order)
         self._t = {}
         self._explore_iter: int | None = None
-        self._dead_workers_warned: set[str] = set()
+        self.trainer_ids: dict[int, bytes] = {}
+        # ---- exploration planning (paper §4.3)
+        self.profile = load_profile(cfg)
+        self.t_step_s: float | None = self.profile.t_step_s if self.profile else None
+        self.last_train_s: float | None = None
+        self.explore_action: dict[int, Action] = {}  # iteration whose seeds it chose -> action
+        self.plan_logs: dict[int, dict] = {}
+        self.planner: Planner | None = None
+        if cfg.explore.active and cfg.explore.planner == "bandit" and cfg.num_explored_prompts > 0:
+            options = self.profile.step_options() if self.profile else [StepOption(0.0, float(cfg.sampler.num_steps), 1.0)]
+            pc = cfg.planner
+            self.planner = Planner(
+                PlannerConfig(
+                    max_sequences=pc.max_sequences,
+                    min_sequences=pc.min_sequences or cfg.data.group_size,
+                    sequence_step=pc.sequence_step,
+                    min_effective_steps=pc.min_effective_steps,
+                    min_exploration_accuracy=pc.min_exploration_accuracy,
+                    beta=pc.beta,
+                    window=pc.window,
+                ),
+                options,
+                random.Random(pc.seed),
+            )
         (self.run_dir / "coordinator.json").write_text(json.dumps({"endpoint": self.endpoint, "pid": os.getpid()}))
 
     # ------------------------------------------------------------ batches & seeds
@@ -180,8 +205,45 @@ class Coordinator:
         """Control (unexplored) prompt groups are the last ``num_control_prompts`` slots."""
         return slot >= self.cfg.data.prompts_per_iteration - self.cfg.data.num_control_prompts
 
-    def explore_enabled(self) -> bool:
-        return self.cfg.explore.enabled and self.cfg.num_explored_prompts > 0
+    def explore_mode(self) -> str:
+        """"stale", "critical_path" or "off" (no explored prompts also means off)."""
+        if not self.cfg.explore.active or self.cfg.num_explored_prompts == 0:
+            return "off"
+        return self.cfg.explore.mode
+
+    def fixed_action(self) -> Action:
+        """The fixed planner's action: d = num_candidates; s and its cache threshold from
+        ``explore.num_steps`` via the profile table (or ``explore.cache_threshold``)."""
+        cfg = self.cfg.explore
+        T = float(self.cfg.sampler.num_steps)
+        if cfg.num_steps and cfg.num_steps < T:
+            if self.profile is None:
+                from spotlight.errors import SpotlightError
+
+                raise SpotlightError("explore.num_steps < sampler.num_steps needs a profile: run `spotlight profile` first")
+            opt = min(self.profile.step_options(), key=lambda o: abs(o.effective_steps - cfg.num_steps))
+            return Action(cfg.num_candidates, opt.effective_steps, opt.cache_threshold)
+        return Action(cfg.num_candidates, T, cfg.cache_threshold)
+
+    def choose_action(self, n_next: int, now: float) -> Action | None:
+        """Exploration action for batch ``n_next`` (None = explore nothing)."""
+        if self.planner is None:
+            return self.fixed_action()
+        t_train = self.last_train_s if self.last_train_s is not None else self._t.get("rollout_end", now) - self._t.get("iter_start", now)
+        t_step = self.t_step_s if self.t_step_s else 1e-3
+        obs = PlannerObservation(
+            train_time_s=max(t_train, 1e-6),
+            num_spot_gpus=self.instances.num_spot_gpus(),
+            num_explored_prompts=self.cfg.num_explored_prompts,
+            step_time_s=t_step,
+        )
+        plan = self.planner.plan(obs)
+        self.plan_logs[n_next] = plan.to_log() | {"t_train_s": t_train, "t_step_s": t_step, "num_spot_gpus": obs.num_spot_gpus}
+        if plan.action is None:
+            log.warning("planner: %s", plan.reason)
+        else:
+            log.info("planner: iteration %d explores d=%d s=%.1f (threshold %.3f), %d eligible arms, budget %.1fs", n_next, plan.action.num_sequences, plan.action.effective_steps, plan.action.cache_threshold, len(plan.eligible), plan.budget_s)
+        return plan.action
 
     # ------------------------------------------------------------ wire
     def send(self, identity: bytes, msg, frames=None, msg_type=None) -> None:
@@ -301,8 +363,18 @@ class Coordinator:
             node = self.instances.nodes.get(self.worker_node.get(worker_id, ""))
             self.busy.append(BusyInterval(worker_id, bool(node and node.is_spot), start[1], start[0], now))
 
+    def _observe_step_time(self, body: P.Result) -> None:
+        """EMA of seconds per (sequence × computed step) on spot workers: the Planner's t_step."""
+        node = self.instances.nodes.get(body.node_id)
+        steps = sum(max(1, it.computed_steps) for it in body.items)
+        if node is None or not node.is_spot or steps == 0 or body.elapsed_s <= 0:
+            return
+        est = body.elapsed_s / steps
+        self.t_step_s = est if self.t_step_s is None else 0.7 * self.t_step_s + 0.3 * est
+
     def on_result(self, identity, body: P.Result, payload, now) -> None:
         self._end_busy(body.worker_id, now)
+        self._observe_step_time(body)
         try:
             tensors = unpack_tensors(body.tensors, payload)
         except P.ProtocolError as exc:
@@ -406,16 +478,20 @@ class Coordinator:
         for rid, (pidx, _, slot) in zip(ids, items):
             self.request_meta[rid] = (slot, pidx)
 
-    def submit_exploration(self, n_next: int, stale_version: int, now: float) -> int:
-        cfg = self.cfg.explore
+    def submit_exploration(self, n_next: int, version: int, action: Action, now: float) -> int:
+        """Exploration requests for batch ``n_next``: d candidate seeds per explored prompt,
+        run with weights ``version`` and the action's cache threshold."""
         prompts = self.batch_prompts(n_next)
         items = []
         for slot, pidx in enumerate(prompts):
             if self.is_control(slot):
                 continue
-            items += [(pidx, seed, slot) for seed in candidate_seeds(self.cfg.run.seed, n_next, slot, cfg.num_candidates)]
-        params = {"cache_threshold": cfg.cache_threshold} if cfg.cache_threshold > 0 else {}
-        ids = self.sched.submit(RequestKind.EXPLORE, n_next, items, weight_version=stale_version, params=params, now=now)
+            items += [(pidx, seed, slot) for seed in candidate_seeds(self.cfg.run.seed, n_next, slot, action.num_sequences)]
+        params = {"cache_threshold": action.cache_threshold} if action.cache_threshold > 0 else {}
+        self.explore_action[n_next] = action
+        self._explore_iter = n_next
+        self._t["explore_start"] = now
+        ids = self.sched.submit(RequestKind.EXPLORE, n_next, items, weight_version=version, params=params, now=now)
         for rid, (pidx, _, slot) in zip(ids, items):
             self.request_meta[rid] = (slot, pidx)
         return len(ids)
@@ -459,6 +535,23 @@ class Coordinator:
                 metas, frames = [], []
             self.send(self.trainer_ids[rank], P.TrainBatch(iteration=n, version=n, micro_batches=local, tensors=metas), frames)
         self._rollout_stats = self.rollout_stats(finite)
+        self._planner_feedback(n, finite)
+
+    def _planner_feedback(self, n: int, samples: list[Sample]) -> None:
+        """r = σ̄_all / σ̄_unc over iteration n's groups (paper §4.3.2) → the arm that chose its seeds."""
+        by_slot = collections.defaultdict(list)
+        for s in samples:
+            by_slot[s.slot].append(s.reward)
+        explored = [float(np.std(v)) for k, v in by_slot.items() if not self.is_control(k)]
+        control = [float(np.std(v)) for k, v in by_slot.items() if self.is_control(k)]
+        r = feedback_ratio(explored, control) if control else float("nan")
+        self._rollout_stats["planner/feedback"] = r
+        action = self.explore_action.pop(n, None)
+        if self.planner is not None and action is not None and self.explore_mode() == "stale":
+            if math.isfinite(r):
+                self.planner.update(action, r)
+            else:
+                log.warning("iteration %d: planner feedback is not finite (control groups have zero std); skipped", n)
 
     def rollout_stats(self, samples: list[Sample]) -> dict:
         rewards = np.array([s.reward for s in samples], dtype=np.float64)
@@ -509,8 +602,14 @@ class Coordinator:
         n = self.iteration
         if self.phase == "starting":
             if len(self.train_ready) == self.cfg.train.num_train_workers and self.store.latest_version >= 0 and self.instances.live():
+                self.begin_iteration(n, now)
+        elif self.phase == "explore_first":
+            # critical-path baseline: exploration of batch n on v_n before its rollout
+            if self._scored(n, RequestKind.EXPLORE):
+                self._t["explore_end"] = now
+                self._explore_stats = self.finish_exploration(n)
+                self._t["rollout_start"] = now
                 self.phase = "rollout"
-                self._t = {"iter_start": now}
                 self.submit_rollout(n, now)
         elif self.phase == "rollout":
             if self._scored(n, RequestKind.ROLLOUT):
@@ -518,46 +617,72 @@ class Coordinator:
                 self.start_training(n, now)
                 self.sched.set_training_active(True)
                 self.phase = "train"
-                self._explore_iter = None
-                if self.explore_enabled() and n + 1 < self.cfg.run.iterations:
-                    self.submit_exploration(n + 1, n, now)
-                    self._explore_iter = n + 1
-                    self._t["explore_start"] = now
+                if self.explore_mode() == "stale" and n + 1 < self.cfg.run.iterations:
+                    action = self.choose_action(n + 1, now)
+                    if action is not None:
+                        self.submit_exploration(n + 1, n, action, now)
         elif self.phase == "train":
             world = self.cfg.train.num_train_workers
             if len(self.train_done) == world and self.store.latest_version >= n + 1:
                 self._t["train_end"] = now
+                self.last_train_s = now - self._t["rollout_end"]
                 self.sched.set_training_active(False)
                 self.phase = "drain"
         elif self.phase == "drain":
-            m = self._explore_iter
+            m = self._explore_iter if self.explore_mode() == "stale" else None
             if m is None or self._scored(m, RequestKind.EXPLORE):
-                self._t["explore_end"] = now
+                if m is not None:
+                    self._t["explore_end"] = now
+                    self._explore_stats = self.finish_exploration(m)
                 self.end_iteration(n, now)
         elif self.phase == "saving":
             if len(self.train_done) == self.cfg.train.num_train_workers:
                 self.phase = "finished"
                 self.done = True
 
+    def begin_iteration(self, n: int, now: float) -> None:
+        self._t = {"iter_start": now, "rollout_start": now}
+        self._explore_iter = None
+        self._explore_stats = {}
+        if self.explore_mode() == "critical_path":
+            self.phase = "explore_first"
+            self.submit_exploration(n, n, self.fixed_action(), now)
+        else:
+            self.phase = "rollout"
+            self.submit_rollout(n, now)
+
     def end_iteration(self, n: int, now: float) -> None:
         t = self._t
         row = {"iteration": n, "version": n}
         row.update(self._rollout_stats)
-        if self._explore_iter is not None:
-            row.update(self.finish_exploration(self._explore_iter))
+        row.update(self._explore_stats)
         train_s = t["train_end"] - t["rollout_end"]
-        explore_s = (t["explore_end"] - t["explore_start"]) if self._explore_iter is not None else 0.0
+        explored = self._explore_iter is not None
+        explore_s = (t["explore_end"] - t["explore_start"]) if explored else 0.0
+        if not explored:
+            critical = 0.0
+        elif self.explore_mode() == "critical_path":
+            critical = explore_s
+        else:
+            critical = max(0.0, t["explore_end"] - t["train_end"])
+        action = self.explore_action.get(self._explore_iter) if explored else None
+        if action is not None:
+            row["explore/num_candidates"] = action.num_sequences
+            row["explore/planned_steps"] = action.effective_steps
+            row["explore/cache_threshold"] = action.cache_threshold
+        if self._explore_iter in self.plan_logs:
+            row["planner"] = self.plan_logs.pop(self._explore_iter)
         row.update(
             {
-                "time/rollout_s": t["rollout_end"] - t["iter_start"],
+                "time/rollout_s": t["rollout_end"] - t["rollout_start"],
                 "time/train_s": train_s,
                 "time/explore_s": explore_s,
-                "time/explore_critical_path_s": (t["explore_end"] - t["train_end"]) if self._explore_iter is not None else 0.0,
+                "time/explore_critical_path_s": critical,
                 "time/iteration_s": now - t["iter_start"],
                 "spot/busy_fraction": self.busy_fraction(t["rollout_end"], t["train_end"]),
                 "spot/num_gpus": self.instances.num_spot_gpus(),
                 "cost/usd": self.instances.cost_usd(self.cfg.cost.spot_usd_per_gpu_hour, self.cfg.cost.reserved_usd_per_gpu_hour),
-                "explore/num_candidates": self.cfg.explore.num_candidates if self._explore_iter is not None else 0,
+                "planner/t_step_s": self.t_step_s if self.t_step_s is not None else float("nan"),
             }
         )
         done_metrics = [d.metrics for d in self.train_done.values()]
@@ -582,9 +707,7 @@ class Coordinator:
             self.phase = "saving"
         else:
             self.iteration = n + 1
-            self._t = {"iter_start": now}
-            self.phase = "rollout"
-            self.submit_rollout(n + 1, now)
+            self.begin_iteration(n + 1, now)
 
     def format_progress(self, row: dict) -> str:
         return (

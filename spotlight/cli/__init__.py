@@ -15,9 +15,9 @@ app = typer.Typer(
 
 
 def _register_all() -> None:
-    from spotlight.cli import mock_metadata, status, up
+    from spotlight.cli import bench, mock_metadata, profile, status, up
 
-    for module in (up, status, mock_metadata):
+    for module in (up, status, profile, mock_metadata, bench):
         module.register(app)
 
 

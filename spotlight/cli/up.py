@@ -16,7 +16,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-console = Console()
+console = Console(soft_wrap=True)
 
 
 def _cache_dir() -> pathlib.Path:

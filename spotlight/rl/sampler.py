@@ -329,16 +329,18 @@ class Sampler:
         batch = state.latents.shape[0]
         if j == self._window.start and self._window:
             state.window_latents.append(state.latents.clone())
-        sig = torch.full((batch,), sigma, dtype=torch.float32)
+        device = state.latents.device
+        sig = torch.full((batch,), sigma, dtype=torch.float32, device=device)
         v = velocity_fn(state.latents, sig, cond)
         eta = self.eta(j)
-        noise = seeded_noise(state.seeds, j, self.token_shape) if eta > 0 else None
+        # noise is drawn on the CPU (device-independent streams) and then moved
+        noise = seeded_noise(state.seeds, j, self.token_shape).to(device) if eta > 0 else None
         res = sde_step(v, state.latents, sigma, sigma_next, float(self.sigmas[1]), eta, noise=noise)
         state.latents = res.prev_sample
         if res.log_prob is not None:
             state.log_probs.append(res.log_prob)
             state.window_latents.append(res.prev_sample.clone())
-        state.computed_steps += 1 if computed is None else computed.long()
+        state.computed_steps += 1 if computed is None else computed.long().cpu()
         state.step = j + 1
         return state
 
@@ -385,7 +387,7 @@ class Sampler:
             j = self._window.start + pos
             x = window_latents[:, pos]
             sigma = float(self.sigmas[j])
-            sig = torch.full((x.shape[0],), sigma, dtype=torch.float32)
+            sig = torch.full((x.shape[0],), sigma, dtype=torch.float32, device=x.device)
             v = velocity_fn(x, sig, cond)
             res = sde_step(
                 v, x, sigma, float(self.sigmas[j + 1]), float(self.sigmas[1]), self.eta(j),

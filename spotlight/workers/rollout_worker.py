@@ -160,7 +160,8 @@ class RolloutExecutor:
                         DenoiseState.from_tensors(
                             [items[i].seed],
                             step0,
-                            {k[len(f"state.{i}.") :]: v for k, v in tensors.items() if k.startswith(f"state.{i}.")},
+                            # committed per-row tensors carry no batch dim (see _commit): add it back
+                            {k[len(f"state.{i}.") :]: v.unsqueeze(0) for k, v in tensors.items() if k.startswith(f"state.{i}.")},
                         )
                         for i in rows
                     ]

@@ -1,0 +1,3 @@
+from spotlight.cli import main
+
+main()

@@ -1,0 +1,283 @@
+"""Train Worker: Flow-GRPO step under FSDP2 (CPU, gloo).
+
+The rollout batch is produced by the real Sampler with the same (unwrapped) weights, in
+rollout micro-batches of uneven sizes, so the trainer's recomputation must reproduce the
+stored log-probs bit for bit (ratio exactly 1 on the first pass).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from safetensors.torch import load_file, save_file
+
+from spotlight.config import SpotlightConfig, TrainConfig
+from spotlight.models.dit import build_transformer, make_velocity_fn, token_shape
+from spotlight.rl.sampler import Conditioning, Sampler
+from spotlight.workers.train_worker import FlowGRPOTrainer
+
+# diffusers returns a tuple view; FSDP2's warning about in-place ops on it is noise here.
+pytestmark = pytest.mark.filterwarnings("ignore:FSDP2-wrapped module")
+
+TEXT_DIM = 16
+T_TOKENS = 5
+SEEDS = [11, 12, 13, 14, 15, 16]
+ROLLOUT_MBS = [[0], [1], [2], [3, 4, 5]]
+ADVANTAGES = [1.0, -1.0, 0.5, -0.5, 2.0, -2.0]
+
+
+def _cfg(**train) -> SpotlightConfig:
+    return SpotlightConfig(train=TrainConfig(**train))
+
+
+def make_rollout(cfg: SpotlightConfig, advantages=ADVANTAGES) -> dict[str, torch.Tensor]:
+    """Real SDE rollout of SEEDS in the ROLLOUT_MBS batches with the initial weights."""
+    model = build_transformer(cfg.model, TEXT_DIM)
+    vf = make_velocity_fn(model, cfg.model)
+    sampler = Sampler(cfg.sampler, token_shape(cfg.model))
+    g = torch.Generator().manual_seed(0)
+    embeds = torch.randn(len(SEEDS), T_TOKENS, TEXT_DIM, generator=g)
+    mask = torch.ones(len(SEEDS), T_TOKENS, dtype=torch.int64)
+    mask[0, 3:] = 0
+    mask[4, 2:] = 0
+    wl = torch.zeros(len(SEEDS), cfg.sampler.sde_window_size + 1, *token_shape(cfg.model))
+    lp = torch.zeros(len(SEEDS), cfg.sampler.sde_window_size)
+    with torch.no_grad():
+        for mb in ROLLOUT_MBS:
+            st = sampler.run(sampler.initial_state([SEEDS[i] for i in mb]), vf, Conditioning(embeds[mb], mask[mb]))
+            wl[mb] = torch.stack(st.window_latents, 1)
+            lp[mb] = torch.stack(st.log_probs, 1)
+    return {
+        "window_latents": wl,
+        "log_probs": lp,
+        "advantages": torch.tensor(advantages, dtype=torch.float32),
+        "cond.embeds": embeds,
+        "cond.mask": mask,
+    }
+
+
+def _select(batch: dict[str, torch.Tensor], rows: list[int]) -> dict[str, torch.Tensor]:
+    return {k: v[rows].clone() for k, v in batch.items()}
+
+
+def _states_differ(a: dict, b: dict) -> bool:
+    return any(not torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.fixture(scope="module")
+def pg():
+    """A real world-size-1 gloo process group in the test process."""
+    torch.set_num_threads(1)
+    fd, path = tempfile.mkstemp(prefix="spotlight-pg-")
+    os.close(fd)
+    os.unlink(path)
+    dist.init_process_group("gloo", store=dist.FileStore(path, 1), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def rollout():
+    return make_rollout(_cfg())
+
+
+@pytest.fixture(scope="module")
+def trained(pg, rollout):
+    """One step of a 1-rank trainer on the whole rollout batch."""
+    cfg = _cfg()
+    tr = FlowGRPOTrainer(cfg, rank=0, world_size=1, device=torch.device("cpu"), text_dim=TEXT_DIM)
+    before = tr.full_state_dict()
+    metrics = tr.train_step(rollout, ROLLOUT_MBS, iteration=0)
+    after = tr.full_state_dict()
+    return {"trainer": tr, "before": before, "after": after, "metrics": metrics, "cfg": cfg}
+
+
+def test_first_pass_ratio_is_exactly_one_and_weights_change(trained, rollout):
+    m = trained["metrics"]
+    assert m["train/ratio_max_dev"] == 0.0
+    assert m["train/ratio_mean"] == 1.0
+    assert m["train/clipfrac"] == 0.0
+    assert m["train/approx_kl"] == 0.0
+    assert m["train/kl"] == 0.0
+    assert m["train/num_samples"] == len(SEEDS)
+    assert m["train/grad_norm"] > 0
+    assert _states_differ(trained["before"], trained["after"])
+
+    # Full state dict: same keys as an unwrapped model, and it loads strictly.
+    fresh = build_transformer(trained["cfg"].model, TEXT_DIM)
+    assert set(trained["after"]) == set(fresh.state_dict())
+    fresh.load_state_dict(trained["after"], strict=True)
+    assert all(v.dtype == torch.float32 and v.device.type == "cpu" for v in trained["after"].values())
+
+    # After the update the same samples are off-policy: the ratio moves away from 1.
+    m2 = trained["trainer"].train_step(rollout, ROLLOUT_MBS, iteration=1)
+    assert m2["train/ratio_max_dev"] > 0.0
+
+
+def test_zero_advantages_leave_weights_unchanged(pg, rollout):
+    cfg = _cfg(weight_decay=0.0)
+    tr = FlowGRPOTrainer(cfg, rank=0, world_size=1, device=torch.device("cpu"), text_dim=TEXT_DIM)
+    before = tr.full_state_dict()
+    batch = dict(rollout, advantages=torch.zeros(len(SEEDS)))
+    m = tr.train_step(batch, ROLLOUT_MBS, iteration=0)
+    assert m["train/grad_norm"] == 0.0
+    assert m["train/loss"] == 0.0
+    assert not _states_differ(before, tr.full_state_dict())
+
+
+def test_kl_reference(pg):
+    cfg = _cfg(kl_beta=0.5)
+    batch = _select(make_rollout(cfg), [3, 4, 5])
+    tr = FlowGRPOTrainer(cfg, rank=0, world_size=1, device=torch.device("cpu"), text_dim=TEXT_DIM)
+    assert tr.reference is not None
+    m1 = tr.train_step(batch, [[0, 1, 2]], iteration=0)
+    assert m1["train/kl"] == 0.0 and m1["train/ratio_max_dev"] == 0.0
+    m2 = tr.train_step(batch, [[0, 1, 2]], iteration=1)
+    assert m2["train/kl"] > 0.0
+
+
+def _two_rank_worker(rank: int, world: int, store_path: str, out_dir: str, batch: dict) -> None:
+    """Spawned rank: (A) halves with 3 vs 1 micro-batches; (B) rank 1 has zero samples."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
+    try:
+        cfg = _cfg()
+        scenarios = {
+            # rank 0: rows 0,1,2 in three micro-batches; rank 1: rows 3,4,5 in one.
+            "halves": ([0, 1, 2], [[0], [1], [2]]) if rank == 0 else ([3, 4, 5], [[0, 1, 2]]),
+            # rank 0: every row in the rollout micro-batches; rank 1: nothing at all.
+            "empty_rank": (list(range(6)), ROLLOUT_MBS) if rank == 0 else ([], []),
+        }
+        for name, (rows, mbs) in scenarios.items():
+            tr = FlowGRPOTrainer(cfg, rank=rank, world_size=world, device=torch.device("cpu"), text_dim=TEXT_DIM)
+            metrics = tr.train_step(_select(batch, rows), mbs, iteration=0)
+            sd = tr.full_state_dict()
+            if rank == 0:
+                save_file(sd, os.path.join(out_dir, f"{name}.safetensors"))
+                with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
+                    json.dump(metrics, f)
+            else:
+                assert sd == {}
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_ranks_match_one_rank(trained, rollout, tmp_path):
+    store = str(tmp_path / "store")
+    mp.spawn(_two_rank_worker, args=(2, store, str(tmp_path), rollout), nprocs=2, join=True)
+    ref = trained["after"]
+    ref_m = trained["metrics"]
+    for name in ("halves", "empty_rank"):
+        sd = load_file(str(tmp_path / f"{name}.safetensors"))
+        assert set(sd) == set(ref)
+        worst = max((sd[k] - ref[k]).abs().max().item() for k in ref)
+        assert worst < 1e-6, (name, worst)
+        m = json.loads((tmp_path / f"{name}.json").read_text())
+        assert m["train/ratio_max_dev"] == 0.0
+        assert m["train/num_samples"] == len(SEEDS)
+        assert m["train/grad_norm"] == pytest.approx(ref_m["train/grad_norm"], rel=1e-5)
+        assert m["train/loss"] == pytest.approx(ref_m["train/loss"], abs=1e-9)
+
+
+def test_save_pretrained_roundtrip(pg, trained, tmp_path):
+    from diffusers import QwenImageTransformer2DModel
+
+    cfg = trained["cfg"]
+    tr = FlowGRPOTrainer(cfg, rank=0, world_size=1, device=torch.device("cpu"), text_dim=TEXT_DIM, initial_state_dict=trained["after"])
+    tr.save_pretrained(tmp_path / "ckpt")
+    loaded = QwenImageTransformer2DModel.from_pretrained(str(tmp_path / "ckpt")).float().eval()
+    expected = build_transformer(cfg.model, TEXT_DIM)
+    expected.load_state_dict(trained["after"])
+    base = build_transformer(cfg.model, TEXT_DIM)
+
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, *token_shape(cfg.model), generator=g)
+    cond = Conditioning(torch.randn(2, T_TOKENS, TEXT_DIM, generator=g), torch.ones(2, T_TOKENS, dtype=torch.int64))
+    sigma = torch.tensor([0.7, 0.3])
+    with torch.no_grad():
+        out = make_velocity_fn(loaded, cfg.model)(x, sigma, cond)
+        want = make_velocity_fn(expected, cfg.model)(x, sigma, cond)
+        old = make_velocity_fn(base, cfg.model)(x, sigma, cond)
+    assert torch.equal(out, want)
+    assert not torch.equal(out, old)  # the trained weights, not the initial ones
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_process_protocol(trained, rollout, tmp_path):
+    """The ``main()`` process against a fake coordinator ROUTER (world size 1)."""
+    import zmq
+
+    from spotlight import protocol as P
+    from spotlight import tensor_wire
+    from spotlight.config import config_to_dict
+
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    cmd = [
+        sys.executable, "-m", "spotlight.workers.train_worker", "--coordinator", f"tcp://127.0.0.1:{port}",
+        "--rank", "0", "--world-size", "1", "--config-json", json.dumps(config_to_dict(trained["cfg"])),
+        "--master-port", str(_free_port()), "--text-dim", str(TEXT_DIM),
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    poller = zmq.Poller()
+    poller.register(router, zmq.POLLIN)
+
+    def recv():
+        if not poller.poll(120_000):
+            proc.kill()
+            pytest.fail("trainer process went silent:\n" + proc.communicate()[0].decode(errors="replace"))
+        ident, *frames = router.recv_multipart()
+        assert ident == b"trainer-0"
+        return P.decode(frames)
+
+    try:
+        mtype, body, _ = recv()
+        assert mtype == P.MsgType.TRAIN_READY and (body.rank, body.world_size, body.version) == (0, 1, 0)
+        mtype, body, payload = recv()
+        assert mtype == P.MsgType.WEIGHTS and body.version == 0 and body.size_bytes == len(payload[0])
+        v0 = tensor_wire.bytes_to_state_dict(payload[0])
+        assert not _states_differ(v0, trained["before"])
+
+        router.send_multipart([b"trainer-0", b"\xff", b"junk"])  # malformed: logged and ignored
+        metas, frames = tensor_wire.pack_tensors(rollout)
+        batch = P.TrainBatch(iteration=3, version=0, micro_batches=ROLLOUT_MBS, tensors=metas)
+        router.send_multipart([b"trainer-0", *P.encode(batch, frames)])
+        mtype, body, payload = recv()
+        assert mtype == P.MsgType.WEIGHTS and body.version == 1
+        v1 = tensor_wire.bytes_to_state_dict(payload[0])
+        assert max((v1[k] - trained["after"][k]).abs().max().item() for k in v1) < 1e-6
+        mtype, body, _ = recv()
+        assert mtype == P.MsgType.TRAIN_DONE and (body.rank, body.iteration, body.new_version) == (0, 3, 1)
+        assert body.metrics["train/ratio_max_dev"] == 0.0
+
+        router.send_multipart([b"trainer-0", *P.encode(P.Shutdown(reason=f"save:{tmp_path / 'final'}"))])
+        mtype, body, _ = recv()
+        assert mtype == P.MsgType.TRAIN_DONE and (body.iteration, body.new_version) == (-1, -1)
+        assert (tmp_path / "final" / "config.json").is_file()
+
+        router.send_multipart([b"trainer-0", *P.encode(P.Shutdown(reason="done"))])
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, out.decode(errors="replace")
+        assert b"dropping malformed message" in out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        router.close()
+        ctx.term()
