@@ -14,15 +14,18 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import logging
 import os
 import pathlib
+import queue
 import secrets
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Optional
 
@@ -31,6 +34,7 @@ import typer
 import zmq
 
 from agent.node_scheduler import NodeScheduler, WorkerStatus
+from agent.preemption import Detector, NoticeLedger, NullDetector, PreemptionNotice, make_detector, revoke_notice, sigterm_notice
 from spotlight import protocol as P
 
 log = logging.getLogger("spotlight.agent")
@@ -50,6 +54,46 @@ def register_auth(secret: str, node_id: str, nonce: str, version: int) -> str:
     return hmac.new(secret.encode(), f"register|{node_id}|{nonce}|{version}".encode(), hashlib.sha256).hexdigest()
 
 
+def state_dir(node_id: str) -> pathlib.Path:
+    """Per-node state (notice ledger, control socket): ``$SPOTLIGHT_AGENT_STATE`` or ``~/.local/state/spotlight-agent/<node>``."""
+    base = os.environ.get("SPOTLIGHT_AGENT_STATE") or os.path.join(os.path.expanduser("~"), ".local", "state", "spotlight-agent")
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in node_id)
+    d = pathlib.Path(base) / safe
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def control_endpoint(node_id: str) -> str:
+    """The agent's local control socket (``spotlight-agent revoke`` / ``add-gpu`` talk to it)."""
+    return f"ipc://{state_dir(node_id) / 'control.sock'}"
+
+
+class DetectorThread(threading.Thread):
+    """Polls a preemption detector off the main loop (HTTP calls block; GCP long-polls).
+
+    Results go to ``out`` as :class:`agent.preemption.PollResult`; errors are a state
+    ("unhealthy"), never a silent "no notice".
+    """
+
+    def __init__(self, detector: Detector, out: "queue.Queue", interval_s: float):
+        super().__init__(daemon=True, name="preemption-detector")
+        self.detector = detector
+        self.out = out
+        self.interval_s = interval_s
+        self.stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop_event.is_set():
+            try:
+                res = self.detector.poll(time.time())
+            except Exception as exc:  # a detector bug must not look like "no notice"
+                from agent.preemption import PollResult
+
+                res = PollResult([], False, f"detector crashed: {type(exc).__name__}: {exc}")
+            self.out.put(res)
+            self.stop_event.wait(self.interval_s)
+
+
 class AgentDaemon:
     """One node's agent.
 
@@ -62,7 +106,7 @@ class AgentDaemon:
         register_timeout_s: give up if the coordinator does not answer.
     """
 
-    def __init__(self, coordinator: str, gpus: list[int], *, node_id: str | None = None, is_spot: bool = True, secret: str = "", register_timeout_s: float = 60.0, grace_s: float = 20.0):
+    def __init__(self, coordinator: str, gpus: list[int], *, node_id: str | None = None, is_spot: bool = True, secret: str = "", register_timeout_s: float = 60.0, grace_s: float = 20.0, detector: Detector | None = None, poll_interval_s: float = 1.0):
         self.endpoint = coordinator if "://" in coordinator else f"tcp://{coordinator}"
         self.gpus = list(gpus)
         self.node_id = node_id or f"{socket.gethostname()}-{os.getpid()}"
@@ -89,6 +133,22 @@ class AgentDaemon:
         self.stop_reason = ""
         self._stop_deadline: float | None = None
         self._last_heartbeat = 0.0
+        self.detector = detector or NullDetector()
+        self.detector_healthy = True
+        self.detector_error = ""
+        self._detector_q: queue.Queue = queue.Queue()
+        self._detector_thread = DetectorThread(self.detector, self._detector_q, poll_interval_s)
+        self._pending_ack: list[PreemptionNotice] = []
+        self._revoking: dict[str, float] = {}  # worker id -> deadline (monotonic)
+        self._signal_notices: queue.Queue = queue.Queue()
+        self.control = self.ctx.socket(zmq.REP)
+        self.control.setsockopt(zmq.LINGER, 0)
+        ctl = control_endpoint(self.node_id)
+        try:
+            os.unlink(ctl[len("ipc://") :])
+        except OSError:
+            pass
+        self.control.bind(ctl)
 
     # ------------------------------------------------------------ wire helpers
     def _to_coord(self, msg, frames=None) -> None:
@@ -134,16 +194,94 @@ class AgentDaemon:
 
     def heartbeat(self, now: float) -> None:
         workers = [P.WorkerInfo(worker_id=s.worker_id, gpus=s.gpus, busy=bool(s.in_flight), pid=s.pid) for s in self.sched.live_workers()]
-        self._to_coord(P.Heartbeat(node_id=self.node_id, session=self.session, workers=workers, in_flight=self.sched.in_flight(), draining=self.draining))
+        self._to_coord(P.Heartbeat(node_id=self.node_id, session=self.session, workers=workers, in_flight=self.sched.in_flight(), draining=self.draining, detector_healthy=self.detector_healthy, detector_error=self.detector_error, gpus=self.gpus))
         self._last_heartbeat = now
 
-    def begin_drain(self, reason: str) -> None:
+    # ------------------------------------------------------------ preemption
+    def on_notice(self, notice: PreemptionNotice) -> None:
+        """A notice from any source: tell the coordinator, then act on its scope."""
+        left = notice.deadline_unix_s - time.time()
+        log.warning("preemption notice: %s %s scope=%s, %.1fs to deadline", notice.source, notice.kind, notice.scope, left)
+        self._to_coord(P.Notice(node_id=self.node_id, session=self.session, source=notice.source, scope=notice.scope, deadline_unix_s=notice.deadline_unix_s, key=notice.key, kind=notice.kind, is_hint=notice.is_hint))
+        if notice.is_hint:
+            return
+        grace = max(0.5, min(self.grace_s, left - 1.0))
+        if notice.scope == "node":
+            self._pending_ack.append(notice)
+            self.begin_drain(f"{notice.source} {notice.kind}", grace_s=grace)
+        elif notice.scope.startswith("gpu:"):
+            self.revoke_gpus([int(g) for g in notice.scope[4:].split(",") if g], grace_s=grace)
+
+    def revoke_gpus(self, gpus: list[int], *, grace_s: float) -> list[str]:
+        """Per-GPU revocation: only the workers using those GPUs commit and exit; the node stays."""
+        victims = [s for s in self.sched.live_workers() if set(s.gpus) & set(gpus)]
+        for slot in victims:
+            self._to_worker(slot.worker_id, P.Stop(commit=True, reason="gpu revoked"))
+            slot.status = WorkerStatus.STOPPING
+            self._revoking[slot.worker_id] = time.monotonic() + grace_s
+        self.gpus = [g for g in self.gpus if g not in gpus]
+        log.warning("revoked GPUs %s: stopping %s; node keeps GPUs %s", gpus, [v.worker_id for v in victims], self.gpus)
+        self.heartbeat(time.monotonic())
+        return [v.worker_id for v in victims]
+
+    def add_gpus(self, gpus: list[int]) -> list[str]:
+        """GPUs granted to this node: start workers on them."""
+        new = [g for g in gpus if g not in self.gpus]
+        self.gpus = sorted(self.gpus + new)
+        started = []
+        for group in self.sched.plan_workers(new, 1):
+            self.spawn_worker(group)
+            started.append(self.sched.worker_id_for(self.node_id, group))
+        self.heartbeat(time.monotonic())
+        return started
+
+    def on_control(self) -> None:
+        """Local control commands (JSON): revoke, add, status."""
+        try:
+            req = json.loads(self.control.recv())
+            cmd = req.get("cmd")
+            if cmd == "revoke":
+                grace = float(req.get("grace_s", self.grace_s))
+                notice = revoke_notice([int(g) for g in req["gpus"]], grace, time.time())
+                self.on_notice(notice)
+                reply = {"ok": True, "gpus": self.gpus}
+            elif cmd == "add":
+                reply = {"ok": True, "started": self.add_gpus([int(g) for g in req["gpus"]]), "gpus": self.gpus}
+            elif cmd == "preempt":
+                self.on_notice(sigterm_notice(float(req.get("grace_s", self.grace_s)), time.time(), key=f"control-{time.time()}"))
+                reply = {"ok": True}
+            elif cmd == "status":
+                reply = {"ok": True, "node_id": self.node_id, "gpus": self.gpus, "workers": {s.worker_id: s.status.value for s in self.sched.workers.values()}, "in_flight": self.sched.in_flight(), "detector_healthy": self.detector_healthy, "detector_error": self.detector_error, "draining": self.draining}
+            else:
+                reply = {"ok": False, "error": f"unknown command {cmd!r}"}
+        except (ValueError, KeyError, TypeError) as exc:
+            reply = {"ok": False, "error": f"bad control request: {exc}"}
+        self.control.send(json.dumps(reply).encode())
+
+    def poll_detector(self) -> None:
+        while True:
+            try:
+                res = self._detector_q.get_nowait()
+            except queue.Empty:
+                break
+            if res.healthy != self.detector_healthy or (res.error or "") != self.detector_error:
+                (log.info if res.healthy else log.error)("preemption detector %s%s", "healthy" if res.healthy else "UNHEALTHY: ", res.error or "")
+            self.detector_healthy, self.detector_error = res.healthy, res.error or ""
+            for notice in res.notices:
+                self.on_notice(notice)
+        while True:
+            try:
+                self.on_notice(self._signal_notices.get_nowait())
+            except queue.Empty:
+                break
+
+    def begin_drain(self, reason: str, grace_s: float | None = None) -> None:
         """Stop pulling; ask every worker to commit in-flight state and exit."""
         if self.draining:
             return
         self.draining = True
         self.stop_reason = reason
-        self._stop_deadline = time.monotonic() + self.grace_s
+        self._stop_deadline = time.monotonic() + (self.grace_s if grace_s is None else grace_s)
         log.warning("draining: %s", reason)
         for slot in self.sched.live_workers():
             self._to_worker(slot.worker_id, P.Stop(commit=True, reason=reason))
@@ -222,9 +360,18 @@ class AgentDaemon:
             del self.procs[wid]
             if held:
                 self._to_coord(P.Fail(node_id=self.node_id, session=self.session, worker_id=wid, request_ids=[r for r, _ in held], lease_ids=[l for _, l in held], reason=f"worker exited with code {rc}"))
-            if not self.draining:
+            if wid in self._revoking:
+                del self._revoking[wid]
+                log.info("worker %s left after revocation (code %s)", wid, rc)
+            elif not self.draining:
                 log.error("worker %s exited with code %s; restarting it", wid, rc)
                 self.spawn_worker(self.sched.workers[wid].gpus)
+        now = time.monotonic()
+        for wid, deadline in list(self._revoking.items()):
+            proc = self.procs.get(wid)
+            if proc is not None and now > deadline and proc.poll() is None:
+                log.error("worker %s missed its commit deadline: killing it", wid)
+                proc.kill()
 
     def run(self) -> int:
         self.register()
@@ -233,6 +380,8 @@ class AgentDaemon:
         poller = zmq.Poller()
         poller.register(self.coord, zmq.POLLIN)
         poller.register(self.workers_sock, zmq.POLLIN)
+        poller.register(self.control, zmq.POLLIN)
+        self._detector_thread.start()
         interval = self.registered.heartbeat_interval_s
         try:
             while True:
@@ -249,6 +398,9 @@ class AgentDaemon:
                             self.on_coordinator(self.coord.recv_multipart(zmq.NOBLOCK))
                         except zmq.Again:
                             break
+                if self.control in events:
+                    self.on_control()
+                self.poll_detector()
                 now = time.monotonic()
                 self.check_workers()
                 if now - self._last_heartbeat >= interval:
@@ -260,6 +412,12 @@ class AgentDaemon:
         return 0
 
     def shutdown(self) -> None:
+        self._detector_thread.stop_event.set()
+        for notice in self._pending_ack:  # Azure: approve the event only after the commit (preemption.md §3.3)
+            try:
+                self.detector.acknowledge(notice)
+            except Exception as exc:
+                log.warning("could not acknowledge notice %s: %s", notice.key, exc)
         for proc in self.procs.values():
             if proc.poll() is None:
                 proc.terminate()
@@ -274,6 +432,7 @@ class AgentDaemon:
             pass
         self.coord.close(linger=1000)
         self.workers_sock.close(linger=0)
+        self.control.close(linger=0)
         try:
             os.unlink(f"{self._ipc_dir}/workers.sock")
             os.rmdir(self._ipc_dir)
@@ -302,13 +461,64 @@ def join(
     config: Optional[pathlib.Path] = typer.Option(None, "--config", help="Agent TOML config (optional)."),
     secret_env: str = typer.Option("SPOTLIGHT_SECRET", "--secret-env", help="Environment variable holding the shared secret."),
     grace_s: float = typer.Option(20.0, "--grace-s", help="Seconds workers get to commit in-flight state on a notice or SIGTERM."),
+    poll_interval_s: float = typer.Option(1.0, "--poll-interval-s", help="Seconds between cloud metadata polls (AWS recommends 5, Azure 1)."),
     log_level: str = typer.Option("INFO", "--log-level", help="Logging level."),
 ) -> None:
     """Register this node with a coordinator and serve Rollout Workers until told to stop."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s agent %(levelname)s %(message)s")
-    daemon = AgentDaemon(coordinator, _parse_gpus(gpus), node_id=node_id, is_spot=not reserved, secret=os.environ.get(secret_env, ""), grace_s=grace_s)
-    signal.signal(signal.SIGTERM, lambda *_: daemon.begin_drain("SIGTERM"))
+    nid = node_id or f"{socket.gethostname()}-{os.getpid()}"
+    ledger = NoticeLedger(state_dir(nid) / "handled-notices.json")
+    try:
+        detector = make_detector(cloud, metadata_url, ledger=ledger)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    daemon = AgentDaemon(coordinator, _parse_gpus(gpus), node_id=nid, is_spot=not reserved, secret=os.environ.get(secret_env, ""), grace_s=grace_s, detector=detector, poll_interval_s=poll_interval_s)
+    # SIGTERM is one more preemption source: same commit path, deadline = now + grace
+    signal.signal(signal.SIGTERM, lambda *_: daemon._signal_notices.put(sigterm_notice(grace_s, time.time())))
     raise typer.Exit(daemon.run())
+
+
+def _control(node_id: str, request: dict, timeout_s: float = 5.0) -> dict:
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.REQ)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(control_endpoint(node_id))
+    try:
+        sock.send(json.dumps(request).encode())
+        if not sock.poll(int(timeout_s * 1000)):
+            raise typer.Exit(f"agent {node_id!r} did not answer on {control_endpoint(node_id)} (is it running on this machine?)")
+        return json.loads(sock.recv())
+    finally:
+        sock.close()
+
+
+@app.command()
+def revoke(
+    gpu: list[int] = typer.Option(..., "--gpu", help="GPU index to take away from Spotlight (repeatable)."),
+    node_id: str = typer.Option(..., "--node-id", help="Node id of the local agent."),
+    grace_s: float = typer.Option(10.0, "--grace-s", help="Seconds the affected worker gets to commit its in-flight state."),
+) -> None:
+    """Per-GPU revocation by a cluster scheduler: the worker on that GPU commits and exits; the rest of the node keeps running."""
+    reply = _control(node_id, {"cmd": "revoke", "gpus": gpu, "grace_s": grace_s})
+    typer.echo(json.dumps(reply))
+    raise typer.Exit(0 if reply.get("ok") else 1)
+
+
+@app.command("add-gpu")
+def add_gpu(
+    gpu: list[int] = typer.Option(..., "--gpu", help="GPU index newly granted to Spotlight (repeatable)."),
+    node_id: str = typer.Option(..., "--node-id", help="Node id of the local agent."),
+) -> None:
+    """A GPU was (re)granted to this node: start a Rollout Worker on it."""
+    reply = _control(node_id, {"cmd": "add", "gpus": gpu})
+    typer.echo(json.dumps(reply))
+    raise typer.Exit(0 if reply.get("ok") else 1)
+
+
+@app.command("agent-status")
+def agent_status(node_id: str = typer.Option(..., "--node-id", help="Node id of the local agent.")) -> None:
+    """Print the local agent's GPUs, workers, in-flight requests and detector health (JSON)."""
+    typer.echo(json.dumps(_control(node_id, {"cmd": "status"}), indent=2))
 
 
 def main() -> None:

@@ -246,6 +246,9 @@ class RunConfig(_Section):
     """Base of the default (unexplored) seeds."""
     sample_grid_every: int = 5
     """Write a PNG grid of rollout samples every N iterations (0 = never)."""
+    save_rollouts: bool = False
+    """Write every iteration's rollout samples (images, window latents, log-probs, rewards) to
+    ``rollouts/iter_NNNN.safetensors`` (for audits and tests)."""
 
     def __post_init__(self) -> None:
         _check(self.iterations >= 1, "run.iterations", "must be >= 1")

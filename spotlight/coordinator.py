@@ -289,7 +289,8 @@ class Coordinator:
             if node_id != identity.decode(errors="replace") or not self.instances.session_ok(node_id, getattr(body, "session", "")):
                 self.error_to(identity, "unknown_session", f"{mtype.name} from an unregistered or stale session")
                 return
-            self.instances.heartbeat(node_id, now) if mtype != P.MsgType.HEARTBEAT else None
+            if mtype != P.MsgType.HEARTBEAT:
+                self.instances.heartbeat(node_id, now)
             getattr(self, f"on_{mtype.name.lower()}")(identity, body, payload, now)
 
     def on_register(self, identity: bytes, body: P.Register, now: float) -> None:
@@ -327,7 +328,7 @@ class Coordinator:
         )
 
     def on_heartbeat(self, identity, body: P.Heartbeat, payload, now) -> None:
-        self.instances.heartbeat(body.node_id, now, workers={w.worker_id: w.gpus for w in body.workers}, detector_healthy=body.detector_healthy, detector_error=body.detector_error)
+        self.instances.heartbeat(body.node_id, now, workers={w.worker_id: w.gpus for w in body.workers}, detector_healthy=body.detector_healthy, detector_error=body.detector_error, gpus=body.gpus)
         for w in body.workers:
             self.worker_node[w.worker_id] = body.node_id
             self.sched.renew(w.worker_id, now)
@@ -459,7 +460,6 @@ class Coordinator:
     def on_trainer(self, identity: bytes, mtype, body, payload, now: float) -> None:
         if mtype == P.MsgType.TRAIN_READY:
             self.train_ready.add(body.rank)
-            self.trainer_ids = getattr(self, "trainer_ids", {})
             self.trainer_ids[body.rank] = identity
         elif mtype == P.MsgType.WEIGHTS:
             self.store.put_weights(body.version, bytes(payload[0]))
@@ -536,6 +536,24 @@ class Coordinator:
             self.send(self.trainer_ids[rank], P.TrainBatch(iteration=n, version=n, micro_batches=local, tensors=metas), frames)
         self._rollout_stats = self.rollout_stats(finite)
         self._planner_feedback(n, finite)
+        if self.cfg.run.save_rollouts:
+            self.save_rollouts(n, samples)
+
+    def save_rollouts(self, n: int, samples: list[Sample]) -> None:
+        """``rollouts/iter_NNNN.safetensors``: per request id, image, window latents, log-probs, reward, seed."""
+        from safetensors.torch import save_file
+
+        out = {}
+        for s in samples:
+            out[f"{s.request_id}.image"] = s.image.contiguous()
+            out[f"{s.request_id}.window_latents"] = s.window_latents.contiguous()
+            out[f"{s.request_id}.log_probs"] = s.log_probs.contiguous()
+            out[f"{s.request_id}.reward"] = torch.tensor([s.reward], dtype=torch.float64)
+            out[f"{s.request_id}.seed"] = torch.tensor([s.seed], dtype=torch.int64)
+            out[f"{s.request_id}.prompt_index"] = torch.tensor([s.prompt_index], dtype=torch.int64)
+        d = self.run_dir / "rollouts"
+        d.mkdir(exist_ok=True)
+        save_file(out, d / f"iter_{n:04d}.safetensors")
 
     def _planner_feedback(self, n: int, samples: list[Sample]) -> None:
         """r = σ̄_all / σ̄_unc over iteration n's groups (paper §4.3.2) → the arm that chose its seeds."""

@@ -70,7 +70,9 @@ class InstanceManager:
 
     def integrate(self, now: float) -> None:
         """Accumulate live GPU-seconds (spot and reserved) up to ``now``."""
-        if self._last_integrate is not None and now > self._last_integrate:
+        if self._last_integrate is not None and now <= self._last_integrate:
+            return  # out-of-order timestamp: never count an interval twice
+        if self._last_integrate is not None:
             dt = now - self._last_integrate
             for rec in self.nodes.values():
                 if rec.status != NodeStatus.DEAD:
@@ -92,13 +94,19 @@ class InstanceManager:
         rec = self.nodes.get(node_id)
         return rec is not None and rec.session == session and rec.status != NodeStatus.DEAD
 
-    def heartbeat(self, node_id: str, now: float, *, workers: dict[str, list[int]] | None = None, detector_healthy: bool = True, detector_error: str = "") -> None:
+    def heartbeat(self, node_id: str, now: float, *, workers: dict[str, list[int]] | None = None, detector_healthy: bool | None = None, detector_error: str | None = None, gpus: list[int] | None = None) -> None:
+        """Liveness (and, when given, the node's current workers, GPUs and detector health)."""
+        self.integrate(now)
         rec = self.nodes[node_id]
         rec.last_seen = now
+        if gpus is not None:
+            rec.gpus = list(gpus)
         if workers is not None:
             rec.workers = workers
-        rec.detector_healthy = detector_healthy
-        rec.detector_error = detector_error
+        if detector_healthy is not None:
+            rec.detector_healthy = detector_healthy
+        if detector_error is not None:
+            rec.detector_error = detector_error
 
     def notice(self, node_id: str, notice: dict, now: float) -> None:
         """A preemption notice for the node (scope "node") or some of its GPUs."""

@@ -133,6 +133,8 @@ class Heartbeat(_Msg, kw_only=True):
     detector_healthy: bool = True
     detector_error: str = ""
     draining: bool = False
+    gpus: list[int] | None = None
+    """The node's current GPUs (after revocations/additions); None = unchanged."""
 
 
 class Notice(_Msg, kw_only=True):

@@ -75,6 +75,8 @@ def register(app: typer.Typer) -> None:
         reserved: str = typer.Option("127.0.0.1:0", "--reserved", help="HOST:PORT the coordinator listens on for agents (port 0 = any free port)."),
         timeout_s: Optional[float] = typer.Option(None, "--timeout-s", help="Abort if the run takes longer than this many seconds."),
         log_level: str = typer.Option("WARNING", "--log-level", help="Log level of the coordinator and agents (INFO shows joins and leases)."),
+        mock_cloud: str = typer.Option("none", "--mock-cloud", help="With --local: give each spot agent its own mock metadata server of this cloud (aws, gcp, azure; none = no detector). Notices are then issued through it (local_agents.json lists the control URLs)."),
+        grace_s: float = typer.Option(20.0, "--grace-s", help="With --local: seconds a preempted worker gets to commit in-flight state."),
     ) -> None:
         """Post-train a DiT with Flow-GRPO while spot agents explore seeds on stale weights.
 
@@ -112,16 +114,35 @@ def register(app: typer.Typer) -> None:
         coord = Coordinator(cfg, rd, bind=f"tcp://{reserved}", secret=secret, prompts=prompts, embeds=embeds, mask=mask, progress=console.print)
         console.print(f"coordinator listening on [cyan]{coord.endpoint}[/cyan]")
         procs: list[subprocess.Popen] = []
+        mocks = []
         stop = {"sig": None}
         signal.signal(signal.SIGTERM, lambda s, f: stop.update(sig=s) or (_ for _ in ()).throw(KeyboardInterrupt()))
         try:
             coord.start_trainers()
             if local:
+                import json as _json
+
                 endpoint = coord.endpoint
+                listing = {}
+                state_root = rd / "agents"
+                os.environ["SPOTLIGHT_AGENT_STATE"] = str(state_root.resolve())
                 for i, gpu in enumerate(cfg.cluster.reserved_rollout_gpus):
                     procs.append(_spawn_agent(endpoint, [gpu], f"reserved-{i}", reserved=True, secret=secret))
+                    listing[f"reserved-{i}"] = {"pid": procs[-1].pid, "spot": False, "gpus": [gpu]}
                 for a in range(agents):
-                    procs.append(_spawn_agent(endpoint, list(range(gpus_per_agent)), f"spot-{a}", reserved=False, secret=secret))
+                    extra = ["--grace-s", str(grace_s)]
+                    entry = {"spot": True, "gpus": list(range(gpus_per_agent))}
+                    if mock_cloud != "none":
+                        from spotlight.mock_metadata import MockMetadataServer
+
+                        mock = MockMetadataServer(mock_cloud, vm_name=f"spot-{a}").start()
+                        mocks.append(mock)
+                        extra += ["--cloud", mock_cloud, "--metadata-url", mock.url, "--poll-interval-s", "0.5"]
+                        entry.update(cloud=mock_cloud, metadata_url=mock.url, control_url=mock.control_url)
+                    procs.append(_spawn_agent(endpoint, list(range(gpus_per_agent)), f"spot-{a}", reserved=False, secret=secret, extra=extra))
+                    entry["pid"] = procs[-1].pid
+                    listing[f"spot-{a}"] = entry
+                (rd / "local_agents.json").write_text(_json.dumps({"coordinator": endpoint, "state_dir": str(state_root.resolve()), "agents": listing}, indent=2))
             else:
                 console.print(f"waiting for agents: spotlight-agent join --coordinator <this-host>:{coord.endpoint.rsplit(':', 1)[1]} --gpus 0")
             t0 = time.monotonic()
@@ -153,3 +174,5 @@ def register(app: typer.Typer) -> None:
                     except subprocess.TimeoutExpired:
                         p.kill()
             coord.close()
+            for m in mocks:
+                m.stop()

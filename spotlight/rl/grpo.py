@@ -79,8 +79,9 @@ def clipped_policy_loss(
 
     Returns:
         ``(loss summed over B×S elements, stats)``; callers divide by the element count
-        of the whole update (gradient accumulation). Stats are detached:
-        ``ratio_mean``, ``ratio_max_dev`` (max |ratio − 1|), ``clipfrac``, ``approx_kl``.
+        of the whole update (gradient accumulation). Stats are detached sums so callers can
+        reduce across micro-batches and ranks: ``ratio_sum``, ``ratio_max_dev`` (max
+        |ratio − 1|), ``clipped`` (elements outside the clip range), ``approx_kl``, ``count``.
     """
     adv = advantages.float().clamp(-adv_clip_max, adv_clip_max).unsqueeze(1).expand_as(log_probs)
     ratio = torch.exp(log_probs - old_log_probs.float())

@@ -241,6 +241,11 @@ class WorkerProcess:
         self.sock.connect(agent_endpoint)
         self.stop_requested: P.Stop | None = None
         self._backlog: list[tuple[P.MsgType, object, list]] = []
+        self._parent = os.getppid()
+
+    def agent_alive(self) -> bool:
+        """False once the agent that spawned us died (we were re-parented)."""
+        return os.getppid() == self._parent
 
     def send(self, msg, frames=None, msg_type=None):
         self.sock.send_multipart(P.encode(msg, frames, msg_type=msg_type), copy=False)
@@ -260,6 +265,9 @@ class WorkerProcess:
     def _check_stop(self) -> bool:
         if self.stop_requested is not None:
             return True
+        if not self.agent_alive():
+            log.error("worker %s: agent died; exiting without commit (the coordinator re-enqueues our leases)", self.worker_id)
+            os._exit(3)
         while self.sock.poll(0):
             frames = self.sock.recv_multipart()
             try:
@@ -304,6 +312,9 @@ class WorkerProcess:
                 pulled = True
             got = self._recv(500)
             if got is None:
+                if not self.agent_alive():
+                    log.error("worker %s: agent died; exiting", self.worker_id)
+                    return 3
                 continue
             mtype, body, payload = got
             if mtype == P.MsgType.STOP:

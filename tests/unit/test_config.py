@@ -1,0 +1,143 @@
+"""Typed TOML config: defaults, round trip, validation errors that name the field."""
+
+from __future__ import annotations
+
+import pytest
+
+from spotlight.config import (
+    DEFAULT_CONFIG_PATH,
+    ConfigError,
+    SamplerConfig,
+    SpotlightConfig,
+    config_from_dict,
+    config_to_dict,
+    dump_config,
+    load_config,
+)
+
+
+def test_default_config_loads():
+    cfg = load_config()
+    assert isinstance(cfg, SpotlightConfig)
+    assert DEFAULT_CONFIG_PATH.is_file()
+    # a few values straight from examples/default/config.toml
+    assert cfg.model.source == "tiny" and cfg.model.image_size == 32 and cfg.model.max_text_tokens == 16
+    assert cfg.model.axes_dims_rope == (8, 12, 12)
+    assert cfg.sampler.num_steps == 10 and cfg.sampler.sde_window_size == 8
+    assert cfg.data.group_size == 8 and cfg.explore.num_candidates == 24
+    assert cfg.num_explored_prompts == cfg.data.prompts_per_iteration - cfg.data.num_control_prompts
+
+
+def test_dump_load_round_trip(tmp_path):
+    cfg = load_config(overrides={"run.iterations": 7, "train.learning_rate": 3e-4, "cluster.reserved_rollout_gpus": [0, 2]})
+    path = tmp_path / "resolved.toml"
+    dump_config(cfg, path)
+    back = load_config(path)
+    assert back == cfg
+    assert config_to_dict(back) == config_to_dict(cfg)
+    # the built-in defaults round-trip too (every field written out)
+    dump_config(SpotlightConfig(), path)
+    assert load_config(path) == SpotlightConfig()
+
+
+def test_overrides_apply():
+    cfg = load_config(overrides={"run.iterations": 3})
+    assert cfg.run.iterations == 3
+    assert load_config().run.iterations != 3
+    # a section the file does not contain is created
+    cfg = load_config(overrides={"cost.spot_usd_per_gpu_hour": 1.5})
+    assert cfg.cost.spot_usd_per_gpu_hour == 1.5
+
+
+def _raises_naming(field: str, **overrides) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=overrides)
+    assert field in str(info.value), str(info.value)
+    return info.value
+
+
+def test_unknown_key_names_the_field():
+    _raises_naming("learnin_rate", **{"train.learnin_rate": 1e-3})
+    _raises_naming("bogus_section", **{"bogus_section.x": 1})
+
+
+def test_wrong_type_names_the_field():
+    err = _raises_naming("run.iterations", **{"run.iterations": "three"})
+    assert "$.run.iterations" in str(err)
+    _raises_naming("sampler.noise_level", **{"sampler.noise_level": "high"})
+    _raises_naming("explore.enabled", **{"explore.enabled": 3})
+
+
+@pytest.mark.parametrize(
+    "overrides,field",
+    [
+        ({"sampler.sde_window_start": 2, "sampler.sde_window_size": 8}, "sampler.sde_window_size"),  # reaches step 9 (last)
+        ({"sampler.sde_window_size": 10}, "sampler.sde_window_size"),  # window covers the last step
+        ({"sampler.sde_window_size": 0}, "sampler.sde_window_size"),
+        ({"sampler.noise_level": 0.0}, "sampler.noise_level"),
+        ({"sampler.num_steps": 1}, "sampler.num_steps"),
+        ({"data.group_size": 7}, "data.group_size"),
+        ({"data.group_size": 1}, "data.group_size"),
+        ({"data.num_control_prompts": 13}, "data.num_control_prompts"),
+        ({"explore.num_candidates": 4}, "explore.num_candidates"),
+        ({"explore.num_steps": 11}, "explore.num_steps"),
+        ({"train.learning_rate": 0.0}, "train.learning_rate"),
+        ({"train.clip_range": -1.0}, "train.clip_range"),
+        ({"reward.kind": "http"}, "reward.url"),
+        ({"reward.jpeg_quality": 101}, "reward.jpeg_quality"),
+        ({"model.axes_dims_rope": [8, 12, 10]}, "model.axes_dims_rope"),
+        ({"model.image_size": 33}, "model.image_size"),
+        ({"model.source": "pretrained"}, "model.pretrained_path"),
+        ({"cluster.heartbeat_timeout_s": 0.5}, "cluster.heartbeat_timeout_s"),
+        ({"run.iterations": 0}, "run.iterations"),
+    ],
+)
+def test_bad_values_name_the_field(overrides, field):
+    _raises_naming(field, **overrides)
+
+
+def test_window_ending_just_before_last_step_is_valid():
+    cfg = load_config(overrides={"sampler.sde_window_start": 1, "sampler.sde_window_size": 8})
+    assert cfg.sampler.sde_window_start + cfg.sampler.sde_window_size == cfg.sampler.num_steps - 1
+
+
+def test_few_candidates_allowed_when_exploration_is_off():
+    cfg = load_config(overrides={"explore.enabled": False, "explore.num_candidates": 4})
+    assert cfg.explore.num_candidates == 4
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.toml")
+
+
+def test_invalid_toml(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text("[run\niterations = = 3\n")
+    with pytest.raises(ConfigError, match="TOML"):
+        load_config(path)
+
+
+def test_error_message_names_the_file(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text("[run]\niterations = 0\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(path) in str(info.value) and "run.iterations" in str(info.value)
+
+
+def test_partial_file_fills_defaults(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text("[sampler]\nnum_steps = 6\nsde_window_size = 2\n")
+    cfg = load_config(path)
+    assert cfg.sampler == SamplerConfig(num_steps=6, sde_window_size=2)
+    assert cfg.train == SpotlightConfig().train
+
+
+def test_config_from_dict_errors_are_config_errors():
+    with pytest.raises(ConfigError):
+        config_from_dict({"sampler": {"num_steps": "x"}})
+    with pytest.raises(ConfigError):
+        config_from_dict({"data": {"group_size": 3}})
+    with pytest.raises(ConfigError):
+        SamplerConfig(num_steps=4, sde_window_size=4)
