@@ -30,6 +30,8 @@ a :class:`Plan` out.
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 import random
 from collections import deque
@@ -72,8 +74,15 @@ class StepOption:
     cache_threshold: float
     effective_steps: float
     accuracy: float
+    cost_steps: float | None = None
+    """Measured cost of one sequence at this threshold in full-step units (profiled wall
+    time ratio × T). A cached step still runs the first block and the embeddings, so
+    ``cost_steps >= effective_steps``; None = assume skipped steps are free (the paper's
+    ``s·t_step``)."""
 
     def __post_init__(self) -> None:
+        if self.cost_steps is not None and (not _is_real(self.cost_steps) or not math.isfinite(self.cost_steps) or self.cost_steps <= 0):
+            raise ValueError(f"cost_steps must be a finite number > 0, got {self.cost_steps!r}")
         if not _is_real(self.cache_threshold) or not math.isfinite(self.cache_threshold) or self.cache_threshold < 0:
             raise ValueError(f"cache_threshold must be a finite number >= 0, got {self.cache_threshold!r}")
         if not _is_real(self.effective_steps) or not math.isfinite(self.effective_steps) or self.effective_steps <= 0:
@@ -94,9 +103,12 @@ class Action:
     num_sequences: int
     effective_steps: float
     cache_threshold: float
+    cost_steps: float | None = dataclasses.field(default=None, compare=False)
+    """Cost of one sequence in full-step units (from :class:`StepOption`); None = ``effective_steps``."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "cost_steps": self.cost_steps,
             "num_sequences": self.num_sequences,
             "effective_steps": self.effective_steps,
             "cache_threshold": self.cache_threshold,
@@ -281,7 +293,7 @@ class Planner:
             )
         self.step_options: list[StepOption] = sorted(kept.values(), key=lambda o: o.effective_steps)
         self._actions = [
-            Action(d, o.effective_steps, o.cache_threshold)
+            Action(d, o.effective_steps, o.cache_threshold, o.cost_steps)
             for o in self.step_options
             for d in config.sequence_grid()
         ]
@@ -297,7 +309,8 @@ class Planner:
     @staticmethod
     def planned_cost_s(action: Action, obs: PlannerObservation) -> float:
         """T_plan(a) = d * C * s * t_step [GPU-seconds] (§4.3.1)."""
-        return action.num_sequences * obs.num_explored_prompts * action.effective_steps * obs.step_time_s
+        steps = action.cost_steps if action.cost_steps is not None else action.effective_steps
+        return action.num_sequences * obs.num_explored_prompts * steps * obs.step_time_s
 
     def _score(self, action: Action, cost: float) -> ArmScore:
         arm = self._arms[action]

@@ -45,7 +45,10 @@ class Profile:
     path: str = ""
 
     def step_options(self) -> list[StepOption]:
-        return [StepOption(float(r["cache_threshold"]), float(r["effective_steps"]), float(r["accuracy"])) for r in self.steps]
+        return [
+            StepOption(float(r["cache_threshold"]), float(r["effective_steps"]), float(r["accuracy"]), float(r["cost_steps"]) if r.get("cost_steps") else None)
+            for r in self.steps
+        ]
 
 
 def config_key(cfg: SpotlightConfig) -> str:
@@ -174,22 +177,25 @@ def run_profile(
     all_s = [s for _, s in pairs]
 
     def rewards_for(threshold: float):
-        rewards, steps = [], []
+        rewards, steps, secs = [], [], 0.0
         for i in range(0, len(pairs), bs):
-            imgs, comp, _ = run(all_p[i : i + bs], all_s[i : i + bs], threshold)
+            imgs, comp, dt = run(all_p[i : i + bs], all_s[i : i + bs], threshold)
             rewards += reward_fn(imgs, [""] * len(imgs))
             steps += comp
-        return np.array(rewards), float(np.mean(steps))
+            secs += dt
+        return np.array(rewards), float(np.mean(steps)), secs
 
-    full, _ = rewards_for(0.0)
-    rows = [{"cache_threshold": 0.0, "effective_steps": float(T), "accuracy": 1.0, "num_prompts": num_prompts, "num_seeds": num_seeds}]
+    full, _, full_s = rewards_for(0.0)
+    rows = [{"cache_threshold": 0.0, "effective_steps": float(T), "cost_steps": float(T), "accuracy": 1.0, "num_prompts": num_prompts, "num_seeds": num_seeds}]
     for thr in sorted(set(float(t) for t in thresholds if t > 0)):
-        cached, eff = rewards_for(thr)
+        cached, eff, secs = rewards_for(thr)
         rhos = [spearman(cached[p * num_seeds : (p + 1) * num_seeds], full[p * num_seeds : (p + 1) * num_seeds]) for p in range(num_prompts)]
         rhos = [r for r in rhos if r == r]
         acc = float(np.mean(rhos)) if rhos else float("nan")
-        rows.append({"cache_threshold": thr, "effective_steps": eff, "accuracy": acc, "num_prompts": num_prompts, "num_seeds": num_seeds})
-        progress(f"threshold {thr:.3f}: {eff:.2f} effective steps of {T}, accuracy (Spearman) {acc:.3f}")
+        # a cached step still runs the head block + embeddings: measure its real cost
+        cost = float(T) * secs / full_s
+        rows.append({"cache_threshold": thr, "effective_steps": eff, "cost_steps": max(cost, eff), "accuracy": acc, "num_prompts": num_prompts, "num_seeds": num_seeds})
+        progress(f"threshold {thr:.3f}: {eff:.2f} effective steps of {T} (cost {cost:.2f} full-step equivalents), accuracy (Spearman) {acc:.3f}")
     return {
         "version": PROFILE_VERSION,
         "config_key": config_key(cfg),

@@ -237,7 +237,7 @@ def test_to_log_is_json():
     log = p.plan(obs(40.0, 4)).to_log()
     text = json.dumps(log, allow_nan=False)
     back = json.loads(text)
-    assert back["action"] == {"num_sequences": 16, "effective_steps": 10.0, "cache_threshold": 0.1}
+    assert back["action"] == {"num_sequences": 16, "effective_steps": 10.0, "cache_threshold": 0.1, "cost_steps": None}
     assert back["budget_s"] == 160.0
     assert [e["ucb"] for e in back["eligible"]][:2] == ["inf", "inf"]
     assert isinstance(back["eligible"][2]["ucb"], float) and back["eligible"][2]["n"] == 1
@@ -266,3 +266,15 @@ def test_simulated_run_converges_to_best_arm():
         p.update(a, mean + env.gauss(0.0, 0.1))
     assert max(picks, key=picks.get) == best
     assert picks[best] > 0.5 * sum(picks.values())
+
+
+def test_measured_cost_steps_drive_the_budget():
+    """A cached step is not free (the head block still runs): cost uses cost_steps when profiled."""
+    opts = [StepOption(0.0, 10.0, 1.0), StepOption(1.0, 2.0, 0.9, cost_steps=5.0)]
+    p = Planner(PlannerConfig(min_sequences=8, max_sequences=8, sequence_step=8), opts, random.Random(0))
+    cheap = next(a for a in p.actions if a.effective_steps == 2.0)
+    o = PlannerObservation(train_time_s=1.0, num_spot_gpus=1, num_explored_prompts=1, step_time_s=0.01)
+    assert p.planned_cost_s(cheap, o) == pytest.approx(8 * 1 * 5.0 * 0.01)
+    # budget 0.3 s: 8 seqs x 5 cost-steps x 0.01 = 0.4 s does not fit although s=2 alone would (0.16 s)
+    plan = p.plan(PlannerObservation(train_time_s=0.3, num_spot_gpus=1, num_explored_prompts=1, step_time_s=0.01))
+    assert plan.action is None
