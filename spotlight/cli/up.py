@@ -77,6 +77,11 @@ def register(app: typer.Typer) -> None:
         log_level: str = typer.Option("WARNING", "--log-level", help="Log level of the coordinator and agents (INFO shows joins and leases)."),
         mock_cloud: str = typer.Option("none", "--mock-cloud", help="With --local: give each spot agent its own mock metadata server of this cloud (aws, gcp, azure; none = no detector). Notices are then issued through it (local_agents.json lists the control URLs)."),
         grace_s: float = typer.Option(20.0, "--grace-s", help="With --local: seconds a preempted worker gets to commit in-flight state."),
+        trace: Optional[pathlib.Path] = typer.Option(None, "--trace", help="With --local: replay a Bamboo-format spot trace (e.g. examples/traces/bamboo/p3-trace.csv) onto the local spot agents' GPUs, with seeded random placement (paper §6.1)."),
+        time_scale: float = typer.Option(10.0, "--time-scale", min=0.01, help="Trace seconds per wall-clock second."),
+        trace_start_s: float = typer.Option(3000.0, "--trace-start-s", min=0.0, help="Start of the replayed trace slice, in trace seconds."),
+        trace_duration_s: float = typer.Option(1800.0, "--trace-duration-s", min=1.0, help="Length of the replayed slice, in trace seconds."),
+        trace_seed: int = typer.Option(0, "--trace-seed", help="Seed of the random placement of trace GPUs onto agents."),
     ) -> None:
         """Post-train a DiT with Flow-GRPO while spot agents explore seeds on stale weights.
 
@@ -115,6 +120,26 @@ def register(app: typer.Typer) -> None:
         console.print(f"coordinator listening on [cyan]{coord.endpoint}[/cyan]")
         procs: list[subprocess.Popen] = []
         mocks = []
+        driver = None
+        if trace is not None and not local:
+            console.print("[red]error:[/red] --trace needs --local")
+            raise typer.Exit(2)
+        if trace is not None:
+            from spotlight.trace import TracePlacement, count_kinds, fragmentation, load_bamboo_trace, slice_trace
+
+            try:
+                events = slice_trace(load_bamboo_trace(trace), trace_start_s, trace_duration_s)
+            except (OSError, ValueError) as exc:
+                console.print(f"[red]error:[/red] trace {trace}: {exc}")
+                raise typer.Exit(2)
+            placement = TracePlacement(agents, gpus_per_agent, trace_seed, scale_to_capacity=True)
+            actions = placement.plan(events, time_scale=time_scale, end_s=trace_duration_s)
+            if mock_cloud == "none":
+                mock_cloud = "aws"
+            console.print(
+                f"trace {trace.name}: slice [{trace_start_s:.0f}s, +{trace_duration_s:.0f}s) replayed in {trace_duration_s / time_scale:.0f}s onto {agents}×{gpus_per_agent} GPUs: "
+                f"{count_kinds(actions)}, fragmentation at SP 2 {fragmentation(actions, 2, end_s=trace_duration_s / time_scale):.2f}"
+            )
         stop = {"sig": None}
         signal.signal(signal.SIGTERM, lambda s, f: stop.update(sig=s) or (_ for _ in ()).throw(KeyboardInterrupt()))
         try:
@@ -129,7 +154,7 @@ def register(app: typer.Typer) -> None:
                 for i, gpu in enumerate(cfg.cluster.reserved_rollout_gpus):
                     procs.append(_spawn_agent(endpoint, [gpu], f"reserved-{i}", reserved=True, secret=secret))
                     listing[f"reserved-{i}"] = {"pid": procs[-1].pid, "spot": False, "gpus": [gpu]}
-                for a in range(agents):
+                for a in range(0 if trace is not None else agents):
                     extra = ["--grace-s", str(grace_s)]
                     entry = {"spot": True, "gpus": list(range(gpus_per_agent))}
                     if mock_cloud != "none":
@@ -142,7 +167,13 @@ def register(app: typer.Typer) -> None:
                     procs.append(_spawn_agent(endpoint, list(range(gpus_per_agent)), f"spot-{a}", reserved=False, secret=secret, extra=extra))
                     entry["pid"] = procs[-1].pid
                     listing[f"spot-{a}"] = entry
-                (rd / "local_agents.json").write_text(_json.dumps({"coordinator": endpoint, "state_dir": str(state_root.resolve()), "agents": listing}, indent=2))
+                listing_doc = {"coordinator": endpoint, "state_dir": str(state_root.resolve()), "agents": listing}
+                (rd / "local_agents.json").write_text(_json.dumps(listing_doc, indent=2))
+                if trace is not None:
+                    from spotlight.trace_driver import TraceDriver
+
+                    driver = TraceDriver(actions, coordinator=endpoint, secret=secret, cloud=mock_cloud, grace_s=grace_s, listing=listing_doc, listing_path=rd / "local_agents.json")
+                    driver.start()
             else:
                 console.print(f"waiting for agents: spotlight-agent join --coordinator <this-host>:{coord.endpoint.rsplit(':', 1)[1]} --gpus 0")
             t0 = time.monotonic()
@@ -155,6 +186,8 @@ def register(app: typer.Typer) -> None:
             console.print(f"[red]error:[/red] {exc}")
             raise typer.Exit(1)
         finally:
+            if driver is not None:
+                driver.stop_event.set()
             coord.shutdown_agents()
             deadline = time.monotonic() + 15
             for p in procs:
@@ -174,5 +207,7 @@ def register(app: typer.Typer) -> None:
                     except subprocess.TimeoutExpired:
                         p.kill()
             coord.close()
+            if driver is not None:
+                driver.close()
             for m in mocks:
                 m.stop()

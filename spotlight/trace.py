@@ -1,0 +1,553 @@
+"""Spot-availability traces: load, slice, place onto local capacity, replay.
+
+The Spotlight paper evaluates against the 12-hour Bamboo spot trace
+(Thorpe et al. 2023; ``examples/traces/bamboo/p3-trace.csv``, MIT, see
+``examples/traces/README.md``). A row is ``delta_ms,add|remove,node<k>``
+(CRLF line endings, no header). The trace records *when* spot capacity
+arrives and leaves but not *where*: §3.1 (Fig. 4) and §6.1 ("Spot Trace")
+therefore assign each arrival and revocation at random to one of the spot
+nodes. This module does the same, seeded, and turns the result into actions
+a driver can apply to local spot agents:
+
+* :func:`load_bamboo_trace` -- parse and validate the CSV into
+  :class:`TraceEvent` (times in seconds).
+* :func:`slice_trace` -- a window ``[start, start + duration)`` re-based to
+  ``t = 0``, preceded by synthetic ``add`` events for every node already alive
+  at ``start`` so the window starts from the right population.
+* :func:`alive_counts` / :func:`alive_at` -- the alive-node step function.
+* :class:`TracePlacement` -- each trace node is one spot GPU; map them onto
+  ``num_agents x gpus_per_agent`` local slots and emit :class:`ReplayAction`
+  (``start_node`` / ``add_gpu`` / ``revoke_gpu`` / ``preempt_node``).
+* :func:`fragmentation` / :func:`fragmentation_timeline` /
+  :func:`fragmentation_summary` -- the Fig. 4 metric: a live GPU is
+  *fragmented* when its node cannot host a complete SP group, i.e. an agent
+  with ``n`` live GPUs has ``n % sp_degree`` fragmented GPUs.
+* :class:`TraceReplayer` -- a cursor handing out actions as their time comes.
+
+Pure logic: no processes, sockets or clocks; callers pass every time in.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import random
+from collections import Counter
+from dataclasses import dataclass
+from typing import Iterable, Literal, Sequence
+
+__all__ = [
+    "ACTION_KINDS",
+    "ReplayAction",
+    "TraceEvent",
+    "TracePlacement",
+    "TraceReplayer",
+    "alive_at",
+    "alive_counts",
+    "count_kinds",
+    "fragmentation",
+    "fragmentation_summary",
+    "fragmentation_timeline",
+    "load_bamboo_trace",
+    "slice_trace",
+]
+
+TraceAction = Literal["add", "remove"]
+ActionKind = Literal["add_gpu", "revoke_gpu", "preempt_node", "start_node"]
+ACTION_KINDS: tuple[str, ...] = ("start_node", "add_gpu", "revoke_gpu", "preempt_node")
+_GAINS = frozenset({"start_node", "add_gpu"})
+_LOSSES = frozenset({"revoke_gpu", "preempt_node"})
+
+
+@dataclass(frozen=True)
+class TraceEvent:
+    """One trace row: at ``t_s`` seconds, node ``node`` is added or removed."""
+
+    t_s: float
+    action: TraceAction
+    node: str
+
+
+@dataclass(frozen=True)
+class ReplayAction:
+    """One change to local spot capacity, ``t_s`` seconds after replay start.
+
+    ``kind``:
+      * ``start_node``   -- a GPU arrives on an agent that had none (a new spot VM joins);
+      * ``add_gpu``      -- a GPU arrives on an agent that already has live GPUs;
+      * ``revoke_gpu``   -- a GPU leaves an agent that keeps other live GPUs;
+      * ``preempt_node`` -- the agent's last GPU leaves (the whole spot VM goes: a
+        real cloud preemption notice).
+
+    ``gpu`` is the slot index on the agent (``0 .. gpus_per_agent - 1``);
+    :class:`TracePlacement` always sets it, ``None`` is allowed for callers that
+    build agent-level actions themselves. ``trace_node`` is the trace node the
+    GPU stands for.
+    """
+
+    t_s: float
+    kind: ActionKind
+    agent: int
+    gpu: int | None
+    trace_node: str
+
+
+# ---------------------------------------------------------------------------
+# Loading and slicing
+# ---------------------------------------------------------------------------
+
+
+def load_bamboo_trace(path: str | os.PathLike[str]) -> list[TraceEvent]:
+    """Parse a Bamboo trace CSV (``delta_ms,add|remove,node``; CRLF or LF).
+
+    Returns events sorted by time (stable: rows sharing a timestamp keep file
+    order), times converted from milliseconds to seconds. Blank lines are
+    skipped. Raises :class:`ValueError` naming ``path:line`` for a malformed
+    row (wrong field count, non-integer or negative delta, unknown action,
+    empty node) and for an inconsistent one (``add`` of a node that is alive,
+    ``remove`` of a node that is not).
+    """
+    rows: list[tuple[int, int, TraceEvent]] = []  # (delta_ms, line, event)
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.reader(f)
+        for row in reader:
+            line = reader.line_num
+            if not row or all(not cell.strip() for cell in row):
+                continue
+            where = f"{os.fspath(path)}:{line}"
+            if len(row) != 3:
+                raise ValueError(
+                    f"{where}: expected 3 fields 'delta_ms,add|remove,node', got {len(row)}: {row!r}"
+                )
+            delta_txt, action, node = (cell.strip() for cell in row)
+            try:
+                delta_ms = int(delta_txt)
+            except ValueError:
+                raise ValueError(f"{where}: delta {delta_txt!r} is not an integer number of ms") from None
+            if delta_ms < 0:
+                raise ValueError(f"{where}: negative delta {delta_ms} ms")
+            if action not in ("add", "remove"):
+                raise ValueError(f"{where}: action {action!r} is neither 'add' nor 'remove'")
+            if not node:
+                raise ValueError(f"{where}: empty node name")
+            rows.append((delta_ms, line, TraceEvent(delta_ms / 1000.0, action, node)))  # type: ignore[arg-type]
+    rows.sort(key=lambda r: r[0])  # stable
+    alive: set[str] = set()
+    for _, line, ev in rows:
+        where = f"{os.fspath(path)}:{line}"
+        if ev.action == "add":
+            if ev.node in alive:
+                raise ValueError(f"{where}: 'add' of node {ev.node!r} that is already alive")
+            alive.add(ev.node)
+        else:
+            if ev.node not in alive:
+                raise ValueError(f"{where}: 'remove' of node {ev.node!r} that is not alive")
+            alive.discard(ev.node)
+    return [ev for _, _, ev in rows]
+
+
+def _alive_before(events: Iterable[TraceEvent], t_s: float) -> dict[str, None]:
+    """Nodes alive just before ``t_s`` (events with ``t < t_s`` applied), in arrival order."""
+    alive: dict[str, None] = {}
+    for ev in events:
+        if ev.t_s >= t_s:
+            break
+        if ev.action == "add":
+            alive[ev.node] = None
+        else:
+            alive.pop(ev.node, None)
+    return alive
+
+
+def slice_trace(events: Sequence[TraceEvent], start_s: float, duration_s: float) -> list[TraceEvent]:
+    """The window ``[start_s, start_s + duration_s)`` re-based to ``t = 0``.
+
+    Begins with one synthetic ``add`` at ``t = 0`` for every node alive just
+    before ``start_s`` (in arrival order), then the window's own events with
+    ``t - start_s``. Events exactly at ``start_s`` land at ``t = 0`` after the
+    synthetic adds, so the population after all ``t = 0`` events equals the
+    trace's alive count at ``start_s``. ``events`` must be time-sorted.
+    """
+    if duration_s <= 0:
+        raise ValueError(f"duration_s must be > 0, got {duration_s}")
+    if start_s < 0:
+        raise ValueError(f"start_s must be >= 0, got {start_s}")
+    end_s = start_s + duration_s
+    out = [TraceEvent(0.0, "add", node) for node in _alive_before(events, start_s)]
+    out.extend(
+        TraceEvent(ev.t_s - start_s, ev.action, ev.node) for ev in events if start_s <= ev.t_s < end_s
+    )
+    return out
+
+
+def alive_counts(events: Sequence[TraceEvent]) -> list[tuple[float, int]]:
+    """Step function of the alive-node count: ``(t, count after all events at t)``.
+
+    One entry per distinct timestamp (events sharing a time are collapsed);
+    the count is 0 before the first entry. ``events`` must be time-sorted.
+    """
+    steps: list[tuple[float, int]] = []
+    alive: set[str] = set()
+    for ev in events:
+        if ev.action == "add":
+            alive.add(ev.node)
+        else:
+            alive.discard(ev.node)
+        if steps and steps[-1][0] == ev.t_s:
+            steps[-1] = (ev.t_s, len(alive))
+        else:
+            steps.append((ev.t_s, len(alive)))
+    return steps
+
+
+def alive_at(events: Sequence[TraceEvent], t_s: float) -> int:
+    """Alive-node count at ``t_s`` (all events with ``t <= t_s`` applied)."""
+    count = 0
+    for t, c in alive_counts(events):
+        if t > t_s:
+            break
+        count = c
+    return count
+
+
+# ---------------------------------------------------------------------------
+# Placement
+# ---------------------------------------------------------------------------
+
+
+class TracePlacement:
+    """Maps trace nodes (each = one spot GPU) onto local capacity: ``num_agents x gpus_per_agent`` slots.
+
+    Each arrival that gets a GPU is placed on a random agent (uniform over the
+    agents that have a free slot, ``random.Random(seed)``), on that agent's
+    lowest free slot (paper §3.1 / §6.1: the trace has no placement, so
+    arrivals are spread uniformly at random over the spot nodes). A node keeps
+    its slot until the trace removes it, so every local GPU lives exactly as
+    long as a real trace node did. Removing a placed node frees its slot:
+    ``revoke_gpu`` if its agent keeps other GPUs, ``preempt_node`` if it was the
+    agent's last GPU. An arrival on an agent with no live GPUs is
+    ``start_node``, otherwise ``add_gpu``.
+
+    The trace has up to 32 alive nodes, local clusters usually far fewer
+    slots. Two ways to fit it (both available, chosen per instance):
+
+    * ``scale_to_capacity=False`` (default) -- *capped*: an arrival gets a slot
+      if one is free, otherwise it is ``unplaced`` (counted in :attr:`stats`)
+      and its later removal is ignored; there is no back-fill. This is a spot
+      request capped at ``capacity`` GPUs: every emitted event is a real trace
+      event with its real timing, including bulk preemptions, and each local
+      GPU's lifetime is a real node lifetime. The default because it invents
+      nothing; the cost is that while the trace is above capacity the local
+      pool only shrinks with the placed nodes' removals and refills only on
+      new arrivals, so the local alive count tracks the trace's shape loosely.
+    * ``scale_to_capacity=True`` -- *proportional*: after every timestamp's
+      events the number of local GPUs is set to
+      ``round(alive * min(1, capacity / max_alive))`` (half up), where
+      ``max_alive`` is the peak of the planned events. Removals of placed
+      nodes are mirrored first; then surplus GPUs are revoked at random, or
+      missing ones added, labelled by that timestamp's arrivals first and then
+      by random alive-but-unplaced nodes (back-fill). Follows the aggregate
+      availability curve (the Fig. 4 "available GPUs" line) at the price of
+      synthetic revocations / back-fills that the trace does not contain.
+
+    :meth:`plan` is deterministic for a seed (each call starts a fresh
+    ``random.Random(seed)``) and returns actions sorted by time.
+    """
+
+    def __init__(
+        self, num_agents: int, gpus_per_agent: int, seed: int, *, scale_to_capacity: bool = False
+    ) -> None:
+        if num_agents < 1:
+            raise ValueError(f"num_agents must be >= 1, got {num_agents}")
+        if gpus_per_agent < 1:
+            raise ValueError(f"gpus_per_agent must be >= 1, got {gpus_per_agent}")
+        self.num_agents = num_agents
+        self.gpus_per_agent = gpus_per_agent
+        self.seed = seed
+        self.scale_to_capacity = scale_to_capacity
+        self._stats: dict | None = None
+
+    @property
+    def capacity(self) -> int:
+        return self.num_agents * self.gpus_per_agent
+
+    @property
+    def stats(self) -> dict:
+        """Summary of the last :meth:`plan` call.
+
+        ``placed`` / ``unplaced``: distinct trace nodes that did / never did get
+        a slot; ``scaled_down``: placed nodes revoked by proportional scaling
+        while still alive in the trace (0 when capped); ``max_alive``: trace
+        peak; ``max_local_alive``: local peak; ``kinds``: action counts per
+        kind; ``fragmentation`` (time-weighted mean fragmented/live ratio at
+        ``sp_degree = 2``), ``fragmented_gpu_time_share`` and
+        ``time_any_fragmented`` (see :func:`fragmentation_summary`) over
+        ``[0, horizon_s]``; ``mode``: ``"capped"`` or ``"proportional"``.
+        """
+        if self._stats is None:
+            raise RuntimeError("TracePlacement.stats is available after plan()")
+        return dict(self._stats)
+
+    # -- planning -----------------------------------------------------------
+
+    def plan(
+        self, events: Sequence[TraceEvent], *, time_scale: float = 1.0, end_s: float | None = None
+    ) -> list[ReplayAction]:
+        """Turn time-sorted ``events`` into local actions; action ``t_s = event.t_s / time_scale``.
+
+        ``end_s`` (trace seconds, before scaling; default: the last event's
+        time) only sets the horizon for the fragmentation numbers in
+        :attr:`stats`. Raises :class:`ValueError` for an ``add`` of a node that
+        is alive or a ``remove`` of one that is not.
+        """
+        if not time_scale > 0 or math.isinf(time_scale):
+            raise ValueError(f"time_scale must be a positive finite number, got {time_scale}")
+        self._rng = random.Random(self.seed)
+        self._slots: list[list[str | None]] = [[None] * self.gpus_per_agent for _ in range(self.num_agents)]
+        self._where: dict[str, tuple[int, int]] = {}
+        self._actions: list[ReplayAction] = []
+        self._scale = time_scale
+        self._ever_placed: set[str] = set()
+        self._scaled_down = 0
+
+        trace_alive: dict[str, None] = {}
+        seen: dict[str, None] = {}
+        max_alive = 0
+        for ev in events:  # validate and find the peak first
+            if ev.action == "add":
+                if ev.node in trace_alive:
+                    raise ValueError(f"t={ev.t_s}s: 'add' of node {ev.node!r} that is already alive")
+                trace_alive[ev.node] = None
+                seen[ev.node] = None
+            elif ev.action == "remove":
+                if ev.node not in trace_alive:
+                    raise ValueError(f"t={ev.t_s}s: 'remove' of node {ev.node!r} that is not alive")
+                del trace_alive[ev.node]
+            else:
+                raise ValueError(f"t={ev.t_s}s: unknown action {ev.action!r}")
+            max_alive = max(max_alive, len(trace_alive))
+        if any(b.t_s < a.t_s for a, b in zip(events, events[1:])):
+            raise ValueError("events must be sorted by time")
+
+        if self.scale_to_capacity:
+            self._plan_proportional(events, max_alive)
+        else:
+            self._plan_capped(events)
+
+        actions = self._actions
+        horizon = (end_s if end_s is not None else (events[-1].t_s if events else 0.0)) / time_scale
+        summary = fragmentation_summary(actions, 2, end_s=horizon)
+        self._stats = {
+            "mode": "proportional" if self.scale_to_capacity else "capped",
+            "placed": len(self._ever_placed),
+            "unplaced": len(seen) - len(self._ever_placed),
+            "scaled_down": self._scaled_down,
+            "max_alive": max_alive,
+            "max_local_alive": max((n for _, n, _ in fragmentation_timeline(actions, 2)), default=0),
+            "kinds": count_kinds(actions),
+            "horizon_s": horizon,
+            "fragmentation": summary["mean_ratio"],
+            "fragmented_gpu_time_share": summary["gpu_time_share"],
+            "time_any_fragmented": summary["time_any_fragmented"],
+        }
+        return list(actions)
+
+    def _place(self, t_s: float, node: str) -> bool:
+        free_agents = [a for a, slots in enumerate(self._slots) if None in slots]
+        if not free_agents:
+            return False
+        agent = self._rng.choice(free_agents)
+        slots = self._slots[agent]
+        had = sum(s is not None for s in slots)
+        gpu = slots.index(None)
+        slots[gpu] = node
+        self._where[node] = (agent, gpu)
+        self._ever_placed.add(node)
+        kind: ActionKind = "add_gpu" if had else "start_node"
+        self._actions.append(ReplayAction(t_s / self._scale, kind, agent, gpu, node))
+        return True
+
+    def _free(self, t_s: float, node: str) -> None:
+        agent, gpu = self._where.pop(node)
+        slots = self._slots[agent]
+        slots[gpu] = None
+        left = sum(s is not None for s in slots)
+        kind: ActionKind = "revoke_gpu" if left else "preempt_node"
+        self._actions.append(ReplayAction(t_s / self._scale, kind, agent, gpu, node))
+
+    def _plan_capped(self, events: Sequence[TraceEvent]) -> None:
+        for ev in events:
+            if ev.action == "add":
+                self._place(ev.t_s, ev.node)  # False -> unplaced (counted via _ever_placed)
+            elif ev.node in self._where:
+                self._free(ev.t_s, ev.node)
+            # else: removal of an unplaced node -> nothing happens locally
+
+    def _plan_proportional(self, events: Sequence[TraceEvent], max_alive: int) -> None:
+        ratio = min(1.0, self.capacity / max_alive) if max_alive else 1.0
+        trace_alive: dict[str, None] = {}
+        i = 0
+        while i < len(events):
+            t = events[i].t_s
+            group = []
+            while i < len(events) and events[i].t_s == t:
+                group.append(events[i])
+                i += 1
+            arrivals: list[str] = []
+            for ev in group:  # mirror removals of placed nodes, in trace order
+                if ev.action == "add":
+                    trace_alive[ev.node] = None
+                    arrivals.append(ev.node)
+                else:
+                    del trace_alive[ev.node]
+                    if ev.node in arrivals:
+                        arrivals.remove(ev.node)
+                    if ev.node in self._where:
+                        self._free(t, ev.node)
+            target = min(self.capacity, math.floor(len(trace_alive) * ratio + 0.5))
+            while len(self._where) > target:  # scale down: random placed GPU
+                victim = self._rng.choice(sorted(self._where))
+                self._free(t, victim)
+                self._scaled_down += 1
+            while len(self._where) < target:  # scale up: this timestamp's arrivals, then back-fill
+                fresh = [n for n in arrivals if n not in self._where]
+                if fresh:
+                    node = fresh[0]
+                else:
+                    waiting = [n for n in trace_alive if n not in self._where]
+                    node = self._rng.choice(waiting)
+                if not self._place(t, node):  # cannot happen: target <= capacity
+                    break
+
+
+def count_kinds(actions: Iterable[ReplayAction]) -> dict[str, int]:
+    """Number of actions of each kind (every kind present, zeros included)."""
+    c = Counter(a.kind for a in actions)
+    return {k: c.get(k, 0) for k in ACTION_KINDS}
+
+
+# ---------------------------------------------------------------------------
+# Fragmentation (paper §3.1, Fig. 4)
+# ---------------------------------------------------------------------------
+
+
+def fragmentation_timeline(actions: Sequence[ReplayAction], sp_degree: int) -> list[tuple[float, int, int]]:
+    """``(t, live GPUs, fragmented GPUs)`` after all actions at each distinct ``t``.
+
+    An agent with ``n`` live GPUs contributes ``n % sp_degree`` fragmented
+    GPUs: they cannot form a complete SP group on that node (paper §3.1; for
+    ``sp_degree = 2`` these are the lone GPUs on agents with an odd count).
+    Actions are taken in time order (stable); a loss on an agent with no live
+    GPU raises :class:`ValueError`.
+    """
+    if sp_degree < 1:
+        raise ValueError(f"sp_degree must be >= 1, got {sp_degree}")
+    per_agent: Counter[int] = Counter()
+    out: list[tuple[float, int, int]] = []
+    for a in sorted(actions, key=lambda x: x.t_s):
+        if a.kind in _GAINS:
+            per_agent[a.agent] += 1
+        elif a.kind in _LOSSES:
+            if per_agent[a.agent] <= 0:
+                raise ValueError(f"t={a.t_s}s: {a.kind} on agent {a.agent} which has no live GPU")
+            per_agent[a.agent] -= 1
+        else:
+            raise ValueError(f"unknown action kind {a.kind!r}")
+        live = sum(per_agent.values())
+        frag = sum(n % sp_degree for n in per_agent.values())
+        if out and out[-1][0] == a.t_s:
+            out[-1] = (a.t_s, live, frag)
+        else:
+            out.append((a.t_s, live, frag))
+    return out
+
+
+def fragmentation_summary(
+    actions: Sequence[ReplayAction], sp_degree: int, *, end_s: float | None = None
+) -> dict[str, float]:
+    """Time-weighted fragmentation over ``[0, end_s]`` (default ``end_s``: last action).
+
+    * ``mean_ratio`` -- time-weighted mean of ``fragmented / live`` over the
+      time with at least one live GPU (the mean of Fig. 4-right's CDF);
+    * ``gpu_time_share`` -- fragmented GPU-seconds / live GPU-seconds;
+    * ``time_any_fragmented`` -- share of ``[0, end_s]`` with >= 1 fragmented GPU;
+    * ``live_time`` -- seconds with at least one live GPU.
+
+    All are 0.0 when there is no live GPU-time.
+    """
+    steps = fragmentation_timeline(actions, sp_degree)
+    if end_s is None:
+        end_s = steps[-1][0] if steps else 0.0
+    ratio_s = live_s = live_gpu_s = frag_gpu_s = any_frag_s = 0.0
+    for k, (t, live, frag) in enumerate(steps):
+        t_next = steps[k + 1][0] if k + 1 < len(steps) else end_s
+        dt = max(0.0, min(t_next, end_s) - max(t, 0.0))
+        if dt <= 0 or live == 0:
+            continue
+        live_s += dt
+        ratio_s += dt * frag / live
+        live_gpu_s += dt * live
+        frag_gpu_s += dt * frag
+        if frag:
+            any_frag_s += dt
+    return {
+        "mean_ratio": ratio_s / live_s if live_s else 0.0,
+        "gpu_time_share": frag_gpu_s / live_gpu_s if live_gpu_s else 0.0,
+        "time_any_fragmented": any_frag_s / end_s if end_s > 0 else 0.0,
+        "live_time": live_s,
+    }
+
+
+def fragmentation(actions: Sequence[ReplayAction], sp_degree: int, *, end_s: float | None = None) -> float:
+    """Fig. 4 metric: time-weighted mean share of live GPUs that are fragmented.
+
+    A GPU is fragmented when its agent cannot host a complete SP group with it
+    (``n % sp_degree`` of an agent's ``n`` live GPUs). Averaged over the time in
+    ``[0, end_s]`` with at least one live GPU; see :func:`fragmentation_summary`.
+    """
+    return fragmentation_summary(actions, sp_degree, end_s=end_s)["mean_ratio"]
+
+
+# ---------------------------------------------------------------------------
+# Replay cursor
+# ---------------------------------------------------------------------------
+
+
+class TraceReplayer:
+    """Stateful cursor for a driver loop over planned actions.
+
+    ``due(now_s)`` returns, in time order, the not-yet-returned actions with
+    ``t_s <= now_s - start_s``; each action is returned exactly once. Times are
+    whatever clock the caller uses (pass the same clock for ``start_s`` and
+    ``now_s``); the replayer reads none itself.
+    """
+
+    def __init__(self, actions: Sequence[ReplayAction], start_s: float = 0.0) -> None:
+        self._actions = sorted(actions, key=lambda a: a.t_s)  # stable
+        self.start_s = start_s
+        self._next = 0
+
+    def due(self, now_s: float) -> list[ReplayAction]:
+        elapsed = now_s - self.start_s
+        i = self._next
+        while i < len(self._actions) and self._actions[i].t_s <= elapsed:
+            i += 1
+        out = self._actions[self._next : i]
+        self._next = i
+        return out
+
+    @property
+    def next_due_s(self) -> float | None:
+        """Caller-clock time at which the next action falls due; ``None`` when done."""
+        if self._next >= len(self._actions):
+            return None
+        return self.start_s + self._actions[self._next].t_s
+
+    @property
+    def remaining(self) -> int:
+        return len(self._actions) - self._next
+
+    @property
+    def done(self) -> bool:
+        return self._next >= len(self._actions)

@@ -1,0 +1,293 @@
+"""Unit tests for spotlight.trace: Bamboo spot trace loading, slicing, placement, replay."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from spotlight.trace import (
+    ReplayAction,
+    TraceEvent,
+    TracePlacement,
+    TraceReplayer,
+    alive_at,
+    alive_counts,
+    count_kinds,
+    fragmentation,
+    fragmentation_summary,
+    fragmentation_timeline,
+    load_bamboo_trace,
+    slice_trace,
+)
+
+P3 = Path(__file__).resolve().parents[2] / "examples" / "traces" / "bamboo" / "p3-trace.csv"
+
+
+@pytest.fixture(scope="module")
+def p3() -> list[TraceEvent]:
+    return load_bamboo_trace(P3)
+
+
+# -- loading ------------------------------------------------------------------
+
+
+def test_p3_trace_shape(p3):
+    assert P3.read_bytes().count(b"\r\n") == 344  # the copy keeps CRLF endings
+    assert len(p3) == 344
+    assert len({e.node for e in p3}) == 177
+    assert Counter(e.action for e in p3) == {"add": 177, "remove": 167}
+    assert max(c for _, c in alive_counts(p3)) == 32
+    assert p3[-1].t_s == 40920.0  # 40920000 ms
+    assert alive_counts(p3)[-1][1] == 10
+    assert all(b.t_s >= a.t_s for a, b in zip(p3, p3[1:]))
+
+
+def test_crlf_handled(p3):
+    assert not any("\r" in e.node or "\n" in e.node for e in p3)
+    assert all(e.node.startswith("node") and e.node[4:].isdigit() for e in p3)
+
+
+def test_lf_and_unsorted_input(tmp_path):
+    f = tmp_path / "t.csv"
+    f.write_text("120000,remove,a\n0,add,a\n60000,add,b\n\n")
+    evs = load_bamboo_trace(f)
+    assert evs == [TraceEvent(0.0, "add", "a"), TraceEvent(60.0, "add", "b"), TraceEvent(120.0, "remove", "a")]
+
+
+@pytest.mark.parametrize(
+    "bad, why",
+    [
+        ("60000,add\r\n", "expected 3 fields"),
+        ("1.5e3,add,node9\r\n", "not an integer"),
+        ("-60000,add,node9\r\n", "negative"),
+        ("60000,join,node9\r\n", "neither 'add' nor 'remove'"),
+        ("60000,add,\r\n", "empty node"),
+        ("60000,remove,node9\r\n", "not alive"),
+        ("60000,add,node1\r\n", "already alive"),
+    ],
+)
+def test_malformed_line_named(tmp_path, bad, why):
+    f = tmp_path / "bad.csv"
+    f.write_bytes(b"0,add,node1\r\n0,add,node2\r\n" + bad.encode())
+    with pytest.raises(ValueError) as exc:
+        load_bamboo_trace(f)
+    assert "bad.csv:3:" in str(exc.value)
+    assert why in str(exc.value)
+
+
+# -- slicing / alive counts ---------------------------------------------------------
+
+
+def test_slice_initial_population_and_rebase(p3):
+    start, dur = 2 * 3600.0, 1800.0
+    s = slice_trace(p3, start, dur)
+    window = [e for e in p3 if start <= e.t_s < start + dur]
+    synthetic = s[: len(s) - len(window)]
+    assert all(e.t_s == 0.0 and e.action == "add" for e in synthetic)
+    assert len(synthetic) == alive_at(p3, start - 1e-9)
+    # the slice starts from the trace's population at 2 h, and follows it exactly
+    assert alive_counts(s)[0] == (0.0, alive_at(p3, start))
+    assert alive_at(p3, start) == 30
+    for t, c in alive_counts(s):
+        assert c == alive_at(p3, start + t)
+    rest = s[len(synthetic):]
+    assert [(e.t_s + start, e.action, e.node) for e in rest] == [(e.t_s, e.action, e.node) for e in window]
+    assert all(0.0 <= e.t_s < dur for e in s)
+
+
+def test_slice_events_at_start_come_after_population():
+    evs = [TraceEvent(0.0, "add", "a"), TraceEvent(10.0, "add", "b"), TraceEvent(10.0, "remove", "a"), TraceEvent(30.0, "add", "c")]
+    s = slice_trace(evs, 10.0, 20.0)
+    assert s == [TraceEvent(0.0, "add", "a"), TraceEvent(0.0, "add", "b"), TraceEvent(0.0, "remove", "a")]
+    assert alive_counts(s) == [(0.0, 1)]
+    with pytest.raises(ValueError):
+        slice_trace(evs, 0.0, 0.0)
+
+
+def test_alive_counts_collapses_timestamps():
+    evs = [TraceEvent(0.0, "add", "a"), TraceEvent(0.0, "add", "b"), TraceEvent(5.0, "remove", "a"), TraceEvent(7.0, "add", "c")]
+    assert alive_counts(evs) == [(0.0, 2), (5.0, 1), (7.0, 2)]
+    assert alive_at(evs, -1.0) == 0 and alive_at(evs, 6.0) == 1 and alive_at(evs, 100.0) == 2
+
+
+# -- placement ---------------------------------------------------------------------
+
+
+def check_invariants(actions: list[ReplayAction], num_agents: int, gpus_per_agent: int) -> None:
+    """Replay the actions against slot state; assert every documented invariant."""
+    slots: dict[tuple[int, int], str] = {}
+    per_agent = Counter()
+    last_t = 0.0
+    for a in actions:
+        assert a.t_s >= last_t
+        last_t = a.t_s
+        assert 0 <= a.agent < num_agents and a.gpu is not None and 0 <= a.gpu < gpus_per_agent
+        key = (a.agent, a.gpu)
+        if a.kind in ("start_node", "add_gpu"):
+            assert key not in slots, f"{a} lands on an occupied slot"
+            assert (a.kind == "start_node") == (per_agent[a.agent] == 0), a
+            slots[key] = a.trace_node
+            per_agent[a.agent] += 1
+            assert per_agent[a.agent] <= gpus_per_agent
+        else:
+            assert slots.get(key) == a.trace_node, f"{a} targets a slot it does not occupy"
+            del slots[key]
+            per_agent[a.agent] -= 1
+            assert (a.kind == "preempt_node") == (per_agent[a.agent] == 0), a
+    assert len(set(slots.values())) == len(slots)
+
+
+@pytest.mark.parametrize("scale", [False, True])
+@pytest.mark.parametrize("agents, gpus", [(2, 2), (4, 2), (3, 4), (1, 1), (40, 1)])
+def test_placement_invariants_full_trace(p3, scale, agents, gpus):
+    for seed in range(3):
+        pl = TracePlacement(agents, gpus, seed, scale_to_capacity=scale)
+        acts = pl.plan(p3)
+        check_invariants(acts, agents, gpus)
+        st = pl.stats
+        assert st["max_alive"] == 32 and st["max_local_alive"] <= agents * gpus
+        assert st["placed"] + st["unplaced"] == 177
+        assert sum(st["kinds"].values()) == len(acts)
+
+
+def test_capped_mode_follows_trace_when_capacity_suffices(p3):
+    pl = TracePlacement(8, 4, seed=1)  # 32 slots = trace peak -> every node placed
+    acts = pl.plan(p3)
+    assert pl.stats["unplaced"] == 0 and pl.stats["placed"] == 177 and len(acts) == 344
+    assert [(a.t_s, a.trace_node) for a in acts] == [(e.t_s, e.node) for e in p3]
+    live = {t: n for t, n, _ in fragmentation_timeline(acts, 2)}
+    assert live == dict(alive_counts(p3))
+
+
+def test_capped_mode_counts_unplaced(p3):
+    pl = TracePlacement(2, 2, seed=0)
+    acts = pl.plan(p3)
+    st = pl.stats
+    assert st["mode"] == "capped" and st["unplaced"] > 0 and st["scaled_down"] == 0
+    placed_nodes = {a.trace_node for a in acts}
+    assert len(placed_nodes) == st["placed"]
+    # a local GPU's lifetime is its trace node's lifetime
+    added = {e.node: e.t_s for e in p3 if e.action == "add"}
+    removed = {e.node: e.t_s for e in p3 if e.action == "remove"}
+    for a in acts:
+        assert a.t_s == (added if a.kind in ("start_node", "add_gpu") else removed)[a.trace_node]
+
+
+def test_proportional_mode_tracks_scaled_alive_count(p3):
+    pl = TracePlacement(2, 2, seed=0, scale_to_capacity=True)
+    acts = pl.plan(p3)
+    live = {t: n for t, n, _ in fragmentation_timeline(acts, 2)}
+    for t, c in alive_counts(p3):
+        assert live.get(t, None) in (None, int(c * 4 / 32 + 0.5))
+    assert pl.stats["mode"] == "proportional" and pl.stats["max_local_alive"] == 4
+
+
+def test_placement_deterministic_per_seed(p3):
+    a = TracePlacement(4, 2, seed=7).plan(p3)
+    b = TracePlacement(4, 2, seed=7).plan(p3)
+    assert a == b
+    pl = TracePlacement(4, 2, seed=7)
+    assert pl.plan(p3) == pl.plan(p3)  # re-planning restarts the RNG
+    others = [TracePlacement(4, 2, seed=s).plan(p3) for s in range(1, 4)]
+    assert any([(x.agent, x.gpu) for x in o] != [(x.agent, x.gpu) for x in a] for o in others)
+
+
+def test_time_scale_divides_times(p3):
+    s = slice_trace(p3, 7200.0, 1800.0)
+    base = TracePlacement(2, 2, seed=0).plan(s)
+    fast = TracePlacement(2, 2, seed=0).plan(s, time_scale=10.0)
+    assert [(a.kind, a.agent, a.gpu, a.trace_node) for a in base] == [(a.kind, a.agent, a.gpu, a.trace_node) for a in fast]
+    assert [a.t_s / 10.0 for a in base] == pytest.approx([a.t_s for a in fast])
+    assert max(a.t_s for a in fast) < 180.0
+    with pytest.raises(ValueError):
+        TracePlacement(2, 2, seed=0).plan(s, time_scale=0.0)
+
+
+def test_plan_rejects_inconsistent_events():
+    pl = TracePlacement(1, 2, seed=0)
+    with pytest.raises(ValueError, match="not alive"):
+        pl.plan([TraceEvent(0.0, "remove", "x")])
+    with pytest.raises(ValueError, match="already alive"):
+        pl.plan([TraceEvent(0.0, "add", "x"), TraceEvent(1.0, "add", "x")])
+    with pytest.raises(RuntimeError):
+        _ = TracePlacement(1, 1, seed=0).stats
+
+
+def test_start_and_preempt_semantics_small():
+    evs = [
+        TraceEvent(0.0, "add", "a"),
+        TraceEvent(1.0, "add", "b"),
+        TraceEvent(2.0, "remove", "a"),
+        TraceEvent(3.0, "remove", "b"),
+        TraceEvent(4.0, "add", "c"),
+    ]
+    acts = TracePlacement(1, 2, seed=0).plan(evs)
+    assert [a.kind for a in acts] == ["start_node", "add_gpu", "revoke_gpu", "preempt_node", "start_node"]
+    assert [a.gpu for a in acts] == [0, 1, 0, 1, 0]
+
+
+# -- fragmentation -----------------------------------------------------------------
+
+
+def test_fragmentation_metric():
+    acts = [
+        ReplayAction(0.0, "start_node", 0, 0, "a"),
+        ReplayAction(0.0, "add_gpu", 0, 1, "b"),
+        ReplayAction(0.0, "start_node", 1, 0, "c"),
+        ReplayAction(0.0, "add_gpu", 1, 1, "d"),
+        ReplayAction(10.0, "revoke_gpu", 1, 1, "d"),  # agent 1 left with one GPU -> fragmented
+        ReplayAction(20.0, "preempt_node", 1, 0, "c"),
+    ]
+    assert fragmentation_timeline(acts, 2) == [(0.0, 4, 0), (10.0, 3, 1), (20.0, 2, 0)]
+    # [0,10): 0/4, [10,20): 1/3, [20,30): 0/2
+    assert fragmentation(acts, 2, end_s=30.0) == pytest.approx((10 * (1 / 3)) / 30)
+    s = fragmentation_summary(acts, 2, end_s=30.0)
+    assert s["gpu_time_share"] == pytest.approx(10 / (40 + 30 + 20))
+    assert s["time_any_fragmented"] == pytest.approx(10 / 30)
+    assert fragmentation(acts, 1, end_s=30.0) == 0.0
+    assert fragmentation([], 2) == 0.0
+    with pytest.raises(ValueError):
+        fragmentation_timeline([ReplayAction(0.0, "revoke_gpu", 0, 0, "z")], 2)
+
+
+def test_fragmentation_in_stats(p3):
+    pl = TracePlacement(4, 2, seed=0)  # the paper's Fig. 4 setting: 4 nodes x 2 GPUs, SP=2
+    acts = pl.plan(p3)
+    assert pl.stats["fragmentation"] == pytest.approx(fragmentation(acts, 2, end_s=p3[-1].t_s))
+    assert 0.0 < pl.stats["fragmentation"] < 1.0
+    assert count_kinds(acts) == pl.stats["kinds"]
+
+
+# -- replay ------------------------------------------------------------------------
+
+
+def test_replayer_returns_each_action_once_in_order(p3):
+    acts = TracePlacement(2, 2, seed=0).plan(p3, time_scale=10.0)
+    assert len(acts) > 20
+    rp = TraceReplayer(acts, start_s=1000.0)
+    assert rp.due(999.0) == []
+    got: list[ReplayAction] = []
+    now = 1000.0
+    while not rp.done:
+        batch = rp.due(now)
+        assert all(a.t_s <= now - 1000.0 for a in batch)
+        got.extend(batch)
+        assert rp.next_due_s is None or rp.next_due_s > now  # nothing due is held back
+        assert rp.remaining == len(acts) - len(got)
+        now += 7.3
+    assert got == acts and rp.remaining == 0 and rp.next_due_s is None
+    assert rp.due(1e9) == []
+
+
+def test_replayer_boundary_and_sorting():
+    a0 = ReplayAction(5.0, "start_node", 0, 0, "x")
+    a1 = ReplayAction(5.0, "add_gpu", 0, 1, "y")
+    a2 = ReplayAction(2.0, "start_node", 1, 0, "z")
+    rp = TraceReplayer([a0, a1, a2])
+    assert rp.due(1.999) == []
+    assert rp.due(2.0) == [a2]  # t_s <= now - start is due
+    assert rp.due(4.0) == []
+    assert rp.due(5.0) == [a0, a1]  # ties keep input order
+    assert rp.done
