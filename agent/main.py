@@ -139,6 +139,7 @@ class AgentDaemon:
         self._detector_q: queue.Queue = queue.Queue()
         self._detector_thread = DetectorThread(self.detector, self._detector_q, poll_interval_s)
         self._pending_ack: list[PreemptionNotice] = []
+        self.groups: list[dict] = []  # elastic SP groups: {"members": [worker ids, leader first], "generation", "formed"}
         self._revoking: dict[str, float] = {}  # worker id -> deadline (monotonic)
         self._signal_notices: queue.Queue = queue.Queue()
         self.control = self.ctx.socket(zmq.REP)
@@ -185,7 +186,7 @@ class AgentDaemon:
     def spawn_worker(self, gpus: list[int]) -> None:
         slot = self.sched.add_worker(gpus)
         reg = self.registered
-        conf = {"model": reg.model, "sampler": reg.sampler, "worker_batch_size": reg.worker_batch_size, "torch_threads": reg.torch_threads}
+        conf = {"model": reg.model, "sampler": reg.sampler, "worker_batch_size": reg.worker_batch_size, "torch_threads": reg.torch_threads, "sp_degree": reg.sp_degree}
         env = dict(os.environ)
         env.setdefault("CUDA_VISIBLE_DEVICES", ",".join(map(str, gpus)))
         cmd = [sys.executable, "-m", "spotlight.workers.rollout_worker", "--agent", self.worker_endpoint, "--worker-id", slot.worker_id, "--gpus", ",".join(map(str, gpus)), "--config-json", msgspec.json.encode(conf).decode()]
@@ -212,13 +213,66 @@ class AgentDaemon:
         elif notice.scope.startswith("gpu:"):
             self.revoke_gpus([int(g) for g in notice.scope[4:].split(",") if g], grace_s=grace)
 
+    # ------------------------------------------------------------ elastic SP groups
+    @property
+    def sp_degree(self) -> int:
+        return self.registered.sp_degree if self.registered is not None else 1
+
+    def _group_of(self, wid: str) -> dict | None:
+        return next((g for g in self.groups if wid in g["members"]), None)
+
+    def _send_form(self, group: dict) -> None:
+        """Tell every member of ``group`` to (re)form: new generation, fresh rendezvous port."""
+        group["generation"] += 1
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        form = P.GroupForm(members=list(group["members"]), master_addr="127.0.0.1", master_port=port, generation=group["generation"], version=max(self.weights) if self.weights else self.registered.latest_version)
+        for m in group["members"]:
+            self._to_worker(m, form)
+        group["formed"] = True
+        log.warning("SP group %s: generation %d, SP=%d", group["members"][0], group["generation"], len(group["members"]))
+
+    def _group_hello(self, wid: str) -> None:
+        group = self._group_of(wid)
+        if group is None:  # a new GPU: join a group that lost a member, else start one
+            group = next((g for g in self.groups if len(g["members"]) < self.sp_degree), None)
+            if group is None:
+                group = {"members": [], "generation": 0, "formed": False}
+                self.groups.append(group)
+            group["members"].append(wid)
+        ready = {s.worker_id for s in self.sched.workers.values() if s.status == WorkerStatus.READY}
+        if all(m in ready for m in group["members"]):
+            self._send_form(group)
+
+    def _group_leave(self, wid: str, *, commit: bool) -> None:
+        """A member goes (revoked or died): survivors re-form at a lower degree."""
+        group = self._group_of(wid)
+        if group is None:
+            return
+        group["members"].remove(wid)
+        if not group["members"]:
+            self.groups.remove(group)
+            return
+        # a surviving member leads next (it keeps its weights in memory): re-form now; a
+        # blocked follower reads this after the old leader releases it
+        self._send_form(group)
+
     def revoke_gpus(self, gpus: list[int], *, grace_s: float) -> list[str]:
-        """Per-GPU revocation: only the workers using those GPUs commit and exit; the node stays."""
+        """Per-GPU revocation: only the workers using those GPUs commit and exit; the node stays.
+
+        With SP groups the survivors of the affected group re-form at a lower degree from
+        the weights in their memory (paper §4.4); a revoked leader commits its batch first.
+        """
         victims = [s for s in self.sched.live_workers() if set(s.gpus) & set(gpus)]
         for slot in victims:
-            self._to_worker(slot.worker_id, P.Stop(commit=True, reason="gpu revoked"))
+            group = self._group_of(slot.worker_id) if self.sp_degree > 1 else None
+            is_leader = group is None or group["members"][0] == slot.worker_id
+            self._to_worker(slot.worker_id, P.Stop(commit=is_leader, reason="gpu revoked"))
             slot.status = WorkerStatus.STOPPING
             self._revoking[slot.worker_id] = time.monotonic() + grace_s
+            if group is not None:
+                self._group_leave(slot.worker_id, commit=is_leader)
         self.gpus = [g for g in self.gpus if g not in gpus]
         log.warning("revoked GPUs %s: stopping %s; node keeps GPUs %s", gpus, [v.worker_id for v in victims], self.gpus)
         self.heartbeat(time.monotonic())
@@ -297,6 +351,8 @@ class AgentDaemon:
             return
         if mtype == P.MsgType.WORKER_HELLO:
             self.sched.hello(wid, body.pid)
+            if self.sp_degree > 1:
+                self._group_hello(wid)
         elif mtype == P.MsgType.PULL:
             if self.draining or wid not in self.sched.workers:
                 self._to_worker(wid, P.Leases(worker_id=wid))
@@ -327,7 +383,13 @@ class AgentDaemon:
             log.error("coordinator sent a malformed frame: %s", exc)
             return
         if mtype == P.MsgType.LEASES:
-            if body.worker_id in self.sched.workers:
+            slot = self.sched.workers.get(body.worker_id)
+            if body.items and (slot is None or slot.status in (WorkerStatus.STARTING, WorkerStatus.EXITED)):
+                # The worker that pulled died before the answer (a respawned one has not said
+                # hello yet): nobody will run these, and heartbeats would renew them forever.
+                self._to_coord(P.Fail(node_id=self.node_id, session=self.session, worker_id=body.worker_id, request_ids=[i.request_id for i in body.items], lease_ids=[i.lease_id for i in body.items], reason="worker exited before its leases arrived"))
+                return
+            if slot is not None:
                 self.sched.leased(body.worker_id, [(i.request_id, i.lease_id) for i in body.items], time.monotonic())
             self._to_worker(body.worker_id, body, payload)
         elif mtype == P.MsgType.WEIGHTS:
@@ -358,6 +420,8 @@ class AgentDaemon:
                 continue
             held = self.sched.exited(wid)
             del self.procs[wid]
+            if self.sp_degree > 1 and wid not in self._revoking and self._group_of(wid) is not None:
+                self._group_leave(wid, commit=False)
             if held:
                 self._to_coord(P.Fail(node_id=self.node_id, session=self.session, worker_id=wid, request_ids=[r for r, _ in held], lease_ids=[l for _, l in held], reason=f"worker exited with code {rc}"))
             if wid in self._revoking:
@@ -377,6 +441,9 @@ class AgentDaemon:
         self.register()
         for group in self.sched.plan_workers(self.gpus, 1):
             self.spawn_worker(group)
+        if self.sp_degree > 1:  # initial SP groups; each forms once all its members said hello
+            for gpus in self.sched.plan_workers(self.gpus, self.sp_degree):
+                self.groups.append({"members": [self.sched.worker_id_for(self.node_id, [g]) for g in gpus], "generation": 0, "formed": False})
         poller = zmq.Poller()
         poller.register(self.coord, zmq.POLLIN)
         poller.register(self.workers_sock, zmq.POLLIN)

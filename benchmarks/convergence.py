@@ -50,11 +50,19 @@ def moving_average(x: list[float], k: int = 3) -> np.ndarray:
 
 def run_variant(name: str, overrides: dict, args, out_dir: pathlib.Path) -> list[dict]:
     run_dir = out_dir / name
+    metrics = run_dir / "metrics.jsonl"
+    if args.reuse and metrics.is_file() and len(metrics.read_text().splitlines()) == args.iterations:
+        print(f"== {name}: reusing {metrics}", flush=True)
+        return [json.loads(line) for line in metrics.read_text().splitlines()]
     cfg = load_config(args.config, {"run.iterations": args.iterations, "run.sample_grid_every": 0, **overrides})
     conf = out_dir / f"{name}.toml"
     out_dir.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, conf)
     cmd = [sys.executable, "-m", "spotlight.cli", "up", "--local", "--agents", str(args.agents), "--config", str(conf), "--run-dir", str(run_dir)]
+    if run_dir.exists():
+        import shutil
+
+        shutil.rmtree(run_dir)
     print(f"== {name}: {' '.join(cmd)}", flush=True)
     t0 = time.monotonic()
     subprocess.run(cmd, cwd=REPO, check=True)
@@ -114,6 +122,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "out" / "convergence"))
     ap.add_argument("--score", default="reward/control_mean")
     ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--reuse", action="store_true", help="reuse finished runs found in --out (same --iterations)")
     args = ap.parse_args()
     out = pathlib.Path(args.out)
     VARIANTS["critical-path"]["explore.num_candidates"] = args.best_of

@@ -230,6 +230,9 @@ class ClusterConfig(_Section):
     heartbeat_interval_s: float = 1.0
     heartbeat_timeout_s: float = 10.0
     """An agent silent for this long is marked dead; its leased requests are re-enqueued."""
+    sp_degree: int = 1
+    """Sequence-parallel degree of each spot node's Rollout Worker groups (diffusers context
+    parallelism, Ulysses). Groups shrink and grow elastically as GPUs leave and join."""
     reserved_rollout_gpus: list[int] = msgspec.field(default_factory=lambda: [0])
     """GPUs of the reserved node that also run Rollout Workers (colocated with training)."""
     torch_threads: int = 1
@@ -237,6 +240,7 @@ class ClusterConfig(_Section):
 
     def __post_init__(self) -> None:
         _check(self.worker_batch_size >= 1, "cluster.worker_batch_size", "must be >= 1")
+        _check(self.sp_degree >= 1, "cluster.sp_degree", "must be >= 1")
         _check(self.heartbeat_timeout_s > self.heartbeat_interval_s, "cluster.heartbeat_timeout_s", "must exceed heartbeat_interval_s")
 
 

@@ -320,6 +320,7 @@ class Coordinator:
                 lease_timeout_s=self.cfg.cluster.lease_timeout_s,
                 worker_batch_size=self.cfg.cluster.worker_batch_size,
                 torch_threads=self.cfg.cluster.torch_threads,
+                sp_degree=self.cfg.cluster.sp_degree if body.is_spot else 1,
                 model=msgspec.to_builtins(self.cfg.model),
                 sampler=msgspec.to_builtins(self.cfg.sampler),
                 latest_version=self.store.latest_version,
@@ -337,7 +338,7 @@ class Coordinator:
         node = self.instances.nodes[body.node_id]
         self.worker_node[body.worker_id] = body.node_id
         leases = []
-        if self.phase in ("rollout", "train", "drain") and node.status.value == "alive":
+        if self.phase in ("explore_first", "rollout", "train", "drain") and node.status.value == "alive":
             leases = self.sched.pull(body.worker_id, is_spot=node.is_spot, max_requests=max(1, body.max_requests), now=now)
         items, tensors = [], {}
         idx = []
@@ -395,6 +396,8 @@ class Coordinator:
                 s.window_latents = tensors["window_latents"][i]
                 s.log_probs = tensors["log_probs"][i]
             self.samples[req.request_id] = s
+            if req.kind == RequestKind.EXPLORE:
+                self._t["explore_last_result"] = now
             accepted.append(req.request_id)
             images.append(s.image.numpy())
             prompts.append(self.prompts[pidx])
@@ -676,13 +679,15 @@ class Coordinator:
         row.update(self._explore_stats)
         train_s = t["train_end"] - t["rollout_end"]
         explored = self._explore_iter is not None
-        explore_s = (t["explore_end"] - t["explore_start"]) if explored else 0.0
+        # exploration is over when its last result arrived (scoring finishes right after)
+        explore_done = t.get("explore_last_result", t.get("explore_end", 0.0))
+        explore_s = (explore_done - t["explore_start"]) if explored else 0.0
         if not explored:
             critical = 0.0
         elif self.explore_mode() == "critical_path":
-            critical = explore_s
+            critical = t["explore_end"] - t["explore_start"]
         else:
-            critical = max(0.0, t["explore_end"] - t["train_end"])
+            critical = max(0.0, t["explore_end"] - t["train_end"]) if explore_done > t["train_end"] else 0.0
         action = self.explore_action.get(self._explore_iter) if explored else None
         if action is not None:
             row["explore/num_candidates"] = action.num_sequences

@@ -62,6 +62,7 @@ class MsgType(enum.IntEnum):
     SHUTDOWN = 16
     WORKER_HELLO = 20
     STOP = 21
+    GROUP_FORM = 22
     TRAIN_READY = 30
     TRAIN_BATCH = 31
     TRAIN_DONE = 32
@@ -107,6 +108,8 @@ class Registered(_Msg, kw_only=True):
     lease_timeout_s: float
     worker_batch_size: int
     torch_threads: int
+    sp_degree: int = 1
+    """Sequence-parallel degree of each worker group on the node (elastic below it)."""
     model: dict[str, Any]
     """The run's ``[model]`` config section (workers build the transformer from it)."""
     sampler: dict[str, Any]
@@ -268,6 +271,20 @@ class WorkerHello(_Msg, kw_only=True):
     pid: int
 
 
+class GroupForm(_Msg, kw_only=True):
+    """Agent → workers of one SP group: (re)form the group (elastic SP, paper §4.4).
+
+    ``members[0]`` is the leader (it pulls work and holds the weights); a member that lacks
+    them receives them from the leader by torch.distributed broadcast."""
+
+    members: list[str]
+    master_addr: str
+    master_port: int
+    generation: int
+    version: int = -1
+    """Weight version the leader must hold before forming (fetched if missing)."""
+
+
 class Stop(_Msg, kw_only=True):
     """Agent → worker: commit in-flight state (if ``commit``) and exit."""
 
@@ -334,6 +351,7 @@ MESSAGE_TYPES: dict[MsgType, type[_Msg]] = {
     MsgType.SHUTDOWN: Shutdown,
     MsgType.WORKER_HELLO: WorkerHello,
     MsgType.STOP: Stop,
+    MsgType.GROUP_FORM: GroupForm,
     MsgType.TRAIN_READY: TrainReady,
     MsgType.TRAIN_BATCH: TrainBatch,
     MsgType.TRAIN_DONE: TrainDone,

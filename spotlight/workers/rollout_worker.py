@@ -138,10 +138,8 @@ class RolloutExecutor:
         kind = items[0].kind
         version = items[0].weight_version
         threshold = float(items[0].params.get("cache_threshold", 0.0)) if kind == "explore" else 0.0
-        self._use(version)
-        self._set_cache(threshold)
+        self._prepare(version, threshold)
         cond_all = Conditioning(tensors["cond.embeds"].float(), tensors["cond.mask"])
-        velocity_fn = make_velocity_fn(self.transformer, self.model_cfg)
         t0 = time.monotonic()
 
         # Group rows by starting step (fresh rows start at 0).
@@ -166,16 +164,7 @@ class RolloutExecutor:
                         for i in rows
                     ]
                 )
-            cond = cond_all.index(rows)
-            with torch.no_grad(), self._cache_context():
-                while state.step < self.sampler.cfg.num_steps:
-                    if should_stop():
-                        break
-                    before = self._counter.count
-                    self.sampler.advance(state, velocity_fn, cond, computed=None)
-                    ran = self._counter.count - before
-                    if ran == 0:
-                        state.computed_steps -= 1
+            state = self._denoise(state, cond_all.index(rows), should_stop)
             for k, i in enumerate(rows):
                 (finished if state.step >= self.sampler.cfg.num_steps else stopped)[i] = state.select([k])
         elapsed = time.monotonic() - t0
@@ -200,6 +189,24 @@ class RolloutExecutor:
             elapsed_s=elapsed,
         )
         return BatchOutcome(result=(msg, frames))
+
+    def _prepare(self, version: int, threshold: float) -> None:
+        """Load weight ``version`` and set the exploration cache before a batch."""
+        self._use(version)
+        self._set_cache(threshold)
+
+    def _denoise(self, state: DenoiseState, cond: Conditioning, should_stop: Callable[[], bool]) -> DenoiseState:
+        """Advance ``state`` to the last step, or until ``should_stop()`` between steps."""
+        velocity_fn = make_velocity_fn(self.transformer, self.model_cfg)
+        with torch.no_grad(), self._cache_context():
+            while state.step < self.sampler.cfg.num_steps:
+                if should_stop():
+                    break
+                before = self._counter.count
+                self.sampler.advance(state, velocity_fn, cond)
+                if self._counter.count == before:  # the step cache skipped the tail blocks
+                    state.computed_steps -= 1
+        return state
 
     def _cache_context(self):
         import contextlib
@@ -281,18 +288,31 @@ class WorkerProcess:
             self._backlog.append((mtype, body, payload))
         return False
 
-    def _ensure_version(self, version: int) -> None:
+    def _ensure_version(self, version: int, timeout_s: float = 600.0) -> None:
+        """Get weight ``version`` from the agent (its cache, a local peer's copy, or the
+        coordinator's Tensor Store); waits while it is not published yet.
+
+        Raises:
+            RuntimeError: still not published after ``timeout_s``.
+        """
         if version in self.executor.versions:
             return
+        deadline = time.monotonic() + timeout_s
         self.send(P.FetchWeights(worker_id=self.worker_id, version=version))
         while True:
             got = self._recv(1000)
             if got is None:
+                if not self.agent_alive():
+                    os._exit(3)
                 continue
             mtype, body, payload = got
             if mtype == P.MsgType.WEIGHTS and body.version == version:
                 if not body.found:
-                    raise RuntimeError(f"weight version {version} is not available")
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"weight version {version} is not available")
+                    time.sleep(0.5)
+                    self.send(P.FetchWeights(worker_id=self.worker_id, version=version))
+                    continue
                 self.executor.add_version(version, bytes_to_state_dict(payload[0]))
                 return
             if mtype == P.MsgType.STOP:
@@ -351,15 +371,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--agent", required=True, help="agent endpoint, e.g. ipc:///tmp/x or tcp://127.0.0.1:5555")
     ap.add_argument("--worker-id", required=True)
     ap.add_argument("--gpus", default="0", help="comma-separated GPU indices of this worker")
-    ap.add_argument("--config-json", required=True, help="JSON with 'model', 'sampler', 'worker_batch_size', 'torch_threads'")
+    ap.add_argument("--config-json", required=True, help="JSON with 'model', 'sampler', 'worker_batch_size', 'torch_threads', 'sp_degree'")
     args = ap.parse_args(argv)
     logging.basicConfig(level=os.environ.get("SPOTLIGHT_LOG_LEVEL", "INFO"), format=f"%(asctime)s worker[{args.worker_id}] %(levelname)s %(message)s")
     conf = json.loads(args.config_json)
     torch.set_num_threads(int(conf.get("torch_threads", 1)))
     model_cfg = msgspec.convert(conf["model"], ModelConfig)
     sampler_cfg = msgspec.convert(conf["sampler"], SamplerConfig)
-    proc = WorkerProcess(args.agent, args.worker_id, [int(g) for g in args.gpus.split(",") if g != ""], model_cfg, sampler_cfg, int(conf.get("worker_batch_size", 8)))
-    return proc.run()
+    cls = WorkerProcess
+    if int(conf.get("sp_degree", 1)) > 1:
+        from spotlight.workers.group_worker import GroupWorkerProcess
+
+        cls = GroupWorkerProcess
+    proc = cls(args.agent, args.worker_id, [int(g) for g in args.gpus.split(",") if g != ""], model_cfg, sampler_cfg, int(conf.get("worker_batch_size", 8)))
+    rc = proc.run()
+    return 0 if rc is None else rc
 
 
 if __name__ == "__main__":

@@ -1,0 +1,278 @@
+"""Rollout Worker in an elastic sequence-parallel group (paper §4.4; DESIGN §5–§6).
+
+Used when the node's ``sp_degree > 1``. Every GPU runs one of these processes; the
+agent's node Scheduler decides group membership and sends ``GROUP_FORM`` to the members
+of each generation. A member's life::
+
+    WORKER_HELLO → wait GROUP_FORM ─▶ form (torch.distributed group, weights from memory,
+                                       or broadcast from the leader)
+        leader  (members[0]): pull leases from the agent, denoise over the group
+                              (``sp_group.run_group_batch``); between denoising steps it
+                              checks for a new GROUP_FORM (a GPU left or joined) — it then
+                              releases the followers, re-forms at the new degree with the
+                              weights it keeps in memory, and CONTINUES the same in-flight
+                              batch; on STOP it commits the batch to the Tensor Store.
+        follower:             mirror the leader's forwards until released, then wait for
+                              the next GROUP_FORM (it may become the leader) or STOP.
+
+The in-flight denoising state never leaves the node during a reconfiguration: it stays
+in the leader process, so a shrink (2 → 1) or a grow (1 → 2) costs one group rebuild,
+not a restart. If the leader itself is revoked it commits its batch (the request
+resumes elsewhere from the committed step) and a survivor becomes the next leader.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+from spotlight import protocol as P
+from spotlight.rl.sampler import Conditioning, DenoiseState
+from spotlight.tensor_wire import bytes_to_state_dict
+from spotlight.workers import sp_group as G
+from spotlight.workers.rollout_worker import RolloutExecutor, WorkerProcess
+
+log = logging.getLogger("spotlight.worker")
+
+OP_WEIGHTS = 5
+"""Leader → followers: a new weight version follows (tensors in sorted-name order)."""
+
+
+class GroupExecutor(RolloutExecutor):
+    """:class:`RolloutExecutor` whose transformer forward runs over an SP group.
+
+    Args:
+        member: this process's :class:`~spotlight.workers.sp_group.SPGroupMember` (leader).
+        reform: called at a step boundary when a new generation is pending; it re-forms the
+            group (the state being denoised stays in memory) and returns True to continue.
+    """
+
+    def __init__(self, member: G.SPGroupMember, sampler_cfg, reform):
+        super().__init__(member.model_cfg, sampler_cfg, member.text_dim)
+        self.member = member
+        self.reform = reform
+        self.pending_form: P.GroupForm | None = None
+
+    def _prepare(self, version: int, threshold: float) -> None:
+        if self.member.weights_version != version:
+            broadcast_weights(self.member, self.versions[version], version)
+        # First Block Cache is not combined with context parallelism here: exploration on an
+        # SP group runs at full fidelity (its computed steps are reported as such).
+
+    def _denoise(self, state: DenoiseState, cond: Conditioning, should_stop) -> DenoiseState:
+        while True:
+            G.run_group_batch(self.member, self.sampler, state, cond, should_stop=lambda _s: should_stop() or self.pending_form is not None)
+            if state.step >= self.sampler.cfg.num_steps or self.pending_form is None:
+                return state
+            form, self.pending_form = self.pending_form, None
+            if not self.reform(form):
+                return state
+
+
+def broadcast_weights(member: G.SPGroupMember, state_dict: dict[str, torch.Tensor] | None, version: int) -> None:
+    """Collective: the leader sends weight ``version`` to every follower, all load it.
+
+    Tensor names are not sent: every member's model has the same state-dict keys, taken in
+    sorted order (no pickle on the wire). Followers call it with ``state_dict=None`` after
+    receiving the ``OP_WEIGHTS`` header.
+    """
+    world = member.sp_degree
+    if member.is_leader:
+        if world > 1:
+            G._bcast_header(member, OP_WEIGHTS, version)
+        new = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
+        if world > 1:
+            for name in sorted(new):
+                dist.broadcast(new[name].to(member._comm_device), src=0)
+    else:
+        old = member.state_dict()
+        new = {}
+        for name in sorted(old):
+            t = torch.empty_like(old[name], device=member._comm_device)
+            dist.broadcast(t, src=0)
+            new[name] = t.to("cpu")
+    member._state = new
+    member.weights_version = version
+    member.model.load_state_dict(new, strict=True)
+
+
+def serve(member: G.SPGroupMember) -> None:
+    """Follower loop: mirror batches and weight updates until the leader releases the group."""
+    while True:
+        op, *f = G._recv_header(member)
+        if op == G.OP_RELEASE:
+            return
+        if op == OP_WEIGHTS:
+            broadcast_weights(member, None, f[0])
+            continue
+        if op == G.OP_BATCH:
+            b, t, d = f[:3]
+            cond = Conditioning(G._recv(member, (b, t, d), torch.float32), G._recv(member, (b, t), torch.int64))
+            vfn = member.velocity_fn()
+            while True:
+                op2, *g = G._recv_header(member)
+                if op2 == G.OP_END:
+                    break
+                if op2 != G.OP_STEP:
+                    raise G.SPGroupError(f"unexpected op {op2} inside a batch")
+                bb, ll, cc = g[:3]
+                latents = G._recv(member, (bb, ll, cc), torch.float32)
+                sigma = G._recv(member, (bb,), torch.float32)
+                with torch.no_grad():
+                    vfn(latents, sigma, cond)
+            continue
+        raise G.SPGroupError(f"unknown SP group op {op}")
+
+
+class GroupWorkerProcess(WorkerProcess):
+    """Socket loop of one member of an elastic SP group."""
+
+    def __init__(self, agent_endpoint, worker_id, gpus, model_cfg, sampler_cfg, batch_size):
+        super().__init__(agent_endpoint, worker_id, gpus, model_cfg, sampler_cfg, batch_size)
+        device = torch.device(f"cuda:{0}") if torch.cuda.is_available() else torch.device("cpu")
+        self.member = G.SPGroupMember(model_cfg, worker_id, device)
+        self.executor = GroupExecutor(self.member, sampler_cfg, self._reform)
+
+    # ------------------------------------------------------------ membership
+    def _wait_form_or_stop(self):
+        while True:
+            got = self._recv(500)
+            if got is None:
+                if not self.agent_alive():
+                    return None
+                continue
+            mtype, body, payload = got
+            if mtype in (P.MsgType.GROUP_FORM, P.MsgType.STOP):
+                return body
+            log.warning("worker %s: ignoring %s while outside a group", self.worker_id, mtype.name)
+
+    def _weights(self, version: int) -> dict[str, torch.Tensor]:
+        if version not in self.executor.versions:
+            self._ensure_version(version)
+        return self.executor.versions[version]
+
+    def _form(self, form: P.GroupForm) -> None:
+        spec = G.GroupSpec(tuple(form.members), form.master_addr, form.master_port, form.generation)
+        sd, ver = None, None
+        if spec.members[0] == self.worker_id and self.member._state is None:
+            ver = max(0, form.version)  # -1: nothing published when the agent registered
+            sd = self._weights(ver)
+        t0 = time.monotonic()
+        self.member.form(spec, state_dict=sd, version=ver)
+        log.info("worker %s: generation %d SP=%d formed in %.2fs (weights: %s)", self.worker_id, spec.generation, spec.world_size, time.monotonic() - t0, self.member.weights_source)
+        if self.member.weights_version is not None and self.member.weights_version not in self.executor.versions:
+            self.executor.versions[self.member.weights_version] = self.member.state_dict()
+
+    def _reform(self, form: P.GroupForm) -> bool:
+        """Leader, at a step boundary: release followers and join the next generation."""
+        G.release_followers(self.member)
+        if self.worker_id not in form.members:
+            return False
+        self._form(form)
+        return self.member.is_leader
+
+    def _check_stop(self) -> bool:
+        if self.stop_requested is not None:
+            return True
+        if not self.agent_alive():
+            os._exit(3)
+        while self.sock.poll(0):
+            got = self._recv(0)
+            if got is None:
+                break
+            mtype, body, payload = got
+            if mtype == P.MsgType.STOP:
+                self.stop_requested = body
+                return True
+            if mtype == P.MsgType.GROUP_FORM:
+                self.executor.pending_form = body
+                return False
+            self._backlog.append((mtype, body, payload))
+        return False
+
+    # ------------------------------------------------------------ main loop
+    def run(self) -> int:
+        self.send(P.WorkerHello(worker_id=self.worker_id, gpus=self.gpus, pid=os.getpid()))
+        form = None
+        while True:
+            msg = form or self._wait_form_or_stop()
+            form = None
+            if msg is None or isinstance(msg, P.Stop):
+                self.member.leave()
+                return 0
+            try:
+                self._form(msg)
+            except (G.SPGroupError, RuntimeError) as exc:
+                log.error("worker %s: could not form generation %d: %s", self.worker_id, msg.generation, exc)
+                self.member.leave()
+                continue
+            if not self.member.is_leader:
+                try:
+                    serve(self.member)
+                except (G.SPGroupError, RuntimeError) as exc:
+                    log.error("worker %s: group broke: %s", self.worker_id, exc)
+                self.member.leave()
+                continue
+            form = self._lead()
+            if form is False:
+                return 0
+
+    def _lead(self):
+        """Pull and run batches as leader. Returns a pending GroupForm, or False to exit."""
+        pulled = False
+        idle_wait_ms = 20
+        while True:
+            if self.stop_requested is not None:
+                G.release_followers(self.member)
+                return False
+            if self.executor.pending_form is not None:
+                form, self.executor.pending_form = self.executor.pending_form, None
+                G.release_followers(self.member)
+                self.member.leave()
+                return form
+            if not pulled:
+                self.send(P.Pull(worker_id=self.worker_id, max_requests=self.batch_size, versions=sorted(self.executor.versions)))
+                pulled = True
+            got = self._recv(200)
+            if got is None:
+                self._check_stop()
+                if not self.agent_alive():
+                    return False
+                continue
+            mtype, body, payload = got
+            if mtype == P.MsgType.STOP:
+                self.stop_requested = body
+                continue
+            if mtype == P.MsgType.GROUP_FORM:
+                self.executor.pending_form = body
+                continue
+            if mtype != P.MsgType.LEASES:
+                continue
+            pulled = False
+            if not body.items:
+                time.sleep(idle_wait_ms / 1000.0)
+                idle_wait_ms = min(200, idle_wait_ms * 2)
+                continue
+            idle_wait_ms = 20
+            from spotlight.tensor_wire import unpack_tensors
+
+            tensors = unpack_tensors(body.tensors, payload)
+            self._ensure_version(body.items[0].weight_version)
+            try:
+                outcome = self.executor.run(self.worker_id, body, tensors, should_stop=self._check_stop)
+            except (G.SPGroupError, RuntimeError) as exc:
+                log.exception("worker %s: batch failed on the group", self.worker_id)
+                self.send(P.Fail(worker_id=self.worker_id, request_ids=[i.request_id for i in body.items], lease_ids=[i.lease_id for i in body.items], reason=f"{type(exc).__name__}: {exc}"))
+                G.release_followers(self.member)
+                return False
+            if outcome.commit is not None:
+                G.release_followers(self.member)
+                self.send(*outcome.commit)
+                return False
+            self.send(*outcome.result)
+            if not self.member.is_leader:  # demoted by a re-form during the batch
+                return None
