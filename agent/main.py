@@ -183,7 +183,7 @@ class AgentDaemon:
                 raise SystemExit(f"coordinator refused registration: {body.code}: {body.message}")
         raise SystemExit(f"no answer from coordinator at {self.endpoint} within {self.register_timeout_s:.0f}s")
 
-    def spawn_worker(self, gpus: list[int]) -> None:
+    def spawn_worker(self, gpus: list[int]) -> str:
         slot = self.sched.add_worker(gpus)
         reg = self.registered
         conf = {"model": reg.model, "sampler": reg.sampler, "worker_batch_size": reg.worker_batch_size, "torch_threads": reg.torch_threads, "sp_degree": reg.sp_degree}
@@ -192,6 +192,7 @@ class AgentDaemon:
         cmd = [sys.executable, "-m", "spotlight.workers.rollout_worker", "--agent", self.worker_endpoint, "--worker-id", slot.worker_id, "--gpus", ",".join(map(str, gpus)), "--config-json", msgspec.json.encode(conf).decode()]
         self.procs[slot.worker_id] = subprocess.Popen(cmd, env=env)
         log.info("spawned worker %s (pid %d)", slot.worker_id, self.procs[slot.worker_id].pid)
+        return slot.worker_id
 
     def heartbeat(self, now: float) -> None:
         workers = [P.WorkerInfo(worker_id=s.worker_id, gpus=s.gpus, busy=bool(s.in_flight), pid=s.pid) for s in self.sched.live_workers()]
@@ -284,8 +285,7 @@ class AgentDaemon:
         self.gpus = sorted(self.gpus + new)
         started = []
         for group in self.sched.plan_workers(new, 1):
-            self.spawn_worker(group)
-            started.append(self.sched.worker_id_for(self.node_id, group))
+            started.append(self.spawn_worker(group))
         self.heartbeat(time.monotonic())
         return started
 
@@ -305,7 +305,7 @@ class AgentDaemon:
                 self.on_notice(sigterm_notice(float(req.get("grace_s", self.grace_s)), time.time(), key=f"control-{time.time()}"))
                 reply = {"ok": True}
             elif cmd == "status":
-                reply = {"ok": True, "node_id": self.node_id, "gpus": self.gpus, "workers": {s.worker_id: s.status.value for s in self.sched.workers.values()}, "in_flight": self.sched.in_flight(), "detector_healthy": self.detector_healthy, "detector_error": self.detector_error, "draining": self.draining}
+                reply = {"ok": True, "node_id": self.node_id, "gpus": self.gpus, "workers": {s.worker_id: s.status.value for s in self.sched.workers.values()}, "in_flight": self.sched.in_flight(), "detector_healthy": self.detector_healthy, "detector_error": self.detector_error, "draining": self.draining, "sp_degree": self.sp_degree, "groups": [{"members": g["members"], "generation": g["generation"]} for g in self.groups]}
             else:
                 reply = {"ok": False, "error": f"unknown command {cmd!r}"}
         except (ValueError, KeyError, TypeError) as exc:
@@ -439,11 +439,10 @@ class AgentDaemon:
 
     def run(self) -> int:
         self.register()
-        for group in self.sched.plan_workers(self.gpus, 1):
-            self.spawn_worker(group)
+        by_gpu = {group[0]: self.spawn_worker(group) for group in self.sched.plan_workers(self.gpus, 1)}
         if self.sp_degree > 1:  # initial SP groups; each forms once all its members said hello
             for gpus in self.sched.plan_workers(self.gpus, self.sp_degree):
-                self.groups.append({"members": [self.sched.worker_id_for(self.node_id, [g]) for g in gpus], "generation": 0, "formed": False})
+                self.groups.append({"members": [by_gpu[g] for g in gpus], "generation": 0, "formed": False})
         poller = zmq.Poller()
         poller.register(self.coord, zmq.POLLIN)
         poller.register(self.workers_sock, zmq.POLLIN)

@@ -41,6 +41,7 @@ class NodeScheduler:
     def __init__(self, node_id: str):
         self.node_id = node_id
         self.workers: dict[str, WorkerSlot] = {}
+        self._incarnations: dict[str, int] = {}
 
     @staticmethod
     def worker_id_for(node_id: str, gpus: list[int]) -> str:
@@ -53,11 +54,14 @@ class NodeScheduler:
         return [g for g in groups if g]
 
     def add_worker(self, gpus: list[int]) -> WorkerSlot:
-        wid = self.worker_id_for(self.node_id, gpus)
-        slot = WorkerSlot(wid, list(gpus))
-        old = self.workers.get(wid)
-        if old is not None:
-            slot.restarts = old.restarts + 1
+        """A new worker process for ``gpus``. Every process gets its own id: a restart or a
+        re-granted GPU is ``<node>/gpu1.r1``, ``.r2``… so a late message or exit of an old
+        process can never be mistaken for the new one's."""
+        base = self.worker_id_for(self.node_id, gpus)
+        n = self._incarnations.get(base, 0)
+        self._incarnations[base] = n + 1
+        wid = base if n == 0 else f"{base}.r{n}"
+        slot = WorkerSlot(wid, list(gpus), restarts=n)
         self.workers[wid] = slot
         return slot
 

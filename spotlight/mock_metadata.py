@@ -397,14 +397,18 @@ _control_session: requests.Session | None = None
 def control(url: str, command: str, **body: Any) -> dict[str, Any]:
     """Drive a running mock over HTTP: ``command`` in notice|rebalance|cancel|fault|state.
 
-    ``url`` is the mock's base URL; ``body`` becomes the JSON body.  Returns the mock's state.
+    ``url`` is the mock's base URL or its :attr:`MockMetadataServer.control_url` (what
+    ``local_agents.json`` lists); ``body`` becomes the JSON body.  Returns the mock's state.
     Raises ``requests.HTTPError`` on a 4xx/5xx answer.
     """
     global _control_session
     if _control_session is None:
         _control_session = requests.Session()
         _control_session.trust_env = False  # loopback: never through a proxy
-    target = url.rstrip("/") + CONTROL_PREFIX + command
+    base = url.rstrip("/")
+    if base.endswith(CONTROL_PREFIX.rstrip("/")):
+        base = base[: -len(CONTROL_PREFIX.rstrip("/"))]
+    target = base + CONTROL_PREFIX + command
     if command == "state":
         resp = _control_session.get(target, timeout=10)
     else:

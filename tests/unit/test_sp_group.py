@@ -1,0 +1,371 @@
+"""Elastic SP groups (spotlight.workers.sp_group) on CPU with gloo.
+
+Every multi-process test spawns fresh interpreters (``spawn``) running the module-level
+targets below; each process gets all of its group generations up front (fresh ports
+chosen here), so the sequence is driven by the collectives themselves — no sleeps.
+Results come back over a multiprocessing queue as plain numpy arrays.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import time
+from multiprocessing.connection import wait
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from spotlight.config import ModelConfig, SamplerConfig
+from spotlight.models.dit import build_transformer, make_velocity_fn, token_shape
+from spotlight.rl.sampler import Conditioning, Sampler
+from spotlight.workers.sp_group import GroupSpec, SPGroupMember, check_sp_degree
+
+TEXT_DIM = 384
+TIMEOUT_S = 240  # stall detection only; a scenario takes ~10-20 s on 2 idle cores
+SEEDS = [11, 12]
+
+
+def _free_ports(n: int) -> list[int]:
+    socks, ports = [], []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+        ports.append(s.getsockname()[1])
+    for s in socks:
+        s.close()
+    return ports
+
+
+def _spec(members, port, gen) -> GroupSpec:
+    return GroupSpec(members=tuple(members), master_addr="127.0.0.1", master_port=port, generation=gen)
+
+
+def _inputs(text_tokens: int = 16):
+    g = torch.Generator().manual_seed(1234)
+    n_img, ch = token_shape(ModelConfig())
+    latents = torch.randn(2, n_img, ch, generator=g)
+    sigma = torch.tensor([0.9, 0.4])
+    embeds = torch.randn(2, text_tokens, TEXT_DIM, generator=g)
+    mask = torch.ones(2, text_tokens, dtype=torch.long)
+    mask[1, text_tokens - 5 :] = 0  # a padded prompt
+    return latents, sigma, Conditioning(embeds, mask)
+
+
+def _velocity(member, text_tokens: int = 16) -> np.ndarray:
+    latents, sigma, cond = _inputs(text_tokens)
+    with torch.no_grad():
+        return member.velocity_fn()(latents, sigma, cond).numpy()
+
+
+def _reference(text_tokens: int = 16) -> np.ndarray:
+    cfg = ModelConfig()
+    latents, sigma, cond = _inputs(text_tokens)
+    with torch.no_grad():
+        return make_velocity_fn(build_transformer(cfg, TEXT_DIM), cfg)(latents, sigma, cond).numpy()
+
+
+def _setup_child():
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+
+
+def _weights() -> dict:
+    return build_transformer(ModelConfig(), TEXT_DIM).state_dict()
+
+
+def _run(targets, timeout=TIMEOUT_S, *, dies: tuple[int, ...] = ()) -> dict:
+    """Start one process per ``(target, args)``; collect ``(key, value)`` messages until all exit.
+
+    ``dies``: indices of targets that are expected to exit abruptly (status 1, no ".done").
+    """
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=t, args=(q, *a), daemon=True) for t, a in targets]
+    for p in procs:
+        p.start()
+    out: dict = {}
+    deadline = time.monotonic() + timeout
+    try:
+        # Every target reports "<name>.done" (or "<name>.error") last; wait for all of them,
+        # waking up on each message or process exit (no fixed sleeps).
+        while sum(k.endswith(".done") for k in out) < len(procs) - len(dies):
+            if time.monotonic() > deadline:
+                pytest.fail(f"SP group processes stalled; got so far: {sorted(out)}")
+            wait([q._reader] + [p.sentinel for p in procs], timeout=deadline - time.monotonic())
+            while True:
+                try:
+                    key, value = q.get_nowait()
+                except queue.Empty:
+                    break
+                out[key] = value
+                if key.endswith(".error"):
+                    pytest.fail(f"{key}: {value}")
+            dead = [p for i, p in enumerate(procs) if i not in dies and p.exitcode not in (None, 0)]
+            if dead and q.empty():
+                pytest.fail(f"a SP group process died (exit codes {[p.exitcode for p in procs]}); got so far: {sorted(out)}")
+        for p in procs:
+            p.join(timeout)
+        assert [p.exitcode for p in procs] == [1 if i in dies else 0 for i in range(len(procs))], out
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+    return out
+
+
+def _guard(q, name, fn):
+    try:
+        fn()
+    except BaseException as exc:  # report instead of dying silently
+        import traceback
+
+        q.put((f"{name}.error", traceback.format_exc()))
+        raise
+    q.put((f"{name}.done", True))
+
+
+# ---------------------------------------------------------------- child targets
+
+
+def _t_match(q, rank, ports):
+    """SP=2 forward twice (re-form with a fresh model object), plus an odd text length."""
+    _setup_child()
+
+    def body():
+        m = SPGroupMember(ModelConfig(), f"w{rank}", torch.device("cpu"))
+        m.form(_spec(["w0", "w1"], ports[0], 1), state_dict=_weights() if rank == 0 else None)
+        q.put((f"r{rank}.source1", m.weights_source))
+        q.put((f"r{rank}.v1", _velocity(m)))
+        first_model = m.model
+        m.form(_spec(["w0", "w1"], ports[1], 2), state_dict=None)  # enable_parallelism on a new object
+        q.put((f"r{rank}.fresh_model", m.model is not first_model and m.model._parallel_config is not None))
+        q.put((f"r{rank}.source2", m.weights_source))
+        q.put((f"r{rank}.v2", _velocity(m)))
+        q.put((f"r{rank}.v_odd_text", _velocity(m, text_tokens=15)))
+        m.leave()
+
+    _guard(q, f"r{rank}", body)
+
+
+def _t_shrink(q, rank, ports):
+    _setup_child()
+
+    def body():
+        m = SPGroupMember(ModelConfig(), f"w{rank}", torch.device("cpu"))
+        m.form(_spec(["w0", "w1"], ports[0], 1), state_dict=_weights())
+        q.put((f"r{rank}.v_sp2", _velocity(m)))
+        if rank == 1:  # the revoked GPU: only this process exits
+            m.leave()
+            return
+        m.form(_spec(["w0"], ports[1], 2))  # survivor re-forms alone from memory
+        q.put(("r0.source", m.weights_source))
+        q.put(("r0.degree", m.sp_degree))
+        q.put(("r0.v_sp1", _velocity(m)))
+        m.leave()
+
+    _guard(q, f"r{rank}", body)
+
+
+def _t_grow(q, who, ports):
+    _setup_child()
+
+    def body():
+        if who == "old":
+            m = SPGroupMember(ModelConfig(), "w0", torch.device("cpu"))
+            m.form(_spec(["w0"], ports[0], 1), state_dict=_weights(), version=7)
+            q.put(("old.v_sp1", _velocity(m)))
+        else:
+            m = SPGroupMember(ModelConfig(), "w1", torch.device("cpu"))
+        m.form(_spec(["w0", "w1"], ports[1], 2))
+        q.put((f"{who}.source", m.weights_source))
+        q.put((f"{who}.version", m.weights_version))
+        q.put((f"{who}.weights", {k: v.numpy().copy() for k, v in m.state_dict().items()}))
+        q.put((f"{who}.v_sp2", _velocity(m)))
+        m.leave()
+
+    _guard(q, who, body)
+
+
+def _trajectory_inputs():
+    sampler = Sampler(SamplerConfig(), token_shape(ModelConfig()))
+    _, _, cond = _inputs()
+    return sampler, cond
+
+
+def _t_trajectory(q, role, ports):
+    """Leader denoises 3 steps at SP=2, 3 at SP=1 (follower revoked), the rest at SP=2 (new joiner)."""
+    _setup_child()
+    from spotlight.workers.sp_group import release_followers, run_group_batch, serve_until_released
+
+    def body():
+        cfg = ModelConfig()
+        if role == "leader":
+            sampler, cond = _trajectory_inputs()
+            m = SPGroupMember(cfg, "w0", torch.device("cpu"))
+            m.form(_spec(["w0", "w1"], ports[0], 1), state_dict=_weights())
+            state = sampler.initial_state(SEEDS)
+            run_group_batch(m, sampler, state, cond, stop_at=3)
+            release_followers(m)
+            q.put(("leader.step_sp2", state.step))
+            m.form(_spec(["w0"], ports[1], 2))  # shrink: rank 1 is gone
+            q.put(("leader.source_sp1", m.weights_source))
+            run_group_batch(m, sampler, state, cond, stop_at=6)
+            q.put(("leader.step_sp1", state.step))
+            m.form(_spec(["w0", "w2"], ports[2], 3))  # grow: w2 joins and receives weights
+            run_group_batch(m, sampler, state, cond)
+            release_followers(m)
+            q.put(("leader.final", state.latents.numpy()))
+            q.put(("leader.step", state.step))
+            q.put(("leader.n_log_probs", len(state.log_probs)))
+            m.leave()
+        elif role == "follower":
+            m = SPGroupMember(cfg, "w1", torch.device("cpu"))
+            m.form(_spec(["w0", "w1"], ports[0], 1))
+            q.put(("follower.source", m.weights_source))
+            q.put(("follower.batches", serve_until_released(m)))
+            m.leave()  # revoked: exits
+        else:
+            m = SPGroupMember(cfg, "w2", torch.device("cpu"))
+            m.form(_spec(["w0", "w2"], ports[2], 3))  # waits in rendezvous until the leader re-forms
+            q.put(("joiner.source", m.weights_source))
+            q.put(("joiner.batches", serve_until_released(m)))
+            m.leave()
+
+    _guard(q, role, body)
+
+
+def _t_hard_revoke(q, role, ports):
+    """The follower's process dies abruptly inside a batch (GPU revoked without notice)."""
+    _setup_child()
+    from spotlight.workers.sp_group import SPGroupError, run_group_batch, serve_batch
+
+    def body():
+        cfg = ModelConfig()
+        if role == "leader":
+            sampler, cond = _trajectory_inputs()
+            m = SPGroupMember(cfg, "w0", torch.device("cpu"), timeout_s=60)
+            m.form(_spec(["w0", "w1"], ports[0], 1), state_dict=_weights())
+            state = sampler.initial_state(SEEDS)
+            with pytest.raises(SPGroupError, match="broke at step 2"):
+                run_group_batch(m, sampler, state, cond)
+            # rolled back to the last completed step: nothing half-applied
+            q.put(("leader.broken_at", (state.step, len(state.window_latents), len(state.log_probs), state.computed_steps.tolist())))
+            m.form(_spec(["w0"], ports[1], 2))
+            q.put(("leader.source", m.weights_source))
+            run_group_batch(m, sampler, state, cond)
+            q.put(("leader.final", state.latents.numpy()))
+            q.put(("leader.step", state.step))
+            m.leave()
+        else:
+            m = SPGroupMember(cfg, "w1", torch.device("cpu"), timeout_s=60)
+            m.form(_spec(["w0", "w1"], ports[0], 1))
+            inner = m.velocity_fn()
+            calls = []
+
+            def dying_velocity(*args):
+                calls.append(1)
+                if len(calls) == 3:  # inputs of step 2 received, forward not joined
+                    os._exit(1)
+                return inner(*args)
+
+            m.velocity_fn = lambda: dying_velocity
+            serve_batch(m)
+
+    _guard(q, role, body)
+
+
+# ---------------------------------------------------------------- tests
+
+
+def test_sp2_matches_sp1_and_reform_builds_a_fresh_model():
+    ports = _free_ports(2)
+    out = _run([(_t_match, (r, ports)) for r in range(2)])
+    ref = _reference()
+    assert out["r0.source1"] == "given" and out["r1.source1"] == "broadcast"
+    assert out["r0.source2"] == out["r1.source2"] == "memory"
+    for r in range(2):
+        np.testing.assert_allclose(out[f"r{r}.v1"], ref, atol=1e-5, rtol=0)
+        np.testing.assert_allclose(out[f"r{r}.v2"], ref, atol=1e-5, rtol=0)
+        assert out[f"r{r}.fresh_model"] is True
+        # 15 text tokens: padded with masked tokens to 16 at SP=2, same result as SP=1 unpadded
+        np.testing.assert_allclose(out[f"r{r}.v_odd_text"], _reference(text_tokens=15), atol=1e-5, rtol=0)
+
+
+def test_shrink_2_to_1_reuses_weights_in_memory():
+    ports = _free_ports(2)
+    out = _run([(_t_shrink, (r, ports)) for r in range(2)])
+    ref = _reference()
+    np.testing.assert_allclose(out["r0.v_sp2"], ref, atol=1e-5, rtol=0)
+    assert out["r0.source"] == "memory"
+    assert out["r0.degree"] == 1
+    np.testing.assert_allclose(out["r0.v_sp1"], ref, atol=1e-5, rtol=0)
+    assert "r1.done" in out
+
+
+def test_grow_1_to_2_broadcasts_weights_from_peer():
+    ports = _free_ports(2)
+    out = _run([(_t_grow, ("old", ports)), (_t_grow, ("new", ports))])
+    ref = _reference()
+    assert out["old.source"] == "memory"
+    assert out["new.source"] == "broadcast"
+    assert out["new.version"] == out["old.version"] == 7
+    src, got = out["old.weights"], out["new.weights"]
+    assert sorted(src) == sorted(got)
+    for k in src:
+        assert src[k].dtype == got[k].dtype and np.array_equal(src[k], got[k]), k
+    np.testing.assert_allclose(out["old.v_sp1"], ref, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(out["old.v_sp2"], ref, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(out["new.v_sp2"], ref, atol=1e-5, rtol=0)
+
+
+def test_trajectory_survives_sp_2_1_2():
+    ports = _free_ports(3)
+    out = _run([(_t_trajectory, (role, ports)) for role in ("leader", "follower", "joiner")])
+    sampler, cond = _trajectory_inputs()
+    cfg = ModelConfig()
+    ref_state = sampler.initial_state(SEEDS)
+    with torch.no_grad():
+        sampler.run(ref_state, make_velocity_fn(build_transformer(cfg, TEXT_DIM), cfg), cond)
+    assert out["leader.step_sp2"] == 3 and out["leader.step_sp1"] == 6
+    assert out["leader.step"] == sampler.cfg.num_steps
+    assert out["leader.n_log_probs"] == sampler.cfg.sde_window_size
+    assert out["leader.source_sp1"] == "memory"
+    assert out["follower.source"] == out["joiner.source"] == "broadcast"
+    assert out["follower.batches"] == 1 and out["joiner.batches"] == 1
+    np.testing.assert_allclose(out["leader.final"], ref_state.latents.numpy(), atol=1e-4, rtol=0)
+
+
+def test_bad_sp_degree_raises_before_any_collective():
+    cfg = ModelConfig()  # 2 heads, 256 image tokens
+    with pytest.raises(ValueError, match="num_attention_heads"):
+        check_sp_degree(cfg, 3)
+    m = SPGroupMember(cfg, "w0", torch.device("cpu"))
+    with pytest.raises(ValueError, match="SP degree 3"):
+        m.form(_spec(["w0", "w1", "w2"], 1, 1), state_dict={})  # no rendezvous is attempted
+    with pytest.raises(ValueError, match="not a member"):
+        m.form(_spec(["w1"], 1, 1))
+    with pytest.raises(ValueError, match="image tokens"):
+        check_sp_degree(ModelConfig(image_size=34, patch_size=2, num_attention_heads=2), 2)  # 17² tokens
+    check_sp_degree(cfg, 2)
+    assert m.sp_degree == 0 and m.model is None
+
+
+def test_hard_revoke_mid_batch_rolls_back_and_continues_alone():
+    ports = _free_ports(2)
+    out = _run([(_t_hard_revoke, ("leader", ports)), (_t_hard_revoke, ("follower", ports))], dies=(1,))
+    sampler, cond = _trajectory_inputs()
+    cfg = ModelConfig()
+    ref_state = sampler.initial_state(SEEDS)
+    with torch.no_grad():
+        sampler.run(ref_state, make_velocity_fn(build_transformer(cfg, TEXT_DIM), cfg), cond)
+    # steps 0 and 1 done; step 2's window latent entry and computed count were undone
+    assert out["leader.broken_at"] == (2, 3, 2, [2, 2])
+    assert out["leader.source"] == "memory"
+    assert out["leader.step"] == sampler.cfg.num_steps
+    np.testing.assert_allclose(out["leader.final"], ref_state.latents.numpy(), atol=1e-4, rtol=0)
