@@ -106,7 +106,7 @@ class AgentDaemon:
         register_timeout_s: give up if the coordinator does not answer.
     """
 
-    def __init__(self, coordinator: str, gpus: list[int], *, node_id: str | None = None, is_spot: bool = True, secret: str = "", register_timeout_s: float = 60.0, grace_s: float = 20.0, detector: Detector | None = None, poll_interval_s: float = 1.0):
+    def __init__(self, coordinator: str, gpus: list[int], *, node_id: str | None = None, is_spot: bool = True, secret: str = "", register_timeout_s: float = 60.0, grace_s: float = 20.0, detector: Detector | None = None, poll_interval_s: float = 1.0, nice: int = 0):
         self.endpoint = coordinator if "://" in coordinator else f"tcp://{coordinator}"
         self.gpus = list(gpus)
         self.node_id = node_id or f"{socket.gethostname()}-{os.getpid()}"
@@ -114,6 +114,7 @@ class AgentDaemon:
         self.secret = secret
         self.register_timeout_s = register_timeout_s
         self.grace_s = grace_s
+        self.nice = nice
         self.ctx = zmq.Context.instance()
         self.coord = self.ctx.socket(zmq.DEALER)
         self.coord.setsockopt(zmq.IDENTITY, self.node_id.encode())
@@ -127,6 +128,7 @@ class AgentDaemon:
         self.procs: dict[str, subprocess.Popen] = {}
         self.weights: dict[int, bytes] = {}
         self.weight_waiters: dict[int, list[str]] = {}
+        self._weights_asked: dict[int, float] = {}
         self.registered: P.Registered | None = None
         self.session = ""
         self.draining = False
@@ -190,7 +192,8 @@ class AgentDaemon:
         env = dict(os.environ)
         env.setdefault("CUDA_VISIBLE_DEVICES", ",".join(map(str, gpus)))
         cmd = [sys.executable, "-m", "spotlight.workers.rollout_worker", "--agent", self.worker_endpoint, "--worker-id", slot.worker_id, "--gpus", ",".join(map(str, gpus)), "--config-json", msgspec.json.encode(conf).decode()]
-        self.procs[slot.worker_id] = subprocess.Popen(cmd, env=env)
+        nice = self.nice
+        self.procs[slot.worker_id] = subprocess.Popen(cmd, env=env, preexec_fn=(lambda: os.nice(nice)) if nice else None)
         log.info("spawned worker %s (pid %d)", slot.worker_id, self.procs[slot.worker_id].pid)
         return slot.worker_id
 
@@ -370,9 +373,13 @@ class AgentDaemon:
                 self._to_worker(wid, P.Weights(version=body.version, size_bytes=len(blob)), [blob])
                 return
             waiters = self.weight_waiters.setdefault(body.version, [])
-            if not waiters:
+            now = time.monotonic()
+            # one request to the coordinator per version, re-sent if its answer is overdue
+            if not waiters or now - self._weights_asked.get(body.version, 0.0) > 10.0:
                 self._to_coord(P.FetchWeights(node_id=self.node_id, session=self.session, worker_id=wid, version=body.version))
-            waiters.append(wid)
+                self._weights_asked[body.version] = now
+            if wid not in waiters:
+                waiters.append(wid)
         else:
             log.warning("worker %s sent unexpected %s", wid, mtype.name)
 
@@ -420,7 +427,7 @@ class AgentDaemon:
                 continue
             held = self.sched.exited(wid)
             del self.procs[wid]
-            if self.sp_degree > 1 and wid not in self._revoking and self._group_of(wid) is not None:
+            if self.sp_degree > 1 and not self.draining and wid not in self._revoking and self._group_of(wid) is not None:
                 self._group_leave(wid, commit=False)
             if held:
                 self._to_coord(P.Fail(node_id=self.node_id, session=self.session, worker_id=wid, request_ids=[r for r, _ in held], lease_ids=[l for _, l in held], reason=f"worker exited with code {rc}"))
@@ -528,6 +535,7 @@ def join(
     secret_env: str = typer.Option("SPOTLIGHT_SECRET", "--secret-env", help="Environment variable holding the shared secret."),
     grace_s: float = typer.Option(20.0, "--grace-s", help="Seconds workers get to commit in-flight state on a notice or SIGTERM."),
     poll_interval_s: float = typer.Option(1.0, "--poll-interval-s", help="Seconds between cloud metadata polls (AWS recommends 5, Azure 1)."),
+    nice: int = typer.Option(0, "--nice", min=0, max=19, help="CPU niceness of the worker processes (local mode runs simulated spot GPUs at 5 so they slow the trainer less on shared CPU cores)."),
     log_level: str = typer.Option("INFO", "--log-level", help="Logging level."),
 ) -> None:
     """Register this node with a coordinator and serve Rollout Workers until told to stop."""
@@ -538,7 +546,7 @@ def join(
         detector = make_detector(cloud, metadata_url, ledger=ledger)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
-    daemon = AgentDaemon(coordinator, _parse_gpus(gpus), node_id=nid, is_spot=not reserved, secret=os.environ.get(secret_env, ""), grace_s=grace_s, detector=detector, poll_interval_s=poll_interval_s)
+    daemon = AgentDaemon(coordinator, _parse_gpus(gpus), node_id=nid, is_spot=not reserved, secret=os.environ.get(secret_env, ""), grace_s=grace_s, detector=detector, poll_interval_s=poll_interval_s, nice=nice)
     # SIGTERM is one more preemption source: same commit path, deadline = now + grace
     signal.signal(signal.SIGTERM, lambda *_: daemon._signal_notices.put(sigterm_notice(grace_s, time.time())))
     raise typer.Exit(daemon.run())

@@ -68,7 +68,7 @@ class TraceDriver(threading.Thread):
         mock = MockMetadataServer(self.cloud, vm_name=node_id).start()
         self.mocks.append(mock)
         env = dict(os.environ, SPOTLIGHT_SECRET=self.secret)
-        cmd = [sys.executable, "-m", "agent.main", "join", "--coordinator", self.coordinator, "--gpus", ",".join(map(str, gpus)), "--node-id", node_id, "--cloud", self.cloud, "--metadata-url", mock.url, "--poll-interval-s", "0.5", "--grace-s", str(self.grace_s)]
+        cmd = [sys.executable, "-m", "agent.main", "join", "--coordinator", self.coordinator, "--gpus", ",".join(map(str, gpus)), "--node-id", node_id, "--cloud", self.cloud, "--metadata-url", mock.url, "--poll-interval-s", "0.5", "--grace-s", str(self.grace_s), "--nice", "5"]
         proc = subprocess.Popen(cmd, env=env)
         self.procs.append(proc)
         self.node_of_agent[agent] = node_id

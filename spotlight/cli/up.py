@@ -155,7 +155,9 @@ def register(app: typer.Typer) -> None:
                     procs.append(_spawn_agent(endpoint, [gpu], f"reserved-{i}", reserved=True, secret=secret))
                     listing[f"reserved-{i}"] = {"pid": procs[-1].pid, "spot": False, "gpus": [gpu]}
                 for a in range(0 if trace is not None else agents):
-                    extra = ["--grace-s", str(grace_s)]
+                    # simulated spot GPUs share this machine's cores with the trainer: run them
+                    # at lower CPU priority so the reserved side trains as if they were separate (nice 5)
+                    extra = ["--grace-s", str(grace_s), "--nice", "5"]
                     entry = {"spot": True, "gpus": list(range(gpus_per_agent))}
                     if mock_cloud != "none":
                         from spotlight.mock_metadata import MockMetadataServer

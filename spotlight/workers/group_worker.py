@@ -181,7 +181,7 @@ class GroupWorkerProcess(WorkerProcess):
         if not self.agent_alive():
             os._exit(3)
         while self.sock.poll(0):
-            got = self._recv(0)
+            got = self._recv_socket(0)
             if got is None:
                 break
             mtype, body, payload = got

@@ -258,8 +258,14 @@ class WorkerProcess:
         self.sock.send_multipart(P.encode(msg, frames, msg_type=msg_type), copy=False)
 
     def _recv(self, timeout_ms: int):
+        """Next message: a deferred one first, else from the socket (None on timeout)."""
         if self._backlog:
             return self._backlog.pop(0)
+        return self._recv_socket(timeout_ms)
+
+    def _recv_socket(self, timeout_ms: int):
+        """Next message from the socket only. Loops that defer unrelated messages to the
+        backlog must use this, or they would pop their own deferred message forever."""
         if not self.sock.poll(timeout_ms):
             return None
         frames = self.sock.recv_multipart()
@@ -299,11 +305,15 @@ class WorkerProcess:
             return
         deadline = time.monotonic() + timeout_s
         self.send(P.FetchWeights(worker_id=self.worker_id, version=version))
+        asked = time.monotonic()
         while True:
-            got = self._recv(1000)
+            got = self._recv_socket(1000)
             if got is None:
                 if not self.agent_alive():
                     os._exit(3)
+                if time.monotonic() - asked > 15.0:  # a lost reply must not wedge the worker
+                    self.send(P.FetchWeights(worker_id=self.worker_id, version=version))
+                    asked = time.monotonic()
                 continue
             mtype, body, payload = got
             if mtype == P.MsgType.WEIGHTS and body.version == version:
@@ -374,6 +384,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config-json", required=True, help="JSON with 'model', 'sampler', 'worker_batch_size', 'torch_threads', 'sp_degree'")
     args = ap.parse_args(argv)
     logging.basicConfig(level=os.environ.get("SPOTLIGHT_LOG_LEVEL", "INFO"), format=f"%(asctime)s worker[{args.worker_id}] %(levelname)s %(message)s")
+    import faulthandler
+    import signal as _signal
+
+    faulthandler.register(_signal.SIGUSR1)  # `kill -USR1 <pid>` dumps every thread's stack (debugging hangs)
     conf = json.loads(args.config_json)
     torch.set_num_threads(int(conf.get("torch_threads", 1)))
     model_cfg = msgspec.convert(conf["model"], ModelConfig)

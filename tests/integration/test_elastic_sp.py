@@ -41,7 +41,7 @@ def _wait(pred, timeout_s: float, what: str, proc=None):
 
 def test_sp_2_to_1_to_2_loses_nothing(tmp_path):
     cfg = load_config(overrides={
-        "cluster.sp_degree": 2, "run.iterations": 3, "data.prompts_per_iteration": 6, "data.num_control_prompts": 2,
+        "cluster.sp_degree": 2, "run.iterations": 5, "data.prompts_per_iteration": 6, "data.num_control_prompts": 2,
         "explore.num_candidates": 8, "run.sample_grid_every": 0, "cluster.worker_batch_size": 4,
     })
     conf = tmp_path / "sp2.toml"
@@ -72,4 +72,4 @@ def test_sp_2_to_1_to_2_loses_nothing(tmp_path):
     assert reqs
     for r in reqs:
         assert r["status"] == "done" and sum(1 for h in r["history"] if h[0] == "done") == 1, r
-    assert len((rd / "metrics.jsonl").read_text().splitlines()) == 3
+    assert len((rd / "metrics.jsonl").read_text().splitlines()) == 5

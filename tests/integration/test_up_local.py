@@ -18,10 +18,18 @@ import torch
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
+# the embedded default, with a smaller batch so the test stays quick on 2 cores
+OVERRIDES = {"data.prompts_per_iteration": 8, "data.num_control_prompts": 4, "explore.num_candidates": 16}
+
+
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> pathlib.Path:
+    from spotlight.config import dump_config, load_config
+
     rd = tmp_path_factory.mktemp("run")
-    cmd = [sys.executable, "-m", "spotlight.cli", "up", "--local", "--agents", "2", "--iterations", "2", "--run-dir", str(rd), "--timeout-s", "400"]
+    conf = rd.parent / "config.toml"
+    dump_config(load_config(overrides=OVERRIDES), conf)
+    cmd = [sys.executable, "-m", "spotlight.cli", "up", "--local", "--agents", "2", "--iterations", "2", "--config", str(conf), "--run-dir", str(rd), "--timeout-s", "400"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=480)
     assert proc.returncode == 0, f"spotlight up failed:\nSTDOUT\n{proc.stdout[-4000:]}\nSTDERR\n{proc.stderr[-4000:]}"
     return rd
@@ -34,9 +42,9 @@ def _requests(rd: pathlib.Path) -> list[dict]:
 def test_every_request_done_exactly_once(run_dir):
     reqs = _requests(run_dir)
     kinds = collections.Counter(r["kind"] for r in reqs)
-    # 2 iterations x 12 prompts x 8 seeds rollouts; exploration of batch 1 (8 explored prompts x 24 candidates)
-    assert kinds["rollout"] == 2 * 12 * 8
-    assert kinds["explore"] == 8 * 24
+    # 2 iterations x 8 prompts x 8 seeds rollouts; exploration of batch 1 (4 explored prompts x 16 candidates)
+    assert kinds["rollout"] == 2 * 8 * 8
+    assert kinds["explore"] == 4 * 16
     for r in reqs:
         assert r["status"] == "done", r
         assert sum(1 for h in r["history"] if h[0] == "done") == 1, r
@@ -49,7 +57,7 @@ def test_metrics_and_outputs(run_dir):
         assert key in rows[0], key
     # fresh samples, unchanged weights: Flow-GRPO's debug check (ratio exactly 1 on the first pass)
     assert rows[0]["train/ratio_max_dev"] == 0.0
-    assert rows[0]["explore/num_requests"] == 8 * 24
+    assert rows[0]["explore/num_requests"] == 4 * 16
     assert (run_dir / "config.toml").is_file()
     assert (run_dir / "samples" / "iter_0000.png").is_file()
     assert (run_dir / "reward_curve.png").is_file()
