@@ -277,7 +277,8 @@ def test_node_scheduler_bookkeeping():
 
     # restart in the same slot counts restarts and starts clean
     b2 = ns.add_worker([1, 2])
-    assert b2.worker_id == b.worker_id and b2.restarts == 1 and b2.status == WorkerStatus.STARTING
+    # a new process never reuses an id: a late exit/message of the old one cannot hit it
+    assert b2.worker_id == b.worker_id + ".r1" and b2.restarts == 1 and b2.status == WorkerStatus.STARTING
     assert ns.add_worker([1, 2]).restarts == 2
     assert ns.workers[b.worker_id].in_flight == {}
 
