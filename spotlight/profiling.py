@@ -103,6 +103,80 @@ def spearman(a: Sequence[float], b: Sequence[float]) -> float:
     return float(spearmanr(a, b).statistic)
 
 
+def _sp_member(rank: int, world: int, port: int, model_cfg: dict, sampler_cfg: dict, state_dict_path: str, batch: int, repeats: int, out_q) -> None:
+    """One rank of an SP profiling group (module-level so ``spawn`` can start it)."""
+    import torch
+
+    torch.set_num_threads(1)
+    from safetensors.torch import load_file
+
+    from spotlight.config import ModelConfig, SamplerConfig
+    from spotlight.models.dit import token_shape
+    from spotlight.rl.sampler import Conditioning, Sampler
+    from spotlight.workers import sp_group as G
+
+    mc = msgspec.convert(model_cfg, ModelConfig)
+    sampler = Sampler(msgspec.convert(sampler_cfg, SamplerConfig), token_shape(mc))
+    member = G.SPGroupMember(mc, f"profile/{rank}", torch.device("cpu"))
+    sd = load_file(state_dict_path) if rank == 0 else None
+    member.form(G.GroupSpec(tuple(f"profile/{r}" for r in range(world)), "127.0.0.1", port, 1), state_dict=sd, version=0 if sd else None)
+    cond = Conditioning(torch.zeros(batch, mc.max_text_tokens, 384), torch.ones(batch, mc.max_text_tokens, dtype=torch.long))
+    times = []
+    for i in range(repeats + 1):  # the first batch warms up
+        state = sampler.initial_state(list(range(batch))) if rank == 0 else None
+        t0 = time.perf_counter()
+        G.run_group_batch(member, sampler, state, cond)
+        if i:
+            times.append((time.perf_counter() - t0) / (batch * sampler.cfg.num_steps))
+    if rank == 0:
+        G.release_followers(member)
+    else:
+        G.serve_until_released(member)
+    member.leave()
+    if rank == 0:
+        out_q.put(sorted(times)[len(times) // 2])
+
+
+def profile_sp_t_step(cfg: SpotlightConfig, state_dict: dict, degree: int, *, repeats: int = 2) -> float:
+    """Seconds per (sequence × step) of an SP group of ``degree`` worker processes (diffusers
+    context parallelism over gloo/NCCL), at the worker batch size.
+
+    Raises:
+        ValueError: the model cannot be split ``degree`` ways.
+    """
+    import socket
+    import tempfile
+
+    import torch.multiprocessing as mp
+    from safetensors.torch import save_file
+
+    from spotlight.workers.sp_group import check_sp_degree
+
+    check_sp_degree(cfg.model, degree)
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "w.safetensors")
+        save_file({k: v.contiguous() for k, v in state_dict.items()}, path)
+        procs = [
+            ctx.Process(target=_sp_member, args=(r, degree, port, msgspec.to_builtins(cfg.model), msgspec.to_builtins(cfg.sampler), path, cfg.cluster.worker_batch_size, repeats, q))
+            for r in range(degree)
+        ]
+        for p in procs:
+            p.start()
+        try:
+            result = q.get(timeout=900)
+        finally:
+            for p in procs:
+                p.join(timeout=60)
+                if p.is_alive():
+                    p.kill()
+    return float(result)
+
+
 def run_profile(
     cfg: SpotlightConfig,
     embeds,
@@ -112,6 +186,7 @@ def run_profile(
     num_prompts: int,
     num_seeds: int,
     state_dict: dict | None = None,
+    sp_degrees: Sequence[int] = (1,),
     progress=print,
 ) -> dict:
     """Measure t_step and the threshold → (effective steps, accuracy) table.
@@ -124,6 +199,7 @@ def run_profile(
             full rollout the others are compared with).
         num_prompts, num_seeds: prompts and seeds per prompt for the accuracy estimate.
         state_dict: weights to profile (default: the config's initial weights).
+        sp_degrees: SP degrees whose t_step is measured (> 1 spawns a real group).
 
     Returns:
         The JSON-able profile dict.
@@ -170,6 +246,10 @@ def run_profile(
     t_step = float(np.median(times))
     device = "cuda" if torch.cuda.is_available() else "cpu"
     progress(f"t_step = {t_step * 1e3:.2f} ms per sequence-step ({device}, SP 1, batch {bs})")
+    t_steps = {f"{device}/sp1": t_step}
+    for k in sorted(set(int(d) for d in sp_degrees if int(d) > 1)):
+        t_steps[f"{device}/sp{k}"] = profile_sp_t_step(cfg, state_dict, k)
+        progress(f"t_step = {t_steps[f'{device}/sp{k}'] * 1e3:.2f} ms per sequence-step ({device}, SP {k} group of {k} processes, batch {bs})")
 
     # accuracy table
     pairs = [(p, derive_seed("profile", p, k)) for p in range(num_prompts) for k in range(num_seeds)]
@@ -200,6 +280,6 @@ def run_profile(
         "version": PROFILE_VERSION,
         "config_key": config_key(cfg),
         "created_unix_s": time.time(),
-        "t_step_s": {f"{device}/sp1": t_step},
+        "t_step_s": t_steps,
         "steps": rows,
     }

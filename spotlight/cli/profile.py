@@ -20,6 +20,7 @@ def register(app: typer.Typer) -> None:
         thresholds: str = typer.Option("0.3,0.5,0.7,1.0,1.5", "--thresholds", help="Comma-separated First-Block-Cache thresholds to profile."),
         num_prompts: int = typer.Option(8, "--num-prompts", min=2, help="Prompts used for the accuracy estimate."),
         num_seeds: int = typer.Option(16, "--num-seeds", min=3, help="Seeds per prompt for the accuracy estimate."),
+        sp_degrees: str = typer.Option("1,2", "--sp-degrees", help="Comma-separated SP degrees whose t_step to measure (each > 1 runs a real context-parallel group of that many processes)."),
     ) -> None:
         """Measure t_step, effective steps per cache threshold, and exploration accuracy (Spearman ρ vs full rollout)."""
         console = Console(soft_wrap=True)
@@ -31,6 +32,7 @@ def register(app: typer.Typer) -> None:
             cfg = load_config(config)
             prompts = load_prompts(cfg.data.prompts_path)
             ths = [float(t) for t in thresholds.split(",") if t.strip()]
+            degrees = [int(d) for d in sp_degrees.split(",") if d.strip()]
         except (SpotlightError, ValueError) as exc:
             console.print(f"[red]error:[/red] {exc}")
             raise typer.Exit(2)
@@ -46,7 +48,7 @@ def register(app: typer.Typer) -> None:
             from safetensors.torch import load_file
 
             sd = load_file(str(weights))
-        result = run_profile(cfg, embeds, mask, thresholds=ths, num_prompts=num_prompts, num_seeds=num_seeds, state_dict=sd, progress=console.print)
+        result = run_profile(cfg, embeds, mask, thresholds=ths, num_prompts=num_prompts, num_seeds=num_seeds, state_dict=sd, sp_degrees=degrees, progress=console.print)
         path = out or default_profile_path(cfg)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(result, indent=2))

@@ -1,0 +1,48 @@
+"""`spotlight profile`'s table: t_step, threshold -> effective steps / cost, accuracy; and the
+coordinator-side loader the Planner reads it through."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from spotlight.config import load_config
+from spotlight.errors import SpotlightError
+from spotlight.profiling import load_profile, run_profile, spearman
+
+
+def test_spearman_edges():
+    assert spearman([1, 2, 3], [10, 20, 30]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+    assert spearman([1, 1, 1], [1, 2, 3]) != spearman([1, 1, 1], [1, 2, 3])  # nan: constant side
+
+
+def test_profile_table_roundtrip(tmp_path):
+    cfg = load_config(overrides={"cluster.worker_batch_size": 4})
+    n = 3
+    embeds, mask = torch.randn(n, 16, 384), torch.ones(n, 16, dtype=torch.long)
+    prof = run_profile(cfg, embeds, mask, thresholds=[0.7, 100.0], num_prompts=2, num_seeds=4, progress=lambda s: None)
+    rows = {r["cache_threshold"]: r for r in prof["steps"]}
+    assert rows[0.0]["effective_steps"] == cfg.sampler.num_steps and rows[0.0]["accuracy"] == 1.0
+    # a huge threshold caches every step after the first: 1 effective step, and the
+    # measured cost is more than 1 full step (the head block still runs each step)
+    assert rows[100.0]["effective_steps"] == 1.0
+    assert rows[100.0]["cost_steps"] >= rows[100.0]["effective_steps"]
+    assert all(-1.0 <= r["accuracy"] <= 1.0 for r in prof["steps"] if r["accuracy"] == r["accuracy"])
+    assert prof["t_step_s"]["cpu/sp1"] > 0
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(prof))
+    loaded = load_profile(load_config(overrides={"explore.profile_path": str(path)}))
+    opts = {o.cache_threshold: o for o in loaded.step_options()}
+    assert opts[100.0].effective_steps == 1.0 and opts[100.0].cost_steps == rows[100.0]["cost_steps"]
+
+
+def test_missing_or_bad_profile_is_a_clear_error(tmp_path):
+    with pytest.raises(SpotlightError, match="not found"):
+        load_profile(load_config(overrides={"explore.profile_path": str(tmp_path / "nope.json")}))
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    with pytest.raises(SpotlightError, match="not a Spotlight profile"):
+        load_profile(load_config(overrides={"explore.profile_path": str(bad)}))
