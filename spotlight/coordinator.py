@@ -145,7 +145,9 @@ class Coordinator:
         self.seed_bank = SeedBank(cfg.run.seed, cfg.data.group_size)
         self.reward_fn = RewardFn(cfg.reward)
         self.reward_pool = concurrent.futures.ThreadPoolExecutor(max_workers=cfg.reward.num_threads, thread_name_prefix="reward")
-        self.reward_jobs: list[tuple[concurrent.futures.Future, list[str], np.ndarray, list[str]]] = []
+        self.reward_jobs: list[tuple] = []  # (future | None, request ids, images, prompts[, retry_at])
+        self._reward_failures = 0
+        self._reward_failing_since: float | None = None
         self.samples: dict[str, Sample] = {}
         self.request_meta: dict[str, tuple[int, int]] = {}  # request id -> (slot, prompt index)
         self.worker_node: dict[str, str] = {}
@@ -333,6 +335,7 @@ class Coordinator:
         for w in body.workers:
             self.worker_node[w.worker_id] = body.node_id
             self.sched.renew(w.worker_id, now)
+        self.send(identity, P.Heartbeat(node_id=body.node_id))  # ack: lets the agent detect a dead coordinator
 
     def on_pull(self, identity, body: P.Pull, payload, now) -> None:
         node = self.instances.nodes[body.node_id]
@@ -408,18 +411,37 @@ class Coordinator:
         self.reward_jobs.append((self.reward_pool.submit(self.reward_fn, images, prompts), ids, images, prompts))
 
     def poll_rewards(self) -> None:
+        """Collect finished scoring jobs. A failed job keeps its samples and is retried with
+        exponential backoff (1 s … 30 s); after ``reward.give_up_after_s`` of failures the
+        run stops with a clear error instead of spinning."""
+        now = time.monotonic()
         still = []
-        for fut, ids, images, prompts in self.reward_jobs:
+        for job in self.reward_jobs:
+            fut, ids, images, prompts = job[:4]
+            retry_at = job[4] if len(job) > 4 else 0.0
+            if fut is None:  # waiting for its retry time
+                if now >= retry_at:
+                    still.append((self.reward_pool.submit(self.reward_fn, images, prompts), ids, images, prompts))
+                else:
+                    still.append(job)
+                continue
             if not fut.done():
-                still.append((fut, ids, images, prompts))
+                still.append(job)
                 continue
             try:
                 rewards = fut.result()
-            except (RewardError, Exception) as exc:  # keep the samples, retry
-                log.error("reward scoring failed (%s); retrying %d samples", exc, len(ids))
-                time.sleep(0.5)
-                still.append((self.reward_pool.submit(self.reward_fn, images, prompts), ids, images, prompts))
+            except Exception as exc:  # keep the samples, retry later
+                self._reward_failures += 1
+                self._reward_failing_since = self._reward_failing_since or now
+                backoff = min(30.0, 2.0 ** min(self._reward_failures, 5) / 2)
+                if self._reward_failures <= 3 or self._reward_failures % 10 == 0:
+                    log.error("reward scoring failed (%s); keeping %d samples, retrying in %.0fs", exc, len(ids), backoff)
+                if now - self._reward_failing_since > self.cfg.reward.give_up_after_s:
+                    self.error = f"reward scoring has failed for {now - self._reward_failing_since:.0f}s (last error: {exc}); giving up (reward.give_up_after_s)"
+                still.append((None, ids, images, prompts, now + backoff))
                 continue
+            self._reward_failures = 0
+            self._reward_failing_since = None
             for rid, r in zip(ids, rewards):
                 if rid in self.samples:
                     self.samples[rid].reward = float(r)
@@ -714,7 +736,7 @@ class Coordinator:
                 row[k] = float(np.mean([m.get(k, float("nan")) for m in done_metrics]))
         self.history.append(row)
         with self.metrics_path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
+            f.write(json.dumps(_finite(row)) + "\n")
         self.progress(self.format_progress(row))
         every = self.cfg.run.sample_grid_every
         if every and (n % every == 0 or n == self.cfg.run.iterations - 1):
@@ -842,6 +864,17 @@ class Coordinator:
             except subprocess.TimeoutExpired:
                 proc.kill()
         self.sock.close(linger=500)
+
+
+def _finite(obj):
+    """NaN/inf → None so metrics.jsonl is strict JSON."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
 
 
 def _free_port() -> int:

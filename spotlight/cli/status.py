@@ -106,7 +106,11 @@ def register(app: typer.Typer) -> None:
                     console.print("[red]error:[/red] no --coordinator given and no runs/*/coordinator.json found")
                     raise typer.Exit(2)
                 rd = runs[-1].parent
-            endpoint = json.loads((pathlib.Path(rd) / "coordinator.json").read_text())["endpoint"]
+            meta = pathlib.Path(rd) / "coordinator.json"
+            if not meta.is_file():
+                console.print(f"[red]error:[/red] {meta} not found: not a Spotlight run directory")
+                raise typer.Exit(2)
+            endpoint = json.loads(meta.read_text())["endpoint"]
         if "://" not in endpoint:
             endpoint = f"tcp://{endpoint}"
         try:
@@ -121,7 +125,11 @@ def register(app: typer.Typer) -> None:
                     time.sleep(interval_s)
                     live.update(render_status(fetch_snapshot(endpoint)))
         except TimeoutError as exc:
-            console.print(f"[red]error:[/red] {exc} (is the run still going?)")
+            msg = f"{exc} (the run has finished, or its coordinator is not reachable)"
+            if as_json:
+                print(json.dumps({"error": msg}))
+            else:
+                console.print(f"[red]error:[/red] {msg}")
             raise typer.Exit(1)
         except KeyboardInterrupt:
             return

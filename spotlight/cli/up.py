@@ -101,7 +101,24 @@ def register(app: typer.Typer) -> None:
         except SpotlightError as exc:
             console.print(f"[red]error:[/red] {exc}")
             raise typer.Exit(2)
-        rd = run_dir or pathlib.Path("runs") / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        rd = run_dir or pathlib.Path("runs") / f"{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+        if (rd / "metrics.jsonl").is_file() and (rd / "metrics.jsonl").stat().st_size > 0:
+            console.print(f"[red]error:[/red] {rd} already holds a run (metrics.jsonl); choose another --run-dir")
+            raise typer.Exit(2)
+        if cfg.reward.kind == "http":  # fail fast on an unreachable reward service
+            import numpy as np
+
+            from spotlight.rewards import RewardError, RewardFn
+
+            try:
+                RewardFn(cfg.reward)(np.zeros((1, 3, cfg.model.image_size, cfg.model.image_size), dtype=np.uint8), [prompts[0]])
+            except RewardError as exc:
+                console.print(f"[red]error:[/red] reward service check failed: {exc}")
+                raise typer.Exit(2)
+        host0 = reserved.rsplit(":", 1)[0]
+        if not local and not os.environ.get("SPOTLIGHT_SECRET") and host0 not in ("127.0.0.1", "localhost"):
+            console.print("[red]error:[/red] listening on a routable address needs a shared secret: set SPOTLIGHT_SECRET (agents need the same value)")
+            raise typer.Exit(2)
         console.print(f"[bold]Spotlight[/bold] run dir [cyan]{rd}[/cyan]  ({cfg.run.iterations} iterations, {cfg.data.prompts_per_iteration}×{cfg.data.group_size} samples/iteration)")
         with console.status("encoding prompts (MiniLM, cached after the first run)…"):
             import torch

@@ -352,8 +352,14 @@ def main(argv: list[str] | None = None) -> int:
     sock.send_multipart(P.encode(P.TrainReady(rank=args.rank, world_size=args.world_size, version=version)))
     publish(version)
     log.info("ready (world %d, device %s)", args.world_size, device)
+    parent = os.getppid()
     try:
         while True:
+            if not sock.poll(1000):
+                if os.getppid() != parent:  # the coordinator died: nothing will ever come
+                    log.error("coordinator process is gone; train worker exiting")
+                    return 3
+                continue
             frames = sock.recv_multipart(copy=True)
             try:
                 mtype, body, payload = P.decode(frames)

@@ -37,6 +37,7 @@ FAST = {
     "run.iterations": 2,
     "data.prompts_per_iteration": 6,
     "data.num_control_prompts": 2,
+    "explore.planner": "fixed",
     "explore.num_candidates": 8,
     "run.sample_grid_every": 0,
     "cluster.heartbeat_timeout_s": 4.0,

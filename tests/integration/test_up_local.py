@@ -19,7 +19,7 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 # the embedded default, with a smaller batch so the test stays quick on 2 cores
-OVERRIDES = {"data.prompts_per_iteration": 8, "data.num_control_prompts": 4, "explore.num_candidates": 16}
+OVERRIDES = {"data.prompts_per_iteration": 8, "data.num_control_prompts": 4, "explore.planner": "fixed", "explore.num_candidates": 16}
 
 
 @pytest.fixture(scope="module")

@@ -79,7 +79,7 @@ def test_wrong_type_names_the_field():
         ({"data.group_size": 7}, "data.group_size"),
         ({"data.group_size": 1}, "data.group_size"),
         ({"data.num_control_prompts": 13}, "data.num_control_prompts"),
-        ({"explore.num_candidates": 4}, "explore.num_candidates"),
+        ({"explore.planner": "fixed", "explore.num_candidates": 4}, "explore.num_candidates"),
         ({"explore.num_steps": 11}, "explore.num_steps"),
         ({"train.learning_rate": 0.0}, "train.learning_rate"),
         ({"train.clip_range": -1.0}, "train.clip_range"),
