@@ -38,7 +38,7 @@ class TraceDriver(threading.Thread):
         listing_path: where to write it after each change.
     """
 
-    def __init__(self, actions, *, coordinator: str, secret: str, cloud: str, grace_s: float, listing: dict, listing_path):
+    def __init__(self, actions, *, coordinator: str, secret: str, cloud: str, grace_s: float, listing: dict, listing_path, nice: int = 5):
         super().__init__(daemon=True, name="trace-driver")
         from spotlight.trace import TraceReplayer
 
@@ -47,6 +47,7 @@ class TraceDriver(threading.Thread):
         self.secret = secret
         self.cloud = cloud
         self.grace_s = grace_s
+        self.nice = nice
         self.listing = listing
         self.listing_path = listing_path
         self.stop_event = threading.Event()
@@ -68,7 +69,7 @@ class TraceDriver(threading.Thread):
         mock = MockMetadataServer(self.cloud, vm_name=node_id).start()
         self.mocks.append(mock)
         env = dict(os.environ, SPOTLIGHT_SECRET=self.secret)
-        cmd = [sys.executable, "-m", "agent.main", "join", "--coordinator", self.coordinator, "--gpus", ",".join(map(str, gpus)), "--node-id", node_id, "--cloud", self.cloud, "--metadata-url", mock.url, "--poll-interval-s", "0.5", "--grace-s", str(self.grace_s), "--nice", "5"]
+        cmd = [sys.executable, "-m", "agent.main", "join", "--coordinator", self.coordinator, "--gpus", ",".join(map(str, gpus)), "--node-id", node_id, "--cloud", self.cloud, "--metadata-url", mock.url, "--poll-interval-s", "0.5", "--grace-s", str(self.grace_s), "--nice", str(self.nice)]
         proc = subprocess.Popen(cmd, env=env)
         self.procs.append(proc)
         self.node_of_agent[agent] = node_id

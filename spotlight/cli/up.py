@@ -82,6 +82,7 @@ def register(app: typer.Typer) -> None:
         trace_start_s: float = typer.Option(3000.0, "--trace-start-s", min=0.0, help="Start of the replayed trace slice, in trace seconds."),
         trace_duration_s: float = typer.Option(1800.0, "--trace-duration-s", min=1.0, help="Length of the replayed slice, in trace seconds."),
         trace_seed: int = typer.Option(0, "--trace-seed", help="Seed of the random placement of trace GPUs onto agents."),
+        spot_nice: int = typer.Option(5, "--spot-nice", min=0, max=19, help="With --local: CPU niceness of the simulated spot workers (they share this machine's cores with the trainer)."),
     ) -> None:
         """Post-train a DiT with Flow-GRPO while spot agents explore seeds on stale weights.
 
@@ -174,7 +175,7 @@ def register(app: typer.Typer) -> None:
                 for a in range(0 if trace is not None else agents):
                     # simulated spot GPUs share this machine's cores with the trainer: run them
                     # at lower CPU priority so the reserved side trains as if they were separate (nice 5)
-                    extra = ["--grace-s", str(grace_s), "--nice", "5"]
+                    extra = ["--grace-s", str(grace_s), "--nice", str(spot_nice)]
                     entry = {"spot": True, "gpus": list(range(gpus_per_agent))}
                     if mock_cloud != "none":
                         from spotlight.mock_metadata import MockMetadataServer
@@ -191,7 +192,7 @@ def register(app: typer.Typer) -> None:
                 if trace is not None:
                     from spotlight.trace_driver import TraceDriver
 
-                    driver = TraceDriver(actions, coordinator=endpoint, secret=secret, cloud=mock_cloud, grace_s=grace_s, listing=listing_doc, listing_path=rd / "local_agents.json")
+                    driver = TraceDriver(actions, coordinator=endpoint, secret=secret, cloud=mock_cloud, grace_s=grace_s, listing=listing_doc, listing_path=rd / "local_agents.json", nice=spot_nice)
                     driver.start()
             else:
                 console.print(f"waiting for agents: spotlight-agent join --coordinator <this-host>:{coord.endpoint.rsplit(':', 1)[1]} --gpus 0")

@@ -192,7 +192,7 @@ def _notice_attempt(tmp: pathlib.Path, cfg: pathlib.Path, name: str) -> pathlib.
     rd = tmp / name
     # two workers per spot agent: the notice finds at least one of them mid-denoising (a
     # worker between two requests has nothing to commit)
-    up = Up(rd, ["--local", "--agents", "2", "--gpus-per-agent", "2", "--mock-cloud", "aws", "--config", str(cfg), "--log-level", "INFO"])
+    up = Up(rd, ["--local", "--agents", "2", "--gpus-per-agent", "2", "--mock-cloud", "aws", "--spot-nice", "0", "--config", str(cfg), "--log-level", "INFO"])
     try:
         agents = _local_agents(up)
         spot0 = agents["agents"]["spot-0"]
@@ -230,7 +230,7 @@ def notice_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("notice")
     # exploration off: every request the notice interrupts is an on-policy rollout, whose
     # resumed result is then compared bit for bit (exploration uses the same commit path)
-    cfg = _write_config(tmp / "config.toml", **{"cluster.worker_batch_size": 1, "run.save_rollouts": True, "explore.enabled": False})
+    cfg = _write_config(tmp / "config.toml", **{"cluster.worker_batch_size": 1, "run.save_rollouts": True, "explore.enabled": False, "run.iterations": 3})
     for attempt in range(2):
         rd = _notice_attempt(tmp, cfg, f"run{attempt}")
         if any("recompute" in _statuses(r) for r in _requests(rd)):
