@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from spotlight import protocol as P
 from spotlight.rl.sampler import Conditioning, DenoiseState
-from spotlight.tensor_wire import bytes_to_state_dict
+from spotlight.tensor_wire import unpack_tensors
 from spotlight.workers import sp_group as G
 from spotlight.workers.rollout_worker import RolloutExecutor, WorkerProcess
 
@@ -258,15 +258,13 @@ class GroupWorkerProcess(WorkerProcess):
                 idle_wait_ms = min(200, idle_wait_ms * 2)
                 continue
             idle_wait_ms = 20
-            from spotlight.tensor_wire import unpack_tensors
-
             tensors = unpack_tensors(body.tensors, payload)
             self._ensure_version(body.items[0].weight_version)
             try:
                 outcome = self.executor.run(self.worker_id, body, tensors, should_stop=self._check_stop)
             except (G.SPGroupError, RuntimeError) as exc:
                 log.exception("worker %s: batch failed on the group", self.worker_id)
-                self.send(P.Fail(worker_id=self.worker_id, request_ids=[i.request_id for i in body.items], lease_ids=[i.lease_id for i in body.items], reason=f"{type(exc).__name__}: {exc}"))
+                self.give_back(body, f"{type(exc).__name__}: {exc}")
                 G.release_followers(self.member)
                 return False
             if outcome.commit is not None:

@@ -257,6 +257,10 @@ class WorkerProcess:
     def send(self, msg, frames=None, msg_type=None):
         self.sock.send_multipart(P.encode(msg, frames, msg_type=msg_type), copy=False)
 
+    def give_back(self, leases: P.Leases, reason: str) -> None:
+        """Return leased requests untouched (the coordinator re-enqueues them for full re-execution)."""
+        self.send(P.Fail(worker_id=self.worker_id, request_ids=[i.request_id for i in leases.items], lease_ids=[i.lease_id for i in leases.items], reason=reason))
+
     def _recv(self, timeout_ms: int):
         """Next message: a deferred one first, else from the socket (None on timeout)."""
         if self._backlog:
@@ -362,13 +366,13 @@ class WorkerProcess:
             self._ensure_version(body.items[0].weight_version)
             if self.stop_requested is not None:
                 # Stopped before starting: give the leases back untouched (full re-execution).
-                self.send(P.Fail(worker_id=self.worker_id, request_ids=[i.request_id for i in body.items], lease_ids=[i.lease_id for i in body.items], reason="worker stopping"))
+                self.give_back(body, "worker stopping")
                 return 0
             try:
                 outcome = self.executor.run(self.worker_id, body, tensors, should_stop=self._check_stop)
             except Exception as exc:  # report, keep serving
                 log.exception("worker %s: batch failed", self.worker_id)
-                self.send(P.Fail(worker_id=self.worker_id, request_ids=[i.request_id for i in body.items], lease_ids=[i.lease_id for i in body.items], reason=f"{type(exc).__name__}: {exc}"))
+                self.give_back(body, f"{type(exc).__name__}: {exc}")
                 continue
             if outcome.commit is not None:
                 self.send(*outcome.commit)
