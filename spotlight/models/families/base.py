@@ -1,0 +1,227 @@
+"""The one small interface every model family implements (DESIGN §7).
+
+A *family* knows how to load one kind of diffusers checkpoint and drive it for
+Flow-GRPO: which transformer class it is, how prompts are encoded (its own text
+encoder(s) and template), what shape the sampler denoises, the scheduler's sigma
+schedule, the velocity call with classifier-free guidance, and how latents become images
+for the reward. Everything else — sampler, workers, trainer, coordinator — only talks to
+this interface.
+
+Who calls what (and so which components each process loads):
+
+* the **coordinator** calls :meth:`ModelFamily.encode_prompts` once per prompt set (text
+  encoders load there only, and the result is cached on disk);
+* **Rollout Workers** call :meth:`build_transformer`, :meth:`velocity` and
+  :meth:`decode` (transformer + VAE);
+* **Train Workers** call :meth:`build_transformer` and :meth:`velocity` (transformer only;
+  the VAE and text encoders are frozen and never wrapped for training).
+
+Shapes: latents are ``[B, *latent_shape]`` float32 in the sampler (packed tokens
+``[B, L, C]`` for Qwen-Image, FLUX and the tiny model, ``[B, C, h, w]`` for SD3); images are
+``[B, 3, H, W]`` uint8. Conditioning tensors are batch-first and padded to a fixed text
+length so rows from different prompts batch together.
+"""
+
+from __future__ import annotations
+
+import abc
+import hashlib
+import json
+import os
+import pathlib
+from typing import ClassVar
+
+import torch
+
+from spotlight.config import ModelConfig
+from spotlight.errors import SpotlightError
+from spotlight.rl.sampler import Conditioning
+
+
+class ModelLoadError(SpotlightError):
+    """A checkpoint directory is missing, incomplete or of another family."""
+
+
+def torch_dtype(name: str, device: torch.device | str = "cpu") -> torch.dtype:
+    """``model.dtype`` → torch dtype: ``auto`` is bfloat16 on CUDA and float32 on the CPU."""
+    if name == "auto":
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+class ModelFamily(abc.ABC):
+    """A DiT family: loading, prompt encoding, latent layout, CFG velocity, decoding.
+
+    Args:
+        cfg: the run's ``[model]`` section (``family``, ``pretrained_path``, ``image_size``,
+            ``guidance_scale``, ``negative_prompt``, ``max_text_tokens``, ``dtype``).
+
+    Class attributes:
+        name: the ``model.family`` value.
+        transformer_class: diffusers class name of the transformer.
+        pipeline_class: diffusers pipeline whose helpers (prompt encoding, packing,
+            ``save_lora_weights``) the family uses.
+        block_names: ``ModuleList`` attributes of the transformer that FSDP2 shards one
+            block at a time (then the root).
+        default_lora_targets: module names LoRA adapts by default (Flow-GRPO's choice).
+        default_guidance_scale: used when ``model.guidance_scale == 0``.
+        default_negative_prompt: used when ``model.negative_prompt == ""`` and CFG is on.
+    """
+
+    name: ClassVar[str]
+    transformer_class: ClassVar[str]
+    pipeline_class: ClassVar[str]
+    block_names: ClassVar[tuple[str, ...]] = ("transformer_blocks",)
+    default_lora_targets: ClassVar[tuple[str, ...]] = ()
+    default_guidance_scale: ClassVar[float] = 1.0
+    default_negative_prompt: ClassVar[str] = ""
+
+    def __init__(self, cfg: ModelConfig):
+        self.cfg = cfg
+
+    # ------------------------------------------------------------------ settings
+    @property
+    def guidance_scale(self) -> float:
+        """CFG scale w (true CFG) or the FLUX guidance-embedding value."""
+        return self.cfg.guidance_scale if self.cfg.guidance_scale > 0 else self.default_guidance_scale
+
+    @property
+    def negative_prompt(self) -> str:
+        return self.cfg.negative_prompt or self.default_negative_prompt
+
+    @property
+    def path(self) -> pathlib.Path:
+        """The diffusers-format checkpoint directory (``model.pretrained_path``)."""
+        return pathlib.Path(self.cfg.pretrained_path).expanduser()
+
+    def component_dir(self, name: str) -> pathlib.Path:
+        """``<pretrained_path>/<name>``.
+
+        Raises:
+            ModelLoadError: the folder does not exist (message names what a diffusers
+                checkpoint of this family must hold).
+        """
+        d = self.path / name
+        if not d.is_dir():
+            raise ModelLoadError(
+                f"{self.path}: no '{name}/' folder; a {self.name} checkpoint in diffusers layout "
+                f"(model_index.json + {', '.join(self.components())}) is expected"
+            )
+        return d
+
+    def components(self) -> tuple[str, ...]:
+        """Sub-folders a checkpoint of this family holds (for error messages and checks)."""
+        return ("transformer", "vae", "scheduler", "text_encoder", "tokenizer")
+
+    def identity(self) -> str:
+        """Stable text naming the checkpoint and prompt settings (prompt-cache key)."""
+        parts = [self.name, str(self.path.resolve()) if self.cfg.pretrained_path else "", str(self.cfg.max_text_tokens), self.negative_prompt, str(self.guidance_scale > 1)]
+        idx = self.path / "model_index.json"
+        if idx.is_file():
+            parts.append(idx.read_text())
+        return "|".join(parts)
+
+    # ------------------------------------------------------------------ transformer
+    @abc.abstractmethod
+    def build_transformer(self, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+        """Load (or, for the tiny family, build) the transformer, in ``dtype``, eval mode, CPU.
+
+        Raises:
+            ModelLoadError: the checkpoint cannot be loaded.
+        """
+
+    def transformer_cls(self):
+        import diffusers
+
+        return getattr(diffusers, self.transformer_class)
+
+    # ------------------------------------------------------------------ latents
+    @property
+    @abc.abstractmethod
+    def latent_shape(self) -> tuple[int, ...]:
+        """Per-sample shape the sampler denoises (packed tokens, or ``(C, h, w)``)."""
+
+    @abc.abstractmethod
+    def sigmas(self, num_steps: int, shift: float) -> torch.Tensor:
+        """``[T + 1] float32`` sigma schedule from 1 to 0, as the family's pipeline sets it
+        (its scheduler config; dynamic shifting from the image sequence length where the
+        pipeline uses it). ``shift`` is ``sampler.shift`` (used where the family's
+        scheduler has a static shift and no config of its own)."""
+
+    # ------------------------------------------------------------------ text
+    @abc.abstractmethod
+    def encode_prompts(self, prompts: list[str], device: torch.device | str = "cpu") -> Conditioning:
+        """Encode every prompt with the family's text encoder(s) and template.
+
+        Returns:
+            :class:`Conditioning` with ``embeds [N, T, D] float32``, ``mask [N, T] int64``
+            (T = ``model.max_text_tokens``, zero-padded) and family extras (pooled
+            projections, the negative prompt's tensors ``neg.*`` repeated per row when CFG
+            is on).
+        """
+
+    # ------------------------------------------------------------------ velocity
+    @abc.abstractmethod
+    def velocity(self, transformer: torch.nn.Module, latents: torch.Tensor, sigma: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+        """Velocity ``v [B, *latent_shape] float32`` at noise level ``sigma [B]`` (1 = noise),
+        with the family's guidance (true CFG / guidance embedding). Runs the transformer in
+        its own dtype; ``latents`` and ``cond`` are on the transformer's device."""
+
+    def make_velocity_fn(self, transformer: torch.nn.Module):
+        """``velocity_fn(latents, sigma, cond) -> v`` for :class:`spotlight.rl.sampler.Sampler`;
+        moves ``sigma`` to the latents' device."""
+
+        def velocity_fn(latents: torch.Tensor, sigma: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+            return self.velocity(transformer, latents, sigma.to(latents.device), cond)
+
+        return velocity_fn
+
+    # ------------------------------------------------------------------ images
+    def load_decoder(self, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> None:
+        """Load the VAE (frozen, eval) once; a no-op for pixel-space families."""
+
+    @abc.abstractmethod
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """Final latents ``[B, *latent_shape]`` → ``[B, 3, H, W] uint8`` images on the CPU."""
+
+    # ------------------------------------------------------------------ LoRA / saving
+    def save_lora(self, directory: str | os.PathLike, lora_state_dict: dict[str, torch.Tensor], adapter_metadata: dict | None = None) -> None:
+        """Write a LoRA adapter in diffusers format (``pytorch_lora_weights.safetensors``,
+        loadable with ``pipeline.load_lora_weights`` / ``transformer.load_lora_adapter``),
+        through the family pipeline's ``save_lora_weights``."""
+        import diffusers
+
+        pipe_cls = getattr(diffusers, self.pipeline_class)
+        kwargs = {}
+        if adapter_metadata is not None:
+            kwargs["transformer_lora_adapter_metadata"] = adapter_metadata
+        pipe_cls.save_lora_weights(str(directory), transformer_lora_layers=lora_state_dict, safe_serialization=True, **kwargs)
+
+
+def prompt_cache_path(family: ModelFamily, prompts: list[str], cache_dir: pathlib.Path) -> pathlib.Path:
+    """Where :func:`cached_conditioning` keeps the embeddings of ``prompts``."""
+    digest = hashlib.sha256(("\n".join(prompts) + "|" + family.identity()).encode()).hexdigest()[:16]
+    return pathlib.Path(cache_dir) / f"{family.name}-{digest}.safetensors"
+
+
+def cached_conditioning(family: ModelFamily, prompts: list[str], cache_dir: pathlib.Path) -> Conditioning:
+    """:meth:`ModelFamily.encode_prompts` once per (prompt set, checkpoint, settings), cached
+    as safetensors in ``cache_dir`` (text encoders are only loaded on a cache miss)."""
+    from safetensors.torch import load_file, save_file
+
+    path = prompt_cache_path(family, prompts, cache_dir)
+    if path.is_file():
+        return Conditioning.from_tensors(load_file(path))
+    cond = family.encode_prompts(prompts)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    save_file({k: v.contiguous() for k, v in cond.to_tensors().items()}, tmp, metadata={"prompts": str(len(prompts)), "family": family.name})
+    os.replace(tmp, path)
+    return cond
+
+
+def read_json(path: pathlib.Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot read {path}: {exc}") from None

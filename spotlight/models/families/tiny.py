@@ -1,0 +1,64 @@
+"""The embedded tiny family: a pixel-space ``QwenImageTransformer2DModel`` conditioned on
+MiniLM-L6 token embeddings (``spotlight/models/dit.py``, ``text_encoder.py``).
+
+No VAE: packed latents are 2×2 (``patch_size``) pixel patches in [-1, 1], decoded by
+unpacking. No CFG (guidance scale 1).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from spotlight.models import dit
+from spotlight.models.families.base import ModelFamily
+from spotlight.models.text_encoder import TEXT_DIM, encode_prompts
+from spotlight.rl.sampler import Conditioning, make_sigmas
+
+
+class TinyFamily(ModelFamily):
+    name = "tiny"
+    transformer_class = "QwenImageTransformer2DModel"
+    pipeline_class = "QwenImagePipeline"
+    default_lora_targets = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out", "img_mlp.net.0.proj", "img_mlp.net.2", "txt_mlp.net.0.proj", "txt_mlp.net.2")
+    default_guidance_scale = 1.0
+
+    text_dim = TEXT_DIM
+
+    def components(self) -> tuple[str, ...]:
+        return ("transformer",)
+
+    def identity(self) -> str:
+        return f"minilm|{self.cfg.max_text_tokens}"
+
+    def build_transformer(self, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+        return dit.build_transformer(self.cfg, TEXT_DIM).to(dtype)
+
+    @property
+    def latent_shape(self) -> tuple[int, int]:
+        return dit.token_shape(self.cfg)
+
+    def sigmas(self, num_steps: int, shift: float) -> torch.Tensor:
+        return make_sigmas(num_steps, shift)
+
+    def encode_prompts(self, prompts: list[str], device="cpu") -> Conditioning:
+        embeds, mask = encode_prompts(prompts, self.cfg.max_text_tokens)
+        return Conditioning(embeds, mask)
+
+    def velocity(self, transformer, latents, sigma, cond: Conditioning) -> torch.Tensor:
+        dtype = next(transformer.parameters()).dtype
+        side = self.cfg.image_size // self.cfg.patch_size
+        out = transformer(
+            hidden_states=latents.to(dtype),
+            encoder_hidden_states=cond.embeds.to(dtype),
+            encoder_hidden_states_mask=cond.mask,
+            timestep=sigma.to(dtype),
+            img_shapes=[(1, side, side)] * latents.shape[0],
+            return_dict=False,
+        )[0]
+        return out.float()
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        return dit.decode_images(latents.float().cpu(), self.cfg)
+
+
+FAMILY = TinyFamily
