@@ -195,7 +195,7 @@ class AgentDaemon:
     def spawn_worker(self, gpus: list[int]) -> str:
         slot = self.sched.add_worker(gpus)
         reg = self.registered
-        conf = {"model": reg.model, "sampler": reg.sampler, "worker_batch_size": reg.worker_batch_size, "torch_threads": reg.torch_threads, "sp_degree": reg.sp_degree}
+        conf = {"model": reg.model, "sampler": reg.sampler, "worker_batch_size": reg.worker_batch_size, "torch_threads": reg.torch_threads, "sp_degree": reg.sp_degree, "lora": reg.lora}
         env = dict(os.environ)
         env.setdefault("CUDA_VISIBLE_DEVICES", ",".join(map(str, gpus)))
         cmd = [sys.executable, "-m", "spotlight.workers.rollout_worker", "--agent", self.worker_endpoint, "--worker-id", slot.worker_id, "--gpus", ",".join(map(str, gpus)), "--config-json", msgspec.json.encode(conf).decode()]

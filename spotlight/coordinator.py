@@ -58,7 +58,9 @@ from spotlight.planner import Action, Planner, PlannerConfig, PlannerObservation
 from spotlight.profiling import load_profile
 from spotlight.request_scheduler import RequestKind, RequestScheduler, RequestStatus
 from spotlight.rewards import RewardError, RewardFn
+from spotlight.models.lora import lora_spec
 from spotlight.rl.grpo import group_advantages
+from spotlight.rl.sampler import Conditioning
 from spotlight.seed_bank import SeedBank, candidate_seeds
 from spotlight.tensor_store import TensorStore
 from spotlight.tensor_wire import pack_tensors, unpack_tensors
@@ -82,6 +84,7 @@ class Sample:
     log_probs: torch.Tensor | None = None
     computed_steps: int = 0
     reward: float | None = None
+    window_start: int = 0
 
 
 @dataclasses.dataclass
@@ -102,8 +105,11 @@ class Coordinator:
         bind: ZeroMQ endpoint to listen on for agents, trainers and ``spotlight status``.
         secret: shared secret agents must prove at registration ("" = no check; only
             acceptable on loopback).
-        prompts, embeds, mask: the prompt set and its cached text embeddings
-            (``[N, T, D] float32``, ``[N, T]``).
+        prompts: the prompt set (N prompts).
+        cond: its cached text conditioning from the model family (every tensor ``[N, …]``:
+            ``embeds [N, T, D] float32``, ``mask [N, T]``, family extras such as pooled
+            projections and the negative prompt for CFG).
+        embeds, mask: the same for callers that have only embeddings and a mask.
         progress: called with one line per iteration.
     """
 
@@ -115,8 +121,9 @@ class Coordinator:
         bind: str,
         secret: str,
         prompts: list[str],
-        embeds: torch.Tensor,
-        mask: torch.Tensor,
+        cond: Conditioning | None = None,
+        embeds: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
         progress: Callable[[str], None] = print,
     ):
         self.cfg = cfg
@@ -126,8 +133,13 @@ class Coordinator:
         dump_config(cfg, self.run_dir / "config.toml")
         self.secret = secret
         self.prompts = prompts
-        self.embeds = embeds.float()
-        self.mask = mask
+        if cond is None:
+            if embeds is None or mask is None:
+                raise ValueError("Coordinator needs `cond` (or `embeds` and `mask`)")
+            cond = Conditioning(embeds.float(), mask)
+        if len(cond) != len(prompts):
+            raise ValueError(f"conditioning has {len(cond)} rows for {len(prompts)} prompts")
+        self.cond = cond
         self.progress = progress
         self.ctx = zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.ROUTER)
@@ -325,6 +337,7 @@ class Coordinator:
                 sp_degree=self.cfg.cluster.sp_degree if body.is_spot else 1,
                 model=msgspec.to_builtins(self.cfg.model),
                 sampler=msgspec.to_builtins(self.cfg.sampler),
+                lora=lora_spec(self.cfg.train),
                 latest_version=self.store.latest_version,
                 session=session,
             ),
@@ -356,8 +369,7 @@ class Coordinator:
                     for name, t in unpack_tensors(*got).items():
                         tensors[f"state.{i}.{name}"] = t
         if items:
-            tensors["cond.embeds"] = self.embeds[idx]
-            tensors["cond.mask"] = self.mask[idx]
+            tensors.update(self.cond.index(idx).to_tensors())
             self.lease_start[body.worker_id] = (now, items[0].kind)
         metas, frames = pack_tensors(tensors) if tensors else ([], [])
         self.send(identity, P.Leases(worker_id=body.worker_id, items=items, tensors=metas), frames)
@@ -394,7 +406,11 @@ class Coordinator:
             if req.commit_key:
                 self.store.delete_state(req.commit_key)
             slot, pidx = self.request_meta[req.request_id]
-            s = Sample(req.request_id, req.kind, req.iteration, slot, pidx, req.seed, body.batch_id, tensors["images"][i], computed_steps=item.computed_steps)
+            s = Sample(
+                req.request_id, req.kind, req.iteration, slot, pidx, req.seed, body.batch_id, tensors["images"][i],
+                computed_steps=item.computed_steps,
+                window_start=int(req.params.get("sde_window_start", self.cfg.sampler.sde_window_start)),
+            )
             if req.kind == RequestKind.ROLLOUT:
                 s.window_latents = tensors["window_latents"][i]
                 s.log_probs = tensors["log_probs"][i]
@@ -488,6 +504,7 @@ class Coordinator:
             self.trainer_ids[body.rank] = identity
         elif mtype == P.MsgType.WEIGHTS:
             self.store.put_weights(body.version, bytes(payload[0]))
+            self.version_bytes = len(payload[0])
             self.version = max(self.version, body.version)
         elif mtype == P.MsgType.TRAIN_DONE:
             self.train_done[body.rank] = body
@@ -499,7 +516,7 @@ class Coordinator:
         for slot, pidx in enumerate(prompts):
             seeds, _ = self.seed_bank.seeds_for(n, slot)
             items += [(pidx, seed, slot) for seed in seeds]
-        ids = self.sched.submit(RequestKind.ROLLOUT, n, items, weight_version=n, params={}, now=now)
+        ids = self.sched.submit(RequestKind.ROLLOUT, n, items, weight_version=n, params=self.sampler_params(n), now=now)
         for rid, (pidx, _, slot) in zip(ids, items):
             self.request_meta[rid] = (slot, pidx)
 
@@ -512,7 +529,9 @@ class Coordinator:
             if self.is_control(slot):
                 continue
             items += [(pidx, seed, slot) for seed in candidate_seeds(self.cfg.run.seed, n_next, slot, action.num_sequences)]
-        params = {"cache_threshold": action.cache_threshold} if action.cache_threshold > 0 else {}
+        params = self.sampler_params(n_next)
+        if action.cache_threshold > 0:
+            params["cache_threshold"] = action.cache_threshold
         self.explore_action[n_next] = action
         self._explore_iter = n_next
         self._t["explore_start"] = now
@@ -520,6 +539,12 @@ class Coordinator:
         for rid, (pidx, _, slot) in zip(ids, items):
             self.request_meta[rid] = (slot, pidx)
         return len(ids)
+
+    def sampler_params(self, n: int) -> dict:
+        """Request params fixed per iteration: the SDE window start when it is drawn at random
+        (Flow-GRPO-Fast ``sde_window_range``); exploration of batch n uses the same window."""
+        lo, hi = self.cfg.sampler.sde_window_range
+        return {"sde_window_start": self.cfg.sampler.window_start_for(self.cfg.run.seed, n)} if hi > lo else {}
 
     def _scored(self, n: int, kind: RequestKind) -> bool:
         if not self.sched.is_finished(iteration=n, kind=kind):
@@ -529,10 +554,23 @@ class Coordinator:
     def start_training(self, n: int, now: float) -> None:
         reqs = self.sched.requests(iteration=n, kind=RequestKind.ROLLOUT, status=RequestStatus.DONE)
         samples = [self.samples[r.request_id] for r in reqs]
-        finite = [s for s in samples if math.isfinite(s.reward)]
-        if len(finite) < len(samples):
-            log.error("iteration %d: %d samples have non-finite rewards and are left out of the update", n, len(samples) - len(finite))
+        finite, dropped = trainable_samples(samples)
+        if dropped["nonfinite_reward"]:
+            log.error("iteration %d: %d samples have non-finite rewards and are left out of the update", n, dropped["nonfinite_reward"])
+        if dropped["nonfinite_latents"]:
+            log.error("iteration %d: %d samples have non-finite latents or log-probs and are left out of the update", n, dropped["nonfinite_latents"])
         adv = group_advantages([s.reward for s in finite], [s.slot for s in finite], std=self.cfg.train.advantage_std) if finite else np.zeros(0)
+        zero_std = 0
+        if self.cfg.train.filter_zero_std_groups and finite:
+            keep = zero_std_filter(adv, [s.slot for s in finite])
+            zero_std = len(finite) - int(keep.sum())
+            finite = [s for s, k in zip(finite, keep) if k]
+            adv = adv[keep]
+        self._drop_stats = {
+            "train/nonfinite_samples": float(dropped["nonfinite_latents"]),
+            "train/nonfinite_rewards": float(dropped["nonfinite_reward"]),
+            "train/zero_std_filtered": float(zero_std),
+        }
         # micro-batches = rollout batches (same composition as at rollout → bit-identical recompute)
         by_batch: dict[str, list[int]] = collections.defaultdict(list)
         for i, s in enumerate(finite):
@@ -547,19 +585,21 @@ class Coordinator:
             for b in mine:
                 local.append(list(range(pos, pos + len(b))))
                 pos += len(b)
+            # one row of conditioning for a rank without samples (its padding passes need shapes)
+            tensors = self.cond.index([0]).to_tensors(prefix="pad.cond.")
             if rows:
-                tensors = {
-                    "window_latents": torch.stack([finite[i].window_latents for i in rows]),
-                    "log_probs": torch.stack([finite[i].log_probs for i in rows]),
-                    "advantages": torch.tensor([adv[i] for i in rows], dtype=torch.float32),
-                    "cond.embeds": self.embeds[[finite[i].prompt_index for i in rows]],
-                    "cond.mask": self.mask[[finite[i].prompt_index for i in rows]],
-                }
-                metas, frames = pack_tensors(tensors)
-            else:
-                metas, frames = [], []
+                tensors.update(
+                    {
+                        "window_latents": torch.stack([finite[i].window_latents for i in rows]),
+                        "log_probs": torch.stack([finite[i].log_probs for i in rows]),
+                        "advantages": torch.tensor([adv[i] for i in rows], dtype=torch.float32),
+                        "window_start": torch.tensor([finite[i].window_start for i in rows], dtype=torch.int64),
+                    }
+                )
+                tensors.update(self.cond.index([finite[i].prompt_index for i in rows]).to_tensors())
+            metas, frames = pack_tensors(tensors)
             self.send(self.trainer_ids[rank], P.TrainBatch(iteration=n, version=n, micro_batches=local, tensors=metas), frames)
-        self._rollout_stats = self.rollout_stats(finite)
+        self._rollout_stats = self.rollout_stats(finite) | self._drop_stats
         self._planner_feedback(n, finite)
         if self.cfg.run.save_rollouts:
             self.save_rollouts(n, samples)
@@ -728,6 +768,7 @@ class Coordinator:
                 "spot/num_gpus": self.instances.num_spot_gpus(),
                 "cost/usd": self.instances.cost_usd(self.cfg.cost.spot_usd_per_gpu_hour, self.cfg.cost.reserved_usd_per_gpu_hour),
                 "planner/t_step_s": self.t_step_s if self.t_step_s is not None else float("nan"),
+                "weights/version_bytes": float(getattr(self, "version_bytes", 0)),
             }
         )
         done_metrics = [d.metrics for d in self.train_done.values()]
@@ -761,6 +802,8 @@ class Coordinator:
             f"  explore {row['time/explore_s']:.1f}s (critical {row['time/explore_critical_path_s']:.1f}s)"
             f"  spot busy {100 * row['spot/busy_fraction']:.0f}%"
             f"  ratio-1 {row.get('train/ratio_max_dev', float('nan')):.1e}"
+            + (f"  [dropped {int(row['train/nonfinite_samples'])} non-finite samples]" if row.get("train/nonfinite_samples") else "")
+            + (f"  [skipped {int(row['train/skipped_steps'])} non-finite steps]" if row.get("train/skipped_steps") else "")
         )
 
     def _pending_samples_for_grid(self, n: int) -> list[Sample]:
@@ -864,6 +907,43 @@ class Coordinator:
             except subprocess.TimeoutExpired:
                 proc.kill()
         self.sock.close(linger=500)
+
+
+def trainable_samples(samples: list[Sample]) -> tuple[list[Sample], dict[str, int]]:
+    """Samples the update may use: a finite reward AND finite window latents and log-probs.
+
+    A non-finite latent or log-prob (an overflowed rollout) would make the loss, then every
+    weight, non-finite after one step; such samples are dropped here, next to the reward filter.
+
+    Returns:
+        ``(kept samples, {"nonfinite_reward": n, "nonfinite_latents": m})``.
+    """
+    kept, counts = [], {"nonfinite_reward": 0, "nonfinite_latents": 0}
+    for s in samples:
+        if s.reward is None or not math.isfinite(s.reward):
+            counts["nonfinite_reward"] += 1
+        elif (s.window_latents is not None and not bool(torch.isfinite(s.window_latents).all())) or (
+            s.log_probs is not None and not bool(torch.isfinite(s.log_probs).all())
+        ):
+            counts["nonfinite_latents"] += 1
+        else:
+            kept.append(s)
+    return kept, counts
+
+
+def zero_std_filter(advantages: np.ndarray, groups: list[int]) -> np.ndarray:
+    """Flow-GRPO's filter (``train_sd3.py``): keep-mask ``[N] bool`` that drops every group whose
+    advantages are all exactly 0 (all rewards equal), keeping at least one group if all are."""
+    adv = np.asarray(advantages)
+    g = np.asarray(groups)
+    keep = np.ones(len(adv), dtype=bool)
+    for gid in np.unique(g):
+        idx = g == gid
+        if np.all(adv[idx] == 0.0):
+            keep[idx] = False
+    if not keep.any() and len(adv):
+        keep[g == g[0]] = True  # an empty update would stall; the zero advantages add no gradient
+    return keep
 
 
 def _finite(obj):

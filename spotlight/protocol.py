@@ -114,6 +114,8 @@ class Registered(_Msg, kw_only=True):
     """The run's ``[model]`` config section (workers build the transformer from it)."""
     sampler: dict[str, Any]
     """The run's ``[sampler]`` config section."""
+    lora: dict[str, Any] = {}
+    """LoRA settings (rank, alpha, target_modules) when versions are adapters; {} = full weights."""
     latest_version: int
     session: str = ""
     """Per-registration token the agent echoes in every later message."""

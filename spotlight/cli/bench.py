@@ -95,6 +95,8 @@ def stale_ranking(
         found = available_versions(run_dir)
         vers, pair_idx = choose_pairs(list(found), pairs, versions)
         prompts = load_prompts(cfg.data.prompts_path)
+        if cfg.model.family != "tiny":
+            raise ValueError(f"stale-ranking runs the tiny family only so far (model.family = {cfg.model.family!r})")
     except (SpotlightError, ValueError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2)

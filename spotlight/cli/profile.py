@@ -33,6 +33,8 @@ def register(app: typer.Typer) -> None:
             prompts = load_prompts(cfg.data.prompts_path)
             ths = [float(t) for t in thresholds.split(",") if t.strip()]
             degrees = [int(d) for d in sp_degrees.split(",") if d.strip()]
+            if cfg.model.family != "tiny":
+                raise ValueError(f"`spotlight profile` measures the tiny family only so far (model.family = {cfg.model.family!r}); the planner falls back to uncached full-step exploration without a profile")
         except (SpotlightError, ValueError) as exc:
             console.print(f"[red]error:[/red] {exc}")
             raise typer.Exit(2)

@@ -121,20 +121,24 @@ def register(app: typer.Typer) -> None:
             console.print("[red]error:[/red] listening on a routable address needs a shared secret: set SPOTLIGHT_SECRET (agents need the same value)")
             raise typer.Exit(2)
         console.print(f"[bold]Spotlight[/bold] run dir [cyan]{rd}[/cyan]  ({cfg.run.iterations} iterations, {cfg.data.prompts_per_iteration}×{cfg.data.group_size} samples/iteration)")
-        with console.status("encoding prompts (MiniLM, cached after the first run)…"):
+        with console.status(f"encoding prompts ({cfg.model.family} text encoder, cached after the first run)…"):
             import torch
 
             torch.set_num_threads(max(1, cfg.cluster.torch_threads))
             from spotlight.coordinator import Coordinator
-            from spotlight.models.text_encoder import cached_prompt_embeddings
+            from spotlight.models.families import ModelLoadError, cached_conditioning, get_family
 
-            embeds, mask = cached_prompt_embeddings(prompts, _cache_dir(), cfg.model.max_text_tokens)
+            try:
+                cond = cached_conditioning(get_family(cfg.model), prompts, _cache_dir())
+            except (ModelLoadError, OSError, ValueError) as exc:
+                console.print(f"[red]error:[/red] cannot encode prompts with model.family = {cfg.model.family!r} from {cfg.model.pretrained_path or '(built in)'}: {exc}")
+                raise typer.Exit(2)
         secret = os.environ.get("SPOTLIGHT_SECRET") or (secrets.token_hex(16) if local else "")
         host = reserved.rsplit(":", 1)[0]
         if not secret and host not in ("127.0.0.1", "localhost"):
             console.print("[red]error:[/red] listening on a routable address needs a shared secret: set SPOTLIGHT_SECRET (agents need the same value)")
             raise typer.Exit(2)
-        coord = Coordinator(cfg, rd, bind=f"tcp://{reserved}", secret=secret, prompts=prompts, embeds=embeds, mask=mask, progress=console.print)
+        coord = Coordinator(cfg, rd, bind=f"tcp://{reserved}", secret=secret, prompts=prompts, cond=cond, progress=console.print)
         console.print(f"coordinator listening on [cyan]{coord.endpoint}[/cyan]")
         procs: list[subprocess.Popen] = []
         mocks = []

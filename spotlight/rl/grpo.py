@@ -8,7 +8,10 @@ Follows Flow-GRPO (Liu et al. 2025; ``flow_grpo/stat_tracking.py`` and
   std; computed in float64; a group whose rewards are all equal gets exactly 0;
 * ``ratio = exp(logp_new − logp_old)``;
   ``L = mean(max(−A·ratio, −A·clip(ratio, 1−ε, 1+ε)))`` over samples × window steps;
-* optional KL to a reference policy: ``β·mean((μ_θ − μ_ref)²) / (2·std_t²)`` per step.
+* optional KL to a reference policy, per step, in one of two forms (``train.kl_form``):
+  Flow-GRPO's ``mean((μ_θ − μ_ref)²) / (2·std_dev_t²)`` (``train_sd3.py``; ``std_dev_t`` without
+  the ``sqrt(−dt)`` factor, so its published β values apply), or the exact per-element Gaussian
+  KL ``mean((μ_θ − μ_ref)²) / (2·(std_dev_t·sqrt(−dt))²)`` — larger by ``1/|dt|`` (4–25× at 10 steps).
 """
 
 from __future__ import annotations
@@ -100,13 +103,21 @@ def clipped_policy_loss(
 
 
 def kl_to_reference(mean: torch.Tensor, ref_mean: torch.Tensor, std: float) -> torch.Tensor:
-    """Flow-GRPO's per-step KL surrogate, summed over the batch: ``Σ_b mean((μ−μ_ref)²)/(2·std²)``.
+    """Per-step KL surrogate summed over the batch: ``Σ_b mean((μ−μ_ref)²) / (2·std²)``.
 
     Args:
-        mean, ref_mean: ``[B, L, C]`` step means under the policy and the reference.
-        std: the step's per-element noise std (> 0 inside the SDE window).
+        mean, ref_mean: ``[B, *latent_shape]`` step means under the policy and the reference.
+        std: the divisor: ``StepResult.std_dev_t`` for Flow-GRPO's form (``kl_form =
+            "flow_grpo"``), ``StepResult.std`` (= ``std_dev_t·sqrt(−dt)``, the step's noise std)
+            for the exact Gaussian KL (``"exact"``).
+
+    Returns:
+        Scalar float32 (callers divide by the update's element count).
+
+    Raises:
+        ValueError: ``std`` is not a positive finite number (KL exists only on SDE steps).
     """
     if std <= 0 or not math.isfinite(std):
         raise ValueError("KL is only defined on SDE steps (std > 0)")
-    per = ((mean - ref_mean) ** 2).mean(dim=tuple(range(1, mean.ndim))) / (2.0 * std**2)
+    per = ((mean.float() - ref_mean.float()) ** 2).mean(dim=tuple(range(1, mean.ndim))) / (2.0 * std**2)
     return per.sum()

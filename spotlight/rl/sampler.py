@@ -111,6 +111,10 @@ class StepResult:
     """Per-element standard deviation ``std_dev_t * sqrt(-dt)`` (0 for an Euler step)."""
     log_prob: torch.Tensor | None
     """``[B]`` element-mean Gaussian log-density of ``prev_sample``; None when η = 0."""
+    std_dev_t: float = 0.0
+    """The SDE diffusion coefficient ``η·sqrt(σ/(1−σ̃))`` alone (no ``sqrt(−dt)``); Flow-GRPO's KL
+    divides by its square."""
+
 
 
 def sde_step(
@@ -169,7 +173,7 @@ def sde_step(
         prev_sample = prev_sample.float()
     log_prob = -((prev_sample - mean) ** 2) / (2.0 * std**2) - math.log(std) - _LOG_SQRT_2PI
     log_prob = log_prob.mean(dim=tuple(range(1, log_prob.ndim)))
-    return StepResult(prev_sample=prev_sample, mean=mean, std=std, log_prob=log_prob)
+    return StepResult(prev_sample=prev_sample, mean=mean, std=std, log_prob=log_prob, std_dev_t=std_dev_t)
 
 
 @dataclasses.dataclass
@@ -336,14 +340,33 @@ class Sampler:
 
     Args:
         cfg: steps, shift, SDE window and noise level.
-        token_shape: ``(L, C)`` of one packed latent.
+        token_shape: per-sample latent shape, e.g. ``(L, C)`` of one packed latent
+            (``ModelFamily.latent_shape``).
+        sigmas: ``[T + 1]`` schedule from the model family (its scheduler config and shift);
+            default: :func:`make_sigmas` with ``cfg.shift``.
+        window_start: first SDE step; default ``cfg.sde_window_start``.
     """
 
-    def __init__(self, cfg: SamplerConfig, token_shape: tuple[int, int]):
+    def __init__(self, cfg: SamplerConfig, token_shape: tuple[int, ...], sigmas: torch.Tensor | None = None, *, window_start: int | None = None):
         self.cfg = cfg
-        self.token_shape = token_shape
-        self.sigmas = make_sigmas(cfg.num_steps, cfg.shift)
-        self._window = window_steps(cfg)
+        self.token_shape = tuple(token_shape)
+        self.sigmas = make_sigmas(cfg.num_steps, cfg.shift) if sigmas is None else sigmas.to(torch.float32).clone()
+        if self.sigmas.shape != (cfg.num_steps + 1,):
+            raise ValueError(f"sigmas must have num_steps + 1 = {cfg.num_steps + 1} entries, got {tuple(self.sigmas.shape)}")
+        start = cfg.sde_window_start if window_start is None else int(window_start)
+        if start < 0 or start + cfg.sde_window_size > cfg.num_steps - 1:
+            raise ValueError(f"SDE window [{start}, {start + cfg.sde_window_size}) must end before the last step {cfg.num_steps - 1}")
+        self._window = range(start, start + cfg.sde_window_size)
+
+    @property
+    def window_start(self) -> int:
+        return self._window.start
+
+    def with_window(self, start: int | None) -> "Sampler":
+        """The same sampler with the SDE window starting at ``start`` (None = unchanged)."""
+        if start is None or start == self._window.start:
+            return self
+        return Sampler(self.cfg, self.token_shape, self.sigmas, window_start=start)
 
     def eta(self, step: int) -> float:
         """Noise level used at ``step``: η inside the SDE window, 0 outside."""

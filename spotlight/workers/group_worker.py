@@ -63,10 +63,10 @@ class GroupExecutor(RolloutExecutor):
         # First Block Cache is not combined with context parallelism here: exploration on an
         # SP group runs at full fidelity (its computed steps are reported as such).
 
-    def _denoise(self, state: DenoiseState, cond: Conditioning, should_stop) -> DenoiseState:
+    def _denoise(self, sampler, state: DenoiseState, cond: Conditioning, should_stop) -> DenoiseState:
         while True:
-            G.run_group_batch(self.member, self.sampler, state, cond, should_stop=lambda _s: should_stop() or self.pending_form is not None)
-            if state.step >= self.sampler.cfg.num_steps or self.pending_form is None:
+            G.run_group_batch(self.member, sampler, state, cond, should_stop=lambda _s: should_stop() or self.pending_form is not None)
+            if state.step >= sampler.cfg.num_steps or self.pending_form is None:
                 return state
             form, self.pending_form = self.pending_form, None
             if not self.reform(form):

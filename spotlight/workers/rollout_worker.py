@@ -37,7 +37,8 @@ import zmq
 
 from spotlight import protocol as P
 from spotlight.config import ModelConfig, SamplerConfig
-from spotlight.models.dit import build_transformer, decode_images, make_velocity_fn, token_shape
+from spotlight.models.families import get_family, torch_dtype
+from spotlight.models.lora import add_lora, load_version
 from spotlight.rl.sampler import Conditioning, DenoiseState, Sampler
 from spotlight.tensor_wire import bytes_to_state_dict, pack_tensors, unpack_tensors
 
@@ -59,12 +60,18 @@ class BatchOutcome:
 
 
 class StepCounter:
-    """Counts transformer forwards whose tail blocks really ran (First Block Cache may skip them)."""
+    """Counts transformer forwards whose tail blocks really ran (First Block Cache may skip them).
 
-    def __init__(self, transformer):
+    Hooks the first ``Linear`` inside the last block of the transformer's last block list:
+    it runs only when that block's own forward runs, not when the cache returns its output.
+    """
+
+    def __init__(self, transformer, block_names: tuple[str, ...] = ("transformer_blocks",)):
         self.count = 0
-        tail = transformer.transformer_blocks[-1]
-        self._handle = tail.img_mlp.register_forward_hook(self._hook)
+        blocks = [b for name in block_names for b in getattr(transformer, name, [])]
+        tail = blocks[-1]
+        linear = next(m for m in tail.modules() if isinstance(m, torch.nn.Linear))
+        self._handle = linear.register_forward_hook(self._hook)
 
     def _hook(self, *_):
         self.count += 1
@@ -76,18 +83,27 @@ class RolloutExecutor:
 
     Args:
         model_cfg, sampler_cfg: the run's ``[model]`` and ``[sampler]`` sections.
-        text_dim: width D of text embeddings.
+        text_dim: width D of the tiny family's text embeddings (other families read it from the checkpoint).
+        lora: LoRA settings (:func:`spotlight.models.lora.lora_spec`); ``{}`` = full weights.
+            With LoRA the worker keeps ONE frozen base transformer and a version is an adapter.
+        device: where the transformer runs (default: CUDA ``cuda:<gpu>`` when available, else CPU).
+        init_seed: seed of the LoRA adapter's initialisation (overwritten by every version).
     """
 
-    def __init__(self, model_cfg: ModelConfig, sampler_cfg: SamplerConfig, text_dim: int = 384):
+    def __init__(self, model_cfg: ModelConfig, sampler_cfg: SamplerConfig, text_dim: int = 384, *, lora: dict | None = None, device: torch.device | str | None = None):
         self.model_cfg = model_cfg
-        self.sampler = Sampler(sampler_cfg, token_shape(model_cfg))
+        self.family = get_family(model_cfg, text_dim=text_dim)
+        self.sampler = Sampler(sampler_cfg, self.family.latent_shape, self.family.sigmas(sampler_cfg.num_steps, sampler_cfg.shift))
         self.text_dim = text_dim
+        self.lora = dict(lora or {})
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.dtype = torch_dtype(model_cfg.dtype, self.device)
         self.versions: dict[int, dict[str, torch.Tensor]] = {}
         self.transformer = None
         self.loaded_version: int | None = None
         self._counter: StepCounter | None = None
         self._cache_threshold: float = 0.0
+        self._decoder_ready = False
 
     # ------------------------------------------------------------ weights
     def add_version(self, version: int, state_dict: dict[str, torch.Tensor]) -> None:
@@ -99,11 +115,23 @@ class RolloutExecutor:
 
     def _use(self, version: int) -> None:
         if self.transformer is None:
-            self.transformer = build_transformer(self.model_cfg, self.text_dim)
-            self._counter = StepCounter(self.transformer)
+            model = self.family.build_transformer(self.dtype)
+            if self.lora:
+                add_lora(model, self.lora, self.family.default_lora_targets, seed=self.model_cfg.init_seed)
+                model.to(self.dtype)
+            self.transformer = model.to(self.device).eval()
+            self._counter = StepCounter(self.transformer, self.family.block_names)
         if self.loaded_version != version:
-            self.transformer.load_state_dict(self.versions[version])
+            load_version(self.transformer, self.versions[version])
             self.loaded_version = version
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """Final latents → ``[B, 3, H, W] uint8`` CPU images (the family's VAE, loaded once)."""
+        if not self._decoder_ready:
+            self.family.load_decoder(self.device, self.dtype)
+            self._decoder_ready = True
+        with torch.no_grad():
+            return self.family.decode(latents.to(self.device))
 
     def _set_cache(self, threshold: float) -> None:
         if threshold == self._cache_threshold:
@@ -138,8 +166,10 @@ class RolloutExecutor:
         kind = items[0].kind
         version = items[0].weight_version
         threshold = float(items[0].params.get("cache_threshold", 0.0)) if kind == "explore" else 0.0
+        window = items[0].params.get("sde_window_start")
+        sampler = self.sampler.with_window(None if window is None else int(window))
         self._prepare(version, threshold)
-        cond_all = Conditioning(tensors["cond.embeds"].float(), tensors["cond.mask"])
+        cond_all = Conditioning.from_tensors(tensors).to(self.device)
         t0 = time.monotonic()
 
         # Group rows by starting step (fresh rows start at 0).
@@ -151,7 +181,7 @@ class RolloutExecutor:
         for step0 in sorted(starts):
             rows = starts[step0]
             if step0 == 0:
-                state = self.sampler.initial_state([items[i].seed for i in rows])
+                state = sampler.initial_state([items[i].seed for i in rows])
             else:
                 state = DenoiseState.concat(
                     [
@@ -164,16 +194,17 @@ class RolloutExecutor:
                         for i in rows
                     ]
                 )
-            state = self._denoise(state, cond_all.index(rows), should_stop)
+            state = self._denoise(sampler, _to_device(state, self.device), cond_all.index(rows), should_stop)
+            state = _to_device(state, torch.device("cpu"))
             for k, i in enumerate(rows):
-                (finished if state.step >= self.sampler.cfg.num_steps else stopped)[i] = state.select([k])
+                (finished if state.step >= sampler.cfg.num_steps else stopped)[i] = state.select([k])
         elapsed = time.monotonic() - t0
 
         if stopped:
             return BatchOutcome(commit=self._commit(worker_id, items, finished, stopped))
         order = list(range(len(items)))
         full = DenoiseState.concat([finished[i] for i in order])
-        out = {"images": decode_images(full.latents, self.model_cfg), "computed_steps": full.computed_steps}
+        out = {"images": self.decode(full.latents), "computed_steps": full.computed_steps}
         if kind == "rollout":
             out["window_latents"] = torch.stack(full.window_latents, dim=1)
             out["log_probs"] = torch.stack(full.log_probs, dim=1)
@@ -195,15 +226,15 @@ class RolloutExecutor:
         self._use(version)
         self._set_cache(threshold)
 
-    def _denoise(self, state: DenoiseState, cond: Conditioning, should_stop: Callable[[], bool]) -> DenoiseState:
+    def _denoise(self, sampler: Sampler, state: DenoiseState, cond: Conditioning, should_stop: Callable[[], bool]) -> DenoiseState:
         """Advance ``state`` to the last step, or until ``should_stop()`` between steps."""
-        velocity_fn = make_velocity_fn(self.transformer, self.model_cfg)
+        velocity_fn = self.family.make_velocity_fn(self.transformer)
         with torch.no_grad(), self._cache_context():
-            while state.step < self.sampler.cfg.num_steps:
+            while state.step < sampler.cfg.num_steps:
                 if should_stop():
                     break
                 before = self._counter.count
-                self.sampler.advance(state, velocity_fn, cond)
+                sampler.advance(state, velocity_fn, cond)
                 if self._counter.count == before:  # the step cache skipped the tail blocks
                     state.computed_steps -= 1
         return state
@@ -230,17 +261,34 @@ class RolloutExecutor:
         return P.Commit(worker_id=worker_id, items=commit_items, tensors=metas), frames
 
 
+def _to_device(state: DenoiseState, device: torch.device) -> DenoiseState:
+    """``state`` with its float tensors on ``device`` (step counters stay on the CPU)."""
+    if state.latents.device == device:
+        return state
+    state.latents = state.latents.to(device)
+    state.window_latents = [w.to(device) for w in state.window_latents]
+    state.log_probs = [lp.to(device) for lp in state.log_probs]
+    return state
+
+
+def worker_device(gpus: list[int]) -> torch.device:
+    """``cuda:<first gpu>`` when CUDA is available, else the CPU (local mode's "GPUs")."""
+    if torch.cuda.is_available() and gpus:
+        return torch.device("cuda", gpus[0] % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
 # ---------------------------------------------------------------- process shell
 
 
 class WorkerProcess:
     """The socket loop around :class:`RolloutExecutor` (one per GPU worker process)."""
 
-    def __init__(self, agent_endpoint: str, worker_id: str, gpus: list[int], model_cfg: ModelConfig, sampler_cfg: SamplerConfig, batch_size: int):
+    def __init__(self, agent_endpoint: str, worker_id: str, gpus: list[int], model_cfg: ModelConfig, sampler_cfg: SamplerConfig, batch_size: int, *, lora: dict | None = None):
         self.worker_id = worker_id
         self.gpus = gpus
         self.batch_size = batch_size
-        self.executor = RolloutExecutor(model_cfg, sampler_cfg)
+        self.executor = RolloutExecutor(model_cfg, sampler_cfg, lora=lora, device=worker_device(gpus))
         self.ctx = zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.IDENTITY, worker_id.encode())
@@ -396,12 +444,13 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(int(conf.get("torch_threads", 1)))
     model_cfg = msgspec.convert(conf["model"], ModelConfig)
     sampler_cfg = msgspec.convert(conf["sampler"], SamplerConfig)
-    cls = WorkerProcess
+    gpus = [int(g) for g in args.gpus.split(",") if g != ""]
     if int(conf.get("sp_degree", 1)) > 1:
         from spotlight.workers.group_worker import GroupWorkerProcess
 
-        cls = GroupWorkerProcess
-    proc = cls(args.agent, args.worker_id, [int(g) for g in args.gpus.split(",") if g != ""], model_cfg, sampler_cfg, int(conf.get("worker_batch_size", 8)))
+        proc = GroupWorkerProcess(args.agent, args.worker_id, gpus, model_cfg, sampler_cfg, int(conf.get("worker_batch_size", 8)))
+    else:
+        proc = WorkerProcess(args.agent, args.worker_id, gpus, model_cfg, sampler_cfg, int(conf.get("worker_batch_size", 8)), lora=conf.get("lora") or {})
     rc = proc.run()
     return 0 if rc is None else rc
 

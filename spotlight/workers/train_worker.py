@@ -34,6 +34,7 @@ import argparse
 import copy
 import json
 import logging
+import math
 import os
 import pathlib
 import sys
@@ -44,7 +45,8 @@ import torch
 import torch.distributed as dist
 
 from spotlight.config import SpotlightConfig, config_from_dict, load_config
-from spotlight.models.dit import build_transformer, make_velocity_fn, token_shape
+from spotlight.models.families import get_family, torch_dtype
+from spotlight.models.lora import adapter_metadata, add_lora, lora_spec
 from spotlight.rl.grpo import clipped_policy_loss, kl_to_reference
 from spotlight.rl.sampler import Conditioning, Sampler
 
@@ -55,15 +57,30 @@ log = logging.getLogger("spotlight.train")
 warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
 
 BATCH_KEYS = ("window_latents", "log_probs", "advantages", "cond.embeds", "cond.mask")
+"""Tensors every TRAIN_BATCH carries; also ``cond.<extra>`` (pooled, neg.*), optional
+``window_start [N] int64`` (random SDE window) and ``pad.cond.*`` (one row of conditioning for
+a rank that got no samples)."""
 
 
-def _shard(model: torch.nn.Module, mesh) -> torch.nn.Module:
+def _shard(model: torch.nn.Module, mesh, block_names: tuple[str, ...], mp_policy=None) -> torch.nn.Module:
+    """FSDP2: one ``fully_shard`` per transformer block (each list in ``block_names``), then the root."""
     from torch.distributed.fsdp import fully_shard
 
-    for block in model.transformer_blocks:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    kw = {"mesh": mesh}
+    if mp_policy is not None:
+        kw["mp_policy"] = mp_policy
+    for name in block_names:
+        for block in getattr(model, name, []):
+            fully_shard(block, **kw)
+    fully_shard(model, **kw)
     return model
+
+
+def _minibatches(micro_batches: list[list[int]], steps: int) -> list[list[list[int]]]:
+    """Split the rank's rollout micro-batches into ``steps`` consecutive minibatches (some may be empty)."""
+    n = len(micro_batches)
+    bounds = [round(i * n / steps) for i in range(steps + 1)]
+    return [micro_batches[bounds[i] : bounds[i + 1]] for i in range(steps)]
 
 
 class FlowGRPOTrainer:
@@ -73,8 +90,17 @@ class FlowGRPOTrainer:
         cfg: the run config (``model``, ``sampler``, ``train`` sections are used).
         rank, world_size: this process's place in the (already initialised) process group.
         device: ``cpu`` (gloo) or ``cuda:<i>`` (nccl).
-        text_dim: width D of the text embeddings.
-        initial_state_dict: weights to start from instead of ``build_transformer``'s.
+        text_dim: width D of the text embeddings (tiny family only; other families read it
+            from their checkpoint).
+        initial_state_dict: weights to start from instead of the family's (full fine-tuning).
+
+    Precision: the master weights and optimizer state are float32. On CUDA (``train.mixed_precision``
+    auto/bf16) FSDP2's ``MixedPrecisionPolicy`` runs forward/backward in bfloat16 with float32
+    gradient reduction. Log-probs, ratios, advantages, KL and the loss are float32 (the sampler
+    casts inside each step).
+
+    LoRA (``train.lora_rank > 0``): the base transformer is frozen, only the adapter trains and
+    is published; the KL reference is the same model with the adapter disabled (Flow-GRPO).
 
     The transformer stays in ``eval()`` mode (it has no dropout; this keeps the training
     forward bit-identical to the rollout forward).
@@ -99,41 +125,49 @@ class FlowGRPOTrainer:
         self.world_size = world_size
         self.device = torch.device(device)
         self.text_dim = text_dim
-        model = build_transformer(cfg.model, text_dim)
+        self.family = get_family(cfg.model, text_dim=text_dim)
+        model = self.family.build_transformer(torch.float32)
         if initial_state_dict is not None:
             model.load_state_dict(initial_state_dict)
         self._diffusers_config = dict(model.config)
+        self.lora = lora_spec(cfg.train)
+        if self.lora:
+            n = add_lora(model, self.lora, self.family.default_lora_targets, seed=cfg.model.init_seed)
+            log.info("LoRA r=%d α=%g: %d trainable parameters", self.lora["rank"], self.lora["alpha"], n)
         model.to(self.device)
+        self.compute_dtype = self._compute_dtype()
+        mp_policy = None
+        if self.compute_dtype != torch.float32:
+            from torch.distributed.fsdp import MixedPrecisionPolicy
+
+            mp_policy = MixedPrecisionPolicy(param_dtype=self.compute_dtype, reduce_dtype=torch.float32)
         # Explicit mesh: on a GPU host FSDP2 would otherwise move CPU params to CUDA (pytorch#132471).
         self.mesh = init_device_mesh(self.device.type, (world_size,))
+        blocks = self.family.block_names
         self.reference = None
-        if cfg.train.kl_beta > 0:
+        if cfg.train.kl_beta > 0 and not self.lora:
             ref = copy.deepcopy(model).requires_grad_(False)
-            self.reference = _shard(ref, self.mesh)
-        self.model = _shard(model, self.mesh)
+            self.reference = _shard(ref, self.mesh, blocks, mp_policy)
+        self.model = _shard(model, self.mesh, blocks, mp_policy)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
+            self.params,
             lr=cfg.train.learning_rate,
             betas=tuple(cfg.train.adam_betas),
             weight_decay=cfg.train.weight_decay,
         )
-        self.sampler = Sampler(cfg.sampler, token_shape(cfg.model))
-        self.velocity_fn = self._on_device(make_velocity_fn(self.model, cfg.model))
-        self.ref_velocity_fn = (
-            self._on_device(make_velocity_fn(self.reference, cfg.model)) if self.reference is not None else None
-        )
+        self.sampler = Sampler(cfg.sampler, self.family.latent_shape, self.family.sigmas(cfg.sampler.num_steps, cfg.sampler.shift))
+        self.velocity_fn = self.family.make_velocity_fn(self.model)
         self.steps_done = 0
+        self.steps_skipped = 0
 
     # ------------------------------------------------------------------ helpers
-
-    @staticmethod
-    def _on_device(fn):
-        """The sampler builds ``sigma`` on the CPU; move it next to the latents (CUDA runs)."""
-
-        def velocity_fn(latents, sigma, cond):
-            return fn(latents, sigma.to(latents.device), cond)
-
-        return velocity_fn
+    def _compute_dtype(self) -> torch.dtype:
+        """bfloat16 on CUDA (``train.mixed_precision`` auto follows ``model.dtype``), float32 on the CPU."""
+        mp = self.cfg.train.mixed_precision
+        if self.device.type != "cuda" or mp == "fp32":
+            return torch.float32
+        return torch.bfloat16 if mp == "bf16" else torch_dtype(self.cfg.model.dtype, self.device)
 
     def _all_reduce(self, values: list[float], op=dist.ReduceOp.SUM) -> list[float]:
         t = torch.tensor(values, dtype=torch.float64, device=self._comm_device())
@@ -144,33 +178,61 @@ class FlowGRPOTrainer:
         return self.device if dist.get_backend() == "nccl" else torch.device("cpu")
 
     def _dummy_batch(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """One-row zero micro-batch for a rank without samples (its loss weight is 0)."""
+        """One-row zero micro-batch for a rank without samples (its loss weight is 0).
+
+        Conditioning comes from the batch's ``pad.cond.*`` row when the coordinator sent one
+        (family extras have the right shapes), else zeros with a text mask of ones."""
         w = self.cfg.sampler.sde_window_size
-        seq, ch = token_shape(self.cfg.model)
-        t = batch["cond.embeds"].shape[1] if "cond.embeds" in batch and batch["cond.embeds"].ndim == 3 else 1
-        t = max(int(t), 1)
-        return {
-            "window_latents": torch.zeros(1, w + 1, seq, ch),
+        shape = tuple(self.family.latent_shape)
+        out = {
+            "window_latents": torch.zeros(1, w + 1, *shape),
             "log_probs": torch.zeros(1, w),
             "advantages": torch.zeros(1),
-            "cond.embeds": torch.zeros(1, t, self.text_dim),
-            "cond.mask": torch.ones(1, t, dtype=torch.int64),
         }
+        pad = {k[len("pad."):]: v[:1] for k, v in batch.items() if k.startswith("pad.cond.")}
+        if pad:
+            out.update(pad)
+        else:
+            t = max(int(batch["cond.embeds"].shape[1]) if "cond.embeds" in batch and batch["cond.embeds"].ndim == 3 else 1, 1)
+            out["cond.embeds"] = torch.zeros(1, t, self.text_dim)
+            out["cond.mask"] = torch.ones(1, t, dtype=torch.int64)
+        return out
 
     def _forward(self, mb: dict[str, torch.Tensor]):
-        cond = Conditioning(mb["cond.embeds"], mb["cond.mask"])
-        log_probs, results = self.sampler.window_log_probs(self.velocity_fn, mb["window_latents"], cond)
+        cond = Conditioning.from_tensors(mb).to(self.device)
+        sampler = self.sampler.with_window(int(mb["window_start"][0]) if "window_start" in mb else None)
+        log_probs, results = sampler.window_log_probs(self.velocity_fn, mb["window_latents"], cond)
         kl = None
-        if self.reference is not None:
+        if self.cfg.train.kl_beta > 0:
             with torch.no_grad():
-                _, ref_results = self.sampler.window_log_probs(self.ref_velocity_fn, mb["window_latents"], cond)
-            kl = sum(kl_to_reference(r.mean, rr.mean.detach(), r.std) for r, rr in zip(results, ref_results))
+                if self.lora:
+                    self.model.disable_adapters()
+                    try:
+                        _, ref_results = sampler.window_log_probs(self.velocity_fn, mb["window_latents"], cond)
+                    finally:
+                        self.model.enable_adapters()
+                else:
+                    ref_vf = self.family.make_velocity_fn(self.reference)
+                    _, ref_results = sampler.window_log_probs(ref_vf, mb["window_latents"], cond)
+            kl = sum(
+                kl_to_reference(r.mean, rr.mean.detach(), r.std_dev_t if self.cfg.train.kl_form == "flow_grpo" else r.std)
+                for r, rr in zip(results, ref_results)
+            )
         return log_probs, kl
 
     # ------------------------------------------------------------------ training
 
     def train_step(self, batch: dict[str, torch.Tensor], micro_batches: list[list[int]], *, iteration: int) -> dict[str, float]:
-        """One optimizer step over this rank's samples (collective: every rank calls it).
+        """One iteration's update: ``train.steps_per_iteration`` optimizer steps over this rank's
+        samples (collective: every rank calls it).
+
+        The rollout micro-batches are split into consecutive minibatches, one optimizer step
+        each (Flow-GRPO ``num_batches_per_epoch``). The first minibatch runs on the rollout
+        weights, so its ratio is exactly 1 (``train/ratio_max_dev``); later ones are slightly
+        off-policy (``train/offpolicy_ratio_max_dev``) and the clip can act on them.
+
+        A step whose gradient norm is not finite is skipped (weights and optimizer state
+        untouched) and counted in ``train/skipped_steps``.
 
         Args:
             batch: this rank's tensors (see :data:`BATCH_KEYS`), ``N`` rows (may be 0).
@@ -182,80 +244,102 @@ class FlowGRPOTrainer:
         """
         t0 = time.perf_counter()
         dev = self.device
-        tensors = {k: batch[k].to(dev) for k in BATCH_KEYS if k in batch}
-        for k in ("window_latents", "log_probs", "advantages", "cond.embeds"):
+        tensors = {k: v.to(dev) for k, v in batch.items() if not k.startswith("pad.")}
+        for k in ("window_latents", "log_probs", "advantages"):
             if k in tensors:
                 tensors[k] = tensors[k].float()
         micro_batches = [list(mb) for mb in micro_batches if len(mb) > 0]
         w = self.cfg.sampler.sde_window_size
-        local_count = sum(len(mb) for mb in micro_batches) * w
         n_local = sum(len(mb) for mb in micro_batches)
-        total_count, total_samples, max_mbs = 0.0, 0.0, 0.0
-        total_count, total_samples = self._all_reduce([float(local_count), float(n_local)])
-        (max_mbs,) = self._all_reduce([float(len(micro_batches))], op=dist.ReduceOp.MAX)
-        max_mbs = int(max_mbs)
-        if total_count == 0:
+        (total_samples,) = self._all_reduce([float(n_local)])
+        if total_samples == 0:
             log.warning("iteration %d: empty update on every rank; skipping the optimizer step", iteration)
-            return {"train/num_samples": 0.0}
-        scale = float(self.world_size) / total_count  # FSDP2 averages grads over ranks
-
-        if micro_batches:
-            real = [{k: v[torch.as_tensor(mb, device=v.device)] for k, v in tensors.items()} for mb in micro_batches]
-        else:
-            real = [{k: v.to(dev) for k, v in self._dummy_batch(tensors).items()}]
-        sums = {"loss": 0.0, "ratio_sum": 0.0, "clipped": 0.0, "approx_kl": 0.0, "kl": 0.0}
-        max_dev = 0.0
-        self.optimizer.zero_grad(set_to_none=True)
-        for i in range(max_mbs):
-            padding = i >= len(micro_batches)
-            mb = real[0] if padding else real[i]
-            log_probs, kl = self._forward(mb)
-            if padding:
-                # Same collectives as a real pass, zero gradient (NaN-safe: no exp of garbage).
-                loss = log_probs.sum() * 0.0
-                if kl is not None:
-                    loss = loss + kl * 0.0
+            return {"train/num_samples": 0.0, "train/skipped_steps": 0.0, "train/optimizer_steps": 0.0}
+        dummy = None
+        sums = {"loss": 0.0, "ratio_sum": 0.0, "clipped": 0.0, "approx_kl": 0.0, "kl": 0.0, "count": 0.0}
+        first_dev, later_dev = 0.0, 0.0
+        grad_norms: list[float] = []
+        steps = skipped = 0
+        for k, chunk in enumerate(_minibatches(micro_batches, self.cfg.train.steps_per_iteration)):
+            local_count = sum(len(mb) for mb in chunk) * w
+            (total_count,) = self._all_reduce([float(local_count)])
+            (max_mbs,) = self._all_reduce([float(len(chunk))], op=dist.ReduceOp.MAX)
+            if total_count == 0:
+                continue  # every rank agrees: nothing in this minibatch
+            scale = float(self.world_size) / total_count  # FSDP2 averages grads over ranks
+            if chunk:
+                real = [{key: v[torch.as_tensor(mb, device=v.device)] for key, v in tensors.items()} for mb in chunk]
             else:
-                policy, stats = clipped_policy_loss(
-                    log_probs, mb["log_probs"], mb["advantages"],
-                    clip_range=self.cfg.train.clip_range, adv_clip_max=self.cfg.train.adv_clip_max,
-                )
-                loss = policy
-                if kl is not None:
-                    loss = loss + self.cfg.train.kl_beta * kl
-                    sums["kl"] += float(kl.detach())
-                sums["loss"] += float(loss.detach())
-                sums["ratio_sum"] += float(stats["ratio_sum"])
-                sums["clipped"] += float(stats["clipped"])
-                sums["approx_kl"] += float(stats["approx_kl"])
-                max_dev = max(max_dev, float(stats["ratio_max_dev"]))
-            (loss * scale).backward()
-
-        max_norm = self.cfg.train.max_grad_norm if self.cfg.train.max_grad_norm > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        if hasattr(grad_norm, "full_tensor"):
-            grad_norm = grad_norm.full_tensor()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.steps_done += 1
+                if dummy is None:
+                    dummy = {key: v.to(dev) for key, v in self._dummy_batch(batch).items()}
+                real = [dummy]
+            self.optimizer.zero_grad(set_to_none=True)
+            dev_k = 0.0
+            for i in range(int(max_mbs)):
+                padding = i >= len(chunk)
+                mb = real[0] if padding else real[i]
+                log_probs, kl = self._forward(mb)
+                if padding:
+                    # Same collectives as a real pass, zero gradient (NaN-safe: no exp of garbage).
+                    loss = torch.nan_to_num(log_probs).sum() * 0.0
+                    if kl is not None:
+                        loss = loss + torch.nan_to_num(kl) * 0.0
+                else:
+                    policy, stats = clipped_policy_loss(
+                        log_probs, mb["log_probs"], mb["advantages"],
+                        clip_range=self.cfg.train.clip_range, adv_clip_max=self.cfg.train.adv_clip_max,
+                    )
+                    loss = policy
+                    if kl is not None:
+                        loss = loss + self.cfg.train.kl_beta * kl
+                        sums["kl"] += float(kl.detach())
+                    sums["loss"] += float(loss.detach())
+                    sums["ratio_sum"] += float(stats["ratio_sum"])
+                    sums["clipped"] += float(stats["clipped"])
+                    sums["approx_kl"] += float(stats["approx_kl"])
+                    sums["count"] += float(stats["count"])
+                    dev_k = max(dev_k, float(stats["ratio_max_dev"]))
+                (loss * scale).backward()
+            max_norm = self.cfg.train.max_grad_norm if self.cfg.train.max_grad_norm > 0 else float("inf")
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
+            if hasattr(grad_norm, "full_tensor"):
+                grad_norm = grad_norm.full_tensor()
+            grad_norm = float(grad_norm)
+            if math.isfinite(grad_norm):
+                self.optimizer.step()
+                steps += 1
+                grad_norms.append(grad_norm)
+            else:
+                skipped += 1
+                log.error("iteration %d minibatch %d: gradient norm is %s; optimizer step skipped (weights unchanged)", iteration, k, grad_norm)
+            self.optimizer.zero_grad(set_to_none=True)
+            if steps + skipped == 1:
+                first_dev = dev_k
+            else:
+                later_dev = max(later_dev, dev_k)
+        self.steps_done += steps
+        self.steps_skipped += skipped
 
         keys = list(sums)
         reduced = dict(zip(keys, self._all_reduce([sums[k] for k in keys])))
-        (max_dev,) = self._all_reduce([max_dev], op=dist.ReduceOp.MAX)
+        first_dev, later_dev = self._all_reduce([first_dev, later_dev], op=dist.ReduceOp.MAX)
+        count = max(reduced["count"], 1.0)
         metrics = {
-            "train/loss": reduced["loss"] / total_count,
-            "train/ratio_mean": reduced["ratio_sum"] / total_count,
-            "train/ratio_max_dev": max_dev,
-            "train/clipfrac": reduced["clipped"] / total_count,
-            "train/approx_kl": reduced["approx_kl"] / total_count,
-            "train/grad_norm": float(grad_norm),
-            "train/kl": reduced["kl"] / total_count,
+            "train/loss": reduced["loss"] / count,
+            "train/ratio_mean": reduced["ratio_sum"] / count,
+            "train/ratio_max_dev": first_dev,
+            "train/offpolicy_ratio_max_dev": later_dev,
+            "train/clipfrac": reduced["clipped"] / count,
+            "train/approx_kl": reduced["approx_kl"] / count,
+            "train/grad_norm": float(sum(grad_norms) / len(grad_norms)) if grad_norms else float("nan"),
+            "train/kl": reduced["kl"] / count,
             "train/num_samples": total_samples,
+            "train/optimizer_steps": float(steps),
+            "train/skipped_steps": float(skipped),
         }
         log.info(
-            "iteration %d rank %d: %d local samples, %d passes (%d real), loss %.4g, ratio_max_dev %.3g, %.2fs",
-            iteration, self.rank, n_local, max_mbs, len(micro_batches), metrics["train/loss"],
-            max_dev, time.perf_counter() - t0,
+            "iteration %d rank %d: %d local samples, %d optimizer steps (%d skipped), loss %.4g, ratio_max_dev %.3g, %.2fs",
+            iteration, self.rank, n_local, steps, skipped, metrics["train/loss"], first_dev, time.perf_counter() - t0,
         )
         return metrics
 
@@ -273,17 +357,47 @@ class FlowGRPOTrainer:
         copy_needed = self.device.type == "cpu"
         return {k: v.detach().to("cpu", torch.float32, copy=copy_needed) for k, v in sd.items()}
 
-    def save_pretrained(self, path: str | os.PathLike) -> None:
-        """Write an unwrapped diffusers copy on rank 0 (loadable with ``from_pretrained``). Collective."""
-        sd = self.full_state_dict()
-        if self.rank == 0:
-            from diffusers import QwenImageTransformer2DModel
+    def version_state_dict(self) -> dict[str, torch.Tensor]:
+        """What a published weight version holds, on rank 0 (``{}`` elsewhere). Collective.
 
-            model = QwenImageTransformer2DModel.from_config(self._diffusers_config)
-            model.load_state_dict(sd)
-            pathlib.Path(path).mkdir(parents=True, exist_ok=True)
-            model.save_pretrained(str(path))
-            log.info("saved weights to %s", path)
+        Full fine-tuning: :meth:`full_state_dict`. LoRA: the adapter parameters alone
+        (``…lora_A.default.weight`` names, float32 CPU), gathered from their shards.
+        """
+        if not self.lora:
+            return self.full_state_dict()
+        out = {}
+        for name, p in self.model.named_parameters():
+            if not p.requires_grad:
+                continue
+            t = p.full_tensor() if hasattr(p, "full_tensor") else p
+            if self.rank == 0:
+                out[name] = t.detach().to("cpu", torch.float32, copy=True).contiguous()
+        return out
+
+    def save_pretrained(self, path: str | os.PathLike) -> None:
+        """Write the result on rank 0. Collective.
+
+        Full fine-tuning: an unwrapped diffusers transformer (``<Class>.from_pretrained(path)``).
+        LoRA: the adapter in diffusers format (``pytorch_lora_weights.safetensors``; load with
+        ``pipeline.load_lora_weights(path)`` or ``transformer.load_lora_adapter(path,
+        prefix="transformer")``).
+        """
+        if self.lora:
+            sd = self.version_state_dict()
+            if self.rank == 0:
+                pathlib.Path(path).mkdir(parents=True, exist_ok=True)
+                adapter = {k.replace(".default.", "."): v for k, v in sd.items()}  # peft's saved naming
+                self.family.save_lora(path, adapter, adapter_metadata(self.model))
+        else:
+            sd = self.full_state_dict()
+            if self.rank == 0:
+                with torch.device("meta"):  # no second full-size allocation (20 B parameters = 80 GB fp32)
+                    model = self.family.transformer_cls().from_config(self._diffusers_config)
+                model.load_state_dict(sd, assign=True)
+                pathlib.Path(path).mkdir(parents=True, exist_ok=True)
+                model.save_pretrained(str(path))
+        if self.rank == 0:
+            log.info("saved %s to %s", "LoRA adapter" if self.lora else "weights", path)
         dist.barrier()
 
 
@@ -344,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     version = 0
 
     def publish(ver: int) -> None:
-        sd = trainer.full_state_dict()
+        sd = trainer.version_state_dict()
         if args.rank == 0:
             blob = tensor_wire.state_dict_to_bytes(sd)
             sock.send_multipart(P.encode(P.Weights(version=ver, size_bytes=len(blob)), [blob]))

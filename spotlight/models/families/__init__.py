@@ -24,8 +24,11 @@ _MODULES = {"tiny": "tiny", "qwen-image": "qwen_image", "sd3": "sd3", "flux": "f
 __all__ = ["ModelFamily", "ModelLoadError", "cached_conditioning", "get_family", "torch_dtype"]
 
 
-def get_family(cfg: ModelConfig) -> ModelFamily:
+def get_family(cfg: ModelConfig, *, text_dim: int | None = None) -> ModelFamily:
     """The :class:`ModelFamily` for ``cfg.family`` (its module is imported on first use).
+
+    ``text_dim`` sets the tiny family's text-embedding width (tests use small ones); the other
+    families read theirs from the checkpoint and ignore it.
 
     Raises:
         ValueError: unknown family name.
@@ -34,4 +37,7 @@ def get_family(cfg: ModelConfig) -> ModelFamily:
         mod = importlib.import_module(f"spotlight.models.families.{_MODULES[cfg.family]}")
     except KeyError:
         raise ValueError(f"unknown model family {cfg.family!r}; choose one of {sorted(_MODULES)}") from None
-    return mod.FAMILY(cfg)
+    family = mod.FAMILY(cfg)
+    if text_dim is not None and hasattr(family, "text_dim"):
+        family.text_dim = text_dim
+    return family

@@ -22,7 +22,10 @@ class TinyFamily(ModelFamily):
     default_lora_targets = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out", "img_mlp.net.0.proj", "img_mlp.net.2", "txt_mlp.net.0.proj", "txt_mlp.net.2")
     default_guidance_scale = 1.0
 
-    text_dim = TEXT_DIM
+    def __init__(self, cfg, text_dim: int = TEXT_DIM):
+        super().__init__(cfg)
+        self.text_dim = text_dim
+        """Width D of the text embeddings (``joint_attention_dim``); MiniLM's 384 by default."""
 
     def components(self) -> tuple[str, ...]:
         return ("transformer",)
@@ -31,7 +34,8 @@ class TinyFamily(ModelFamily):
         return f"minilm|{self.cfg.max_text_tokens}"
 
     def build_transformer(self, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-        return dit.build_transformer(self.cfg, TEXT_DIM).to(dtype)
+        model = dit.build_transformer(self.cfg, self.text_dim)
+        return model if dtype == torch.float32 else model.to(dtype)
 
     @property
     def latent_shape(self) -> tuple[int, int]:
