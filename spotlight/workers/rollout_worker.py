@@ -118,7 +118,8 @@ class RolloutExecutor:
             model = self.family.build_transformer(self.dtype)
             if self.lora:
                 add_lora(model, self.lora, self.family.default_lora_targets, seed=self.model_cfg.init_seed)
-                model.to(self.dtype)
+                if self.dtype != torch.float32:
+                    model.to(self.dtype)
             self.transformer = model.to(self.device).eval()
             self._counter = StepCounter(self.transformer, self.family.block_names)
         if self.loaded_version != version:

@@ -288,3 +288,7 @@ class FluxFamily(VaeLatentFamily):
 
 
 FAMILY = FluxFamily
+
+
+make_random_checkpoint = FluxFamily.make_random_checkpoint
+"""Module-level alias: every family module exposes ``make_random_checkpoint(path, *, seed, transformer_kwargs, image_size)``."""

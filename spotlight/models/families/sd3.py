@@ -556,3 +556,7 @@ class SD3Family(VaeLatentFamily):
 
 
 FAMILY = SD3Family
+
+
+make_random_checkpoint = SD3Family.make_random_checkpoint
+"""Module-level alias: every family module exposes ``make_random_checkpoint(path, *, seed, transformer_kwargs, image_size)``."""
