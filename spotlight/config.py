@@ -328,12 +328,17 @@ class RunConfig(_Section):
     """Base of the default (unexplored) seeds."""
     sample_grid_every: int = 5
     """Write a PNG grid of rollout samples every N iterations (0 = never)."""
+    keep_weight_versions: int = 0
+    """Retention of published weight versions in the Tensor Store on disk: keep the newest N
+    (>= 2: exploration reads v_n while v_n+1 is published); 0 = keep every version (a full
+    Qwen-Image version is ~41 GB in bf16, a rank-64 LoRA version ~0.85 GB)."""
     save_rollouts: bool = False
     """Write every iteration's rollout samples (images, window latents, log-probs, rewards) to
     ``rollouts/iter_NNNN.safetensors`` (for audits and tests)."""
 
     def __post_init__(self) -> None:
         _check(self.iterations >= 1, "run.iterations", "must be >= 1")
+        _check(self.keep_weight_versions == 0 or self.keep_weight_versions >= 2, "run.keep_weight_versions", "must be 0 (keep all) or >= 2")
 
 
 class CostConfig(_Section):

@@ -505,6 +505,9 @@ class Coordinator:
         elif mtype == P.MsgType.WEIGHTS:
             self.store.put_weights(body.version, bytes(payload[0]))
             self.version_bytes = len(payload[0])
+            keep = self.cfg.run.keep_weight_versions
+            if keep:
+                self.store.prune_weights(body.version - keep + 1)
             self.version = max(self.version, body.version)
         elif mtype == P.MsgType.TRAIN_DONE:
             self.train_done[body.rank] = body

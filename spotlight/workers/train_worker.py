@@ -361,17 +361,21 @@ class FlowGRPOTrainer:
         """What a published weight version holds, on rank 0 (``{}`` elsewhere). Collective.
 
         Full fine-tuning: :meth:`full_state_dict`. LoRA: the adapter parameters alone
-        (``…lora_A.default.weight`` names, float32 CPU), gathered from their shards.
+        (``…lora_A.default.weight`` names), gathered from their shards. Tensors are CPU, in the
+        Rollout Workers' dtype (``model.dtype``: bfloat16 on CUDA, so a version is half the
+        float32 master copy; float32 on the CPU).
         """
+        dtype = torch_dtype(self.cfg.model.dtype, self.device)
         if not self.lora:
-            return self.full_state_dict()
+            sd = self.full_state_dict()
+            return sd if dtype == torch.float32 else {k: v.to(dtype) for k, v in sd.items()}
         out = {}
         for name, p in self.model.named_parameters():
             if not p.requires_grad:
                 continue
             t = p.full_tensor() if hasattr(p, "full_tensor") else p
             if self.rank == 0:
-                out[name] = t.detach().to("cpu", torch.float32, copy=True).contiguous()
+                out[name] = t.detach().to("cpu", dtype, copy=True).contiguous()
         return out
 
     def save_pretrained(self, path: str | os.PathLike) -> None:
@@ -386,7 +390,7 @@ class FlowGRPOTrainer:
             sd = self.version_state_dict()
             if self.rank == 0:
                 pathlib.Path(path).mkdir(parents=True, exist_ok=True)
-                adapter = {k.replace(".default.", "."): v for k, v in sd.items()}  # peft's saved naming
+                adapter = {k.replace(".default.", "."): v.float() for k, v in sd.items()}  # peft's saved naming
                 self.family.save_lora(path, adapter, adapter_metadata(self.model))
         else:
             sd = self.full_state_dict()
