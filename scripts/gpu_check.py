@@ -27,6 +27,37 @@ e. **Summary**: one table on stdout, ``summary.json``, ``metrics.jsonl`` (the ru
    are printed and listed under ``failures`` in summary.json); 2 = the environment is
    missing a package or a CUDA device.
 
+The numbers in ``summary.json`` (seconds are wall-clock, bytes are bytes):
+
+* ``model.transformer_params`` (count), ``model.transformer_file_bytes`` (the saved
+  transformer), ``model.build_s`` (seconds to build and save the whole checkpoint);
+* ``bench.load_s``: seconds to load the transformer with ``family.build_transformer`` and
+  move it to the device;
+* ``bench.denoise[i].s_per_step``: seconds per denoising step at ``image_size`` pixels
+  (``tokens`` packed image tokens): one transformer forward of the positive and negative
+  prompt rows batched (true CFG, batch 1), mean over timed repeats after warm-up, with the
+  device synchronised;
+* ``bench.train_step_s``: seconds per Flow-GRPO optimizer step: forward + backward over a
+  window of ``train_window`` SDE steps for ``train_batch`` rows at ``train_image_size``
+  (with CFG), the clipped policy loss, gradient clipping and AdamW on the LoRA adapter
+  (``lora_rank``, ``lora_alpha``; fp32 adapter, bf16 compute on CUDA);
+  ``train_ratio_max_dev_first``: max |ratio − 1| of the first step (0 = on-policy);
+* ``bench.peak_memory_bytes``: peak GPU memory of this process
+  (``torch.cuda.max_memory_allocated``; in the dry run the process's max RSS), also split
+  into ``denoise_peak_memory_bytes`` and ``train_peak_memory_bytes``;
+* ``bench.adapter_bytes`` / ``bench.full_bytes``: bytes of one published weight version as
+  a LoRA adapter vs as the whole transformer, in ``version_dtype`` (the Rollout Workers'
+  dtype); ``*_fp32``: the same in float32; ``adapter_fraction`` = their ratio;
+* ``bench.sync``: one adapter version through ``tensor_wire.state_dict_to_bytes``
+  (``serialize_s``), ``bytes_to_state_dict`` (``deserialize_s``) and a host→device copy
+  (``h2d_s``); ``bytes_per_s`` = ``bytes`` / their sum (best of 3);
+* ``run.iterations[i]``: ``rollout_s``, ``train_s``, ``explore_s``, ``iteration_s``
+  (seconds, from the run's ``metrics.jsonl``), ``ratio_max_dev`` (must be exactly 0 on
+  iteration 0), ``version_bytes`` (bytes of the published version), ``reward_mean``;
+  ``run.versions``: each ``tensor_store/weights/v<N>.safetensors`` with its size and
+  whether every tensor is a LoRA tensor; ``run.wall_s``: seconds of ``spotlight up``;
+* ``phases_s``: seconds per phase; ``total_s``: seconds of the whole check.
+
 ``--cpu-dry-run`` runs the same code at tiny sizes on the CPU (gloo, float32, 32²/64²
 images, 2 iterations); the test suite runs it (``tests/integration/test_gpu_check_dry_run.py``).
 

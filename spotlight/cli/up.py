@@ -106,6 +106,13 @@ def register(app: typer.Typer) -> None:
         if (rd / "metrics.jsonl").is_file() and (rd / "metrics.jsonl").stat().st_size > 0:
             console.print(f"[red]error:[/red] {rd} already holds a run (metrics.jsonl); choose another --run-dir")
             raise typer.Exit(2)
+        try:  # fail fast on a missing or incomplete checkpoint (no weights load here)
+            from spotlight.models.families import ModelLoadError, get_family
+
+            get_family(cfg.model).check()
+        except ModelLoadError as exc:
+            console.print(f"[red]error:[/red] {exc}")
+            raise typer.Exit(2)
         if cfg.reward.kind == "http":  # fail fast on an unreachable reward service
             import numpy as np
 

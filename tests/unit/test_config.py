@@ -141,3 +141,21 @@ def test_config_from_dict_errors_are_config_errors():
         config_from_dict({"data": {"group_size": 3}})
     with pytest.raises(ConfigError):
         SamplerConfig(num_steps=4, sde_window_size=4)
+
+
+@pytest.mark.parametrize("name", ["qwen-image", "sd3", "flux"])
+def test_family_example_configs_load(name):
+    from spotlight.config import EXAMPLES_DIR, load_config
+
+    cfg = load_config(EXAMPLES_DIR / "families" / f"{name}.toml")
+    assert cfg.model.family == name and cfg.model.pretrained_path
+    assert cfg.train.use_lora and cfg.run.keep_weight_versions >= 2
+
+
+def test_family_needs_a_checkpoint_path():
+    from spotlight.config import ConfigError, config_from_dict
+
+    with pytest.raises(ConfigError, match="pretrained_path"):
+        config_from_dict({"model": {"family": "sd3"}})
+    with pytest.raises(ConfigError, match="sp_degree"):
+        config_from_dict({"model": {"family": "flux", "pretrained_path": "/x", "image_size": 32}, "cluster": {"sp_degree": 2}})

@@ -113,6 +113,17 @@ class ModelFamily(abc.ABC):
         """Sub-folders a checkpoint of this family holds (for error messages and checks)."""
         return ("transformer", "vae", "scheduler", "text_encoder", "tokenizer")
 
+    def check(self) -> None:
+        """Cheap up-front check that the checkpoint has every component folder (no weights load).
+
+        Raises:
+            ModelLoadError: a folder is missing (the message names it and the expected layout).
+        """
+        if not self.path.is_dir():
+            raise ModelLoadError(f"checkpoint directory not found: {self.path} (model.pretrained_path)")
+        for name in self.components():
+            self.component_dir(name)
+
     def identity(self) -> str:
         """Stable text naming the checkpoint and prompt settings (prompt-cache key)."""
         parts = [self.name, str(self.path.resolve()) if self.cfg.pretrained_path else "", str(self.cfg.max_text_tokens), self.negative_prompt, str(self.guidance_scale > 1)]

@@ -30,6 +30,18 @@ class TinyFamily(ModelFamily):
     def components(self) -> tuple[str, ...]:
         return ("transformer",)
 
+    def check(self) -> None:
+        if self.cfg.source == "pretrained":
+            super().check()
+
+    def component_dir(self, name: str):
+        # a tiny "pretrained" checkpoint is a bare transformer folder (config.json + weights)
+        if not (self.path / "config.json").is_file():
+            from spotlight.models.families.base import ModelLoadError
+
+            raise ModelLoadError(f"{self.path}: no config.json; model.source = 'pretrained' expects a QwenImageTransformer2DModel folder (save_pretrained)")
+        return self.path
+
     def identity(self) -> str:
         return f"minilm|{self.cfg.max_text_tokens}"
 
