@@ -172,7 +172,8 @@ class Sizes:
     """Rows of the training-step benchmark (one rollout micro-batch)."""
     iterations: int
     timeout_s: float
-    """``spotlight up --timeout-s``."""
+    """``spotlight up --timeout-s``: seconds after which the run aborts itself (this script
+    kills it :data:`KILL_GRACE_S` later)."""
     warmup: int
     repeats: int
 
@@ -180,7 +181,7 @@ class Sizes:
 GPU_SIZES = Sizes(
     layers=8, heads=24, head_dim=128, rope=(16, 56, 56), image_size=512, bench_sizes=(512, 1024),
     max_text_tokens=64, num_steps=10, prompts_per_iteration=4, group_size=4, num_control_prompts=1,
-    num_candidates=8, lora_rank=64, worker_batch_size=4, train_batch=4, iterations=3, timeout_s=360.0,
+    num_candidates=8, lora_rank=64, worker_batch_size=4, train_batch=4, iterations=3, timeout_s=300.0,
     warmup=2, repeats=5,
 )
 DRY_SIZES = Sizes(
@@ -194,6 +195,8 @@ SDE_WINDOW = 2
 NOISE_LEVEL = 1.2
 CLIP_RANGE = 1e-4
 ADV_CLIP_MAX = 5.0
+KILL_GRACE_S = 30.0
+"""Seconds ``spotlight up`` gets past its own ``--timeout-s`` before this script ends it."""
 
 
 def say(msg: str = "") -> None:
@@ -517,10 +520,6 @@ def benchmarks(report: dict, ckpt: pathlib.Path, sz: Sizes, device) -> None:
         f"  weight sync of one adapter version ({best['bytes'] / 2**20:.1f} MiB): serialise {best['serialize_s'] * 1e3:.1f} ms, "
         f"deserialise {best['deserialize_s'] * 1e3:.1f} ms, host→device {best['h2d_s'] * 1e3:.1f} ms = {best['bytes_per_s'] / 1e9:.2f} GB/s"
     )
-    del transformer, opt, params, window, adapter
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
 
 
 # ------------------------------------------------------------------- d. distributed run
@@ -569,15 +568,15 @@ def distributed_run(report: dict, tmp: pathlib.Path, ckpt: pathlib.Path, sz: Siz
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            rc = proc.wait(timeout=sz.timeout_s + 60)
+            rc = proc.wait(timeout=sz.timeout_s + KILL_GRACE_S)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGTERM)
+            os.killpg(proc.pid, signal.SIGTERM)  # its own session: the coordinator, trainer, agents, workers
             try:
-                rc = proc.wait(timeout=30)
+                rc = proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 rc = proc.wait()
-            fail(report, f"run: spotlight up did not finish within {sz.timeout_s + 60:.0f} s")
+            fail(report, f"run: spotlight up did not finish within {sz.timeout_s + KILL_GRACE_S:.0f} s")
     run["wall_s"] = time.perf_counter() - t0
     run["returncode"] = rc
     say(f"  exit code {rc} after {run['wall_s']:.1f} s (output: {log_path})")
@@ -665,12 +664,25 @@ def print_summary(report: dict) -> None:
         say(f"  {k:<{width}}  {v}")
 
 
+def _quiet_progress_bars() -> None:
+    """No tqdm bars from diffusers/transformers loading and saving (they flood the log)."""
+    try:
+        import diffusers.utils.logging as dlog
+        import transformers.utils.logging as tlog
+
+        dlog.disable_progress_bar()
+        tlog.disable_progress_bar()
+    except Exception:  # noqa: BLE001 - cosmetic only
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="gpu-check", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cpu-dry-run", action="store_true", help="tiny sizes on the CPU (gloo, float32): the test suite's check of this script")
     ap.add_argument("--layers", type=int, default=None, help=f"transformer blocks of the real-width model (default {GPU_SIZES.layers}: ~2.7 B parameters; dry run {DRY_SIZES.layers})")
     ap.add_argument("--out", type=pathlib.Path, default=None, help="where summary.json, metrics.jsonl and up.log go (default $OUT, else ./gpu-check-out)")
     ap.add_argument("--iterations", type=int, default=None, help=f"iterations of the distributed run (default {GPU_SIZES.iterations}; dry run {DRY_SIZES.iterations})")
+    ap.add_argument("--run-timeout-s", type=float, default=None, help=f"spotlight up --timeout-s (default {GPU_SIZES.timeout_s:g}; dry run {DRY_SIZES.timeout_s:g})")
     ap.add_argument("--skip-run", action="store_true", help="only the environment, checkpoint and in-process benchmarks")
     ap.add_argument("--keep", action="store_true", help="keep the temporary checkpoint and run directory")
     args = ap.parse_args(argv)
@@ -680,6 +692,8 @@ def main(argv: list[str] | None = None) -> int:
         sz = dataclasses.replace(sz, layers=max(1, args.layers))
     if args.iterations is not None:
         sz = dataclasses.replace(sz, iterations=max(1, args.iterations))
+    if args.run_timeout_s is not None:
+        sz = dataclasses.replace(sz, timeout_s=max(10.0, args.run_timeout_s))
     out = args.out or pathlib.Path(os.environ.get("OUT") or "gpu-check-out")
     out.mkdir(parents=True, exist_ok=True)
     report: dict = {"mode": "cpu-dry-run" if args.cpu_dry_run else "gpu", "sizes": dataclasses.asdict(sz), "failures": [], "phases_s": {}}
@@ -702,6 +716,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    _quiet_progress_bars()
     device = torch.device("cpu") if args.cpu_dry_run else torch.device("cuda", 0)
     if args.cpu_dry_run:
         torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
@@ -714,6 +729,10 @@ def main(argv: list[str] | None = None) -> int:
             return finish(1)
         with Phase(report, "bench", "c. micro-benchmarks (family API, in-process)"):
             benchmarks(report, ckpt, sz, device)
+        gc.collect()  # the benchmark's model and activations: give the GPU back to the run's processes
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+            report.setdefault("bench", {})["reserved_after_bytes"] = int(torch.cuda.memory_reserved(device))
         if not args.skip_run:
             with Phase(report, "run", "d. spotlight up --local (FSDP2 trainer + reserved + 1 spot agent)"):
                 distributed_run(report, tmp, ckpt, sz, out)

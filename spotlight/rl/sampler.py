@@ -186,6 +186,10 @@ class Conditioning:
         extra: family-specific tensors, e.g. ``pooled [B, P]`` (SD3, FLUX) and the
             negative prompt's ``neg.embeds`` / ``neg.mask`` / ``neg.pooled`` for true CFG.
 
+    An extra tensor with a leading dimension of 1 while there are several rows is *shared* by
+    every row (the negative prompt: stored once per prompt set, not once per prompt) and is
+    expanded by :meth:`index`.
+
     On the wire and in caches the tensors are named ``cond.embeds``, ``cond.mask``,
     ``cond.<extra name>`` (:meth:`to_tensors` / :meth:`from_tensors`).
     """
@@ -195,8 +199,16 @@ class Conditioning:
     extra: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
 
     def index(self, idx: torch.Tensor | slice | list[int]) -> "Conditioning":
-        """Rows ``idx`` of every tensor."""
-        return Conditioning(self.embeds[idx], self.mask[idx], {k: v[idx] for k, v in self.extra.items()})
+        """Rows ``idx`` of every tensor (shared one-row extras are expanded to those rows)."""
+        embeds = self.embeds[idx]
+        n, rows = len(self), embeds.shape[0]
+
+        def pick(v: torch.Tensor) -> torch.Tensor:
+            if v.shape[0] == 1 and n != 1:
+                return v.expand(rows, *v.shape[1:]).contiguous()
+            return v[idx]
+
+        return Conditioning(embeds, self.mask[idx], {k: pick(v) for k, v in self.extra.items()})
 
     def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> "Conditioning":
         """Move every tensor to ``device``; floating tensors also to ``dtype`` when given."""
@@ -207,6 +219,15 @@ class Conditioning:
             return t.to(device)
 
         return Conditioning(mv(self.embeds), mv(self.mask), {k: mv(v) for k, v in self.extra.items()})
+
+    def rows(self, name: str, n: int) -> torch.Tensor:
+        """Extra tensor ``name`` with ``n`` rows (a shared one-row tensor is expanded).
+
+        Raises:
+            KeyError: no such extra tensor.
+        """
+        v = self.extra[name]
+        return v.expand(n, *v.shape[1:]) if v.shape[0] == 1 and n != 1 else v
 
     def __len__(self) -> int:
         return int(self.embeds.shape[0])

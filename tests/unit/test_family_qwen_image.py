@@ -145,8 +145,11 @@ def test_encode_prompts_shapes_padding_and_negative(family, cond, pipe):
     assert cond.embeds.shape == (2, T, 32) and cond.embeds.dtype == torch.float32
     assert cond.mask.shape == (2, T) and cond.mask.dtype == torch.int64
     assert set(cond.extra) == {"neg.embeds", "neg.mask"}
-    assert cond.extra["neg.embeds"].shape == (2, T, 32) and cond.extra["neg.mask"].shape == (2, T)
-    assert torch.equal(cond.extra["neg.embeds"][0], cond.extra["neg.embeds"][1])
+    # the negative prompt is stored once and shared by every row
+    assert cond.extra["neg.embeds"].shape == (1, T, 32) and cond.extra["neg.mask"].shape == (1, T)
+    rows = cond.index([0, 1])
+    assert rows.extra["neg.embeds"].shape == (2, T, 32) and rows.extra["neg.mask"].shape == (2, T)
+    assert torch.equal(rows.extra["neg.embeds"][0], rows.extra["neg.embeds"][1])
     for row in range(2):
         n = int(cond.mask[row].sum())
         assert 0 < n < T and torch.all(cond.mask[row, :n] == 1) and torch.all(cond.mask[row, n:] == 0)
@@ -204,7 +207,7 @@ def test_cfg_equals_two_separate_unpadded_calls(family, transformer, cond):
     w = family.guidance_scale
     for row in range(2):
         pos = single(row, cond.embeds[row], cond.mask[row])
-        neg = single(row, cond.extra["neg.embeds"][row], cond.extra["neg.mask"][row])
+        neg = single(row, cond.extra["neg.embeds"][0], cond.extra["neg.mask"][0])
         comb = neg + w * (pos - neg)
         expect = comb * (pos.norm(dim=-1, keepdim=True) / comb.norm(dim=-1, keepdim=True))
         torch.testing.assert_close(v[row], expect, rtol=0, atol=1e-5)

@@ -47,7 +47,10 @@ def flux_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def sd3(sd3_dir):
     fam = get_family(_cfg("sd3", sd3_dir))
-    return fam, fam.build_transformer(torch.float32), fam.encode_prompts(PROMPTS)
+    stored = fam.encode_prompts(PROMPTS)
+    # the negative prompt is stored once (one shared row); index() gives it to every row
+    assert stored.extra["neg.embeds"].shape[0] == 1 and stored.extra["neg.pooled"].shape[0] == 1
+    return fam, fam.build_transformer(torch.float32), stored.index(list(range(len(PROMPTS))))
 
 
 @pytest.fixture(scope="module")

@@ -167,7 +167,7 @@ class ModelFamily(abc.ABC):
         Returns:
             :class:`Conditioning` with ``embeds [N, T, D] float32``, ``mask [N, T] int64``
             (T = ``model.max_text_tokens``, zero-padded) and family extras (pooled
-            projections, the negative prompt's tensors ``neg.*`` repeated per row when CFG
+            projections, the negative prompt's tensors ``neg.*`` as one shared row when CFG
             is on).
         """
 

@@ -282,9 +282,9 @@ class QwenImageFamily(ModelFamily):
                 if self.guidance_scale > 1:
                     ne, nm, nl = self._encode_rows(pipe, [self.negative_prompt], device)
                     self._warn_cut([self.negative_prompt], nl)
-                    rows = len(prompts)
-                    cond.extra["neg.embeds"] = ne.expand(rows, -1, -1).clone()
-                    cond.extra["neg.mask"] = nm.expand(rows, -1).clone()
+                    # one shared row (Conditioning.index expands it): not one copy per prompt
+                    cond.extra["neg.embeds"] = ne[:1].clone()
+                    cond.extra["neg.mask"] = nm[:1].clone()
         finally:
             del pipe
             gc.collect()
@@ -319,8 +319,8 @@ class QwenImageFamily(ModelFamily):
         if use_cfg:
             x = torch.cat([x, x])
             t = torch.cat([t, t])
-            embeds = torch.cat([embeds, cond.extra["neg.embeds"].to(embeds.device)])
-            mask = torch.cat([mask, cond.extra["neg.mask"].to(mask.device)])
+            embeds = torch.cat([embeds, cond.rows("neg.embeds", batch).to(embeds.device)])
+            mask = torch.cat([mask, cond.rows("neg.mask", batch).to(mask.device)])
         mask = mask.to(device=latents.device)
         out = transformer(
             hidden_states=x,

@@ -301,7 +301,7 @@ class SD3Family(VaeLatentFamily):
     image_size / vae_scale_factor``). Conditioning: ``embeds [N, 77 + max_text_tokens, D]``
     (D = T5 width, 4096 for SD3), ``mask`` all ones (SD3 attends to every token, padding
     included), ``extra["pooled"] [N, P]`` (P = 2048), and with CFG (``guidance_scale > 1``)
-    ``extra["neg.embeds"]``, ``extra["neg.pooled"]`` for the negative prompt, repeated per row.
+    ``extra["neg.embeds"]``, ``extra["neg.pooled"]`` for the negative prompt, one shared row.
     """
 
     name = "sd3"
@@ -401,8 +401,8 @@ class SD3Family(VaeLatentFamily):
         Returns:
             :class:`Conditioning` on the CPU: ``embeds [N, 77 + max_text_tokens, D] float32``,
             ``mask [N, T] int64`` all ones, ``extra["pooled"] [N, P] float32``; with
-            ``guidance_scale > 1`` also ``extra["neg.embeds"] [N, T, D]`` and
-            ``extra["neg.pooled"] [N, P]``.
+            ``guidance_scale > 1`` also ``extra["neg.embeds"] [1, T, D]`` and
+            ``extra["neg.pooled"] [1, P]`` (shared by every row; ``Conditioning.index`` expands).
 
         Raises:
             ValueError: ``prompts`` is empty.
@@ -418,8 +418,9 @@ class SD3Family(VaeLatentFamily):
         extra = {"pooled": pooled}
         if self.guidance_scale > 1:
             neg_embeds, neg_pooled = self._encode(pipe, [self.negative_prompt], device)
-            extra["neg.embeds"] = _row_broadcast(neg_embeds, len(prompts))
-            extra["neg.pooled"] = _row_broadcast(neg_pooled, len(prompts))
+            # one shared row (Conditioning.index expands it): not one copy per prompt
+            extra["neg.embeds"] = neg_embeds[:1].clone()
+            extra["neg.pooled"] = neg_pooled[:1].clone()
         return Conditioning(embeds, mask, extra)
 
     # ------------------------------------------------------------------ velocity
@@ -456,8 +457,8 @@ class SD3Family(VaeLatentFamily):
         out = transformer(
             hidden_states=torch.cat([x, x]),
             timestep=torch.cat([t, t]),
-            encoder_hidden_states=torch.cat([cond.extra["neg.embeds"].to(dtype), embeds]),
-            pooled_projections=torch.cat([cond.extra["neg.pooled"].to(dtype), pooled]),
+            encoder_hidden_states=torch.cat([cond.rows("neg.embeds", x.shape[0]).to(dtype), embeds]),
+            pooled_projections=torch.cat([cond.rows("neg.pooled", x.shape[0]).to(dtype), pooled]),
             return_dict=False,
         )[0]
         v_u, v_c = out.float().chunk(2)
