@@ -266,6 +266,18 @@ def test_process_protocol(trained, rollout, tmp_path):
         assert mtype == P.MsgType.TRAIN_DONE and (body.rank, body.iteration, body.new_version) == (0, 3, 1)
         assert body.metrics["train/ratio_max_dev"] == 0.0
 
+        # a rank that got no rollout batch receives only one padding row of conditioning
+        pad = {"pad.cond.embeds": rollout["cond.embeds"][:1], "pad.cond.mask": rollout["cond.mask"][:1]}
+        metas, frames = tensor_wire.pack_tensors(pad)
+        router.send_multipart([b"trainer-0", *P.encode(P.TrainBatch(iteration=4, version=1, micro_batches=[], tensors=metas), frames)])
+        mtype, body, payload = recv()
+        assert mtype == P.MsgType.WEIGHTS and body.version == 2
+        v2 = tensor_wire.bytes_to_state_dict(payload[0])
+        assert not _states_differ(v1, v2)  # nothing to train on: weights unchanged
+        mtype, body, _ = recv()
+        assert mtype == P.MsgType.TRAIN_DONE and (body.iteration, body.new_version) == (4, 2)
+        assert body.metrics["train/num_samples"] == 0.0
+
         router.send_multipart([b"trainer-0", *P.encode(P.Shutdown(reason=f"save:{tmp_path / 'final'}"))])
         mtype, body, _ = recv()
         assert mtype == P.MsgType.TRAIN_DONE and (body.iteration, body.new_version) == (-1, -1)
