@@ -293,3 +293,38 @@ def test_process_protocol(trained, rollout, tmp_path):
             proc.wait()
         router.close()
         ctx.term()
+
+
+def _two_rank_lora_worker(rank: int, world: int, store_path: str, out_dir: str, batch: dict) -> None:
+    """Spawned rank of a LoRA trainer: rank 0 rows 0-2 (three micro-batches), rank 1 rows 3-5."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
+    try:
+        tr = FlowGRPOTrainer(_cfg(lora_rank=4, kl_beta=0.1), rank=rank, world_size=world, device=torch.device("cpu"), text_dim=TEXT_DIM)
+        rows, mbs = ([0, 1, 2], [[0], [1], [2]]) if rank == 0 else ([3, 4, 5], [[0, 1, 2]])
+        tr.train_step(_select(batch, rows), mbs, iteration=0)
+        sd = tr.version_state_dict()  # collective: gathers the adapter shards
+        if rank == 0:
+            save_file(sd, os.path.join(out_dir, "lora2.safetensors"))
+        else:
+            assert sd == {}
+    finally:
+        dist.destroy_process_group()
+
+
+def test_lora_under_fsdp2_two_ranks_match_one_rank(pg, rollout, tmp_path):
+    """LoRA on FSDP2 (frozen base and trainable adapter in the same sharded blocks): the
+    published version is the adapter alone, and 2 ranks give the 1-rank update."""
+    tr = FlowGRPOTrainer(_cfg(lora_rank=4, kl_beta=0.1), rank=0, world_size=1, device=torch.device("cpu"), text_dim=TEXT_DIM)
+    v0 = tr.version_state_dict()
+    assert v0 and all("lora_" in k for k in v0)
+    assert len(tr.params) == len(v0)  # the optimizer holds the adapter only
+    m = tr.train_step(rollout, ROLLOUT_MBS, iteration=0)
+    assert m["train/ratio_max_dev"] == 0.0 and m["train/optimizer_steps"] == 1
+    v1 = tr.version_state_dict()
+    assert any(not torch.equal(v0[k], v1[k]) for k in v0 if "lora_B" in k)
+    mp.spawn(_two_rank_lora_worker, args=(2, str(tmp_path / "store"), str(tmp_path), rollout), nprocs=2, join=True)
+    two = load_file(str(tmp_path / "lora2.safetensors"))
+    assert set(two) == set(v1)
+    worst = max((two[k] - v1[k]).abs().max().item() for k in v1)
+    assert worst < 1e-6, worst
