@@ -99,6 +99,11 @@ class ModelConfig(_Section):
         _check(all(a % 2 == 0 for a in self.axes_dims_rope), "model.axes_dims_rope", "every axis must be even")
         _check(self.source != "pretrained" or bool(self.pretrained_path), "model.pretrained_path", "required when source = 'pretrained'")
         _check(self.family == "tiny" or bool(self.pretrained_path), "model.pretrained_path", f"required for family = '{self.family}' (a local diffusers-format checkpoint directory)")
+        _check(
+            not (self.family == "tiny" and self.source == "tiny" and self.pretrained_path),
+            "model.pretrained_path",
+            "the tiny family builds its model from this config; set model.source = 'pretrained' to load a saved transformer folder, or set model.family",
+        )
         _check(self.family == "tiny" or self.image_size % 16 == 0, "model.image_size", f"must be a multiple of 16 for family = '{self.family}' (VAE ×8, 2×2 packing)")
         _check(self.guidance_scale >= 0, "model.guidance_scale", "must be >= 0 (0 = family default)")
         _check(self.max_text_tokens >= 1, "model.max_text_tokens", "must be >= 1")
@@ -134,6 +139,7 @@ class SamplerConfig(_Section):
         _check(self.noise_level > 0, "sampler.noise_level", "must be > 0 inside the SDE window")
         _check(self.shift > 0, "sampler.shift", "must be > 0")
         lo, hi = self.sde_window_range
+        _check((lo, hi) == (0, 0) or hi > lo, "sampler.sde_window_range", "must be [lo, hi] with hi > lo, or [0, 0] for a fixed window")
         if hi > lo:
             _check(lo >= 0 and hi - self.sde_window_size >= lo, "sampler.sde_window_range", "must satisfy 0 <= lo <= hi - sde_window_size")
             _check(hi <= self.num_steps - 1, "sampler.sde_window_range", "hi must be <= num_steps - 1 (the last step has sigma_next = 0)")

@@ -560,6 +560,9 @@ class Coordinator:
         finite, dropped = trainable_samples(samples)
         if dropped["nonfinite_reward"]:
             log.error("iteration %d: %d samples have non-finite rewards and are left out of the update", n, dropped["nonfinite_reward"])
+            if dropped["nonfinite_reward"] == len(samples):
+                # nothing could ever be trained: stop clearly instead of "finishing" a run that learned nothing
+                self.error = f"iteration {n}: every one of {len(samples)} rewards is non-finite (NaN/inf); check the reward function or service"
         if dropped["nonfinite_latents"]:
             log.error("iteration %d: %d samples have non-finite latents or log-probs and are left out of the update", n, dropped["nonfinite_latents"])
         adv = group_advantages([s.reward for s in finite], [s.slot for s in finite], std=self.cfg.train.advantage_std) if finite else np.zeros(0)
@@ -579,6 +582,9 @@ class Coordinator:
         for i, s in enumerate(finite):
             by_batch[s.batch_id].append(i)
         batches = list(by_batch.values())
+        if len(batches) < self.cfg.train.steps_per_iteration and not getattr(self, "_warned_steps", False):
+            self._warned_steps = True
+            log.warning("train.steps_per_iteration = %d but iteration %d has %d rollout batches: %d optimizer steps (one per batch at most)", self.cfg.train.steps_per_iteration, n, len(batches), len(batches))
         world = self.cfg.train.num_train_workers
         self.train_done.clear()
         for rank in range(world):

@@ -109,7 +109,10 @@ def register(app: typer.Typer) -> None:
         try:  # fail fast on a missing or incomplete checkpoint (no weights load here)
             from spotlight.models.families import ModelLoadError, get_family
 
-            get_family(cfg.model).check()
+            family = get_family(cfg.model)
+            family.check()
+            if cfg.train.use_lora and cfg.train.lora_target_modules:
+                family.check_lora_targets(list(cfg.train.lora_target_modules))
         except ModelLoadError as exc:
             console.print(f"[red]error:[/red] {exc}")
             raise typer.Exit(2)

@@ -121,8 +121,36 @@ class ModelFamily(abc.ABC):
         """
         if not self.path.is_dir():
             raise ModelLoadError(f"checkpoint directory not found: {self.path} (model.pretrained_path)")
+        index = self.path / "model_index.json"
+        if index.is_file():
+            pipeline = str(read_json(index).get("_class_name", ""))
+            if pipeline and not pipeline.startswith(self.pipeline_class.removesuffix("Pipeline")):
+                raise ModelLoadError(f"{self.path} is a {pipeline} checkpoint (model_index.json), not {self.name} ({self.pipeline_class}); check model.family")
         for name in self.components():
-            self.component_dir(name)
+            d = self.component_dir(name)
+            if not any(d.glob("*config*.json")):
+                raise ModelLoadError(f"{d}: no config file; the '{name}/' folder of the checkpoint is incomplete")
+        weights = [f for f in self.component_dir("transformer").iterdir() if f.suffix in (".safetensors", ".bin") or f.name.endswith(".index.json")]
+        if not weights:
+            raise ModelLoadError(f"{self.path / 'transformer'}: no weight files (*.safetensors); the checkpoint is incomplete")
+
+    def check_lora_targets(self, targets: list[str]) -> None:
+        """Every LoRA target module name matches a module of the transformer (checked on the
+        ``meta`` device from its config: no weights load).
+
+        Raises:
+            ModelLoadError: a name matches no module (the message lists them).
+        """
+        import diffusers
+
+        config_path = self.component_dir("transformer") / "config.json" if self.cfg.pretrained_path else None
+        cls = getattr(diffusers, self.transformer_class)
+        with torch.device("meta"):
+            model = cls.from_config(read_json(config_path)) if config_path else self.build_transformer()
+        names = [n for n, _ in model.named_modules()]
+        unknown = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
+        if unknown:
+            raise ModelLoadError(f"train.lora_target_modules: {unknown} match no module of {self.transformer_class} (e.g. {', '.join(self.default_lora_targets[:4])})")
 
     def identity(self) -> str:
         """Stable text naming the checkpoint and prompt settings (prompt-cache key)."""

@@ -30,10 +30,6 @@ class TinyFamily(ModelFamily):
     def components(self) -> tuple[str, ...]:
         return ("transformer",)
 
-    def check(self) -> None:
-        if self.cfg.source == "pretrained":
-            super().check()
-
     def component_dir(self, name: str):
         # a tiny "pretrained" checkpoint is a bare transformer folder (config.json + weights)
         if not (self.path / "config.json").is_file():
@@ -41,6 +37,17 @@ class TinyFamily(ModelFamily):
 
             raise ModelLoadError(f"{self.path}: no config.json; model.source = 'pretrained' expects a QwenImageTransformer2DModel folder (save_pretrained)")
         return self.path
+
+    def check(self) -> None:
+        if self.cfg.source != "pretrained":
+            return
+        from spotlight.models.families.base import ModelLoadError, read_json
+
+        config = read_json(self.component_dir("transformer") / "config.json")
+        if config.get("_class_name") != self.transformer_class:
+            raise ModelLoadError(f"{self.path}: holds a {config.get('_class_name')}, not a {self.transformer_class} folder (model.source = 'pretrained' of the tiny family)")
+        if not any(f.suffix in (".safetensors", ".bin") for f in self.path.iterdir()):
+            raise ModelLoadError(f"{self.path}: no weight files (*.safetensors)")
 
     def identity(self) -> str:
         return f"minilm|{self.cfg.max_text_tokens}"
