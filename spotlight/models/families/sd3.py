@@ -182,11 +182,6 @@ def chunked(items: list[str], size: int) -> Iterator[list[str]]:
         yield items[i : i + size]
 
 
-def _row_broadcast(t: torch.Tensor, n: int) -> torch.Tensor:
-    """``[1, ...]`` → ``[n, ...]`` (a real copy, so it serialises)."""
-    return t.expand(n, *t.shape[1:]).contiguous()
-
-
 def batch_sigmas(sigma: torch.Tensor, batch: int) -> torch.Tensor:
     """``sigma`` (scalar, ``[1]`` or ``[B]``) → ``[B] float32`` on its device."""
     s = sigma.reshape(-1).float()
