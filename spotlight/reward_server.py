@@ -1,4 +1,5 @@
-"""A JSON reward service: built-in JPEG scorers and a CLIP/PickScore preference scorer.
+"""A JSON reward service: built-in JPEG and shapes-world GenEval scorers and a CLIP/PickScore
+preference scorer.
 
 This is the server side of the HTTP protocol that :class:`spotlight.rewards.RewardFn`
 (``[reward] kind = "http"``) speaks. It replaces Flow-GRPO's pickle-over-HTTP reward servers
@@ -34,6 +35,13 @@ Scorers (registry :data:`SCORER_NAMES`):
 * ``jpeg_compressibility`` = −(JPEG size at quality 95, kB); ``jpeg_incompressibility`` =
   +(kB) — the same values as Spotlight's built-in rewards (:func:`spotlight.rewards.jpeg_size_kb`;
   note Flow-GRPO's own ``jpeg_compressibility`` divides by 500 — use weight 0.002 for that).
+* ``geneval_shapes``: the strict GenEval verdict (1.0 or 0.0) of each image for its prompt,
+  by the rule-based detector of :mod:`spotlight.shapes.geneval` (GenEval's include / count /
+  colour / position clauses on shapes-world captions); ``geneval_shapes_partial``: the
+  fraction of the prompt's clauses that hold, in [0, 1] (a denser training signal, like
+  Flow-GRPO's GenEval server's fractional score). A prompt that is no shapes-world caption
+  fails the request (500, naming the scorer and quoting the prompt). Images of any size;
+  the world's are 32×32.
 * ``clip`` (alias ``pickscore``): PickScore-style preference (Kirstain et al. 2023; Flow-GRPO
   ``pickscore_scorer.py``): ``logit_scale.exp() · cos(image_embeds, text_embeds) / 26``, in
   float32, from a local ``transformers`` ``CLIPModel`` checkpoint + its processor
@@ -72,7 +80,8 @@ DEFAULT_MAX_IMAGE_PIXELS = 4096 * 4096
 PICKSCORE_SCALE = 26.0
 """PickScore divides ``logit_scale.exp() · cos`` by 26 to land roughly in [0, 1]."""
 CLIP_MAX_TEXT_TOKENS = 77
-SCORER_NAMES = ("jpeg_compressibility", "jpeg_incompressibility", "clip", "pickscore")
+SCORER_NAMES = ("jpeg_compressibility", "jpeg_incompressibility", "geneval_shapes", "geneval_shapes_partial",
+                "clip", "pickscore")
 _DRAIN_MAX_BYTES = 64 * 1024 * 1024
 _DRAIN_MAX_S = 2.0
 
@@ -116,6 +125,44 @@ class JpegScorer:
         from spotlight.rewards import jpeg_size_kb
 
         return [self.sign * jpeg_size_kb(np.asarray(im.convert("RGB")), self.quality) for im in images]
+
+
+class GenevalShapesScorer:
+    """Rule-based GenEval of shapes-world images (:mod:`spotlight.shapes.geneval`).
+
+    ``partial_credit = False`` (``geneval_shapes``) scores the strict verdict, 1.0 or 0.0;
+    ``True`` (``geneval_shapes_partial``) the fraction of the prompt's clauses that hold.
+    Pure function of pixels and prompt, thread-safe. Building it builds the detector's
+    colour table (0.3-0.6 s, once per process).
+
+    Raises (on call):
+        ValueError: a prompt that is no shapes-world caption (the parser's message).
+    """
+
+    thread_safe = True
+
+    def __init__(self, partial_credit: bool):
+        import numpy as np
+
+        from spotlight.shapes import geneval
+
+        self.partial_credit = bool(partial_credit)
+        geneval.classify_pixels(np.zeros((1, 1, 3), dtype=np.uint8))  # build the colour table now
+
+    def __call__(self, images: Sequence[Image.Image], prompts: Sequence[str]) -> list[float]:
+        import numpy as np
+
+        from spotlight.shapes import geneval
+
+        if len(images) != len(prompts):
+            raise ValueError(f"{len(images)} images but {len(prompts)} prompts")
+        specs = [geneval.parse_prompt(p) for p in prompts]
+        detected = geneval.detect_many([np.asarray(im.convert("RGB")) for im in images])
+        scores = []
+        for spec, objects in zip(specs, detected):
+            correct, partial = geneval.verdict(spec, objects)
+            scores.append(float(partial) if self.partial_credit else float(correct))
+        return scores
 
 
 def _check_clip_dir(path: str | pathlib.Path | None, what: str) -> pathlib.Path:
@@ -270,6 +317,10 @@ def build_scorer(name: str, *, clip_path: str | pathlib.Path | None = None,
         return JpegScorer(-1.0, jpeg_quality)
     if name == "jpeg_incompressibility":
         return JpegScorer(+1.0, jpeg_quality)
+    if name == "geneval_shapes":
+        return GenevalShapesScorer(partial_credit=False)
+    if name == "geneval_shapes_partial":
+        return GenevalShapesScorer(partial_credit=True)
     if name in ("clip", "pickscore"):
         return ClipScorer(clip_path, clip_processor_path, device=device, batch_size=clip_batch_size)
     raise SpotlightError(f"unknown scorer {name!r}; known: {', '.join(SCORER_NAMES)}")

@@ -1,8 +1,13 @@
-"""Reward scoring: built-in JPEG rewards (DDPO) and a client for an HTTP reward service.
+"""Reward scoring: built-in rewards (DDPO JPEG, shapes-world GenEval) and a client for an
+HTTP reward service.
 
 Built-ins (Black et al. 2023, DDPO; Flow-GRPO ``rewards.py``):
     * ``jpeg_compressibility``   = −(JPEG size at quality 95 in kB)
     * ``jpeg_incompressibility`` = +(JPEG size in kB)
+    * ``geneval_shapes``         = GenEval verdict of the image for its prompt, computed by
+      the rule-based detector of :mod:`spotlight.shapes.geneval` (shapes-world captions
+      only): with ``partial_credit`` (the default, for training) the fraction of the
+      prompt's clauses that hold, in [0, 1]; without it the strict 0/1 verdict. Never NaN.
 
 HTTP reward service protocol (JSON only — never pickle; Flow-GRPO's reward server uses
 pickle, which is remote code execution for whoever can reach it)::
@@ -46,7 +51,8 @@ def _to_hwc(images_bchw: np.ndarray) -> list[np.ndarray]:
 
 
 class RewardFn:
-    """Scores a batch of images.
+    """Scores a batch of images (``cfg.kind``: a built-in reward of the module docstring, or
+    ``"http"``: the JSON reward service at ``cfg.url``).
 
     Args:
         cfg: the ``[reward]`` config section.
@@ -61,14 +67,41 @@ class RewardFn:
         """Rewards for ``[B, 3, H, W] uint8`` images, in input order.
 
         Raises:
-            RewardError: bad input, or the HTTP service failed ``max_retries`` times.
+            RewardError: bad input (``geneval_shapes``: also a prompt that is no shapes-world
+                caption, with the parser's message), or the HTTP service failed
+                ``max_retries`` times.
         """
         hwc = _to_hwc(images_bchw)
+        if self.cfg.kind == "geneval_shapes":
+            from spotlight.shapes import geneval
+
+            if len(prompts) != len(hwc):
+                raise RewardError(f"{len(hwc)} images but {len(prompts)} prompts")
+            try:
+                return geneval.score(images_bchw, prompts, partial_credit=self.cfg.partial_credit)
+            except ValueError as exc:
+                raise RewardError(str(exc)) from None
         if self.cfg.kind == "jpeg_compressibility":
             return [-jpeg_size_kb(im, self.cfg.jpeg_quality) for im in hwc]
         if self.cfg.kind == "jpeg_incompressibility":
             return [jpeg_size_kb(im, self.cfg.jpeg_quality) for im in hwc]
         return self._http(hwc, prompts)
+
+    def check_prompts(self, prompts: list[str]) -> None:
+        """Fail fast on prompts this reward cannot score (``geneval_shapes``: prompts that are
+        no shapes-world caption); other kinds accept any prompt.
+
+        Raises:
+            RewardError: the first bad prompt, with the parser's message.
+        """
+        if self.cfg.kind == "geneval_shapes":
+            from spotlight.shapes import geneval
+
+            for p in prompts:
+                try:
+                    geneval.parse_prompt(p)
+                except ValueError as exc:
+                    raise RewardError(str(exc)) from None
 
     def _http(self, hwc: list[np.ndarray], prompts: list[str]) -> list[float]:
         import requests

@@ -1,7 +1,8 @@
 """``spotlight reward-server``: serve weighted reward scorers over JSON HTTP.
 
 The server side of ``[reward] kind = "http"`` (protocol in :mod:`spotlight.reward_server`):
-built-in JPEG scorers and a PickScore-style CLIP scorer loaded from a local checkpoint.
+built-in JPEG scorers, the rule-based shapes-world GenEval scorers (``geneval_shapes``,
+``geneval_shapes_partial``) and a PickScore-style CLIP scorer loaded from a local checkpoint.
 """
 
 import logging
@@ -20,7 +21,9 @@ def register(app: "typer.Typer") -> None:
         scorer: Annotated[list[str], typer.Option(
             "--scorer", "-s",
             help="NAME[:WEIGHT], repeatable; reward = Σ weight·score. Names: jpeg_compressibility, "
-                 "jpeg_incompressibility, clip, pickscore (= clip).")] = [],  # noqa: B006 - typer needs a list default
+                 "jpeg_incompressibility, geneval_shapes (strict 0/1 GenEval verdict on shapes-world "
+                 "captions), geneval_shapes_partial (fraction of GenEval clauses that hold), clip, "
+                 "pickscore (= clip).")] = [],  # noqa: B006 - typer needs a list default
         clip_path: Annotated[Optional[pathlib.Path], typer.Option(
             "--clip-path", help="Local CLIPModel directory for clip/pickscore (e.g. a PickScore_v1 download).")] = None,
         clip_processor_path: Annotated[Optional[pathlib.Path], typer.Option(
@@ -40,6 +43,7 @@ def register(app: "typer.Typer") -> None:
         POST / {"images": [<base64 PNG>, ...], "prompts": [...]} → {"rewards": [...], "scores": {name: [...]}};
         GET /health → {"status": "ok", "scorers": {name: weight}}.
         Example: spotlight reward-server --scorer clip:1.0 --scorer jpeg_compressibility:0.1 --clip-path ./PickScore_v1
+        or: spotlight reward-server --scorer geneval_shapes_partial
         """
         from rich.console import Console
         from rich.markup import escape
