@@ -29,6 +29,16 @@ class ConfigError(SpotlightError):
     """A configuration file or value is invalid."""
 
 
+def resolve_path(path: str) -> pathlib.Path:
+    """A path from a config file: ``~`` expanded; a relative path that does not exist from
+    the working directory is taken relative to the repository root, so the embedded
+    default's ``spotlight/shapes/...`` paths work from any directory and on every node."""
+    p = pathlib.Path(path).expanduser()
+    if not p.is_absolute() and not p.exists() and (REPO_ROOT / p).exists():
+        return REPO_ROOT / p
+    return p
+
+
 def _check(cond: bool, field: str, msg: str) -> None:
     if not cond:
         raise ConfigError(f"{field}: {msg}")
@@ -59,7 +69,8 @@ class ModelConfig(_Section):
     source: Literal["tiny", "pretrained"] = "tiny"
     """tiny family only: build from the fields below, or load ``pretrained_path``."""
     pretrained_path: str = ""
-    """Local diffusers-format checkpoint directory (required for every family but tiny)."""
+    """Local diffusers-format checkpoint directory (required for every family but tiny); a
+    relative path is looked up from the working directory, then the repository root."""
     image_size: int = 32
     """Image height = width in pixels (tiny: pixel-space latents; VAE families: the decoded
     image, must be a multiple of 16)."""
@@ -87,6 +98,11 @@ class ModelConfig(_Section):
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """Rollout transformer/VAE dtype and the trainer's FSDP2 compute dtype: auto = bfloat16 on
     CUDA, float32 on the CPU. Log-probs, advantages and the loss are always float32."""
+
+    @property
+    def pretrained_dir(self) -> pathlib.Path:
+        """``pretrained_path`` resolved (:func:`resolve_path`)."""
+        return resolve_path(self.pretrained_path)
 
     def __post_init__(self) -> None:
         _check(self.image_size % self.patch_size == 0, "model.image_size", "must be a multiple of patch_size")
@@ -158,7 +174,9 @@ class DataConfig(_Section):
     """Prompts and batch shape."""
 
     prompts_path: str = ""
-    """GenEval-style JSONL (``{"prompt": ...}`` per line) or one prompt per line; empty = the embedded GenEval set."""
+    """GenEval-style JSONL (``{"prompt": ...}`` per line) or one prompt per line; empty = the 553
+    GenEval prompts in ``examples/default/prompts/``. Relative paths: working directory, then
+    the repository root."""
     prompts_per_iteration: int = 12
     """P prompt groups per training batch."""
     group_size: int = 8
@@ -285,8 +303,16 @@ class TrainConfig(_Section):
 class RewardConfig(_Section):
     """Reward scoring (asynchronous, on the coordinator or over HTTP)."""
 
-    kind: Literal["jpeg_compressibility", "jpeg_incompressibility", "http"] = "jpeg_compressibility"
+    kind: Literal["jpeg_compressibility", "jpeg_incompressibility", "geneval_shapes", "http"] = "jpeg_compressibility"
+    """``geneval_shapes``: the rule-based GenEval of the shapes world
+    (``spotlight/shapes/geneval.py``), computed in-process; prompts must be shapes-world
+    captions."""
     jpeg_quality: int = 95
+    partial_credit: bool = True
+    """``kind = "geneval_shapes"``: reward = fraction of the prompt's GenEval clauses that hold
+    (presence/count, colour, position), in [0, 1], instead of the strict 0/1 verdict. The
+    training reward uses partial credit for a denser signal, as Flow-GRPO's GenEval reward
+    server returns a fractional score; evaluation reports the strict verdict."""
     url: str = ""
     """HTTP reward service (``kind = "http"``); protocol in ``spotlight/rewards.py``."""
     timeout_s: float = 30.0

@@ -822,8 +822,20 @@ class Coordinator:
         from spotlight.plots import sample_grid
 
         samples = self._pending_samples_for_grid(n)
-        if samples:
-            sample_grid([s.image for s in samples], [s.slot for s in samples], [s.reward for s in samples], self.run_dir / "samples" / f"iter_{n:04d}.png", title=f"iteration {n}")
+        if not samples:
+            return
+        labels = {s.slot: self.prompts[s.prompt_index] for s in samples}
+        verdicts = None
+        if self.cfg.reward.kind == "geneval_shapes":
+            from spotlight.shapes import geneval
+
+            try:
+                images = np.stack([np.asarray(s.image) for s in samples])
+                verdicts = [v >= 1.0 for v in geneval.score(images, [labels[s.slot] for s in samples], partial_credit=False)]
+            except ValueError as exc:  # a prompt outside the shapes grammar: no verdicts, still a grid
+                log.warning("sample grid: no verdicts (%s)", exc)
+        title = f"iteration {n + 1} (rollout samples; reward under each image" + (", pass = every clause of the prompt holds)" if verdicts else ")")
+        sample_grid([s.image for s in samples], [s.slot for s in samples], [s.reward for s in samples], self.run_dir / "samples" / f"iter_{n:04d}.png", title=title, labels=labels, verdicts=verdicts)
 
     # ------------------------------------------------------------ liveness & status
     def housekeeping(self, now: float) -> None:

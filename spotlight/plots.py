@@ -10,34 +10,94 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 
-def sample_grid(images: Sequence, slots: Sequence[int], rewards: Sequence[float | None], path: pathlib.Path, *, title: str = "", scale: int = 3) -> None:
-    """One row per prompt group, one column per seed; reward printed under each image.
+def _font(size: int):
+    from PIL import ImageFont
+
+    try:
+        return ImageFont.load_default(size=size)
+    except TypeError:  # Pillow < 10.1: fixed bitmap font
+        return ImageFont.load_default()
+
+
+def labelled_grid(rows: Sequence[tuple[str, Sequence, Sequence[str]]], path: pathlib.Path, *, title: str = "", scale: int = 4, colors: Sequence[Sequence[str]] | None = None) -> None:
+    """A grid a person can judge: each row is ``(prompt, images, captions)``; the prompt is
+    written above its row and each caption (a verdict, a reward) under its image.
+
+    Args:
+        rows: ``(label, [3, H, W] uint8 images, one caption per image)`` per row.
+        path: PNG to write.
+        title: first line of the picture.
+        scale: nearest-neighbour upscaling, so 32-pixel shapes stay sharp.
+        colors: optional caption colour per image (e.g. green for a pass, red for a fail).
+    """
+    if not rows:
+        return
+    h, w = np.asarray(rows[0][1][0]).shape[1:]
+    font, small = _font(13), _font(11)
+    tw, th = w * scale, h * scale
+    pad, label_h, cap_h = 4, 18, 15
+    ncol = max(len(r[1]) for r in rows)
+    width = max(ncol * (tw + pad) + pad, 360)
+    title_h = 22 if title else 0
+    canvas = Image.new("RGB", (width, title_h + len(rows) * (label_h + th + cap_h + pad)), "white")
+    draw = ImageDraw.Draw(canvas)
+    if title:
+        draw.text((pad, 3), title, fill="black", font=font)
+    y = title_h
+    for r, (label, images, captions) in enumerate(rows):
+        draw.text((pad, y + 2), label, fill=(20, 20, 120), font=font)
+        y += label_h
+        for c, img in enumerate(images):
+            arr = np.asarray(img).transpose(1, 2, 0)
+            x = pad + c * (tw + pad)
+            canvas.paste(Image.fromarray(arr).resize((tw, th), Image.NEAREST), (x, y))
+            color = colors[r][c] if colors is not None else "black"
+            if c < len(captions):
+                draw.text((x + 1, y + th + 1), captions[c], fill=color, font=small)
+        y += th + cap_h + pad
+    path.parent.mkdir(parents=True, exist_ok=True)
+    canvas.save(path)
+
+
+def sample_grid(
+    images: Sequence,
+    slots: Sequence[int],
+    rewards: Sequence[float | None],
+    path: pathlib.Path,
+    *,
+    title: str = "",
+    scale: int = 4,
+    labels: dict[int, str] | None = None,
+    verdicts: Sequence[bool | None] | None = None,
+) -> None:
+    """One row per prompt group (its prompt above it), one column per seed; under each image
+    its reward, and its verdict (✓/✗, green/red) when the reward has one.
 
     Args:
         images: ``[3, H, W] uint8`` tensors or arrays.
         slots: prompt-group index of each image (rows).
         rewards: reward per image (None = not scored).
         path: PNG to write.
+        labels: text above each row, by slot (the prompt).
+        verdicts: pass/fail per image (None = no verdict).
     """
-    rows: dict[int, list[int]] = {}
+    order: dict[int, list[int]] = {}
     for i, s in enumerate(slots):
-        rows.setdefault(int(s), []).append(i)
-    h, w = np.asarray(images[0]).shape[1:]
-    cell_w, cell_h = w * scale, h * scale + 12
-    ncol = max(len(v) for v in rows.values())
-    canvas = Image.new("RGB", (ncol * cell_w, len(rows) * cell_h + 14), "white")
-    draw = ImageDraw.Draw(canvas)
-    draw.text((2, 1), title, fill="black")
-    for r, (slot, idx) in enumerate(sorted(rows.items())):
-        for c, i in enumerate(idx):
-            arr = np.asarray(images[i]).transpose(1, 2, 0)
-            tile = Image.fromarray(arr).resize((w * scale, h * scale), Image.NEAREST)
-            x, y = c * cell_w, 14 + r * cell_h
-            canvas.paste(tile, (x, y))
+        order.setdefault(int(s), []).append(i)
+    rows, colors = [], []
+    for slot, idx in sorted(order.items()):
+        caps, cols = [], []
+        for i in idx:
             rew = rewards[i]
-            draw.text((x + 1, y + h * scale), "?" if rew is None else f"{rew:.2f}", fill="black")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    canvas.save(path)
+            text = "?" if rew is None else f"{rew:.2f}"
+            v = None if verdicts is None else verdicts[i]
+            if v is not None:
+                text = ("pass " if v else "fail ") + text
+            caps.append(text)
+            cols.append("black" if v is None else ((0, 140, 0) if v else (200, 0, 0)))
+        rows.append(((labels or {}).get(slot, f"group {slot}"), [images[i] for i in idx], caps))
+        colors.append(cols)
+    labelled_grid(rows, path, title=title, scale=scale, colors=colors)
 
 
 def reward_curve(history: list[dict], path: pathlib.Path) -> None:

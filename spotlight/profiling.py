@@ -188,6 +188,7 @@ def run_profile(
     state_dict: dict | None = None,
     sp_degrees: Sequence[int] = (1,),
     progress=print,
+    prompts: Sequence[str] | None = None,
 ) -> dict:
     """Measure t_step and the threshold → (effective steps, accuracy) table.
 
@@ -195,6 +196,8 @@ def run_profile(
         cfg: run config (model, sampler, reward, worker batch size).
         embeds, mask: ``[N, T, D]`` / ``[N, T]`` prompt embeddings (the first
             ``num_prompts`` are used).
+        prompts: the prompt text of each embedding row, for rewards that read it (the shapes
+            task's GenEval verdict); None scores with empty prompts (JPEG rewards).
         thresholds: First-Block-Cache thresholds to try (0 is always included: it is the
             full rollout the others are compared with).
         num_prompts, num_seeds: prompts and seeds per prompt for the accuracy estimate.
@@ -260,7 +263,7 @@ def run_profile(
         rewards, steps, secs = [], [], 0.0
         for i in range(0, len(pairs), bs):
             imgs, comp, dt = run(all_p[i : i + bs], all_s[i : i + bs], threshold)
-            rewards += reward_fn(imgs, [""] * len(imgs))
+            rewards += reward_fn(imgs, [prompts[p] for p in all_p[i : i + bs]] if prompts is not None else [""] * len(imgs))
             steps += comp
             secs += dt
         return np.array(rewards), float(np.mean(steps)), secs

@@ -106,6 +106,7 @@ def generate_rewards(
     prompt_indices: Sequence[int],
     seeds: Sequence[Sequence[int]],
     reward_fn,
+    prompts: Sequence[str] | None = None,
 ) -> np.ndarray:
     """``[P, S]`` rewards of ``prompt_indices`` × ``seeds[p]`` rolled out under ``version``.
 
@@ -129,7 +130,7 @@ def generate_rewards(
         out = executor.run("stale-ranking", P.Leases(worker_id="stale-ranking", items=items), tensors)
         msg, frames = out.result
         imgs = unpack_tensors(msg.tensors, frames)["images"].numpy()
-        rewards += reward_fn(imgs, [""] * len(imgs))
+        rewards += reward_fn(imgs, [prompts[p] for p in idx] if prompts is not None else [""] * len(imgs))
     return np.asarray(rewards, dtype=np.float64).reshape(len(prompt_indices), -1)
 
 
@@ -145,10 +146,12 @@ def run_stale_ranking(
     versions: Sequence[int] | None = None,
     pairs: Sequence[tuple[int, int]] | None = None,
     seed_tag: str = "stale-ranking",
+    prompts: Sequence[str] | None = None,
 ) -> dict:
     """Rank agreement between consecutive weight versions on the same prompts and seeds.
 
     Args:
+        prompts: prompt text of each embedding row, for rewards that read it (None = empty).
         cfg: run config (model, sampler, reward, worker batch size, group size).
         embeds, mask: ``[N, T, D]`` / ``[N, T]`` prompt embeddings.
         weights: state dicts of consecutive versions (oldest first).
@@ -187,7 +190,7 @@ def run_stale_ranking(
         if i not in cache:
             t0 = time.perf_counter()
             ex.add_version(labels[i], weights[i])
-            cache[i] = generate_rewards(cfg, ex, labels[i], embeds, mask, prompt_indices, seeds, reward_fn)
+            cache[i] = generate_rewards(cfg, ex, labels[i], embeds, mask, prompt_indices, seeds, reward_fn, prompts)
             progress(
                 f"v{labels[i]}: {cache[i].size} samples in {time.perf_counter() - t0:.1f}s, "
                 f"reward mean {np.nanmean(cache[i]):.4f} (within-group std {np.nanmean(np.nanstd(cache[i], axis=1)):.4f})"

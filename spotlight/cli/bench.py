@@ -113,7 +113,7 @@ def stale_ranking(
     pair_txt = ", ".join(f"v{vers[a]}→v{vers[b]}" for a, b in pair_idx)
     console.print(f"stale ranking on {run_dir}: pairs {pair_txt}; {len(prompt_idx)} prompts × {num_seeds} seeds")
     weights = [load_file(str(found[v])) for v in vers]
-    result = run_stale_ranking(cfg, embeds, mask, weights, prompt_idx, num_seeds, progress=console.print, versions=vers, pairs=pair_idx)
+    result = run_stale_ranking(cfg, embeds, mask, weights, prompt_idx, num_seeds, progress=console.print, versions=vers, pairs=pair_idx, prompts=prompts)
     result["run_dir"] = str(run_dir)
     result["prompts"] = [prompts[i] for i in prompt_idx]
 

@@ -50,7 +50,7 @@ def register(app: typer.Typer) -> None:
             from safetensors.torch import load_file
 
             sd = load_file(str(weights))
-        result = run_profile(cfg, embeds, mask, thresholds=ths, num_prompts=num_prompts, num_seeds=num_seeds, state_dict=sd, sp_degrees=degrees, progress=console.print)
+        result = run_profile(cfg, embeds, mask, thresholds=ths, num_prompts=num_prompts, num_seeds=num_seeds, state_dict=sd, sp_degrees=degrees, progress=console.print, prompts=prompts)
         path = out or default_profile_path(cfg)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(result, indent=2))

@@ -32,9 +32,9 @@ def load_prompts(path: str) -> list[str]:
     """
     import json
 
-    from spotlight.config import EXAMPLES_DIR, ConfigError
+    from spotlight.config import EXAMPLES_DIR, ConfigError, resolve_path
 
-    p = pathlib.Path(path) if path else EXAMPLES_DIR / "default" / "prompts" / "evaluation_metadata.jsonl"
+    p = resolve_path(path) if path else EXAMPLES_DIR / "default" / "prompts" / "evaluation_metadata.jsonl"
     if not p.is_file():
         raise ConfigError(f"data.prompts_path: file not found: {p}")
     prompts = []
@@ -116,6 +116,14 @@ def register(app: typer.Typer) -> None:
         except ModelLoadError as exc:
             console.print(f"[red]error:[/red] {exc}")
             raise typer.Exit(2)
+        if cfg.reward.kind == "geneval_shapes":  # every prompt must be a shapes-world caption
+            from spotlight.rewards import RewardError, RewardFn
+
+            try:
+                RewardFn(cfg.reward).check_prompts(prompts)
+            except RewardError as exc:
+                console.print(f"[red]error:[/red] reward.kind = 'geneval_shapes' cannot score the prompts of {cfg.data.prompts_path or 'the GenEval set (examples/default/prompts)'}: {exc}")
+                raise typer.Exit(2)
         if cfg.reward.kind == "http":  # fail fast on an unreachable reward service
             import numpy as np
 

@@ -47,7 +47,7 @@ def build_transformer(cfg: ModelConfig, text_dim: int = 384, *, seed: int | None
     from diffusers import QwenImageTransformer2DModel
 
     if cfg.source == "pretrained":
-        model = QwenImageTransformer2DModel.from_pretrained(cfg.pretrained_path, torch_dtype=torch.float32)
+        model = QwenImageTransformer2DModel.from_pretrained(cfg.pretrained_dir, torch_dtype=torch.float32)
     else:
         state = torch.random.get_rng_state()
         torch.manual_seed(cfg.init_seed if seed is None else seed)

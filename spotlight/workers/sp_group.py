@@ -333,7 +333,7 @@ class SPGroupMember:
     def _arch_config(self) -> dict:
         if self._arch is None:
             if self.model_cfg.source == "pretrained":
-                cfg = _model_class().load_config(self.model_cfg.pretrained_path)
+                cfg = _model_class().load_config(self.model_cfg.pretrained_dir)
                 self._arch = {k: v for k, v in dict(cfg).items() if not k.startswith("_")}
             else:
                 self._arch = transformer_kwargs(self.model_cfg, self.text_dim)

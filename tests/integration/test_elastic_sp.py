@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 
-from spotlight.config import dump_config, load_config
+from spotlight.config import EXAMPLES_DIR, dump_config, load_config
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -40,7 +40,7 @@ def _wait(pred, timeout_s: float, what: str, proc=None):
 
 
 def test_sp_2_to_1_to_2_loses_nothing(tmp_path):
-    cfg = load_config(overrides={
+    cfg = load_config(EXAMPLES_DIR / "jpeg-toy" / "config.toml", overrides={
         "cluster.sp_degree": 2, "run.iterations": 5, "data.prompts_per_iteration": 6, "data.num_control_prompts": 2,
         "explore.num_candidates": 8, "run.sample_grid_every": 0, "cluster.worker_batch_size": 4,
     })

@@ -55,9 +55,9 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _write_config(path: pathlib.Path, **overrides) -> pathlib.Path:
-    from spotlight.config import dump_config, load_config
+    from spotlight.config import EXAMPLES_DIR, dump_config, load_config
 
-    dump_config(load_config(None, {**FAST, **overrides}), path)
+    dump_config(load_config(EXAMPLES_DIR / "jpeg-toy" / "config.toml", {**FAST, **overrides}), path)
     return path
 
 

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import torch
 
-from spotlight.config import load_config
+from spotlight.config import EXAMPLES_DIR, load_config
 from spotlight.coordinator import Coordinator
 from spotlight.request_scheduler import RequestKind
 
 
 def _coordinator(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # no cached profile
-    cfg = load_config(overrides={"explore.mode": "stale", "explore.planner": "bandit", "planner.beta": 0.0, "run.iterations": 50})
+    cfg = load_config(EXAMPLES_DIR / "jpeg-toy" / "config.toml", overrides={"explore.mode": "stale", "explore.planner": "bandit", "planner.beta": 0.0, "run.iterations": 50})
     n = 40
     embeds, mask = torch.zeros(n, 16, 384), torch.ones(n, 16, dtype=torch.long)
     coord = Coordinator(cfg, tmp_path / "run", bind="tcp://127.0.0.1:0", secret="", prompts=[f"p{i}" for i in range(n)], embeds=embeds, mask=mask, progress=lambda s: None)

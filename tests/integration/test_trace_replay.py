@@ -11,13 +11,13 @@ import pathlib
 import subprocess
 import sys
 
-from spotlight.config import dump_config, load_config
+from spotlight.config import EXAMPLES_DIR, dump_config, load_config
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 def test_p3_slice_replays_without_losing_requests(tmp_path):
-    cfg = load_config(overrides={
+    cfg = load_config(EXAMPLES_DIR / "jpeg-toy" / "config.toml", overrides={
         "run.iterations": 14, "data.prompts_per_iteration": 6, "data.num_control_prompts": 2,
         "explore.num_candidates": 8, "run.sample_grid_every": 0, "cluster.heartbeat_timeout_s": 6.0,
     })

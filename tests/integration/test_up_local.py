@@ -73,3 +73,44 @@ def test_training_changed_the_weights(run_dir):
     assert set(final_sd) == set(v0)
     changed = sum(not torch.equal(final_sd[k], v0[k]) for k in v0)
     assert changed > len(v0) // 2
+
+
+def test_default_is_the_shapes_task_from_the_shipped_base_model(run_dir):
+    """The embedded default starts from the shipped pretrained checkpoint (v0 = its weights),
+    scores with the GenEval-style reward, and draws grids with the prompt above each row."""
+    from diffusers import QwenImageTransformer2DModel
+    from safetensors.torch import load_file
+
+    from spotlight.shapes.pretrain import SHIP_DIR
+
+    base = QwenImageTransformer2DModel.from_pretrained(SHIP_DIR).state_dict()
+    v0 = load_file(run_dir / "tensor_store" / "weights" / "v0.safetensors")
+    assert all(torch.equal(base[k], v0[k]) for k in v0)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    # partial-credit GenEval reward: a fraction of clauses per image
+    assert all(0.0 <= r["reward/mean"] <= 1.0 for r in rows)
+    from PIL import Image
+
+    grid = Image.open(run_dir / "samples" / "iter_0000.png")
+    assert grid.width >= 8 * 32 * 4  # 8 seeds per row, upscaled 4x
+
+
+def test_eval_reports_base_and_final_per_task_kind(run_dir):
+    proc = subprocess.run([sys.executable, "-m", "spotlight.cli", "eval", "--run-dir", str(run_dir), "--num-seeds", "1"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((run_dir / "eval.json").read_text())
+    from spotlight.shapes.world import TASKS
+
+    for name in ("base", "final"):
+        assert set(report[name]["per_task"]) == set(TASKS)
+        assert 0.0 <= report[name]["overall"] <= 1.0
+    assert report["num_prompts"] == 46 and report["num_seeds"] == 1
+    assert (run_dir / "eval_grid.png").is_file()
+    assert "overall" in proc.stdout
+
+
+def test_eval_refuses_a_run_without_final(tmp_path):
+    (tmp_path / "config.toml").write_text((REPO / "examples" / "default" / "config.toml").read_text())
+    proc = subprocess.run([sys.executable, "-m", "spotlight.cli", "eval", "--run-dir", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "no final/" in proc.stdout

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import pathlib
+
 import pytest
 
 from spotlight.config import (
     DEFAULT_CONFIG_PATH,
+    EXAMPLES_DIR,
     ConfigError,
     SamplerConfig,
     SpotlightConfig,
@@ -20,12 +23,33 @@ def test_default_config_loads():
     cfg = load_config()
     assert isinstance(cfg, SpotlightConfig)
     assert DEFAULT_CONFIG_PATH.is_file()
-    # a few values straight from examples/default/config.toml
-    assert cfg.model.source == "tiny" and cfg.model.image_size == 32 and cfg.model.max_text_tokens == 16
+    # a few values straight from examples/default/config.toml: the shapes task
+    assert cfg.model.source == "pretrained" and cfg.model.image_size == 32 and cfg.model.max_text_tokens == 16
+    assert cfg.reward.kind == "geneval_shapes" and cfg.reward.partial_credit
+    # its relative paths resolve against the repository root from any working directory
+    assert (cfg.model.pretrained_dir / "config.json").is_file()
     assert cfg.model.axes_dims_rope == (8, 12, 12)
     assert cfg.sampler.num_steps == 10 and cfg.sampler.sde_window_size == 8
     assert cfg.data.group_size == 8 and cfg.explore.num_candidates == 24
     assert cfg.num_explored_prompts == cfg.data.prompts_per_iteration - cfg.data.num_control_prompts
+
+
+def test_relative_paths_resolve_from_any_directory(tmp_path, monkeypatch):
+    from spotlight.config import REPO_ROOT, resolve_path
+
+    monkeypatch.chdir(tmp_path)
+    assert resolve_path("spotlight/shapes/prompts/train.jsonl") == REPO_ROOT / "spotlight/shapes/prompts/train.jsonl"
+    (tmp_path / "spotlight").mkdir()
+    (tmp_path / "spotlight" / "mine.jsonl").write_text("{}")
+    # a path that exists from the working directory wins
+    assert resolve_path("spotlight/mine.jsonl") == pathlib.Path("spotlight/mine.jsonl")
+    # a missing one stays as written, so the error names what the user typed
+    assert resolve_path("nowhere/x.jsonl") == pathlib.Path("nowhere/x.jsonl")
+
+
+def test_jpeg_toy_example_loads():
+    cfg = load_config(EXAMPLES_DIR / "jpeg-toy" / "config.toml")
+    assert cfg.model.source == "tiny" and cfg.reward.kind == "jpeg_compressibility"
 
 
 def test_dump_load_round_trip(tmp_path):
@@ -87,7 +111,7 @@ def test_wrong_type_names_the_field():
         ({"reward.jpeg_quality": 101}, "reward.jpeg_quality"),
         ({"model.axes_dims_rope": [8, 12, 10]}, "model.axes_dims_rope"),
         ({"model.image_size": 33}, "model.image_size"),
-        ({"model.source": "pretrained"}, "model.pretrained_path"),
+        ({"model.source": "pretrained", "model.pretrained_path": ""}, "model.pretrained_path"),
         ({"cluster.heartbeat_timeout_s": 0.5}, "cluster.heartbeat_timeout_s"),
         ({"run.iterations": 0}, "run.iterations"),
     ],

@@ -92,7 +92,7 @@ class ModelFamily(abc.ABC):
     @property
     def path(self) -> pathlib.Path:
         """The diffusers-format checkpoint directory (``model.pretrained_path``)."""
-        return pathlib.Path(self.cfg.pretrained_path).expanduser()
+        return self.cfg.pretrained_dir
 
     def component_dir(self, name: str) -> pathlib.Path:
         """``<pretrained_path>/<name>``.

@@ -48,6 +48,14 @@ class TinyFamily(ModelFamily):
             raise ModelLoadError(f"{self.path}: holds a {config.get('_class_name')}, not a {self.transformer_class} folder (model.source = 'pretrained' of the tiny family)")
         if not any(f.suffix in (".safetensors", ".bin") for f in self.path.iterdir()):
             raise ModelLoadError(f"{self.path}: no weight files (*.safetensors)")
+        # the latent layout comes from [model]; it must be the one the checkpoint was trained on
+        want = dit.transformer_kwargs(self.cfg, self.text_dim)
+        for key in ("patch_size", "in_channels", "out_channels", "joint_attention_dim"):
+            if key in config and config[key] != want[key]:
+                raise ModelLoadError(
+                    f"{self.path}: the checkpoint has {key} = {config[key]} but [model] implies {want[key]} "
+                    f"(set model.patch_size / image_size to the checkpoint's: patch_size = {config.get('patch_size')})"
+                )
 
     def identity(self) -> str:
         return f"minilm|{self.cfg.max_text_tokens}"
