@@ -62,6 +62,10 @@ SPLIT_SEED = 0
 PACKAGE_DIR = pathlib.Path(__file__).resolve().parent
 PROMPTS_DIR = PACKAGE_DIR / "prompts"
 TRAIN_PROMPTS_PATH = PROMPTS_DIR / "train.jsonl"
+TRAIN_BALANCED_PROMPTS_PATH = PROMPTS_DIR / "train_balanced.jsonl"
+"""The train prompts, each repeated so every task kind has about the same number of lines
+(the split has 90 colour-attribution prompts but 2 single-object ones); the default RL run
+samples from it, so every task kind is trained on about equally often."""
 TEST_PROMPTS_PATH = PROMPTS_DIR / "test.jsonl"
 
 
@@ -180,15 +184,21 @@ def prompt_split() -> tuple[list[PromptSpec], list[PromptSpec]]:
     return train, test
 
 
+def balanced(specs: list[PromptSpec]) -> list[PromptSpec]:
+    """Each spec repeated ``round(n_max / n_kind)`` times (task-kind balance), in order."""
+    counts = {t: sum(1 for s in specs if s.tag == t) for t in TASKS}
+    most = max(counts.values())
+    return [s for s in specs for _ in range(max(1, round(most / counts[s.tag])))]
+
+
 def write_prompt_files(directory: pathlib.Path = PROMPTS_DIR) -> tuple[pathlib.Path, pathlib.Path]:
-    """Write ``train.jsonl`` and ``test.jsonl`` (GenEval metadata format) to ``directory``."""
+    """Write ``train.jsonl``, ``train_balanced.jsonl`` and ``test.jsonl`` (GenEval metadata
+    format) to ``directory``; returns the train and test paths."""
     directory.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for name, specs in zip(("train", "test"), prompt_split()):
-        path = directory / f"{name}.jsonl"
-        path.write_text("".join(json.dumps(s.to_json()) + "\n" for s in specs))
-        paths.append(path)
-    return paths[0], paths[1]
+    train, test = prompt_split()
+    for name, specs in (("train", train), ("test", test), ("train_balanced", balanced(train))):
+        (directory / f"{name}.jsonl").write_text("".join(json.dumps(s.to_json()) + "\n" for s in specs))
+    return directory / "train.jsonl", directory / "test.jsonl"
 
 
 # --------------------------------------------------------------------------- geometry

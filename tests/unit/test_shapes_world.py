@@ -52,6 +52,17 @@ def test_shipped_prompt_files_are_the_split():
         assert all("include" in r for r in rows)
 
 
+def test_balanced_train_file_weights_task_kinds_equally():
+    import collections
+
+    train, test = world.prompt_split()
+    rows = [json.loads(line) for line in world.TRAIN_BALANCED_PROMPTS_PATH.read_text().splitlines()]
+    assert {r["prompt"] for r in rows} == {s.prompt for s in train}
+    counts = collections.Counter(r["tag"] for r in rows)
+    assert max(counts.values()) - min(counts.values()) <= 5
+    assert not {r["prompt"] for r in rows} & {s.prompt for s in test}
+
+
 def test_relations_follow_geneval_rule():
     left, right = (0, 10, 8, 18), (20, 10, 28, 18)
     assert world.relations_between(left, right) == {"left of"}
