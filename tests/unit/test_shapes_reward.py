@@ -6,17 +6,15 @@ run unmodified, ``RewardFn`` and the reward server's scorers are the production 
 
 from __future__ import annotations
 
-import contextlib
-import threading
-
 import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
 from spotlight.config import RewardConfig
-from spotlight.reward_server import GenevalShapesScorer, MultiScorer, ScorerError, build_multi_scorer, make_server, parse_scorer_spec
+from spotlight.reward_server import GenevalShapesScorer, MultiScorer, ScorerError, build_multi_scorer, parse_scorer_spec
 from spotlight.rewards import RewardError, RewardFn
 from spotlight.shapes import geneval, world
+from tests.unit.test_reward_server import running
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -272,19 +270,6 @@ def test_reward_fn_geneval_shapes_errors():
     RewardFn(RewardConfig(kind="jpeg_compressibility")).check_prompts(["a photo of a cat"])  # any prompt
 
 
-@contextlib.contextmanager
-def _serving(multi: MultiScorer):
-    server = make_server(multi, "127.0.0.1", 0)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield server
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
-
-
 def test_reward_server_geneval_scorers_match_the_built_in_reward(rendered):
     assert parse_scorer_spec("geneval_shapes_partial:0.5") == ("geneval_shapes_partial", 0.5)
     specs = world.all_prompts()[::7]
@@ -295,7 +280,7 @@ def test_reward_server_geneval_scorers_match_the_built_in_reward(rendered):
     partial = RewardFn(RewardConfig(kind="geneval_shapes"))(images, prompts)
     assert 0 < sum(strict) < len(strict) and any(0 < p < 1 for p in partial)
     multi = build_multi_scorer({"geneval_shapes": 1.0, "geneval_shapes_partial": 2.0})
-    with _serving(multi) as server:
+    with running(multi) as server:
         total = RewardFn(RewardConfig(kind="http", url=server.url, max_retries=1))(images, prompts)
     assert total == pytest.approx([s + 2 * p for s, p in zip(strict, partial)])
     # In process, with PIL images of two sizes (the 64×64 one is the 32×32 one upscaled).
