@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import pathlib
 import time
@@ -45,10 +46,20 @@ class Profile:
     path: str = ""
 
     def step_options(self) -> list[StepOption]:
+        """The Planner's step options. A threshold whose accuracy could not be measured
+        (``null``: every prompt's rewards were tied, e.g. a 0/1 reward) gets accuracy −1, so
+        the Planner refuses it rather than trusting an unmeasured cache."""
         return [
-            StepOption(float(r["cache_threshold"]), float(r["effective_steps"]), float(r["accuracy"]), float(r["cost_steps"]) if r.get("cost_steps") else None)
+            StepOption(float(r["cache_threshold"]), float(r["effective_steps"]), _accuracy(r.get("accuracy")), float(r["cost_steps"]) if r.get("cost_steps") else None)
             for r in self.steps
         ]
+
+
+def _accuracy(value) -> float:
+    if value is None:
+        return -1.0
+    v = float(value)
+    return v if math.isfinite(v) else -1.0
 
 
 def config_key(cfg: SpotlightConfig) -> str:
@@ -274,11 +285,13 @@ def run_profile(
         cached, eff, secs = rewards_for(thr)
         rhos = [spearman(cached[p * num_seeds : (p + 1) * num_seeds], full[p * num_seeds : (p + 1) * num_seeds]) for p in range(num_prompts)]
         rhos = [r for r in rhos if r == r]
-        acc = float(np.mean(rhos)) if rhos else float("nan")
+        # no prompt with untied rewards: the ranking accuracy is unknown (JSON null, refused)
+        acc = float(np.mean(rhos)) if rhos else None
         # a cached step still runs the head block + embeddings: measure its real cost
         cost = float(T) * secs / full_s
         rows.append({"cache_threshold": thr, "effective_steps": eff, "cost_steps": max(cost, eff), "accuracy": acc, "num_prompts": num_prompts, "num_seeds": num_seeds})
-        progress(f"threshold {thr:.3f}: {eff:.2f} effective steps of {T} (cost {cost:.2f} full-step equivalents), accuracy (Spearman) {acc:.3f}")
+        acc_txt = f"{acc:.3f}" if acc is not None else "unknown (every prompt's rewards tied; refused)"
+        progress(f"threshold {thr:.3f}: {eff:.2f} effective steps of {T} (cost {cost:.2f} full-step equivalents), accuracy (Spearman) {acc_txt}")
     return {
         "version": PROFILE_VERSION,
         "config_key": config_key(cfg),

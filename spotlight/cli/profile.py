@@ -58,7 +58,8 @@ def register(app: typer.Typer) -> None:
         for col in ("threshold", "effective steps", "cost (full-step equiv.)", "accuracy (Spearman)", "eligible"):
             table.add_column(col)
         for row in result["steps"]:
-            ok = row["accuracy"] >= cfg.planner.min_exploration_accuracy
-            table.add_row(f"{row['cache_threshold']:.3f}", f"{row['effective_steps']:.2f}", f"{row.get('cost_steps', row['effective_steps']):.2f}", f"{row['accuracy']:.3f}", "yes" if ok else "[red]no (accuracy)[/red]")
+            acc = row["accuracy"]
+            ok = acc is not None and acc >= cfg.planner.min_exploration_accuracy
+            table.add_row(f"{row['cache_threshold']:.3f}", f"{row['effective_steps']:.2f}", f"{row.get('cost_steps', row['effective_steps']):.2f}", "unknown (tied rewards)" if acc is None else f"{acc:.3f}", "yes" if ok else "[red]no (accuracy)[/red]")
         console.print(table)
         console.print(f"t_step: {json.dumps(result['t_step_s'])}")

@@ -32,7 +32,8 @@ def test_profile_table_roundtrip(tmp_path):
     # measured cost is more than 1 full step (the head block still runs each step)
     assert rows[100.0]["effective_steps"] == 1.0
     assert rows[100.0]["cost_steps"] >= rows[100.0]["effective_steps"]
-    assert all(-1.0 <= r["accuracy"] <= 1.0 for r in prof["steps"] if r["accuracy"] == r["accuracy"])
+    assert all(r["accuracy"] is None or -1.0 <= r["accuracy"] <= 1.0 for r in prof["steps"])
+    json.dumps(prof, allow_nan=False)  # strict JSON: an unknown accuracy is null, never NaN
     assert prof["t_step_s"]["cpu/sp1"] > 0
     path = tmp_path / "p.json"
     path.write_text(json.dumps(prof))
@@ -48,3 +49,18 @@ def test_missing_or_bad_profile_is_a_clear_error(tmp_path):
     bad.write_text("{}")
     with pytest.raises(SpotlightError, match="not a Spotlight profile"):
         load_profile(load_config(overrides={"explore.profile_path": str(bad)}))
+
+
+def test_unmeasurable_accuracy_is_refused_not_a_crash(tmp_path):
+    """A 0/1 or partial-credit reward can tie every prompt's seeds: Spearman is undefined.
+    The profile stores null and the Planner sees accuracy -1 (below any threshold)."""
+    prof = {"version": 2, "config_key": "x", "created_unix_s": 0.0, "t_step_s": {"cpu/sp1": 0.01},
+            "steps": [{"cache_threshold": 0.0, "effective_steps": 10.0, "cost_steps": 10.0, "accuracy": 1.0},
+                      {"cache_threshold": 0.7, "effective_steps": 4.0, "cost_steps": 4.5, "accuracy": None}]}
+    from spotlight.profiling import PROFILE_VERSION
+
+    prof["version"] = PROFILE_VERSION
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(prof))
+    opts = {o.cache_threshold: o for o in load_profile(load_config(overrides={"explore.profile_path": str(path)})).step_options()}
+    assert opts[0.7].accuracy == -1.0 and opts[0.0].accuracy == 1.0
