@@ -163,6 +163,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "out" / "convergence"))
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--reuse", action="store_true", help="reuse finished runs found in --out")
+    ap.add_argument("--summarize-only", action="store_true", help="run nothing: summarise the finished runs found in --out (a partial benchmark)")
     args = ap.parse_args()
     out = pathlib.Path(args.out)
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -170,7 +171,19 @@ def main() -> None:
     results: dict[str, dict[int, dict]] = {v: {} for v in variants}
     for seed in seeds:  # seed-major: a partial benchmark still compares the variants
         for v in variants:
+            if args.summarize_only:
+                rd = out / f"{v}-s{seed}"
+                if not ((rd / "eval.json").is_file() and (rd / "metrics.jsonl").is_file()):
+                    print(f"== {v} seed {seed}: not finished, left out")
+                    continue
+                args.reuse = True
             results[v][seed] = run_one(v, seed, args, out)
+    seeds_done = sorted({s for runs in results.values() for s in runs})
+    common = [s for s in seeds_done if all(s in runs for runs in results.values())]
+    if common != seeds_done:
+        print(f"== summarising the seeds every variant finished: {common}")
+        results = {v: {s: runs[s] for s in common} for v, runs in results.items()}
+    seeds = common
     target, table = summarize(results)
     plot(results, target, out / "convergence.png")
     lines = [

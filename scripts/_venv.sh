@@ -11,7 +11,8 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 STAMP="$VENV/.spotlight-installed"
-WANT="$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)"
+# the stamp names the checkout too: a venv shared between clones re-points at this one
+WANT="$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1) $ROOT"
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
   echo "installing Spotlight and its dependencies into $VENV (first run only)" >&2
   "$VENV/bin/python" -m pip install -q --upgrade pip >&2 || true

@@ -435,6 +435,9 @@ def config_from_dict(data: dict[str, Any]) -> SpotlightConfig:
 def load_config(path: str | pathlib.Path | None = None, overrides: dict[str, Any] | None = None) -> SpotlightConfig:
     """Read a TOML config; ``None`` selects the embedded default (``examples/default/config.toml``).
 
+    A file only needs the keys it changes: it is merged, section by section, on top of the
+    embedded default (a resolved ``config.toml`` a run writes holds every key anyway).
+
     Args:
         path: TOML file.
         overrides: dotted keys (``{"run.iterations": 2}``) applied on top of the file.
@@ -449,6 +452,9 @@ def load_config(path: str | pathlib.Path | None = None, overrides: dict[str, Any
         data = tomllib.loads(p.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{p}: not valid TOML: {exc}") from None
+    if p.resolve() != DEFAULT_CONFIG_PATH.resolve():
+        # a config file only needs the keys it changes: the rest is the embedded default's
+        data = _merged(tomllib.loads(DEFAULT_CONFIG_PATH.read_text()), data)
     for key, value in (overrides or {}).items():
         node = data
         *parents, leaf = key.split(".")
@@ -459,6 +465,14 @@ def load_config(path: str | pathlib.Path | None = None, overrides: dict[str, Any
         return config_from_dict(data)
     except ConfigError as exc:
         raise ConfigError(f"{p}: {exc}") from None
+
+
+def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` on top of ``base``, section by section (tables merge, values replace)."""
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
 
 
 def config_to_dict(cfg: SpotlightConfig) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 bench_app = typer.Typer(help="Benchmarks and studies on a finished run directory.", no_args_is_help=True)
@@ -98,7 +99,7 @@ def stale_ranking(
         if cfg.model.family != "tiny":
             raise ValueError(f"stale-ranking runs the tiny family only so far (model.family = {cfg.model.family!r})")
     except (SpotlightError, ValueError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2)
     out_dir = out or (run_dir / "bench")
     import torch

@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 
@@ -43,7 +44,7 @@ def register(app: typer.Typer) -> None:
 
             specs = ev.read_prompts(prompts) if prompts is not None else ev.read_prompts()
         except (SpotlightError, ValueError, OSError) as exc:
-            console.print(f"[red]error:[/red] {exc}")
+            console.print(f"[red]error:[/red] {escape(str(exc))}")
             raise typer.Exit(2)
         import torch
 
@@ -57,19 +58,20 @@ def register(app: typer.Typer) -> None:
             try:
                 model = ev.load_transformer(cfg.model, w)
             except (OSError, FileNotFoundError) as exc:
-                console.print(f"[red]error:[/red] cannot load {name} weights: {exc}")
+                console.print(f"[red]error:[/red] cannot load {name} weights: {escape(str(exc))}")
                 raise typer.Exit(2)
             with console.status(f"sampling {len(specs)} test prompts × {num_seeds} seeds with the {name} model…"):
                 results[name] = ev.evaluate(model, cfg.model, cfg.sampler, specs, num_seeds=num_seeds)
         table = Table(title=f"GenEval-style score on {len(specs)} test prompts × {num_seeds} seeds (strict verdict, ODE sampling)")
         table.add_column("task kind")
+        table.add_column("prompts", justify="right")
         for name in results:
             table.add_column(name, justify="right")
         tags = list(next(iter(results.values())).per_task)
         for tag in tags:
-            table.add_row(tag, *(f"{r.per_task[tag]:.3f}" for r in results.values()))
-        table.add_row("[bold]overall[/bold]", *(f"[bold]{r.overall:.3f}[/bold]" for r in results.values()))
-        table.add_row("partial credit", *(f"{r.partial:.3f}" for r in results.values()))
+            table.add_row(tag, str(next(iter(results.values())).per_task_prompts[tag]), *(f"{r.per_task[tag]:.3f}" for r in results.values()))
+        table.add_row("[bold]overall[/bold] (mean of kinds)", str(len(specs)), *(f"[bold]{r.overall:.3f}[/bold]" for r in results.values()))
+        table.add_row("partial credit", "", *(f"{r.partial:.3f}" for r in results.values()))
         console.print(table)
         out_dir.mkdir(parents=True, exist_ok=True)
         report = {name: r.to_json() for name, r in results.items()}
@@ -79,4 +81,6 @@ def register(app: typer.Typer) -> None:
             report["weights"] = str(weights)
         (out_dir / "eval.json").write_text(json.dumps(report, indent=2) + "\n")
         ev.comparison_grid(results, out_dir / "eval_grid.png")
+        n_img = len(specs) * num_seeds
+        console.print(f"{n_img} images per model: a score's standard error is about ±{0.5 / max(1, n_img) ** 0.5:.3f} overall, more for kinds with few prompts")
         console.print(f"wrote {out_dir / 'eval.json'} and {out_dir / 'eval_grid.png'}")

@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 
@@ -36,7 +37,7 @@ def register(app: typer.Typer) -> None:
             if cfg.model.family != "tiny":
                 raise ValueError(f"`spotlight profile` measures the tiny family only so far (model.family = {cfg.model.family!r}); the planner falls back to uncached full-step exploration without a profile")
         except (SpotlightError, ValueError) as exc:
-            console.print(f"[red]error:[/red] {exc}")
+            console.print(f"[red]error:[/red] {escape(str(exc))}")
             raise typer.Exit(2)
         import torch
 

@@ -15,6 +15,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 console = Console(soft_wrap=True)
 
@@ -100,7 +101,7 @@ def register(app: typer.Typer) -> None:
             cfg = load_config(config, overrides)
             prompts = load_prompts(cfg.data.prompts_path)
         except SpotlightError as exc:
-            console.print(f"[red]error:[/red] {exc}")
+            console.print(f"[red]error:[/red] {escape(str(exc))}")
             raise typer.Exit(2)
         rd = run_dir or pathlib.Path("runs") / f"{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
         if (rd / "metrics.jsonl").is_file() and (rd / "metrics.jsonl").stat().st_size > 0:
@@ -114,7 +115,7 @@ def register(app: typer.Typer) -> None:
             if cfg.train.use_lora and cfg.train.lora_target_modules:
                 family.check_lora_targets(list(cfg.train.lora_target_modules))
         except ModelLoadError as exc:
-            console.print(f"[red]error:[/red] {exc}")
+            console.print(f"[red]error:[/red] {escape(str(exc))}")
             raise typer.Exit(2)
         if cfg.reward.kind == "geneval_shapes":  # every prompt must be a shapes-world caption
             from spotlight.rewards import RewardError, RewardFn
@@ -122,7 +123,7 @@ def register(app: typer.Typer) -> None:
             try:
                 RewardFn(cfg.reward).check_prompts(prompts)
             except RewardError as exc:
-                console.print(f"[red]error:[/red] reward.kind = 'geneval_shapes' cannot score the prompts of {cfg.data.prompts_path or 'the GenEval set (examples/default/prompts)'}: {exc}")
+                console.print(f"[red]error:[/red] reward.kind = 'geneval_shapes' cannot score the prompts of {cfg.data.prompts_path or 'the GenEval set (examples/default/prompts)'}: {escape(str(exc))}")
                 raise typer.Exit(2)
         if cfg.reward.kind == "http":  # fail fast on an unreachable reward service
             import numpy as np
@@ -132,7 +133,7 @@ def register(app: typer.Typer) -> None:
             try:
                 RewardFn(cfg.reward)(np.zeros((1, 3, cfg.model.image_size, cfg.model.image_size), dtype=np.uint8), [prompts[0]])
             except RewardError as exc:
-                console.print(f"[red]error:[/red] reward service check failed: {exc}")
+                console.print(f"[red]error:[/red] reward service check failed: {escape(str(exc))}")
                 raise typer.Exit(2)
         host0 = reserved.rsplit(":", 1)[0]
         if not local and not os.environ.get("SPOTLIGHT_SECRET") and host0 not in ("127.0.0.1", "localhost"):
@@ -149,7 +150,7 @@ def register(app: typer.Typer) -> None:
             try:
                 cond = cached_conditioning(get_family(cfg.model), prompts, _cache_dir())
             except (ModelLoadError, OSError, ValueError) as exc:
-                console.print(f"[red]error:[/red] cannot encode prompts with model.family = {cfg.model.family!r} from {cfg.model.pretrained_path or '(built in)'}: {exc}")
+                console.print(f"[red]error:[/red] cannot encode prompts with model.family = {cfg.model.family!r} from {cfg.model.pretrained_path or '(built in)'}: {escape(str(exc))}")
                 raise typer.Exit(2)
         secret = os.environ.get("SPOTLIGHT_SECRET") or (secrets.token_hex(16) if local else "")
         host = reserved.rsplit(":", 1)[0]
@@ -170,7 +171,7 @@ def register(app: typer.Typer) -> None:
             try:
                 events = slice_trace(load_bamboo_trace(trace), trace_start_s, trace_duration_s)
             except (OSError, ValueError) as exc:
-                console.print(f"[red]error:[/red] trace {trace}: {exc}")
+                console.print(f"[red]error:[/red] trace {trace}: {escape(str(exc))}")
                 raise typer.Exit(2)
             placement = TracePlacement(agents, gpus_per_agent, trace_seed, scale_to_capacity=True)
             actions = placement.plan(events, time_scale=time_scale, end_s=trace_duration_s)
@@ -225,7 +226,7 @@ def register(app: typer.Typer) -> None:
             console.print("[yellow]interrupted[/yellow]")
             raise typer.Exit(130)
         except RuntimeError as exc:
-            console.print(f"[red]error:[/red] {exc}")
+            console.print(f"[red]error:[/red] {escape(str(exc))}")
             raise typer.Exit(1)
         finally:
             if driver is not None:

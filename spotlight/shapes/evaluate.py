@@ -36,6 +36,7 @@ class EvalResult:
 
     per_task: dict[str, float]
     overall: float
+    per_task_prompts: dict[str, int]
     partial: float
     num_images: int
     images: np.ndarray
@@ -43,16 +44,22 @@ class EvalResult:
     prompts: list[str]
 
     def to_json(self) -> dict:
-        return {"overall": self.overall, "per_task": self.per_task, "partial_credit": self.partial, "num_images": self.num_images}
+        return {"overall": self.overall, "per_task": self.per_task, "per_task_prompts": self.per_task_prompts, "partial_credit": self.partial, "num_images": self.num_images}
 
 
 def read_prompts(path: str | pathlib.Path = world.TEST_PROMPTS_PATH) -> list[world.PromptSpec]:
     """Prompt specs from a GenEval-metadata JSONL of the shapes world (``tag`` + ``prompt``)."""
     out = []
-    for line in pathlib.Path(path).read_text().splitlines():
+    for n, line in enumerate(pathlib.Path(path).read_text().splitlines(), 1):
         if line.strip():
-            row = json.loads(line)
-            out.append(geneval.parse_prompt(row["prompt"]))
+            try:
+                row = json.loads(line)
+                prompt = row["prompt"]
+            except (ValueError, KeyError, TypeError):
+                raise ValueError(f"{path}:{n}: expected a JSON object with a 'prompt' key (GenEval metadata format, like spotlight/shapes/prompts/test.jsonl)") from None
+            out.append(geneval.parse_prompt(prompt))
+    if not out:
+        raise ValueError(f"{path}: no prompts")
     return out
 
 
@@ -101,6 +108,7 @@ def evaluate(transformer, model_cfg: ModelConfig, sampler_cfg: SamplerConfig, sp
     per_task = {t: float(np.mean([v for v, tt in zip(strict, tags) if tt == t])) for t in world.TASKS if t in tags}
     return EvalResult(
         per_task=per_task,
+        per_task_prompts={t: sum(1 for s in specs if s.tag == t) for t in per_task},
         overall=float(np.mean(list(per_task.values()))),
         partial=float(np.mean(partial)),
         num_images=len(prompts),

@@ -150,12 +150,16 @@ def test_error_message_names_the_file(tmp_path):
     assert str(path) in str(info.value) and "run.iterations" in str(info.value)
 
 
-def test_partial_file_fills_defaults(tmp_path):
+def test_partial_file_fills_in_the_embedded_default(tmp_path):
     path = tmp_path / "c.toml"
-    path.write_text("[sampler]\nnum_steps = 6\nsde_window_size = 2\n")
+    path.write_text("[sampler]\nnum_steps = 6\nsde_window_size = 2\n[data]\nprompts_path = 'mine.jsonl'\n")
     cfg = load_config(path)
-    assert cfg.sampler == SamplerConfig(num_steps=6, sde_window_size=2)
-    assert cfg.train == SpotlightConfig().train
+    default = load_config()
+    assert (cfg.sampler.num_steps, cfg.sampler.sde_window_size) == (6, 2)
+    assert cfg.sampler.noise_level == default.sampler.noise_level
+    # a user who changes only the prompts still runs the shapes task's model and reward
+    assert cfg.data.prompts_path == "mine.jsonl" and cfg.data.group_size == default.data.group_size
+    assert cfg.model == default.model and cfg.reward == default.reward and cfg.train == default.train
 
 
 def test_config_from_dict_errors_are_config_errors():

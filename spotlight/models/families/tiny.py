@@ -48,13 +48,16 @@ class TinyFamily(ModelFamily):
             raise ModelLoadError(f"{self.path}: holds a {config.get('_class_name')}, not a {self.transformer_class} folder (model.source = 'pretrained' of the tiny family)")
         if not any(f.suffix in (".safetensors", ".bin") for f in self.path.iterdir()):
             raise ModelLoadError(f"{self.path}: no weight files (*.safetensors)")
-        # the latent layout comes from [model]; it must be the one the checkpoint was trained on
+        # the latent layout and the architecture come from the model section; they must be the checkpoint's
         want = dit.transformer_kwargs(self.cfg, self.text_dim)
-        for key in ("patch_size", "in_channels", "out_channels", "joint_attention_dim"):
-            if key in config and config[key] != want[key]:
+        fields = {"patch_size": "model.patch_size", "in_channels": "model.patch_size", "out_channels": "(pixel channels)", "joint_attention_dim": "(text encoder width)",
+                  "num_layers": "model.num_layers", "num_attention_heads": "model.num_attention_heads", "attention_head_dim": "model.attention_head_dim", "axes_dims_rope": "model.axes_dims_rope"}
+        for key, setting in fields.items():
+            got = config.get(key)
+            if got is not None and (tuple(got) if isinstance(got, list) else got) != (tuple(want[key]) if isinstance(want[key], (list, tuple)) else want[key]):
                 raise ModelLoadError(
-                    f"{self.path}: the checkpoint has {key} = {config[key]} but [model] implies {want[key]} "
-                    f"(set model.patch_size / image_size to the checkpoint's: patch_size = {config.get('patch_size')})"
+                    f"{self.path}: the checkpoint has {key} = {got} but the config implies {want[key]} ({setting}); "
+                    f"set the model section to the checkpoint's architecture (its config.json)"
                 )
 
     def identity(self) -> str:
