@@ -53,7 +53,7 @@ def _config(family: str, mode: str, ckpt: pathlib.Path) -> dict:
     train = {"steps_per_iteration": 2, "learning_rate": 1e-3}
     if mode == "lora":
         train.update(lora_rank=4, kl_beta=0.01)
-    return {
+    changes = {
         "model": model,
         "sampler": {"num_steps": 4, "sde_window_size": 2, "sde_window_range": [0, 3], "noise_level": 1.2},
         "data": {"prompts_per_iteration": 3, "group_size": 2, "num_control_prompts": 1},
@@ -61,6 +61,15 @@ def _config(family: str, mode: str, ckpt: pathlib.Path) -> dict:
         "train": train,
         "cluster": {"worker_batch_size": 4},
     }
+    # every key written out (the built-in defaults: JPEG reward, GenEval prompts, the tiny
+    # architecture the checkpoint above was built with), so the embedded default's shapes
+    # task never merges in
+    from spotlight.config import SpotlightConfig, config_to_dict
+
+    full = config_to_dict(SpotlightConfig())
+    for section, values in changes.items():
+        full[section].update(values)
+    return full
 
 
 @functools.lru_cache(maxsize=None)
