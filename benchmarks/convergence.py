@@ -190,7 +190,7 @@ def main() -> None:
         f"Target: {target:.4f} = the lowest saturated control-prompt score (best 3-iteration average of the seed-mean curve) among the variants. "
         f"{len(seeds)} run seeds per variant ({', '.join(map(str, seeds))}), {args.iterations} iterations, {args.agents} local spot agents; mean ± sample std over seeds.",
         "",
-        "| variant | reached target | iterations to target | wall time to target (s) | mean iteration (s) | exploration on critical path (share of iteration time) | test score of final/ (base " + f"{np.mean([t['test_score_base'] for t in table.values()]):.3f}) |",
+        "| variant | reached target | iterations to target (runs that reached it) | wall time to target (s) | mean iteration (s) | exploration on critical path (share of iteration time) | test score of final/ (base " + f"{np.mean([t['test_score_base'] for t in table.values()]):.3f}) |",
         "|---|---|---|---|---|---|---|",
     ]
     for v, row in table.items():
