@@ -827,13 +827,8 @@ class Coordinator:
         labels = {s.slot: self.prompts[s.prompt_index] for s in samples}
         verdicts = None
         if self.cfg.reward.kind == "geneval_shapes":
-            from spotlight.shapes import geneval
-
-            try:
-                images = np.stack([np.asarray(s.image) for s in samples])
-                verdicts = [v >= 1.0 for v in geneval.score(images, [labels[s.slot] for s in samples], partial_credit=False)]
-            except ValueError as exc:  # a prompt outside the shapes grammar: no verdicts, still a grid
-                log.warning("sample grid: no verdicts (%s)", exc)
+            # strict and partial-credit rewards are both 1 exactly when every clause holds
+            verdicts = [None if s.reward is None else s.reward >= 1.0 for s in samples]
         title = f"iteration {n + 1} (rollout samples; reward under each image" + (", pass = every clause of the prompt holds)" if verdicts else ")")
         sample_grid([s.image for s in samples], [s.slot for s in samples], [s.reward for s in samples], self.run_dir / "samples" / f"iter_{n:04d}.png", title=title, labels=labels, verdicts=verdicts)
 

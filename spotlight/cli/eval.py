@@ -46,9 +46,6 @@ def register(app: typer.Typer) -> None:
         except (SpotlightError, ValueError, OSError) as exc:
             console.print(f"[red]error:[/red] {escape(str(exc))}")
             raise typer.Exit(2)
-        import torch
-
-        torch.set_num_threads(max(1, torch.get_num_threads()))
         out_dir = out or run_dir or pathlib.Path("runs/eval")
         models = {"base": None}
         if weights is not None:

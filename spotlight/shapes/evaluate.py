@@ -102,8 +102,9 @@ def evaluate(transformer, model_cfg: ModelConfig, sampler_cfg: SamplerConfig, sp
     prompts = [s.prompt for s in specs for _ in range(num_seeds)]
     seeds = [EVAL_SEED_BASE + k for _ in specs for k in range(num_seeds)]
     images = sample_ode(transformer, model_cfg, sampler_cfg, prompts, seeds, progress=progress)
-    strict = geneval.score(images, prompts, partial_credit=False)
-    partial = geneval.score(images, prompts, partial_credit=True)
+    both = geneval.verdicts(images, prompts)
+    strict = [float(c) for c, _ in both]
+    partial = [p for _, p in both]
     tags = [s.tag for s in specs for _ in range(num_seeds)]
     per_task = {t: float(np.mean([v for v, tt in zip(strict, tags) if tt == t])) for t in world.TASKS if t in tags}
     return EvalResult(

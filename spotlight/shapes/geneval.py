@@ -556,12 +556,9 @@ def verdict(spec: world.PromptSpec, objects: Sequence[DetectedObject]) -> tuple[
     return n_ok == len(checked), n_ok / len(checked)
 
 
-def score(images_bchw: np.ndarray, prompts: Sequence[str], *, partial_credit: bool) -> list[float]:
-    """Rewards of ``[B, 3, H, W] uint8`` RGB images for their captions, in input order.
-
-    Each reward is the partial credit of :func:`verdict` (fraction of clauses that hold,
-    in [0, 1]) when ``partial_credit`` is true, else the strict verdict as 0.0 or 1.0. Never
-    NaN.
+def verdicts(images_bchw: np.ndarray, prompts: Sequence[str]) -> list[tuple[bool, float]]:
+    """``(strict, partial credit)`` of :func:`verdict` for ``[B, 3, H, W] uint8`` RGB images
+    and their captions, in input order (one detection pass for both).
 
     Raises:
         ValueError: images not ``[B, 3, H, W] uint8``, ``len(prompts) != B``, or a caption
@@ -574,8 +571,17 @@ def score(images_bchw: np.ndarray, prompts: Sequence[str], *, partial_credit: bo
     if len(prompts) != images_bchw.shape[0]:
         raise ValueError(f"{images_bchw.shape[0]} images but {len(prompts)} prompts")
     specs = [parse_prompt(p) for p in prompts]
-    out: list[float] = []
-    for spec, objects in zip(specs, detect_many(list(images_bchw.transpose(0, 2, 3, 1)))):
-        correct, partial = verdict(spec, objects)
-        out.append(float(partial) if partial_credit else float(correct))
-    return out
+    return [verdict(spec, objects) for spec, objects in zip(specs, detect_many(list(images_bchw.transpose(0, 2, 3, 1))))]
+
+
+def score(images_bchw: np.ndarray, prompts: Sequence[str], *, partial_credit: bool) -> list[float]:
+    """Rewards of ``[B, 3, H, W] uint8`` RGB images for their captions, in input order.
+
+    Each reward is the partial credit of :func:`verdict` (fraction of clauses that hold,
+    in [0, 1]) when ``partial_credit`` is true, else the strict verdict as 0.0 or 1.0. Never
+    NaN.
+
+    Raises:
+        ValueError: as :func:`verdicts`.
+    """
+    return [float(partial) if partial_credit else float(correct) for correct, partial in verdicts(images_bchw, prompts)]
