@@ -234,7 +234,7 @@ class Coordinator:
                 options,
                 random.Random(pc.seed),
             )
-        (self.run_dir / "coordinator.json").write_text(json.dumps({"endpoint": self.endpoint, "pid": os.getpid(), "keys_dir": str(keys.directory) if keys.directory else None}))
+        (self.run_dir / "coordinator.json").write_text(json.dumps({"endpoint": self.endpoint, "trainer_endpoint": self.server.trainer_endpoint, "pid": os.getpid(), "keys_dir": str(keys.directory) if keys.directory else None}))
 
     # ------------------------------------------------------------ batches & seeds
     def batch_prompts(self, iteration: int) -> list[int]:
