@@ -10,6 +10,7 @@ Layout (issue item 5, "coordinator crash and resume")::
             state.json         {"format": 1, "iteration": 7, "state": {...the caller's dict...}}
             <name>             any extra files the caller passed (raw bytes)
         .tmp-iter_000008-<hex>/  a write in progress (or a crashed one: ignored, cleaned up)
+        EPOCH                  text "2\n": how many times a coordinator started on this run, minus 1
         train/                 the Train Workers' DCP checkpoints (not managed here)
 
 Atomicity: every file is written into a temporary directory inside ``checkpoints/``,
@@ -40,6 +41,7 @@ __all__ = [
     "complete_checkpoints",
     "latest_checkpoint",
     "load_checkpoint",
+    "next_epoch",
     "write_checkpoint",
 ]
 
@@ -48,6 +50,7 @@ CHECKPOINT_FORMAT = 1
 
 STATE_FILE = "state.json"
 LATEST_FILE = "LATEST"
+EPOCH_FILE = "EPOCH"
 _TMP_PREFIX = ".tmp-"
 _ITER_RE = re.compile(r"^iter_(\d{6,})$")
 
@@ -261,3 +264,34 @@ def _apply_retention(root: pathlib.Path, keep: int) -> None:
     for _, p in done[:-keep]:
         if p.name != protected:
             shutil.rmtree(p, ignore_errors=True)
+
+
+def next_epoch(run_dir: str | os.PathLike) -> int:
+    """Durably count coordinator starts of a run; returns this start's epoch.
+
+    0 on the first call for ``run_dir`` (no ``checkpoints/EPOCH`` yet), then 1, 2, ...:
+    every call returns a number greater than all earlier calls returned, even when a
+    resumed coordinator crashed before writing any checkpoint. Pass it to
+    ``RequestScheduler.load_state_dict(epoch=...)`` so lease ids never repeat across
+    processes. Call it once per start, before granting any lease.
+
+    Raises:
+        CheckpointError: ``EPOCH`` exists but does not hold a non-negative integer.
+        OSError: the file system failed.
+    """
+    root = checkpoint_dir(run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / EPOCH_FILE
+    try:
+        text = path.read_text().strip()
+    except FileNotFoundError:
+        epoch = 0
+    else:
+        if not text.isdigit():
+            raise CheckpointError(f"{path} holds {text!r}, not a non-negative integer")
+        epoch = int(text) + 1
+    tmp = root / f"{_TMP_PREFIX}{EPOCH_FILE}-{uuid.uuid4().hex[:8]}"
+    _write_bytes(tmp, f"{epoch}\n".encode())
+    os.replace(tmp, path)
+    _fsync_dir(root)
+    return epoch

@@ -14,6 +14,7 @@ from spotlight.checkpoint import (
     complete_checkpoints,
     latest_checkpoint,
     load_checkpoint,
+    next_epoch,
     write_checkpoint,
 )
 from spotlight.errors import SpotlightError
@@ -155,3 +156,14 @@ def test_failed_write_keeps_previous(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert latest_checkpoint(tmp_path, cleanup=False) == (1, p1)
     assert sorted(p.name for p in checkpoint_dir(tmp_path).iterdir()) == ["LATEST", "iter_000001"]
+
+
+def test_next_epoch_counts_starts_durably(tmp_path):
+    assert [next_epoch(tmp_path) for _ in range(3)] == [0, 1, 2]
+    assert (checkpoint_dir(tmp_path) / "EPOCH").read_text().strip() == "2"
+    # epochs and checkpoints live side by side; neither disturbs the other
+    p = write_checkpoint(tmp_path, 0, {})
+    assert next_epoch(tmp_path) == 3 and latest_checkpoint(tmp_path) == (0, p)
+    (checkpoint_dir(tmp_path) / "EPOCH").write_text("x")
+    with pytest.raises(CheckpointError, match="not a non-negative integer"):
+        next_epoch(tmp_path)
