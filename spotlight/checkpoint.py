@@ -42,6 +42,10 @@ __all__ = [
     "latest_checkpoint",
     "load_checkpoint",
     "next_epoch",
+    "prune_train_versions",
+    "train_checkpoint_dir",
+    "train_version_path",
+    "train_versions",
     "write_checkpoint",
 ]
 
@@ -295,3 +299,64 @@ def next_epoch(run_dir: str | os.PathLike) -> int:
     os.replace(tmp, path)
     _fsync_dir(root)
     return epoch
+
+
+# ------------------------------------------------------------------ Train Worker checkpoints
+#
+# RUN_DIR/checkpoints/train/v000004/   a complete trainer checkpoint for weights v_4:
+#     .metadata, __0_0.distcp, ...     torch.distributed.checkpoint (model + optimizer, sharded)
+#     rng_rank0.json, ...              per-rank RNG states and step counters
+# RUN_DIR/checkpoints/train/.tmp-v000005/  being written (all ranks), renamed by rank 0.
+
+_TRAIN_RE = re.compile(r"^v(\d{6,})$")
+TRAIN_METADATA = ".metadata"  # written last by DCP's coordinator rank
+
+
+def train_checkpoint_dir(run_dir: str | os.PathLike) -> pathlib.Path:
+    """``RUN_DIR/checkpoints/train`` (not created): where Train Workers keep their state."""
+    return checkpoint_dir(run_dir) / "train"
+
+
+def train_version_path(ckpt_dir: str | os.PathLike, version: int) -> pathlib.Path:
+    """``ckpt_dir/vNNNNNN``: the trainer checkpoint that produced weights ``v_version``."""
+    if version < 0:
+        raise ValueError(f"version must be >= 0, got {version}")
+    return pathlib.Path(ckpt_dir) / f"v{version:06d}"
+
+
+def train_versions(ckpt_dir: str | os.PathLike) -> list[int]:
+    """Weight versions with a complete trainer checkpoint in ``ckpt_dir``, ascending.
+
+    Complete = a ``vNNNNNN`` directory (they appear only by rename after every rank
+    wrote) holding DCP's ``.metadata``. Temp dirs of crashed saves are ignored.
+    """
+    root = pathlib.Path(ckpt_dir)
+    if not root.is_dir():
+        return []
+    out = []
+    for p in root.iterdir():
+        m = _TRAIN_RE.match(p.name)
+        if m and (p / TRAIN_METADATA).is_file():
+            out.append(int(m.group(1)))
+    return sorted(out)
+
+
+def prune_train_versions(ckpt_dir: str | os.PathLike, keep: int, *, protect: int | None = None) -> list[int]:
+    """Delete all but the newest ``keep`` complete trainer checkpoints (never ``protect``).
+
+    Also removes temp dirs of crashed saves. Call on one rank, with no save in
+    progress. Returns the deleted versions.
+
+    Raises:
+        ValueError: ``keep < 1``.
+    """
+    if keep < 1:
+        raise ValueError(f"keep must be >= 1, got {keep}")
+    root = pathlib.Path(ckpt_dir)
+    if not root.is_dir():
+        return []
+    _remove_temps(root)
+    drop = [v for v in train_versions(root)[:-keep] if v != protect]
+    for v in drop:
+        shutil.rmtree(train_version_path(root, v), ignore_errors=True)
+    return drop
