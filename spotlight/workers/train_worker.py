@@ -5,7 +5,9 @@
 to the coordinator over a ZeroMQ DEALER (identity ``trainer-<rank>``)::
 
     → TRAIN_READY(rank, world_size, version=0)      (rank 0 also → WEIGHTS v0 + blob)
-    ← TRAIN_BATCH  → train_step → full state dict → (rank 0) WEIGHTS v+1 + blob
+                  (with --resume-version N: load the trainer checkpoint, version=N, WEIGHTS vN)
+    ← TRAIN_BATCH  → train_step → [--checkpoint-dir: save DIR/v{v+1:06d}, keep 2]
+                   → full state dict → (rank 0) WEIGHTS v+1 + blob
                                                    → TRAIN_DONE(rank, iteration, v+1)
     ← SHUTDOWN("save:<path>") → save_pretrained(path) → TRAIN_DONE(rank, -1, -1) (ack)
     ← SHUTDOWN                → exit
@@ -577,7 +579,19 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--config-json", required=True, help="JSON text, a .json file or a .toml file")
     ap.add_argument("--master-port", type=int, required=True)
     ap.add_argument("--text-dim", type=int, default=384)
-    return ap.parse_args(argv)
+    ap.add_argument(
+        "--checkpoint-dir", default=None,
+        help="save the trainer state (DCP) for every new version v into DIR/v{v:06d}, keeping the newest 2 "
+        "(default: no checkpoints); the coordinator passes RUN_DIR/checkpoints/train",
+    )
+    ap.add_argument(
+        "--resume-version", type=int, default=None,
+        help="load DIR/v{N:06d} from --checkpoint-dir before TRAIN_READY and publish weights v_N instead of v_0",
+    )
+    args = ap.parse_args(argv)
+    if args.resume_version is not None and (args.checkpoint_dir is None or args.resume_version < 0):
+        ap.error("--resume-version needs --checkpoint-dir and a version >= 0")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -604,13 +618,27 @@ def main(argv: list[str] | None = None) -> int:
         rank=args.rank,
         world_size=args.world_size,
     )
+    from spotlight.checkpoint import prune_train_versions, train_version_path
+
     trainer = FlowGRPOTrainer(cfg, rank=args.rank, world_size=args.world_size, device=device, text_dim=args.text_dim)
+    version = 0
+    if args.resume_version is not None:
+        trainer.load_checkpoint(train_version_path(args.checkpoint_dir, args.resume_version))
+        version = args.resume_version
+
+    def checkpoint(ver: int) -> None:
+        """Trainer state for weights v_ver, before TRAIN_DONE: a run checkpoint naming v_ver finds it."""
+        if args.checkpoint_dir is None:
+            return
+        trainer.save_checkpoint(train_version_path(args.checkpoint_dir, ver))
+        if args.rank == 0:
+            prune_train_versions(args.checkpoint_dir, keep=2, protect=ver)
+
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.IDENTITY, f"trainer-{args.rank}".encode())
     sock.setsockopt(zmq.LINGER, 10_000)
     sock.connect(args.coordinator)
-    version = 0
 
     def publish(ver: int) -> None:
         sd = trainer.version_state_dict()
@@ -646,6 +674,7 @@ def main(argv: list[str] | None = None) -> int:
                 t0 = time.perf_counter()
                 metrics = trainer.train_step(tensors, body.micro_batches, iteration=body.iteration)
                 version = body.version + 1
+                checkpoint(version)
                 publish(version)
                 sock.send_multipart(P.encode(P.TrainDone(
                     rank=args.rank, iteration=body.iteration, new_version=version,

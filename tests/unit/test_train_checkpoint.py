@@ -174,3 +174,75 @@ def test_resume_matches_uninterrupted_two_ranks(rollout, tmp_path):
             assert r["loaded_diff"] == [] and r["diff"] == [] and r["steps"] == 2, (rank, name, r)
             assert {"rng_rank0.json", "rng_rank1.json", ".metadata"} <= set(r["files"])
             assert sum(f.endswith(".distcp") for f in r["files"]) == 2  # one shard file per rank
+
+
+def test_process_checkpoints_and_resumes(rollout, tmp_path):
+    """``main()`` with --checkpoint-dir saves v1 after a TRAIN_BATCH; a new process with
+    --resume-version 1 reports version 1 and publishes the same v1 weights."""
+    import subprocess
+    import sys
+
+    import zmq
+
+    from spotlight import protocol as P
+    from spotlight import tensor_wire
+    from spotlight.config import config_to_dict
+    from tests.unit.test_train_worker import _free_port
+
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    poller = zmq.Poller()
+    poller.register(router, zmq.POLLIN)
+    ckdir = tmp_path / "train"
+
+    def start(*extra):
+        cmd = [
+            sys.executable, "-m", "spotlight.workers.train_worker", "--coordinator", f"tcp://127.0.0.1:{port}",
+            "--rank", "0", "--world-size", "1", "--config-json", json.dumps(config_to_dict(_cfg())),
+            "--master-port", str(_free_port()), "--text-dim", str(TEXT_DIM), "--checkpoint-dir", str(ckdir), *extra,
+        ]
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+    def recv(proc):
+        if not poller.poll(120_000):
+            proc.kill()
+            pytest.fail("trainer process went silent:\n" + proc.communicate()[0].decode(errors="replace"))
+        _, *frames = router.recv_multipart()
+        return P.decode(frames)
+
+    def stop(proc):
+        router.send_multipart([b"trainer-0", *P.encode(P.Shutdown(reason="done"))])
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, out.decode(errors="replace")
+
+    procs = []
+    try:
+        procs.append(p1 := start())
+        assert recv(p1)[0] == P.MsgType.TRAIN_READY
+        assert recv(p1)[1].version == 0
+        metas, frames = tensor_wire.pack_tensors(rollout)
+        router.send_multipart([b"trainer-0", *P.encode(P.TrainBatch(iteration=0, version=0, micro_batches=ROLLOUT_MBS, tensors=metas), frames)])
+        mtype, body, payload = recv(p1)
+        assert mtype == P.MsgType.WEIGHTS and body.version == 1
+        v1 = tensor_wire.bytes_to_state_dict(payload[0])
+        assert recv(p1)[0] == P.MsgType.TRAIN_DONE
+        assert train_versions(ckdir) == [1]  # saved before TRAIN_DONE
+        stop(p1)
+
+        procs.append(p2 := start("--resume-version", "1"))
+        mtype, body, _ = recv(p2)
+        assert mtype == P.MsgType.TRAIN_READY and body.version == 1
+        mtype, body, payload = recv(p2)
+        assert mtype == P.MsgType.WEIGHTS and body.version == 1
+        again = tensor_wire.bytes_to_state_dict(payload[0])
+        assert set(again) == set(v1) and all(torch.equal(again[k], v1[k]) for k in v1)
+        stop(p2)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        router.close()
+        ctx.term()
