@@ -107,6 +107,9 @@ class AgentDaemon:
         self.coord.setsockopt(zmq.LINGER, 1000)
         self.coord.setsockopt(zmq.SNDHWM, 1000)
         self.coord.setsockopt(zmq.RECONNECT_IVL_MAX, 5000)
+        # queue nothing while the coordinator is unreachable: stale heartbeats and pulls would
+        # arrive in a burst after it restarts; a re-registration follows instead
+        self.coord.setsockopt(zmq.IMMEDIATE, 1)
         apply_client(self.coord, keys)
         self.reconnecting = False
         self._next_register = 0.0
@@ -157,7 +160,7 @@ class AgentDaemon:
             return True
         except zmq.Again:
             self.dropped_to_coord += 1
-            if self.dropped_to_coord % 100 == 1:
+            if self.registered is not None and self.dropped_to_coord % 100 == 1:
                 log.warning("coordinator unreachable: dropped %s (%d messages dropped so far)", type(msg).__name__, self.dropped_to_coord)
             return False
 
@@ -176,11 +179,13 @@ class AgentDaemon:
             raise SystemExit(f"bad coordinator address {self.endpoint!r}: {exc} (expected HOST:PORT)") from None
         log.info("registering with %s as %s (giving up after %.0fs)…", self.endpoint, self.keys.principal.id, self.register_timeout_s)
         monitor = self.coord.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_SUCCEEDED)
-        self._to_coord(self._register_msg())
+        sent = self._to_coord(self._register_msg())  # fails (dropped) until the connection is up
         deadline = time.monotonic() + self.register_timeout_s
         handshake_error = ""
         try:
             while time.monotonic() < deadline:
+                if not sent:
+                    sent = self._to_coord(self._register_msg())
                 while monitor.poll(0):
                     from zmq.utils.monitor import recv_monitor_message
 
@@ -386,11 +391,12 @@ class AgentDaemon:
             if self.sp_degree > 1:
                 self._group_hello(wid)
         elif mtype == P.MsgType.PULL:
-            if self.draining or wid not in self.sched.workers:
+            if self.draining or self.reconnecting or wid not in self.sched.workers:
                 self._to_worker(wid, P.Leases(worker_id=wid))
                 return
             body.node_id, body.session, body.worker_id = self.node_id, self.session, wid
-            self._to_coord(body)
+            if not self._to_coord(body):  # coordinator unreachable: the worker asks again later
+                self._to_worker(wid, P.Leases(worker_id=wid))
         elif mtype in (P.MsgType.RESULT, P.MsgType.COMMIT, P.MsgType.FAIL):
             body.node_id, body.session, body.worker_id = self.node_id, self.session, wid
             ids = [it.request_id for it in body.items] if mtype != P.MsgType.FAIL else list(body.request_ids)
@@ -439,12 +445,16 @@ class AgentDaemon:
         elif mtype == P.MsgType.HEARTBEAT:
             pass  # coordinator's ack; any message refreshes _last_coord_msg
         elif mtype == P.MsgType.REGISTERED:
-            if body.node_id == self.node_id and self.reconnecting:
+            if body.node_id == self.node_id:  # the latest registration is the coordinator's current session
                 self.session = body.session
                 self.registered.latest_version = body.latest_version
-                self.reconnecting = False
-                self._register_backoff_s = 1.0
-                log.warning("re-registered with the coordinator (new session); %d workers kept running", len(self.sched.live_workers()))
+                if self.reconnecting:
+                    self.reconnecting = False
+                    self._register_backoff_s = 1.0
+                    log.warning("re-registered with the coordinator (new session); %d workers kept running", len(self.sched.live_workers()))
+                    for version in list(self.weight_waiters):  # requests lost with the old coordinator
+                        self._to_coord(P.FetchWeights(node_id=self.node_id, session=self.session, version=version))
+                        self._weights_asked[version] = time.monotonic()
                 self.heartbeat(time.monotonic())
         elif mtype == P.MsgType.SHUTDOWN:
             log.info("coordinator asked to shut down: %s", body.reason)

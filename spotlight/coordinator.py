@@ -66,6 +66,8 @@ from spotlight.models.lora import lora_spec
 from spotlight.rl.grpo import group_advantages
 from spotlight.rl.sampler import Conditioning
 from spotlight.seed_bank import SeedBank, candidate_seeds
+from spotlight.checkpoint import train_checkpoint_dir
+from spotlight.run_recorder import RunRecorder
 from spotlight.tensor_store import TensorStore, check_key
 from spotlight.tensor_wire import pack_tensors, unpack_tensors
 
@@ -137,6 +139,12 @@ class Coordinator:
             projections and the negative prompt for CFG).
         embeds, mask: the same for callers that have only embeddings and a mask.
         progress: called with one line per iteration.
+        resume: continue the run in ``run_dir`` from its last complete checkpoint (the
+            iteration in flight when the previous coordinator died is run again); without a
+            checkpoint the run restarts at iteration 0 in the same directory.
+
+    Raises:
+        CheckpointError: ``resume`` and the newest checkpoint is unreadable.
     """
 
     def __init__(
@@ -151,6 +159,7 @@ class Coordinator:
         embeds: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
         progress: Callable[[str], None] = print,
+        resume: bool = False,
     ):
         self.cfg = cfg
         self.run_dir = pathlib.Path(run_dir)
@@ -196,8 +205,8 @@ class Coordinator:
         self.train_ready: set[int] = set()
         self.train_done: dict[int, P.TrainDone] = {}
         self.weights_pending: dict[int, bytes] = {}
-        self.metrics_path = self.run_dir / "metrics.jsonl"
-        self.metrics_path.write_text("")
+        self.recorder = RunRecorder(self.run_dir, resume=resume)
+        self.metrics_path = self.recorder.metrics_path
         self.history: list[dict] = []
         self.phase = "starting"
         self.iteration = 0
@@ -234,6 +243,11 @@ class Coordinator:
                 options,
                 random.Random(pc.seed),
             )
+        self.resume_version: int | None = None
+        if resume:
+            self._restore(time.monotonic())
+        else:
+            self.sched.start_epoch(self.recorder.epoch)
         (self.run_dir / "coordinator.json").write_text(json.dumps({"endpoint": self.endpoint, "trainer_endpoint": self.server.trainer_endpoint, "pid": os.getpid(), "keys_dir": str(keys.directory) if keys.directory else None}))
 
     # ------------------------------------------------------------ batches & seeds
@@ -305,7 +319,7 @@ class Coordinator:
         self.server.send(channel, identity, P.ErrorMsg(code=code, message=message[:1000]))
 
     # ------------------------------------------------------------ trainer processes
-    def start_trainers(self, resume_version: int | None = None) -> None:
+    def start_trainers(self) -> None:
         """Start the Train Worker processes; each authenticates with a per-run key that exists
         only in this process and a 0600 file in the run dir (``keys/trainer.json``)."""
         world = self.cfg.train.num_train_workers
@@ -321,12 +335,10 @@ class Coordinator:
                 "--coordinator", self.server.trainer_endpoint, "--keys-file", str(key_file), "--rank", str(rank), "--world-size", str(world),
                 "--config-json", str(conf_path), "--master-port", str(master_port),
             ]
-            cmd += self.trainer_extra_args(resume_version)
+            cmd += ["--checkpoint-dir", str(train_checkpoint_dir(self.run_dir))]
+            if self.resume_version is not None:
+                cmd += ["--resume-version", str(self.resume_version)]
             self.train_procs.append(subprocess.Popen(cmd, env=env))
-
-    def trainer_extra_args(self, resume_version: int | None) -> list[str]:
-        """Extra Train Worker arguments (checkpointing and resume; see ``checkpoint``)."""
-        return []
 
     # ------------------------------------------------------------ handlers
     def handle(self, msg: Inbound) -> None:
@@ -651,7 +663,8 @@ class Coordinator:
             if rank != 0:
                 raise Rejected("forbidden", f"only rank 0 publishes weights (got them from rank {rank})")
             expected = self.store.latest_version + 1
-            if body.version != expected or len(payload) != 1 or not _is_safetensors(payload[0]):
+            republish = self.phase == "starting" and body.version == self.store.latest_version  # a resumed trainer
+            if (body.version != expected and not republish) or len(payload) != 1 or not _is_safetensors(payload[0]):
                 raise Rejected("bad_request", f"WEIGHTS must carry version {expected} as one safetensors frame (got version {body.version}, {len(payload)} frames)")
             blob = bytes(payload[0])
             self.store.put_weights(body.version, blob)
@@ -852,8 +865,12 @@ class Coordinator:
         """Advance the iteration machine (called after every batch of messages)."""
         n = self.iteration
         if self.phase == "starting":
-            if len(self.train_ready) == self.cfg.train.num_train_workers and self.store.latest_version >= 0 and self.instances.live():
-                self.begin_iteration(n, now)
+            # trainers ready and rank 0 (re)published the current weights (a resumed run's too)
+            if len(self.train_ready) == self.cfg.train.num_train_workers and 0 <= self.store.latest_version <= self.version:
+                if n >= self.cfg.run.iterations:  # resumed after the last iteration: only the save is left
+                    self.begin_saving()
+                elif self.instances.live():
+                    self.begin_iteration(n, now)
         elif self.phase == "explore_first":
             # critical-path baseline: exploration of batch n on v_n before its rollout
             if self._scored(n, RequestKind.EXPLORE):
@@ -944,8 +961,7 @@ class Coordinator:
             for k in done_metrics[0]:
                 row[k] = float(np.mean([m.get(k, float("nan")) for m in done_metrics]))
         self.history.append(row)
-        with self.metrics_path.open("a") as f:
-            f.write(json.dumps(_finite(row)) + "\n")
+        self.recorder.append_metrics(row)
         self.progress(self.format_progress(row))
         every = self.cfg.run.sample_grid_every
         if every and (n % every == 0 or n == self.cfg.run.iterations - 1):
@@ -954,14 +970,71 @@ class Coordinator:
             del self.samples[s.request_id]
         self.seed_bank.forget(n)
         self.busy = [b for b in self.busy if b.end >= now - 600]
+        self.iteration = n + 1
+        self.write_checkpoint(n)
         if n + 1 >= self.cfg.run.iterations:
-            self.train_done.clear()
-            for rank in sorted(self.trainer_ids):
-                self.send_trainer(rank, P.Shutdown(reason=f"save:{self.run_dir / 'final'}"))
-            self.phase = "saving"
+            self.begin_saving()
         else:
-            self.iteration = n + 1
             self.begin_iteration(n + 1, now)
+
+    def begin_saving(self) -> None:
+        self.train_done.clear()
+        for rank in sorted(self.trainer_ids):
+            self.send_trainer(rank, P.Shutdown(reason=f"save:{self.run_dir / 'final'}"))
+        self.phase = "saving"
+
+    # ------------------------------------------------------------ checkpoint & resume
+    def checkpoint_state(self) -> dict:
+        """Everything the iteration machine needs to continue after iteration ``self.iteration - 1``
+        (taken between iterations: no sample, lease or reward job is outstanding)."""
+        return {
+            "iteration": self.iteration,
+            "version": self.store.latest_version,
+            "metrics_bytes": self.recorder.metrics_bytes(),
+            "scheduler": self.sched.state_dict(),
+            "seed_bank": self.seed_bank.state_dict(),
+            "planner": self.planner.state_dict() if self.planner is not None else None,
+            "instances": self.instances.state_dict(),
+            "explore_action": {str(k): a.to_dict() for k, a in self.explore_action.items()},
+            "plan_logs": {str(k): v for k, v in self.plan_logs.items()},
+            "t_step_s": self.t_step_s,
+            "last_train_s": self.last_train_s,
+            "version_bytes": getattr(self, "version_bytes", 0),
+            "epoch": self.recorder.epoch,
+        }
+
+    def write_checkpoint(self, n: int) -> None:
+        """Iteration ``n``'s run checkpoint; the trainers saved theirs (v_{n+1}) before TRAIN_DONE."""
+        t0 = time.monotonic()
+        self.recorder.checkpoint(n, self.checkpoint_state())
+        self.checkpoint_s = time.monotonic() - t0
+
+    def _restore(self, now: float) -> None:
+        got = self.recorder.latest()
+        if got is None:
+            log.warning("resume: %s has no complete checkpoint; restarting the run at iteration 0", self.run_dir)
+            self.sched.start_epoch(self.recorder.epoch)
+            self.recorder.truncate_metrics(0)
+            return
+        n, st = got
+        self.iteration = int(st["iteration"])
+        self.sched.load_state_dict(st["scheduler"], epoch=self.recorder.epoch, now=now)
+        self.seed_bank.load_state_dict(st["seed_bank"])
+        if self.planner is not None and st.get("planner"):
+            self.planner.load_state_dict(st["planner"])
+        self.instances.load_state_dict(st["instances"])
+        self.explore_action = {int(k): Action(int(a["num_sequences"]), float(a["effective_steps"]), float(a["cache_threshold"])) for k, a in st["explore_action"].items()}
+        self.plan_logs = {int(k): v for k, v in st["plan_logs"].items()}
+        self.t_step_s = st["t_step_s"]
+        self.last_train_s = st["last_train_s"]
+        self.version_bytes = st["version_bytes"]
+        self.history = self.recorder.truncate_metrics(int(st["metrics_bytes"]))
+        self.store.latest_version = int(st["version"])
+        self.resume_version = int(st["version"])
+        for r in self.sched.requests():  # prompt slots of restored requests (pulls of resumed work need them)
+            self.request_meta.setdefault(r.request_id, (r.group, r.prompt_index))
+        log.warning("resumed from the checkpoint of iteration %d: continuing at iteration %d with weights v%d (coordinator start #%d)", n, self.iteration, self.resume_version, self.recorder.epoch + 1)
+        self.progress(f"resumed {self.run_dir} after iteration {n + 1}/{self.cfg.run.iterations}: continuing with iteration {self.iteration + 1} (weights v{self.resume_version})")
 
     def format_progress(self, row: dict) -> str:
         return (
@@ -1055,9 +1128,7 @@ class Coordinator:
 
     def write_request_log(self) -> None:
         """``requests.jsonl``: final status and transition history of every request."""
-        with (self.run_dir / "requests.jsonl").open("w") as f:
-            for r in self.sched.requests():
-                f.write(json.dumps({"request_id": r.request_id, "kind": r.kind.value, "iteration": r.iteration, "status": r.status.value, "attempts": r.attempts, "history": [(s.value, round(t, 4), d) for s, t, d in r.history]}) + "\n")
+        self.recorder.write_request_log(self.sched.requests())
 
     def _reload_allow_list(self) -> None:
         """Pick up keys added or revoked with ``spotlight keys`` while the run is live."""
@@ -1127,17 +1198,6 @@ def zero_std_filter(advantages: np.ndarray, groups: list[int]) -> np.ndarray:
     if not keep.any() and len(adv):
         keep[g == g[0]] = True  # an empty update would stall; the zero advantages add no gradient
     return keep
-
-
-def _finite(obj):
-    """NaN/inf → None so metrics.jsonl is strict JSON."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
 
 
 def _is_safetensors(frame) -> bool:

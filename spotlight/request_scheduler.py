@@ -512,6 +512,21 @@ class RequestScheduler:
             "requests": [_request_to_json(r) for r in self._requests.values()],
         }
 
+    def start_epoch(self, epoch: int) -> None:
+        """A fresh scheduler in a process that is the ``epoch``-th start of its run (a run
+        resumed without any checkpoint): lease ids start at ``epoch * LEASE_EPOCH_STRIDE``,
+        so none equals a lease of a crashed earlier process.
+
+        Raises:
+            ValueError: negative ``epoch``, or leases were already granted.
+        """
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        if self._next_lease_id != 1:
+            raise ValueError("start_epoch must be called before any lease is granted")
+        self.epoch = int(epoch)
+        self._next_lease_id = max(1, self.epoch * LEASE_EPOCH_STRIDE)
+
     def load_state_dict(self, d: dict[str, Any], *, epoch: int, now: float) -> list[str]:
         """Replace this scheduler's state with a ``state_dict`` of a crashed coordinator.
 

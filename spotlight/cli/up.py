@@ -81,6 +81,23 @@ def _spawn_agent(endpoint: str, gpus: list[int], node_id: str, *, reserved: bool
     return subprocess.Popen(cmd, env=env)
 
 
+def _adopt(entry: dict | None):
+    """The still-running local agent process of ``entry`` (from a crashed run's
+    local_agents.json), or None. Agents with a mock cloud are not adopted: their mock
+    metadata server died with the old coordinator process."""
+    import psutil
+
+    if not entry or entry.get("cloud") or not entry.get("pid"):
+        return None
+    try:
+        p = psutil.Process(int(entry["pid"]))
+        if p.status() == psutil.STATUS_ZOMBIE or "agent.main" not in " ".join(p.cmdline()):
+            return None
+        return p
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def up(
@@ -102,6 +119,8 @@ def register(app: typer.Typer) -> None:
         trace_seed: int = typer.Option(0, "--trace-seed", help="Seed of the random placement of trace GPUs onto agents."),
         spot_nice: int = typer.Option(5, "--spot-nice", min=0, max=19, help="With --local: CPU niceness of the simulated spot workers (they share this machine's cores with the trainer)."),
         keys: Optional[pathlib.Path] = typer.Option(None, "--keys", envvar="SPOTLIGHT_KEYS", help="Coordinator keys directory (server.key_secret + clients/ allow-list; `spotlight keys init`). Default: <run-dir>/keys, created on first use."),
+        resume: Optional[pathlib.Path] = typer.Option(None, "--resume", help="Continue the run in this directory from its last complete iteration (after a crash or kill); its config.toml is used and agents reconnect by themselves."),
+        resume_existing: bool = typer.Option(False, "--resume-existing", help="With --run-dir: resume it if it already holds a run, else start a new one there (for supervisors such as systemd)."),
     ) -> None:
         """Post-train a DiT with Flow-GRPO while spot agents explore seeds on stale weights.
 
@@ -115,6 +134,24 @@ def register(app: typer.Typer) -> None:
         from spotlight.errors import SpotlightError
 
         overrides = {"run.iterations": iterations} if iterations else {}
+        if resume is not None and run_dir is not None and pathlib.Path(run_dir).resolve() != pathlib.Path(resume).resolve():
+            console.print("[red]error:[/red] --resume names the run directory; do not pass a different --run-dir")
+            raise typer.Exit(2)
+        if resume is None and resume_existing:
+            if run_dir is None:
+                console.print("[red]error:[/red] --resume-existing needs --run-dir")
+                raise typer.Exit(2)
+            if (pathlib.Path(run_dir) / "config.toml").is_file() and (pathlib.Path(run_dir) / "coordinator.json").is_file():
+                resume = pathlib.Path(run_dir)
+        if resume is not None:
+            if not (pathlib.Path(resume) / "config.toml").is_file():
+                console.print(f"[red]error:[/red] --resume {resume}: no config.toml there; not a Spotlight run directory")
+                raise typer.Exit(2)
+            if config is not None:
+                console.print("[red]error:[/red] --resume uses the run's own config.toml; drop --config")
+                raise typer.Exit(2)
+            config = pathlib.Path(resume) / "config.toml"
+            run_dir = pathlib.Path(resume)
         try:
             cfg = load_config(config, overrides)
             prompts = load_prompts(cfg.data.prompts_path)
@@ -122,9 +159,28 @@ def register(app: typer.Typer) -> None:
             console.print(f"[red]error:[/red] {escape(str(exc))}")
             raise typer.Exit(2)
         rd = run_dir or pathlib.Path("runs") / f"{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
-        if (rd / "metrics.jsonl").is_file() and (rd / "metrics.jsonl").stat().st_size > 0:
-            console.print(f"[red]error:[/red] {rd} already holds a run (metrics.jsonl); choose another --run-dir")
+        if resume is None and (rd / "metrics.jsonl").is_file() and (rd / "metrics.jsonl").stat().st_size > 0:
+            console.print(f"[red]error:[/red] {rd} already holds a run (metrics.jsonl); continue it with [cyan]spotlight up --resume {rd}[/cyan] or choose another --run-dir")
             raise typer.Exit(2)
+        if resume is not None:
+            import json as _json
+
+            try:
+                old = _json.loads((rd / "coordinator.json").read_text())
+            except (OSError, ValueError):
+                old = {}
+            old_pid = old.get("pid")
+            if old_pid and old_pid != os.getpid():
+                import psutil
+
+                try:
+                    if "spotlight" in " ".join(psutil.Process(old_pid).cmdline()) and psutil.Process(old_pid).status() != psutil.STATUS_ZOMBIE:
+                        console.print(f"[red]error:[/red] the coordinator of {rd} is still running (pid {old_pid}); stop it first")
+                        raise typer.Exit(2)
+                except psutil.NoSuchProcess:
+                    pass
+            if reserved == "127.0.0.1:0" and old.get("endpoint"):
+                reserved = old["endpoint"].removeprefix("tcp://")  # the same address: agents reconnect by themselves
         try:  # fail fast on a missing or incomplete checkpoint (no weights load here)
             from spotlight.models.families import ModelLoadError, get_family
 
@@ -175,7 +231,11 @@ def register(app: typer.Typer) -> None:
         except (KeysError, OSError) as exc:
             console.print(f"[red]error:[/red] keys: {escape(str(exc))}")
             raise typer.Exit(2)
-        coord = Coordinator(cfg, rd, bind=f"tcp://{reserved}", keys=server_keys, prompts=prompts, cond=cond, progress=console.print)
+        try:
+            coord = Coordinator(cfg, rd, bind=f"tcp://{reserved}", keys=server_keys, prompts=prompts, cond=cond, progress=console.print, resume=resume is not None)
+        except SpotlightError as exc:
+            console.print(f"[red]error:[/red] {escape(str(exc))}")
+            raise typer.Exit(2)
         console.print(f"coordinator listening on [cyan]{coord.endpoint}[/cyan]")
         procs: list[subprocess.Popen] = []
         mocks = []
@@ -199,6 +259,10 @@ def register(app: typer.Typer) -> None:
                 f"trace {trace.name}: slice [{trace_start_s:.0f}s, +{trace_duration_s:.0f}s) replayed in {trace_duration_s / time_scale:.0f}s onto {agents}×{gpus_per_agent} GPUs: "
                 f"{count_kinds(actions)}, fragmentation at SP 2 {fragmentation(actions, 2, end_s=trace_duration_s / time_scale):.2f}"
             )
+        adopted: list = []  # local agents of a crashed coordinator that survived it (psutil.Process)
+        if trace is not None and resume is not None:
+            console.print("[red]error:[/red] --resume cannot replay a --trace (the trace driver's state is not checkpointed)")
+            raise typer.Exit(2)
         stop = {"sig": None}
         signal.signal(signal.SIGTERM, lambda s, f: stop.update(sig=s) or (_ for _ in ()).throw(KeyboardInterrupt()))
         try:
@@ -210,10 +274,21 @@ def register(app: typer.Typer) -> None:
                 listing = {}
                 state_root = rd / "agents"
                 os.environ["SPOTLIGHT_AGENT_STATE"] = str(state_root.resolve())
+                previous = {}
+                if resume is not None and (rd / "local_agents.json").is_file():
+                    previous = _json.loads((rd / "local_agents.json").read_text()).get("agents", {})
                 for i, gpu in enumerate(cfg.cluster.reserved_rollout_gpus):
+                    if (p := _adopt(previous.get(f"reserved-{i}"))) is not None:
+                        adopted.append(p)
+                        listing[f"reserved-{i}"] = previous[f"reserved-{i}"]
+                        continue
                     procs.append(_spawn_agent(endpoint, [gpu], f"reserved-{i}", reserved=True, keys_dir=keys_dir))
                     listing[f"reserved-{i}"] = {"pid": procs[-1].pid, "spot": False, "gpus": [gpu]}
                 for a in range(0 if trace is not None else agents):
+                    if (p := _adopt(previous.get(f"spot-{a}"))) is not None:
+                        adopted.append(p)
+                        listing[f"spot-{a}"] = previous[f"spot-{a}"]
+                        continue
                     # simulated spot GPUs share this machine's cores with the trainer: run them
                     # at lower CPU priority so the reserved side trains as if they were separate (nice 5)
                     extra = ["--grace-s", str(grace_s), "--nice", str(spot_nice)]
@@ -230,6 +305,8 @@ def register(app: typer.Typer) -> None:
                     listing[f"spot-{a}"] = entry
                 listing_doc = {"coordinator": endpoint, "state_dir": str(state_root.resolve()), "agents": listing}
                 (rd / "local_agents.json").write_text(_json.dumps(listing_doc, indent=2))
+                if adopted:
+                    console.print(f"{len(adopted)} local agents of the previous coordinator are still running: they reconnect by themselves and keep their workers")
                 if trace is not None:
                     from spotlight.trace_driver import TraceDriver
 
@@ -266,6 +343,13 @@ def register(app: typer.Typer) -> None:
                     p.wait(timeout=5)
                 except subprocess.TimeoutExpired:
                     p.kill()
+            if adopted:
+                import psutil
+
+                _, alive = psutil.wait_procs(adopted, timeout=max(0.1, deadline - time.monotonic()))
+                for p in alive:
+                    p.terminate()
+                psutil.wait_procs(alive, timeout=5)
             for p in coord.train_procs:
                 if p.poll() is None:
                     try:

@@ -46,6 +46,10 @@ from spotlight.models.lora import add_lora, load_version
 from spotlight.rl.sampler import Conditioning, DenoiseState, Sampler
 from spotlight.tensor_wire import bytes_to_state_dict, pack_tensors, unpack_tensors
 
+PULL_TIMEOUT_S = 30.0
+"""Pull again when a PULL got no LEASES for this long (lost while the coordinator restarted);
+a late answer to the first pull is still served when it arrives."""
+
 log = logging.getLogger("spotlight.worker")
 
 MAX_CACHED_VERSIONS = 2
@@ -396,12 +400,14 @@ class WorkerProcess:
                 return 0
             if not pulled:
                 self.send(P.Pull(worker_id=self.worker_id, max_requests=self.batch_size, versions=sorted(self.executor.versions)))
-                pulled = True
+                pulled, pulled_at = True, time.monotonic()
             got = self._recv(500)
             if got is None:
                 if not self.agent_alive():
                     log.error("worker %s: agent died; exiting", self.worker_id)
                     return 3
+                if time.monotonic() - pulled_at > PULL_TIMEOUT_S:  # a pull lost with a dying coordinator
+                    pulled = False
                 continue
             mtype, body, payload = got
             if mtype == P.MsgType.STOP:
