@@ -52,6 +52,7 @@ import torch
 import zmq
 
 from spotlight import protocol as P
+from spotlight.child_env import scrubbed_env
 from spotlight.config import SpotlightConfig, config_to_dict, dump_config
 from spotlight.instance_manager import InstanceManager
 from spotlight.planner import Action, Planner, PlannerConfig, PlannerObservation, StepOption, feedback_ratio
@@ -281,7 +282,8 @@ class Coordinator:
                 "--coordinator", self.endpoint, "--rank", str(rank), "--world-size", str(world),
                 "--config-json", str(conf_path), "--master-port", str(master_port),
             ]
-            self.train_procs.append(subprocess.Popen(cmd))
+            # Train Workers never authenticate to peers: no secret in their environment (DESIGN.md §9)
+            self.train_procs.append(subprocess.Popen(cmd, env=scrubbed_env(secret_values=[self.secret])))
 
     # ------------------------------------------------------------ handlers
     def handle(self, frames: list) -> None:

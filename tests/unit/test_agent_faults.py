@@ -181,3 +181,29 @@ def test_shutdown_terminates_cooperative_workers_without_kill(state):
                 p.wait()
         coord.close()
     assert [p.returncode for p in procs] == [-signal.SIGTERM] * 2
+
+
+def test_train_workers_environment_has_no_secrets(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from spotlight.coordinator import Coordinator
+
+    secret = "s3cret-" + os.urandom(8).hex()
+    monkeypatch.setenv("SPOTLIGHT_SECRET", secret)
+    monkeypatch.setenv("SPOTLIGHT_HARMLESS", "kept")
+    fake = SimpleNamespace(cfg=SimpleNamespace(train=SimpleNamespace(num_train_workers=1)), run_dir=tmp_path,
+                           endpoint="tcp://127.0.0.1:9", train_procs=[], secret=secret)
+    Coordinator.start_trainers(fake)  # the real spawn code, on a stand-in for the coordinator's state
+    [popen] = fake.train_procs
+    try:
+        proc = psutil.Process(popen.pid)
+        deadline = time.monotonic() + 60
+        while "spotlight.workers.train_worker" not in " ".join(proc.cmdline()):
+            assert time.monotonic() < deadline, "trainer did not exec"
+            time.sleep(0.01)
+        env = proc.environ()
+    finally:
+        popen.kill()
+        popen.wait()
+    assert env["SPOTLIGHT_HARMLESS"] == "kept" and "SPOTLIGHT_SECRET" not in env
+    assert secret not in "".join(env.values())
