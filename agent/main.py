@@ -51,6 +51,10 @@ EXIT_NODE_PREEMPTED = 75
 # exit, then SIGKILL and at most SHUTDOWN_KILL_WAIT_S to be reaped, whatever their number.
 SHUTDOWN_TERM_WAIT_S = 4.0
 SHUTDOWN_KILL_WAIT_S = 1.0
+# Upper bound of shutdown() (seconds): Azure acknowledgement (detector timeout 2 s, at most twice
+# that with spotlight.http_limits) + both waits + 1 s ZeroMQ linger for the Bye.  The systemd
+# unit's TimeoutStopSec must exceed --grace-s + this (tests/unit/test_systemd_units.py).
+SHUTDOWN_BOUND_S = 2 * 2.0 + SHUTDOWN_TERM_WAIT_S + SHUTDOWN_KILL_WAIT_S + 1.0
 
 
 class NodePreempted(SystemExit):
@@ -610,7 +614,12 @@ def join(
     nice: int = typer.Option(0, "--nice", min=0, max=19, help="CPU niceness of the worker processes (local mode runs simulated spot GPUs at 5 so they slow the trainer less on shared CPU cores)."),
     log_level: str = typer.Option("INFO", "--log-level", help="Logging level."),
 ) -> None:
-    """Register this node with a coordinator and serve Rollout Workers until told to stop."""
+    """Register this node with a coordinator and serve Rollout Workers until told to stop.
+
+    A spot agent first polls its cloud's metadata once: if this VM already has an active
+    preemption notice (for example after a drain, when systemd restarts the agent), it does not
+    join and exits with status 75 (the units' RestartPreventExitStatus), without draining again.
+    """
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s agent %(levelname)s %(message)s")
     nid = node_id or f"{socket.gethostname()}-{os.getpid()}"
     ledger = NoticeLedger(state_dir(nid) / "handled-notices.json")

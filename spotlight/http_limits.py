@@ -4,7 +4,8 @@
 whole answer: a server (or a broken proxy) that sends one byte per second keeps a plain
 ``session.get(url, timeout=2)`` busy forever.  :func:`bounded_request` streams the body
 (``stream=True``) and reads it in pieces with ``read1``, checking a monotonic deadline and a
-byte count after each piece, so the call ends at most one gap timeout after the deadline.
+byte count after each piece, so the call ends at most one gap timeout after the deadline
+(the gap timeout is ``deadline_s`` itself, so at most ``2 * deadline_s`` in all).
 
 Used by the agent's preemption detectors (``agent/preemption.py``) and the reward HTTP client
 (``spotlight/rewards.py``).  Stdlib + ``requests`` only (the agent must not import torch).
