@@ -12,14 +12,11 @@ processes; tensor frames are relayed as opaque bytes.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import logging
 import os
 import pathlib
 import queue
-import secrets
 import signal
 import socket
 import subprocess
@@ -36,7 +33,9 @@ import zmq
 from agent.node_scheduler import NodeScheduler, WorkerStatus
 from agent.preemption import Detector, NoticeLedger, NullDetector, PreemptionNotice, active_node_notice, make_detector, revoke_notice, sigterm_notice
 from spotlight import protocol as P
-from spotlight.child_env import scrubbed_env
+from spotlight.agent_paths import control_endpoint, state_dir
+from spotlight.procs import scrubbed_env
+from spotlight.security import ClientKeys, KeysError, apply_client, load_client_keys
 
 log = logging.getLogger("spotlight.agent")
 
@@ -73,25 +72,6 @@ def _root() -> None:
     """Spotlight node agent."""
 
 
-def register_auth(secret: str, node_id: str, nonce: str, version: int) -> str:
-    """HMAC-SHA256 proof of the shared secret for a REGISTER handshake."""
-    return hmac.new(secret.encode(), f"register|{node_id}|{nonce}|{version}".encode(), hashlib.sha256).hexdigest()
-
-
-def state_dir(node_id: str) -> pathlib.Path:
-    """Per-node state (notice ledger, control socket): ``$SPOTLIGHT_AGENT_STATE`` or ``~/.local/state/spotlight-agent/<node>``."""
-    base = os.environ.get("SPOTLIGHT_AGENT_STATE") or os.path.join(os.path.expanduser("~"), ".local", "state", "spotlight-agent")
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in node_id)
-    d = pathlib.Path(base) / safe
-    d.mkdir(parents=True, exist_ok=True)
-    return d
-
-
-def control_endpoint(node_id: str) -> str:
-    """The agent's local control socket (``spotlight-agent revoke`` / ``add-gpu`` talk to it)."""
-    return f"ipc://{state_dir(node_id) / 'control.sock'}"
-
-
 class DetectorThread(threading.Thread):
     """Polls a preemption detector off the main loop (HTTP calls block; GCP long-polls).
 
@@ -126,23 +106,36 @@ class AgentDaemon:
         gpus: GPU indices of this node that Spotlight may use.
         node_id: unique node id (default: hostname-pid).
         is_spot: False for the reserved node's own rollout workers.
-        secret: shared secret proven in the handshake (``SPOTLIGHT_SECRET``).
-        register_timeout_s: give up if the coordinator does not answer.
+        keys: this node's CURVE keys and the coordinator's public key
+            (:func:`spotlight.security.load_client_keys`); every byte to the coordinator is
+            encrypted and authenticated with them.
+        register_timeout_s: give up if the coordinator does not answer the first REGISTER.
+        coordinator_timeout_s: after this long without a word from the coordinator, stop the
+            workers and exit (code 4). Before that, a silent coordinator (or one that forgot
+            this node's session, e.g. after a crash and ``--resume``) is re-registered with
+            exponential backoff (1 s … 30 s) while the workers keep running.
     """
 
-    def __init__(self, coordinator: str, gpus: list[int], *, node_id: str | None = None, is_spot: bool = True, secret: str = "", register_timeout_s: float = 60.0, grace_s: float = 20.0, detector: Detector | None = None, poll_interval_s: float = 1.0, nice: int = 0, coordinator_timeout_s: float = 60.0):
+    def __init__(self, coordinator: str, gpus: list[int], *, keys: ClientKeys, node_id: str | None = None, is_spot: bool = True, register_timeout_s: float = 60.0, grace_s: float = 20.0, detector: Detector | None = None, poll_interval_s: float = 1.0, nice: int = 0, coordinator_timeout_s: float = 600.0):
         self.endpoint = coordinator if "://" in coordinator else f"tcp://{coordinator}"
         self.gpus = list(gpus)
         self.node_id = node_id or f"{socket.gethostname()}-{os.getpid()}"
         self.is_spot = is_spot
-        self.secret = secret
+        self.keys = keys
         self.register_timeout_s = register_timeout_s
         self.grace_s = grace_s
         self.nice = nice
         self.ctx = zmq.Context.instance()
         self.coord = self.ctx.socket(zmq.DEALER)
-        self.coord.setsockopt(zmq.IDENTITY, self.node_id.encode())
         self.coord.setsockopt(zmq.LINGER, 1000)
+        self.coord.setsockopt(zmq.SNDHWM, 1000)
+        self.coord.setsockopt(zmq.RECONNECT_IVL_MAX, 5000)
+        apply_client(self.coord, keys)
+        self.reconnecting = False
+        self._next_register = 0.0
+        self._register_backoff_s = 1.0
+        self.reconnect_after_s = 5.0
+        self.dropped_to_coord = 0
         self.workers_sock = self.ctx.socket(zmq.ROUTER)
         self.workers_sock.setsockopt(zmq.LINGER, 0)
         self._ipc_dir = tempfile.mkdtemp(prefix="spotlight-agent-")
@@ -180,8 +173,19 @@ class AgentDaemon:
         self.control.bind(ctl)
 
     # ------------------------------------------------------------ wire helpers
-    def _to_coord(self, msg, frames=None) -> None:
-        self.coord.send_multipart(P.encode(msg, frames), copy=False)
+    def _to_coord(self, msg, frames=None) -> bool:
+        """Send to the coordinator without blocking; a full queue (coordinator down) drops it."""
+        try:
+            self.coord.send_multipart(P.encode(msg, frames), flags=zmq.NOBLOCK, copy=False)
+            return True
+        except zmq.Again:
+            self.dropped_to_coord += 1
+            if self.dropped_to_coord % 100 == 1:
+                log.warning("coordinator unreachable: dropped %s (%d messages dropped so far)", type(msg).__name__, self.dropped_to_coord)
+            return False
+
+    def _register_msg(self) -> P.Register:
+        return P.Register(protocol_version=P.PROTOCOL_VERSION, node_id=self.node_id, gpus=self.gpus, is_spot=self.is_spot, hostname=socket.gethostname(), pid=os.getpid())
 
     def _to_worker(self, worker_id: str, msg, frames=None) -> None:
         self.workers_sock.send_multipart([worker_id.encode(), *P.encode(msg, frames)], copy=False)
@@ -193,13 +197,31 @@ class AgentDaemon:
             self.coord.connect(self.endpoint)
         except zmq.ZMQError as exc:
             raise SystemExit(f"bad coordinator address {self.endpoint!r}: {exc} (expected HOST:PORT)") from None
-        log.info("registering with %s (giving up after %.0fs)…", self.endpoint, self.register_timeout_s)
-        nonce = secrets.token_hex(16)
-        auth = register_auth(self.secret, self.node_id, nonce, P.PROTOCOL_VERSION) if self.secret else ""
-        self._to_coord(P.Register(protocol_version=P.PROTOCOL_VERSION, node_id=self.node_id, gpus=self.gpus, is_spot=self.is_spot, hostname=socket.gethostname(), pid=os.getpid(), nonce=nonce, auth=auth))
+        log.info("registering with %s as %s (giving up after %.0fs)…", self.endpoint, self.keys.principal.id, self.register_timeout_s)
+        monitor = self.coord.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        self._to_coord(self._register_msg())
         deadline = time.monotonic() + self.register_timeout_s
+        handshake_error = ""
+        try:
+            while time.monotonic() < deadline:
+                while monitor.poll(0):
+                    from zmq.utils.monitor import recv_monitor_message
+
+                    ev = recv_monitor_message(monitor)
+                    if ev["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                        raise SystemExit(f"coordinator at {self.endpoint} refused this node's key {self.keys.principal.id}: it is not on the coordinator's allow-list (add it with `spotlight keys add`)")
+                    if ev["event"] in (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
+                        handshake_error = " (encrypted handshake failing: is server.key the coordinator's public key?)"
+                if not self.coord.poll(200):
+                    continue
+                break
+            else:
+                raise SystemExit(f"no answer from coordinator at {self.endpoint} within {self.register_timeout_s:.0f}s{handshake_error}")
+        finally:
+            self.coord.disable_monitor()
+            monitor.close(linger=0)
         while time.monotonic() < deadline:
-            if not self.coord.poll(500):
+            if not self.coord.poll(200):
                 continue
             try:
                 mtype, body, _ = P.decode(self.coord.recv_multipart())
@@ -212,15 +234,14 @@ class AgentDaemon:
                 log.info("registered with %s as %s (%d GPUs, spot=%s)", self.endpoint, self.node_id, len(self.gpus), self.is_spot)
                 return body
             if mtype == P.MsgType.ERROR:
-                hint = " (is SPOTLIGHT_SECRET set to the coordinator's secret?)" if body.code == "auth" else ""
-                raise SystemExit(f"coordinator refused registration: {body.code}: {body.message}{hint}")
+                raise SystemExit(f"coordinator refused registration: {body.code}: {body.message}")
         raise SystemExit(f"no answer from coordinator at {self.endpoint} within {self.register_timeout_s:.0f}s")
 
     def spawn_worker(self, gpus: list[int]) -> str:
         slot = self.sched.add_worker(gpus)
         reg = self.registered
         conf = {"model": reg.model, "sampler": reg.sampler, "worker_batch_size": reg.worker_batch_size, "torch_threads": reg.torch_threads, "sp_degree": reg.sp_degree, "lora": reg.lora}
-        env = scrubbed_env(secret_values=[self.secret])  # workers never authenticate: no secret (any name)
+        env = scrubbed_env()  # workers never authenticate: no credentials in their environment
         env.setdefault("CUDA_VISIBLE_DEVICES", ",".join(map(str, gpus)))
         cmd = [sys.executable, "-m", "spotlight.workers.rollout_worker", "--agent", self.worker_endpoint, "--worker-id", slot.worker_id, "--gpus", ",".join(map(str, gpus)), "--config-json", msgspec.json.encode(conf).decode()]
         nice = self.nice
@@ -440,6 +461,14 @@ class AgentDaemon:
                 self._to_worker(wid, body, payload[:1] if body.found else [])
         elif mtype == P.MsgType.HEARTBEAT:
             pass  # coordinator's ack; any message refreshes _last_coord_msg
+        elif mtype == P.MsgType.REGISTERED:
+            if body.node_id == self.node_id and self.reconnecting:
+                self.session = body.session
+                self.registered.latest_version = body.latest_version
+                self.reconnecting = False
+                self._register_backoff_s = 1.0
+                log.warning("re-registered with the coordinator (new session); %d workers kept running", len(self.sched.live_workers()))
+                self.heartbeat(time.monotonic())
         elif mtype == P.MsgType.SHUTDOWN:
             log.info("coordinator asked to shut down: %s", body.reason)
             self.stop_reason = body.reason or "shutdown"
@@ -449,8 +478,12 @@ class AgentDaemon:
             self._stop_deadline = time.monotonic() + 5.0
         elif mtype == P.MsgType.ERROR:
             log.error("coordinator error %s: %s", body.code, body.message)
-            if body.code in ("unknown_session", "not_registered"):
-                raise SystemExit(f"coordinator forgot this agent: {body.message}")
+            if body.code in ("unknown_session", "not_registered") and not self.draining:
+                # the coordinator restarted (or declared this node dead): re-register, keep workers
+                if not self.reconnecting:
+                    log.warning("coordinator does not know this session (restarted?): re-registering; workers keep running")
+                    self.reconnecting = True
+                    self._next_register = min(self._next_register, time.monotonic()) if self._next_register else time.monotonic()
         else:
             log.warning("coordinator sent unexpected %s", mtype.name)
 
@@ -536,7 +569,16 @@ class AgentDaemon:
                 self.check_workers()
                 if now - self._last_heartbeat >= interval:
                     self.heartbeat(now)
-                if not self.draining and now - self._last_coord_msg > self.coordinator_timeout_s:
+                silent_s = now - self._last_coord_msg
+                if not self.draining and not self.reconnecting and silent_s > max(self.reconnect_after_s, 3 * interval):
+                    log.warning("coordinator silent for %.0fs: re-registering with backoff; workers keep running", silent_s)
+                    self.reconnecting = True
+                    self._next_register = now
+                if self.reconnecting and not self.draining and now >= self._next_register:
+                    self._to_coord(self._register_msg())
+                    self._next_register = now + self._register_backoff_s
+                    self._register_backoff_s = min(30.0, self._register_backoff_s * 2)
+                if not self.draining and silent_s > self.coordinator_timeout_s:
                     log.error("coordinator silent for %.0fs: stopping workers and exiting (a supervisor restarts and re-registers)", now - self._last_coord_msg)
                     self.exit_code = 4
                     self.begin_drain("coordinator lost", grace_s=5.0)
@@ -607,10 +649,11 @@ def join(
     cloud: str = typer.Option("none", "--cloud", help="Preemption notice source: aws, gcp, azure or none."),
     metadata_url: Optional[str] = typer.Option(None, "--metadata-url", help="Override the cloud metadata base URL (e.g. a mock server)."),
     config: Optional[pathlib.Path] = typer.Option(None, "--config", help="Agent TOML config (optional)."),
-    secret_env: str = typer.Option("SPOTLIGHT_SECRET", "--secret-env", help="Environment variable holding the shared secret."),
+    keys: Optional[pathlib.Path] = typer.Option(None, "--keys", envvar="SPOTLIGHT_KEYS", help="Directory with the coordinator's public key (server.key) and this node's secret key (<role>.<name>.key_secret); see README 'Security model'."),
+    key: Optional[str] = typer.Option(None, "--key", help="Which client key in --keys to use (its name), when there are several."),
     grace_s: float = typer.Option(20.0, "--grace-s", help="Seconds workers get to commit in-flight state on a notice or SIGTERM."),
     poll_interval_s: float = typer.Option(1.0, "--poll-interval-s", help="Seconds between cloud metadata polls (AWS recommends 5, Azure 1)."),
-    coordinator_timeout_s: float = typer.Option(60.0, "--coordinator-timeout-s", help="Exit (code 4) after hearing nothing from the coordinator for this long."),
+    coordinator_timeout_s: float = typer.Option(600.0, "--coordinator-timeout-s", help="Exit (code 4) after hearing nothing from the coordinator for this long; before that the agent re-registers with backoff and keeps its workers (a coordinator restarted with --resume finds them)."),
     nice: int = typer.Option(0, "--nice", min=0, max=19, help="CPU niceness of the worker processes (local mode runs simulated spot GPUs at 5 so they slow the trainer less on shared CPU cores)."),
     log_level: str = typer.Option("INFO", "--log-level", help="Logging level."),
 ) -> None:
@@ -621,13 +664,19 @@ def join(
     join and exits with status 75 (the units' RestartPreventExitStatus), without draining again.
     """
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s agent %(levelname)s %(message)s")
+    if keys is None:
+        raise typer.BadParameter("no keys: pass --keys DIR (or set SPOTLIGHT_KEYS) with the coordinator's server.key and this node's <role>.<name>.key_secret (README 'Security model')", param_hint="--keys")
+    try:
+        client_keys = load_client_keys(keys, name=key, role="reserved" if reserved else "agent")
+    except KeysError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--keys") from None
     nid = node_id or f"{socket.gethostname()}-{os.getpid()}"
     ledger = NoticeLedger(state_dir(nid) / "handled-notices.json")
     try:
         detector = make_detector(cloud, metadata_url, ledger=ledger)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
-    daemon = AgentDaemon(coordinator, _parse_gpus(gpus), node_id=nid, is_spot=not reserved, secret=os.environ.get(secret_env, ""), grace_s=grace_s, detector=detector, poll_interval_s=poll_interval_s, nice=nice, coordinator_timeout_s=coordinator_timeout_s)
+    daemon = AgentDaemon(coordinator, _parse_gpus(gpus), node_id=nid, is_spot=not reserved, keys=client_keys, grace_s=grace_s, detector=detector, poll_interval_s=poll_interval_s, nice=nice, coordinator_timeout_s=coordinator_timeout_s)
     # SIGTERM is one more preemption source: same commit path, deadline = now + grace
     signal.signal(signal.SIGTERM, lambda *_: daemon._signal_notices.put(sigterm_notice(grace_s, time.time())))
     try:

@@ -347,9 +347,14 @@ class ClusterConfig(_Section):
     """GPUs of the reserved node that also run Rollout Workers (colocated with training)."""
     torch_threads: int = 1
     """Intra-op threads per worker process (CPU runs)."""
+    max_message_bytes: int = 256 * 1024 * 1024
+    """Largest frame an agent or status client may send to the coordinator (bytes; ZeroMQ
+    drops the connection of a peer that exceeds it before allocating the frame). Must hold
+    one worker batch of results or committed state; weights travel the other way."""
 
     def __post_init__(self) -> None:
         _check(self.worker_batch_size >= 1, "cluster.worker_batch_size", "must be >= 1")
+        _check(self.max_message_bytes >= 1 << 20, "cluster.max_message_bytes", "must be >= 1 MiB")
         _check(self.sp_degree >= 1, "cluster.sp_degree", "must be >= 1")
         _check(self.heartbeat_timeout_s > self.heartbeat_interval_s, "cluster.heartbeat_timeout_s", "must exceed heartbeat_interval_s")
 

@@ -45,14 +45,17 @@ import sys
 import time
 from typing import Callable
 
-import hmac
+import re
+
 import msgspec
 import numpy as np
 import torch
-import zmq
 
 from spotlight import protocol as P
-from spotlight.child_env import scrubbed_env
+from spotlight.errors import SpotlightError
+from spotlight.procs import scrubbed_env
+from spotlight.security import Principal, ServerKeys, ephemeral_client, init_keys, load_server_keys, reload_allow_list, write_client_file
+from spotlight.server import PUBLIC, TRAINER, ControlServer, Inbound
 from spotlight.config import SpotlightConfig, config_to_dict, dump_config
 from spotlight.instance_manager import InstanceManager
 from spotlight.planner import Action, Planner, PlannerConfig, PlannerObservation, StepOption, feedback_ratio
@@ -63,10 +66,32 @@ from spotlight.models.lora import lora_spec
 from spotlight.rl.grpo import group_advantages
 from spotlight.rl.sampler import Conditioning
 from spotlight.seed_bank import SeedBank, candidate_seeds
-from spotlight.tensor_store import TensorStore
+from spotlight.tensor_store import TensorStore, check_key
 from spotlight.tensor_wire import pack_tensors, unpack_tensors
 
 log = logging.getLogger("spotlight.coordinator")
+
+AGENT_MESSAGES = frozenset({P.MsgType.REGISTER, P.MsgType.HEARTBEAT, P.MsgType.PULL, P.MsgType.RESULT, P.MsgType.COMMIT, P.MsgType.FAIL, P.MsgType.FETCH_WEIGHTS, P.MsgType.FETCH_STATE, P.MsgType.NOTICE, P.MsgType.BYE})
+"""What an ``agent`` / ``reserved`` key may send (besides STATUS_REQUEST, open to every role)."""
+NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+STATE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
+MAX_GPUS_PER_NODE = 64
+
+
+class Rejected(SpotlightError):
+    """A message refused by validation or authorization: becomes an ERROR reply with ``code``."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+@dataclasses.dataclass
+class Peer:
+    """An authenticated connection (keyed by its routing id) and the node it registered."""
+
+    principal: Principal
+    node_id: str | None = None
 
 
 @dataclasses.dataclass
@@ -103,9 +128,9 @@ class Coordinator:
     Args:
         cfg: resolved run config.
         run_dir: output directory (config, metrics, samples, final model, tensor store).
-        bind: ZeroMQ endpoint to listen on for agents, trainers and ``spotlight status``.
-        secret: shared secret agents must prove at registration ("" = no check; only
-            acceptable on loopback).
+        bind: ZeroMQ endpoint to listen on for agents and ``spotlight status`` (CURVE).
+        keys: the coordinator's keys and client allow-list (:mod:`spotlight.security`);
+            None creates them in ``run_dir/keys`` (local runs and tests).
         prompts: the prompt set (N prompts).
         cond: its cached text conditioning from the model family (every tensor ``[N, …]``:
             ``embeds [N, T, D] float32``, ``mask [N, T]``, family extras such as pooled
@@ -120,7 +145,7 @@ class Coordinator:
         run_dir: pathlib.Path,
         *,
         bind: str,
-        secret: str,
+        keys: ServerKeys | None = None,
         prompts: list[str],
         cond: Conditioning | None = None,
         embeds: torch.Tensor | None = None,
@@ -132,7 +157,10 @@ class Coordinator:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "samples").mkdir(exist_ok=True)
         dump_config(cfg, self.run_dir / "config.toml")
-        self.secret = secret
+        if keys is None:
+            init_keys(self.run_dir / "keys", exist_ok=True)
+            keys = load_server_keys(self.run_dir / "keys")
+        self.keys = keys
         self.prompts = prompts
         if cond is None:
             if embeds is None or mask is None:
@@ -142,16 +170,15 @@ class Coordinator:
             raise ValueError(f"conditioning has {len(cond)} rows for {len(prompts)} prompts")
         self.cond = cond
         self.progress = progress
-        self.ctx = zmq.Context.instance()
-        self.sock = self.ctx.socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.LINGER, 1000)
-        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        if bind.endswith(":0"):
-            port = self.sock.bind_to_random_port(bind.rsplit(":", 1)[0])
-            self.endpoint = f"{bind.rsplit(':', 1)[0]}:{port}"
-        else:
-            self.sock.bind(bind)
-            self.endpoint = bind
+        self.server = ControlServer(bind, keys, max_message_bytes=cfg.cluster.max_message_bytes)
+        self.endpoint = self.server.endpoint
+        self.peers: dict[bytes, Peer] = {}
+        self.node_route: dict[str, bytes] = {}  # node id -> routing id of its current connection
+        self.node_owner: dict[str, str] = {}  # node id -> principal that first registered it
+        self.max_gpus_per_node = MAX_GPUS_PER_NODE
+        self.rejected = 0
+        self.handler_errors = 0
+        self._allow_list_mtime = 0.0
         self.sched = RequestScheduler(cfg.cluster.lease_timeout_s)
         self.instances = InstanceManager(cfg.cluster.heartbeat_timeout_s)
         self.store = TensorStore(self.run_dir / "tensor_store")
@@ -207,7 +234,7 @@ class Coordinator:
                 options,
                 random.Random(pc.seed),
             )
-        (self.run_dir / "coordinator.json").write_text(json.dumps({"endpoint": self.endpoint, "pid": os.getpid()}))
+        (self.run_dir / "coordinator.json").write_text(json.dumps({"endpoint": self.endpoint, "trainer_endpoint": self.server.trainer_endpoint, "pid": os.getpid(), "keys_dir": str(keys.directory) if keys.directory else None}))
 
     # ------------------------------------------------------------ batches & seeds
     def batch_prompts(self, iteration: int) -> list[int]:
@@ -261,73 +288,128 @@ class Coordinator:
         return plan.action
 
     # ------------------------------------------------------------ wire
-    def send(self, identity: bytes, msg, frames=None, msg_type=None) -> None:
-        try:
-            self.sock.send_multipart([identity, *P.encode(msg, frames, msg_type=msg_type)], copy=False)
-        except zmq.ZMQError as exc:
-            log.warning("cannot send %s to %r: %s", type(msg).__name__, identity, exc)
+    def send(self, identity: bytes, msg, frames=None, msg_type=None) -> bool:
+        """Reply to a public peer (agent, status client); never blocks (see ControlServer.send)."""
+        return self.server.send(PUBLIC, identity, msg, frames, msg_type)
 
-    def error_to(self, identity: bytes, code: str, message: str) -> None:
-        log.error("rejected message from %r: %s: %s", identity, code, message)
-        self.send(identity, P.ErrorMsg(code=code, message=message))
+    def send_trainer(self, rank: int, msg, frames=None) -> bool:
+        ident = self.trainer_ids.get(rank)
+        return ident is not None and self.server.send(TRAINER, ident, msg, frames)
+
+    def error_to(self, identity: bytes, code: str, message: str, channel: str = PUBLIC) -> None:
+        """One log line and an ERROR reply; nothing else changes (DESIGN §9)."""
+        self.rejected += 1
+        peer = self.peers.get(identity)
+        who = f"{peer.principal.id}" + (f" node {peer.node_id}" if peer and peer.node_id else "") if peer else "?"
+        log.error("rejected message from %r (%s): %s: %s", identity, who, code, message[:300])
+        self.server.send(channel, identity, P.ErrorMsg(code=code, message=message[:1000]))
 
     # ------------------------------------------------------------ trainer processes
-    def start_trainers(self) -> None:
+    def start_trainers(self, resume_version: int | None = None) -> None:
+        """Start the Train Worker processes; each authenticates with a per-run key that exists
+        only in this process and a 0600 file in the run dir (``keys/trainer.json``)."""
         world = self.cfg.train.num_train_workers
         master_port = _free_port()
         conf_path = self.run_dir / "config.toml"
+        key_file = self.run_dir / "keys" / "trainer.json"
+        key_file.parent.mkdir(parents=True, exist_ok=True)
+        write_client_file(key_file, ephemeral_client(self.keys, "trainer", f"run-{os.getpid()}"))
+        env = scrubbed_env()
         for rank in range(world):
             cmd = [
                 sys.executable, "-m", "spotlight.workers.train_worker",
-                "--coordinator", self.endpoint, "--rank", str(rank), "--world-size", str(world),
+                "--coordinator", self.server.trainer_endpoint, "--keys-file", str(key_file), "--rank", str(rank), "--world-size", str(world),
                 "--config-json", str(conf_path), "--master-port", str(master_port),
             ]
-            # Train Workers never authenticate to peers: no secret in their environment (DESIGN.md §9)
-            self.train_procs.append(subprocess.Popen(cmd, env=scrubbed_env(secret_values=[self.secret])))
+            cmd += self.trainer_extra_args(resume_version)
+            self.train_procs.append(subprocess.Popen(cmd, env=env))
+
+    def trainer_extra_args(self, resume_version: int | None) -> list[str]:
+        """Extra Train Worker arguments (checkpointing and resume; see ``checkpoint``)."""
+        return []
 
     # ------------------------------------------------------------ handlers
-    def handle(self, frames: list) -> None:
-        identity = bytes(frames[0])
+    def handle(self, msg: Inbound) -> None:
+        """Authorize and dispatch one inbound message. Anything wrong with it — bad frames, a
+        role that may not send it, a foreign node id, session or lease, an impossible value —
+        is answered with one ERROR and one log line, and changes nothing."""
+        rid = msg.routing_id
+        if msg.error is not None:
+            self.error_to(rid, "malformed", msg.error, msg.channel)
+            return
         try:
-            mtype, body, payload = P.decode(frames[1:])
-        except P.ProtocolError as exc:
-            self.error_to(identity, "malformed", str(exc))
+            self._dispatch(msg, time.monotonic())
+        except Rejected as exc:
+            self.error_to(rid, exc.code, str(exc), msg.channel)
+        except Exception as exc:  # a handler bug must not stop the run: report and carry on
+            self.handler_errors += 1
+            log.error("internal error handling %s from %r: %s: %s", msg.mtype.name, rid, type(exc).__name__, exc, exc_info=self.handler_errors <= 3)
+            self.server.send(msg.channel, rid, P.ErrorMsg(code="internal", message=f"{type(exc).__name__}: {exc}"[:1000]))
+
+    def _dispatch(self, msg: Inbound, now: float) -> None:
+        mtype, body, principal = msg.mtype, msg.body, msg.principal
+        if principal is None:
+            raise Rejected("auth", "no authenticated principal on this connection")
+        role = principal.role
+        if msg.channel == TRAINER:
+            if role != "trainer" or mtype not in (P.MsgType.TRAIN_READY, P.MsgType.TRAIN_DONE, P.MsgType.WEIGHTS):
+                raise Rejected("forbidden", f"{principal.id} may not send {mtype.name} on the trainer socket")
+            self.on_trainer(msg.routing_id, mtype, body, msg.payload, now)
             return
-        now = time.monotonic()
+        if mtype == P.MsgType.STATUS_REQUEST:
+            self.send(msg.routing_id, P.Status(snapshot=self.snapshot()))
+            return
+        if role not in ("agent", "reserved") or mtype not in AGENT_MESSAGES:
+            raise Rejected("forbidden", f"{principal.id} ({role}) may not send {mtype.name}")
         if mtype == P.MsgType.REGISTER:
-            self.on_register(identity, body, now)
-        elif mtype == P.MsgType.STATUS_REQUEST:
-            self.send(identity, P.Status(snapshot=self.snapshot()))
-        elif mtype in (P.MsgType.TRAIN_READY, P.MsgType.TRAIN_DONE) or (mtype == P.MsgType.WEIGHTS and identity.startswith(b"trainer-")):
-            self.on_trainer(identity, mtype, body, payload, now)
-        else:
-            node_id = getattr(body, "node_id", "")
-            if node_id != identity.decode(errors="replace") or not self.instances.session_ok(node_id, getattr(body, "session", "")):
-                self.error_to(identity, "unknown_session", f"{mtype.name} from an unregistered or stale session")
-                return
-            if mtype != P.MsgType.HEARTBEAT:
-                self.instances.heartbeat(node_id, now)
-            getattr(self, f"on_{mtype.name.lower()}")(identity, body, payload, now)
+            self.on_register(msg.routing_id, principal, body, now)
+            return
+        peer = self.peers.get(msg.routing_id)
+        node_id = getattr(body, "node_id", "")
+        if peer is None or peer.node_id is None or node_id != peer.node_id or self.node_route.get(node_id) != msg.routing_id or not self.instances.session_ok(node_id, getattr(body, "session", "")):
+            raise Rejected("unknown_session", f"{mtype.name} from an unregistered or stale session (node {node_id!r})")
+        wid = getattr(body, "worker_id", None)
+        if wid and not wid.startswith(node_id + "/"):
+            raise Rejected("forbidden", f"worker {wid!r} does not belong to node {node_id!r}")
+        handler = getattr(self, f"on_{mtype.name.lower()}")
+        handler(msg.routing_id, body, msg.payload, now)  # validates fully before it changes anything
+        if mtype not in (P.MsgType.HEARTBEAT, P.MsgType.BYE):
+            self.instances.heartbeat(node_id, now)
 
-    def on_register(self, identity: bytes, body: P.Register, now: float) -> None:
+    def on_register(self, identity: bytes, principal: Principal, body: P.Register, now: float) -> None:
         if body.protocol_version != P.PROTOCOL_VERSION:
-            self.error_to(identity, "version", f"protocol version {body.protocol_version} not supported (coordinator speaks {P.PROTOCOL_VERSION})")
-            return
-        if body.node_id != identity.decode(errors="replace"):
-            self.error_to(identity, "identity", "node_id must equal the socket identity")
-            return
-        if self.secret:
-            from agent.main import register_auth
-
-            expected = register_auth(self.secret, body.node_id, body.nonce, body.protocol_version)
-            if not body.nonce or not hmac.compare_digest(expected, body.auth):
-                self.error_to(identity, "auth", f"agent {body.node_id!r} failed authentication")
-                return
+            raise Rejected("version", f"protocol version {body.protocol_version} not supported (coordinator speaks {P.PROTOCOL_VERSION})")
+        if not NODE_ID.match(body.node_id):
+            raise Rejected("bad_request", f"node_id {body.node_id!r}: use letters, digits, '.', '_', '-' (at most 128)")
+        gpus = body.gpus
+        if not gpus or len(set(gpus)) != len(gpus) or len(gpus) > self.max_gpus_per_node:
+            raise Rejected("bad_request", f"gpus must be 1-{self.max_gpus_per_node} distinct indices, got {len(gpus)}")
+        if not body.is_spot and principal.role != "reserved":
+            raise Rejected("forbidden", f"{principal.id} may register only spot nodes (is_spot=false needs a 'reserved' key)")
+        owner = self.node_owner.get(body.node_id)
+        if owner is not None and owner != principal.id:
+            raise Rejected("node_id_taken", f"node id {body.node_id!r} belongs to another key ({owner})")
+        old_peer = self.peers.get(identity)
+        if old_peer is not None and old_peer.node_id not in (None, body.node_id):
+            raise Rejected("bad_request", f"this connection is already node {old_peer.node_id!r}")
+        # ---- accepted: from here on state changes
+        self.node_owner[body.node_id] = principal.id
+        old_route = self.node_route.get(body.node_id)
+        if old_route is not None and old_route != identity:
+            self.peers.pop(old_route, None)  # a restarted agent: its old connection speaks no more
+            log.warning("node %s re-registered from a new connection: its previous session is replaced", body.node_id)
+        self.peers[identity] = Peer(principal, body.node_id)
+        self.node_route[body.node_id] = identity
         session = secrets.token_hex(8)
-        stale = self.instances.register(body.node_id, session, body.gpus, body.is_spot, now)
+        stale = self.instances.register(body.node_id, session, gpus, body.is_spot, now)
         for wid in stale:
             self.sched.release_worker(wid, reason="agent re-registered", now=now)
-        log.info("agent %s joined (%d GPUs, spot=%s)", body.node_id, len(body.gpus), body.is_spot)
+            self.lease_start.pop(wid, None)
+        for wid, node in list(self.worker_node.items()):
+            if node == body.node_id:
+                self.sched.release_worker(wid, reason="agent re-registered", now=now)
+                self.lease_start.pop(wid, None)
+        log.info("agent %s joined as %s (%d GPUs, spot=%s)", body.node_id, principal.id, len(gpus), body.is_spot)
         self.send(
             identity,
             P.Registered(
@@ -346,18 +428,24 @@ class Coordinator:
         )
 
     def on_heartbeat(self, identity, body: P.Heartbeat, payload, now) -> None:
-        self.instances.heartbeat(body.node_id, now, workers={w.worker_id: w.gpus for w in body.workers}, detector_healthy=body.detector_healthy, detector_error=body.detector_error, gpus=body.gpus)
+        node_id = body.node_id
         for w in body.workers:
-            self.worker_node[w.worker_id] = body.node_id
+            if not w.worker_id.startswith(node_id + "/"):
+                raise Rejected("forbidden", f"heartbeat names worker {w.worker_id!r} of another node")
+        if body.gpus is not None and (len(set(body.gpus)) != len(body.gpus) or len(body.gpus) > self.max_gpus_per_node):
+            raise Rejected("bad_request", f"gpus must be at most {self.max_gpus_per_node} distinct indices")
+        self.instances.heartbeat(node_id, now, workers={w.worker_id: list(w.gpus) for w in body.workers}, detector_healthy=body.detector_healthy, detector_error=body.detector_error, gpus=body.gpus)
+        for w in body.workers:
+            self.worker_node[w.worker_id] = node_id
             self.sched.renew(w.worker_id, now)
-        self.send(identity, P.Heartbeat(node_id=body.node_id))  # ack: lets the agent detect a dead coordinator
+        self.send(identity, P.Heartbeat(node_id=node_id))  # ack: lets the agent detect a dead coordinator
 
     def on_pull(self, identity, body: P.Pull, payload, now) -> None:
         node = self.instances.nodes[body.node_id]
         self.worker_node[body.worker_id] = body.node_id
         leases = []
         if self.phase in ("explore_first", "rollout", "train", "drain") and node.status.value == "alive":
-            leases = self.sched.pull(body.worker_id, is_spot=node.is_spot, max_requests=max(1, body.max_requests), now=now)
+            leases = self.sched.pull(body.worker_id, is_spot=node.is_spot, max_requests=max(1, min(body.max_requests, self.cfg.cluster.worker_batch_size * 4)), now=now)
         items, tensors = [], {}
         idx = []
         for i, lease in enumerate(leases):
@@ -386,23 +474,46 @@ class Coordinator:
         """EMA of seconds per (sequence × computed step) on spot workers: the Planner's t_step."""
         node = self.instances.nodes.get(body.node_id)
         steps = sum(max(1, it.computed_steps) for it in body.items)
-        if node is None or not node.is_spot or steps == 0 or body.elapsed_s <= 0:
+        if node is None or not node.is_spot or steps == 0 or not (0 < body.elapsed_s < 1e6):
             return
         est = body.elapsed_s / steps
         self.t_step_s = est if self.t_step_s is None else 0.7 * self.t_step_s + 0.3 * est
 
+    def _held(self, worker_id: str, request_id: str, lease_id: int) -> bool:
+        """True iff ``worker_id`` holds the current lease ``lease_id`` of ``request_id``."""
+        try:
+            req = self.sched.get(request_id)
+        except KeyError:
+            return False
+        return req.status == RequestStatus.IN_FLIGHT and req.lease is not None and req.lease.lease_id == lease_id and req.lease.worker_id == worker_id
+
+    def _check_unique(self, ids: list[str]) -> None:
+        if len(set(ids)) != len(ids):
+            raise Rejected("bad_request", "a request id appears twice in one message")
+
     def on_result(self, identity, body: P.Result, payload, now) -> None:
+        self._check_unique([it.request_id for it in body.items])
+        try:
+            tensors = unpack_tensors(body.tensors, payload) if body.items else {}
+        except P.ProtocolError as exc:
+            raise Rejected("malformed", f"result tensors: {exc}") from None
+        B, S = len(body.items), self.cfg.model.image_size
+        if body.items:
+            img = tensors.get("images")
+            if img is None or img.dtype != torch.uint8 or tuple(img.shape) != (B, 3, S, S):
+                raise Rejected("bad_request", f"RESULT needs images [{B}, 3, {S}, {S}] uint8, got {None if img is None else (tuple(img.shape), str(img.dtype))}")
+        mine = [(i, it) for i, it in enumerate(body.items) if self._held(body.worker_id, it.request_id, it.lease_id)]
+        if any(self.sched.get(it.request_id).kind == RequestKind.ROLLOUT for _, it in mine):
+            for name in ("window_latents", "log_probs"):
+                t = tensors.get(name)
+                if t is None or t.dtype != torch.float32 or t.ndim < 2 or t.shape[0] != B:
+                    raise Rejected("bad_request", f"a rollout RESULT needs {name} [{B}, ...] float32")
+        # ---- validated: from here on state changes
         self._end_busy(body.worker_id, now)
         self._observe_step_time(body)
-        try:
-            tensors = unpack_tensors(body.tensors, payload)
-        except P.ProtocolError as exc:
-            self.error_to(identity, "malformed", f"result tensors: {exc}")
-            return
         accepted, images, prompts = [], [], []
-        for i, item in enumerate(body.items):
+        for i, item in mine:
             if not self.sched.complete(item.request_id, item.lease_id, now):
-                log.info("ignored stale/duplicate result for %s (lease %d)", item.request_id, item.lease_id)
                 continue
             req = self.sched.get(item.request_id)
             if req.commit_key:
@@ -422,6 +533,8 @@ class Coordinator:
             accepted.append(req.request_id)
             images.append(s.image.numpy())
             prompts.append(self.prompts[pidx])
+        if len(accepted) < len(body.items):
+            log.info("ignored %d stale/duplicate/foreign results from %s", len(body.items) - len(accepted), body.worker_id)
         if accepted:
             self._score(accepted, np.stack(images), prompts)
 
@@ -466,32 +579,53 @@ class Coordinator:
         self.reward_jobs = still
 
     def on_commit(self, identity, body: P.Commit, payload, now) -> None:
-        self._end_busy(body.worker_id, now)
-        metas_by_item: dict[int, list[int]] = collections.defaultdict(list)
+        self._check_unique([it.request_id for it in body.items])
+        try:
+            unpack_tensors(body.tensors, payload)  # frames match their metas
+        except P.ProtocolError as exc:
+            raise Rejected("malformed", f"commit tensors: {exc}") from None
+        by_item: dict[int, list[int]] = collections.defaultdict(list)
         for j, meta in enumerate(body.tensors):
-            metas_by_item[int(meta.name.split(".")[1])].append(j)
-        for i, item in enumerate(body.items):
-            key = f"{item.request_id}.L{item.lease_id}"
-            sel = metas_by_item.get(i, [])
+            parts = meta.name.split(".", 2)
+            if len(parts) != 3 or parts[0] != "state" or not parts[1].isdigit() or int(parts[1]) >= len(body.items) or not STATE_NAME.match(parts[2]):
+                raise Rejected("bad_request", f"commit tensor name {meta.name!r}: expected state.<item index>.<name>")
+            by_item[int(parts[1])].append(j)
+        mine = [(i, it) for i, it in enumerate(body.items) if self._held(body.worker_id, it.request_id, it.lease_id)]
+        # ---- validated: from here on state changes
+        self._end_busy(body.worker_id, now)
+        for i, item in mine:
+            key = check_key(f"{item.request_id}.L{item.lease_id}")
+            sel = by_item.get(i, [])
             metas = [P.TensorMeta(body.tensors[j].name.split(".", 2)[2], body.tensors[j].dtype, body.tensors[j].shape) for j in sel]
             self.store.put_state(key, metas, [payload[j] for j in sel])
             if not self.sched.commit(item.request_id, item.lease_id, committed_step=item.step, commit_key=key, now=now):
                 self.store.delete_state(key)
+        if len(mine) < len(body.items):
+            log.info("ignored %d stale/foreign commits from %s", len(body.items) - len(mine), body.worker_id)
 
     def on_fail(self, identity, body: P.Fail, payload, now) -> None:
+        if len(body.request_ids) != len(body.lease_ids):
+            raise Rejected("bad_request", f"FAIL lists {len(body.request_ids)} request ids but {len(body.lease_ids)} lease ids")
+        self._check_unique(list(body.request_ids))
+        mine = [(r, l) for r, l in zip(body.request_ids, body.lease_ids) if self._held(body.worker_id, r, l)]
         self._end_busy(body.worker_id, now)
-        for rid, lid in zip(body.request_ids, body.lease_ids):
+        for rid, lid in mine:
             self.sched.fail(rid, lid, reason=body.reason, now=now)
-        log.warning("worker %s gave back %d requests: %s", body.worker_id, len(body.request_ids), body.reason)
+        log.warning("worker %s gave back %d requests: %s", body.worker_id, len(mine), body.reason)
 
     def on_fetch_weights(self, identity, body: P.FetchWeights, payload, now) -> None:
-        blob = self.store.get_weights(body.version)
+        blob = self.store.get_weights(body.version) if body.version >= 0 else None
         if blob is None:
             self.send(identity, P.Weights(version=body.version, size_bytes=0, found=False))
         else:
             self.send(identity, P.Weights(version=body.version, size_bytes=len(blob)), [blob])
 
+    def on_fetch_state(self, identity, body, payload, now) -> None:
+        raise Rejected("unsupported", "FETCH_STATE is not served: committed state travels with the lease that resumes it")
+
     def on_notice(self, identity, body: P.Notice, payload, now) -> None:
+        if not math.isfinite(body.deadline_unix_s):
+            raise Rejected("bad_request", "notice deadline must be a finite unix time")
         self.instances.notice(body.node_id, msgspec.to_builtins(body), now)
         log.warning("preemption notice from %s: %s %s (deadline in %.1fs)", body.node_id, body.source, body.kind, body.deadline_unix_s - time.time())
 
@@ -501,18 +635,41 @@ class Coordinator:
             self.lease_start.pop(wid, None)
 
     def on_trainer(self, identity: bytes, mtype, body, payload, now: float) -> None:
+        world = self.cfg.train.num_train_workers
         if mtype == P.MsgType.TRAIN_READY:
+            if body.world_size != world or body.rank >= world:
+                raise Rejected("bad_request", f"rank {body.rank} of {body.world_size}: this run has {world} train workers")
+            if body.rank in self.trainer_ids and self.trainer_ids[body.rank] != identity:
+                raise Rejected("forbidden", f"train rank {body.rank} is already connected")
             self.train_ready.add(body.rank)
             self.trainer_ids[body.rank] = identity
-        elif mtype == P.MsgType.WEIGHTS:
-            self.store.put_weights(body.version, bytes(payload[0]))
-            self.version_bytes = len(payload[0])
+            return
+        rank = next((r for r, i in self.trainer_ids.items() if i == identity), None)
+        if rank is None:
+            raise Rejected("unknown_session", f"{mtype.name} from a trainer that sent no TRAIN_READY")
+        if mtype == P.MsgType.WEIGHTS:
+            if rank != 0:
+                raise Rejected("forbidden", f"only rank 0 publishes weights (got them from rank {rank})")
+            expected = self.store.latest_version + 1
+            if body.version != expected or len(payload) != 1 or not _is_safetensors(payload[0]):
+                raise Rejected("bad_request", f"WEIGHTS must carry version {expected} as one safetensors frame (got version {body.version}, {len(payload)} frames)")
+            blob = bytes(payload[0])
+            self.store.put_weights(body.version, blob)
+            self.version_bytes = len(blob)
             keep = self.cfg.run.keep_weight_versions
             if keep:
-                self.store.prune_weights(body.version - keep + 1)
+                self.store.prune_weights(self.weights_keep_from(body.version - keep + 1))
             self.version = max(self.version, body.version)
         elif mtype == P.MsgType.TRAIN_DONE:
+            if body.rank != rank:
+                raise Rejected("forbidden", f"TRAIN_DONE for rank {body.rank} from rank {rank}'s connection")
+            if not ((self.phase == "train" and body.iteration == self.iteration) or (self.phase == "saving" and body.iteration == -1)):
+                raise Rejected("bad_request", f"unexpected TRAIN_DONE for iteration {body.iteration} in phase {self.phase}")
             self.train_done[body.rank] = body
+
+    def weights_keep_from(self, keep_from: int) -> int:
+        """Oldest weight version that must stay on disk (the last checkpoint's is never pruned)."""
+        return keep_from
 
     # ------------------------------------------------------------ iteration machine
     def submit_rollout(self, n: int, now: float) -> None:
@@ -609,7 +766,7 @@ class Coordinator:
                 )
                 tensors.update(self.cond.index([finite[i].prompt_index for i in rows]).to_tensors())
             metas, frames = pack_tensors(tensors)
-            self.send(self.trainer_ids[rank], P.TrainBatch(iteration=n, version=n, micro_batches=local, tensors=metas), frames)
+            self.send_trainer(rank, P.TrainBatch(iteration=n, version=n, micro_batches=local, tensors=metas), frames)
         self._rollout_stats = self.rollout_stats(finite) | self._drop_stats
         self._planner_feedback(n, finite)
         if self.cfg.run.save_rollouts:
@@ -799,8 +956,8 @@ class Coordinator:
         self.busy = [b for b in self.busy if b.end >= now - 600]
         if n + 1 >= self.cfg.run.iterations:
             self.train_done.clear()
-            for rank, ident in sorted(self.trainer_ids.items()):
-                self.send(ident, P.Shutdown(reason=f"save:{self.run_dir / 'final'}"))
+            for rank in sorted(self.trainer_ids):
+                self.send_trainer(rank, P.Shutdown(reason=f"save:{self.run_dir / 'final'}"))
             self.phase = "saving"
         else:
             self.iteration = n + 1
@@ -836,6 +993,7 @@ class Coordinator:
 
     # ------------------------------------------------------------ liveness & status
     def housekeeping(self, now: float) -> None:
+        self._reload_allow_list()
         for node_id, workers in self.instances.reap(now).items():
             log.error("agent %s missed heartbeats: re-enqueueing its requests", node_id)
             for wid in workers:
@@ -876,17 +1034,10 @@ class Coordinator:
             RuntimeError: a train worker died, or the timeout passed.
         """
         t_start = time.monotonic()
-        poller = zmq.Poller()
-        poller.register(self.sock, zmq.POLLIN)
         last_house = 0.0
         while not self.done:
-            if poller.poll(50):
-                for _ in range(256):
-                    try:
-                        frames = self.sock.recv_multipart(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
-                    self.handle(frames)
+            for msg in self.server.poll(50):
+                self.handle(msg)
             now = time.monotonic()
             self.poll_rewards()
             self.step(now)
@@ -908,14 +1059,28 @@ class Coordinator:
             for r in self.sched.requests():
                 f.write(json.dumps({"request_id": r.request_id, "kind": r.kind.value, "iteration": r.iteration, "status": r.status.value, "attempts": r.attempts, "history": [(s.value, round(t, 4), d) for s, t, d in r.history]}) + "\n")
 
+    def _reload_allow_list(self) -> None:
+        """Pick up keys added or revoked with ``spotlight keys`` while the run is live."""
+        d = self.keys.directory
+        if d is None:
+            return
+        try:
+            mtime = (d / "clients").stat().st_mtime
+        except OSError:
+            return
+        if mtime != self._allow_list_mtime:
+            self._allow_list_mtime = mtime
+            try:
+                reload_allow_list(self.keys)
+            except SpotlightError as exc:
+                log.error("allow-list not reloaded: %s", exc)
+
     def shutdown_agents(self) -> None:
-        for rec in self.instances.live():
-            self.send(rec.node_id.encode(), P.Shutdown(reason="run finished"))
         for rec in self.instances.nodes.values():
-            if rec.status.value == "draining":
-                self.send(rec.node_id.encode(), P.Shutdown(reason="run finished"))
-        for ident in getattr(self, "trainer_ids", {}).values():
-            self.send(ident, P.Shutdown(reason="run finished"))
+            if rec.status.value in ("alive", "draining") and rec.node_id in self.node_route:
+                self.send(self.node_route[rec.node_id], P.Shutdown(reason="run finished"))
+        for rank in list(getattr(self, "trainer_ids", {})):
+            self.send_trainer(rank, P.Shutdown(reason="run finished"))
 
     def close(self) -> None:
         self.reward_pool.shutdown(wait=False, cancel_futures=True)
@@ -924,7 +1089,7 @@ class Coordinator:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 proc.kill()
-        self.sock.close(linger=500)
+        self.server.close(linger_ms=500)
 
 
 def trainable_samples(samples: list[Sample]) -> tuple[list[Sample], dict[str, int]]:
@@ -973,6 +1138,21 @@ def _finite(obj):
     if isinstance(obj, (list, tuple)):
         return [_finite(v) for v in obj]
     return obj
+
+
+def _is_safetensors(frame) -> bool:
+    """Cheap structural check of a safetensors blob: 8-byte header length + JSON header."""
+    buf = memoryview(frame)
+    if len(buf) < 10:
+        return False
+    n = int.from_bytes(buf[:8], "little")
+    if n < 2 or 8 + n > len(buf):
+        return False
+    try:
+        header = json.loads(bytes(buf[8 : 8 + n]))
+    except ValueError:
+        return False
+    return isinstance(header, dict)
 
 
 def _free_port() -> int:

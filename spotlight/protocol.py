@@ -29,14 +29,28 @@ Who sends what::
 from __future__ import annotations
 
 import enum
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
+from msgspec import Meta
 
 from spotlight.errors import SpotlightError
 
-PROTOCOL_VERSION = 1
-"""Sent in REGISTER; the coordinator refuses any other version."""
+PROTOCOL_VERSION = 2
+"""Sent in REGISTER; the coordinator refuses any other version (2: CURVE transport, no HMAC)."""
+
+MAX_BODY_BYTES = 1 << 20
+"""Largest msgpack body :func:`decode` accepts (tensors travel in their own frames)."""
+
+# Bounded field types: a body that violates them fails to decode, before any handler runs.
+Id = Annotated[str, Meta(min_length=1, max_length=200)]
+Text = Annotated[str, Meta(max_length=4096)]
+Count = Annotated[int, Meta(ge=0, le=1 << 31)]
+Version = Annotated[int, Meta(ge=-1, le=1 << 31)]
+GpuList = Annotated[list[Annotated[int, Meta(ge=0, lt=4096)]], Meta(max_length=4096)]
+IdList = Annotated[list[Id], Meta(max_length=65536)]
+LeaseIdList = Annotated[list[Annotated[int, Meta(ge=0, lt=1 << 62)]], Meta(max_length=65536)]
+LeaseId = Annotated[int, Meta(ge=0, lt=1 << 62)]
 
 
 class ProtocolError(SpotlightError):
@@ -75,11 +89,15 @@ class _Msg(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_fiel
 
 
 class TensorMeta(msgspec.Struct, frozen=True, array_like=True):
-    """Describes one raw tensor frame: ``name``, numpy-style ``dtype`` name, ``shape``."""
+    """Describes one raw tensor frame: ``name``, numpy-style ``dtype`` name, ``shape``
+    (at most 8 dimensions, each in [0, 2**40))."""
 
-    name: str
-    dtype: str
-    shape: list[int]
+    name: Annotated[str, Meta(max_length=200)]
+    dtype: Annotated[str, Meta(max_length=16)]
+    shape: Annotated[list[Annotated[int, Meta(ge=0, lt=1 << 40)]], Meta(max_length=8)]
+
+
+Tensors = Annotated[list[TensorMeta], Meta(max_length=4096)]
 
 
 # ---------------------------------------------------------------- membership
@@ -89,15 +107,11 @@ class Register(_Msg, kw_only=True):
     """Agent → coordinator handshake (DEALER identity = node_id)."""
 
     protocol_version: int
-    node_id: str
-    gpus: list[int]
+    node_id: Id
+    gpus: GpuList
     is_spot: bool = True
-    hostname: str = ""
-    pid: int = 0
-    nonce: str = ""
-    """Random hex chosen by the agent for this handshake."""
-    auth: str = ""
-    """HMAC-SHA256(secret, "register|node_id|nonce|protocol_version") in hex, when the coordinator requires a secret."""
+    hostname: Text = ""
+    pid: Count = 0
 
 
 class Registered(_Msg, kw_only=True):
@@ -122,43 +136,43 @@ class Registered(_Msg, kw_only=True):
 
 
 class WorkerInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
-    worker_id: str
-    gpus: list[int]
+    worker_id: Id
+    gpus: GpuList
     busy: bool = False
-    versions: list[int] = []
-    pid: int = 0
+    versions: Annotated[list[Version], Meta(max_length=64)] = []
+    pid: Count = 0
 
 
 class Heartbeat(_Msg, kw_only=True):
-    node_id: str
-    session: str = ""
-    workers: list[WorkerInfo] = []
-    in_flight: list[str] = []
+    node_id: Id
+    session: Text = ""
+    workers: Annotated[list[WorkerInfo], Meta(max_length=4096)] = []
+    in_flight: IdList = []
     """Request ids currently held by this node's workers."""
     detector_healthy: bool = True
-    detector_error: str = ""
+    detector_error: Text = ""
     draining: bool = False
-    gpus: list[int] | None = None
+    gpus: GpuList | None = None
     """The node's current GPUs (after revocations/additions); None = unchanged."""
 
 
 class Notice(_Msg, kw_only=True):
     """Agent → coordinator: a preemption notice (absolute wall-clock deadline)."""
 
-    node_id: str
-    session: str = ""
-    source: str
-    scope: str
+    node_id: Id
+    session: Text = ""
+    source: Text
+    scope: Text
     deadline_unix_s: float
-    key: str
-    kind: str
+    key: Text
+    kind: Text
     is_hint: bool = False
 
 
 class Bye(_Msg, kw_only=True):
-    node_id: str
-    session: str = ""
-    reason: str = ""
+    node_id: Id
+    session: Text = ""
+    reason: Text = ""
 
 
 class ErrorMsg(_Msg, kw_only=True):
@@ -176,11 +190,11 @@ class Shutdown(_Msg, kw_only=True):
 class Pull(_Msg, kw_only=True):
     """Worker → agent → coordinator: "I am idle, give me up to N requests"."""
 
-    node_id: str = ""
-    session: str = ""
-    worker_id: str
-    max_requests: int
-    versions: list[int] = []
+    node_id: Text = ""
+    session: Text = ""
+    worker_id: Id
+    max_requests: Annotated[int, Meta(ge=0, le=4096)]
+    versions: Annotated[list[Version], Meta(max_length=64)] = []
     """Weight versions the worker already holds (a hint)."""
 
 
@@ -206,56 +220,56 @@ class Leases(_Msg, kw_only=True):
 
 
 class ResultItem(msgspec.Struct, kw_only=True, omit_defaults=True):
-    request_id: str
-    lease_id: int
-    computed_steps: int = 0
+    request_id: Id
+    lease_id: LeaseId
+    computed_steps: Annotated[int, Meta(ge=0, le=1 << 20)] = 0
 
 
 class Result(_Msg, kw_only=True):
     """Finished requests of one batch. Tensors: ``images`` [B, 3, H, W] uint8; for rollouts
     also ``window_latents`` [B, W+1, L, C] and ``log_probs`` [B, W] float32."""
 
-    node_id: str = ""
-    session: str = ""
-    worker_id: str
-    batch_id: str
-    items: list[ResultItem]
-    tensors: list[TensorMeta] = []
+    node_id: Text = ""
+    session: Text = ""
+    worker_id: Id
+    batch_id: Text
+    items: Annotated[list[ResultItem], Meta(max_length=4096)]
+    tensors: Tensors = []
     elapsed_s: float = 0.0
 
 
 class CommitItem(msgspec.Struct, kw_only=True):
-    request_id: str
-    lease_id: int
-    step: int
+    request_id: Id
+    lease_id: LeaseId
+    step: Annotated[int, Meta(ge=0, le=1 << 20)]
     seed: int
-    weight_version: int
+    weight_version: Version
 
 
 class Commit(_Msg, kw_only=True):
     """In-flight state committed before preemption; tensors ``state.<i>.<name>``."""
 
-    node_id: str = ""
-    session: str = ""
-    worker_id: str
-    items: list[CommitItem]
-    tensors: list[TensorMeta] = []
+    node_id: Text = ""
+    session: Text = ""
+    worker_id: Id
+    items: Annotated[list[CommitItem], Meta(max_length=4096)]
+    tensors: Tensors = []
 
 
 class Fail(_Msg, kw_only=True):
-    node_id: str = ""
-    session: str = ""
-    worker_id: str
-    request_ids: list[str]
-    lease_ids: list[int]
-    reason: str
+    node_id: Text = ""
+    session: Text = ""
+    worker_id: Id
+    request_ids: IdList
+    lease_ids: LeaseIdList
+    reason: Text
 
 
 class FetchWeights(_Msg, kw_only=True):
-    node_id: str = ""
-    session: str = ""
-    worker_id: str = ""
-    version: int
+    node_id: Text = ""
+    session: Text = ""
+    worker_id: Text = ""
+    version: Version
 
 
 class Weights(_Msg, kw_only=True):
@@ -298,9 +312,9 @@ class Stop(_Msg, kw_only=True):
 
 
 class TrainReady(_Msg, kw_only=True):
-    rank: int
-    world_size: int
-    version: int
+    rank: Annotated[int, Meta(ge=0, lt=65536)]
+    world_size: Annotated[int, Meta(ge=1, le=65536)]
+    version: Version
 
 
 class TrainBatch(_Msg, kw_only=True):
@@ -316,10 +330,10 @@ class TrainBatch(_Msg, kw_only=True):
 
 
 class TrainDone(_Msg, kw_only=True):
-    rank: int
-    iteration: int
-    new_version: int
-    metrics: dict[str, float] = {}
+    rank: Annotated[int, Meta(ge=0, lt=65536)]
+    iteration: Version
+    new_version: Version
+    metrics: Annotated[dict[Annotated[str, Meta(max_length=200)], float], Meta(max_length=1024)] = {}
     train_s: float = 0.0
 
 
@@ -377,12 +391,17 @@ def encode(msg: _Msg, frames: list[bytes | memoryview] | None = None, *, msg_typ
     return [bytes([int(t)]), _ENCODER.encode(msg), *(frames or [])]
 
 
-def decode(frames: list[bytes] | list[Any]) -> tuple[MsgType, Any, list[Any]]:
+def decode(frames: list[bytes] | list[Any], *, max_body_bytes: int = MAX_BODY_BYTES) -> tuple[MsgType, Any, list[Any]]:
     """Decode a frame list into ``(type, struct, payload_frames)``.
 
+    The body's size is checked before it is parsed, and every field's type and bounds
+    (lengths, ranges) are enforced by the typed decoder, so handlers receive only
+    well-formed structs.
+
     Raises:
-        ProtocolError: empty list, unknown type byte, malformed body, or fewer payload
-            frames than the body's ``tensors`` declares.
+        ProtocolError: empty list, unknown type byte, a body over ``max_body_bytes``, a
+            malformed or out-of-bounds body (including pathological nesting), or fewer
+            payload frames than the body's ``tensors`` declares.
     """
     if len(frames) < 2:
         raise ProtocolError(f"expected at least 2 frames (type, body), got {len(frames)}")
@@ -393,10 +412,14 @@ def decode(frames: list[bytes] | list[Any]) -> tuple[MsgType, Any, list[Any]]:
         mtype = MsgType(head[0])
     except ValueError:
         raise ProtocolError(f"unknown message type {head[0]}") from None
+    if len(frames[1]) > max_body_bytes:
+        raise ProtocolError(f"{mtype.name} body of {len(frames[1])} bytes exceeds the limit of {max_body_bytes}")
     try:
         body = _DECODERS[mtype].decode(bytes(frames[1]))
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise ProtocolError(f"malformed {mtype.name} body: {exc}") from None
+    except (RecursionError, MemoryError, ValueError, TypeError, OverflowError) as exc:  # e.g. 10^5-deep nesting in an Any field
+        raise ProtocolError(f"malformed {mtype.name} body: {type(exc).__name__}") from None
     payload = list(frames[2:])
     metas = getattr(body, "tensors", None)
     if metas is not None and len(payload) < len(metas):

@@ -17,10 +17,25 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 
 import msgspec
 
 from spotlight.protocol import TensorMeta
+
+_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*$")
+
+
+def check_key(key: str) -> str:
+    """A Tensor Store key is an id, never a path: letters, digits, ``-``, ``_`` and single
+    inner dots (``r3-17.L42``), at most 200 characters.
+
+    Raises:
+        ValueError: any other string (``..``, ``/``, a leading dot, empty, too long).
+    """
+    if not isinstance(key, str) or len(key) > 200 or not _KEY.match(key):
+        raise ValueError(f"invalid Tensor Store key {key!r}: expected an id like 'r3-17.L42'")
+    return key
 
 
 class TensorStore:
@@ -71,7 +86,12 @@ class TensorStore:
 
     # ------------------------------------------------------------ rollout state
     def put_state(self, key: str, metas: list[TensorMeta], frames: list[bytes]) -> int:
-        """Store committed state under ``key``; returns its size in bytes."""
+        """Store committed state under ``key``; returns its size in bytes.
+
+        Raises:
+            ValueError: ``key`` is not a valid id (:func:`check_key`).
+        """
+        check_key(key)
         frames = [bytes(f) for f in frames]
         self._state[key] = (list(metas), frames)
         d = self.root / "state" / key
@@ -82,6 +102,12 @@ class TensorStore:
         return sum(len(f) for f in frames)
 
     def get_state(self, key: str) -> tuple[list[TensorMeta], list[bytes]] | None:
+        """Committed state under ``key`` (memory, else disk); None if absent.
+
+        Raises:
+            ValueError: ``key`` is not a valid id.
+        """
+        check_key(key)
         got = self._state.get(key)
         if got is None:
             d = self.root / "state" / key
@@ -92,6 +118,8 @@ class TensorStore:
         return got
 
     def delete_state(self, key: str) -> None:
+        """Forget the state under ``key`` (memory and disk). Raises ValueError on an invalid key."""
+        check_key(key)
         self._state.pop(key, None)
         d = self.root / "state" / key
         if d.is_dir():

@@ -51,7 +51,8 @@ def unpack_tensors(metas: list[TensorMeta], frames: list) -> dict[str, torch.Ten
     """Rebuild tensors from metas and raw frames (copies, so they are writable).
 
     Raises:
-        ProtocolError: unknown dtype, or a frame whose size does not match its shape.
+        ProtocolError: unknown dtype, a duplicate name, more than 8 dimensions, a negative
+            or absurd (>= 2**40) dimension, or a frame whose size does not match its shape.
     """
     out = {}
     if len(frames) < len(metas):
@@ -60,17 +61,24 @@ def unpack_tensors(metas: list[TensorMeta], frames: list) -> dict[str, torch.Ten
         dtype = _DTYPES.get(meta.dtype)
         if dtype is None:
             raise ProtocolError(f"tensor {meta.name!r}: unknown dtype {meta.dtype!r}")
-        buf = bytearray(bytes(frame))
-        numel = 1
+        if meta.name in out:
+            raise ProtocolError(f"tensor {meta.name!r} appears twice")
+        if len(meta.shape) > 8:
+            raise ProtocolError(f"tensor {meta.name!r}: {len(meta.shape)} dimensions (at most 8)")
+        numel = span = 1
         for d in meta.shape:
-            if d < 0:
-                raise ProtocolError(f"tensor {meta.name!r}: negative dimension in {meta.shape}")
+            if not isinstance(d, int) or d < 0 or d >= 1 << 40:
+                raise ProtocolError(f"tensor {meta.name!r}: bad dimension in {meta.shape}")
             numel *= d
+            span *= max(d, 1)  # also bounds empty tensors, whose strides torch still computes
+        if span >= 1 << 40:
+            raise ProtocolError(f"tensor {meta.name!r}: shape {meta.shape} is beyond any frame")
         itemsize = torch.empty((), dtype=dtype).element_size()
-        if len(buf) != numel * itemsize:
+        if len(frame) != numel * itemsize:  # checked before anything is copied
             raise ProtocolError(
-                f"tensor {meta.name!r}: {len(buf)} bytes for shape {meta.shape} {meta.dtype} (expected {numel * itemsize})"
+                f"tensor {meta.name!r}: {len(frame)} bytes for shape {meta.shape} {meta.dtype} (expected {numel * itemsize})"
             )
+        buf = bytearray(bytes(frame))
         if numel == 0:
             out[meta.name] = torch.empty(meta.shape, dtype=dtype)
         else:

@@ -31,20 +31,20 @@ class TraceDriver(threading.Thread):
     """Args:
         actions: :class:`spotlight.trace.ReplayAction` list (times already scaled).
         coordinator: endpoint agents join.
-        secret: shared secret for the agents.
+        keys_dir: the run's keys directory (agents use its ``agent.local`` key).
         cloud: mock metadata personality for spot nodes ("aws", "gcp", "azure").
         grace_s: commit grace of revocations / notice lead time.
         listing: dict updated in place with the live agents (written to ``local_agents.json``).
         listing_path: where to write it after each change.
     """
 
-    def __init__(self, actions, *, coordinator: str, secret: str, cloud: str, grace_s: float, listing: dict, listing_path, nice: int = 5):
+    def __init__(self, actions, *, coordinator: str, keys_dir, cloud: str, grace_s: float, listing: dict, listing_path, nice: int = 5):
         super().__init__(daemon=True, name="trace-driver")
         from spotlight.trace import TraceReplayer
 
         self.replayer = TraceReplayer(actions)
         self.coordinator = coordinator
-        self.secret = secret
+        self.keys_dir = str(keys_dir)
         self.cloud = cloud
         self.grace_s = grace_s
         self.nice = nice
@@ -68,8 +68,10 @@ class TraceDriver(threading.Thread):
         self.restarts[agent] = self.restarts.get(agent, 0) + 1
         mock = MockMetadataServer(self.cloud, vm_name=node_id).start()
         self.mocks.append(mock)
-        env = dict(os.environ, SPOTLIGHT_SECRET=self.secret)
-        cmd = [sys.executable, "-m", "agent.main", "join", "--coordinator", self.coordinator, "--gpus", ",".join(map(str, gpus)), "--node-id", node_id, "--cloud", self.cloud, "--metadata-url", mock.url, "--poll-interval-s", "0.5", "--grace-s", str(self.grace_s), "--nice", str(self.nice)]
+        from spotlight.procs import scrubbed_env
+
+        env = scrubbed_env()
+        cmd = [sys.executable, "-m", "agent.main", "join", "--coordinator", self.coordinator, "--gpus", ",".join(map(str, gpus)), "--node-id", node_id, "--cloud", self.cloud, "--metadata-url", mock.url, "--poll-interval-s", "0.5", "--grace-s", str(self.grace_s), "--nice", str(self.nice), "--keys", self.keys_dir, "--key", "local"]
         proc = subprocess.Popen(cmd, env=env)
         self.procs.append(proc)
         self.node_of_agent[agent] = node_id
@@ -78,7 +80,7 @@ class TraceDriver(threading.Thread):
     def _control(self, node_id: str, request: dict, timeout_s: float = 10.0) -> dict:
         import zmq
 
-        from agent.main import control_endpoint
+        from spotlight.agent_paths import control_endpoint
 
         sock = zmq.Context.instance().socket(zmq.REQ)
         sock.setsockopt(zmq.LINGER, 0)

@@ -67,8 +67,11 @@ def render_status(snap: dict):
     return Group(head, nodes, reqs, Text("\n".join(lines)))
 
 
-def fetch_snapshot(endpoint: str, timeout_s: float = 3.0) -> dict:
-    """Ask the coordinator for a snapshot.
+def fetch_snapshot(endpoint: str, keys, timeout_s: float = 3.0) -> dict:
+    """Ask the coordinator for a snapshot over CURVE.
+
+    Args:
+        keys: a :class:`spotlight.security.ClientKeys` (any role may ask for status).
 
     Raises:
         TimeoutError: no answer within ``timeout_s``.
@@ -76,10 +79,12 @@ def fetch_snapshot(endpoint: str, timeout_s: float = 3.0) -> dict:
     import zmq
 
     from spotlight import protocol as P
+    from spotlight.security import apply_client
 
     ctx = zmq.Context.instance()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
+    apply_client(sock, keys)
     sock.connect(endpoint)
     try:
         sock.send_multipart(P.encode(P.StatusRequest()))
@@ -101,12 +106,14 @@ def register(app: typer.Typer) -> None:
         watch: bool = typer.Option(False, "--watch", "-w", help="Refresh continuously (live TUI); Ctrl-C exits."),
         as_json: bool = typer.Option(False, "--json", help="Print the raw snapshot as JSON."),
         interval_s: float = typer.Option(1.0, "--interval-s", help="Refresh period with --watch."),
+        keys: Optional[pathlib.Path] = typer.Option(None, "--keys", envvar="SPOTLIGHT_KEYS", help="Keys directory with server.key and a client key (default: the run directory's keys/, status.local)."),
+        key: Optional[str] = typer.Option(None, "--key", help="Which client key in --keys to use (default: the only status key)."),
     ) -> None:
         """Show nodes, request queues, weights version and the reward curve of a running job."""
         console = Console()
         endpoint = coordinator
+        rd = run_dir
         if endpoint is None:
-            rd = run_dir
             if rd is None:
                 runs = sorted(pathlib.Path("runs").glob("*/coordinator.json"), key=lambda p: p.stat().st_mtime)
                 if not runs:
@@ -117,20 +124,34 @@ def register(app: typer.Typer) -> None:
             if not meta.is_file():
                 console.print(f"[red]error:[/red] {meta} not found: not a Spotlight run directory")
                 raise typer.Exit(2)
-            endpoint = json.loads(meta.read_text())["endpoint"]
+            info = json.loads(meta.read_text())
+            endpoint = info["endpoint"]
+            if keys is None and info.get("keys_dir"):
+                keys = pathlib.Path(info["keys_dir"])
         if "://" not in endpoint:
             endpoint = f"tcp://{endpoint}"
+        from spotlight.security import KeysError, load_client_keys
+
+        keys_dir = keys or (pathlib.Path(rd) / "keys" if rd is not None else None)
+        if keys_dir is None:
+            console.print("[red]error:[/red] --coordinator needs --keys DIR (server.key and a client key; README 'Security model')")
+            raise typer.Exit(2)
+        try:
+            client = load_client_keys(keys_dir, name=key, role=None if key else "status")
+        except KeysError as exc:
+            console.print(f"[red]error:[/red] {exc}")
+            raise typer.Exit(2)
         try:
             if not watch:
-                snap = fetch_snapshot(endpoint)
+                snap = fetch_snapshot(endpoint, client)
                 console.print_json(json.dumps(snap)) if as_json else console.print(render_status(snap))
                 return
             from rich.live import Live
 
-            with Live(render_status(fetch_snapshot(endpoint)), console=console, refresh_per_second=4) as live:
+            with Live(render_status(fetch_snapshot(endpoint, client)), console=console, refresh_per_second=4) as live:
                 while True:
                     time.sleep(interval_s)
-                    live.update(render_status(fetch_snapshot(endpoint)))
+                    live.update(render_status(fetch_snapshot(endpoint, client)))
         except TimeoutError as exc:
             msg = f"{exc} (the run has finished, or its coordinator is not reachable)"
             if as_json:

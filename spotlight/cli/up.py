@@ -55,9 +55,26 @@ def load_prompts(path: str) -> list[str]:
     return prompts
 
 
-def _spawn_agent(endpoint: str, gpus: list[int], node_id: str, *, reserved: bool, secret: str, extra: list[str] | None = None) -> subprocess.Popen:
-    env = dict(os.environ, SPOTLIGHT_SECRET=secret)
-    cmd = [sys.executable, "-m", "agent.main", "join", "--coordinator", endpoint, "--gpus", ",".join(map(str, gpus)), "--node-id", node_id]
+LOCAL_KEYS = (("agent", "local"), ("reserved", "local"), ("status", "local"))
+"""Client keys a local run creates for its own agents and for ``spotlight status``."""
+
+
+def prepare_keys(keys_dir: pathlib.Path, *, local: bool) -> None:
+    """Create the coordinator's keys in ``keys_dir`` if missing; a local run (and every run's
+    ``spotlight status``) also gets its client keys there (README "Security model")."""
+    from spotlight.security import add_client, init_keys
+
+    init_keys(keys_dir, exist_ok=True)
+    for role, name in LOCAL_KEYS if local else LOCAL_KEYS[2:]:
+        if not (keys_dir / "clients" / f"{role}.{name}.key").exists():
+            add_client(keys_dir, role, name)
+
+
+def _spawn_agent(endpoint: str, gpus: list[int], node_id: str, *, reserved: bool, keys_dir: pathlib.Path, extra: list[str] | None = None) -> subprocess.Popen:
+    from spotlight.procs import scrubbed_env
+
+    env = scrubbed_env()
+    cmd = [sys.executable, "-m", "agent.main", "join", "--coordinator", endpoint, "--gpus", ",".join(map(str, gpus)), "--node-id", node_id, "--keys", str(keys_dir), "--key", "local"]
     if reserved:
         cmd.append("--reserved")
     cmd += extra or []
@@ -84,6 +101,7 @@ def register(app: typer.Typer) -> None:
         trace_duration_s: float = typer.Option(1800.0, "--trace-duration-s", min=1.0, help="Length of the replayed slice, in trace seconds."),
         trace_seed: int = typer.Option(0, "--trace-seed", help="Seed of the random placement of trace GPUs onto agents."),
         spot_nice: int = typer.Option(5, "--spot-nice", min=0, max=19, help="With --local: CPU niceness of the simulated spot workers (they share this machine's cores with the trainer)."),
+        keys: Optional[pathlib.Path] = typer.Option(None, "--keys", envvar="SPOTLIGHT_KEYS", help="Coordinator keys directory (server.key_secret + clients/ allow-list; `spotlight keys init`). Default: <run-dir>/keys, created on first use."),
     ) -> None:
         """Post-train a DiT with Flow-GRPO while spot agents explore seeds on stale weights.
 
@@ -135,10 +153,6 @@ def register(app: typer.Typer) -> None:
             except RewardError as exc:
                 console.print(f"[red]error:[/red] reward service check failed: {escape(str(exc))}")
                 raise typer.Exit(2)
-        host0 = reserved.rsplit(":", 1)[0]
-        if not local and not os.environ.get("SPOTLIGHT_SECRET") and host0 not in ("127.0.0.1", "localhost"):
-            console.print("[red]error:[/red] listening on a routable address needs a shared secret: set SPOTLIGHT_SECRET (agents need the same value)")
-            raise typer.Exit(2)
         console.print(f"[bold]Spotlight[/bold] run dir [cyan]{rd}[/cyan]  ({cfg.run.iterations} iterations, {cfg.data.prompts_per_iteration}×{cfg.data.group_size} samples/iteration)")
         with console.status(f"encoding prompts ({cfg.model.family} text encoder, cached after the first run)…"):
             import torch
@@ -152,12 +166,16 @@ def register(app: typer.Typer) -> None:
             except (ModelLoadError, OSError, ValueError) as exc:
                 console.print(f"[red]error:[/red] cannot encode prompts with model.family = {cfg.model.family!r} from {cfg.model.pretrained_path or '(built in)'}: {escape(str(exc))}")
                 raise typer.Exit(2)
-        secret = os.environ.get("SPOTLIGHT_SECRET") or (secrets.token_hex(16) if local else "")
-        host = reserved.rsplit(":", 1)[0]
-        if not secret and host not in ("127.0.0.1", "localhost"):
-            console.print("[red]error:[/red] listening on a routable address needs a shared secret: set SPOTLIGHT_SECRET (agents need the same value)")
+        from spotlight.security import KeysError, load_server_keys
+
+        keys_dir = (keys or rd / "keys").resolve()
+        try:
+            prepare_keys(keys_dir, local=local)
+            server_keys = load_server_keys(keys_dir)
+        except (KeysError, OSError) as exc:
+            console.print(f"[red]error:[/red] keys: {escape(str(exc))}")
             raise typer.Exit(2)
-        coord = Coordinator(cfg, rd, bind=f"tcp://{reserved}", secret=secret, prompts=prompts, cond=cond, progress=console.print)
+        coord = Coordinator(cfg, rd, bind=f"tcp://{reserved}", keys=server_keys, prompts=prompts, cond=cond, progress=console.print)
         console.print(f"coordinator listening on [cyan]{coord.endpoint}[/cyan]")
         procs: list[subprocess.Popen] = []
         mocks = []
@@ -193,7 +211,7 @@ def register(app: typer.Typer) -> None:
                 state_root = rd / "agents"
                 os.environ["SPOTLIGHT_AGENT_STATE"] = str(state_root.resolve())
                 for i, gpu in enumerate(cfg.cluster.reserved_rollout_gpus):
-                    procs.append(_spawn_agent(endpoint, [gpu], f"reserved-{i}", reserved=True, secret=secret))
+                    procs.append(_spawn_agent(endpoint, [gpu], f"reserved-{i}", reserved=True, keys_dir=keys_dir))
                     listing[f"reserved-{i}"] = {"pid": procs[-1].pid, "spot": False, "gpus": [gpu]}
                 for a in range(0 if trace is not None else agents):
                     # simulated spot GPUs share this machine's cores with the trainer: run them
@@ -207,7 +225,7 @@ def register(app: typer.Typer) -> None:
                         mocks.append(mock)
                         extra += ["--cloud", mock_cloud, "--metadata-url", mock.url, "--poll-interval-s", "0.5"]
                         entry.update(cloud=mock_cloud, metadata_url=mock.url, control_url=mock.control_url)
-                    procs.append(_spawn_agent(endpoint, list(range(gpus_per_agent)), f"spot-{a}", reserved=False, secret=secret, extra=extra))
+                    procs.append(_spawn_agent(endpoint, list(range(gpus_per_agent)), f"spot-{a}", reserved=False, keys_dir=keys_dir, extra=extra))
                     entry["pid"] = procs[-1].pid
                     listing[f"spot-{a}"] = entry
                 listing_doc = {"coordinator": endpoint, "state_dir": str(state_root.resolve()), "agents": listing}
@@ -215,10 +233,15 @@ def register(app: typer.Typer) -> None:
                 if trace is not None:
                     from spotlight.trace_driver import TraceDriver
 
-                    driver = TraceDriver(actions, coordinator=endpoint, secret=secret, cloud=mock_cloud, grace_s=grace_s, listing=listing_doc, listing_path=rd / "local_agents.json", nice=spot_nice)
+                    driver = TraceDriver(actions, coordinator=endpoint, keys_dir=keys_dir, cloud=mock_cloud, grace_s=grace_s, listing=listing_doc, listing_path=rd / "local_agents.json", nice=spot_nice)
                     driver.start()
             else:
-                console.print(f"waiting for agents: spotlight-agent join --coordinator <this-host>:{coord.endpoint.rsplit(':', 1)[1]} --gpus 0")
+                port = coord.endpoint.rsplit(":", 1)[1]
+                console.print(
+                    f"waiting for agents. Give each spot node a key: [cyan]spotlight keys add {keys_dir} agent NODE[/cyan], copy "
+                    f"[cyan]{keys_dir}/server.key[/cyan] and [cyan]{keys_dir}/agent.NODE.key_secret[/cyan] to the node's keys directory, then run "
+                    f"[cyan]spotlight-agent join --coordinator <this-host>:{port} --keys DIR --gpus 0[/cyan]"
+                )
             t0 = time.monotonic()
             coord.serve(timeout_s=timeout_s)
             console.print(f"[green]done[/green] in {time.monotonic() - t0:.0f}s: metrics {rd / 'metrics.jsonl'}, model {rd / 'final'}, curve {rd / 'reward_curve.png'}")

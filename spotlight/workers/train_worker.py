@@ -2,7 +2,7 @@
 
 :class:`FlowGRPOTrainer` is the compute (usable in-process, tests drive it directly);
 :func:`main` is the process (``python -m spotlight.workers.train_worker ...``) that talks
-to the coordinator over a ZeroMQ DEALER (identity ``trainer-<rank>``)::
+to the coordinator over a CURVE-encrypted ZeroMQ DEALER (the coordinator's loopback trainer socket)::
 
     → TRAIN_READY(rank, world_size, version=0)      (rank 0 also → WEIGHTS v0 + blob)
     ← TRAIN_BATCH  → train_step → full state dict → (rank 0) WEIGHTS v+1 + blob
@@ -420,7 +420,8 @@ def _load_cfg(text: str) -> SpotlightConfig:
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="spotlight.workers.train_worker")
-    ap.add_argument("--coordinator", required=True, help="tcp://host:port of the coordinator ROUTER")
+    ap.add_argument("--coordinator", required=True, help="tcp://host:port of the coordinator's trainer socket")
+    ap.add_argument("--keys-file", required=True, help="0600 JSON file with this run's trainer CURVE keys (written by the coordinator)")
     ap.add_argument("--rank", type=int, required=True)
     ap.add_argument("--world-size", type=int, required=True)
     ap.add_argument("--config-json", required=True, help="JSON text, a .json file or a .toml file")
@@ -456,10 +457,12 @@ def main(argv: list[str] | None = None) -> int:
         world_size=args.world_size,
     )
     trainer = FlowGRPOTrainer(cfg, rank=args.rank, world_size=args.world_size, device=device, text_dim=args.text_dim)
+    from spotlight.security import apply_client, read_client_file
+
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.IDENTITY, f"trainer-{args.rank}".encode())
     sock.setsockopt(zmq.LINGER, 10_000)
+    apply_client(sock, read_client_file(args.keys_file))
     sock.connect(args.coordinator)
     version = 0
 

@@ -16,7 +16,7 @@ def _coordinator(tmp_path, monkeypatch):
     cfg = load_config(EXAMPLES_DIR / "jpeg-toy" / "config.toml", overrides={"explore.mode": "stale", "explore.planner": "bandit", "planner.beta": 0.0, "run.iterations": 50})
     n = 40
     embeds, mask = torch.zeros(n, 16, 384), torch.ones(n, 16, dtype=torch.long)
-    coord = Coordinator(cfg, tmp_path / "run", bind="tcp://127.0.0.1:0", secret="", prompts=[f"p{i}" for i in range(n)], embeds=embeds, mask=mask, progress=lambda s: None)
+    coord = Coordinator(cfg, tmp_path / "run", bind="tcp://127.0.0.1:0", prompts=[f"p{i}" for i in range(n)], embeds=embeds, mask=mask, progress=lambda s: None)
     coord.t_step_s = 0.01
     return coord
 

@@ -17,7 +17,7 @@ from spotlight.tensor_wire import bytes_to_state_dict, pack_tensors, state_dict_
 META = P.TensorMeta("cond.embeds", "float32", [2, 3, 4])
 
 SAMPLES: dict[P.MsgType, P._Msg] = {
-    P.MsgType.REGISTER: P.Register(protocol_version=P.PROTOCOL_VERSION, node_id="spot-0", gpus=[0, 1], is_spot=False, hostname="h", pid=12, nonce="ab", auth="cd"),
+    P.MsgType.REGISTER: P.Register(protocol_version=P.PROTOCOL_VERSION, node_id="spot-0", gpus=[0, 1], is_spot=False, hostname="h", pid=12),
     P.MsgType.REGISTERED: P.Registered(
         node_id="spot-0", heartbeat_interval_s=1.0, lease_timeout_s=120.0, worker_batch_size=8, torch_threads=1,
         model={"source": "tiny", "axes_dims_rope": [8, 12, 12]}, sampler={"num_steps": 10, "noise_level": 1.0},

@@ -1,0 +1,90 @@
+"""``spotlight keys``: create, list and revoke the CURVE keys of the control plane.
+
+See :mod:`spotlight.security` for the directory layout and README "Security model" for
+how keys reach a new spot node.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+keys_app = typer.Typer(help="Create, list and revoke control-plane keys (ZeroMQ CURVE; README 'Security model').", no_args_is_help=True, add_completion=False)
+console = Console(soft_wrap=True)
+
+
+def _fail(exc: Exception) -> None:
+    console.print(f"[red]error:[/red] {escape(str(exc))}")
+    raise typer.Exit(2)
+
+
+@keys_app.command("init")
+def init(directory: pathlib.Path = typer.Argument(..., help="Keys directory to create (mode 0700), e.g. /etc/spotlight/keys.")) -> None:
+    """Create the coordinator's key pair and an empty allow-list (plus a status key for this host)."""
+    from spotlight.security import KeysError, add_client, init_keys
+
+    try:
+        pub = init_keys(directory)
+        add_client(directory, "status", "local")
+    except (KeysError, OSError) as exc:
+        _fail(exc)
+    console.print(f"coordinator key created: public [cyan]{pub}[/cyan] (give it to every client), secret {directory / 'server.key_secret'} (keep it on the reserved node)")
+    console.print(f"next: [cyan]spotlight keys add {directory} agent NODE[/cyan] for each spot node (or one shared name for a pool)")
+
+
+@keys_app.command("add")
+def add(
+    directory: pathlib.Path = typer.Argument(..., help="The coordinator's keys directory."),
+    role: str = typer.Argument(..., help="agent (spot node), reserved (the reserved node's rollout agent), status (read-only), trainer."),
+    name: str = typer.Argument(..., help="Key name, e.g. the node id or a pool name (letters, digits, - and _)."),
+) -> None:
+    """Create a client key and allow-list it; prints the files to copy to the client."""
+    from spotlight.security import KeysError, add_client
+
+    try:
+        secret = add_client(directory, role, name)
+    except (KeysError, OSError) as exc:
+        _fail(exc)
+    console.print(f"allow-listed [bold]{role}.{name}[/bold] (a running coordinator picks it up within a second)")
+    console.print(f"copy to the client's keys directory (mode 0600, readable by the service user only):\n  {directory / 'server.key'}\n  {secret}")
+    console.print(f"then remove {secret} from this directory if the client runs elsewhere")
+
+
+@keys_app.command("list")
+def list_(directory: pathlib.Path = typer.Argument(..., help="The coordinator's keys directory.")) -> None:
+    """List allow-listed clients (role, name, public key, whether the secret is still here)."""
+    from spotlight.security import KeysError, list_keys
+
+    try:
+        rows = list_keys(directory)
+    except (KeysError, OSError) as exc:
+        _fail(exc)
+    t = Table(title=f"allow-list of {escape(str(directory))}")
+    for col in ("principal", "role", "public key", "secret here"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(escape(r["principal"]), r["role"], r["public"], "yes" if r["has_secret"] else "no")
+    console.print(t)
+
+
+@keys_app.command("revoke")
+def revoke(
+    directory: pathlib.Path = typer.Argument(..., help="The coordinator's keys directory."),
+    principal: str = typer.Argument(..., help="<role>.<name> to remove from the allow-list."),
+) -> None:
+    """Remove a client from the allow-list: new connections with that key are refused."""
+    from spotlight.security import KeysError, revoke_client
+
+    try:
+        revoke_client(directory, principal)
+    except (KeysError, OSError) as exc:
+        _fail(exc)
+    console.print(f"revoked {escape(principal)}: new connections with it are refused (restart the coordinator to drop live ones)")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(keys_app, name="keys")
