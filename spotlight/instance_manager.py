@@ -149,6 +149,26 @@ class InstanceManager:
     def gpu_seconds(self, *, spot: bool) -> float:
         return self._gpu_seconds[spot]
 
+    def state_dict(self) -> dict:
+        """JSON-able cost state for the run checkpoint: accumulated GPU-seconds (seconds × GPUs)
+        of spot and reserved nodes. Nodes are not saved: after a coordinator restart every
+        agent registers again."""
+        return {"version": 1, "gpu_seconds": {"spot": self._gpu_seconds[True], "reserved": self._gpu_seconds[False]}}
+
+    def load_state_dict(self, d: dict) -> None:
+        """Restore the GPU-seconds of :meth:`state_dict` (nodes and the integration clock are
+        untouched: time the coordinator was down is not billed here).
+
+        Raises:
+            ValueError: unknown state version or negative GPU-seconds.
+        """
+        if d.get("version") != 1:
+            raise ValueError(f"unsupported instance manager state version {d.get('version')!r}")
+        spot, reserved = float(d["gpu_seconds"]["spot"]), float(d["gpu_seconds"]["reserved"])
+        if not (spot >= 0 and reserved >= 0):
+            raise ValueError(f"GPU-seconds must be >= 0, got spot={spot}, reserved={reserved}")
+        self._gpu_seconds = {True: spot, False: reserved}
+
     def cost_usd(self, spot_usd_per_gpu_hour: float, reserved_usd_per_gpu_hour: float) -> float:
         return (
             self._gpu_seconds[True] * spot_usd_per_gpu_hour + self._gpu_seconds[False] * reserved_usd_per_gpu_hour

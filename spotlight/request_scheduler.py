@@ -33,9 +33,18 @@ threads, clocks or torch; every method that needs time takes ``now`` (seconds,
 any monotonic origin, as long as the caller is consistent).
 
 "Done exactly once" (DESIGN §3): a result is accepted only with the request's
-current lease id. A presumed-dead worker that reports late holds a stale lease
-and is rejected, so each request is counted Done at most once; every
-non-cancelled request is re-enqueued until someone completes it.
+current lease id (and, when the caller passes ``worker_id``, only from the
+worker holding that lease). A presumed-dead worker that reports late holds a
+stale lease and is rejected, so each request is counted Done at most once;
+every non-cancelled request is re-enqueued until someone completes it.
+
+Coordinator crash and resume: ``state_dict()`` is a JSON-able snapshot taken
+between iterations; ``load_state_dict(d, epoch=k, now=...)`` restores it in a
+new process whose restart count is ``k``. Every lease of the dead process is
+void: requests IN_FLIGHT in the snapshot go IN_FLIGHT -> ABORTED -> PENDING.
+Lease ids are partitioned by epoch (``k * LEASE_EPOCH_STRIDE`` upwards), so
+no lease id the crashed process issued -- even after the snapshot -- can be
+issued again, and its late reports are rejected as stale.
 """
 
 from __future__ import annotations
@@ -45,11 +54,12 @@ import dataclasses
 import enum
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Any, Iterable
 
 from spotlight.errors import SpotlightError
 
 __all__ = [
+    "LEASE_EPOCH_STRIDE",
     "InvalidTransition",
     "Lease",
     "Request",
@@ -106,6 +116,13 @@ VALID_TRANSITIONS: dict[RequestStatus, frozenset[RequestStatus]] = {
     _S.CANCELLED: frozenset(),  # terminal
 }
 del _S
+
+LEASE_EPOCH_STRIDE = 2**40
+"""Lease ids of a process restored with ``epoch=k`` start at ``k * LEASE_EPOCH_STRIDE``
+(the first process, epoch 0, starts at 1). One process would need 2**40 leases to
+spill into the next epoch's range; ids stay below 2**63 for epochs < 2**23."""
+
+_STATE_VERSION = 1
 
 # Ready-queue priority classes (lower is served first), paper §4.5: resuming
 # committed work first wastes the least, and rollouts are on the critical path.
@@ -180,6 +197,7 @@ class RequestScheduler:
         self._next_seq = 0
         self._next_lease_id = 1
         self._training_active = False
+        self.epoch = 0  # restart count of the coordinator process (see load_state_dict)
 
     # ------------------------------------------------------------------ submit
 
@@ -294,34 +312,41 @@ class RequestScheduler:
 
     # --------------------------------------------------------- worker reports
 
-    def complete(self, request_id: str, lease_id: int, now: float) -> bool:
+    def complete(self, request_id: str, lease_id: int, now: float, *, worker_id: str | None = None) -> bool:
         """Mark a request DONE if ``lease_id`` is its current lease.
 
         Returns False and changes nothing for a stale lease (the request was
-        re-leased after expiry), a duplicate completion, a DONE/CANCELLED
-        request, or an unknown/forgotten id: this is how "Done exactly once"
-        holds when a presumed-dead worker reports late. Source: DESIGN §3-§4.
+        re-leased after expiry, or the lease was issued by a coordinator process
+        that crashed), a duplicate completion, a DONE/CANCELLED request, an
+        unknown/forgotten id, or -- when ``worker_id`` is given -- a reporter that
+        is not the leaseholder: this is how "Done exactly once" holds when a
+        presumed-dead worker reports late. ``worker_id=None`` skips the holder
+        check. Source: DESIGN §3-§4.
         """
-        req = self._current(request_id, lease_id)
+        req = self._current(request_id, lease_id, worker_id)
         if req is None:
             return False
         self._transition(req, RequestStatus.DONE, now, f"done by {req.worker_id} (lease {lease_id})")
         return True
 
-    def commit(self, request_id: str, lease_id: int, *, committed_step: int, commit_key: str, now: float) -> bool:
+    def commit(
+        self, request_id: str, lease_id: int, *, committed_step: int, commit_key: str, now: float,
+        worker_id: str | None = None,
+    ) -> bool:
         """IN_FLIGHT -> RECOMPUTE: the leaseholder committed its state before preemption.
 
         ``committed_step`` is the denoising step index to resume at and
         ``commit_key`` the Tensor Store key; the next lease carries both so
         another worker resumes instead of starting over. Returns False (no
-        change) on a stale lease, like ``complete``. Source: paper §4.5.
+        change) on a stale lease or a ``worker_id`` that does not hold it, like
+        ``complete``. Source: paper §4.5.
 
         Raises:
             ValueError: ``committed_step < 0``.
         """
         if committed_step < 0:
             raise ValueError(f"committed_step must be >= 0, got {committed_step}")
-        req = self._current(request_id, lease_id)
+        req = self._current(request_id, lease_id, worker_id)
         if req is None:
             return False
         req.committed_step, req.commit_key = committed_step, commit_key
@@ -331,14 +356,15 @@ class RequestScheduler:
         )
         return True
 
-    def fail(self, request_id: str, lease_id: int, *, reason: str, now: float) -> bool:
+    def fail(self, request_id: str, lease_id: int, *, reason: str, now: float, worker_id: str | None = None) -> bool:
         """The leaseholder reports failure: IN_FLIGHT -> ABORTED -> PENDING.
 
         Commit info is cleared, so the request re-runs from scratch. With
         ``max_failures`` set, a request that reached it stays ABORTED (parked)
-        instead. Returns False (no change) on a stale lease. Source: paper §4.5.
+        instead. Returns False (no change) on a stale lease or a ``worker_id``
+        that does not hold it. Source: paper §4.5.
         """
-        req = self._current(request_id, lease_id)
+        req = self._current(request_id, lease_id, worker_id)
         if req is None:
             return False
         req.failures += 1
@@ -420,6 +446,11 @@ class RequestScheduler:
             and (status is None or r.status is status)
         ]
 
+    def holder(self, request_id: str, lease_id: int) -> str | None:
+        """The worker id holding ``lease_id`` on ``request_id``, or None if that lease is not current."""
+        req = self._current(request_id, lease_id)
+        return None if req is None else req.lease.worker_id
+
     def leases(self, worker_id: str) -> list[Lease]:
         """Current leases held by ``worker_id`` (empty if none)."""
         return [self._in_flight[rid].lease for rid in self._by_worker.get(worker_id, {})]
@@ -455,12 +486,111 @@ class RequestScheduler:
             del self._outstanding[key]
         return len(drop)
 
+    # ----------------------------------------------------------- persistence
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able snapshot of the whole queue, for the coordinator's run checkpoint.
+
+        Holds every (not forgotten) request with its status, full history
+        (``[status, now, detail]`` triples, times as passed in), current lease,
+        attempts, failures, commit info, last worker and submission seq; the id
+        counters per (kind, iteration); the next seq and lease id; the training
+        gate; and the ``epoch`` of this process. ``params`` must be JSON-able.
+        The configuration (``lease_timeout_s``, ``max_failures``) is recorded for
+        reference only; ``load_state_dict`` keeps the new process's own.
+        Source: issue item 5 (coordinator crash and resume).
+        """
+        return {
+            "version": _STATE_VERSION,
+            "epoch": self.epoch,
+            "lease_timeout_s": self.lease_timeout_s,
+            "max_failures": self.max_failures,
+            "next_seq": self._next_seq,
+            "next_lease_id": self._next_lease_id,
+            "training_active": self._training_active,
+            "id_counters": [[k.value, it, n] for (k, it), n in sorted(self._id_counters.items(), key=lambda x: (x[0][0].value, x[0][1]))],
+            "requests": [_request_to_json(r) for r in self._requests.values()],
+        }
+
+    def load_state_dict(self, d: dict[str, Any], *, epoch: int, now: float) -> list[str]:
+        """Replace this scheduler's state with a ``state_dict`` of a crashed coordinator.
+
+        ``epoch`` is the restart count of the new process: strictly greater than the
+        epoch of every process that ever ran this run (the caller keeps a durable
+        counter, e.g. :func:`spotlight.checkpoint.next_epoch`; the snapshot's own
+        epoch is checked, later crashes cannot be seen from here). The next lease id
+        becomes ``max(saved, epoch * LEASE_EPOCH_STRIDE)``, so no lease id of an
+        earlier process -- including leases it granted after the snapshot was
+        taken -- is ever granted again, and their late reports are rejected.
+
+        Every lease of the snapshot is void (its worker talked to the dead process):
+        each request IN_FLIGHT in the snapshot goes IN_FLIGHT -> ABORTED -> PENDING
+        (history detail "coordinator restarted", commit info cleared, ``failures``
+        unchanged), like an expiry. RECOMPUTE requests stay RECOMPUTE with their
+        commit (the Tensor Store is on disk); PENDING, ABORTED (parked), DONE and
+        CANCELLED requests are restored as they were. The ready queue and indexes
+        are rebuilt. Request ids keep counting from the saved counters. ``now`` is
+        the timestamp of the new history entries (seconds).
+
+        Returns:
+            ids of the requests whose leases were voided, in submission order.
+
+        Raises:
+            ValueError: unknown state version, ``epoch`` not greater than the
+                snapshot's, or a malformed snapshot (this scheduler is then left
+                unchanged).
+        """
+        if d.get("version") != _STATE_VERSION:
+            raise ValueError(f"unsupported request scheduler state version {d.get('version')!r}")
+        epoch = int(epoch)
+        if epoch <= int(d["epoch"]):
+            raise ValueError(f"epoch must be greater than the snapshot's epoch {d['epoch']}, got {epoch}")
+        try:
+            reqs = [_request_from_json(r) for r in d["requests"]]
+            counters = Counter({(RequestKind(k), int(it)): int(n) for k, it, n in d["id_counters"]})
+            next_seq, next_lease = int(d["next_seq"]), int(d["next_lease_id"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"malformed request scheduler state: {exc!r}") from exc
+        for r in reqs:
+            if (r.status is RequestStatus.IN_FLIGHT) != (r.lease is not None):
+                raise ValueError(f"malformed request scheduler state: {r.request_id} is {r.status.value} with lease {r.lease}")
+            if r.seq >= next_seq or (r.lease is not None and r.lease.lease_id >= next_lease):
+                raise ValueError(f"malformed request scheduler state: {r.request_id} has seq/lease beyond the counters")
+        if len({r.request_id for r in reqs}) != len(reqs):
+            raise ValueError("malformed request scheduler state: duplicate request ids")
+        self._requests = {r.request_id: r for r in reqs}
+        self._ready, self._in_flight, self._by_worker = [], {}, {}
+        self._outstanding = Counter()
+        for r in reqs:
+            if not r.status.is_terminal():
+                self._outstanding[(r.iteration, r.kind)] += 1
+            if r.status in (RequestStatus.PENDING, RequestStatus.RECOMPUTE):
+                self._ready.append(self._ready_entry(r))
+            elif r.status is RequestStatus.IN_FLIGHT:
+                self._in_flight[r.request_id] = r
+                self._by_worker.setdefault(r.lease.worker_id, {})[r.request_id] = None
+        self._ready.sort()
+        self._id_counters = counters
+        self._next_seq = next_seq
+        self._next_lease_id = max(next_lease, epoch * LEASE_EPOCH_STRIDE)
+        self._training_active = bool(d["training_active"])
+        self.epoch = epoch
+        voided = [r for r in reqs if r.status is RequestStatus.IN_FLIGHT]
+        for r in voided:
+            self._abort(
+                r, now, f"lease {r.lease.lease_id} of {r.lease.worker_id} void: coordinator restarted (epoch {epoch})",
+                requeue=True,
+            )
+        return [r.request_id for r in voided]
+
     # ---------------------------------------------------------------- internals
 
-    def _current(self, request_id: str, lease_id: int) -> Request | None:
-        """The request if it is IN_FLIGHT under ``lease_id``, else None."""
+    def _current(self, request_id: str, lease_id: int, worker_id: str | None = None) -> Request | None:
+        """The request if it is IN_FLIGHT under ``lease_id`` (held by ``worker_id`` when given), else None."""
         req = self._requests.get(request_id)
         if req is None or req.status is not RequestStatus.IN_FLIGHT or req.lease.lease_id != lease_id:
+            return None
+        if worker_id is not None and req.lease.worker_id != worker_id:
             return None
         return req
 
@@ -523,3 +653,50 @@ class RequestScheduler:
         elif new_status.is_terminal():
             self._outstanding[(req.iteration, req.kind)] -= 1
         req.history.append((new_status, now, detail))
+
+
+def _request_to_json(r: Request) -> dict[str, Any]:
+    """A ``Request`` as plain JSON types (enums by value, history as lists)."""
+    return {
+        "request_id": r.request_id,
+        "kind": r.kind.value,
+        "iteration": r.iteration,
+        "prompt_index": r.prompt_index,
+        "seed": r.seed,
+        "weight_version": r.weight_version,
+        "params": dict(r.params),
+        "group": r.group,
+        "status": r.status.value,
+        "history": [[st.value, t, detail] for st, t, detail in r.history],
+        "lease": None if r.lease is None else dataclasses.asdict(r.lease),
+        "attempts": r.attempts,
+        "failures": r.failures,
+        "committed_step": r.committed_step,
+        "commit_key": r.commit_key,
+        "worker_id": r.worker_id,
+        "seq": r.seq,
+    }
+
+
+def _request_from_json(d: dict[str, Any]) -> Request:
+    """Inverse of :func:`_request_to_json`. Raises KeyError/TypeError/ValueError when malformed."""
+    lease = d["lease"]
+    return Request(
+        request_id=str(d["request_id"]),
+        kind=RequestKind(d["kind"]),
+        iteration=int(d["iteration"]),
+        prompt_index=int(d["prompt_index"]),
+        seed=int(d["seed"]),
+        weight_version=int(d["weight_version"]),
+        params=dict(d["params"]),
+        group=int(d["group"]),
+        status=RequestStatus(d["status"]),
+        history=[(RequestStatus(st), float(t), str(detail)) for st, t, detail in d["history"]],
+        lease=None if lease is None else Lease(**lease),
+        attempts=int(d["attempts"]),
+        failures=int(d["failures"]),
+        committed_step=None if d["committed_step"] is None else int(d["committed_step"]),
+        commit_key=d["commit_key"],
+        worker_id=d["worker_id"],
+        seq=int(d["seq"]),
+    )

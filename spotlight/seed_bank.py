@@ -17,6 +17,8 @@ import hashlib
 import math
 from typing import Sequence
 
+_STATE_VERSION = 1
+
 
 def derive_seed(*parts: object) -> int:
     """A 31-bit seed from any tuple of parts (stable across processes and machines)."""
@@ -86,3 +88,29 @@ class SeedBank:
     def forget(self, before_iteration: int) -> None:
         for key in [k for k in self._selected if k[0] < before_iteration]:
             del self._selected[key]
+
+    def state_dict(self) -> dict:
+        """JSON-able state for the run checkpoint: the selected seeds per (iteration, slot)
+        plus ``run_seed`` and ``group_size`` (checked on load). Seeds are ints < 2**31."""
+        return {
+            "version": _STATE_VERSION,
+            "run_seed": self.run_seed,
+            "group_size": self.group_size,
+            "selected": [[it, slot, list(seeds)] for (it, slot), seeds in sorted(self._selected.items())],
+        }
+
+    def load_state_dict(self, d: dict) -> None:
+        """Replace the selected seeds with a :meth:`state_dict`'s.
+
+        Raises:
+            ValueError: unknown state version, or a ``run_seed`` / ``group_size`` other than
+                this bank's (the seeds would not be this run's); the bank is then unchanged.
+        """
+        if d.get("version") != _STATE_VERSION:
+            raise ValueError(f"unsupported seed bank state version {d.get('version')!r}")
+        if (d["run_seed"], d["group_size"]) != (self.run_seed, self.group_size):
+            raise ValueError(
+                f"seed bank state is for run_seed={d['run_seed']}, group_size={d['group_size']}; "
+                f"this bank has run_seed={self.run_seed}, group_size={self.group_size}"
+            )
+        self._selected = {(int(it), int(slot)): [int(s) for s in seeds] for it, slot, seeds in d["selected"]}

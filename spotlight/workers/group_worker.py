@@ -34,7 +34,7 @@ from spotlight import protocol as P
 from spotlight.rl.sampler import Conditioning, DenoiseState
 from spotlight.tensor_wire import unpack_tensors
 from spotlight.workers import sp_group as G
-from spotlight.workers.rollout_worker import RolloutExecutor, WorkerProcess
+from spotlight.workers.common import RolloutExecutor, WorkerProcess
 
 log = logging.getLogger("spotlight.worker")
 

@@ -5,7 +5,9 @@
 to the coordinator over a CURVE-encrypted ZeroMQ DEALER (the coordinator's loopback trainer socket)::
 
     → TRAIN_READY(rank, world_size, version=0)      (rank 0 also → WEIGHTS v0 + blob)
-    ← TRAIN_BATCH  → train_step → full state dict → (rank 0) WEIGHTS v+1 + blob
+                  (with --resume-version N: load the trainer checkpoint, version=N, WEIGHTS vN)
+    ← TRAIN_BATCH  → train_step → [--checkpoint-dir: save DIR/v{v+1:06d}, keep 2]
+                   → full state dict → (rank 0) WEIGHTS v+1 + blob
                                                    → TRAIN_DONE(rank, iteration, v+1)
     ← SHUTDOWN("save:<path>") → save_pretrained(path) → TRAIN_DONE(rank, -1, -1) (ack)
     ← SHUTDOWN                → exit
@@ -404,6 +406,157 @@ class FlowGRPOTrainer:
             log.info("saved %s to %s", "LoRA adapter" if self.lora else "weights", path)
         dist.barrier()
 
+    # ------------------------------------------------------------------ checkpoints
+
+    def _dcp_options(self):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        # LoRA: the trainer's state is the adapter and its optimizer; the frozen base is
+        # rebuilt from the model's own weights at start-up (loading then skips it).
+        # strict=False: parameters that never had a gradient have no AdamW state; load_checkpoint
+        # checks the model keys itself.
+        return StateDictOptions(ignore_frozen_params=bool(self.lora), strict=False)
+
+    def _rng_state(self) -> dict:
+        import random
+
+        import numpy as np
+
+        np_state = np.random.get_state()
+        py_state = random.getstate()
+        out = {
+            "format": 1,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "steps_done": self.steps_done,
+            "steps_skipped": self.steps_skipped,
+            "torch": torch.get_rng_state().numpy().tobytes().hex(),
+            "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
+            "python": [py_state[0], list(py_state[1]), py_state[2]],
+        }
+        if self.device.type == "cuda":
+            out["cuda"] = torch.cuda.get_rng_state(self.device).numpy().tobytes().hex()
+        return out
+
+    def _set_rng_state(self, d: dict) -> None:
+        import random
+
+        import numpy as np
+
+        torch.set_rng_state(torch.frombuffer(bytearray.fromhex(d["torch"]), dtype=torch.uint8))
+        if self.device.type == "cuda" and "cuda" in d:
+            torch.cuda.set_rng_state(torch.frombuffer(bytearray.fromhex(d["cuda"]), dtype=torch.uint8), self.device)
+        name, keys, pos, has_gauss, gauss = d["numpy"]
+        np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, gauss))
+        version, internal, gauss = d["python"]
+        random.setstate((version, tuple(internal), gauss))
+        self.steps_done, self.steps_skipped = int(d["steps_done"]), int(d["steps_skipped"])
+
+    def save_checkpoint(self, path: str | os.PathLike) -> None:
+        """Atomically write this trainer's resumable state to directory ``path``. Collective.
+
+        Contents: ``torch.distributed.checkpoint`` (DCP) of ``{"model", "optim"}`` from
+        ``get_state_dict`` (FSDP2 DTensor shards, float32; one ``__<rank>_0.distcp`` per
+        rank plus ``.metadata``) -- for LoRA only the trainable adapter and its AdamW state
+        -- and ``rng_rank<r>.json`` per rank (torch CPU/CUDA, numpy and Python RNG states,
+        optimizer step counters). Every rank writes into ``<parent>/.tmp-<name>``; after a
+        barrier rank 0 renames it to ``path`` (replacing an older ``path``) and fsyncs the
+        parent, then all ranks pass a second barrier. A crash before the rename leaves only
+        the temp dir. ``path``'s parent must be one file system shared by all ranks.
+
+        Raises:
+            OSError: the file system failed (``path`` is then absent or the old one).
+        """
+        import shutil
+
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        path = pathlib.Path(path)
+        tmp = path.parent / f".tmp-{path.name}"
+        if self.rank == 0:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)  # a crashed save of the same version
+            tmp.mkdir()
+        dist.barrier()
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=self._dcp_options())
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
+        rng_file = tmp / f"rng_rank{self.rank}.json"
+        with open(rng_file, "w") as f:
+            json.dump(self._rng_state(), f)
+            f.flush()
+            os.fsync(f.fileno())
+        dist.barrier()
+        if self.rank == 0:
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            if path.exists():
+                old = path.parent / f".tmp-old-{path.name}"
+                shutil.rmtree(old, ignore_errors=True)
+                os.rename(path, old)
+                os.rename(tmp, path)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.rename(tmp, path)
+            fd = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            log.info("saved trainer checkpoint %s", path)
+        dist.barrier()
+
+    def load_checkpoint(self, path: str | os.PathLike) -> None:
+        """Restore a :meth:`save_checkpoint` directory into this (freshly built) trainer. Collective.
+
+        The trainer must be built with the same config (model, LoRA, optimizer) as the one
+        that saved; the world size may differ only if DCP can reshard (it can for FSDP2),
+        but each rank's RNG state is read from ``rng_rank<r>.json`` of the same rank.
+        Weights and AdamW state are restored bit for bit.
+
+        Raises:
+            FileNotFoundError: ``path`` or this rank's RNG file is missing.
+            RuntimeError: the checkpoint does not match the model (DCP / load_state_dict).
+        """
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        path = pathlib.Path(path)
+        if not (path / ".metadata").is_file():
+            raise FileNotFoundError(f"no trainer checkpoint at {path} (missing .metadata)")
+        rng = json.loads((path / f"rng_rank{self.rank}.json").read_text())
+        opts = self._dcp_options()
+        # The load replaces the optimizer state; start from none so that get_state_dict builds
+        # a complete template (it initialises AdamW state only for an optimizer without any).
+        self.optimizer.state.clear()
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=opts)
+        # get_state_dict gives a fresh optimizer state for every parameter; the saved one has
+        # state only for parameters that ever had a gradient (AdamW skips the others), so load
+        # exactly the saved entries and leave the others stateless, as they were.
+        saved = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+        optim_sd["state"] = {
+            fqn: {k: v for k, v in st.items() if f"optim.state.{fqn}.{k}" in saved}
+            for fqn, st in optim_sd["state"].items()
+            if any(key.startswith(f"optim.state.{fqn}.") for key in saved)
+        }
+        state = {"model": model_sd, "optim": optim_sd}
+        try:
+            dcp.load(state, checkpoint_id=str(path))
+        except dcp.api.CheckpointException as exc:  # a BaseException: make it an ordinary error
+            raise RuntimeError(f"trainer checkpoint {path} does not match this trainer: {exc}") from exc
+        result = set_state_dict(
+            self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=opts,
+        )
+        trainable = {n for n, p in self.model.named_parameters() if p.requires_grad}
+        bad = [k for k in result.missing_keys if k in trainable or not self.lora] + list(result.unexpected_keys)
+        if bad:
+            raise RuntimeError(f"trainer checkpoint {path} does not match the model: {bad[:5]}")
+        self._set_rng_state(rng)
+        log.info("loaded trainer checkpoint %s (%d optimizer steps so far)", path, self.steps_done)
+
 
 # ---------------------------------------------------------------------- process
 
@@ -427,7 +580,19 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--config-json", required=True, help="JSON text, a .json file or a .toml file")
     ap.add_argument("--master-port", type=int, required=True)
     ap.add_argument("--text-dim", type=int, default=384)
-    return ap.parse_args(argv)
+    ap.add_argument(
+        "--checkpoint-dir", default=None,
+        help="save the trainer state (DCP) for every new version v into DIR/v{v:06d}, keeping the newest 2 "
+        "(default: no checkpoints); the coordinator passes RUN_DIR/checkpoints/train",
+    )
+    ap.add_argument(
+        "--resume-version", type=int, default=None,
+        help="load DIR/v{N:06d} from --checkpoint-dir before TRAIN_READY and publish weights v_N instead of v_0",
+    )
+    args = ap.parse_args(argv)
+    if args.resume_version is not None and (args.checkpoint_dir is None or args.resume_version < 0):
+        ap.error("--resume-version needs --checkpoint-dir and a version >= 0")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -456,15 +621,29 @@ def main(argv: list[str] | None = None) -> int:
         rank=args.rank,
         world_size=args.world_size,
     )
+    from spotlight.checkpoint import prune_train_versions, train_version_path
+
     trainer = FlowGRPOTrainer(cfg, rank=args.rank, world_size=args.world_size, device=device, text_dim=args.text_dim)
     from spotlight.security import apply_client, read_client_file
+
+    version = 0
+    if args.resume_version is not None:
+        trainer.load_checkpoint(train_version_path(args.checkpoint_dir, args.resume_version))
+        version = args.resume_version
+
+    def checkpoint(ver: int) -> None:
+        """Trainer state for weights v_ver, before TRAIN_DONE: a run checkpoint naming v_ver finds it."""
+        if args.checkpoint_dir is None:
+            return
+        trainer.save_checkpoint(train_version_path(args.checkpoint_dir, ver))
+        if args.rank == 0:
+            prune_train_versions(args.checkpoint_dir, keep=2, protect=ver)
 
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 10_000)
     apply_client(sock, read_client_file(args.keys_file))
     sock.connect(args.coordinator)
-    version = 0
 
     def publish(ver: int) -> None:
         sd = trainer.version_state_dict()
@@ -500,6 +679,7 @@ def main(argv: list[str] | None = None) -> int:
                 t0 = time.perf_counter()
                 metrics = trainer.train_step(tensors, body.micro_batches, iteration=body.iteration)
                 version = body.version + 1
+                checkpoint(version)
                 publish(version)
                 sock.send_multipart(P.encode(P.TrainDone(
                     rank=args.rank, iteration=body.iteration, new_version=version,

@@ -503,3 +503,194 @@ def test_randomized_operations_end_done_exactly_once():
     assert sched.counts()[S.DONE] == len(submitted)
     for rid in submitted:
         assert statuses(sched, rid).count(S.DONE) == 1
+
+
+# ------------------------------------------------- lease holder check (worker_id)
+
+
+def test_only_the_leaseholder_can_complete_commit_or_fail():
+    sched = make()
+    a, b, c = submit(sched, n=3)
+    la, lb, lc = sched.pull("w1", is_spot=True, max_requests=3, now=0.0)
+    assert sched.holder(a, la.lease_id) == "w1"
+    assert sched.holder(a, lb.lease_id) is None  # lease of another request
+    assert sched.holder("nope", la.lease_id) is None
+    # another worker presenting the right lease id is rejected and changes nothing
+    assert not sched.complete(a, la.lease_id, 1.0, worker_id="w2")
+    assert not sched.commit(b, lb.lease_id, committed_step=3, commit_key="k", now=1.0, worker_id="w2")
+    assert not sched.fail(c, lc.lease_id, reason="x", now=1.0, worker_id="w2")
+    assert [sched.get(r).status for r in (a, b, c)] == [S.IN_FLIGHT] * 3
+    assert sched.get(c).failures == 0
+    # the holder succeeds; worker_id=None keeps the old unchecked behaviour
+    assert sched.complete(a, la.lease_id, 1.0, worker_id="w1")
+    assert sched.commit(b, lb.lease_id, committed_step=3, commit_key="k", now=1.0, worker_id="w1")
+    assert sched.fail(c, lc.lease_id, reason="x", now=1.0)
+    assert [sched.get(r).status for r in (a, b, c)] == [S.DONE, S.RECOMPUTE, S.PENDING]
+    assert sched.holder(a, la.lease_id) is None  # no longer current
+
+
+# ------------------------------------------------------- crash and resume
+
+
+def _busy_scheduler():
+    """A scheduler with requests in every status, the gate closed and one parked request."""
+    import json
+
+    sched = make(max_failures=1)
+    sched.set_training_active(True)
+    rids = submit(sched, R, iteration=0, n=6, params={"steps": 4}, now=0.0)
+    exp = submit(sched, E, iteration=1, n=2, params={"steps": 2}, now=0.5)
+    leases = {l.request_id: l for l in sched.pull("w1", is_spot=True, max_requests=6, now=1.0)}
+    sched.complete(rids[0], leases[rids[0]].lease_id, 2.0)  # DONE
+    sched.commit(rids[1], leases[rids[1]].lease_id, committed_step=2, commit_key="c1", now=2.0)  # RECOMPUTE
+    sched.fail(rids[2], leases[rids[2]].lease_id, reason="oom", now=2.0)  # parked ABORTED (max_failures=1)
+    (l1,) = sched.pull("w2", is_spot=True, max_requests=1, now=2.5)  # resumes rids[1] from the commit
+    assert l1.request_id == rids[1] and l1.resume_step == 2
+    sched.cancel(iteration=1, kind=E, now=3.0)  # CANCELLED
+    # still IN_FLIGHT: rids[1] (w2, resumed), rids[3..5] (w1)
+    state = json.loads(json.dumps(sched.state_dict(), allow_nan=False))
+    return sched, state, rids, exp, leases, l1
+
+
+def test_state_dict_round_trip_without_in_flight():
+    import json
+
+    sched = make()
+    sched.set_training_active(True)
+    rids = submit(sched, R, iteration=2, n=3, params={"a": 1}, now=0.0)
+    (l0,) = sched.pull("w", is_spot=False, max_requests=1, now=1.0)
+    sched.commit(rids[0], l0.lease_id, committed_step=1, commit_key="k0", now=2.0)
+    state = json.loads(json.dumps(sched.state_dict()))
+    fresh = make()
+    assert fresh.load_state_dict(state, epoch=1, now=5.0) == []
+    got = fresh.state_dict()
+    assert got["requests"] == state["requests"]
+    assert got["id_counters"] == state["id_counters"] and got["next_seq"] == state["next_seq"]
+    assert got["training_active"] is True and got["epoch"] == 1
+    # the restored queue serves the same order: RECOMPUTE first (with its commit), then FIFO
+    order = [l.request_id for l in fresh.pull("w", is_spot=False, max_requests=3, now=6.0)]
+    assert order == rids
+    assert fresh.get(rids[0]).status is S.IN_FLIGHT and fresh.leases("w")[0].commit_key == "k0"
+    assert fresh.submit(R, 2, [(9, 9, 9)], weight_version=0, params={"a": 1}, now=7.0) == ["r2-3"]
+
+
+def test_load_voids_in_flight_leases_and_keeps_everything_else():
+    sched, state, rids, exp, leases, l1 = _busy_scheduler()
+    fresh = make(max_failures=1)
+    voided = fresh.load_state_dict(state, epoch=1, now=100.0)
+    assert voided == [rids[1], rids[3], rids[4], rids[5]]
+    st = {r: fresh.get(r).status for r in rids + exp}
+    assert st == {
+        rids[0]: S.DONE, rids[1]: S.PENDING, rids[2]: S.ABORTED,
+        rids[3]: S.PENDING, rids[4]: S.PENDING, rids[5]: S.PENDING,
+        exp[0]: S.CANCELLED, exp[1]: S.CANCELLED,
+    }
+    for r in voided:
+        req = fresh.get(r)
+        assert statuses(fresh, r)[-2:] == [S.ABORTED, S.PENDING]
+        assert "coordinator restarted" in req.history[-2][2] and req.history[-2][1] == 100.0
+        assert req.lease is None and req.commit_key is None and req.committed_step is None
+    # full history, attempts and failures survive
+    assert fresh.get(rids[1]).attempts == 2
+    assert statuses(fresh, rids[1])[:4] == [S.PENDING, S.IN_FLIGHT, S.RECOMPUTE, S.IN_FLIGHT]
+    assert fresh.get(rids[2]).failures == 1
+    assert fresh.leases("w1") == [] and fresh.leases("w2") == []
+    assert fresh.training_active is True
+    assert fresh.num_outstanding() == 5  # 4 re-enqueued + 1 parked
+    assert not fresh.is_finished(iteration=0, kind=R) and fresh.is_finished(iteration=1, kind=E)
+    # every old lease is stale now
+    assert not fresh.complete(rids[3], leases[rids[3]].lease_id, 101.0)
+    assert not fresh.commit(rids[1], l1.lease_id, committed_step=3, commit_key="c2", now=101.0)
+    # the re-enqueued requests run again, in submission order
+    order = [l.request_id for l in fresh.pull("w3", is_spot=True, max_requests=8, now=102.0)]
+    assert order == [rids[1], rids[3], rids[4], rids[5]]
+
+
+def test_load_keeps_recompute_with_its_commit():
+    sched = make()
+    (rid,) = submit(sched)
+    (l,) = sched.pull("w", is_spot=True, max_requests=1, now=1.0)
+    sched.commit(rid, l.lease_id, committed_step=5, commit_key="ck", now=2.0)
+    fresh = make()
+    assert fresh.load_state_dict(sched.state_dict(), epoch=1, now=3.0) == []
+    req = fresh.get(rid)
+    assert req.status is S.RECOMPUTE and (req.committed_step, req.commit_key) == (5, "ck")
+    (l2,) = fresh.pull("w9", is_spot=True, max_requests=1, now=4.0)
+    assert (l2.resume_step, l2.commit_key) == (5, "ck")
+
+
+def test_stale_result_after_resume_is_rejected_even_for_post_checkpoint_leases():
+    """Checkpoint between iterations; the dead coordinator then submitted iteration 1 and
+    granted leases (after the snapshot); the resumed one re-submits iteration 1 and gets
+    the same request ids. A late RESULT with a lease of the dead process is stale."""
+    from spotlight.request_scheduler import LEASE_EPOCH_STRIDE
+
+    old = make()
+    done = submit(old, R, iteration=0, n=2, now=0.0)
+    for l in old.pull("w", is_spot=False, max_requests=2, now=1.0):
+        assert old.complete(l.request_id, l.lease_id, 2.0)
+    state = old.state_dict()  # checkpoint after iteration 0
+    # post-checkpoint work of the process that is about to crash
+    ids_old = submit(old, R, iteration=1, n=3, now=3.0)
+    old_leases = old.pull("w", is_spot=False, max_requests=3, now=4.0)
+    assert ids_old == ["r1-0", "r1-1", "r1-2"]
+    # crash; resume with epoch 1
+    new = make()
+    new.load_state_dict(state, epoch=1, now=10.0)
+    assert [new.get(r).status for r in done] == [S.DONE, S.DONE]
+    ids_new = submit(new, R, iteration=1, n=3, now=11.0)
+    assert ids_new == ids_old  # same ids: the counters are from before iteration 1
+    new_leases = new.pull("w", is_spot=False, max_requests=3, now=12.0)
+    old_ids = {l.lease_id for l in old_leases}
+    assert all(l.lease_id >= LEASE_EPOCH_STRIDE for l in new_leases)
+    assert old_ids.isdisjoint(l.lease_id for l in new_leases)
+    stale = old_leases[0]
+    fresh_lease = next(l for l in new_leases if l.request_id == stale.request_id)
+    assert not new.complete(stale.request_id, stale.lease_id, 13.0)
+    assert not new.fail(stale.request_id, stale.lease_id, reason="late", now=13.0)
+    assert new.get(stale.request_id).status is S.IN_FLIGHT
+    assert new.complete(stale.request_id, fresh_lease.lease_id, 14.0)
+    assert new.get(stale.request_id).status is S.DONE
+
+
+def test_without_epoch_offset_lease_ids_would_collide():
+    """The guard the epoch gives: a plain restore of the counters re-issues old ids."""
+    old = make()
+    state = old.state_dict()
+    submit(old, R, iteration=0, n=1)
+    (ol,) = old.pull("w", is_spot=False, max_requests=1, now=1.0)
+    naive = make()
+    naive._next_lease_id = state["next_lease_id"]  # what a restore without epoch would do
+    submit(naive, R, iteration=0, n=1)
+    (nl,) = naive.pull("w", is_spot=False, max_requests=1, now=1.0)
+    assert nl.lease_id == ol.lease_id  # collision: a stale RESULT would be accepted
+    resumed = make()
+    resumed.load_state_dict(state, epoch=1, now=0.0)
+    submit(resumed, R, iteration=0, n=1)
+    (rl,) = resumed.pull("w", is_spot=False, max_requests=1, now=1.0)
+    assert rl.lease_id != ol.lease_id
+    assert not resumed.complete(rl.request_id, ol.lease_id, 2.0)
+
+
+def test_load_rejects_bad_epoch_version_and_malformed_state():
+    sched, state, *_ = _busy_scheduler()
+    fresh = make()
+    with pytest.raises(ValueError, match="epoch must be greater"):
+        fresh.load_state_dict(state, epoch=0, now=0.0)
+    resumed = make()
+    resumed.load_state_dict(state, epoch=2, now=0.0)
+    with pytest.raises(ValueError, match="epoch must be greater"):
+        make().load_state_dict(resumed.state_dict(), epoch=2, now=0.0)
+    with pytest.raises(ValueError, match="version"):
+        fresh.load_state_dict({**state, "version": 99}, epoch=1, now=0.0)
+    bad = dict(state, requests=[dict(state["requests"][0], status="bogus")])
+    with pytest.raises(ValueError, match="malformed"):
+        fresh.load_state_dict(bad, epoch=1, now=0.0)
+    no_lease = dict(state, requests=[dict(r, lease=None) if r["status"] == "in_flight" else r for r in state["requests"]])
+    with pytest.raises(ValueError, match="malformed"):
+        fresh.load_state_dict(no_lease, epoch=1, now=0.0)
+    dup = dict(state, requests=state["requests"] + state["requests"][:1])
+    with pytest.raises(ValueError, match="duplicate"):
+        fresh.load_state_dict(dup, epoch=1, now=0.0)
+    # failed loads left the fresh scheduler empty and usable
+    assert fresh.requests() == [] and fresh.epoch == 0

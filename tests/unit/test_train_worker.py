@@ -225,13 +225,20 @@ def test_process_protocol(trained, rollout, tmp_path):
     from spotlight import tensor_wire
     from spotlight.config import config_to_dict
 
+    from spotlight.security import Authenticator, apply_server, ephemeral_client, init_keys, load_server_keys, write_client_file
+
+    init_keys(tmp_path / "keys")
     ctx = zmq.Context()
+    auth = Authenticator(ctx, load_server_keys(tmp_path / "keys"))
+    auth.start()
+    write_client_file(tmp_path / "trainer.json", ephemeral_client(auth.keys, "trainer", "test"))
     router = ctx.socket(zmq.ROUTER)
     router.setsockopt(zmq.LINGER, 0)
+    apply_server(router, auth.keys)
     port = router.bind_to_random_port("tcp://127.0.0.1")
     cmd = [
         sys.executable, "-m", "spotlight.workers.train_worker", "--coordinator", f"tcp://127.0.0.1:{port}",
-        "--rank", "0", "--world-size", "1", "--config-json", json.dumps(config_to_dict(trained["cfg"])),
+        "--keys-file", str(tmp_path / "trainer.json"), "--rank", "0", "--world-size", "1", "--config-json", json.dumps(config_to_dict(trained["cfg"])),
         "--master-port", str(_free_port()), "--text-dim", str(TEXT_DIM),
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -242,9 +249,12 @@ def test_process_protocol(trained, rollout, tmp_path):
         if not poller.poll(120_000):
             proc.kill()
             pytest.fail("trainer process went silent:\n" + proc.communicate()[0].decode(errors="replace"))
-        ident, *frames = router.recv_multipart()
-        assert ident == b"trainer-0"
-        return P.decode(frames)
+        frames = router.recv_multipart(copy=False)
+        assert frames[1].get("User-Id") == "trainer.test"  # authenticated with the run's trainer key
+        peer["id"] = bytes(frames[0])
+        return P.decode([bytes(f) for f in frames[1:]])
+
+    peer = {}
 
     try:
         mtype, body, _ = recv()
@@ -254,10 +264,10 @@ def test_process_protocol(trained, rollout, tmp_path):
         v0 = tensor_wire.bytes_to_state_dict(payload[0])
         assert not _states_differ(v0, trained["before"])
 
-        router.send_multipart([b"trainer-0", b"\xff", b"junk"])  # malformed: logged and ignored
+        router.send_multipart([peer["id"], b"\xff", b"junk"])  # malformed: logged and ignored
         metas, frames = tensor_wire.pack_tensors(rollout)
         batch = P.TrainBatch(iteration=3, version=0, micro_batches=ROLLOUT_MBS, tensors=metas)
-        router.send_multipart([b"trainer-0", *P.encode(batch, frames)])
+        router.send_multipart([peer["id"], *P.encode(batch, frames)])
         mtype, body, payload = recv()
         assert mtype == P.MsgType.WEIGHTS and body.version == 1
         v1 = tensor_wire.bytes_to_state_dict(payload[0])
@@ -269,7 +279,7 @@ def test_process_protocol(trained, rollout, tmp_path):
         # a rank that got no rollout batch receives only one padding row of conditioning
         pad = {"pad.cond.embeds": rollout["cond.embeds"][:1], "pad.cond.mask": rollout["cond.mask"][:1]}
         metas, frames = tensor_wire.pack_tensors(pad)
-        router.send_multipart([b"trainer-0", *P.encode(P.TrainBatch(iteration=4, version=1, micro_batches=[], tensors=metas), frames)])
+        router.send_multipart([peer["id"], *P.encode(P.TrainBatch(iteration=4, version=1, micro_batches=[], tensors=metas), frames)])
         mtype, body, payload = recv()
         assert mtype == P.MsgType.WEIGHTS and body.version == 2
         v2 = tensor_wire.bytes_to_state_dict(payload[0])
@@ -278,12 +288,12 @@ def test_process_protocol(trained, rollout, tmp_path):
         assert mtype == P.MsgType.TRAIN_DONE and (body.iteration, body.new_version) == (4, 2)
         assert body.metrics["train/num_samples"] == 0.0
 
-        router.send_multipart([b"trainer-0", *P.encode(P.Shutdown(reason=f"save:{tmp_path / 'final'}"))])
+        router.send_multipart([peer["id"], *P.encode(P.Shutdown(reason=f"save:{tmp_path / 'final'}"))])
         mtype, body, _ = recv()
         assert mtype == P.MsgType.TRAIN_DONE and (body.iteration, body.new_version) == (-1, -1)
         assert (tmp_path / "final" / "config.json").is_file()
 
-        router.send_multipart([b"trainer-0", *P.encode(P.Shutdown(reason="done"))])
+        router.send_multipart([peer["id"], *P.encode(P.Shutdown(reason="done"))])
         out, _ = proc.communicate(timeout=60)
         assert proc.returncode == 0, out.decode(errors="replace")
         assert b"dropping malformed message" in out
@@ -292,6 +302,7 @@ def test_process_protocol(trained, rollout, tmp_path):
             proc.kill()
             proc.wait()
         router.close()
+        auth.stop()
         ctx.term()
 
 
