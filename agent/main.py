@@ -31,7 +31,7 @@ import typer
 import zmq
 
 from agent.node_scheduler import NodeScheduler, WorkerStatus
-from agent.preemption import Detector, NoticeLedger, NullDetector, PreemptionNotice, make_detector, revoke_notice, sigterm_notice
+from agent.preemption import Detector, NoticeLedger, NullDetector, PreemptionNotice, active_node_notice, make_detector, revoke_notice, sigterm_notice
 from spotlight import protocol as P
 from spotlight.agent_paths import control_endpoint, state_dir
 from spotlight.procs import scrubbed_env
@@ -42,6 +42,29 @@ log = logging.getLogger("spotlight.agent")
 app = typer.Typer(help="Spotlight node agent: joins a coordinator and runs Rollout Workers on this node's GPUs.", no_args_is_help=True, add_completion=False)
 
 MAX_CACHED_WEIGHTS = 3
+# Exit status of an agent that will not (re)join because its VM has an active preemption notice
+# (EX_TEMPFAIL).  The systemd unit lists it in RestartPreventExitStatus: restarting the agent on
+# a VM that is going away cannot help; the replacement VM starts a fresh agent.
+EXIT_NODE_PREEMPTED = 75
+# shutdown(): after the drain, workers get SIGTERM and together at most SHUTDOWN_TERM_WAIT_S to
+# exit, then SIGKILL and at most SHUTDOWN_KILL_WAIT_S to be reaped, whatever their number.
+SHUTDOWN_TERM_WAIT_S = 4.0
+SHUTDOWN_KILL_WAIT_S = 1.0
+# Upper bound of shutdown() (seconds): Azure acknowledgement (detector timeout 2 s, at most twice
+# that with spotlight.http_limits) + both waits + 1 s ZeroMQ linger for the Bye.  The systemd
+# unit's TimeoutStopSec must exceed --grace-s + this (tests/unit/test_systemd_units.py).
+SHUTDOWN_BOUND_S = 2 * 2.0 + SHUTDOWN_TERM_WAIT_S + SHUTDOWN_KILL_WAIT_S + 1.0
+
+
+class NodePreempted(SystemExit):
+    """The agent refuses to join: this VM has an active preemption notice (exit status 75)."""
+
+    def __init__(self, message: str):
+        super().__init__(EXIT_NODE_PREEMPTED)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
 
 
 @app.callback()
@@ -223,7 +246,7 @@ class AgentDaemon:
         slot = self.sched.add_worker(gpus)
         reg = self.registered
         conf = {"model": reg.model, "sampler": reg.sampler, "worker_batch_size": reg.worker_batch_size, "torch_threads": reg.torch_threads, "sp_degree": reg.sp_degree, "lora": reg.lora}
-        env = dict(os.environ)
+        env = scrubbed_env()  # workers never authenticate: no credentials in their environment
         env.setdefault("CUDA_VISIBLE_DEVICES", ",".join(map(str, gpus)))
         cmd = [sys.executable, "-m", "spotlight.workers.rollout_worker", "--agent", self.worker_endpoint, "--worker-id", slot.worker_id, "--gpus", ",".join(map(str, gpus)), "--config-json", msgspec.json.encode(conf).decode()]
         nice = self.nice
@@ -498,7 +521,31 @@ class AgentDaemon:
                 log.error("worker %s missed its commit deadline: killing it", wid)
                 proc.kill()
 
+    def check_not_preempted(self) -> None:
+        """Startup check (spot agents): poll the detector once before joining.
+
+        Raises :class:`NodePreempted` (exit status :data:`EXIT_NODE_PREEMPTED`, with a one-line
+        message) if the VM shows an active node-scope notice, new or already handled by an
+        earlier agent on this VM (its key is in the :class:`agent.preemption.NoticeLedger`, so it
+        is not drained twice); a notice whose deadline passed more than 30 s ago is stale and
+        ignored (``agent.preemption.active_node_notice``).  An unhealthy detector does not block
+        the join: it is logged and the detector thread keeps polling.
+        """
+        if not self.is_spot or isinstance(self.detector, NullDetector):
+            return
+        res = self.detector.poll(time.time())
+        if not res.healthy:
+            log.warning("preemption detector unhealthy at startup (%s); joining anyway", res.error)
+        notice = active_node_notice(res, time.time())
+        if notice is not None:
+            handled = "already handled" if notice in res.known else "new"
+            msg = (f"not joining: this VM has an active {notice.source} {notice.kind} notice ({handled}, deadline in "
+                   f"{notice.deadline_unix_s - time.time():.0f}s: {notice.detail}); exiting with status {EXIT_NODE_PREEMPTED} so a supervisor does not restart it")
+            log.error("%s", msg)
+            raise NodePreempted(msg)
+
     def run(self) -> int:
+        self.check_not_preempted()
         self.register()
         by_gpu = {group[0]: self.spawn_worker(group) for group in self.sched.plan_workers(self.gpus, 1)}
         if self.sp_degree > 1:  # initial SP groups; each forms once all its members said hello
@@ -558,14 +605,27 @@ class AgentDaemon:
                 self.detector.acknowledge(notice)
             except Exception as exc:
                 log.warning("could not acknowledge notice %s: %s", notice.key, exc)
+        # one deadline for all workers, so the stop time does not grow with the GPU count:
+        # at most SHUTDOWN_TERM_WAIT_S + SHUTDOWN_KILL_WAIT_S after the drain
         for proc in self.procs.values():
             if proc.poll() is None:
                 proc.terminate()
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        for wait_s, last in ((SHUTDOWN_TERM_WAIT_S, False), (SHUTDOWN_KILL_WAIT_S, True)):
+            deadline = time.monotonic() + wait_s
+            for proc in self.procs.values():
+                try:
+                    proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
+            alive = [p for p in self.procs.values() if p.poll() is None]
+            if not alive:
+                break
+            if last:
+                log.error("workers %s did not exit after SIGKILL", [p.pid for p in alive])
+            else:
+                log.error("workers %s ignored SIGTERM for %.0fs: killing them", [p.pid for p in alive], wait_s)
+                for p in alive:
+                    p.kill()
         try:
             self._to_coord(P.Bye(node_id=self.node_id, session=self.session, reason=self.stop_reason or "exit"))
         except zmq.ZMQError:
@@ -607,7 +667,12 @@ def join(
     nice: int = typer.Option(0, "--nice", min=0, max=19, help="CPU niceness of the worker processes (local mode runs simulated spot GPUs at 5 so they slow the trainer less on shared CPU cores)."),
     log_level: str = typer.Option("INFO", "--log-level", help="Logging level."),
 ) -> None:
-    """Register this node with a coordinator and serve Rollout Workers until told to stop."""
+    """Register this node with a coordinator and serve Rollout Workers until told to stop.
+
+    A spot agent first polls its cloud's metadata once: if this VM already has an active
+    preemption notice (for example after a drain, when systemd restarts the agent), it does not
+    join and exits with status 75 (the units' RestartPreventExitStatus), without draining again.
+    """
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s agent %(levelname)s %(message)s")
     if keys is None:
         raise typer.BadParameter("no keys: pass --keys DIR (or set SPOTLIGHT_KEYS) with the coordinator's server.key and this node's <role>.<name>.key_secret (README 'Security model')", param_hint="--keys")

@@ -30,6 +30,7 @@ import logging
 import math
 import os
 import pathlib
+import re
 import tempfile
 import threading
 import time
@@ -38,12 +39,23 @@ from typing import Any, Protocol
 
 import requests
 
+from spotlight.http_limits import DeadlineExceeded, ResponseTooLarge, bounded_request
+
 log = logging.getLogger(__name__)
 
 AWS_NOTICE_LEAD_S = 120.0  # preemption.md §1.2: notice ~2 min before `time`
 GCP_SHUTDOWN_S = 30.0  # preemption.md §2.2: 30 s best-effort shutdown after soft-off
+# preemption.md §2.3: TERMINATE_ON_HOST_MAINTENANCE comes "about 1 hour" ahead for GPU VMs, but
+# only 60 s ahead for other VMs (and the event may start at once if the key was not read since
+# the last event).  The agent cannot tell which case it is in from the value alone, so it takes
+# the shortest documented advance time: 60 s.
+GCP_MAINTENANCE_NOTICE_S = 60.0
+GCP_MAINTENANCE_VALUES = ("NONE", "MIGRATE_ON_HOST_MAINTENANCE", "TERMINATE_ON_HOST_MAINTENANCE")
 AZURE_PREEMPT_MIN_NOTICE_S = 30.0  # preemption.md §3.2: Preempt minimum notice
 AZURE_API_VERSION = "2020-07-01"  # preemption.md §3.1
+AZURE_IMDS_API_VERSION = "2021-02-01"  # instance metadata (compute/name), preemption.md §3.1
+_AZURE_VM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}")  # Azure VM naming rules, with slack
+METADATA_MAX_BYTES = 1 << 20  # largest metadata answer read (bytes); bigger = malformed
 AWS_TOKEN_HEADER = "X-aws-ec2-metadata-token"
 AWS_TTL_HEADER = "X-aws-ec2-metadata-token-ttl-seconds"
 KINDS = ("terminate", "stop", "hibernate", "preempt", "revoke", "rebalance")
@@ -90,11 +102,15 @@ class PollResult:
     """Outcome of one poll: NEW notices only, plus the detector's health.
 
     Notices found before an error are still returned alongside ``healthy=False``.
+    ``known`` lists notices that are still visible at the source but were already handed out
+    (by this detector, or by an earlier agent on this VM, per the :class:`NoticeLedger`); a
+    restarted agent uses them to refuse to rejoin on a VM that is going away.
     """
 
     notices: list[PreemptionNotice] = field(default_factory=list)
     healthy: bool = True
     error: str | None = None
+    known: list[PreemptionNotice] = field(default_factory=list)
 
 
 class NoticeLedger:
@@ -166,10 +182,17 @@ def _session(session: requests.Session | None) -> requests.Session:
 
 def _send(session: requests.Session, cloud: str, method: str, url: str, what: str, *,
           timeout: float | tuple[float, float], **kw: Any) -> requests.Response:
-    """One HTTP request; transport failures become :class:`_DetectorError`."""
+    """One HTTP request, whole answer within ``timeout`` seconds overall (the second element of
+    a tuple: the long-poll bound), body at most :data:`METADATA_MAX_BYTES`; a server that
+    trickles its answer is cut off at that deadline (``spotlight.http_limits``).  Transport
+    failures, the deadline and the size cap become :class:`_DetectorError`."""
     total = timeout if isinstance(timeout, (int, float)) else timeout[1]
     try:
-        return session.request(method, url, timeout=timeout, allow_redirects=False, **kw)
+        return bounded_request(session, method, url, deadline_s=total, max_bytes=METADATA_MAX_BYTES, **kw)
+    except DeadlineExceeded:
+        raise _DetectorError(f"{cloud}: answer on {what} not complete within {total:g}s (server trickles)") from None
+    except ResponseTooLarge:
+        raise _DetectorError(f"{cloud}: answer on {what} exceeds {METADATA_MAX_BYTES} bytes") from None
     except requests.Timeout:
         raise _DetectorError(f"{cloud}: timeout after {total:g}s on {what}") from None
     except requests.ConnectionError as e:
@@ -180,7 +203,7 @@ def _send(session: requests.Session, cloud: str, method: str, url: str, what: st
         raise _DetectorError(f"{cloud}: request failed on {what}: {e}") from None
 
 
-def _http_error(cloud: str, resp: requests.Response, what: str) -> _DetectorError:
+def _http_error(cloud: str, resp: Any, what: str) -> _DetectorError:
     return _DetectorError(f"{cloud}: HTTP {resp.status_code} on {what}")
 
 
@@ -220,6 +243,18 @@ class _Base:
     def __init__(self, ledger: NoticeLedger) -> None:
         self.ledger = ledger
         self._emitted: set[str] = set()
+        self._known: list[PreemptionNotice] = []  # visible but already handed out, this poll
+
+    def _offer(self, notice: PreemptionNotice) -> PreemptionNotice | None:
+        """``notice`` if it is new (claimed now), else None (recorded in ``_known``)."""
+        if self._claim(notice.key):
+            return notice
+        self._known.append(notice)
+        return None
+
+    def _result(self, notices: list[PreemptionNotice], healthy: bool, error: str | None) -> PollResult:
+        known, self._known = self._known, []
+        return PollResult(notices, healthy, error, known)
 
     def _claim(self, key: str) -> bool:
         """True the first time ``key`` is seen (by this detector or, via the ledger, ever)."""
@@ -289,7 +324,7 @@ class AwsImdsDetector(_Base):
         self._token, self._token_expiry = token, t0 + self.token_ttl_s
         return token
 
-    def _get(self, path: str) -> requests.Response:
+    def _get(self, path: str) -> Any:
         for attempt in (0, 1):
             token = self._ensure_token()
             resp = _send(self.session, "aws", "GET", f"{self.base_url}/latest/meta-data/{path}",
@@ -325,8 +360,8 @@ class AwsImdsDetector(_Base):
                 else:
                     raise _http_error("aws", resp, "events/recommendations/rebalance")
         except _DetectorError as e:
-            return PollResult(notices, False, str(e))
-        return PollResult(notices, True, None)
+            return self._result(notices, False, str(e))
+        return self._result(notices, True, None)
 
     def _instance_action(self, body: str, received: float) -> PreemptionNotice | None:
         doc = _loads(body, "aws", "spot/instance-action")
@@ -338,8 +373,6 @@ class AwsImdsDetector(_Base):
             return None  # same notice; body may differ only by an unpinned `time`
         self._action_run = action
         key = hashlib.sha256(f"{action}\n{raw_time}".encode()).hexdigest()
-        if not self._claim(key):
-            return None
         deadline = received + AWS_NOTICE_LEAD_S
         t = _parse_iso_utc(raw_time)
         if t is not None:
@@ -347,8 +380,8 @@ class AwsImdsDetector(_Base):
         if action == "hibernate":
             deadline = received  # no 2-minute warning for hibernate (§1.2)
         kind = action if action in ("terminate", "stop", "hibernate") else "terminate"
-        return PreemptionNotice("aws", "node", deadline, key, kind,
-                                detail=f"instance-action action={action!r} time={raw_time!r}")
+        return self._offer(PreemptionNotice("aws", "node", deadline, key, kind,
+                                            detail=f"instance-action action={action!r} time={raw_time!r}"))
 
     def _rebalance(self, body: str, received: float) -> PreemptionNotice | None:
         doc = _loads(body, "aws", "events/recommendations/rebalance")
@@ -359,26 +392,37 @@ class AwsImdsDetector(_Base):
         self._rebalance_run = True
         raw = doc.get("noticeTime")
         key = "aws-rebalance-" + hashlib.sha256(str(raw).encode()).hexdigest()[:16]
-        if not self._claim(key):
-            return None
-        return PreemptionNotice("aws", "node", received + AWS_NOTICE_LEAD_S, key, "rebalance",
-                                is_hint=True, detail=f"rebalance recommendation noticeTime={raw!r}")
+        return self._offer(PreemptionNotice("aws", "node", received + AWS_NOTICE_LEAD_S, key, "rebalance",
+                                            is_hint=True, detail=f"rebalance recommendation noticeTime={raw!r}"))
 
 
 class GcpMetadataDetector(_Base):
-    """GCP Spot/preemptible VMs via ``instance/preempted`` (preemption.md §2.1-2.2).
+    """GCP Spot/preemptible VMs via ``instance/preempted`` and ``instance/maintenance-event``
+    (preemption.md §2.1-2.3; Google "Query the metadata server for maintenance event notices").
 
     Sends ``Metadata-Flavor: Google`` and requires it back (a proxy or a non-GCE server answering
-    is an error).  Body ``FALSE`` = no notice, ``TRUE`` = preempted; anything else is malformed.
-    Deadline ``received + 30 s`` (the best-effort shutdown period).  Key
-    ``gcp-preempted-<ETag>``.  ``base_url=None`` uses ``$GCE_METADATA_HOST`` (``host[:port]``),
-    else ``http://metadata.google.internal``.  With ``long_poll_s > 0`` every poll after the
-    first is a hanging GET ``?wait_for_change=true&last_etag=E&timeout_sec=ceil(long_poll_s)``
-    (read timeout ``timeout_s + long_poll_s``), which returns at once if the ETag moved.
+    is an error).  ``base_url=None`` uses ``$GCE_METADATA_HOST`` (``host[:port]``), else
+    ``http://metadata.google.internal``.
+
+    * ``instance/preempted``: body ``FALSE`` = no notice, ``TRUE`` = preempted; anything else is
+      malformed.  Deadline ``received + 30 s`` (the best-effort shutdown period, §2.2).  Key
+      ``gcp-preempted-<ETag>``.  With ``long_poll_s > 0`` every poll after the first is a
+      hanging GET ``?wait_for_change=true&last_etag=E&timeout_sec=ceil(long_poll_s)`` (overall
+      bound ``timeout_s + long_poll_s``), which returns at once if the ETag moved.
+    * ``instance/maintenance-event`` (read with a plain GET on every poll, from boot, since the
+      warning is only given if the key was read since the last event, §2.3):
+      ``TERMINATE_ON_HOST_MAINTENANCE`` is a node notice (kind ``terminate``) with deadline
+      ``received + 60 s`` (:data:`GCP_MAINTENANCE_NOTICE_S`: GPU VMs get about 1 h, other VMs
+      60 s; the shorter one is assumed).  Key ``gcp-maintenance-<ETag>``.  ``NONE`` and
+      ``MIGRATE_ON_HOST_MAINTENANCE`` (live migration: the VM survives) are not notices; 404
+      (the key is only populated for live-migrating and GPU VMs, §2.3) means no event; any other
+      value is malformed.  With long-polling this key is read once per poll, so keep
+      ``long_poll_s`` well below 60 s.
     """
 
     name = "gcp"
     PATH = "/computeMetadata/v1/instance/preempted"
+    MAINTENANCE_PATH = "/computeMetadata/v1/instance/maintenance-event"
 
     def __init__(self, base_url: str | None = None, *, ledger: NoticeLedger,
                  timeout_s: float = 2.0, long_poll_s: float = 0.0,
@@ -398,6 +442,19 @@ class GcpMetadataDetector(_Base):
         self.session = _session(session)
         self._etag: str | None = None
 
+    def _get(self, path: str, what: str, *, timeout: float | tuple[float, float],
+             params: dict[str, str] | None = None) -> Any:
+        resp = _send(self.session, "gcp", "GET", self.base_url + path, what, timeout=timeout,
+                     params=params, headers={"Metadata-Flavor": "Google"})
+        if resp.status_code == 404 and path == self.MAINTENANCE_PATH:
+            return resp
+        if resp.status_code != 200:
+            raise _http_error("gcp", resp, what)
+        if resp.headers.get("Metadata-Flavor") != "Google":
+            raise _DetectorError("gcp: response lacks 'Metadata-Flavor: Google' "
+                                 "(not a GCE metadata server, or a proxy answered)")
+        return resp
+
     def poll(self, now_unix_s: float) -> PollResult:
         t0 = time.monotonic()
         params: dict[str, str] | None = None
@@ -406,32 +463,40 @@ class GcpMetadataDetector(_Base):
             wait = max(1, math.ceil(self.long_poll_s))
             params = {"wait_for_change": "true", "last_etag": self._etag, "timeout_sec": str(wait)}
             timeout = (self.timeout_s, self.timeout_s + wait)
+        notices: list[PreemptionNotice] = []
         try:
-            resp = _send(self.session, "gcp", "GET", self.base_url + self.PATH,
-                         "instance/preempted", timeout=timeout, params=params,
-                         headers={"Metadata-Flavor": "Google"})
-            if resp.status_code != 200:
-                raise _http_error("gcp", resp, "instance/preempted")
-            if resp.headers.get("Metadata-Flavor") != "Google":
-                raise _DetectorError("gcp: response lacks 'Metadata-Flavor: Google' "
-                                     "(not a GCE metadata server, or a proxy answered)")
+            resp = self._get(self.PATH, "instance/preempted", timeout=timeout, params=params)
             value = resp.text.strip().upper()
             if value not in ("TRUE", "FALSE"):
                 raise _DetectorError(f"gcp: malformed body on instance/preempted: {resp.text[:60]!r}")
+            received = now_unix_s + (time.monotonic() - t0)
+            etag = resp.headers.get("ETag")
+            self._etag = etag
+            if value == "TRUE":
+                n = self._offer(PreemptionNotice("gcp", "node", received + GCP_SHUTDOWN_S,
+                                                 f"gcp-preempted-{etag or 'noetag'}", "preempt",
+                                                 detail=f"instance/preempted=TRUE etag={etag}"))
+                if n is not None:
+                    notices.append(n)
+            t1 = time.monotonic()
+            resp = self._get(self.MAINTENANCE_PATH, "instance/maintenance-event", timeout=self.timeout_s)
+            if resp.status_code == 200:
+                value = resp.text.strip().upper()
+                if value not in GCP_MAINTENANCE_VALUES:
+                    raise _DetectorError(f"gcp: malformed body on instance/maintenance-event: {resp.text[:60]!r}")
+                if value == "TERMINATE_ON_HOST_MAINTENANCE":
+                    received = now_unix_s + (t1 - t0)  # when asked: the earlier, safer origin
+                    etag = resp.headers.get("ETag")
+                    n = self._offer(PreemptionNotice(
+                        "gcp", "node", received + GCP_MAINTENANCE_NOTICE_S,
+                        f"gcp-maintenance-{etag or 'noetag'}", "terminate",
+                        detail=f"instance/maintenance-event={value} etag={etag}"))
+                    if n is not None:
+                        notices.append(n)
         except _DetectorError as e:
             self._etag = None  # next poll re-reads plainly before long-polling again
-            return PollResult([], False, str(e))
-        received = now_unix_s + (time.monotonic() - t0)
-        etag = resp.headers.get("ETag")
-        self._etag = etag
-        if value == "FALSE":
-            return PollResult([], True, None)
-        key = f"gcp-preempted-{etag or 'noetag'}"
-        if not self._claim(key):
-            return PollResult([], True, None)
-        return PollResult([PreemptionNotice("gcp", "node", received + GCP_SHUTDOWN_S, key,
-                                            "preempt", detail=f"instance/preempted=TRUE etag={etag}")],
-                          True, None)
+            return self._result(notices, False, str(e))
+        return self._result(notices, True, None)
 
 
 class AzureScheduledEventsDetector(_Base):
@@ -439,8 +504,13 @@ class AzureScheduledEventsDetector(_Base):
 
     ``GET /metadata/scheduledevents?api-version=2020-07-01`` with ``Metadata: true``.  Events
     of type ``Preempt`` and ``Terminate`` become notices keyed by ``EventId`` (other types are
-    maintenance and ignored).  With ``vm_name``, events whose ``Resources`` do not list it are
-    skipped (§3.2).  Deadline: ``Preempt`` ``min(parse(NotBefore), received + 30 s)``;
+    maintenance and ignored).  Events whose ``Resources`` do not list this VM's name are
+    skipped: events for an availability set or scale-set placement group go to every VM in it
+    (§3.2).  The name is ``vm_name`` if given, else learnt once from IMDS
+    ``GET /metadata/instance/compute/name?api-version=2021-02-01&format=text`` (same
+    ``Metadata: true`` header; Microsoft "Azure Instance Metadata Service", the ``compute``
+    category, preemption.md §3.1 sources).  Until the name is known every poll is unhealthy
+    and reports no events (a neighbour's eviction must not drain this node).  Deadline: ``Preempt`` ``min(parse(NotBefore), received + 30 s)``;
     ``Terminate`` ``parse(NotBefore)``; ``EventStatus == "Started"`` or an empty/unparsable
     ``NotBefore`` means now.  :meth:`acknowledge` POSTs ``{"StartRequests":[{"EventId":...}]}``
     (§3.3); call it only after the commit.
@@ -462,10 +532,26 @@ class AzureScheduledEventsDetector(_Base):
     def url(self) -> str:
         return self.base_url + "/metadata/scheduledevents"
 
+    def _learn_vm_name(self) -> str:
+        resp = _send(self.session, "azure", "GET", self.base_url + "/metadata/instance/compute/name",
+                     "instance/compute/name", timeout=self.timeout_s,
+                     params={"api-version": AZURE_IMDS_API_VERSION, "format": "text"},
+                     headers={"Metadata": "true"})
+        if resp.status_code != 200:
+            raise _http_error("azure", resp, "instance/compute/name")
+        name = resp.text.strip()
+        if not _AZURE_VM_NAME.fullmatch(name):
+            raise _DetectorError(f"azure: malformed body on instance/compute/name: {resp.text[:60]!r}")
+        self.vm_name = name
+        log.info("azure: this VM is %r (IMDS compute/name)", name)
+        return name
+
     def poll(self, now_unix_s: float) -> PollResult:
         t0 = time.monotonic()
         notices: list[PreemptionNotice] = []
         try:
+            if self.vm_name is None:
+                self._learn_vm_name()
             resp = _send(self.session, "azure", "GET", self.url, "scheduledevents",
                          timeout=self.timeout_s, params={"api-version": AZURE_API_VERSION},
                          headers={"Metadata": "true"})
@@ -482,22 +568,19 @@ class AzureScheduledEventsDetector(_Base):
                 if n is not None:
                     notices.append(n)
         except _DetectorError as e:
-            return PollResult(notices, False, str(e))
-        return PollResult(notices, True, None)
+            return self._result(notices, False, str(e))
+        return self._result(notices, True, None)
 
     def _event(self, ev: dict[str, Any], received: float) -> PreemptionNotice | None:
         etype = str(ev.get("EventType", ""))
         if etype not in ("Preempt", "Terminate"):
             return None
-        if self.vm_name is not None:
-            resources = [str(r).lower() for r in ev.get("Resources") or []]
-            if self.vm_name.lower() not in resources:
-                return None
+        resources = ev.get("Resources") or []
+        if not isinstance(resources, list) or str(self.vm_name).lower() not in [str(r).lower() for r in resources]:
+            return None
         event_id = str(ev.get("EventId") or "")
         if not event_id:
             raise _DetectorError("azure: malformed body on scheduledevents: event without EventId")
-        if not self._claim(event_id):
-            return None
         status = str(ev.get("EventStatus", ""))
         not_before = _parse_rfc1123(ev.get("NotBefore")) if ev.get("NotBefore") else None
         if status == "Started" or not_before is None:
@@ -506,8 +589,8 @@ class AzureScheduledEventsDetector(_Base):
             deadline = min(not_before, received + AZURE_PREEMPT_MIN_NOTICE_S)
         else:
             deadline = not_before
-        return PreemptionNotice("azure", "node", deadline, event_id, etype.lower(),
-                                detail=f"{etype} status={status} NotBefore={ev.get('NotBefore')!r}")
+        return self._offer(PreemptionNotice("azure", "node", deadline, event_id, etype.lower(),
+                                            detail=f"{etype} status={status} NotBefore={ev.get('NotBefore')!r}"))
 
     def acknowledge(self, notice: PreemptionNotice) -> None:
         """Approve the event (§3.3). Failures are logged, not raised (the commit is done anyway)."""
@@ -582,3 +665,22 @@ def revoke_notice(gpus: list[int], grace_s: float, now_unix_s: float, *,
     return PreemptionNotice("revoke", scope, now_unix_s + grace_s,
                             key or f"revoke-{scope}-{int(now_unix_s * 1000)}", "revoke",
                             detail=f"GPU revocation, grace {grace_s:g}s")
+
+
+NOTICE_STALE_AFTER_S = 30.0
+
+
+def active_node_notice(result: PollResult, now_unix_s: float, *,
+                       stale_after_s: float = NOTICE_STALE_AFTER_S) -> PreemptionNotice | None:
+    """The first node-scope, non-hint notice in ``result`` (new or already handled, see
+    :attr:`PollResult.known`) that is still active at ``now_unix_s`` (unix seconds), else None.
+
+    A notice is active until ``stale_after_s`` seconds after its deadline: deadlines of
+    "now" (AWS ``hibernate``, Azure ``Started``) must still count a moment later, while a
+    deadline long past on a VM that still runs is stale (an AWS ``time`` that stays after a
+    failed termination, preemption.md §1.2; an action that did not happen).
+    """
+    for n in [*result.notices, *result.known]:
+        if n.scope == "node" and not n.is_hint and now_unix_s <= n.deadline_unix_s + stale_after_s:
+            return n
+    return None

@@ -7,15 +7,20 @@ header rules, following the contract in ``shared/research/preemption.md`` §5.4:
   1..21600 (else 400; versioned path or ``X-Forwarded-For`` 403); GETs need a known token when
   ``imdsv2_required`` (else 401).  ``spot/instance-action`` (404 or tab-indented JSON served as
   ``text/plain``), ``spot/termination-time``, ``events/recommendations/rebalance``.
-* GCP (§2): ``Metadata-Flavor: Google`` required (else 403) and echoed; ``ETag`` header;
-  ``instance/preempted`` supports ``wait_for_change``/``last_etag``/``timeout_sec``.
+* GCP (§2): ``Metadata-Flavor: Google`` required (else 403) and echoed; per-key ``ETag``
+  header; ``instance/preempted`` and ``instance/maintenance-event`` (``NONE``,
+  ``MIGRATE_ON_HOST_MAINTENANCE``, ``TERMINATE_ON_HOST_MAINTENANCE``, §2.3) both support
+  ``wait_for_change``/``last_etag``/``timeout_sec``.
 * Azure (§3): ``/metadata/scheduledevents`` needs ``Metadata: true`` and ``api-version`` (else
   400); POST ``StartRequests`` approves events (recorded in :attr:`MockMetadataServer.acknowledged`).
+  ``/metadata/instance/compute/name`` (same header rules) answers the VM name: plain text with
+  ``format=text``, else a JSON string.
 
 Control API (no auth, no faults), for ``curl`` or a trace replayer: ``POST /_spotlight/notice``
 (JSON body optional: ``lead_time_s``, ``action``, ``event_id``, ``resources``, ``pinned``),
-``POST /_spotlight/rebalance``, ``POST /_spotlight/cancel``, ``POST /_spotlight/fault``
-(``{"kind", "count"}``), ``GET /_spotlight/state``.  Every control call answers with the state.
+``POST /_spotlight/rebalance``, ``POST /_spotlight/maintenance`` (GCP, ``{"value"}``),
+``POST /_spotlight/cancel``, ``POST /_spotlight/fault`` (``{"kind", "count"}``),
+``GET /_spotlight/state``.  Every control call answers with the state.
 No torch here.
 """
 
@@ -39,8 +44,12 @@ DEFAULT_LEAD_S = {"aws": 120.0, "gcp": 0.0, "azure": 30.0}
 # "401": AWS invalidates every issued token (clients must fetch a new one); other clouds: next
 # `count` reads get 401.  "401-always": next `count` reads get 401 whatever the token.
 # "token-hang": the next `count` token PUTs hang (IMDSv2 hop-limit emulation, §1.1).
-# "drop": close the connection without answering.  Others: next `count` reads get that answer.
-FAULT_KINDS = ("400", "401", "401-always", "403", "429", "503", "hang", "malformed", "drop", "token-hang")
+# "drop": close the connection without answering.  "trickle": answer 200 with a large
+# Content-Length, then send one byte every `trickle_interval_s` until the client hangs up or the
+# server stops.  Others: next `count` reads get that answer.
+FAULT_KINDS = ("400", "401", "401-always", "403", "429", "503", "hang", "malformed", "drop", "token-hang",
+               "trickle")
+GCP_MAINTENANCE_VALUES = ("NONE", "MIGRATE_ON_HOST_MAINTENANCE", "TERMINATE_ON_HOST_MAINTENANCE")
 CONTROL_PREFIX = "/_spotlight/"
 
 
@@ -89,6 +98,7 @@ class MockMetadataServer:
         self.cloud, self.host, self.port = cloud, host, port
         self.vm_name, self.imdsv2_required = vm_name, imdsv2_required
         self.hang_s = 30.0  # how long a "hang" fault holds a request (or until stop)
+        self.trickle_interval_s = 1.0  # seconds between the bytes of a "trickle" fault
         self.clock: Callable[[], float] = time.time  # wall clock for notice times; tests may replace
         self.acknowledged: list[str] = []
         self.requests_seen = 0
@@ -104,6 +114,8 @@ class MockMetadataServer:
         # GCP
         self._preempted = False
         self._etag = secrets.token_hex(8)
+        self._maintenance = "NONE"
+        self._maint_etag = secrets.token_hex(8)
         # Azure
         self._incarnation = 1
         self._events: list[dict[str, Any]] = []
@@ -181,6 +193,21 @@ class MockMetadataServer:
                 self._incarnation += 1
             self._cond.notify_all()
 
+    def set_maintenance(self, value: str = "TERMINATE_ON_HOST_MAINTENANCE") -> None:
+        """GCP only: set ``instance/maintenance-event`` to ``value`` (one of
+        ``GCP_MAINTENANCE_VALUES``, preemption.md §2.3) with a new ETag if it changed.
+
+        Raises ``ValueError`` on another cloud or value.
+        """
+        if self.cloud != "gcp":
+            raise ValueError("instance/maintenance-event exists only on gcp")
+        if value not in GCP_MAINTENANCE_VALUES:
+            raise ValueError(f"unknown maintenance-event {value!r}: expected one of {', '.join(GCP_MAINTENANCE_VALUES)}")
+        with self._cond:
+            if value != self._maintenance:
+                self._maintenance, self._maint_etag = value, secrets.token_hex(8)
+            self._cond.notify_all()
+
     def issue_rebalance(self) -> None:
         """AWS only: rebalance recommendation with ``noticeTime`` = now (pinned)."""
         if self.cloud != "aws":
@@ -189,13 +216,16 @@ class MockMetadataServer:
             self._rebalance_time = self.clock()
 
     def cancel_notice(self) -> None:
-        """Azure: remove all events (incarnation +1). AWS: clear notice and rebalance. GCP: FALSE."""
+        """Azure: remove all events (incarnation +1). AWS: clear notice and rebalance. GCP:
+        ``preempted`` FALSE and ``maintenance-event`` NONE."""
         with self._cond:
             if self.cloud == "aws":
                 self._action, self._rebalance_time = None, None
             elif self.cloud == "gcp":
                 if self._preempted:
                     self._preempted, self._etag = False, secrets.token_hex(8)
+                if self._maintenance != "NONE":
+                    self._maintenance, self._maint_etag = "NONE", secrets.token_hex(8)
             elif self._events:
                 self._events.clear()
                 self._incarnation += 1
@@ -220,6 +250,7 @@ class MockMetadataServer:
                     "aws_action": dict(self._action) if self._action else None,
                     "aws_rebalance_time": self._rebalance_time,
                     "gcp_preempted": self._preempted, "gcp_etag": self._etag,
+                    "gcp_maintenance_event": self._maintenance,
                     "azure_incarnation": self._incarnation,
                     "azure_events": [dict(e) for e in self._events],
                     "pending_faults": [list(f) for f in self._faults]}
@@ -251,6 +282,9 @@ class MockMetadataServer:
             if fault in ("hang", "token-hang"):
                 self._stopping.wait(self.hang_s)
                 raise _Reply(503, "hung request released")
+            if fault == "trickle":
+                self._trickle(h)
+                return
             if fault == "drop":
                 h.close_connection = True
                 h.connection.shutdown(socket.SHUT_RDWR)
@@ -268,6 +302,25 @@ class MockMetadataServer:
             if fault == "malformed":  # a 200 with a garbage body
                 r = _Reply(200, "\x00<html>garbage{{{", headers=r.headers)
             self._send(h, r)
+
+    def _trickle(self, h: _Handler) -> None:
+        """Headers of a 200 with a 1 MB body, then one byte per ``trickle_interval_s``."""
+        h.close_connection = True
+        try:
+            h.send_response(200)
+            h.send_header("Content-Type", "text/plain")
+            h.send_header("Content-Length", str(1_000_000))
+            if self.cloud == "gcp":
+                h.send_header("Metadata-Flavor", "Google")
+            h.end_headers()
+            h.wfile.flush()
+            for _ in range(1_000_000):
+                if self._stopping.wait(self.trickle_interval_s):
+                    return
+                h.wfile.write(b" ")
+                h.wfile.flush()
+        except OSError:  # the client gave up
+            pass
 
     @staticmethod
     def _send(h: _Handler, r: _Reply) -> None:
@@ -293,6 +346,8 @@ class MockMetadataServer:
             elif method == "POST" and cmd == "notice":
                 self.issue_notice(**{k: args[k] for k in ("lead_time_s", "action", "event_id",
                                                           "resources", "pinned") if k in args})
+            elif method == "POST" and cmd == "maintenance":
+                self.set_maintenance(str(args.get("value", "TERMINATE_ON_HOST_MAINTENANCE")))
             elif method == "POST" and cmd == "rebalance":
                 self.issue_rebalance()
             elif method == "POST" and cmd == "cancel":
@@ -345,24 +400,39 @@ class MockMetadataServer:
             raise _Reply(403, "Missing Metadata-Flavor: Google header", headers=hdrs)
         if method != "GET":
             raise _Reply(405, "Method Not Allowed", headers=hdrs)
-        if path == "/computeMetadata/v1/instance/maintenance-event":
-            raise _Reply(200, "NONE", "application/text", hdrs)
-        if path != "/computeMetadata/v1/instance/preempted":
+        keys = {"/computeMetadata/v1/instance/preempted":
+                lambda: ("TRUE" if self._preempted else "FALSE", self._etag),
+                "/computeMetadata/v1/instance/maintenance-event":
+                lambda: (self._maintenance, self._maint_etag)}
+        read = keys.get(path)
+        if read is None:
             raise _Reply(404, "not found", headers=hdrs)
         with self._cond:
             if query.get("wait_for_change", "").lower() == "true":
-                start_etag = query.get("last_etag") or self._etag
+                start_etag = query.get("last_etag") or read()[1]
                 deadline = time.monotonic() + min(float(query.get("timeout_sec") or 3600), 3600)
                 self.long_poll_waiting.set()
-                while self._etag == start_etag and not self._stopping.is_set():
+                while read()[1] == start_etag and not self._stopping.is_set():
                     left = deadline - time.monotonic()
                     if left <= 0:
                         break
                     self._cond.wait(left)
-            value, etag = ("TRUE" if self._preempted else "FALSE"), self._etag
+            value, etag = read()
         raise _Reply(200, value, "application/text", {**hdrs, "ETag": etag})
 
     def _azure(self, h: _Handler, method: str, path: str, query: dict[str, str], body: str) -> None:
+        if path == "/metadata/instance/compute/name":
+            if h.headers.get("Metadata") != "true" or h.headers.get("X-Forwarded-For"):
+                raise _Reply(400, json.dumps({"error": "Bad request. Required metadata header not specified"}),
+                             "application/json")
+            if not query.get("api-version"):
+                raise _Reply(400, json.dumps({"error": "Bad request. api-version was not specified"}),
+                             "application/json")
+            if method != "GET":
+                raise _Reply(405, "Method Not Allowed")
+            if query.get("format") == "text":
+                raise _Reply(200, self.vm_name)
+            raise _Reply(200, json.dumps(self.vm_name), "application/json")
         if path != "/metadata/scheduledevents":
             return
         if h.headers.get("Metadata") != "true" or h.headers.get("X-Forwarded-For"):
@@ -395,7 +465,7 @@ _control_session: requests.Session | None = None
 
 
 def control(url: str, command: str, **body: Any) -> dict[str, Any]:
-    """Drive a running mock over HTTP: ``command`` in notice|rebalance|cancel|fault|state.
+    """Drive a running mock over HTTP: ``command`` in notice|rebalance|maintenance|cancel|fault|state.
 
     ``url`` is the mock's base URL or its :attr:`MockMetadataServer.control_url` (what
     ``local_agents.json`` lists); ``body`` becomes the JSON body.  Returns the mock's state.

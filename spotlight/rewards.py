@@ -16,14 +16,23 @@ pickle, which is remote code execution for whoever can reach it)::
     {"images": ["<base64 PNG>", ...], "prompts": ["...", ...]}
     200 → {"rewards": [float, ...]}     (same length and order)
 
-Non-2xx, a timeout, a malformed body or a length mismatch raise :class:`RewardError`
-after ``max_retries`` attempts; the caller keeps the samples and retries later.
+Each reward is a JSON number (``NaN``/``Infinity`` are accepted: the coordinator's
+``trainable_samples`` drops samples with a non-finite reward and counts them); a string, a
+bool, ``null``, a list or a wrong count is a malformed answer.  Redirects are not followed:
+a 3xx is an error.  Each attempt must deliver its whole answer within ``reward.timeout_s``
+seconds overall (a service that trickles bytes is cut off) and in at most
+:func:`max_response_bytes` bytes.
+
+Non-2xx, a timeout, or a connection failure is retried up to ``max_retries`` attempts, then
+raises :class:`RewardError`; a 3xx or a malformed body raises at once.  The caller keeps the
+samples and retries later.
 """
 
 from __future__ import annotations
 
 import base64
 import io
+import json
 import math
 
 import numpy as np
@@ -108,24 +117,56 @@ class RewardFn:
 
         session = self._session or requests.Session()
         payload = {"images": [_png_b64(im) for im in hwc], "prompts": list(prompts)}
+        from spotlight.http_limits import bounded_request
+
         last = "no attempt"
         for attempt in range(max(1, self.cfg.max_retries)):
-            try:
-                resp = session.post(self.cfg.url, json=payload, timeout=self.cfg.timeout_s)
+            try:  # overall deadline per attempt, no redirects, bounded size (module docstring)
+                resp = bounded_request(session, "POST", self.cfg.url, json=payload, deadline_s=self.cfg.timeout_s,
+                                       max_bytes=max_response_bytes(len(hwc)))
             except requests.RequestException as exc:
                 last = f"{type(exc).__name__}: {exc}"
                 continue
+            if resp.status_code // 100 == 3:
+                raise RewardError(f"reward service {self.cfg.url} answered HTTP {resp.status_code} (redirect to {resp.headers.get('Location')!r}); "
+                                  "redirects are not followed: set reward.url to the service's own address")
             if resp.status_code // 100 != 2:
                 last = f"HTTP {resp.status_code}: {resp.text[:200]}"
                 continue
-            try:
-                rewards = [float(r) for r in resp.json()["rewards"]]
-            except (ValueError, KeyError, TypeError) as exc:
-                raise RewardError(f"reward service {self.cfg.url} sent a malformed body: {exc}") from None
-            if len(rewards) != len(hwc):
-                raise RewardError(f"reward service returned {len(rewards)} rewards for {len(hwc)} images")
-            return rewards
+            return parse_rewards(resp.content, len(hwc), self.cfg.url)
         raise RewardError(f"reward service {self.cfg.url} failed after {self.cfg.max_retries} attempts: {last}")
+
+
+def max_response_bytes(n_images: int) -> int:
+    """Largest reward-service answer read, in bytes: 1 MiB + 64 bytes per image."""
+    return (1 << 20) + 64 * n_images
+
+
+def parse_rewards(body: bytes, n_images: int, url: str = "the reward service") -> list[float]:
+    """The ``rewards`` list of a service answer, as floats (NaN and ±inf kept).
+
+    Raises:
+        RewardError: not a JSON object with a ``rewards`` list of ``n_images`` numbers
+            (a string, bool, null or nested list is refused).
+    """
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise RewardError(f"reward service {url} sent a malformed body: not JSON ({exc})") from None
+    rewards = doc.get("rewards") if isinstance(doc, dict) else None
+    if not isinstance(rewards, list):
+        raise RewardError(f"reward service {url} sent a malformed body: expected {{\"rewards\": [number, ...]}}")
+    if len(rewards) != n_images:
+        raise RewardError(f"reward service returned {len(rewards)} rewards for {n_images} images")
+    out = []
+    for i, r in enumerate(rewards):
+        if type(r) not in (int, float):  # bool is an int subclass: refused too
+            raise RewardError(f"reward service {url} sent a malformed body: reward {i} is {type(r).__name__} {json.dumps(r)[:40]}, not a number")
+        try:
+            out.append(float(r))
+        except OverflowError:
+            raise RewardError(f"reward service {url} sent a malformed body: reward {i} is out of float range") from None
+    return out
 
 
 def _png_b64(image_hwc: np.ndarray) -> str:

@@ -22,11 +22,11 @@ def register(app: "typer.Typer") -> None:
             help="Issue a preemption notice this many seconds after start (default: never).")] = None,
         lead_time_s: Annotated[Optional[float], typer.Option(
             help="Notice lead time in seconds (default per cloud: aws 120, azure 30, gcp 0).")] = None,
-        vm_name: Annotated[str, typer.Option(help="Azure VM name listed in event Resources.")] = "spot-vm-0",
+        vm_name: Annotated[str, typer.Option(help="Azure VM name: listed in event Resources and served at instance/compute/name.")] = "spot-vm-0",
     ) -> None:
         """Serve a mock AWS/GCP/Azure metadata server (real formats) until Ctrl-C.
 
-        Drive it with POST <control>/notice, /cancel, /fault {"kind","count"}, GET <control>/state.
+        Drive it with POST <control>/notice, /maintenance {"value"} (gcp), /cancel, /fault {"kind","count"}, GET <control>/state.
         """
         from spotlight.mock_metadata import CLOUDS, MockMetadataServer
 

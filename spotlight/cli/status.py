@@ -13,6 +13,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console, Group
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -29,7 +30,13 @@ def sparkline(values: list[float]) -> str:
 
 
 def render_status(snap: dict):
-    """Rich renderable for a coordinator snapshot (pure)."""
+    """Rich renderable for a coordinator snapshot (pure).
+
+    Every string from the snapshot (node ids, statuses, detector errors, request kinds) is
+    agent- or coordinator-controlled text: it is escaped (``rich.markup.escape``) or placed in
+    a ``Text``, never parsed as markup, so ``[/]`` in a node id shows as ``[/]``.
+    """
+    e = lambda v: escape(str(v))  # noqa: E731
     head = Text.assemble(
         ("Spotlight  ", "bold"),
         f"phase {snap['phase']}  iteration {snap['iteration'] + 1}/{snap['iterations']}  weights v{snap['version']}",
@@ -39,16 +46,16 @@ def render_status(snap: dict):
         nodes.add_column(col)
     for n in snap["nodes"]:
         nodes.add_row(
-            n["node_id"], n["status"], "spot" if n["spot"] else "reserved", ",".join(map(str, n["gpus"])), str(len(n["workers"])),
-            "ok" if n["detector_healthy"] else f"[red]unhealthy[/red] {n['detector_error']}", f"{n['last_seen_s_ago']}s",
+            e(n["node_id"]), e(n["status"]), "spot" if n["spot"] else "reserved", e(",".join(map(str, n["gpus"]))), e(len(n["workers"])),
+            "ok" if n["detector_healthy"] else f"[red]unhealthy[/red] {e(n['detector_error'])}", f"{e(n['last_seen_s_ago'])}s",
         )
     reqs = Table(title="requests", expand=True)
     statuses = sorted({s for c in snap["requests"].values() for s in c})
     reqs.add_column("kind")
     for s in statuses:
-        reqs.add_column(s)
+        reqs.add_column(e(s))
     for kind, counts in snap["requests"].items():
-        reqs.add_row(kind, *[str(counts.get(s, 0)) for s in statuses])
+        reqs.add_row(e(kind), *[e(counts.get(s, 0)) for s in statuses])
     m = snap.get("last_metrics") or {}
     lines = [f"reward curve {sparkline(snap.get('reward_curve', []))}"]
     if m:

@@ -294,9 +294,11 @@ class SPGroupMember:
         self.rank = spec.members.index(self.worker_id)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
+        from spotlight.workers.rendezvous import bound_store  # the store listens on master_addr only
+
         dist.init_process_group(
             self.backend,
-            init_method=f"tcp://{spec.master_addr}:{spec.master_port}",
+            store=bound_store(spec.master_addr, spec.master_port, self.rank, spec.world_size, datetime.timedelta(seconds=self.timeout_s)),
             rank=self.rank,
             world_size=spec.world_size,
             timeout=datetime.timedelta(seconds=self.timeout_s),

@@ -613,9 +613,11 @@ def main(argv: list[str] | None = None) -> int:
         device = torch.device("cuda", local)
     else:
         device = torch.device("cpu")
+    from spotlight.workers.rendezvous import bound_store  # rank 0's store listens on 127.0.0.1 only
+
     dist.init_process_group(
         backend="nccl" if use_cuda else "gloo",
-        init_method=f"tcp://127.0.0.1:{args.master_port}",
+        store=bound_store("127.0.0.1", args.master_port, args.rank, args.world_size, dist.constants.default_pg_timeout),
         rank=args.rank,
         world_size=args.world_size,
     )

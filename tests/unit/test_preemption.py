@@ -341,7 +341,8 @@ def test_azure_resources_filter(azure):
                                                 vm_name="spot-vm-0")) == []
     assert len(poll_ok(AzureScheduledEventsDetector(azure.url, ledger=NoticeLedger(None),
                                                     vm_name="SPOT-VM-7"))) == 1
-    assert len(poll_ok(AzureScheduledEventsDetector(azure.url, ledger=NoticeLedger(None)))) == 1
+    # no vm_name: the detector learns "spot-vm-0" from IMDS compute/name and skips the event
+    assert poll_ok(AzureScheduledEventsDetector(azure.url, ledger=NoticeLedger(None))) == []
 
 
 @pytest.mark.parametrize("kind,needle", [("400", "HTTP 400"), ("429", "HTTP 429"),
@@ -355,3 +356,114 @@ def test_azure_errors_are_unhealthy(azure, kind, needle):
     assert not r.healthy and r.notices == []
     assert r.error.startswith("azure: ") and needle in r.error, r.error
     assert len(poll_ok(det)) == 1  # the notice was not lost to the error
+
+
+# --- GCP maintenance-event (preemption.md §2.3) ----------------------------------------------
+def test_gcp_terminate_on_host_maintenance_is_a_node_notice(gcp, tmp_path):
+    path = tmp_path / "ledger.json"
+    det = GcpMetadataDetector(gcp.url, ledger=NoticeLedger(path))
+    assert poll_ok(det) == []
+    gcp.set_maintenance("MIGRATE_ON_HOST_MAINTENANCE")  # live migration: the VM survives
+    assert poll_ok(det) == []
+    control(gcp.control_url, "maintenance", value="TERMINATE_ON_HOST_MAINTENANCE")
+    now = time.time()
+    [n] = poll_ok(det, now)
+    assert (n.source, n.kind, n.scope, n.is_hint) == ("gcp", "terminate", "node", False)
+    assert n.key.startswith("gcp-maintenance-") and "TERMINATE_ON_HOST_MAINTENANCE" in n.detail
+    assert now + 60 <= n.deadline_unix_s <= time.time() + 60  # GCP_MAINTENANCE_NOTICE_S
+    assert poll_ok(det) == []  # deduplicated
+    r = GcpMetadataDetector(gcp.url, ledger=NoticeLedger(path)).poll(time.time())  # restart
+    assert r.healthy and r.notices == [] and [k.key for k in r.known] == [n.key]
+    gcp.set_maintenance("NONE")
+    assert poll_ok(det) == []
+
+
+def test_gcp_maintenance_event_bad_value_is_unhealthy_and_404_is_none(gcp):
+    from agent import preemption
+
+    gcp._maintenance = "SOMETHING_ELSE"  # a value Google does not document
+    r = GcpMetadataDetector(gcp.url, ledger=NoticeLedger(None)).poll(time.time())
+    assert not r.healthy and "malformed body on instance/maintenance-event" in r.error
+    det = GcpMetadataDetector(gcp.url, ledger=NoticeLedger(None))
+    det.MAINTENANCE_PATH = "/computeMetadata/v1/instance/no-such-key"  # the key may be absent
+    assert poll_ok(det) == []
+    assert preemption.GCP_MAINTENANCE_VALUES == ("NONE", "MIGRATE_ON_HOST_MAINTENANCE",
+                                                 "TERMINATE_ON_HOST_MAINTENANCE")
+
+
+def test_mock_gcp_maintenance_event_long_poll(gcp):
+    s = requests.Session()
+    s.trust_env = False
+    url = gcp.url + "/computeMetadata/v1/instance/maintenance-event"
+    first = s.get(url, headers={"Metadata-Flavor": "Google"}, timeout=10)
+    assert first.text == "NONE" and first.headers["Metadata-Flavor"] == "Google"
+    th = threading.Timer(0.2, gcp.set_maintenance)
+    th.start()
+    second = s.get(url, headers={"Metadata-Flavor": "Google"}, timeout=30,
+                   params={"wait_for_change": "true", "last_etag": first.headers["ETag"]})
+    th.join()
+    assert second.text == "TERMINATE_ON_HOST_MAINTENANCE" and second.headers["ETag"] != first.headers["ETag"]
+    with pytest.raises(ValueError, match="unknown maintenance-event"):
+        gcp.set_maintenance("REBOOT")
+
+
+# --- Azure: events naming other VMs (preemption.md §3.2) -------------------------------------
+def test_azure_learns_its_name_and_ignores_other_vms(azure):
+    det = AzureScheduledEventsDetector(azure.url, ledger=NoticeLedger(None))
+    azure.issue_notice(event_id="NEIGHBOUR", resources=["spot-vm-1", "spot-vm-2"])
+    assert poll_ok(det) == [] and det.vm_name == "spot-vm-0"
+    azure.issue_notice(event_id="MINE", resources=["spot-vm-1", "Spot-VM-0"])
+    [n] = poll_ok(det)
+    assert n.key == "MINE"
+
+
+def test_azure_unknown_name_is_unhealthy_not_a_notice(azure):
+    azure.issue_notice(event_id="E1")
+    det = AzureScheduledEventsDetector(azure.url, ledger=NoticeLedger(None), timeout_s=FAST)
+    azure.inject_fault("503")  # IMDS compute/name fails: events are not judged yet
+    r = det.poll(time.time())
+    assert not r.healthy and r.notices == [] and "instance/compute/name" in r.error
+    assert det.vm_name is None
+    [n] = poll_ok(det)  # learns the name on the next poll
+    assert n.key == "E1"
+
+
+def test_mock_azure_compute_name_rules(azure):
+    s = requests.Session()
+    s.trust_env = False
+    url = azure.url + "/metadata/instance/compute/name"
+    assert s.get(url, params={"api-version": "2021-02-01"}, timeout=10).status_code == 400
+    assert s.get(url, headers={"Metadata": "true"}, timeout=10).status_code == 400
+    r = s.get(url, headers={"Metadata": "true"}, params={"api-version": "2021-02-01", "format": "text"}, timeout=10)
+    assert (r.status_code, r.text) == (200, "spot-vm-0")
+    r = s.get(url, headers={"Metadata": "true"}, params={"api-version": "2021-02-01"}, timeout=10)
+    assert r.json() == "spot-vm-0"
+
+
+# --- restart with an active notice (preemption.md §0 item 4) ---------------------------------
+def test_known_notices_and_active_node_notice(aws, tmp_path):
+    from agent.preemption import active_node_notice
+
+    path = tmp_path / "ledger.json"
+    aws.issue_notice(lead_time_s=90)
+    [n] = poll_ok(AwsImdsDetector(aws.url, ledger=NoticeLedger(path)))
+    r = AwsImdsDetector(aws.url, ledger=NoticeLedger(path)).poll(time.time())  # restarted agent
+    assert r.notices == [] and [k.key for k in r.known] == [n.key]  # no second drain
+    assert active_node_notice(r, time.time()) == r.known[0]
+    assert active_node_notice(r, n.deadline_unix_s + 31) is None  # long past: stale
+    aws.issue_rebalance()  # a hint never blocks a join
+    aws.cancel_notice()
+    aws.issue_rebalance()
+    r = AwsImdsDetector(aws.url, ledger=NoticeLedger(None)).poll(time.time())
+    assert [x.kind for x in r.notices] == ["rebalance"] and active_node_notice(r, time.time()) is None
+
+
+# --- trickling metadata server: overall deadline ---------------------------------------------
+@pytest.mark.parametrize("cloud", ["aws", "gcp", "azure"])
+def test_trickling_metadata_is_cut_off_and_unhealthy(cloud):
+    with MockMetadataServer(cloud) as m:
+        m.trickle_interval_s = 0.2  # a byte every 0.2 s: each gap is far below the timeout
+        det = make_detector(cloud, m.url, ledger=NoticeLedger(None), timeout_s=1.0)
+        m.inject_fault("trickle", count=5)
+        r = det.poll(time.time())
+        assert not r.healthy and f"{cloud}: " in r.error and "not complete within 1s" in r.error, r.error
