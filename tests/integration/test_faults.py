@@ -410,6 +410,14 @@ def test_agent_gives_back_leases_of_a_worker_that_died_before_they_arrived(tmp_p
     try:
         d.coord.connect(d.endpoint)
         d.session = "s1"
+        # the agent queues nothing for a coordinator it is not connected to (ZMQ_IMMEDIATE):
+        # wait for the CURVE handshake by sending until a message gets through
+        deadline = time.monotonic() + 60
+        while not d._to_coord(P.Heartbeat(node_id="n1", session="s1")):
+            assert time.monotonic() < deadline, "the agent never connected"
+            time.sleep(0.05)
+        assert coord.poll(10_000)
+        coord.recv_multipart()
         wid = d.sched.add_worker([0]).worker_id
         d.sched.hello(wid, 1234)
         d.on_worker([wid.encode(), *P.encode(P.Pull(worker_id=wid, max_requests=1))])
