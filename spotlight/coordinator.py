@@ -493,11 +493,7 @@ class Coordinator:
 
     def _held(self, worker_id: str, request_id: str, lease_id: int) -> bool:
         """True iff ``worker_id`` holds the current lease ``lease_id`` of ``request_id``."""
-        try:
-            req = self.sched.get(request_id)
-        except KeyError:
-            return False
-        return req.status == RequestStatus.IN_FLIGHT and req.lease is not None and req.lease.lease_id == lease_id and req.lease.worker_id == worker_id
+        return self.sched.holder(request_id, lease_id) == worker_id
 
     def _check_unique(self, ids: list[str]) -> None:
         if len(set(ids)) != len(ids):

@@ -34,7 +34,7 @@ from spotlight import protocol as P
 from spotlight.rl.sampler import Conditioning, DenoiseState
 from spotlight.tensor_wire import unpack_tensors
 from spotlight.workers import sp_group as G
-from spotlight.workers.common import RolloutExecutor, WorkerProcess
+from spotlight.workers.common import PULL_TIMEOUT_S, RolloutExecutor, WorkerProcess
 
 log = logging.getLogger("spotlight.worker")
 
@@ -236,12 +236,14 @@ class GroupWorkerProcess(WorkerProcess):
                 return form
             if not pulled:
                 self.send(P.Pull(worker_id=self.worker_id, max_requests=self.batch_size, versions=sorted(self.executor.versions)))
-                pulled = True
+                pulled, pulled_at = True, time.monotonic()
             got = self._recv(200)
             if got is None:
                 self._check_stop()
                 if not self.agent_alive():
                     return False
+                if time.monotonic() - pulled_at > PULL_TIMEOUT_S:  # a pull lost with a dying coordinator
+                    pulled = False
                 continue
             mtype, body, payload = got
             if mtype == P.MsgType.STOP:

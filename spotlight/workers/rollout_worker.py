@@ -1,22 +1,7 @@
 """Rollout Worker: one GPU worker process that denoises batches of leased requests.
 
-A worker is a child of its node's ``spotlight-agent`` (the node Scheduler) and talks
-only to it, over a ZeroMQ DEALER socket (identity = worker id)::
-
-    worker                         agent (node Scheduler)             coordinator
-      WORKER_HELLO ─────────────▶
-      PULL(max) ────────────────▶  PULL ──────────────────────────▶  Request Scheduler
-      ◀──────────────── LEASES     ◀───────────────────────── LEASES (+ text conditioning)
-      FETCH_WEIGHTS(v) ─────────▶  (cache hit, or FETCH_WEIGHTS ──▶  Tensor Store)
-      ◀──────────────── WEIGHTS
-      … denoise (SDE window, seeded noise; exploration may use a step cache) …
-      RESULT (images, window latents, log-probs) ─▶ RESULT ───────▶ rewards, trainer
-      ◀── STOP(commit)  → COMMIT (latent, step, window so far) ───▶ Tensor Store
-
-Rollout requests always run at full fidelity (no cache): their log-probs feed the
-policy gradient (DESIGN §3 "On-policy training"). Exploration requests may run with
-diffusers' First Block Cache at the threshold in their params; the number of steps
-whose transformer actually ran is reported per request.
+The message flow with the agent and the coordinator is drawn in
+:mod:`spotlight.workers.common`.
 
 The execution classes live in :mod:`spotlight.workers.common` (shared with the
 sequence-parallel :mod:`spotlight.workers.group_worker`); this module is the process
