@@ -223,9 +223,16 @@ class ExploreConfig(_Section):
     """First-Block-Cache threshold for the fixed planner (0 = cache off)."""
     profile_path: str = ""
     """JSON written by ``spotlight profile``; "" = the profile cached for this model config, if any."""
+    stream_extra: bool = True
+    """mode "stale": while training runs and the planned candidates are all handed out, keep
+    the spot workers busy with extra candidate seeds of the same prompts (cancelled when the
+    update ends; the top/bottom selection sees them all). False = only the planned d."""
+    max_candidates_per_prompt: int = 256
+    """Cap on planned + extra candidates of one prompt in one iteration."""
 
     def __post_init__(self) -> None:
         _check(self.num_candidates >= 1, "explore.num_candidates", "must be >= 1")
+        _check(self.max_candidates_per_prompt >= 1, "explore.max_candidates_per_prompt", "must be >= 1")
         _check(self.num_steps >= 0, "explore.num_steps", "must be >= 0")
         _check(self.cache_threshold >= 0, "explore.cache_threshold", "must be >= 0")
 

@@ -58,14 +58,15 @@ from spotlight.security import Principal, ServerKeys, ephemeral_client, init_key
 from spotlight.server import PUBLIC, TRAINER, ControlServer, Inbound
 from spotlight.config import SpotlightConfig, config_to_dict, dump_config
 from spotlight.instance_manager import InstanceManager
-from spotlight.planner import Action, Planner, PlannerConfig, PlannerObservation, StepOption, feedback_ratio
+from spotlight.iteration import CoreObservation, IterationCore, IterationDone, IterationSettings, StartSaving, StartTraining
+from spotlight.planner import Action, Planner, PlannerConfig, StepOption
 from spotlight.profiling import load_profile
 from spotlight.request_scheduler import RequestKind, RequestScheduler, RequestStatus
 from spotlight.rewards import RewardError, RewardFn
 from spotlight.models.lora import lora_spec
 from spotlight.rl.grpo import group_advantages
 from spotlight.rl.sampler import Conditioning
-from spotlight.seed_bank import SeedBank, candidate_seeds
+from spotlight.seed_bank import SeedBank
 from spotlight.checkpoint import train_checkpoint_dir
 from spotlight.run_recorder import RunRecorder
 from spotlight.tensor_store import TensorStore, check_key
@@ -113,15 +114,6 @@ class Sample:
     computed_steps: int = 0
     reward: float | None = None
     window_start: int = 0
-
-
-@dataclasses.dataclass
-class BusyInterval:
-    worker_id: str
-    is_spot: bool
-    kind: str
-    start: float
-    end: float
 
 
 class Coordinator:
@@ -198,18 +190,13 @@ class Coordinator:
         self._reward_failures = 0
         self._reward_failing_since: float | None = None
         self.samples: dict[str, Sample] = {}
-        self.request_meta: dict[str, tuple[int, int]] = {}  # request id -> (slot, prompt index)
         self.worker_node: dict[str, str] = {}
-        self.lease_start: dict[str, tuple[float, str]] = {}  # worker -> (start, kind)
-        self.busy: list[BusyInterval] = []
         self.train_ready: set[int] = set()
         self.train_done: dict[int, P.TrainDone] = {}
         self.weights_pending: dict[int, bytes] = {}
         self.recorder = RunRecorder(self.run_dir, resume=resume)
         self.metrics_path = self.recorder.metrics_path
         self.history: list[dict] = []
-        self.phase = "starting"
-        self.iteration = 0
         self.version = -1
         self.done = False
         self.error: str | None = None
@@ -217,15 +204,10 @@ class Coordinator:
         rng = random.Random(cfg.data.shuffle_seed)
         self.prompt_order = list(range(len(prompts)))
         rng.shuffle(self.prompt_order)
-        self._t = {}
-        self._explore_iter: int | None = None
         self.trainer_ids: dict[int, bytes] = {}
         # ---- exploration planning (paper §4.3)
         self.profile = load_profile(cfg)
         self.t_step_s: float | None = self.profile.t_step_s if self.profile else None
-        self.last_train_s: float | None = None
-        self.explore_action: dict[int, Action] = {}  # iteration whose seeds it chose -> action
-        self.plan_logs: dict[int, dict] = {}
         self.planner: Planner | None = None
         if cfg.explore.active and cfg.explore.planner == "bandit" and cfg.num_explored_prompts > 0:
             options = self.profile.step_options() if self.profile else [StepOption(0.0, float(cfg.sampler.num_steps), 1.0)]
@@ -243,6 +225,26 @@ class Coordinator:
                 options,
                 random.Random(pc.seed),
             )
+        mode = self.explore_mode()
+        self.core = IterationCore(
+            IterationSettings(
+                iterations=cfg.run.iterations,
+                prompts_per_iteration=cfg.data.prompts_per_iteration,
+                num_control_prompts=cfg.data.num_control_prompts,
+                group_size=cfg.data.group_size,
+                run_seed=cfg.run.seed,
+                num_steps=cfg.sampler.num_steps,
+                explore_mode=mode,
+                stream_extra=cfg.explore.stream_extra,
+                max_candidates_per_prompt=cfg.explore.max_candidates_per_prompt,
+            ),
+            self.sched,
+            self.seed_bank,
+            self.planner,
+            self.fixed_action() if mode != "off" and (self.planner is None or mode == "critical_path") else None,
+            self.prompt_order,
+            self.sampler_params,
+        )
         self.resume_version: int | None = None
         if resume:
             self._restore(time.monotonic())
@@ -250,16 +252,39 @@ class Coordinator:
             self.sched.start_epoch(self.recorder.epoch)
         (self.run_dir / "coordinator.json").write_text(json.dumps({"endpoint": self.endpoint, "trainer_endpoint": self.server.trainer_endpoint, "pid": os.getpid(), "keys_dir": str(keys.directory) if keys.directory else None}))
 
-    # ------------------------------------------------------------ batches & seeds
+    # ------------------------------------------------------------ the iteration core's state
+    @property
+    def phase(self) -> str:
+        """The iteration machine's phase (:class:`spotlight.iteration.IterationCore`)."""
+        return self.core.phase
+
+    @property
+    def iteration(self) -> int:
+        return self.core.iteration
+
+    @property
+    def request_meta(self) -> dict[str, tuple[int, int]]:
+        return self.core.request_meta
+
+    @property
+    def last_train_s(self) -> float | None:
+        return self.core.last_train_s
+
+    @last_train_s.setter
+    def last_train_s(self, value: float | None) -> None:
+        self.core.last_train_s = value
+
+    @property
+    def plan_logs(self) -> dict[int, dict]:
+        return self.core.plan_logs
+
     def batch_prompts(self, iteration: int) -> list[int]:
         """Prompt indices of iteration ``iteration``'s batch (deterministic epoch order)."""
-        p = self.cfg.data.prompts_per_iteration
-        n = len(self.prompt_order)
-        return [self.prompt_order[(iteration * p + i) % n] for i in range(p)]
+        return self.core.batch_prompts(iteration)
 
     def is_control(self, slot: int) -> bool:
         """Control (unexplored) prompt groups are the last ``num_control_prompts`` slots."""
-        return slot >= self.cfg.data.prompts_per_iteration - self.cfg.data.num_control_prompts
+        return self.core.settings.is_control(slot)
 
     def explore_mode(self) -> str:
         """"stale", "critical_path" or "off" (no explored prompts also means off)."""
@@ -282,24 +307,21 @@ class Coordinator:
         return Action(cfg.num_candidates, T, cfg.cache_threshold)
 
     def choose_action(self, n_next: int, now: float) -> Action | None:
-        """Exploration action for batch ``n_next`` (None = explore nothing)."""
-        if self.planner is None:
-            return self.fixed_action()
-        t_train = self.last_train_s if self.last_train_s is not None else self._t.get("rollout_end", now) - self._t.get("iter_start", now)
-        t_step = self.t_step_s if self.t_step_s else 1e-3
-        obs = PlannerObservation(
-            train_time_s=max(t_train, 1e-6),
+        """Exploration action for batch ``n_next`` (None = explore nothing), by the core."""
+        return self.core.choose_action(n_next, now, self.observation())
+
+    def observation(self) -> CoreObservation:
+        """What the iteration core needs to know about processes and nodes now."""
+        world = self.cfg.train.num_train_workers
+        spot_workers = sum(len(r.workers) for r in self.instances.live(spot=True))
+        return CoreObservation(
+            trainers_ready=len(self.train_ready) == world and 0 <= self.store.latest_version <= self.version,
+            any_worker_node=bool(self.instances.live()),
+            train_done=len(self.train_done) == world and self.store.latest_version >= self.iteration + 1,
             num_spot_gpus=self.instances.num_spot_gpus(),
-            num_explored_prompts=self.cfg.num_explored_prompts,
-            step_time_s=t_step,
+            step_time_s=self.t_step_s,
+            spot_slots=spot_workers * self.cfg.cluster.worker_batch_size,
         )
-        plan = self.planner.plan(obs)
-        self.plan_logs[n_next] = plan.to_log() | {"t_train_s": t_train, "t_step_s": t_step, "num_spot_gpus": obs.num_spot_gpus}
-        if plan.action is None:
-            log.warning("planner: %s", plan.reason)
-        else:
-            log.info("planner: iteration %d explores d=%d s=%.1f (threshold %.3f), %d eligible arms, budget %.1fs", n_next, plan.action.num_sequences, plan.action.effective_steps, plan.action.cache_threshold, len(plan.eligible), plan.budget_s)
-        return plan.action
 
     # ------------------------------------------------------------ wire
     def send(self, identity: bytes, msg, frames=None, msg_type=None) -> bool:
@@ -416,11 +438,11 @@ class Coordinator:
         stale = self.instances.register(body.node_id, session, gpus, body.is_spot, now)
         for wid in stale:
             self.sched.release_worker(wid, reason="agent re-registered", now=now)
-            self.lease_start.pop(wid, None)
+            self.core.busy.gone(wid, now)
         for wid, node in list(self.worker_node.items()):
             if node == body.node_id:
                 self.sched.release_worker(wid, reason="agent re-registered", now=now)
-                self.lease_start.pop(wid, None)
+                self.core.busy.gone(wid, now)
         log.info("agent %s joined as %s (%d GPUs, spot=%s)", body.node_id, principal.id, len(gpus), body.is_spot)
         self.send(
             identity,
@@ -447,14 +469,17 @@ class Coordinator:
         if body.gpus is not None and (len(set(body.gpus)) != len(body.gpus) or len(body.gpus) > self.max_gpus_per_node):
             raise Rejected("bad_request", f"gpus must be at most {self.max_gpus_per_node} distinct indices")
         self.instances.heartbeat(node_id, now, workers={w.worker_id: list(w.gpus) for w in body.workers}, detector_healthy=body.detector_healthy, detector_error=body.detector_error, gpus=body.gpus)
+        is_spot = self.instances.nodes[node_id].is_spot
         for w in body.workers:
             self.worker_node[w.worker_id] = node_id
+            self.core.busy.seen(w.worker_id, is_spot, now)
             self.sched.renew(w.worker_id, now)
         self.send(identity, P.Heartbeat(node_id=node_id))  # ack: lets the agent detect a dead coordinator
 
     def on_pull(self, identity, body: P.Pull, payload, now) -> None:
         node = self.instances.nodes[body.node_id]
         self.worker_node[body.worker_id] = body.node_id
+        self.core.busy.seen(body.worker_id, node.is_spot, now)
         leases = []
         if self.phase in ("explore_first", "rollout", "train", "drain") and node.status.value == "alive":
             leases = self.sched.pull(body.worker_id, is_spot=node.is_spot, max_requests=max(1, min(body.max_requests, self.cfg.cluster.worker_batch_size * 4)), now=now)
@@ -472,15 +497,12 @@ class Coordinator:
                         tensors[f"state.{i}.{name}"] = t
         if items:
             tensors.update(self.cond.index(idx).to_tensors())
-            self.lease_start[body.worker_id] = (now, items[0].kind)
+            self.core.busy.start(body.worker_id, now)
         metas, frames = pack_tensors(tensors) if tensors else ([], [])
         self.send(identity, P.Leases(worker_id=body.worker_id, items=items, tensors=metas), frames)
 
     def _end_busy(self, worker_id: str, now: float) -> None:
-        start = self.lease_start.pop(worker_id, None)
-        if start is not None:
-            node = self.instances.nodes.get(self.worker_node.get(worker_id, ""))
-            self.busy.append(BusyInterval(worker_id, bool(node and node.is_spot), start[1], start[0], now))
+        self.core.busy.end(worker_id, now)
 
     def _observe_step_time(self, body: P.Result) -> None:
         """EMA of seconds per (sequence × computed step) on spot workers: the Planner's t_step."""
@@ -536,8 +558,7 @@ class Coordinator:
                 s.window_latents = tensors["window_latents"][i]
                 s.log_probs = tensors["log_probs"][i]
             self.samples[req.request_id] = s
-            if req.kind == RequestKind.EXPLORE:
-                self._t["explore_last_result"] = now
+            self.core.record_result(req.request_id, now)
             accepted.append(req.request_id)
             images.append(s.image.numpy())
             prompts.append(self.prompts[pidx])
@@ -584,6 +605,7 @@ class Coordinator:
             for rid, r in zip(ids, rewards):
                 if rid in self.samples:
                     self.samples[rid].reward = float(r)
+                    self.core.record_reward(rid, float(r))
         self.reward_jobs = still
 
     def on_commit(self, identity, body: P.Commit, payload, now) -> None:
@@ -640,7 +662,7 @@ class Coordinator:
     def on_bye(self, identity, body: P.Bye, payload, now) -> None:
         for wid in self.instances.goodbye(body.node_id, now, body.reason):
             self.sched.release_worker(wid, reason=f"agent left: {body.reason}", now=now)
-            self.lease_start.pop(wid, None)
+            self.core.busy.gone(wid, now)
 
     def on_trainer(self, identity: bytes, mtype, body, payload, now: float) -> None:
         world = self.cfg.train.num_train_workers
@@ -681,35 +703,10 @@ class Coordinator:
         return keep_from
 
     # ------------------------------------------------------------ iteration machine
-    def submit_rollout(self, n: int, now: float) -> None:
-        prompts = self.batch_prompts(n)
-        items = []
-        for slot, pidx in enumerate(prompts):
-            seeds, _ = self.seed_bank.seeds_for(n, slot)
-            items += [(pidx, seed, slot) for seed in seeds]
-        ids = self.sched.submit(RequestKind.ROLLOUT, n, items, weight_version=n, params=self.sampler_params(n), now=now)
-        for rid, (pidx, _, slot) in zip(ids, items):
-            self.request_meta[rid] = (slot, pidx)
-
     def submit_exploration(self, n_next: int, version: int, action: Action, now: float) -> int:
-        """Exploration requests for batch ``n_next``: d candidate seeds per explored prompt,
-        run with weights ``version`` and the action's cache threshold."""
-        prompts = self.batch_prompts(n_next)
-        items = []
-        for slot, pidx in enumerate(prompts):
-            if self.is_control(slot):
-                continue
-            items += [(pidx, seed, slot) for seed in candidate_seeds(self.cfg.run.seed, n_next, slot, action.num_sequences)]
-        params = self.sampler_params(n_next)
-        if action.cache_threshold > 0:
-            params["cache_threshold"] = action.cache_threshold
-        self.explore_action[n_next] = action
-        self._explore_iter = n_next
-        self._t["explore_start"] = now
-        ids = self.sched.submit(RequestKind.EXPLORE, n_next, items, weight_version=version, params=params, now=now)
-        for rid, (pidx, _, slot) in zip(ids, items):
-            self.request_meta[rid] = (slot, pidx)
-        return len(ids)
+        """Exploration requests for batch ``n_next`` (d candidate seeds per explored prompt on
+        weights ``version``), by the core."""
+        return self.core.submit_exploration(n_next, version, action, now)
 
     def sampler_params(self, n: int) -> dict:
         """Request params fixed per iteration: the SDE window start when it is drawn at random
@@ -717,14 +714,10 @@ class Coordinator:
         lo, hi = self.cfg.sampler.sde_window_range
         return {"sde_window_start": self.cfg.sampler.window_start_for(self.cfg.run.seed, n)} if hi > lo else {}
 
-    def _scored(self, n: int, kind: RequestKind) -> bool:
-        if not self.sched.is_finished(iteration=n, kind=kind):
-            return False
-        return all(self.samples[r.request_id].reward is not None for r in self.sched.requests(iteration=n, kind=kind, status=RequestStatus.DONE))
-
-    def start_training(self, n: int, now: float) -> None:
-        reqs = self.sched.requests(iteration=n, kind=RequestKind.ROLLOUT, status=RequestStatus.DONE)
-        samples = [self.samples[r.request_id] for r in reqs]
+    def start_training(self, n: int, request_ids: list[str], now: float) -> None:
+        """Send iteration ``n``'s update to the Train Workers: the DONE rollout requests the
+        core chose, filtered (non-finite, zero-std groups), with group advantages."""
+        samples = [self.samples[rid] for rid in request_ids]
         finite, dropped = trainable_samples(samples)
         if dropped["nonfinite_reward"]:
             log.error("iteration %d: %d samples have non-finite rewards and are left out of the update", n, dropped["nonfinite_reward"])
@@ -776,10 +769,15 @@ class Coordinator:
                 tensors.update(self.cond.index([finite[i].prompt_index for i in rows]).to_tensors())
             metas, frames = pack_tensors(tensors)
             self.send_trainer(rank, P.TrainBatch(iteration=n, version=n, micro_batches=local, tensors=metas), frames)
-        self._rollout_stats = self.rollout_stats(finite) | self._drop_stats
-        self._planner_feedback(n, finite)
         if self.cfg.run.save_rollouts:
             self.save_rollouts(n, samples)
+        plan = self.plan_logs.get(n + 1)
+        if plan is not None:
+            a = plan["action"]
+            if a is None:
+                log.warning("planner: %s", plan["reason"])
+            else:
+                log.info("planner: iteration %d explores d=%d s=%.1f (threshold %.3f), budget %.1fs", n + 1, a["num_sequences"], a["effective_steps"], a["cache_threshold"], plan["budget_s"])
 
     def save_rollouts(self, n: int, samples: list[Sample]) -> None:
         """``rollouts/iter_NNNN.safetensors``: per request id, image, window latents, log-probs, reward, seed."""
@@ -797,155 +795,31 @@ class Coordinator:
         d.mkdir(exist_ok=True)
         save_file(out, d / f"iter_{n:04d}.safetensors")
 
-    def _planner_feedback(self, n: int, samples: list[Sample]) -> None:
-        """r = σ̄_all / σ̄_unc over iteration n's groups (paper §4.3.2) → the arm that chose its seeds."""
-        by_slot = collections.defaultdict(list)
-        for s in samples:
-            by_slot[s.slot].append(s.reward)
-        explored = [float(np.std(v)) for k, v in by_slot.items() if not self.is_control(k)]
-        control = [float(np.std(v)) for k, v in by_slot.items() if self.is_control(k)]
-        r = feedback_ratio(explored, control) if control else float("nan")
-        self._rollout_stats["planner/feedback"] = r
-        action = self.explore_action.pop(n, None)
-        if self.planner is not None and action is not None and self.explore_mode() == "stale":
-            if math.isfinite(r):
-                self.planner.update(action, r)
-            else:
-                log.warning("iteration %d: planner feedback is not finite (control groups have zero std); skipped", n)
-
-    def rollout_stats(self, samples: list[Sample]) -> dict:
-        rewards = np.array([s.reward for s in samples], dtype=np.float64)
-        by_slot = collections.defaultdict(list)
-        for s in samples:
-            by_slot[s.slot].append(s.reward)
-        ctrl = [float(np.std(v)) for k, v in by_slot.items() if self.is_control(k)]
-        expl = [float(np.std(v)) for k, v in by_slot.items() if not self.is_control(k)]
-        return {
-            "reward/mean": float(rewards.mean()) if rewards.size else float("nan"),
-            "reward/std": float(rewards.std()) if rewards.size else float("nan"),
-            "reward/control_std": float(np.mean(ctrl)) if ctrl else float("nan"),
-            "reward/explored_std": float(np.mean(expl)) if expl else float("nan"),
-            "reward/control_mean": float(np.mean([s.reward for s in samples if self.is_control(s.slot)])) if ctrl else float("nan"),
-            "rollout/num_samples": len(samples),
-        }
-
-    def finish_exploration(self, n_next: int) -> dict:
-        reqs = self.sched.requests(iteration=n_next, kind=RequestKind.EXPLORE, status=RequestStatus.DONE)
-        by_slot = collections.defaultdict(list)
-        steps = []
-        for r in reqs:
-            s = self.samples.pop(r.request_id)
-            by_slot[s.slot].append((s.seed, s.reward))
-            steps.append(s.computed_steps)
-        for slot, pairs in by_slot.items():
-            self.seed_bank.record_exploration(n_next, slot, [p[0] for p in pairs], [p[1] for p in pairs])
-        return {"explore/num_requests": len(reqs), "explore/effective_steps": float(np.mean(steps)) if steps else 0.0}
-
-    def busy_fraction(self, t0: float, t1: float) -> float:
-        """Share of spot-worker time busy during [t0, t1] (the training window)."""
-        if t1 <= t0:
-            return float("nan")
-        spot_workers = {w for w, node in self.worker_node.items() if self.instances.nodes.get(node) and self.instances.nodes[node].is_spot}
-        if not spot_workers:
-            return float("nan")
-        busy = 0.0
-        for b in self.busy:
-            if b.worker_id in spot_workers:
-                busy += max(0.0, min(b.end, t1) - max(b.start, t0))
-        for w, (start, _) in self.lease_start.items():
-            if w in spot_workers:
-                busy += max(0.0, t1 - max(start, t0))
-        return min(1.0, busy / (len(spot_workers) * (t1 - t0)))
-
     def step(self, now: float) -> None:
-        """Advance the iteration machine (called after every batch of messages)."""
-        n = self.iteration
-        if self.phase == "starting":
-            # trainers ready and rank 0 (re)published the current weights (a resumed run's too)
-            if len(self.train_ready) == self.cfg.train.num_train_workers and 0 <= self.store.latest_version <= self.version:
-                if n >= self.cfg.run.iterations:  # resumed after the last iteration: only the save is left
-                    self.begin_saving()
-                elif self.instances.live():
-                    self.begin_iteration(n, now)
-        elif self.phase == "explore_first":
-            # critical-path baseline: exploration of batch n on v_n before its rollout
-            if self._scored(n, RequestKind.EXPLORE):
-                self._t["explore_end"] = now
-                self._explore_stats = self.finish_exploration(n)
-                self._t["rollout_start"] = now
-                self.phase = "rollout"
-                self.submit_rollout(n, now)
-        elif self.phase == "rollout":
-            if self._scored(n, RequestKind.ROLLOUT):
-                self._t["rollout_end"] = now
-                self.start_training(n, now)
-                self.sched.set_training_active(True)
-                self.phase = "train"
-                if self.explore_mode() == "stale" and n + 1 < self.cfg.run.iterations:
-                    action = self.choose_action(n + 1, now)
-                    if action is not None:
-                        self.submit_exploration(n + 1, n, action, now)
-        elif self.phase == "train":
-            world = self.cfg.train.num_train_workers
-            if len(self.train_done) == world and self.store.latest_version >= n + 1:
-                self._t["train_end"] = now
-                self.last_train_s = now - self._t["rollout_end"]
-                self.sched.set_training_active(False)
-                self.phase = "drain"
-        elif self.phase == "drain":
-            m = self._explore_iter if self.explore_mode() == "stale" else None
-            if m is None or self._scored(m, RequestKind.EXPLORE):
-                if m is not None:
-                    self._t["explore_end"] = now
-                    self._explore_stats = self.finish_exploration(m)
-                self.end_iteration(n, now)
-        elif self.phase == "saving":
+        """Advance the iteration machine (called after every batch of messages): the core
+        decides, this shell carries its decisions out."""
+        if self.phase == "saving":
             if len(self.train_done) == self.cfg.train.num_train_workers:
-                self.phase = "finished"
+                self.core.phase = "finished"
                 self.done = True
+            return
+        if self.phase == "finished":
+            return
+        for d in self.core.advance(now, self.observation()):
+            if isinstance(d, StartTraining):
+                self.start_training(d.iteration, d.request_ids, now)
+            elif isinstance(d, IterationDone):
+                self.end_iteration(d.iteration, d.metrics, now)
+            elif isinstance(d, StartSaving):
+                self.begin_saving()
 
-    def begin_iteration(self, n: int, now: float) -> None:
-        self._t = {"iter_start": now, "rollout_start": now}
-        self._explore_iter = None
-        self._explore_stats = {}
-        if self.explore_mode() == "critical_path":
-            self.phase = "explore_first"
-            self.submit_exploration(n, n, self.fixed_action(), now)
-        else:
-            self.phase = "rollout"
-            self.submit_rollout(n, now)
-
-    def end_iteration(self, n: int, now: float) -> None:
-        t = self._t
-        row = {"iteration": n, "version": n}
-        row.update(self._rollout_stats)
-        row.update(self._explore_stats)
-        train_s = t["train_end"] - t["rollout_end"]
-        explored = self._explore_iter is not None
-        # exploration is over when its last result arrived (scoring finishes right after)
-        explore_done = t.get("explore_last_result", t.get("explore_end", 0.0))
-        explore_s = (explore_done - t["explore_start"]) if explored else 0.0
-        if not explored:
-            critical = 0.0
-        elif self.explore_mode() == "critical_path":
-            critical = t["explore_end"] - t["explore_start"]
-        else:
-            critical = max(0.0, t["explore_end"] - t["train_end"]) if explore_done > t["train_end"] else 0.0
-        action = self.explore_action.get(self._explore_iter) if explored else None
-        if action is not None:
-            row["explore/num_candidates"] = action.num_sequences
-            row["explore/planned_steps"] = action.effective_steps
-            row["explore/cache_threshold"] = action.cache_threshold
-        if self._explore_iter in self.plan_logs:
-            row["planner"] = self.plan_logs.pop(self._explore_iter)
+    def end_iteration(self, n: int, metrics: dict, now: float) -> None:
+        """Record iteration ``n`` (metrics row, progress line, sample grid) and checkpoint it;
+        the core begins the next iteration on its next ``advance``."""
+        row = dict(metrics)
+        row.update(getattr(self, "_drop_stats", {}))
         row.update(
             {
-                "time/rollout_s": t["rollout_end"] - t["rollout_start"],
-                "time/train_s": train_s,
-                "time/explore_s": explore_s,
-                "time/explore_critical_path_s": critical,
-                "time/iteration_s": now - t["iter_start"],
-                "spot/busy_fraction": self.busy_fraction(t["rollout_end"], t["train_end"]),
                 "spot/num_gpus": self.instances.num_spot_gpus(),
                 "cost/usd": self.instances.cost_usd(self.cfg.cost.spot_usd_per_gpu_hour, self.cfg.cost.reserved_usd_per_gpu_hour),
                 "planner/t_step_s": self.t_step_s if self.t_step_s is not None else float("nan"),
@@ -962,22 +836,15 @@ class Coordinator:
         every = self.cfg.run.sample_grid_every
         if every and (n % every == 0 or n == self.cfg.run.iterations - 1):
             self.write_sample_grid(n)
-        for s in [s for s in self.samples.values() if s.iteration <= n and s.kind == RequestKind.ROLLOUT]:
+        for s in [s for s in self.samples.values() if s.iteration <= n + 1 and (s.iteration <= n or s.kind == RequestKind.EXPLORE)]:
             del self.samples[s.request_id]
-        self.seed_bank.forget(n)
-        self.busy = [b for b in self.busy if b.end >= now - 600]
-        self.iteration = n + 1
         self.write_checkpoint(n)
-        if n + 1 >= self.cfg.run.iterations:
-            self.begin_saving()
-        else:
-            self.begin_iteration(n + 1, now)
 
     def begin_saving(self) -> None:
         self.train_done.clear()
         for rank in sorted(self.trainer_ids):
             self.send_trainer(rank, P.Shutdown(reason=f"save:{self.run_dir / 'final'}"))
-        self.phase = "saving"
+        self.core.phase = "saving"
 
     # ------------------------------------------------------------ checkpoint & resume
     def checkpoint_state(self) -> dict:
@@ -991,10 +858,8 @@ class Coordinator:
             "seed_bank": self.seed_bank.state_dict(),
             "planner": self.planner.state_dict() if self.planner is not None else None,
             "instances": self.instances.state_dict(),
-            "explore_action": {str(k): a.to_dict() for k, a in self.explore_action.items()},
-            "plan_logs": {str(k): v for k, v in self.plan_logs.items()},
+            "core": self.core.state_dict(),
             "t_step_s": self.t_step_s,
-            "last_train_s": self.last_train_s,
             "version_bytes": getattr(self, "version_bytes", 0),
             "epoch": self.recorder.epoch,
         }
@@ -1013,16 +878,13 @@ class Coordinator:
             self.recorder.truncate_metrics(0)
             return
         n, st = got
-        self.iteration = int(st["iteration"])
+        self.core.load_state_dict(st["core"])
         self.sched.load_state_dict(st["scheduler"], epoch=self.recorder.epoch, now=now)
         self.seed_bank.load_state_dict(st["seed_bank"])
         if self.planner is not None and st.get("planner"):
             self.planner.load_state_dict(st["planner"])
         self.instances.load_state_dict(st["instances"])
-        self.explore_action = {int(k): Action(int(a["num_sequences"]), float(a["effective_steps"]), float(a["cache_threshold"])) for k, a in st["explore_action"].items()}
-        self.plan_logs = {int(k): v for k, v in st["plan_logs"].items()}
         self.t_step_s = st["t_step_s"]
-        self.last_train_s = st["last_train_s"]
         self.version_bytes = st["version_bytes"]
         self.history = self.recorder.truncate_metrics(int(st["metrics_bytes"]))
         self.store.latest_version = int(st["version"])
@@ -1067,10 +929,11 @@ class Coordinator:
             log.error("agent %s missed heartbeats: re-enqueueing its requests", node_id)
             for wid in workers:
                 self.sched.release_worker(wid, reason="agent dead", now=now)
-                self.lease_start.pop(wid, None)
+                self.core.busy.gone(wid, now)
             for wid, node in list(self.worker_node.items()):
                 if node == node_id:
                     self.sched.release_worker(wid, reason="agent dead", now=now)
+                    self.core.busy.gone(wid, now)
         for rid in self.sched.expire(now):
             log.warning("lease of %s expired: re-enqueued", rid)
         for i, proc in enumerate(self.train_procs):

@@ -197,6 +197,7 @@ class RequestScheduler:
         self._next_seq = 0
         self._next_lease_id = 1
         self._training_active = False
+        self._ready_counts: Counter[RequestKind] = Counter()  # queued (PENDING/RECOMPUTE) per kind
         self.epoch = 0  # restart count of the coordinator process (see load_state_dict)
 
     # ------------------------------------------------------------------ submit
@@ -425,6 +426,25 @@ class RequestScheduler:
             self._transition(req, RequestStatus.CANCELLED, now, reason)
         return [r.request_id for r in hit]
 
+    def cancel_requests(self, request_ids: Iterable[str], *, now: float, reason: str = "cancelled") -> list[str]:
+        """Move the given non-terminal requests to CANCELLED (unknown or terminal ids are
+        skipped). Their leases die with them, so late results are rejected as stale. Used to
+        abandon streamed extra exploration candidates when training ends (issue 10 item 3).
+        Returns the ids cancelled, in the order given."""
+        out = []
+        for rid in request_ids:
+            req = self._requests.get(rid)
+            if req is not None and not req.status.is_terminal():
+                self._transition(req, RequestStatus.CANCELLED, now, reason)
+                out.append(rid)
+        return out
+
+    def num_ready(self, *, kind: RequestKind | None = None) -> int:
+        """Requests waiting to be pulled (PENDING or RECOMPUTE), optionally of one kind. O(1)."""
+        if kind is None:
+            return sum(self._ready_counts.values())
+        return self._ready_counts[RequestKind(kind)]
+
     # ----------------------------------------------------------------- queries
 
     def get(self, request_id: str) -> Request:
@@ -585,6 +605,7 @@ class RequestScheduler:
                 self._in_flight[r.request_id] = r
                 self._by_worker.setdefault(r.lease.worker_id, {})[r.request_id] = None
         self._ready.sort()
+        self._ready_counts = Counter(self._requests[rid].kind for _, _, rid in self._ready)
         self._id_counters = counters
         self._next_seq = next_seq
         self._next_lease_id = max(next_lease, epoch * LEASE_EPOCH_STRIDE)
@@ -618,6 +639,7 @@ class RequestScheduler:
 
     def _enqueue(self, req: Request) -> None:
         bisect.insort(self._ready, self._ready_entry(req))
+        self._ready_counts[req.kind] += 1
 
     @staticmethod
     def _ready_entry(req: Request) -> tuple[int, int, str]:
@@ -649,6 +671,7 @@ class RequestScheduler:
             i = bisect.bisect_left(self._ready, entry)
             assert self._ready[i] == entry, entry
             del self._ready[i]
+            self._ready_counts[req.kind] -= 1
         elif old is RequestStatus.IN_FLIGHT:
             del self._in_flight[req.request_id]
             held = self._by_worker[req.lease.worker_id]

@@ -50,6 +50,8 @@ __all__ = [
     "fragmentation_summary",
     "fragmentation_timeline",
     "load_bamboo_trace",
+    "load_trace",
+    "pingpong_trace",
     "slice_trace",
 ]
 
@@ -147,6 +149,18 @@ def load_bamboo_trace(path: str | os.PathLike[str]) -> list[TraceEvent]:
     return [ev for _, _, ev in rows]
 
 
+def load_trace(path: str | os.PathLike[str]) -> list[TraceEvent]:
+    """Load a spot trace in any format Spotlight reads (today: the Bamboo add/remove CSV,
+    :func:`load_bamboo_trace`). The one entry point of ``spotlight up --trace`` and
+    ``spotlight simulate --trace``.
+
+    Raises:
+        ValueError: a malformed trace (the message names the file and line).
+        OSError: the file cannot be read.
+    """
+    return load_bamboo_trace(path)
+
+
 def _alive_before(events: Iterable[TraceEvent], t_s: float) -> dict[str, None]:
     """Nodes alive just before ``t_s`` (events with ``t < t_s`` applied), in arrival order."""
     alive: dict[str, None] = {}
@@ -179,6 +193,39 @@ def slice_trace(events: Sequence[TraceEvent], start_s: float, duration_s: float)
         TraceEvent(ev.t_s - start_s, ev.action, ev.node) for ev in events if start_s <= ev.t_s < end_s
     )
     return out
+
+
+def pingpong_trace(events: Sequence[TraceEvent], until_s: float, *, period_s: float | None = None) -> list[TraceEvent]:
+    """Extend a trace to ``until_s`` by playing it forward, then backward, then forward...
+
+    A backward pass replays the events in reverse order with ``add`` and ``remove``
+    swapped and times mirrored (``k·P + (P - t)`` in pass k), so the alive set is
+    continuous at every turn: no synthetic bulk preemption or arrival is invented at a
+    loop boundary, and event rates stay those of the trace (the initial ``t = 0``
+    population is set up once). ``period_s`` (default: the last event's time + 600 s, so
+    the trace's last change is undone 20 minutes later, not at the same instant) is the
+    length P of one pass. For simulations longer than the trace
+    (the 12-hour Bamboo trace vs a multi-day job). ``events`` must be time-sorted.
+
+    Raises:
+        ValueError: empty trace or ``period_s`` not after the last event.
+    """
+    if not events:
+        raise ValueError("cannot extend an empty trace")
+    period = float(period_s if period_s is not None else events[-1].t_s + 600.0)
+    if period <= 0 or period < events[-1].t_s:
+        raise ValueError(f"period_s must be > 0 and >= the last event's time ({events[-1].t_s}s), got {period}")
+    flip = {"add": "remove", "remove": "add"}
+    out: list[TraceEvent] = []
+    k = 0
+    while k * period < until_s:
+        base = k * period
+        if k % 2 == 0:
+            out.extend(TraceEvent(base + ev.t_s, ev.action, ev.node) for ev in events if k == 0 or ev.t_s > 0)
+        else:
+            out.extend(TraceEvent(base + period - ev.t_s, flip[ev.action], ev.node) for ev in reversed(events) if ev.t_s > 0)
+        k += 1
+    return [ev for ev in out if ev.t_s < until_s]
 
 
 def alive_counts(events: Sequence[TraceEvent]) -> list[tuple[float, int]]:

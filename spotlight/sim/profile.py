@@ -1,0 +1,203 @@
+"""Simulation profiles: what a denoising step, a training iteration, a weight sync and a
+reconfiguration cost on a given model and GPU, and how many iterations each policy needs.
+
+A profile is a TOML file (see ``profiles/qwen-image-h100.toml``, which documents the source
+of every number). :func:`load_profile` validates it into a :class:`SimProfile`; every
+mistake is a :class:`ProfileError` naming the field.
+"""
+
+from __future__ import annotations
+
+import math
+import pathlib
+import tomllib
+from dataclasses import dataclass, field
+
+from spotlight.errors import SpotlightError
+from spotlight.planner import StepOption
+
+__all__ = ["DEFAULT_PROFILE", "ProfileError", "SimProfile", "load_profile"]
+
+DEFAULT_PROFILE = pathlib.Path(__file__).resolve().parent / "profiles" / "qwen-image-h100.toml"
+
+
+class ProfileError(SpotlightError):
+    """A simulation profile is missing a field or has an impossible value."""
+
+
+@dataclass(frozen=True)
+class SimProfile:
+    """Costs and setup of one simulated job (units in the names; see the shipped TOML).
+
+    ``step_gpu_s`` is GPU-seconds of one denoising step of one sequence on an ideal GPU; a
+    worker of SP degree k takes ``step_gpu_s / (k * sp_efficiency[k])`` seconds per step.
+    """
+
+    name: str
+    prompts_per_iteration: int
+    group_size: int
+    num_control_prompts: int
+    num_steps: int
+    batch_size: int
+    step_gpu_s: float
+    sp_efficiency: dict[int, float]
+    cached_step_cost: float
+    train_time_s: float
+    train_gpus: int
+    train_scaling_efficiency: float
+    weight_sync_s: float
+    engine_restart_s: float
+    elastic_join_s: float
+    elastic_revoke_s: float
+    node_start_s: float
+    commit_s: float
+    reward_s: float
+    step_options: list[StepOption]
+    max_sequences: int
+    sequence_step: int
+    min_effective_steps: float
+    min_exploration_accuracy: float
+    beta: float
+    best_of_n: int
+    reserved_gpus: int
+    reserved_sp: int
+    spot_nodes: int
+    gpus_per_spot_node: int
+    spot_sp: int
+    reserved_only_gpus: int
+    notice_s: float
+    spot_usd_per_gpu_hour: float
+    reserved_usd_per_gpu_hour: float
+    iterations_to_target: dict[str, int] = field(default_factory=dict)
+    source: str = ""
+
+    def step_s(self, sp: int) -> float:
+        """Seconds per denoising step of one sequence on a worker of SP degree ``sp``.
+
+        Raises:
+            ProfileError: no efficiency for that degree.
+        """
+        eff = self.sp_efficiency.get(sp)
+        if eff is None:
+            raise ProfileError(f"{self.source}: timing.sp_efficiency has no entry for SP degree {sp}")
+        return self.step_gpu_s / (sp * eff)
+
+    def train_s(self, gpus: int) -> float:
+        """Training time of one iteration on ``gpus`` reserved GPUs (linear scaling × efficiency)."""
+        if gpus == self.train_gpus:
+            return self.train_time_s
+        return self.train_time_s * self.train_gpus / gpus / (self.train_scaling_efficiency if gpus > self.train_gpus else 1.0)
+
+    def sequence_cost_steps(self, effective_steps: float) -> float:
+        """Full-step equivalents of one sequence that computes ``effective_steps`` of
+        ``num_steps`` steps (skipped steps cost ``cached_step_cost`` each)."""
+        return effective_steps + self.cached_step_cost * max(0.0, self.num_steps - effective_steps)
+
+
+def _get(d: dict, section: str, key: str, kind, where: str, *, positive: bool = True):
+    sec = d.get(section)
+    if not isinstance(sec, dict) or key not in sec:
+        raise ProfileError(f"{where}: missing [{section}] {key}")
+    v = sec[key]
+    if kind is int and (not isinstance(v, int) or isinstance(v, bool)):
+        raise ProfileError(f"{where}: [{section}] {key} must be an integer, got {v!r}")
+    if kind is float:
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+            raise ProfileError(f"{where}: [{section}] {key} must be a finite number, got {v!r}")
+        v = float(v)
+    if positive and kind in (int, float) and v <= 0:
+        raise ProfileError(f"{where}: [{section}] {key} must be > 0, got {v!r}")
+    if not positive and kind in (int, float) and v < 0:
+        raise ProfileError(f"{where}: [{section}] {key} must be >= 0, got {v!r}")
+    return v
+
+
+def load_profile(path: str | pathlib.Path = DEFAULT_PROFILE) -> SimProfile:
+    """Read and validate a simulation profile TOML.
+
+    Raises:
+        ProfileError: unreadable file, bad TOML, a missing field or an impossible value.
+    """
+    path = pathlib.Path(path)
+    where = str(path)
+    try:
+        d = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ProfileError(f"cannot read profile {where}: {exc.strerror or exc}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ProfileError(f"{where}: not valid TOML: {exc}") from None
+    g = lambda s, k, kind=float, positive=True: _get(d, s, k, kind, where, positive=positive)  # noqa: E731
+    eff_raw = d.get("timing", {}).get("sp_efficiency")
+    if not isinstance(eff_raw, dict) or not eff_raw:
+        raise ProfileError(f"{where}: [timing] sp_efficiency must be a table like {{ 1 = 1.0, 2 = 0.9 }}")
+    try:
+        eff = {int(k): float(v) for k, v in eff_raw.items()}
+    except (TypeError, ValueError):
+        raise ProfileError(f"{where}: [timing] sp_efficiency keys must be SP degrees and values numbers") from None
+    if any(k < 1 or not (0 < v <= 1.0) for k, v in eff.items()):
+        raise ProfileError(f"{where}: [timing] sp_efficiency: degrees >= 1 and efficiencies in (0, 1]")
+    opts_raw = d.get("exploration", {}).get("step_options")
+    if not isinstance(opts_raw, list) or not opts_raw:
+        raise ProfileError(f"{where}: [exploration] step_options must be a non-empty list")
+    try:
+        opts = [StepOption(float(o["cache_threshold"]), float(o["effective_steps"]), float(o["accuracy"])) for o in opts_raw]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ProfileError(f"{where}: [exploration] step_options: {exc}") from None
+    its_raw = d.get("iterations_to_target", {})
+    if not isinstance(its_raw, dict):
+        raise ProfileError(f"{where}: [iterations_to_target] must be a table policy = iterations")
+    its = {}
+    for k, v in its_raw.items():
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ProfileError(f"{where}: [iterations_to_target] {k} must be an integer >= 1, got {v!r}")
+        its[k] = v
+    p = SimProfile(
+        name=str(d.get("name", path.stem)),
+        prompts_per_iteration=g("workload", "prompts_per_iteration", int),
+        group_size=g("workload", "group_size", int),
+        num_control_prompts=g("workload", "num_control_prompts", int, positive=False),
+        num_steps=g("workload", "num_steps", int),
+        batch_size=g("workload", "batch_size", int),
+        step_gpu_s=g("timing", "step_gpu_s"),
+        sp_efficiency=eff,
+        cached_step_cost=g("timing", "cached_step_cost", positive=False),
+        train_time_s=g("timing", "train_time_s"),
+        train_gpus=g("timing", "train_gpus", int),
+        train_scaling_efficiency=g("timing", "train_scaling_efficiency"),
+        weight_sync_s=g("timing", "weight_sync_s", positive=False),
+        engine_restart_s=g("timing", "engine_restart_s", positive=False),
+        elastic_join_s=g("timing", "elastic_join_s", positive=False),
+        elastic_revoke_s=g("timing", "elastic_revoke_s", positive=False),
+        node_start_s=g("timing", "node_start_s", positive=False),
+        commit_s=g("timing", "commit_s", positive=False),
+        reward_s=g("timing", "reward_s", positive=False),
+        step_options=opts,
+        max_sequences=g("exploration", "max_sequences", int),
+        sequence_step=g("exploration", "sequence_step", int),
+        min_effective_steps=g("exploration", "min_effective_steps"),
+        min_exploration_accuracy=g("exploration", "min_exploration_accuracy", positive=False),
+        beta=g("exploration", "beta", positive=False),
+        best_of_n=g("exploration", "best_of_n", int),
+        reserved_gpus=g("cluster", "reserved_gpus", int),
+        reserved_sp=g("cluster", "reserved_sp", int),
+        spot_nodes=g("cluster", "spot_nodes", int),
+        gpus_per_spot_node=g("cluster", "gpus_per_spot_node", int),
+        spot_sp=g("cluster", "spot_sp", int),
+        reserved_only_gpus=g("cluster", "reserved_only_gpus", int),
+        notice_s=g("cluster", "notice_s", positive=False),
+        spot_usd_per_gpu_hour=g("prices", "spot_usd_per_gpu_hour"),
+        reserved_usd_per_gpu_hour=g("prices", "reserved_usd_per_gpu_hour"),
+        iterations_to_target=its,
+        source=where,
+    )
+    if p.num_control_prompts >= p.prompts_per_iteration:
+        raise ProfileError(f"{where}: [workload] num_control_prompts must be < prompts_per_iteration")
+    if p.group_size % 2:
+        raise ProfileError(f"{where}: [workload] group_size must be even (top/bottom K/2 selection)")
+    if p.cached_step_cost > 1:
+        raise ProfileError(f"{where}: [timing] cached_step_cost is a fraction of a full step (<= 1)")
+    for sp in {p.reserved_sp, p.spot_sp, 1}:
+        p.step_s(sp)
+    if p.reserved_gpus % p.reserved_sp:
+        raise ProfileError(f"{where}: [cluster] reserved_gpus must be a multiple of reserved_sp")
+    return p

@@ -1,0 +1,625 @@
+"""Discrete-event simulation of a whole post-training job on reserved + spot GPUs.
+
+The simulation drives the *real* pure cores -- :class:`~spotlight.iteration.IterationCore`
+(the coordinator's phase machine, with its exploration streaming),
+:class:`~spotlight.request_scheduler.RequestScheduler`, :class:`~spotlight.planner.Planner`,
+:class:`~spotlight.instance_manager.InstanceManager` (the cost meter) and
+:class:`~spotlight.seed_bank.SeedBank` -- with simulated Rollout Workers, Train Workers
+and rewards on a virtual clock. Spot capacity follows a trace (any format ``--trace``
+reads), placed onto nodes at random as the paper does (§6.1, ``spotlight.trace``).
+
+What is simulated, and how (costs from a :class:`~spotlight.sim.profile.SimProfile`):
+
+* a worker is an SP group of ``sp`` GPUs; a batch of b sequences takes
+  ``b × Σ steps × step_gpu_s / (sp × efficiency[sp])`` seconds; exploration steps skipped
+  by First Block Cache cost ``cached_step_cost`` of a step; a spot worker that lacks the
+  version a request needs first pays ``weight_sync_s``;
+* training takes ``train_time_s`` on the reserved GPUs, which do no rollout meanwhile;
+* **elastic** policies (Spotlight, paper §4.4): a revoked GPU's group commits its batch
+  (live migration) and the survivor serves at SP 1 after ``elastic_revoke_s``; an added
+  GPU is usable after ``elastic_join_s`` and merges with an SP-1 survivor when that one
+  is between batches; **restart** policies (RLBoost, veRL-omni): any change on a node
+  stops the node's engine (in-flight work committed when live migration is on, else
+  lost) for ``engine_restart_s``, and a GPU without an SP partner idles;
+* rewards: a deterministic synthetic model, ``clip(mu_p + sigma_p·z(seed), 0, 1)``, in
+  which exploration on stale weights sees the same seed ranking up to a small noise
+  (paper §3.2.1); it gives the Planner a real variance signal.
+
+Convergence is an input (iterations to target per policy, from the profile): the
+simulator measures what one iteration costs in time and money under each policy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import heapq
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from spotlight.instance_manager import InstanceManager
+from spotlight.iteration import CoreObservation, IterationCore, IterationDone, IterationSettings, StartSaving, StartTraining
+from spotlight.planner import Action, Planner, PlannerConfig, StepOption
+from spotlight.request_scheduler import Lease, RequestKind, RequestScheduler
+from spotlight.seed_bank import SeedBank
+from spotlight.sim.profile import SimProfile
+from spotlight.trace import ReplayAction
+
+__all__ = ["POLICIES", "Policy", "SimResult", "Simulator", "simulate"]
+
+
+@dataclass(frozen=True)
+class Policy:
+    """One way of running the job (the baselines of paper §6.1 as configurations).
+
+    use_spot: spot GPUs take part (False: ``reserved_only_gpus`` reserved GPUs do everything).
+    explore_mode: "stale" (during training, on spot), "critical_path" (before the rollout) or "off".
+    reuse_exploration: critical_path: the selected candidates are the rollout (best-of-N).
+    planner: "bandit" (UCB over (d, s), §4.3) or "fixed" (d = best_of_n, all steps).
+    elastic: reconfigure SP groups in place (§4.4) instead of restarting the node's engine.
+    live_migration: commit in-flight work on a preemption notice (§4.5) instead of losing it.
+    stream_extra: keep spot workers busy with extra candidates while training runs.
+    """
+
+    name: str
+    use_spot: bool = True
+    explore_mode: str = "stale"
+    reuse_exploration: bool = False
+    planner: str = "bandit"
+    elastic: bool = True
+    live_migration: bool = True
+    stream_extra: bool = True
+
+
+POLICIES: dict[str, Policy] = {
+    "spotlight": Policy("spotlight"),
+    "rlboost": Policy("rlboost", explore_mode="off", elastic=False, stream_extra=False),
+    "rlboost+explore": Policy("rlboost+explore", elastic=False, stream_extra=False),
+    "verl-omni-spot": Policy("verl-omni-spot", explore_mode="critical_path", reuse_exploration=True, planner="fixed", elastic=False, stream_extra=False),
+    "reserved-only": Policy("reserved-only", use_spot=False, explore_mode="off", elastic=False, stream_extra=False),
+}
+"""The policies ``spotlight simulate`` compares. RLBoost keeps live migration (its rollouts
+migrate too); what it lacks is exploration and in-place SP reconfiguration."""
+
+
+def _uniforms(*parts: object) -> tuple[float, float]:
+    """Two deterministic U(0, 1) draws from ``parts`` (one BLAKE2b hash)."""
+    h = hashlib.blake2b("|".join(map(str, parts)).encode(), digest_size=16).digest()
+    return (int.from_bytes(h[:8], "little") + 0.5) / 2**64, (int.from_bytes(h[8:], "little") + 0.5) / 2**64
+
+
+def _normal(*parts: object) -> float:
+    """A deterministic N(0, 1) draw from ``parts`` (Box-Muller)."""
+    u1, u2 = _uniforms(*parts)
+    return math.sqrt(-2.0 * math.log(u1)) * math.cos(2 * math.pi * u2)
+
+
+class SyntheticReward:
+    """``reward(prompt, seed) = clip(mu_p + sigma_p · z(seed), 0, 1)`` with per-prompt mu_p ~
+    U(0.2, 0.8) and sigma_p ~ U(0.05, 0.25); a stale-weight exploration adds
+    ``stale_noise · N(0, 1)`` to z, keeping the seed ranking mostly (paper §3.2.1)."""
+
+    def __init__(self, seed: int, *, stale_noise: float = 0.3) -> None:
+        self.seed = seed
+        self.stale_noise = stale_noise
+        self._prompt: dict[int, tuple[float, float]] = {}
+
+    def __call__(self, prompt: int, seed: int, *, stale: bool) -> float:
+        ms = self._prompt.get(prompt)
+        if ms is None:
+            a, b = _uniforms(self.seed, "prompt", prompt)
+            ms = self._prompt[prompt] = (0.2 + 0.6 * a, 0.05 + 0.2 * b)
+        mu, sigma = ms
+        u1, u2 = _uniforms(self.seed, prompt, seed)
+        r = math.sqrt(-2.0 * math.log(u1))
+        z = r * math.cos(2 * math.pi * u2)
+        if stale:  # the second Box-Muller draw of the same pair: independent of z
+            z += self.stale_noise * r * math.sin(2 * math.pi * u2)
+        return min(1.0, max(0.0, mu + sigma * z))
+
+
+@dataclass
+class _Worker:
+    wid: str
+    node: "_Node"
+    gpus: tuple[int, ...]
+    sp: int
+    version: int
+    ready_at: float
+    leases: list[Lease] | None = None
+    pulled_at: float = 0.0  # when the batch was leased
+    work_start: float = 0.0  # when denoising started (after any weight sync)
+    end: float = 0.0
+    token: int = 0
+    steps: list[float] = field(default_factory=list)  # full-step cost per leased request
+    nominal: list[int] = field(default_factory=list)  # nominal steps left per leased request
+    resume: list[int] = field(default_factory=list)
+
+
+@dataclass
+class _Node:
+    node_id: str
+    is_spot: bool
+    gpus: set[int] = field(default_factory=set)  # GPUs the job holds (billed)
+    usable_at: dict[int, float] = field(default_factory=dict)  # GPU -> when it may serve
+    workers: dict[str, _Worker] = field(default_factory=dict)
+    down_until: float = 0.0  # engine restarting (restart policies)
+    next_worker: int = 0
+
+
+@dataclass
+class SimResult:
+    """What one simulated job cost (units in the names)."""
+
+    policy: str
+    iterations: int
+    wall_s: float
+    cost_usd: float
+    spot_cost_usd: float
+    reserved_cost_usd: float
+    spot_gpu_hours: float
+    reserved_gpu_hours: float
+    spot_utilisation: float  # busy spot GPU-seconds / held spot GPU-seconds, whole run
+    spot_busy_training: float  # mean over iterations of spot busy share of the training window
+    critical_path_share: float  # exploration on the critical path / iteration time, whole run
+    preemptions: int  # GPU revocations and node preemptions applied
+    additions: int
+    work_lost_steps: float  # denoising steps (× sequences) computed and then lost
+    requests_done: int
+    sim_elapsed_s: float  # real seconds the simulation took
+    rows: list[dict] = field(default_factory=list)
+    finished: bool = True
+
+    @property
+    def speedup_vs_real_time(self) -> float:
+        return self.wall_s / self.sim_elapsed_s if self.sim_elapsed_s > 0 else math.inf
+
+    def summary(self) -> dict:
+        d = dataclasses.asdict(self)
+        d.pop("rows")
+        d["speedup_vs_real_time"] = self.speedup_vs_real_time
+        return d
+
+
+class Simulator:
+    """One policy on one trace: build, :meth:`run`, read the :class:`SimResult`.
+
+    Args:
+        profile: costs, workload and cluster (:mod:`spotlight.sim.profile`).
+        policy: a :class:`Policy`.
+        actions: spot capacity changes (``spotlight.trace.TracePlacement.plan`` output,
+            agents = spot nodes), times in seconds from the start; None = a static pool of
+            ``spot_nodes × gpus_per_spot_node`` GPUs.
+        iterations: iterations to run (default: the profile's iterations to target).
+        seed: seeds the rewards and the Planner.
+        max_candidates_per_prompt: cap on planned + streamed candidates per prompt
+            (large = the uncapped exploration of paper §6.6).
+        max_sim_s: give up (``finished=False``) past this virtual time.
+
+    Raises:
+        ValueError: an unknown setting (policy explore mode, no iterations to target).
+    """
+
+    def __init__(
+        self,
+        profile: SimProfile,
+        policy: Policy,
+        actions: Sequence[ReplayAction] | None,
+        *,
+        iterations: int | None = None,
+        seed: int = 0,
+        max_candidates_per_prompt: int = 256,
+        max_sim_s: float = 30 * 24 * 3600.0,
+    ) -> None:
+        p = profile
+        self.profile, self.policy = p, policy
+        if iterations is None:
+            if policy.name not in p.iterations_to_target:
+                raise ValueError(f"profile {p.source} has no iterations_to_target for policy {policy.name!r}")
+            iterations = p.iterations_to_target[policy.name]
+        self.iterations = iterations
+        self.max_sim_s = max_sim_s
+        self.now = 0.0
+        self._heap: list[tuple[float, int, str, object]] = []
+        self._seq = 0
+        self.sched = RequestScheduler(lease_timeout_s=1e12)
+        self.instances = InstanceManager(heartbeat_timeout_s=1e12)
+        self.seed_bank = SeedBank(seed, p.group_size)
+        self.reward = SyntheticReward(seed)
+        control = 0 if policy.reuse_exploration else p.num_control_prompts
+        options = [dataclasses.replace(o, cost_steps=p.sequence_cost_steps(o.effective_steps)) for o in p.step_options]
+        planner = None
+        fixed = None
+        if policy.explore_mode != "off":
+            if policy.planner == "bandit":
+                planner = Planner(
+                    PlannerConfig(
+                        max_sequences=p.max_sequences,
+                        min_sequences=p.group_size,
+                        sequence_step=p.sequence_step,
+                        min_effective_steps=p.min_effective_steps,
+                        min_exploration_accuracy=p.min_exploration_accuracy,
+                        beta=p.beta,
+                    ),
+                    options,
+                    random.Random(seed),
+                )
+            else:
+                fixed = Action(p.best_of_n, float(p.num_steps), 0.0, float(p.num_steps))
+        self.core = IterationCore(
+            IterationSettings(
+                iterations=iterations,
+                prompts_per_iteration=p.prompts_per_iteration,
+                num_control_prompts=control,
+                group_size=p.group_size,
+                run_seed=seed,
+                num_steps=p.num_steps,
+                explore_mode=policy.explore_mode,
+                reuse_exploration=policy.reuse_exploration,
+                stream_extra=policy.stream_extra,
+                max_candidates_per_prompt=max_candidates_per_prompt,
+            ),
+            self.sched,
+            self.seed_bank,
+            planner,
+            fixed,
+            list(range(max(p.prompts_per_iteration * 4, 128))),
+        )
+        self._options = {o.cache_threshold: o for o in options}
+        self.nodes: dict[str, _Node] = {}
+        self.workers: dict[str, _Worker] = {}
+        self.idle: dict[str, None] = {}  # insertion-ordered set of idle worker ids
+        self._spot_workers = 0
+        self._spot_gpus: int | None = None  # cached InstanceManager.num_spot_gpus()
+        self.version = 0  # latest published weights
+        self._train_done_iter: int | None = None
+        self.reserved_gpus = p.reserved_gpus if policy.use_spot else p.reserved_only_gpus
+        self.train_s = p.train_s(self.reserved_gpus)
+        self.actions = list(actions) if actions is not None else None
+        self.rows: list[dict] = []
+        self.preemptions = self.additions = 0
+        self.work_lost_steps = 0.0
+        self.requests_done = 0
+        self._busy_spot_gpu_s = 0.0
+        self._iter_counts = {"preemptions": 0, "additions": 0, "work_lost_steps": 0.0}
+
+    # ------------------------------------------------------------------ event queue
+    def _at(self, t: float, kind: str, payload: object) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, self._seq, kind, payload))
+
+    # ------------------------------------------------------------------ setup
+    def _setup(self) -> None:
+        p = self.profile
+        res = _Node("reserved-0", False)
+        self.nodes[res.node_id] = res
+        res.gpus = set(range(self.reserved_gpus))
+        res.usable_at = dict.fromkeys(res.gpus, 0.0)
+        self.instances.register(res.node_id, "sim", sorted(res.gpus), False, 0.0)
+        self._rebalance(res)
+        if not self.policy.use_spot:
+            return
+        if self.actions is None:
+            for a in range(p.spot_nodes):
+                for g in range(p.gpus_per_spot_node):
+                    self._at(0.0, "trace", ReplayAction(0.0, "start_node" if g == 0 else "add_gpu", a, g, f"static{a}.{g}"))
+        else:
+            for act in self.actions:
+                self._at(act.t_s, "trace", act)
+
+    # ------------------------------------------------------------------ workers
+    def _new_worker(self, node: _Node, gpus: tuple[int, ...], ready_at: float) -> None:
+        wid = f"{node.node_id}/w{node.next_worker}"
+        node.next_worker += 1
+        w = _Worker(wid, node, gpus, len(gpus), self.version, ready_at)
+        node.workers[wid] = w
+        self.workers[wid] = w
+        self._spot_workers += node.is_spot
+        self.idle[wid] = None
+        if ready_at > self.now:
+            self._at(ready_at, "wake", wid)
+
+    def _drop_worker(self, w: _Worker, *, commit: bool) -> None:
+        """Remove a worker; its batch is committed (live migration) or lost."""
+        if w.leases:
+            self._interrupt(w, commit=commit)
+        self.idle.pop(w.wid, None)
+        w.node.workers.pop(w.wid, None)
+        if self.workers.pop(w.wid, None) is not None:
+            self._spot_workers -= w.node.is_spot
+        self.core.busy.gone(w.wid, self.now)
+
+    def _interrupt(self, w: _Worker, *, commit: bool) -> None:
+        now = self.now
+        total = w.end - w.work_start
+        frac = 0.0 if total <= 0 else min(1.0, max(0.0, (now - w.work_start) / total))
+        if w.node.is_spot:
+            self._busy_spot_gpu_s += (now - w.pulled_at) * len(w.gpus)
+        for lease, cost, nominal, resume in zip(w.leases, w.steps, w.nominal, w.resume):
+            done_steps = int(frac * nominal)
+            if commit and done_steps > 0:
+                self.sched.commit(lease.request_id, lease.lease_id, committed_step=resume + done_steps, commit_key=f"sim.{lease.request_id}.L{lease.lease_id}", now=now, worker_id=w.wid)
+            else:
+                self.work_lost_steps += frac * cost
+                self._iter_counts["work_lost_steps"] += frac * cost
+        self.sched.release_worker(w.wid, reason="preempted", now=now)  # anything not committed
+        self.core.busy.end(w.wid, now)
+        w.leases = None
+        w.token += 1
+
+    def _rebalance(self, node: _Node) -> None:
+        """Form workers from the node's usable GPUs that no worker holds (and, elastic, from
+        idle SP-1 survivors that can be merged into a full group)."""
+        if node.down_until > self.now:
+            return
+        sp = self.profile.spot_sp if node.is_spot else self.profile.reserved_sp
+        held = {g for w in node.workers.values() for g in w.gpus}
+        free = sorted(g for g in node.gpus if g not in held and node.usable_at.get(g, math.inf) <= self.now)
+        elastic = self.policy.elastic and node.is_spot
+        if elastic and sp > 1:
+            frags = [w for w in node.workers.values() if w.sp < sp and w.leases is None]
+            while frags and len(free) + sum(len(w.gpus) for w in frags) >= sp:
+                group: list[int] = []
+                while frags and len(group) < sp and len(group) + len(frags[0].gpus) <= sp:
+                    w = frags.pop(0)
+                    group += w.gpus
+                    self._drop_worker(w, commit=True)
+                while len(group) < sp and free:
+                    group.append(free.pop(0))
+                if len(group) < sp:  # could not complete: give the GPUs back as fragments
+                    free = sorted(free + group)
+                    break
+                self._new_worker(node, tuple(sorted(group)), self.now)
+        while len(free) >= sp:
+            self._new_worker(node, tuple(free[:sp]), self.now)
+            free = free[sp:]
+        if elastic:
+            for g in free:  # a GPU without a partner serves alone (SP 1, offloading)
+                self._new_worker(node, (g,), self.now)
+
+    # ------------------------------------------------------------------ trace
+    def _apply(self, act: ReplayAction) -> None:
+        p, now = self.profile, self.now
+        self._spot_gpus = None
+        node_id = f"spot-{act.agent}"
+        node = self.nodes.get(node_id)
+        gpu = act.gpu if act.gpu is not None else 0
+        if act.kind in ("start_node", "add_gpu"):
+            self.additions += 1
+            self._iter_counts["additions"] += 1
+            if node is None or not node.gpus:
+                node = _Node(node_id, True)
+                self.nodes[node_id] = node
+                node.gpus = {gpu}
+                node.usable_at = {gpu: now + p.node_start_s}
+                self.instances.register(node_id, "sim", [gpu], True, now)
+                self._at(now + p.node_start_s, "rebalance", node_id)
+                return
+            node.gpus.add(gpu)
+            self.instances.heartbeat(node_id, now, gpus=sorted(node.gpus))
+            if self.policy.elastic:
+                node.usable_at[gpu] = now + p.elastic_join_s
+                self._at(now + p.elastic_join_s, "rebalance", node_id)
+            else:
+                self._restart(node)
+            return
+        # a GPU (or the node's last GPU) is taken away
+        if node is None or gpu not in node.gpus:
+            return
+        self.preemptions += 1
+        self._iter_counts["preemptions"] += 1
+        node.gpus.discard(gpu)
+        node.usable_at.pop(gpu, None)
+        if not node.gpus:
+            for w in list(node.workers.values()):
+                self._drop_worker(w, commit=self.policy.live_migration)
+            self.instances.goodbye(node_id, now, "preempted")
+            del self.nodes[node_id]
+            return
+        self.instances.heartbeat(node_id, now, gpus=sorted(node.gpus))
+        if self.policy.elastic:
+            for w in [w for w in node.workers.values() if gpu in w.gpus]:
+                survivors = [g for g in w.gpus if g != gpu]
+                self._drop_worker(w, commit=self.policy.live_migration)
+                for g in survivors:  # the survivor re-forms from its memory
+                    node.usable_at[g] = now + p.elastic_revoke_s
+            self._at(now + p.elastic_revoke_s, "rebalance", node_id)
+        else:
+            self._restart(node)
+
+    def _restart(self, node: _Node) -> None:
+        """A restart policy's reconfiguration: stop every worker of the node, restart the engine."""
+        for w in list(node.workers.values()):
+            self._drop_worker(w, commit=self.policy.live_migration)
+        node.down_until = self.now + self.profile.engine_restart_s
+        node.usable_at = dict.fromkeys(node.gpus, node.down_until)
+        self._at(node.down_until, "rebalance", node.node_id)
+
+    # ------------------------------------------------------------------ work
+    def _batch_cost(self, w: _Worker, leases: list[Lease]) -> None:
+        p = self.profile
+        w.steps, w.nominal, w.resume = [], [], []
+        for lease in leases:
+            req = self.sched.get(lease.request_id)
+            resume = lease.resume_step or 0
+            left = max(0, p.num_steps - resume)
+            if req.kind is RequestKind.EXPLORE and "cache_threshold" in req.params:
+                opt = self._options.get(float(req.params["cache_threshold"]))
+                full = opt.cost_steps if opt is not None else float(p.num_steps)
+            else:
+                full = float(p.num_steps)
+            w.steps.append(full * left / p.num_steps)
+            w.nominal.append(left)
+            w.resume.append(resume)
+
+    def _dispatch(self) -> None:
+        if not self.idle or self.sched.num_ready() == 0:
+            return
+        training = self.core.phase == "train"
+        bs = self.profile.batch_size
+        for wid in list(self.idle):
+            w = self.workers.get(wid)
+            if w is None or w.ready_at > self.now:
+                continue
+            if not w.node.is_spot and training:
+                continue  # the reserved GPUs are training
+            leases = self.sched.pull(wid, is_spot=w.node.is_spot, max_requests=bs, now=self.now)
+            if not leases:
+                continue
+            del self.idle[wid]
+            self._batch_cost(w, leases)
+            need = self.sched.get(leases[0].request_id).weight_version
+            sync = self.profile.weight_sync_s if (w.node.is_spot and w.version < need) else 0.0
+            w.version = max(w.version, need)
+            step_s = self.profile.step_s(w.sp)
+            w.leases = leases
+            w.pulled_at = self.now
+            w.work_start = self.now + sync
+            w.end = w.work_start + sum(w.steps) * step_s
+            w.token += 1
+            self.core.busy.seen(wid, w.node.is_spot, self.now)
+            self.core.busy.start(wid, self.now)
+            self._at(w.end, "done", (wid, w.token))
+            if self.sched.num_ready() == 0:
+                break
+
+    def _finish(self, wid: str, token: int) -> None:
+        w = self.workers.get(wid)
+        if w is None or w.token != token or not w.leases:
+            return
+        now = self.now
+        if w.node.is_spot:
+            self._busy_spot_gpu_s += (now - w.pulled_at) * len(w.gpus)
+        for lease in w.leases:
+            if self.sched.complete(lease.request_id, lease.lease_id, now, worker_id=wid):
+                req = self.sched.get(lease.request_id)
+                self.requests_done += 1
+                self.core.record_result(req.request_id, now)
+                slot, pidx = self.core.request_meta[req.request_id]
+                stale = req.kind is RequestKind.EXPLORE and req.weight_version < req.iteration
+                self.core.record_reward(req.request_id, self.reward(pidx, req.seed, stale=stale))
+        w.leases = None
+        self.core.busy.end(wid, now)
+        self.idle[wid] = None
+        if w.node.is_spot and self.policy.elastic and w.sp < self.profile.spot_sp:
+            self._rebalance(w.node)  # an SP-1 survivor may merge with a GPU that joined
+
+    # ------------------------------------------------------------------ the loop
+    def _observation(self) -> CoreObservation:
+        p = self.profile
+        if self._spot_gpus is None:
+            self._spot_gpus = self.instances.num_spot_gpus()
+        return CoreObservation(
+            trainers_ready=True,
+            any_worker_node=True,
+            train_done=self.core.phase == "train" and self._train_done_iter == self.core.iteration,
+            num_spot_gpus=self._spot_gpus,
+            step_time_s=p.step_s(p.spot_sp) * p.spot_sp,
+            spot_slots=self._spot_workers * p.batch_size,
+        )
+
+    def _pump(self) -> None:
+        for _ in range(4):
+            ready_before = self.sched.num_ready()
+            for d in self.core.advance(self.now, self._observation()):
+                if isinstance(d, StartTraining):
+                    self._at(self.now + self.train_s, "train_done", d.iteration)
+                elif isinstance(d, IterationDone):
+                    self._record(d)
+                elif isinstance(d, StartSaving):
+                    self.core.phase = "finished"
+                    self.core.done = True
+            self._dispatch()
+            if self.core.done or (self.sched.num_ready() >= ready_before and self.core.phase != "ended"):
+                break
+
+    def _record(self, d: IterationDone) -> None:
+        row = dict(d.metrics)
+        row.pop("planner", None)
+        self.instances.integrate(self.now)
+        p = self.profile
+        row.update(
+            {
+                "t_s": self.now,
+                "spot/num_gpus": self.instances.num_spot_gpus(),
+                "cost/usd": self.instances.cost_usd(p.spot_usd_per_gpu_hour, p.reserved_usd_per_gpu_hour),
+                "spot/preemptions": self._iter_counts["preemptions"],
+                "spot/additions": self._iter_counts["additions"],
+                "spot/work_lost_steps": self._iter_counts["work_lost_steps"],
+            }
+        )
+        self._iter_counts = {"preemptions": 0, "additions": 0, "work_lost_steps": 0.0}
+        self.rows.append(row)
+        self.sched.forget(before_iteration=d.iteration)
+
+    def run(self) -> SimResult:
+        """Simulate until every iteration is done (or ``max_sim_s``)."""
+        t0 = time.perf_counter()
+        self._setup()
+        self._pump()
+        finished = True
+        while not self.core.done:
+            if not self._heap:
+                finished = False
+                break
+            t, _, kind, payload = heapq.heappop(self._heap)
+            if t > self.max_sim_s:
+                finished = False
+                break
+            self.now = max(self.now, t)
+            if kind == "done":
+                self._finish(*payload)
+            elif kind == "trace":
+                self._apply(payload)
+            elif kind == "rebalance":
+                node = self.nodes.get(payload)
+                if node is not None:
+                    self._rebalance(node)
+            elif kind == "train_done":
+                self._train_done_iter = payload
+                self.version = max(self.version, payload + 1)
+            elif kind == "wake":
+                pass
+            self._pump()
+        self.instances.integrate(self.now)
+        p = self.profile
+        spot_s = self.instances.gpu_seconds(spot=True)
+        busy = [r["spot/busy_fraction"] for r in self.rows if isinstance(r.get("spot/busy_fraction"), float) and math.isfinite(r["spot/busy_fraction"])]
+        crit = sum(r["time/explore_critical_path_s"] for r in self.rows)
+        total = sum(r["time/iteration_s"] for r in self.rows)
+        return SimResult(
+            policy=self.policy.name,
+            iterations=len(self.rows),
+            wall_s=self.now,
+            cost_usd=self.instances.cost_usd(p.spot_usd_per_gpu_hour, p.reserved_usd_per_gpu_hour),
+            spot_cost_usd=spot_s / 3600 * p.spot_usd_per_gpu_hour,
+            reserved_cost_usd=self.instances.gpu_seconds(spot=False) / 3600 * p.reserved_usd_per_gpu_hour,
+            spot_gpu_hours=spot_s / 3600,
+            reserved_gpu_hours=self.instances.gpu_seconds(spot=False) / 3600,
+            spot_utilisation=min(1.0, self._busy_spot_gpu_s / spot_s) if spot_s > 0 else math.nan,
+            spot_busy_training=sum(busy) / len(busy) if busy else math.nan,
+            critical_path_share=crit / total if total > 0 else 0.0,
+            preemptions=self.preemptions,
+            additions=self.additions,
+            work_lost_steps=self.work_lost_steps,
+            requests_done=self.requests_done,
+            sim_elapsed_s=time.perf_counter() - t0,
+            rows=self.rows,
+            finished=finished,
+        )
+
+
+def simulate(profile: SimProfile, policy: str | Policy, actions: Sequence[ReplayAction] | None, **kwargs) -> SimResult:
+    """Run one policy (a name from :data:`POLICIES` or a :class:`Policy`); see :class:`Simulator`.
+
+    Raises:
+        ValueError: unknown policy name.
+    """
+    if isinstance(policy, str):
+        if policy not in POLICIES:
+            raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
+        policy = POLICIES[policy]
+    return Simulator(profile, policy, actions, **kwargs).run()

@@ -1,0 +1,210 @@
+"""The iteration core (spotlight/iteration.py): the coordinator's phase machine, driven here
+directly with the real Request Scheduler and seed bank, as the coordinator and the
+simulator drive it."""
+
+from __future__ import annotations
+
+import collections
+import math
+import random
+
+import pytest
+
+from spotlight.iteration import BusyMeter, CoreObservation, IterationCore, IterationDone, IterationSettings, StartSaving, StartTraining
+from spotlight.planner import Action, Planner, PlannerConfig, StepOption
+from spotlight.request_scheduler import RequestKind, RequestScheduler, RequestStatus
+from spotlight.seed_bank import SeedBank, derive_seed
+
+T = 10
+
+
+def _core(*, mode="stale", iterations=3, stream=True, d=8, reuse=False, control=2, planner=None):
+    settings = IterationSettings(
+        iterations=iterations, prompts_per_iteration=4, num_control_prompts=control, group_size=4, run_seed=7,
+        num_steps=T, explore_mode=mode, stream_extra=stream, reuse_exploration=reuse,
+    )
+    sched = RequestScheduler(1e9)
+    return IterationCore(settings, sched, SeedBank(7, 4), planner, Action(d, float(T), 0.0), list(range(12)))
+
+
+def _finish(core, worker, *, is_spot, now, max_requests=100, reward=None):
+    """Pull and complete everything ``worker`` may take now; returns the ids done."""
+    done = []
+    while True:
+        leases = core.sched.pull(worker, is_spot=is_spot, max_requests=max_requests, now=now)
+        if not leases:
+            return done
+        for lease in leases:
+            assert core.sched.complete(lease.request_id, lease.lease_id, now, worker_id=worker)
+            core.record_result(lease.request_id, now)
+            req = core.sched.get(lease.request_id)
+            core.record_reward(lease.request_id, reward(req) if reward else random.Random(req.seed).random())
+            done.append(lease.request_id)
+
+
+def _to_training(core, now=0.0):
+    out = core.advance(now, CoreObservation())
+    assert core.phase == "rollout" and out == []
+    _finish(core, "r/0", is_spot=False, now=now + 1)
+    out = core.advance(now + 2, CoreObservation(spot_slots=8))
+    assert [type(d) for d in out] == [StartTraining]
+    return out[0]
+
+
+def test_extras_are_streamed_only_when_the_spot_queue_runs_low_and_continue_the_candidate_sequence():
+    core = _core()
+    _to_training(core)
+    ex = core.sched.requests(iteration=1, kind=RequestKind.EXPLORE)
+    assert len(ex) == 2 * 8  # 2 explored prompts x d=8 planned, nothing extra yet (16 queued >= 8 slots)
+    leases = core.sched.pull("s/0", is_spot=True, max_requests=12, now=3.0)
+    assert len(leases) == 12 and core.sched.num_ready(kind=RequestKind.EXPLORE) == 4
+    core.advance(3.0, CoreObservation(spot_slots=8))
+    extra = core.sched.requests(iteration=1, kind=RequestKind.EXPLORE)[16:]
+    assert len(extra) == 4  # topped up to the 8 slots the spot workers can hold
+    per_slot = collections.Counter(core.request_meta[r.request_id][0] for r in extra)
+    assert per_slot == {0: 2, 1: 2}  # round-robin over the explored prompts, never the control ones
+    for r in extra:
+        slot = core.request_meta[r.request_id][0]
+        assert r.seed in {derive_seed(7, "candidate", 1, slot, j) for j in (8, 9)}
+        assert r.weight_version == 0 and r.params == core.sched.get(ex[0].request_id).params  # same batch key
+    core.advance(3.5, CoreObservation(spot_slots=8))
+    assert len(core.sched.requests(iteration=1, kind=RequestKind.EXPLORE)) == 20  # still 8 queued: no more
+
+
+def test_no_extras_when_streaming_is_off_or_outside_training():
+    core = _core(stream=False)
+    _to_training(core)
+    core.sched.pull("s/0", is_spot=True, max_requests=16, now=3.0)
+    core.advance(3.0, CoreObservation(spot_slots=8))
+    assert len(core.sched.requests(iteration=1, kind=RequestKind.EXPLORE)) == 16
+
+
+def test_training_end_abandons_extras_and_drain_waits_only_for_the_planned_candidates():
+    core = _core()
+    _to_training(core)
+    planned = {r.request_id for r in core.sched.requests(iteration=1, kind=RequestKind.EXPLORE)}
+    held = core.sched.pull("s/0", is_spot=True, max_requests=14, now=3.0)  # 2 planned stay queued
+    core.advance(3.0, CoreObservation(spot_slots=8))
+    extras = {r.request_id for r in core.sched.requests(iteration=1, kind=RequestKind.EXPLORE)} - planned
+    assert len(extras) == 6
+    # a spot worker finishes 3 extras before training ends
+    mine = core.sched.pull("s/1", is_spot=True, max_requests=5, now=4.0)
+    finished_extra = [l for l in mine if l.request_id in extras][:3]
+    for lease in finished_extra:
+        core.sched.complete(lease.request_id, lease.lease_id, 4.5, worker_id="s/1")
+        core.record_result(lease.request_id, 4.5)
+        core.record_reward(lease.request_id, 0.5)
+    out = core.advance(5.0, CoreObservation(spot_slots=8, train_done=True))
+    assert core.phase == "drain" and out == []
+    for rid in extras - {l.request_id for l in finished_extra}:
+        st = core.sched.get(rid)
+        assert st.status is RequestStatus.CANCELLED and "training ended" in st.history[-1][2]
+    for rid in planned:
+        assert core.sched.get(rid).status is not RequestStatus.CANCELLED
+    # a late result for an abandoned extra is stale
+    late = next(l for l in mine if l.request_id in extras and l not in finished_extra) if any(l.request_id in extras and l not in finished_extra for l in mine) else None
+    if late is not None:
+        assert not core.sched.complete(late.request_id, late.lease_id, 5.5, worker_id="s/1")
+    # drain: the planned candidates still out (12 on s/0, 2 on s/1) must finish first
+    out_planned = held + [l for l in mine if l.request_id in planned]
+    for lease in out_planned[:-1]:
+        core.sched.complete(lease.request_id, lease.lease_id, 6.0)
+        core.record_result(lease.request_id, 6.0)
+        core.record_reward(lease.request_id, 0.3)
+    assert core.advance(6.0, CoreObservation()) == []  # one planned candidate is still running
+    last = out_planned[-1]
+    core.sched.complete(last.request_id, last.lease_id, 8.0)
+    core.record_result(last.request_id, 8.0)
+    core.record_reward(last.request_id, 0.3)
+    out = core.advance(8.0, CoreObservation())
+    assert [type(d) for d in out] == [IterationDone]
+    m = out[0].metrics
+    assert m["explore/num_requests"] == 16 + 3 and m["explore/num_extra_requests"] == 3
+    assert m["time/explore_critical_path_s"] == pytest.approx(8.0 - 5.0)
+    # the seed bank selected from planned + extra candidates alike
+    seeds, explored = core.seed_bank.seeds_for(1, 0)
+    assert explored and len(seeds) == 4
+
+
+def test_checkpoint_boundary_nothing_queued_after_iteration_done():
+    core = _core(iterations=2)
+    _to_training(core)
+    _finish(core, "s/0", is_spot=True, now=3.0)
+    out = core.advance(4.0, CoreObservation(train_done=True))
+    assert [type(d) for d in out] == [IterationDone]
+    assert core.phase == "ended" and core.sched.num_ready() == 0  # the shell checkpoints here
+    state = core.state_dict()
+    assert state["iteration"] == 1
+    out = core.advance(4.0, CoreObservation())
+    assert core.phase == "rollout" and core.sched.num_ready(kind=RequestKind.ROLLOUT) == 16
+    fresh = _core(iterations=2)
+    fresh.load_state_dict(state)
+    assert fresh.iteration == 1 and fresh.phase == "starting"
+
+
+def test_best_of_n_reuse_generates_exactly_n_per_explored_prompt_and_no_rollout():
+    core = _core(mode="critical_path", reuse=True, control=0, d=8, iterations=2)
+    for it in range(2):
+        core.advance(float(it), CoreObservation())
+        assert core.phase == "explore_first"
+        _finish(core, "r/0", is_spot=False, now=it + 0.1)
+        out = core.advance(it + 0.2, CoreObservation())
+        assert [type(d) for d in out] == [StartTraining]
+        ids = out[0].request_ids
+        per_prompt = collections.Counter(core.request_meta[r.request_id][0] for r in core.sched.requests(iteration=it, kind=RequestKind.EXPLORE))
+        assert per_prompt == {s: 8 for s in range(4)}  # N generations per prompt, not N + K
+        assert core.sched.requests(iteration=it, kind=RequestKind.ROLLOUT) == []
+        assert len(ids) == 4 * 4 and all(core.sched.get(r).kind is RequestKind.EXPLORE for r in ids)
+        by_slot = collections.defaultdict(list)
+        for r in ids:
+            by_slot[core.request_meta[r][0]].append(core.rewards[r])
+        for slot, rewards in by_slot.items():  # the top-2 and bottom-2 of the 8 candidates
+            allr = sorted(core.rewards[r.request_id] for r in core.sched.requests(iteration=it, kind=RequestKind.EXPLORE) if core.request_meta[r.request_id][0] == slot)
+            assert sorted(rewards) == sorted(allr[:2] + allr[-2:])
+        out = core.advance(it + 0.5, CoreObservation(train_done=True))
+        assert isinstance(out[0], IterationDone)
+    assert [type(d) for d in core.advance(3.0, CoreObservation())] == [StartSaving]
+
+
+def test_reuse_needs_critical_path_and_no_control_prompts():
+    with pytest.raises(ValueError, match="critical_path"):
+        IterationSettings(iterations=1, prompts_per_iteration=4, num_control_prompts=0, group_size=4, run_seed=0, num_steps=T, explore_mode="stale", reuse_exploration=True)
+
+
+def test_planner_is_credited_for_the_candidates_actually_scored():
+    planner = Planner(PlannerConfig(max_sequences=24, min_sequences=8, sequence_step=8, beta=0.0), [StepOption(0.0, float(T), 1.0)], random.Random(0))
+    core = _core(planner=planner, iterations=3)
+    start = core.advance(0.0, CoreObservation(num_spot_gpus=4, step_time_s=1e-3))
+    _finish(core, "r/0", is_spot=False, now=1.0)
+    core.advance(2.0, CoreObservation(num_spot_gpus=4, step_time_s=1e-3, spot_slots=40))
+    action = core.explore_action[1]
+    # spot workers take everything streamed while training runs: 2 slots x (d planned + extras)
+    for _ in range(4):
+        _finish(core, "s/0", is_spot=True, now=3.0)
+        core.advance(3.0, CoreObservation(num_spot_gpus=4, step_time_s=1e-3, spot_slots=40))
+    _finish(core, "s/0", is_spot=True, now=3.5)
+    core.advance(4.0, CoreObservation(train_done=True))
+    per_prompt = core._candidates_per_prompt[1]
+    assert per_prompt > action.num_sequences
+    # iteration 1's rollout then feeds back to the arm matching what was scored
+    core.advance(4.0, CoreObservation())
+    _finish(core, "r/0", is_spot=False, now=5.0)
+    core.advance(6.0, CoreObservation(num_spot_gpus=4, step_time_s=1e-3, spot_slots=8))
+    credited = max(d for d in planner.config.sequence_grid() if d <= per_prompt)
+    counts = {a.num_sequences: planner.arm_stats(a)[0] for a in planner.actions}
+    assert counts[credited] == 1 and sum(counts.values()) == 1
+
+
+def test_busy_meter_counts_lease_time_over_alive_time():
+    m = BusyMeter()
+    m.seen("a", True, 0.0)
+    m.seen("b", True, 0.0)
+    m.start("a", 0.0)
+    m.end("a", 10.0)
+    m.start("b", 5.0)  # still holding at the end of the window
+    assert m.fraction(0.0, 10.0) == pytest.approx((10 + 5) / 20)
+    m.gone("b", 10.0)
+    m.seen("c", False, 0.0)
+    assert m.fraction(0.0, 20.0) == pytest.approx(15 / (20 + 10))  # b alive only until 10
+    assert math.isnan(m.fraction(0.0, 20.0, spot=False)) is False and m.fraction(0.0, 20.0, spot=False) == 0.0
+    assert math.isnan(m.fraction(5.0, 5.0))
