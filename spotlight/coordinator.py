@@ -878,7 +878,8 @@ class Coordinator:
             self.recorder.truncate_metrics(0)
             return
         n, st = got
-        self.core.load_state_dict(st["core"])
+        legacy = {"version": 1, "iteration": st["iteration"], "explore_action": st.get("explore_action", {}), "plan_logs": st.get("plan_logs", {}), "last_train_s": st.get("last_train_s")}
+        self.core.load_state_dict(st.get("core") or legacy)  # checkpoints written before the iteration core keep loading
         self.sched.load_state_dict(st["scheduler"], epoch=self.recorder.epoch, now=now)
         self.seed_bank.load_state_dict(st["seed_bank"])
         if self.planner is not None and st.get("planner"):
