@@ -114,10 +114,26 @@ def test_wrong_type_names_the_field():
         ({"model.source": "pretrained", "model.pretrained_path": ""}, "model.pretrained_path"),
         ({"cluster.heartbeat_timeout_s": 0.5}, "cluster.heartbeat_timeout_s"),
         ({"run.iterations": 0}, "run.iterations"),
+        ({"planner.feedback_std_floor": -0.1}, "planner.feedback_std_floor"),
+        ({"planner.max_feedback": 0.5}, "planner.max_feedback"),
+        ({"planner.min_sequences": 8}, "planner.min_sequences"),  # = data.group_size: selects nothing
+        ({"planner.max_sequences": 8}, "planner.max_sequences"),
+        ({"planner.sequence_step": 0}, "planner.sequence_step"),
+        ({"planner.window": 0}, "planner.window"),
     ],
 )
 def test_bad_values_name_the_field(overrides, field):
     _raises_naming(field, **overrides)
+
+
+def test_planner_d_grid_starts_above_group_size():
+    cfg = load_config()
+    assert cfg.data.group_size == 8 and cfg.planner.min_sequences == 0
+    assert cfg.planner_min_sequences == 16  # K + sequence_step
+    assert load_config(overrides={"planner.min_sequences": 10}).planner_min_sequences == 10
+    assert load_config(overrides={"planner.max_sequences": 12}).planner_min_sequences == 12
+    # the planner section is not checked against K when the bandit does not run
+    assert load_config(overrides={"explore.planner": "fixed", "planner.min_sequences": 8}).planner.min_sequences == 8
 
 
 def test_window_ending_just_before_last_step_is_valid():
