@@ -11,6 +11,7 @@ default.
 
 from __future__ import annotations
 
+import math
 import pathlib
 import tomllib
 from typing import Any, Literal
@@ -245,10 +246,14 @@ class PlannerSection(_Section):
     """UCB bandit over exploration actions a = (d, s) (paper §4.3, Appendix B.2)."""
 
     max_sequences: int = 32
-    """Largest d (paper §6.8: reward std saturates at 32)."""
+    """Largest d (paper §6.8: reward std saturates at 32); must be > data.group_size."""
     min_sequences: int = 0
-    """Smallest d; 0 = data.group_size (fewer candidates than K cannot be selected from)."""
+    """Smallest d; 0 = the first grid value above K: data.group_size + sequence_step (capped
+    at max_sequences), see :meth:`SpotlightConfig.planner_min_sequences`. An explicit value
+    must be > data.group_size: the top-K/2 + bottom-K/2 selection keeps every one of d <= K
+    candidates, so such an arm would cost spot time and select nothing."""
     sequence_step: int = 8
+    """Spacing of the d grid min_sequences, +sequence_step, ..., max_sequences."""
     min_effective_steps: float = 1.0
     min_exploration_accuracy: float = 0.8
     """Thresholds whose profiled Spearman accuracy is below this are refused (paper §6.8)."""
@@ -256,6 +261,40 @@ class PlannerSection(_Section):
     window: int = 10
     """W_b: sliding window of feedback observations per arm."""
     seed: int = 0
+    feedback_std_floor: float = 0.02
+    """Floor on the control groups' mean reward std sigma_unc in the feedback ratio
+    sigma_all / sigma_unc, in reward units (not in the paper; ``spotlight.planner.feedback_ratio``).
+    Nearly constant control groups (common with 0/1 rewards) would otherwise give one
+    iteration a ratio of 10^5 that pins its arm for a whole window. 0.02 = 2 % of a [0, 1]
+    reward range; scale it with your reward's range. 0 = no floor."""
+    max_feedback: float = 5.0
+    """Cap on the feedback ratio (not in the paper). Real ratios from top/bottom selection
+    stay near 1-2; the cap bounds what one outlier iteration adds to its arm's window mean.
+    Must be >= 1 (1 = no amplification)."""
+
+    def __post_init__(self) -> None:
+        _check(self.max_sequences >= 1, "planner.max_sequences", "must be >= 1")
+        _check(self.min_sequences >= 0, "planner.min_sequences", "must be >= 0 (0 = data.group_size + sequence_step)")
+        _check(
+            self.min_sequences <= self.max_sequences,
+            "planner.min_sequences",
+            f"must be <= planner.max_sequences={self.max_sequences}",
+        )
+        _check(self.sequence_step >= 1, "planner.sequence_step", "must be >= 1")
+        _check(math.isfinite(self.min_effective_steps) and self.min_effective_steps > 0, "planner.min_effective_steps", "must be a finite number > 0")
+        _check(-1.0 <= self.min_exploration_accuracy <= 1.0, "planner.min_exploration_accuracy", "must be a rank correlation in [-1, 1]")
+        _check(math.isfinite(self.beta) and self.beta >= 0, "planner.beta", "must be a finite number >= 0")
+        _check(self.window >= 1, "planner.window", "must be >= 1")
+        _check(
+            math.isfinite(self.feedback_std_floor) and self.feedback_std_floor >= 0,
+            "planner.feedback_std_floor",
+            "must be a finite number >= 0 (reward units; 0 = no floor)",
+        )
+        _check(
+            math.isfinite(self.max_feedback) and self.max_feedback >= 1,
+            "planner.max_feedback",
+            "must be a finite number >= 1 (1 = no amplification)",
+        )
 
 
 class TrainConfig(_Section):
@@ -413,6 +452,20 @@ class SpotlightConfig(_Section):
                 "explore.num_candidates",
                 f"must be >= data.group_size={self.data.group_size} (top-k/bottom-k selection)",
             )
+        if self.explore.active and self.explore.planner == "bandit" and self.num_explored_prompts > 0:
+            k = self.data.group_size
+            _check(
+                self.planner.max_sequences > k,
+                "planner.max_sequences",
+                f"must be > data.group_size={k}: with d <= K candidates the top-K/2 + bottom-K/2 "
+                "selection keeps them all, so no arm would select anything",
+            )
+            _check(
+                self.planner.min_sequences == 0 or self.planner.min_sequences > k,
+                "planner.min_sequences",
+                f"must be 0 (= data.group_size + sequence_step) or > data.group_size={k}: d <= K "
+                "candidates are all kept by the top-K/2 + bottom-K/2 selection (spot time for no selection)",
+            )
         _check(
             self.model.family == "tiny" or self.cluster.sp_degree == 1,
             "cluster.sp_degree",
@@ -423,6 +476,15 @@ class SpotlightConfig(_Section):
             "explore.num_steps",
             f"must be <= sampler.num_steps={self.sampler.num_steps}",
         )
+
+    @property
+    def planner_min_sequences(self) -> int:
+        """The smallest d of the Planner's grid: ``planner.min_sequences``, or for 0 the
+        first grid value above K (:func:`spotlight.planner.min_selective_sequences`)."""
+        from spotlight.planner import min_selective_sequences
+
+        pc = self.planner
+        return pc.min_sequences or min_selective_sequences(self.data.group_size, pc.sequence_step, pc.max_sequences)
 
     @property
     def num_explored_prompts(self) -> int:

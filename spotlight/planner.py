@@ -16,13 +16,27 @@ Only actions whose planned time fits the exploration window are eligible
     T_plan(a)  = d * C * s * t_step                    [GPU-seconds]
     A_elig     = { a : T_plan(a) <= W }
 
+Both sides are in GPU-seconds: ``t_step`` is GPU-seconds per (sequence x computed
+step), i.e. the wall time per sequence-step of a worker times the GPUs that worker
+occupies (:func:`step_time_gpu_s`). A sequence-parallel group of g GPUs is ONE worker
+whose wall time per sequence-step must be multiplied by g, otherwise a plan built on
+it overruns the window by the SP degree (the paper's spot nodes run SP 2).
+
+The d grid starts above the rollout group size K (:func:`min_selective_sequences`):
+seed selection keeps the top K/2 and bottom K/2 candidates, so d <= K candidates are
+all kept -- an arm that costs spot time and selects nothing.
+
 Among eligible actions the Planner maximises a sliding-window UCB (§4.3.3)::
 
     UCB(a_i) = mu_i + beta * sqrt(ln(N + 1) / n_i),   n_i = min(N_i, W_b)
 
 with ``UCB = +inf`` for unseen arms, ties broken by lower planned cost, then
 fewer effective steps, then fewer sequences.  The bandit feedback is the
-variance-amplification ratio of §4.3.2, see :func:`feedback_ratio`.
+variance-amplification ratio of §4.3.2, see :func:`feedback_ratio` and
+:func:`feedback_from_groups` (ours, not the paper's: the control std is floored and
+the ratio capped, see there). An iteration whose feedback is unavailable (no control
+group, no fully explored group) still counts as a play of its arm, with no value
+(:meth:`Planner.update`), so an arm is never re-picked forever as "unseen".
 
 This module is pure logic: observations and an injected ``random.Random`` in,
 a :class:`Plan` out.
@@ -46,11 +60,23 @@ __all__ = [
     "PlannerConfig",
     "PlannerObservation",
     "StepOption",
+    "feedback_from_groups",
     "feedback_ratio",
+    "min_selective_sequences",
     "selection_key",
+    "step_time_gpu_s",
 ]
 
-_STATE_VERSION = 1
+_STATE_VERSION = 2  # 2: arm windows may hold None (a play without feedback); 1 still loads
+
+DEFAULT_FEEDBACK_STD_FLOOR = 0.02
+"""Default floor on sigma_unc (2 % of a reward range of [0, 1]), see :func:`feedback_ratio`."""
+
+DEFAULT_MAX_FEEDBACK = 5.0
+"""Default cap on the feedback ratio, see :func:`feedback_ratio`."""
+
+NEUTRAL_FEEDBACK = 1.0
+"""The value of an arm that was played but never got feedback: ratio 1 = no amplification."""
 
 
 def _is_int(x: Any) -> bool:
@@ -59,6 +85,67 @@ def _is_int(x: Any) -> bool:
 
 def _is_real(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _check_feedback_bounds(std_floor: float, max_feedback: float) -> None:
+    if not _is_real(std_floor) or not math.isfinite(std_floor) or std_floor < 0:
+        raise ValueError(f"feedback_std_floor must be a finite number >= 0, got {std_floor!r}")
+    if not _is_real(max_feedback) or not math.isfinite(max_feedback) or max_feedback < 1:
+        raise ValueError(
+            f"max_feedback must be a finite number >= 1 (1 = no amplification), got {max_feedback!r}"
+        )
+
+
+def min_selective_sequences(group_size: int, sequence_step: int, max_sequences: int) -> int:
+    """The smallest d of the default grid: the first grid value above K.
+
+    ``K + sequence_step`` (capped at ``max_sequences``): d = K candidates would all be
+    kept by the top-K/2 + bottom-K/2 selection, so the grid starts one step above K.
+
+    Raises:
+        ValueError: ``max_sequences <= group_size`` (no d can select anything) or a
+            non-positive argument.
+    """
+    for name, v in (("group_size", group_size), ("sequence_step", sequence_step), ("max_sequences", max_sequences)):
+        if not _is_int(v) or v < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+    if max_sequences <= group_size:
+        raise ValueError(
+            f"max_sequences={max_sequences} must be > group_size K={group_size}: with d <= K candidates "
+            "the top-K/2 + bottom-K/2 selection keeps every candidate, so no arm would select anything"
+        )
+    return min(group_size + sequence_step, max_sequences)
+
+
+def step_time_gpu_s(elapsed_s: float, computed_steps: int, num_gpus: float, *, max_elapsed_s: float = 1e6) -> float | None:
+    """t_step in the budget's unit: GPU-seconds per (sequence x computed step).
+
+    ``elapsed_s`` is the wall time a worker took for a batch, ``computed_steps`` the
+    sequence-steps it computed (summed over the batch's sequences) and ``num_gpus`` the
+    GPUs that worker occupied: 1 for a single-GPU worker, g for a sequence-parallel
+    group of g GPUs, in between for a group that re-formed mid-batch (the worker reports
+    it as ``protocol.Result.num_gpus``; the coordinator cannot infer it from heartbeats,
+    which list every group member as a 1-GPU worker). The result
+    ``elapsed_s * num_gpus / computed_steps`` is directly
+    comparable with W = T_train * N_spot (N_spot counts GPUs), so a plan that fits W
+    fits the GPUs whatever the SP degree. (An SP group is usually faster per
+    sequence-step in wall time but not g times faster, so its GPU-seconds are higher
+    than a single GPU's; planning on wall time would overrun W by up to the SP degree.)
+
+    Returns:
+        The estimate, or None when the observation is unusable: no computed steps, or
+        ``elapsed_s`` not in ``(0, max_elapsed_s)`` (clock glitch, nothing measured).
+
+    Raises:
+        ValueError: ``num_gpus`` is not a finite number >= 1 (a caller bug, not a measurement).
+    """
+    if not _is_real(num_gpus) or not math.isfinite(num_gpus) or num_gpus < 1:
+        raise ValueError(f"num_gpus must be a finite number >= 1, got {num_gpus!r}")
+    if not _is_real(computed_steps) or computed_steps <= 0:
+        return None
+    if not _is_real(elapsed_s) or not math.isfinite(elapsed_s) or not (0 < elapsed_s < max_elapsed_s):
+        return None
+    return float(elapsed_s) * num_gpus / computed_steps
 
 
 @dataclass(frozen=True)
@@ -120,12 +207,22 @@ class PlannerConfig:
     """Planner hyper-parameters.
 
     max_sequences: upper end of the d grid (32 in §6.8).
-    min_sequences: lower end of the d grid; usually the rollout group size K.
+    min_sequences: lower end of the d grid. Must be > ``group_size`` when that is given:
+        selection keeps the top K/2 and bottom K/2 of d candidates, so d <= K keeps them
+        all (no selection, spot time for nothing). :func:`min_selective_sequences` gives
+        the usual value K + sequence_step.
     sequence_step: spacing of the d grid ``min, min+step, ..., max`` (max always included).
     min_effective_steps: smallest admissible s (12 in §6.8 for DeepSeek-OCR).
     min_exploration_accuracy: smallest admissible Spearman rho (0.8 in §6.8).
     beta: UCB exploration coefficient (0.5, Appendix B.2).
     window: W_b, sliding window of observations per arm (§4.3.3).
+    group_size: K, the rollout group size the selected seeds fill; None = not checked
+        (then any d >= 1 is accepted).
+    feedback_std_floor: floor on the control groups' mean reward std sigma_unc in the
+        feedback ratio, in reward units (ours, see :func:`feedback_ratio`); >= 0, 0 = no floor.
+    max_feedback: cap on the feedback ratio (ours, see :func:`feedback_ratio`); >= 1.
+    The Planner itself does not apply these two (:meth:`Planner.update` takes any finite
+    value); they are here so one config object carries them to :func:`feedback_from_groups`.
     """
 
     max_sequences: int = 32
@@ -135,6 +232,9 @@ class PlannerConfig:
     min_exploration_accuracy: float = 0.8
     beta: float = 0.5
     window: int = 10
+    group_size: int | None = None
+    feedback_std_floor: float = DEFAULT_FEEDBACK_STD_FLOOR
+    max_feedback: float = DEFAULT_MAX_FEEDBACK
 
     def __post_init__(self) -> None:
         if not _is_int(self.min_sequences) or self.min_sequences < 1:
@@ -145,6 +245,17 @@ class PlannerConfig:
             )
         if not _is_int(self.sequence_step) or self.sequence_step < 1:
             raise ValueError(f"sequence_step must be an int >= 1, got {self.sequence_step!r}")
+        if self.group_size is not None:
+            if not _is_int(self.group_size) or self.group_size < 1:
+                raise ValueError(f"group_size must be an int >= 1 or None, got {self.group_size!r}")
+            if self.min_sequences <= self.group_size:
+                raise ValueError(
+                    f"min_sequences={self.min_sequences} must be > group_size K={self.group_size}: with d <= K "
+                    f"candidates the top-K/2 + bottom-K/2 selection keeps every candidate (no selection, spot "
+                    f"time for nothing); use min_sequences >= {self.group_size + 1}, e.g. "
+                    f"K + sequence_step = {self.group_size + self.sequence_step}"
+                )
+        _check_feedback_bounds(self.feedback_std_floor, self.max_feedback)
         if (
             not _is_real(self.min_effective_steps)
             or not math.isfinite(self.min_effective_steps)
@@ -175,8 +286,10 @@ class PlannerObservation:
     train_time_s: T_train, measured duration of the last model update [s].
     num_spot_gpus: N_spot, live spot GPUs reported by the Instance Manager.
     num_explored_prompts: C, prompts to explore this iteration.
-    step_time_s: t_step, profiled latency of one denoising step for ONE sequence
-        on one GPU [s / step / sequence].
+    step_time_s: t_step, GPU-seconds of one denoising step for ONE sequence
+        [GPU-s / step / sequence]: the wall time per sequence-step of a worker times
+        the GPUs it occupies (:func:`step_time_gpu_s`; a single-GPU profile's wall time
+        is already in this unit).
     """
 
     train_time_s: float
@@ -258,8 +371,8 @@ class Plan:
 
 @dataclass
 class _Arm:
-    count: int = 0  # N_i: total times this arm received feedback
-    window: deque = field(default_factory=deque)  # last W_b feedback values
+    count: int = 0  # N_i: total times this arm was played (with or without feedback)
+    window: deque = field(default_factory=deque)  # last W_b plays: feedback value, or None = no feedback
 
 
 class Planner:
@@ -317,7 +430,8 @@ class Planner:
         n = len(arm.window)
         if n == 0:
             return ArmScore(action, cost, math.inf, None, 0)
-        mean = sum(arm.window) / n
+        values = [x for x in arm.window if x is not None]
+        mean = sum(values) / len(values) if values else NEUTRAL_FEEDBACK
         ucb = mean + self.config.beta * math.sqrt(math.log(self.total_updates + 1) / n)
         return ArmScore(action, cost, ucb, mean, n)
 
@@ -355,29 +469,49 @@ class Planner:
         )
         return Plan(best.action, budget, eligible, list(self.rejected_steps), reason)
 
-    def update(self, action: Action, feedback: float) -> None:
-        """Record bandit feedback r (§4.3.2) for ``action``.
+    def update(self, action: Action, feedback: float | None) -> None:
+        """Record one play of ``action`` with its bandit feedback r (§4.3.2).
 
-        Non-finite feedback (e.g. from :func:`feedback_ratio` with no control
-        groups) is ignored and counted in ``num_ignored_feedback``.
+        Call it once per iteration whose seeds ``action`` chose, whether or not feedback
+        could be computed. Non-finite or None feedback (no control group, no fully
+        explored group, see :func:`feedback_from_groups`) is a play WITHOUT a value: it
+        counts in N_i, N and the arm's window (so n_i grows and the UCB bonus shrinks),
+        but not in the window mean; an arm whose window holds no value at all scores
+        ``NEUTRAL_FEEDBACK`` (ratio 1 = no amplification). Such plays are also counted
+        in ``num_ignored_feedback``. Ignoring them instead would leave the planner's state
+        unchanged, so it would pick the same arm again, forever, while feedback stays
+        unavailable (e.g. an unseen arm at UCB = +inf).
         """
         if action not in self._arms:
             raise ValueError(f"unknown action {action!r}: not in the planner's action grid")
-        if not _is_real(feedback) or not math.isfinite(feedback):
-            self.num_ignored_feedback += 1
-            return
         arm = self._arms[action]
+        if feedback is None or not _is_real(feedback) or not math.isfinite(feedback):
+            self.num_ignored_feedback += 1
+            value = None
+        else:
+            value = float(feedback)
         arm.count += 1
-        arm.window.append(float(feedback))
+        arm.window.append(value)
         self.total_updates += 1
 
-    def arm_stats(self, action: Action) -> tuple[int, list[float]]:
-        """(N_i, current window) of one arm."""
+    def feedback(self, rewards_by_slot: dict[int, Sequence[float]], explored_slots: set[int], control_slots: set[int]) -> float:
+        """:func:`feedback_from_groups` with this planner's ``feedback_std_floor`` and ``max_feedback``."""
+        return feedback_from_groups(
+            rewards_by_slot,
+            explored_slots,
+            control_slots,
+            std_floor=self.config.feedback_std_floor,
+            max_feedback=self.config.max_feedback,
+        )
+
+    def arm_stats(self, action: Action) -> tuple[int, list[float | None]]:
+        """(N_i plays, current window; None = a play without feedback) of one arm."""
         arm = self._arms[action]
         return arm.count, list(arm.window)
 
     def state_dict(self) -> dict[str, Any]:
-        """JSON-able bandit state (arm windows, counters, rng state) for resuming."""
+        """JSON-able bandit state (arm plays and windows -- None for a play without
+        feedback --, counters, rng state) for resuming."""
         version, internal, gauss = self._rng.getstate()
         return {
             "version": _STATE_VERSION,
@@ -392,8 +526,9 @@ class Planner:
         }
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` output. Arms not in the current grid raise ValueError."""
-        if d.get("version") != _STATE_VERSION:
+        """Restore :meth:`state_dict` output (version 2, or version 1: windows of values
+        only, counts of feedback). Arms not in the current grid raise ValueError."""
+        if d.get("version") not in (1, _STATE_VERSION):
             raise ValueError(f"unsupported planner state version {d.get('version')!r}")
         arms = {a: _Arm(window=deque(maxlen=self.config.window)) for a in self._actions}
         for rec in d["arms"]:
@@ -401,7 +536,7 @@ class Planner:
             if a not in arms:
                 raise ValueError(f"state has arm {a!r} that is not in the planner's action grid")
             arms[a].count = int(rec["count"])
-            arms[a].window.extend(float(x) for x in rec["window"])
+            arms[a].window.extend(None if x is None else float(x) for x in rec["window"])
         self._arms = arms
         self.total_updates = int(d["total_updates"])
         self.num_ignored_feedback = int(d["num_ignored_feedback"])
@@ -410,22 +545,105 @@ class Planner:
             self._rng.setstate((version, tuple(internal), gauss))
 
 
-def feedback_ratio(explored_group_stds: Sequence[float], control_group_stds: Sequence[float]) -> float:
-    """Bandit feedback r = sigma_all / sigma_unc (§4.3.2).
+def feedback_ratio(
+    explored_group_stds: Sequence[float],
+    control_group_stds: Sequence[float],
+    *,
+    std_floor: float = DEFAULT_FEEDBACK_STD_FLOOR,
+    max_feedback: float = DEFAULT_MAX_FEEDBACK,
+) -> float:
+    """Bandit feedback r = sigma_all / sigma_unc (§4.3.2), bounded.
 
     sigma_all is the mean per-prompt reward std over ALL groups (explored and
     control); sigma_unc the mean over the control (unexplored) groups.
-    Returns ``math.nan`` when there are no control groups or sigma_unc == 0;
-    the caller must then skip the update (``Planner.update`` ignores nan).
+
+    The paper's ratio is kept; the bounds are ours. With few control groups (4 in the
+    paper) and 0/1-like rewards, every control group is sometimes constant, so
+    sigma_unc is ~0: one iteration then yields a ratio of 10^5 and more, which dominates
+    its arm's window mean for all W_b iterations and pins the bandit on that arm. So:
+
+    * the denominator is ``max(sigma_unc, std_floor)``, in reward units. The default
+      0.02 is 2 % of a reward range of [0, 1]: below it the control groups carry no
+      measurable variance. Scale it with the reward range (it only matters when the
+      control groups are nearly constant).
+    * the ratio is capped at ``max_feedback`` (default 5). Selecting the top and bottom
+      K/2 of d candidates raises a group's std by a factor of about 1.2-1.7 for d up to
+      4K (order statistics of a normal), and sigma_all also averages in the control
+      groups, so real ratios stay well below 5; the cap only bounds outliers. It
+      bounds one iteration's pull on its arm's window mean to (cap - mu) / W_b. In a
+      simulation (tests/unit/test_planner.py,
+      test_degenerate_control_iteration_does_not_pin_its_arm) a single degenerate
+      iteration kept a worse arm chosen for the 10 next iterations unbounded, 7 with a
+      cap of 10, 3 with 5.
+
+    Returns ``math.nan`` -- no evidence; :meth:`Planner.update` records a play without
+    feedback -- when there are no control groups, a std is not finite, every group is
+    constant (sigma_all == 0: nothing could show variance, neither the action nor the
+    baseline), or sigma_unc == 0 with ``std_floor == 0``.
     """
+    _check_feedback_bounds(std_floor, max_feedback)
     explored = [float(x) for x in explored_group_stds]
     control = [float(x) for x in control_group_stds]
     if any(x < 0 for x in explored + control):
         raise ValueError("reward standard deviations must be >= 0")
-    if not control:
+    if not control or not all(math.isfinite(x) for x in explored + control):
         return math.nan
-    sigma_unc = sum(control) / len(control)
-    if sigma_unc == 0 or not math.isfinite(sigma_unc):
-        return math.nan
+    sigma_unc = max(sum(control) / len(control), std_floor)
     sigma_all = (sum(explored) + sum(control)) / (len(explored) + len(control))
-    return sigma_all / sigma_unc
+    if sigma_unc == 0 or sigma_all == 0:
+        return math.nan
+    return min(sigma_all / sigma_unc, max_feedback)
+
+
+def _pstd(values: Sequence[float]) -> float:
+    """Population standard deviation (numpy's default ``ddof=0``)."""
+    m = sum(values) / len(values)
+    return math.sqrt(sum((v - m) ** 2 for v in values) / len(values))
+
+
+def feedback_from_groups(
+    rewards_by_slot: dict[int, Sequence[float]],
+    explored_slots: set[int] | frozenset[int],
+    control_slots: set[int] | frozenset[int],
+    *,
+    std_floor: float = DEFAULT_FEEDBACK_STD_FLOOR,
+    max_feedback: float = DEFAULT_MAX_FEEDBACK,
+) -> float:
+    """The bandit feedback of one iteration from its rollout rewards per prompt slot.
+
+    Args:
+        rewards_by_slot: slot -> rewards of that prompt group's rollout samples
+            (non-finite rewards are dropped; a group with no finite reward is skipped).
+        explored_slots: slots whose seeds really came from exploration with the played
+            action: at least d candidates with finite rewards were scored for them
+            (:meth:`spotlight.seed_bank.SeedBank.explored_slots`). A slot whose
+            exploration was cancelled or partial is NOT explored.
+        control_slots: the unexplored control groups (default seeds by design).
+        std_floor, max_feedback: bounds of :func:`feedback_ratio`.
+
+    Groups in neither set (partly explored) are excluded: they are neither the arm's
+    result nor the baseline. sigma_g is the population std of a group's rewards.
+
+    Returns:
+        :func:`feedback_ratio` over the explored and control groups' stds, or ``math.nan``
+        when there is no explored group or no control group (no evidence about the arm;
+        :meth:`Planner.update` records it as a play without feedback).
+
+    Raises:
+        ValueError: a slot is both explored and control.
+    """
+    both = set(explored_slots) & set(control_slots)
+    if both:
+        raise ValueError(f"slots {sorted(both)} are both explored and control")
+    explored, control = [], []
+    for slot, rewards in rewards_by_slot.items():
+        finite = [float(r) for r in rewards if r is not None and math.isfinite(r)]
+        if not finite:
+            continue
+        if slot in control_slots:
+            control.append(_pstd(finite))
+        elif slot in explored_slots:
+            explored.append(_pstd(finite))
+    if not explored or not control:
+        return math.nan
+    return feedback_ratio(explored, control, std_floor=std_floor, max_feedback=max_feedback)

@@ -236,6 +236,12 @@ class Result(_Msg, kw_only=True):
     items: Annotated[list[ResultItem], Meta(max_length=4096)]
     tensors: Tensors = []
     elapsed_s: float = 0.0
+    num_gpus: Annotated[float, Meta(ge=1.0, le=4096.0)] = 1.0
+    """GPUs the worker occupied while it denoised the batch, time-averaged: 1 for a
+    single-GPU worker, the SP degree for a sequence-parallel group (between two degrees
+    when the group re-formed mid-batch). ``elapsed_s * num_gpus`` is the batch's
+    GPU-seconds, the unit of the Planner's budget (``spotlight.planner.step_time_gpu_s``).
+    The agent's heartbeat cannot tell: it lists each group member as a 1-GPU worker."""
 
 
 class CommitItem(msgspec.Struct, kw_only=True):

@@ -6,6 +6,11 @@ DanceGRPO-style best/worst selection) so next iteration's group has maximal rewa
 contrast. Prompts that were not explored (the control group, or exploration that
 failed) use default seeds.
 
+A slot counts as *explored* (for the Planner's feedback, §4.3.2) only when at least
+``required`` (the action's d) candidates were scored with a finite reward for it; a
+slot whose exploration was cancelled or partial still uses the seeds it got, but its
+rollout group is neither the action's result nor the control baseline.
+
 Seeds are derived deterministically from ``(run seed, iteration, prompt slot, index)``
 so a run is reproducible and a candidate seed explored under v_n is rolled out under
 v_{n+1} from the very same noise (DESIGN §3).
@@ -17,7 +22,7 @@ import hashlib
 import math
 from typing import Sequence
 
-_STATE_VERSION = 1
+_STATE_VERSION = 2  # 2: per-slot (scored, required) counts; version 1 still loads
 
 
 def derive_seed(*parts: object) -> int:
@@ -67,16 +72,59 @@ class SeedBank:
         self.run_seed = run_seed
         self.group_size = group_size
         self._selected: dict[tuple[int, int], list[int]] = {}
+        # (iteration, slot) -> (finite-reward candidates scored, candidates required);
+        # absent for entries loaded from a version-1 state (explored = any seed picked)
+        self._counts: dict[tuple[int, int], tuple[int, int]] = {}
 
-    def record_exploration(self, iteration: int, slot: int, seeds: Sequence[int], rewards: Sequence[float]) -> list[int]:
+    def record_exploration(
+        self,
+        iteration: int,
+        slot: int,
+        seeds: Sequence[int],
+        rewards: Sequence[float],
+        *,
+        required: int | None = None,
+    ) -> list[int]:
+        """Select the slot's seeds from its scored candidates and remember how many were scored.
+
+        Args:
+            seeds, rewards: the candidates that finished, with their rewards (non-finite
+                rewards are ignored).
+            required: d, the candidates the exploration action asked for; the slot is
+                explored iff at least ``required`` finite rewards were scored. None =
+                ``group_size + 1`` (the least that selects anything).
+
+        Raises:
+            ValueError: length mismatch, or ``required`` < 1.
+        """
+        if required is None:
+            required = self.group_size + 1
+        if isinstance(required, bool) or not isinstance(required, int) or required < 1:
+            raise ValueError(f"required must be an int >= 1, got {required!r}")
         picked = select_top_bottom(seeds, rewards, self.group_size)
         self._selected[(iteration, slot)] = picked
+        self._counts[(iteration, slot)] = (sum(1 for r in rewards if math.isfinite(r)), required)
         return picked
 
+    def is_explored(self, iteration: int, slot: int) -> bool:
+        """True iff at least ``required`` finite-reward candidates were scored for the slot
+        (entries from a version-1 state: iff any seed was picked)."""
+        key = (iteration, slot)
+        if key in self._counts:
+            scored, required = self._counts[key]
+            return scored >= required
+        return len(self._selected.get(key, [])) > 0
+
+    def explored_slots(self, iteration: int) -> set[int]:
+        """Slots of ``iteration`` that count as explored (:meth:`is_explored`)."""
+        return {slot for (it, slot) in self._selected if it == iteration and self.is_explored(it, slot)}
+
     def seeds_for(self, iteration: int, slot: int) -> tuple[list[int], bool]:
-        """``(K seeds, explored?)`` for a prompt slot; defaults fill any shortfall."""
+        """``(K seeds, explored?)`` for a prompt slot; defaults fill any shortfall.
+        ``explored`` is :meth:`is_explored`: a partly explored slot still gets its picked
+        seeds but is not explored."""
         picked = list(self._selected.get((iteration, slot), []))
-        explored = len(picked) > 0
+        explored = self.is_explored(iteration, slot)
         if len(picked) < self.group_size:
             for s in default_seeds(self.run_seed, iteration, slot, self.group_size):
                 if len(picked) == self.group_size:
@@ -88,25 +136,31 @@ class SeedBank:
     def forget(self, before_iteration: int) -> None:
         for key in [k for k in self._selected if k[0] < before_iteration]:
             del self._selected[key]
+            self._counts.pop(key, None)
 
     def state_dict(self) -> dict:
-        """JSON-able state for the run checkpoint: the selected seeds per (iteration, slot)
-        plus ``run_seed`` and ``group_size`` (checked on load). Seeds are ints < 2**31."""
+        """JSON-able state for the run checkpoint: the selected seeds per (iteration, slot),
+        the (scored, required) counts behind the explored flag, plus ``run_seed`` and
+        ``group_size`` (checked on load). Seeds are ints < 2**31."""
         return {
             "version": _STATE_VERSION,
             "run_seed": self.run_seed,
             "group_size": self.group_size,
             "selected": [[it, slot, list(seeds)] for (it, slot), seeds in sorted(self._selected.items())],
+            "counts": [[it, slot, scored, required] for (it, slot), (scored, required) in sorted(self._counts.items())],
         }
 
     def load_state_dict(self, d: dict) -> None:
         """Replace the selected seeds with a :meth:`state_dict`'s.
 
+        A version-1 state (no counts) loads; its slots count as explored iff any seed
+        was picked (the rule it was written under).
+
         Raises:
             ValueError: unknown state version, or a ``run_seed`` / ``group_size`` other than
                 this bank's (the seeds would not be this run's); the bank is then unchanged.
         """
-        if d.get("version") != _STATE_VERSION:
+        if d.get("version") not in (1, _STATE_VERSION):
             raise ValueError(f"unsupported seed bank state version {d.get('version')!r}")
         if (d["run_seed"], d["group_size"]) != (self.run_seed, self.group_size):
             raise ValueError(
@@ -114,3 +168,4 @@ class SeedBank:
                 f"this bank has run_seed={self.run_seed}, group_size={self.group_size}"
             )
         self._selected = {(int(it), int(slot)): [int(s) for s in seeds] for it, slot, seeds in d["selected"]}
+        self._counts = {(int(it), int(slot)): (int(sc), int(rq)) for it, slot, sc, rq in d.get("counts", [])}

@@ -227,8 +227,13 @@ class RolloutExecutor:
             ],
             tensors=metas,
             elapsed_s=elapsed,
+            num_gpus=self._batch_num_gpus(),
         )
         return BatchOutcome(result=(msg, frames))
+
+    def _batch_num_gpus(self) -> float:
+        """GPUs the last batch occupied (``Result.num_gpus``): one for this executor."""
+        return 1.0
 
     def _prepare(self, version: int, threshold: float) -> None:
         """Load weight ``version`` and set the exploration cache before a batch."""

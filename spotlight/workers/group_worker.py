@@ -56,16 +56,37 @@ class GroupExecutor(RolloutExecutor):
         self.member = member
         self.reform = reform
         self.pending_form: P.GroupForm | None = None
+        self.batch_cache_threshold = 0.0
+        self._degree_s = 0.0  # sum of (denoising seconds x SP degree) of the current batch
+        self._denoise_s = 0.0
 
     def _prepare(self, version: int, threshold: float) -> None:
         if self.member.weights_version != version:
             broadcast_weights(self.member, self.versions[version], version)
-        # First Block Cache is not combined with context parallelism here: exploration on an
-        # SP group runs at full fidelity (its computed steps are reported as such).
+        # First Block Cache runs on the group itself (sp_group module docstring): the leader
+        # sends the threshold with every batch; RolloutExecutor.run passes 0 for rollouts.
+        self.batch_cache_threshold = float(threshold)
+        self._degree_s = self._denoise_s = 0.0
+
+    def _batch_num_gpus(self) -> float:
+        """The batch's SP degree, time-averaged over its denoising (re-forms change it)."""
+        if self._denoise_s <= 0:
+            return float(max(1, self.member.sp_degree))
+        return max(1.0, self._degree_s / self._denoise_s)
 
     def _denoise(self, sampler, state: DenoiseState, cond: Conditioning, should_stop) -> DenoiseState:
         while True:
-            G.run_group_batch(self.member, sampler, state, cond, should_stop=lambda _s: should_stop() or self.pending_form is not None)
+            degree, t0 = self.member.sp_degree, time.monotonic()
+            try:
+                G.run_group_batch(
+                    self.member, sampler, state, cond,
+                    should_stop=lambda _s: should_stop() or self.pending_form is not None,
+                    cache_threshold=self.batch_cache_threshold,
+                )
+            finally:
+                dt = time.monotonic() - t0
+                self._degree_s += dt * degree
+                self._denoise_s += dt
             if state.step >= sampler.cfg.num_steps or self.pending_form is None:
                 return state
             form, self.pending_form = self.pending_form, None
@@ -111,6 +132,7 @@ def serve(member: G.SPGroupMember) -> None:
             continue
         if op == G.OP_BATCH:
             b, t, d = f[:3]
+            member.begin_batch(G._threshold_from_int(f[3]))
             cond = Conditioning(G._recv(member, (b, t, d), torch.float32), G._recv(member, (b, t), torch.int64))
             vfn = member.velocity_fn()
             while True:

@@ -69,7 +69,9 @@ Running a batch over a group (:func:`run_group_batch`): the leader (rank 0) owns
 followers only mirror its transformer calls. Leader → followers, all ``dist.broadcast``
 from rank 0 over the group::
 
-    header int64[8] = [OP_BATCH, B, T, D, 0…]  then embeds f32[B, T, D], mask i64[B, T]
+    header int64[8] = [OP_BATCH, B, T, D, thr, 0…]  then embeds f32[B, T, D], mask i64[B, T]
+                                               (thr: the batch's First-Block-Cache threshold,
+                                               float64 bits; every rank resets its cache)
     header          = [OP_STEP,  B, L, C, 0…]  then latents f32[B, L, C], sigma f32[B]
                                                then every rank runs the parallel forward
     header          = [OP_END, 0…]             batch over (followers return)
@@ -79,6 +81,31 @@ Shapes are in the header, so followers allocate exact buffers. When a collective
 mid-step (a peer died), the leader rolls its state back to the last completed step and
 raises :class:`SPGroupError`; the state is then whole at a step boundary and can continue
 after a re-form (or be committed to the Tensor Store).
+
+First Block Cache on a group (exploration's reduced effective steps, paper §4.3.1).
+diffusers' ``enable_cache`` cannot simply be switched on for a context-parallel model:
+
+* hook order -- its head-block hook computes ``block output - block input`` and must
+  see both sharded, i.e. sit inside the context-parallel split hook of
+  ``transformer_blocks.0``. Enabled after ``enable_parallelism`` it would be registered
+  outside it (the last registered hook is the outermost) and subtract the sharded output
+  from the full input. Moving the split hook out again is no remedy: by our reading of
+  ``HookRegistry.remove_hook``, removing a hook rewires the next one's ``forward``, which
+  for the cache hook is its ``new_forward``. So :meth:`SPGroupMember._build_model`
+  installs First Block Cache on every fresh model BEFORE ``enable_parallelism`` and
+  keeps it for the model's life; a per-batch threshold (0 = off) drives it.
+* the skip decision -- diffusers compares the mean absolute change of the head block's
+  residual with a threshold, and each rank sees only its shard: ranks could decide
+  differently, and a rank that runs the tail blocks (with their all-to-alls) while
+  another skips them hangs the group. The decision is replaced by
+  :class:`_GroupCacheDecision`: the two sums behind the ratio are all-reduced over the
+  group, so every rank takes the same decision, the one a single worker takes on the
+  whole batch (same ratio, up to float summation order).
+
+With threshold 0 (rollouts: always full fidelity) the decision is "compute" without any
+collective, and the cached model's outputs equal the uncached model's. The leader counts
+skipped forwards and reports them in ``DenoiseState.computed_steps`` like
+:class:`~spotlight.workers.common.RolloutExecutor`.
 """
 
 from __future__ import annotations
@@ -87,6 +114,7 @@ import contextlib
 import dataclasses
 import datetime
 import logging
+import struct
 from typing import Callable
 
 import torch
@@ -107,6 +135,50 @@ _HEADER_LEN = 8
 
 class SPGroupError(RuntimeError):
     """The group cannot form or a collective failed (a peer died, rank 0 has no weights)."""
+
+
+def _threshold_to_int(threshold: float) -> int:
+    """A float64 carried bit-exactly in an int64 header field."""
+    return struct.unpack("<q", struct.pack("<d", float(threshold)))[0]
+
+
+def _threshold_from_int(bits: int) -> float:
+    return struct.unpack("<d", struct.pack("<q", int(bits)))[0]
+
+
+class _GroupCacheDecision:
+    """Replaces ``FBCHeadBlockHook._should_compute_remaining_blocks`` on a member's model.
+
+    diffusers 0.42.1 computes ``mean|r - r_prev| / mean|r_prev| > threshold`` over the
+    head block's hidden-state residual ``r``. Here ``r`` is this rank's shard (equal-size
+    shards, Ulysses equipartition), so the two sums are all-reduced over the group: every
+    rank gets the same numbers and takes the same decision, which is the full batch's.
+    Threshold <= 0: always compute (no collective). Counts skipped forwards in
+    ``member.cache_skips``.
+    """
+
+    def __init__(self, member: "SPGroupMember", hook) -> None:
+        self.member = member
+        self.hook = hook
+
+    def __call__(self, residual: torch.Tensor) -> bool:
+        member = self.member
+        threshold = member.cache_threshold
+        if threshold <= 0:
+            return True
+        prev = self.hook.state_manager.get_state().head_block_residual
+        if prev is None:
+            return True
+        # float32 sums (bf16 sums of a large shard lose digits), float64 for the all-reduce
+        sums = torch.stack([(residual - prev).abs().sum(dtype=torch.float32), prev.abs().sum(dtype=torch.float32)]).to(torch.float64)
+        if member.sp_degree > 1:
+            sums = sums.to(member._comm_device)
+            dist.all_reduce(sums)
+        diff = (sums[0] / sums[1]).item()
+        compute = diff > threshold
+        if not compute:
+            member.cache_skips += 1
+        return compute
 
 
 @dataclasses.dataclass(frozen=True)
@@ -236,6 +308,12 @@ class SPGroupMember:
         self._state: dict[str, torch.Tensor] | None = None
         self._arch: dict | None = None
         self._source: str = ""
+        self.cache_threshold: float = 0.0
+        """First-Block-Cache threshold of the current batch (0 = off), see :meth:`begin_batch`."""
+        self.cache_supported = False
+        """Whether the current model has First Block Cache installed (>= 2 transformer blocks)."""
+        self.cache_skips = 0
+        """Forwards whose tail blocks were skipped by the cache (monotonic; the leader diffs it)."""
 
     # ------------------------------------------------------------ properties
     @property
@@ -391,19 +469,55 @@ class SPGroupMember:
         return [(n, tuple(sd[n].shape), sd[n].dtype) for n in sorted(sd)]
 
     def _build_model(self, world: int):
-        """A fresh transformer object holding the kept weights, parallelised when ``world > 1``."""
+        """A fresh transformer object holding the kept weights, with First Block Cache
+        installed (off until :meth:`begin_batch` sets a threshold) and then parallelised
+        when ``world > 1`` (module docstring: the cache must sit inside the split hooks)."""
         from diffusers.models.modeling_utils import no_init_weights
 
         with no_init_weights():
             model = _model_class().from_config(self._arch_config())
         model.load_state_dict(self._state, strict=True, assign=True)
         model = model.to(self.device).eval()
+        self.cache_threshold = 0.0
+        self.cache_supported = self._install_cache(model)
         if world > 1:
             from diffusers import ContextParallelConfig
 
             with _cpu_device_count_patch():
                 model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=world))
+            if self.cache_supported:
+                from diffusers.hooks import HookRegistry
+
+                # the split hooks were registered on blocks after the cache's: drop stale child lists
+                HookRegistry.check_if_exists_or_initialize(model).invalidate_child_registries_cache()
         return model
+
+    def _install_cache(self, model) -> bool:
+        """First Block Cache with the group-wide decision; False (no cache) for a model with
+        fewer than two transformer blocks (diffusers needs a head and a tail block)."""
+        blocks = getattr(model, "transformer_blocks", None)
+        if blocks is None or len(blocks) < 2:
+            return False
+        from diffusers.hooks import FirstBlockCacheConfig
+        from diffusers.hooks.first_block_cache import _FBC_LEADER_BLOCK_HOOK
+
+        model.enable_cache(FirstBlockCacheConfig(threshold=0.0))  # the real threshold: _GroupCacheDecision
+        hook = blocks[0]._diffusers_hook.get_hook(_FBC_LEADER_BLOCK_HOOK)
+        hook._should_compute_remaining_blocks = _GroupCacheDecision(self, hook)
+        return True
+
+    def begin_batch(self, cache_threshold: float) -> None:
+        """Set the First-Block-Cache threshold of the next batch (0 = off) and clear the
+        cache state, so its first step computes fully. Every member calls it at the start
+        of a batch (the leader in :func:`run_group_batch`, followers on ``OP_BATCH``)."""
+        if self.model is None:
+            raise RuntimeError(f"worker {self.worker_id} is not in a formed group")
+        threshold = float(cache_threshold)
+        if threshold < 0 or threshold != threshold:
+            raise ValueError(f"cache threshold must be >= 0, got {cache_threshold!r}")
+        self.cache_threshold = threshold if self.cache_supported else 0.0
+        if self.cache_supported:
+            self.model._reset_stateful_cache()
 
     # ------------------------------------------------------------ compute
     def velocity_fn(self) -> Callable[[torch.Tensor, torch.Tensor, Conditioning], torch.Tensor]:
@@ -420,9 +534,11 @@ class SPGroupMember:
         """
         if self.model is None:
             raise RuntimeError(f"worker {self.worker_id} is not in a formed group")
-        base = make_velocity_fn(self.model, self.model_cfg)
+        model = self.model
+        base = make_velocity_fn(model, self.model_cfg)
         world = self.sp_degree
         device = self.device
+        cached = self.cache_supported
 
         def velocity_fn(latents: torch.Tensor, sigma: torch.Tensor, cond: Conditioning) -> torch.Tensor:
             embeds, mask = cond.embeds, cond.mask
@@ -435,11 +551,12 @@ class SPGroupMember:
                         mask = torch.ones(embeds.shape[:2], dtype=torch.long, device=embeds.device)
                     embeds = torch.nn.functional.pad(embeds, (0, 0, 0, pad))
                     mask = torch.cat([mask, mask.new_zeros((mask.shape[0], pad))], dim=1)
-            out = base(
-                latents.to(device),
-                sigma.to(device),
-                Conditioning(embeds.to(device), None if mask is None else mask.to(device)),
-            )
+            with model.cache_context("sp") if cached else contextlib.nullcontext():
+                out = base(
+                    latents.to(device),
+                    sigma.to(device),
+                    Conditioning(embeds.to(device), None if mask is None else mask.to(device)),
+                )
             return out.to(latents.device)
 
         return velocity_fn
@@ -492,6 +609,7 @@ def serve_batch(member: SPGroupMember) -> bool:
                 return True
             if op == OP_BATCH:
                 b, t, d = f[:3]
+                member.begin_batch(_threshold_from_int(f[3]))
                 cond = Conditioning(_recv(member, (b, t, d), torch.float32), _recv(member, (b, t), torch.int64))
             elif op == OP_STEP:
                 if cond is None:
@@ -531,6 +649,7 @@ def run_group_batch(
     *,
     stop_at: int | None = None,
     should_stop: Callable[[DenoiseState], bool] | None = None,
+    cache_threshold: float = 0.0,
 ) -> DenoiseState | None:
     """Denoise ``state`` over the group (leader) or mirror the leader's forwards (follower).
 
@@ -538,6 +657,11 @@ def run_group_batch(
     ``stop_at`` (default: the last step) or ``should_stop(state)`` is True between steps,
     broadcasting the transformer inputs so followers join every parallel forward. On a
     follower it ignores ``sampler``/``state``/``cond``, serves one batch and returns None.
+
+    ``cache_threshold`` (leader; > 0 only for exploration) runs the batch with First Block
+    Cache at that threshold on every member (module docstring); a step whose tail blocks
+    were skipped does not count in ``state.computed_steps``. The cache state starts empty
+    at every call, so a batch continued after a re-form recomputes its next step fully.
 
     Returns:
         The leader's ``state`` (advanced in place), or None on a follower.
@@ -550,6 +674,7 @@ def run_group_batch(
         serve_batch(member)
         return None
     end = sampler.cfg.num_steps if stop_at is None else min(stop_at, sampler.cfg.num_steps)
+    member.begin_batch(cache_threshold)
     vfn = member.velocity_fn()
     world = member.sp_degree
 
@@ -566,7 +691,7 @@ def run_group_batch(
     try:
         if world > 1:
             b, t, d = cond.embeds.shape
-            _bcast_header(member, OP_BATCH, b, t, d)
+            _bcast_header(member, OP_BATCH, b, t, d, _threshold_to_int(member.cache_threshold))
             _bcast(member, cond.embeds.float())
             mask = cond.mask if cond.mask is not None else torch.ones((b, t), dtype=torch.long)
             _bcast(member, mask.long())
@@ -576,7 +701,10 @@ def run_group_batch(
                     break
                 snap = (state.step, state.latents, len(state.window_latents), len(state.log_probs), state.computed_steps.clone())
                 try:
+                    skips = member.cache_skips
                     sampler.advance(state, step_fn, cond)
+                    if member.cache_skips != skips:  # the cache skipped the tail blocks
+                        state.computed_steps -= 1
                 except Exception:
                     state.step, state.latents = snap[0], snap[1]
                     del state.window_latents[snap[2]:]

@@ -13,7 +13,7 @@ from spotlight.request_scheduler import RequestKind
 
 def _coordinator(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # no cached profile
-    cfg = load_config(EXAMPLES_DIR / "jpeg-toy" / "config.toml", overrides={"explore.mode": "stale", "explore.planner": "bandit", "planner.beta": 0.0, "run.iterations": 50})
+    cfg = load_config(EXAMPLES_DIR / "jpeg-toy" / "config.toml", overrides={"explore.mode": "stale", "explore.planner": "bandit", "planner.beta": 0.0, "planner.sequence_step": 4, "run.iterations": 50})
     n = 40
     embeds, mask = torch.zeros(n, 16, 384), torch.ones(n, 16, dtype=torch.long)
     coord = Coordinator(cfg, tmp_path / "run", bind="tcp://127.0.0.1:0", prompts=[f"p{i}" for i in range(n)], embeds=embeds, mask=mask, progress=lambda s: None)
@@ -46,12 +46,13 @@ def test_choice_shrinks_with_training_window_and_spot_gpus(tmp_path, monkeypatch
 
         big, log_big = chosen(10.0)
         assert log_big["num_spot_gpus"] == 4
-        small, log_small = chosen(4.0)  # shorter training window
+        # C = 8, s = 10 (no profile), t_step = 0.01: T_plan = 0.8·d; the d grid starts above K = 8
+        small, log_small = chosen(6.0)  # shorter training window
         assert small.num_sequences * small.effective_steps < big.num_sequences * big.effective_steps
         # two spot agents die: N_spot 4 -> 2, same window
         coord.instances.goodbye("spot-0", 2.0, "preempted")
         coord.instances.goodbye("spot-1", 2.0, "preempted")
-        fewer, log_fewer = chosen(4.0)
+        fewer, log_fewer = chosen(6.0)
         assert log_fewer["num_spot_gpus"] == 2
         assert fewer.num_sequences * fewer.effective_steps < small.num_sequences * small.effective_steps
         # nothing fits: explore nothing rather than overrun

@@ -87,10 +87,11 @@ def test_seed_bank_fills_defaults():
     # other slots / iterations are unaffected
     assert bank.seeds_for(2, 0) == (default_seeds(0, 2, 0, 4), False)
 
-    # exploration with too few finite rewards: picked ones first, defaults fill up
+    # exploration with too few finite rewards: picked ones first, defaults fill up; one
+    # finite candidate selects nothing, so the slot does not count as explored
     bank.record_exploration(3, 0, [7, 8, 9], [float("nan"), 1.0, float("nan")])
     seeds, explored = bank.seeds_for(3, 0)
-    assert explored is True and len(seeds) == 4
+    assert explored is False and len(seeds) == 4
     assert seeds == [8] + default_seeds(0, 3, 0, 4)[:3]
 
     # a default seed that was also picked is not duplicated
@@ -101,7 +102,33 @@ def test_seed_bank_fills_defaults():
 
     bank.forget(before_iteration=4)
     assert bank.seeds_for(2, 1) == (default_seeds(0, 2, 1, 4), False)
-    assert bank.seeds_for(4, 0)[1] is True
+    assert bank.seeds_for(4, 0)[0][0] == dflt[2]  # kept (its explored flag: see test_seed_bank_explored_needs_d_scored)
+    assert bank.explored_slots(2) == set() and bank.explored_slots(3) == set()
+
+
+def test_seed_bank_explored_needs_d_scored():
+    """Explored means >= d finite-reward candidates were scored for the slot (issue 10
+    item 4.6): a cancelled or partial exploration still supplies its picks, but its group
+    is neither the action's result nor the control baseline."""
+    bank = SeedBank(run_seed=0, group_size=4)
+    d = 8
+    cands = candidate_seeds(0, 5, 0, d)
+    full = [0.1 * i for i in range(d)]
+    bank.record_exploration(5, 0, cands, full, required=d)
+    # 6 of 8 finished (2 cancelled): picks are made, slot is not explored
+    bank.record_exploration(5, 1, cands[:6], full[:6], required=d)
+    # all 8 finished but one reward is NaN: 7 finite < 8
+    bank.record_exploration(5, 2, cands, full[:7] + [float("nan")], required=d)
+    assert bank.seeds_for(5, 0)[1] is True
+    assert bank.seeds_for(5, 1) == (select_top_bottom(cands[:6], full[:6], 4), False)
+    assert bank.seeds_for(5, 2)[1] is False and len(bank.seeds_for(5, 2)[0]) == 4
+    assert bank.explored_slots(5) == {0}
+    # without required (old callers): explored iff more than K finite candidates (a real selection)
+    bank.record_exploration(6, 0, cands[:5], full[:5])
+    bank.record_exploration(6, 1, cands[:4], full[:4])
+    assert bank.explored_slots(6) == {0}
+    with pytest.raises(ValueError, match="required"):
+        bank.record_exploration(6, 2, cands, full, required=0)
 
 
 # ---------------------------------------------------------------- tensor store

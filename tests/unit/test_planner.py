@@ -189,20 +189,37 @@ def test_feedback_ratio_hand_numbers():
     assert feedback_ratio([0.4, 0.6], [0.1, 0.3]) == pytest.approx(1.75)
     assert feedback_ratio([], [0.2, 0.2]) == pytest.approx(1.0)
     assert math.isnan(feedback_ratio([0.4, 0.6], []))
-    assert math.isnan(feedback_ratio([0.4, 0.6], [0.0, 0.0]))
+    # zero control std: floored at 0.02 -> 0.25 / 0.02 = 12.5, capped at 5
+    assert feedback_ratio([0.4, 0.6], [0.0, 0.0]) == 5.0
+    assert feedback_ratio([0.4, 0.6], [0.0, 0.0], std_floor=0.1, max_feedback=100) == pytest.approx(2.5)
+    # no bounds: the paper's ratio, nan for a zero baseline
+    assert math.isnan(feedback_ratio([0.4, 0.6], [0.0, 0.0], std_floor=0.0, max_feedback=1e300))
+    # every group constant: no evidence either way
+    assert math.isnan(feedback_ratio([0.0, 0.0], [0.0, 0.0]))
+    with pytest.raises(ValueError, match="max_feedback"):
+        feedback_ratio([0.4], [0.2], max_feedback=0.5)
+    with pytest.raises(ValueError, match="feedback_std_floor"):
+        feedback_ratio([0.4], [0.2], std_floor=-1.0)
 
 
-def test_non_finite_feedback_ignored():
+def test_non_finite_feedback_is_a_play_without_value():
     p = make_planner()
     p.update(A(8, 10.0), 1.0)
-    before = p.state_dict()
     p.update(A(8, 10.0), math.nan)
     p.update(A(8, 10.0), math.inf)
     p.update(A(16, 10.0), -math.inf)
-    assert p.num_ignored_feedback == 3
-    assert p.total_updates == 1
-    after = p.state_dict()
-    assert after["arms"] == before["arms"] and after["total_updates"] == before["total_updates"]
+    p.update(A(16, 10.0), None)
+    assert p.num_ignored_feedback == 4
+    assert p.total_updates == 5
+    assert p.arm_stats(A(8, 10.0)) == (3, [1.0, None, None])
+    assert p.arm_stats(A(16, 10.0)) == (2, [None, None])
+    scores = {s.action: s for s in p.plan(obs(1000.0, 4)).eligible}
+    ln = math.log(5 + 1)
+    # the mean is over values only; an arm with none scores the neutral ratio 1.0
+    assert scores[A(8, 10.0)].mean == 1.0 and scores[A(8, 10.0)].n == 3
+    assert scores[A(8, 10.0)].ucb == pytest.approx(1.0 + 0.5 * math.sqrt(ln / 3))
+    assert scores[A(16, 10.0)].mean == 1.0 and scores[A(16, 10.0)].n == 2
+    assert scores[A(16, 10.0)].ucb == pytest.approx(1.0 + 0.5 * math.sqrt(ln / 2))
     with pytest.raises(ValueError, match="unknown action"):
         p.update(Action(8, 7.0, 0.2), 1.0)
 
@@ -221,7 +238,8 @@ def test_state_dict_round_trip_same_next_plan():
     p2 = make_planner(seed=999)
     assert p2.plan(obs(1000.0, 4)).to_log() != p1.plan(obs(1000.0, 4)).to_log()
     p2.load_state_dict(state)
-    assert p2.num_ignored_feedback == 1 and p2.total_updates == 12
+    assert p2.num_ignored_feedback == 1 and p2.total_updates == 13  # the nan play counts
+    assert any(None in a["window"] for a in state["arms"])  # the play without feedback survives JSON
     for _ in range(5):
         l1, l2 = p1.plan(obs(1000.0, 4)), p2.plan(obs(1000.0, 4))
         assert l1.to_log() == l2.to_log()
@@ -278,3 +296,164 @@ def test_measured_cost_steps_drive_the_budget():
     # budget 0.3 s: 8 seqs x 5 cost-steps x 0.01 = 0.4 s does not fit although s=2 alone would (0.16 s)
     plan = p.plan(PlannerObservation(train_time_s=0.3, num_spot_gpus=1, num_explored_prompts=1, step_time_s=0.01))
     assert plan.action is None
+
+
+# --------------------------------------------------------------------- issue 10, item 4: planner faults
+# Each test below fails on the code before the fix (see the commit message).
+
+
+def test_sp_group_step_time_in_gpu_seconds_keeps_every_eligible_arm_within_the_window():
+    """Fault 1: t_step measured per worker, W counted in GPUs -> plans overran by the SP degree."""
+    from spotlight.planner import step_time_gpu_s
+
+    # one spot node = one SP group of 2 GPUs; a batch of 4 sequences x 20 computed steps took 8 s
+    wall_per_seq_step = 8.0 / 80
+    t_train, gpus = 40.0, 2
+    p = Planner(PlannerConfig(min_sequences=8, max_sequences=32, sequence_step=8), [FULL], random.Random(0))
+
+    def eligible(t_step):
+        o = PlannerObservation(train_time_s=t_train, num_spot_gpus=gpus, num_explored_prompts=2, step_time_s=t_step)
+        return [s.action for s in p.plan(o).eligible]
+
+    def wall_s(a):  # what the group really needs for the arm
+        return a.num_sequences * 2 * a.effective_steps * wall_per_seq_step
+
+    t_step = step_time_gpu_s(8.0, 80, 2)
+    assert t_step == pytest.approx(0.2)
+    ok = eligible(t_step)
+    assert ok and all(wall_s(a) <= t_train for a in ok)
+    # the per-worker wall time (the old coordinator formula elapsed / steps) admits arms that overrun
+    assert any(wall_s(a) > t_train for a in eligible(8.0 / 80))
+    # single-GPU workers: unchanged
+    assert step_time_gpu_s(8.0, 80, 1) == pytest.approx(0.1)
+
+
+def test_step_time_gpu_s_unusable_observations():
+    from spotlight.planner import step_time_gpu_s
+
+    assert step_time_gpu_s(1.0, 0, 2) is None  # nothing computed
+    assert step_time_gpu_s(0.0, 10, 2) is None
+    assert step_time_gpu_s(-1.0, 10, 2) is None
+    assert step_time_gpu_s(math.nan, 10, 2) is None
+    assert step_time_gpu_s(2e6, 10, 2) is None  # clock glitch
+    with pytest.raises(ValueError, match="num_gpus"):
+        step_time_gpu_s(1.0, 10, 0)
+    with pytest.raises(ValueError, match="num_gpus"):
+        step_time_gpu_s(1.0, 10, math.nan)
+    # a group that re-formed 2 -> 1 halfway reports 1.5 GPUs on average
+    assert step_time_gpu_s(3.0, 10, 1.5) == pytest.approx(0.45)
+
+
+def test_degenerate_control_iteration_does_not_pin_its_arm():
+    """Fault 3: one iteration with ~constant control groups gave r ~ 10^5-10^6, and its arm
+    was then chosen for the whole window W_b whatever the other arms returned."""
+    p = make_planner()  # window 10, beta 0.5, 8 arms
+    o = obs(1000.0, 4)
+    n_arms = len(p.actions)
+    spiked, picks = None, []
+    for it in range(n_arms + 1 + p.config.window):
+        a = p.plan(o).action
+        if it == n_arms:  # every arm tried once; this iteration's 4 control groups are ~constant
+            spiked = a
+            r = r_spike = feedback_ratio([0.5] * 8, [1e-6] * 4)
+        else:
+            r = 1.0 if a == spiked else 1.5  # the spiked arm is really the worst one
+        p.update(a, r)
+        if it > n_arms:
+            picks.append(a == spiked)
+    assert len(picks) == p.config.window
+    assert sum(picks) <= p.config.window // 2, picks  # unbounded (r = 3.3e5): all 10; cap 5: 3
+    assert r_spike == 5.0  # sigma_all / max(1e-6, 0.02) = 0.333 / 0.02 = 16.7, capped at max_feedback = 5
+
+
+def test_nan_feedback_does_not_repick_the_same_arm_forever():
+    """Fault 4: non-finite feedback (no control groups) left the arm unseen (UCB = +inf), so the
+    planner chose it again on every iteration."""
+    p = make_planner()
+    o = obs(1000.0, 4)
+    picks = []
+    for _ in range(3 * len(p.actions)):
+        a = p.plan(o).action
+        picks.append(a)
+        p.update(a, math.nan)
+    assert set(picks) == set(p.actions)  # every arm gets played
+    assert max(picks.count(a) for a in p.actions) <= 4
+    assert p.total_updates == len(picks) and p.num_ignored_feedback == len(picks)
+    # round trip keeps the plays without feedback (same next plan)
+    q = make_planner()
+    q.load_state_dict(json.loads(json.dumps(p.state_dict(), allow_nan=False)))
+    assert q.plan(o).to_log() == p.plan(o).to_log()
+    # and a real value later is what the arm's mean is made of
+    p.update(picks[0], 2.0)
+    score = {s.action: s for s in p.plan(o).eligible}[picks[0]]
+    assert score.mean == 2.0 and score.n == picks.count(picks[0]) + 1
+
+
+def test_version_1_state_still_loads():
+    p = make_planner()
+    p.update(A(8, 10.0), 1.25)
+    st = json.loads(json.dumps(p.state_dict()))
+    st["version"] = 1
+    q = make_planner()
+    q.load_state_dict(st)
+    assert q.arm_stats(A(8, 10.0)) == (1, [1.25]) and q.total_updates == 1
+    with pytest.raises(ValueError, match="version"):
+        q.load_state_dict({**st, "version": 99})
+
+
+def test_d_grid_starts_above_group_size():
+    """Fault 5: with d == K the top-K/2 + bottom-K/2 selection keeps every candidate."""
+    from spotlight.planner import min_selective_sequences
+
+    with pytest.raises(ValueError, match="must be > group_size K=8"):
+        PlannerConfig(min_sequences=8, group_size=8)
+    with pytest.raises(ValueError, match="must be > group_size K=8"):
+        PlannerConfig(min_sequences=4, max_sequences=32, group_size=8)
+    assert min_selective_sequences(8, 8, 32) == 16
+    assert min_selective_sequences(8, 8, 12) == 12  # capped at max_sequences
+    assert min_selective_sequences(4, 2, 32) == 6
+    with pytest.raises(ValueError, match="max_sequences=8 must be > group_size K=8"):
+        min_selective_sequences(8, 8, 8)
+    cfg = PlannerConfig(min_sequences=min_selective_sequences(8, 8, 32), max_sequences=32, sequence_step=8, group_size=8)
+    assert cfg.sequence_grid() == [16, 24, 32]
+    p = Planner(cfg, [FULL, CACHED], random.Random(0))
+    assert min(a.num_sequences for a in p.actions) == 16
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [("feedback_std_floor", -0.01), ("feedback_std_floor", math.inf), ("max_feedback", 0.5), ("max_feedback", math.inf), ("group_size", 0)],
+)
+def test_new_config_fields_are_validated(field, value):
+    with pytest.raises(ValueError, match=field):
+        PlannerConfig(**{field: value})
+
+
+def test_feedback_from_groups_counts_only_fully_explored_and_control_groups():
+    """Fault 6: every non-control group counted as explored, even when its exploration was
+    cancelled or partial (it then ran with default or few-candidate seeds)."""
+    from spotlight.planner import feedback_from_groups
+
+    rewards = {
+        0: [0.0, 1.0, 0.0, 1.0],  # explored, std 0.5
+        1: [0.2, 0.4, 0.2, 0.4],  # explored, std 0.1
+        2: [0.5, 0.5, 0.5, 0.5],  # partly explored: excluded (std 0 would pull sigma_all down)
+        3: [0.1, 0.3, 0.1, 0.3],  # control, std 0.1
+        4: [0.0, 0.4, float("nan"), 0.0, 0.4],  # control, NaN dropped: std 0.2
+    }
+    r = feedback_from_groups(rewards, explored_slots={0, 1}, control_slots={3, 4})
+    # sigma_all = (0.5 + 0.1 + 0.1 + 0.2) / 4 = 0.225, sigma_unc = 0.15
+    assert r == pytest.approx(1.5)
+    # counting slot 2 as explored (the old rule) gives another number
+    assert feedback_from_groups(rewards, {0, 1, 2}, {3, 4}) == pytest.approx(0.18 / 0.15)
+    # no fully explored group, or no control group: no evidence (a play without feedback)
+    assert math.isnan(feedback_from_groups(rewards, set(), {3, 4}))
+    assert math.isnan(feedback_from_groups(rewards, {0, 1}, set()))
+    # bounds are the ratio's
+    assert feedback_from_groups({0: [0.0, 1.0], 1: [0.3, 0.3]}, {0}, {1}) == 5.0
+    assert feedback_from_groups({0: [0.0, 1.0], 1: [0.3, 0.3]}, {0}, {1}, std_floor=0.1, max_feedback=100) == pytest.approx(2.5)
+    with pytest.raises(ValueError, match="both explored and control"):
+        feedback_from_groups(rewards, {0, 3}, {3})
+    # the Planner method uses its config's bounds
+    p = make_planner(feedback_std_floor=0.1, max_feedback=100.0)
+    assert p.feedback({0: [0.0, 1.0], 1: [0.3, 0.3]}, {0}, {1}) == pytest.approx(2.5)

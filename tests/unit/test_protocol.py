@@ -41,7 +41,7 @@ SAMPLES: dict[P.MsgType, P._Msg] = {
     P.MsgType.RESULT: P.Result(
         node_id="spot-0", session="s1", worker_id="spot-0/gpu0", batch_id="b1",
         items=[P.ResultItem(request_id="r1", lease_id=1, computed_steps=10)],
-        tensors=[P.TensorMeta("images", "uint8", [1, 3, 32, 32])], elapsed_s=1.5,
+        tensors=[P.TensorMeta("images", "uint8", [1, 3, 32, 32])], elapsed_s=1.5, num_gpus=2.0,
     ),
     P.MsgType.COMMIT: P.Commit(
         node_id="spot-0", session="s1", worker_id="spot-0/gpu0",

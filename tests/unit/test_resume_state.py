@@ -26,9 +26,30 @@ def test_seed_bank_round_trip():
         assert fresh.seeds_for(*key) == bank.seeds_for(*key)
     assert fresh.seeds_for(5, 1)[1] is True and fresh.seeds_for(5, 0)[1] is False
     assert fresh.state_dict() == bank.state_dict()
+    assert fresh.seeds_for(6, 0)[1] is False  # one finite candidate: picks kept, not explored
     # forget still works on restored keys
     fresh.forget(6)
-    assert fresh.seeds_for(5, 1)[1] is False and fresh.seeds_for(6, 0)[1] is True
+    assert fresh.seeds_for(5, 1)[1] is False and fresh.seeds_for(6, 0)[0][0] == 8
+
+
+def test_seed_bank_loads_version_1_state_without_counts():
+    """A checkpoint written before the explored counts existed still loads; its slots
+    count as explored iff any seed was picked (the rule it was written under)."""
+    old = {"version": 1, "run_seed": 3, "group_size": 4, "selected": [[5, 1, [11, 12, 13, 14]], [5, 2, []]]}
+    bank = SeedBank(run_seed=3, group_size=4)
+    bank.load_state_dict(_json(old))
+    assert bank.seeds_for(5, 1) == ([11, 12, 13, 14], True)
+    assert bank.seeds_for(5, 2)[1] is False
+    assert bank.explored_slots(5) == {1}
+    # new entries recorded after the load use the counts; the state round-trips as version 2
+    bank.record_exploration(6, 0, candidate_seeds(3, 6, 0, 6), [0.1, 0.9, 0.5, 0.3, 0.8, 0.2], required=8)
+    assert bank.seeds_for(6, 0)[1] is False
+    state = _json(bank.state_dict())
+    assert state["version"] == 2 and state["counts"] == [[6, 0, 6, 8]]
+    again = SeedBank(run_seed=3, group_size=4)
+    again.load_state_dict(state)
+    assert again.state_dict() == bank.state_dict()
+    assert again.explored_slots(5) == {1} and again.explored_slots(6) == set()
 
 
 def test_seed_bank_load_rejects_another_run():
@@ -37,7 +58,7 @@ def test_seed_bank_load_rejects_another_run():
         with pytest.raises(ValueError, match="seed bank state is for"):
             other.load_state_dict(state)
     with pytest.raises(ValueError, match="version"):
-        SeedBank(3, 4).load_state_dict({**state, "version": 2})
+        SeedBank(3, 4).load_state_dict({**state, "version": 3})
 
 
 def test_instance_manager_restores_cost_not_nodes():

@@ -280,7 +280,99 @@ def _t_hard_revoke(q, role, ports):
     _guard(q, role, body)
 
 
+EXPLORE_SAMPLER = SamplerConfig(num_steps=10, sde_window_start=0, sde_window_size=2, noise_level=1.0)
+# (kind, cache threshold): with the random-init tiny model a single worker computes 5 of 10
+# steps at 0.5 and only the first at 100; a rollout never caches, whatever its params say
+CACHE_CASES = [("explore", 0.5), ("explore", 100.0), ("rollout", 100.0), ("explore", 0.0)]
+
+
+def _cache_leases(kind: str, threshold: float):
+    from spotlight import protocol as P
+
+    return P.Leases(
+        worker_id="w0",
+        items=[
+            P.LeaseItem(
+                lease_id=10 + i, request_id=f"r{i}", kind=kind, iteration=0, prompt_index=i,
+                seed=s, weight_version=3, params={"cache_threshold": threshold},
+            )
+            for i, s in enumerate([51, 52])
+        ],
+    )
+
+
+def _cache_tensors() -> dict:
+    _, _, cond = _inputs()
+    return {"cond.embeds": cond.embeds, "cond.mask": cond.mask}
+
+
+def _cache_outcomes(executor) -> dict:
+    """(computed steps, images) per CACHE_CASES entry, run one after the other on ``executor``."""
+    out = {}
+    for kind, thr in CACHE_CASES:
+        msg, frames = executor.run("w0", _cache_leases(kind, thr), _cache_tensors()).result
+        from spotlight import protocol as P
+        from spotlight.tensor_wire import unpack_tensors
+
+        _, body, payload = P.decode(P.encode(msg, frames))
+        out[(kind, thr)] = ([it.computed_steps for it in body.items], unpack_tensors(body.tensors, payload)["images"].numpy())
+        out[("num_gpus", kind, thr)] = body.num_gpus
+    return out
+
+
+def _t_group_cache(q, role, ports):
+    """An SP=2 group (GroupExecutor leader + group_worker.serve follower) runs CACHE_CASES."""
+    _setup_child()
+    from spotlight.workers.group_worker import GroupExecutor, serve
+    from spotlight.workers.sp_group import release_followers
+
+    def body():
+        rank = 0 if role == "leader" else 1
+        m = SPGroupMember(ModelConfig(), f"w{rank}", torch.device("cpu"))
+        weights = _weights() if rank == 0 else None
+        m.form(_spec(["w0", "w1"], ports[0], 1), state_dict=weights, version=3 if rank == 0 else None)
+        if role == "leader":
+            ex = GroupExecutor(m, EXPLORE_SAMPLER, reform=lambda form: True)
+            ex.add_version(3, weights)
+            q.put(("leader.outcomes", _cache_outcomes(ex)))
+            q.put(("leader.degree", m.sp_degree))
+            release_followers(m)
+        else:
+            serve(m)
+        m.leave()
+
+    _guard(q, role, body)
+
+
 # ---------------------------------------------------------------- tests
+
+
+def test_sp_group_exploration_honours_first_block_cache_like_a_single_worker():
+    """Issue 10 item 4.2: exploration on an SP group ran every step whatever its cache
+    threshold (GroupExecutor ignored it). Now the group caches with a group-wide decision
+    and reports the same computed steps as a single worker for the same request; rollouts
+    stay at full fidelity."""
+    from spotlight.workers.common import RolloutExecutor
+
+    ports = _free_ports(1)
+    out = _run([(_t_group_cache, ("leader", ports)), (_t_group_cache, ("follower", ports))])
+    group = out["leader.outcomes"]
+    assert out["leader.degree"] == 2
+    single_ex = RolloutExecutor(ModelConfig(), EXPLORE_SAMPLER, text_dim=TEXT_DIM)
+    single_ex.add_version(3, _weights())
+    single = _cache_outcomes(single_ex)
+    T = EXPLORE_SAMPLER.num_steps
+    for case in CACHE_CASES:
+        steps, images = group[case]
+        assert steps == single[case][0], (case, steps, single[case][0])
+        assert np.abs(images.astype(int) - single[case][1].astype(int)).max() <= 1, case
+    assert group[("explore", 0.5)][0] == [5, 5]  # fewer computed steps than T, as profiled
+    assert group[("explore", 100.0)][0] == [1, 1]
+    assert group[("rollout", 100.0)][0] == [T, T]  # never cached
+    assert group[("explore", 0.0)][0] == [T, T]
+    # the Result says how many GPUs the batch occupied (the Planner's t_step is in GPU-seconds)
+    assert all(group[("num_gpus", *case)] == 2.0 for case in CACHE_CASES)
+    assert all(single[("num_gpus", *case)] == 1.0 for case in CACHE_CASES)
 
 
 def test_sp2_matches_sp1_and_reform_builds_a_fresh_model():
