@@ -59,7 +59,7 @@ from spotlight.server import PUBLIC, TRAINER, ControlServer, Inbound
 from spotlight.config import SpotlightConfig, config_to_dict, dump_config
 from spotlight.instance_manager import InstanceManager
 from spotlight.iteration import CoreObservation, IterationCore, IterationDone, IterationSettings, StartSaving, StartTraining
-from spotlight.planner import Action, Planner, PlannerConfig, StepOption
+from spotlight.planner import Action, Planner, PlannerConfig, StepOption, step_time_gpu_s
 from spotlight.profiling import load_profile
 from spotlight.request_scheduler import RequestKind, RequestScheduler, RequestStatus
 from spotlight.rewards import RewardError, RewardFn
@@ -215,12 +215,15 @@ class Coordinator:
             self.planner = Planner(
                 PlannerConfig(
                     max_sequences=pc.max_sequences,
-                    min_sequences=pc.min_sequences or cfg.data.group_size,
+                    min_sequences=cfg.planner_min_sequences,
                     sequence_step=pc.sequence_step,
                     min_effective_steps=pc.min_effective_steps,
                     min_exploration_accuracy=pc.min_exploration_accuracy,
                     beta=pc.beta,
                     window=pc.window,
+                    group_size=cfg.data.group_size,
+                    feedback_std_floor=pc.feedback_std_floor,
+                    max_feedback=pc.max_feedback,
                 ),
                 options,
                 random.Random(pc.seed),
@@ -505,12 +508,21 @@ class Coordinator:
         self.core.busy.end(worker_id, now)
 
     def _observe_step_time(self, body: P.Result) -> None:
-        """EMA of seconds per (sequence × computed step) on spot workers: the Planner's t_step."""
+        """EMA of GPU-seconds per (sequence × computed step) on spot workers: the Planner's t_step,
+        in the unit of W = T_train · N_spot (an SP group's wall time × its GPUs, ``Result.num_gpus``)."""
         node = self.instances.nodes.get(body.node_id)
-        steps = sum(max(1, it.computed_steps) for it in body.items)
-        if node is None or not node.is_spot or steps == 0 or not (0 < body.elapsed_s < 1e6):
+        if node is None or not node.is_spot or not body.items:
             return
-        est = body.elapsed_s / steps
+        try:
+            req = self.sched.get(body.items[0].request_id)
+        except KeyError:
+            return
+        if float(req.params.get("cache_threshold", 0.0)) > 0:
+            return  # a cached batch also pays for its skipped steps: the Planner prices those by cost_steps
+        steps = sum(max(1, it.computed_steps) for it in body.items)
+        est = step_time_gpu_s(body.elapsed_s, steps, body.num_gpus)
+        if est is None:
+            return
         self.t_step_s = est if self.t_step_s is None else 0.7 * self.t_step_s + 0.3 * est
 
     def _held(self, worker_id: str, request_id: str, lease_id: int) -> bool:

@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from spotlight.planner import Action, Planner, PlannerObservation, feedback_ratio
+from spotlight.planner import Action, Planner, PlannerObservation, feedback_from_groups
 from spotlight.request_scheduler import RequestKind, RequestScheduler, RequestStatus
 from spotlight.seed_bank import SeedBank, derive_seed
 
@@ -510,19 +510,20 @@ class IterationCore:
             r = self.rewards.get(rid)
             if r is not None and math.isfinite(r):
                 by_slot[self.request_meta[rid][0]].append(r)
-        is_control = self.settings.is_control
-        explored_slots = self._explored_slots.pop(n, None)
-        explored = [float(np.std(v)) for k, v in by_slot.items() if not is_control(k) and (explored_slots is None or k in explored_slots)]
-        control = [float(np.std(v)) for k, v in by_slot.items() if is_control(k)]
-        r = feedback_ratio(explored, control) if control and explored else math.nan
+        control = {k for k in by_slot if self.settings.is_control(k)}
+        explored = self._explored_slots.pop(n, set()) - control
+        if self.planner is not None:
+            r = self.planner.feedback(by_slot, explored, control)
+        else:
+            r = feedback_from_groups(by_slot, explored, control)
         self._rollout_stats["planner/feedback"] = r
+        self._rollout_stats["planner/explored_groups"] = float(len(explored & by_slot.keys()))
         action = self.explore_action.pop(n, None)
         if self.planner is None or action is None or self.settings.explore_mode != "stale":
             return
         credited = self._credited_action(action, self._candidates_per_prompt.pop(n, None))
         self._rollout_stats["planner/credited_num_sequences"] = credited.num_sequences
-        if math.isfinite(r):
-            self.planner.update(credited, r)
+        self.planner.update(credited, r)  # always: a NaN is a play without feedback
 
     def _credited_action(self, action: Action, per_prompt: float | None) -> Action:
         if per_prompt is None or self.planner is None:
@@ -546,12 +547,10 @@ class IterationCore:
             req = self.sched.get(rid)
             r = self.rewards.get(rid)
             by_slot[self.request_meta[rid][0]].append((req.seed, math.nan if r is None else r))
-        d = ex.action.num_sequences if ex else 0
-        explored = set()
+        d = ex.action.num_sequences if ex else None
         for slot, pairs in by_slot.items():
-            self.seed_bank.record_exploration(m, slot, [p[0] for p in pairs], [p[1] for p in pairs])
-            if sum(1 for p in pairs if math.isfinite(p[1])) >= d:
-                explored.add(slot)
+            self.seed_bank.record_exploration(m, slot, [p[0] for p in pairs], [p[1] for p in pairs], required=d)
+        explored = self.seed_bank.explored_slots(m)
         self._explored_slots[m] = explored
         counts = [len(p) for s, p in by_slot.items() if s in explored]
         self._candidates_per_prompt[m] = float(np.median(counts)) if counts else 0.0

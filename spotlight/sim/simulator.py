@@ -42,7 +42,7 @@ from typing import Sequence
 
 from spotlight.instance_manager import InstanceManager
 from spotlight.iteration import CoreObservation, IterationCore, IterationDone, IterationSettings, StartSaving, StartTraining
-from spotlight.planner import Action, Planner, PlannerConfig, StepOption
+from spotlight.planner import Action, Planner, PlannerConfig, min_selective_sequences
 from spotlight.request_scheduler import Lease, RequestKind, RequestScheduler
 from spotlight.seed_bank import SeedBank
 from spotlight.sim.profile import SimProfile
@@ -238,7 +238,8 @@ class Simulator:
                 planner = Planner(
                     PlannerConfig(
                         max_sequences=p.max_sequences,
-                        min_sequences=p.group_size,
+                        min_sequences=min_selective_sequences(p.group_size, p.sequence_step, p.max_sequences),
+                        group_size=p.group_size,
                         sequence_step=p.sequence_step,
                         min_effective_steps=p.min_effective_steps,
                         min_exploration_accuracy=p.min_exploration_accuracy,

@@ -60,15 +60,15 @@ def test_extras_are_streamed_only_when_the_spot_queue_runs_low_and_continue_the_
     assert len(leases) == 12 and core.sched.num_ready(kind=RequestKind.EXPLORE) == 4
     core.advance(3.0, CoreObservation(spot_slots=8))
     extra = core.sched.requests(iteration=1, kind=RequestKind.EXPLORE)[16:]
-    assert len(extra) == 4  # topped up to the 8 slots the spot workers can hold
+    assert len(extra) == 12  # 4 queued < the 8 slots the spot workers hold: topped up to 2 x 8 queued
     per_slot = collections.Counter(core.request_meta[r.request_id][0] for r in extra)
-    assert per_slot == {0: 2, 1: 2}  # round-robin over the explored prompts, never the control ones
+    assert per_slot == {0: 6, 1: 6}  # round-robin over the explored prompts, never the control ones
     for r in extra:
         slot = core.request_meta[r.request_id][0]
-        assert r.seed in {derive_seed(7, "candidate", 1, slot, j) for j in (8, 9)}
+        assert r.seed in {derive_seed(7, "candidate", 1, slot, j) for j in range(8, 14)}
         assert r.weight_version == 0 and r.params == core.sched.get(ex[0].request_id).params  # same batch key
     core.advance(3.5, CoreObservation(spot_slots=8))
-    assert len(core.sched.requests(iteration=1, kind=RequestKind.EXPLORE)) == 20  # still 8 queued: no more
+    assert len(core.sched.requests(iteration=1, kind=RequestKind.EXPLORE)) == 28  # 16 queued >= 8: no more
 
 
 def test_no_extras_when_streaming_is_off_or_outside_training():
@@ -84,9 +84,9 @@ def test_training_end_abandons_extras_and_drain_waits_only_for_the_planned_candi
     _to_training(core)
     planned = {r.request_id for r in core.sched.requests(iteration=1, kind=RequestKind.EXPLORE)}
     held = core.sched.pull("s/0", is_spot=True, max_requests=14, now=3.0)  # 2 planned stay queued
-    core.advance(3.0, CoreObservation(spot_slots=8))
+    core.advance(3.0, CoreObservation(spot_slots=4))
     extras = {r.request_id for r in core.sched.requests(iteration=1, kind=RequestKind.EXPLORE)} - planned
-    assert len(extras) == 6
+    assert len(extras) == 6  # topped up to 2 x 4 queued
     # a spot worker finishes 3 extras before training ends
     mine = core.sched.pull("s/1", is_spot=True, max_requests=5, now=4.0)
     finished_extra = [l for l in mine if l.request_id in extras][:3]
