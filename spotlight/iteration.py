@@ -368,6 +368,11 @@ class IterationCore:
             action = self.choose_action(n + 1, now, obs)
             if action is not None:
                 self.submit_exploration(n + 1, n, action, now)
+            elif self.planner is not None and self.settings.stream_extra and obs.spot_slots > 0:
+                # no arm fits the window: plan nothing (nothing may reach the critical path) but
+                # still give the spot GPUs the cheapest arm's candidates to stream while it lasts
+                cheapest = min(self.planner.actions, key=lambda a: (a.num_sequences * (a.cost_steps or a.effective_steps), a.effective_steps))
+                self.submit_exploration(n + 1, n, cheapest, now, planned=False)
 
     def begin_iteration(self, n: int, now: float) -> None:
         self.t = {"iter_start": now, "rollout_start": now}
@@ -409,18 +414,22 @@ class IterationCore:
             params["cache_threshold"] = action.cache_threshold
         return params
 
-    def submit_exploration(self, n_next: int, version: int, action: Action, now: float) -> int:
-        """d candidate seeds per explored prompt of batch ``n_next``, on weights ``version``."""
+    def submit_exploration(self, n_next: int, version: int, action: Action, now: float, *, planned: bool = True) -> int:
+        """d candidate seeds per explored prompt of batch ``n_next``, on weights ``version``.
+
+        ``planned=False`` queues nothing now and records no action for the Planner: the
+        candidates are only streamed as extras while training runs (when no arm fits)."""
         ex = _Exploration(n_next, action)
         items = []
-        d = min(action.num_sequences, self.settings.max_candidates_per_prompt)
+        d = min(action.num_sequences, self.settings.max_candidates_per_prompt) if planned else 0
         for slot, pidx in enumerate(self.batch_prompts(n_next)):
             if self.settings.is_control(slot):
                 continue
             items += [(pidx, derive_seed(self.settings.run_seed, "candidate", n_next, slot, j), slot) for j in range(d)]
             ex.next_index[slot] = d
         self.explorations[n_next] = ex
-        self.explore_action[n_next] = action
+        if planned:
+            self.explore_action[n_next] = action
         self.explore_iter = n_next
         self.t["explore_start"] = now
         ids = self.sched.submit(RequestKind.EXPLORE, n_next, items, weight_version=version, params=self._explore_params(n_next, action), now=now)
@@ -519,9 +528,10 @@ class IterationCore:
         self._rollout_stats["planner/feedback"] = r
         self._rollout_stats["planner/explored_groups"] = float(len(explored & by_slot.keys()))
         action = self.explore_action.pop(n, None)
+        per_prompt = self._candidates_per_prompt.pop(n, None)
         if self.planner is None or action is None or self.settings.explore_mode != "stale":
             return
-        credited = self._credited_action(action, self._candidates_per_prompt.pop(n, None))
+        credited = self._credited_action(action, per_prompt)
         self._rollout_stats["planner/credited_num_sequences"] = credited.num_sequences
         self.planner.update(credited, r)  # always: a NaN is a play without feedback
 

@@ -208,3 +208,25 @@ def test_busy_meter_counts_lease_time_over_alive_time():
     assert m.fraction(0.0, 20.0) == pytest.approx(15 / (20 + 10))  # b alive only until 10
     assert math.isnan(m.fraction(0.0, 20.0, spot=False)) is False and m.fraction(0.0, 20.0, spot=False) == 0.0
     assert math.isnan(m.fraction(5.0, 5.0))
+
+
+def test_when_no_arm_fits_spot_gpus_still_stream_candidates_but_nothing_is_planned_or_awaited():
+    planner = Planner(PlannerConfig(max_sequences=24, min_sequences=8, sequence_step=8, beta=0.0), [StepOption(0.0, float(T), 1.0)], random.Random(0))
+    core = _core(planner=planner, iterations=3)
+    core.advance(0.0, CoreObservation())
+    _finish(core, "r/0", is_spot=False, now=1.0)
+    # a 1 s window on 1 spot GPU at 1 GPU-s per step: even d=8 x 2 prompts x 10 steps overruns it
+    core.advance(1.0, CoreObservation(num_spot_gpus=1, step_time_s=1.0, spot_slots=4))
+    assert core.plan_logs[1]["action"] is None and 1 not in core.explore_action
+    queued = core.sched.requests(iteration=1, kind=RequestKind.EXPLORE)
+    assert len(queued) == 8 and core.explorations[1].planned == set()  # 2 x 4 slots streamed, none planned
+    done = _finish(core, "s/0", is_spot=True, now=1.5, max_requests=3)
+    assert done
+    out = core.advance(2.0, CoreObservation(train_done=True))
+    assert [type(d) for d in out] == [IterationDone]  # nothing planned: DRAIN waits for nothing
+    assert out[0].metrics["time/explore_critical_path_s"] == 0.0
+    assert all(r.status in (RequestStatus.DONE, RequestStatus.CANCELLED) for r in core.sched.requests(iteration=1, kind=RequestKind.EXPLORE))
+    core.advance(2.0, CoreObservation())
+    _finish(core, "r/0", is_spot=False, now=3.0)
+    core.advance(3.0, CoreObservation(num_spot_gpus=1, step_time_s=1.0))
+    assert planner.total_updates == 0  # no arm was chosen, so none is credited
