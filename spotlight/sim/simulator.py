@@ -550,6 +550,7 @@ class Simulator:
                 "spot/preemptions": self._iter_counts["preemptions"],
                 "spot/additions": self._iter_counts["additions"],
                 "spot/work_lost_steps": self._iter_counts["work_lost_steps"],
+                "sim/requests_done": self.requests_done,
             }
         )
         self._iter_counts = {"preemptions": 0, "additions": 0, "work_lost_steps": 0.0}
