@@ -12,14 +12,16 @@ State kept (all in memory, all in this object):
   resumes from if a worker committed it before preemption;
 - a ready queue ordered by priority then submission order: RECOMPUTE requests
   first, then PENDING rollouts, then PENDING explorations. A ready request is
-  the int code ``priority << 48 | seq`` (smaller is served first) in the binary
-  heap of its batch key (kind, iteration, weight_version, params); two global
-  heaps, one for ROLLOUT-kind and one for EXPLORE-kind keys, hold (at least)
-  the smallest code of every key, and find the head of the queue. A code is
-  current while it is in ``_ready``; others are stale and skipped when they
-  surface (lazy deletion; a heap more than half stale is compacted). A pull
-  costs O(batch * log n) amortized, however long the queue and however many
-  queued requests the puller may not take;
+  the int code ``priority << 48 | seq`` (smaller is served first) in the bucket
+  of its batch key (kind, iteration, weight_version, params): a FIFO of codes
+  that came in increasing order plus a min-heap of the ones that came late
+  (re-enqueued, RECOMPUTE). Two global heaps, one for ROLLOUT-kind and one for
+  EXPLORE-kind keys, hold (at least) the smallest code of every bucket and find
+  the head of the queue. A code is current while it is in ``_ready``; others
+  are stale and skipped when they surface (lazy deletion; a structure more than
+  half stale is compacted). A pull costs O(batch * log n) amortized (O(batch)
+  for requests leased in submission order), however long the queue and however
+  many queued requests the puller may not take;
 - the in-flight leases, indexed by worker and by expiry time (a heap, so
   ``expire`` looks only at leases that fell due), each with an expiry time
   that the worker's heartbeats (``renew``) push forward;
@@ -62,7 +64,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections import Counter
+from collections import Counter, deque
 from heapq import heapify, heappop, heappush
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -184,21 +186,43 @@ assert all(_IN_FLIGHT in VALID_TRANSITIONS[s] for s in (RequestStatus.PENDING, R
 
 
 class _Bucket:
-    """The ready requests of one batch key: a min-heap of their codes.
+    """The ready requests of one batch key, as their codes in two parts.
+
+    ``fifo`` is a deque of increasing codes: requests enqueued in submission
+    order, the common case, cost O(1) to add and to take. ``late`` is a min-heap
+    of the codes that arrived smaller than ``fifo[-1]`` (requests re-enqueued
+    after a failure or expiry, RECOMPUTE requests): O(log n). The bucket's
+    smallest code is the smaller of the two fronts.
 
     ``live`` counts the current codes (those in ``RequestScheduler._ready``);
-    the rest are stale. Invariant: while ``live > 0`` the top ``heap[0]`` is
-    current, and some global heap (``head``: 0 ROLLOUT, 1 EXPLORE) holds it.
-    Source: issue 10 item 2 (indexed ready queue).
+    the rest are stale. Invariant: while ``live > 0`` each non-empty part's
+    front is current, and the global heap ``head`` (0 ROLLOUT, 1 EXPLORE)
+    holds the smallest (``top()``). Source: issue 10 item 2 (indexed ready queue).
     """
 
-    __slots__ = ("key", "head", "heap", "live")
+    __slots__ = ("key", "head", "fifo", "late", "live")
 
     def __init__(self, key: tuple, head: int):
         self.key = key  # (kind, iteration, weight_version, _freeze(params))
         self.head = head
-        self.heap: list[int] = []
+        self.fifo: deque[int] = deque()
+        self.late: list[int] = []
         self.live = 0
+
+    def top(self) -> int:
+        """The smallest code (current, by the invariant). Needs ``live > 0``."""
+        fifo, late = self.fifo, self.late
+        if late and (not fifo or late[0] < fifo[0]):
+            return late[0]
+        return fifo[0]
+
+    def drop_stale_fronts(self, ready: dict[int, Request]) -> None:
+        """Pop stale codes off both fronts (restores the invariant after a front was taken)."""
+        fifo, late = self.fifo, self.late
+        while fifo and fifo[0] not in ready:
+            fifo.popleft()
+        while late and late[0] not in ready:
+            heappop(late)
 
 
 @dataclass(frozen=True)
@@ -387,7 +411,7 @@ class RequestScheduler:
         their kinds: the head is the smaller top of the ROLLOUT-kind heap and
         (when EXPLORE is eligible) the EXPLORE-kind heap; every request with
         the head's batch key is eligible (the key includes the kind), so the
-        batch is the first ``max_requests`` entries of that key's heap.
+        batch is the first ``max_requests`` codes of that key's bucket.
 
         Raises:
             ValueError: ``max_requests < 1``.
@@ -416,7 +440,7 @@ class RequestScheduler:
         # updates; the bucket's new top and the batch's expiry are recorded once.
         ready_at, requests_in_flight = self._ready_at, self._in_flight
         bucket = ready_at[ready[head].request_id][1]
-        heap = bucket.heap
+        fifo, late = bucket.fifo, bucket.late
         held = self._by_worker.get(worker_id)
         if held is None:
             held = self._by_worker[worker_id] = {}
@@ -426,9 +450,13 @@ class RequestScheduler:
         n = min(max_requests, bucket.live)
         bucket.live -= n
         for _ in range(n):
-            req = ready.pop(heappop(heap), None)
-            while req is None:  # stale
-                req = ready.pop(heappop(heap), None)
+            while True:  # the bucket's smallest current code
+                if late and (not fifo or late[0] < fifo[0]):
+                    req = ready.pop(heappop(late), None)
+                else:
+                    req = ready.pop(fifo.popleft(), None)
+                if req is not None:
+                    break
             rid = req.request_id
             del ready_at[rid]
             lease = _object_new(Lease)  # = Lease(...), see _object_new
@@ -449,17 +477,16 @@ class RequestScheduler:
             leases.append(lease)
             lease_id += 1
         self._next_lease_id = lease_id
-        if not bucket.live:  # whatever is left in its heap is stale
+        if not bucket.live:  # whatever is left in it is stale
             del self._buckets[bucket.key]
             self._num_buckets[bucket.head] -= 1
         else:
-            while heap[0] not in ready:
-                heappop(heap)
+            bucket.drop_stale_fronts(ready)
             heads = self._heads[bucket.head]
             if len(heads) < 2 * self._num_buckets[bucket.head] + _COMPACT_SLACK:
-                heappush(heads, heap[0])  # = _push_head, without the call
+                heappush(heads, bucket.top())  # = _push_head, without the call
             else:
-                self._push_head(bucket.head, heap[0])
+                self._push_head(bucket.head, bucket.top())
         if self._expiry_ids + n <= 2 * len(requests_in_flight) + _COMPACT_SLACK:
             self._expiry_tick += 1  # = _push_expiry, without the call
             heappush(self._expiry, (expires_at, self._expiry_tick, tuple(leases)))
@@ -473,7 +500,7 @@ class RequestScheduler:
         heap = self._heads[i]
         heappush(heap, code)
         if len(heap) > 2 * self._num_buckets[i] + _COMPACT_SLACK:
-            heap[:] = [b.heap[0] for b in self._buckets.values() if b.head == i]
+            heap[:] = [b.top() for b in self._buckets.values() if b.head == i]
             heapify(heap)
 
     # --------------------------------------------------------- worker reports
@@ -818,7 +845,7 @@ class RequestScheduler:
             self._transition(req, RequestStatus.PENDING, now, "re-enqueued for full re-execution")
 
     def _ready_add(self, req: Request) -> None:
-        """Put a PENDING/RECOMPUTE request in the ready queue: O(log n)."""
+        """Put a PENDING/RECOMPUTE request in the ready queue: O(1) in submission order, else O(log n)."""
         key = self._keys[req.request_id]
         bucket = self._buckets.get(key)
         if bucket is None:
@@ -830,38 +857,43 @@ class RequestScheduler:
         else:
             prio = _PRIO_ROLLOUT if bucket.head == 0 else _PRIO_EXPLORE
         code = prio << _SEQ_BITS | req.seq
-        heap = bucket.heap
-        heappush(heap, code)
+        top = bucket.top() if bucket.live else None
+        fifo = bucket.fifo
+        if not fifo or code > fifo[-1]:
+            fifo.append(code)
+        else:
+            heappush(bucket.late, code)
         bucket.live += 1
         self._ready[code] = req
         self._ready_at[req.request_id] = (code, bucket)
-        if heap[0] == code:  # the bucket's new smallest
+        if top is None or code < top:  # the bucket's new smallest
             self._push_head(bucket.head, code)
 
     def _ready_remove(self, req: Request) -> None:
         """Take a request out of the ready queue: O(log n) amortized.
 
-        Its code goes stale. If it was its bucket's top, the stale tops are
-        popped and the new top published in the global heap. (``pull`` does
-        the same inline for the batch it leases.)
+        Its code goes stale. If it was at a front of its bucket, the stale
+        fronts are dropped, and if it was the smallest, the new smallest is
+        published in the global heap. (``pull`` does the same inline.)
         """
         code, bucket = self._ready_at.pop(req.request_id)
         ready = self._ready
         del ready[code]
         bucket.live -= 1
-        if not bucket.live:  # whatever is left in its heap is stale
+        if not bucket.live:  # whatever is left in it is stale
             del self._buckets[bucket.key]
             self._num_buckets[bucket.head] -= 1
             return
-        heap = bucket.heap
-        if heap[0] == code:
-            heappop(heap)
-            while heap[0] not in ready:
-                heappop(heap)
-            self._push_head(bucket.head, heap[0])
-        elif len(heap) > 2 * bucket.live + _COMPACT_SLACK:
-            heap[:] = [c for c in heap if c in ready]
-            heapify(heap)  # the top, the smallest current code, stays on top
+        fifo, late = bucket.fifo, bucket.late
+        if (fifo and fifo[0] == code) or (late and late[0] == code):
+            bucket.drop_stale_fronts(ready)
+            top = bucket.top()
+            if code < top:  # it was the smallest
+                self._push_head(bucket.head, top)
+        elif len(fifo) + len(late) > 2 * bucket.live + _COMPACT_SLACK:
+            bucket.fifo = deque(c for c in fifo if c in ready)  # still increasing
+            late[:] = [c for c in late if c in ready]
+            heapify(late)  # the fronts were current and stay
 
     def _push_expiry(self, expires_at: float, leases: tuple[Lease, ...]) -> None:
         """Have ``expire`` look at the requests of these leases once ``now >= expires_at`` (seconds).

@@ -106,9 +106,12 @@ def check_indexes(s: RequestScheduler) -> None:
     assert {r.request_id for r in s._ready.values()} == ready == set(s._ready_at)
     assert set(s._keys) == {rid for rid, r in s._requests.items() if not r.status.is_terminal()}
     for key, b in s._buckets.items():
-        assert b.key == key and b.live == sum(1 for c in b.heap if c in s._ready) > 0
-        assert b.heap[0] in s._ready and b.heap[0] in s._heads[b.head]  # top current and published
-        assert all(s._ready_at[s._ready[c].request_id][1] is b for c in b.heap if c in s._ready)
+        codes = list(b.fifo) + b.late
+        assert b.key == key and b.live == sum(1 for c in codes if c in s._ready) > 0
+        assert all(x < y for x, y in zip(b.fifo, list(b.fifo)[1:]))  # fifo increasing
+        assert all(part[0] in s._ready for part in (b.fifo, b.late) if part)  # fronts current
+        assert b.top() == min(c for c in codes if c in s._ready) and b.top() in s._heads[b.head]  # published
+        assert all(s._ready_at[s._ready[c].request_id][1] is b for c in codes if c in s._ready)
     assert s._num_buckets == [sum(1 for b in s._buckets.values() if b.head == i) for i in (0, 1)]
     for code, req in s._ready.items():
         prio = 0 if req.status is S.RECOMPUTE else 1 if req.kind is R else 2
