@@ -11,9 +11,22 @@ State kept (all in memory, all in this object):
   it), its current ``Lease`` if in flight, and the Tensor Store commit it
   resumes from if a worker committed it before preemption;
 - a ready queue ordered by priority then submission order: RECOMPUTE requests
-  first, then PENDING rollouts, then PENDING explorations;
-- the in-flight leases, indexed by worker, each with an expiry time that the
-  worker's heartbeats (``renew``) push forward.
+  first, then PENDING rollouts, then PENDING explorations. A ready request is
+  the int code ``priority << 48 | seq`` (smaller is served first) in the bucket
+  of its batch key (kind, iteration, weight_version, params): a FIFO of codes
+  that came in increasing order plus a min-heap of the ones that came late
+  (re-enqueued, RECOMPUTE). Two global heaps, one for ROLLOUT-kind and one for
+  EXPLORE-kind keys, hold (at least) the smallest code of every bucket and find
+  the head of the queue. A code is current while it is in ``_ready``; others
+  are stale and skipped when they surface (lazy deletion; a structure more than
+  half stale is compacted). A pull costs O(batch * log n) amortized (O(batch)
+  for requests leased in submission order), however long the queue and however
+  many queued requests the puller may not take;
+- the in-flight leases, indexed by worker and by expiry time (a heap, so
+  ``expire`` looks only at leases that fell due), each with an expiry time
+  that the worker's heartbeats (``renew``) push forward;
+- the request ids of each iteration (``requests``/``counts``/``cancel``/``forget``
+  by iteration touch only that iteration's requests).
 
 Request lifecycle (``VALID_TRANSITIONS`` below is the single source of truth)::
 
@@ -49,10 +62,10 @@ issued again, and its late reports are rejected as stale.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import enum
-from collections import Counter
+from collections import Counter, deque
+from heapq import heapify, heappop, heappush
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -128,6 +141,89 @@ _STATE_VERSION = 1
 # committed work first wastes the least, and rollouts are on the critical path.
 _PRIO_RECOMPUTE, _PRIO_ROLLOUT, _PRIO_EXPLORE = 0, 1, 2
 
+# A heap is compacted (its stale entries dropped) once it holds more than
+# 2 * live + _COMPACT_SLACK entries, so stale entries cost O(1) amortized each.
+_COMPACT_SLACK = 64
+
+# Tags of frozen containers in batch keys (see ``_freeze``); unique objects, so a
+# frozen list never equals a frozen tuple, set or dict, nor any user value.
+_LIST, _TUPLE, _DICT, _SET = (object() for _ in range(4))
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def _freeze(v: Any) -> Any:
+    """A hashable stand-in for ``v`` with ``_freeze(a) == _freeze(b)`` iff ``a == b``.
+
+    Dicts become tagged frozensets of items (key order does not matter, as for
+    ``dict ==``), lists and tuples tagged tuples, sets tagged frozensets; other
+    values (JSON scalars) are kept, so ``1``, ``1.0`` and ``True`` stay equal as
+    they are in ``params == params``.
+
+    Raises:
+        TypeError: a value that is neither hashable nor one of those containers.
+    """
+    if type(v) in _SCALARS:
+        return v
+    if isinstance(v, dict):
+        return (_DICT, frozenset([(k, _freeze(x)) for k, x in v.items()]))
+    if isinstance(v, list):
+        return (_LIST, tuple([_freeze(x) for x in v]))
+    if isinstance(v, tuple):
+        return (_TUPLE, tuple([_freeze(x) for x in v]))
+    if isinstance(v, (set, frozenset)):
+        return (_SET, frozenset([_freeze(x) for x in v]))
+    hash(v)  # TypeError for anything else unhashable
+    return v
+
+
+# Ready-queue code of a request: ``priority << _SEQ_BITS | seq``; ints compare
+# (and so heaps sift) several times faster than (priority, seq, id) tuples.
+_SEQ_BITS = 48  # room for 2.8e14 submissions
+
+_IN_FLIGHT = RequestStatus.IN_FLIGHT
+# ``pull`` moves ready requests to IN_FLIGHT inline (not through ``_transition``).
+assert all(_IN_FLIGHT in VALID_TRANSITIONS[s] for s in (RequestStatus.PENDING, RequestStatus.RECOMPUTE))
+
+
+class _Bucket:
+    """The ready requests of one batch key, as their codes in two parts.
+
+    ``fifo`` is a deque of increasing codes: requests enqueued in submission
+    order, the common case, cost O(1) to add and to take. ``late`` is a min-heap
+    of the codes that arrived smaller than ``fifo[-1]`` (requests re-enqueued
+    after a failure or expiry, RECOMPUTE requests): O(log n). The bucket's
+    smallest code is the smaller of the two fronts.
+
+    ``live`` counts the current codes (those in ``RequestScheduler._ready``);
+    the rest are stale. Invariant: while ``live > 0`` each non-empty part's
+    front is current, and the global heap ``head`` (0 ROLLOUT, 1 EXPLORE)
+    holds the smallest (``top()``). Source: issue 10 item 2 (indexed ready queue).
+    """
+
+    __slots__ = ("key", "head", "fifo", "late", "live")
+
+    def __init__(self, key: tuple, head: int):
+        self.key = key  # (kind, iteration, weight_version, _freeze(params))
+        self.head = head
+        self.fifo: deque[int] = deque()
+        self.late: list[int] = []
+        self.live = 0
+
+    def top(self) -> int:
+        """The smallest code (current, by the invariant). Needs ``live > 0``."""
+        fifo, late = self.fifo, self.late
+        if late and (not fifo or late[0] < fifo[0]):
+            return late[0]
+        return fifo[0]
+
+    def drop_stale_fronts(self, ready: dict[int, Request]) -> None:
+        """Pop stale codes off both fronts (restores the invariant after a front was taken)."""
+        fifo, late = self.fifo, self.late
+        while fifo and fifo[0] not in ready:
+            fifo.popleft()
+        while late and late[0] not in ready:
+            heappop(late)
+
 
 @dataclass(frozen=True)
 class Lease:
@@ -140,6 +236,12 @@ class Lease:
     expires_at: float
     resume_step: int | None  # committed denoising step to resume from, else None
     commit_key: str | None  # Tensor Store key of the committed state, else None
+
+
+# ``pull`` builds leases as ``_object_new(Lease)`` plus one ``_object_setattr(lease,
+# "__dict__", {...all 7 fields...})``: an object equal to ``Lease(...)``, about twice
+# as fast as the frozen dataclass ``__init__`` (one ``object.__setattr__`` per field).
+_object_new, _object_setattr = object.__new__, object.__setattr__
 
 
 @dataclass
@@ -164,7 +266,11 @@ class Request:
 
     @property
     def batch_key(self) -> tuple:
-        """Requests with equal keys can share one worker batch."""
+        """Requests with equal keys can share one worker batch.
+
+        Not hashable (``params`` is a dict); the scheduler indexes the equivalent
+        ``(kind, iteration, weight_version, _freeze(params))``, taken at submit.
+        """
         return (self.kind, self.iteration, self.weight_version, self.params)
 
 
@@ -189,16 +295,34 @@ class RequestScheduler:
         self.lease_timeout_s = float(lease_timeout_s)
         self.max_failures = max_failures
         self._requests: dict[str, Request] = {}
-        self._ready: list[tuple[int, int, str]] = []  # sorted (priority, seq, request_id)
-        self._in_flight: dict[str, Request] = {}
-        self._by_worker: dict[str, dict[str, None]] = {}  # worker -> ordered set of request ids
-        self._outstanding: Counter[tuple[int, RequestKind]] = Counter()  # non-terminal counts
+        self._reset_indexes()
         self._id_counters: Counter[tuple[RequestKind, int]] = Counter()
         self._next_seq = 0
         self._next_lease_id = 1
         self._training_active = False
-        self._ready_counts: Counter[RequestKind] = Counter()  # queued (PENDING/RECOMPUTE) per kind
         self.epoch = 0  # restart count of the coordinator process (see load_state_dict)
+
+    def _reset_indexes(self) -> None:
+        """Empty every index derived from ``_requests`` (``load_state_dict`` rebuilds them)."""
+        # Ready queue (PENDING and RECOMPUTE requests), see the module docstring.
+        self._ready: dict[int, Request] = {}  # current code -> request
+        self._ready_at: dict[str, tuple[int, _Bucket]] = {}  # request id -> (its code, its bucket)
+        self._buckets: dict[tuple, _Bucket] = {}  # hashable batch key -> bucket
+        self._heads: tuple[list[int], list[int]] = ([], [])  # codes: [0] ROLLOUT-kind, [1] EXPLORE-kind keys
+        self._num_buckets = [0, 0]  # buckets per global heap
+        self._keys: dict[str, tuple] = {}  # non-terminal request id -> hashable batch key
+        # In flight.
+        self._in_flight: dict[str, Request] = {}  # in lease-grant (= lease id) order
+        self._by_worker: dict[str, dict[str, None]] = {}  # worker -> ordered set of request ids
+        # Heap of (expires_at, tiebreak, leases): "look at these leases' requests at
+        # expires_at"; every in-flight request has its current lease's expires_at in one.
+        self._expiry: list[tuple[float, int, tuple[Lease, ...]]] = []
+        self._expiry_ids = 0  # leases in all entries (current or not)
+        self._expiry_tick = 0  # tiebreak, so entries never compare their leases
+        # Counts and per-iteration ids.
+        self._outstanding: Counter[tuple[int, RequestKind]] = Counter()  # non-terminal counts
+        self._outstanding_kind: Counter[RequestKind] = Counter()  # the same, per kind
+        self._by_iter: dict[int, dict[str, None]] = {}  # iteration -> ordered set of request ids
 
     # ------------------------------------------------------------------ submit
 
@@ -220,17 +344,22 @@ class RequestScheduler:
 
         Raises:
             ValueError: negative ``iteration`` or ``weight_version``.
+            TypeError: a ``params`` value that is unhashable and not a dict, list,
+                tuple or set (the batch key must be hashable; JSON values are fine).
         """
         kind = RequestKind(kind)
         if iteration < 0 or weight_version < 0:
             raise ValueError(f"iteration and weight_version must be >= 0, got {iteration}, {weight_version}")
         params = dict(params or {})
+        key = (kind, iteration, weight_version, _freeze(params))
+        in_iter = self._by_iter.setdefault(iteration, {})
+        counter, prefix = (kind, iteration), f"{kind.value[0]}{iteration}-"
         ids = []
         for prompt_index, seed, group in items:
-            n = self._id_counters[(kind, iteration)]
-            self._id_counters[(kind, iteration)] += 1
+            n = self._id_counters[counter]
+            self._id_counters[counter] = n + 1
             req = Request(
-                request_id=f"{kind.value[0]}{iteration}-{n}",
+                request_id=f"{prefix}{n}",
                 kind=kind,
                 iteration=iteration,
                 prompt_index=int(prompt_index),
@@ -243,9 +372,14 @@ class RequestScheduler:
             )
             self._next_seq += 1
             self._requests[req.request_id] = req
+            in_iter[req.request_id] = None
+            self._keys[req.request_id] = key
             self._outstanding[(iteration, kind)] += 1
-            self._enqueue(req)
+            self._outstanding_kind[kind] += 1
+            self._ready_add(req)
             ids.append(req.request_id)
+        if not in_iter:
+            del self._by_iter[iteration]
         return ids
 
     # ------------------------------------------------------------- training gate
@@ -273,43 +407,101 @@ class RequestScheduler:
         ``now + lease_timeout_s`` (seconds). Returns ``[]`` when nothing is
         eligible. Source: paper §4.5 (pull-based), DESIGN §4.
 
+        Cost: O(max_requests * log n) amortized for n queued requests, whatever
+        their kinds: the head is the smaller top of the ROLLOUT-kind heap and
+        (when EXPLORE is eligible) the EXPLORE-kind heap; every request with
+        the head's batch key is eligible (the key includes the kind), so the
+        batch is the first ``max_requests`` codes of that key's bucket.
+
         Raises:
             ValueError: ``max_requests < 1``.
         """
         if max_requests < 1:
             raise ValueError(f"max_requests must be >= 1, got {max_requests}")
-        explore_ok = is_spot or not self._training_active
-        picked: list[Request] = []
-        key = None
-        for _, _, rid in self._ready:
-            req = self._requests[rid]
-            if req.kind is RequestKind.EXPLORE and not explore_ok:
-                continue
-            if key is None:
-                key = req.batch_key
-            elif req.batch_key != key:
-                continue
-            picked.append(req)
-            if len(picked) == max_requests:
-                break
-        leases = []
-        for req in picked:
-            lease = Lease(
-                lease_id=self._next_lease_id,
-                request_id=req.request_id,
-                worker_id=worker_id,
-                granted_at=now,
-                expires_at=now + self.lease_timeout_s,
-                resume_step=req.committed_step,
-                commit_key=req.commit_key,
-            )
-            self._next_lease_id += 1
-            detail = f"leased to {worker_id} (lease {lease.lease_id})"
-            if lease.resume_step is not None:
-                detail += f", resume from step {lease.resume_step}"
-            self._transition(req, RequestStatus.IN_FLIGHT, now, detail, lease=lease)
+        # The head: the smallest current code of the ROLLOUT-kind heap and, if EXPLORE
+        # is eligible, of the EXPLORE-kind heap (stale tops popped). It is the smallest
+        # code of all eligible ready requests: every bucket's top is in its global heap
+        # (``_Bucket`` invariant) and every current code there is >= its bucket's top.
+        ready = self._ready
+        heads = self._heads[0]
+        while heads and heads[0] not in ready:
+            heappop(heads)
+        head = heads[0] if heads else None
+        if is_spot or not self._training_active:
+            heads = self._heads[1]
+            while heads and heads[0] not in ready:
+                heappop(heads)
+            if heads and (head is None or heads[0] < head):
+                head = heads[0]
+        if head is None:
+            return []
+        # Lease the batch: the PENDING/RECOMPUTE -> IN_FLIGHT edge of ``_transition``
+        # (and ``_ready_remove``) inlined for speed, with the same index and history
+        # updates; the bucket's new top and the batch's expiry are recorded once.
+        ready_at, requests_in_flight = self._ready_at, self._in_flight
+        bucket = ready_at[ready[head].request_id][1]
+        fifo, late = bucket.fifo, bucket.late
+        held = self._by_worker.get(worker_id)
+        if held is None:
+            held = self._by_worker[worker_id] = {}
+        expires_at = now + self.lease_timeout_s
+        lease_id = self._next_lease_id
+        leases: list[Lease] = []
+        n = min(max_requests, bucket.live)
+        bucket.live -= n
+        for _ in range(n):
+            while True:  # the bucket's smallest current code
+                if late and (not fifo or late[0] < fifo[0]):
+                    req = ready.pop(heappop(late), None)
+                else:
+                    req = ready.pop(fifo.popleft(), None)
+                if req is not None:
+                    break
+            rid = req.request_id
+            del ready_at[rid]
+            lease = _object_new(Lease)  # = Lease(...), see _object_new
+            _object_setattr(lease, "__dict__", {
+                "lease_id": lease_id, "request_id": rid, "worker_id": worker_id, "granted_at": now,
+                "expires_at": expires_at, "resume_step": req.committed_step, "commit_key": req.commit_key,
+            })
+            detail = f"leased to {worker_id} (lease {lease_id})"
+            if req.committed_step is not None:
+                detail += f", resume from step {req.committed_step}"
+            req.status = _IN_FLIGHT
+            req.lease = lease
+            req.worker_id = worker_id
+            req.attempts += 1
+            requests_in_flight[rid] = req
+            held[rid] = None
+            req.history.append((_IN_FLIGHT, now, detail))
             leases.append(lease)
+            lease_id += 1
+        self._next_lease_id = lease_id
+        if not bucket.live:  # whatever is left in it is stale
+            del self._buckets[bucket.key]
+            self._num_buckets[bucket.head] -= 1
+        else:
+            bucket.drop_stale_fronts(ready)
+            heads = self._heads[bucket.head]
+            if len(heads) < 2 * self._num_buckets[bucket.head] + _COMPACT_SLACK:
+                heappush(heads, bucket.top())  # = _push_head, without the call
+            else:
+                self._push_head(bucket.head, bucket.top())
+        if self._expiry_ids + n <= 2 * len(requests_in_flight) + _COMPACT_SLACK:
+            self._expiry_tick += 1  # = _push_expiry, without the call
+            heappush(self._expiry, (expires_at, self._expiry_tick, tuple(leases)))
+            self._expiry_ids += n
+        else:
+            self._push_expiry(expires_at, tuple(leases))
         return leases
+
+    def _push_head(self, i: int, code: int) -> None:
+        """Publish a bucket's top in global heap ``i``; rebuild it from the tops once mostly stale."""
+        heap = self._heads[i]
+        heappush(heap, code)
+        if len(heap) > 2 * self._num_buckets[i] + _COMPACT_SLACK:
+            heap[:] = [b.top() for b in self._buckets.values() if b.head == i]
+            heapify(heap)
 
     # --------------------------------------------------------- worker reports
 
@@ -378,22 +570,41 @@ class RequestScheduler:
 
         A lease past its expiry that ``expire`` has not reaped yet is revived
         (the worker is evidently alive). Returns how many leases were renewed.
-        Source: paper §4.5 (lifetime monitoring).
+        Costs O(k log n) for the worker's k leases. Source: paper §4.5 (lifetime monitoring).
         """
         rids = self._by_worker.get(worker_id, {})
+        expires_at = now + self.lease_timeout_s
+        moved = []
         for rid in rids:
             req = self._in_flight[rid]
-            req.lease = dataclasses.replace(req.lease, expires_at=now + self.lease_timeout_s)
+            old = req.lease.expires_at
+            req.lease = dataclasses.replace(req.lease, expires_at=expires_at)
+            if old != expires_at:
+                moved.append(req.lease)
+        if moved:
+            self._push_expiry(expires_at, tuple(moved))
         return len(rids)
 
     def expire(self, now: float) -> list[str]:
         """Reap leases with ``expires_at <= now`` (seconds): IN_FLIGHT -> ABORTED -> PENDING.
 
         Expiry means the worker died without committing, so commit info is
-        cleared and the request re-runs in full. Returns the affected ids.
-        Source: paper §4.5 ("lifetime monitoring ... full re-execution").
+        cleared and the request re-runs in full. Returns the affected ids in
+        lease-grant order. Costs O(k log k + e log n) for the k expired leases and
+        the e expiry entries (one per pull or renewal) that fall due. Source: paper §4.5
+        ("lifetime monitoring ... full re-execution").
         """
-        expired = [r for r in self._in_flight.values() if r.lease.expires_at <= now]
+        heap, in_flight = self._expiry, self._in_flight
+        hit: dict[str, Request] = {}
+        while heap and heap[0][0] <= now:
+            leases = heappop(heap)[2]
+            self._expiry_ids -= len(leases)
+            for lease in leases:
+                req = in_flight.get(lease.request_id)
+                # Still in flight and expired (a renewal to a later time pushed a later entry).
+                if req is not None and req.lease.expires_at <= now:
+                    hit[req.request_id] = req
+        expired = sorted(hit.values(), key=lambda r: r.lease.lease_id)
         for req in expired:
             self._abort(req, now, f"lease {req.lease.lease_id} of {req.worker_id} expired", requeue=True)
         return [r.request_id for r in expired]
@@ -416,11 +627,12 @@ class RequestScheduler:
 
         Leases of cancelled requests die with them, so their holders' later
         completions are rejected. Returns the affected ids in submission order.
-        Source: DESIGN §3 (leftover exploration), §4.
+        Costs O(requests of ``iteration``). Source: DESIGN §3 (leftover exploration), §4.
         """
+        reqs = self._requests
         hit = [
-            r for r in self._requests.values()
-            if r.iteration == iteration and (kind is None or r.kind is kind) and not r.status.is_terminal()
+            r for r in (reqs[rid] for rid in self._by_iter.get(iteration, ()))
+            if (kind is None or r.kind is kind) and not r.status.is_terminal()
         ]
         for req in hit:
             self._transition(req, RequestStatus.CANCELLED, now, reason)
@@ -440,10 +652,12 @@ class RequestScheduler:
         return out
 
     def num_ready(self, *, kind: RequestKind | None = None) -> int:
-        """Requests waiting to be pulled (PENDING or RECOMPUTE), optionally of one kind. O(1)."""
+        """Requests waiting to be pulled (PENDING or RECOMPUTE), optionally of one kind.
+        O(number of batch keys queued), independent of the queue length."""
         if kind is None:
-            return sum(self._ready_counts.values())
-        return self._ready_counts[RequestKind(kind)]
+            return len(self._ready_at)
+        i = 0 if RequestKind(kind) is RequestKind.ROLLOUT else 1
+        return sum(b.live for b in self._buckets.values() if b.head == i)
 
     # ----------------------------------------------------------------- queries
 
@@ -458,12 +672,18 @@ class RequestScheduler:
         kind: RequestKind | None = None,
         status: RequestStatus | None = None,
     ) -> list[Request]:
-        """Requests matching every given filter, in submission order (DESIGN §4 status view)."""
+        """Requests matching every given filter, in submission order (DESIGN §4 status view).
+
+        Costs O(requests of ``iteration``) when it is given, else O(all requests).
+        """
+        if iteration is None:
+            pool: Iterable[Request] = self._requests.values()
+        else:
+            reqs = self._requests
+            pool = (reqs[rid] for rid in self._by_iter.get(iteration, ()))
         return [
-            r for r in self._requests.values()
-            if (iteration is None or r.iteration == iteration)
-            and (kind is None or r.kind is kind)
-            and (status is None or r.status is status)
+            r for r in pool
+            if (kind is None or r.kind is kind) and (status is None or r.status is status)
         ]
 
     def holder(self, request_id: str, lease_id: int) -> str | None:
@@ -488,23 +708,30 @@ class RequestScheduler:
 
     def num_outstanding(self, *, kind: RequestKind | None = None) -> int:
         """Number of non-terminal requests (optionally of one kind)."""
-        return sum(n for (_, k), n in self._outstanding.items() if kind is None or k is kind)
+        if kind is None:
+            return sum(self._outstanding_kind.values())
+        return self._outstanding_kind[RequestKind(kind)]
 
     def forget(self, *, before_iteration: int) -> int:
         """Drop terminal requests of iterations ``< before_iteration`` to bound memory.
 
         Non-terminal requests are kept. Later reports for dropped ids are
         rejected by ``complete``/``commit``/``fail``. Returns the number dropped.
+        Costs O(number of iterations + requests of the iterations looked at).
         """
-        drop = [
-            rid for rid, r in self._requests.items()
-            if r.iteration < before_iteration and r.status.is_terminal()
-        ]
-        for rid in drop:
-            del self._requests[rid]
+        drop = 0
+        for it in [i for i in self._by_iter if i < before_iteration]:
+            ids = self._by_iter[it]
+            gone = [rid for rid in ids if self._requests[rid].status.is_terminal()]
+            for rid in gone:
+                del ids[rid]
+                del self._requests[rid]
+            if not ids:
+                del self._by_iter[it]
+            drop += len(gone)
         for key in [k for k, n in self._outstanding.items() if n == 0 and k[0] < before_iteration]:
             del self._outstanding[key]
-        return len(drop)
+        return drop
 
     # ----------------------------------------------------------- persistence
 
@@ -594,18 +821,19 @@ class RequestScheduler:
         if len({r.request_id for r in reqs}) != len(reqs):
             raise ValueError("malformed request scheduler state: duplicate request ids")
         self._requests = {r.request_id: r for r in reqs}
-        self._ready, self._in_flight, self._by_worker = [], {}, {}
-        self._outstanding = Counter()
+        self._reset_indexes()
         for r in reqs:
+            self._by_iter.setdefault(r.iteration, {})[r.request_id] = None
             if not r.status.is_terminal():
                 self._outstanding[(r.iteration, r.kind)] += 1
+                self._outstanding_kind[r.kind] += 1
+                self._keys[r.request_id] = (r.kind, r.iteration, r.weight_version, _freeze(r.params))
             if r.status in (RequestStatus.PENDING, RequestStatus.RECOMPUTE):
-                self._ready.append(self._ready_entry(r))
+                self._ready_add(r)
             elif r.status is RequestStatus.IN_FLIGHT:
                 self._in_flight[r.request_id] = r
                 self._by_worker.setdefault(r.lease.worker_id, {})[r.request_id] = None
-        self._ready.sort()
-        self._ready_counts = Counter(self._requests[rid].kind for _, _, rid in self._ready)
+                self._push_expiry(r.lease.expires_at, (r.lease,))
         self._id_counters = counters
         self._next_seq = next_seq
         self._next_lease_id = max(next_lease, epoch * LEASE_EPOCH_STRIDE)
@@ -637,24 +865,87 @@ class RequestScheduler:
         if requeue:
             self._transition(req, RequestStatus.PENDING, now, "re-enqueued for full re-execution")
 
-    def _enqueue(self, req: Request) -> None:
-        bisect.insort(self._ready, self._ready_entry(req))
-        self._ready_counts[req.kind] += 1
-
-    @staticmethod
-    def _ready_entry(req: Request) -> tuple[int, int, str]:
+    def _ready_add(self, req: Request) -> None:
+        """Put a PENDING/RECOMPUTE request in the ready queue: O(1) in submission order, else O(log n)."""
+        key = self._keys[req.request_id]
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            i = 0 if req.kind is RequestKind.ROLLOUT else 1
+            bucket = self._buckets[key] = _Bucket(key, i)
+            self._num_buckets[i] += 1
         if req.status is RequestStatus.RECOMPUTE:
             prio = _PRIO_RECOMPUTE
         else:
-            prio = _PRIO_ROLLOUT if req.kind is RequestKind.ROLLOUT else _PRIO_EXPLORE
-        return (prio, req.seq, req.request_id)
+            prio = _PRIO_ROLLOUT if bucket.head == 0 else _PRIO_EXPLORE
+        code = prio << _SEQ_BITS | req.seq
+        top = bucket.top() if bucket.live else None
+        fifo = bucket.fifo
+        if not fifo or code > fifo[-1]:
+            fifo.append(code)
+        else:
+            heappush(bucket.late, code)
+        bucket.live += 1
+        self._ready[code] = req
+        self._ready_at[req.request_id] = (code, bucket)
+        if top is None or code < top:  # the bucket's new smallest
+            self._push_head(bucket.head, code)
+
+    def _ready_remove(self, req: Request) -> None:
+        """Take a request out of the ready queue: O(log n) amortized.
+
+        Its code goes stale. If it was at a front of its bucket, the stale
+        fronts are dropped, and if it was the smallest, the new smallest is
+        published in the global heap. (``pull`` does the same inline.)
+        """
+        code, bucket = self._ready_at.pop(req.request_id)
+        ready = self._ready
+        del ready[code]
+        bucket.live -= 1
+        if not bucket.live:  # whatever is left in it is stale
+            del self._buckets[bucket.key]
+            self._num_buckets[bucket.head] -= 1
+            return
+        fifo, late = bucket.fifo, bucket.late
+        if (fifo and fifo[0] == code) or (late and late[0] == code):
+            bucket.drop_stale_fronts(ready)
+            top = bucket.top()
+            if code < top:  # it was the smallest
+                self._push_head(bucket.head, top)
+        elif len(fifo) + len(late) > 2 * bucket.live + _COMPACT_SLACK:
+            bucket.fifo = deque(c for c in fifo if c in ready)  # still increasing
+            late[:] = [c for c in late if c in ready]
+            heapify(late)  # the fronts were current and stay
+
+    def _push_expiry(self, expires_at: float, leases: tuple[Lease, ...]) -> None:
+        """Have ``expire`` look at the requests of these leases once ``now >= expires_at`` (seconds).
+
+        Rebuilds the heap from the in-flight leases (O(in flight)) once it holds
+        more than twice as many leases as are in flight (superseded by renewals
+        or finished), so each lease pushed costs O(1) amortized besides the push.
+        """
+        self._expiry_tick += 1
+        heappush(self._expiry, (expires_at, self._expiry_tick, leases))
+        self._expiry_ids += len(leases)
+        if self._expiry_ids > 2 * len(self._in_flight) + _COMPACT_SLACK:
+            by_time: dict[float, list[Lease]] = {}
+            for r in self._in_flight.values():
+                by_time.setdefault(r.lease.expires_at, []).append(r.lease)
+            self._expiry[:] = [
+                (t, i, tuple(ls)) for i, (t, ls) in enumerate(by_time.items(), self._expiry_tick + 1)
+            ]
+            heapify(self._expiry)
+            self._expiry_tick += len(by_time)
+            self._expiry_ids = len(self._in_flight)
 
     def _transition(
         self, req: Request, new_status: RequestStatus, now: float, detail: str, *, lease: Lease | None = None
     ) -> None:
         """The only place a status changes: validate, update indexes, append history.
 
-        ``lease`` is required when entering IN_FLIGHT and ignored otherwise.
+        (Except ``pull``, which does the PENDING/RECOMPUTE -> IN_FLIGHT edge of
+        this method inline for speed, with the same effects; the table allowing
+        that edge is asserted at import.) ``lease`` is required when entering
+        IN_FLIGHT and ignored otherwise.
 
         Raises:
             InvalidTransition: ``req.status -> new_status`` is not in ``VALID_TRANSITIONS``
@@ -666,13 +957,9 @@ class RequestScheduler:
         if new_status is RequestStatus.IN_FLIGHT and lease is None:
             raise ValueError(f"{req.request_id}: entering in_flight needs a lease")
         # Leave the old status's index.
-        if old in (RequestStatus.PENDING, RequestStatus.RECOMPUTE):
-            entry = self._ready_entry(req)
-            i = bisect.bisect_left(self._ready, entry)
-            assert self._ready[i] == entry, entry
-            del self._ready[i]
-            self._ready_counts[req.kind] -= 1
-        elif old is RequestStatus.IN_FLIGHT:
+        if old is RequestStatus.PENDING or old is RequestStatus.RECOMPUTE:
+            self._ready_remove(req)
+        elif old is RequestStatus.IN_FLIGHT:  # its expiry-heap entries go stale
             del self._in_flight[req.request_id]
             held = self._by_worker[req.lease.worker_id]
             del held[req.request_id]
@@ -681,15 +968,21 @@ class RequestScheduler:
             req.lease = None
         # Enter the new one.
         req.status = new_status
-        if new_status in (RequestStatus.PENDING, RequestStatus.RECOMPUTE):
-            self._enqueue(req)
+        if new_status is RequestStatus.PENDING or new_status is RequestStatus.RECOMPUTE:
+            self._ready_add(req)
         elif new_status is RequestStatus.IN_FLIGHT:
             req.lease, req.worker_id = lease, lease.worker_id
             req.attempts += 1
             self._in_flight[req.request_id] = req
-            self._by_worker.setdefault(lease.worker_id, {})[req.request_id] = None
-        elif new_status.is_terminal():
+            held = self._by_worker.get(lease.worker_id)
+            if held is None:
+                held = self._by_worker[lease.worker_id] = {}
+            held[req.request_id] = None
+            self._push_expiry(lease.expires_at, (lease,))
+        elif new_status is RequestStatus.DONE or new_status is RequestStatus.CANCELLED:
             self._outstanding[(req.iteration, req.kind)] -= 1
+            self._outstanding_kind[req.kind] -= 1
+            del self._keys[req.request_id]
         req.history.append((new_status, now, detail))
 
 
