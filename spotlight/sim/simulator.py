@@ -32,7 +32,6 @@ simulator measures what one iteration costs in time and money under each policy.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import heapq
 import math
 import random
@@ -85,16 +84,25 @@ POLICIES: dict[str, Policy] = {
 migrate too); what it lacks is exploration and in-place SP reconfiguration."""
 
 
-def _uniforms(*parts: object) -> tuple[float, float]:
-    """Two deterministic U(0, 1) draws from ``parts`` (one BLAKE2b hash)."""
-    h = hashlib.blake2b("|".join(map(str, parts)).encode(), digest_size=16).digest()
-    return (int.from_bytes(h[:8], "little") + 0.5) / 2**64, (int.from_bytes(h[8:], "little") + 0.5) / 2**64
+_MASK64 = (1 << 64) - 1
 
 
-def _normal(*parts: object) -> float:
-    """A deterministic N(0, 1) draw from ``parts`` (Box-Muller)."""
-    u1, u2 = _uniforms(*parts)
-    return math.sqrt(-2.0 * math.log(u1)) * math.cos(2 * math.pi * u2)
+def _mix64(x: int) -> int:
+    """SplitMix64's finaliser: a fast, well-mixed 64-bit hash of an integer."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def _uniforms(*parts: int) -> tuple[float, float]:
+    """Two deterministic U(0, 1) draws from integer ``parts`` (SplitMix64 chained over them;
+    no ``hash()``, so results do not depend on the interpreter)."""
+    h = 0x243F6A8885A308D3
+    for p in parts:
+        h = _mix64(h ^ (p & _MASK64))
+    a = _mix64(h)
+    return ((a >> 11) + 0.5) / 2**53, ((_mix64(a) >> 11) + 0.5) / 2**53
 
 
 class SyntheticReward:
@@ -110,7 +118,7 @@ class SyntheticReward:
     def __call__(self, prompt: int, seed: int, *, stale: bool) -> float:
         ms = self._prompt.get(prompt)
         if ms is None:
-            a, b = _uniforms(self.seed, "prompt", prompt)
+            a, b = _uniforms(self.seed, -1, prompt)
             ms = self._prompt[prompt] = (0.2 + 0.6 * a, 0.05 + 0.2 * b)
         mu, sigma = ms
         u1, u2 = _uniforms(self.seed, prompt, seed)
@@ -441,20 +449,20 @@ class Simulator:
 
     # ------------------------------------------------------------------ work
     def _batch_cost(self, w: _Worker, leases: list[Lease]) -> None:
+        """Per leased request: full-step equivalents left, nominal steps left, resume step.
+        A batch shares one batch key, so its first request's params price every request."""
         p = self.profile
-        w.steps, w.nominal, w.resume = [], [], []
-        for lease in leases:
-            req = self.sched.get(lease.request_id)
-            resume = lease.resume_step or 0
-            left = max(0, p.num_steps - resume)
-            if req.kind is RequestKind.EXPLORE and "cache_threshold" in req.params:
-                opt = self._options.get(float(req.params["cache_threshold"]))
-                full = opt.cost_steps if opt is not None else float(p.num_steps)
-            else:
-                full = float(p.num_steps)
-            w.steps.append(full * left / p.num_steps)
-            w.nominal.append(left)
-            w.resume.append(resume)
+        T = p.num_steps
+        req = self.sched.get(leases[0].request_id)
+        full = float(T)
+        if req.kind is RequestKind.EXPLORE and "cache_threshold" in req.params:
+            opt = self._options.get(float(req.params["cache_threshold"]))
+            if opt is not None:
+                full = opt.cost_steps
+        resume = [lease.resume_step or 0 for lease in leases]
+        w.resume = resume
+        w.nominal = [max(0, T - r) for r in resume]
+        w.steps = [full * n / T for n in w.nominal]
 
     def _dispatch(self) -> None:
         if not self.idle or self.sched.num_ready() == 0:
