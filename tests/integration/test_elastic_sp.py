@@ -17,6 +17,7 @@ import sys
 import time
 
 from spotlight.config import EXAMPLES_DIR, dump_config, load_config
+from tests.integration.accounting import assert_each_request_ended_once
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -69,7 +70,5 @@ def test_sp_2_to_1_to_2_loses_nothing(tmp_path):
     assert "weights from memory" in text  # the survivor re-formed without reloading
     assert "weights from broadcast" in text  # the new worker got its weights from the peer
     reqs = [json.loads(line) for line in (rd / "requests.jsonl").read_text().splitlines()]
-    assert reqs
-    for r in reqs:
-        assert r["status"] == "done" and sum(1 for h in r["history"] if h[0] == "done") == 1, r
+    assert_each_request_ended_once(reqs)
     assert len((rd / "metrics.jsonl").read_text().splitlines()) == 5

@@ -20,6 +20,7 @@ import sys
 import pytest
 import torch
 from safetensors.torch import load_file
+from tests.integration.accounting import assert_each_request_ended_once
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -121,7 +122,7 @@ def test_family_runs_two_iterations(root, family, mode):
     assert all(r["train/optimizer_steps"] == 2 and r["train/skipped_steps"] == 0 for r in rows)
     assert all(r["train/nonfinite_samples"] == 0 for r in rows)
     reqs = [json.loads(line) for line in (rd / "requests.jsonl").read_text().splitlines()]
-    assert reqs and all(r["status"] == "done" for r in reqs)
+    assert_each_request_ended_once(reqs)
     assert {r["kind"] for r in reqs} == {"rollout", "explore"}
 
     versions = sorted((rd / "tensor_store" / "weights").glob("v*.safetensors"))

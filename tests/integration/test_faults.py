@@ -27,6 +27,7 @@ import time
 
 import psutil
 import pytest
+from tests.integration.accounting import assert_each_request_ended_once
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 RUN_TIMEOUT_S = 400
@@ -179,9 +180,7 @@ def _assert_every_request_done_once(reqs: list[dict], num_rollouts: int, *, expl
     kinds = collections.Counter(r["kind"] for r in reqs)
     assert kinds["rollout"] == num_rollouts, kinds
     assert (kinds["explore"] > 0) == explored, kinds
-    for r in reqs:
-        assert r["status"] == "done", r
-        assert _statuses(r).count("done") == 1, r
+    assert_each_request_ended_once(reqs)
 
 
 # ---------------------------------------------------------------- (a) preemption notice

@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 from spotlight.config import EXAMPLES_DIR, dump_config, load_config
+from tests.integration.accounting import assert_each_request_ended_once
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -34,5 +35,5 @@ def test_p3_slice_replays_without_losing_requests(tmp_path):
     assert applied["start_node"] >= 2 and applied["add_gpu"] >= 1 and applied["revoke_gpu"] >= 1 and applied["preempt_node"] >= 1, applied
     assert "preemption notice" in proc.stderr and "aws terminate" in proc.stderr  # a real (mock) IMDS notice was detected
     reqs = [json.loads(line) for line in (rd / "requests.jsonl").read_text().splitlines()]
-    assert reqs and all(r["status"] == "done" and [h[0] for h in r["history"]].count("done") == 1 for r in reqs)
+    assert_each_request_ended_once(reqs)
     assert len((rd / "metrics.jsonl").read_text().splitlines()) == 14

@@ -14,6 +14,7 @@ import sys
 
 import pytest
 import torch
+from tests.integration.accounting import assert_each_request_ended_once
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -47,13 +48,8 @@ def test_every_request_done_exactly_once(run_dir):
     # the 16 planned candidates of each explored prompt, plus extras streamed while training ran
     planned = [r for r in reqs if r["kind"] == "explore" and int(r["request_id"].split("-")[1]) < 4 * 16]
     assert len(planned) == 4 * 16 and kinds["explore"] >= 4 * 16
-    for r in reqs:
-        ends = [h for h in r["history"] if h[0] in ("done", "cancelled")]
-        assert len(ends) == 1 and ends[0][0] == r["status"], r
-        if r["status"] == "cancelled":  # only extras are abandoned, and only when training ended
-            assert r in reqs and r not in planned and "training ended" in ends[0][2], r
-        else:
-            assert r["status"] == "done", r
+    assert_each_request_ended_once(reqs)
+    assert all(r["status"] == "done" for r in planned)
 
 
 def test_metrics_and_outputs(run_dir):
