@@ -113,6 +113,9 @@ def test_wrong_type_names_the_field():
         ({"model.image_size": 33}, "model.image_size"),
         ({"model.source": "pretrained", "model.pretrained_path": ""}, "model.pretrained_path"),
         ({"cluster.heartbeat_timeout_s": 0.5}, "cluster.heartbeat_timeout_s"),
+        ({"cluster.weight_chunk_bytes": 1000}, "cluster.weight_chunk_bytes"),
+        ({"cluster.weight_window_chunks": 0}, "cluster.weight_window_chunks"),
+        ({"cluster.weight_memory_max_bytes": -1}, "cluster.weight_memory_max_bytes"),
         ({"run.iterations": 0}, "run.iterations"),
     ],
 )
