@@ -388,8 +388,10 @@ def main(argv=None) -> int:
         q = mp.Queue()
         tp = mp.Process(target=trainer_proc, args=(eps["trainer_endpoint"], str(root / "trainer.json"), str(src), digest, chunk, q))
         tp.start()
-        t0 = q.get()
-        while ask("report")["latest_version"] != 0:
+        t0 = q.get(timeout=600)
+        while (rep := ask("report"))["latest_version"] != 0:
+            if rep["rejected"] or time.perf_counter() - t0 > 600:
+                raise SystemExit(f"the upload failed: {rep}")
             time.sleep(0.01)
         up_s = time.perf_counter() - t0
         tp.join()

@@ -80,6 +80,9 @@ AGENT_MESSAGES = frozenset({P.MsgType.REGISTER, P.MsgType.HEARTBEAT, P.MsgType.P
 NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 STATE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 MAX_GPUS_PER_NODE = 64
+FRAME_OVERHEAD_BYTES = 64 * 1024
+"""Slack over the largest frame a trainer sends: libzmq checks MAXMSGSIZE against the frame
+as it is on the wire, which CURVE makes a few dozen bytes longer than its plaintext."""
 
 
 class Rejected(SpotlightError):
@@ -172,7 +175,7 @@ class Coordinator:
             raise ValueError(f"conditioning has {len(cond)} rows for {len(prompts)} prompts")
         self.cond = cond
         self.progress = progress
-        self.server = ControlServer(bind, keys, max_message_bytes=cfg.cluster.max_message_bytes, trainer_max_message_bytes=max(cfg.cluster.weight_chunk_bytes, P.MAX_BODY_BYTES))
+        self.server = ControlServer(bind, keys, max_message_bytes=cfg.cluster.max_message_bytes, trainer_max_message_bytes=max(cfg.cluster.weight_chunk_bytes, P.MAX_BODY_BYTES) + FRAME_OVERHEAD_BYTES)
         self.endpoint = self.server.endpoint
         self.peers: dict[bytes, Peer] = {}
         self.node_route: dict[str, bytes] = {}  # node id -> routing id of its current connection

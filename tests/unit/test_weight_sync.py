@@ -250,13 +250,23 @@ def _fetch_with_agent_cache(run, session, version, cache_dir, window=3):
             pytest.fail(f"unexpected {mtype.name}: {body}")
 
 
-def test_version_larger_than_max_message_bytes_travels_bit_identical(run, tmp_path):
+@pytest.mark.parametrize("chunk", [CHUNK, 1 << 20], ids=["64KiB", "1MiB"])
+def test_version_larger_than_max_message_bytes_travels_bit_identical(tmp_path, chunk):
+    """1 MiB chunks are as large as the trainer socket's limit allows (plus CURVE's overhead)."""
+    run = _Run(tmp_path, **{"cluster.weight_chunk_bytes": chunk})
+    try:
+        _round_trip(run, tmp_path, chunk)
+    finally:
+        run.close()
+
+
+def _round_trip(run, tmp_path, chunk):
     sd = _state_dict()
     size, digest = save_version(sd, tmp_path / "v0.safetensors")
     assert size > 2 * run.coord.cfg.cluster.max_message_bytes  # could never be one frame
     run.trainer.send_multipart(P.encode(P.TrainReady(rank=0, world_size=1, version=0)))
-    n = send_version(run.trainer, 0, tmp_path / "v0.safetensors", digest, CHUNK, unlink=True)
-    assert n == num_chunks(size, CHUNK) > 30 and not (tmp_path / "v0.safetensors").exists()
+    n = send_version(run.trainer, 0, tmp_path / "v0.safetensors", digest, chunk, unlink=True)
+    assert n == num_chunks(size, chunk) >= 3 and not (tmp_path / "v0.safetensors").exists()
     _wait(lambda: run.coord.store.latest_version == 0)
     assert run.coord.rejected == 0
     store = run.coord.store
@@ -275,7 +285,7 @@ def test_version_larger_than_max_message_bytes_travels_bit_identical(run, tmp_pa
     run.agent.send_multipart(P.encode(P.FetchWeights(node_id="spot-a", session=session, version=0, header=False, first_chunk=n - 2, num_chunks=5)))
     got = [run.recv(run.agent) for _ in range(2)]
     assert [(m, b.index) for m, b, _ in got] == [(P.MsgType.WEIGHTS_CHUNK, n - 2), (P.MsgType.WEIGHTS_CHUNK, n - 1)]
-    assert bytes(got[1][2][0]) == cache.path(0).read_bytes()[(n - 1) * CHUNK :]
+    assert bytes(got[1][2][0]) == cache.path(0).read_bytes()[(n - 1) * chunk :]
     run.agent.send_multipart(P.encode(P.FetchWeights(node_id="spot-a", session=session, version=0, header=False, first_chunk=n, num_chunks=1)))
     mtype, body, _ = run.recv(run.agent)
     assert mtype == P.MsgType.ERROR and body.code == "bad_request"
@@ -326,7 +336,7 @@ def test_bad_chunks_are_rejected_with_one_error_and_change_nothing(run, tmp_path
     assert store_state() == before
     # a chunk frame over the trainer socket's limit: libzmq drops the connection, nothing changes
     big = run._dealer(run.coord.server.trainer_endpoint, ephemeral_client(run.coord.keys, "trainer", "big"))
-    big.send_multipart(P.encode(P.WeightsChunk(version=0, index=2, offset=2 * CHUNK, size_bytes=P.MAX_BODY_BYTES + 1), [bytes(P.MAX_BODY_BYTES + 1)]))
+    big.send_multipart(P.encode(P.WeightsChunk(version=0, index=2, offset=2 * CHUNK, size_bytes=2 * P.MAX_BODY_BYTES), [bytes(2 * P.MAX_BODY_BYTES)]))
     time.sleep(0.5)
     big.close(0)
     assert store_state() == before
