@@ -583,7 +583,7 @@ class AgentDaemon:
                 if self.coord in events:
                     for _ in range(64):
                         try:
-                            self.on_coordinator(self.coord.recv_multipart(zmq.NOBLOCK))
+                            self.on_coordinator(self.coord.recv_multipart(zmq.NOBLOCK, copy=False))  # weight chunks: no extra copy
                         except zmq.Again:
                             break
                 if self.control in events:

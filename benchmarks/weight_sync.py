@@ -163,18 +163,18 @@ def trainer_proc(trainer_endpoint: str, creds_file: str, path: str, digest: str,
 # ---------------------------------------------------------------- agent processes
 
 
-def agent_proc(i: int, endpoint: str, keys_dir: str, cache_dir: str, window: int, ready, start, out) -> None:
+def agent_proc(i: int, n: int, endpoint: str, keys_dir: str, cache_dir: str, window: int, ready, start, out) -> None:
     import zmq
 
     from agent.weight_cache import WeightCache
     from spotlight import protocol as P
     from spotlight.security import apply_client, load_client_keys
 
-    node = f"bench-{i}"
+    node = f"bench-n{n}-{i}"
     ctx = zmq.Context()
     s = ctx.socket(zmq.DEALER)
     s.setsockopt(zmq.LINGER, 0)
-    apply_client(s, load_client_keys(keys_dir, name=node, role="agent"))
+    apply_client(s, load_client_keys(keys_dir, name=f"bench-{i}", role="agent"))
     s.connect(endpoint)
     s.send_multipart(P.encode(P.Register(protocol_version=P.PROTOCOL_VERSION, node_id=node, gpus=[0])))
     mtype, body, _ = P.decode(s.recv_multipart())
@@ -195,11 +195,11 @@ def agent_proc(i: int, endpoint: str, keys_dir: str, cache_dir: str, window: int
     to_coord(cache.fetch(0, time.monotonic()))
     done = None
     while done is None:
-        # agent/main.py: AgentDaemon.run → on_coordinator (recv_multipart, copy=True)
+        # agent/main.py: AgentDaemon.run → on_coordinator (recv_multipart, copy=False)
         if not s.poll(1000):
             to_coord(cache.overdue(time.monotonic()))
             continue
-        mtype, body, payload = P.decode(s.recv_multipart(zmq.NOBLOCK))
+        mtype, body, payload = P.decode(s.recv_multipart(zmq.NOBLOCK, copy=False))
         if mtype == P.MsgType.WEIGHTS:
             reqs, not_found = cache.on_weights(body, time.monotonic())
             assert not not_found
@@ -250,12 +250,16 @@ def _stream_sender(kind: str, port_q, path: str, chunk_bytes: int, keys) -> None
 
 
 def stream_loopback(kind: str, path: str, size: int, chunk_bytes: int) -> dict:
-    """Seconds to move ``size`` bytes from one process to another (``kind``: tcp, zmq, curve),
-    timed at the receiver from the first byte to the last; the receiver discards them."""
+    """Seconds to move ``size`` bytes from one process to another (``kind``: tcp, zmq, curve,
+    curve_file), timed at the receiver from the first byte to the last; the receiver discards
+    them, except with ``curve_file``, where it writes them into a new file (what any receiver
+    that keeps a version must do at least)."""
     import zmq
 
     keys = zmq.curve_keypair()
     port_q = mp.Queue()
+    to_file = kind == "curve_file"
+    kind = "curve" if to_file else kind
     p = mp.Process(target=_stream_sender, args=(kind, port_q, path, chunk_bytes, keys))
     p.start()
     port = port_q.get()
@@ -279,17 +283,23 @@ def stream_loopback(kind: str, path: str, size: int, chunk_bytes: int) -> dict:
             pub, sec = zmq.curve_keypair()
             s.curve_serverkey, s.curve_publickey, s.curve_secretkey = keys[0], pub, sec
         s.connect(f"tcp://127.0.0.1:{port}")
+        fd = os.open(path + ".copy", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600) if to_file else -1
         t0 = None
         while got < size:
             f = s.recv(copy=False)
             t0 = t0 or time.perf_counter()
+            if to_file:
+                os.pwrite(fd, f.buffer, got)
             got += len(f)
         seconds = time.perf_counter() - t0
+        if to_file:
+            os.close(fd)
+            os.unlink(path + ".copy")
         s.close()
         ctx.term()
     p.join()
     # the first chunk's own transfer is not in the timed span: count the bytes after it
-    return {"kind": kind, "seconds": seconds, "gbps": (size - min(size, chunk_bytes)) / seconds / 1e9}
+    return {"kind": "curve_file" if to_file else kind, "seconds": seconds, "gbps": (size - min(size, chunk_bytes)) / seconds / 1e9}
 
 
 def cpu_costs(path: str, size_cap: int = 512 * MIB) -> dict:
@@ -363,7 +373,7 @@ def main(argv=None) -> int:
 
         # loopback capacity
         loop = {}
-        for kind in ("tcp", "zmq", "curve"):
+        for kind in ("tcp", "zmq", "curve", "curve_file"):
             loop[kind] = stream_loopback(kind, str(src), size, chunk)
             print(f"loopback {kind:5s}: {loop[kind]['gbps']:.3f} GB/s", flush=True)
         results["loopback"] = loop
@@ -404,7 +414,7 @@ def main(argv=None) -> int:
         for n in ns:
             subprocess.run(["sync"], check=False)
             ready, out, start = mp.Queue(), mp.Queue(), mp.Event()
-            procs = [mp.Process(target=agent_proc, args=(i, eps["endpoint"], str(keys_dir), str(root / f"cache-n{n}-{i}"), args.window, ready, start, out)) for i in range(n)]
+            procs = [mp.Process(target=agent_proc, args=(i, n, eps["endpoint"], str(keys_dir), str(root / f"cache-n{n}-{i}"), args.window, ready, start, out)) for i in range(n)]
             for p in procs:
                 p.start()
             for _ in procs:
@@ -446,13 +456,14 @@ def table(r: dict) -> str:
     curve = r["loopback"]["curve"]["gbps"]
     size = r["size_bytes"]
     lines = [
-        "| N agents | bytes delivered | seconds | achieved GB/s | loopback GB/s (CURVE stream) | ratio | coordinator peak growth: anon / RSS | agent peak growth: anon / RSS (max over agents) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| N agents | bytes delivered | seconds | achieved GB/s | loopback GB/s (CURVE stream) | ratio | ratio to CURVE stream into a file | coordinator peak growth: anon / RSS | agent peak growth: anon / RSS (max over agents) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
+    cf = r["loopback"]["curve_file"]["gbps"]
     for row in r["fetch"]:
         a = max(x["mem"]["anon"] for x in row["agents"]) / MIB
         b = max(x["mem"]["rss"] for x in row["agents"]) / MIB
-        lines.append(f"| {row['n']} | {row['bytes']:,} | {row['seconds']:.2f} | {row['gbps']:.3f} | {curve:.3f} | {row['gbps'] / curve:.0%} | {row['coordinator_mem']['anon'] / MIB:.0f} / {row['coordinator_mem']['rss'] / MIB:.0f} MiB | {a:.0f} / {b:.0f} MiB |")
+        lines.append(f"| {row['n']} | {row['bytes']:,} | {row['seconds']:.2f} | {row['gbps']:.3f} | {curve:.3f} | {row['gbps'] / curve:.0%} | {row['gbps'] / cf:.0%} | {row['coordinator_mem']['anon'] / MIB:.0f} / {row['coordinator_mem']['rss'] / MIB:.0f} MiB | {a:.0f} / {b:.0f} MiB |")
     up = r["upload"]
     lines += [
         "",
@@ -461,6 +472,7 @@ def table(r: dict) -> str:
         f"| loopback: raw TCP socket | {r['loopback']['tcp']['gbps']:.3f} | `sendall` / `recv_into`, no framing, no encryption |",
         f"| loopback: ZeroMQ PUSH/PULL, no CURVE | {r['loopback']['zmq']['gbps']:.3f} | zero-copy frames from the mmap |",
         f"| loopback: ZeroMQ PUSH/PULL, CURVE | {curve:.3f} | the link the coordinator's sockets use |",
+        f"| loopback: ZeroMQ PUSH/PULL, CURVE, written to a new file | {cf:.3f} | the least a receiver that keeps the version does (no digest) |",
         f"| upload trainer → coordinator (1 version, CURVE) | {up['gbps']:.3f} | {up['seconds']:.2f} s; coordinator peak growth anon {up['coordinator_mem']['anon'] / MIB:.0f} MiB, RSS {up['coordinator_mem']['rss'] / MIB:.0f} MiB |",
         f"| sha256, one core | {r['cpu']['sha256']:.2f} | the receiver's digest (default) |",
         f"| blake2b, one core | {r['cpu']['blake2b']:.2f} | the alternative digest |",
