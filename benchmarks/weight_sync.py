@@ -27,8 +27,8 @@ the peak during the measured step minus the value just before it.
 
 Usage::
 
-    python benchmarks/weight_sync.py                    # 1 GiB, N = 1, 2, 4, 16 MiB chunks
-    python benchmarks/weight_sync.py --size-mib 256 --agents 1,2 --chunk-mib 4 --window 8
+    python benchmarks/weight_sync.py                    # 1 GiB, N = 1, 2, 4, 4 MiB chunks, 3 rounds
+    python benchmarks/weight_sync.py --size-mib 256 --agents 1,2 --chunk-mib 16 --window 8 --repeat 1
 
 A 40 GB (full Qwen-Image, bf16) version needs 40 GB of disk per holder and time, not memory;
 this 2-core, 24 GiB VM runs 1 GiB (every agent's cache file and the store's file on one disk).
@@ -124,6 +124,7 @@ def coordinator_proc(conn, workdir: str, keys_dir: str, chunk_bytes: int, window
     coord = Coordinator(cfg, pathlib.Path(workdir) / "run", bind="tcp://127.0.0.1:0", keys=load_server_keys(keys_dir), prompts=["p0", "p1"], embeds=torch.zeros(2, 4, 384), mask=torch.ones(2, 4, dtype=torch.long), progress=lambda s: None)
     write_client_file(pathlib.Path(workdir) / "trainer.json", ephemeral_client(coord.keys, "trainer", "bench"))
     mem = MemSampler()
+    cpu0, main0 = time.process_time(), time.thread_time()
     conn.send({"endpoint": coord.endpoint, "trainer_endpoint": coord.server.trainer_endpoint})
     while True:
         for msg in coord.server.poll(5):
@@ -132,15 +133,18 @@ def coordinator_proc(conn, workdir: str, keys_dir: str, chunk_bytes: int, window
             cmd = conn.recv()
             if cmd == "reset":
                 mem.reset()
+                cpu0, main0 = time.process_time(), time.thread_time()
                 conn.send("ok")
             elif cmd == "report":
-                conn.send({"mem": mem.growth(), "latest_version": coord.store.latest_version, "rejected": coord.rejected, "dropped_sends": coord.server.dropped_sends, "in_memory": coord.store.stats()["weights_in_memory"]})
+                conn.send({"mem": mem.growth(), "cpu_s": time.process_time() - cpu0, "main_cpu_s": time.thread_time() - main0, "latest_version": coord.store.latest_version, "rejected": coord.rejected, "dropped_sends": coord.server.dropped_sends, "in_memory": coord.store.stats()["weights_in_memory"]})
             elif cmd == "stop":
                 break
     coord.close()
 
 
-def trainer_proc(trainer_endpoint: str, creds_file: str, path: str, digest: str, chunk_bytes: int, out) -> None:
+def trainer_proc(trainer_endpoint: str, creds_file: str, path: str, digest: str, chunk_bytes: int, cmds, out) -> None:
+    """One trainer connection for the whole run: publishes the version number it gets from
+    ``cmds`` (None ends it) and puts the time it started streaming on ``out``."""
     import zmq
 
     from spotlight import protocol as P
@@ -153,9 +157,10 @@ def trainer_proc(trainer_endpoint: str, creds_file: str, path: str, digest: str,
     apply_client(s, read_client_file(creds_file))
     s.connect(trainer_endpoint)
     s.send_multipart(P.encode(P.TrainReady(rank=0, world_size=1, version=0)))
-    t0 = time.perf_counter()
-    send_version(s, 0, path, digest, chunk_bytes)
-    out.put(t0)
+    while (version := cmds.get()) is not None:
+        t0 = time.perf_counter()
+        send_version(s, version, path, digest, chunk_bytes)
+        out.put(t0)
     s.close()
     ctx.term()
 
@@ -163,14 +168,14 @@ def trainer_proc(trainer_endpoint: str, creds_file: str, path: str, digest: str,
 # ---------------------------------------------------------------- agent processes
 
 
-def agent_proc(i: int, n: int, endpoint: str, keys_dir: str, cache_dir: str, window: int, ready, start, out) -> None:
+def agent_proc(i: int, n: int, version: int, endpoint: str, keys_dir: str, cache_dir: str, window: int, ready, start, out) -> None:
     import zmq
 
     from agent.weight_cache import WeightCache
     from spotlight import protocol as P
     from spotlight.security import apply_client, load_client_keys
 
-    node = f"bench-n{n}-{i}"
+    node = f"bench-r{version}-n{n}-{i}"
     ctx = zmq.Context()
     s = ctx.socket(zmq.DEALER)
     s.setsockopt(zmq.LINGER, 0)
@@ -191,8 +196,9 @@ def agent_proc(i: int, n: int, endpoint: str, keys_dir: str, cache_dir: str, win
     ready.put(i)
     start.wait()
     mem.reset()
+    cpu0, main0 = time.process_time(), time.thread_time()
     t0 = time.perf_counter()
-    to_coord(cache.fetch(0, time.monotonic()))
+    to_coord(cache.fetch(version, time.monotonic()))
     done = None
     while done is None:
         # agent/main.py: AgentDaemon.run → on_coordinator (recv_multipart, copy=False)
@@ -208,7 +214,7 @@ def agent_proc(i: int, n: int, endpoint: str, keys_dir: str, cache_dir: str, win
             reqs, done = cache.on_chunk(body, payload[0], time.monotonic())
             to_coord(reqs)
     seconds = time.perf_counter() - t0
-    out.put({"agent": i, "t0": t0, "seconds": seconds, "end": t0 + seconds, "mem": mem.growth(), "size": done.size_bytes})
+    out.put({"agent": i, "t0": t0, "seconds": seconds, "end": t0 + seconds, "mem": mem.growth(), "size": done.size_bytes, "cpu_s": time.process_time() - cpu0, "main_cpu_s": time.thread_time() - main0})
     s.close()
     ctx.term()
 
@@ -224,6 +230,7 @@ def _stream_sender(kind: str, port_q, path: str, chunk_bytes: int, keys) -> None
     mapped = MappedFile(path)
     size = mapped.size_bytes
     chunks = [mapped.chunk(*chunk_span(i, size, chunk_bytes)) for i in range(num_chunks(size, chunk_bytes))]
+    cpu0 = time.process_time()
     if kind == "tcp":
         srv = socket.socket()
         srv.bind(("127.0.0.1", 0))
@@ -234,6 +241,7 @@ def _stream_sender(kind: str, port_q, path: str, chunk_bytes: int, keys) -> None
             conn.sendall(c)
         conn.recv(1)
         conn.close()
+        port_q.put(time.process_time() - cpu0)
         return
     ctx = zmq.Context()
     s = ctx.socket(zmq.PUSH)
@@ -246,7 +254,8 @@ def _stream_sender(kind: str, port_q, path: str, chunk_bytes: int, keys) -> None
     for c in chunks:
         s.send(c, copy=False)
     s.close()
-    ctx.term()
+    ctx.term()  # waits (LINGER) until everything is sent
+    port_q.put(time.process_time() - cpu0)
 
 
 def stream_loopback(kind: str, path: str, size: int, chunk_bytes: int) -> dict:
@@ -264,6 +273,7 @@ def stream_loopback(kind: str, path: str, size: int, chunk_bytes: int) -> dict:
     p.start()
     port = port_q.get()
     got = 0
+    cpu0 = time.process_time()
     if kind == "tcp":
         c = socket.create_connection(("127.0.0.1", port))
         buf = bytearray(chunk_bytes)
@@ -297,9 +307,11 @@ def stream_loopback(kind: str, path: str, size: int, chunk_bytes: int) -> dict:
             os.unlink(path + ".copy")
         s.close()
         ctx.term()
+    recv_cpu = time.process_time() - cpu0
+    send_cpu = port_q.get()
     p.join()
     # the first chunk's own transfer is not in the timed span: count the bytes after it
-    return {"kind": "curve_file" if to_file else kind, "seconds": seconds, "gbps": (size - min(size, chunk_bytes)) / seconds / 1e9}
+    return {"kind": "curve_file" if to_file else kind, "seconds": seconds, "gbps": (size - min(size, chunk_bytes)) / seconds / 1e9, "cpu_s_per_gb": {"sender": send_cpu / size * 1e9, "receiver": recv_cpu / size * 1e9}}
 
 
 def cpu_costs(path: str, size_cap: int = 512 * MIB) -> dict:
@@ -353,30 +365,23 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--size-mib", type=int, default=1024, help="version size in MiB (default 1024)")
     ap.add_argument("--agents", default="1,2,4", help="comma-separated agent counts N (default 1,2,4)")
-    ap.add_argument("--chunk-mib", type=float, default=16, help="cluster.weight_chunk_bytes in MiB (default 16)")
+    ap.add_argument("--chunk-mib", type=float, default=4, help="cluster.weight_chunk_bytes in MiB (default 4, the config default)")
     ap.add_argument("--window", type=int, default=4, help="cluster.weight_window_chunks (default 4)")
-    ap.add_argument("--dir", default=None, help="scratch directory (default: a temp dir on the root disk)")
+    ap.add_argument("--repeat", type=int, default=3, help="rounds; each measures the loopback streams, then every N (default 3; medians reported)")
+    ap.add_argument("--dir", default=None, help="scratch directory (default: a temp dir in /var/tmp)")
     ap.add_argument("--json", default=None, help="also write the raw results here")
     args = ap.parse_args(argv)
     from spotlight.security import add_client, init_keys
 
     ns = [int(x) for x in args.agents.split(",")]
     chunk = int(args.chunk_mib * MIB)
-    size_req = args.size_mib * MIB
     root = pathlib.Path(tempfile.mkdtemp(prefix="wsync-bench-", dir=args.dir or "/var/tmp"))
-    results: dict = {"size_mib": args.size_mib, "chunk_bytes": chunk, "window": args.window, "load_avg_start": os.getloadavg()}
+    results: dict = {"size_mib": args.size_mib, "chunk_bytes": chunk, "window": args.window, "repeat": args.repeat, "load_avg_start": os.getloadavg(), "loopback": {}, "upload": [], "fetch": {n: [] for n in ns}}
     try:
         src = root / "version.safetensors"
-        size, digest = make_version(src, size_req)
+        size, digest = make_version(src, args.size_mib * MIB)
         results["size_bytes"] = size
         print(f"version: {size:,} bytes ({digest[:23]}…), chunks of {chunk:,} B, window {args.window}, load avg {os.getloadavg()[0]:.1f}", flush=True)
-
-        # loopback capacity
-        loop = {}
-        for kind in ("tcp", "zmq", "curve", "curve_file"):
-            loop[kind] = stream_loopback(kind, str(src), size, chunk)
-            print(f"loopback {kind:5s}: {loop[kind]['gbps']:.3f} GB/s", flush=True)
-        results["loopback"] = loop
         results["cpu"] = cpu_costs(str(src))
         print("single core: " + ", ".join(f"{k} {v:.2f} GB/s" for k, v in results["cpu"].items()), flush=True)
 
@@ -393,47 +398,62 @@ def main(argv=None) -> int:
             parent.send(cmd)
             return parent.recv()
 
-        # upload: trainer rank 0 → coordinator Tensor Store
-        ask("reset")
-        q = mp.Queue()
-        tp = mp.Process(target=trainer_proc, args=(eps["trainer_endpoint"], str(root / "trainer.json"), str(src), digest, chunk, q))
+        q, cmds = mp.Queue(), mp.Queue()
+        tp = mp.Process(target=trainer_proc, args=(eps["trainer_endpoint"], str(root / "trainer.json"), str(src), digest, chunk, cmds, q))
         tp.start()
-        t0 = q.get(timeout=600)
-        while (rep := ask("report"))["latest_version"] != 0:
-            if rep["rejected"] or time.perf_counter() - t0 > 600:
-                raise SystemExit(f"the upload failed: {rep}")
-            time.sleep(0.01)
-        up_s = time.perf_counter() - t0
+
+        for r in range(args.repeat):
+            # loopback capacity, measured in every round next to the fetches it is compared with
+            loop = {}
+            for kind in ("tcp", "zmq", "curve", "curve_file"):
+                loop[kind] = stream_loopback(kind, str(src), size, chunk)
+                results["loopback"].setdefault(kind, []).append(loop[kind]["gbps"])
+                results.setdefault("loopback_cpu", {}).setdefault(kind, []).append(loop[kind]["cpu_s_per_gb"])
+            print(f"round {r + 1}: loopback " + ", ".join(f"{k} {v['gbps']:.3f}" for k, v in loop.items()) + " GB/s", flush=True)
+
+            # upload: trainer rank 0 → coordinator Tensor Store (version r)
+            ask("reset")
+            cmds.put(r)
+            t0 = q.get(timeout=600)
+            while (rep := ask("report"))["latest_version"] != r:
+                if rep["rejected"] or time.perf_counter() - t0 > 600:
+                    raise SystemExit(f"the upload failed: {rep}")
+                time.sleep(0.01)
+            up_s = time.perf_counter() - t0
+            rep = ask("report")
+            results["upload"].append({"seconds": up_s, "gbps": size / up_s / 1e9, "coordinator_mem": rep["mem"]})
+            print(f"  upload trainer→coordinator: {up_s:.2f}s {size / up_s / 1e9:.3f} GB/s; coordinator growth anon {rep['mem']['anon'] / MIB:.0f} MiB, rss {rep['mem']['rss'] / MIB:.0f} MiB", flush=True)
+
+            # fetch: coordinator → N agents at once
+            for n in ns:
+                subprocess.run(["sync"], check=False)
+                ready, out, start = mp.Queue(), mp.Queue(), mp.Event()
+                procs = [mp.Process(target=agent_proc, args=(i, n, r, eps["endpoint"], str(keys_dir), str(root / f"cache-n{n}-{i}"), args.window, ready, start, out)) for i in range(n)]
+                for p in procs:
+                    p.start()
+                for _ in procs:
+                    ready.get()
+                ask("reset")
+                start.set()
+                res = [out.get() for _ in procs]
+                for p in procs:
+                    p.join()
+                rep = ask("report")
+                span = max(x["end"] for x in res) - min(x["t0"] for x in res)
+                gbps = n * size / span / 1e9
+                row = {"n": n, "bytes": n * size, "seconds": span, "gbps": gbps, "coordinator_cpu_s_per_gb": rep["cpu_s"] / (n * size) * 1e9, "coordinator_main_cpu_s_per_gb": rep["main_cpu_s"] / (n * size) * 1e9,
+                       "agent_cpu_s_per_gb": sum(x["cpu_s"] for x in res) / (n * size) * 1e9, "agent_main_cpu_s_per_gb": sum(x["main_cpu_s"] for x in res) / (n * size) * 1e9, "ratio": gbps / loop["curve"]["gbps"], "ratio_file": gbps / loop["curve_file"]["gbps"], "agents": res, "coordinator_mem": rep["mem"], "dropped_sends": rep["dropped_sends"], "rejected": rep["rejected"]}
+                results["fetch"][n].append(row)
+                print(f"  N={n}: {n * size:,} B in {span:.2f}s = {gbps:.3f} GB/s ({row['ratio']:.0%} of the CURVE stream, {row['ratio_file']:.0%} of it into a file); "
+                      f"CPU s/GB coordinator {row['coordinator_cpu_s_per_gb']:.1f} (main thread {row['coordinator_main_cpu_s_per_gb']:.1f}) agents {row['agent_cpu_s_per_gb']:.1f} (main threads {row['agent_main_cpu_s_per_gb']:.1f}); coordinator growth anon {rep['mem']['anon'] / MIB:.0f} MiB rss {rep['mem']['rss'] / MIB:.0f} MiB; agent growth anon ≤ {max(x['mem']['anon'] for x in res) / MIB:.0f} MiB rss ≤ {max(x['mem']['rss'] for x in res) / MIB:.0f} MiB", flush=True)
+                for i in range(n):
+                    for f in (root / f"cache-n{n}-{i}").glob("*"):
+                        f.unlink()
+        cmds.put(None)
         tp.join()
         rep = ask("report")
-        results["upload"] = {"seconds": up_s, "gbps": size / up_s / 1e9, "coordinator_mem": rep["mem"]}
-        print(f"upload trainer→coordinator: {up_s:.2f}s {size / up_s / 1e9:.3f} GB/s; coordinator growth anon {rep['mem']['anon'] / MIB:.0f} MiB, rss {rep['mem']['rss'] / MIB:.0f} MiB", flush=True)
-
-        # fetch: coordinator → N agents at once
-        results["fetch"] = []
-        for n in ns:
-            subprocess.run(["sync"], check=False)
-            ready, out, start = mp.Queue(), mp.Queue(), mp.Event()
-            procs = [mp.Process(target=agent_proc, args=(i, n, eps["endpoint"], str(keys_dir), str(root / f"cache-n{n}-{i}"), args.window, ready, start, out)) for i in range(n)]
-            for p in procs:
-                p.start()
-            for _ in procs:
-                ready.get()
-            ask("reset")
-            start.set()
-            res = [out.get() for _ in procs]
-            for p in procs:
-                p.join()
-            rep = ask("report")
-            span = max(r["end"] for r in res) - min(r["t0"] for r in res)
-            row = {"n": n, "bytes": n * size, "seconds": span, "gbps": n * size / span / 1e9, "agents": res, "coordinator_mem": rep["mem"], "dropped_sends": rep["dropped_sends"], "rejected": rep["rejected"]}
-            results["fetch"].append(row)
-            print(f"N={n}: {n * size:,} B in {span:.2f}s = {row['gbps']:.3f} GB/s ({row['gbps'] / loop['curve']['gbps']:.0%} of CURVE loopback); "
-                  f"coordinator growth anon {rep['mem']['anon'] / MIB:.0f} MiB rss {rep['mem']['rss'] / MIB:.0f} MiB; agent growth anon ≤ {max(r['mem']['anon'] for r in res) / MIB:.0f} MiB rss ≤ {max(r['mem']['rss'] for r in res) / MIB:.0f} MiB", flush=True)
-            for i in range(n):
-                for f in (root / f"cache-n{n}-{i}").glob("*"):
-                    f.unlink()
-        assert ask("report")["in_memory"] == []
+        assert rep["in_memory"] == [] and rep["rejected"] == 0, rep
+        results["coordinator_dropped_sends"] = rep["dropped_sends"]
         parent.send("stop")
         cp.join(30)
         results["worker_load"] = worker_load(str(src))
@@ -451,32 +471,50 @@ def main(argv=None) -> int:
     return 0
 
 
+def _med(xs: list[float]) -> float:
+    import statistics
+
+    return statistics.median(xs)
+
+
+def _cpu(r: dict, kind: str) -> str:
+    c = r["loopback_cpu"][kind]
+    return f"CPU s per GB: sender {_med([x['sender'] for x in c]):.1f}, receiver {_med([x['receiver'] for x in c]):.1f}"
+
+
 def table(r: dict) -> str:
-    """The Markdown tables of ``benchmarks/RESULTS.md``."""
-    curve = r["loopback"]["curve"]["gbps"]
+    """The Markdown tables of ``benchmarks/RESULTS.md`` (medians over the rounds, [min–max])."""
     size = r["size_bytes"]
+    curve = r["loopback"]["curve"]
     lines = [
-        "| N agents | bytes delivered | seconds | achieved GB/s | loopback GB/s (CURVE stream) | ratio | ratio to CURVE stream into a file | coordinator peak growth: anon / RSS | agent peak growth: anon / RSS (max over agents) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| N agents | bytes delivered | seconds | achieved GB/s | loopback GB/s (CURVE stream) | ratio | ratio to the CURVE stream into a file | CPU s per GB: coordinator / agents | coordinator peak growth: anon / RSS | agent peak growth: anon / RSS |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    cf = r["loopback"]["curve_file"]["gbps"]
-    for row in r["fetch"]:
-        a = max(x["mem"]["anon"] for x in row["agents"]) / MIB
-        b = max(x["mem"]["rss"] for x in row["agents"]) / MIB
-        lines.append(f"| {row['n']} | {row['bytes']:,} | {row['seconds']:.2f} | {row['gbps']:.3f} | {curve:.3f} | {row['gbps'] / curve:.0%} | {row['gbps'] / cf:.0%} | {row['coordinator_mem']['anon'] / MIB:.0f} / {row['coordinator_mem']['rss'] / MIB:.0f} MiB | {a:.0f} / {b:.0f} MiB |")
+    for n, rows in r["fetch"].items():
+        g = [x["gbps"] for x in rows]
+        ca = max(x["coordinator_mem"]["anon"] for x in rows) / MIB
+        cr = max(x["coordinator_mem"]["rss"] for x in rows) / MIB
+        aa = max(a["mem"]["anon"] for x in rows for a in x["agents"]) / MIB
+        ar = max(a["mem"]["rss"] for x in rows for a in x["agents"]) / MIB
+        lines.append(
+            f"| {n} | {n * size:,} | {_med([x['seconds'] for x in rows]):.2f} | {_med(g):.3f} [{min(g):.3f}–{max(g):.3f}] | {_med(curve):.3f} [{min(curve):.3f}–{max(curve):.3f}] "
+            f"| {_med([x['ratio'] for x in rows]):.0%} | {_med([x['ratio_file'] for x in rows]):.0%} | {_med([x['coordinator_cpu_s_per_gb'] for x in rows]):.1f} / {_med([x['agent_cpu_s_per_gb'] for x in rows]):.1f} "
+            f"| {ca:.0f} / {cr:.0f} MiB | {aa:.0f} / {ar:.0f} MiB |"
+        )
     up = r["upload"]
+    ug = [x["gbps"] for x in up]
     lines += [
         "",
         "| step | GB/s | notes |",
         "|---|---|---|",
-        f"| loopback: raw TCP socket | {r['loopback']['tcp']['gbps']:.3f} | `sendall` / `recv_into`, no framing, no encryption |",
-        f"| loopback: ZeroMQ PUSH/PULL, no CURVE | {r['loopback']['zmq']['gbps']:.3f} | zero-copy frames from the mmap |",
-        f"| loopback: ZeroMQ PUSH/PULL, CURVE | {curve:.3f} | the link the coordinator's sockets use |",
-        f"| loopback: ZeroMQ PUSH/PULL, CURVE, written to a new file | {cf:.3f} | the least a receiver that keeps the version does (no digest) |",
-        f"| upload trainer → coordinator (1 version, CURVE) | {up['gbps']:.3f} | {up['seconds']:.2f} s; coordinator peak growth anon {up['coordinator_mem']['anon'] / MIB:.0f} MiB, RSS {up['coordinator_mem']['rss'] / MIB:.0f} MiB |",
+        f"| loopback: raw TCP socket | {_med(r['loopback']['tcp']):.3f} | `sendall` / `recv_into`, no framing, no encryption; {_cpu(r, 'tcp')} |",
+        f"| loopback: ZeroMQ PUSH/PULL, no CURVE | {_med(r['loopback']['zmq']):.3f} | zero-copy frames from the mmap; {_cpu(r, 'zmq')} |",
+        f"| loopback: ZeroMQ PUSH/PULL, CURVE | {_med(curve):.3f} | the link the coordinator's sockets use; {_cpu(r, 'curve')} |",
+        f"| loopback: ZeroMQ PUSH/PULL, CURVE, written to a new file | {_med(r['loopback']['curve_file']):.3f} | the least a receiver that keeps the version does (no digest); {_cpu(r, 'curve_file')} |",
+        f"| upload trainer → coordinator (1 version, CURVE) | {_med(ug):.3f} | {_med([x['seconds'] for x in up]):.2f} s; coordinator peak growth anon {max(x['coordinator_mem']['anon'] for x in up) / MIB:.0f} MiB, RSS {max(x['coordinator_mem']['rss'] for x in up) / MIB:.0f} MiB |",
         f"| sha256, one core | {r['cpu']['sha256']:.2f} | the receiver's digest (default) |",
         f"| blake2b, one core | {r['cpu']['blake2b']:.2f} | the alternative digest |",
-        f"| pwrite into the page cache, one core | {r['cpu']['pwrite']:.2f} | the receiver's file write |",
+        f"| pwrite into the page cache, one core | {r['cpu']['pwrite']:.2f} | the receiver's file write (new pages) |",
         f"| worker load: mmap + load_state_dict | {size / r['worker_load']['seconds'] / 1e9:.2f} | {r['worker_load']['seconds']:.2f} s; anon growth {r['worker_load']['mem']['anon'] / MIB:.0f} MiB (the model was allocated before), RSS {r['worker_load']['mem']['rss'] / MIB:.0f} MiB |",
     ]
     return "\n".join(lines)
