@@ -12,8 +12,9 @@ A fetch of version v (the wire is drawn in :mod:`spotlight.protocol`)::
 At most ``window_chunks`` chunks are requested and not yet received, so neither the agent
 nor the coordinator ever queues more than that for this node, however slow either side
 is. Requests unanswered for ``retry_s`` (lost while the coordinator restarted, or dropped
-because a queue was full) are asked again; a chunk that does not fit the plan, or a
-digest mismatch, restarts that version from its header.
+because a queue was full) are asked again; a chunk that does not fit the plan, a digest
+mismatch, or :data:`MAX_RETRIES` retries without progress (e.g. a restarted coordinator
+that chunks differently and refuses our ranges) restart that version from its header.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ from spotlight.weight_sync import ChunkReceiver, WeightSyncError
 
 log = logging.getLogger("spotlight.agent.weights")
 
+MAX_RETRIES = 3
+"""Retries of a version's outstanding chunks without progress before it restarts from its header."""
+
 
 class _Download:
     def __init__(self, version: int, now: float):
@@ -36,6 +40,7 @@ class _Download:
         self.next_index = 0  # every chunk below it has been requested at least once
         self.last_progress = now
         self.restarts = 0
+        self.retries = 0  # retries since the last chunk arrived
 
 
 class WeightCache:
@@ -109,6 +114,10 @@ class WeightCache:
         return P.FetchWeights(version=d.version, header=True, first_chunk=0, num_chunks=self.window_chunks)
 
     def _retry(self, d: _Download, now: float) -> list[P.FetchWeights]:
+        d.retries += 1
+        if d.receiver is not None and d.retries > MAX_RETRIES:
+            log.error("weights v%d: no chunk for %d retries; fetching it again from its header", d.version, MAX_RETRIES)
+            self._restart(d)
         if d.receiver is None:  # the header never came: start over
             return [self._first_request(d, now)]
         d.last_progress = now
@@ -183,15 +192,12 @@ class WeightCache:
                 raise WeightSyncError(f"chunk {body.index} declares {body.size_bytes} bytes but carries {len(frame)}")
             done = r.add(body.index, body.offset, frame)
         except (WeightSyncError, OSError) as exc:
-            d.restarts += 1
-            log.error("weights v%d: %s; fetching it again from its header (restart %d)", body.version, exc, d.restarts)
-            r.abort()
-            d.receiver = None
-            d.asked.clear()
-            d.next_index = 0
+            log.error("weights v%d: %s; fetching it again from its header (restart %d)", body.version, exc, d.restarts + 1)
+            self._restart(d)
             return [self._first_request(d, now)], None
         d.asked.pop(body.index, None)
         d.last_progress = now
+        d.retries = 0
         if not done:
             return self._top_up(d, now), None
         del self.downloads[body.version]
@@ -201,6 +207,17 @@ class WeightCache:
             self.path(v).unlink(missing_ok=True)
         log.info("weights v%d cached: %d bytes in %d chunks", body.version, r.size_bytes, r.num_chunks)
         return [], d.header
+
+    def _restart(self, d: _Download) -> None:
+        """Drop what ``d`` received; its next request asks for the header again."""
+        d.restarts += 1
+        d.retries = 0
+        if d.receiver is not None:
+            d.receiver.abort()
+        d.receiver = None
+        d.header = None
+        d.asked.clear()
+        d.next_index = 0
 
     def clear(self) -> None:
         """Abort fetches and delete every cached file (agent shutdown)."""

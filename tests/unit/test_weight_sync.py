@@ -384,6 +384,14 @@ def test_agent_cache_retries_and_restarts(tmp_path):
         reqs, done = cache.on_chunk(ck(i), data[i * 1000 : (i + 1) * 1000], 6.3)
     assert done == P.Weights(version=7, size_bytes=len(data), chunk_bytes=1000, num_chunks=5, digest=_digest(data))
     assert cache.path(7).read_bytes() == data and cache.ready(7) == done
+    # retries without any progress (a coordinator that refuses our ranges): back to the header
+    cache.fetch(10, 7.0)
+    cache.on_weights(P.Weights(version=10, size_bytes=len(data), chunk_bytes=1000, num_chunks=5, digest=_digest(data)), 7.0)
+    for k in range(3):
+        assert all(not q.header for q in cache.overdue(now=20.0 + 10 * k))
+    [again] = cache.overdue(now=60.0)
+    assert again.header and again.first_chunk == 0 and cache.downloads[10].receiver is None
+    del cache.downloads[10]
     # not found: the fetch is dropped and the waiters are to be told
     cache.fetch(8, 7.0)
     assert cache.on_weights(P.Weights(version=8, size_bytes=0, found=False), 7.1) == ([], True) and 8 not in cache.downloads
