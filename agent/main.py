@@ -4,7 +4,8 @@ It registers with the coordinator over ZeroMQ (DEALER → ROUTER, identity = nod
 heartbeats, runs the node Scheduler, and spawns one Rollout Worker process per GPU
 (group). Workers talk only to the agent (a local ROUTER socket); the agent relays
 their pulls, results and commits to the coordinator and caches weight versions so a
-new worker gets them locally (paper §4.4, DESIGN §5).
+new worker gets them locally (paper §4.4, DESIGN §5): each version is pulled once per
+node, in chunks, into a file (:mod:`agent.weight_cache`) that the workers map.
 
 The daemon never imports torch (``tests`` check it): GPU work happens in child
 processes; tensor frames are relayed as opaque bytes.
@@ -31,6 +32,7 @@ import typer
 import zmq
 
 from agent.node_scheduler import NodeScheduler, WorkerStatus
+from agent.weight_cache import WeightCache
 from agent.preemption import Detector, NoticeLedger, NullDetector, PreemptionNotice, active_node_notice, make_detector, revoke_notice, sigterm_notice
 from spotlight import protocol as P
 from spotlight.agent_paths import control_endpoint, state_dir
@@ -114,9 +116,12 @@ class AgentDaemon:
             workers and exit (code 4). Before that, a silent coordinator (or one that forgot
             this node's session, e.g. after a crash and ``--resume``) is re-registered with
             exponential backoff (1 s … 30 s) while the workers keep running.
+        weights_dir: the node's weight-version cache (one file per version, emptied at start;
+            default ``<state dir>/weights``): a local disk with room for
+            :data:`MAX_CACHED_WEIGHTS` versions.
     """
 
-    def __init__(self, coordinator: str, gpus: list[int], *, keys: ClientKeys, node_id: str | None = None, is_spot: bool = True, register_timeout_s: float = 60.0, grace_s: float = 20.0, detector: Detector | None = None, poll_interval_s: float = 1.0, nice: int = 0, coordinator_timeout_s: float = 600.0):
+    def __init__(self, coordinator: str, gpus: list[int], *, keys: ClientKeys, node_id: str | None = None, is_spot: bool = True, register_timeout_s: float = 60.0, grace_s: float = 20.0, detector: Detector | None = None, poll_interval_s: float = 1.0, nice: int = 0, coordinator_timeout_s: float = 600.0, weights_dir: pathlib.Path | None = None):
         self.endpoint = coordinator if "://" in coordinator else f"tcp://{coordinator}"
         self.gpus = list(gpus)
         self.node_id = node_id or f"{socket.gethostname()}-{os.getpid()}"
@@ -146,9 +151,8 @@ class AgentDaemon:
         self.workers_sock.bind(self.worker_endpoint)
         self.sched = NodeScheduler(self.node_id)
         self.procs: dict[str, subprocess.Popen] = {}
-        self.weights: dict[int, bytes] = {}
+        self.wcache = WeightCache(weights_dir or state_dir(self.node_id) / "weights", keep_versions=MAX_CACHED_WEIGHTS)
         self.weight_waiters: dict[int, list[str]] = {}
-        self._weights_asked: dict[int, float] = {}
         self.registered: P.Registered | None = None
         self.session = ""
         self.draining = False
@@ -189,6 +193,12 @@ class AgentDaemon:
 
     def _register_msg(self) -> P.Register:
         return P.Register(protocol_version=P.PROTOCOL_VERSION, node_id=self.node_id, gpus=self.gpus, is_spot=self.is_spot, hostname=socket.gethostname(), pid=os.getpid())
+
+    def _fetch_weights(self, requests: list[P.FetchWeights]) -> None:
+        """Send the weight cache's chunk requests to the coordinator (stamped with our session)."""
+        for req in requests:
+            req.node_id, req.session = self.node_id, self.session
+            self._to_coord(req)
 
     def _to_worker(self, worker_id: str, msg, frames=None) -> None:
         self.workers_sock.send_multipart([worker_id.encode(), *P.encode(msg, frames)], copy=False)
@@ -236,6 +246,7 @@ class AgentDaemon:
             if mtype == P.MsgType.REGISTERED:
                 self.registered = body
                 self.session = body.session
+                self.wcache.window_chunks = body.weight_window_chunks
                 log.info("registered with %s as %s (%d GPUs, spot=%s)", self.endpoint, self.node_id, len(self.gpus), self.is_spot)
                 return body
             if mtype == P.MsgType.ERROR:
@@ -245,7 +256,7 @@ class AgentDaemon:
     def spawn_worker(self, gpus: list[int]) -> str:
         slot = self.sched.add_worker(gpus)
         reg = self.registered
-        conf = {"model": reg.model, "sampler": reg.sampler, "worker_batch_size": reg.worker_batch_size, "torch_threads": reg.torch_threads, "sp_degree": reg.sp_degree, "lora": reg.lora}
+        conf = {"model": reg.model, "sampler": reg.sampler, "worker_batch_size": reg.worker_batch_size, "torch_threads": reg.torch_threads, "sp_degree": reg.sp_degree, "lora": reg.lora, "weights_dir": str(self.wcache.dir)}
         env = scrubbed_env()  # workers never authenticate: no credentials in their environment
         env.setdefault("CUDA_VISIBLE_DEVICES", ",".join(map(str, gpus)))
         cmd = [sys.executable, "-m", "spotlight.workers.rollout_worker", "--agent", self.worker_endpoint, "--worker-id", slot.worker_id, "--gpus", ",".join(map(str, gpus)), "--config-json", msgspec.json.encode(conf).decode()]
@@ -288,7 +299,7 @@ class AgentDaemon:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        form = P.GroupForm(members=list(group["members"]), master_addr="127.0.0.1", master_port=port, generation=group["generation"], version=max(self.weights) if self.weights else self.registered.latest_version)
+        form = P.GroupForm(members=list(group["members"]), master_addr="127.0.0.1", master_port=port, generation=group["generation"], version=self.wcache.latest() if self.wcache.latest() is not None else self.registered.latest_version)
         for m in group["members"]:
             self._to_worker(m, form)
         group["formed"] = True
@@ -426,18 +437,15 @@ class AgentDaemon:
             self.sched.finished(wid, ids)
             self._to_coord(body, payload)
         elif mtype == P.MsgType.FETCH_WEIGHTS:
-            blob = self.weights.get(body.version)
-            if blob is not None:
-                self._to_worker(wid, P.Weights(version=body.version, size_bytes=len(blob)), [blob])
+            hdr = self.wcache.ready(body.version)
+            if hdr is not None:  # the worker maps <weights_dir>/v<version>.safetensors itself
+                self._to_worker(wid, hdr)
                 return
             waiters = self.weight_waiters.setdefault(body.version, [])
-            now = time.monotonic()
-            # one request to the coordinator per version, re-sent if its answer is overdue
-            if not waiters or now - self._weights_asked.get(body.version, 0.0) > 10.0:
-                self._to_coord(P.FetchWeights(node_id=self.node_id, session=self.session, worker_id=wid, version=body.version))
-                self._weights_asked[body.version] = now
             if wid not in waiters:
                 waiters.append(wid)
+            # one fetch per version and node, whatever the number of workers asking
+            self._fetch_weights(self.wcache.fetch(body.version, time.monotonic()))
         else:
             log.warning("worker %s sent unexpected %s", wid, mtype.name)
 
@@ -459,12 +467,20 @@ class AgentDaemon:
                 self.sched.leased(body.worker_id, [(i.request_id, i.lease_id) for i in body.items], time.monotonic())
             self._to_worker(body.worker_id, body, payload)
         elif mtype == P.MsgType.WEIGHTS:
-            if body.found and payload:
-                self.weights[body.version] = bytes(payload[0])
-                for v in sorted(self.weights)[:-MAX_CACHED_WEIGHTS]:
-                    del self.weights[v]
-            for wid in self.weight_waiters.pop(body.version, []):
-                self._to_worker(wid, body, payload[:1] if body.found else [])
+            requests, not_found = self.wcache.on_weights(body, time.monotonic())
+            self._fetch_weights(requests)
+            if not_found:
+                for wid in self.weight_waiters.pop(body.version, []):
+                    self._to_worker(wid, P.Weights(version=body.version, size_bytes=0, found=False))
+        elif mtype == P.MsgType.WEIGHTS_CHUNK:
+            if not payload:
+                log.error("coordinator sent WEIGHTS_CHUNK v%d #%d without its frame", body.version, body.index)
+                return
+            requests, done = self.wcache.on_chunk(body, payload[0], time.monotonic())
+            self._fetch_weights(requests)
+            if done is not None:
+                for wid in self.weight_waiters.pop(body.version, []):
+                    self._to_worker(wid, done)
         elif mtype == P.MsgType.HEARTBEAT:
             pass  # coordinator's ack; any message refreshes _last_coord_msg
         elif mtype == P.MsgType.REGISTERED:
@@ -475,9 +491,7 @@ class AgentDaemon:
                     self.reconnecting = False
                     self._register_backoff_s = 1.0
                     log.warning("re-registered with the coordinator (new session); %d workers kept running", len(self.sched.live_workers()))
-                    for version in list(self.weight_waiters):  # requests lost with the old coordinator
-                        self._to_coord(P.FetchWeights(node_id=self.node_id, session=self.session, version=version))
-                        self._weights_asked[version] = time.monotonic()
+                    self._fetch_weights(self.wcache.restart_all(time.monotonic()))  # requests lost with the old coordinator
                 self.heartbeat(time.monotonic())
         elif mtype == P.MsgType.SHUTDOWN:
             log.info("coordinator asked to shut down: %s", body.reason)
@@ -569,7 +583,7 @@ class AgentDaemon:
                 if self.coord in events:
                     for _ in range(64):
                         try:
-                            self.on_coordinator(self.coord.recv_multipart(zmq.NOBLOCK))
+                            self.on_coordinator(self.coord.recv_multipart(zmq.NOBLOCK, copy=False))  # weight chunks: no extra copy
                         except zmq.Again:
                             break
                 if self.control in events:
@@ -577,6 +591,8 @@ class AgentDaemon:
                 self.poll_detector()
                 now = time.monotonic()
                 self.check_workers()
+                if self.wcache.downloads and not self.reconnecting:
+                    self._fetch_weights(self.wcache.overdue(now))
                 if now - self._last_heartbeat >= interval:
                     self.heartbeat(now)
                 silent_s = now - self._last_coord_msg
@@ -633,6 +649,7 @@ class AgentDaemon:
         self.coord.close(linger=1000)
         self.workers_sock.close(linger=0)
         self.control.close(linger=0)
+        self.wcache.clear()
         try:
             os.unlink(f"{self._ipc_dir}/workers.sock")
             os.rmdir(self._ipc_dir)
@@ -664,6 +681,7 @@ def join(
     grace_s: float = typer.Option(20.0, "--grace-s", help="Seconds workers get to commit in-flight state on a notice or SIGTERM."),
     poll_interval_s: float = typer.Option(1.0, "--poll-interval-s", help="Seconds between cloud metadata polls (AWS recommends 5, Azure 1)."),
     coordinator_timeout_s: float = typer.Option(600.0, "--coordinator-timeout-s", help="Exit (code 4) after hearing nothing from the coordinator for this long; before that the agent re-registers with backoff and keeps its workers (a coordinator restarted with --resume finds them)."),
+    weights_dir: Optional[pathlib.Path] = typer.Option(None, "--weights-dir", help="Directory of the node's weight-version cache (a local disk with room for 3 versions; emptied at start). Default: <state dir>/weights."),
     nice: int = typer.Option(0, "--nice", min=0, max=19, help="CPU niceness of the worker processes (local mode runs simulated spot GPUs at 5 so they slow the trainer less on shared CPU cores)."),
     log_level: str = typer.Option("INFO", "--log-level", help="Logging level."),
 ) -> None:
@@ -686,7 +704,7 @@ def join(
         detector = make_detector(cloud, metadata_url, ledger=ledger)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
-    daemon = AgentDaemon(coordinator, _parse_gpus(gpus), node_id=nid, is_spot=not reserved, keys=client_keys, grace_s=grace_s, detector=detector, poll_interval_s=poll_interval_s, nice=nice, coordinator_timeout_s=coordinator_timeout_s)
+    daemon = AgentDaemon(coordinator, _parse_gpus(gpus), node_id=nid, is_spot=not reserved, keys=client_keys, grace_s=grace_s, detector=detector, poll_interval_s=poll_interval_s, nice=nice, coordinator_timeout_s=coordinator_timeout_s, weights_dir=weights_dir)
     # SIGTERM is one more preemption source: same commit path, deadline = now + grace
     signal.signal(signal.SIGTERM, lambda *_: daemon._signal_notices.put(sigterm_notice(grace_s, time.time())))
     try:

@@ -396,11 +396,31 @@ class ClusterConfig(_Section):
     max_message_bytes: int = 256 * 1024 * 1024
     """Largest frame an agent or status client may send to the coordinator (bytes; ZeroMQ
     drops the connection of a peer that exceeds it before allocating the frame). Must hold
-    one worker batch of results or committed state; weights travel the other way."""
+    one worker batch of results or committed state; weights travel the other way, in chunks."""
+    weight_chunk_bytes: int = 4 * 1024 * 1024
+    """Bytes per WEIGHTS_CHUNK message of a weight version (trainer → coordinator → agents;
+    ``spotlight/weight_sync.py``). A version of any size travels as ceil(size / chunk)
+    messages, so it never has to fit one frame or one buffer; it also bounds the frames the
+    coordinator accepts on its trainer socket. 4 MiB did best of 1, 4 and 16 MiB in
+    ``benchmarks/weight_sync.py`` (chunks stay in cache between decryption, digest and
+    write; per-message costs stay small); raise ``weight_window_chunks`` rather than the
+    chunk size on links with a large bandwidth × round-trip product."""
+    weight_window_chunks: int = 4
+    """Chunks an agent keeps requested at once while it fetches a version: what the
+    coordinator may have queued for one agent is at most this many chunks (zero-copy slices
+    of the version file's memory map, whatever the agent's speed), and what the agent holds
+    in memory is about this many chunks too. Window × chunk should cover the link's
+    bandwidth × round trip (16 MiB: 10 GB/s at 1.6 ms)."""
+    weight_memory_max_bytes: int = 64 * 1024 * 1024
+    """Weight versions of at most this many bytes are also kept in the coordinator's memory
+    (the newest few); larger ones are only ever on disk and served from a memory map. 0 = none."""
 
     def __post_init__(self) -> None:
         _check(self.worker_batch_size >= 1, "cluster.worker_batch_size", "must be >= 1")
         _check(self.max_message_bytes >= 1 << 20, "cluster.max_message_bytes", "must be >= 1 MiB")
+        _check(64 * 1024 <= self.weight_chunk_bytes <= 1 << 30, "cluster.weight_chunk_bytes", "must be between 64 KiB and 1 GiB")
+        _check(1 <= self.weight_window_chunks <= 64, "cluster.weight_window_chunks", "must be between 1 and 64")
+        _check(self.weight_memory_max_bytes >= 0, "cluster.weight_memory_max_bytes", "must be >= 0 (0 = serve every version from disk)")
         _check(self.sp_degree >= 1, "cluster.sp_degree", "must be >= 1")
         _check(self.heartbeat_timeout_s > self.heartbeat_interval_s, "cluster.heartbeat_timeout_s", "must exceed heartbeat_interval_s")
 

@@ -71,6 +71,7 @@ from spotlight.checkpoint import train_checkpoint_dir
 from spotlight.run_recorder import RunRecorder
 from spotlight.tensor_store import TensorStore, check_key
 from spotlight.tensor_wire import pack_tensors, unpack_tensors
+from spotlight.weight_sync import WeightSyncError, check_safetensors_file, chunk_span, num_chunks
 
 log = logging.getLogger("spotlight.coordinator")
 
@@ -79,6 +80,9 @@ AGENT_MESSAGES = frozenset({P.MsgType.REGISTER, P.MsgType.HEARTBEAT, P.MsgType.P
 NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 STATE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 MAX_GPUS_PER_NODE = 64
+FRAME_OVERHEAD_BYTES = 64 * 1024
+"""Slack over the largest frame a trainer sends: libzmq checks MAXMSGSIZE against the frame
+as it is on the wire, which CURVE makes a few dozen bytes longer than its plaintext."""
 
 
 class Rejected(SpotlightError):
@@ -171,7 +175,7 @@ class Coordinator:
             raise ValueError(f"conditioning has {len(cond)} rows for {len(prompts)} prompts")
         self.cond = cond
         self.progress = progress
-        self.server = ControlServer(bind, keys, max_message_bytes=cfg.cluster.max_message_bytes)
+        self.server = ControlServer(bind, keys, max_message_bytes=cfg.cluster.max_message_bytes, trainer_max_message_bytes=max(cfg.cluster.weight_chunk_bytes, P.MAX_BODY_BYTES) + FRAME_OVERHEAD_BYTES)
         self.endpoint = self.server.endpoint
         self.peers: dict[bytes, Peer] = {}
         self.node_route: dict[str, bytes] = {}  # node id -> routing id of its current connection
@@ -182,7 +186,7 @@ class Coordinator:
         self._allow_list_mtime = 0.0
         self.sched = RequestScheduler(cfg.cluster.lease_timeout_s)
         self.instances = InstanceManager(cfg.cluster.heartbeat_timeout_s)
-        self.store = TensorStore(self.run_dir / "tensor_store")
+        self.store = TensorStore(self.run_dir / "tensor_store", memory_max_bytes=cfg.cluster.weight_memory_max_bytes)
         self.seed_bank = SeedBank(cfg.run.seed, cfg.data.group_size)
         self.reward_fn = RewardFn(cfg.reward)
         self.reward_pool = concurrent.futures.ThreadPoolExecutor(max_workers=cfg.reward.num_threads, thread_name_prefix="reward")
@@ -193,7 +197,6 @@ class Coordinator:
         self.worker_node: dict[str, str] = {}
         self.train_ready: set[int] = set()
         self.train_done: dict[int, P.TrainDone] = {}
-        self.weights_pending: dict[int, bytes] = {}
         self.recorder = RunRecorder(self.run_dir, resume=resume)
         self.metrics_path = self.recorder.metrics_path
         self.history: list[dict] = []
@@ -361,6 +364,7 @@ class Coordinator:
                 "--config-json", str(conf_path), "--master-port", str(master_port),
             ]
             cmd += ["--checkpoint-dir", str(train_checkpoint_dir(self.run_dir))]
+            cmd += ["--spool-dir", str(self.run_dir / "tensor_store" / "spool")]
             if self.resume_version is not None:
                 cmd += ["--resume-version", str(self.resume_version)]
             self.train_procs.append(subprocess.Popen(cmd, env=env))
@@ -389,7 +393,7 @@ class Coordinator:
             raise Rejected("auth", "no authenticated principal on this connection")
         role = principal.role
         if msg.channel == TRAINER:
-            if role != "trainer" or mtype not in (P.MsgType.TRAIN_READY, P.MsgType.TRAIN_DONE, P.MsgType.WEIGHTS):
+            if role != "trainer" or mtype not in (P.MsgType.TRAIN_READY, P.MsgType.TRAIN_DONE, P.MsgType.WEIGHTS, P.MsgType.WEIGHTS_CHUNK):
                 raise Rejected("forbidden", f"{principal.id} may not send {mtype.name} on the trainer socket")
             self.on_trainer(msg.routing_id, mtype, body, msg.payload, now)
             return
@@ -461,6 +465,7 @@ class Coordinator:
                 lora=lora_spec(self.cfg.train),
                 latest_version=self.store.latest_version,
                 session=session,
+                weight_window_chunks=self.cfg.cluster.weight_window_chunks,
             ),
         )
 
@@ -656,11 +661,33 @@ class Coordinator:
         log.warning("worker %s gave back %d requests: %s", body.worker_id, len(mine), body.reason)
 
     def on_fetch_weights(self, identity, body: P.FetchWeights, payload, now) -> None:
-        blob = self.store.get_weights(body.version) if body.version >= 0 else None
-        if blob is None:
+        """Serve a version in chunks: its WEIGHTS header (if asked) and the WEIGHTS_CHUNK
+        replies ``first_chunk`` … ``first_chunk + num_chunks - 1``, clipped to the version.
+
+        Every chunk is a zero-copy slice of the Tensor Store's memory map of the file (or of
+        its in-memory bytes for a small version), and the agent asks for at most
+        ``cluster.weight_window_chunks`` at a time, so what is queued for a slow agent is a
+        few references into the page cache, never a copy of the version. A version not
+        published (yet) gets WEIGHTS(found=False). ``first_chunk`` past the version's end is
+        rejected (one ERROR) before anything is sent."""
+        info = self.store.weights_info(body.version) if body.version >= 0 else None
+        if info is None:
             self.send(identity, P.Weights(version=body.version, size_bytes=0, found=False))
-        else:
-            self.send(identity, P.Weights(version=body.version, size_bytes=len(blob)), [blob])
+            return
+        chunk = self.cfg.cluster.weight_chunk_bytes
+        n = num_chunks(info.size_bytes, chunk)
+        if body.num_chunks and body.first_chunk >= n:
+            raise Rejected("bad_request", f"version {body.version} has {n} chunks; chunk {body.first_chunk} does not exist")
+        if body.header:
+            self.send(identity, P.Weights(version=body.version, size_bytes=info.size_bytes, chunk_bytes=chunk, num_chunks=n, digest=info.digest))
+        for i in range(body.first_chunk, min(n, body.first_chunk + body.num_chunks)):
+            off, length = chunk_span(i, info.size_bytes, chunk)
+            data = self.store.read_weights(body.version, off, length)
+            if data is None:  # pruned between the header and now
+                self.send(identity, P.Weights(version=body.version, size_bytes=0, found=False))
+                return
+            if not self.send(identity, P.WeightsChunk(version=body.version, index=i, offset=off, size_bytes=length), [data]):
+                return  # the agent's queue is full or it is gone: it asks again
 
     def on_fetch_state(self, identity, body, payload, now) -> None:
         raise Rejected("unsupported", "FETCH_STATE is not served: committed state travels with the lease that resumes it")
@@ -689,20 +716,35 @@ class Coordinator:
         rank = next((r for r, i in self.trainer_ids.items() if i == identity), None)
         if rank is None:
             raise Rejected("unknown_session", f"{mtype.name} from a trainer that sent no TRAIN_READY")
+        if mtype in (P.MsgType.WEIGHTS, P.MsgType.WEIGHTS_CHUNK) and rank != 0:
+            raise Rejected("forbidden", f"only rank 0 publishes weights (got {mtype.name} from rank {rank})")
         if mtype == P.MsgType.WEIGHTS:
-            if rank != 0:
-                raise Rejected("forbidden", f"only rank 0 publishes weights (got them from rank {rank})")
+            # the header of a version upload: its chunks follow on this connection
             expected = self.store.latest_version + 1
             republish = self.phase == "starting" and body.version == self.store.latest_version  # a resumed trainer
-            if (body.version != expected and not republish) or len(payload) != 1 or not _is_safetensors(payload[0]):
-                raise Rejected("bad_request", f"WEIGHTS must carry version {expected} as one safetensors frame (got version {body.version}, {len(payload)} frames)")
-            blob = bytes(payload[0])
-            self.store.put_weights(body.version, blob)
-            self.version_bytes = len(blob)
-            keep = self.cfg.run.keep_weight_versions
-            if keep:
-                self.store.prune_weights(self.weights_keep_from(body.version - keep + 1))
-            self.version = max(self.version, body.version)
+            if (body.version != expected and not republish) or payload or not body.found:
+                raise Rejected("bad_request", f"WEIGHTS must announce version {expected} (got version {body.version}, {len(payload)} frames): its bytes follow in WEIGHTS_CHUNK messages")
+            if not 1 <= body.chunk_bytes <= self.cfg.cluster.weight_chunk_bytes or body.size_bytes < 1 or body.num_chunks != -(-body.size_bytes // body.chunk_bytes):
+                raise Rejected("bad_request", f"WEIGHTS v{body.version}: {body.size_bytes} bytes in {body.num_chunks} chunks of {body.chunk_bytes} (chunks must be 1..{self.cfg.cluster.weight_chunk_bytes} bytes and cover the version exactly)")
+            try:
+                self.store.begin_weights(body.version, body.size_bytes, body.chunk_bytes, body.digest, validate=check_safetensors_file)
+            except WeightSyncError as exc:
+                raise Rejected("bad_request", f"WEIGHTS v{body.version}: {exc}") from None
+        elif mtype == P.MsgType.WEIGHTS_CHUNK:
+            if len(payload) != 1 or len(payload[0]) != body.size_bytes:
+                raise Rejected("bad_request", f"WEIGHTS_CHUNK v{body.version} #{body.index} must carry one frame of {body.size_bytes} bytes")
+            try:
+                published = self.store.put_weights_chunk(body.version, body.index, body.offset, payload[0])
+            except WeightSyncError as exc:
+                raise Rejected("bad_request", f"WEIGHTS_CHUNK v{body.version} #{body.index}: {exc}") from None
+            if published:
+                info = self.store.weights_info(body.version)
+                self.version_bytes = info.size_bytes
+                keep = self.cfg.run.keep_weight_versions
+                if keep:
+                    self.store.prune_weights(self.weights_keep_from(body.version - keep + 1))
+                self.version = max(self.version, body.version)
+                log.info("published weights v%d (%d bytes, %s)", body.version, info.size_bytes, info.digest[:23])
         elif mtype == P.MsgType.TRAIN_DONE:
             if body.rank != rank:
                 raise Rejected("forbidden", f"TRAIN_DONE for rank {body.rank} from rank {rank}'s connection")
@@ -1070,21 +1112,6 @@ def zero_std_filter(advantages: np.ndarray, groups: list[int]) -> np.ndarray:
     if not keep.any() and len(adv):
         keep[g == g[0]] = True  # an empty update would stall; the zero advantages add no gradient
     return keep
-
-
-def _is_safetensors(frame) -> bool:
-    """Cheap structural check of a safetensors blob: 8-byte header length + JSON header."""
-    buf = memoryview(frame)
-    if len(buf) < 10:
-        return False
-    n = int.from_bytes(buf[:8], "little")
-    if n < 2 or 8 + n > len(buf):
-        return False
-    try:
-        header = json.loads(bytes(buf[8 : 8 + n]))
-    except ValueError:
-        return False
-    return isinstance(header, dict)
 
 
 def _free_port() -> int:

@@ -19,11 +19,25 @@ Who sends what::
 
     agent  → coordinator   REGISTER, HEARTBEAT, PULL, RESULT, COMMIT, FAIL, FETCH_WEIGHTS,
                            FETCH_STATE, NOTICE, BYE
-    coordinator → agent    REGISTERED, LEASES, WEIGHTS, STATE, ERROR, SHUTDOWN
+    coordinator → agent    REGISTERED, LEASES, WEIGHTS, WEIGHTS_CHUNK, STATE, ERROR, SHUTDOWN
     worker ↔ agent         WORKER_HELLO, PULL, LEASES, RESULT, COMMIT, FAIL, FETCH_WEIGHTS,
                            WEIGHTS, STOP (same structs, relayed without decoding tensors)
-    trainer ↔ coordinator  TRAIN_READY, TRAIN_BATCH, TRAIN_DONE, WEIGHTS
+    trainer ↔ coordinator  TRAIN_READY, TRAIN_BATCH, TRAIN_DONE, WEIGHTS, WEIGHTS_CHUNK
     CLI → coordinator      STATUS_REQUEST → STATUS
+
+A weight version (one safetensors file, up to tens of GB) never travels as one frame: a
+WEIGHTS header (size, chunk size and count, digest of the whole file) is followed by
+WEIGHTS_CHUNK messages of at most ``cluster.weight_chunk_bytes`` each. Trainer rank 0
+pushes its chunks in order (the coordinator's receive queue bounds what is in flight);
+an agent pulls them with FETCH_WEIGHTS ranges, a bounded window at a time
+(``spotlight/weight_sync.py`` has the file format, the chunk plan and the assembler)::
+
+    trainer 0 ─ WEIGHTS(v, size, chunk_bytes, n, digest) ─ WEIGHTS_CHUNK(v, 0) … (v, n-1) ─▶ coordinator
+    agent ─ FETCH_WEIGHTS(v, header, first_chunk=0, num_chunks=W) ─▶ coordinator
+          ◀─ WEIGHTS(v, size, chunk_bytes, n, digest), WEIGHTS_CHUNK(v, 0) … (v, W-1)
+          ─ FETCH_WEIGHTS(v, header=False, first_chunk=i, num_chunks=1) per chunk received ─▶
+    worker ─ FETCH_WEIGHTS(v) ─▶ agent ─ WEIGHTS(v, found) ─▶ worker (reads the node's cached
+          file ``<weights_dir>/v<v>.safetensors``; no path ever travels)
 """
 
 from __future__ import annotations
@@ -36,8 +50,9 @@ from msgspec import Meta
 
 from spotlight.errors import SpotlightError
 
-PROTOCOL_VERSION = 2
-"""Sent in REGISTER; the coordinator refuses any other version (2: CURVE transport, no HMAC)."""
+PROTOCOL_VERSION = 3
+"""Sent in REGISTER; the coordinator refuses any other version (2: CURVE transport, no HMAC;
+3: weight versions in chunks, WEIGHTS_CHUNK and ranged FETCH_WEIGHTS)."""
 
 MAX_BODY_BYTES = 1 << 20
 """Largest msgpack body :func:`decode` accepts (tensors travel in their own frames)."""
@@ -51,6 +66,13 @@ GpuList = Annotated[list[Annotated[int, Meta(ge=0, lt=4096)]], Meta(max_length=4
 IdList = Annotated[list[Id], Meta(max_length=65536)]
 LeaseIdList = Annotated[list[Annotated[int, Meta(ge=0, lt=1 << 62)]], Meta(max_length=65536)]
 LeaseId = Annotated[int, Meta(ge=0, lt=1 << 62)]
+ByteCount = Annotated[int, Meta(ge=0, le=1 << 50)]
+"""A size or offset in bytes (at most 1 PiB)."""
+ChunkIndex = Annotated[int, Meta(ge=0, lt=1 << 31)]
+Digest = Annotated[str, Meta(max_length=200)]
+
+MAX_CHUNKS_PER_FETCH = 64
+"""Most WEIGHTS_CHUNK replies one FETCH_WEIGHTS may ask for (the receiver's window)."""
 
 
 class ProtocolError(SpotlightError):
@@ -74,6 +96,7 @@ class MsgType(enum.IntEnum):
     BYE = 14
     ERROR = 15
     SHUTDOWN = 16
+    WEIGHTS_CHUNK = 17
     WORKER_HELLO = 20
     STOP = 21
     GROUP_FORM = 22
@@ -133,6 +156,8 @@ class Registered(_Msg, kw_only=True):
     latest_version: int
     session: str = ""
     """Per-registration token the agent echoes in every later message."""
+    weight_window_chunks: Annotated[int, Meta(ge=1, le=MAX_CHUNKS_PER_FETCH)] = 4
+    """WEIGHTS_CHUNK replies the agent keeps requested at once while it fetches a version."""
 
 
 class WorkerInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -272,19 +297,44 @@ class Fail(_Msg, kw_only=True):
 
 
 class FetchWeights(_Msg, kw_only=True):
+    """Ask for weight ``version``: its WEIGHTS header (``header``) and/or the WEIGHTS_CHUNK
+    replies ``first_chunk`` … ``first_chunk + num_chunks - 1`` (clipped to the version's
+    chunk count; ``first_chunk`` past the end is an error). A worker asks its agent with the
+    defaults (header only): the agent answers from its node cache."""
+
     node_id: Text = ""
     session: Text = ""
     worker_id: Text = ""
     version: Version
+    header: bool = True
+    first_chunk: ChunkIndex = 0
+    num_chunks: Annotated[int, Meta(ge=0, le=MAX_CHUNKS_PER_FETCH)] = 0
 
 
 class Weights(_Msg, kw_only=True):
-    """One weight version: a single raw frame holding a safetensors file."""
+    """Header of one weight version (a safetensors file of ``size_bytes``): it travels as
+    ``num_chunks`` WEIGHTS_CHUNK messages of ``chunk_bytes`` (the last one shorter).
+    ``digest`` is ``"<algorithm>:<hex>"`` of the whole file (sha256 or blake2b,
+    :mod:`spotlight.weight_sync`). ``found=False``: the version is not published (yet).
+    From an agent to its worker the header means "the file is in the node cache"."""
 
-    version: int
-    size_bytes: int
+    version: Version
+    size_bytes: ByteCount
     format: str = "safetensors"
     found: bool = True
+    chunk_bytes: ByteCount = 0
+    num_chunks: ChunkIndex = 0
+    digest: Digest = ""
+
+
+class WeightsChunk(_Msg, kw_only=True):
+    """Bytes ``[offset, offset + size_bytes)`` of weight ``version``'s file, chunk ``index``
+    (offset = index × the header's chunk_bytes), in one raw frame."""
+
+    version: Version
+    index: ChunkIndex
+    offset: ByteCount
+    size_bytes: ByteCount
 
 
 class WorkerHello(_Msg, kw_only=True):
@@ -371,6 +421,7 @@ MESSAGE_TYPES: dict[MsgType, type[_Msg]] = {
     MsgType.BYE: Bye,
     MsgType.ERROR: ErrorMsg,
     MsgType.SHUTDOWN: Shutdown,
+    MsgType.WEIGHTS_CHUNK: WeightsChunk,
     MsgType.WORKER_HELLO: WorkerHello,
     MsgType.STOP: Stop,
     MsgType.GROUP_FORM: GroupForm,

@@ -11,9 +11,11 @@ Sockets (both CURVE servers, DESIGN §9):
   ``ZMQ_MAXMSGSIZE`` (``max_message_bytes``) makes libzmq drop a connection that sends a
   larger frame before the frame is allocated; the msgpack body is bounded again by
   :data:`spotlight.protocol.MAX_BODY_BYTES` before it is parsed.
-* **trainer** — loopback ``tcp://127.0.0.1:<random>``: the run's own Train Workers,
-  whose WEIGHTS frames are as large as a model version (no size limit here; only
-  ``trainer`` keys are served on it).
+* **trainer** — loopback ``tcp://127.0.0.1:<random>``: the run's own Train Workers (only
+  ``trainer`` keys are served on it). A weight version arrives on it in WEIGHTS_CHUNK frames
+  of at most ``trainer_max_message_bytes``; its receive queue holds only
+  :data:`TRAINER_RCVHWM` messages, so a trainer streaming a 40 GB version faster than the
+  coordinator writes it is held back by TCP instead of filling the coordinator's memory.
 
 Peers are addressed by the routing id libzmq assigns to each connection (clients never
 choose their identity), so a client cannot take over another's replies, and a restarted
@@ -35,6 +37,8 @@ from spotlight.security import Authenticator, Principal, ServerKeys, apply_serve
 log = logging.getLogger("spotlight.server")
 
 PUBLIC, TRAINER = "public", "trainer"
+TRAINER_RCVHWM = 8
+"""Messages queued from one trainer before ZeroMQ stops reading its connection."""
 
 
 @dataclasses.dataclass
@@ -63,12 +67,14 @@ class ControlServer:
         keys: coordinator key pair and allow-list (:mod:`spotlight.security`).
         max_message_bytes: largest frame a public peer may send (bytes).
         send_hwm: messages queued per peer before further replies to it are dropped.
+        trainer_max_message_bytes: largest frame a trainer may send (bytes; -1 = no limit);
+            the coordinator passes its weight chunk size.
 
     Raises:
         zmq.ZMQError: the endpoint cannot be bound.
     """
 
-    def __init__(self, bind: str, keys: ServerKeys, *, max_message_bytes: int = 256 << 20, send_hwm: int = 256):
+    def __init__(self, bind: str, keys: ServerKeys, *, max_message_bytes: int = 256 << 20, send_hwm: int = 256, trainer_max_message_bytes: int = -1):
         self.keys = keys
         self.ctx = zmq.Context()
         self.auth = Authenticator(self.ctx, keys)
@@ -82,7 +88,8 @@ class ControlServer:
         else:
             self.public.bind(bind)
             self.endpoint = bind
-        self.trainer = self._router(16, -1)
+        self.trainer = self._router(16, int(trainer_max_message_bytes))
+        self.trainer.setsockopt(zmq.RCVHWM, TRAINER_RCVHWM)
         port = self.trainer.bind_to_random_port("tcp://127.0.0.1")
         self.trainer_endpoint = f"tcp://127.0.0.1:{port}"
         self.poller = zmq.Poller()

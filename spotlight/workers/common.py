@@ -15,8 +15,9 @@ only to it, over a ZeroMQ DEALER socket (identity = worker id)::
       WORKER_HELLO ─────────────▶
       PULL(max) ────────────────▶  PULL ──────────────────────────▶  Request Scheduler
       ◀──────────────── LEASES     ◀───────────────────────── LEASES (+ text conditioning)
-      FETCH_WEIGHTS(v) ─────────▶  (cache hit, or FETCH_WEIGHTS ──▶  Tensor Store)
-      ◀──────────────── WEIGHTS
+      FETCH_WEIGHTS(v) ─────────▶  (cache hit, or FETCH_WEIGHTS ──▶  Tensor Store,
+      ◀──────────────── WEIGHTS     in chunks, into the node's file <weights_dir>/v<v>.safetensors)
+      (maps that file: the version's tensors live in the page cache, not in the worker's heap)
       … denoise (SDE window, seeded noise; exploration may use a step cache) …
       RESULT (images, window latents, log-probs) ─▶ RESULT ───────▶ rewards, trainer
       ◀── STOP(commit)  → COMMIT (latent, step, window so far) ───▶ Tensor Store
@@ -44,7 +45,7 @@ from spotlight.config import ModelConfig, SamplerConfig
 from spotlight.models.families import get_family, torch_dtype
 from spotlight.models.lora import add_lora, load_version
 from spotlight.rl.sampler import Conditioning, DenoiseState, Sampler
-from spotlight.tensor_wire import bytes_to_state_dict, pack_tensors, unpack_tensors
+from spotlight.tensor_wire import bytes_to_state_dict, mmap_state_dict, pack_tensors, unpack_tensors
 
 PULL_TIMEOUT_S = 30.0
 """Pull again when a PULL got no LEASES for this long (lost while the coordinator restarted);
@@ -296,10 +297,16 @@ def worker_device(gpus: list[int]) -> torch.device:
 
 
 class WorkerProcess:
-    """The socket loop around :class:`RolloutExecutor` (one per GPU worker process)."""
+    """The socket loop around :class:`RolloutExecutor` (one per GPU worker process).
 
-    def __init__(self, agent_endpoint: str, worker_id: str, gpus: list[int], model_cfg: ModelConfig, sampler_cfg: SamplerConfig, batch_size: int, *, lora: dict | None = None):
+    Args:
+        weights_dir: the agent's weight cache (``agent.weight_cache``): a WEIGHTS reply
+            without a frame means ``<weights_dir>/v<version>.safetensors`` is complete there.
+    """
+
+    def __init__(self, agent_endpoint: str, worker_id: str, gpus: list[int], model_cfg: ModelConfig, sampler_cfg: SamplerConfig, batch_size: int, *, lora: dict | None = None, weights_dir: str | None = None):
         self.worker_id = worker_id
+        self.weights_dir = weights_dir
         self.gpus = gpus
         self.batch_size = batch_size
         self.executor = RolloutExecutor(model_cfg, sampler_cfg, lora=lora, device=worker_device(gpus))
@@ -383,18 +390,38 @@ class WorkerProcess:
                 continue
             mtype, body, payload = got
             if mtype == P.MsgType.WEIGHTS and body.version == version:
-                if not body.found:
+                sd = self._load_version(body, payload) if body.found else None
+                if sd is None:
                     if time.monotonic() > deadline:
                         raise RuntimeError(f"weight version {version} is not available")
                     time.sleep(0.5)
                     self.send(P.FetchWeights(worker_id=self.worker_id, version=version))
                     continue
-                self.executor.add_version(version, bytes_to_state_dict(payload[0]))
+                self.executor.add_version(version, sd)
                 return
             if mtype == P.MsgType.STOP:
                 self.stop_requested = body
                 return
             self._backlog.append(got)
+
+    def _load_version(self, body: P.Weights, payload: list) -> dict[str, torch.Tensor] | None:
+        """The state dict a WEIGHTS reply points at: the node cache's file, memory-mapped
+        (:func:`spotlight.tensor_wire.mmap_state_dict`), or a frame carrying the whole file
+        (small versions from older agents). None when the file is gone (the agent evicted it
+        before we opened it): the caller asks again.
+
+        Raises:
+            WeightSyncError: the cached file is not a well-formed safetensors file.
+        """
+        if payload:
+            return bytes_to_state_dict(payload[0])
+        if self.weights_dir is None:
+            raise RuntimeError("the agent answered with its weight cache, but this worker was not told where it is (weights_dir)")
+        try:
+            return mmap_state_dict(os.path.join(self.weights_dir, f"v{int(body.version)}.safetensors"))
+        except FileNotFoundError:
+            log.warning("worker %s: weights v%d left the node cache before we mapped them; asking again", self.worker_id, body.version)
+            return None
 
     def run(self) -> int:
         self.send(P.WorkerHello(worker_id=self.worker_id, gpus=self.gpus, pid=os.getpid()))

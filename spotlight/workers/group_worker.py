@@ -153,8 +153,8 @@ def serve(member: G.SPGroupMember) -> None:
 class GroupWorkerProcess(WorkerProcess):
     """Socket loop of one member of an elastic SP group."""
 
-    def __init__(self, agent_endpoint, worker_id, gpus, model_cfg, sampler_cfg, batch_size):
-        super().__init__(agent_endpoint, worker_id, gpus, model_cfg, sampler_cfg, batch_size)
+    def __init__(self, agent_endpoint, worker_id, gpus, model_cfg, sampler_cfg, batch_size, *, weights_dir: str | None = None):
+        super().__init__(agent_endpoint, worker_id, gpus, model_cfg, sampler_cfg, batch_size, weights_dir=weights_dir)
         device = torch.device(f"cuda:{0}") if torch.cuda.is_available() else torch.device("cpu")
         self.member = G.SPGroupMember(model_cfg, worker_id, device)
         self.executor = GroupExecutor(self.member, sampler_cfg, self._reform)

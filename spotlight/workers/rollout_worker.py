@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--agent", required=True, help="agent endpoint, e.g. ipc:///tmp/x or tcp://127.0.0.1:5555")
     ap.add_argument("--worker-id", required=True)
     ap.add_argument("--gpus", default="0", help="comma-separated GPU indices of this worker")
-    ap.add_argument("--config-json", required=True, help="JSON with 'model', 'sampler', 'worker_batch_size', 'torch_threads', 'sp_degree'")
+    ap.add_argument("--config-json", required=True, help="JSON with 'model', 'sampler', 'worker_batch_size', 'torch_threads', 'sp_degree', 'lora', 'weights_dir'")
     args = ap.parse_args(argv)
     logging.basicConfig(level=os.environ.get("SPOTLIGHT_LOG_LEVEL", "INFO"), format=f"%(asctime)s worker[{args.worker_id}] %(levelname)s %(message)s")
     import faulthandler
@@ -50,9 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     if int(conf.get("sp_degree", 1)) > 1:
         from spotlight.workers.group_worker import GroupWorkerProcess
 
-        proc = GroupWorkerProcess(args.agent, args.worker_id, gpus, model_cfg, sampler_cfg, int(conf.get("worker_batch_size", 8)))
+        proc = GroupWorkerProcess(args.agent, args.worker_id, gpus, model_cfg, sampler_cfg, int(conf.get("worker_batch_size", 8)), weights_dir=conf.get("weights_dir"))
     else:
-        proc = WorkerProcess(args.agent, args.worker_id, gpus, model_cfg, sampler_cfg, int(conf.get("worker_batch_size", 8)), lora=conf.get("lora") or {})
+        proc = WorkerProcess(args.agent, args.worker_id, gpus, model_cfg, sampler_cfg, int(conf.get("worker_batch_size", 8)), lora=conf.get("lora") or {}, weights_dir=conf.get("weights_dir"))
     rc = proc.run()
     return 0 if rc is None else rc
 

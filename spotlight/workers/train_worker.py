@@ -4,11 +4,17 @@
 :func:`main` is the process (``python -m spotlight.workers.train_worker ...``) that talks
 to the coordinator over a CURVE-encrypted ZeroMQ DEALER (the coordinator's loopback trainer socket)::
 
-    → TRAIN_READY(rank, world_size, version=0)      (rank 0 also → WEIGHTS v0 + blob)
-                  (with --resume-version N: load the trainer checkpoint, version=N, WEIGHTS vN)
+    → TRAIN_READY(rank, world_size, version=0)      (rank 0 also → version v0, see below)
+                  (with --resume-version N: load the trainer checkpoint, version=N, publish vN)
     ← TRAIN_BATCH  → train_step → [--checkpoint-dir: save DIR/v{v+1:06d}, keep 2]
-                   → full state dict → (rank 0) WEIGHTS v+1 + blob
+                   → full state dict → (rank 0) publish v+1
                                                    → TRAIN_DONE(rank, iteration, v+1)
+
+Publishing a version (rank 0): the state dict is written to ``--spool-dir`` as a safetensors
+file (:func:`spotlight.tensor_wire.save_version`, digested on the way), then streamed as a
+WEIGHTS header and ``cluster.weight_chunk_bytes`` WEIGHTS_CHUNK messages, zero-copy from a
+memory map of the file (:func:`spotlight.weight_sync.send_version`); the file is unlinked
+as soon as it is mapped. No whole-version byte string is ever built.
     ← SHUTDOWN("save:<path>") → save_pretrained(path) → TRAIN_DONE(rank, -1, -1) (ack)
     ← SHUTDOWN                → exit
 
@@ -40,6 +46,7 @@ import math
 import os
 import pathlib
 import sys
+import tempfile
 import time
 import warnings
 
@@ -586,6 +593,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         "(default: no checkpoints); the coordinator passes RUN_DIR/checkpoints/train",
     )
     ap.add_argument(
+        "--spool-dir", default=None,
+        help="directory where rank 0 writes each version's file before streaming it (default: the system temp "
+        "directory); the coordinator passes RUN_DIR/tensor_store/spool",
+    )
+    ap.add_argument(
         "--resume-version", type=int, default=None,
         help="load DIR/v{N:06d} from --checkpoint-dir before TRAIN_READY and publish weights v_N instead of v_0",
     )
@@ -645,16 +657,30 @@ def main(argv: list[str] | None = None) -> int:
     apply_client(sock, read_client_file(args.keys_file))
     sock.connect(args.coordinator)
 
+    spool = pathlib.Path(args.spool_dir) if args.spool_dir else pathlib.Path(tempfile.gettempdir())
+    parent = os.getppid()
+
     def publish(ver: int) -> None:
+        """Rank 0: write version ``ver`` to a spool file and stream it in chunks (module docstring)."""
         sd = trainer.version_state_dict()
-        if args.rank == 0:
-            blob = tensor_wire.state_dict_to_bytes(sd)
-            sock.send_multipart(P.encode(P.Weights(version=ver, size_bytes=len(blob)), [blob]))
+        if args.rank != 0:
+            return
+        from spotlight.weight_sync import send_version
+
+        spool.mkdir(parents=True, exist_ok=True)
+        path = spool / f"v{ver}-{os.getpid()}.safetensors"
+        t0 = time.perf_counter()
+        try:
+            size, digest = tensor_wire.save_version(sd, path)
+            del sd
+            n = send_version(sock, ver, path, digest, cfg.cluster.weight_chunk_bytes, alive=lambda: os.getppid() == parent, unlink=True)
+        finally:
+            path.unlink(missing_ok=True)
+        log.info("published v%d: %d bytes in %d chunks (%.2fs)", ver, size, n, time.perf_counter() - t0)
 
     sock.send_multipart(P.encode(P.TrainReady(rank=args.rank, world_size=args.world_size, version=version)))
     publish(version)
     log.info("ready (world %d, device %s)", args.world_size, device)
-    parent = os.getppid()
     try:
         while True:
             if not sock.poll(1000):
@@ -692,6 +718,8 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 log.info("shutdown: %s", body.reason or "(no reason)")
                 break
+            elif mtype == P.MsgType.ERROR:
+                log.error("coordinator refused a message: %s: %s", body.code, body.message)
             else:
                 log.warning("ignoring unexpected %s", mtype.name)
     finally:

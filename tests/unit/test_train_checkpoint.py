@@ -187,7 +187,7 @@ def test_process_checkpoints_and_resumes(rollout, tmp_path):
     from spotlight import protocol as P
     from spotlight import tensor_wire
     from spotlight.config import config_to_dict
-    from tests.unit.test_train_worker import _free_port
+    from tests.unit.test_train_worker import _free_port, recv_version
 
     from spotlight.security import Authenticator, apply_server, ephemeral_client, init_keys, load_server_keys, write_client_file
 
@@ -229,12 +229,14 @@ def test_process_checkpoints_and_resumes(rollout, tmp_path):
     try:
         procs.append(p1 := start())
         assert recv(p1)[0] == P.MsgType.TRAIN_READY
-        assert recv(p1)[1].version == 0
+        mtype, body, _ = recv(p1)
+        assert mtype == P.MsgType.WEIGHTS and body.version == 0
+        recv_version(lambda: recv(p1), body)
         metas, frames = tensor_wire.pack_tensors(rollout)
         router.send_multipart([peer["id"], *P.encode(P.TrainBatch(iteration=0, version=0, micro_batches=ROLLOUT_MBS, tensors=metas), frames)])
         mtype, body, payload = recv(p1)
         assert mtype == P.MsgType.WEIGHTS and body.version == 1
-        v1 = tensor_wire.bytes_to_state_dict(payload[0])
+        v1 = recv_version(lambda: recv(p1), body)
         assert recv(p1)[0] == P.MsgType.TRAIN_DONE
         assert train_versions(ckdir) == [1]  # saved before TRAIN_DONE
         stop(p1)
@@ -244,7 +246,7 @@ def test_process_checkpoints_and_resumes(rollout, tmp_path):
         assert mtype == P.MsgType.TRAIN_READY and body.version == 1
         mtype, body, payload = recv(p2)
         assert mtype == P.MsgType.WEIGHTS and body.version == 1
-        again = tensor_wire.bytes_to_state_dict(payload[0])
+        again = recv_version(lambda: recv(p2), body)
         assert set(again) == set(v1) and all(torch.equal(again[k], v1[k]) for k in v1)
         stop(p2)
     finally:

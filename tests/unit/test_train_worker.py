@@ -217,6 +217,25 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def recv_version(recv, header) -> dict[str, torch.Tensor]:
+    """The state dict of a version streamed by a trainer: ``header`` (a WEIGHTS body) then its
+    WEIGHTS_CHUNK messages from ``recv()`` (``(mtype, body, payload)``), in order, digest checked."""
+    from spotlight import protocol as P
+    from spotlight import tensor_wire
+    from spotlight.weight_sync import new_hasher, parse_digest
+
+    algo, want = parse_digest(header.digest)
+    h, blob = new_hasher(algo), bytearray()
+    for i in range(header.num_chunks):
+        mtype, body, payload = recv()
+        assert mtype == P.MsgType.WEIGHTS_CHUNK and (body.version, body.index, body.offset) == (header.version, i, i * header.chunk_bytes)
+        assert len(payload[0]) == body.size_bytes <= header.chunk_bytes
+        h.update(payload[0])
+        blob += payload[0]
+    assert len(blob) == header.size_bytes and h.hexdigest() == want
+    return tensor_wire.bytes_to_state_dict(bytes(blob))
+
+
 def test_process_protocol(trained, rollout, tmp_path):
     """The ``main()`` process against a fake coordinator ROUTER (world size 1)."""
     import zmq
@@ -236,10 +255,12 @@ def test_process_protocol(trained, rollout, tmp_path):
     router.setsockopt(zmq.LINGER, 0)
     apply_server(router, auth.keys)
     port = router.bind_to_random_port("tcp://127.0.0.1")
+    conf = config_to_dict(trained["cfg"])
+    conf["cluster"]["weight_chunk_bytes"] = 64 * 1024  # several chunks per version
     cmd = [
         sys.executable, "-m", "spotlight.workers.train_worker", "--coordinator", f"tcp://127.0.0.1:{port}",
-        "--keys-file", str(tmp_path / "trainer.json"), "--rank", "0", "--world-size", "1", "--config-json", json.dumps(config_to_dict(trained["cfg"])),
-        "--master-port", str(_free_port()), "--text-dim", str(TEXT_DIM),
+        "--keys-file", str(tmp_path / "trainer.json"), "--rank", "0", "--world-size", "1", "--config-json", json.dumps(conf),
+        "--master-port", str(_free_port()), "--text-dim", str(TEXT_DIM), "--spool-dir", str(tmp_path / "spool"),
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     poller = zmq.Poller()
@@ -260,8 +281,9 @@ def test_process_protocol(trained, rollout, tmp_path):
         mtype, body, _ = recv()
         assert mtype == P.MsgType.TRAIN_READY and (body.rank, body.world_size, body.version) == (0, 1, 0)
         mtype, body, payload = recv()
-        assert mtype == P.MsgType.WEIGHTS and body.version == 0 and body.size_bytes == len(payload[0])
-        v0 = tensor_wire.bytes_to_state_dict(payload[0])
+        assert mtype == P.MsgType.WEIGHTS and body.version == 0 and not payload and body.chunk_bytes == 64 * 1024
+        assert body.num_chunks == -(-body.size_bytes // body.chunk_bytes) > 1  # a version in several chunks
+        v0 = recv_version(recv, body)
         assert not _states_differ(v0, trained["before"])
 
         router.send_multipart([peer["id"], b"\xff", b"junk"])  # malformed: logged and ignored
@@ -270,7 +292,7 @@ def test_process_protocol(trained, rollout, tmp_path):
         router.send_multipart([peer["id"], *P.encode(batch, frames)])
         mtype, body, payload = recv()
         assert mtype == P.MsgType.WEIGHTS and body.version == 1
-        v1 = tensor_wire.bytes_to_state_dict(payload[0])
+        v1 = recv_version(recv, body)
         assert max((v1[k] - trained["after"][k]).abs().max().item() for k in v1) < 1e-6
         mtype, body, _ = recv()
         assert mtype == P.MsgType.TRAIN_DONE and (body.rank, body.iteration, body.new_version) == (0, 3, 1)
@@ -282,7 +304,7 @@ def test_process_protocol(trained, rollout, tmp_path):
         router.send_multipart([peer["id"], *P.encode(P.TrainBatch(iteration=4, version=1, micro_batches=[], tensors=metas), frames)])
         mtype, body, payload = recv()
         assert mtype == P.MsgType.WEIGHTS and body.version == 2
-        v2 = tensor_wire.bytes_to_state_dict(payload[0])
+        v2 = recv_version(recv, body)
         assert not _states_differ(v1, v2)  # nothing to train on: weights unchanged
         mtype, body, _ = recv()
         assert mtype == P.MsgType.TRAIN_DONE and (body.iteration, body.new_version) == (4, 2)
