@@ -100,7 +100,17 @@ def register(app: typer.Typer) -> None:
         rows = comparison_rows(results)
         out.mkdir(parents=True, exist_ok=True)
         payload = {"profile": prof.name, "profile_path": prof.source, "trace": str(trace) if trace else None, "setup": trace_note, "results": rows, "sim": [r.summary() for r in results]}
-        (out / "simulate.json").write_text(json.dumps(payload, indent=2, default=lambda x: None if isinstance(x, float) and not math.isfinite(x) else x))
+        def finite(x):  # JSON has no NaN: "not applicable" values become null
+            if isinstance(x, float) and not math.isfinite(x):
+                return None
+            if isinstance(x, dict):
+                return {k: finite(v) for k, v in x.items()}
+            if isinstance(x, list):
+                return [finite(v) for v in x]
+            return x
+
+        payload = finite(payload)
+        (out / "simulate.json").write_text(json.dumps(payload, indent=2))
         plot_comparison(results, out / "simulate.png", title=f"{prof.name}; {trace_note}")
         if as_json:
             print(json.dumps(payload, indent=2))
@@ -109,13 +119,13 @@ def register(app: typer.Typer) -> None:
         for col in ("policy", "iterations", "wall time", "cost", "vs spotlight", "spot GPU-h", "reserved GPU-h", "spot util.", "spot busy (training)", "critical path", "preemptions", "work lost"):
             table.add_column(col, justify="right" if col != "policy" else "left")
 
-        def pct(x: float) -> str:
-            return "—" if not math.isfinite(x) else f"{100 * x:.1f}%"
+        def pct(x: float | None) -> str:
+            return "—" if x is None or not math.isfinite(x) else f"{100 * x:.1f}%"
 
-        for row in rows:
+        for row in payload["results"]:
             table.add_row(
                 row["policy"], str(row["iterations_to_target"]), f"{row['wall_h']:.1f} h", f"${row['cost_usd']:,.0f}",
-                f"{row['cost_vs_baseline']:.2f}×" if math.isfinite(row["cost_vs_baseline"]) else "—",
+                f"{row['cost_vs_baseline']:.2f}×" if row["cost_vs_baseline"] is not None else "—",
                 f"{row['spot_gpu_hours']:.0f}", f"{row['reserved_gpu_hours']:.0f}", pct(row["spot_utilisation"]), pct(row["spot_busy_training"]),
                 pct(row["critical_path_share"]), str(row["preemptions"]), f"{row['work_lost_steps']:.0f} steps",
             )
