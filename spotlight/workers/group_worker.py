@@ -7,8 +7,9 @@ of each generation. A member's life::
     WORKER_HELLO → wait GROUP_FORM ─▶ form (torch.distributed group, weights from memory,
                                        or broadcast from the leader) ─▶ GROUP_FORMED
         leader  (members[0]): pull leases from the agent, denoise over the group
-                              (``sp_group.run_group_batch``); between denoising steps it
-                              checks for a new GROUP_FORM (a GPU left or joined) — it then
+                              (``sp_group.run_group_batch``); between denoising steps (alone:
+                              between transformer blocks, abandoning the step in progress)
+                              it checks for a new GROUP_FORM (a GPU left or joined) — it then
                               releases the followers, re-forms at the new degree with the
                               weights it keeps in memory, and CONTINUES the same in-flight
                               batch; on STOP it commits the batch to the Tensor Store.
@@ -41,8 +42,18 @@ OP_WEIGHTS = 5
 """Leader → followers: a new weight version follows (tensors in sorted-name order)."""
 
 
+class _JoinPending(Exception):
+    """Raised between transformer blocks of a group of one when a new generation is pending."""
+
+
 class GroupExecutor(RolloutExecutor):
     """:class:`RolloutExecutor` whose transformer forward runs over an SP group.
+
+    Alone (SP 1) the leader does not finish the step in progress when a new generation
+    arrives (a GPU was granted): it checks between transformer blocks, abandons the step
+    (``run_group_batch`` rolls the state back to the step's start) and redoes it in the new
+    group, so the granted GPU waits for at most one block, not one step. A group of two or more
+    always finishes its step (every member is inside the same collectives).
 
     Args:
         member: this process's :class:`~spotlight.workers.sp_group.SPGroupMember` (leader).
@@ -55,6 +66,11 @@ class GroupExecutor(RolloutExecutor):
         self.member = member
         self.reform = reform
         self.pending_form: P.GroupForm | None = None
+
+    def _watch_blocks(self, should_stop) -> list:
+        """Forward pre-hooks on the model's blocks raising :class:`_JoinPending` (SP 1 only)."""
+        hook = _pending_check(self, should_stop)
+        return [b.register_forward_pre_hook(hook) for b in _blocks(self.member.model)]
 
     def _prepare(self, version: int, threshold: float) -> None:
         if self.member.weights_version != version:
@@ -70,12 +86,32 @@ class GroupExecutor(RolloutExecutor):
             def on_step(st):
                 worker_event("step", worker=self.member.worker_id, sp=self.member.sp_degree, step=st.step)
         while True:
-            G.run_group_batch(self.member, sampler, state, cond, should_stop=lambda _s: should_stop() or self.pending_form is not None, on_step=on_step)
+            hooks = self._watch_blocks(should_stop) if self.member.sp_degree == 1 else []
+            try:
+                G.run_group_batch(self.member, sampler, state, cond, should_stop=lambda _s: should_stop() or self.pending_form is not None, on_step=on_step)
+            except _JoinPending:
+                pass  # state is back at the start of the abandoned step
+            finally:
+                for h in hooks:
+                    h.remove()
             if state.step >= sampler.cfg.num_steps or self.pending_form is None:
                 return state
             form, self.pending_form = self.pending_form, None
             if not self.reform(form):
                 return state
+
+
+def _blocks(model) -> list:
+    return list(getattr(model, "transformer_blocks", []))
+
+
+def _pending_check(executor: "GroupExecutor", should_stop):
+    def hook(_module, _args):
+        should_stop()  # reads the agent socket: a GROUP_FORM becomes executor.pending_form
+        if executor.pending_form is not None:
+            raise _JoinPending()
+
+    return hook
 
 
 def broadcast_weights(member: G.SPGroupMember, state_dict: dict[str, torch.Tensor] | None, version: int) -> None:

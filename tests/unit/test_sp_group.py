@@ -422,3 +422,49 @@ def test_prewarmed_spare_member_is_reassigned_and_receives_into_its_buffers():
     with pytest.raises(RuntimeError, match="in use"):
         m.reassign("other", "cpu")
     m.leave()
+
+
+def test_leader_alone_abandons_its_step_for_a_join_and_the_result_is_unchanged(monkeypatch):
+    """A GROUP_FORM arriving mid-step at SP 1 (a GPU granted): the leader stops between two
+    transformer blocks, the step restarts from its beginning in the new generation, and the
+    request's result is the uninterrupted one."""
+    from spotlight import protocol as P
+    from spotlight.workers import group_worker as GW
+    from spotlight.workers.common import RolloutExecutor
+
+    _setup_child()
+    cfg, scfg = ModelConfig(), SamplerConfig()
+    weights = _weights()
+    m = SPGroupMember(cfg, "w0", torch.device("cpu"))
+    m.form(_spec(["w0"], 1, 1), state_dict=weights, version=0)
+    abandoned = []
+    monkeypatch.setattr(GW._JoinPending, "__init__", lambda self, *a: abandoned.append(m.model is not None))
+
+    def reform(form):
+        m.form(_spec(form.members, 1, form.generation))
+        return True
+
+    ex = GW.GroupExecutor(m, scfg, reform)
+    ex.versions[0] = m.state_dict()
+    calls = []
+
+    def should_stop():
+        calls.append(1)
+        if len(calls) == 5:  # step boundary, 2 blocks, boundary, then the first block of step 1
+            ex.pending_form = P.GroupForm(members=["w0"], master_addr="127.0.0.1", master_port=1, generation=2)
+        return False
+
+    _, _, cond = _inputs()
+    tensors = {"cond.embeds": cond.embeds[:1], "cond.mask": cond.mask[:1]}
+    item = P.LeaseItem(lease_id=1, request_id="r", kind="rollout", iteration=0, prompt_index=0, seed=SEEDS[0], weight_version=0)
+    got = ex.run("w0", P.Leases(worker_id="w0", items=[item]), dict(tensors), should_stop=should_stop).result
+    ref_ex = RolloutExecutor(cfg, scfg)
+    ref_ex.add_version(0, weights)
+    ref = ref_ex.run("ref", P.Leases(worker_id="ref", items=[item]), dict(tensors)).result
+    assert abandoned == [True] and m.spec.generation == 2
+    from spotlight.tensor_wire import unpack_tensors
+
+    a, b = unpack_tensors(got[0].tensors, got[1]), unpack_tensors(ref[0].tensors, ref[1])
+    torch.testing.assert_close(a["window_latents"], b["window_latents"], atol=1e-5, rtol=0)
+    torch.testing.assert_close(a["log_probs"], b["log_probs"], atol=1e-4, rtol=1e-6)
+    m.leave()
