@@ -202,6 +202,7 @@ class AgentDaemon:
         self._pending_ack: list[PreemptionNotice] = []
         self.groups: list[dict] = []  # elastic SP groups: {"members": [worker ids, leader first], "generation", "formed" (GROUP_FORM sent), "serving" (every member reported GROUP_FORMED), "formed_by", "reform_s", "form_sent"}
         self._revoking: dict[str, float] = {}  # worker id -> deadline (monotonic)
+        self._done_when_serving: dict[str, dict] = {}  # revoked follower -> the group that re-forms without it
         self._signal_notices: queue.Queue = queue.Queue()
         self.control = self.ctx.socket(zmq.REP)
         self.control.setsockopt(zmq.LINGER, 0)
@@ -466,6 +467,19 @@ class AgentDaemon:
         if group["formed_by"] >= set(group["members"]) and not group.get("serving"):
             group["serving"] = True
             log.info("SP group %s: generation %d serving at SP=%d (%.2fs after GROUP_FORM)", group["members"][0], group["generation"], len(group["members"]), time.monotonic() - group["form_sent"])
+            for revoked, left in list(self._done_when_serving.items()):
+                if left is group:
+                    self._end_revoked(revoked, "its group re-formed without it")
+
+    def _end_revoked(self, wid: str, why: str) -> None:
+        """SIGKILL a revoked worker whose part is provably over (its commit reached the agent,
+        or the survivors re-formed without it), instead of waiting for its own teardown: the
+        revoked GPU is free at once."""
+        self._done_when_serving.pop(wid, None)
+        proc = self.procs.get(wid)
+        if wid in self._revoking and proc is not None and proc.poll() is None:
+            log.info("worker %s: revoked and done (%s): killing it", wid, why)
+            proc.kill()
 
     def _send_form(self, group: dict) -> None:
         """Tell every member of ``group`` to (re)form: new generation, fresh rendezvous port."""
@@ -519,6 +533,8 @@ class AgentDaemon:
             slot.status = WorkerStatus.STOPPING
             self._revoking[slot.worker_id] = time.monotonic() + grace_s
             if group is not None:
+                if not is_leader:  # holds nothing: done once the survivors re-formed without it
+                    self._done_when_serving[slot.worker_id] = group
                 self._group_leave(slot.worker_id, commit=is_leader)
         self.gpus = [g for g in self.gpus if g not in gpus]
         log.warning("revoked GPUs %s: stopping %s; node keeps GPUs %s", gpus, [v.worker_id for v in victims], self.gpus)
@@ -614,6 +630,8 @@ class AgentDaemon:
             ids = [it.request_id for it in body.items] if mtype != P.MsgType.FAIL else list(body.request_ids)
             self.sched.finished(wid, ids)
             self._to_coord(body, payload)
+            if mtype == P.MsgType.COMMIT and wid in self._revoking:
+                self._end_revoked(wid, "its commit was forwarded")
         elif mtype == P.MsgType.GROUP_FORMED:
             if self.sp_degree > 1:
                 self._group_formed(wid, body)
@@ -707,6 +725,7 @@ class AgentDaemon:
                 self._stop_spare()
             if wid in self._revoking:
                 del self._revoking[wid]
+                self._done_when_serving.pop(wid, None)
                 log.info("worker %s left after revocation (code %s)", wid, rc)
             elif not self.draining:
                 log.error("worker %s exited with code %s; restarting it", wid, rc)

@@ -154,3 +154,40 @@ def test_spare_that_initialised_cuda_falls_back_to_a_cold_worker(daemon, monkeyp
 
 def test_cuda_driver_not_loaded_in_a_cpu_process():
     assert cuda_driver_loaded() is False
+
+
+# --- revocation: a revoked worker whose part is over is killed, not waited for -----------------
+def _sleeper():
+    import subprocess
+
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+
+
+def test_revoked_follower_is_killed_once_the_survivor_serves_and_a_leader_after_its_commit(daemon):
+    d = daemon
+    d.warm_spare = False
+    d.registered = _registered(sp_degree=2)
+    d.gpus = [0, 1, 2, 3]
+    ids = {}
+    for gpus in ([0], [1], [2], [3]):
+        slot = d.sched.add_worker(gpus)
+        d.sched.hello(slot.worker_id, 0)
+        d.procs[slot.worker_id] = _sleeper()
+        ids[gpus[0]] = slot.worker_id
+    d.groups = [{"members": [ids[0], ids[1]], "generation": 1, "formed": True}, {"members": [ids[2], ids[3]], "generation": 1, "formed": True}]
+    # follower gpu1 revoked: it holds nothing; the survivor's GROUP_FORMED for generation 2 ends it
+    d.revoke_gpus([1], grace_s=30)
+    assert d.procs[ids[1]].poll() is None
+    d._group_formed(ids[0], P.GroupFormed(worker_id=ids[0], generation=1, sp=2))  # a late report of the old generation
+    assert d.procs[ids[1]].poll() is None
+    d._group_formed(ids[0], P.GroupFormed(worker_id=ids[0], generation=2, sp=1))
+    assert d.procs[ids[1]].wait(10) == -signal.SIGKILL
+    assert d.procs[ids[0]].poll() is None  # the survivor is untouched
+    # leader gpu2 revoked: it must commit first; once its COMMIT is forwarded it is ended
+    d.revoke_gpus([2], grace_s=30)
+    assert d.procs[ids[2]].poll() is None
+    commit = P.Commit(worker_id=ids[2], items=[P.CommitItem(request_id="r1", lease_id=1, step=3, seed=7, weight_version=0)])
+    d.on_worker([ids[2].encode(), *P.encode(commit)])
+    assert d.procs[ids[2]].wait(10) == -signal.SIGKILL
+    d.check_workers()
+    assert ids[1] not in d._revoking and ids[2] not in d._revoking and d.sched.workers[ids[3]].status == WorkerStatus.READY
