@@ -107,9 +107,9 @@ def warm_up(conf: dict):
     from spotlight.workers.sp_group import SPGroupMember
 
     member = SPGroupMember(model_cfg, "spare", torch.device("cpu"))
-    # NVML answers here (PYTORCH_NVML_BASED_CUDA_CHECK): no CUDA initialisation. On a GPU node
-    # the weights arrive in device memory, so a host receive buffer would only cost memory.
-    member.prewarm(preallocate=not torch.cuda.is_available())
+    # A CUDA build receives the weights in device memory (a host receive buffer would only cost
+    # memory). Asked of the build, not the driver: no CUDA call at all before the assignment.
+    member.prewarm(preallocate=not torch.backends.cuda.is_built())
     return member
 
 
