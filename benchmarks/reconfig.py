@@ -23,7 +23,8 @@ Scenarios, one node with 2 CPU "GPUs", ``cluster.sp_degree = 2``:
   workers start cold, the leader loads the weights from the coordinator over the network
   (CURVE-encrypted TCP, loopback here), broadcasts them to its peer, forms, serves. No spare.
 
-Measured per event (``t0`` = the control command is sent, or the old node is killed):
+Measured per event (``t0`` = the control command is sent, or the old node is killed; an
+elastic event fires at a uniformly random point inside a denoising step, seeded by ``--seed``):
 
 * ``serve`` — until every member of the group at the new size has formed (the group's next
   denoising step starts at once): the GPU granted back is serving / the survivor serves alone;
@@ -45,6 +46,7 @@ import argparse
 import json
 import os
 import pathlib
+import random
 import signal
 import statistics
 import subprocess
@@ -217,22 +219,27 @@ def measure_event(node: Node, t0: float, sp: int, members: int) -> dict:
     return {"serve_s": t_serve - t0, "step_s": step["t_unix_s"] - t0, "stall_s": t_serve - paused_from, "generations": sorted(gen), "phases_s": phases}
 
 
-def settle(node: Node, sp: int, steps: int = 2) -> None:
-    """Wait until ``steps`` more denoising steps ran at ``sp`` (steady state)."""
+def settle(node: Node, sp: int, steps: int = 2, rng: random.Random | None = None) -> None:
+    """Wait until ``steps`` more denoising steps ran at ``sp`` (steady state); with ``rng``, then
+    wait a uniform random part of the last step's duration, so the next event lands at a random
+    point inside a step (not right after one ends, which would bias what the event waits for)."""
     n0 = sum(1 for e in node.poll_events() if e["event"] == "step" and e.get("sp") == sp)
     node.wait_event(lambda e: sum(1 for x in node.events if x["event"] == "step" and x.get("sp") == sp) >= n0 + steps, f"{steps} steps at SP {sp}")
+    if rng is not None:
+        t = [e["t_unix_s"] for e in node.events if e["event"] == "step" and e.get("sp") == sp][-2:]
+        time.sleep(rng.uniform(0.0, t[1] - t[0]))
 
 
-def elastic_round(tag: str, spare: bool, ctx: dict) -> dict:
+def elastic_round(tag: str, spare: bool, ctx: dict, rng: random.Random) -> dict:
     """Start a 2-GPU node (not timed), then time: revoke GPU 1, grant GPU 1 back."""
     node = Node(f"elastic-{tag}", [0, 1], spare=spare, **ctx)
     out = {}
     try:
         node.wait_event(lambda e: e["event"] == "formed" and e["sp"] == 2, "initial SP 2 group")
-        settle(node, 2)
-        # --- revocation: GPU 1 (the follower) leaves
         if spare:
             node.wait_status(lambda s: s.get("spare") and s["spare"]["ready"], "warm spare ready")
+        settle(node, 2, rng=rng)
+        # --- revocation: GPU 1 (the follower) leaves
         revoked = [w for w in node.status()["workers"] if w.endswith("/gpu1") or "/gpu1." in w][-1]
         released: dict = {}
         t0 = time.time()
@@ -243,7 +250,7 @@ def elastic_round(tag: str, spare: bool, ctx: dict) -> dict:
         out["revoke"] = measure_event(node, t0, 1, 1)
         watch.join(WAIT_S)
         out["revoke"]["released_s"] = released["s"]
-        settle(node, 1)
+        settle(node, 1, rng=rng)
         # --- grant: GPU 1 comes back
         before = node.status()
         spare_pid = before["spare"]["pid"] if before.get("spare") else None
@@ -309,13 +316,14 @@ def measure(args) -> dict:
     coord.start()
     ctx = {"port": coord.port, "keys_dir": keys_dir, "work": work}
     rows: dict[str, list[dict]] = {k: [] for k in ("elastic_revoke", "elastic_add", "cold_add", "restart_revoke", "restart_add")}
+    rng = random.Random(args.seed)
     try:
         for rep in range(args.repeats):
-            e = elastic_round(f"spare{rep}", True, ctx)
+            e = elastic_round(f"spare{rep}", True, ctx, rng)
             rows["elastic_revoke"].append(e["revoke"])
             rows["elastic_add"].append(e["add"])
             if not args.skip_cold:
-                c = elastic_round(f"cold{rep}", False, ctx)
+                c = elastic_round(f"cold{rep}", False, ctx, rng)
                 rows["elastic_revoke"].append(c["revoke"])
                 rows["cold_add"].append(c["add"])
             r = restart_round(str(rep), ctx)
@@ -340,6 +348,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--num-layers", type=int, default=3, help="transformer blocks (3 x 1024 wide = 469 MB fp32)")
     ap.add_argument("--skip-cold", action="store_true", help="skip the elastic grant without a spare")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the random point inside a step at which elastic events fire")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "out" / "reconfig.json"))
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanup below
