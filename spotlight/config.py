@@ -348,7 +348,8 @@ class ClusterConfig(_Section):
     worker modules imported, the weights' receive buffer prepared, no GPU touched) that
     becomes the new worker when a GPU is granted back or a worker must be replaced, so a join
     pays no process start (paper §4.4; ``spotlight/workers/spare.py``). Costs one idle
-    process per spot node (its imports' host memory; on CPU also one weight copy). Applies to
+    process per spot node (its imports' host memory; with ``sp_degree > 1`` on a CPU-only
+    torch also a pre-faulted receive buffer the size of the weights). Applies to
     the agents ``spotlight up --local`` and trace replays start (reserved agents never keep
     one: their GPUs do not come and go); a remote ``spotlight-agent join`` decides with its
     own ``--warm-spare/--no-warm-spare``."""

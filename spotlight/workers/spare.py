@@ -17,12 +17,14 @@ background before it is needed::
       {"worker_id", "gpus",                 refuse (exit 76) if CUDA was initialised already;
        "cuda_visible_devices"}\\n ────────▶   set CUDA_VISIBLE_DEVICES, become the worker:
                                             WORKER_HELLO, GROUP_FORM, weights by broadcast
-                                            from the co-located peer, serve
-      start the next spare
+                                            from the co-located peer, GROUP_FORMED, serve
+      start the next spare (once that group serves, so its imports do not slow the join)
 
-While it waits, the spare never initialises CUDA: torch is imported with
-``PYTORCH_NVML_BASED_CUDA_CHECK=1`` (an availability check asks NVML, not the driver), and
-the device is chosen only after ``CUDA_VISIBLE_DEVICES`` is set at assignment. If the driver
+While it waits, the spare never initialises CUDA: it makes no CUDA call (whether to prepare a
+host receive buffer is read from torch's build), torch is imported with
+``PYTORCH_NVML_BASED_CUDA_CHECK=1`` (an availability check some import might make asks NVML,
+not the driver), and the device is chosen only after ``CUDA_VISIBLE_DEVICES`` is set at
+assignment. If the driver
 was nevertheless loaded before the assignment (checked in ``/proc/self/maps``), the spare
 exits with :data:`EXIT_SPARE_UNUSABLE` and the agent starts the worker cold and stops
 using spares.
