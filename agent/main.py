@@ -13,6 +13,7 @@ processes; tensor frames are relayed as opaque bytes.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -38,6 +39,7 @@ from spotlight import protocol as P
 from spotlight.agent_paths import control_endpoint, state_dir
 from spotlight.procs import scrubbed_env
 from spotlight.security import ClientKeys, KeysError, apply_client, load_client_keys
+from spotlight.workers.spare import EXIT_SPARE_UNUSABLE
 
 log = logging.getLogger("spotlight.agent")
 
@@ -56,6 +58,17 @@ SHUTDOWN_KILL_WAIT_S = 1.0
 # that with spotlight.http_limits) + both waits + 1 s ZeroMQ linger for the Bye.  The systemd
 # unit's TimeoutStopSec must exceed --grace-s + this (tests/unit/test_systemd_units.py).
 SHUTDOWN_BOUND_S = 2 * 2.0 + SHUTDOWN_TERM_WAIT_S + SHUTDOWN_KILL_WAIT_S + 1.0
+# Warm spare (spotlight/workers/spare.py): the first one starts once the initial workers said
+# hello (or after SPARE_FIRST_WAIT_S), so its imports do not slow the node's cold start; a taken
+# spare is replaced as soon as the worker it became is serving (its group reported
+# GROUP_FORMED; at SP 1 its hello), at the latest SPARE_REPLACE_MAX_WAIT_S after the take, so the
+# replacement's imports do not compete with the join for CPU; a spare that dies unused is
+# restarted after SPARE_RETRY_S × failures, and spares are given up after SPARE_MAX_FAILURES
+# such deaths in a row.
+SPARE_FIRST_WAIT_S = 120.0
+SPARE_REPLACE_MAX_WAIT_S = 60.0
+SPARE_RETRY_S = 5.0
+SPARE_MAX_FAILURES = 3
 
 
 class NodePreempted(SystemExit):
@@ -72,6 +85,19 @@ class NodePreempted(SystemExit):
 @app.callback()
 def _root() -> None:
     """Spotlight node agent."""
+
+
+@dataclasses.dataclass
+class Spare:
+    """The node's warm spare process (``python -m spotlight.workers.spare``)."""
+
+    proc: subprocess.Popen
+    ready_fd: int
+    """Read end of the pipe on which the spare writes ``ready`` once warm (non-blocking)."""
+    conf_json: str
+    """The worker configuration it was started with (it can only become such a worker)."""
+    started_at: float
+    ready: bool = False
 
 
 class DetectorThread(threading.Thread):
@@ -116,12 +142,16 @@ class AgentDaemon:
             workers and exit (code 4). Before that, a silent coordinator (or one that forgot
             this node's session, e.g. after a crash and ``--resume``) is re-registered with
             exponential backoff (1 s … 30 s) while the workers keep running.
+        warm_spare: keep one pre-started spare worker process (torch, diffusers and the worker
+            modules imported, no GPU touched) that becomes the next worker when a GPU is
+            granted or a worker must be replaced, so that costs no process start (paper
+            §4.4; ``spotlight.workers.spare``). It dies with the agent.
         weights_dir: the node's weight-version cache (one file per version, emptied at start;
             default ``<state dir>/weights``): a local disk with room for
             :data:`MAX_CACHED_WEIGHTS` versions.
     """
 
-    def __init__(self, coordinator: str, gpus: list[int], *, keys: ClientKeys, node_id: str | None = None, is_spot: bool = True, register_timeout_s: float = 60.0, grace_s: float = 20.0, detector: Detector | None = None, poll_interval_s: float = 1.0, nice: int = 0, coordinator_timeout_s: float = 600.0, weights_dir: pathlib.Path | None = None):
+    def __init__(self, coordinator: str, gpus: list[int], *, keys: ClientKeys, node_id: str | None = None, is_spot: bool = True, register_timeout_s: float = 60.0, grace_s: float = 20.0, detector: Detector | None = None, poll_interval_s: float = 1.0, nice: int = 0, coordinator_timeout_s: float = 600.0, warm_spare: bool = True, weights_dir: pathlib.Path | None = None):
         self.endpoint = coordinator if "://" in coordinator else f"tcp://{coordinator}"
         self.gpus = list(gpus)
         self.node_id = node_id or f"{socket.gethostname()}-{os.getpid()}"
@@ -152,6 +182,13 @@ class AgentDaemon:
         self.sched = NodeScheduler(self.node_id)
         self.procs: dict[str, subprocess.Popen] = {}
         self.wcache = WeightCache(weights_dir or state_dir(self.node_id) / "weights", keep_versions=MAX_CACHED_WEIGHTS)
+        self.warm_spare = warm_spare
+        self.spare: Spare | None = None
+        self.spares_used = 0
+        self._spare_due: float | None = None  # monotonic time to start the next spare
+        self._spare_first_deadline: float | None = None
+        self._spare_failures = 0
+        self._replace_after: tuple[str, float] | None = None  # (worker id a spare became, deadline): its join starts the next spare
         self.weight_waiters: dict[int, list[str]] = {}
         self.registered: P.Registered | None = None
         self.session = ""
@@ -167,8 +204,9 @@ class AgentDaemon:
         self._detector_q: queue.Queue = queue.Queue()
         self._detector_thread = DetectorThread(self.detector, self._detector_q, poll_interval_s)
         self._pending_ack: list[PreemptionNotice] = []
-        self.groups: list[dict] = []  # elastic SP groups: {"members": [worker ids, leader first], "generation", "formed"}
+        self.groups: list[dict] = []  # elastic SP groups: {"members": [worker ids, leader first], "generation", "formed" (GROUP_FORM sent), "serving" (every member reported GROUP_FORMED), "formed_by", "reform_s", "form_sent"}
         self._revoking: dict[str, float] = {}  # worker id -> deadline (monotonic)
+        self._done_when_serving: dict[str, dict] = {}  # revoked follower -> the group that re-forms without it
         self._signal_notices: queue.Queue = queue.Queue()
         self.control = self.ctx.socket(zmq.REP)
         self.control.setsockopt(zmq.LINGER, 0)
@@ -253,17 +291,149 @@ class AgentDaemon:
                 raise SystemExit(f"coordinator refused registration: {body.code}: {body.message}")
         raise SystemExit(f"no answer from coordinator at {self.endpoint} within {self.register_timeout_s:.0f}s")
 
-    def spawn_worker(self, gpus: list[int]) -> str:
-        slot = self.sched.add_worker(gpus)
+    def _worker_conf_json(self) -> str:
         reg = self.registered
         conf = {"model": reg.model, "sampler": reg.sampler, "worker_batch_size": reg.worker_batch_size, "torch_threads": reg.torch_threads, "sp_degree": reg.sp_degree, "lora": reg.lora, "weights_dir": str(self.wcache.dir)}
+        return msgspec.json.encode(conf).decode()
+
+    def _preexec(self):
+        nice = self.nice
+        return (lambda: os.nice(nice)) if nice else None
+
+    def spawn_worker(self, gpus: list[int]) -> str:
+        """Start the worker of ``gpus``: the warm spare becomes it when there is one of the
+        current configuration (even one still warming up has a head start), else a fresh
+        process starts. Returns the worker id."""
+        slot = self.sched.add_worker(gpus)
         env = scrubbed_env()  # workers never authenticate: no credentials in their environment
         env.setdefault("CUDA_VISIBLE_DEVICES", ",".join(map(str, gpus)))
-        cmd = [sys.executable, "-m", "spotlight.workers.rollout_worker", "--agent", self.worker_endpoint, "--worker-id", slot.worker_id, "--gpus", ",".join(map(str, gpus)), "--config-json", msgspec.json.encode(conf).decode()]
-        nice = self.nice
-        self.procs[slot.worker_id] = subprocess.Popen(cmd, env=env, preexec_fn=(lambda: os.nice(nice)) if nice else None)
+        spare = self._take_spare()
+        if spare is not None:
+            job = {"worker_id": slot.worker_id, "gpus": list(gpus), "cuda_visible_devices": env["CUDA_VISIBLE_DEVICES"]}
+            try:
+                spare.proc.stdin.write(json.dumps(job).encode() + b"\n")
+                spare.proc.stdin.close()
+            except OSError as exc:  # it died just now: start the worker cold
+                log.warning("warm spare (pid %d) could not take %s (%s): starting it cold", spare.proc.pid, slot.worker_id, exc)
+                spare.proc.kill()
+                spare = None
+        if spare is not None:
+            self.procs[slot.worker_id] = spare.proc
+            slot.spare_pid = spare.proc.pid
+            self.spares_used += 1
+            self._replace_after = (slot.worker_id, time.monotonic() + SPARE_REPLACE_MAX_WAIT_S)
+            log.info("worker %s: the warm spare (pid %d) takes GPUs %s", slot.worker_id, spare.proc.pid, gpus)
+            return slot.worker_id
+        cmd = [sys.executable, "-m", "spotlight.workers.rollout_worker", "--agent", self.worker_endpoint, "--worker-id", slot.worker_id, "--gpus", ",".join(map(str, gpus)), "--config-json", self._worker_conf_json()]
+        self.procs[slot.worker_id] = subprocess.Popen(cmd, env=env, preexec_fn=self._preexec())
         log.info("spawned worker %s (pid %d)", slot.worker_id, self.procs[slot.worker_id].pid)
         return slot.worker_id
+
+    # ------------------------------------------------------------ warm spare
+    def start_spare(self) -> None:
+        """Start the warm spare in the background (no-op if disabled, present, not registered
+        yet, or draining). It imports torch and the worker modules, prepares what needs no GPU,
+        writes ``ready`` on its pipe and waits on stdin for its assignment."""
+        if not self.warm_spare or self.spare is not None or self.registered is None or self.draining:
+            return
+        env = scrubbed_env(PYTORCH_NVML_BASED_CUDA_CHECK="1")  # an availability check must not initialise CUDA
+        read_fd, write_fd = os.pipe()
+        conf = self._worker_conf_json()
+        cmd = self._spare_cmd(conf, write_fd)
+        try:
+            proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, pass_fds=(write_fd,), preexec_fn=self._preexec())
+        except OSError as exc:
+            os.close(read_fd)
+            log.error("could not start the warm spare: %s", exc)
+            return
+        finally:
+            os.close(write_fd)
+        os.set_blocking(read_fd, False)
+        self.spare = Spare(proc, read_fd, conf, time.monotonic())
+        log.info("started warm spare (pid %d)", proc.pid)
+
+    def _spare_cmd(self, conf_json: str, ready_fd: int) -> list[str]:
+        return [sys.executable, "-m", "spotlight.workers.spare", "--agent", self.worker_endpoint, "--config-json", conf_json, "--ready-fd", str(ready_fd), "--parent-pid", str(os.getpid())]
+
+    def _take_spare(self) -> Spare | None:
+        """The live spare, handed over (None if there is none or it was started for another
+        configuration, e.g. before a re-registration changed it)."""
+        spare = self.spare
+        if spare is None:
+            return None
+        if spare.proc.poll() is not None or spare.conf_json != self._worker_conf_json():
+            self._stop_spare()
+            self._spare_due = time.monotonic()
+            return None
+        self.spare = None
+        os.close(spare.ready_fd)
+        return spare
+
+    def _stop_spare(self) -> None:
+        """Kill the spare (it holds no work) and reap it."""
+        spare, self.spare = self.spare, None
+        if spare is None:
+            return
+        os.close(spare.ready_fd)
+        if spare.proc.poll() is None:
+            spare.proc.kill()
+        try:
+            spare.proc.wait(timeout=SHUTDOWN_KILL_WAIT_S)
+        except subprocess.TimeoutExpired:
+            log.error("warm spare (pid %d) did not exit after SIGKILL", spare.proc.pid)
+        if spare.proc.stdin is not None:
+            spare.proc.stdin.close()
+
+    def check_spare(self) -> None:
+        """Main-loop housekeeping: note when the spare is ready, restart one that died unused
+        (with backoff; give up after :data:`SPARE_MAX_FAILURES`), start one when it is due."""
+        now = time.monotonic()
+        spare = self.spare
+        if spare is not None:
+            if not spare.ready:
+                try:
+                    if os.read(spare.ready_fd, 64):
+                        spare.ready = True
+                        self._spare_failures = 0
+                        log.info("warm spare (pid %d) ready after %.1fs", spare.proc.pid, now - spare.started_at)
+                except BlockingIOError:
+                    pass
+            rc = spare.proc.poll()
+            if rc is not None:
+                self._stop_spare()
+                self._spare_failures += 1
+                if self._spare_failures >= SPARE_MAX_FAILURES:
+                    log.error("warm spare exited with code %s before it was needed (%d times in a row): no more spares on this node", rc, self._spare_failures)
+                    self.warm_spare = False
+                else:
+                    log.error("warm spare exited with code %s before it was needed: restarting it in %.0fs", rc, SPARE_RETRY_S * self._spare_failures)
+                    self._spare_due = now + SPARE_RETRY_S * self._spare_failures
+            return
+        if not self.warm_spare or self.registered is None or self.draining:
+            return
+        if self._replace_after is not None:
+            # replace a taken spare once the worker it became serves (or died, or it took too long)
+            wid, deadline = self._replace_after
+            slot = self.sched.workers.get(wid)
+            serving = slot is not None and slot.status == WorkerStatus.READY and (self.sp_degree == 1 or self._serving(wid))
+            if slot is None or slot.status in (WorkerStatus.EXITED, WorkerStatus.STOPPING) or serving or now > deadline:
+                self._replace_after = None
+                self._spare_due = now
+        if self._spare_due is None and self._spare_first_deadline is not None:
+            # the first spare: once every initial worker said hello (its imports would slow them)
+            starting = any(s.status == WorkerStatus.STARTING for s in self.sched.live_workers())
+            if not starting or now > self._spare_first_deadline:
+                self._spare_first_deadline = None
+                self._spare_due = now
+        if self._spare_due is not None and now >= self._spare_due:
+            self._spare_due = None
+            self.start_spare()
+
+    def spare_status(self) -> dict | None:
+        """``{"pid", "ready"}`` of the current spare, or None."""
+        if self.spare is None:
+            return None
+        return {"pid": self.spare.proc.pid, "ready": self.spare.ready}
 
     def heartbeat(self, now: float) -> None:
         workers = [P.WorkerInfo(worker_id=s.worker_id, gpus=s.gpus, busy=bool(s.in_flight), pid=s.pid) for s in self.sched.live_workers()]
@@ -293,9 +463,39 @@ class AgentDaemon:
     def _group_of(self, wid: str) -> dict | None:
         return next((g for g in self.groups if wid in g["members"]), None)
 
+    def _serving(self, wid: str) -> bool:
+        """True when ``wid``'s SP group has formed its current generation on every member."""
+        group = self._group_of(wid)
+        return group is not None and group.get("serving", False)
+
+    def _group_formed(self, wid: str, body: P.GroupFormed) -> None:
+        """A member reports it formed ``body.generation``; the group serves once all did."""
+        group = self._group_of(wid)
+        if group is None or body.generation != group["generation"]:
+            return  # a late report of an older generation
+        group.setdefault("formed_by", set()).add(wid)
+        group["reform_s"] = max(group.get("reform_s", 0.0), float(body.took_s))
+        if group["formed_by"] >= set(group["members"]) and not group.get("serving"):
+            group["serving"] = True
+            log.info("SP group %s: generation %d serving at SP=%d (%.2fs after GROUP_FORM)", group["members"][0], group["generation"], len(group["members"]), time.monotonic() - group["form_sent"])
+            for revoked, left in list(self._done_when_serving.items()):
+                if left is group:
+                    self._end_revoked(revoked, "its group re-formed without it")
+
+    def _end_revoked(self, wid: str, why: str) -> None:
+        """SIGKILL a revoked worker whose part is provably over (its commit reached the agent,
+        or the survivors re-formed without it), instead of waiting for its own teardown: the
+        revoked GPU is free at once."""
+        self._done_when_serving.pop(wid, None)
+        proc = self.procs.get(wid)
+        if wid in self._revoking and proc is not None and proc.poll() is None:
+            log.info("worker %s: revoked and done (%s): killing it", wid, why)
+            proc.kill()
+
     def _send_form(self, group: dict) -> None:
         """Tell every member of ``group`` to (re)form: new generation, fresh rendezvous port."""
         group["generation"] += 1
+        group["formed_by"], group["serving"], group["reform_s"], group["form_sent"] = set(), False, 0.0, time.monotonic()
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
@@ -344,6 +544,8 @@ class AgentDaemon:
             slot.status = WorkerStatus.STOPPING
             self._revoking[slot.worker_id] = time.monotonic() + grace_s
             if group is not None:
+                if not is_leader:  # holds nothing: done once the survivors re-formed without it
+                    self._done_when_serving[slot.worker_id] = group
                 self._group_leave(slot.worker_id, commit=is_leader)
         self.gpus = [g for g in self.gpus if g not in gpus]
         log.warning("revoked GPUs %s: stopping %s; node keeps GPUs %s", gpus, [v.worker_id for v in victims], self.gpus)
@@ -376,7 +578,9 @@ class AgentDaemon:
                 self.on_notice(sigterm_notice(float(req.get("grace_s", self.grace_s)), time.time(), key=f"control-{time.time()}"))
                 reply = {"ok": True}
             elif cmd == "status":
-                reply = {"ok": True, "node_id": self.node_id, "gpus": self.gpus, "workers": {s.worker_id: s.status.value for s in self.sched.workers.values()}, "in_flight": self.sched.in_flight(), "detector_healthy": self.detector_healthy, "detector_error": self.detector_error, "draining": self.draining, "sp_degree": self.sp_degree, "groups": [{"members": g["members"], "generation": g["generation"]} for g in self.groups]}
+                reply = {"ok": True, "node_id": self.node_id, "gpus": self.gpus, "workers": {s.worker_id: s.status.value for s in self.sched.workers.values()}, "in_flight": self.sched.in_flight(), "detector_healthy": self.detector_healthy, "detector_error": self.detector_error, "draining": self.draining, "sp_degree": self.sp_degree, "groups": [{"members": g["members"], "generation": g["generation"], "serving": g.get("serving", False), "reform_s": round(g.get("reform_s", 0.0), 3)} for g in self.groups],
+                         "worker_pids": {s.worker_id: s.pid for s in self.sched.workers.values()}, "from_spare": {s.worker_id: s.spare_pid for s in self.sched.workers.values() if s.spare_pid},
+                         "warm_spare": self.warm_spare, "spare": self.spare_status(), "spares_used": self.spares_used}
             else:
                 reply = {"ok": False, "error": f"unknown command {cmd!r}"}
         except (ValueError, KeyError, TypeError) as exc:
@@ -408,6 +612,7 @@ class AgentDaemon:
         self.stop_reason = reason
         self._stop_deadline = time.monotonic() + (self.grace_s if grace_s is None else grace_s)
         log.warning("draining: %s", reason)
+        self._stop_spare()  # no worker will be started any more
         for slot in self.sched.live_workers():
             self._to_worker(slot.worker_id, P.Stop(commit=True, reason=reason))
             slot.status = WorkerStatus.STOPPING
@@ -436,6 +641,11 @@ class AgentDaemon:
             ids = [it.request_id for it in body.items] if mtype != P.MsgType.FAIL else list(body.request_ids)
             self.sched.finished(wid, ids)
             self._to_coord(body, payload)
+            if mtype == P.MsgType.COMMIT and wid in self._revoking:
+                self._end_revoked(wid, "its commit was forwarded")
+        elif mtype == P.MsgType.GROUP_FORMED:
+            if self.sp_degree > 1:
+                self._group_formed(wid, body)
         elif mtype == P.MsgType.FETCH_WEIGHTS:
             hdr = self.wcache.ready(body.version)
             if hdr is not None:  # the worker maps <weights_dir>/v<version>.safetensors itself
@@ -500,6 +710,7 @@ class AgentDaemon:
                 self._to_worker(slot.worker_id, P.Stop(commit=False, reason="shutdown"))
             self.draining = True
             self._stop_deadline = time.monotonic() + 5.0
+            self._stop_spare()
         elif mtype == P.MsgType.ERROR:
             log.error("coordinator error %s: %s", body.code, body.message)
             if body.code in ("unknown_session", "not_registered") and not self.draining:
@@ -522,12 +733,18 @@ class AgentDaemon:
                 self._group_leave(wid, commit=False)
             if held:
                 self._to_coord(P.Fail(node_id=self.node_id, session=self.session, worker_id=wid, request_ids=[r for r, _ in held], lease_ids=[l for _, l in held], reason=f"worker exited with code {rc}"))
+            if rc == EXIT_SPARE_UNUSABLE and self.sched.workers[wid].spare_pid and self.warm_spare:
+                log.error("the warm spare that was to become %s had initialised CUDA early: no more spares on this node", wid)
+                self.warm_spare = False
+                self._stop_spare()
             if wid in self._revoking:
                 del self._revoking[wid]
+                self._done_when_serving.pop(wid, None)
                 log.info("worker %s left after revocation (code %s)", wid, rc)
             elif not self.draining:
                 log.error("worker %s exited with code %s; restarting it", wid, rc)
                 self.spawn_worker(self.sched.workers[wid].gpus)
+        self.check_spare()
         now = time.monotonic()
         for wid, deadline in list(self._revoking.items()):
             proc = self.procs.get(wid)
@@ -562,6 +779,7 @@ class AgentDaemon:
         self.check_not_preempted()
         self.register()
         by_gpu = {group[0]: self.spawn_worker(group) for group in self.sched.plan_workers(self.gpus, 1)}
+        self._spare_first_deadline = time.monotonic() + SPARE_FIRST_WAIT_S  # check_spare starts it
         if self.sp_degree > 1:  # initial SP groups; each forms once all its members said hello
             for gpus in self.sched.plan_workers(self.gpus, self.sp_degree):
                 self.groups.append({"members": [by_gpu[g] for g in gpus], "generation": 0, "formed": False})
@@ -621,6 +839,7 @@ class AgentDaemon:
                 self.detector.acknowledge(notice)
             except Exception as exc:
                 log.warning("could not acknowledge notice %s: %s", notice.key, exc)
+        self._stop_spare()  # idle: nothing to commit
         # one deadline for all workers, so the stop time does not grow with the GPU count:
         # at most SHUTDOWN_TERM_WAIT_S + SHUTDOWN_KILL_WAIT_S after the drain
         for proc in self.procs.values():
@@ -683,6 +902,7 @@ def join(
     coordinator_timeout_s: float = typer.Option(600.0, "--coordinator-timeout-s", help="Exit (code 4) after hearing nothing from the coordinator for this long; before that the agent re-registers with backoff and keeps its workers (a coordinator restarted with --resume finds them)."),
     weights_dir: Optional[pathlib.Path] = typer.Option(None, "--weights-dir", help="Directory of the node's weight-version cache (a local disk with room for 3 versions; emptied at start). Default: <state dir>/weights."),
     nice: int = typer.Option(0, "--nice", min=0, max=19, help="CPU niceness of the worker processes (local mode runs simulated spot GPUs at 5 so they slow the trainer less on shared CPU cores)."),
+    warm_spare: Optional[bool] = typer.Option(None, "--warm-spare/--no-warm-spare", help="Keep one pre-started spare worker process that becomes the next worker when a GPU is granted (joins without a process start). Default: on for spot nodes, off with --reserved (its GPUs do not come and go)."),
     log_level: str = typer.Option("INFO", "--log-level", help="Logging level."),
 ) -> None:
     """Register this node with a coordinator and serve Rollout Workers until told to stop.
@@ -704,7 +924,7 @@ def join(
         detector = make_detector(cloud, metadata_url, ledger=ledger)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
-    daemon = AgentDaemon(coordinator, _parse_gpus(gpus), node_id=nid, is_spot=not reserved, keys=client_keys, grace_s=grace_s, detector=detector, poll_interval_s=poll_interval_s, nice=nice, coordinator_timeout_s=coordinator_timeout_s, weights_dir=weights_dir)
+    daemon = AgentDaemon(coordinator, _parse_gpus(gpus), node_id=nid, is_spot=not reserved, keys=client_keys, grace_s=grace_s, detector=detector, poll_interval_s=poll_interval_s, nice=nice, coordinator_timeout_s=coordinator_timeout_s, warm_spare=(not reserved) if warm_spare is None else warm_spare, weights_dir=weights_dir)
     # SIGTERM is one more preemption source: same commit path, deadline = now + grace
     signal.signal(signal.SIGTERM, lambda *_: daemon._signal_notices.put(sigterm_notice(grace_s, time.time())))
     try:

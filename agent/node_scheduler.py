@@ -29,6 +29,8 @@ class WorkerSlot:
     """request id → lease id currently held by this worker."""
     busy_since: float | None = None
     restarts: int = 0
+    spare_pid: int = 0
+    """pid of the warm spare process that became this worker (0: started cold)."""
 
 
 class NodeScheduler:

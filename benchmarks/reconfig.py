@@ -1,21 +1,43 @@
-"""Reconfiguration benchmark: elastic SP vs a full engine restart (paper §3.2.2, §4.4, §6.4).
+"""Reconfiguration benchmark: elastic SP with a warm spare vs a full restart (paper §3.2.2, §4.4, §6.4).
 
-Measures, on one node with real processes, the time from a GPU revocation (SP 2 → 1) and
-from a GPU addition (SP 1 → 2) until the node produces a denoising step again:
+Everything timed here is the real code path: a real ``spotlight-agent`` process (``python -m
+agent.main join``) with its real Rollout Worker processes (SP groups, diffusers context
+parallelism over gloo), talking ZeroMQ CURVE to a stand-in coordinator in this process that
+speaks the real protocol (REGISTER, HEARTBEAT, PULL → LEASES, FETCH_WEIGHTS → WEIGHTS with the
+safetensors blob). The stand-in hands out rollout requests whenever a worker pulls, so the node
+denoises all the time. Reconfigurations go through the agent's control socket, exactly as
+``spotlight-agent revoke`` / ``add-gpu`` send them. Workers append timing events to a file
+(``SPOTLIGHT_WORKER_EVENTS``, spotlight/workers/common.py): group formed (per member, with its
+phases), denoising step done.
 
-* elastic  — the persistent path Spotlight takes: on revocation only the revoked worker
-  exits and the survivor re-forms its group from the weights in its memory; on addition
-  one new worker process starts and receives the weights from its co-located peer by a
-  torch.distributed broadcast over the rebuilt group;
-* restart  — what an engine without elastic SP does (RLBoost-style): every worker of the
-  node is killed, fresh processes start, each loads the weights from the coordinator's
-  Tensor Store over the network (ZeroMQ TCP, safetensors bytes), forms the group, runs.
+Scenarios, one node with 2 CPU "GPUs", ``cluster.sp_degree = 2``:
 
-The model is the Qwen-Image transformer class at a size whose fp32 weights exceed
-300 MB (default 3 blocks × 1024 wide ≈ 108 M parameters ≈ 430 MB). Both paths are
-measured side by side in one run and reported as a ratio, several repetitions each.
+* **elastic revocation** (SP 2 → 1): ``revoke --gpu 1``; the survivor finishes its step in
+  progress, releases the revoked member and re-forms alone from the weights in its memory.
+* **elastic grant** (SP 1 → 2, warm spare): ``add-gpu --gpu 1``; the agent's warm spare
+  (torch/diffusers imported, receive buffer pre-faulted) becomes the new worker, receives the
+  weights from its co-located peer by broadcast and joins; the agent starts the next spare.
+* **elastic grant, cold** — the same without a spare (``--no-warm-spare``): a new Python process.
+* **restart on revocation / on grant** — what an engine without elastic SP does (RLBoost-style):
+  the node's agent and workers are killed, a fresh agent starts with the new GPU set, its
+  workers start cold, the leader loads the weights from the coordinator over the network
+  (CURVE-encrypted TCP, loopback here), broadcasts them to its peer, forms, serves. No spare.
 
-    python benchmarks/reconfig.py            # ~3-5 min on 2 CPU cores
+Measured per event (``t0`` = the control command is sent, or the old node is killed; an
+elastic event fires at a uniformly random point inside a denoising step, seeded by ``--seed``):
+
+* ``serve`` — until every member of the group at the new size has formed (the group's next
+  denoising step starts at once): the GPU granted back is serving / the survivor serves alone;
+* ``step``  — until the first denoising step at the new size has finished;
+* ``stall`` — how long the node produced no denoising step: from the end of the last step it
+  completed at the old size (a restart: from the kill) until the group at the new size serves.
+  A revoked group's survivor finishes the step in progress with the revoked member (useful
+  work) before it re-forms; a leader alone abandons its step in progress when a GPU joins (that
+  partial step counts as stall, even the part before ``t0``).
+* ``released`` (elastic revocation) — until the revoked worker's process has ended (the agent
+  noticed), i.e. the GPU is free for whoever revoked it.
+
+    python benchmarks/reconfig.py --repeats 3     # ~10 min on 2 busy CPU cores
 """
 
 from __future__ import annotations
@@ -24,252 +46,329 @@ import argparse
 import json
 import os
 import pathlib
-import socket
+import random
+import signal
 import statistics
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import torch.multiprocessing as mp  # noqa: E402
-
 BIG_MODEL = {"num_layers": 3, "num_attention_heads": 16, "attention_head_dim": 64, "axes_dims_rope": [16, 24, 24], "image_size": 32, "patch_size": 2, "max_text_tokens": 16}
+SAMPLER = {"num_steps": 40, "sde_window_size": 8}
+WAIT_S = 600.0
+LIVE_NODES: list["Node"] = []
+"""Agents started and not killed yet (killed if the benchmark is interrupted)."""
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class StubCoordinator(threading.Thread):
+    """The coordinator's side of the agent protocol, minus everything but what a node needs:
+    registration, heartbeat acks, one rollout request per pull (always), and the weights."""
 
+    def __init__(self, keys_dir: pathlib.Path, blob: bytes, model: dict, sampler: dict):
+        super().__init__(daemon=True, name="stub-coordinator")
+        import zmq
 
-def weights_server(blob: bytes, endpoint_out: list, stop: threading.Event) -> None:
-    """The coordinator's Tensor Store stand-in: serves the safetensors blob over ZeroMQ TCP."""
-    import zmq
+        from spotlight.security import Authenticator, apply_server, load_server_keys
 
-    sock = zmq.Context.instance().socket(zmq.REP)
-    port = sock.bind_to_random_port("tcp://127.0.0.1")
-    endpoint_out.append(f"tcp://127.0.0.1:{port}")
-    while not stop.is_set():
-        if sock.poll(100):
-            sock.recv()
-            sock.send(blob, copy=False)
-    sock.close(0)
+        self.zmq = zmq
+        self.ctx = zmq.Context()
+        self.auth = Authenticator(self.ctx, load_server_keys(keys_dir))
+        self.auth.start()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        apply_server(self.sock, self.auth.keys)
+        self.port = self.sock.bind_to_random_port("tcp://127.0.0.1")
+        self.blob, self.model, self.sampler = blob, model, sampler
+        self.stop_event = threading.Event()
+        self.next_id = 0
+        self.results = 0
 
+    def run(self) -> None:
+        import torch
 
-def member_main(worker_id: str, model_cfg: dict, cmd_q, out_q, t_spawn: float) -> None:
-    """One GPU worker process: follows commands from the driver."""
-    import torch
+        from spotlight import protocol as P
+        from spotlight.tensor_wire import pack_tensors
 
-    torch.set_num_threads(1)
-    import zmq
-
-    from spotlight.config import ModelConfig, SamplerConfig
-    from spotlight.models.dit import token_shape
-    from spotlight.rl.sampler import Conditioning, Sampler
-    from spotlight.tensor_wire import bytes_to_state_dict
-    from spotlight.workers import sp_group as G
-
-    cfg = ModelConfig(**model_cfg)
-    member = G.SPGroupMember(cfg, worker_id, torch.device("cpu"))
-    sampler = Sampler(SamplerConfig(), token_shape(cfg))
-    cond = Conditioning(torch.randn(1, 16, 384), torch.ones(1, 16, dtype=torch.long))
-    state = sampler.initial_state([1234])
-    pending = None
-    out_q.put(("ready", worker_id, time.time() - t_spawn))
-    while True:
-        cmd, *args = cmd_q.get()
-        if cmd == "fetch":  # load weights from the coordinator over the network
-            sock = zmq.Context.instance().socket(zmq.REQ)
-            sock.connect(args[0])
-            sock.send(b"weights")
-            pending = bytes_to_state_dict(sock.recv())
-            sock.close(0)
-            out_q.put(("fetched", worker_id, time.time()))
-        elif cmd == "set":  # weights handed in directly (initial setup only)
-            pending = bytes_to_state_dict(args[0])
-            out_q.put(("set", worker_id, time.time()))
-        elif cmd == "form":
-            members, port, gen = args
-            member.form(G.GroupSpec(tuple(members), "127.0.0.1", port, gen), state_dict=pending, version=0 if pending is not None else None)
-            pending = None
-            out_q.put(("formed", worker_id, member.weights_source))
-        elif cmd == "step":
-            if member.is_leader:
-                if state.step >= sampler.cfg.num_steps:
-                    state = sampler.initial_state([1234])
-                G.run_group_batch(member, sampler, state, cond, stop_at=state.step + 1)
+        cond = {"cond.embeds": torch.randn(1, BIG_MODEL["max_text_tokens"], 384), "cond.mask": torch.ones(1, BIG_MODEL["max_text_tokens"], dtype=torch.int64)}
+        cond_metas, cond_frames = pack_tensors(cond)
+        while not self.stop_event.is_set():
+            if not self.sock.poll(100):
+                continue
+            ident, *frames = self.sock.recv_multipart()
+            try:
+                mtype, body, _ = P.decode(frames)
+            except P.ProtocolError:
+                continue
+            if mtype == P.MsgType.REGISTER:
+                reply, extra = P.Registered(node_id=body.node_id, heartbeat_interval_s=1.0, lease_timeout_s=600.0, worker_batch_size=1, torch_threads=1, sp_degree=2, model=self.model, sampler=self.sampler, latest_version=0, session="s"), None
+            elif mtype == P.MsgType.HEARTBEAT:
+                reply, extra = P.Heartbeat(node_id=body.node_id), None
+            elif mtype == P.MsgType.PULL:
+                self.next_id += 1
+                item = P.LeaseItem(lease_id=self.next_id, request_id=f"r{self.next_id}", kind="rollout", iteration=0, prompt_index=0, seed=self.next_id, weight_version=0)
+                reply, extra = P.Leases(worker_id=body.worker_id, items=[item], tensors=cond_metas), cond_frames
+            elif mtype == P.MsgType.FETCH_WEIGHTS:
+                reply, extra = P.Weights(version=body.version, size_bytes=len(self.blob)), [self.blob]
             else:
-                G.serve_batch(member)
-            out_q.put(("stepped", worker_id, time.time()))
-        elif cmd == "release":
-            G.release_followers(member)
-            out_q.put(("released", worker_id, time.time()))
-        elif cmd == "serve":  # follower: wait for the leader's release
-            G.serve_until_released(member)
-            out_q.put(("served", worker_id, time.time()))
-        elif cmd == "exit":
-            member.leave()
-            return
+                self.results += mtype == P.MsgType.RESULT
+                continue
+            self.sock.send_multipart([ident, *P.encode(reply, extra)], copy=False)
+        self.sock.close(0)
+        self.auth.stop()
 
 
 class Node:
-    """Driver-side handle on the worker processes of one node."""
+    """One ``spotlight-agent join`` process (its own session: killed as a whole) and its events."""
 
-    def __init__(self, model_cfg: dict):
-        self.ctx = mp.get_context("spawn")
-        self.model_cfg = model_cfg
-        self.procs: dict[str, tuple] = {}
-        self.out = self.ctx.Queue()
-        self.gen = 0
+    def __init__(self, name: str, gpus: list[int], *, spare: bool, port: int, keys_dir: pathlib.Path, work: pathlib.Path):
+        self.name = name
+        self.events_path = work / f"{name}.events.jsonl"
+        self.events_path.write_text("")
+        self.log = open(work / f"{name}.log", "w")
+        env = dict(os.environ, SPOTLIGHT_WORKER_EVENTS=str(self.events_path), OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+        cmd = [sys.executable, "-m", "agent.main", "join", "--coordinator", f"127.0.0.1:{port}", "--gpus", ",".join(map(str, gpus)), "--node-id", name,
+               "--keys", str(keys_dir), "--key", "bench", "--grace-s", "10", "--warm-spare" if spare else "--no-warm-spare"]
+        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO)
+        LIVE_NODES.append(self)
+        self._seen = 0
+        self.events: list[dict] = []
 
-    def spawn(self, wid: str) -> None:
-        q = self.ctx.Queue()
-        p = self.ctx.Process(target=member_main, args=(wid, self.model_cfg, q, self.out, time.time()), daemon=True)
-        p.start()
-        self.procs[wid] = (p, q)
+    def poll_events(self) -> list[dict]:
+        with open(self.events_path) as f:
+            lines = f.read().splitlines()
+        for line in lines[self._seen :]:
+            if line.strip():
+                self.events.append(json.loads(line))
+        self._seen = len(lines)
+        return self.events
 
-    def send(self, wid: str, *cmd) -> None:
-        self.procs[wid][1].put(cmd)
+    def wait_event(self, pred, what: str, timeout_s: float = WAIT_S) -> dict:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for e in self.poll_events():
+                if pred(e):
+                    return e
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name}: agent exited ({self.proc.returncode}) waiting for {what}; see {self.log.name}")
+            time.sleep(0.005)
+        raise TimeoutError(f"{self.name}: timed out waiting for {what}")
 
-    def wait(self, kind: str, n: int = 1, timeout_s: float = 900.0) -> list:
-        got = []
-        while len(got) < n:
-            msg = self.out.get(timeout=timeout_s)
-            if msg[0] == kind:
-                got.append(msg)
-        return got
+    def control(self, request: dict) -> dict:
+        import zmq
 
-    def form(self, members: list[str]) -> list:
-        self.gen += 1
-        port = _free_port()
-        for m in members:
-            self.send(m, "form", members, port, self.gen)
-        return self.wait("formed", len(members))
+        from spotlight.agent_paths import control_endpoint
 
-    def step(self, members: list[str]) -> float:
-        for m in members:
-            self.send(m, "step")
-        return max(t for _, _, t in self.wait("stepped", len(members)))
+        sock = zmq.Context.instance().socket(zmq.REQ)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(control_endpoint(self.name))
+        try:
+            sock.send(json.dumps(request).encode())
+            if not sock.poll(30_000):
+                raise TimeoutError(f"{self.name}: no answer to {request}")
+            return json.loads(sock.recv())
+        finally:
+            sock.close()
 
-    def kill(self, wid: str) -> None:
-        p, _ = self.procs.pop(wid)
-        p.kill()
-        p.join()
+    def status(self) -> dict:
+        return self.control({"cmd": "status"})
 
-    def stop_all(self) -> None:
-        for wid in list(self.procs):
-            self.kill(wid)
+    def wait_status(self, pred, what: str, timeout_s: float = WAIT_S, poll_s: float = 0.05) -> dict:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                s = self.status()
+                if pred(s):
+                    return s
+            except (TimeoutError, OSError, ValueError):
+                pass
+            time.sleep(poll_s)
+        raise TimeoutError(f"{self.name}: timed out waiting for {what}")
+
+    def kill(self) -> None:
+        """SIGKILL the agent and every process of its session (workers, spare)."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+        self.log.close()
+        if self in LIVE_NODES:
+            LIVE_NODES.remove(self)
+
+
+def _formed(events: list[dict], sp: int, after: float) -> list[dict]:
+    return [e for e in events if e["event"] == "formed" and e["sp"] == sp and e["t_unix_s"] >= after]
+
+
+def measure_event(node: Node, t0: float, sp: int, members: int) -> dict:
+    """serve / step / stall of the reconfiguration that started at ``t0`` towards ``sp``."""
+    ev = node.wait_event(lambda e: len(_formed(node.events, sp, t0)) >= members, f"{members} members formed at SP {sp}")
+    formed = _formed(node.events, sp, t0)[:members]
+    gen = {e["generation"] for e in formed}
+    t_serve = max(e["t_unix_s"] for e in formed)
+    step = node.wait_event(lambda e: e["event"] == "step" and e.get("sp") == sp and e["t_unix_s"] > t_serve, f"first step at SP {sp}")
+    old_steps = [e["t_unix_s"] for e in node.events if e["event"] == "step" and e.get("sp") != sp and e["t_unix_s"] <= t_serve]
+    paused_from = max(old_steps) if old_steps else t0  # a restarted node has no old steps: from the kill
+    phases = {e["worker"]: {k: round(v, 3) for k, v in e["timings_s"].items()} for e in formed}
+    del ev
+    return {"serve_s": t_serve - t0, "step_s": step["t_unix_s"] - t0, "stall_s": t_serve - paused_from, "generations": sorted(gen), "phases_s": phases}
+
+
+def settle(node: Node, sp: int, steps: int = 2, rng: random.Random | None = None) -> None:
+    """Wait until ``steps`` more denoising steps ran at ``sp`` (steady state); with ``rng``, then
+    wait a uniform random part of the last step's duration, so the next event lands at a random
+    point inside a step (not right after one ends, which would bias what the event waits for)."""
+    n0 = sum(1 for e in node.poll_events() if e["event"] == "step" and e.get("sp") == sp)
+    node.wait_event(lambda e: sum(1 for x in node.events if x["event"] == "step" and x.get("sp") == sp) >= n0 + steps, f"{steps} steps at SP {sp}")
+    if rng is not None:
+        t = [e["t_unix_s"] for e in node.events if e["event"] == "step" and e.get("sp") == sp][-2:]
+        time.sleep(rng.uniform(0.0, t[1] - t[0]))
+
+
+def elastic_round(tag: str, spare: bool, ctx: dict, rng: random.Random) -> dict:
+    """Start a 2-GPU node (not timed), then time: revoke GPU 1, grant GPU 1 back."""
+    node = Node(f"elastic-{tag}", [0, 1], spare=spare, **ctx)
+    out = {}
+    try:
+        node.wait_event(lambda e: e["event"] == "formed" and e["sp"] == 2, "initial SP 2 group")
+        if spare:
+            node.wait_status(lambda s: s.get("spare") and s["spare"]["ready"], "warm spare ready")
+        settle(node, 2, rng=rng)
+        # --- revocation: GPU 1 (the follower) leaves
+        revoked = [w for w in node.status()["workers"] if w.endswith("/gpu1") or "/gpu1." in w][-1]
+        released: dict = {}
+        t0 = time.time()
+        assert node.control({"cmd": "revoke", "gpus": [1], "grace_s": 10})["ok"]
+        # watched concurrently: the agent saw the revoked worker's process end
+        watch = threading.Thread(target=lambda: released.update(s=node.wait_status(lambda s: s["workers"][revoked] == "exited", "revoked worker gone", poll_s=0.01) and time.time() - t0), daemon=True)
+        watch.start()
+        out["revoke"] = measure_event(node, t0, 1, 1)
+        watch.join(WAIT_S)
+        out["revoke"]["released_s"] = released["s"]
+        settle(node, 1, rng=rng)
+        # --- grant: GPU 1 comes back
+        before = node.status()
+        spare_pid = before["spare"]["pid"] if before.get("spare") else None
+        t0 = time.time()
+        reply = node.control({"cmd": "add", "gpus": [1]})
+        assert reply["ok"], reply
+        out["add"] = measure_event(node, t0, 2, 2)
+        after = node.wait_status(lambda s: s["worker_pids"].get(reply["started"][0], 0) > 0, "new worker's hello")
+        out["add"]["new_worker_pid"] = after["worker_pids"][reply["started"][0]]
+        out["add"]["spare_pid_before"] = spare_pid
+        out["add"]["spare_used"] = spare_pid is not None and out["add"]["new_worker_pid"] == spare_pid
+        settle(node, 2)
+        if spare:
+            s = node.wait_status(lambda s: s.get("spare") and s["spare"]["ready"], "replacement spare ready")
+            out["add"]["next_spare_pid"] = s["spare"]["pid"]
+    finally:
+        node.kill()
+    return out
+
+
+def restart_round(tag: str, ctx: dict) -> dict:
+    """Time a full restart of a node onto 1 GPU (revocation) and onto 2 GPUs (grant)."""
+    out = {}
+    for event, before, after in (("revoke", [0, 1], [0]), ("add", [0], [0, 1])):
+        old = Node(f"restart-{event}-old-{tag}", before, spare=False, **ctx)
+        try:
+            old.wait_event(lambda e: e["event"] == "formed" and e["sp"] == len(before), f"initial SP {len(before)} group")
+            settle(old, len(before))
+        finally:
+            t0 = time.time()
+            old.kill()
+        new = Node(f"restart-{event}-new-{tag}", after, spare=False, **ctx)
+        try:
+            out[event] = measure_event(new, t0, len(after), len(after))
+        finally:
+            new.kill()
+    return out
 
 
 def measure(args) -> dict:
     import torch
 
-    from spotlight.config import ModelConfig
+    from spotlight.config import ModelConfig, SamplerConfig
     from spotlight.models.dit import build_transformer
+    from spotlight.security import add_client, init_keys
     from spotlight.tensor_wire import state_dict_to_bytes
 
-    cfg = dict(BIG_MODEL, num_layers=args.num_layers)
-    model = build_transformer(ModelConfig(**cfg))
+    import msgspec
+
+    torch.set_num_threads(1)
+    cfg = ModelConfig(**dict(BIG_MODEL, num_layers=args.num_layers))
+    model = build_transformer(cfg)
     n_params = sum(p.numel() for p in model.parameters())
     blob = state_dict_to_bytes(model.state_dict())
     del model
-    size_mb = len(blob) / 1e6
-    print(f"model: {n_params / 1e6:.1f} M parameters, {size_mb:.0f} MB fp32 weights", flush=True)
-    stop = threading.Event()
-    ep: list = []
-    threading.Thread(target=weights_server, args=(blob, ep, stop), daemon=True).start()
-    while not ep:
-        time.sleep(0.01)
-    coord = ep[0]
-    results = {"elastic_revoke_s": [], "restart_revoke_s": [], "elastic_add_s": [], "restart_add_s": []}
-    a, b = "node/gpu0", "node/gpu1"
-    for rep in range(args.repeats):
-        # --- start: SP=2 group with weights (setup, not timed)
-        node = Node(cfg)
-        node.spawn(a)
-        node.spawn(b)
-        node.wait("ready", 2)
-        node.send(a, "set", blob)
-        node.wait("set")
-        node.form([a, b])
-        node.step([a, b])
-
-        # --- elastic revocation: gpu1 revoked; survivor re-forms from memory, then steps
-        t0 = time.time()
-        node.send(a, "release")
-        node.send(b, "serve")
-        node.wait("released")
-        node.wait("served")
-        node.kill(b)
-        node.form([a])
-        t1 = node.step([a])
-        results["elastic_revoke_s"].append(t1 - t0)
-
-        # --- elastic addition: a new process joins and gets weights from its peer by broadcast
-        t0 = time.time()
-        node.spawn(b)
-        node.wait("ready")
-        formed = node.form([a, b])
-        t1 = node.step([a, b])
-        assert any(src == "broadcast" for _, w, src in formed if w == b), formed
-        results["elastic_add_s"].append(t1 - t0)
-        node.stop_all()
-
-        # --- restart on revocation: kill the engine, start a fresh SP=1 one that loads remotely
-        node = Node(cfg)
-        t0 = time.time()
-        node.spawn(a)
-        node.wait("ready")
-        node.send(a, "fetch", coord)
-        node.wait("fetched")
-        node.form([a])
-        t1 = node.step([a])
-        results["restart_revoke_s"].append(t1 - t0)
-        node.stop_all()
-
-        # --- restart on addition: kill the engine, start a fresh SP=2 one; both load remotely
-        node = Node(cfg)
-        t0 = time.time()
-        node.spawn(a)
-        node.spawn(b)
-        node.wait("ready", 2)
-        node.send(a, "fetch", coord)
-        node.send(b, "fetch", coord)
-        node.wait("fetched", 2)
-        node.form([a, b])
-        t1 = node.step([a, b])
-        results["restart_add_s"].append(t1 - t0)
-        node.stop_all()
-        print(f"repeat {rep + 1}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in results.items()), flush=True)
-    stop.set()
-    med = {k: statistics.median(v) for k, v in results.items()}
-    return {
-        "model_params_m": n_params / 1e6,
-        "weights_mb": size_mb,
-        "repeats": args.repeats,
-        "median_s": med,
-        "raw_s": results,
-        "ratio_revoke": med["restart_revoke_s"] / med["elastic_revoke_s"],
-        "ratio_add": med["restart_add_s"] / med["elastic_add_s"],
+    print(f"model: {n_params / 1e6:.1f} M parameters, {len(blob) / 1e6:.0f} MB fp32 weights", flush=True)
+    work = pathlib.Path(tempfile.mkdtemp(prefix="spotlight-reconfig-"))
+    os.environ["SPOTLIGHT_AGENT_STATE"] = str(work / "state")
+    keys_dir = work / "keys"
+    init_keys(keys_dir)
+    add_client(keys_dir, "agent", "bench")
+    coord = StubCoordinator(keys_dir, blob, msgspec.to_builtins(cfg), msgspec.to_builtins(SamplerConfig(**SAMPLER)))
+    coord.start()
+    ctx = {"port": coord.port, "keys_dir": keys_dir, "work": work}
+    rows: dict[str, list[dict]] = {k: [] for k in ("elastic_revoke", "elastic_add", "cold_add", "restart_revoke", "restart_add")}
+    rng = random.Random(args.seed)
+    try:
+        for rep in range(args.repeats):
+            e = elastic_round(f"spare{rep}", True, ctx, rng)
+            rows["elastic_revoke"].append(e["revoke"])
+            rows["elastic_add"].append(e["add"])
+            if not args.skip_cold:
+                c = elastic_round(f"cold{rep}", False, ctx, rng)
+                rows["elastic_revoke"].append(c["revoke"])
+                rows["cold_add"].append(c["add"])
+            r = restart_round(str(rep), ctx)
+            rows["restart_revoke"].append(r["revoke"])
+            rows["restart_add"].append(r["add"])
+            print(f"repeat {rep + 1}: " + ", ".join(f"{k} {v[-1]['serve_s']:.2f}s" for k, v in rows.items() if v), flush=True)
+            print(f"  grant phases: {e['add']['phases_s']}; spare used: {e['add']['spare_used']} (pid {e['add']['new_worker_pid']}, next spare {e['add'].get('next_spare_pid')})", flush=True)
+            print(f"  revoke phases: {e['revoke']['phases_s']}", flush=True)
+    finally:
+        coord.stop_event.set()
+    med = {k: {m: statistics.median(r[m] for r in v) for m in ("serve_s", "step_s", "stall_s")} for k, v in rows.items() if v}
+    ratios = {
+        f"{ev}_{m}": med[f"restart_{ev}"][m] / med[f"elastic_{ev}"][m]
+        for ev in ("revoke", "add") for m in ("serve_s", "step_s", "stall_s")
     }
+    med["elastic_revoke"]["released_s"] = statistics.median(r["released_s"] for r in rows["elastic_revoke"])
+    return {"model_params_m": n_params / 1e6, "weights_mb": len(blob) / 1e6, "repeats": args.repeats, "median": med, "ratios": ratios, "raw": rows, "work_dir": str(work)}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--num-layers", type=int, default=3, help="transformer blocks (3 x 1024 wide = 430 MB fp32)")
+    ap.add_argument("--num-layers", type=int, default=3, help="transformer blocks (3 x 1024 wide = 469 MB fp32)")
+    ap.add_argument("--skip-cold", action="store_true", help="skip the elastic grant without a spare")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the random point inside a step at which elastic events fire")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "out" / "reconfig.json"))
     args = ap.parse_args()
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    res = measure(args)
-    m = res["median_s"]
-    print(
-        f"\nweights {res['weights_mb']:.0f} MB; median of {res['repeats']}:\n"
-        f"  revocation (SP 2 -> 1): elastic {m['elastic_revoke_s']:.2f}s vs restart {m['restart_revoke_s']:.2f}s  -> {res['ratio_revoke']:.1f}x\n"
-        f"  addition   (SP 1 -> 2): elastic {m['elastic_add_s']:.2f}s vs restart {m['restart_add_s']:.2f}s  -> {res['ratio_add']:.1f}x"
-    )
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanup below
+    try:
+        res = measure(args)
+    finally:
+        for node in list(LIVE_NODES):  # an interrupted run leaves no agent behind
+            node.kill()
+    m, r = res["median"], res["ratios"]
+    lines = [f"\nweights {res['weights_mb']:.0f} MB; median of {res['repeats']} (seconds from the event):",
+             f"{'':34s}{'serve':>8s}{'step':>8s}{'stall':>8s}"]
+    names = {"elastic_revoke": "revocation SP 2->1, elastic", "restart_revoke": "revocation SP 2->1, restart",
+             "elastic_add": "grant SP 1->2, elastic + spare", "cold_add": "grant SP 1->2, elastic, cold", "restart_add": "grant SP 1->2, restart"}
+    for k, label in names.items():
+        if k in m:
+            lines.append(f"  {label:32s}{m[k]['serve_s']:8.2f}{m[k]['step_s']:8.2f}{m[k]['stall_s']:8.2f}")
+    lines.append(f"  elastic revocation: the revoked worker's process ended {m['elastic_revoke']['released_s']:.2f}s after the event")
+    lines.append(f"  restart / elastic, revocation:  serve {r['revoke_serve_s']:.1f}x  step {r['revoke_step_s']:.1f}x  stall {r['revoke_stall_s']:.1f}x")
+    lines.append(f"  restart / elastic, grant:       serve {r['add_serve_s']:.1f}x  step {r['add_step_s']:.1f}x  stall {r['add_stall_s']:.1f}x")
+    print("\n".join(lines))
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2))

@@ -389,6 +389,16 @@ class ClusterConfig(_Section):
     sp_degree: int = 1
     """Sequence-parallel degree of each spot node's Rollout Worker groups (diffusers context
     parallelism, Ulysses). Groups shrink and grow elastically as GPUs leave and join."""
+    warm_spare: bool = True
+    """Each spot node's agent keeps one warm spare worker process (torch, diffusers and the
+    worker modules imported, the weights' receive buffer prepared, no GPU touched) that
+    becomes the new worker when a GPU is granted back or a worker must be replaced, so a join
+    pays no process start (paper §4.4; ``spotlight/workers/spare.py``). Costs one idle
+    process per spot node (its imports' host memory; with ``sp_degree > 1`` on a CPU-only
+    torch also a pre-faulted receive buffer the size of the weights). Applies to
+    the agents ``spotlight up --local`` and trace replays start (reserved agents never keep
+    one: their GPUs do not come and go); a remote ``spotlight-agent join`` decides with its
+    own ``--warm-spare/--no-warm-spare``."""
     reserved_rollout_gpus: list[int] = msgspec.field(default_factory=lambda: [0])
     """GPUs of the reserved node that also run Rollout Workers (colocated with training)."""
     torch_threads: int = 1

@@ -100,6 +100,7 @@ class MsgType(enum.IntEnum):
     WORKER_HELLO = 20
     STOP = 21
     GROUP_FORM = 22
+    GROUP_FORMED = 23
     TRAIN_READY = 30
     TRAIN_BATCH = 31
     TRAIN_DONE = 32
@@ -357,6 +358,18 @@ class GroupForm(_Msg, kw_only=True):
     """Weight version the leader must hold before forming (fetched if missing)."""
 
 
+class GroupFormed(_Msg, kw_only=True):
+    """Worker → agent: this member has formed SP group generation ``generation`` of ``sp``
+    members (process group up, weights in place, model built) and serves; ``took_s`` seconds
+    after it started forming. Lets the node Scheduler know when a reconfiguration is over
+    (never sent to the coordinator)."""
+
+    worker_id: str
+    generation: int
+    sp: int
+    took_s: float = 0.0
+
+
 class Stop(_Msg, kw_only=True):
     """Agent → worker: commit in-flight state (if ``commit``) and exit."""
 
@@ -425,6 +438,7 @@ MESSAGE_TYPES: dict[MsgType, type[_Msg]] = {
     MsgType.WORKER_HELLO: WorkerHello,
     MsgType.STOP: Stop,
     MsgType.GROUP_FORM: GroupForm,
+    MsgType.GROUP_FORMED: GroupFormed,
     MsgType.TRAIN_READY: TrainReady,
     MsgType.TRAIN_BATCH: TrainBatch,
     MsgType.TRAIN_DONE: TrainDone,

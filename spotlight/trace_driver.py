@@ -36,9 +36,11 @@ class TraceDriver(threading.Thread):
         grace_s: commit grace of revocations / notice lead time.
         listing: dict updated in place with the live agents (written to ``local_agents.json``).
         listing_path: where to write it after each change.
+        nice: CPU niceness of the spot agents' workers.
+        warm_spare: spot agents keep a warm spare worker process (``cluster.warm_spare``).
     """
 
-    def __init__(self, actions, *, coordinator: str, keys_dir, cloud: str, grace_s: float, listing: dict, listing_path, nice: int = 5):
+    def __init__(self, actions, *, coordinator: str, keys_dir, cloud: str, grace_s: float, listing: dict, listing_path, nice: int = 5, warm_spare: bool = True):
         super().__init__(daemon=True, name="trace-driver")
         from spotlight.trace import TraceReplayer
 
@@ -48,6 +50,7 @@ class TraceDriver(threading.Thread):
         self.cloud = cloud
         self.grace_s = grace_s
         self.nice = nice
+        self.warm_spare = warm_spare
         self.listing = listing
         self.listing_path = listing_path
         self.stop_event = threading.Event()
@@ -71,7 +74,8 @@ class TraceDriver(threading.Thread):
         from spotlight.procs import scrubbed_env
 
         env = scrubbed_env()
-        cmd = [sys.executable, "-m", "agent.main", "join", "--coordinator", self.coordinator, "--gpus", ",".join(map(str, gpus)), "--node-id", node_id, "--cloud", self.cloud, "--metadata-url", mock.url, "--poll-interval-s", "0.5", "--grace-s", str(self.grace_s), "--nice", str(self.nice), "--keys", self.keys_dir, "--key", "local"]
+        cmd = [sys.executable, "-m", "agent.main", "join", "--coordinator", self.coordinator, "--gpus", ",".join(map(str, gpus)), "--node-id", node_id, "--cloud", self.cloud, "--metadata-url", mock.url, "--poll-interval-s", "0.5", "--grace-s", str(self.grace_s), "--nice", str(self.nice), "--keys", self.keys_dir, "--key", "local",
+               "--warm-spare" if self.warm_spare else "--no-warm-spare"]
         proc = subprocess.Popen(cmd, env=env)
         self.procs.append(proc)
         self.node_of_agent[agent] = node_id

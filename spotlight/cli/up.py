@@ -291,7 +291,7 @@ def register(app: typer.Typer) -> None:
                         continue
                     # simulated spot GPUs share this machine's cores with the trainer: run them
                     # at lower CPU priority so the reserved side trains as if they were separate (nice 5)
-                    extra = ["--grace-s", str(grace_s), "--nice", str(spot_nice)]
+                    extra = ["--grace-s", str(grace_s), "--nice", str(spot_nice), "--warm-spare" if cfg.cluster.warm_spare else "--no-warm-spare"]
                     entry = {"spot": True, "gpus": list(range(gpus_per_agent))}
                     if mock_cloud != "none":
                         from spotlight.mock_metadata import MockMetadataServer
@@ -310,7 +310,7 @@ def register(app: typer.Typer) -> None:
                 if trace is not None:
                     from spotlight.trace_driver import TraceDriver
 
-                    driver = TraceDriver(actions, coordinator=endpoint, keys_dir=keys_dir, cloud=mock_cloud, grace_s=grace_s, listing=listing_doc, listing_path=rd / "local_agents.json", nice=spot_nice)
+                    driver = TraceDriver(actions, coordinator=endpoint, keys_dir=keys_dir, cloud=mock_cloud, grace_s=grace_s, listing=listing_doc, listing_path=rd / "local_agents.json", nice=spot_nice, warm_spare=cfg.cluster.warm_spare)
                     driver.start()
             else:
                 port = coord.endpoint.rsplit(":", 1)[1]

@@ -31,6 +31,7 @@ whose transformer actually ran is reported per request.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import time
@@ -46,6 +47,37 @@ from spotlight.models.families import get_family, torch_dtype
 from spotlight.models.lora import add_lora, load_version
 from spotlight.rl.sampler import Conditioning, DenoiseState, Sampler
 from spotlight.tensor_wire import bytes_to_state_dict, mmap_state_dict, pack_tensors, unpack_tensors
+
+EVENTS_ENV = "SPOTLIGHT_WORKER_EVENTS"
+"""Environment variable naming a file to which workers append timing events (one JSON object
+per line: ``t_unix_s``, ``pid``, ``event`` and fields); unset = no events. Used by
+``benchmarks/reconfig.py`` to see when a reconfigured group serves again."""
+
+_events_fd: int | None = None
+
+
+def worker_event(event: str, **fields) -> None:
+    """Append one timing event to ``$SPOTLIGHT_WORKER_EVENTS`` (no-op when unset).
+
+    Events: ``spare_ready`` (a warm spare finished importing), ``assigned`` (a spare became
+    worker ``worker``), ``hello``, ``formed`` (``generation``, ``sp``, ``source``,
+    ``timings_s``), ``step`` (a denoising step finished: ``sp``, ``step``). One ``write`` of
+    one line to a file opened with ``O_APPEND``, so lines of concurrent workers do not mix.
+    """
+    global _events_fd
+    path = os.environ.get(EVENTS_ENV)
+    if not path:
+        return
+    if _events_fd is None:
+        _events_fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    line = json.dumps({"t_unix_s": time.time(), "pid": os.getpid(), "event": event, **fields}, default=str)
+    os.write(_events_fd, (line + "\n").encode())
+
+
+def events_enabled() -> bool:
+    """True when :func:`worker_event` writes (``$SPOTLIGHT_WORKER_EVENTS`` is set)."""
+    return bool(os.environ.get(EVENTS_ENV))
+
 
 PULL_TIMEOUT_S = 30.0
 """Pull again when a PULL got no LEASES for this long (lost while the coordinator restarted);
@@ -244,6 +276,7 @@ class RolloutExecutor:
     def _denoise(self, sampler: Sampler, state: DenoiseState, cond: Conditioning, should_stop: Callable[[], bool]) -> DenoiseState:
         """Advance ``state`` to the last step, or until ``should_stop()`` between steps."""
         velocity_fn = self.family.make_velocity_fn(self.transformer)
+        events = events_enabled()
         with torch.no_grad(), self._cache_context():
             while state.step < sampler.cfg.num_steps:
                 if should_stop():
@@ -252,6 +285,8 @@ class RolloutExecutor:
                 sampler.advance(state, velocity_fn, cond)
                 if self._counter.count == before:  # the step cache skipped the tail blocks
                     state.computed_steps -= 1
+                if events:
+                    worker_event("step", sp=1, step=state.step)
         return state
 
     def _cache_context(self):
@@ -284,6 +319,21 @@ def _to_device(state: DenoiseState, device: torch.device) -> DenoiseState:
     state.window_latents = [w.to(device) for w in state.window_latents]
     state.log_probs = [lp.to(device) for lp in state.log_probs]
     return state
+
+
+def exit_fast(rc: int):
+    """End the worker process now, skipping interpreter teardown: torch / gloo destructors
+    can take seconds, and a revoked GPU must be free (and the node's CPU for the survivors)
+    at once. Call after :meth:`WorkerProcess.close` delivered the last messages."""
+    import sys
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(rc)
 
 
 def worker_device(gpus: list[int]) -> torch.device:
@@ -322,6 +372,12 @@ class WorkerProcess:
     def agent_alive(self) -> bool:
         """False once the agent that spawned us died (we were re-parented)."""
         return os.getppid() == self._parent
+
+    def close(self, linger_s: float = 2.0) -> None:
+        """Close the agent socket, delivering what is still queued (a commit, a result) for at
+        most ``linger_s`` seconds."""
+        self.sock.close(linger=int(linger_s * 1000))
+        self.ctx.term()
 
     def send(self, msg, frames=None, msg_type=None):
         self.sock.send_multipart(P.encode(msg, frames, msg_type=msg_type), copy=False)
@@ -425,6 +481,7 @@ class WorkerProcess:
 
     def run(self) -> int:
         self.send(P.WorkerHello(worker_id=self.worker_id, gpus=self.gpus, pid=os.getpid()))
+        worker_event("hello", worker=self.worker_id)
         idle_wait_ms = 20
         pulled = False
         while True:

@@ -5,10 +5,11 @@ agent's node Scheduler decides group membership and sends ``GROUP_FORM`` to the 
 of each generation. A member's life::
 
     WORKER_HELLO → wait GROUP_FORM ─▶ form (torch.distributed group, weights from memory,
-                                       or broadcast from the leader)
+                                       or broadcast from the leader) ─▶ GROUP_FORMED
         leader  (members[0]): pull leases from the agent, denoise over the group
-                              (``sp_group.run_group_batch``); between denoising steps it
-                              checks for a new GROUP_FORM (a GPU left or joined) — it then
+                              (``sp_group.run_group_batch``); between denoising steps (alone:
+                              between transformer blocks, abandoning the step in progress)
+                              it checks for a new GROUP_FORM (a GPU left or joined) — it then
                               releases the followers, re-forms at the new degree with the
                               weights it keeps in memory, and CONTINUES the same in-flight
                               batch; on STOP it commits the batch to the Tensor Store.
@@ -28,13 +29,12 @@ import os
 import time
 
 import torch
-import torch.distributed as dist
 
 from spotlight import protocol as P
 from spotlight.rl.sampler import Conditioning, DenoiseState
 from spotlight.tensor_wire import unpack_tensors
 from spotlight.workers import sp_group as G
-from spotlight.workers.common import PULL_TIMEOUT_S, RolloutExecutor, WorkerProcess
+from spotlight.workers.common import PULL_TIMEOUT_S, RolloutExecutor, WorkerProcess, events_enabled, worker_event
 
 log = logging.getLogger("spotlight.worker")
 
@@ -42,8 +42,18 @@ OP_WEIGHTS = 5
 """Leader → followers: a new weight version follows (tensors in sorted-name order)."""
 
 
+class _JoinPending(Exception):
+    """Raised between transformer blocks of a group of one when a new generation is pending."""
+
+
 class GroupExecutor(RolloutExecutor):
     """:class:`RolloutExecutor` whose transformer forward runs over an SP group.
+
+    Alone (SP 1) the leader does not finish the step in progress when a new generation
+    arrives (a GPU was granted): it checks between transformer blocks, abandons the step
+    (``run_group_batch`` rolls the state back to the step's start) and redoes it in the new
+    group, so the granted GPU waits for at most one block, not one step. A group of two or more
+    always finishes its step (every member is inside the same collectives).
 
     Args:
         member: this process's :class:`~spotlight.workers.sp_group.SPGroupMember` (leader).
@@ -60,9 +70,16 @@ class GroupExecutor(RolloutExecutor):
         self._degree_s = 0.0  # sum of (denoising seconds x SP degree) of the current batch
         self._denoise_s = 0.0
 
+    def _watch_blocks(self, should_stop) -> list:
+        """Forward pre-hooks on the model's blocks raising :class:`_JoinPending` (SP 1 only)."""
+        hook = _pending_check(self, should_stop)
+        return [b.register_forward_pre_hook(hook) for b in _blocks(self.member.model)]
+
     def _prepare(self, version: int, threshold: float) -> None:
         if self.member.weights_version != version:
             broadcast_weights(self.member, self.versions[version], version)
+            # keep the member's flat copy as this version (switching back is then zero-copy)
+            self.versions[version] = self.member.state_dict()
         # First Block Cache runs on the group itself (sp_group module docstring): the leader
         # sends the threshold with every batch; RolloutExecutor.run passes 0 for rollouts.
         self.batch_cache_threshold = float(threshold)
@@ -75,15 +92,25 @@ class GroupExecutor(RolloutExecutor):
         return max(1.0, self._degree_s / self._denoise_s)
 
     def _denoise(self, sampler, state: DenoiseState, cond: Conditioning, should_stop) -> DenoiseState:
+        on_step = None
+        if events_enabled():
+            def on_step(st):
+                worker_event("step", worker=self.member.worker_id, sp=self.member.sp_degree, step=st.step)
         while True:
             degree, t0 = self.member.sp_degree, time.monotonic()
+            hooks = self._watch_blocks(should_stop) if degree == 1 else []
             try:
                 G.run_group_batch(
                     self.member, sampler, state, cond,
                     should_stop=lambda _s: should_stop() or self.pending_form is not None,
                     cache_threshold=self.batch_cache_threshold,
+                    on_step=on_step,
                 )
+            except _JoinPending:
+                pass  # state is back at the start of the abandoned step
             finally:
+                for h in hooks:
+                    h.remove()
                 dt = time.monotonic() - t0
                 self._degree_s += dt * degree
                 self._denoise_s += dt
@@ -94,31 +121,31 @@ class GroupExecutor(RolloutExecutor):
                 return state
 
 
+def _blocks(model) -> list:
+    return list(getattr(model, "transformer_blocks", []))
+
+
+def _pending_check(executor: "GroupExecutor", should_stop):
+    def hook(_module, _args):
+        should_stop()  # reads the agent socket: a GROUP_FORM becomes executor.pending_form
+        if executor.pending_form is not None:
+            raise _JoinPending()
+
+    return hook
+
+
 def broadcast_weights(member: G.SPGroupMember, state_dict: dict[str, torch.Tensor] | None, version: int) -> None:
     """Collective: the leader sends weight ``version`` to every follower, all load it.
 
-    Tensor names are not sent: every member's model has the same state-dict keys, taken in
-    sorted order (no pickle on the wire). Followers call it with ``state_dict=None`` after
-    receiving the ``OP_WEIGHTS`` header.
+    Tensor names are not sent: every member derives the flat-buffer layout from its own
+    weights (names sorted, same architecture; no pickle on the wire). Followers call it with
+    ``state_dict=None`` after receiving the ``OP_WEIGHTS`` header. The weights kept before
+    are not overwritten (:meth:`~spotlight.workers.sp_group.SPGroupMember.broadcast_weights`),
+    so an older version kept for exploration stays intact.
     """
-    world = member.sp_degree
-    if member.is_leader:
-        if world > 1:
-            G._bcast_header(member, OP_WEIGHTS, version)
-        new = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
-        if world > 1:
-            for name in sorted(new):
-                dist.broadcast(new[name].to(member._comm_device), src=0)
-    else:
-        old = member.state_dict()
-        new = {}
-        for name in sorted(old):
-            t = torch.empty_like(old[name], device=member._comm_device)
-            dist.broadcast(t, src=0)
-            new[name] = t.to("cpu")
-    member._state = new
-    member.weights_version = version
-    member.model.load_state_dict(new, strict=True)
+    if member.is_leader and member.sp_degree > 1:
+        G._bcast_header(member, OP_WEIGHTS, version)
+    member.broadcast_weights(state_dict, version)
 
 
 def serve(member: G.SPGroupMember) -> None:
@@ -153,10 +180,18 @@ def serve(member: G.SPGroupMember) -> None:
 class GroupWorkerProcess(WorkerProcess):
     """Socket loop of one member of an elastic SP group."""
 
-    def __init__(self, agent_endpoint, worker_id, gpus, model_cfg, sampler_cfg, batch_size, *, weights_dir: str | None = None):
+    def __init__(self, agent_endpoint, worker_id, gpus, model_cfg, sampler_cfg, batch_size, *, member: G.SPGroupMember | None = None, weights_dir: str | None = None):
+        """``member``: a prepared, unused member (a warm spare's, see
+        :meth:`~spotlight.workers.sp_group.SPGroupMember.prewarm`); it is reassigned to this
+        worker id and device. Default: a new one. ``weights_dir``: the agent's weight-version
+        cache (versions are memory-mapped from it)."""
         super().__init__(agent_endpoint, worker_id, gpus, model_cfg, sampler_cfg, batch_size, weights_dir=weights_dir)
         device = torch.device(f"cuda:{0}") if torch.cuda.is_available() else torch.device("cpu")
-        self.member = G.SPGroupMember(model_cfg, worker_id, device)
+        if member is None:
+            member = G.SPGroupMember(model_cfg, worker_id, device)
+        else:
+            member.reassign(worker_id, device)
+        self.member = member
         self.executor = GroupExecutor(self.member, sampler_cfg, self._reform)
 
     # ------------------------------------------------------------ membership
@@ -185,9 +220,14 @@ class GroupWorkerProcess(WorkerProcess):
             sd = self._weights(ver)
         t0 = time.monotonic()
         self.member.form(spec, state_dict=sd, version=ver)
-        log.info("worker %s: generation %d SP=%d formed in %.2fs (weights: %s)", self.worker_id, spec.generation, spec.world_size, time.monotonic() - t0, self.member.weights_source)
-        if self.member.weights_version is not None and self.member.weights_version not in self.executor.versions:
-            self.executor.versions[self.member.weights_version] = self.member.state_dict()
+        took = time.monotonic() - t0
+        timings = " ".join(f"{k} {v:.2f}" for k, v in self.member.form_timings_s.items())
+        log.info("worker %s: generation %d SP=%d formed in %.2fs (weights: %s; %s)", self.worker_id, spec.generation, spec.world_size, took, self.member.weights_source, timings)
+        worker_event("formed", worker=self.worker_id, generation=spec.generation, sp=spec.world_size, source=self.member.weights_source, took_s=took, timings_s=self.member.form_timings_s)
+        self.send(P.GroupFormed(worker_id=self.worker_id, generation=spec.generation, sp=spec.world_size, took_s=took))
+        if self.member.weights_version is not None:
+            # the member's flat copy is this version from now on (a copy given in is dropped)
+            self.executor.add_version(self.member.weights_version, self.member.state_dict())
 
     def _reform(self, form: P.GroupForm) -> bool:
         """Leader, at a step boundary: release followers and join the next generation."""
@@ -219,6 +259,7 @@ class GroupWorkerProcess(WorkerProcess):
     # ------------------------------------------------------------ main loop
     def run(self) -> int:
         self.send(P.WorkerHello(worker_id=self.worker_id, gpus=self.gpus, pid=os.getpid()))
+        worker_event("hello", worker=self.worker_id)
         form = None
         while True:
             msg = form or self._wait_form_or_stop()

@@ -13,8 +13,32 @@ from __future__ import annotations
 
 import datetime
 import socket
+import time
 
 import torch.distributed as dist
+
+
+PROBE_INTERVAL_S = 0.002
+
+
+def wait_listening(host: str, port: int, timeout_s: float) -> bool:
+    """Wait until something listens on ``host:port`` (probing every :data:`PROBE_INTERVAL_S`).
+
+    torch's ``TCPStore`` client retries a refused connection with a growing back-off (up to
+    about a second here): a member that reaches the rendezvous before rank 0 (a new worker
+    joining a leader that is finishing its denoising step) would connect up to that long after
+    rank 0 listens. Probing first lets it connect right away. Returns False after
+    ``timeout_s`` (the store client then reports the failure itself).
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=max(0.01, min(1.0, deadline - time.monotonic()))):
+                return True
+        except OSError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(PROBE_INTERVAL_S)
 
 
 def bound_store(host: str, port: int, rank: int, world_size: int, timeout: datetime.timedelta) -> "dist.TCPStore":
@@ -33,6 +57,7 @@ def bound_store(host: str, port: int, rank: int, world_size: int, timeout: datet
     if not 0 < int(port) < 65536:
         raise ValueError(f"port must be 1..65535, got {port}")
     if rank != 0:
+        wait_listening(host, port, timeout.total_seconds())
         return dist.TCPStore(host, port, world_size, False, timeout=timeout)
     family, stype, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     sock = socket.socket(family, stype, proto)

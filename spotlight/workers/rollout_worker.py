@@ -26,8 +26,36 @@ from spotlight.workers.common import (  # noqa: F401  (re-exported)
     RolloutExecutor,
     StepCounter,
     WorkerProcess,
+    exit_fast,
     worker_device,
 )
+
+
+def make_worker(agent_endpoint: str, worker_id: str, gpus: list[int], conf: dict, *, member=None) -> WorkerProcess:
+    """The worker process object for ``conf`` (the agent's ``--config-json``): a
+    :class:`~spotlight.workers.group_worker.GroupWorkerProcess` when ``sp_degree > 1``, else a
+    :class:`WorkerProcess`. ``member``: a warm spare's prepared SP group member (SP > 1 only).
+
+    Raises:
+        msgspec.ValidationError: ``conf["model"]`` / ``conf["sampler"]`` are not valid sections.
+    """
+    model_cfg = msgspec.convert(conf["model"], ModelConfig)
+    sampler_cfg = msgspec.convert(conf["sampler"], SamplerConfig)
+    if int(conf.get("sp_degree", 1)) > 1:
+        from spotlight.workers.group_worker import GroupWorkerProcess
+
+        return GroupWorkerProcess(agent_endpoint, worker_id, gpus, model_cfg, sampler_cfg, int(conf.get("worker_batch_size", 8)), member=member, weights_dir=conf.get("weights_dir"))
+    return WorkerProcess(agent_endpoint, worker_id, gpus, model_cfg, sampler_cfg, int(conf.get("worker_batch_size", 8)), lora=conf.get("lora") or {}, weights_dir=conf.get("weights_dir"))
+
+
+def setup_process(worker_id: str, conf: dict) -> None:
+    """Logging (``worker[<id>]`` prefix), the ``SIGUSR1`` stack dump and torch's thread count."""
+    import faulthandler
+    import signal as _signal
+
+    logging.basicConfig(level=os.environ.get("SPOTLIGHT_LOG_LEVEL", "INFO"), format=f"%(asctime)s worker[{worker_id}] %(levelname)s %(message)s", force=True)
+    faulthandler.register(_signal.SIGUSR1)  # `kill -USR1 <pid>` dumps every thread's stack (debugging hangs)
+    torch.set_num_threads(int(conf.get("torch_threads", 1)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,24 +65,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpus", default="0", help="comma-separated GPU indices of this worker")
     ap.add_argument("--config-json", required=True, help="JSON with 'model', 'sampler', 'worker_batch_size', 'torch_threads', 'sp_degree', 'lora', 'weights_dir'")
     args = ap.parse_args(argv)
-    logging.basicConfig(level=os.environ.get("SPOTLIGHT_LOG_LEVEL", "INFO"), format=f"%(asctime)s worker[{args.worker_id}] %(levelname)s %(message)s")
-    import faulthandler
-    import signal as _signal
-
-    faulthandler.register(_signal.SIGUSR1)  # `kill -USR1 <pid>` dumps every thread's stack (debugging hangs)
     conf = json.loads(args.config_json)
-    torch.set_num_threads(int(conf.get("torch_threads", 1)))
-    model_cfg = msgspec.convert(conf["model"], ModelConfig)
-    sampler_cfg = msgspec.convert(conf["sampler"], SamplerConfig)
+    setup_process(args.worker_id, conf)
     gpus = [int(g) for g in args.gpus.split(",") if g != ""]
-    if int(conf.get("sp_degree", 1)) > 1:
-        from spotlight.workers.group_worker import GroupWorkerProcess
-
-        proc = GroupWorkerProcess(args.agent, args.worker_id, gpus, model_cfg, sampler_cfg, int(conf.get("worker_batch_size", 8)), weights_dir=conf.get("weights_dir"))
-    else:
-        proc = WorkerProcess(args.agent, args.worker_id, gpus, model_cfg, sampler_cfg, int(conf.get("worker_batch_size", 8)), lora=conf.get("lora") or {}, weights_dir=conf.get("weights_dir"))
+    proc = make_worker(args.agent, args.worker_id, gpus, conf)
     rc = proc.run()
-    return 0 if rc is None else rc
+    proc.close()
+    exit_fast(0 if rc is None else rc)
 
 
 if __name__ == "__main__":

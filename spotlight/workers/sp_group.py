@@ -10,13 +10,19 @@ group; this module makes a member follow those decisions without a full restart:
   :meth:`SPGroupMember.form` with the next :class:`GroupSpec`; it destroys the old process
   group, forms a new one at the lower degree and rebuilds the parallel model from the
   full weights the member already keeps in host memory (``weights_source == "memory"``;
-  nothing is loaded from disk or from the coordinator).
+  nothing is loaded from disk or from the coordinator). A group of one needs no process
+  group and reuses its plain (SP-1) model object while the weights stay the same, so a
+  shrink to SP 1 costs no rendezvous and no model build.
 * **grow** (a GPU is added): a new process calls :meth:`SPGroupMember.form` with no
   weights; the survivors call it with the same spec. Rank 0 (a member that holds the
   weights; the node Scheduler lists such a member first) broadcasts them over the rebuilt
-  group with ``torch.distributed._broadcast_coalesced`` (per-tensor ``broadcast`` where
-  that private helper is missing), after announcing their metadata with
-  ``broadcast_object_list`` (paper §5) — ``weights_source == "broadcast"``.
+  group — ``weights_source == "broadcast"``. The paper (§5) uses
+  ``torch.distributed._broadcast_coalesced``, which packs tensors into buckets and unpacks
+  them on arrival; here every member already *keeps* its weights as one flat buffer per
+  dtype, so the transfer is one ``dist.broadcast`` per buffer straight from the sender's
+  kept buffer into the receiver's (no packing copy, no unpacking copy), and the receiver's
+  tensors are views into what arrived. A warm spare (``spotlight.workers.spare``)
+  pre-faults that receive buffer before it is assigned a GPU (:meth:`SPGroupMember.prewarm`).
 
 Membership change protocol inside :meth:`SPGroupMember.form` (collective: every member of
 the new spec calls it with the same spec, in any order; rendezvous is the TCP store of
@@ -25,23 +31,29 @@ the new spec calls it with the same spec, in any order; rendezvous is the TCP st
     validate spec (degree vs. heads / image tokens)      local, before any collective,
                                                          so every member fails alike
     destroy previous default process group               local
+    k == 1: keep the weights in memory, reuse the plain model; done
     init_process_group(rank = members.index(me))         rendezvous
     all_gather([holds_weights, version])                 every rank learns who lacks them
     if rank 0 holds none  -> SPGroupError on every rank
     if some rank lacks them / holds another version:
-        broadcast_object_list([arch config, names, shapes, dtypes])  from rank 0
-        _broadcast_coalesced(tensors, src=0)                         receivers fill buffers
+        broadcast(version)                                           from rank 0
+        broadcast(flat buffer) per dtype, src=0          receivers derive the layout
+                                                         (names sorted, shapes, dtypes)
+                                                         from a weightless skeleton of
+                                                         their own config: no pickle
     build a FRESH model object, load_state_dict(kept, assign=True),
-    enable_parallelism(ContextParallelConfig(ulysses_degree=k)) when k > 1
+    enable_parallelism(ContextParallelConfig(ulysses_degree=k))
 
-Why a fresh model object each time: diffusers refuses ``enable_parallelism`` on a model
-that already has a ``_parallel_config`` ("cannot be called twice"), and its hooks hold
-the old device mesh / process group. The skeleton is built under diffusers'
-``no_init_weights()`` (no random init cost) and then takes the kept tensors with
+Why a fresh model object for every k > 1 generation: diffusers refuses
+``enable_parallelism`` on a model that already has a ``_parallel_config`` ("cannot be called
+twice"), and its hooks hold the old device mesh / process group. The skeleton is built under
+diffusers' ``no_init_weights()`` (no random init cost) and then takes the kept tensors with
 ``load_state_dict(..., assign=True)``: on the CPU the parameters *are* the kept tensors
-(no copy); on a GPU they are copied to the device once. (A ``meta``-device skeleton does
-not work for Qwen-Image: ``QwenEmbedRope.pos_freqs`` / ``neg_freqs`` are plain tensor
-attributes, not buffers, so they would stay on ``meta`` after loading.)
+(no copy); on a GPU they are views into one device copy of them, made once per weights and
+shared by every model object (received weights arrive on the device directly). (A
+``meta``-device skeleton does not work for Qwen-Image: ``QwenEmbedRope.pos_freqs`` /
+``neg_freqs`` are plain tensor attributes, not buffers, so they would stay on ``meta``
+after loading.)
 
 Known diffusers faults handled here (diffusers 0.42.1, torch 2.13.0+cpu):
 
@@ -115,6 +127,7 @@ import dataclasses
 import datetime
 import logging
 import struct
+import time
 from typing import Callable
 
 import torch
@@ -125,9 +138,6 @@ from spotlight.models.dit import make_velocity_fn, token_shape, transformer_kwar
 from spotlight.rl.sampler import Conditioning, DenoiseState, Sampler
 
 log = logging.getLogger("spotlight.sp_group")
-
-BROADCAST_BUCKET_BYTES = 256 << 20
-"""Bucket size for ``_broadcast_coalesced`` (tensors are flattened into buckets this big)."""
 
 OP_BATCH, OP_STEP, OP_END, OP_RELEASE = 1, 2, 3, 4
 _HEADER_LEN = 8
@@ -283,8 +293,72 @@ def _model_class():
     return QwenImageTransformer2DModel
 
 
+Entry = tuple[str, tuple, torch.dtype]
+"""``(name, shape, dtype)`` of one weight tensor."""
+
+
+def _layout(entries: list[Entry]) -> list[tuple[torch.dtype, int, list[tuple[str, tuple, int, int]]]]:
+    """How weights sit in flat buffers: one buffer per dtype (dtypes in name order), the tensors
+    in ``entries`` order (names sorted) back to back. Returns ``[(dtype, numel, [(name, shape,
+    offset, numel)…])…]``; every member derives the same layout from the same entries."""
+    out = []
+    for dt in sorted({e[2] for e in entries}, key=str):
+        items, off = [], 0
+        for name, shape, d in entries:
+            if d == dt:
+                n = 1
+                for s in shape:
+                    n *= int(s)
+                items.append((name, tuple(shape), off, n))
+                off += n
+        out.append((dt, off, items))
+    return out
+
+
+def _views(flat: dict[torch.dtype, torch.Tensor], layout) -> dict[str, torch.Tensor]:
+    return {name: flat[dt][off : off + n].view(shape) for dt, _, items in layout for name, shape, off, n in items}
+
+
+def _as_flat(state_dict: dict[str, torch.Tensor]) -> tuple[dict[torch.dtype, torch.Tensor], dict[str, torch.Tensor], list]:
+    """``(flat buffers, views by name, layout)`` of ``state_dict`` on the CPU.
+
+    Zero-copy when ``state_dict`` already consists of views laid out as :func:`_layout` says
+    (what :meth:`SPGroupMember.state_dict` returns); otherwise the tensors are copied once into
+    fresh flat buffers.
+    """
+    layout = _layout([(n, tuple(state_dict[n].shape), state_dict[n].dtype) for n in sorted(state_dict)])
+    flat: dict[torch.dtype, torch.Tensor] = {}
+    for dt, total, items in layout:
+        first = state_dict[items[0][0]] if items else None
+        adoptable = (
+            first is not None
+            and first.device.type == "cpu"
+            and first.untyped_storage().nbytes() == total * first.element_size()
+            and all(
+                (t := state_dict[name]).untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+                and t.storage_offset() == off
+                and t.is_contiguous()
+                for name, _, off, _ in items
+            )
+        )
+        if adoptable:
+            flat[dt] = torch.empty(0, dtype=dt).set_(first.untyped_storage(), 0, (total,))
+        else:
+            buf = torch.empty(total, dtype=dt)
+            for name, shape, off, n in items:
+                buf[off : off + n].view(shape).copy_(state_dict[name].detach())
+            flat[dt] = buf
+    return flat, _views(flat, layout), layout
+
+
 class SPGroupMember:
     """One process's membership in an SP group; owns the process group and the (parallel) transformer.
+
+    The full weights are kept in host memory as one flat buffer per dtype (:meth:`state_dict`
+    returns views into it): a peer copy is one ``dist.broadcast`` per buffer straight into the
+    receiver's buffer (no per-tensor messages, no bucket copies), and every model object built
+    from them aliases those buffers on the CPU (on a GPU, one device copy shared by every model
+    object of the same weights).
 
     Args:
         model_cfg: the run's ``[model]`` section.
@@ -306,6 +380,13 @@ class SPGroupMember:
         self.model = None
         self.weights_version: int | None = None
         self._state: dict[str, torch.Tensor] | None = None
+        self._flat: dict[torch.dtype, torch.Tensor] = {}
+        self._flat_layout: list = []
+        self._dev_flat: dict[torch.dtype, torch.Tensor] | None = None  # GPU: one device copy of _flat
+        self._dev_state: dict[str, torch.Tensor] | None = None  # … and its views
+        self._plain = None  # the SP-1 model object, reused while the weights stay the same
+        self._entries: list[Entry] | None = None
+        self._recv_flat: dict[torch.dtype, torch.Tensor] | None = None  # pre-faulted by prewarm()
         self._arch: dict | None = None
         self._source: str = ""
         self.cache_threshold: float = 0.0
@@ -314,6 +395,10 @@ class SPGroupMember:
         """Whether the current model has First Block Cache installed (>= 2 transformer blocks)."""
         self.cache_skips = 0
         """Forwards whose tail blocks were skipped by the cache (monotonic; the leader diffs it)."""
+        self.form_timings_s: dict[str, float] = {}
+        """Seconds spent in each phase of the last :meth:`form`: ``teardown`` (old group),
+        ``rendezvous`` (new process group; 0 at SP 1, which needs none), ``weights``
+        (exchange), ``build`` (model object)."""
 
     # ------------------------------------------------------------ properties
     @property
@@ -330,7 +415,8 @@ class SPGroupMember:
         return self._source
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """The kept full weights (CPU tensors). Raises ``RuntimeError`` if none are held."""
+        """The kept full weights: CPU views into the flat buffers, names sorted. Raises
+        ``RuntimeError`` if none are held. Do not modify them in place (models alias them)."""
         if self._state is None:
             raise RuntimeError(f"worker {self.worker_id} holds no weights")
         return self._state
@@ -339,16 +425,46 @@ class SPGroupMember:
     def _comm_device(self) -> torch.device:
         return self.device if self.backend == "nccl" else torch.device("cpu")
 
+    # ------------------------------------------------------------ warm spare
+    def prewarm(self, *, preallocate: bool = True) -> None:
+        """Prepare a member that will receive its weights by broadcast (a warm spare, before
+        it is assigned a GPU): derive the tensor layout from a weightless skeleton, build one
+        throw-away skeleton (first-use costs of the model class), and on the CPU pre-fault the
+        receive buffers (``preallocate``), so none of it happens while a group waits.
+
+        Never touches CUDA. Raises ``OSError`` if a pretrained model's config cannot be read.
+        """
+        entries = self._skeleton_entries()
+        if preallocate and self.device.type == "cpu":
+            self._recv_flat = {dt: torch.zeros(total, dtype=dt) for dt, total, _ in _layout(entries)}
+
+    def reassign(self, worker_id: str, device: torch.device | str) -> None:
+        """Give a prepared member (a warm spare's) its worker id and device once assigned.
+
+        Raises:
+            RuntimeError: the member already formed a group or holds weights.
+        """
+        if self.spec is not None or self._state is not None:
+            raise RuntimeError(f"member {self.worker_id} is in use; only an unused member can be reassigned")
+        self.worker_id = worker_id
+        self.device = torch.device(device)
+        self.backend = "nccl" if self.device.type == "cuda" else "gloo"
+        if self.device.type != "cpu":
+            self._recv_flat = None  # NCCL receives into device memory
+
     # ------------------------------------------------------------ membership
     def form(self, spec: GroupSpec, *, state_dict: dict | None = None, version: int | None = None) -> None:
         """(Re)join the group described by ``spec`` (collective over ``spec.members``).
+
+        A group of one needs no process group: it only drops the old one and takes the
+        weights in memory (the SP-1 model object is reused while they stay the same).
 
         Args:
             spec: the new generation; this worker must be one of its members.
             state_dict: full weights to use from now on (``weights_source = "given"``);
                 None keeps the weights already in memory, or receives them from rank 0.
-                CPU tensors are kept by reference (on the CPU they become the model's
-                parameters, no copy): do not modify them in place afterwards.
+                They are copied once into the member's flat buffers unless they already are
+                views laid out that way (what :meth:`state_dict` returns).
             version: weight version of ``state_dict`` (members whose version differs from
                 rank 0's receive rank 0's weights); None keeps the current one.
 
@@ -360,10 +476,11 @@ class SPGroupMember:
         if self.worker_id not in spec.members:
             raise ValueError(f"worker {self.worker_id!r} is not a member of {spec.members}")
         check_sp_degree(self.model_cfg, spec.world_size)
+        t0 = time.perf_counter()
         self._teardown()
+        t1 = time.perf_counter()
         if state_dict is not None:
-            self._state = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
-            self.weights_version = version
+            self._keep(*_as_flat(state_dict), None, version=version)
             self._source = "given"
         elif self._state is not None:
             self._source = "memory"
@@ -372,25 +489,30 @@ class SPGroupMember:
         self.rank = spec.members.index(self.worker_id)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        from spotlight.workers.rendezvous import bound_store  # the store listens on master_addr only
+        if spec.world_size > 1:
+            from spotlight.workers.rendezvous import bound_store  # the store listens on master_addr only
 
-        dist.init_process_group(
-            self.backend,
-            store=bound_store(spec.master_addr, spec.master_port, self.rank, spec.world_size, datetime.timedelta(seconds=self.timeout_s)),
-            rank=self.rank,
-            world_size=spec.world_size,
-            timeout=datetime.timedelta(seconds=self.timeout_s),
-        )
+            dist.init_process_group(
+                self.backend,
+                store=bound_store(spec.master_addr, spec.master_port, self.rank, spec.world_size, datetime.timedelta(seconds=self.timeout_s)),
+                rank=self.rank,
+                world_size=spec.world_size,
+                timeout=datetime.timedelta(seconds=self.timeout_s),
+            )
         self.spec = spec
+        t2 = time.perf_counter()
         try:
             if spec.world_size > 1:
                 self._exchange_weights()
             elif self._state is None:
                 raise SPGroupError(f"worker {self.worker_id} forms a group of one but holds no weights")
+            t3 = time.perf_counter()
             self.model = self._build_model(spec.world_size)
         except BaseException:
             self._teardown()
             raise
+        t4 = time.perf_counter()
+        self.form_timings_s = {"teardown": t1 - t0, "rendezvous": t2 - t1, "weights": t3 - t2, "build": t4 - t3}
         log.info(
             "worker %s: formed generation %d, rank %d/%d, weights from %s",
             self.worker_id, spec.generation, self.rank, spec.world_size, self._source,
@@ -410,6 +532,91 @@ class SPGroupMember:
         self.rank = -1
 
     # ------------------------------------------------------------ weights
+    def _keep(self, flat: dict, views: dict, layout: list, dev_flat: dict | None, *, version: int | None) -> None:
+        """Make ``views`` (into ``flat``) the kept weights; models built before keep theirs.
+        ``dev_flat``: the same weights already on this member's GPU (received there)."""
+        self._flat, self._state, self._flat_layout = flat, views, layout
+        self.weights_version = version
+        self._dev_flat = dev_flat
+        self._dev_state = None if dev_flat is None else _views(dev_flat, layout)
+        self._plain = None
+
+    def set_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        """Keep ``state_dict`` as weight ``version`` and load it into the current model.
+
+        The previous weights are left untouched (the model takes the new tensors instead of
+        being overwritten in place), so a caller that still holds the previous
+        :meth:`state_dict` (an older version kept for stale-weight exploration) keeps it.
+        Local: use :meth:`broadcast_weights` to give the same version to a whole group.
+        """
+        self._keep(*_as_flat(state_dict), None, version=version)
+        self._load_into_model()
+
+    def broadcast_weights(self, state_dict: dict[str, torch.Tensor] | None, version: int) -> None:
+        """Collective over the formed group: rank 0 keeps ``state_dict`` as ``version`` and
+        sends it; the others (``state_dict=None``) receive it into fresh buffers; every member
+        loads it into its model (see :meth:`set_weights`). Names are not sent: every member
+        derives the layout from its own weights' names, shapes and dtypes (same architecture).
+
+        Raises:
+            SPGroupError: a collective failed, or rank 0 passed no weights.
+        """
+        if self.is_leader:
+            if state_dict is None:
+                raise SPGroupError("rank 0 must pass the weights to broadcast")
+            self._keep(*_as_flat(state_dict), None, version=version)
+            if self.sp_degree > 1:
+                self._broadcast_flat(self._flat_layout, receiving=False)
+        else:
+            self._keep(*self._broadcast_flat(self._flat_layout, receiving=True), version=version)
+        self._load_into_model()
+
+    def _load_into_model(self) -> None:
+        """Point the current model's parameters at the kept weights (no in-place copy)."""
+        if self.model is None:
+            return
+        self.model.load_state_dict(self._model_state(), strict=True, assign=True)
+        if self.sp_degree == 1:
+            self._plain = self.model  # still the plain model, now of these weights
+
+    def _broadcast_flat(self, layout: list, *, receiving: bool):
+        """Every rank: rank 0's flat buffers → receivers (``receiving``), straight into them.
+        Returns ``(flat, views, layout, device flat or None)`` on a receiver, else None."""
+        dev = self._comm_device
+        flat: dict[torch.dtype, torch.Tensor] = {}
+        for dt, total, _ in layout:
+            if receiving:
+                buf = self._recv_flat.pop(dt, None) if self._recv_flat else None
+                if buf is None or buf.numel() != total or dev.type != "cpu":
+                    buf = torch.empty(total, dtype=dt, device=dev)
+            else:
+                if dev.type == "cpu":
+                    buf = self._flat[dt]
+                else:
+                    self._model_state()
+                    buf = self._dev_flat[dt]
+                if buf.numel() != total:
+                    raise SPGroupError(f"worker {self.worker_id}: kept {dt} weights have {buf.numel()} elements, the layout {total}")
+            dist.broadcast(buf, src=0)
+            flat[dt] = buf
+        self._recv_flat = None
+        if not receiving:
+            return None
+        if dev.type == "cpu":
+            return flat, _views(flat, layout), layout, None
+        host = {dt: b.to("cpu") for dt, b in flat.items()}
+        return host, _views(host, layout), layout, flat  # the received device buffers are the device copy
+
+    def _model_state(self) -> dict[str, torch.Tensor]:
+        """The tensors a model object is built from: the kept CPU views, or on a GPU views into
+        one device copy of them (made once per weights; received buffers are used as is)."""
+        if self.device.type == "cpu":
+            return self._state
+        if self._dev_state is None:
+            self._dev_flat = {dt: f.to(self.device) for dt, f in self._flat.items()}
+            self._dev_state = _views(self._dev_flat, self._flat_layout)
+        return self._dev_state
+
     def _arch_config(self) -> dict:
         if self._arch is None:
             if self.model_cfg.source == "pretrained":
@@ -432,51 +639,43 @@ class SPGroupMember:
         receivers = [r for r in range(world) if flags[r] != flags[0]]
         if not receivers:
             return
-        # No pickle on the wire (DESIGN §9): every member derives the tensor list from its own
+        # No pickle on the wire (DESIGN §9): every member derives the tensor layout from its own
         # copy of the architecture (names sorted, shapes and dtypes from a weightless
-        # skeleton); only the version number and the raw tensors travel.
+        # skeleton); only the version number and the raw flat buffers travel.
         ver = torch.tensor([self.weights_version if (self.rank == 0 and self.weights_version is not None) else -1], dtype=torch.int64, device=dev)
         dist.broadcast(ver, src=0)
-        if self.rank == 0:
-            entries = [(n, tuple(self._state[n].shape), self._state[n].dtype) for n in sorted(self._state)]
-        else:
-            entries = self._skeleton_entries()
-        meta = {"arch": self._arch_config(), "version": None if int(ver.item()) < 0 else int(ver.item()), "entries": entries}
         receiving = self.rank in receivers
+        layout = self._flat_layout if (self.rank == 0 or not receiving) else _layout(self._skeleton_entries())
+        got = self._broadcast_flat(layout, receiving=receiving)
         if receiving:
-            tensors = [torch.empty(shape, dtype=dt, device=dev) for _, shape, dt in meta["entries"]]
-        else:
-            tensors = [self._state[n].to(dev) for n, _, _ in meta["entries"]]
-        coalesced = getattr(dist, "_broadcast_coalesced", None)
-        if coalesced is not None:
-            coalesced(dist.group.WORLD, tensors, BROADCAST_BUCKET_BYTES, 0)
-        else:  # pragma: no cover - torch builds without the private helper
-            for t in tensors:
-                dist.broadcast(t, src=0)
-        if receiving:
-            self._state = {n: t.to("cpu") for (n, _, _), t in zip(meta["entries"], tensors)}
-            self._arch = meta["arch"]
-            self.weights_version = meta["version"]
+            self._keep(*got, version=None if int(ver.item()) < 0 else int(ver.item()))
             self._source = "broadcast"
 
-    def _skeleton_entries(self) -> list[tuple[str, tuple, torch.dtype]]:
-        """(name, shape, dtype) of every weight, sorted by name, from a weightless skeleton."""
-        from diffusers.models.modeling_utils import no_init_weights
+    def _skeleton_entries(self) -> list[Entry]:
+        """(name, shape, dtype) of every weight, sorted by name, from a weightless skeleton (cached)."""
+        if self._entries is None:
+            from diffusers.models.modeling_utils import no_init_weights
 
-        with no_init_weights():
-            skel = _model_class().from_config(self._arch_config())
-        sd = skel.state_dict()
-        return [(n, tuple(sd[n].shape), sd[n].dtype) for n in sorted(sd)]
+            with no_init_weights():
+                skel = _model_class().from_config(self._arch_config())
+            sd = skel.state_dict()
+            self._entries = [(n, tuple(sd[n].shape), sd[n].dtype) for n in sorted(sd)]
+        return self._entries
 
     def _build_model(self, world: int):
-        """A fresh transformer object holding the kept weights, with First Block Cache
-        installed (off until :meth:`begin_batch` sets a threshold) and then parallelised
-        when ``world > 1`` (module docstring: the cache must sit inside the split hooks)."""
+        """The transformer object for a group of ``world``: at SP 1 the plain model, reused while
+        the weights stay the same; otherwise a fresh object (diffusers' ``enable_parallelism``
+        binds it to this generation's mesh) whose parameters alias the kept weights. First
+        Block Cache is installed on every fresh object (off until :meth:`begin_batch` sets a
+        threshold) before it is parallelised (module docstring: the cache must sit inside the
+        split hooks)."""
+        if world == 1 and self._plain is not None:
+            return self._plain
         from diffusers.models.modeling_utils import no_init_weights
 
         with no_init_weights():
             model = _model_class().from_config(self._arch_config())
-        model.load_state_dict(self._state, strict=True, assign=True)
+        model.load_state_dict(self._model_state(), strict=True, assign=True)
         model = model.to(self.device).eval()
         self.cache_threshold = 0.0
         self.cache_supported = self._install_cache(model)
@@ -490,6 +689,8 @@ class SPGroupMember:
 
                 # the split hooks were registered on blocks after the cache's: drop stale child lists
                 HookRegistry.check_if_exists_or_initialize(model).invalidate_child_registries_cache()
+        else:
+            self._plain = model
         return model
 
     def _install_cache(self, model) -> bool:
@@ -650,12 +851,14 @@ def run_group_batch(
     stop_at: int | None = None,
     should_stop: Callable[[DenoiseState], bool] | None = None,
     cache_threshold: float = 0.0,
+    on_step: Callable[[DenoiseState], None] | None = None,
 ) -> DenoiseState | None:
     """Denoise ``state`` over the group (leader) or mirror the leader's forwards (follower).
 
     On the leader (rank 0) this runs ``sampler.advance`` until ``state.step`` reaches
     ``stop_at`` (default: the last step) or ``should_stop(state)`` is True between steps,
-    broadcasting the transformer inputs so followers join every parallel forward. On a
+    broadcasting the transformer inputs so followers join every parallel forward;
+    ``on_step(state)`` is called after every completed step. On a
     follower it ignores ``sampler``/``state``/``cond``, serves one batch and returns None.
 
     ``cache_threshold`` (leader; > 0 only for exploration) runs the batch with First Block
@@ -711,6 +914,8 @@ def run_group_batch(
                     del state.log_probs[snap[3]:]
                     state.computed_steps = snap[4]
                     raise
+                if on_step is not None:
+                    on_step(state)
         if world > 1:
             _bcast_header(member, OP_END)
     except (RuntimeError, dist.DistError) as exc:

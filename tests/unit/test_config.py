@@ -90,6 +90,7 @@ def test_wrong_type_names_the_field():
     assert "$.run.iterations" in str(err)
     _raises_naming("sampler.noise_level", **{"sampler.noise_level": "high"})
     _raises_naming("explore.enabled", **{"explore.enabled": 3})
+    _raises_naming("cluster.warm_spare", **{"cluster.warm_spare": "yes"})
 
 
 @pytest.mark.parametrize(

@@ -61,6 +61,7 @@ SAMPLES: dict[P.MsgType, P._Msg] = {
     P.MsgType.WORKER_HELLO: P.WorkerHello(worker_id="spot-0/gpu0", gpus=[0], pid=4321),
     P.MsgType.STOP: P.Stop(commit=False, reason="node draining"),
     P.MsgType.GROUP_FORM: P.GroupForm(members=["n/gpu0", "n/gpu1"], master_addr="127.0.0.1", master_port=29500, generation=2, version=3),
+    P.MsgType.GROUP_FORMED: P.GroupFormed(worker_id="n/gpu1", generation=2, sp=2, took_s=0.8),
     P.MsgType.TRAIN_READY: P.TrainReady(rank=0, world_size=2, version=0),
     P.MsgType.TRAIN_BATCH: P.TrainBatch(iteration=1, version=1, micro_batches=[[0, 1], [2]], tensors=[P.TensorMeta("advantages", "float32", [3])]),
     P.MsgType.TRAIN_DONE: P.TrainDone(rank=0, iteration=1, new_version=2, metrics={"train/loss": -0.5}, train_s=3.0),

@@ -54,22 +54,44 @@ def test_bound_store_listens_on_loopback_only_and_serves_other_ranks():
     del client, master
 
 
-def test_sp_group_rendezvous_listens_on_loopback_only():
+def test_sp_group_rendezvous_listens_on_loopback_only(monkeypatch):
+    import pytest
+
+    import spotlight.workers.rendezvous as R
+
+    port = _free_port()
+    seen = {}
+
+    class Seen(Exception):
+        pass
+
+    real = R.bound_store
+
+    def spy(*a, **kw):  # inspect the sockets once rank 0's store is up, then stop the form
+        seen["store"] = real(*a, **kw)
+        seen["ips"] = _listening(port)
+        raise Seen
+
+    monkeypatch.setattr(R, "bound_store", spy)
+    peer = threading.Thread(target=lambda: seen.update(client=real("127.0.0.1", port, 1, 2, TIMEOUT)))
+    peer.start()  # rank 1's store client (rank 0's store waits for it)
+    m = SPGroupMember(ModelConfig(), "w0", torch.device("cpu"), timeout_s=60)
+    try:
+        with pytest.raises(Seen):
+            m.form(GroupSpec(members=("w0", "w1"), master_addr="127.0.0.1", master_port=port, generation=1),
+                   state_dict=build_transformer(ModelConfig(), 384).state_dict(), version=0)
+    finally:
+        peer.join(60)
+        m.leave()
+    assert seen["ips"] == {"127.0.0.1"}
+
+
+def test_group_of_one_opens_no_rendezvous():
     port = _free_port()
     m = SPGroupMember(ModelConfig(), "w0", torch.device("cpu"), timeout_s=60)
-    seen = {}
-    real = dist.init_process_group
-
-    def spy(*a, **kw):  # inspect the sockets while the group is being formed
-        out = real(*a, **kw)
-        seen["ips"] = _listening(port)
-        return out
-
-    dist.init_process_group = spy
     try:
         m.form(GroupSpec(members=("w0",), master_addr="127.0.0.1", master_port=port, generation=1),
                state_dict=build_transformer(ModelConfig(), 384).state_dict(), version=0)
+        assert _listening(port) == set() and not dist.is_initialized()
     finally:
-        dist.init_process_group = real
         m.leave()
-    assert seen["ips"] == {"127.0.0.1"}

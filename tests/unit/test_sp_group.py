@@ -461,3 +461,102 @@ def test_hard_revoke_mid_batch_rolls_back_and_continues_alone():
     assert out["leader.source"] == "memory"
     assert out["leader.step"] == sampler.cfg.num_steps
     np.testing.assert_allclose(out["leader.final"], ref_state.latents.numpy(), atol=1e-4, rtol=0)
+
+
+def test_version_switch_keeps_the_older_version_and_sp1_needs_no_process_group():
+    """A leader switching v0 → v1 → v0 (exploration keeps v_n while rollouts use v_n+1) must
+    not overwrite the v0 tensors it keeps (the model used to be loaded in place over them).
+    A group of one forms without a process group and reuses its plain model object."""
+    import torch.distributed as dist
+
+    from spotlight.workers.group_worker import broadcast_weights
+
+    _setup_child()
+    cfg = ModelConfig()
+    a = build_transformer(cfg, TEXT_DIM, seed=1).state_dict()
+    b = build_transformer(cfg, TEXT_DIM, seed=2).state_dict()
+    a_copy = {k: v.clone() for k, v in a.items()}
+    m = SPGroupMember(cfg, "w0", torch.device("cpu"))
+    m.form(_spec(["w0"], 1, 1), state_dict=a, version=0)  # port 1: never bound at SP 1
+    assert not dist.is_initialized() and m.form_timings_s["rendezvous"] < 1.0
+    v0 = m.state_dict()
+    ref_a = _velocity(m)
+    plain = m.model
+    broadcast_weights(m, b, 1)
+    assert m.weights_version == 1 and m.model is plain
+    ref_b = _velocity(m)
+    assert not np.allclose(ref_a, ref_b)
+    for k in a:
+        assert torch.equal(a[k], a_copy[k]) and torch.equal(v0[k], a_copy[k]), k
+    broadcast_weights(m, v0, 0)  # back to v0: its views are adopted, not copied
+    np.testing.assert_array_equal(_velocity(m), ref_a)
+    assert all(m.state_dict()[k].data_ptr() == v0[k].data_ptr() for k in v0)
+    m.form(_spec(["w0"], 1, 2))
+    assert m.model is plain and m.weights_source == "memory"
+    np.testing.assert_array_equal(_velocity(m), ref_a)
+    m.leave()
+
+
+def test_prewarmed_spare_member_is_reassigned_and_receives_into_its_buffers():
+    """A warm spare's member: layout and pre-faulted receive buffers before it has an id."""
+    from spotlight.workers.sp_group import _layout
+
+    cfg = ModelConfig()
+    m = SPGroupMember(cfg, "spare", torch.device("cpu"))
+    m.prewarm()
+    entries = m._skeleton_entries()
+    want = sorted(build_transformer(cfg, TEXT_DIM).state_dict())
+    assert [n for n, _, _ in entries] == want
+    assert {dt: t.numel() for dt, t in m._recv_flat.items()} == {dt: n for dt, n, _ in _layout(entries)}
+    m.reassign("node/gpu1.r1", "cpu")
+    assert m.worker_id == "node/gpu1.r1" and m._recv_flat is not None
+    m.form(_spec(["node/gpu1.r1"], 1, 1), state_dict=_weights(), version=3)
+    with pytest.raises(RuntimeError, match="in use"):
+        m.reassign("other", "cpu")
+    m.leave()
+
+
+def test_leader_alone_abandons_its_step_for_a_join_and_the_result_is_unchanged(monkeypatch):
+    """A GROUP_FORM arriving mid-step at SP 1 (a GPU granted): the leader stops between two
+    transformer blocks, the step restarts from its beginning in the new generation, and the
+    request's result is the uninterrupted one."""
+    from spotlight import protocol as P
+    from spotlight.workers import group_worker as GW
+    from spotlight.workers.common import RolloutExecutor
+
+    _setup_child()
+    cfg, scfg = ModelConfig(), SamplerConfig()
+    weights = _weights()
+    m = SPGroupMember(cfg, "w0", torch.device("cpu"))
+    m.form(_spec(["w0"], 1, 1), state_dict=weights, version=0)
+    abandoned = []
+    monkeypatch.setattr(GW._JoinPending, "__init__", lambda self, *a: abandoned.append(m.model is not None))
+
+    def reform(form):
+        m.form(_spec(form.members, 1, form.generation))
+        return True
+
+    ex = GW.GroupExecutor(m, scfg, reform)
+    ex.versions[0] = m.state_dict()
+    calls = []
+
+    def should_stop():
+        calls.append(1)
+        if len(calls) == 5:  # step boundary, 2 blocks, boundary, then the first block of step 1
+            ex.pending_form = P.GroupForm(members=["w0"], master_addr="127.0.0.1", master_port=1, generation=2)
+        return False
+
+    _, _, cond = _inputs()
+    tensors = {"cond.embeds": cond.embeds[:1], "cond.mask": cond.mask[:1]}
+    item = P.LeaseItem(lease_id=1, request_id="r", kind="rollout", iteration=0, prompt_index=0, seed=SEEDS[0], weight_version=0)
+    got = ex.run("w0", P.Leases(worker_id="w0", items=[item]), dict(tensors), should_stop=should_stop).result
+    ref_ex = RolloutExecutor(cfg, scfg)
+    ref_ex.add_version(0, weights)
+    ref = ref_ex.run("ref", P.Leases(worker_id="ref", items=[item]), dict(tensors)).result
+    assert abandoned == [True] and m.spec.generation == 2
+    from spotlight.tensor_wire import unpack_tensors
+
+    a, b = unpack_tensors(got[0].tensors, got[1]), unpack_tensors(ref[0].tensors, ref[1])
+    torch.testing.assert_close(a["window_latents"], b["window_latents"], atol=1e-5, rtol=0)
+    torch.testing.assert_close(a["log_probs"], b["log_probs"], atol=1e-4, rtol=1e-6)
+    m.leave()

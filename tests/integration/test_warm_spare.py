@@ -1,0 +1,237 @@
+"""Warm spare on a live node: a granted GPU is served by the pre-started spare process.
+
+A real ``spotlight-agent join`` (one GPU, ``sp_degree = 2`` from the coordinator, so its worker
+serves alone at SP 1) talks CURVE to a stand-in coordinator in this process that speaks the
+real protocol and hands out one rollout request per pull, forever. Then: ``add-gpu 1`` (the
+spare becomes the new worker, receives the weights from its peer and the group serves at SP 2;
+a new spare starts), ``revoke 1`` (SP 1 again), ``add-gpu 1`` (the second spare is used), and
+finally ``kill -9`` of the agent, after which none of its processes may remain.
+
+Every finished request is compared with the same request denoised by a single-GPU
+:class:`~spotlight.workers.common.RolloutExecutor` in this process: the reconfigurations
+(some happen in the middle of a request's denoising) change nothing in the results.
+No timing is asserted; every wait is on a condition with a generous deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import msgspec
+import psutil
+import pytest
+import torch
+import zmq
+
+from spotlight import protocol as P
+from spotlight.config import ModelConfig, SamplerConfig
+from spotlight.models.dit import build_transformer
+from spotlight.security import Authenticator, add_client, apply_server, init_keys, load_server_keys
+from spotlight.tensor_wire import pack_tensors, state_dict_to_bytes, unpack_tensors
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+WAIT_S = 300
+SAMPLER = SamplerConfig(num_steps=30, sde_window_size=8)
+
+
+class Coordinator(threading.Thread):
+    """Registration, heartbeat acks, weights v0, one rollout request (new seed) per pull."""
+
+    def __init__(self, keys_dir: pathlib.Path, weights: bytes):
+        super().__init__(daemon=True)
+        self.ctx = zmq.Context()
+        self.auth = Authenticator(self.ctx, load_server_keys(keys_dir))
+        self.auth.start()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        apply_server(self.sock, self.auth.keys)
+        self.port = self.sock.bind_to_random_port("tcp://127.0.0.1")
+        self.weights = weights
+        g = torch.Generator().manual_seed(5)
+        self.cond = {"cond.embeds": torch.randn(1, 16, 384, generator=g), "cond.mask": torch.ones(1, 16, dtype=torch.int64)}
+        self.results: dict[int, dict[str, torch.Tensor]] = {}  # seed -> result tensors
+        self.stop = threading.Event()
+        self.seed = 100
+
+    def run(self) -> None:
+        metas, frames = pack_tensors(self.cond)
+        seeds: dict[str, int] = {}
+        while not self.stop.is_set():
+            if not self.sock.poll(50):
+                continue
+            ident, *msg = self.sock.recv_multipart()
+            mtype, body, payload = P.decode(msg)
+            reply, extra = None, None
+            if mtype == P.MsgType.REGISTER:
+                reply = P.Registered(node_id=body.node_id, heartbeat_interval_s=1.0, lease_timeout_s=600.0, worker_batch_size=1, torch_threads=1, sp_degree=2,
+                                     model=msgspec.to_builtins(ModelConfig()), sampler=msgspec.to_builtins(SAMPLER), latest_version=0, session="s")
+            elif mtype == P.MsgType.HEARTBEAT:
+                reply = P.Heartbeat(node_id=body.node_id)
+            elif mtype == P.MsgType.PULL:
+                self.seed += 1
+                rid = f"r{self.seed}"
+                seeds[rid] = self.seed
+                item = P.LeaseItem(lease_id=self.seed, request_id=rid, kind="rollout", iteration=0, prompt_index=0, seed=self.seed, weight_version=0)
+                reply, extra = P.Leases(worker_id=body.worker_id, items=[item], tensors=metas), frames
+            elif mtype == P.MsgType.FETCH_WEIGHTS:
+                reply, extra = P.Weights(version=body.version, size_bytes=len(self.weights)), [self.weights]
+            elif mtype == P.MsgType.RESULT:
+                self.results[seeds[body.items[0].request_id]] = unpack_tensors(body.tensors, payload)
+            if reply is not None:
+                self.sock.send_multipart([ident, *P.encode(reply, extra)])
+        self.sock.close(0)
+        self.auth.stop()
+
+
+def _control(node_id: str, request: dict) -> dict:
+    from spotlight.agent_paths import control_endpoint
+
+    sock = zmq.Context.instance().socket(zmq.REQ)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(control_endpoint(node_id))
+    try:
+        sock.send(json.dumps(request).encode())
+        if not sock.poll(30_000):
+            return {}
+        return json.loads(sock.recv())
+    finally:
+        sock.close()
+
+
+def _wait(pred, what: str, proc: subprocess.Popen, timeout_s: float = WAIT_S):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        if proc.poll() is not None:
+            raise AssertionError(f"the agent exited ({proc.returncode}) while waiting for {what}")
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("spare")
+    keys = tmp / "keys"
+    init_keys(keys)
+    add_client(keys, "agent", "n")
+    weights = build_transformer(ModelConfig()).state_dict()
+    coord = Coordinator(keys, state_dict_to_bytes(weights))
+    coord.start()
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SPOTLIGHT_AGENT_STATE", str(tmp / "state"))  # the agent's and _control's (agent_paths)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), SPOTLIGHT_WORKER_EVENTS=str(tmp / "events.jsonl"))
+    log = open(tmp / "agent.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "agent.main", "join", "--coordinator", f"127.0.0.1:{coord.port}", "--gpus", "0", "--node-id", "n",
+                             "--keys", str(keys), "--key", "n", "--warm-spare"], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    facts: dict = {"tmp": tmp}
+    try:
+        status = lambda: _control("n", {"cmd": "status"})  # noqa: E731
+
+        def serving(sp):
+            s = status()
+            return s if s.get("groups") and len(s["groups"][0]["members"]) == sp and s["groups"][0]["serving"] else None
+
+        def spare_ready(other_than=None):
+            s = status()
+            return s if s.get("spare") and s["spare"]["ready"] and s["spare"]["pid"] != other_than else None
+
+        _wait(lambda: serving(1), "SP 1 serving", proc)
+        spare1 = _wait(spare_ready, "the first spare", proc)["spare"]["pid"]
+        added = _control("n", {"cmd": "add", "gpus": [1]})
+        s = _wait(lambda: serving(2), "SP 2 serving after the grant", proc)
+        facts["grant1"] = {"spare_pid": spare1, "started": added["started"], "status": s}
+        s = _wait(lambda: spare_ready(other_than=spare1), "the next spare", proc)
+        spare2 = s["spare"]["pid"]
+        facts["spare2"] = spare2
+        facts["spare1_alive_after_grant"] = not _gone(spare1)
+        n_results = len(coord.results)
+        _wait(lambda: len(coord.results) >= n_results + 2, "results at SP 2", proc)
+        assert _control("n", {"cmd": "revoke", "gpus": [1], "grace_s": 20})["ok"]
+        _wait(lambda: (s := serving(1)) and s["gpus"] == [0], "SP 1 after the revocation", proc)
+        _wait(lambda: _gone(spare1), "the revoked worker's exit", proc)
+        added = _control("n", {"cmd": "add", "gpus": [1]})
+        s = _wait(lambda: serving(2), "SP 2 serving after the second grant", proc)
+        facts["grant2"] = {"spare_pid": spare2, "started": added["started"], "status": s}
+        n_results = len(coord.results)
+        _wait(lambda: len(coord.results) >= n_results + 2, "results at SP 2 again", proc)
+        # the agent is killed: its spare (PR_SET_PDEATHSIG) and workers must not outlive it
+        s = _wait(spare_ready, "a spare to be idle", proc)
+        pids = [s["spare"]["pid"], *[p for p in s["worker_pids"].values() if p and not _gone(p)]]
+        facts["pids_at_kill"] = pids
+        facts["agent_children_at_kill"] = [c.pid for c in psutil.Process(proc.pid).children()]
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not all(_gone(p) for p in facts["agent_children_at_kill"]):
+            time.sleep(0.1)
+        facts["left_after_kill"] = [p for p in facts["agent_children_at_kill"] if not _gone(p)]
+        facts["results"] = dict(coord.results)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in facts.get("agent_children_at_kill", []):
+            try:
+                psutil.Process(pid).kill()
+            except psutil.NoSuchProcess:
+                pass
+        coord.stop.set()
+        log.close()
+        mp.undo()
+    facts["log"] = (tmp / "agent.log").read_text()
+    facts["events"] = [json.loads(line) for line in (tmp / "events.jsonl").read_text().splitlines() if line.strip()]
+    facts["weights"] = weights
+    return facts
+
+
+def test_grant_is_served_by_the_spare_process(run):
+    for grant in ("grant1", "grant2"):
+        g = run[grant]
+        wid = g["started"][0]
+        assert g["status"]["worker_pids"][wid] == g["spare_pid"], run["log"][-3000:]  # the spare became the worker
+        assert g["status"]["from_spare"][wid] == g["spare_pid"]
+    assert run["grant2"]["status"]["spares_used"] == 2
+    assert run["spare2"] != run["grant1"]["spare_pid"] and run["spare1_alive_after_grant"]
+    assert "weights: broadcast" in run["log"]  # the new worker got the weights from its peer
+
+
+def test_spare_and_workers_die_with_the_agent(run):
+    assert run["pids_at_kill"] and set(run["pids_at_kill"]) <= set(run["agent_children_at_kill"])
+    assert run["left_after_kill"] == [], f"processes outlived the agent: {run['left_after_kill']}"
+
+
+def test_results_across_joins_and_revocations_are_identical(run):
+    from spotlight.workers.common import RolloutExecutor
+
+    results = run["results"]
+    assert len(results) >= 4
+    # the leader re-formed in the middle of a request at least once (between its steps)
+    leader = [e for e in run["events"] if e.get("worker") == "n/gpu0" and e["event"] in ("step", "formed")]
+    mid = [b for a, b in zip(leader, leader[1:]) if b["event"] == "formed" and a["event"] == "step" and 0 < a["step"] < SAMPLER.num_steps]
+    assert mid, "no reconfiguration happened while a request was being denoised"
+    cfg = ModelConfig()
+    ex = RolloutExecutor(cfg, SAMPLER)
+    ex.add_version(0, run["weights"])
+    g = torch.Generator().manual_seed(5)
+    tensors = {"cond.embeds": torch.randn(1, 16, 384, generator=g), "cond.mask": torch.ones(1, 16, dtype=torch.int64)}
+    for seed, got in sorted(results.items()):
+        item = P.LeaseItem(lease_id=seed, request_id=f"r{seed}", kind="rollout", iteration=0, prompt_index=0, seed=seed, weight_version=0)
+        msg, frames = ex.run("ref", P.Leases(worker_id="ref", items=[item]), dict(tensors)).result
+        ref = unpack_tensors(msg.tensors, frames)
+        torch.testing.assert_close(got["window_latents"], ref["window_latents"], atol=1e-4, rtol=0, msg=f"seed {seed}")
+        torch.testing.assert_close(got["log_probs"], ref["log_probs"], atol=1e-3, rtol=1e-5, msg=f"seed {seed}")
