@@ -25,6 +25,18 @@ from typing import Sequence
 _STATE_VERSION = 2  # 2: per-slot (scored, required) counts; version 1 still loads
 
 
+MASK64 = (1 << 64) - 1
+
+
+def splitmix64(x: int) -> int:
+    """One SplitMix64 round: a stable, well-mixed 64-bit hash of an integer (Steele et al.
+    2014). Used for seeded noise (``spotlight.rl.sampler``) and the simulator's rewards."""
+    x = (x + 0x9E3779B97F4A7C15) & MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+    return x ^ (x >> 31)
+
+
 def derive_seed(*parts: object) -> int:
     """A 31-bit seed from any tuple of parts (stable across processes and machines)."""
     h = hashlib.blake2b("|".join(map(str, parts)).encode(), digest_size=8).digest()

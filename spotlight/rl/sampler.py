@@ -31,17 +31,9 @@ from typing import Callable, Sequence
 import torch
 
 from spotlight.config import SamplerConfig
+from spotlight.seed_bank import MASK64 as _MASK64, splitmix64 as _splitmix64
 
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
-_MASK64 = (1 << 64) - 1
-
-
-def _splitmix64(x: int) -> int:
-    """One SplitMix64 round: a stable 64-bit mixer (Steele et al. 2014)."""
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
 
 
 def noise_key(seed: int, step: int) -> int:

@@ -43,7 +43,7 @@ from spotlight.instance_manager import InstanceManager
 from spotlight.iteration import CoreObservation, IterationCore, IterationDone, IterationSettings, StartSaving, StartTraining
 from spotlight.planner import Action, Planner, PlannerConfig, min_selective_sequences
 from spotlight.request_scheduler import Lease, RequestKind, RequestScheduler
-from spotlight.seed_bank import SeedBank
+from spotlight.seed_bank import MASK64, SeedBank, splitmix64
 from spotlight.sim.profile import SimProfile
 from spotlight.trace import ReplayAction
 
@@ -84,15 +84,6 @@ POLICIES: dict[str, Policy] = {
 migrate too); what it lacks is exploration and in-place SP reconfiguration."""
 
 
-_MASK64 = (1 << 64) - 1
-
-
-def _mix64(x: int) -> int:
-    """SplitMix64's finaliser: a fast, well-mixed 64-bit hash of an integer."""
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
 
 
 def _uniforms(*parts: int) -> tuple[float, float]:
@@ -100,9 +91,9 @@ def _uniforms(*parts: int) -> tuple[float, float]:
     no ``hash()``, so results do not depend on the interpreter)."""
     h = 0x243F6A8885A308D3
     for p in parts:
-        h = _mix64(h ^ (p & _MASK64))
-    a = _mix64(h)
-    return ((a >> 11) + 0.5) / 2**53, ((_mix64(a) >> 11) + 0.5) / 2**53
+        h = splitmix64(h ^ (p & MASK64))
+    a = splitmix64(h)
+    return ((a >> 11) + 0.5) / 2**53, ((splitmix64(a) >> 11) + 0.5) / 2**53
 
 
 class SyntheticReward:
