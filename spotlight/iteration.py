@@ -9,7 +9,9 @@ One training iteration n, as decided here::
               the stale v_n for spot workers; when the spot queue runs low, EXTRA candidates
               for the same prompts are streamed in so spot GPUs never idle while training
               runs (issue 10 item 3)
-      ▼       the shell reports the update done → unfinished extras are cancelled
+      ▼       the shell reports the update done → unfinished extras are cancelled (a worker
+              still computing one finishes its batch, up to one batch time, and its result
+              is refused as stale: workers are not interrupted)
     DRAIN     waits for the planned d candidates only (the critical path, §4.3.4)
       ▼       top-K/2 + bottom-K/2 seeds per prompt → seed bank → IterationDone(n, metrics)
 
@@ -557,7 +559,7 @@ class IterationCore:
             req = self.sched.get(rid)
             r = self.rewards.get(rid)
             by_slot[self.request_meta[rid][0]].append((req.seed, math.nan if r is None else r))
-        d = ex.action.num_sequences if ex else None
+        d = min(ex.action.num_sequences, self.settings.max_candidates_per_prompt) if ex else None
         for slot, pairs in by_slot.items():
             self.seed_bank.record_exploration(m, slot, [p[0] for p in pairs], [p[1] for p in pairs], required=d)
         explored = self.seed_bank.explored_slots(m)

@@ -65,7 +65,8 @@ def register(app: typer.Typer) -> None:
         from spotlight.sim.report import comparison_rows, plot_comparison
         from spotlight.sim.simulator import POLICIES, simulate as run_policy
 
-        names = policy or ["spotlight", "rlboost", "verl-omni-spot", "reserved-only"]
+        names = list(dict.fromkeys(policy or ["spotlight", "rlboost", "verl-omni-spot", "reserved-only"]))
+        err = Console(stderr=True, soft_wrap=True)
         try:
             unknown = [n for n in names if n not in POLICIES]
             if unknown:
@@ -73,6 +74,18 @@ def register(app: typer.Typer) -> None:
             prof = load_profile(profile or DEFAULT_PROFILE)
             if spot_nodes is not None or gpus_per_node is not None:
                 prof = dataclasses.replace(prof, spot_nodes=spot_nodes or prof.spot_nodes, gpus_per_spot_node=gpus_per_node or prof.gpus_per_spot_node)
+                from spotlight.sim.profile import check_cluster
+
+                check_cluster(prof)
+            if trace is None and trace_replicas > 1:
+                raise ValueError("--trace-replicas needs --trace")
+            try:
+                out.mkdir(parents=True, exist_ok=True)
+                probe = out / ".write-test"
+                probe.write_text("")
+                probe.unlink()
+            except OSError as exc:
+                raise ValueError(f"--out {out}: not a writable directory ({exc.strerror or exc})") from None
             missing = [n for n in names if iterations is None and n not in prof.iterations_to_target]
             if missing:
                 raise ValueError(f"profile {prof.source} has no [iterations_to_target] for {', '.join(missing)}; add them or pass --iterations")
@@ -87,8 +100,9 @@ def register(app: typer.Typer) -> None:
                 events = pingpong_trace(events, 60 * 24 * 3600.0)
                 actions = spot_actions(events, spot_nodes=prof.spot_nodes, gpus_per_node=prof.gpus_per_spot_node, seed=trace_seed, replicas=trace_replicas)
                 trace_note = f"trace {trace.name} on {prof.spot_nodes}×{prof.gpus_per_spot_node} spot GPUs" + (f" ({trace_replicas} placements)" if trace_replicas > 1 else "")
-        except (SpotlightError, ValueError, OSError) as exc:
-            console.print(f"[red]error:[/red] {escape(str(exc))}")
+        except (SpotlightError, ValueError, OSError, UnicodeDecodeError) as exc:
+            where = f"{trace}: " if isinstance(exc, UnicodeDecodeError) else ""
+            console.print(f"[red]error:[/red] {escape(where + str(exc))}")
             raise typer.Exit(2)
         results = []
         for name in names:
@@ -96,7 +110,7 @@ def register(app: typer.Typer) -> None:
                 r = run_policy(prof, name, actions, iterations=iterations, seed=seed, max_candidates_per_prompt=max_candidates)
             results.append(r)
             if not r.finished:
-                console.print(f"[yellow]warning:[/yellow] {name} did not finish {iterations or prof.iterations_to_target[name]} iterations in the simulated time limit")
+                err.print(f"[yellow]warning:[/yellow] {name} did not finish {iterations or prof.iterations_to_target[name]} iterations in the simulated time limit")
         rows = comparison_rows(results)
         out.mkdir(parents=True, exist_ok=True)
         payload = {"profile": prof.name, "profile_path": prof.source, "trace": str(trace) if trace else None, "setup": trace_note, "results": rows, "sim": [r.summary() for r in results]}
@@ -124,7 +138,7 @@ def register(app: typer.Typer) -> None:
 
         for row in payload["results"]:
             table.add_row(
-                row["policy"], str(row["iterations_to_target"]), f"{row['wall_h']:.1f} h", f"${row['cost_usd']:,.0f}",
+                row["policy"], str(row["iterations_to_target"]) + ("" if row["finished"] else " (unfinished)"), f"{row['wall_h']:.1f} h", f"${row['cost_usd']:,.0f}",
                 f"{row['cost_vs_baseline']:.2f}×" if row["cost_vs_baseline"] is not None else "—",
                 f"{row['spot_gpu_hours']:.0f}", f"{row['reserved_gpu_hours']:.0f}", pct(row["spot_utilisation"]), pct(row["spot_busy_training"]),
                 pct(row["critical_path_share"]), str(row["preemptions"]), f"{row['work_lost_steps']:.0f} steps",

@@ -19,6 +19,7 @@ from spotlight.planner import StepOption
 __all__ = ["DEFAULT_PROFILE", "ProfileError", "SimProfile", "load_profile"]
 
 DEFAULT_PROFILE = pathlib.Path(__file__).resolve().parent / "profiles" / "qwen-image-h100.toml"
+KNOWN_POLICIES = frozenset({"spotlight", "rlboost", "rlboost+explore", "verl-omni-spot", "reserved-only"})
 
 
 class ProfileError(SpotlightError):
@@ -126,6 +127,9 @@ def load_profile(path: str | pathlib.Path = DEFAULT_PROFILE) -> SimProfile:
         raise ProfileError(f"cannot read profile {where}: {exc.strerror or exc}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ProfileError(f"{where}: not valid TOML: {exc}") from None
+    for section in ("workload", "timing", "exploration", "cluster", "prices", "iterations_to_target"):
+        if section in d and not isinstance(d[section], dict):
+            raise ProfileError(f"{where}: [{section}] must be a table, got {type(d[section]).__name__}")
     g = lambda s, k, kind=float, positive=True: _get(d, s, k, kind, where, positive=positive)  # noqa: E731
     eff_raw = d.get("timing", {}).get("sp_efficiency")
     if not isinstance(eff_raw, dict) or not eff_raw:
@@ -141,8 +145,10 @@ def load_profile(path: str | pathlib.Path = DEFAULT_PROFILE) -> SimProfile:
         raise ProfileError(f"{where}: [exploration] step_options must be a non-empty list")
     try:
         opts = [StepOption(float(o["cache_threshold"]), float(o["effective_steps"]), float(o["accuracy"])) for o in opts_raw]
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ProfileError(f"{where}: [exploration] step_options: {exc}") from None
+    except KeyError as exc:
+        raise ProfileError(f"{where}: [exploration] step_options: every entry needs cache_threshold, effective_steps and accuracy (missing {exc})") from None
+    except (TypeError, ValueError) as exc:
+        raise ProfileError(f"{where}: [exploration] step_options: each entry is a table of numbers ({exc})") from None
     its_raw = d.get("iterations_to_target", {})
     if not isinstance(its_raw, dict):
         raise ProfileError(f"{where}: [iterations_to_target] must be a table policy = iterations")
@@ -198,6 +204,28 @@ def load_profile(path: str | pathlib.Path = DEFAULT_PROFILE) -> SimProfile:
         raise ProfileError(f"{where}: [timing] cached_step_cost is a fraction of a full step (<= 1)")
     for sp in {p.reserved_sp, p.spot_sp, 1}:
         p.step_s(sp)
-    if p.reserved_gpus % p.reserved_sp:
-        raise ProfileError(f"{where}: [cluster] reserved_gpus must be a multiple of reserved_sp")
+    if p.reserved_gpus % p.reserved_sp or p.reserved_only_gpus % p.reserved_sp:
+        raise ProfileError(f"{where}: [cluster] reserved_gpus and reserved_only_gpus must be multiples of reserved_sp")
+    check_cluster(p)
+    if any(o.effective_steps > p.num_steps for o in p.step_options):
+        raise ProfileError(f"{where}: [exploration] step_options: effective_steps cannot exceed [workload] num_steps = {p.num_steps}")
+    if not any(o.effective_steps >= p.min_effective_steps and o.accuracy >= p.min_exploration_accuracy for o in p.step_options):
+        raise ProfileError(f"{where}: [exploration] no step option has effective_steps >= min_effective_steps and accuracy >= min_exploration_accuracy")
+    if p.max_sequences <= p.group_size:
+        raise ProfileError(f"{where}: [exploration] max_sequences must be > group_size (d <= K selects nothing)")
+    if p.best_of_n <= p.group_size:
+        raise ProfileError(f"{where}: [exploration] best_of_n must be > group_size ({p.group_size}): best-of-N keeps K of N candidates")
+    unknown = sorted(set(p.iterations_to_target) - KNOWN_POLICIES)
+    if unknown:
+        raise ProfileError(f"{where}: [iterations_to_target] unknown policy {', '.join(map(repr, unknown))}; known: {', '.join(sorted(KNOWN_POLICIES))}")
     return p
+
+
+def check_cluster(p: SimProfile) -> None:
+    """The spot layout can host its SP groups.
+
+    Raises:
+        ProfileError: ``spot_sp`` larger than ``gpus_per_spot_node``.
+    """
+    if p.spot_sp > p.gpus_per_spot_node:
+        raise ProfileError(f"{p.source}: SP degree {p.spot_sp} needs at least {p.spot_sp} GPUs per spot node (got {p.gpus_per_spot_node})")

@@ -82,7 +82,8 @@ def plot_comparison(results: Sequence[SimResult], path: pathlib.Path, *, title: 
     ax.set_ylabel("spot busy share of the training window")
     ax.set_ylim(-0.05, 1.05)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()

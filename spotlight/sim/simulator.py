@@ -318,6 +318,7 @@ class Simulator:
         node.workers[wid] = w
         self.workers[wid] = w
         self._spot_workers += node.is_spot
+        self.core.busy.seen(wid, node.is_spot, self.now)  # alive (and idle) from its creation
         self.idle[wid] = None
         if ready_at > self.now:
             self._at(ready_at, "wake", wid)

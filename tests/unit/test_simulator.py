@@ -71,6 +71,15 @@ def test_elastic_sp_and_live_migration_lose_less_than_restarts(profile):
     assert nolm.work_lost_steps > spot.work_lost_steps
 
 
+def test_a_candidate_cap_below_d_still_explores(profile):
+    """--max-candidates-per-prompt below the planned d: the prompts explored up to the cap count
+    as explored (the cap, not d, is what can be scored)."""
+    sim = Simulator(profile, POLICIES["spotlight"], None, iterations=3, max_candidates_per_prompt=12)
+    r = sim.run()
+    explored = [row["planner/explored_groups"] for row in r.rows[1:]]
+    assert explored and all(n == profile.prompts_per_iteration - profile.num_control_prompts for n in explored)
+
+
 def test_deterministic_for_a_seed(profile):
     a = simulate(profile, "spotlight", _churn(1e6), iterations=2, seed=3)
     b = simulate(profile, "spotlight", _churn(1e6), iterations=2, seed=3)
@@ -121,6 +130,19 @@ def test_profile_errors_name_the_field(tmp_path):
         load_profile(bad)
     with pytest.raises(ProfileError, match="cannot read"):
         load_profile(tmp_path / "missing.toml")
+    for old, new, match in (
+        ("best_of_n = 32", "best_of_n = 8", "best_of_n must be > group_size"),
+        ("spot_sp = 2", "spot_sp = 4", "needs at least 4 GPUs per spot node"),
+        ("effective_steps = 16.0", "effective_steps = 200.0", "cannot exceed"),
+        ("min_effective_steps = 12.0", "min_effective_steps = 50.0", "no step option"),
+        ("reserved-only = 64", "reserved-onyl = 64", "unknown policy 'reserved-onyl'"),
+    ):
+        bad.write_text(DEFAULT_PROFILE.read_text().replace(old, new, 1))
+        with pytest.raises(ProfileError, match=match):
+            load_profile(bad)
+    bad.write_text("timing = 5\n" + DEFAULT_PROFILE.read_text().replace("[timing]", "[timingx]"))
+    with pytest.raises(ProfileError, match=r"\[timing\] must be a table"):
+        load_profile(bad)
 
 
 def test_cli_prints_the_cost_to_target_table(tmp_path):
