@@ -607,6 +607,25 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def _leave_together(timeout_s: float = 10.0) -> None:
+    """Wait (bounded) for every rank before the process group is destroyed.
+
+    A gloo rank tearing its pairs down while a peer is still inside a collective can abort
+    the peer ("terminate called without an active exception"). On a clean shutdown all
+    ranks get SHUTDOWN, so a bounded ``monitored_barrier`` lines them up; a peer that
+    died (preempted, killed) only costs the timeout.
+    """
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return
+    try:
+        if dist.get_backend() == "gloo":  # NCCL has no bounded barrier; its teardown is safe
+            from datetime import timedelta
+
+            dist.monitored_barrier(timeout=timedelta(seconds=timeout_s))
+    except Exception as exc:  # a missing peer must not turn a clean exit into a crash
+        log.info("ranks did not all reach shutdown together: %s", exc)
+
+
 def main(argv: list[str] | None = None) -> int:
     import zmq
 
@@ -717,6 +736,7 @@ def main(argv: list[str] | None = None) -> int:
                     sock.send_multipart(P.encode(P.TrainDone(rank=args.rank, iteration=-1, new_version=-1)))
                     continue
                 log.info("shutdown: %s", body.reason or "(no reason)")
+                _leave_together()
                 break
             elif mtype == P.MsgType.ERROR:
                 log.error("coordinator refused a message: %s: %s", body.code, body.message)

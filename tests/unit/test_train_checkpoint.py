@@ -161,6 +161,10 @@ def _two_rank(rank: int, world: int, store_path: str, out_dir: str, batch: dict)
                             "files": sorted(os.listdir(ckpt))}
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
             json.dump(result, f)
+        # Both ranks leave together: a rank tearing gloo down while its peer is still
+        # in a collective or writing aborts the process ("terminate called without an
+        # active exception"), seen as a flaky SIGABRT in CI.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 

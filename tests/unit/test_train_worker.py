@@ -167,6 +167,10 @@ def _two_rank_worker(rank: int, world: int, store_path: str, out_dir: str, batch
                     json.dump(metrics, f)
             else:
                 assert sd == {}
+        # Both ranks leave together: a rank tearing gloo down while its peer is still
+        # in a collective or writing aborts the process ("terminate called without an
+        # active exception"), seen as a flaky SIGABRT in CI.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
@@ -341,6 +345,10 @@ def _two_rank_lora_worker(rank: int, world: int, store_path: str, out_dir: str, 
             save_file(sd, os.path.join(out_dir, "lora2.safetensors"))
         else:
             assert sd == {}
+        # Both ranks leave together: a rank tearing gloo down while its peer is still
+        # in a collective or writing aborts the process ("terminate called without an
+        # active exception"), seen as a flaky SIGABRT in CI.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
