@@ -511,11 +511,14 @@ class IterationCore:
         return plan.action
 
     def _planner_feedback(self, n: int, request_ids: list[str]) -> None:
-        """r = σ̄_all / σ̄_unc over iteration n's groups (§4.3.2) → the arm that chose its seeds.
+        """r = σ̄_all / σ̄_unc over iteration n's groups (§4.3.2) → the arm that was chosen.
 
-        With streamed extras a prompt may have had more candidates than planned: the arm
-        credited is the grid's largest d not above the median candidates actually scored per
-        explored prompt (the same s), so the bandit learns what the spot time really bought."""
+        With streamed extras a prompt may have had more candidates than planned. The arm
+        credited is still the one the Planner chose: the arm is the decision, and the extras
+        its consequence (a cheaper plan leaves more of the window to stream). Crediting the
+        grid arm matching the candidates scored instead left the chosen arm unseen forever
+        (UCB = ∞), so the Planner re-picked it every iteration whatever β was (seen in the
+        Fig. 17 benchmark). ``planner/executed_candidates_per_prompt`` records what ran."""
         by_slot = collections.defaultdict(list)
         for rid in request_ids:
             r = self.rewards.get(rid)
@@ -533,18 +536,10 @@ class IterationCore:
         per_prompt = self._candidates_per_prompt.pop(n, None)
         if self.planner is None or action is None or self.settings.explore_mode != "stale":
             return
-        credited = self._credited_action(action, per_prompt)
-        self._rollout_stats["planner/credited_num_sequences"] = credited.num_sequences
-        self.planner.update(credited, r)  # always: a NaN is a play without feedback
-
-    def _credited_action(self, action: Action, per_prompt: float | None) -> Action:
-        if per_prompt is None or self.planner is None:
-            return action
-        grid = [d for d in self.planner.config.sequence_grid() if d <= per_prompt]
-        d = max(grid) if grid else action.num_sequences
-        d = max(d, action.num_sequences)
-        cand = Action(d, action.effective_steps, action.cache_threshold, action.cost_steps)
-        return cand if cand in set(self.planner.actions) else action
+        self._rollout_stats["planner/credited_num_sequences"] = action.num_sequences
+        if per_prompt is not None:
+            self._rollout_stats["planner/executed_candidates_per_prompt"] = float(per_prompt)
+        self.planner.update(action, r)  # always: a NaN is a play without feedback
 
     def finish_exploration(self, m: int) -> dict:
         """Top/bottom selection per explored prompt of batch ``m`` into the seed bank.

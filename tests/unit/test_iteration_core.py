@@ -171,7 +171,9 @@ def test_reuse_needs_critical_path_and_no_control_prompts():
         IterationSettings(iterations=1, prompts_per_iteration=4, num_control_prompts=0, group_size=4, run_seed=0, num_steps=T, explore_mode="stale", reuse_exploration=True)
 
 
-def test_planner_is_credited_for_the_candidates_actually_scored():
+def test_planner_credits_the_chosen_arm_even_when_extras_streamed():
+    """Crediting the grid arm matching the candidates scored (issue 10) left the chosen arm
+    unseen (UCB = inf) so it was re-picked forever whatever beta (Fig. 17 benchmark)."""
     planner = Planner(PlannerConfig(max_sequences=24, min_sequences=8, sequence_step=8, beta=0.0), [StepOption(0.0, float(T), 1.0)], random.Random(0))
     core = _core(planner=planner, iterations=3)
     start = core.advance(0.0, CoreObservation(num_spot_gpus=4, step_time_s=1e-3))
@@ -186,13 +188,15 @@ def test_planner_is_credited_for_the_candidates_actually_scored():
     core.advance(4.0, CoreObservation(train_done=True))
     per_prompt = core._candidates_per_prompt[1]
     assert per_prompt > action.num_sequences
-    # iteration 1's rollout then feeds back to the arm matching what was scored
+    # iteration 1's rollout then feeds back to the arm that was chosen
     core.advance(4.0, CoreObservation())
     _finish(core, "r/0", is_spot=False, now=5.0)
     core.advance(6.0, CoreObservation(num_spot_gpus=4, step_time_s=1e-3, spot_slots=8))
-    credited = max(d for d in planner.config.sequence_grid() if d <= per_prompt)
     counts = {a.num_sequences: planner.arm_stats(a)[0] for a in planner.actions}
-    assert counts[credited] == 1 and sum(counts.values()) == 1
+    assert counts[action.num_sequences] == 1 and sum(counts.values()) == 1
+    # the next plan no longer re-picks the same arm as unseen
+    assert core.plan_logs[2]["action"] is not None
+    assert core.plan_logs[2]["action"]["num_sequences"] != action.num_sequences or "unseen" not in core.plan_logs[2]["reason"]
 
 
 def test_busy_meter_counts_lease_time_over_alive_time():
