@@ -200,6 +200,25 @@ def test_family_example_configs_load(name):
     assert cfg.train.use_lora and cfg.run.keep_weight_versions >= 2
 
 
+TABLE_2 = {  # paper Table 2: learning rate, weight decay, #Seqs, denoising steps, SDE window
+    "deepseek-ocr-512": (3e-4, 1e-5, 16, 20, (0, 15), 512),
+    "geneval-512": (1.5e-5, 1e-5, 16, 10, (0, 5), 512),
+    "deepseek-ocr-1280": (3e-5, 5e-5, 16, 20, (0, 15), 1280),
+    "geneval-1280": (5e-6, 0.0, 16, 10, (0, 5), 1280),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TABLE_2))
+def test_paper_table_2_configs(name):
+    from spotlight.config import EXAMPLES_DIR, load_config
+
+    cfg = load_config(EXAMPLES_DIR / "paper" / f"{name}.toml")
+    lr, wd, k, steps, window, res = TABLE_2[name]
+    assert (cfg.train.learning_rate, cfg.train.weight_decay, cfg.data.group_size) == (lr, wd, k)
+    assert (cfg.sampler.num_steps, cfg.sampler.sde_window_range, cfg.model.image_size) == (steps, window, res)
+    assert cfg.model.family == "qwen-image" and cfg.data.prompts_per_iteration == 32 and cfg.planner.beta == 0.5
+
+
 def test_family_needs_a_checkpoint_path():
     from spotlight.config import ConfigError, config_from_dict
 
