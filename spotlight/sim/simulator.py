@@ -476,9 +476,12 @@ class Simulator:
             sync = self.profile.weight_sync_s if (w.node.is_spot and w.version < need) else 0.0
             w.version = max(w.version, need)
             step_s = self.profile.step_s(w.sp)
+            # live migration's price: resuming committed requests first fetches their latents
+            # from the Tensor Store (commit + restore, profile ``commit_s``)
+            restore = self.profile.commit_s if any(r > 0 for r in w.resume) else 0.0
             w.leases = leases
             w.pulled_at = self.now
-            w.work_start = self.now + sync
+            w.work_start = self.now + sync + restore
             w.end = w.work_start + sum(w.steps) * step_s
             w.token += 1
             self.core.busy.seen(wid, w.node.is_spot, self.now)

@@ -71,6 +71,18 @@ def test_elastic_sp_and_live_migration_lose_less_than_restarts(profile):
     assert nolm.work_lost_steps > spot.work_lost_steps
 
 
+def test_resuming_committed_work_pays_the_restore_time(profile):
+    """Live migration is not free: resuming a committed request fetches its latents back
+    (profile commit_s); with paper-like cycles (8 -> 4 -> 8 spot GPUs) a slow restore costs time."""
+    from spotlight.synthetic_trace import preemption_cycles
+
+    acts = preemption_cycles(2, 2, cycles_per_iteration=4, iteration_s=1500.0, iterations=6, revoke_gpus=2)
+    fast = simulate(dataclasses.replace(profile, commit_s=0.0), "spotlight", acts, iterations=3)
+    slow = simulate(dataclasses.replace(profile, commit_s=200.0), "spotlight", acts, iterations=3)
+    assert fast.preemptions > 0 and slow.preemptions > 0
+    assert slow.wall_s > fast.wall_s
+
+
 def test_a_candidate_cap_below_d_still_explores(profile):
     """--max-candidates-per-prompt below the planned d: the prompts explored up to the cap count
     as explored (the cap, not d, is what can be scored)."""
