@@ -25,34 +25,17 @@ def _cache_dir() -> pathlib.Path:
     return pathlib.Path(base) / "spotlight"
 
 
-def load_prompts(path: str) -> list[str]:
-    """Prompts from a GenEval-style JSONL (``prompt`` key) or a text file, one per line.
+def load_prompts(data) -> list[str]:
+    """The prompts of a ``[data]`` section (:class:`spotlight.config.DataConfig`; a bare path
+    string reads that file with no column settings), by :func:`spotlight.prompts.load_prompt_set`.
 
     Raises:
-        ConfigError: missing file, or no prompts in it.
+        ConfigError: missing file, malformed or ambiguous records, or no prompts in it.
     """
-    import json
+    from spotlight.config import DataConfig
+    from spotlight.prompts import prompt_set_from_config
 
-    from spotlight.config import EXAMPLES_DIR, ConfigError, resolve_path
-
-    p = resolve_path(path) if path else EXAMPLES_DIR / "default" / "prompts" / "evaluation_metadata.jsonl"
-    if not p.is_file():
-        raise ConfigError(f"data.prompts_path: file not found: {p}")
-    prompts = []
-    for n, line in enumerate(p.read_text().splitlines(), 1):
-        line = line.strip()
-        if not line:
-            continue
-        if p.suffix == ".jsonl":
-            try:
-                prompts.append(str(json.loads(line)["prompt"]))
-            except (ValueError, KeyError, TypeError):
-                raise ConfigError(f"{p}:{n}: expected a JSON object with a 'prompt' key") from None
-        else:
-            prompts.append(line)
-    if not prompts:
-        raise ConfigError(f"{p}: no prompts")
-    return prompts
+    return prompt_set_from_config(DataConfig(prompts_path=data) if isinstance(data, str) else data).prompts
 
 
 LOCAL_KEYS = (("agent", "local"), ("reserved", "local"), ("status", "local"))
@@ -154,7 +137,10 @@ def register(app: typer.Typer) -> None:
             run_dir = pathlib.Path(resume)
         try:
             cfg = load_config(config, overrides)
-            prompts = load_prompts(cfg.data.prompts_path)
+            from spotlight.prompts import prompt_set_from_config
+
+            prompt_set = prompt_set_from_config(cfg.data)
+            prompts = prompt_set.prompts
         except SpotlightError as exc:
             console.print(f"[red]error:[/red] {escape(str(exc))}")
             raise typer.Exit(2)
