@@ -121,3 +121,42 @@ def test_truncation_report_counts_once():
     n, msg = truncation_report([3, 20, 17, 16], 16)
     assert n == 2 and msg.startswith("2 of 4 prompts are longer than model.max_text_tokens = 16 tokens (longest 20)")
     assert truncation_report([1, 16], 16) == (0, "")
+
+
+LONG = "a photo of " + " and ".join(["a small red cube next to a large blue sphere"] * 3)
+
+
+def test_tiny_family_counts_the_prompts_minilm_cuts():
+    from spotlight.config import ModelConfig
+    from spotlight.models.families import get_family
+
+    counts = get_family(ModelConfig(max_text_tokens=16)).prompt_token_counts(["a cat", LONG])
+    assert counts[0] == 4  # [CLS] a cat [SEP]
+    assert counts[1] > 16
+    assert truncation_report(counts, 16)[0] == 1
+
+
+def test_sd3_and_flux_count_t5_tokens(tmp_path):
+    from spotlight.config import ModelConfig
+    from spotlight.models import offline_tokenizers as ot
+    from spotlight.models.families import get_family
+
+    for family, sub in (("sd3", "tokenizer_3"), ("flux", "tokenizer_2")):
+        ot.build_t5_tokenizer(tmp_path / family / sub)
+        fam = get_family(ModelConfig(family=family, pretrained_path=str(tmp_path / family), image_size=32, max_text_tokens=8))
+        short, long = fam.prompt_token_counts(["a cat", LONG])
+        assert short < 8 < long
+
+
+def test_run_records_prompts_json_and_reports_the_cut_once(tmp_path, capsys):
+    from spotlight.cli.up import _record_prompts
+
+    f = _write(tmp_path / "bench.csv", "prompt\na cat\n" + LONG + "\n")
+    ps = load_prompt_set(f)
+    _record_prompts(tmp_path, ps, [4, 30], 16)
+    rec = json.loads((tmp_path / "prompts.json").read_text())
+    assert rec["sha256"] == hashlib.sha256(f.read_bytes()).hexdigest() and rec["num_prompts"] == 2
+    assert rec["format"] == "csv" and rec["prompt_column"] == "prompt" and rec["num_cut"] == 1 and rec["max_text_tokens"] == 16
+    out = capsys.readouterr().out
+    assert out.count("1 of 2 prompts are longer than model.max_text_tokens = 16") == 1
+    assert ps.summary().startswith(f"2 prompts loaded from {f} (csv, column 'prompt', sha256 {rec['sha256'][:12]}")
