@@ -121,14 +121,14 @@ def _example_header(path: pathlib.Path) -> list[str]:
 def register(app: typer.Typer) -> None:
     @app.command()
     def init(
-        family: str = typer.Option("shapes", "--family", help=f"Starting point: {', '.join(FAMILY_EXAMPLES)} (shapes = the embedded default, runs on CPU)."),
-        pretrained_path: Optional[str] = typer.Option(None, "--pretrained-path", help="Local diffusers-format checkpoint directory (model.pretrained_path)."),
-        train_gpus: Optional[int] = typer.Option(None, "--train-gpus", min=1, help="Reserved GPUs that train (train.num_train_workers, FSDP2 ranks)."),
-        reserved_rollout_gpus: Optional[str] = typer.Option(None, "--reserved-rollout-gpus", help="Reserved GPU indices that also roll out, e.g. 0,1 (cluster.reserved_rollout_gpus; '' = none)."),
-        sp_degree: Optional[int] = typer.Option(None, "--sp-degree", min=1, help="Sequence-parallel degree of spot rollout groups (cluster.sp_degree)."),
-        spot_nodes: int = typer.Option(2, "--spot-nodes", min=0, help="Spot nodes you plan to join (for the start commands in the header)."),
-        gpus_per_node: int = typer.Option(1, "--gpus-per-node", min=1, help="GPUs per spot node (for the start commands in the header)."),
-        out: Optional[pathlib.Path] = typer.Option(None, "--out", "-o", help="Write here instead of stdout (refuses to overwrite)."),
+        family: str = typer.Option("shapes", "--family", metavar="NAME", help=f"{', '.join(FAMILY_EXAMPLES)} (shapes: the CPU default)."),
+        pretrained_path: Optional[str] = typer.Option(None, "--pretrained-path", metavar="DIR", help="Local checkpoint folder (model.pretrained_path)."),
+        train_gpus: Optional[int] = typer.Option(None, "--train-gpus", min=1, metavar="N", help="Training GPUs (train.num_train_workers)."),
+        reserved_rollout_gpus: Optional[str] = typer.Option(None, "--reserved-rollout-gpus", metavar="LIST", help="Reserved GPUs that also roll out, e.g. 0,1."),
+        sp_degree: Optional[int] = typer.Option(None, "--sp-degree", min=1, metavar="N", help="Spot SP degree (cluster.sp_degree)."),
+        spot_nodes: int = typer.Option(2, "--spot-nodes", min=0, metavar="N", help="Spot nodes (for the header's commands)."),
+        gpus_per_node: int = typer.Option(1, "--gpus-per-node", min=1, metavar="N", help="GPUs per spot node (header)."),
+        out: Optional[pathlib.Path] = typer.Option(None, "--out", "-o", metavar="FILE", help="Write here, not to stdout."),
     ) -> None:
         """Print an annotated run config: every field with its value, default and documentation.
 
