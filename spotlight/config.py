@@ -175,9 +175,19 @@ class DataConfig(_Section):
     """Prompts and batch shape."""
 
     prompts_path: str = ""
-    """GenEval-style JSONL (``{"prompt": ...}`` per line) or one prompt per line; empty = the 553
-    GenEval prompts in ``examples/default/prompts/``. Relative paths: working directory, then
-    the repository root."""
+    """Prompt file, format by suffix (``spotlight/prompts.py``): ``.jsonl`` GenEval-style
+    (``{"prompt": ...}`` per line; else a ``text`` or ``caption`` key), ``.csv`` / ``.tsv``
+    with a header row (the ``prompt``, ``text`` or ``caption`` column, any case; quoting and
+    a byte-order mark are handled), anything else one prompt per line. Empty = the 553
+    GenEval prompts in ``examples/default/prompts/``. Relative paths: working directory,
+    then the repository root. The run directory's ``prompts.json`` records the file, its
+    SHA-256 and the number of prompts."""
+    prompt_column: str = ""
+    """CSV/TSV column or JSONL key holding the prompts; "" = the one named prompt, text or caption."""
+    category_column: str = ""
+    """CSV/TSV column or JSONL key to filter on (e.g. GenEval's ``tag``); "" = no filter."""
+    categories: list[str] = msgspec.field(default_factory=list)
+    """Values of ``category_column`` whose prompts are kept (each must occur in the file)."""
     prompts_per_iteration: int = 12
     """P prompt groups per training batch."""
     group_size: int = 8
@@ -189,6 +199,7 @@ class DataConfig(_Section):
     def __post_init__(self) -> None:
         _check(self.prompts_per_iteration >= 1, "data.prompts_per_iteration", "must be >= 1")
         _check(self.group_size >= 2, "data.group_size", "must be >= 2 (advantages need a group)")
+        _check(bool(self.categories) == bool(self.category_column), "data.categories", "set data.category_column and data.categories together (the column, and its values to keep)")
         _check(self.group_size % 2 == 0, "data.group_size", "must be even (top-k/bottom-k seed selection)")
         _check(
             0 <= self.num_control_prompts <= self.prompts_per_iteration,

@@ -95,7 +95,7 @@ def stale_ranking(
         cfg = load_config(run_dir / "config.toml")
         found = available_versions(run_dir)
         vers, pair_idx = choose_pairs(list(found), pairs, versions)
-        prompts = load_prompts(cfg.data.prompts_path)
+        prompts = load_prompts(cfg.data)
         if cfg.model.family != "tiny":
             raise ValueError(f"stale-ranking runs the tiny family only so far (model.family = {cfg.model.family!r})")
     except (SpotlightError, ValueError) as exc:

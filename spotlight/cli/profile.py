@@ -31,7 +31,7 @@ def register(app: typer.Typer) -> None:
 
         try:
             cfg = load_config(config)
-            prompts = load_prompts(cfg.data.prompts_path)
+            prompts = load_prompts(cfg.data)
             ths = [float(t) for t in thresholds.split(",") if t.strip()]
             degrees = [int(d) for d in sp_degrees.split(",") if d.strip()]
             if cfg.model.family != "tiny":

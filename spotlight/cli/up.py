@@ -25,34 +25,41 @@ def _cache_dir() -> pathlib.Path:
     return pathlib.Path(base) / "spotlight"
 
 
-def load_prompts(path: str) -> list[str]:
-    """Prompts from a GenEval-style JSONL (``prompt`` key) or a text file, one per line.
+def load_prompts(data) -> list[str]:
+    """The prompts of a ``[data]`` section (:class:`spotlight.config.DataConfig`; a bare path
+    string reads that file with no column settings), by :func:`spotlight.prompts.load_prompt_set`.
 
     Raises:
-        ConfigError: missing file, or no prompts in it.
+        ConfigError: missing file, malformed or ambiguous records, or no prompts in it.
     """
+    from spotlight.config import DataConfig
+    from spotlight.prompts import prompt_set_from_config
+
+    return prompt_set_from_config(DataConfig(prompts_path=data) if isinstance(data, str) else data).prompts
+
+
+def _record_prompts(rd: pathlib.Path, prompt_set, token_counts: list[int] | None, max_text_tokens: int) -> None:
+    """Write ``rd/prompts.json`` (:meth:`spotlight.prompts.PromptSet.to_json` plus the
+    text-encoder cut: ``max_text_tokens``, ``num_cut``, None when the family cannot count)
+    and say once how many prompts the text encoder cuts. A resumed run whose prompt file
+    changed since is warned about."""
     import json
 
-    from spotlight.config import EXAMPLES_DIR, ConfigError, resolve_path
+    from spotlight.prompts import truncation_report
 
-    p = resolve_path(path) if path else EXAMPLES_DIR / "default" / "prompts" / "evaluation_metadata.jsonl"
-    if not p.is_file():
-        raise ConfigError(f"data.prompts_path: file not found: {p}")
-    prompts = []
-    for n, line in enumerate(p.read_text().splitlines(), 1):
-        line = line.strip()
-        if not line:
-            continue
-        if p.suffix == ".jsonl":
-            try:
-                prompts.append(str(json.loads(line)["prompt"]))
-            except (ValueError, KeyError, TypeError):
-                raise ConfigError(f"{p}:{n}: expected a JSON object with a 'prompt' key") from None
-        else:
-            prompts.append(line)
-    if not prompts:
-        raise ConfigError(f"{p}: no prompts")
-    return prompts
+    record = prompt_set.to_json()
+    num_cut, message = truncation_report(token_counts, max_text_tokens) if token_counts is not None else (None, "")
+    record.update(max_text_tokens=max_text_tokens, num_cut=num_cut)
+    path = rd / "prompts.json"
+    try:
+        before = json.loads(path.read_text()).get("sha256")
+    except (OSError, ValueError, AttributeError):
+        before = None
+    if before and before != record["sha256"]:
+        console.print(f"[yellow]warning:[/yellow] {escape(str(prompt_set.path))} changed since this run started (sha256 {before[:12]} → {record['sha256'][:12]})")
+    if message:
+        console.print(f"[yellow]warning:[/yellow] {escape(message)}")
+    path.write_text(json.dumps(record, indent=1) + "\n")
 
 
 LOCAL_KEYS = (("agent", "local"), ("reserved", "local"), ("status", "local"))
@@ -154,7 +161,10 @@ def register(app: typer.Typer) -> None:
             run_dir = pathlib.Path(resume)
         try:
             cfg = load_config(config, overrides)
-            prompts = load_prompts(cfg.data.prompts_path)
+            from spotlight.prompts import prompt_set_from_config
+
+            prompt_set = prompt_set_from_config(cfg.data)
+            prompts = prompt_set.prompts
         except SpotlightError as exc:
             console.print(f"[red]error:[/red] {escape(str(exc))}")
             raise typer.Exit(2)
@@ -210,6 +220,7 @@ def register(app: typer.Typer) -> None:
                 console.print(f"[red]error:[/red] reward service check failed: {escape(str(exc))}")
                 raise typer.Exit(2)
         console.print(f"[bold]Spotlight[/bold] run dir [cyan]{rd}[/cyan]  ({cfg.run.iterations} iterations, {cfg.data.prompts_per_iteration}×{cfg.data.group_size} samples/iteration)")
+        console.print(escape(prompt_set.summary()))
         with console.status(f"encoding prompts ({cfg.model.family} text encoder, cached after the first run)…"):
             import torch
 
@@ -218,6 +229,7 @@ def register(app: typer.Typer) -> None:
             from spotlight.models.families import ModelLoadError, cached_conditioning, get_family
 
             try:
+                token_counts = get_family(cfg.model).prompt_token_counts(prompts)
                 cond = cached_conditioning(get_family(cfg.model), prompts, _cache_dir())
             except (ModelLoadError, OSError, ValueError) as exc:
                 console.print(f"[red]error:[/red] cannot encode prompts with model.family = {cfg.model.family!r} from {cfg.model.pretrained_path or '(built in)'}: {escape(str(exc))}")
@@ -236,6 +248,7 @@ def register(app: typer.Typer) -> None:
         except SpotlightError as exc:
             console.print(f"[red]error:[/red] {escape(str(exc))}")
             raise typer.Exit(2)
+        _record_prompts(rd, prompt_set, token_counts, cfg.model.max_text_tokens)
         console.print(f"coordinator listening on [cyan]{coord.endpoint}[/cyan]")
         procs: list[subprocess.Popen] = []
         mocks = []

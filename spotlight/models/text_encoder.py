@@ -53,6 +53,17 @@ def encode_prompts(prompts: list[str], max_tokens: int = 32, batch_size: int = 6
     return torch.cat(embeds), torch.cat(masks)
 
 
+def token_counts(prompts: list[str]) -> list[int]:
+    """MiniLM tokens of each prompt ([CLS] and [SEP] included): what ``max_tokens`` of
+    :func:`encode_prompts` cuts. Loads the tokenizer only."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(_model_dir(), local_files_only=True)
+    return [len(ids) for ids in tok(list(prompts), truncation=False, verbose=False)["input_ids"]]
+
+
 def cached_prompt_embeddings(prompts: list[str], cache_dir: pathlib.Path, max_tokens: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`encode_prompts` with a safetensors cache in ``cache_dir``."""
     digest = hashlib.sha256(("\n".join(prompts) + f"|{max_tokens}").encode()).hexdigest()[:16]

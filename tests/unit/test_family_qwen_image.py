@@ -169,12 +169,18 @@ def test_no_negative_without_cfg(ckpt):
     assert out.extra == {} and out.embeds.shape == (2, T, 32)
 
 
-def test_long_prompt_is_cut_with_warning(family, caplog):
-    with caplog.at_level(logging.WARNING, logger="spotlight.models.qwen_image"):
+def test_long_prompt_is_cut_and_counted_before_encoding(family, caplog):
+    counts = family.prompt_token_counts([LONG_PROMPT, "a cat"])  # what `spotlight up` reports, once
+    assert counts[0] > T >= counts[1]
+    with caplog.at_level(logging.INFO, logger="spotlight.models.qwen_image"):
         out = family.encode_prompts([LONG_PROMPT, "a cat"])
     assert out.embeds.shape == (2, T, 32)
-    assert int(out.mask[0].sum()) == T and int(out.mask[1].sum()) < T
+    assert int(out.mask[0].sum()) == T and int(out.mask[1].sum()) == counts[1]
     assert any("cut" in r.getMessage() and "1 of 2" in r.getMessage() for r in caplog.records)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]  # not a second report
+    # the uncut count is the mask length of an encoding with room for every token
+    wide = _family(family.path, max_text_tokens=counts[0] + 3).encode_prompts([LONG_PROMPT])
+    assert int(wide.mask[0].sum()) == counts[0]
 
 
 def test_velocity_shapes(family, transformer, cond):

@@ -199,6 +199,26 @@ class ModelFamily(abc.ABC):
             is on).
         """
 
+    prompt_tokenizer_dir: ClassVar[str] = ""
+    """Checkpoint subfolder of the tokenizer whose length ``model.max_text_tokens`` limits
+    ("" = the family counts no tokens; see :meth:`prompt_token_counts`)."""
+
+    def prompt_token_counts(self, prompts: list[str]) -> list[int] | None:
+        """Tokens of each prompt as the family's length-limited text encoder counts them
+        (special tokens included; what ``model.max_text_tokens`` cuts), or None when the
+        family cannot tell. Loads only a tokenizer (``prompt_tokenizer_dir``); a tokenizer
+        that does not load gives None (encoding then reports the checkpoint's problem)."""
+        if not self.prompt_tokenizer_dir:
+            return None
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        try:
+            from transformers import AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(str(self.path / self.prompt_tokenizer_dir), local_files_only=True)
+        except (OSError, ValueError, ImportError):
+            return None
+        return [len(ids) for ids in tok(list(prompts), add_special_tokens=True, truncation=False, verbose=False)["input_ids"]]
+
     # ------------------------------------------------------------------ velocity
     @abc.abstractmethod
     def velocity(self, transformer: torch.nn.Module, latents: torch.Tensor, sigma: torch.Tensor, cond: Conditioning) -> torch.Tensor:

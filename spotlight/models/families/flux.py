@@ -48,6 +48,8 @@ class FluxFamily(VaeLatentFamily):
     (FLUX.1-dev: 3.5), ignored by checkpoints without ``guidance_embeds`` (schnell).
     """
 
+    prompt_tokenizer_dir = "tokenizer_2"  # T5: max_sequence_length = model.max_text_tokens
+
     name = "flux"
     transformer_class = "FluxTransformer2DModel"
     pipeline_class = "FluxPipeline"

@@ -227,12 +227,27 @@ class QwenImageFamily(ModelFamily):
         out_e[:, :n] = embeds[:, :n] * out_m[:, :n, None]
         return out_e, out_m, lengths
 
-    def _warn_cut(self, prompts: list[str], lengths: list[int]) -> None:
+    def prompt_token_counts(self, prompts: list[str]) -> list[int] | None:
+        """Qwen2.5-VL tokens of each prompt in the pipeline's chat template, the dropped
+        system prefix not counted and the 5-token closing suffix counted: what
+        ``model.max_text_tokens`` cuts (the mask lengths :meth:`encode_prompts` sees).
+        Loads the tokenizer only; None when it does not load."""
+        try:
+            from transformers import AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(str(self.path / "tokenizer"), local_files_only=True)
+        except (OSError, ValueError, ImportError):
+            return None
+        template, drop_idx = _pipeline_template()
+        return [len(ids) - drop_idx for ids in tok([template.format(p) for p in prompts], truncation=False, verbose=False)["input_ids"]]
+
+    def _warn_cut(self, prompts: list[str], lengths: list[int], level: int = logging.WARNING) -> None:
         T = self.cfg.max_text_tokens
         cut = [(n, p) for n, p in zip(lengths, prompts) if n > T]
         if cut:
             longest, example = max(cut, key=lambda x: x[0])
-            log.warning(
+            log.log(
+                level,
                 "qwen-image: %d of %d prompt(s) exceed model.max_text_tokens=%d after the chat template "
                 "and were cut (longest: %d tokens, %r)",
                 len(cut),
@@ -250,7 +265,8 @@ class QwenImageFamily(ModelFamily):
 
         Every row is zero-padded, or cut, to ``T = model.max_text_tokens`` tokens (the
         template's closing ``<|im_end|>\\n<|im_start|>assistant\\n`` counts: 5 tokens for the
-        real tokenizer); a warning is logged when a prompt was cut.
+        real tokenizer); cut prompts are logged at INFO (:meth:`prompt_token_counts` counts them
+        without encoding; ``spotlight up`` reports them).
 
         Returns:
             :class:`Conditioning` on the CPU: ``embeds [N, T, D] float32`` (D = 3584 for
@@ -273,7 +289,7 @@ class QwenImageFamily(ModelFamily):
                     embeds.append(e)
                     masks.append(m)
                     lengths.extend(n)
-                self._warn_cut(prompts, lengths)
+                self._warn_cut(prompts, lengths, logging.INFO)  # `spotlight up` reports the cut prompts once (prompt_token_counts)
                 if embeds:
                     cond = Conditioning(torch.cat(embeds), torch.cat(masks))
                 else:

@@ -299,6 +299,8 @@ class SD3Family(VaeLatentFamily):
     ``extra["neg.embeds"]``, ``extra["neg.pooled"]`` for the negative prompt, one shared row.
     """
 
+    prompt_tokenizer_dir = "tokenizer_3"  # T5: max_sequence_length = model.max_text_tokens
+
     name = "sd3"
     transformer_class = "SD3Transformer2DModel"
     pipeline_class = "StableDiffusion3Pipeline"

@@ -11,7 +11,7 @@ import torch
 
 from spotlight.models import dit
 from spotlight.models.families.base import ModelFamily
-from spotlight.models.text_encoder import TEXT_DIM, encode_prompts
+from spotlight.models.text_encoder import TEXT_DIM, encode_prompts, token_counts
 from spotlight.rl.sampler import Conditioning, make_sigmas
 
 
@@ -73,6 +73,10 @@ class TinyFamily(ModelFamily):
 
     def sigmas(self, num_steps: int, shift: float) -> torch.Tensor:
         return make_sigmas(num_steps, shift)
+
+    def prompt_token_counts(self, prompts: list[str]) -> list[int]:
+        """MiniLM tokens of each prompt, [CLS] and [SEP] included."""
+        return token_counts(prompts)
 
     def encode_prompts(self, prompts: list[str], device="cpu") -> Conditioning:
         embeds, mask = encode_prompts(prompts, self.cfg.max_text_tokens)

@@ -1,0 +1,186 @@
+"""``spotlight init``: write an annotated run config for a model family and cluster layout.
+
+Every section and field of :class:`spotlight.config.SpotlightConfig` is written with its
+value, its default where the value differs, and its documentation: the attribute
+docstrings of ``spotlight/config.py``, read with :mod:`ast` (a string expression right
+after an annotated assignment documents that field). Values are written by tomli-w, so
+quoting is TOML's; the file loads back with :func:`spotlight.config.load_config` to the
+config it was made from.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import inspect
+import pathlib
+from typing import Optional
+
+import msgspec
+import tomli_w
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from spotlight.config import EXAMPLES_DIR, SpotlightConfig
+
+console = Console(soft_wrap=True, stderr=True)
+
+FAMILY_EXAMPLES = {
+    "shapes": EXAMPLES_DIR / "default" / "config.toml",
+    "jpeg-toy": EXAMPLES_DIR / "jpeg-toy" / "config.toml",
+    "qwen-image": EXAMPLES_DIR / "families" / "qwen-image.toml",
+    "sd3": EXAMPLES_DIR / "families" / "sd3.toml",
+    "flux": EXAMPLES_DIR / "families" / "flux.toml",
+}
+"""``--family`` choices and the example config each starts from (``shapes`` = the embedded default)."""
+
+
+@functools.cache
+def config_docs() -> dict[tuple[str, str], str]:
+    """Documentation of every config class and field, from ``spotlight/config.py``.
+
+    Returns:
+        ``{(class name, field name): text}``, with ``(class name, "")`` for the class
+        docstring; texts are dedented (:func:`inspect.cleandoc`).
+    """
+    import spotlight.config as config_module
+
+    tree = ast.parse(pathlib.Path(config_module.__file__).read_text())
+    docs: dict[tuple[str, str], str] = {}
+    for node in tree.body:
+        if not isinstance(node, ast.ClassDef):
+            continue
+        doc = ast.get_docstring(node)
+        if doc:
+            docs[(node.name, "")] = doc
+        for stmt, nxt in zip(node.body, node.body[1:]):
+            if (
+                isinstance(stmt, ast.AnnAssign)
+                and isinstance(stmt.target, ast.Name)
+                and isinstance(nxt, ast.Expr)
+                and isinstance(nxt.value, ast.Constant)
+                and isinstance(nxt.value.value, str)
+            ):
+                docs[(node.name, stmt.target.id)] = inspect.cleandoc(nxt.value.value)
+    return docs
+
+
+def _comment(text: str) -> list[str]:
+    return [("# " + line).rstrip() for line in text.replace("``", "`").splitlines()]
+
+
+def _toml_value(key: str, value) -> str:
+    """``key = value`` on one line, the values as tomli-w writes them (arrays inline)."""
+    if isinstance(value, (list, tuple)):
+        return f"{key} = [" + ", ".join(_toml_value("x", v).split(" = ", 1)[1] for v in value) + "]"
+    return tomli_w.dumps({key: value}).strip()
+
+
+def annotated_config(cfg: SpotlightConfig, header: list[str] | None = None) -> str:
+    """TOML text of ``cfg``: every section and field, each preceded by its documentation
+    as ``#`` comments and, where the value is not the field's default, ``(default: X)``.
+
+    Args:
+        cfg: the config to write.
+        header: comment lines (without ``#``) put first.
+
+    Returns:
+        The file's text; ``load_config`` of it gives ``cfg`` back.
+    """
+    docs = config_docs()
+    out = _comment("\n".join(header)) + [""] if header else []
+    for section in cfg.__struct_fields__:
+        obj = getattr(cfg, section)
+        cls = type(obj)
+        values = msgspec.to_builtins(obj)
+        defaults = msgspec.to_builtins(cls())
+        if (cls.__name__, "") in docs:
+            out += _comment(docs[(cls.__name__, "")])
+        out.append(f"[{section}]")
+        for name in cls.__struct_fields__:
+            doc = docs.get((cls.__name__, name), "")
+            if values[name] != defaults[name]:
+                doc = (doc + "\n" if doc else "") + f"(default: {_toml_value(name, defaults[name]).split(' = ', 1)[1]})"
+            out += ([""] + _comment(doc)) if doc else []
+            out.append(_toml_value(name, values[name]))
+        out.append("")
+    return "\n".join(out)
+
+
+def _example_header(path: pathlib.Path) -> list[str]:
+    """The leading comment block of an example config (its description), without ``#``."""
+    lines = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line[1:].removeprefix(" "))
+    return lines
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def init(
+        family: str = typer.Option("shapes", "--family", metavar="NAME", help=f"{', '.join(FAMILY_EXAMPLES)} (shapes: the CPU default)."),
+        pretrained_path: Optional[str] = typer.Option(None, "--pretrained-path", metavar="DIR", help="Local checkpoint folder (model.pretrained_path)."),
+        train_gpus: Optional[int] = typer.Option(None, "--train-gpus", min=1, metavar="N", help="Training GPUs (train.num_train_workers)."),
+        reserved_rollout_gpus: Optional[str] = typer.Option(None, "--reserved-rollout-gpus", metavar="LIST", help="Reserved GPUs that also roll out, e.g. 0,1."),
+        sp_degree: Optional[int] = typer.Option(None, "--sp-degree", min=1, metavar="N", help="Spot SP degree (cluster.sp_degree)."),
+        spot_nodes: int = typer.Option(2, "--spot-nodes", min=0, metavar="N", help="Spot nodes (for the header's commands)."),
+        gpus_per_node: int = typer.Option(1, "--gpus-per-node", min=1, metavar="N", help="GPUs per spot node (header)."),
+        out: Optional[pathlib.Path] = typer.Option(None, "--out", "-o", metavar="FILE", help="Write here, not to stdout."),
+    ) -> None:
+        """Print an annotated run config: every field with its value, default and documentation.
+
+        Example: `spotlight init > run.toml && spotlight up --local --config run.toml`.
+        """
+        from spotlight.config import ConfigError, config_from_dict, config_to_dict, load_config
+
+        if family not in FAMILY_EXAMPLES:
+            console.print(f"[red]error:[/red] --family {escape(family)!r}: choose one of {', '.join(FAMILY_EXAMPLES)}")
+            raise typer.Exit(2)
+        example = FAMILY_EXAMPLES[family]
+        try:
+            rollout_gpus = [int(g) for g in reserved_rollout_gpus.split(",") if g.strip()] if reserved_rollout_gpus is not None else None
+        except ValueError:
+            console.print(f"[red]error:[/red] --reserved-rollout-gpus {escape(reserved_rollout_gpus or '')!r}: expected comma-separated GPU indices, e.g. 0,1")
+            raise typer.Exit(2)
+        try:
+            data = config_to_dict(load_config(example, {"model.pretrained_path": pretrained_path} if pretrained_path is not None else None))
+            if train_gpus is not None:
+                data["train"]["num_train_workers"] = train_gpus
+            if rollout_gpus is not None:
+                data["cluster"]["reserved_rollout_gpus"] = rollout_gpus
+            if sp_degree is not None:
+                data["cluster"]["sp_degree"] = sp_degree
+            cfg = config_from_dict(data)
+        except ConfigError as exc:
+            console.print(f"[red]error:[/red] {escape(str(exc))}")
+            raise typer.Exit(2)
+        gpus = ",".join(str(g) for g in range(gpus_per_node))
+        header = [
+            f"Spotlight run config: {family} (from {example.relative_to(EXAMPLES_DIR.parent)}), written by `spotlight init --family {family}`.",
+            "Every field is listed with its documentation (spotlight/config.py); a file only needs the keys",
+            "it changes (the rest come from the embedded default), so delete what you keep as it is.",
+            "",
+            *_example_header(example),
+            "",
+            f"Layout: {cfg.train.num_train_workers} training GPU(s) and rollout GPUs {list(cfg.cluster.reserved_rollout_gpus)} on the reserved node,",
+            f"{spot_nodes} spot node(s) x {gpus_per_node} GPU(s). Start it:",
+            f"  on one machine (CPU 'GPUs'):  spotlight up --local --agents {spot_nodes} --gpus-per-agent {gpus_per_node} --config run.toml",
+            "  on the reserved node:         spotlight up --config run.toml --reserved 0.0.0.0:5555",
+            f"  on each spot node:            spotlight-agent join --coordinator RESERVED_HOST:5555 --gpus {gpus} --keys KEYS_DIR",
+        ]
+        text = annotated_config(cfg, header)
+        if out is None:
+            typer.echo(text, nl=False)
+            return
+        if out.exists():
+            console.print(f"[red]error:[/red] {escape(str(out))} exists; choose another --out or remove it")
+            raise typer.Exit(2)
+        try:
+            out.write_text(text)
+        except OSError as exc:
+            console.print(f"[red]error:[/red] cannot write {escape(str(out))}: {escape(exc.strerror or str(exc))}")
+            raise typer.Exit(2)
+        console.print(f"wrote {escape(str(out))}; start with [cyan]spotlight up --local --config {escape(str(out))}[/cyan]")

@@ -1,0 +1,301 @@
+"""Prompt sets as benchmarks publish them.
+
+:func:`load_prompt_set` reads one prompt file and says exactly what it read:
+
+* ``.jsonl`` — GenEval-style metadata, one JSON object per line; the prompt is under
+  ``prompt`` (else ``text``, else ``caption``, else the key ``prompt_column`` names);
+* ``.csv`` / ``.tsv`` — a header row, then one record per prompt (read by the ``csv``
+  module: quoted fields with commas, quotes and line breaks, a UTF-8 byte-order mark);
+  the prompt column is the one named ``prompt``, ``text`` or ``caption`` (any case) or
+  the one ``prompt_column`` names;
+* anything else — plain text, one prompt per line.
+
+An optional filter keeps the prompts whose ``category_column`` value is one of
+``categories`` (CSV, TSV and JSONL). Empty prompts are skipped and counted. Anything
+ambiguous — two prompt columns, none, an unknown column, a category nothing has, a text
+file that starts with a CSV header — is a :class:`~spotlight.config.ConfigError` naming
+the file, the line and what is there. Nothing here touches torch.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import hashlib
+import io
+import json
+import pathlib
+from collections.abc import Sequence
+
+from spotlight.config import EXAMPLES_DIR, ConfigError, DataConfig, resolve_path
+
+PROMPT_COLUMN_NAMES = ("prompt", "text", "caption")
+"""Column (CSV/TSV, any case) or key (JSONL, in this order of preference) that holds the prompt."""
+
+DEFAULT_PROMPTS_PATH = EXAMPLES_DIR / "default" / "prompts" / "evaluation_metadata.jsonl"
+"""The prompt file of an empty ``data.prompts_path``: the 553 GenEval prompts."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptSet:
+    """The prompts of one file, and how they were read.
+
+    Attributes:
+        prompts: the prompt texts in file order (stripped, none empty).
+        path: the file read.
+        sha256: hex SHA-256 of the file's bytes.
+        format: ``"jsonl"``, ``"csv"``, ``"tsv"`` or ``"text"``.
+        prompt_column: the column or key the prompts came from ("" for text files).
+        category_column: the column or key filtered on ("" = no filter).
+        categories: the values of ``category_column`` kept.
+        num_skipped_empty: records (or lines) whose prompt was empty.
+        num_filtered_out: records the category filter dropped.
+    """
+
+    prompts: list[str]
+    path: pathlib.Path
+    sha256: str
+    format: str
+    prompt_column: str = ""
+    category_column: str = ""
+    categories: tuple[str, ...] = ()
+    num_skipped_empty: int = 0
+    num_filtered_out: int = 0
+
+    def to_json(self) -> dict:
+        """What a run directory records (``prompts.json``): a JSON-ready dict."""
+        return {
+            "path": str(self.path),
+            "sha256": self.sha256,
+            "format": self.format,
+            "num_prompts": len(self.prompts),
+            "prompt_column": self.prompt_column,
+            "category_column": self.category_column,
+            "categories": list(self.categories),
+            "num_skipped_empty": self.num_skipped_empty,
+            "num_filtered_out": self.num_filtered_out,
+        }
+
+    def summary(self) -> str:
+        """One line for the console: ``N prompts loaded from FILE (format, sha256 prefix)``."""
+        extra = []
+        if self.prompt_column:
+            extra.append(f"column {self.prompt_column!r}")
+        if self.category_column:
+            extra.append(f"{self.category_column} in {list(self.categories)}, {self.num_filtered_out} filtered out")
+        if self.num_skipped_empty:
+            extra.append(f"{self.num_skipped_empty} empty skipped")
+        details = ", ".join([self.format, *extra, f"sha256 {self.sha256[:12]}"])
+        return f"{len(self.prompts)} prompts loaded from {self.path} ({details})"
+
+
+def file_format(path: str | pathlib.Path) -> str:
+    """``"jsonl"``, ``"csv"``, ``"tsv"`` or ``"text"``, from the file name's suffix (any case)."""
+    return {".jsonl": "jsonl", ".csv": "csv", ".tsv": "tsv"}.get(pathlib.Path(path).suffix.lower(), "text")
+
+
+def load_prompt_set(
+    path: str | pathlib.Path,
+    *,
+    prompt_column: str = "",
+    category_column: str = "",
+    categories: Sequence[str] = (),
+) -> PromptSet:
+    """Read the prompts of ``path`` (format from its suffix, see the module docstring).
+
+    Args:
+        path: the prompt file.
+        prompt_column: CSV/TSV column or JSONL key of the prompts ("" = found by name).
+        category_column: CSV/TSV column or JSONL key to filter on ("" = no filter).
+        categories: values of ``category_column`` to keep (compared as text).
+
+    Returns:
+        :class:`PromptSet` with at least one prompt.
+
+    Raises:
+        ConfigError: missing or unreadable file, not UTF-8, a malformed record, no or two
+            prompt columns, an unknown column, a category no record has, or no prompts;
+            the message names the file (and line).
+    """
+    p = pathlib.Path(path)
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"data.prompts_path: file not found: {p}") from None
+    except OSError as exc:
+        raise ConfigError(f"data.prompts_path: cannot read {p}: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ConfigError(f"{p}:{line}: not UTF-8 text (byte {exc.start}); save the prompt file as UTF-8") from None
+    fmt = file_format(p)
+    cats = tuple(str(c) for c in categories)
+    if bool(cats) != bool(category_column):
+        raise ConfigError("data.categories: set data.category_column and data.categories together (the column, and its values to keep)")
+    if fmt == "text":
+        if prompt_column or category_column:
+            raise ConfigError(
+                f"{p}: a plain-text prompt file (one prompt per line) has no columns; data.prompt_column and "
+                "data.category_column need a .csv, .tsv or .jsonl file"
+            )
+        rows = _text_rows(p, text)
+        used_column = ""
+    elif fmt == "jsonl":
+        rows, used_column = _jsonl_rows(p, text, prompt_column, category_column)
+    else:
+        rows, used_column = _table_rows(p, text, "\t" if fmt == "tsv" else ",", prompt_column, category_column)
+    # rows: (line, prompt, category or None)
+    kept, filtered, empty = [], 0, 0
+    seen_categories: dict[str, int] = {}
+    for _line, prompt, category in rows:
+        if category_column:
+            seen_categories[category] = seen_categories.get(category, 0) + 1
+            if category not in cats:
+                filtered += 1
+                continue
+        if not prompt:
+            empty += 1
+            continue
+        kept.append(prompt)
+    if category_column:
+        missing = [c for c in cats if c not in seen_categories]
+        if missing:
+            present = sorted(seen_categories)
+            shown = ", ".join(repr(c) for c in present[:12]) + (f", … ({len(present)} values)" if len(present) > 12 else "")
+            raise ConfigError(f"{p}: data.categories {missing} occur nowhere in column {category_column!r}; its values: {shown or '(none)'}")
+    if not kept:
+        raise ConfigError(f"{p}: no prompts" + (f" ({empty} empty)" if empty else ""))
+    return PromptSet(
+        prompts=kept,
+        path=p,
+        sha256=hashlib.sha256(raw).hexdigest(),
+        format=fmt,
+        prompt_column=used_column,
+        category_column=category_column,
+        categories=cats,
+        num_skipped_empty=empty,
+        num_filtered_out=filtered,
+    )
+
+
+def prompt_set_from_config(data: DataConfig) -> PromptSet:
+    """:func:`load_prompt_set` of ``data.prompts_path`` (resolved with
+    :func:`~spotlight.config.resolve_path`; "" = :data:`DEFAULT_PROMPTS_PATH`) with the
+    section's column and category settings.
+
+    Raises:
+        ConfigError: as :func:`load_prompt_set`.
+    """
+    path = resolve_path(data.prompts_path) if data.prompts_path else DEFAULT_PROMPTS_PATH
+    return load_prompt_set(path, prompt_column=data.prompt_column, category_column=data.category_column, categories=data.categories)
+
+
+def truncation_report(lengths: Sequence[int], max_tokens: int) -> tuple[int, str]:
+    """How many prompts the text encoder cut, and one line that says so.
+
+    Args:
+        lengths: tokens of each prompt as the family's encoder counts them (template included).
+        max_tokens: ``model.max_text_tokens``.
+
+    Returns:
+        ``(num_cut, message)``; the message is "" when nothing was cut.
+    """
+    cut = [n for n in lengths if n > max_tokens]
+    if not cut:
+        return 0, ""
+    return len(cut), (
+        f"{len(cut)} of {len(lengths)} prompts are longer than model.max_text_tokens = {max_tokens} tokens "
+        f"(longest {max(cut)}) and were cut; raise model.max_text_tokens to keep them whole"
+    )
+
+
+def _text_rows(p: pathlib.Path, text: str) -> list[tuple[int, str, None]]:
+    lines = text.splitlines()
+    first = next(((n, line) for n, line in enumerate(lines, 1) if line.strip()), None)
+    if first is not None:
+        for delim, kind in (("\t", "TSV"), (",", "CSV")):
+            fields = [f.strip().strip('"').strip().lower() for f in first[1].split(delim)]
+            named = [f for f in fields if f in PROMPT_COLUMN_NAMES]
+            if len(fields) >= 2 and named:
+                raise ConfigError(
+                    f"{p}:{first[0]}: this looks like a {kind} header (a {named[0]!r} column), but a {p.suffix or 'suffix-less'} file is read as "
+                    f"plain text, one prompt per line; rename it to .{kind.lower()} to read it as a table"
+                )
+    return [(n, line.strip(), None) for n, line in enumerate(lines, 1)]
+
+
+def _pick_column(p: pathlib.Path, where: str, names: list[str], wanted: str, setting: str) -> str:
+    """The one of ``names`` that ``wanted`` names (exactly, else in any case)."""
+    if wanted in names:
+        return wanted
+    folded = [n for n in names if n.lower() == wanted.lower()]
+    if len(folded) == 1:
+        return folded[0]
+    raise ConfigError(f"{p}:{where}: {setting} = {wanted!r} is not a column; columns: {', '.join(repr(n) for n in names)}")
+
+
+def _table_rows(p: pathlib.Path, text: str, delimiter: str, prompt_column: str, category_column: str) -> tuple[list[tuple[int, str, str | None]], str]:
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=True)
+    kind = "TSV" if delimiter == "\t" else "CSV"
+    try:
+        header = next(reader, None)
+        while header is not None and not any(h.strip() for h in header):
+            header = next(reader, None)
+        if header is None:
+            raise ConfigError(f"{p}: empty {kind} file; expected a header row with a prompt column ({', '.join(PROMPT_COLUMN_NAMES)})")
+        names = [h.strip() for h in header]
+        hline = reader.line_num
+        if prompt_column:
+            col = _pick_column(p, str(hline), names, prompt_column, "data.prompt_column")
+        else:
+            matches = [n for n in names if n.lower() in PROMPT_COLUMN_NAMES]
+            if not matches:
+                raise ConfigError(
+                    f"{p}:{hline}: no prompt column in the header (looked for {', '.join(PROMPT_COLUMN_NAMES)}, any case); "
+                    f"columns: {', '.join(repr(n) for n in names)}; name one with data.prompt_column"
+                )
+            if len(matches) > 1:
+                raise ConfigError(f"{p}:{hline}: more than one prompt column ({', '.join(repr(n) for n in matches)}); choose one with data.prompt_column")
+            col = matches[0]
+        cat = _pick_column(p, str(hline), names, category_column, "data.category_column") if category_column else ""
+        if names.count(col) > 1 or (cat and names.count(cat) > 1):
+            raise ConfigError(f"{p}:{hline}: column {col if names.count(col) > 1 else cat!r} appears twice in the header")
+        i_prompt, i_cat = names.index(col), (names.index(cat) if cat else -1)
+        rows = []
+        for record in reader:
+            if not record or (len(record) == 1 and not record[0].strip()):
+                continue  # a blank line
+            if len(record) != len(names):
+                raise ConfigError(f"{p}:{reader.line_num}: {len(record)} fields but the header has {len(names)}; quote fields that contain {'tabs' if delimiter == chr(9) else 'commas'}")
+            rows.append((reader.line_num, record[i_prompt].strip(), record[i_cat].strip() if cat else None))
+    except csv.Error as exc:
+        raise ConfigError(f"{p}:{reader.line_num}: not valid {kind}: {exc}") from None
+    return rows, col
+
+
+def _jsonl_rows(p: pathlib.Path, text: str, prompt_column: str, category_column: str) -> tuple[list[tuple[int, str, str | None]], str]:
+    rows = []
+    key = prompt_column
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError as exc:
+            raise ConfigError(f"{p}:{n}: not a JSON object: {exc}") from None
+        if not isinstance(obj, dict):
+            raise ConfigError(f"{p}:{n}: expected a JSON object with a 'prompt' key, got {type(obj).__name__}")
+        if not key:
+            key = next((k for k in PROMPT_COLUMN_NAMES if k in obj), "")
+            if not key:
+                raise ConfigError(f"{p}:{n}: no prompt key (looked for {', '.join(PROMPT_COLUMN_NAMES)}); keys: {', '.join(repr(k) for k in obj)}; name one with data.prompt_column")
+        if key not in obj:
+            raise ConfigError(f"{p}:{n}: no {key!r} key; keys: {', '.join(repr(k) for k in obj)}")
+        if category_column and category_column not in obj:
+            raise ConfigError(f"{p}:{n}: no {category_column!r} key (data.category_column); keys: {', '.join(repr(k) for k in obj)}")
+        value = obj[key]
+        if not isinstance(value, str):
+            raise ConfigError(f"{p}:{n}: {key!r} is a {type(value).__name__}, not text")
+        rows.append((n, value.strip(), str(obj[category_column]) if category_column else None))
+    return rows, key
