@@ -48,19 +48,21 @@ class EvalResult:
 
 
 def read_prompts(path: str | pathlib.Path = world.TEST_PROMPTS_PATH) -> list[world.PromptSpec]:
-    """Prompt specs from a GenEval-metadata JSONL of the shapes world (``tag`` + ``prompt``)."""
-    out = []
-    for n, line in enumerate(pathlib.Path(path).read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                row = json.loads(line)
-                prompt = row["prompt"]
-            except (ValueError, KeyError, TypeError):
-                raise ValueError(f"{path}:{n}: expected a JSON object with a 'prompt' key (GenEval metadata format, like spotlight/shapes/prompts/test.jsonl)") from None
-            out.append(geneval.parse_prompt(prompt))
-    if not out:
-        raise ValueError(f"{path}: no prompts")
-    return out
+    """Prompt specs of shapes-world captions from any prompt file ``data.prompts_path`` reads
+    (GenEval-metadata JSONL like ``spotlight/shapes/prompts/test.jsonl``, CSV/TSV with a header,
+    plain text; :func:`spotlight.prompts.load_prompt_set`).
+
+    Raises:
+        ValueError: an unreadable or empty file (the message names file and line), or a
+            prompt that is not a shapes-world caption.
+    """
+    from spotlight.prompts import load_prompt_set
+
+    try:
+        prompts = load_prompt_set(path).prompts
+    except Exception as exc:  # ConfigError and friends: one ValueError kind for callers
+        raise ValueError(str(exc)) from None
+    return [geneval.parse_prompt(p) for p in prompts]
 
 
 @torch.no_grad()
