@@ -3,8 +3,9 @@
 Everything timed here is the real code path: a real ``spotlight-agent`` process (``python -m
 agent.main join``) with its real Rollout Worker processes (SP groups, diffusers context
 parallelism over gloo), talking ZeroMQ CURVE to a stand-in coordinator in this process that
-speaks the real protocol (REGISTER, HEARTBEAT, PULL → LEASES, FETCH_WEIGHTS → WEIGHTS with the
-safetensors blob). The stand-in hands out rollout requests whenever a worker pulls, so the node
+speaks the real protocol (REGISTER, HEARTBEAT, PULL → LEASES, FETCH_WEIGHTS → the WEIGHTS header
+and WEIGHTS_CHUNK replies of the safetensors file, served by the coordinator's own code:
+:class:`spotlight.weight_sync.ServedVersion`, ``cluster.weight_chunk_bytes`` chunks). The stand-in hands out rollout requests whenever a worker pulls, so the node
 denoises all the time. Reconfigurations go through the agent's control socket, exactly as
 ``spotlight-agent revoke`` / ``add-gpu`` send them. Workers append timing events to a file
 (``SPOTLIGHT_WORKER_EVENTS``, spotlight/workers/common.py): group formed (per member, with its
@@ -69,7 +70,7 @@ class StubCoordinator(threading.Thread):
     """The coordinator's side of the agent protocol, minus everything but what a node needs:
     registration, heartbeat acks, one rollout request per pull (always), and the weights."""
 
-    def __init__(self, keys_dir: pathlib.Path, blob: bytes, model: dict, sampler: dict):
+    def __init__(self, keys_dir: pathlib.Path, weights, model: dict, sampler: dict):
         super().__init__(daemon=True, name="stub-coordinator")
         import zmq
 
@@ -83,7 +84,7 @@ class StubCoordinator(threading.Thread):
         self.sock.setsockopt(zmq.LINGER, 0)
         apply_server(self.sock, self.auth.keys)
         self.port = self.sock.bind_to_random_port("tcp://127.0.0.1")
-        self.blob, self.model, self.sampler = blob, model, sampler
+        self.weights, self.model, self.sampler = weights, model, sampler  # a ServedVersion
         self.stop_event = threading.Event()
         self.next_id = 0
         self.results = 0
@@ -93,6 +94,7 @@ class StubCoordinator(threading.Thread):
 
         from spotlight import protocol as P
         from spotlight.tensor_wire import pack_tensors
+        from spotlight.weight_sync import WeightSyncError
 
         cond = {"cond.embeds": torch.randn(1, BIG_MODEL["max_text_tokens"], 384), "cond.mask": torch.ones(1, BIG_MODEL["max_text_tokens"], dtype=torch.int64)}
         cond_metas, cond_frames = pack_tensors(cond)
@@ -113,7 +115,12 @@ class StubCoordinator(threading.Thread):
                 item = P.LeaseItem(lease_id=self.next_id, request_id=f"r{self.next_id}", kind="rollout", iteration=0, prompt_index=0, seed=self.next_id, weight_version=0)
                 reply, extra = P.Leases(worker_id=body.worker_id, items=[item], tensors=cond_metas), cond_frames
             elif mtype == P.MsgType.FETCH_WEIGHTS:
-                reply, extra = P.Weights(version=body.version, size_bytes=len(self.blob)), [self.blob]
+                try:
+                    for msg, chunk in self.weights.replies(body):
+                        self.sock.send_multipart([ident, *P.encode(msg, chunk or None)], copy=False)
+                except WeightSyncError as exc:
+                    self.sock.send_multipart([ident, *P.encode(P.ErrorMsg(code="bad_request", message=str(exc)))])
+                continue
             else:
                 self.results += mtype == P.MsgType.RESULT
                 continue
@@ -293,10 +300,11 @@ def restart_round(tag: str, ctx: dict) -> dict:
 def measure(args) -> dict:
     import torch
 
-    from spotlight.config import ModelConfig, SamplerConfig
+    from spotlight.config import ClusterConfig, ModelConfig, SamplerConfig
     from spotlight.models.dit import build_transformer
     from spotlight.security import add_client, init_keys
-    from spotlight.tensor_wire import state_dict_to_bytes
+    from spotlight.tensor_wire import save_version
+    from spotlight.weight_sync import ServedVersion
 
     import msgspec
 
@@ -304,15 +312,16 @@ def measure(args) -> dict:
     cfg = ModelConfig(**dict(BIG_MODEL, num_layers=args.num_layers))
     model = build_transformer(cfg)
     n_params = sum(p.numel() for p in model.parameters())
-    blob = state_dict_to_bytes(model.state_dict())
-    del model
-    print(f"model: {n_params / 1e6:.1f} M parameters, {len(blob) / 1e6:.0f} MB fp32 weights", flush=True)
     work = pathlib.Path(tempfile.mkdtemp(prefix="spotlight-reconfig-"))
+    size_bytes, digest = save_version(model.state_dict(), work / "v0.safetensors")
+    del model
+    print(f"model: {n_params / 1e6:.1f} M parameters, {size_bytes / 1e6:.0f} MB fp32 weights", flush=True)
     os.environ["SPOTLIGHT_AGENT_STATE"] = str(work / "state")
     keys_dir = work / "keys"
     init_keys(keys_dir)
     add_client(keys_dir, "agent", "bench")
-    coord = StubCoordinator(keys_dir, blob, msgspec.to_builtins(cfg), msgspec.to_builtins(SamplerConfig(**SAMPLER)))
+    weights = ServedVersion(work / "v0.safetensors", 0, ClusterConfig().weight_chunk_bytes, digest=digest)
+    coord = StubCoordinator(keys_dir, weights, msgspec.to_builtins(cfg), msgspec.to_builtins(SamplerConfig(**SAMPLER)))
     coord.start()
     ctx = {"port": coord.port, "keys_dir": keys_dir, "work": work}
     rows: dict[str, list[dict]] = {k: [] for k in ("elastic_revoke", "elastic_add", "cold_add", "restart_revoke", "restart_add")}
@@ -340,7 +349,7 @@ def measure(args) -> dict:
         for ev in ("revoke", "add") for m in ("serve_s", "step_s", "stall_s")
     }
     med["elastic_revoke"]["released_s"] = statistics.median(r["released_s"] for r in rows["elastic_revoke"])
-    return {"model_params_m": n_params / 1e6, "weights_mb": len(blob) / 1e6, "repeats": args.repeats, "median": med, "ratios": ratios, "raw": rows, "work_dir": str(work)}
+    return {"model_params_m": n_params / 1e6, "weights_mb": size_bytes / 1e6, "repeats": args.repeats, "median": med, "ratios": ratios, "raw": rows, "work_dir": str(work)}
 
 
 def main() -> None:

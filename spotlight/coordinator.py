@@ -71,7 +71,7 @@ from spotlight.checkpoint import train_checkpoint_dir
 from spotlight.run_recorder import RunRecorder
 from spotlight.tensor_store import TensorStore, check_key
 from spotlight.tensor_wire import pack_tensors, unpack_tensors
-from spotlight.weight_sync import WeightSyncError, check_safetensors_file, chunk_span, num_chunks
+from spotlight.weight_sync import WeightSyncError, check_safetensors_file, fetch_replies
 
 log = logging.getLogger("spotlight.coordinator")
 
@@ -674,19 +674,12 @@ class Coordinator:
         if info is None:
             self.send(identity, P.Weights(version=body.version, size_bytes=0, found=False))
             return
-        chunk = self.cfg.cluster.weight_chunk_bytes
-        n = num_chunks(info.size_bytes, chunk)
-        if body.num_chunks and body.first_chunk >= n:
-            raise Rejected("bad_request", f"version {body.version} has {n} chunks; chunk {body.first_chunk} does not exist")
-        if body.header:
-            self.send(identity, P.Weights(version=body.version, size_bytes=info.size_bytes, chunk_bytes=chunk, num_chunks=n, digest=info.digest))
-        for i in range(body.first_chunk, min(n, body.first_chunk + body.num_chunks)):
-            off, length = chunk_span(i, info.size_bytes, chunk)
-            data = self.store.read_weights(body.version, off, length)
-            if data is None:  # pruned between the header and now
-                self.send(identity, P.Weights(version=body.version, size_bytes=0, found=False))
-                return
-            if not self.send(identity, P.WeightsChunk(version=body.version, index=i, offset=off, size_bytes=length), [data]):
+        try:  # weight_sync.fetch_replies: shared with the stand-in coordinators of tests and benchmarks
+            replies = fetch_replies(body, info.size_bytes, self.cfg.cluster.weight_chunk_bytes, info.digest, lambda off, length: self.store.read_weights(body.version, off, length))
+        except WeightSyncError as exc:
+            raise Rejected("bad_request", str(exc)) from None
+        for msg, frames in replies:  # a pruned version ends with WEIGHTS(found=False)
+            if not self.send(identity, msg, frames or None) and isinstance(msg, P.WeightsChunk):
                 return  # the agent's queue is full or it is gone: it asks again
 
     def on_fetch_state(self, identity, body, payload, now) -> None:

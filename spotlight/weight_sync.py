@@ -31,7 +31,7 @@ import os
 import pathlib
 import shutil
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
 from spotlight.errors import SpotlightError
 
@@ -359,6 +359,89 @@ class MappedFile:
         if offset < 0 or length < 0 or offset + length > self.size_bytes:
             raise WeightSyncError(f"range [{offset}, {offset + length}) is outside a file of {self.size_bytes} bytes")
         return self._view[offset : offset + length]
+
+
+def fetch_replies(request, size_bytes: int, chunk_bytes: int, digest: str, read: Callable[[int, int], "memoryview | bytes | None"]) -> Iterator[tuple]:
+    """The replies to one FETCH_WEIGHTS for a published version, in the order to send them:
+    its WEIGHTS header (if ``request.header``), then the WEIGHTS_CHUNK messages
+    ``request.first_chunk`` … ``first_chunk + num_chunks - 1`` clipped to the version, each
+    with one frame that ``read`` returns (zero-copy slices, read one at a time as the
+    iterator advances, so a sender that stops early reads no more).
+
+    This is the coordinator's serving code (``Coordinator.on_fetch_weights``); stand-in
+    coordinators in tests and benchmarks serve through it too (:class:`ServedVersion`).
+
+    Args:
+        request: a :class:`spotlight.protocol.FetchWeights`.
+        size_bytes: size of the version's file (>= 1).
+        chunk_bytes: chunk size this server uses (>= 1).
+        digest: ``"<algorithm>:<hex>"`` of the whole file.
+        read: ``(offset, length)`` → those bytes of the file, or None when the version is
+            gone (pruned since the request): a WEIGHTS(found=False) reply then ends the stream.
+
+    Returns:
+        An iterator of ``(message, frames)`` (``frames``: a list of 0 or 1 buffers).
+
+    Raises:
+        WeightSyncError: at once, before anything is read, when ``request.first_chunk`` is
+            past the version's last chunk (and chunks are asked for).
+    """
+    from spotlight import protocol as P
+
+    n = num_chunks(size_bytes, chunk_bytes)
+    if request.num_chunks and request.first_chunk >= n:
+        raise WeightSyncError(f"version {request.version} has {n} chunks; chunk {request.first_chunk} does not exist")
+
+    def replies():
+        if request.header:
+            yield P.Weights(version=request.version, size_bytes=size_bytes, chunk_bytes=chunk_bytes, num_chunks=n, digest=digest), []
+        for i in range(request.first_chunk, min(n, request.first_chunk + request.num_chunks)):
+            off, length = chunk_span(i, size_bytes, chunk_bytes)
+            data = read(off, length)
+            if data is None:
+                yield P.Weights(version=request.version, size_bytes=0, found=False), []
+                return
+            yield P.WeightsChunk(version=request.version, index=i, offset=off, size_bytes=length), [data]
+
+    return replies()
+
+
+class ServedVersion:
+    """One complete version file served to FETCH_WEIGHTS requests the way the coordinator
+    serves it (:func:`fetch_replies` over a :class:`MappedFile`): for stand-in coordinators
+    (integration tests, benchmarks) that must speak the real weight protocol.
+
+    Args:
+        path: the version's safetensors file (e.g. written by
+            :func:`spotlight.tensor_wire.save_version`).
+        version: its version number.
+        chunk_bytes: chunk size to serve it in (>= 1).
+        digest: ``"<algorithm>:<hex>"`` of the file; computed (sha256) when not given.
+
+    Raises:
+        OSError: the file cannot be read or mapped. ValueError: it is empty.
+    """
+
+    def __init__(self, path: pathlib.Path | str, version: int, chunk_bytes: int, *, digest: str | None = None):
+        self.version = int(version)
+        self.chunk_bytes = int(chunk_bytes)
+        self.digest = digest or file_digest(path)
+        parse_digest(self.digest)
+        self.mapped = MappedFile(path)
+        self.size_bytes = self.mapped.size_bytes
+
+    def replies(self, request) -> list[tuple]:
+        """``(message, frames)`` to send for one FETCH_WEIGHTS: WEIGHTS(found=False) for any
+        other version, else :func:`fetch_replies`.
+
+        Raises:
+            WeightSyncError: ``request.first_chunk`` past the last chunk.
+        """
+        if request.version != self.version:
+            from spotlight import protocol as P
+
+            return [(P.Weights(version=request.version, size_bytes=0, found=False), [])]
+        return list(fetch_replies(request, self.size_bytes, self.chunk_bytes, self.digest, self.mapped.chunk))
 
 
 # ---------------------------------------------------------------- sending (trainer rank 0)

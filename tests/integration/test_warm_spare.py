@@ -2,10 +2,12 @@
 
 A real ``spotlight-agent join`` (one GPU, ``sp_degree = 2`` from the coordinator, so its worker
 serves alone at SP 1) talks CURVE to a stand-in coordinator in this process that speaks the
-real protocol and hands out one rollout request per pull, forever. Then: ``add-gpu 1`` (the
-spare becomes the new worker, receives the weights from its peer and the group serves at SP 2;
-a new spare starts), ``revoke 1`` (SP 1 again), ``add-gpu 1`` (the second spare is used), and
-finally ``kill -9`` of the agent, after which none of its processes may remain.
+real protocol (weights in chunks, served by the coordinator's own code:
+:class:`spotlight.weight_sync.ServedVersion`) and hands out one rollout request per pull,
+forever. Then: ``add-gpu 1`` (the spare becomes the new worker, receives the weights from its
+peer and the group serves at SP 2; a new spare starts), ``revoke 1`` (SP 1 again), ``add-gpu 1``
+(the second spare is used), and finally ``kill -9`` of the agent, after which none of its
+processes may remain.
 
 Every finished request is compared with the same request denoised by a single-GPU
 :class:`~spotlight.workers.common.RolloutExecutor` in this process: the reconfigurations
@@ -34,19 +36,19 @@ from spotlight import protocol as P
 from spotlight.config import ModelConfig, SamplerConfig
 from spotlight.models.dit import build_transformer
 from spotlight.security import Authenticator, add_client, apply_server, init_keys, load_server_keys
-from spotlight.tensor_wire import pack_tensors, state_dict_to_bytes, unpack_tensors
-
-pytestmark = pytest.mark.skip(reason="the stand-in coordinator here still sends a weight version as one WEIGHTS frame; since PROTOCOL_VERSION 3 agents fetch versions in chunks (WEIGHTS header + WEIGHTS_CHUNK), so the worker never gets its weights. Port the stand-in to the chunked protocol (same for benchmarks/reconfig.py).")
+from spotlight.tensor_wire import pack_tensors, save_version, unpack_tensors
+from spotlight.weight_sync import ServedVersion, WeightSyncError
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 WAIT_S = 300
 SAMPLER = SamplerConfig(num_steps=30, sde_window_size=8)
+CHUNK_BYTES = 256 * 1024  # the version travels in many chunks, a window of 4 at a time
 
 
 class Coordinator(threading.Thread):
     """Registration, heartbeat acks, weights v0, one rollout request (new seed) per pull."""
 
-    def __init__(self, keys_dir: pathlib.Path, weights: bytes):
+    def __init__(self, keys_dir: pathlib.Path, weights: ServedVersion):
         super().__init__(daemon=True)
         self.ctx = zmq.Context()
         self.auth = Authenticator(self.ctx, load_server_keys(keys_dir))
@@ -59,6 +61,7 @@ class Coordinator(threading.Thread):
         g = torch.Generator().manual_seed(5)
         self.cond = {"cond.embeds": torch.randn(1, 16, 384, generator=g), "cond.mask": torch.ones(1, 16, dtype=torch.int64)}
         self.results: dict[int, dict[str, torch.Tensor]] = {}  # seed -> result tensors
+        self.chunks_served = 0
         self.stop = threading.Event()
         self.seed = 100
 
@@ -70,7 +73,7 @@ class Coordinator(threading.Thread):
                 continue
             ident, *msg = self.sock.recv_multipart()
             mtype, body, payload = P.decode(msg)
-            reply, extra = None, None
+            reply, extra, replies = None, None, []
             if mtype == P.MsgType.REGISTER:
                 reply = P.Registered(node_id=body.node_id, heartbeat_interval_s=1.0, lease_timeout_s=600.0, worker_batch_size=1, torch_threads=1, sp_degree=2,
                                      model=msgspec.to_builtins(ModelConfig()), sampler=msgspec.to_builtins(SAMPLER), latest_version=0, session="s")
@@ -83,11 +86,17 @@ class Coordinator(threading.Thread):
                 item = P.LeaseItem(lease_id=self.seed, request_id=rid, kind="rollout", iteration=0, prompt_index=0, seed=self.seed, weight_version=0)
                 reply, extra = P.Leases(worker_id=body.worker_id, items=[item], tensors=metas), frames
             elif mtype == P.MsgType.FETCH_WEIGHTS:
-                reply, extra = P.Weights(version=body.version, size_bytes=len(self.weights)), [self.weights]
+                try:
+                    replies = self.weights.replies(body)
+                except WeightSyncError as exc:
+                    reply = P.ErrorMsg(code="bad_request", message=str(exc))
+                self.chunks_served += sum(isinstance(m, P.WeightsChunk) for m, _ in replies)
             elif mtype == P.MsgType.RESULT:
                 self.results[seeds[body.items[0].request_id]] = unpack_tensors(body.tensors, payload)
             if reply is not None:
-                self.sock.send_multipart([ident, *P.encode(reply, extra)])
+                replies = [(reply, extra)]
+            for out, out_frames in replies:
+                self.sock.send_multipart([ident, *P.encode(out, out_frames or None)], copy=False)
         self.sock.close(0)
         self.auth.stop()
 
@@ -133,7 +142,8 @@ def run(tmp_path_factory):
     init_keys(keys)
     add_client(keys, "agent", "n")
     weights = build_transformer(ModelConfig()).state_dict()
-    coord = Coordinator(keys, state_dict_to_bytes(weights))
+    size_bytes, digest = save_version(weights, tmp / "v0.safetensors")
+    coord = Coordinator(keys, ServedVersion(tmp / "v0.safetensors", 0, CHUNK_BYTES, digest=digest))
     coord.start()
     mp = pytest.MonkeyPatch()
     mp.setenv("SPOTLIGHT_AGENT_STATE", str(tmp / "state"))  # the agent's and _control's (agent_paths)
@@ -184,6 +194,7 @@ def run(tmp_path_factory):
             time.sleep(0.1)
         facts["left_after_kill"] = [p for p in facts["agent_children_at_kill"] if not _gone(p)]
         facts["results"] = dict(coord.results)
+        facts["chunks_served"], facts["version_chunks"] = coord.chunks_served, -(-size_bytes // CHUNK_BYTES)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -210,6 +221,7 @@ def test_grant_is_served_by_the_spare_process(run):
     assert run["grant2"]["status"]["spares_used"] == 2
     assert run["spare2"] != run["grant1"]["spare_pid"] and run["spare1_alive_after_grant"]
     assert "weights: broadcast" in run["log"]  # the new worker got the weights from its peer
+    assert run["version_chunks"] > 4 and run["chunks_served"] >= run["version_chunks"]  # v0 came in chunks, a window at a time
 
 
 def test_spare_and_workers_die_with_the_agent(run):

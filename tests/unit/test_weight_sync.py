@@ -22,7 +22,7 @@ from spotlight.config import EXAMPLES_DIR, load_config
 from spotlight.security import add_client, apply_client, ephemeral_client, init_keys, load_client_keys, load_server_keys
 from spotlight.tensor_store import TensorStore
 from spotlight.tensor_wire import mmap_state_dict, save_version
-from spotlight.weight_sync import ChunkReceiver, WeightSyncError, chunk_span, file_digest, num_chunks, send_version
+from spotlight.weight_sync import ChunkReceiver, ServedVersion, WeightSyncError, chunk_span, fetch_replies, file_digest, num_chunks, send_version
 
 CHUNK = 64 * 1024  # the smallest cluster.weight_chunk_bytes
 
@@ -355,6 +355,44 @@ def test_bad_chunks_are_rejected_with_one_error_and_change_nothing(run, tmp_path
         run.trainer.send_multipart(chunk(i))
     _wait(lambda: run.coord.store.latest_version == 0)
     assert run.coord.store.get_weights(0) == blob
+
+
+def test_served_version_answers_an_agent_cache(tmp_path):
+    """ServedVersion (the stand-in coordinators' server: the coordinator's fetch_replies over a
+    memory map) gives an agent's WeightCache the version bit-identical, a window at a time."""
+    sd = _state_dict(numel=200_000)
+    size, digest = save_version(sd, tmp_path / "v3.safetensors")
+    served = ServedVersion(tmp_path / "v3.safetensors", 3, CHUNK)  # digest computed
+    assert (served.size_bytes, served.digest) == (size, digest)
+    cache = WeightCache(tmp_path / "cache", window_chunks=2)
+    pending, done, most_asked = list(cache.fetch(3, 0.0)), None, 0
+    while pending:
+        replies = served.replies(pending.pop(0))
+        for msg, frames in replies:
+            if isinstance(msg, P.Weights):
+                assert msg.found and not frames
+                reqs, not_found = cache.on_weights(msg, 0.0)
+                assert not not_found
+            else:
+                [frame] = frames
+                assert isinstance(frame, memoryview)  # a slice of the map, not a copy
+                reqs, got = cache.on_chunk(msg, frame, 0.0)
+                done = done or got
+            most_asked = max(most_asked, len(cache.downloads[3].asked) if 3 in cache.downloads else 0)
+            pending += reqs
+    assert done is not None and (done.size_bytes, done.digest, done.num_chunks) == (size, digest, num_chunks(size, CHUNK)) and done.num_chunks >= 3
+    assert most_asked <= 2
+    assert cache.path(3).read_bytes() == (tmp_path / "v3.safetensors").read_bytes()
+    # another version: not found; a first chunk past the end: refused before anything is read
+    [(msg, frames)] = served.replies(P.FetchWeights(version=4, num_chunks=2))
+    assert isinstance(msg, P.Weights) and not msg.found and msg.version == 4 and frames == []
+    with pytest.raises(WeightSyncError, match="does not exist"):
+        served.replies(P.FetchWeights(version=3, header=False, first_chunk=done.num_chunks, num_chunks=1))
+    # a version pruned while being served: WEIGHTS(found=False) ends the stream
+    reads = []
+    gone = fetch_replies(P.FetchWeights(version=3, header=True, num_chunks=3), size, CHUNK, digest, lambda off, n: reads.append(off) or (b"x" * n if off == 0 else None))
+    assert [(type(m).__name__, getattr(m, "found", None)) for m, _ in gone] == [("Weights", True), ("WeightsChunk", None), ("Weights", False)]
+    assert reads == [0, CHUNK]
 
 
 def test_agent_cache_retries_and_restarts(tmp_path):
