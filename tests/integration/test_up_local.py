@@ -127,6 +127,6 @@ def test_status_shows_the_finished_run(run_dir):
     snap = json.loads(proc.stdout)
     assert snap["finished"] and snap["iteration"] == 2 and snap["iterations_done"] == 2 and snap["eta_s"] == 0.0
     kinds = [e["kind"] for e in snap["events"]]
-    assert kinds.count("join") >= 3 and kinds.count("iteration") == 2 and "weights" in kinds and kinds[-1] == "finish", kinds
+    assert kinds.count("join") >= 2 and kinds.count("iteration") == 2 and "weights" in kinds and kinds[-1] == "finish", kinds
     assert [e["detail"].split(" ")[0] for e in snap["events"] if e["kind"] == "iteration"] == ["1/2", "2/2"]
     assert len(snap["reward_curve"]) == 2 and snap["cost"]["total_usd"] > 0
