@@ -1040,7 +1040,7 @@ class Coordinator:
         one under way (or the last, once finished), ``iterations_done`` how many have ended.
         (``metrics.jsonl`` rows keep their 0-based ``iteration`` index = number - 1.)
         Times are seconds (``elapsed_s`` since this coordinator started, event ``t_s`` likewise);
-        ``version`` is None until the first weights are published; ``eta_s`` is None before the
+        ``version`` is -1 until the first weights are published; ``eta_s`` is None before the
         first iteration of this coordinator ends; costs are USD (``cost``, see
         :func:`spotlight.events.cost_summary`).
         """
@@ -1053,7 +1053,7 @@ class Coordinator:
         elapsed_s = now - self.t_start
         self.instances.integrate(now)
         live = [r for r in self.instances.nodes.values() if r.status.value != "dead"]
-        version = self.store.latest_version
+        version = self.store.latest_version  # -1: none published yet (the screen says so)
         return {
             "phase": self.phase,
             "iteration": min(done_n + 1, total),
@@ -1061,7 +1061,7 @@ class Coordinator:
             "iterations": total,
             "finished": self.done,
             "error": self.error,
-            "version": version if version >= 0 else None,
+            "version": version,
             "started_unix_s": self.started_unix_s,
             "elapsed_s": round(elapsed_s, 1),
             "eta_s": eta_s(elapsed_s, done_n - self._iterations_before_start, total - self._iterations_before_start) if done_n < total else 0.0,

@@ -30,7 +30,7 @@ def test_snapshot_events_and_status_file(tmp_path):
     try:
         snap = _ask_status(run)
         assert snap["iteration"] == 1 and snap["iterations_done"] == 0  # 1-based, as on screen (was 0)
-        assert snap["version"] is None and snap["eta_s"] is None  # not `v-1`
+        assert snap["version"] == -1 and snap["eta_s"] is None  # no weights yet, no estimate yet
         session = _register(run)
         hb = P.Heartbeat(node_id="spot-a", session=session, workers=[P.WorkerInfo(worker_id="spot-a/g0", gpus=[0, 1])], gpus=[0, 1])
         run.agent.send_multipart(P.encode(hb))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from rich.console import Console
 
 from spotlight.cli.status import render_status
@@ -73,8 +74,9 @@ def mid_snapshot():
             "reward_curve": [0.1, 0.25, 0.5], "events": events}
 
 
-def test_start_shows_no_weights_yet_and_no_eta():
-    text = _text(start_snapshot())
+@pytest.mark.parametrize("version", [-1, None])
+def test_start_shows_no_weights_yet_and_no_eta(version):
+    text = _text(start_snapshot() | {"version": version})
     assert "iteration 1/10 (0 done)" in text
     assert "no weights yet" in text and "v-1" not in text and "vNone" not in text  # read `weights v-1` before
     assert "ETA after the first iteration" in text
