@@ -225,7 +225,7 @@ def _pid_running(pid) -> bool:
 def register(app: typer.Typer) -> None:
     @app.command()
     def status(
-        run_dir_arg: Optional[pathlib.Path] = typer.Argument(None, metavar="[RUN_DIR]", help="Run directory (same as --run-dir)."),
+        run_dir_arg: Optional[pathlib.Path] = typer.Argument(None, metavar="RUN_DIR", help="Run directory (same as --run-dir)."),
         coordinator: Optional[str] = typer.Option(None, "--coordinator", "-c", help="Coordinator endpoint tcp://HOST:PORT (default: read from --run-dir)."),
         run_dir: Optional[pathlib.Path] = typer.Option(None, "--run-dir", help="Run directory (its coordinator.json names the endpoint; a finished run is shown from its status.json); default: newest under runs/."),
         watch: bool = typer.Option(False, "--watch", "-w", help="Refresh continuously (live TUI); Ctrl-C exits."),
