@@ -53,6 +53,7 @@ import torch
 
 from spotlight import protocol as P
 from spotlight.errors import SpotlightError
+from spotlight.events import EventLog, cost_summary, eta_s
 from spotlight.procs import scrubbed_env
 from spotlight.security import Principal, ServerKeys, ephemeral_client, init_keys, load_server_keys, reload_allow_list, write_client_file
 from spotlight.server import PUBLIC, TRAINER, ControlServer, Inbound
@@ -252,10 +253,14 @@ class Coordinator:
             self.sampler_params,
         )
         self.resume_version: int | None = None
+        self.t_start = time.monotonic()
+        self.started_unix_s = time.time()
+        self.events = EventLog(start_s=self.t_start)
         if resume:
             self._restore(time.monotonic())
         else:
             self.sched.start_epoch(self.recorder.epoch)
+        self._iterations_before_start = len(self.history)  # done by an earlier coordinator (resume): not in this one's ETA
         (self.run_dir / "coordinator.json").write_text(json.dumps({"endpoint": self.endpoint, "trainer_endpoint": self.server.trainer_endpoint, "pid": os.getpid(), "keys_dir": str(keys.directory) if keys.directory else None}))
 
     # ------------------------------------------------------------ the iteration core's state
@@ -451,6 +456,7 @@ class Coordinator:
                 self.sched.release_worker(wid, reason="agent re-registered", now=now)
                 self.core.busy.gone(wid, now)
         log.info("agent %s joined as %s (%d GPUs, spot=%s)", body.node_id, principal.id, len(gpus), body.is_spot)
+        self.events.append(now, "join", body.node_id, f"{len(gpus)} {'spot' if body.is_spot else 'reserved'} GPU{'s' if len(gpus) != 1 else ''}" + (" (re-registered)" if old_route is not None else ""))
         self.send(
             identity,
             P.Registered(
@@ -476,6 +482,7 @@ class Coordinator:
                 raise Rejected("forbidden", f"heartbeat names worker {w.worker_id!r} of another node")
         if body.gpus is not None and (len(set(body.gpus)) != len(body.gpus) or len(body.gpus) > self.max_gpus_per_node):
             raise Rejected("bad_request", f"gpus must be at most {self.max_gpus_per_node} distinct indices")
+        self._heartbeat_events(node_id, body, now)
         self.instances.heartbeat(node_id, now, workers={w.worker_id: list(w.gpus) for w in body.workers}, detector_healthy=body.detector_healthy, detector_error=body.detector_error, gpus=body.gpus)
         is_spot = self.instances.nodes[node_id].is_spot
         for w in body.workers:
@@ -483,6 +490,23 @@ class Coordinator:
             self.core.busy.seen(w.worker_id, is_spot, now)
             self.sched.renew(w.worker_id, now)
         self.send(identity, P.Heartbeat(node_id=node_id))  # ack: lets the agent detect a dead coordinator
+
+    def _heartbeat_events(self, node_id: str, body: P.Heartbeat, now: float) -> None:
+        """Event-log what a validated heartbeat changes: GPUs added or gone, workers re-formed
+        (an SP group), the preemption detector turning unhealthy or recovering."""
+        rec = self.instances.nodes[node_id]
+        plural = lambda n, what: f"{n} {what}{'s' if n != 1 else ''}"  # noqa: E731
+        if body.gpus is not None and sorted(body.gpus) != sorted(rec.gpus):
+            added, gone = sorted(set(body.gpus) - set(rec.gpus)), sorted(set(rec.gpus) - set(body.gpus))
+            if added:
+                self.events.append(now, "add", node_id, f"+{plural(len(added), 'GPU')} (index {','.join(map(str, added))}): {len(body.gpus)} now")
+            if gone:
+                self.events.append(now, "remove", node_id, f"-{plural(len(gone), 'GPU')} (index {','.join(map(str, gone))}): {len(body.gpus)} now")
+        workers = {w.worker_id: sorted(w.gpus) for w in body.workers}
+        if rec.workers and workers and workers != {k: sorted(v) for k, v in rec.workers.items()}:
+            self.events.append(now, "reform", node_id, f"{plural(len(workers), 'worker')}: " + ", ".join(plural(len(g), "GPU") for g in workers.values()))
+        if body.detector_healthy != rec.detector_healthy:
+            self.events.append(now, "detector", node_id, f"unhealthy: {body.detector_error}" if not body.detector_healthy else "healthy again")
 
     def on_pull(self, identity, body: P.Pull, payload, now) -> None:
         node = self.instances.nodes[body.node_id]
@@ -647,6 +671,8 @@ class Coordinator:
             self.store.put_state(key, metas, [payload[j] for j in sel])
             if not self.sched.commit(item.request_id, item.lease_id, committed_step=item.step, commit_key=key, now=now):
                 self.store.delete_state(key)
+        if mine:
+            self.events.append(now, "commit", body.node_id, f"{body.worker_id}: {len(mine)} request{'s' if len(mine) != 1 else ''} at step {max(it.step for _, it in mine)}")
         if len(mine) < len(body.items):
             log.info("ignored %d stale/foreign commits from %s", len(body.items) - len(mine), body.worker_id)
 
@@ -689,9 +715,16 @@ class Coordinator:
         if not math.isfinite(body.deadline_unix_s):
             raise Rejected("bad_request", "notice deadline must be a finite unix time")
         self.instances.notice(body.node_id, msgspec.to_builtins(body), now)
+        left_s = body.deadline_unix_s - time.time()
+        if body.kind == "revoke":
+            self.events.append(now, "revoke", body.node_id, f"{body.scope}, {left_s:.0f}s grace" + (f" ({body.source})" if body.source != "revoke" else ""))
+        else:
+            self.events.append(now, "notice", body.node_id, f"{body.source} {body.kind}" + (" (hint)" if body.is_hint else "") + (f" for {body.scope}" if body.scope != "node" else "") + f", deadline in {left_s:.0f}s")
         log.warning("preemption notice from %s: %s %s (deadline in %.1fs)", body.node_id, body.source, body.kind, body.deadline_unix_s - time.time())
 
     def on_bye(self, identity, body: P.Bye, payload, now) -> None:
+        if self.instances.nodes[body.node_id].status.value != "dead":
+            self.events.append(now, "leave", body.node_id, body.reason or "goodbye")
         for wid in self.instances.goodbye(body.node_id, now, body.reason):
             self.sched.release_worker(wid, reason=f"agent left: {body.reason}", now=now)
             self.core.busy.gone(wid, now)
@@ -738,6 +771,7 @@ class Coordinator:
                     self.store.prune_weights(self.weights_keep_from(body.version - keep + 1))
                 self.version = max(self.version, body.version)
                 log.info("published weights v%d (%d bytes, %s)", body.version, info.size_bytes, info.digest[:23])
+                self.events.append(now, "weights", "", f"v{body.version} published ({info.size_bytes / 1e6:.1f} MB)")
         elif mtype == P.MsgType.TRAIN_DONE:
             if body.rank != rank:
                 raise Rejected("forbidden", f"TRAIN_DONE for rank {body.rank} from rank {rank}'s connection")
@@ -767,12 +801,12 @@ class Coordinator:
         samples = [self.samples[rid] for rid in request_ids]
         finite, dropped = trainable_samples(samples)
         if dropped["nonfinite_reward"]:
-            log.error("iteration %d: %d samples have non-finite rewards and are left out of the update", n, dropped["nonfinite_reward"])
+            log.error("iteration %d: %d samples have non-finite rewards and are left out of the update", n + 1, dropped["nonfinite_reward"])
             if dropped["nonfinite_reward"] == len(samples):
                 # nothing could ever be trained: stop clearly instead of "finishing" a run that learned nothing
-                self.error = f"iteration {n}: every one of {len(samples)} rewards is non-finite (NaN/inf); check the reward function or service"
+                self.error = f"iteration {n + 1}: every one of {len(samples)} rewards is non-finite (NaN/inf); check the reward function or service"
         if dropped["nonfinite_latents"]:
-            log.error("iteration %d: %d samples have non-finite latents or log-probs and are left out of the update", n, dropped["nonfinite_latents"])
+            log.error("iteration %d: %d samples have non-finite latents or log-probs and are left out of the update", n + 1, dropped["nonfinite_latents"])
         adv = group_advantages([s.reward for s in finite], [s.slot for s in finite], std=self.cfg.train.advantage_std) if finite else np.zeros(0)
         zero_std = 0
         if self.cfg.train.filter_zero_std_groups and finite:
@@ -792,7 +826,7 @@ class Coordinator:
         batches = list(by_batch.values())
         if len(batches) < self.cfg.train.steps_per_iteration and not getattr(self, "_warned_steps", False):
             self._warned_steps = True
-            log.warning("train.steps_per_iteration = %d but iteration %d has %d rollout batches: %d optimizer steps (one per batch at most)", self.cfg.train.steps_per_iteration, n, len(batches), len(batches))
+            log.warning("train.steps_per_iteration = %d but iteration %d has %d rollout batches: %d optimizer steps (one per batch at most)", self.cfg.train.steps_per_iteration, n + 1, len(batches), len(batches))
         world = self.cfg.train.num_train_workers
         self.train_done.clear()
         for rank in range(world):
@@ -824,7 +858,7 @@ class Coordinator:
             if a is None:
                 log.warning("planner: %s", plan["reason"])
             else:
-                log.info("planner: iteration %d explores d=%d s=%.1f (threshold %.3f), budget %.1fs", n + 1, a["num_sequences"], a["effective_steps"], a["cache_threshold"], plan["budget_s"])
+                log.info("planner: iteration %d explores d=%d s=%.1f (threshold %.3f), budget %.1fs", n + 2, a["num_sequences"], a["effective_steps"], a["cache_threshold"], plan["budget_s"])
 
     def save_rollouts(self, n: int, samples: list[Sample]) -> None:
         """``rollouts/iter_NNNN.safetensors``: per request id, image, window latents, log-probs, reward, seed."""
@@ -880,12 +914,14 @@ class Coordinator:
         self.history.append(row)
         self.recorder.append_metrics(row)
         self.progress(self.format_progress(row))
+        self.events.append(now, "iteration", "", f"{n + 1}/{self.cfg.run.iterations} done: reward {row.get('reward/mean', float('nan')):+.4f}")
         every = self.cfg.run.sample_grid_every
         if every and (n % every == 0 or n == self.cfg.run.iterations - 1):
             self.write_sample_grid(n)
         for s in [s for s in self.samples.values() if s.iteration <= n + 1 and (s.iteration <= n or s.kind == RequestKind.EXPLORE)]:
             del self.samples[s.request_id]
         self.write_checkpoint(n)
+        self.write_status(now)
 
     def begin_saving(self) -> None:
         self.train_done.clear()
@@ -939,7 +975,8 @@ class Coordinator:
         self.resume_version = int(st["version"])
         for r in self.sched.requests():  # prompt slots of restored requests (pulls of resumed work need them)
             self.request_meta.setdefault(r.request_id, (r.group, r.prompt_index))
-        log.warning("resumed from the checkpoint of iteration %d: continuing at iteration %d with weights v%d (coordinator start #%d)", n, self.iteration, self.resume_version, self.recorder.epoch + 1)
+        log.warning("resumed from the checkpoint of iteration %d: continuing at iteration %d with weights v%d (coordinator start #%d)", n + 1, self.iteration + 1, self.resume_version, self.recorder.epoch + 1)
+        self.events.append(now, "resume", "", f"after iteration {n + 1}/{self.cfg.run.iterations}: continuing with iteration {self.iteration + 1}, weights v{self.resume_version}")
         self.progress(f"resumed {self.run_dir} after iteration {n + 1}/{self.cfg.run.iterations}: continuing with iteration {self.iteration + 1} (weights v{self.resume_version})")
 
     def format_progress(self, row: dict) -> str:
@@ -968,13 +1005,14 @@ class Coordinator:
             # strict and partial-credit rewards are both 1 exactly when every clause holds
             verdicts = [None if s.reward is None else s.reward >= 1.0 for s in samples]
         title = f"iteration {n + 1} (rollout samples; reward under each image" + (", pass = every clause of the prompt holds)" if verdicts else ")")
-        sample_grid([s.image for s in samples], [s.slot for s in samples], [s.reward for s in samples], self.run_dir / "samples" / f"iter_{n:04d}.png", title=title, labels=labels, verdicts=verdicts)
+        sample_grid([s.image for s in samples], [s.slot for s in samples], [s.reward for s in samples], self.run_dir / "samples" / f"iter_{n + 1:04d}.png", title=title, labels=labels, verdicts=verdicts)
 
     # ------------------------------------------------------------ liveness & status
     def housekeeping(self, now: float) -> None:
         self._reload_allow_list()
         for node_id, workers in self.instances.reap(now).items():
             log.error("agent %s missed heartbeats: re-enqueueing its requests", node_id)
+            self.events.append(now, "dead", node_id, self.instances.nodes[node_id].history[-1][2])
             for wid in workers:
                 self.sched.release_worker(wid, reason="agent dead", now=now)
                 self.core.busy.gone(wid, now)
@@ -988,24 +1026,61 @@ class Coordinator:
             if proc.poll() not in (None, 0) and not self.done:
                 self.error = f"train worker rank {i} exited with code {proc.returncode}"
 
-    def snapshot(self) -> dict:
+    def snapshot(self, now: float | None = None) -> dict:
+        """What ``spotlight status`` shows (JSON-able; the STATUS message and ``status.json``).
+
+        Iteration numbers are 1-based as everywhere a person reads them: ``iteration`` is the
+        one under way (or the last, once finished), ``iterations_done`` how many have ended.
+        (``metrics.jsonl`` rows keep their 0-based ``iteration`` index = number - 1.)
+        Times are seconds (``elapsed_s`` since this coordinator started, event ``t_s`` likewise);
+        ``version`` is -1 until the first weights are published; ``eta_s`` is None before the
+        first iteration of this coordinator ends; costs are USD (``cost``, see
+        :func:`spotlight.events.cost_summary`).
+        """
+        now = time.monotonic() if now is None else now
         counts = {}
         for kind in RequestKind:
             counts[kind.value] = {k.value: v for k, v in self.sched.counts(kind=kind).items()}
+        total = self.cfg.run.iterations
+        done_n = len(self.history)
+        elapsed_s = now - self.t_start
+        self.instances.integrate(now)
+        live = [r for r in self.instances.nodes.values() if r.status.value != "dead"]
+        version = self.store.latest_version  # -1: none published yet (the screen says so)
         return {
             "phase": self.phase,
-            "iteration": self.iteration,
-            "iterations": self.cfg.run.iterations,
-            "version": self.store.latest_version,
+            "iteration": min(done_n + 1, total),
+            "iterations_done": done_n,
+            "iterations": total,
+            "finished": self.done,
+            "error": self.error,
+            "version": version,
+            "started_unix_s": self.started_unix_s,
+            "elapsed_s": round(elapsed_s, 1),
+            "eta_s": eta_s(elapsed_s, done_n - self._iterations_before_start, total - self._iterations_before_start) if done_n < total else 0.0,
+            "gpus": {"spot": sum(r.num_gpus for r in live if r.is_spot), "reserved": sum(r.num_gpus for r in live if not r.is_spot)},
+            "cost": cost_summary(self.instances.gpu_seconds(spot=True), self.instances.gpu_seconds(spot=False), self.cfg.cost.spot_usd_per_gpu_hour, self.cfg.cost.reserved_usd_per_gpu_hour),
             "nodes": [
-                {"node_id": r.node_id, "status": r.status.value, "spot": r.is_spot, "gpus": r.gpus, "workers": sorted(r.workers), "detector_healthy": r.detector_healthy, "detector_error": r.detector_error, "last_seen_s_ago": round(time.monotonic() - r.last_seen, 1)}
+                {"node_id": r.node_id, "status": r.status.value, "why": r.history[-1][2] if r.history else "", "spot": r.is_spot, "num_gpus": r.num_gpus, "gpus": r.gpus, "workers": sorted(r.workers), "detector_healthy": r.detector_healthy, "detector_error": r.detector_error, "last_seen_s_ago": round(now - r.last_seen, 1)}
                 for r in self.instances.nodes.values()
             ],
             "requests": counts,
             "last_metrics": self.history[-1] if self.history else {},
             "reward_curve": [h["reward/mean"] for h in self.history],
             "tensor_store": self.store.stats(),
+            "events": self.events.to_list(),
         }
+
+    def write_status(self, now: float | None = None) -> None:
+        """``status.json``: the last snapshot, so ``spotlight status --run-dir`` can show a run
+        whose coordinator has ended (written atomically: a reader never sees half a file)."""
+        path = self.run_dir / "status.json"
+        tmp = path.with_name(f".status.json.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(json.dumps(self.snapshot(now), default=str))
+            os.replace(tmp, path)
+        except (OSError, TypeError, ValueError) as exc:  # a status file must never stop the run
+            log.warning("could not write %s: %s", path, exc)
 
     def serve(self, timeout_s: float | None = None) -> None:
         """Run until the job finishes (or ``timeout_s`` passes, or a train worker dies).
@@ -1027,7 +1102,7 @@ class Coordinator:
             if self.error:
                 raise RuntimeError(self.error)
             if timeout_s is not None and now - t_start > timeout_s:
-                raise RuntimeError(f"run did not finish within {timeout_s:.0f}s (phase {self.phase}, iteration {self.iteration})")
+                raise RuntimeError(f"run did not finish within {timeout_s:.0f}s (phase {self.phase}, iteration {self.iteration + 1})")
         self.write_request_log()
         from spotlight.plots import reward_curve
 
@@ -1061,6 +1136,10 @@ class Coordinator:
             self.send_trainer(rank, P.Shutdown(reason="run finished"))
 
     def close(self) -> None:
+        total = self.cfg.run.iterations
+        why = f"all {total} iterations done" if self.done else f"stopped: {self.error}" if self.error else f"stopped after {len(self.history)}/{total} iterations (interrupted or timed out)"
+        self.events.append(time.monotonic(), "finish", "", why[:300])
+        self.write_status()
         self.reward_pool.shutdown(wait=False, cancel_futures=True)
         for proc in self.train_procs:
             try:

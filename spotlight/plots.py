@@ -19,13 +19,45 @@ def _font(size: int):
         return ImageFont.load_default()
 
 
+GRID_GAP_PX = 8
+"""Gap between tiles (and around the grid), in pixels of the written PNG."""
+GRID_BACKGROUND = (236, 236, 236)
+"""Light grey, so tiles with white backgrounds still show their edges."""
+
+
+def wrap_to_width(text: str, font, width_px: float) -> list[str]:
+    """``text`` broken at spaces into lines at most ``width_px`` wide in ``font`` (a word wider
+    than that is cut by characters); at least one line."""
+    draw = ImageDraw.Draw(Image.new("RGB", (1, 1)))
+    fits = lambda t: draw.textlength(t, font=font) <= width_px  # noqa: E731
+    lines: list[str] = []
+    cur = ""
+    for word in text.split():
+        cand = f"{cur} {word}" if cur else word
+        if fits(cand):
+            cur = cand
+            continue
+        if cur:
+            lines.append(cur)
+        while not fits(word) and len(word) > 1:  # one word wider than the line
+            k = len(word) - 1
+            while k > 1 and not fits(word[:k]):
+                k -= 1
+            lines.append(word[:k])
+            word = word[k:]
+        cur = word
+    lines.append(cur)
+    return lines
+
+
 def labelled_grid(rows: Sequence[tuple[str, Sequence, Sequence[str]]], path: pathlib.Path, *, title: str = "", scale: int = 4, colors: Sequence[Sequence[str]] | None = None) -> None:
     """A grid a person can judge: each row is ``(prompt, images, captions)``; the prompt is
-    written above its row and each caption (a verdict, a reward) under its image.
+    written above its row (wrapped to the grid's width), each caption (a verdict, a reward)
+    under its image, tiles ``GRID_GAP_PX`` apart on a light grey background.
 
     Args:
         rows: ``(label, [3, H, W] uint8 images, one caption per image)`` per row.
-        path: PNG to write.
+        path: PNG to write (its folder is created).
         title: first line of the picture.
         scale: nearest-neighbour upscaling, so 32-pixel shapes stay sharp.
         colors: optional caption colour per image (e.g. green for a pass, red for a fail).
@@ -35,26 +67,30 @@ def labelled_grid(rows: Sequence[tuple[str, Sequence, Sequence[str]]], path: pat
     h, w = np.asarray(rows[0][1][0]).shape[1:]
     font, small = _font(13), _font(11)
     tw, th = w * scale, h * scale
-    pad, label_h, cap_h = 4, 18, 15
+    gap, line_h, cap_h = GRID_GAP_PX, 16, 15
     ncol = max(len(r[1]) for r in rows)
-    width = max(ncol * (tw + pad) + pad, 360)
+    width = max(ncol * (tw + gap) + gap, 360)
+    labels = [wrap_to_width(label, font, width - 2 * gap) for label, _, _ in rows]
     title_h = 22 if title else 0
-    canvas = Image.new("RGB", (width, title_h + len(rows) * (label_h + th + cap_h + pad)), "white")
+    height = title_h + sum(len(lines) * line_h + 2 + th + cap_h + gap for lines in labels) + gap
+    canvas = Image.new("RGB", (width, height), GRID_BACKGROUND)
     draw = ImageDraw.Draw(canvas)
     if title:
-        draw.text((pad, 3), title, fill="black", font=font)
-    y = title_h
-    for r, (label, images, captions) in enumerate(rows):
-        draw.text((pad, y + 2), label, fill=(20, 20, 120), font=font)
-        y += label_h
+        draw.text((gap, 4), title, fill="black", font=font)
+    y = title_h + gap
+    for r, (_, images, captions) in enumerate(rows):
+        for line in labels[r]:
+            draw.text((gap, y), line, fill=(20, 20, 120), font=font)
+            y += line_h
+        y += 2
         for c, img in enumerate(images):
             arr = np.asarray(img).transpose(1, 2, 0)
-            x = pad + c * (tw + pad)
+            x = gap + c * (tw + gap)
             canvas.paste(Image.fromarray(arr).resize((tw, th), Image.NEAREST), (x, y))
             color = colors[r][c] if colors is not None else "black"
             if c < len(captions):
                 draw.text((x + 1, y + th + 1), captions[c], fill=color, font=small)
-        y += th + cap_h + pad
+        y += th + cap_h + gap
     path.parent.mkdir(parents=True, exist_ok=True)
     canvas.save(path)
 
@@ -101,7 +137,8 @@ def sample_grid(
 
 
 def reward_curve(history: list[dict], path: pathlib.Path) -> None:
-    """Reward mean ± std per iteration, plus control-group std, and iteration time."""
+    """Reward mean ± std per iteration (numbered from 1), and iteration times, from
+    ``metrics.jsonl`` rows; written as a PNG at ``path``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -109,7 +146,7 @@ def reward_curve(history: list[dict], path: pathlib.Path) -> None:
 
     if not history:
         return
-    it = [h["iteration"] for h in history]
+    it = [h["iteration"] + 1 for h in history]  # 1-based, as on screen (metrics.jsonl keeps the 0-based index)
     mean = np.array([h["reward/mean"] for h in history])
     std = np.array([h["reward/std"] for h in history])
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))

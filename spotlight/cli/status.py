@@ -1,7 +1,10 @@
 """``spotlight status``: one snapshot of a running coordinator, or a live TUI with --watch.
 
-Data comes from one STATUS_REQUEST → STATUS round trip (``spotlight/protocol.py``);
-:func:`render_status` is a pure function of that snapshot.
+Data comes from one STATUS_REQUEST → STATUS round trip (``spotlight/protocol.py``), or, when
+the run's coordinator is not running (a finished or stopped run), from the ``status.json`` it
+saved in the run directory after every iteration and at exit, plus ``metrics.jsonl``.
+:func:`render_status` is a pure function of that snapshot. Iteration numbers are 1-based,
+as in the console progress line and the sample grids' names and titles.
 """
 
 from __future__ import annotations
@@ -18,9 +21,12 @@ from rich.table import Table
 from rich.text import Text
 
 SPARK = "▁▂▃▄▅▆▇█"
+EVENT_ROWS = 15
+"""Events shown (the newest); ``--json`` has all the snapshot keeps."""
 
 
 def sparkline(values: list[float]) -> str:
+    """One block character per value (the last 60), scaled between their min and max (NaNs skipped)."""
     vals = [v for v in values if v == v]
     if not vals:
         return ""
@@ -29,25 +35,82 @@ def sparkline(values: list[float]) -> str:
     return "".join(SPARK[min(len(SPARK) - 1, int((v - lo) / span * (len(SPARK) - 1)))] for v in vals[-60:])
 
 
-def render_status(snap: dict):
-    """Rich renderable for a coordinator snapshot (pure).
+def hms(seconds: float | None) -> str:
+    """``H:MM:SS`` for a duration in seconds ("?" for None)."""
+    if seconds is None or seconds != seconds:
+        return "?"
+    s = int(round(max(0.0, seconds)))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
-    Every string from the snapshot (node ids, statuses, detector errors, request kinds) is
-    agent- or coordinator-controlled text: it is escaped (``rich.markup.escape``) or placed in
-    a ``Text``, never parsed as markup, so ``[/]`` in a node id shows as ``[/]``.
+
+def _plural(n: int, what: str) -> str:
+    return f"{n} {what}{'s' if n != 1 else ''}"
+
+
+def render_status(snap: dict, *, max_events: int = EVENT_ROWS):
+    """Rich renderable for a coordinator snapshot (pure: the same snapshot renders the same).
+
+    Args:
+        snap: :meth:`spotlight.coordinator.Coordinator.snapshot` (live, or ``status.json`` of
+            a run directory); keys added by newer coordinators are optional, so an older
+            snapshot still renders. ``source`` (set by this CLI, not the coordinator) says
+            where a snapshot read from files came from.
+        max_events: newest events shown.
+
+    Every string from the snapshot (node ids, statuses, detector errors, request kinds, event
+    details) is agent- or coordinator-controlled text: it is escaped (``rich.markup.escape``)
+    or placed in a ``Text``, never parsed as markup, so ``[/]`` in a node id shows as ``[/]``.
     """
     e = lambda v: escape(str(v))  # noqa: E731
-    head = Text.assemble(
-        ("Spotlight  ", "bold"),
-        f"phase {snap['phase']}  iteration {snap['iteration'] + 1}/{snap['iterations']}  weights v{snap['version']}",
-    )
+    total = snap["iterations"]
+    done_n = snap.get("iterations_done", snap["iteration"])
+    it = min(snap["iteration"], total)  # 1-based, the iteration under way (or the last)
+    version = snap.get("version")
+    weights = "no weights yet" if version is None or version < 0 else f"weights v{version}"
+    if snap.get("finished"):
+        where = f"finished: {done_n}/{total} iterations"
+    elif done_n >= total:
+        where = f"{done_n}/{total} iterations done, saving"
+    else:
+        where = f"iteration {it}/{total} ({done_n} done)"
+    head = Text.assemble(("Spotlight  ", "bold"), f"phase {snap['phase']}  {where}  {weights}")
+    if "elapsed_s" in snap:
+        eta = snap.get("eta_s")
+        head.append(f"  elapsed {hms(snap['elapsed_s'])}")
+        if not snap.get("finished"):
+            head.append(f"  ETA {hms(eta)}" if eta is not None else "  ETA after the first iteration")
+    parts = [head]
+    if snap.get("source"):
+        parts.append(Text(str(snap["source"]), style="yellow"))
+    if snap.get("error"):
+        parts.append(Text(f"error: {snap['error']}", style="red"))
+    nodes_list = snap["nodes"]
+    gpus = snap.get("gpus")
+    if gpus is None:  # older snapshot: count the GPUs of nodes that are not dead
+        live = [n for n in nodes_list if n["status"] != "dead"]
+        gpus = {"spot": sum(len(n["gpus"]) for n in live if n["spot"]), "reserved": sum(len(n["gpus"]) for n in live if not n["spot"])}
+    n_spot = sum(1 for n in nodes_list if n["spot"] and n["status"] != "dead")
+    n_res = sum(1 for n in nodes_list if not n["spot"] and n["status"] != "dead")
+    parts.append(Text(f"GPUs now: {gpus['spot'] + gpus['reserved']} ({gpus['spot']} spot on {_plural(n_spot, 'node')}, {gpus['reserved']} reserved on {_plural(n_res, 'node')})"))
+    cost = snap.get("cost")
+    if cost:
+        line = (
+            f"cost so far ${cost['total_usd']:.2f}: spot {cost['spot_gpu_hours']:.2f} GPU-h × ${cost['spot_usd_per_gpu_hour']:.2f}"
+            f" + reserved {cost['reserved_gpu_hours']:.2f} GPU-h × ${cost['reserved_usd_per_gpu_hour']:.2f}"
+            f";  the same GPU-hours all on reserved: ${cost['all_reserved_usd']:.2f}"
+        )
+        if cost["all_reserved_usd"] > 0:
+            line += f" (spot saves {100 * (1 - cost['total_usd'] / cost['all_reserved_usd']):.0f}%)"
+        parts.append(Text(line))
     nodes = Table(title="nodes", expand=True)
-    for col in ("node", "status", "kind", "GPUs", "workers", "detector", "last seen"):
+    for col in ("node", "status", "kind", "GPUs", "GPU ids", "workers", "detector", "last seen", "why"):
         nodes.add_column(col)
-    for n in snap["nodes"]:
+    for n in nodes_list:
+        why = n.get("why", "") if n["status"] != "alive" else ""
         nodes.add_row(
-            e(n["node_id"]), e(n["status"]), "spot" if n["spot"] else "reserved", e(",".join(map(str, n["gpus"]))), e(len(n["workers"])),
-            "ok" if n["detector_healthy"] else f"[red]unhealthy[/red] {e(n['detector_error'])}", f"{e(n['last_seen_s_ago'])}s",
+            Text(str(n["node_id"])), Text(str(n["status"]), style="red" if n["status"] == "dead" else "yellow" if n["status"] == "draining" else ""),
+            "spot" if n["spot"] else "reserved", str(n.get("num_gpus", len(n["gpus"]))), Text(",".join(map(str, n["gpus"]))), str(len(n["workers"])),
+            "ok" if n["detector_healthy"] else Text.assemble(("unhealthy ", "red"), str(n["detector_error"])), Text(f"{n['last_seen_s_ago']}s ago"), Text(str(why)),
         )
     reqs = Table(title="requests", expand=True)
     statuses = sorted({s for c in snap["requests"].values() for s in c})
@@ -56,15 +119,30 @@ def render_status(snap: dict):
         reqs.add_column(e(s))
     for kind, counts in snap["requests"].items():
         reqs.add_row(e(kind), *[e(counts.get(s, 0)) for s in statuses])
+    parts += [nodes, reqs]
+    curve = [v for v in snap.get("reward_curve", []) if v == v]
     m = snap.get("last_metrics") or {}
-    lines = [f"reward curve {sparkline(snap.get('reward_curve', []))}"]
+    lines = []
+    if curve:
+        lines.append(f"reward {sparkline(curve)}  min {min(curve):+.4f}  max {max(curve):+.4f}  last {curve[-1]:+.4f}  ({_plural(len(curve), 'iteration')})")
+    else:
+        lines.append("reward: no iteration finished yet")
     if m:
         lines.append(
-            f"last iteration: reward {m.get('reward/mean', float('nan')):+.4f}  rollout {m.get('time/rollout_s', 0):.1f}s  "
+            f"iteration {done_n}: reward {m.get('reward/mean', float('nan')):+.4f}  rollout {m.get('time/rollout_s', 0):.1f}s  "
             f"train {m.get('time/train_s', 0):.1f}s  explore critical {m.get('time/explore_critical_path_s', 0):.1f}s  "
-            f"spot busy {100 * m.get('spot/busy_fraction', float('nan')):.0f}%  cost ${m.get('cost/usd', 0):.4f}"
+            f"spot busy {100 * m.get('spot/busy_fraction', float('nan')):.0f}%"
         )
-    return Group(head, nodes, reqs, Text("\n".join(lines)))
+    parts.append(Text("\n".join(lines)))
+    events = snap.get("events") or []
+    if events:
+        ev = Table(title=f"events (newest {min(max_events, len(events))} of {len(events)})", expand=True)
+        for col in ("time", "event", "node", "detail"):
+            ev.add_column(col)
+        for x in events[-max_events:]:
+            ev.add_row(hms(x.get("t_s")), Text(str(x.get("kind", ""))), Text(str(x.get("node", ""))), Text(str(x.get("detail", ""))))
+        parts.append(ev)
+    return Group(*parts)
 
 
 def fetch_snapshot(endpoint: str, keys, timeout_s: float = 3.0) -> dict:
@@ -98,21 +176,69 @@ def fetch_snapshot(endpoint: str, keys, timeout_s: float = 3.0) -> dict:
         sock.close()
 
 
+def snapshot_from_run_dir(run_dir: pathlib.Path, note: str) -> dict:
+    """The last snapshot a coordinator saved (``run_dir/status.json``), its reward curve and last
+    metrics row refreshed from ``metrics.jsonl`` (lines that do not parse are skipped), and
+    ``source`` = ``note`` (what the renderer says about where it came from).
+
+    Raises:
+        FileNotFoundError: no ``status.json`` (a run started by an older Spotlight, or one that
+            ended before its first iteration).
+        ValueError: ``status.json`` is not a JSON object.
+    """
+    path = pathlib.Path(run_dir) / "status.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: the run saved no status (it ended before its first iteration, or an older Spotlight ran it)")
+    try:
+        snap = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: not readable as JSON ({exc})") from None
+    if not isinstance(snap, dict) or "nodes" not in snap or "iterations" not in snap:
+        raise ValueError(f"{path}: not a Spotlight status snapshot")
+    rows = []
+    metrics = pathlib.Path(run_dir) / "metrics.jsonl"
+    if metrics.is_file():
+        for line in metrics.read_text(errors="replace").splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict) and isinstance(row.get("reward/mean"), (int, float)):
+                rows.append(row)
+    if len(rows) >= len(snap.get("reward_curve") or []):
+        snap["reward_curve"] = [r["reward/mean"] for r in rows]
+        snap["last_metrics"] = rows[-1] if rows else {}
+    written = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(path.stat().st_mtime))
+    snap["source"] = f"{note}; showing {path} (written {written})"
+    return snap
+
+
+def _pid_running(pid) -> bool:
+    import psutil
+
+    try:
+        return isinstance(pid, int) and pid > 0 and psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def status(
+        run_dir_arg: Optional[pathlib.Path] = typer.Argument(None, metavar="RUN_DIR", help="Run directory (same as --run-dir)."),
         coordinator: Optional[str] = typer.Option(None, "--coordinator", "-c", help="Coordinator endpoint tcp://HOST:PORT (default: read from --run-dir)."),
-        run_dir: Optional[pathlib.Path] = typer.Option(None, "--run-dir", help="Run directory of a local run (its coordinator.json names the endpoint); default: newest under runs/."),
+        run_dir: Optional[pathlib.Path] = typer.Option(None, "--run-dir", help="Run directory (its coordinator.json names the endpoint; a finished run is shown from its status.json); default: newest under runs/."),
         watch: bool = typer.Option(False, "--watch", "-w", help="Refresh continuously (live TUI); Ctrl-C exits."),
         as_json: bool = typer.Option(False, "--json", help="Print the raw snapshot as JSON."),
         interval_s: float = typer.Option(1.0, "--interval-s", help="Refresh period with --watch."),
         keys: Optional[pathlib.Path] = typer.Option(None, "--keys", envvar="SPOTLIGHT_KEYS", help="Keys directory with server.key and a client key (default: the run directory's keys/, status.local)."),
         key: Optional[str] = typer.Option(None, "--key", help="Which client key in --keys to use (default: the only status key)."),
     ) -> None:
-        """Show nodes, request queues, weights version and the reward curve of a running job."""
+        """Show a job: progress and ETA, nodes and GPUs, cost, events, reward curve (a running job, or a finished one from its run directory)."""
         console = Console()
         endpoint = coordinator
-        rd = run_dir
+        rd = run_dir or run_dir_arg
+        pid = None
         if endpoint is None:
             if rd is None:
                 runs = sorted(pathlib.Path("runs").glob("*/coordinator.json"), key=lambda p: p.stat().st_mtime)
@@ -122,12 +248,42 @@ def register(app: typer.Typer) -> None:
                 rd = runs[-1].parent
             meta = pathlib.Path(rd) / "coordinator.json"
             if not meta.is_file():
-                console.print(f"[red]error:[/red] {meta} not found: not a Spotlight run directory")
+                console.print(f"[red]error:[/red] {escape(str(meta))} not found: not a Spotlight run directory")
                 raise typer.Exit(2)
-            info = json.loads(meta.read_text())
-            endpoint = info["endpoint"]
+            try:
+                info = json.loads(meta.read_text())
+                endpoint = info["endpoint"]
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                console.print(f"[red]error:[/red] {escape(str(meta))}: not readable ({escape(str(exc))})")
+                raise typer.Exit(2)
+            pid = info.get("pid")
             if keys is None and info.get("keys_dir"):
                 keys = pathlib.Path(info["keys_dir"])
+
+        def show(snap: dict) -> None:
+            console.print_json(json.dumps(snap)) if as_json else console.print(render_status(snap))
+
+        def from_files(note: str) -> dict:
+            try:
+                return snapshot_from_run_dir(pathlib.Path(rd), note)
+            except (FileNotFoundError, ValueError) as exc:
+                console.print(f"[red]error:[/red] {escape(str(exc))}")
+                raise typer.Exit(1)
+
+        if rd is not None and coordinator is None and not _pid_running(pid):
+            note = f"the coordinator (pid {pid}) is not running: the run has finished or stopped"
+            if not watch:
+                show(from_files(note))
+                return
+            from rich.live import Live
+
+            try:
+                with Live(render_status(from_files(note)), console=console, refresh_per_second=4) as live:
+                    while True:
+                        time.sleep(interval_s)
+                        live.update(render_status(from_files(note)))
+            except KeyboardInterrupt:
+                return
         if "://" not in endpoint:
             endpoint = f"tcp://{endpoint}"
         from spotlight.security import KeysError, load_client_keys
@@ -143,8 +299,7 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(2)
         try:
             if not watch:
-                snap = fetch_snapshot(endpoint, client)
-                console.print_json(json.dumps(snap)) if as_json else console.print(render_status(snap))
+                show(fetch_snapshot(endpoint, client))
                 return
             from rich.live import Live
 
@@ -153,11 +308,14 @@ def register(app: typer.Typer) -> None:
                     time.sleep(interval_s)
                     live.update(render_status(fetch_snapshot(endpoint, client)))
         except TimeoutError as exc:
+            if rd is not None and (pathlib.Path(rd) / "status.json").is_file():
+                show(from_files(f"the coordinator (pid {pid}) is running but did not answer: {exc}"))
+                raise typer.Exit(1)
             msg = f"{exc} (the run has finished, or its coordinator is not reachable)"
             if as_json:
                 print(json.dumps({"error": msg}))
             else:
-                console.print(f"[red]error:[/red] {msg}")
+                console.print(f"[red]error:[/red] {escape(msg)}")
             raise typer.Exit(1)
         except KeyboardInterrupt:
             return

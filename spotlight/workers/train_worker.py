@@ -262,7 +262,7 @@ class FlowGRPOTrainer:
         n_local = sum(len(mb) for mb in micro_batches)
         (total_samples,) = self._all_reduce([float(n_local)])
         if total_samples == 0:
-            log.warning("iteration %d: empty update on every rank; skipping the optimizer step", iteration)
+            log.warning("iteration %d: empty update on every rank; skipping the optimizer step", iteration + 1)
             return {"train/num_samples": 0.0, "train/skipped_steps": 0.0, "train/optimizer_steps": 0.0}
         dummy = None
         sums = {"loss": 0.0, "ratio_sum": 0.0, "clipped": 0.0, "approx_kl": 0.0, "kl": 0.0, "count": 0.0}
@@ -320,7 +320,7 @@ class FlowGRPOTrainer:
                 grad_norms.append(grad_norm)
             else:
                 skipped += 1
-                log.error("iteration %d minibatch %d: gradient norm is %s; optimizer step skipped (weights unchanged)", iteration, k, grad_norm)
+                log.error("iteration %d minibatch %d: gradient norm is %s; optimizer step skipped (weights unchanged)", iteration + 1, k, grad_norm)
             self.optimizer.zero_grad(set_to_none=True)
             if steps + skipped == 1:
                 first_dev = dev_k
@@ -348,7 +348,7 @@ class FlowGRPOTrainer:
         }
         log.info(
             "iteration %d rank %d: %d local samples, %d optimizer steps (%d skipped), loss %.4g, ratio_max_dev %.3g, %.2fs",
-            iteration, self.rank, n_local, steps, skipped, metrics["train/loss"], first_dev, time.perf_counter() - t0,
+            iteration + 1, self.rank, n_local, steps, skipped, metrics["train/loss"], first_dev, time.perf_counter() - t0,
         )
         return metrics
 

@@ -47,9 +47,9 @@ def test_sigkill_mid_iteration_then_resume(tmp_path):
             except TimeoutError:
                 return None
             # past the first checkpoint, inside an iteration's rollout or training: mid-iteration
-            return snap["iteration"] >= 1 and snap["phase"] in ("rollout", "train") and snap
+            return snap["iterations_done"] >= 1 and snap["phase"] in ("rollout", "train") and snap
 
-        killed_at = up.wait_for(mid_iteration, "an iteration after the first to be under way", interval_s=0.2)["iteration"]
+        killed_at = up.wait_for(mid_iteration, "an iteration after the first to be under way", interval_s=0.2)["iterations_done"]  # 0-based index of the one under way
         agents_before = json.loads((rd / "local_agents.json").read_text())["agents"]
         trainers = [p for p in up.ps.children(recursive=True) if "train_worker" in " ".join(p.cmdline())]
         os.kill(up.proc.pid, signal.SIGKILL)

@@ -62,7 +62,7 @@ def test_metrics_and_outputs(run_dir):
     assert rows[0]["explore/num_requests"] >= 4 * 16
     assert rows[0]["explore/num_requests"] - rows[0]["explore/num_extra_requests"] == 4 * 16
     assert (run_dir / "config.toml").is_file()
-    assert (run_dir / "samples" / "iter_0000.png").is_file()
+    assert (run_dir / "samples" / "iter_0001.png").is_file()  # grids are named by the 1-based iteration, as on screen
     assert (run_dir / "reward_curve.png").is_file()
 
 
@@ -94,7 +94,7 @@ def test_default_is_the_shapes_task_from_the_shipped_base_model(run_dir):
     assert all(0.0 <= r["reward/mean"] <= 1.0 for r in rows)
     from PIL import Image
 
-    grid = Image.open(run_dir / "samples" / "iter_0000.png")
+    grid = Image.open(run_dir / "samples" / "iter_0001.png")
     assert grid.width >= 8 * 32 * 4  # 8 seeds per row, upscaled 4x
 
 
@@ -117,3 +117,16 @@ def test_eval_refuses_a_run_without_final(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "spotlight.cli", "eval", "--run-dir", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "no final/" in proc.stdout
+
+
+def test_status_shows_the_finished_run(run_dir):
+    """`spotlight status RUN_DIR` after the run: read from the status.json the coordinator saved,
+    with the agents' joins, both iterations and the weights in its event log."""
+    proc = subprocess.run([sys.executable, "-m", "spotlight.cli", "status", "--json", str(run_dir)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    snap = json.loads(proc.stdout)
+    assert snap["finished"] and snap["iteration"] == 2 and snap["iterations_done"] == 2 and snap["eta_s"] == 0.0
+    kinds = [e["kind"] for e in snap["events"]]
+    assert kinds.count("join") >= 2 and kinds.count("iteration") == 2 and "weights" in kinds and kinds[-1] == "finish", kinds
+    assert [e["detail"].split(" ")[0] for e in snap["events"] if e["kind"] == "iteration"] == ["1/2", "2/2"]
+    assert len(snap["reward_curve"]) == 2 and snap["cost"]["total_usd"] > 0

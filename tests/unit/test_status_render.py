@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from rich.console import Console
 
 from spotlight.cli.status import render_status
@@ -27,3 +28,95 @@ def test_render_status_shows_markup_like_strings_verbatim():
         assert f"gcp: HTTP 503 on [/] {nid}" in text
     assert "[/]alive" in text and "[/]explore" in text and "[/]done" in text
     assert "unhealthy" in text and "[red]" not in text  # our own markup still applies
+
+
+# ---------------------------------------------------------------- what a person reads
+
+
+def _text(snap, width=220) -> str:
+    console = Console(record=True, width=width, color_system=None)
+    console.print(render_status(snap))
+    return console.export_text()
+
+
+def _node(node_id, status="alive", spot=True, gpus=(0, 1, 2, 3), why="registered"):
+    return {"node_id": node_id, "status": status, "why": why, "spot": spot, "num_gpus": len(gpus), "gpus": list(gpus), "workers": [f"{node_id}/g0"],
+            "detector_healthy": True, "detector_error": "", "last_seen_s_ago": 0.4}
+
+
+def _cost(spot_h=2.0, res_h=1.0):
+    return {"spot_gpu_hours": spot_h, "reserved_gpu_hours": res_h, "spot_usd": spot_h * 2.87, "reserved_usd": res_h * 10.08,
+            "total_usd": spot_h * 2.87 + res_h * 10.08, "all_reserved_usd": (spot_h + res_h) * 10.08, "spot_usd_per_gpu_hour": 2.87, "reserved_usd_per_gpu_hour": 10.08}
+
+
+def start_snapshot():
+    """As Coordinator.snapshot() reads before any iteration ended and before the first weights."""
+    return {"phase": "starting", "iteration": 1, "iterations_done": 0, "iterations": 10, "finished": False, "error": None, "version": None,
+            "started_unix_s": 1.7e9, "elapsed_s": 4.2, "eta_s": None, "gpus": {"spot": 0, "reserved": 1},
+            "cost": _cost(0.0, 0.001), "nodes": [_node("reserved-0", spot=False, gpus=[0])], "requests": {}, "last_metrics": {}, "reward_curve": [],
+            "events": [{"t_s": 1.0, "kind": "join", "node": "reserved-0", "detail": "1 reserved GPU"}]}
+
+
+def mid_snapshot():
+    nodes = [_node("reserved-0", spot=False, gpus=[0]), _node("spot-0"), _node("spot-1", gpus=[0, 1]),
+             _node("spot-2", status="dead", why="no heartbeat for 31.0s")]
+    events = [
+        {"t_s": 2.0, "kind": "join", "node": "spot-2", "detail": "4 spot GPUs"},
+        {"t_s": 65.0, "kind": "notice", "node": "spot-1", "detail": "gcp preempt, deadline in 30s"},
+        {"t_s": 70.5, "kind": "revoke", "node": "spot-1", "detail": "gpu:2,3, 30s grace"},
+        {"t_s": 71.0, "kind": "commit", "node": "spot-1", "detail": "spot-1/g0: 4 requests at step 7"},
+        {"t_s": 75.0, "kind": "reform", "node": "spot-1", "detail": "1 worker: 2 GPUs"},
+        {"t_s": 3725.0, "kind": "dead", "node": "spot-2", "detail": "no heartbeat for 31.0s"},
+    ]
+    return {"phase": "rollout", "iteration": 4, "iterations_done": 3, "iterations": 10, "finished": False, "error": None, "version": 3,
+            "started_unix_s": 1.7e9, "elapsed_s": 3730.0, "eta_s": 8703.0, "gpus": {"spot": 6, "reserved": 1}, "cost": _cost(),
+            "nodes": nodes, "requests": {"rollout": {"done": 10, "leased": 2}}, "last_metrics": {"iteration": 2, "reward/mean": 0.5},
+            "reward_curve": [0.1, 0.25, 0.5], "events": events}
+
+
+@pytest.mark.parametrize("version", [-1, None])
+def test_start_shows_no_weights_yet_and_no_eta(version):
+    text = _text(start_snapshot() | {"version": version})
+    assert "iteration 1/10 (0 done)" in text
+    assert "no weights yet" in text and "v-1" not in text and "vNone" not in text  # read `weights v-1` before
+    assert "ETA after the first iteration" in text
+    assert "no iteration finished yet" in text
+
+
+def test_mid_run_tells_the_story():
+    text = _text(mid_snapshot())
+    assert "iteration 4/10 (3 done)" in text and "weights v3" in text
+    assert "elapsed 1:02:10" in text and "ETA 2:25:03" in text
+    # GPU counts, not indices: spot-0 has 4 GPUs, spot-1 two; totals of the nodes not dead
+    assert "GPUs now: 7 (6 spot on 2 nodes, 1 reserved on 1 node)" in text
+    row = next(l for l in text.splitlines() if "spot-0" in l and "alive" in l)
+    assert " 4 " in row and "0,1,2,3" in row
+    # cost so far and what the same GPU-hours would cost on reserved
+    assert "cost so far $15.82" in text and "the same GPU-hours all on reserved: $30.24" in text
+    # reward sparkline with its range
+    assert "min +0.1000" in text and "max +0.5000" in text and "▁" in text and "█" in text
+    # the event log, with times
+    for needle in ("0:01:05", "notice", "gcp preempt", "revoke", "gpu:2,3", "commit", "reform", "1:02:05"):
+        assert needle in text, needle
+
+
+def test_dead_node_shows_why():
+    text = _text(mid_snapshot())
+    row = next(l for l in text.splitlines() if "spot-2" in l and "dead" in l)
+    assert "no heartbeat for 31.0s" in row  # `dead` with no reason before
+    ev = [l for l in text.splitlines() if "dead" in l and "spot-2" in l and "1:02:05" in l]
+    assert ev, text
+
+
+def test_finished_run_from_files_says_so():
+    snap = mid_snapshot() | {"phase": "finished", "finished": True, "iteration": 10, "iterations_done": 10, "eta_s": 0.0,
+                             "source": "the coordinator (pid 123) is not running: the run has finished or stopped; showing runs/x/status.json"}
+    text = _text(snap)
+    assert "finished: 10/10 iterations" in text and "ETA" not in text
+    assert "is not running" in text and "status.json" in text
+
+
+def test_event_details_are_not_markup():
+    snap = mid_snapshot()
+    snap["events"].append({"t_s": 3800.0, "kind": "leave", "node": "spot-0", "detail": "[/]bye [bold]now[/bold]"})
+    assert "[/]bye [bold]now[/bold]" in _text(snap)

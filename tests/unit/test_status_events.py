@@ -1,0 +1,80 @@
+"""The coordinator's snapshot tells the story: events with reasons, GPU counts, 1-based
+iterations, and ``status.json`` for a run whose coordinator has ended.
+
+A real Coordinator (CURVE sockets) and a real agent-keyed DEALER (``test_weight_sync._Run``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+from spotlight import protocol as P
+from tests.unit.test_weight_sync import _Run, _register
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _ask_status(run) -> dict:
+    run.agent.send_multipart(P.encode(P.StatusRequest()))
+    while True:
+        mtype, body, _ = run.recv(run.agent)
+        if mtype == P.MsgType.STATUS:
+            return body.snapshot
+
+
+def test_snapshot_events_and_status_file(tmp_path):
+    run = _Run(tmp_path)
+    try:
+        snap = _ask_status(run)
+        assert snap["iteration"] == 1 and snap["iterations_done"] == 0  # 1-based, as on screen (was 0)
+        assert snap["version"] == -1 and snap["eta_s"] is None  # no weights yet, no estimate yet
+        session = _register(run)
+        hb = P.Heartbeat(node_id="spot-a", session=session, workers=[P.WorkerInfo(worker_id="spot-a/g0", gpus=[0, 1])], gpus=[0, 1])
+        run.agent.send_multipart(P.encode(hb))
+        assert run.recv(run.agent)[0] == P.MsgType.HEARTBEAT
+        snap = _ask_status(run)
+        node = snap["nodes"][0]
+        assert node["num_gpus"] == 2 and snap["gpus"] == {"spot": 2, "reserved": 0}
+        notice = P.Notice(node_id="spot-a", session=session, source="gcp", scope="node", deadline_unix_s=time.time() + 30, key="k1", kind="preempt")
+        run.agent.send_multipart(P.encode(notice))
+        run.agent.send_multipart(P.encode(P.Bye(node_id="spot-a", session=session, reason="preempted: committed")))
+        deadline = time.monotonic() + 20
+        while (snap := _ask_status(run))["nodes"][0]["status"] != "dead":
+            assert time.monotonic() < deadline, snap
+        assert snap["nodes"][0]["why"] == "bye: preempted: committed"
+        kinds = [(e["kind"], e["node"]) for e in snap["events"]]
+        assert kinds == [("join", "spot-a"), ("add", "spot-a"), ("notice", "spot-a"), ("leave", "spot-a")], kinds
+        assert "gcp preempt" in snap["events"][2]["detail"] and snap["events"][3]["detail"] == "preempted: committed"
+        assert all(e["t_s"] >= 0 for e in snap["events"])
+        assert snap["gpus"] == {"spot": 0, "reserved": 0}
+    finally:
+        run.close()
+    saved = json.loads((tmp_path / "run" / "status.json").read_text())  # written at close
+    assert saved["events"][-1]["kind"] == "finish" and "stopped after 0/" in saved["events"][-1]["detail"]
+    assert saved["nodes"][0]["why"] == "bye: preempted: committed"
+
+
+def test_status_cli_shows_a_finished_run_from_its_directory(tmp_path):
+    """`spotlight status --run-dir` of a run whose coordinator is gone renders status.json and
+    the curve from metrics.jsonl (before, it needed a live coordinator and a status key)."""
+    run = _Run(tmp_path)
+    run.close()
+    rd = tmp_path / "run"
+    meta = json.loads((rd / "coordinator.json").read_text())
+    meta["pid"] = 2**22 + 12345  # beyond pid_max on Linux: a process that cannot exist
+    (rd / "coordinator.json").write_text(json.dumps(meta))
+    (rd / "metrics.jsonl").write_text(json.dumps({"iteration": 0, "reward/mean": 0.25}) + "\nnot json\n" + json.dumps({"iteration": 1, "reward/mean": 0.75}) + "\n")
+    env = dict(os.environ, PYTHONPATH=REPO, COLUMNS="200")
+    res = subprocess.run([sys.executable, "-m", "spotlight.cli", "status", "--run-dir", str(rd)], capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = res.stdout
+    assert "is not running" in out and "status.json" in out
+    assert "min +0.2500" in out and "max +0.7500" in out
+    assert "stopped after 0/" in out
+    res = subprocess.run([sys.executable, "-m", "spotlight.cli", "status", "--run-dir", str(rd), "--json"], capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
+    assert res.returncode == 0, res.stderr
+    snap = json.loads(res.stdout)
+    assert snap["reward_curve"] == [0.25, 0.75] and snap["last_metrics"]["reward/mean"] == 0.75
