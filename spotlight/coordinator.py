@@ -964,23 +964,25 @@ class Coordinator:
         self.progress(f"resumed {self.run_dir} after iteration {n + 1}/{self.cfg.run.iterations}: continuing with iteration {self.iteration + 1} (weights v{self.resume_version})")
 
     def format_progress(self, row: dict) -> str:
-        """One line (at most 100 characters) for iteration ``row["iteration"]`` (0-based in the
-        row, shown 1-based): reward mean ± std, rollout / train / exploration seconds, spot busy
-        share of the training window, share of the iteration spent exploring on the critical
-        path, and the run's cost so far in USD; dropped or skipped work is flagged at the end."""
+        """One line for iteration ``row["iteration"]`` (0-based in the row, shown 1-based):
+        reward mean, rollout / train / exploration time, spot busy share of the training
+        window, share of the iteration spent exploring on the critical path, the run's cost so
+        far (USD); dropped or skipped work is flagged at the end. At most 100 characters for runs
+        of up to 999 iterations with phases under 1000 s, a critical-path share under 10% and a
+        cost under $1000."""
 
         def dur(s: float) -> str:
-            return "?" if not math.isfinite(s) else f"{s:.1f}s" if s < 100 else f"{s:.0f}s" if s < 6000 else f"{s / 3600:.1f}h"
+            return "?" if not math.isfinite(s) else f"{s:.1f}s" if s < 9.95 else f"{s:.0f}s" if s < 999.5 else f"{s / 60:.0f}m" if s < 5970 else f"{s / 3600:.1f}h"
 
         def pct(x: float | None) -> str:
-            return "  -%" if x is None or not math.isfinite(x) else f"{100 * x:3.0f}%"
+            return "-%" if x is None or not math.isfinite(x) else f"{100 * x:.0f}%"
 
         n_total = self.cfg.run.iterations
         line = (
-            f"iter {row['iteration'] + 1:>{len(str(n_total))}}/{n_total}  reward {row['reward/mean']:+.3f} ±{row['reward/std']:.3f}"
+            f"iter {row['iteration'] + 1:>{len(str(n_total))}}/{n_total} reward {row['reward/mean']:+.3f}"
             f"  rollout {dur(row['time/rollout_s'])} train {dur(row['time/train_s'])} explore {dur(row['time/explore_s'])}"
-            f"  spot busy {pct(row.get('spot/busy_fraction'))}  critical {pct(row.get('time/critical_path_share'))}"
-            f"  ${row.get('cost/usd', float('nan')):.2f}"
+            f"  spot busy {pct(row.get('spot/busy_fraction'))} critical {pct(row.get('time/critical_path_share'))}"
+            f" ${row.get('cost/usd', float('nan')):.2f}"
         )
         if row.get("train/nonfinite_samples"):
             line += f"  [{int(row['train/nonfinite_samples'])} non-finite dropped]"
