@@ -37,7 +37,7 @@ from agent.weight_cache import WeightCache
 from agent.preemption import Detector, NoticeLedger, NullDetector, PreemptionNotice, active_node_notice, make_detector, revoke_notice, sigterm_notice
 from spotlight import protocol as P
 from spotlight.agent_paths import control_endpoint, state_dir
-from spotlight.procs import scrubbed_env
+from spotlight.procs import configure_logging, scrubbed_env, spawn_logged
 from spotlight.security import ClientKeys, KeysError, apply_client, load_client_keys
 from spotlight.workers.spare import EXIT_SPARE_UNUSABLE
 
@@ -325,7 +325,7 @@ class AgentDaemon:
             log.info("worker %s: the warm spare (pid %d) takes GPUs %s", slot.worker_id, spare.proc.pid, gpus)
             return slot.worker_id
         cmd = [sys.executable, "-m", "spotlight.workers.rollout_worker", "--agent", self.worker_endpoint, "--worker-id", slot.worker_id, "--gpus", ",".join(map(str, gpus)), "--config-json", self._worker_conf_json()]
-        self.procs[slot.worker_id] = subprocess.Popen(cmd, env=env, preexec_fn=self._preexec())
+        self.procs[slot.worker_id] = spawn_logged(cmd, f"worker-{slot.worker_id}", env=env, preexec_fn=self._preexec())
         log.info("spawned worker %s (pid %d)", slot.worker_id, self.procs[slot.worker_id].pid)
         return slot.worker_id
 
@@ -341,7 +341,8 @@ class AgentDaemon:
         conf = self._worker_conf_json()
         cmd = self._spare_cmd(conf, write_fd)
         try:
-            proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, pass_fds=(write_fd,), preexec_fn=self._preexec())
+            self._spares_started = getattr(self, "_spares_started", 0) + 1  # its log until it becomes a worker
+            proc = spawn_logged(cmd, f"worker-{self.node_id}-spare{self._spares_started}", env=env, stdin=subprocess.PIPE, pass_fds=(write_fd,), preexec_fn=self._preexec())
         except OSError as exc:
             os.close(read_fd)
             log.error("could not start the warm spare: %s", exc)
@@ -444,7 +445,14 @@ class AgentDaemon:
     def on_notice(self, notice: PreemptionNotice) -> None:
         """A notice from any source: tell the coordinator, then act on its scope."""
         left = notice.deadline_unix_s - time.time()
-        log.warning("preemption notice: %s %s scope=%s, %.1fs to deadline", notice.source, notice.kind, notice.scope, left)
+        if notice.source == "sigterm" and self.draining and self.stop_reason and not self.stop_reason.startswith("sigterm"):
+            # `spotlight up` stopping a slow agent after the coordinator's SHUTDOWN: not a preemption
+            log.info("SIGTERM while stopping (%s): finishing the stop", self.stop_reason)
+            return
+        if notice.kind == "revoke":  # expected events on a spot node: INFO
+            log.info("GPU revocation (%s): %.1fs to deadline", notice.scope, left)
+        else:
+            log.info("preemption notice: %s %s%s scope=%s, %.1fs to deadline", notice.source, notice.kind, " (hint)" if notice.is_hint else "", notice.scope, left)
         self._to_coord(P.Notice(node_id=self.node_id, session=self.session, source=notice.source, scope=notice.scope, deadline_unix_s=notice.deadline_unix_s, key=notice.key, kind=notice.kind, is_hint=notice.is_hint))
         if notice.is_hint:
             return
@@ -503,7 +511,7 @@ class AgentDaemon:
         for m in group["members"]:
             self._to_worker(m, form)
         group["formed"] = True
-        log.warning("SP group %s: generation %d, SP=%d", group["members"][0], group["generation"], len(group["members"]))
+        log.info("SP group %s: generation %d, SP=%d", group["members"][0], group["generation"], len(group["members"]))
 
     def _group_hello(self, wid: str) -> None:
         group = self._group_of(wid)
@@ -548,7 +556,7 @@ class AgentDaemon:
                     self._done_when_serving[slot.worker_id] = group
                 self._group_leave(slot.worker_id, commit=is_leader)
         self.gpus = [g for g in self.gpus if g not in gpus]
-        log.warning("revoked GPUs %s: stopping %s; node keeps GPUs %s", gpus, [v.worker_id for v in victims], self.gpus)
+        log.info("revoked GPUs %s: stopping %s; node keeps GPUs %s", gpus, [v.worker_id for v in victims], self.gpus)
         self.heartbeat(time.monotonic())
         return [v.worker_id for v in victims]
 
@@ -611,7 +619,7 @@ class AgentDaemon:
         self.draining = True
         self.stop_reason = reason
         self._stop_deadline = time.monotonic() + (self.grace_s if grace_s is None else grace_s)
-        log.warning("draining: %s", reason)
+        log.info("draining: %s", reason)
         self._stop_spare()  # no worker will be started any more
         for slot in self.sched.live_workers():
             self._to_worker(slot.worker_id, P.Stop(commit=True, reason=reason))
@@ -749,7 +757,7 @@ class AgentDaemon:
         for wid, deadline in list(self._revoking.items()):
             proc = self.procs.get(wid)
             if proc is not None and now > deadline and proc.poll() is None:
-                log.error("worker %s missed its commit deadline: killing it", wid)
+                log.info("worker %s still running at its commit deadline: killing it (the coordinator re-runs what it had not committed)", wid)
                 proc.kill()
 
     def check_not_preempted(self) -> None:
@@ -772,7 +780,7 @@ class AgentDaemon:
             handled = "already handled" if notice in res.known else "new"
             msg = (f"not joining: this VM has an active {notice.source} {notice.kind} notice ({handled}, deadline in "
                    f"{notice.deadline_unix_s - time.time():.0f}s: {notice.detail}); exiting with status {EXIT_NODE_PREEMPTED} so a supervisor does not restart it")
-            log.error("%s", msg)
+            log.warning("%s", msg)
             raise NodePreempted(msg)
 
     def run(self) -> int:
@@ -903,7 +911,8 @@ def join(
     weights_dir: Optional[pathlib.Path] = typer.Option(None, "--weights-dir", help="Directory of the node's weight-version cache (a local disk with room for 3 versions; emptied at start). Default: <state dir>/weights."),
     nice: int = typer.Option(0, "--nice", min=0, max=19, help="CPU niceness of the worker processes (local mode runs simulated spot GPUs at 5 so they slow the trainer less on shared CPU cores)."),
     warm_spare: Optional[bool] = typer.Option(None, "--warm-spare/--no-warm-spare", help="Keep one pre-started spare worker process that becomes the next worker when a GPU is granted (joins without a process start). Default: on for spot nodes, off with --reserved (its GPUs do not come and go)."),
-    log_level: str = typer.Option("INFO", "--log-level", help="Logging level."),
+    log_level: str = typer.Option("INFO", "--log-level", envvar="SPOTLIGHT_LOG_LEVEL", help="Logging level (DEBUG, INFO, WARNING, ERROR)."),
+    log_file: Optional[pathlib.Path] = typer.Option(None, "--log-file", help="Also append the log to this file (the console keeps it too)."),
 ) -> None:
     """Register this node with a coordinator and serve Rollout Workers until told to stop.
 
@@ -911,7 +920,10 @@ def join(
     preemption notice (for example after a drain, when systemd restarts the agent), it does not
     join and exits with status 75 (the units' RestartPreventExitStatus), without draining again.
     """
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s agent %(levelname)s %(message)s")
+    try:
+        configure_logging(f"agent[{node_id}]" if node_id else "agent", f"agent-{node_id}" if node_id else None, level=log_level, log_file=str(log_file) if log_file else None)
+    except (ValueError, OSError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="--log-level/--log-file") from None
     if keys is None:
         raise typer.BadParameter("no keys: pass --keys DIR (or set SPOTLIGHT_KEYS) with the coordinator's server.key and this node's <role>.<name>.key_secret (README 'Security model')", param_hint="--keys")
     try:

@@ -459,9 +459,15 @@ class RunConfig(_Section):
     save_rollouts: bool = False
     """Write every iteration's rollout samples (images, window latents, log-probs, rewards) to
     ``rollouts/iter_NNNN.safetensors`` (for audits and tests)."""
+    trackers: list[str] = msgspec.field(default_factory=lambda: ["tensorboard"])
+    """Experiment tracking, fed every iteration with the metrics row and sample grid:
+    "tensorboard" (event files in <run_dir>/tensorboard), "wandb" (Weights & Biases, offline,
+    in <run_dir>/wandb; needs `pip install wandb`); [] = no tracking."""
 
     def __post_init__(self) -> None:
         _check(self.iterations >= 1, "run.iterations", "must be >= 1")
+        bad = sorted(set(self.trackers) - {"tensorboard", "wandb"})
+        _check(not bad, "run.trackers", f"unknown tracker(s) {bad}: expected 'tensorboard' and/or 'wandb' ([] = none)")
         _check(self.keep_weight_versions == 0 or self.keep_weight_versions >= 2, "run.keep_weight_versions", "must be 0 (keep all) or >= 2")
 
 

@@ -43,7 +43,7 @@ import secrets
 import subprocess
 import sys
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 import re
 
@@ -54,7 +54,7 @@ import torch
 from spotlight import protocol as P
 from spotlight.errors import SpotlightError
 from spotlight.events import EventLog, cost_summary, eta_s
-from spotlight.procs import scrubbed_env
+from spotlight.procs import scrubbed_env, spawn_logged
 from spotlight.security import Principal, ServerKeys, ephemeral_client, init_keys, load_server_keys, reload_allow_list, write_client_file
 from spotlight.server import PUBLIC, TRAINER, ControlServer, Inbound
 from spotlight.config import SpotlightConfig, config_to_dict, dump_config
@@ -135,7 +135,11 @@ class Coordinator:
             ``embeds [N, T, D] float32``, ``mask [N, T]``, family extras such as pooled
             projections and the negative prompt for CFG).
         embeds, mask: the same for callers that have only embeddings and a mask.
-        progress: called with one line per iteration.
+        progress: called with one line per iteration (:meth:`format_progress`, at most 100
+            characters).
+        trackers: experiment trackers fed at the end of every iteration (metrics row, sample
+            grid) and once with the resolved config: ``"tensorboard"`` (``run_dir/tensorboard``),
+            ``"wandb"`` (offline, ``run_dir/wandb``); empty = none (:mod:`spotlight.tracking`).
         resume: continue the run in ``run_dir`` from its last complete checkpoint (the
             iteration in flight when the previous coordinator died is run again); without a
             checkpoint the run restarts at iteration 0 in the same directory.
@@ -157,6 +161,7 @@ class Coordinator:
         mask: torch.Tensor | None = None,
         progress: Callable[[str], None] = print,
         resume: bool = False,
+        trackers: Sequence[str] = (),
     ):
         self.cfg = cfg
         self.run_dir = pathlib.Path(run_dir)
@@ -261,6 +266,9 @@ class Coordinator:
         else:
             self.sched.start_epoch(self.recorder.epoch)
         self._iterations_before_start = len(self.history)  # done by an earlier coordinator (resume): not in this one's ETA
+        from spotlight.tracking import open_trackers
+
+        self.tracker = open_trackers(trackers, self.run_dir, config_text=(self.run_dir / "config.toml").read_text(), first_step=self.iteration + 1)
         (self.run_dir / "coordinator.json").write_text(json.dumps({"endpoint": self.endpoint, "trainer_endpoint": self.server.trainer_endpoint, "pid": os.getpid(), "keys_dir": str(keys.directory) if keys.directory else None}))
 
     # ------------------------------------------------------------ the iteration core's state
@@ -372,7 +380,7 @@ class Coordinator:
             cmd += ["--spool-dir", str(self.run_dir / "tensor_store" / "spool")]
             if self.resume_version is not None:
                 cmd += ["--resume-version", str(self.resume_version)]
-            self.train_procs.append(subprocess.Popen(cmd, env=env))
+            self.train_procs.append(spawn_logged(cmd, f"trainer-{rank}", env=env))
 
     # ------------------------------------------------------------ handlers
     def handle(self, msg: Inbound) -> None:
@@ -684,7 +692,9 @@ class Coordinator:
         self._end_busy(body.worker_id, now)
         for rid, lid in mine:
             self.sched.fail(rid, lid, reason=body.reason, now=now)
-        log.warning("worker %s gave back %d requests: %s", body.worker_id, len(mine), body.reason)
+        node = self.instances.nodes.get(body.node_id)
+        preempted = node is not None and (node.status.value != "alive" or any(n.get("deadline_unix_s", 0.0) > time.time() - 120 for n in node.notices))
+        (log.info if preempted else log.warning)("worker %s gave back %d requests: %s%s", body.worker_id, len(mine), body.reason, " (preempted)" if preempted else "")
 
     def on_fetch_weights(self, identity, body: P.FetchWeights, payload, now) -> None:
         """Serve a version in chunks: its WEIGHTS header (if asked) and the WEIGHTS_CHUNK
@@ -720,7 +730,8 @@ class Coordinator:
             self.events.append(now, "revoke", body.node_id, f"{body.scope}, {left_s:.0f}s grace" + (f" ({body.source})" if body.source != "revoke" else ""))
         else:
             self.events.append(now, "notice", body.node_id, f"{body.source} {body.kind}" + (" (hint)" if body.is_hint else "") + (f" for {body.scope}" if body.scope != "node" else "") + f", deadline in {left_s:.0f}s")
-        log.warning("preemption notice from %s: %s %s (deadline in %.1fs)", body.node_id, body.source, body.kind, body.deadline_unix_s - time.time())
+        what = f"GPU revocation ({body.scope})" if body.kind == "revoke" else f"preemption notice ({body.source} {body.kind}{', hint' if body.is_hint else ''})"
+        log.info("%s from %s: deadline in %.1fs", what, body.node_id, body.deadline_unix_s - time.time())  # expected on spot nodes: INFO
 
     def on_bye(self, identity, body: P.Bye, payload, now) -> None:
         if self.instances.nodes[body.node_id].status.value != "dead":
@@ -915,9 +926,12 @@ class Coordinator:
         self.recorder.append_metrics(row)
         self.progress(self.format_progress(row))
         self.events.append(now, "iteration", "", f"{n + 1}/{self.cfg.run.iterations} done: reward {row.get('reward/mean', float('nan')):+.4f}")
+        self.tracker.log_metrics(n + 1, row)
         every = self.cfg.run.sample_grid_every
         if every and (n % every == 0 or n == self.cfg.run.iterations - 1):
-            self.write_sample_grid(n)
+            grid = self.write_sample_grid(n)
+            if grid is not None:
+                self.tracker.log_image(n + 1, "samples", grid)
         for s in [s for s in self.samples.values() if s.iteration <= n + 1 and (s.iteration <= n or s.kind == RequestKind.EXPLORE)]:
             del self.samples[s.request_id]
         self.write_checkpoint(n)
@@ -975,37 +989,55 @@ class Coordinator:
         self.resume_version = int(st["version"])
         for r in self.sched.requests():  # prompt slots of restored requests (pulls of resumed work need them)
             self.request_meta.setdefault(r.request_id, (r.group, r.prompt_index))
-        log.warning("resumed from the checkpoint of iteration %d: continuing at iteration %d with weights v%d (coordinator start #%d)", n + 1, self.iteration + 1, self.resume_version, self.recorder.epoch + 1)
+        log.info("resumed from the checkpoint of iteration %d: continuing at iteration %d with weights v%d (coordinator start #%d)", n + 1, self.iteration + 1, self.resume_version, self.recorder.epoch + 1)
         self.events.append(now, "resume", "", f"after iteration {n + 1}/{self.cfg.run.iterations}: continuing with iteration {self.iteration + 1}, weights v{self.resume_version}")
         self.progress(f"resumed {self.run_dir} after iteration {n + 1}/{self.cfg.run.iterations}: continuing with iteration {self.iteration + 1} (weights v{self.resume_version})")
 
     def format_progress(self, row: dict) -> str:
-        return (
-            f"iter {row['iteration'] + 1:>3}/{self.cfg.run.iterations}  reward {row['reward/mean']:+.4f} ± {row['reward/std']:.4f}"
-            f"  rollout {row['time/rollout_s']:.1f}s  train {row['time/train_s']:.1f}s"
-            f"  explore {row['time/explore_s']:.1f}s (critical {row['time/explore_critical_path_s']:.1f}s)"
-            f"  spot busy {100 * row['spot/busy_fraction']:.0f}%"
-            f"  ratio-1 {row.get('train/ratio_max_dev', float('nan')):.1e}"
-            + (f"  [dropped {int(row['train/nonfinite_samples'])} non-finite samples]" if row.get("train/nonfinite_samples") else "")
-            + (f"  [skipped {int(row['train/skipped_steps'])} non-finite steps]" if row.get("train/skipped_steps") else "")
+        """One line for iteration ``row["iteration"]`` (0-based in the row, shown 1-based):
+        reward mean, rollout / train / exploration time, spot busy share of the training
+        window, share of the iteration spent exploring on the critical path, the run's cost so
+        far (USD); dropped or skipped work is flagged at the end. At most 100 characters for runs
+        of up to 999 iterations with phases under 1000 s, a critical-path share under 10% and a
+        cost under $1000."""
+
+        def dur(s: float) -> str:
+            return "?" if not math.isfinite(s) else f"{s:.1f}s" if s < 9.95 else f"{s:.0f}s" if s < 999.5 else f"{s / 60:.0f}m" if s < 5970 else f"{s / 3600:.1f}h"
+
+        def pct(x: float | None) -> str:
+            return "-%" if x is None or not math.isfinite(x) else f"{100 * x:.0f}%"
+
+        n_total = self.cfg.run.iterations
+        line = (
+            f"iter {row['iteration'] + 1:>{len(str(n_total))}}/{n_total} reward {row['reward/mean']:+.3f}"
+            f"  rollout {dur(row['time/rollout_s'])} train {dur(row['time/train_s'])} explore {dur(row['time/explore_s'])}"
+            f"  spot busy {pct(row.get('spot/busy_fraction'))} critical {pct(row.get('time/critical_path_share'))}"
+            f" ${row.get('cost/usd', float('nan')):.2f}"
         )
+        if row.get("train/nonfinite_samples"):
+            line += f"  [{int(row['train/nonfinite_samples'])} non-finite dropped]"
+        if row.get("train/skipped_steps"):
+            line += f"  [{int(row['train/skipped_steps'])} steps skipped]"
+        return line
 
     def _pending_samples_for_grid(self, n: int) -> list[Sample]:
         return sorted((s for s in self.samples.values() if s.iteration == n and s.kind == RequestKind.ROLLOUT), key=lambda s: (s.slot, s.seed))
 
-    def write_sample_grid(self, n: int) -> None:
+    def write_sample_grid(self, n: int) -> pathlib.Path | None:
         from spotlight.plots import sample_grid
 
         samples = self._pending_samples_for_grid(n)
         if not samples:
-            return
+            return None
         labels = {s.slot: self.prompts[s.prompt_index] for s in samples}
         verdicts = None
         if self.cfg.reward.kind == "geneval_shapes":
             # strict and partial-credit rewards are both 1 exactly when every clause holds
             verdicts = [None if s.reward is None else s.reward >= 1.0 for s in samples]
         title = f"iteration {n + 1} (rollout samples; reward under each image" + (", pass = every clause of the prompt holds)" if verdicts else ")")
-        sample_grid([s.image for s in samples], [s.slot for s in samples], [s.reward for s in samples], self.run_dir / "samples" / f"iter_{n + 1:04d}.png", title=title, labels=labels, verdicts=verdicts)
+        path = self.run_dir / "samples" / f"iter_{n + 1:04d}.png"
+        sample_grid([s.image for s in samples], [s.slot for s in samples], [s.reward for s in samples], path, title=title, labels=labels, verdicts=verdicts)
+        return path
 
     # ------------------------------------------------------------ liveness & status
     def housekeeping(self, now: float) -> None:
@@ -1128,18 +1160,20 @@ class Coordinator:
             except SpotlightError as exc:
                 log.error("allow-list not reloaded: %s", exc)
 
-    def shutdown_agents(self) -> None:
+    def shutdown_agents(self, reason: str = "run finished") -> None:
+        """Ask every live agent and train worker to stop (``reason`` is logged by them)."""
         for rec in self.instances.nodes.values():
             if rec.status.value in ("alive", "draining") and rec.node_id in self.node_route:
-                self.send(self.node_route[rec.node_id], P.Shutdown(reason="run finished"))
+                self.send(self.node_route[rec.node_id], P.Shutdown(reason=reason))
         for rank in list(getattr(self, "trainer_ids", {})):
-            self.send_trainer(rank, P.Shutdown(reason="run finished"))
+            self.send_trainer(rank, P.Shutdown(reason=reason))
 
     def close(self) -> None:
         total = self.cfg.run.iterations
         why = f"all {total} iterations done" if self.done else f"stopped: {self.error}" if self.error else f"stopped after {len(self.history)}/{total} iterations (interrupted or timed out)"
         self.events.append(time.monotonic(), "finish", "", why[:300])
         self.write_status()
+        self.tracker.close()
         self.reward_pool.shutdown(wait=False, cancel_futures=True)
         for proc in self.train_procs:
             try:

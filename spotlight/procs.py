@@ -20,3 +20,113 @@ def scrubbed_env(base: dict[str, str] | None = None, **extra: str) -> dict[str, 
             del env[k]
     env.update(extra)
     return env
+
+
+LOG_DIR_ENV = "SPOTLIGHT_LOG_DIR"
+"""Directory of the run's log files (``<run_dir>/logs``); set by ``spotlight up`` for its children."""
+LOG_ECHO_ENV = "SPOTLIGHT_LOG_ECHO"
+"""``1``: children keep the parent's terminal and also write their log file (``spotlight up --verbose``)."""
+LOG_LEVEL_ENV = "SPOTLIGHT_LOG_LEVEL"
+"""Log level of child processes (``INFO`` unless ``spotlight up --log-level DEBUG``)."""
+LOG_FORMAT = "%(asctime)s {tag} %(levelname)s %(message)s"
+
+
+def log_file_name(name: str) -> str:
+    """``name`` (a node or worker id such as ``spot-0/gpu0``) as a log file name: every
+    character other than letters, digits, ``.``, ``_``, ``+`` and ``-`` becomes ``-``."""
+    import re
+
+    return re.sub(r"[^A-Za-z0-9._+-]", "-", name) + ".log"
+
+
+def log_path(name: str, env: dict[str, str] | None = None) -> str | None:
+    """The log file of child ``name`` under ``$SPOTLIGHT_LOG_DIR`` (None when it is unset)."""
+    d = (os.environ if env is None else env).get(LOG_DIR_ENV)
+    return os.path.join(d, log_file_name(name)) if d else None
+
+
+def _ignoring_sigint(preexec_fn=None):
+    def run() -> None:
+        import signal
+
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # stays ignored across exec
+        if preexec_fn is not None:
+            preexec_fn()
+
+    return run
+
+
+def spawn_logged(cmd: list[str], name: str, *, env: dict[str, str], preexec_fn=None, **popen_kwargs):
+    """``subprocess.Popen(cmd, env=env, **popen_kwargs)`` whose output goes to its log file,
+    started with SIGINT ignored: a Ctrl-C in the terminal reaches the whole process group, but
+    only the parent acts on it (it stops its children in order, without their tracebacks).
+
+    With ``$SPOTLIGHT_LOG_DIR`` set in ``env`` and no echo (``$SPOTLIGHT_LOG_ECHO`` != ``1``),
+    the child's stdout and stderr (log records, and tracebacks a crash prints) are appended to
+    ``$SPOTLIGHT_LOG_DIR/<name>.log``; otherwise the child inherits this process's terminal
+    (and, with echo, its own logging also writes that file: :func:`configure_logging`).
+
+    Raises:
+        OSError: the log file cannot be opened, or the process cannot start.
+    """
+    import subprocess
+
+    path = log_path(name, env)
+    if path is None or env.get(LOG_ECHO_ENV) == "1":
+        return subprocess.Popen(cmd, env=env, preexec_fn=_ignoring_sigint(preexec_fn), **popen_kwargs)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "ab") as out:  # the child holds its own copy of the descriptor
+        return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_ignoring_sigint(preexec_fn), **popen_kwargs)
+
+
+def _redirect_output(path: str) -> None:
+    """Point this process's stdout and stderr (file descriptors 1 and 2) at ``path`` (appending),
+    unless they already write there."""
+    import sys
+
+    try:
+        if os.path.samestat(os.fstat(2), os.stat(path)):
+            return
+    except OSError:
+        pass
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def configure_logging(tag: str, name: str | None = None, *, level: str | None = None, log_file: str | None = None) -> None:
+    """Logging of one Spotlight process: records at ``level`` (default ``$SPOTLIGHT_LOG_LEVEL``,
+    else ``INFO``) to stderr, each line ``<time> <tag> <LEVEL> <message>``.
+
+    Under ``spotlight up`` (``$SPOTLIGHT_LOG_DIR`` set) a process with a ``name`` writes
+    ``$SPOTLIGHT_LOG_DIR/<name>.log``: without echo its stdout and stderr are moved onto that
+    file; with echo (``$SPOTLIGHT_LOG_ECHO=1``) a second handler writes the records there and
+    the terminal keeps them too. ``log_file`` adds such a handler explicitly
+    (``spotlight-agent join --log-file``).
+
+    Raises:
+        ValueError: ``level`` is not a logging level name.
+        OSError: the log file cannot be opened.
+    """
+    import logging
+
+    lvl = (level or os.environ.get(LOG_LEVEL_ENV) or "INFO").upper()
+    if not isinstance(logging.getLevelName(lvl), int):
+        raise ValueError(f"unknown log level {lvl!r}: expected DEBUG, INFO, WARNING or ERROR")
+    fmt = logging.Formatter(LOG_FORMAT.format(tag=tag))
+    own = log_path(name) if name else None
+    if own and os.environ.get(LOG_ECHO_ENV) != "1":
+        _redirect_output(own)  # e.g. a warm spare that became worker <name>: its own file from now on
+        own = None
+    handlers: list[logging.Handler] = [logging.StreamHandler()]
+    path = log_file or own
+    if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        handlers.append(logging.FileHandler(path))
+    for h in handlers:
+        h.setFormatter(fmt)
+    logging.basicConfig(level=lvl, handlers=handlers, force=True)

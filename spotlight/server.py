@@ -150,7 +150,8 @@ class ControlServer:
         except zmq.ZMQError as exc:
             self.dropped_sends += 1
             if self.dropped_sends <= 10 or self.dropped_sends % 1000 == 0:
-                log.warning("dropped %s to %s peer %s: %s (%d dropped so far)", type(msg).__name__, channel, routing_id.hex(), exc.strerror, self.dropped_sends)
+                # a peer that left (a preempted agent) is expected on spot nodes; a full queue is not
+                (log.info if exc.errno == zmq.EHOSTUNREACH else log.warning)("dropped %s to %s peer %s: %s (%d dropped so far)", type(msg).__name__, channel, routing_id.hex(), exc.strerror, self.dropped_sends)
             return False
 
     def close(self, linger_ms: int = 500) -> None:

@@ -71,12 +71,12 @@ class TraceDriver(threading.Thread):
         self.restarts[agent] = self.restarts.get(agent, 0) + 1
         mock = MockMetadataServer(self.cloud, vm_name=node_id).start()
         self.mocks.append(mock)
-        from spotlight.procs import scrubbed_env
+        from spotlight.procs import scrubbed_env, spawn_logged
 
         env = scrubbed_env()
         cmd = [sys.executable, "-m", "agent.main", "join", "--coordinator", self.coordinator, "--gpus", ",".join(map(str, gpus)), "--node-id", node_id, "--cloud", self.cloud, "--metadata-url", mock.url, "--poll-interval-s", "0.5", "--grace-s", str(self.grace_s), "--nice", str(self.nice), "--keys", self.keys_dir, "--key", "local",
                "--warm-spare" if self.warm_spare else "--no-warm-spare"]
-        proc = subprocess.Popen(cmd, env=env)
+        proc = spawn_logged(cmd, f"agent-{node_id}", env=env)
         self.procs.append(proc)
         self.node_of_agent[agent] = node_id
         self.listing["agents"][node_id] = {"spot": True, "gpus": list(gpus), "pid": proc.pid, "cloud": self.cloud, "metadata_url": mock.url, "control_url": mock.control_url}
@@ -117,7 +117,7 @@ class TraceDriver(threading.Thread):
             result = {"ok": False, "error": f"unknown action {action.kind}"}
         rec = {"t_s": action.t_s, "kind": action.kind, "agent": agent, "gpu": gpu, "node": node_id or self.node_of_agent.get(agent), "trace_node": action.trace_node}
         self.applied.append(rec)
-        log.warning("trace: %s agent %d gpu %s (%s)", action.kind, agent, gpu, rec["node"])
+        log.info("trace: %s agent %d gpu %s (%s)", action.kind, agent, gpu, rec["node"])
         self.listing["trace_actions"] = self.applied
         self.listing_path.write_text(json.dumps(self.listing, indent=2))
 

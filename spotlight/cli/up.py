@@ -78,14 +78,70 @@ def prepare_keys(keys_dir: pathlib.Path, *, local: bool) -> None:
 
 
 def _spawn_agent(endpoint: str, gpus: list[int], node_id: str, *, reserved: bool, keys_dir: pathlib.Path, extra: list[str] | None = None) -> subprocess.Popen:
-    from spotlight.procs import scrubbed_env
+    from spotlight.procs import scrubbed_env, spawn_logged
 
     env = scrubbed_env()
     cmd = [sys.executable, "-m", "agent.main", "join", "--coordinator", endpoint, "--gpus", ",".join(map(str, gpus)), "--node-id", node_id, "--keys", str(keys_dir), "--key", "local"]
     if reserved:
         cmd.append("--reserved")
     cmd += extra or []
-    return subprocess.Popen(cmd, env=env)
+    return spawn_logged(cmd, f"agent-{node_id}", env=env)
+
+
+def resume_command(run_dir: pathlib.Path, *, local: bool, agents: int, gpus_per_agent: int, mock_cloud: str, grace_s: float, spot_nice: int, reserved: str, keys: pathlib.Path | None, verbose: bool, log_level: str, trackers: list[str] | None) -> str:
+    """The ``spotlight up --resume RUN_DIR …`` command line that continues an interrupted run
+    with the same local layout (the run's own config.toml holds everything else)."""
+    import shlex
+
+    cmd = ["spotlight", "up", "--resume", str(run_dir)]
+    if local:
+        cmd += ["--local", "--agents", str(agents)]
+        if gpus_per_agent != 1:
+            cmd += ["--gpus-per-agent", str(gpus_per_agent)]
+        if mock_cloud != "none":
+            cmd += ["--mock-cloud", mock_cloud]
+        if grace_s != 20.0:
+            cmd += ["--grace-s", f"{grace_s:g}"]
+        if spot_nice != 5:
+            cmd += ["--spot-nice", str(spot_nice)]
+    if not reserved.endswith(":0"):
+        cmd += ["--reserved", reserved]
+    if keys is not None:
+        cmd += ["--keys", str(keys)]
+    for t in trackers or []:
+        cmd += ["--tracker", t]
+    if verbose:
+        cmd.append("--verbose")
+    if log_level.upper() != "WARNING":
+        cmd += ["--log-level", log_level.upper()]
+    return shlex.join(cmd)
+
+
+def _setup_logging(log_level: str, log_dir: pathlib.Path, *, verbose: bool) -> None:
+    """Console: records at ``log_level`` (default WARNING); ``log_dir/coordinator.log``: INFO
+    (DEBUG with ``--log-level DEBUG``). Children (agents, their workers, trainers) learn the
+    log directory, the echo flag and their level from the environment (:mod:`spotlight.procs`).
+
+    Raises:
+        ValueError: unknown level name.
+    """
+    from spotlight.procs import LOG_DIR_ENV, LOG_ECHO_ENV, LOG_FORMAT, LOG_LEVEL_ENV
+
+    console_level = logging.getLevelName(log_level.upper())
+    file_level = min(console_level, logging.INFO)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    root = logging.getLogger()
+    fh = logging.FileHandler(log_dir / "coordinator.log")
+    fh.setLevel(file_level)
+    fh.setFormatter(logging.Formatter(LOG_FORMAT.format(tag="%(name)s")))
+    root.addHandler(fh)
+    root.setLevel(min(root.level, file_level))
+    for h in root.handlers:
+        if h is not fh:
+            h.setLevel(console_level)
+    os.environ[LOG_DIR_ENV] = str(log_dir.resolve())
+    os.environ[LOG_ECHO_ENV] = "1" if verbose else "0"
+    os.environ.setdefault(LOG_LEVEL_ENV, logging.getLevelName(file_level))
 
 
 def _adopt(entry: dict | None):
@@ -116,7 +172,9 @@ def register(app: typer.Typer) -> None:
         run_dir: Optional[pathlib.Path] = typer.Option(None, "--run-dir", help="Output directory (default: runs/<timestamp>)."),
         reserved: str = typer.Option("127.0.0.1:0", "--reserved", help="HOST:PORT the coordinator listens on for agents (port 0 = any free port)."),
         timeout_s: Optional[float] = typer.Option(None, "--timeout-s", help="Abort if the run takes longer than this many seconds."),
-        log_level: str = typer.Option("WARNING", "--log-level", help="Log level of the coordinator and agents (INFO shows joins and leases)."),
+        log_level: str = typer.Option("WARNING", "--log-level", help="Log level of the console (INFO shows joins and leases). Every process also logs at INFO to <run-dir>/logs/."),
+        verbose: bool = typer.Option(False, "--verbose", "-v", help="Also echo the logs of agents, workers and trainers (<run-dir>/logs/*.log) to the console."),
+        tracker: Optional[list[str]] = typer.Option(None, "--tracker", help="Experiment tracking (repeatable; overrides run.trackers): tensorboard (<run-dir>/tensorboard/), wandb (offline, <run-dir>/wandb/), none."),
         mock_cloud: str = typer.Option("none", "--mock-cloud", help="With --local: give each spot agent its own mock metadata server of this cloud (aws, gcp, azure; none = no detector). Notices are then issued through it (local_agents.json lists the control URLs)."),
         grace_s: float = typer.Option(20.0, "--grace-s", help="With --local: seconds a preempted worker gets to commit in-flight state."),
         trace: Optional[pathlib.Path] = typer.Option(None, "--trace", help="With --local: replay a Bamboo-format spot trace (e.g. examples/traces/bamboo/p3-trace.csv) onto the local spot agents' GPUs, with seeded random placement (paper §6.1)."),
@@ -135,12 +193,16 @@ def register(app: typer.Typer) -> None:
         Tensor Store) and the Train Workers start; agents join with
         `spotlight-agent join --coordinator HOST:PORT --gpus 0,1`.
         """
+        if not isinstance(logging.getLevelName(log_level.upper()), int):
+            console.print(f"[red]error:[/red] --log-level {escape(log_level)}: expected DEBUG, INFO, WARNING or ERROR")
+            raise typer.Exit(2)
         logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-        os.environ.setdefault("SPOTLIGHT_LOG_LEVEL", log_level.upper())
         from spotlight.config import ConfigError, load_config
         from spotlight.errors import SpotlightError
 
         overrides = {"run.iterations": iterations} if iterations else {}
+        if tracker:
+            overrides["run.trackers"] = [] if tracker == ["none"] else tracker
         if resume is not None and run_dir is not None and pathlib.Path(run_dir).resolve() != pathlib.Path(resume).resolve():
             console.print("[red]error:[/red] --resume names the run directory; do not pass a different --run-dir")
             raise typer.Exit(2)
@@ -166,6 +228,13 @@ def register(app: typer.Typer) -> None:
             prompt_set = prompt_set_from_config(cfg.data)
             prompts = prompt_set.prompts
         except SpotlightError as exc:
+            console.print(f"[red]error:[/red] {escape(str(exc))}")
+            raise typer.Exit(2)
+        from spotlight.tracking import TrackingError, check_trackers
+
+        try:
+            check_trackers(cfg.run.trackers)
+        except TrackingError as exc:
             console.print(f"[red]error:[/red] {escape(str(exc))}")
             raise typer.Exit(2)
         rd = run_dir or pathlib.Path("runs") / f"{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
@@ -243,8 +312,9 @@ def register(app: typer.Typer) -> None:
         except (KeysError, OSError) as exc:
             console.print(f"[red]error:[/red] keys: {escape(str(exc))}")
             raise typer.Exit(2)
+        _setup_logging(log_level, rd / "logs", verbose=verbose)
         try:
-            coord = Coordinator(cfg, rd, bind=f"tcp://{reserved}", keys=server_keys, prompts=prompts, cond=cond, progress=console.print, resume=resume is not None)
+            coord = Coordinator(cfg, rd, bind=f"tcp://{reserved}", keys=server_keys, prompts=prompts, cond=cond, progress=console.print, resume=resume is not None, trackers=cfg.run.trackers)
         except SpotlightError as exc:
             console.print(f"[red]error:[/red] {escape(str(exc))}")
             raise typer.Exit(2)
@@ -278,6 +348,9 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(2)
         stop = {"sig": None}
         signal.signal(signal.SIGTERM, lambda s, f: stop.update(sig=s) or (_ for _ in ()).throw(KeyboardInterrupt()))
+        signal.signal(signal.SIGHUP, signal.getsignal(signal.SIGTERM))  # the terminal closed: stop as on SIGTERM
+        continue_with = resume_command(rd, local=local, agents=agents, gpus_per_agent=gpus_per_agent, mock_cloud=mock_cloud if trace is None else "none", grace_s=grace_s, spot_nice=spot_nice, reserved=reserved, keys=keys, verbose=verbose, log_level=log_level, trackers=tracker)
+        interrupted = False
         try:
             coord.start_trainers()
             if local:
@@ -336,15 +409,19 @@ def register(app: typer.Typer) -> None:
             coord.serve(timeout_s=timeout_s)
             console.print(f"[green]done[/green] in {time.monotonic() - t0:.0f}s: metrics {rd / 'metrics.jsonl'}, model {rd / 'final'}, curve {rd / 'reward_curve.png'}")
         except KeyboardInterrupt:
-            console.print("[yellow]interrupted[/yellow]")
+            interrupted = True
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean-up short
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            console.print(f"[yellow]interrupted[/yellow] ({'SIGTERM' if stop['sig'] == signal.SIGTERM else 'SIGHUP' if stop['sig'] == signal.SIGHUP else 'Ctrl-C'}): stopping agents, workers and trainers…")
             raise typer.Exit(130)
         except RuntimeError as exc:
             console.print(f"[red]error:[/red] {escape(str(exc))}")
+            console.print(f"continue the run from its last complete iteration with: [cyan]{escape(continue_with)}[/cyan]")
             raise typer.Exit(1)
         finally:
             if driver is not None:
                 driver.stop_event.set()
-            coord.shutdown_agents()
+            coord.shutdown_agents(reason="interrupted" if interrupted else "run finished")
             deadline = time.monotonic() + 15
             for p in procs:
                 try:
@@ -374,3 +451,5 @@ def register(app: typer.Typer) -> None:
                 driver.close()
             for m in mocks:
                 m.stop()
+            if interrupted:
+                console.print(f"stopped. Continue the run from its last complete iteration with:\n  [cyan]{escape(continue_with)}[/cyan]")

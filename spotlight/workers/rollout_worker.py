@@ -20,6 +20,7 @@ import msgspec
 import torch
 
 from spotlight.config import ModelConfig, SamplerConfig
+from spotlight.procs import configure_logging
 from spotlight.workers.common import (  # noqa: F401  (re-exported)
     MAX_CACHED_VERSIONS,
     BatchOutcome,
@@ -53,7 +54,7 @@ def setup_process(worker_id: str, conf: dict) -> None:
     import faulthandler
     import signal as _signal
 
-    logging.basicConfig(level=os.environ.get("SPOTLIGHT_LOG_LEVEL", "INFO"), format=f"%(asctime)s worker[{worker_id}] %(levelname)s %(message)s", force=True)
+    configure_logging(f"worker[{worker_id}]", f"worker-{worker_id}")
     faulthandler.register(_signal.SIGUSR1)  # `kill -USR1 <pid>` dumps every thread's stack (debugging hangs)
     torch.set_num_threads(int(conf.get("torch_threads", 1)))
 

@@ -634,7 +634,9 @@ def main(argv: list[str] | None = None) -> int:
 
     args = _parse(argv)
     if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format=f"%(asctime)s trainer-{args.rank} %(levelname)s %(message)s")
+        from spotlight.procs import configure_logging
+
+        configure_logging(f"trainer-{args.rank}", f"trainer-{args.rank}")
     cfg = _load_cfg(args.config_json)
     torch.set_num_threads(max(1, cfg.cluster.torch_threads))
     use_cuda = torch.cuda.is_available()

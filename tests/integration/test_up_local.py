@@ -33,7 +33,15 @@ def run_dir(tmp_path_factory) -> pathlib.Path:
     cmd = [sys.executable, "-m", "spotlight.cli", "up", "--local", "--agents", "2", "--iterations", "2", "--config", str(conf), "--run-dir", str(rd), "--timeout-s", "400"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=480)
     assert proc.returncode == 0, f"spotlight up failed:\nSTDOUT\n{proc.stdout[-4000:]}\nSTDERR\n{proc.stderr[-4000:]}"
+    (rd.parent / "console.txt").write_text(proc.stdout + proc.stderr)
     return rd
+
+
+def test_console_is_quiet(run_dir):
+    """Only the coordinator's warnings and the progress lines reach the console (issue 11)."""
+    console = (run_dir.parent / "console.txt").read_text()
+    assert " INFO " not in console and "Traceback" not in console, console
+    assert [line.split(" reward")[0] for line in console.splitlines() if line.startswith("iter ")] == ["iter 1/2", "iter 2/2"]
 
 
 def _requests(rd: pathlib.Path) -> list[dict]:
@@ -64,6 +72,20 @@ def test_metrics_and_outputs(run_dir):
     assert (run_dir / "config.toml").is_file()
     assert (run_dir / "samples" / "iter_0001.png").is_file()  # grids are named by the 1-based iteration, as on screen
     assert (run_dir / "reward_curve.png").is_file()
+
+
+def test_tensorboard_events_and_log_files(run_dir):
+    """Tracking is on by default (TensorBoard) and every process logs to <run_dir>/logs."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"images": 0, "scalars": 0})
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("reward/mean")] == [1, 2]  # 1-based iterations
+    assert [e.step for e in acc.Images("samples")]  # the sample grid(s)
+    assert any(t.startswith("config") for t in acc.Tags()["tensors"])
+    logs = {p.name for p in (run_dir / "logs").glob("*.log")}
+    assert {"coordinator.log", "trainer-0.log", "agent-reserved-0.log", "agent-spot-0.log", "agent-spot-1.log"} <= logs, logs
+    assert any(n.startswith("worker-spot-0-gpu0") for n in logs), logs
 
 
 def test_training_changed_the_weights(run_dir):
