@@ -53,8 +53,10 @@ __all__ = [
     "TraceReplayer",
     "alive_at",
     "alive_counts",
+    "EXPECTED_ITERATION_S",
     "TRACE_FORMATS",
     "count_kinds",
+    "default_time_scale",
     "detect_trace_format",
     "events_from_counts",
     "fragmentation",
@@ -376,6 +378,25 @@ def load_trace(path: str | os.PathLike[str], *, seed: int | None = None) -> list
     if fmt == "count-log":
         return load_count_log(path, seed=seed)
     return load_skypilot_trace(path, seed=seed)
+
+
+EXPECTED_ITERATION_S = 30.0
+"""Estimated wall seconds per iteration of a local run, for :func:`default_time_scale`:
+the embedded default (shapes task) on 2 CPU cores takes 30-48 s an iteration (README's
+main job); a rough figure, not a measurement of the run at hand."""
+
+
+def default_time_scale(duration_s: float, iterations: int, *, iteration_s: float = EXPECTED_ITERATION_S) -> float:
+    """Trace seconds per wall second that stretch a ``duration_s``-second trace slice over
+    a run's expected length, ``iterations × iteration_s`` seconds (``spotlight up --trace``
+    without ``--time-scale``). Below 1 the replay is slower than real time.
+
+    Raises:
+        ValueError: a non-positive duration, iteration count or iteration time.
+    """
+    if not (duration_s > 0 and iterations >= 1 and iteration_s > 0):
+        raise ValueError(f"need duration_s > 0, iterations >= 1 and iteration_s > 0, got {duration_s}, {iterations}, {iteration_s}")
+    return duration_s / (iterations * iteration_s)
 
 
 def _alive_before(events: Iterable[TraceEvent], t_s: float) -> dict[str, None]:

@@ -402,3 +402,13 @@ def test_bamboo_detected_by_content_with_bom(tmp_path):
     f.write_bytes("\ufeff0,add,node1\r\n60000,remove,node1\r\n".encode())
     assert detect_trace_format(f) == "bamboo"
     assert load_trace(f) == [TraceEvent(0.0, "add", "node1"), TraceEvent(60.0, "remove", "node1")]
+
+
+def test_default_time_scale_stretches_slice_over_expected_run():
+    from spotlight.trace import EXPECTED_ITERATION_S, default_time_scale
+
+    # a 1800 s slice over 20 iterations at ~30 s: 3 trace seconds per wall second
+    assert default_time_scale(1800.0, 20, iteration_s=30.0) == pytest.approx(3.0)
+    assert default_time_scale(600.0, 2) == pytest.approx(600.0 / (2 * EXPECTED_ITERATION_S))
+    with pytest.raises(ValueError):
+        default_time_scale(0.0, 20)
