@@ -36,7 +36,11 @@ def test_p3_slice_replays_without_losing_requests(tmp_path):
     assert "preemption notice" in proc.stderr and "aws terminate" in proc.stderr  # a real (mock) IMDS notice was detected
     reqs = [json.loads(line) for line in (rd / "requests.jsonl").read_text().splitlines()]
     assert_each_request_ended_once(reqs)
-    assert len((rd / "metrics.jsonl").read_text().splitlines()) == 14
+    rows = [json.loads(line) for line in (rd / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 14
+    # per-iteration spot event counts (issue 11): the slice's notices, revocations and arrivals show up
+    total = {k: sum(r[f"spot/{k}"] for r in rows) for k in ("notices", "revocations", "additions", "work_lost_steps")}
+    assert total["notices"] >= 1 and total["revocations"] >= 1 and total["additions"] >= 2 and total["work_lost_steps"] >= 0, total
 
 
 def _up_with_trace(tmp_path, trace, *extra):
