@@ -263,7 +263,7 @@ class AgentDaemon:
         try:
             self.coord.connect(self.endpoint)
         except zmq.ZMQError as exc:
-            raise SystemExit(f"bad coordinator address {self.endpoint!r}: {exc} (expected HOST:PORT)") from None
+            raise SystemExit(f"bad coordinator address {self.endpoint[:80]!r}: {exc} (expected HOST:PORT)") from None
         log.info("registering with %s as %s (giving up after %.0fs)…", self.endpoint, self.keys.principal.id, self.register_timeout_s)
         monitor = self.coord.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_SUCCEEDED)
         sent = self._to_coord(self._register_msg())  # fails (dropped) until the connection is up
@@ -912,9 +912,9 @@ def _parse_gpus(text: str) -> list[int]:
     try:
         gpus = [int(g) for g in text.split(",") if g.strip() != ""]
     except ValueError:
-        raise typer.BadParameter(f"--gpus must be a comma-separated list of integers, got {text!r}") from None
+        raise typer.BadParameter(f"--gpus must be a comma-separated list of integers, got {text[:40]!r}") from None
     if not gpus or len(set(gpus)) != len(gpus) or min(gpus) < 0:
-        raise typer.BadParameter(f"--gpus must list distinct non-negative indices, got {text!r}")
+        raise typer.BadParameter(f"--gpus must list distinct non-negative indices, got {text[:40]!r}")
     return gpus
 
 

@@ -602,15 +602,15 @@ class TracePlacement:
         for ev in events:  # validate and find the peak first
             if ev.action == "add":
                 if ev.node in trace_alive:
-                    raise ValueError(f"t={ev.t_s}s: 'add' of node {ev.node!r} that is already alive")
+                    raise ValueError(f"t={ev.t_s}s: 'add' of node {_excerpt(ev.node)} that is already alive")
                 trace_alive[ev.node] = None
                 seen[ev.node] = None
             elif ev.action == "remove":
                 if ev.node not in trace_alive:
-                    raise ValueError(f"t={ev.t_s}s: 'remove' of node {ev.node!r} that is not alive")
+                    raise ValueError(f"t={ev.t_s}s: 'remove' of node {_excerpt(ev.node)} that is not alive")
                 del trace_alive[ev.node]
             else:
-                raise ValueError(f"t={ev.t_s}s: unknown action {ev.action!r}")
+                raise ValueError(f"t={ev.t_s}s: unknown action {_excerpt(ev.action)}")
             max_alive = max(max_alive, len(trace_alive))
         if any(b.t_s < a.t_s for a, b in zip(events, events[1:])):
             raise ValueError("events must be sorted by time")
