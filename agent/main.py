@@ -43,7 +43,7 @@ from spotlight.workers.spare import EXIT_SPARE_UNUSABLE
 
 log = logging.getLogger("spotlight.agent")
 
-app = typer.Typer(help="Spotlight node agent: joins a coordinator and runs Rollout Workers on this node's GPUs.", no_args_is_help=True, add_completion=False)
+app = typer.Typer(help="Spotlight node agent: joins a coordinator and runs Rollout Workers on this node's GPUs.", no_args_is_help=True, add_completion=False, rich_markup_mode=None)  # plain help: readable at 80 columns
 
 MAX_CACHED_WEIGHTS = 3
 # Exit status of an agent that will not (re)join because its VM has an active preemption notice
@@ -80,6 +80,22 @@ class NodePreempted(SystemExit):
 
     def __str__(self) -> str:
         return self.message
+
+
+class StoppedWaiting(SystemExit):
+    """SIGTERM or SIGINT arrived while the agent waited for the coordinator: it exits at once
+    (nothing was started), with status 128 + the signal number."""
+
+    def __init__(self, message: str, code: int):
+        super().__init__(code)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+REGISTER_PROGRESS_S = 5.0
+"""Seconds between the 'waiting for coordinator' lines while the agent registers."""
 
 
 @app.callback()
@@ -247,14 +263,21 @@ class AgentDaemon:
         try:
             self.coord.connect(self.endpoint)
         except zmq.ZMQError as exc:
-            raise SystemExit(f"bad coordinator address {self.endpoint!r}: {exc} (expected HOST:PORT)") from None
+            raise SystemExit(f"bad coordinator address {self.endpoint[:80]!r}: {exc} (expected HOST:PORT)") from None
         log.info("registering with %s as %s (giving up after %.0fs)…", self.endpoint, self.keys.principal.id, self.register_timeout_s)
         monitor = self.coord.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_SUCCEEDED)
         sent = self._to_coord(self._register_msg())  # fails (dropped) until the connection is up
-        deadline = time.monotonic() + self.register_timeout_s
+        started = time.monotonic()
+        deadline = started + self.register_timeout_s
+        next_progress, attempt = started + REGISTER_PROGRESS_S, 1
         handshake_error = ""
         try:
             while time.monotonic() < deadline:
+                self._check_stop_while_waiting()
+                if time.monotonic() >= next_progress:
+                    attempt += 1
+                    next_progress += REGISTER_PROGRESS_S
+                    log.warning("waiting for coordinator at %s (attempt %d, %.0f s; giving up after %.0f s)", self.endpoint, attempt, time.monotonic() - started, self.register_timeout_s)
                 if not sent:
                     sent = self._to_coord(self._register_msg())
                 while monitor.poll(0):
@@ -274,6 +297,7 @@ class AgentDaemon:
             self.coord.disable_monitor()
             monitor.close(linger=0)
         while time.monotonic() < deadline:
+            self._check_stop_while_waiting()
             if not self.coord.poll(200):
                 continue
             try:
@@ -290,6 +314,11 @@ class AgentDaemon:
             if mtype == P.MsgType.ERROR:
                 raise SystemExit(f"coordinator refused registration: {body.code}: {body.message}")
         raise SystemExit(f"no answer from coordinator at {self.endpoint} within {self.register_timeout_s:.0f}s")
+
+    def _check_stop_while_waiting(self) -> None:
+        """Raise :class:`StoppedWaiting` if SIGTERM arrived (``join`` queues it as a notice)."""
+        if not self._signal_notices.empty():
+            raise StoppedWaiting(f"stopped by SIGTERM while waiting for the coordinator at {self.endpoint}; nothing was started", 128 + signal.SIGTERM)
 
     def _worker_conf_json(self) -> str:
         reg = self.registered
@@ -785,7 +814,10 @@ class AgentDaemon:
 
     def run(self) -> int:
         self.check_not_preempted()
-        self.register()
+        try:
+            self.register()
+        except KeyboardInterrupt:
+            raise StoppedWaiting(f"stopped by SIGINT while waiting for the coordinator at {self.endpoint}; nothing was started", 128 + signal.SIGINT) from None
         by_gpu = {group[0]: self.spawn_worker(group) for group in self.sched.plan_workers(self.gpus, 1)}
         self._spare_first_deadline = time.monotonic() + SPARE_FIRST_WAIT_S  # check_spare starts it
         if self.sp_degree > 1:  # initial SP groups; each forms once all its members said hello
@@ -888,9 +920,9 @@ def _parse_gpus(text: str) -> list[int]:
     try:
         gpus = [int(g) for g in text.split(",") if g.strip() != ""]
     except ValueError:
-        raise typer.BadParameter(f"--gpus must be a comma-separated list of integers, got {text!r}") from None
+        raise typer.BadParameter(f"--gpus must be a comma-separated list of integers, got {text[:40]!r}") from None
     if not gpus or len(set(gpus)) != len(gpus) or min(gpus) < 0:
-        raise typer.BadParameter(f"--gpus must list distinct non-negative indices, got {text!r}")
+        raise typer.BadParameter(f"--gpus must list distinct non-negative indices, got {text[:40]!r}")
     return gpus
 
 
@@ -924,12 +956,14 @@ def join(
         configure_logging(f"agent[{node_id}]" if node_id else "agent", f"agent-{node_id}" if node_id else None, level=log_level, log_file=str(log_file) if log_file else None)
     except (ValueError, OSError) as exc:
         raise typer.BadParameter(str(exc), param_hint="--log-level/--log-file") from None
-    if keys is None:
-        raise typer.BadParameter("no keys: pass --keys DIR (or set SPOTLIGHT_KEYS) with the coordinator's server.key and this node's <role>.<name>.key_secret (README 'Security model')", param_hint="--keys")
+    if keys is None:  # checked before anything connects: one line, exit status 2
+        _fail("no keys: pass --keys DIR (or set SPOTLIGHT_KEYS) holding the coordinator's server.key and this node's <role>.<name>.key_secret (README 'Security model')")
+    if not keys.is_dir():
+        _fail(f"--keys {keys}: no such directory (it must hold the coordinator's server.key and this node's <role>.<name>.key_secret)")
     try:
         client_keys = load_client_keys(keys, name=key, role="reserved" if reserved else "agent")
     except KeysError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--keys") from None
+        _fail(f"--keys: {exc}")
     nid = node_id or f"{socket.gethostname()}-{os.getpid()}"
     ledger = NoticeLedger(state_dir(nid) / "handled-notices.json")
     try:
@@ -941,11 +975,20 @@ def join(
     signal.signal(signal.SIGTERM, lambda *_: daemon._signal_notices.put(sigterm_notice(grace_s, time.time())))
     try:
         rc = daemon.run()
+    except StoppedWaiting as exc:
+        typer.echo(f"spotlight-agent: {exc}", err=True)
+        rc = exc.code
     finally:
         import shutil
 
         shutil.rmtree(daemon._ipc_dir, ignore_errors=True)
     raise typer.Exit(rc)
+
+
+def _fail(message: str) -> None:
+    """One line on stderr, exit status 2 (a usage error, before anything starts)."""
+    typer.echo(f"spotlight-agent: error: {message}", err=True)
+    raise typer.Exit(2)
 
 
 _STATE_DIR_HELP = "Agent state directory (default $SPOTLIGHT_AGENT_STATE or ~/.local/state/spotlight-agent; a local run's agents live in <run_dir>/agents)."

@@ -62,7 +62,7 @@ from spotlight.instance_manager import InstanceManager
 from spotlight.iteration import CoreObservation, IterationCore, IterationDone, IterationSettings, StartSaving, StartTraining
 from spotlight.planner import Action, Planner, PlannerConfig, StepOption, step_time_gpu_s
 from spotlight.profiling import load_profile
-from spotlight.request_scheduler import RequestKind, RequestScheduler, RequestStatus
+from spotlight.request_scheduler import RequestKind, RequestScheduler, RequestStatus, lost_steps
 from spotlight.rewards import RewardError, RewardFn
 from spotlight.models.lora import lora_spec
 from spotlight.rl.grpo import group_advantages
@@ -217,6 +217,7 @@ class Coordinator:
         # ---- exploration planning (paper §4.3)
         self.profile = load_profile(cfg)
         self.t_step_s: float | None = self.profile.t_step_s if self.profile else None
+        self.step_wall_s: float | None = None  # EMA of a batch's wall seconds per denoising step (for spot/work_lost_steps)
         self.planner: Planner | None = None
         if cfg.explore.active and cfg.explore.planner == "bandit" and cfg.num_explored_prompts > 0:
             options = self.profile.step_options() if self.profile else [StepOption(0.0, float(cfg.sampler.num_steps), 1.0)]
@@ -590,6 +591,9 @@ class Coordinator:
         # ---- validated: from here on state changes
         self._end_busy(body.worker_id, now)
         self._observe_step_time(body)
+        if body.items and body.elapsed_s > 0:
+            est = body.elapsed_s / max(1, max(it.computed_steps for it in body.items))
+            self.step_wall_s = est if self.step_wall_s is None else 0.7 * self.step_wall_s + 0.3 * est
         accepted, images, prompts = [], [], []
         for i, item in mine:
             if not self.sched.complete(item.request_id, item.lease_id, now):
@@ -918,6 +922,10 @@ class Coordinator:
                 "weights/version_bytes": float(getattr(self, "version_bytes", 0)),
             }
         )
+        # spot events since the previous row (issue 11): notices, GPUs revoked and added, and
+        # denoising steps lost with leases that ended uncommitted (spotlight.request_scheduler.lost_steps)
+        row.update({f"spot/{k}": v for k, v in self.instances.take_spot_counts().items()})
+        row["spot/work_lost_steps"] = lost_steps(self.sched.take_aborted(), step_wall_s=self.step_wall_s, total_steps=self.cfg.sampler.num_steps)
         done_metrics = [d.metrics for d in self.train_done.values()]
         if done_metrics:
             for k in done_metrics[0]:

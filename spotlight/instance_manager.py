@@ -51,6 +51,10 @@ class NodeRecord:
         return len(self.gpus)
 
 
+SPOT_EVENT_KEYS = ("notices", "revocations", "additions")
+"""Keys of :meth:`InstanceManager.take_spot_counts`."""
+
+
 class InstanceManager:
     """Args:
         heartbeat_timeout_s: silence after which a node is declared dead.
@@ -61,6 +65,22 @@ class InstanceManager:
         self.nodes: dict[str, NodeRecord] = {}
         self._gpu_seconds = {True: 0.0, False: 0.0}
         self._last_integrate: float | None = None
+        self._counts = dict.fromkeys(SPOT_EVENT_KEYS, 0)
+
+    def take_spot_counts(self) -> dict[str, int]:
+        """Spot events since the previous call (then reset), for one ``metrics.jsonl`` row:
+
+        * ``notices`` -- preemption notices received (node or per-GPU scope; hints such as
+          AWS rebalance recommendations not counted);
+        * ``revocations`` -- spot GPUs that left: dropped from a heartbeat's GPU list, or
+          still held by a spot node that said goodbye or missed its heartbeats;
+        * ``additions`` -- spot GPUs that arrived: a spot node's registration (its GPUs)
+          or GPUs added to a heartbeat's list.
+
+        Reserved nodes are not counted. Counts are ints >= 0; nothing is checkpointed.
+        """
+        out, self._counts = self._counts, dict.fromkeys(SPOT_EVENT_KEYS, 0)
+        return out
 
     def _set(self, rec: NodeRecord, status: NodeStatus, now: float, detail: str) -> None:
         if status not in VALID_NODE_TRANSITIONS[rec.status]:
@@ -85,8 +105,12 @@ class InstanceManager:
         self.integrate(now)
         old = self.nodes.get(node_id)
         stale = list(old.workers) if old is not None and old.status != NodeStatus.DEAD else []
+        if old is not None and old.status != NodeStatus.DEAD and old.is_spot:
+            self._counts["revocations"] += old.num_gpus  # the previous session's GPUs are gone
         rec = NodeRecord(node_id, session, list(gpus), is_spot, now, now)
         rec.history.append((NodeStatus.ALIVE, now, "registered"))
+        if is_spot:
+            self._counts["additions"] += len(rec.gpus)
         self.nodes[node_id] = rec
         return stale
 
@@ -100,6 +124,10 @@ class InstanceManager:
         rec = self.nodes[node_id]
         rec.last_seen = now
         if gpus is not None:
+            if rec.is_spot:
+                before, after = set(rec.gpus), set(gpus)
+                self._counts["revocations"] += len(before - after)
+                self._counts["additions"] += len(after - before)
             rec.gpus = list(gpus)
         if workers is not None:
             rec.workers = workers
@@ -112,6 +140,8 @@ class InstanceManager:
         """A preemption notice for the node (scope "node") or some of its GPUs."""
         rec = self.nodes[node_id]
         rec.notices.append(notice)
+        if rec.is_spot and not notice.get("is_hint"):
+            self._counts["notices"] += 1
         rec.last_seen = now
         if notice.get("scope", "node") == "node" and not notice.get("is_hint") and rec.status == NodeStatus.ALIVE:
             self._set(rec, NodeStatus.DRAINING, now, f"notice from {notice.get('source')}")
@@ -123,6 +153,8 @@ class InstanceManager:
         if rec is None or rec.status == NodeStatus.DEAD:
             return []
         self._set(rec, NodeStatus.DEAD, now, f"bye: {reason}")
+        if rec.is_spot:
+            self._counts["revocations"] += rec.num_gpus
         return list(rec.workers)
 
     def reap(self, now: float) -> dict[str, list[str]]:
@@ -136,6 +168,8 @@ class InstanceManager:
         for rec in self.nodes.values():
             if rec.status != NodeStatus.DEAD and now - rec.last_seen > self.heartbeat_timeout_s:
                 self._set(rec, NodeStatus.DEAD, now, f"no heartbeat for {now - rec.last_seen:.1f}s")
+                if rec.is_spot:
+                    self._counts["revocations"] += rec.num_gpus
                 dead[rec.node_id] = list(rec.workers)
         return dead
 

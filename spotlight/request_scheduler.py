@@ -238,6 +238,35 @@ class Lease:
     commit_key: str | None  # Tensor Store key of the committed state, else None
 
 
+MAX_ABORTED_KEPT = 100_000
+"""Aborted leases :meth:`RequestScheduler.take_aborted` keeps between two calls."""
+
+
+@dataclass(frozen=True)
+class AbortedLease:
+    """A lease that ended without a result or a commit (its worker failed, was released or
+    went silent): the request re-runs from step 0."""
+
+    resume_step: int  # denoising steps committed before this lease, now discarded (0 if none)
+    granted_at: float  # when the lease was granted (the scheduler's clock, seconds)
+    ended_at: float  # the worker's last sign of life: the abort, or the lease's last renewal if earlier (same clock)
+
+
+def lost_steps(aborted: Iterable[AbortedLease], *, step_wall_s: float | None, total_steps: int) -> float:
+    """Denoising steps (summed over sequences) lost with ``aborted`` leases: for each, the
+    committed steps its abort discards (exact) plus an estimate of the steps the lease ran,
+    ``(ended_at - granted_at) / step_wall_s``, the whole at most ``total_steps`` (a
+    request's step count). The coordinator does not see in-flight progress, so the second
+    part is an estimate from the last observed wall seconds per denoising step of a batch
+    (``step_wall_s``; ``None`` before any result: only the discarded commits count).
+    Source: paper §4.5 (full re-execution after a worker dies without committing)."""
+    total = 0.0
+    for a in aborted:
+        ran = (a.ended_at - a.granted_at) / step_wall_s if step_wall_s and step_wall_s > 0 else 0.0
+        total += min(float(total_steps), a.resume_step + max(0.0, ran))
+    return total
+
+
 # ``pull`` builds leases as ``_object_new(Lease)`` plus one ``_object_setattr(lease,
 # "__dict__", {...all 7 fields...})``: an object equal to ``Lease(...)``, about twice
 # as fast as the frozen dataclass ``__init__`` (one ``object.__setattr__`` per field).
@@ -298,6 +327,7 @@ class RequestScheduler:
         self._reset_indexes()
         self._id_counters: Counter[tuple[RequestKind, int]] = Counter()
         self._next_seq = 0
+        self._aborted: deque[AbortedLease] = deque(maxlen=MAX_ABORTED_KEPT)
         self._next_lease_id = 1
         self._training_active = False
         self.epoch = 0  # restart count of the coordinator process (see load_state_dict)
@@ -858,8 +888,19 @@ class RequestScheduler:
             return None
         return req
 
+    def take_aborted(self) -> list[AbortedLease]:
+        """Leases aborted (worker failed, released or expired: the work was not committed)
+        since the previous call, oldest first; the record is then emptied. At most
+        :data:`MAX_ABORTED_KEPT` are kept between calls (the oldest are dropped)."""
+        out = list(self._aborted)
+        self._aborted.clear()
+        return out
+
     def _abort(self, req: Request, now: float, detail: str, *, requeue: bool) -> None:
         """IN_FLIGHT -> ABORTED (-> PENDING if ``requeue``), clearing commit info."""
+        if req.lease is not None:
+            lease = req.lease
+            self._aborted.append(AbortedLease(lease.resume_step or 0, lease.granted_at, max(lease.granted_at, min(now, lease.expires_at - self.lease_timeout_s))))
         req.committed_step = req.commit_key = None
         self._transition(req, RequestStatus.ABORTED, now, detail)
         if requeue:

@@ -9,8 +9,13 @@ therefore assign each arrival and revocation at random to one of the spot
 nodes. This module does the same, seeded, and turns the result into actions
 a driver can apply to local spot agents:
 
-* :func:`load_bamboo_trace` -- parse and validate the CSV into
-  :class:`TraceEvent` (times in seconds).
+* :func:`load_trace` -- read any published format Spotlight knows (detected by
+  content, :data:`TRACE_FORMATS`) into :class:`TraceEvent` (times in seconds):
+  :func:`load_bamboo_trace` (add/remove CSV), :func:`load_count_log` (Bamboo's
+  GCP and older AWS logs: ``date, time[, zone], count``) and
+  :func:`load_skypilot_trace` (SkyPilot spot-traces JSON: ``gap_seconds`` plus a
+  per-tick count of live instances). Count-based formats become add/remove
+  events through :func:`events_from_counts`.
 * :func:`slice_trace` -- a window ``[start, start + duration)`` re-based to
   ``t = 0``, preceded by synthetic ``add`` events for every node already alive
   at ``start`` so the window starts from the right population.
@@ -30,9 +35,12 @@ Pure logic: no processes, sockets or clocks; callers pass every time in.
 from __future__ import annotations
 
 import csv
+import datetime
+import json
 import math
 import os
 import random
+import re
 from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable, Literal, Sequence
@@ -45,11 +53,18 @@ __all__ = [
     "TraceReplayer",
     "alive_at",
     "alive_counts",
+    "EXPECTED_ITERATION_S",
+    "TRACE_FORMATS",
     "count_kinds",
+    "default_time_scale",
+    "detect_trace_format",
+    "events_from_counts",
     "fragmentation",
     "fragmentation_summary",
     "fragmentation_timeline",
     "load_bamboo_trace",
+    "load_count_log",
+    "load_skypilot_trace",
     "load_trace",
     "pingpong_trace",
     "slice_trace",
@@ -111,7 +126,7 @@ def load_bamboo_trace(path: str | os.PathLike[str]) -> list[TraceEvent]:
     ``remove`` of a node that is not).
     """
     rows: list[tuple[int, int, TraceEvent]] = []  # (delta_ms, line, event)
-    with open(path, newline="", encoding="utf-8") as f:
+    with open(path, newline="", encoding="utf-8-sig") as f:
         reader = csv.reader(f)
         for row in reader:
             line = reader.line_num
@@ -120,17 +135,17 @@ def load_bamboo_trace(path: str | os.PathLike[str]) -> list[TraceEvent]:
             where = f"{os.fspath(path)}:{line}"
             if len(row) != 3:
                 raise ValueError(
-                    f"{where}: expected 3 fields 'delta_ms,add|remove,node', got {len(row)}: {row!r}"
+                    f"{where}: expected 3 fields 'delta_ms,add|remove,node', got {len(row)}: {_excerpt(','.join(row))}"
                 )
             delta_txt, action, node = (cell.strip() for cell in row)
             try:
                 delta_ms = int(delta_txt)
             except ValueError:
-                raise ValueError(f"{where}: delta {delta_txt!r} is not an integer number of ms") from None
+                raise ValueError(f"{where}: delta {_excerpt(delta_txt)} is not an integer number of ms") from None
             if delta_ms < 0:
                 raise ValueError(f"{where}: negative delta {delta_ms} ms")
             if action not in ("add", "remove"):
-                raise ValueError(f"{where}: action {action!r} is neither 'add' nor 'remove'")
+                raise ValueError(f"{where}: action {_excerpt(action)} is neither 'add' nor 'remove'")
             if not node:
                 raise ValueError(f"{where}: empty node name")
             rows.append((delta_ms, line, TraceEvent(delta_ms / 1000.0, action, node)))  # type: ignore[arg-type]
@@ -140,25 +155,248 @@ def load_bamboo_trace(path: str | os.PathLike[str]) -> list[TraceEvent]:
         where = f"{os.fspath(path)}:{line}"
         if ev.action == "add":
             if ev.node in alive:
-                raise ValueError(f"{where}: 'add' of node {ev.node!r} that is already alive")
+                raise ValueError(f"{where}: 'add' of node {_excerpt(ev.node)} that is already alive")
             alive.add(ev.node)
         else:
             if ev.node not in alive:
-                raise ValueError(f"{where}: 'remove' of node {ev.node!r} that is not alive")
+                raise ValueError(f"{where}: 'remove' of node {_excerpt(ev.node)} that is not alive")
             alive.discard(ev.node)
     return [ev for _, _, ev in rows]
 
 
-def load_trace(path: str | os.PathLike[str]) -> list[TraceEvent]:
-    """Load a spot trace in any format Spotlight reads (today: the Bamboo add/remove CSV,
-    :func:`load_bamboo_trace`). The one entry point of ``spotlight up --trace`` and
-    ``spotlight simulate --trace``.
+TRACE_FORMATS: dict[str, str] = {
+    "bamboo": "Bamboo add/remove CSV (delta_ms,add|remove,node)",
+    "count-log": "Bamboo GCP/AWS count log (date, time[, zone], count per line)",
+    "skypilot": 'SkyPilot spot-traces JSON ({"metadata": {"gap_seconds": N}, "data": [count, ...]})',
+}
+"""Format name -> one-line description, for :func:`load_trace` and its error messages."""
+
+_EXCERPT_CHARS = 60
+
+_COUNT_LINE = re.compile(
+    r"^\s*(?P<date>\d{4}-\d{2}-\d{2})[,\sT]+(?P<time>\d{1,2}:\d{2}(?::\d{2}(?:\.\d+)?)?)(?:Z|[+-]\d{2}:?\d{2})?"
+    r"(?:[,;\s]+(?P<zone>[A-Za-z][\w.-]*))?[,;\s]+(?P<count>\d+)\s*$"
+)
+
+
+def _excerpt(text: str, limit: int = _EXCERPT_CHARS) -> str:
+    """``repr`` of at most ``limit`` characters of ``text`` (``…`` marks a cut): error
+    messages quote input, never dump it."""
+    text = str(text)
+    return repr(text if len(text) <= limit else text[:limit] + "…")
+
+
+def events_from_counts(samples: Sequence[tuple[float, int]], *, seed: int | None = None) -> list[TraceEvent]:
+    """Add/remove events from a count-of-live-instances time series.
+
+    ``samples`` are ``(t_s, count)`` pairs sorted by time (seconds, any origin; counts
+    >= 0). Times are re-based so the first sample is ``t = 0``. Between consecutive
+    samples the count difference becomes that many ``add`` events (synthetic node ids
+    ``node0``, ``node1``, … in arrival order, never reused) or ``remove`` events. A
+    count-based trace does not say *which* instance left: removals hit the most
+    recently added alive node (``seed=None``, deterministic) or a node drawn with
+    ``random.Random(seed)`` from the alive ones. Equal counts produce no event.
 
     Raises:
-        ValueError: a malformed trace (the message names the file and line).
+        ValueError: a negative count or a time before the previous sample's.
+    """
+    rng = random.Random(seed) if seed is not None else None
+    out: list[TraceEvent] = []
+    alive: list[str] = []
+    next_id = 0
+    t0 = samples[0][0] if samples else 0.0
+    prev_t = t0
+    for t, count in samples:
+        if count < 0:
+            raise ValueError(f"negative instance count {count} at t={t - t0}s")
+        if t < prev_t:
+            raise ValueError(f"samples not sorted by time (t={t - t0}s after t={prev_t - t0}s)")
+        prev_t = t
+        while len(alive) < count:
+            node = f"node{next_id}"
+            next_id += 1
+            alive.append(node)
+            out.append(TraceEvent(t - t0, "add", node))
+        while len(alive) > count:
+            node = alive.pop() if rng is None else alive.pop(rng.randrange(len(alive)))
+            out.append(TraceEvent(t - t0, "remove", node))
+    return out
+
+
+def _read_text(path: str | os.PathLike[str]) -> str:
+    try:
+        with open(path, encoding="utf-8-sig", newline="") as f:
+            return f.read()
+    except UnicodeDecodeError:
+        raise ValueError(f"{os.fspath(path)}: not a UTF-8 text file; accepted trace formats: {'; '.join(TRACE_FORMATS.values())}") from None
+
+
+def load_count_log(path: str | os.PathLike[str], *, seed: int | None = None) -> list[TraceEvent]:
+    """Parse a count log: Bamboo's GCP logs (``2021-12-11, 11:11:30, 55``) and older AWS
+    logs (the same with a zone, ``2021-06-01 12:00:00 us-east-1a 30``), one sample per line.
+
+    Fields are separated by commas and/or spaces; the time may carry a ``T`` separator,
+    fractional seconds and a UTC offset (ignored: samples share one clock). The last field
+    is the number of live instances at that moment. With a zone column, counts are per
+    zone and the live total is the sum of every zone's latest count. Blank lines, ``#``
+    comments and one header line without digits are skipped; samples are sorted by time
+    (stable). Events come from :func:`events_from_counts` (``seed``: which node a removal
+    hits), times in seconds from the first sample.
+
+    Raises:
+        ValueError: a malformed line (the message names ``path:line`` and quotes at most
+            60 characters of it), or no sample at all.
         OSError: the file cannot be read.
     """
-    return load_bamboo_trace(path)
+    where = os.fspath(path)
+    samples: list[tuple[float, str, int]] = []
+    header_ok = True
+    for n, line in enumerate(_read_text(path).splitlines(), 1):
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
+        m = _COUNT_LINE.match(text)
+        if m is None:
+            if header_ok and not any(c.isdigit() for c in text):
+                header_ok = False
+                continue
+            raise ValueError(f"{where}:{n}: expected 'date, time[, zone], count' (count log), got {_excerpt(text)}")
+        header_ok = False
+        try:
+            hms = m["time"].split(":")
+            ts = datetime.datetime.fromisoformat(m["date"]) + datetime.timedelta(
+                hours=int(hms[0]), minutes=int(hms[1]), seconds=float(hms[2]) if len(hms) > 2 else 0.0
+            )
+            if int(hms[0]) > 23 or int(hms[1]) > 59 or (len(hms) > 2 and float(hms[2]) >= 61):
+                raise ValueError
+        except ValueError:
+            raise ValueError(f"{where}:{n}: invalid date or time {_excerpt(m['date'] + ' ' + m['time'])}") from None
+        samples.append((ts.replace(tzinfo=datetime.timezone.utc).timestamp(), m["zone"] or "", int(m["count"])))
+    if not samples:
+        raise ValueError(f"{where}: no samples (expected lines 'date, time[, zone], count')")
+    samples.sort(key=lambda s: s[0])
+    per_zone: dict[str, int] = {}
+    totals: list[tuple[float, int]] = []
+    for t, zone, count in samples:
+        per_zone[zone] = count
+        total = sum(per_zone.values())
+        if totals and totals[-1][0] == t:
+            totals[-1] = (t, total)
+        else:
+            totals.append((t, total))
+    return events_from_counts(totals, seed=seed)
+
+
+def load_skypilot_trace(path: str | os.PathLike[str], *, seed: int | None = None) -> list[TraceEvent]:
+    """Parse a SkyPilot spot-traces JSON file (``skypilot-org/spot-traces``, the NSDI '24
+    "Can't Be Late" data): ``{"metadata": {"gap_seconds": G}, "data": [c0, c1, …]}``.
+
+    Reading (the repository's README): tick ``i`` is at ``i × G`` seconds and ``c_i`` is
+    the number of instances available (alive) then. Availability traces of a single
+    node are 0/1 series, multi-node availability and preemption traces count the live
+    instances of an ``n``-node request (``0 … n``); both read the same way, a drop being
+    that many preemptions. ``gap_seconds`` is also accepted at the top level. Counts must
+    be non-negative integers (``3.0`` is accepted). Events come from
+    :func:`events_from_counts` (``seed``: which node a removal hits).
+
+    Raises:
+        ValueError: not JSON, no ``gap_seconds`` > 0 or no ``data`` list, a bad count
+            (the message names its index and quotes at most 60 characters).
+        OSError: the file cannot be read.
+    """
+    where = os.fspath(path)
+    try:
+        doc = json.loads(_read_text(path))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{where}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"{where}: expected a JSON object with 'metadata.gap_seconds' and 'data', got a JSON {type(doc).__name__}")
+    meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
+    gap = meta.get("gap_seconds", doc.get("gap_seconds"))
+    if isinstance(gap, bool) or not isinstance(gap, (int, float)) or not gap > 0 or math.isinf(gap):
+        raise ValueError(f"{where}: 'metadata.gap_seconds' must be a positive number of seconds, got {_excerpt(json.dumps(gap))}")
+    data = doc.get("data")
+    if not isinstance(data, list) or not data:
+        raise ValueError(f"{where}: 'data' must be a non-empty list of per-tick instance counts")
+    samples = []
+    for i, c in enumerate(data):
+        if isinstance(c, bool) or not isinstance(c, (int, float)) or c < 0 or c != int(c):
+            raise ValueError(f"{where}: data[{i}] = {_excerpt(json.dumps(c))} is not a non-negative integer instance count")
+        samples.append((i * float(gap), int(c)))
+    return events_from_counts(samples, seed=seed)
+
+
+def detect_trace_format(path: str | os.PathLike[str]) -> str:
+    """The :data:`TRACE_FORMATS` key of the trace at ``path``, from its content (not its
+    name): a JSON object is ``skypilot``; otherwise the first line that is not blank, a
+    ``#`` comment or a header decides: ``delta,add|remove,node`` is ``bamboo``,
+    ``date, time[, zone], count`` is ``count-log``.
+
+    Raises:
+        ValueError: none of them, in one line naming the accepted formats and quoting at
+            most 60 characters of the file.
+        OSError: the file cannot be read.
+    """
+    text = _read_text(path)
+    head = text.lstrip()
+    if head.startswith("{"):
+        return "skypilot"
+    first = ""
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if _COUNT_LINE.match(line):
+            return "count-log"
+        row = next(csv.reader([line]))
+        if len(row) == 3 and row[1].strip() in ("add", "remove"):
+            return "bamboo"
+        if not first and not any(c.isdigit() for c in line):
+            first = line  # a header: look at the next line
+            continue
+        first = line
+        break
+    what = f"first line {_excerpt(first)}" if first else "no data"
+    raise ValueError(f"{os.fspath(path)}: unknown trace format ({what}); accepted: {'; '.join(TRACE_FORMATS.values())}")
+
+
+def load_trace(path: str | os.PathLike[str], *, seed: int | None = None) -> list[TraceEvent]:
+    """Load a spot trace in any format of :data:`TRACE_FORMATS`, detected by content
+    (:func:`detect_trace_format`): the one entry point of ``spotlight up --trace`` and
+    ``spotlight simulate --trace``. Returns time-sorted events, times in seconds from the
+    trace's start. ``seed`` only matters for count-based formats (which node a removal
+    hits, :func:`events_from_counts`).
+
+    Raises:
+        ValueError: an unknown format or a malformed trace; one line that names the file
+            once (and the line where there is one) and quotes at most 60 characters.
+        OSError: the file cannot be read.
+    """
+    fmt = detect_trace_format(path)
+    if fmt == "bamboo":
+        return load_bamboo_trace(path)
+    if fmt == "count-log":
+        return load_count_log(path, seed=seed)
+    return load_skypilot_trace(path, seed=seed)
+
+
+EXPECTED_ITERATION_S = 30.0
+"""Estimated wall seconds per iteration of a local run, for :func:`default_time_scale`:
+the embedded default (shapes task) on 2 CPU cores takes 30-48 s an iteration (README's
+main job); a rough figure, not a measurement of the run at hand."""
+
+
+def default_time_scale(duration_s: float, iterations: int, *, iteration_s: float = EXPECTED_ITERATION_S) -> float:
+    """Trace seconds per wall second that stretch a ``duration_s``-second trace slice over
+    a run's expected length, ``iterations × iteration_s`` seconds (``spotlight up --trace``
+    without ``--time-scale``). Below 1 the replay is slower than real time.
+
+    Raises:
+        ValueError: a non-positive duration, iteration count or iteration time.
+    """
+    if not (duration_s > 0 and iterations >= 1 and iteration_s > 0):
+        raise ValueError(f"need duration_s > 0, iterations >= 1 and iteration_s > 0, got {duration_s}, {iterations}, {iteration_s}")
+    return duration_s / (iterations * iteration_s)
 
 
 def _alive_before(events: Iterable[TraceEvent], t_s: float) -> dict[str, None]:
@@ -364,15 +602,15 @@ class TracePlacement:
         for ev in events:  # validate and find the peak first
             if ev.action == "add":
                 if ev.node in trace_alive:
-                    raise ValueError(f"t={ev.t_s}s: 'add' of node {ev.node!r} that is already alive")
+                    raise ValueError(f"t={ev.t_s}s: 'add' of node {_excerpt(ev.node)} that is already alive")
                 trace_alive[ev.node] = None
                 seen[ev.node] = None
             elif ev.action == "remove":
                 if ev.node not in trace_alive:
-                    raise ValueError(f"t={ev.t_s}s: 'remove' of node {ev.node!r} that is not alive")
+                    raise ValueError(f"t={ev.t_s}s: 'remove' of node {_excerpt(ev.node)} that is not alive")
                 del trace_alive[ev.node]
             else:
-                raise ValueError(f"t={ev.t_s}s: unknown action {ev.action!r}")
+                raise ValueError(f"t={ev.t_s}s: unknown action {_excerpt(ev.action)}")
             max_alive = max(max_alive, len(trace_alive))
         if any(b.t_s < a.t_s for a, b in zip(events, events[1:])):
             raise ValueError("events must be sorted by time")

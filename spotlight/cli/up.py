@@ -177,8 +177,8 @@ def register(app: typer.Typer) -> None:
         tracker: Optional[list[str]] = typer.Option(None, "--tracker", help="Experiment tracking (repeatable; overrides run.trackers): tensorboard (<run-dir>/tensorboard/), wandb (offline, <run-dir>/wandb/), none."),
         mock_cloud: str = typer.Option("none", "--mock-cloud", help="With --local: give each spot agent its own mock metadata server of this cloud (aws, gcp, azure; none = no detector). Notices are then issued through it (local_agents.json lists the control URLs)."),
         grace_s: float = typer.Option(20.0, "--grace-s", help="With --local: seconds a preempted worker gets to commit in-flight state."),
-        trace: Optional[pathlib.Path] = typer.Option(None, "--trace", help="With --local: replay a Bamboo-format spot trace (e.g. examples/traces/bamboo/p3-trace.csv) onto the local spot agents' GPUs, with seeded random placement (paper §6.1)."),
-        time_scale: float = typer.Option(10.0, "--time-scale", min=0.01, help="Trace seconds per wall-clock second."),
+        trace: Optional[pathlib.Path] = typer.Option(None, "--trace", help="With --local: replay a spot trace (Bamboo add/remove CSV, Bamboo GCP/AWS count log or SkyPilot spot-traces JSON; e.g. examples/traces/bamboo/p3-trace.csv) onto the local spot agents' GPUs, with seeded random placement (paper §6.1)."),
+        time_scale: Optional[float] = typer.Option(None, "--time-scale", min=0.01, help="Trace seconds per wall-clock second (default: stretch the slice over the run's expected length)."),
         trace_start_s: float = typer.Option(3000.0, "--trace-start-s", min=0.0, help="Start of the replayed trace slice, in trace seconds."),
         trace_duration_s: float = typer.Option(1800.0, "--trace-duration-s", min=1.0, help="Length of the replayed slice, in trace seconds."),
         trace_seed: int = typer.Option(0, "--trace-seed", help="Seed of the random placement of trace GPUs onto agents."),
@@ -288,6 +288,46 @@ def register(app: typer.Typer) -> None:
             except RewardError as exc:
                 console.print(f"[red]error:[/red] reward service check failed: {escape(str(exc))}")
                 raise typer.Exit(2)
+        actions = None
+        if trace is not None:  # load and check the trace before anything starts or is written
+            if not local:
+                console.print("[red]error:[/red] --trace needs --local")
+                raise typer.Exit(2)
+            if resume is not None:
+                console.print("[red]error:[/red] --resume cannot replay a --trace (the trace driver's state is not checkpointed)")
+                raise typer.Exit(2)
+            from spotlight.trace import EXPECTED_ITERATION_S, TracePlacement, count_kinds, default_time_scale, fragmentation, load_trace, slice_trace
+
+            try:
+                events = slice_trace(load_trace(trace, seed=trace_seed), trace_start_s, trace_duration_s)
+                if not events:
+                    raise ValueError(f"{trace}: no spot capacity in the slice [{trace_start_s:.0f}s, +{trace_duration_s:.0f}s) (choose --trace-start-s)")
+            except OSError as exc:
+                console.print(f"[red]error:[/red] --trace {escape(str(trace))}: {escape(exc.strerror or str(exc))}")
+                raise typer.Exit(2)
+            except ValueError as exc:
+                console.print(f"[red]error:[/red] {escape(str(exc))}")
+                raise typer.Exit(2)
+            expected_run_s = cfg.run.iterations * EXPECTED_ITERATION_S
+            if time_scale is None:
+                time_scale = default_time_scale(trace_duration_s, cfg.run.iterations)
+                console.print(
+                    f"trace time scale {time_scale:.3g} (default): the {trace_duration_s:.0f}s slice is stretched over ~{expected_run_s:.0f}s, "
+                    f"the expected length of {cfg.run.iterations} iterations at ~{EXPECTED_ITERATION_S:.0f}s each (the embedded default on CPU); set it with --time-scale"
+                )
+            elif trace_duration_s / time_scale < 0.5 * expected_run_s:
+                console.print(
+                    f"[yellow]warning:[/yellow] --time-scale {time_scale:g} replays the {trace_duration_s:.0f}s slice in {trace_duration_s / time_scale:.0f}s, "
+                    f"less than half the run's expected ~{expected_run_s:.0f}s: after it the spot pool stays as the slice ends"
+                )
+            placement = TracePlacement(agents, gpus_per_agent, trace_seed, scale_to_capacity=True)
+            actions = placement.plan(events, time_scale=time_scale, end_s=trace_duration_s)
+            if mock_cloud == "none":
+                mock_cloud = "aws"
+            console.print(
+                f"trace {trace.name}: slice [{trace_start_s:.0f}s, +{trace_duration_s:.0f}s) replayed in {trace_duration_s / time_scale:.0f}s onto {agents}×{gpus_per_agent} GPUs: "
+                f"{count_kinds(actions)}, fragmentation at SP 2 {fragmentation(actions, 2, end_s=trace_duration_s / time_scale):.2f}"
+            )
         console.print(f"[bold]Spotlight[/bold] run dir [cyan]{rd}[/cyan]  ({cfg.run.iterations} iterations, {cfg.data.prompts_per_iteration}×{cfg.data.group_size} samples/iteration)")
         console.print(escape(prompt_set.summary()))
         with console.status(f"encoding prompts ({cfg.model.family} text encoder, cached after the first run)…"):
@@ -323,29 +363,7 @@ def register(app: typer.Typer) -> None:
         procs: list[subprocess.Popen] = []
         mocks = []
         driver = None
-        if trace is not None and not local:
-            console.print("[red]error:[/red] --trace needs --local")
-            raise typer.Exit(2)
-        if trace is not None:
-            from spotlight.trace import TracePlacement, count_kinds, fragmentation, load_bamboo_trace, slice_trace
-
-            try:
-                events = slice_trace(load_bamboo_trace(trace), trace_start_s, trace_duration_s)
-            except (OSError, ValueError) as exc:
-                console.print(f"[red]error:[/red] trace {trace}: {escape(str(exc))}")
-                raise typer.Exit(2)
-            placement = TracePlacement(agents, gpus_per_agent, trace_seed, scale_to_capacity=True)
-            actions = placement.plan(events, time_scale=time_scale, end_s=trace_duration_s)
-            if mock_cloud == "none":
-                mock_cloud = "aws"
-            console.print(
-                f"trace {trace.name}: slice [{trace_start_s:.0f}s, +{trace_duration_s:.0f}s) replayed in {trace_duration_s / time_scale:.0f}s onto {agents}×{gpus_per_agent} GPUs: "
-                f"{count_kinds(actions)}, fragmentation at SP 2 {fragmentation(actions, 2, end_s=trace_duration_s / time_scale):.2f}"
-            )
         adopted: list = []  # local agents of a crashed coordinator that survived it (psutil.Process)
-        if trace is not None and resume is not None:
-            console.print("[red]error:[/red] --resume cannot replay a --trace (the trace driver's state is not checkpointed)")
-            raise typer.Exit(2)
         stop = {"sig": None}
         signal.signal(signal.SIGTERM, lambda s, f: stop.update(sig=s) or (_ for _ in ()).throw(KeyboardInterrupt()))
         signal.signal(signal.SIGHUP, signal.getsignal(signal.SIGTERM))  # the terminal closed: stop as on SIGTERM

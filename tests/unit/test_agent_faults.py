@@ -187,3 +187,63 @@ def test_shutdown_terminates_cooperative_workers_without_kill(state, keys):
         coord.close()
     assert [p.returncode for p in procs] == [-signal.SIGTERM] * 2
 
+
+
+# --- issue 11 item 7: start-up -----------------------------------------------------------------
+def _unused_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _agent(args: list[str], state_dir, **kw) -> subprocess.Popen:
+    env = dict(os.environ, SPOTLIGHT_AGENT_STATE=str(state_dir), PYTHONPATH=ROOT)
+    env.pop("SPOTLIGHT_KEYS", None)
+    return subprocess.Popen([sys.executable, "-m", "agent.main", "join", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+@pytest.mark.parametrize("which", ["no --keys", "missing dir", "no secret"])
+def test_join_without_keys_is_one_line_before_connecting(state, tmp_path, which):
+    empty = tmp_path / "empty-keys"
+    empty.mkdir()
+    init_keys(empty)  # server.key but no client secret
+    keys_arg = {"no --keys": [], "missing dir": ["--keys", str(tmp_path / "nope")], "no secret": ["--keys", str(empty)]}[which]
+    proc = _agent(["--coordinator", f"127.0.0.1:{_unused_port()}", "--node-id", "k1", *keys_arg], state)
+    out, err = proc.communicate(timeout=50)  # a connection attempt would wait 60 s
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert proc.returncode == 2, err
+    assert len(lines) == 1 and lines[0].startswith("spotlight-agent: error:") and "key" in lines[0], err
+    assert "Traceback" not in err and "registering" not in err
+
+
+def test_join_to_nothing_shows_progress_and_obeys_sigterm(state, keys_dir):
+    port = _unused_port()
+    proc = _agent(["--coordinator", f"127.0.0.1:{port}", "--node-id", "spot-a", "--keys", str(keys_dir)], state)
+    try:
+        seen = []
+        for line in proc.stderr:  # blocks until the agent reports that it is waiting
+            seen.append(line)
+            if "waiting for coordinator at" in line:
+                break
+        assert any(f"waiting for coordinator at tcp://127.0.0.1:{port} (attempt 2" in line for line in seen), seen
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=15)  # generous: an exit, not a speed benchmark
+        rest = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert rc == 128 + signal.SIGTERM, rest
+    assert "stopped by SIGTERM while waiting for the coordinator" in rest and "Traceback" not in rest
+
+
+def test_join_help_fits_80_columns():
+    env = dict(os.environ, COLUMNS="80", PYTHONPATH=ROOT, TERM="dumb")
+    out = subprocess.run([sys.executable, "-m", "agent.main", "join", "--help"], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert max(len(line) for line in out.stdout.splitlines()) <= 80
+    assert "…" not in out.stdout  # no option name or help cut short
+    for opt in ("--coordinator", "--keys", "--poll-interval-s", "--coordinator-timeout-s", "--warm-spare / --no-warm-spare", "<role>.<name>.key_secret"):
+        assert opt in out.stdout, opt

@@ -291,3 +291,124 @@ def test_replayer_boundary_and_sorting():
     assert rp.due(4.0) == []
     assert rp.due(5.0) == [a0, a1]  # ties keep input order
     assert rp.done
+
+
+# -- published formats other than Bamboo's add/remove CSV (issue 11 item 2) ----------------
+# Each file below is written here from the format's documentation, not copied from a trace.
+
+from spotlight.trace import TRACE_FORMATS, detect_trace_format, events_from_counts, load_trace  # noqa: E402
+
+
+def _alive_steps(events):
+    return [(t, n) for t, n in alive_counts(events)]
+
+
+def test_events_from_counts_lifo_and_seeded():
+    evs = events_from_counts([(100.0, 2), (160.0, 3), (220.0, 1), (280.0, 1)])
+    assert evs[:3] == [TraceEvent(0.0, "add", "node0"), TraceEvent(0.0, "add", "node1"), TraceEvent(60.0, "add", "node2")]
+    # removals hit the most recently added nodes first
+    assert evs[3:] == [TraceEvent(120.0, "remove", "node2"), TraceEvent(120.0, "remove", "node1")]
+    seeded = events_from_counts([(0.0, 5), (60.0, 2)], seed=3)
+    assert [e.action for e in seeded] == ["add"] * 5 + ["remove"] * 3
+    assert seeded == events_from_counts([(0.0, 5), (60.0, 2)], seed=3)
+    with pytest.raises(ValueError, match="negative"):
+        events_from_counts([(0.0, -1)])
+
+
+def test_bamboo_gcp_count_log(tmp_path):
+    # Bamboo traces/gcloud/*.txt: "YYYY-MM-DD, HH:MM:SS, <instances>" per line
+    f = tmp_path / "a100x1-east1b.txt"
+    f.write_text("2021-12-11, 11:11:30, 4\n2021-12-11, 11:13:10, 4\n2021-12-11, 11:15:50, 2\n2021-12-11, 11:20:50, 5\n")
+    assert detect_trace_format(f) == "count-log"
+    evs = load_trace(f)
+    assert _alive_steps(evs) == [(0.0, 4), (260.0, 2), (560.0, 5)]
+    assert sum(e.action == "remove" for e in evs) == 2 and sum(e.action == "add" for e in evs) == 7
+
+
+def test_bamboo_aws_count_log_with_zones_and_header(tmp_path):
+    # older AWS logs: timestamp, zone and instance count; counts are per zone
+    f = tmp_path / "aws.log"
+    f.write_text("\ufefftime zone instances\n"
+                 "2021-06-01 12:00:00 us-east-1a 3\n"
+                 "2021-06-01 12:00:00 us-east-1b 2\n"
+                 "2021-06-01T12:01:00Z us-east-1a 1\n"
+                 "# a comment\n"
+                 "2021-06-01 12:02:00, us-east-1b, 4\n")
+    assert detect_trace_format(f) == "count-log"
+    assert _alive_steps(load_trace(f)) == [(0.0, 5), (60.0, 3), (120.0, 5)]
+
+
+def test_count_log_bad_line_named_and_short(tmp_path):
+    f = tmp_path / "g.txt"
+    f.write_text("2021-12-11, 11:11:30, 4\n2021-12-11, 11:13:10, many" + "x" * 5000 + "\n")
+    with pytest.raises(ValueError) as exc:
+        load_trace(f)
+    msg = str(exc.value)
+    assert "g.txt:2:" in msg and "\n" not in msg and len(msg) < 300 and msg.count(str(f)) == 1
+
+
+@pytest.mark.parametrize("meta", ['"metadata": {"gap_seconds": 300}', '"gap_seconds": 300'])
+def test_skypilot_availability_and_preemption_json(tmp_path, meta):
+    # skypilot-org/spot-traces: {"metadata": {"gap_seconds": G}, "data": [live instances per tick]}
+    f = tmp_path / "us-east-1f_v100_1.json"
+    f.write_text("{" + meta + ', "data": [0, 4, 4, 1, 1.0, 4, 0]}')
+    assert detect_trace_format(f) == "skypilot"
+    evs = load_trace(f)
+    assert _alive_steps(evs) == [(300.0, 4), (900.0, 1), (1500.0, 4), (1800.0, 0)]
+    single = tmp_path / "us-west-2a_v100_1.json"  # a 1-node availability trace: 0/1 per tick
+    single.write_text('{"metadata": {"gap_seconds": 600}, "data": [1, 0, 0, 1]}')
+    assert _alive_steps(load_trace(single)) == [(0.0, 1), (600.0, 0), (1800.0, 1)]
+
+
+@pytest.mark.parametrize(
+    "body, why",
+    [
+        ('{"metadata": {}, "data": [1]}', "gap_seconds"),
+        ('{"metadata": {"gap_seconds": 60}, "data": []}', "'data'"),
+        ('{"metadata": {"gap_seconds": 60}, "data": [1, -2]}', "data[1]"),
+        ('{"metadata": {"gap_seconds": 60}, "data": [1, "' + "y" * 20000 + '"]}', "data[1]"),
+        ('{"metadata": {"gap_seconds": 60}, "data": [1, 2', "not valid JSON"),
+    ],
+)
+def test_skypilot_errors_are_one_short_line(tmp_path, body, why):
+    f = tmp_path / "t.json"
+    f.write_text(body)
+    with pytest.raises(ValueError) as exc:
+        load_trace(f)
+    msg = str(exc.value)
+    assert why in msg and "\n" not in msg and len(msg) < 300 and msg.count(str(f)) == 1
+
+
+def test_unknown_format_one_line_naming_accepted_formats(tmp_path):
+    # a Python list of 20 KB on one line: the error quotes a short excerpt, never the whole
+    f = tmp_path / "trace.txt"
+    f.write_text(repr(list(range(4000))) + "\n")
+    with pytest.raises(ValueError) as exc:
+        load_trace(f)
+    msg = str(exc.value)
+    assert "unknown trace format" in msg and "\n" not in msg and len(msg) < 500
+    for desc in TRACE_FORMATS.values():
+        assert desc in msg
+    # a Bamboo-looking row with the wrong field count is quoted short too
+    g = tmp_path / "wide.csv"
+    g.write_text("0,add,node1\n" + ",".join(["7"] * 5000) + "\n")
+    with pytest.raises(ValueError) as exc2:
+        load_trace(g)
+    assert "wide.csv:2:" in str(exc2.value) and len(str(exc2.value)) < 300
+
+
+def test_bamboo_detected_by_content_with_bom(tmp_path):
+    f = tmp_path / "trace.json"  # the suffix does not decide
+    f.write_bytes("\ufeff0,add,node1\r\n60000,remove,node1\r\n".encode())
+    assert detect_trace_format(f) == "bamboo"
+    assert load_trace(f) == [TraceEvent(0.0, "add", "node1"), TraceEvent(60.0, "remove", "node1")]
+
+
+def test_default_time_scale_stretches_slice_over_expected_run():
+    from spotlight.trace import EXPECTED_ITERATION_S, default_time_scale
+
+    # a 1800 s slice over 20 iterations at ~30 s: 3 trace seconds per wall second
+    assert default_time_scale(1800.0, 20, iteration_s=30.0) == pytest.approx(3.0)
+    assert default_time_scale(600.0, 2) == pytest.approx(600.0 / (2 * EXPECTED_ITERATION_S))
+    with pytest.raises(ValueError):
+        default_time_scale(0.0, 20)
