@@ -357,7 +357,10 @@ class Coordinator:
         self.rejected += 1
         peer = self.peers.get(identity)
         who = f"{peer.principal.id}" + (f" node {peer.node_id}" if peer and peer.node_id else "") if peer else "?"
-        log.error("rejected message from %r (%s): %s: %s", identity, who, code, message[:300])
+        # an agent of an earlier coordinator (resume) or a forgotten session heartbeats until it
+        # re-registers, which the ERROR reply makes it do: expected, so INFO; the rest is ERROR
+        level = logging.INFO if code == "unknown_session" else logging.ERROR
+        log.log(level, "rejected message from %r (%s): %s: %s", identity, who, code, message[:300])
         self.server.send(channel, identity, P.ErrorMsg(code=code, message=message[:1000]))
 
     # ------------------------------------------------------------ trainer processes

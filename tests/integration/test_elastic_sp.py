@@ -66,7 +66,8 @@ def test_sp_2_to_1_to_2_loses_nothing(tmp_path):
         if proc.poll() is None:
             proc.kill()
         log.close()
-    text = (tmp_path / "up.log").read_text()
+    # worker logs go to <run-dir>/logs/ (the console shows only progress and warnings)
+    text = (tmp_path / "up.log").read_text() + "".join(f.read_text(errors="replace") for f in sorted((rd / "logs").glob("*.log")))
     assert "weights from memory" in text  # the survivor re-formed without reloading
     assert "weights from broadcast" in text  # the new worker got its weights from the peer
     reqs = [json.loads(line) for line in (rd / "requests.jsonl").read_text().splitlines()]

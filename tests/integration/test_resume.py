@@ -80,7 +80,8 @@ def test_sigkill_mid_iteration_then_resume(tmp_path):
     # the agents of the first coordinator were adopted: same processes, re-registered by themselves
     agents_after = json.loads((rd / "local_agents.json").read_text())["agents"]
     assert {k: v["pid"] for k, v in agents_after.items()} == {k: v["pid"] for k, v in agents_before.items()}
-    assert (rd.parent / f"{rd.name}.stderr").read_text().count("re-registered with the coordinator") >= 2, logs
+    agent_logs = "".join(f.read_text(errors="replace") for f in sorted((rd / "logs").glob("agent-*.log")))  # agents log to <run-dir>/logs/
+    assert agent_logs.count("re-registered with the coordinator") >= 2, logs + agent_logs[-3000:]
 
     metrics = [json.loads(l) for l in (rd / "metrics.jsonl").read_text().splitlines()]
     assert [m["iteration"] for m in metrics] == [0, 1, 2, 3]

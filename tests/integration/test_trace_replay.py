@@ -26,8 +26,8 @@ def test_p3_slice_replays_without_losing_requests(tmp_path):
     dump_config(cfg, conf)
     rd = tmp_path / "run"
     cmd = [sys.executable, "-m", "spotlight.cli", "up", "--local", "--agents", "2", "--gpus-per-agent", "2", "--config", str(conf), "--run-dir", str(rd),
-           "--trace", str(REPO / "examples" / "traces" / "bamboo" / "p3-trace.csv"), "--time-scale", "30", "--grace-s", "8", "--timeout-s", "500"]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+           "--trace", str(REPO / "examples" / "traces" / "bamboo" / "p3-trace.csv"), "--time-scale", "30", "--grace-s", "8", "--timeout-s", "1000"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1100)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     listing = json.loads((rd / "local_agents.json").read_text())
     applied = collections.Counter(a["kind"] for a in listing["trace_actions"])
