@@ -97,3 +97,22 @@ def test_cost_metrics_row():
     assert row["requests/completed"] == 500
     empty = cost_metrics(0.0, 10.0, SPOT, RESERVED, requests_total=0, requests_in_iteration=0, iteration_s=0.0)
     assert math.isnan(empty["cost/usd_per_1k_requests"]) and math.isnan(empty["throughput/requests_per_s"])
+
+
+def test_simulated_rows_carry_the_same_cost_and_throughput_columns():
+    """`spotlight simulate` bills the reserved node (trainers and colocated rollout) from t = 0
+    and writes the coordinator's columns: the last row's cost per 1k requests is the run's."""
+    import dataclasses
+
+    from spotlight.sim.profile import load_profile
+    from spotlight.sim.simulator import simulate
+
+    profile = dataclasses.replace(load_profile(), prompts_per_iteration=8, num_control_prompts=2, group_size=8, train_time_s=600.0)
+    r = simulate(profile, "spotlight", None, iterations=3)
+    last = r.rows[-1]
+    assert last["cost/reserved_usd"] == pytest.approx(profile.reserved_gpus * last["t_s"] / 3600 * profile.reserved_usd_per_gpu_hour)
+    assert last["cost/usd"] == pytest.approx(last["cost/spot_usd"] + last["cost/reserved_usd"])
+    assert sum(row["requests/completed"] for row in r.rows) == last["sim/requests_done"]
+    assert last["cost/usd_per_1k_requests"] == pytest.approx(1000 * last["cost/usd"] / last["sim/requests_done"])
+    for row in r.rows:
+        assert row["throughput/requests_per_s"] == pytest.approx(row["requests/completed"] / row["time/iteration_s"])
