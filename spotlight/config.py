@@ -240,7 +240,9 @@ class ExploreConfig(_Section):
     the spot workers busy with extra candidate seeds of the same prompts (cancelled when the
     update ends; the top/bottom selection sees them all). False = only the planned d."""
     max_candidates_per_prompt: int = 256
-    """Cap on planned + extra candidates of one prompt in one iteration."""
+    """Cap on planned + extra candidates of one prompt in one iteration. A value no training
+    window can reach means uncapped, the paper's peak-throughput setting (§6.7 Fig. 15):
+    ``spotlight up --uncapped-exploration`` sets 1000000 (and ``stream_extra = true``)."""
 
     def __post_init__(self) -> None:
         _check(self.num_candidates >= 1, "explore.num_candidates", "must be >= 1")

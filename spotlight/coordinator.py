@@ -40,6 +40,7 @@ import os
 import pathlib
 import random
 import secrets
+import socket
 import subprocess
 import sys
 import time
@@ -58,7 +59,7 @@ from spotlight.procs import scrubbed_env, spawn_logged
 from spotlight.security import Principal, ServerKeys, ephemeral_client, init_keys, load_server_keys, reload_allow_list, write_client_file
 from spotlight.server import PUBLIC, TRAINER, ControlServer, Inbound
 from spotlight.config import SpotlightConfig, config_to_dict, dump_config
-from spotlight.instance_manager import InstanceManager
+from spotlight.instance_manager import InstanceManager, cost_metrics
 from spotlight.iteration import CoreObservation, IterationCore, IterationDone, IterationSettings, StartSaving, StartTraining
 from spotlight.planner import Action, Planner, PlannerConfig, StepOption, step_time_gpu_s
 from spotlight.profiling import load_profile
@@ -261,6 +262,12 @@ class Coordinator:
         self.resume_version: int | None = None
         self.t_start = time.monotonic()
         self.started_unix_s = time.time()
+        # honest accounting (issue 12): the Train Workers' reserved GPUs (rank r uses GPU r on
+        # this host) are billed for the whole run; a colocated reserved Rollout Worker on the
+        # same GPU (a reserved agent of this host) shares it and is not billed twice
+        self.instances.hold("trainers", list(range(cfg.train.num_train_workers)), self.t_start, host=socket.gethostname())
+        self._requests_done = 0  # rollout + exploration requests completed (this coordinator)
+        self._requests_done_at_row = 0
         self.events = EventLog(start_s=self.t_start)
         if resume:
             self._restore(time.monotonic())
@@ -459,7 +466,7 @@ class Coordinator:
         self.peers[identity] = Peer(principal, body.node_id)
         self.node_route[body.node_id] = identity
         session = secrets.token_hex(8)
-        stale = self.instances.register(body.node_id, session, gpus, body.is_spot, now)
+        stale = self.instances.register(body.node_id, session, gpus, body.is_spot, now, host="" if body.is_spot else body.hostname)
         for wid in stale:
             self.sched.release_worker(wid, reason="agent re-registered", now=now)
             self.core.busy.gone(wid, now)
@@ -601,6 +608,7 @@ class Coordinator:
         for i, item in mine:
             if not self.sched.complete(item.request_id, item.lease_id, now):
                 continue
+            self._requests_done += 1
             req = self.sched.get(item.request_id)
             if req.commit_key:
                 self.store.delete_state(req.commit_key)
@@ -917,10 +925,16 @@ class Coordinator:
         the core begins the next iteration on its next ``advance``."""
         row = dict(metrics)
         row.update(getattr(self, "_drop_stats", {}))
+        self.instances.integrate(now)
+        in_iteration, self._requests_done_at_row = self._requests_done - self._requests_done_at_row, self._requests_done
+        before = sum(h.get("requests/completed", 0.0) for h in self.history)
+        row.update(cost_metrics(
+            self.instances.gpu_seconds(spot=True), self.instances.gpu_seconds(spot=False), self.cfg.cost.spot_usd_per_gpu_hour, self.cfg.cost.reserved_usd_per_gpu_hour,
+            requests_total=int(before) + in_iteration, requests_in_iteration=in_iteration, iteration_s=float(row.get("time/iteration_s", 0.0)),
+        ))
         row.update(
             {
                 "spot/num_gpus": self.instances.num_spot_gpus(),
-                "cost/usd": self.instances.cost_usd(self.cfg.cost.spot_usd_per_gpu_hour, self.cfg.cost.reserved_usd_per_gpu_hour),
                 "planner/t_step_s": self.t_step_s if self.t_step_s is not None else float("nan"),
                 "weights/version_bytes": float(getattr(self, "version_bytes", 0)),
             }
@@ -1180,6 +1194,7 @@ class Coordinator:
             self.send_trainer(rank, P.Shutdown(reason=reason))
 
     def close(self) -> None:
+        self.instances.release("trainers", time.monotonic())  # billed up to here
         total = self.cfg.run.iterations
         why = f"all {total} iterations done" if self.done else f"stopped: {self.error}" if self.error else f"stopped after {len(self.history)}/{total} iterations (interrupted or timed out)"
         self.events.append(time.monotonic(), "finish", "", why[:300])

@@ -2,8 +2,13 @@
 
 Pure logic (paper §4.1 Fig. 7; DESIGN §2): the coordinator feeds it registrations,
 heartbeats and notices with ``now`` and asks it who is dead; no sockets or clocks here.
-It also integrates the live spot GPU count over time for the cost meter
-(cost = ∫ GPU count dt × hourly price, paper §6.2 / Appendix A).
+It also integrates the GPUs the run holds over time for the cost meter (cost = ∫ GPU
+count dt × hourly price, paper §6.2 / Appendix A): every live agent node's GPUs (spot and
+reserved rollout workers) and every GPU held outside an agent -- the Train Workers' GPUs,
+which the coordinator :meth:`InstanceManager.hold` s from its start to its end. A GPU is
+billed once however many processes share it: a reserved node's GPU that runs both a
+trainer rank and a colocated Rollout Worker (paper §6.1) is keyed by ``(host, gpu)``
+when both name the same ``host``.
 
 Node status::
 
@@ -45,6 +50,9 @@ class NodeRecord:
     detector_error: str = ""
     notices: list[dict] = dataclasses.field(default_factory=list)
     history: list[tuple[NodeStatus, float, str]] = dataclasses.field(default_factory=list)
+    host: str = ""
+    """Billing host ("" = the node is its own host): GPUs of nodes and holds that name the
+    same host and index are one GPU, billed once."""
 
     @property
     def num_gpus(self) -> int:
@@ -64,6 +72,7 @@ class InstanceManager:
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.nodes: dict[str, NodeRecord] = {}
         self._gpu_seconds = {True: 0.0, False: 0.0}
+        self._held: dict[str, tuple[str, tuple[int, ...]]] = {}  # holder -> (host, GPUs): reserved GPUs outside agents
         self._last_integrate: float | None = None
         self._counts = dict.fromkeys(SPOT_EVENT_KEYS, 0)
 
@@ -88,26 +97,64 @@ class InstanceManager:
         rec.status = status
         rec.history.append((status, now, detail))
 
+    def billed_gpus(self) -> dict[bool, int]:
+        """GPUs billed right now, ``{is_spot: count}``: the distinct GPUs of non-dead nodes
+        (draining ones included: they are held until they leave) and of :meth:`hold` s."""
+        keys: set[tuple[bool, str, int]] = set()
+        for rec in self.nodes.values():
+            if rec.status != NodeStatus.DEAD:
+                host = rec.host or f"node:{rec.node_id}"
+                keys.update((rec.is_spot, host, g) for g in rec.gpus)
+        for holder, (host, gpus) in self._held.items():
+            keys.update((False, host or f"hold:{holder}", g) for g in gpus)
+        out = {True: 0, False: 0}
+        for is_spot, _, _ in keys:
+            out[is_spot] += 1
+        return out
+
     def integrate(self, now: float) -> None:
-        """Accumulate live GPU-seconds (spot and reserved) up to ``now``."""
+        """Accumulate billed GPU-seconds (spot and reserved, :meth:`billed_gpus`) up to ``now``."""
         if self._last_integrate is not None and now <= self._last_integrate:
             return  # out-of-order timestamp: never count an interval twice
         if self._last_integrate is not None:
             dt = now - self._last_integrate
-            for rec in self.nodes.values():
-                if rec.status != NodeStatus.DEAD:
-                    self._gpu_seconds[rec.is_spot] += dt * rec.num_gpus
+            for is_spot, n in self.billed_gpus().items():
+                self._gpu_seconds[is_spot] += dt * n
         self._last_integrate = now
 
-    def register(self, node_id: str, session: str, gpus: list[int], is_spot: bool, now: float) -> list[str]:
+    def hold(self, holder: str, gpus: list[int], now: float, *, host: str = "") -> None:
+        """Bill reserved ``gpus`` that no agent reports, from ``now`` until :meth:`release`
+        (the coordinator holds the Train Workers' GPUs, ``"trainers"``, for the whole run).
+
+        Args:
+            holder: name of the hold; holding it again replaces its GPUs from ``now``.
+            gpus: GPU indices on ``host``.
+            host: billing host; a reserved node registered with the same host and a GPU of
+                the same index shares that GPU (billed once). "" = the hold's own GPUs.
+
+        Raises:
+            ValueError: repeated GPU indices or a negative one.
+        """
+        if len(set(gpus)) != len(gpus) or any(g < 0 for g in gpus):
+            raise ValueError(f"hold {holder!r}: GPUs must be distinct indices >= 0, got {gpus}")
+        self.integrate(now)
+        self._held[holder] = (host, tuple(gpus))
+
+    def release(self, holder: str, now: float) -> None:
+        """End a :meth:`hold` at ``now`` (no-op for an unknown holder)."""
+        self.integrate(now)
+        self._held.pop(holder, None)
+
+    def register(self, node_id: str, session: str, gpus: list[int], is_spot: bool, now: float, *, host: str = "") -> list[str]:
         """Add (or replace) a node. Returns worker ids of a previous session of the same
-        node id, which the caller must treat as dead (their leases are re-enqueued)."""
+        node id, which the caller must treat as dead (their leases are re-enqueued).
+        ``host``: billing host (see :class:`NodeRecord`; "" = its own)."""
         self.integrate(now)
         old = self.nodes.get(node_id)
         stale = list(old.workers) if old is not None and old.status != NodeStatus.DEAD else []
         if old is not None and old.status != NodeStatus.DEAD and old.is_spot:
             self._counts["revocations"] += old.num_gpus  # the previous session's GPUs are gone
-        rec = NodeRecord(node_id, session, list(gpus), is_spot, now, now)
+        rec = NodeRecord(node_id, session, list(gpus), is_spot, now, now, host=host)
         rec.history.append((NodeStatus.ALIVE, now, "registered"))
         if is_spot:
             self._counts["additions"] += len(rec.gpus)
@@ -207,3 +254,43 @@ class InstanceManager:
         return (
             self._gpu_seconds[True] * spot_usd_per_gpu_hour + self._gpu_seconds[False] * reserved_usd_per_gpu_hour
         ) / 3600.0
+
+
+def cost_metrics(
+    spot_gpu_s: float,
+    reserved_gpu_s: float,
+    spot_usd_per_gpu_hour: float,
+    reserved_usd_per_gpu_hour: float,
+    *,
+    requests_total: int,
+    requests_in_iteration: int,
+    iteration_s: float,
+) -> dict[str, float]:
+    """The cost and throughput columns of a ``metrics.jsonl`` row (paper §6.2, §6.7 Fig. 15).
+
+    Args:
+        spot_gpu_s, reserved_gpu_s: billed GPU-seconds so far (:meth:`InstanceManager.gpu_seconds`;
+            reserved includes the Train Workers' GPUs).
+        spot_usd_per_gpu_hour, reserved_usd_per_gpu_hour: prices (``[cost]``).
+        requests_total: rollout + exploration requests completed so far in the run.
+        requests_in_iteration: those completed during this iteration.
+        iteration_s: the iteration's wall seconds.
+
+    Returns:
+        ``cost/usd`` (total), ``cost/spot_usd``, ``cost/reserved_usd`` (USD so far),
+        ``cost/usd_per_1k_requests`` (run cost so far per 1,000 completed requests; NaN
+        before any), ``throughput/requests_per_s`` (this iteration's requests per wall
+        second; NaN for a zero-length iteration) and ``requests/completed``
+        (``requests_in_iteration``).
+    """
+    spot_usd = spot_gpu_s / 3600.0 * spot_usd_per_gpu_hour
+    reserved_usd = reserved_gpu_s / 3600.0 * reserved_usd_per_gpu_hour
+    total = spot_usd + reserved_usd
+    return {
+        "cost/usd": total,
+        "cost/spot_usd": spot_usd,
+        "cost/reserved_usd": reserved_usd,
+        "cost/usd_per_1k_requests": 1000.0 * total / requests_total if requests_total > 0 else float("nan"),
+        "throughput/requests_per_s": requests_in_iteration / iteration_s if iteration_s > 0 else float("nan"),
+        "requests/completed": float(requests_in_iteration),
+    }

@@ -21,7 +21,9 @@ a driver can apply to local spot agents:
   at ``start`` so the window starts from the right population.
 * :func:`alive_counts` / :func:`alive_at` -- the alive-node step function.
 * :class:`TracePlacement` -- each trace node is one spot GPU; map them onto
-  ``num_agents x gpus_per_agent`` local slots and emit :class:`ReplayAction`
+  ``num_agents x gpus_per_agent`` local slots (capped, proportional, or ``full``:
+  the whole trace unscaled with removals hitting a random node, as the paper
+  replays it) and emit :class:`ReplayAction`
   (``start_node`` / ``add_gpu`` / ``revoke_gpu`` / ``preempt_node``).
 * :func:`fragmentation` / :func:`fragmentation_timeline` /
   :func:`fragmentation_summary` -- the Fig. 4 metric: a live GPU is
@@ -536,12 +538,21 @@ class TracePlacement:
       availability curve (the Fig. 4 "available GPUs" line) at the price of
       synthetic revocations / back-fills that the trace does not contain.
 
+    * ``full=True`` -- *the paper's replay* (§3.1 Fig. 4, §6.1): the whole trace
+      at its own GPU count, nothing scaled or dropped. The local capacity must
+      hold the trace's peak (:meth:`plan` raises :class:`ValueError` saying how
+      many agents it needs). A trace records when a GPU leaves, not where, so
+      each removal hits a random agent among those with live GPUs (uniform, the
+      seeded RNG) and frees one of its GPUs at random; each arrival goes to a
+      random agent with a free slot, as in the other modes. The local alive
+      count equals the trace's at every instant.
+
     :meth:`plan` is deterministic for a seed (each call starts a fresh
     ``random.Random(seed)``) and returns actions sorted by time.
     """
 
     def __init__(
-        self, num_agents: int, gpus_per_agent: int, seed: int, *, scale_to_capacity: bool = False
+        self, num_agents: int, gpus_per_agent: int, seed: int, *, scale_to_capacity: bool = False, full: bool = False
     ) -> None:
         if num_agents < 1:
             raise ValueError(f"num_agents must be >= 1, got {num_agents}")
@@ -550,7 +561,10 @@ class TracePlacement:
         self.num_agents = num_agents
         self.gpus_per_agent = gpus_per_agent
         self.seed = seed
+        if full and scale_to_capacity:
+            raise ValueError("full replays the trace unscaled: it excludes scale_to_capacity")
         self.scale_to_capacity = scale_to_capacity
+        self.full = full
         self._stats: dict | None = None
 
     @property
@@ -615,7 +629,15 @@ class TracePlacement:
         if any(b.t_s < a.t_s for a, b in zip(events, events[1:])):
             raise ValueError("events must be sorted by time")
 
-        if self.scale_to_capacity:
+        if self.full:
+            if max_alive > self.capacity:
+                need = -(-max_alive // self.gpus_per_agent)
+                raise ValueError(
+                    f"the whole trace peaks at {max_alive} alive GPUs but {self.num_agents} agents x {self.gpus_per_agent} GPUs hold "
+                    f"{self.capacity}: a full replay needs at least {need} agents of {self.gpus_per_agent} GPUs (or slice the trace)"
+                )
+            self._plan_full(events)
+        elif self.scale_to_capacity:
             self._plan_proportional(events, max_alive)
         else:
             self._plan_capped(events)
@@ -624,7 +646,7 @@ class TracePlacement:
         horizon = (end_s if end_s is not None else (events[-1].t_s if events else 0.0)) / time_scale
         summary = fragmentation_summary(actions, 2, end_s=horizon)
         self._stats = {
-            "mode": "proportional" if self.scale_to_capacity else "capped",
+            "mode": "full" if self.full else "proportional" if self.scale_to_capacity else "capped",
             "placed": len(self._ever_placed),
             "unplaced": len(seen) - len(self._ever_placed),
             "scaled_down": self._scaled_down,
@@ -668,6 +690,24 @@ class TracePlacement:
             elif ev.node in self._where:
                 self._free(ev.t_s, ev.node)
             # else: removal of an unplaced node -> nothing happens locally
+
+    def _plan_full(self, events: Sequence[TraceEvent]) -> None:
+        """Local GPUs are interchangeable here: a removal frees a random live GPU, labelled
+        (``trace_node``) by the arrival that brought it, whichever trace node left."""
+        for ev in events:
+            if ev.action == "add":
+                label, k = ev.node, 1
+                while label in self._where:  # that name still labels a live GPU (an earlier removal hit another one)
+                    label, k = f"{ev.node}#{k}", k + 1
+                placed = self._place(ev.t_s, label)
+                assert placed, "capacity was checked against the peak"
+                self._ever_placed.discard(label)
+                self._ever_placed.add(ev.node)
+                continue
+            busy = [a for a, slots in enumerate(self._slots) if any(x is not None for x in slots)]
+            agent = self._rng.choice(busy)  # the trace does not say where: a random node with live GPUs
+            victim = self._rng.choice([x for x in self._slots[agent] if x is not None])
+            self._free(ev.t_s, victim)
 
     def _plan_proportional(self, events: Sequence[TraceEvent], max_alive: int) -> None:
         ratio = min(1.0, self.capacity / max_alive) if max_alive else 1.0

@@ -62,6 +62,10 @@ def _record_prompts(rd: pathlib.Path, prompt_set, token_counts: list[int] | None
     path.write_text(json.dumps(record, indent=1) + "\n")
 
 
+UNCAPPED_CANDIDATES = 1_000_000
+"""``explore.max_candidates_per_prompt`` of ``--uncapped-exploration``: more candidates than
+any training window can explore, i.e. no cap (paper §6.7 Fig. 15 measures peak throughput so)."""
+
 LOCAL_KEYS = (("agent", "local"), ("reserved", "local"), ("status", "local"))
 """Client keys a local run creates for its own agents and for ``spotlight status``."""
 
@@ -182,6 +186,11 @@ def register(app: typer.Typer) -> None:
         trace_start_s: float = typer.Option(3000.0, "--trace-start-s", min=0.0, help="Start of the replayed trace slice, in trace seconds."),
         trace_duration_s: float = typer.Option(1800.0, "--trace-duration-s", min=1.0, help="Length of the replayed slice, in trace seconds."),
         trace_seed: int = typer.Option(0, "--trace-seed", help="Seed of the random placement of trace GPUs onto agents."),
+        trace_mode: str = typer.Option("slice", "--trace-mode", help="slice: replay --trace-start-s/--trace-duration-s of the trace, its GPU count scaled to the local agents' GPUs; full: the whole trace from t=0 unscaled, removals hitting a random node (paper §3.1/§6.1; --agents × --gpus-per-agent must hold its peak)."),
+        preemption_cycles: Optional[int] = typer.Option(None, "--preemption-cycles", min=0, help="With --local, instead of --trace: a synthetic preemption trace (paper Fig. 13) with this many revocation/recovery cycles per iteration, each taking half the spot GPUs for --cycle-down-s seconds."),
+        cycle_down_s: float = typer.Option(5.0, "--cycle-down-s", help="Seconds until a synthetic cycle's revoked GPUs come back (paper: 5)."),
+        cycle_iteration_s: Optional[float] = typer.Option(None, "--cycle-iteration-s", help="Iteration window the synthetic cycles are spread over, in wall seconds (default: the expected iteration time of the embedded default on CPU, 30 s)."),
+        uncapped_exploration: bool = typer.Option(False, "--uncapped-exploration", help="Throughput measurements (paper Fig. 15): no cap on exploration candidates per prompt; spot GPUs stream extra candidates for the whole training window (sets explore.max_candidates_per_prompt = 1000000 and explore.stream_extra = true)."),
         spot_nice: int = typer.Option(5, "--spot-nice", min=0, max=19, help="With --local: CPU niceness of the simulated spot workers (they share this machine's cores with the trainer)."),
         keys: Optional[pathlib.Path] = typer.Option(None, "--keys", envvar="SPOTLIGHT_KEYS", help="Coordinator keys directory (server.key_secret + clients/ allow-list; `spotlight keys init`). Default: <run-dir>/keys, created on first use."),
         resume: Optional[pathlib.Path] = typer.Option(None, "--resume", help="Continue the run in this directory from its last complete iteration (after a crash or kill); its config.toml is used and agents reconnect by themselves."),
@@ -203,6 +212,8 @@ def register(app: typer.Typer) -> None:
         overrides = {"run.iterations": iterations} if iterations else {}
         if tracker:
             overrides["run.trackers"] = [] if tracker == ["none"] else tracker
+        if uncapped_exploration:
+            overrides.update({"explore.max_candidates_per_prompt": UNCAPPED_CANDIDATES, "explore.stream_extra": True})
         if resume is not None and run_dir is not None and pathlib.Path(run_dir).resolve() != pathlib.Path(resume).resolve():
             console.print("[red]error:[/red] --resume names the run directory; do not pass a different --run-dir")
             raise typer.Exit(2)
@@ -289,45 +300,36 @@ def register(app: typer.Typer) -> None:
                 console.print(f"[red]error:[/red] reward service check failed: {escape(str(exc))}")
                 raise typer.Exit(2)
         actions = None
-        if trace is not None:  # load and check the trace before anything starts or is written
+        if trace is not None or preemption_cycles is not None:  # load and check the trace before anything starts or is written
+            flag = "--trace" if trace is not None else "--preemption-cycles"
             if not local:
-                console.print("[red]error:[/red] --trace needs --local")
+                console.print(f"[red]error:[/red] {flag} needs --local")
                 raise typer.Exit(2)
             if resume is not None:
-                console.print("[red]error:[/red] --resume cannot replay a --trace (the trace driver's state is not checkpointed)")
+                console.print(f"[red]error:[/red] --resume cannot replay a {flag} (the trace driver's state is not checkpointed)")
                 raise typer.Exit(2)
-            from spotlight.trace import EXPECTED_ITERATION_S, TracePlacement, count_kinds, default_time_scale, fragmentation, load_trace, slice_trace
+            from spotlight.replay_plan import plan_local_replay
+            from spotlight.trace import EXPECTED_ITERATION_S
 
             try:
-                events = slice_trace(load_trace(trace, seed=trace_seed), trace_start_s, trace_duration_s)
-                if not events:
-                    raise ValueError(f"{trace}: no spot capacity in the slice [{trace_start_s:.0f}s, +{trace_duration_s:.0f}s) (choose --trace-start-s)")
+                replay = plan_local_replay(
+                    iterations=cfg.run.iterations, agents=agents, gpus_per_agent=gpus_per_agent, trace=trace, trace_mode=trace_mode, time_scale=time_scale,
+                    trace_start_s=trace_start_s, trace_duration_s=trace_duration_s, seed=trace_seed, preemption_cycles=preemption_cycles,
+                    cycle_down_s=cycle_down_s, cycle_iteration_s=cycle_iteration_s if cycle_iteration_s is not None else EXPECTED_ITERATION_S,
+                )
             except OSError as exc:
                 console.print(f"[red]error:[/red] --trace {escape(str(trace))}: {escape(exc.strerror or str(exc))}")
                 raise typer.Exit(2)
             except ValueError as exc:
                 console.print(f"[red]error:[/red] {escape(str(exc))}")
                 raise typer.Exit(2)
-            expected_run_s = cfg.run.iterations * EXPECTED_ITERATION_S
-            if time_scale is None:
-                time_scale = default_time_scale(trace_duration_s, cfg.run.iterations)
-                console.print(
-                    f"trace time scale {time_scale:.3g} (default): the {trace_duration_s:.0f}s slice is stretched over ~{expected_run_s:.0f}s, "
-                    f"the expected length of {cfg.run.iterations} iterations at ~{EXPECTED_ITERATION_S:.0f}s each (the embedded default on CPU); set it with --time-scale"
-                )
-            elif trace_duration_s / time_scale < 0.5 * expected_run_s:
-                console.print(
-                    f"[yellow]warning:[/yellow] --time-scale {time_scale:g} replays the {trace_duration_s:.0f}s slice in {trace_duration_s / time_scale:.0f}s, "
-                    f"less than half the run's expected ~{expected_run_s:.0f}s: after it the spot pool stays as the slice ends"
-                )
-            placement = TracePlacement(agents, gpus_per_agent, trace_seed, scale_to_capacity=True)
-            actions = placement.plan(events, time_scale=time_scale, end_s=trace_duration_s)
+            actions = replay.actions
             if mock_cloud == "none":
                 mock_cloud = "aws"
-            console.print(
-                f"trace {trace.name}: slice [{trace_start_s:.0f}s, +{trace_duration_s:.0f}s) replayed in {trace_duration_s / time_scale:.0f}s onto {agents}×{gpus_per_agent} GPUs: "
-                f"{count_kinds(actions)}, fragmentation at SP 2 {fragmentation(actions, 2, end_s=trace_duration_s / time_scale):.2f}"
-            )
+            for note in replay.notes:
+                console.print(note)
+        if uncapped_exploration and not (cfg.explore.active and cfg.explore.mode == "stale"):
+            console.print(f"[yellow]warning:[/yellow] --uncapped-exploration streams extra candidates only with explore.mode = 'stale' (this run: {cfg.explore.mode if cfg.explore.active else 'off'})")
         console.print(f"[bold]Spotlight[/bold] run dir [cyan]{rd}[/cyan]  ({cfg.run.iterations} iterations, {cfg.data.prompts_per_iteration}×{cfg.data.group_size} samples/iteration)")
         console.print(escape(prompt_set.summary()))
         with console.status(f"encoding prompts ({cfg.model.family} text encoder, cached after the first run)…"):
@@ -367,7 +369,7 @@ def register(app: typer.Typer) -> None:
         stop = {"sig": None}
         signal.signal(signal.SIGTERM, lambda s, f: stop.update(sig=s) or (_ for _ in ()).throw(KeyboardInterrupt()))
         signal.signal(signal.SIGHUP, signal.getsignal(signal.SIGTERM))  # the terminal closed: stop as on SIGTERM
-        continue_with = resume_command(rd, local=local, agents=agents, gpus_per_agent=gpus_per_agent, mock_cloud=mock_cloud if trace is None else "none", grace_s=grace_s, spot_nice=spot_nice, reserved=reserved, keys=keys, verbose=verbose, log_level=log_level, trackers=tracker)
+        continue_with = resume_command(rd, local=local, agents=agents, gpus_per_agent=gpus_per_agent, mock_cloud=mock_cloud if actions is None else "none", grace_s=grace_s, spot_nice=spot_nice, reserved=reserved, keys=keys, verbose=verbose, log_level=log_level, trackers=tracker)
         interrupted = False
         try:
             coord.start_trainers()
@@ -388,7 +390,7 @@ def register(app: typer.Typer) -> None:
                         continue
                     procs.append(_spawn_agent(endpoint, [gpu], f"reserved-{i}", reserved=True, keys_dir=keys_dir))
                     listing[f"reserved-{i}"] = {"pid": procs[-1].pid, "spot": False, "gpus": [gpu]}
-                for a in range(0 if trace is not None else agents):
+                for a in range(0 if actions is not None else agents):
                     if (p := _adopt(previous.get(f"spot-{a}"))) is not None:
                         adopted.append(p)
                         listing[f"spot-{a}"] = previous[f"spot-{a}"]
@@ -411,7 +413,7 @@ def register(app: typer.Typer) -> None:
                 (rd / "local_agents.json").write_text(_json.dumps(listing_doc, indent=2))
                 if adopted:
                     console.print(f"{len(adopted)} local agents of the previous coordinator are still running: they reconnect by themselves and keep their workers")
-                if trace is not None:
+                if actions is not None:
                     from spotlight.trace_driver import TraceDriver
 
                     driver = TraceDriver(actions, coordinator=endpoint, keys_dir=keys_dir, cloud=mock_cloud, grace_s=grace_s, listing=listing_doc, listing_path=rd / "local_agents.json", nice=spot_nice, warm_spare=cfg.cluster.warm_spare)

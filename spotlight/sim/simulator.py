@@ -25,6 +25,11 @@ What is simulated, and how (costs from a :class:`~spotlight.sim.profile.SimProfi
   which exploration on stale weights sees the same seed ranking up to a small noise
   (paper §3.2.1); it gives the Planner a real variance signal.
 
+Cost (issue 12 item 3): the reserved node's GPUs -- the Train Workers' GPUs, which also
+roll out between updates (colocated, paper §6.1) -- are billed from ``t = 0`` to the end,
+spot GPUs while they are held; rows carry the real coordinator's ``cost/*`` and
+``throughput/requests_per_s`` columns (:func:`spotlight.instance_manager.cost_metrics`).
+
 Convergence is an input (iterations to target per policy, from the profile): the
 simulator measures what one iteration costs in time and money under each policy.
 """
@@ -39,7 +44,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from spotlight.instance_manager import InstanceManager
+from spotlight.instance_manager import InstanceManager, cost_metrics
 from spotlight.iteration import CoreObservation, IterationCore, IterationDone, IterationSettings, StartSaving, StartTraining
 from spotlight.planner import Action, Planner, PlannerConfig, min_selective_sequences
 from spotlight.request_scheduler import Lease, RequestKind, RequestScheduler
@@ -549,13 +554,20 @@ class Simulator:
             {
                 "t_s": self.now,
                 "spot/num_gpus": self.instances.num_spot_gpus(),
-                "cost/usd": self.instances.cost_usd(p.spot_usd_per_gpu_hour, p.reserved_usd_per_gpu_hour),
                 "spot/preemptions": self._iter_counts["preemptions"],
                 "spot/additions": self._iter_counts["additions"],
                 "spot/work_lost_steps": self._iter_counts["work_lost_steps"],
                 "sim/requests_done": self.requests_done,
             }
         )
+        # the same cost and throughput columns as the real coordinator's rows; the reserved
+        # node's GPUs train and, between updates, roll out (colocated, paper §6.1), so its
+        # GPU-seconds already bill the Train Workers' GPUs, once, from t = 0
+        in_iteration = self.requests_done - int(sum(r.get("requests/completed", 0.0) for r in self.rows))
+        row.update(cost_metrics(
+            self.instances.gpu_seconds(spot=True), self.instances.gpu_seconds(spot=False), p.spot_usd_per_gpu_hour, p.reserved_usd_per_gpu_hour,
+            requests_total=self.requests_done, requests_in_iteration=in_iteration, iteration_s=float(row.get("time/iteration_s", 0.0)),
+        ))
         self._iter_counts = {"preemptions": 0, "additions": 0, "work_lost_steps": 0.0}
         self.rows.append(row)
         self.sched.forget(before_iteration=d.iteration)

@@ -73,3 +73,25 @@ def test_malformed_trace_line_refused_before_anything_starts(tmp_path):
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2 and not rd.exists(), out[-2000:]
     assert "gcp.txt:2:" in out and out.count(str(bad)) == 1, out[-2000:]
+
+
+def _up(tmp_path, *extra):
+    rd = tmp_path / "run"
+    cmd = [sys.executable, "-m", "spotlight.cli", "up", "--local", "--config", str(EXAMPLES_DIR / "jpeg-toy" / "config.toml"), "--run-dir", str(rd), "--timeout-s", "60", *extra]
+    return rd, subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env={**__import__("os").environ, "COLUMNS": "400"})
+
+
+def test_replay_options_refused_with_one_line_before_anything_starts(tmp_path):
+    """Issue 12: `--trace-mode full` says how many agents the trace's peak needs; synthetic
+    preemption cycles that overlap are refused by name; nothing is started or written."""
+    p3 = REPO / "examples" / "traces" / "bamboo" / "p3-trace.csv"
+    for extra, want in (
+        (("--trace", str(p3), "--trace-mode", "full", "--agents", "2"), "at least 32 agents of 1 GPUs"),
+        (("--preemption-cycles", "8", "--cycle-down-s", "5"), "--preemption-cycles 8: 8 cycles of 5.0s per 30.0s iteration overlap"),
+    ):
+        rd, proc = _up(tmp_path, *extra)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 2 and not rd.exists(), out[-2000:]
+        errors = [line for line in out.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and want in errors[0], out[-2000:]
+        assert "Traceback" not in out and "coordinator listening" not in out

@@ -152,3 +152,24 @@ def test_status_shows_the_finished_run(run_dir):
     assert kinds.count("join") >= 2 and kinds.count("iteration") == 2 and "weights" in kinds and kinds[-1] == "finish", kinds
     assert [e["detail"].split(" ")[0] for e in snap["events"] if e["kind"] == "iteration"] == ["1/2", "2/2"]
     assert len(snap["reward_curve"]) == 2 and snap["cost"]["total_usd"] > 0
+
+
+def test_cost_bills_the_trainers_gpus_for_the_whole_run(run_dir):
+    """Issue 12 item 3: the reserved Train Workers' GPUs are billed from the coordinator's start
+    to its end (status.json: elapsed_s), besides the rollout workers; rows carry the cost split,
+    cost per 1,000 requests and requests per second."""
+    from spotlight.config import load_config
+
+    cfg = load_config(run_dir / "config.toml")
+    snap = json.loads((run_dir / "status.json").read_text())
+    trainer_usd = cfg.train.num_train_workers * snap["elapsed_s"] / 3600 * cfg.cost.reserved_usd_per_gpu_hour
+    assert snap["cost"]["reserved_usd"] >= trainer_usd * 0.999  # elapsed_s is rounded to 0.1 s
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    reqs = _requests(run_dir)
+    done = sum(r["status"] == "done" for r in reqs)
+    assert sum(r["requests/completed"] for r in rows) == done
+    for r in rows:
+        assert r["cost/usd"] >= cfg.train.num_train_workers * sum(x["time/iteration_s"] for x in rows[: r["iteration"] + 1]) / 3600 * cfg.cost.reserved_usd_per_gpu_hour
+        assert r["cost/usd"] == pytest.approx(r["cost/spot_usd"] + r["cost/reserved_usd"])
+        assert r["throughput/requests_per_s"] == pytest.approx(r["requests/completed"] / r["time/iteration_s"])
+    assert rows[-1]["cost/usd_per_1k_requests"] == pytest.approx(1000 * rows[-1]["cost/usd"] / done)

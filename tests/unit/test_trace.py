@@ -412,3 +412,52 @@ def test_default_time_scale_stretches_slice_over_expected_run():
     assert default_time_scale(600.0, 2) == pytest.approx(600.0 / (2 * EXPECTED_ITERATION_S))
     with pytest.raises(ValueError):
         default_time_scale(0.0, 20)
+
+
+# -- full replay (issue 12 item 6: the paper's way) -----------------------------
+
+
+@pytest.mark.parametrize("agents, gpus", [(8, 4), (16, 2), (32, 1), (40, 1)])
+def test_full_mode_replays_the_whole_trace_unscaled(p3, agents, gpus):
+    """Every trace event becomes one local action at its own time; the local alive count
+    equals the trace's at every instant (nothing scaled, dropped or back-filled)."""
+    pl = TracePlacement(agents, gpus, seed=3, full=True)
+    acts = pl.plan(p3)
+    check_invariants(acts, agents, gpus)
+    assert len(acts) == len(p3) and [a.t_s for a in acts] == [e.t_s for e in p3]
+    live = {t: n for t, n, _ in fragmentation_timeline(acts, 2)}
+    assert live == dict(alive_counts(p3))
+    st = pl.stats
+    assert st["mode"] == "full" and st["unplaced"] == 0 and st["scaled_down"] == 0 and st["max_local_alive"] == 32
+
+
+def test_full_mode_removals_hit_a_random_node_not_the_arrivals_own():
+    """Two one-GPU agents: n0 arrives, then n1 (on the other agent), then n0 leaves. Capped
+    placement always revokes n0's own agent; the full replay picks the agent at random."""
+    events = [TraceEvent(0.0, "add", "n0"), TraceEvent(1.0, "add", "n1"), TraceEvent(2.0, "remove", "n0")]
+    hit_other = {False: 0, True: 0}
+    for seed in range(30):
+        for full in (False, True):
+            acts = TracePlacement(2, 1, seed, full=full).plan(events)
+            first = acts[0].agent
+            assert acts[-1].kind == "preempt_node"
+            hit_other[full] += acts[-1].agent != first
+    assert hit_other[False] == 0
+    assert 5 <= hit_other[True] <= 25
+
+
+def test_full_mode_says_how_many_agents_the_peak_needs(p3):
+    with pytest.raises(ValueError, match=r"peaks at 32 alive GPUs .* at least 11 agents of 3 GPUs"):
+        TracePlacement(4, 3, seed=0, full=True).plan(p3)
+    with pytest.raises(ValueError, match="excludes scale_to_capacity"):
+        TracePlacement(4, 3, seed=0, full=True, scale_to_capacity=True)
+
+
+def test_full_mode_deterministic_per_seed_and_relabels_a_name_still_in_use():
+    events = [TraceEvent(0.0, "add", "a"), TraceEvent(0.0, "add", "b"), TraceEvent(1.0, "remove", "a"), TraceEvent(2.0, "add", "a"), TraceEvent(3.0, "remove", "b"), TraceEvent(4.0, "remove", "a")]
+    runs = [TracePlacement(2, 2, 7, full=True).plan(events) for _ in range(2)]
+    assert runs[0] == runs[1]
+    for seed in range(20):
+        acts = TracePlacement(2, 2, seed, full=True).plan(events)
+        check_invariants(acts, 2, 2)
+        assert [a.kind in ("start_node", "add_gpu") for a in acts] == [True, True, False, True, False, False]
