@@ -72,3 +72,40 @@ def test_mode_runs_end_to_end(tmp_path, mode):
         assert all(not a["spot"] for a in agents.values())
     else:
         assert any(a["spot"] for a in agents.values())
+
+
+def test_rlboost_restarts_the_node_on_a_revocation_without_live_migration(tmp_path):
+    """Restart reconfiguration end to end: a GPU revoked while requests are in flight stops
+    every worker of the node (none commits: live migration off) and fresh ones start on the
+    GPU left; nothing is lost, every request ends once, the run completes."""
+    import time
+
+    from spotlight.config import dump_config, load_config
+    from tests.integration.accounting import assert_each_request_ended_once
+    from tests.integration.test_elastic_sp import _agent, _wait
+
+    conf = tmp_path / "rlboost.toml"
+    dump_config(load_config(overrides={**OVERRIDES, "run.iterations": 3, "cluster.live_migration": False, "cluster.worker_batch_size": 2}), conf)
+    rd = tmp_path / "run"
+    log = open(tmp_path / "up.log", "w")
+    cmd = [sys.executable, "-m", "spotlight.cli", "up", "--local", "--agents", "1", "--gpus-per-agent", "2", "--mode", "rlboost", "--config", str(conf), "--run-dir", str(rd), "--timeout-s", "300"]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        listing = _wait(lambda: (rd / "local_agents.json").is_file() and json.loads((rd / "local_agents.json").read_text()), 120, "local_agents.json", proc)
+        status = lambda: _agent(listing["state_dir"], "agent-status", "--node-id", "spot-0")  # noqa: E731
+        first = _wait(lambda: (s := status()).get("in_flight") and len(s.get("worker_pids", {})) == 2 and s, 200, "spot workers holding requests", proc)
+        assert first["reconfiguration"] == "restart" and first["live_migration"] is False and first["warm_spare"] is False
+        assert _agent(listing["state_dir"], "revoke", "--gpu", "1", "--node-id", "spot-0", "--grace-s", "5")["ok"]
+        # every old worker stops (not only GPU 1's); a fresh one is started on GPU 0
+        s = _wait(lambda: (s := status()).get("restarts") == 1 and "spot-0/gpu0.r1" in s.get("workers", {}) and s, 120, "a fresh worker after the restart", proc)
+        assert s["gpus"] == [0] and s["workers"]["spot-0/gpu0"] == "exited" and s["workers"]["spot-0/gpu1"] == "exited"
+        assert proc.wait(timeout=300) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+    reqs = _requests(rd)
+    assert_each_request_ended_once(reqs)
+    assert not any(r["kind"] == "explore" for r in reqs)
+    assert not any(h[0] == "recompute" for r in reqs for h in r["history"])  # nothing committed: no live migration
+    assert len((rd / "metrics.jsonl").read_text().splitlines()) == 3
