@@ -224,6 +224,8 @@ class AgentDaemon:
         self._revoking: dict[str, float] = {}  # worker id -> deadline (monotonic)
         self._done_when_serving: dict[str, dict] = {}  # revoked follower -> the group that re-forms without it
         self._signal_notices: queue.Queue = queue.Queue()
+        self._restart_pending = False  # restart reconfiguration: start fresh workers once every old one exited
+        self.restarts = 0  # node restarts (restart reconfiguration)
         self.control = self.ctx.socket(zmq.REP)
         self.control.setsockopt(zmq.LINGER, 0)
         ctl = control_endpoint(self.node_id)
@@ -497,6 +499,40 @@ class AgentDaemon:
     def sp_degree(self) -> int:
         return self.registered.sp_degree if self.registered is not None else 1
 
+    @property
+    def restart_mode(self) -> bool:
+        """True when the coordinator asked for restart reconfiguration (``cluster.reconfiguration``)."""
+        return self.registered is not None and self.registered.reconfiguration == "restart"
+
+    @property
+    def live_migration(self) -> bool:
+        """False when stopped workers must give their requests back instead of committing them."""
+        return self.registered is None or self.registered.live_migration
+
+    def _start_workers(self, gpus: list[int]) -> None:
+        """One worker per GPU; with SP > 1 they are grouped into SP groups of ``sp_degree``,
+        each formed once all its members said hello."""
+        by_gpu = {group[0]: self.spawn_worker(group) for group in self.sched.plan_workers(gpus, 1)}
+        if self.sp_degree > 1:
+            for group in self.sched.plan_workers(gpus, self.sp_degree):
+                self.groups.append({"members": [by_gpu[g] for g in group], "generation": 0, "formed": False})
+
+    def _restart_node(self, reason: str, grace_s: float) -> None:
+        """Restart reconfiguration (the RLBoost / veRL-omni baselines): every worker of the node
+        stops (committing its batch when live migration is on, else giving it back) and, once
+        all have exited, fresh workers start cold on the GPUs the node has then
+        (:meth:`check_workers`); they load the weights as any fresh worker does."""
+        deadline = time.monotonic() + grace_s
+        for slot in self.sched.live_workers():
+            self._to_worker(slot.worker_id, P.Stop(commit=self.live_migration, reason=reason))
+            slot.status = WorkerStatus.STOPPING
+            self._revoking[slot.worker_id] = min(self._revoking.get(slot.worker_id, deadline), deadline)
+        self.groups = []
+        self._done_when_serving.clear()
+        self._restart_pending = True
+        self.restarts += 1
+        log.info("restart reconfiguration (%s): stopping every worker of the node; restarting on GPUs %s", reason, self.gpus)
+
     def _group_of(self, wid: str) -> dict | None:
         return next((g for g in self.groups if wid in g["members"]), None)
 
@@ -574,10 +610,15 @@ class AgentDaemon:
         the weights in their memory (paper §4.4); a revoked leader commits its batch first.
         """
         victims = [s for s in self.sched.live_workers() if set(s.gpus) & set(gpus)]
+        if self.restart_mode:
+            self.gpus = [g for g in self.gpus if g not in gpus]
+            self._restart_node(f"GPUs {gpus} revoked", grace_s)
+            self.heartbeat(time.monotonic())
+            return [v.worker_id for v in victims]
         for slot in victims:
             group = self._group_of(slot.worker_id) if self.sp_degree > 1 else None
             is_leader = group is None or group["members"][0] == slot.worker_id
-            self._to_worker(slot.worker_id, P.Stop(commit=is_leader, reason="gpu revoked"))
+            self._to_worker(slot.worker_id, P.Stop(commit=is_leader and self.live_migration, reason="gpu revoked"))
             slot.status = WorkerStatus.STOPPING
             self._revoking[slot.worker_id] = time.monotonic() + grace_s
             if group is not None:
@@ -594,6 +635,10 @@ class AgentDaemon:
         new = [g for g in gpus if g not in self.gpus]
         self.gpus = sorted(self.gpus + new)
         started = []
+        if self.restart_mode and new:
+            self._restart_node(f"GPUs {new} added", self.grace_s)
+            self.heartbeat(time.monotonic())
+            return started
         for group in self.sched.plan_workers(new, 1):
             started.append(self.spawn_worker(group))
         self.heartbeat(time.monotonic())
@@ -617,7 +662,8 @@ class AgentDaemon:
             elif cmd == "status":
                 reply = {"ok": True, "node_id": self.node_id, "gpus": self.gpus, "workers": {s.worker_id: s.status.value for s in self.sched.workers.values()}, "in_flight": self.sched.in_flight(), "detector_healthy": self.detector_healthy, "detector_error": self.detector_error, "draining": self.draining, "sp_degree": self.sp_degree, "groups": [{"members": g["members"], "generation": g["generation"], "serving": g.get("serving", False), "reform_s": round(g.get("reform_s", 0.0), 3)} for g in self.groups],
                          "worker_pids": {s.worker_id: s.pid for s in self.sched.workers.values()}, "from_spare": {s.worker_id: s.spare_pid for s in self.sched.workers.values() if s.spare_pid},
-                         "warm_spare": self.warm_spare, "spare": self.spare_status(), "spares_used": self.spares_used}
+                         "warm_spare": self.warm_spare, "spare": self.spare_status(), "spares_used": self.spares_used,
+                         "reconfiguration": "restart" if self.restart_mode else "elastic", "live_migration": self.live_migration, "restarts": self.restarts}
             else:
                 reply = {"ok": False, "error": f"unknown command {cmd!r}"}
         except (ValueError, KeyError, TypeError) as exc:
@@ -651,7 +697,7 @@ class AgentDaemon:
         log.info("draining: %s", reason)
         self._stop_spare()  # no worker will be started any more
         for slot in self.sched.live_workers():
-            self._to_worker(slot.worker_id, P.Stop(commit=True, reason=reason))
+            self._to_worker(slot.worker_id, P.Stop(commit=self.live_migration, reason=reason))
             slot.status = WorkerStatus.STOPPING
 
     # ------------------------------------------------------------ message handling
@@ -781,6 +827,11 @@ class AgentDaemon:
             elif not self.draining:
                 log.error("worker %s exited with code %s; restarting it", wid, rc)
                 self.spawn_worker(self.sched.workers[wid].gpus)
+        if self._restart_pending and not self.draining and not any(p.poll() is None for p in self.procs.values()):
+            self._restart_pending = False
+            if self.gpus:
+                log.info("restart reconfiguration: starting fresh workers on GPUs %s", self.gpus)
+                self._start_workers(self.gpus)
         self.check_spare()
         now = time.monotonic()
         for wid, deadline in list(self._revoking.items()):
@@ -818,11 +869,11 @@ class AgentDaemon:
             self.register()
         except KeyboardInterrupt:
             raise StoppedWaiting(f"stopped by SIGINT while waiting for the coordinator at {self.endpoint}; nothing was started", 128 + signal.SIGINT) from None
-        by_gpu = {group[0]: self.spawn_worker(group) for group in self.sched.plan_workers(self.gpus, 1)}
+        if self.restart_mode and self.warm_spare:
+            log.info("restart reconfiguration: no warm spare (workers restart cold)")
+            self.warm_spare = False
+        self._start_workers(self.gpus)  # initial SP groups form once all their members said hello
         self._spare_first_deadline = time.monotonic() + SPARE_FIRST_WAIT_S  # check_spare starts it
-        if self.sp_degree > 1:  # initial SP groups; each forms once all its members said hello
-            for gpus in self.sched.plan_workers(self.gpus, self.sp_degree):
-                self.groups.append({"members": [by_gpu[g] for g in gpus], "generation": 0, "formed": False})
         poller = zmq.Poller()
         poller.register(self.coord, zmq.POLLIN)
         poller.register(self.workers_sock, zmq.POLLIN)

@@ -243,12 +243,23 @@ class ExploreConfig(_Section):
     """Cap on planned + extra candidates of one prompt in one iteration. A value no training
     window can reach means uncapped, the paper's peak-throughput setting (§6.7 Fig. 15):
     ``spotlight up --uncapped-exploration`` sets 1000000 (and ``stream_extra = true``)."""
+    reuse_as_rollout: bool = False
+    """mode "critical_path" only (the ``verl-omni-spot`` baseline): the selected candidates ARE
+    the rollout, trained on without generating them again (N generations per explored prompt,
+    not N + K). Exploration requests then record the SDE window's latents and log-probs like
+    rollouts and run without First Block Cache; needs the fixed planner, ``num_steps = 0``,
+    ``cache_threshold = 0`` and ``data.num_control_prompts = 0`` (an unexplored prompt would
+    get no rollout). ``run.mode = "verl-omni-spot"`` sets all of these."""
 
     def __post_init__(self) -> None:
         _check(self.num_candidates >= 1, "explore.num_candidates", "must be >= 1")
         _check(self.max_candidates_per_prompt >= 1, "explore.max_candidates_per_prompt", "must be >= 1")
         _check(self.num_steps >= 0, "explore.num_steps", "must be >= 0")
         _check(self.cache_threshold >= 0, "explore.cache_threshold", "must be >= 0")
+        if self.reuse_as_rollout:
+            _check(self.mode == "critical_path", "explore.reuse_as_rollout", "needs explore.mode = 'critical_path'")
+            _check(self.planner == "fixed", "explore.reuse_as_rollout", "needs explore.planner = 'fixed' (best-of-N)")
+            _check(self.num_steps == 0 and self.cache_threshold == 0, "explore.reuse_as_rollout", "reused candidates must be full rollouts: set explore.num_steps = 0 and explore.cache_threshold = 0")
 
     @property
     def active(self) -> bool:
@@ -437,6 +448,22 @@ class ClusterConfig(_Section):
     weight_memory_max_bytes: int = 64 * 1024 * 1024
     """Weight versions of at most this many bytes are also kept in the coordinator's memory
     (the newest few); larger ones are only ever on disk and served from a memory map. 0 = none."""
+    reconfiguration: Literal["elastic", "restart"] = "elastic"
+    """How a spot node reacts when its GPU set changes (a GPU revoked or added): "elastic" =
+    Spotlight (paper §4.4): only the affected SP group re-forms, survivors keep their weights
+    in memory, a warm spare takes a new GPU; "restart" = the baselines (RLBoost, veRL-omni):
+    the agent stops every worker of the node and starts fresh ones on the GPUs it has left,
+    cold (no warm spare), loading the weights as a fresh start does."""
+    live_migration: bool = True
+    """On a preemption notice or a GPU revocation, workers commit their in-flight batch's
+    state (latents, step, SDE window so far) and another worker resumes it (paper §4.5).
+    False: they give the requests back, which are re-run from step 0 (paper Fig. 13)."""
+    reserved_sp_degree: int = 1
+    """SP degree of the reserved node's Rollout Worker groups (paper: SP = 2 for large images).
+    Like ``sp_degree``, > 1 runs the tiny family only so far."""
+    use_spot: bool = True
+    """False (the ``reserved-only`` baseline): ``spotlight up --local`` starts no spot agents
+    and the coordinator refuses spot nodes; all rollouts run on the reserved GPUs."""
 
     def __post_init__(self) -> None:
         _check(self.worker_batch_size >= 1, "cluster.worker_batch_size", "must be >= 1")
@@ -445,10 +472,19 @@ class ClusterConfig(_Section):
         _check(1 <= self.weight_window_chunks <= 64, "cluster.weight_window_chunks", "must be between 1 and 64")
         _check(self.weight_memory_max_bytes >= 0, "cluster.weight_memory_max_bytes", "must be >= 0 (0 = serve every version from disk)")
         _check(self.sp_degree >= 1, "cluster.sp_degree", "must be >= 1")
+        _check(self.reserved_sp_degree >= 1, "cluster.reserved_sp_degree", "must be >= 1")
         _check(self.heartbeat_timeout_s > self.heartbeat_interval_s, "cluster.heartbeat_timeout_s", "must exceed heartbeat_interval_s")
 
 
 class RunConfig(_Section):
+    mode: Literal["spotlight", "rlboost", "rlboost+explore", "verl-omni-spot", "reserved-only"] = "spotlight"
+    """Spotlight or one of the paper's baselines, as a configuration of the same code
+    (``spotlight.modes``; the same names as ``spotlight simulate --policy``): ``rlboost`` =
+    spot rollouts, no exploration, restart reconfiguration; ``rlboost+explore`` = the same
+    with stale-weight exploration; ``verl-omni-spot`` = best-of-N on the current weights on
+    the critical path, the selected candidates used as the rollout, restart reconfiguration;
+    ``reserved-only`` = no spot GPUs. A baseline overrides the ``explore`` and ``cluster``
+    fields it needs (:func:`spotlight.modes.mode_overrides`); "spotlight" changes nothing."""
     iterations: int = 20
     seed: int = 0
     """Base of the default (unexplored) seeds."""
@@ -516,6 +552,16 @@ class SpotlightConfig(_Section):
                 "candidates are all kept by the top-K/2 + bottom-K/2 selection (spot time for no selection)",
             )
         _check(
+            self.model.family == "tiny" or self.cluster.reserved_sp_degree == 1,
+            "cluster.reserved_sp_degree",
+            f"elastic SP groups run the tiny family only so far; use 1 for family = '{self.model.family}'",
+        )
+        _check(
+            not self.explore.reuse_as_rollout or self.data.num_control_prompts == 0,
+            "explore.reuse_as_rollout",
+            "needs data.num_control_prompts = 0 (an unexplored prompt would get no rollout)",
+        )
+        _check(
             self.model.family == "tiny" or self.cluster.sp_degree == 1,
             "cluster.sp_degree",
             f"elastic SP groups run the tiny family only so far; use 1 for family = '{self.model.family}'",
@@ -547,12 +593,30 @@ def config_from_dict(data: dict[str, Any]) -> SpotlightConfig:
     Raises:
         ConfigError: unknown key, wrong type or out-of-range value (message names the field).
     """
+    data = _with_mode(data)
     try:
         return msgspec.convert(data, type=SpotlightConfig)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"invalid config: {exc}") from None
     except ConfigError:
         raise
+
+
+def _with_mode(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with ``run.mode``'s settings (:func:`spotlight.modes.mode_overrides`) on top;
+    an unknown mode is left for validation to report."""
+    from spotlight.modes import POLICIES, mode_overrides
+
+    run = data.get("run")
+    name = run.get("mode", "spotlight") if isinstance(run, dict) else "spotlight"
+    if not isinstance(name, str) or name not in POLICIES:
+        return data
+    out = dict(data)
+    for key, value in mode_overrides(name).items():
+        section, leaf = key.split(".")
+        sec = out.get(section)
+        out[section] = {**(sec if isinstance(sec, dict) else {}), leaf: value}
+    return out
 
 
 def load_config(path: str | pathlib.Path | None = None, overrides: dict[str, Any] | None = None) -> SpotlightConfig:

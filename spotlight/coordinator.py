@@ -249,6 +249,7 @@ class Coordinator:
                 run_seed=cfg.run.seed,
                 num_steps=cfg.sampler.num_steps,
                 explore_mode=mode,
+                reuse_exploration=cfg.explore.reuse_as_rollout and mode == "critical_path",
                 stream_extra=cfg.explore.stream_extra,
                 max_candidates_per_prompt=cfg.explore.max_candidates_per_prompt,
             ),
@@ -451,6 +452,8 @@ class Coordinator:
             raise Rejected("bad_request", f"gpus must be 1-{self.max_gpus_per_node} distinct indices, got {len(gpus)}")
         if not body.is_spot and principal.role != "reserved":
             raise Rejected("forbidden", f"{principal.id} may register only spot nodes (is_spot=false needs a 'reserved' key)")
+        if body.is_spot and not self.cfg.cluster.use_spot:
+            raise Rejected("forbidden", f"this run uses no spot GPUs (run.mode = {self.cfg.run.mode!r}, cluster.use_spot = false)")
         owner = self.node_owner.get(body.node_id)
         if owner is not None and owner != principal.id:
             raise Rejected("node_id_taken", f"node id {body.node_id!r} belongs to another key ({owner})")
@@ -484,7 +487,9 @@ class Coordinator:
                 lease_timeout_s=self.cfg.cluster.lease_timeout_s,
                 worker_batch_size=self.cfg.cluster.worker_batch_size,
                 torch_threads=self.cfg.cluster.torch_threads,
-                sp_degree=self.cfg.cluster.sp_degree if body.is_spot else 1,
+                sp_degree=self.cfg.cluster.sp_degree if body.is_spot else self.cfg.cluster.reserved_sp_degree,
+                reconfiguration=self.cfg.cluster.reconfiguration,
+                live_migration=self.cfg.cluster.live_migration,
                 model=msgspec.to_builtins(self.cfg.model),
                 sampler=msgspec.to_builtins(self.cfg.sampler),
                 lora=lora_spec(self.cfg.train),
@@ -593,11 +598,11 @@ class Coordinator:
             if img is None or img.dtype != torch.uint8 or tuple(img.shape) != (B, 3, S, S):
                 raise Rejected("bad_request", f"RESULT needs images [{B}, 3, {S}, {S}] uint8, got {None if img is None else (tuple(img.shape), str(img.dtype))}")
         mine = [(i, it) for i, it in enumerate(body.items) if self._held(body.worker_id, it.request_id, it.lease_id)]
-        if any(self.sched.get(it.request_id).kind == RequestKind.ROLLOUT for _, it in mine):
+        if any(_trained_on(self.sched.get(it.request_id)) for _, it in mine):
             for name in ("window_latents", "log_probs"):
                 t = tensors.get(name)
                 if t is None or t.dtype != torch.float32 or t.ndim < 2 or t.shape[0] != B:
-                    raise Rejected("bad_request", f"a rollout RESULT needs {name} [{B}, ...] float32")
+                    raise Rejected("bad_request", f"a rollout RESULT (or an exploration reused as the rollout) needs {name} [{B}, ...] float32")
         # ---- validated: from here on state changes
         self._end_busy(body.worker_id, now)
         self._observe_step_time(body)
@@ -618,7 +623,7 @@ class Coordinator:
                 computed_steps=item.computed_steps,
                 window_start=int(req.params.get("sde_window_start", self.cfg.sampler.sde_window_start)),
             )
-            if req.kind == RequestKind.ROLLOUT:
+            if _trained_on(req):  # a rollout, or a candidate that may become the rollout (verl-omni-spot)
                 s.window_latents = tensors["window_latents"][i]
                 s.log_probs = tensors["log_probs"][i]
             self.samples[req.request_id] = s
@@ -1207,6 +1212,13 @@ class Coordinator:
             except subprocess.TimeoutExpired:
                 proc.kill()
         self.server.close(linger_ms=500)
+
+
+def _trained_on(req) -> bool:
+    """A request whose window latents and log-probs are kept for training: a rollout, or an
+    exploration candidate of the verl-omni-spot baseline (params ``as_rollout``), whose
+    selected candidates are the rollout."""
+    return req.kind == RequestKind.ROLLOUT or bool(req.params.get("as_rollout"))
 
 
 def trainable_samples(samples: list[Sample]) -> tuple[list[Sample], dict[str, int]]:

@@ -17,8 +17,8 @@ One training iteration n, as decided here::
 
 Mode "critical_path" (the veRL-omni(spot) best-of-N baseline) explores batch n on v_n
 *before* its rollout. With ``reuse_exploration`` the selected candidates ARE the rollout
-(N generations per prompt, not N + K); the real coordinator cannot do that yet because its
-exploration requests carry no log-probs, the simulator can.
+(N generations per prompt, not N + K): its exploration requests carry params
+``as_rollout``, so workers run them uncached and return their window latents and log-probs.
 
 Who drives it: :class:`spotlight.coordinator.Coordinator` (sockets, processes, rewards on a
 thread pool) and :mod:`spotlight.sim` (a virtual clock). Both own the same
@@ -412,7 +412,10 @@ class IterationCore:
 
     def _explore_params(self, n_next: int, action: Action) -> dict:
         params = self.sampler_params(n_next)
-        if action.cache_threshold > 0:
+        if self.settings.reuse_exploration:
+            # the selected candidates are the rollout: full fidelity, with window latents and log-probs
+            params["as_rollout"] = True
+        elif action.cache_threshold > 0:
             params["cache_threshold"] = action.cache_threshold
         return params
 

@@ -43,7 +43,7 @@ an agent pulls them with FETCH_WEIGHTS ranges, a bounded window at a time
 from __future__ import annotations
 
 import enum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
@@ -159,6 +159,11 @@ class Registered(_Msg, kw_only=True):
     """Per-registration token the agent echoes in every later message."""
     weight_window_chunks: Annotated[int, Meta(ge=1, le=MAX_CHUNKS_PER_FETCH)] = 4
     """WEIGHTS_CHUNK replies the agent keeps requested at once while it fetches a version."""
+    reconfiguration: Literal["elastic", "restart"] = "elastic"
+    """``cluster.reconfiguration``: on a GPU set change, re-form the affected SP group in place,
+    or stop every worker of the node and start fresh ones (the baselines' engine restart)."""
+    live_migration: bool = True
+    """``cluster.live_migration``: stopped workers commit in-flight state (else give it back)."""
 
 
 class WorkerInfo(msgspec.Struct, kw_only=True, omit_defaults=True):

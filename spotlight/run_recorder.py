@@ -78,7 +78,7 @@ class RunRecorder:
         tmp = self.run_dir / "requests.jsonl.tmp"
         with tmp.open("w") as f:
             for r in requests:
-                f.write(json.dumps({"request_id": r.request_id, "kind": r.kind.value, "iteration": r.iteration, "status": r.status.value, "attempts": r.attempts, "history": [(s.value, round(t, 4), d) for s, t, d in r.history]}) + "\n")
+                f.write(json.dumps({"request_id": r.request_id, "kind": r.kind.value, "iteration": r.iteration, "prompt_index": r.prompt_index, "status": r.status.value, "attempts": r.attempts, "history": [(s.value, round(t, 4), d) for s, t, d in r.history]}) + "\n")
         os.replace(tmp, self.run_dir / "requests.jsonl")
 
     # ------------------------------------------------------------ checkpoints

@@ -194,6 +194,7 @@ def register(app: typer.Typer) -> None:
         spot_nice: int = typer.Option(5, "--spot-nice", min=0, max=19, help="With --local: CPU niceness of the simulated spot workers (they share this machine's cores with the trainer)."),
         keys: Optional[pathlib.Path] = typer.Option(None, "--keys", envvar="SPOTLIGHT_KEYS", help="Coordinator keys directory (server.key_secret + clients/ allow-list; `spotlight keys init`). Default: <run-dir>/keys, created on first use."),
         resume: Optional[pathlib.Path] = typer.Option(None, "--resume", help="Continue the run in this directory from its last complete iteration (after a crash or kill); its config.toml is used and agents reconnect by themselves."),
+        mode: Optional[str] = typer.Option(None, "--mode", help="Spotlight or a paper baseline (overrides run.mode): spotlight, rlboost, rlboost+explore, verl-omni-spot, reserved-only (the names of `spotlight simulate --policy`)."),
         resume_existing: bool = typer.Option(False, "--resume-existing", help="With --run-dir: resume it if it already holds a run, else start a new one there (for supervisors such as systemd)."),
     ) -> None:
         """Post-train a DiT with Flow-GRPO while spot agents explore seeds on stale weights.
@@ -210,6 +211,13 @@ def register(app: typer.Typer) -> None:
         from spotlight.errors import SpotlightError
 
         overrides = {"run.iterations": iterations} if iterations else {}
+        if mode is not None:
+            from spotlight.modes import MODE_NAMES
+
+            if mode not in MODE_NAMES:
+                console.print(f"[red]error:[/red] --mode {escape(mode)}: choose from {', '.join(MODE_NAMES)}")
+                raise typer.Exit(2)
+            overrides["run.mode"] = mode
         if tracker:
             overrides["run.trackers"] = [] if tracker == ["none"] else tracker
         if uncapped_exploration:
@@ -308,6 +316,9 @@ def register(app: typer.Typer) -> None:
             if resume is not None:
                 console.print(f"[red]error:[/red] --resume cannot replay a {flag} (the trace driver's state is not checkpointed)")
                 raise typer.Exit(2)
+            if not cfg.cluster.use_spot:
+                console.print(f"[red]error:[/red] {flag} replays spot capacity, but run.mode = {cfg.run.mode!r} uses no spot GPUs")
+                raise typer.Exit(2)
             from spotlight.replay_plan import plan_local_replay
             from spotlight.trace import EXPECTED_ITERATION_S
 
@@ -383,14 +394,15 @@ def register(app: typer.Typer) -> None:
                 previous = {}
                 if resume is not None and (rd / "local_agents.json").is_file():
                     previous = _json.loads((rd / "local_agents.json").read_text()).get("agents", {})
-                for i, gpu in enumerate(cfg.cluster.reserved_rollout_gpus):
+                rgpus, k = list(cfg.cluster.reserved_rollout_gpus), cfg.cluster.reserved_sp_degree
+                for i, gpus in enumerate(rgpus[j : j + k] for j in range(0, len(rgpus), k)):  # one agent per SP group
                     if (p := _adopt(previous.get(f"reserved-{i}"))) is not None:
                         adopted.append(p)
                         listing[f"reserved-{i}"] = previous[f"reserved-{i}"]
                         continue
-                    procs.append(_spawn_agent(endpoint, [gpu], f"reserved-{i}", reserved=True, keys_dir=keys_dir))
-                    listing[f"reserved-{i}"] = {"pid": procs[-1].pid, "spot": False, "gpus": [gpu]}
-                for a in range(0 if actions is not None else agents):
+                    procs.append(_spawn_agent(endpoint, gpus, f"reserved-{i}", reserved=True, keys_dir=keys_dir))
+                    listing[f"reserved-{i}"] = {"pid": procs[-1].pid, "spot": False, "gpus": gpus}
+                for a in range(0 if actions is not None or not cfg.cluster.use_spot else agents):
                     if (p := _adopt(previous.get(f"spot-{a}"))) is not None:
                         adopted.append(p)
                         listing[f"spot-{a}"] = previous[f"spot-{a}"]

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from spotlight.instance_manager import InstanceManager, cost_metrics
+from spotlight.modes import POLICIES, Policy
 from spotlight.iteration import CoreObservation, IterationCore, IterationDone, IterationSettings, StartSaving, StartTraining
 from spotlight.planner import Action, Planner, PlannerConfig, min_selective_sequences
 from spotlight.request_scheduler import Lease, RequestKind, RequestScheduler
@@ -55,38 +56,7 @@ from spotlight.trace import ReplayAction
 __all__ = ["POLICIES", "Policy", "SimResult", "Simulator", "simulate"]
 
 
-@dataclass(frozen=True)
-class Policy:
-    """One way of running the job (the baselines of paper §6.1 as configurations).
-
-    use_spot: spot GPUs take part (False: ``reserved_only_gpus`` reserved GPUs do everything).
-    explore_mode: "stale" (during training, on spot), "critical_path" (before the rollout) or "off".
-    reuse_exploration: critical_path: the selected candidates are the rollout (best-of-N).
-    planner: "bandit" (UCB over (d, s), §4.3) or "fixed" (d = best_of_n, all steps).
-    elastic: reconfigure SP groups in place (§4.4) instead of restarting the node's engine.
-    live_migration: commit in-flight work on a preemption notice (§4.5) instead of losing it.
-    stream_extra: keep spot workers busy with extra candidates while training runs.
-    """
-
-    name: str
-    use_spot: bool = True
-    explore_mode: str = "stale"
-    reuse_exploration: bool = False
-    planner: str = "bandit"
-    elastic: bool = True
-    live_migration: bool = True
-    stream_extra: bool = True
-
-
-POLICIES: dict[str, Policy] = {
-    "spotlight": Policy("spotlight"),
-    "rlboost": Policy("rlboost", explore_mode="off", elastic=False, stream_extra=False),
-    "rlboost+explore": Policy("rlboost+explore", elastic=False, stream_extra=False),
-    "verl-omni-spot": Policy("verl-omni-spot", explore_mode="critical_path", reuse_exploration=True, planner="fixed", elastic=False, stream_extra=False),
-    "reserved-only": Policy("reserved-only", use_spot=False, explore_mode="off", elastic=False, stream_extra=False),
-}
-"""The policies ``spotlight simulate`` compares. RLBoost keeps live migration (its rollouts
-migrate too); what it lacks is exploration and in-place SP reconfiguration."""
+# the mode table is shared with the real system's run.mode (spotlight.modes)
 
 
 

@@ -207,7 +207,8 @@ class RolloutExecutor:
         items = leases.items
         kind = items[0].kind
         version = items[0].weight_version
-        threshold = float(items[0].params.get("cache_threshold", 0.0)) if kind == "explore" else 0.0
+        as_rollout = kind == "rollout" or bool(items[0].params.get("as_rollout"))  # verl-omni-spot reuses candidates
+        threshold = float(items[0].params.get("cache_threshold", 0.0)) if not as_rollout else 0.0
         window = items[0].params.get("sde_window_start")
         sampler = self.sampler.with_window(None if window is None else int(window))
         self._prepare(version, threshold)
@@ -247,7 +248,7 @@ class RolloutExecutor:
         order = list(range(len(items)))
         full = DenoiseState.concat([finished[i] for i in order])
         out = {"images": self.decode(full.latents), "computed_steps": full.computed_steps}
-        if kind == "rollout":
+        if as_rollout:
             out["window_latents"] = torch.stack(full.window_latents, dim=1)
             out["log_probs"] = torch.stack(full.log_probs, dim=1)
         metas, frames = pack_tensors(out)
@@ -523,6 +524,9 @@ class WorkerProcess:
                 self.give_back(body, f"{type(exc).__name__}: {exc}")
                 continue
             if outcome.commit is not None:
-                self.send(*outcome.commit)
+                if self.stop_requested is not None and not self.stop_requested.commit:
+                    self.give_back(body, "stopped without live migration (cluster.live_migration = false)")
+                else:
+                    self.send(*outcome.commit)
                 return 0
             self.send(*outcome.result)

@@ -334,7 +334,10 @@ class GroupWorkerProcess(WorkerProcess):
                 return False
             if outcome.commit is not None:
                 G.release_followers(self.member)
-                self.send(*outcome.commit)
+                if self.stop_requested is not None and not self.stop_requested.commit:
+                    self.give_back(body, "stopped without live migration (cluster.live_migration = false)")
+                else:
+                    self.send(*outcome.commit)
                 return False
             self.send(*outcome.result)
             if not self.member.is_leader:  # demoted by a re-form during the batch

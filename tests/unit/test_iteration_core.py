@@ -153,6 +153,8 @@ def test_best_of_n_reuse_generates_exactly_n_per_explored_prompt_and_no_rollout(
         ids = out[0].request_ids
         per_prompt = collections.Counter(core.request_meta[r.request_id][0] for r in core.sched.requests(iteration=it, kind=RequestKind.EXPLORE))
         assert per_prompt == {s: 8 for s in range(4)}  # N generations per prompt, not N + K
+        # the candidates may become the rollout: full fidelity (log-probs, no First Block Cache)
+        assert all(r.params.get("as_rollout") is True and "cache_threshold" not in r.params for r in core.sched.requests(iteration=it, kind=RequestKind.EXPLORE))
         assert core.sched.requests(iteration=it, kind=RequestKind.ROLLOUT) == []
         assert len(ids) == 4 * 4 and all(core.sched.get(r).kind is RequestKind.EXPLORE for r in ids)
         by_slot = collections.defaultdict(list)

@@ -417,6 +417,17 @@ def test_executor_explore_with_cache_reports_computed_steps(executor):
     assert res2.items[0].computed_steps == EXEC_SAMPLER.num_steps
 
 
+def test_executor_explore_as_rollout_is_a_full_rollout(executor):
+    """verl-omni-spot: a candidate that may become the rollout is run uncached, with the SDE
+    window's latents and log-probs, bit-identical to a rollout of the same seed."""
+    _, _, ref = _through_wire(*executor.run("w0", _leases("rollout", [61, 62]), _lease_tensors(2)).result)
+    out = executor.run("w0", _leases("explore", [61, 62], params={"as_rollout": True, "cache_threshold": 100.0}), _lease_tensors(2))
+    _, res, t = _through_wire(*out.result)
+    assert all(it.computed_steps == EXEC_SAMPLER.num_steps for it in res.items)
+    for name in ("images", "window_latents", "log_probs"):
+        assert torch.equal(t[name], ref[name]), name
+
+
 def test_executor_mixed_fresh_and_resumed_items(executor):
     """One resumed item and one fresh item in the same lease batch keep their order."""
     seeds = [61, 62]

@@ -1,0 +1,111 @@
+"""End to end: `spotlight up --local --mode NAME` for Spotlight and every paper baseline
+(issue 12 item 1), each a configuration of the same code, 2 iterations at toy scale.
+
+Real processes (coordinator, train worker, reserved + spot agents, rollout workers) over
+real ZeroMQ sockets; the request log (``requests.jsonl``) says what each mode generated.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from spotlight.modes import MODE_NAMES
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+P_, K, N = 4, 4, 8  # prompts per batch, group size, candidates per explored prompt
+OVERRIDES = {
+    "data.prompts_per_iteration": P_, "data.num_control_prompts": 2, "data.group_size": K,
+    "explore.planner": "fixed", "explore.num_candidates": N, "explore.stream_extra": False,
+    "sampler.num_steps": 6, "sampler.sde_window_size": 4, "run.trackers": [], "run.sample_grid_every": 0,
+}
+
+
+def _run(tmp: pathlib.Path, mode: str) -> pathlib.Path:
+    from spotlight.config import dump_config, load_config
+
+    rd = tmp / mode.replace("+", "_")
+    conf = tmp / f"{mode}.toml"
+    dump_config(load_config(overrides=OVERRIDES), conf)
+    cmd = [sys.executable, "-m", "spotlight.cli", "up", "--local", "--agents", "1", "--iterations", "2", "--mode", mode, "--config", str(conf), "--run-dir", str(rd), "--timeout-s", "200"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=260)
+    assert proc.returncode == 0, f"spotlight up --mode {mode} failed:\nSTDOUT\n{proc.stdout[-3000:]}\nSTDERR\n{proc.stderr[-3000:]}"
+    return rd
+
+
+def _requests(rd: pathlib.Path) -> list[dict]:
+    return [json.loads(line) for line in (rd / "requests.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("mode", MODE_NAMES)
+def test_mode_runs_end_to_end(tmp_path, mode):
+    rd = _run(tmp_path, mode)
+    rows = [json.loads(line) for line in (rd / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == [0, 1]
+    from spotlight.config import load_config
+
+    cfg = load_config(rd / "config.toml")
+    assert cfg.run.mode == mode
+    reqs = _requests(rd)
+    assert all(r["status"] == "done" for r in reqs if r["kind"] == "rollout")
+    kinds = collections.Counter((r["iteration"], r["kind"]) for r in reqs)
+    agents = json.loads((rd / "local_agents.json").read_text())["agents"]
+    if mode == "verl-omni-spot":
+        # best-of-N on the critical path: exactly N generations per explored prompt (every
+        # prompt is explored), and the selected ones are the rollout: nothing generated again
+        per_prompt = collections.Counter((r["iteration"], r["prompt_index"]) for r in reqs if r["kind"] == "explore")
+        assert set(per_prompt.values()) == {N} and len(per_prompt) == 2 * P_
+        assert all(r["attempts"] == 1 for r in reqs if r["kind"] == "explore")  # each generated once
+        assert kinds[(0, "rollout")] == kinds[(1, "rollout")] == 0
+        assert all(r["rollout/num_samples"] == P_ * K for r in rows)  # trained on K selected per prompt
+    else:
+        assert kinds[(0, "rollout")] == kinds[(1, "rollout")] == P_ * K
+    if mode in ("rlboost", "reserved-only"):
+        assert not any(r["kind"] == "explore" for r in reqs)
+    if mode == "reserved-only":
+        assert all(not a["spot"] for a in agents.values())
+    else:
+        assert any(a["spot"] for a in agents.values())
+
+
+def test_rlboost_restarts_the_node_on_a_revocation_without_live_migration(tmp_path):
+    """Restart reconfiguration end to end: a GPU revoked while requests are in flight stops
+    every worker of the node (none commits: live migration off) and fresh ones start on the
+    GPU left; nothing is lost, every request ends once, the run completes."""
+    import time
+
+    from spotlight.config import dump_config, load_config
+    from tests.integration.accounting import assert_each_request_ended_once
+    from tests.integration.test_elastic_sp import _agent, _wait
+
+    conf = tmp_path / "rlboost.toml"
+    dump_config(load_config(overrides={**OVERRIDES, "run.iterations": 3, "cluster.live_migration": False, "cluster.worker_batch_size": 2}), conf)
+    rd = tmp_path / "run"
+    log = open(tmp_path / "up.log", "w")
+    cmd = [sys.executable, "-m", "spotlight.cli", "up", "--local", "--agents", "1", "--gpus-per-agent", "2", "--mode", "rlboost", "--config", str(conf), "--run-dir", str(rd), "--timeout-s", "300"]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        listing = _wait(lambda: (rd / "local_agents.json").is_file() and json.loads((rd / "local_agents.json").read_text()), 120, "local_agents.json", proc)
+        status = lambda: _agent(listing["state_dir"], "agent-status", "--node-id", "spot-0")  # noqa: E731
+        first = _wait(lambda: (s := status()).get("in_flight") and len(s.get("worker_pids", {})) == 2 and s, 200, "spot workers holding requests", proc)
+        assert first["reconfiguration"] == "restart" and first["live_migration"] is False and first["warm_spare"] is False
+        assert _agent(listing["state_dir"], "revoke", "--gpu", "1", "--node-id", "spot-0", "--grace-s", "5")["ok"]
+        # every old worker stops (not only GPU 1's); a fresh one is started on GPU 0
+        s = _wait(lambda: (s := status()).get("restarts") == 1 and "spot-0/gpu0.r1" in s.get("workers", {}) and s, 120, "a fresh worker after the restart", proc)
+        assert s["gpus"] == [0] and s["workers"]["spot-0/gpu0"] == "exited" and s["workers"]["spot-0/gpu1"] == "exited"
+        assert proc.wait(timeout=300) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+    reqs = _requests(rd)
+    assert_each_request_ended_once(reqs)
+    assert not any(r["kind"] == "explore" for r in reqs)
+    assert not any(h[0] == "recompute" for r in reqs for h in r["history"])  # nothing committed: no live migration
+    assert len((rd / "metrics.jsonl").read_text().splitlines()) == 3
