@@ -59,6 +59,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0, help="which run seed of the convergence runs")
     ap.add_argument("--every", type=int, default=3, help="evaluate every k-th version (and the last)")
     ap.add_argument("--eval-seeds", type=int, default=2, help="samples per test prompt")
+    ap.add_argument("--cache", default=str(REPO / "benchmarks" / "out" / "fig09" / "cache.json"), help="scores already computed (per weight file and seeds) are read from and written to here")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "fig09_heldout_score.png"))
     args = ap.parse_args()
 
@@ -80,6 +81,8 @@ def main() -> None:
     torch.set_num_threads(max(1, torch.get_num_threads()))
     specs = ev.read_prompts()
     results: dict[str, list[dict]] = {}
+    cache_path = pathlib.Path(args.cache)
+    cache = json.loads(cache_path.read_text()) if cache_path.is_file() else {}
     for label, rd in runs.items():
         vs = versions(rd)
         if not vs:
@@ -91,11 +94,17 @@ def main() -> None:
         results[label] = []
         for v in chosen:
             t0 = time.monotonic()
-            model.load_state_dict(mmap_state_dict(vs[v]))
-            r = ev.evaluate(model.eval(), cfg.model, cfg.sampler, specs, num_seeds=args.eval_seeds)
-            row = {"version": v, "score": r.overall, "partial_credit": r.partial, "per_task": r.per_task, "num_images": r.num_images}
+            st = vs[v].stat()
+            key = f"{vs[v].resolve()}|{st.st_size}|{st.st_mtime_ns}|{args.eval_seeds}"
+            if key not in cache:
+                model.load_state_dict(mmap_state_dict(vs[v]))
+                r = ev.evaluate(model.eval(), cfg.model, cfg.sampler, specs, num_seeds=args.eval_seeds)
+                cache[key] = {"score": r.overall, "partial_credit": r.partial, "per_task": r.per_task, "num_images": r.num_images}
+                cache_path.parent.mkdir(parents=True, exist_ok=True)
+                cache_path.write_text(json.dumps(cache, indent=1))
+            row = {"version": v, **cache[key]}
             results[label].append(row)
-            print(f"{label:>16} v{v:<3} score {r.overall:.3f}  partial {r.partial:.3f}  ({time.monotonic() - t0:.0f} s)", flush=True)
+            print(f"{label:>16} v{v:<3} score {row['score']:.3f}  partial {row['partial_credit']:.3f}  ({time.monotonic() - t0:.0f} s)", flush=True)
 
     print(f"\nFig. 9: held-out score ({len(specs)} test prompts x {args.eval_seeds} seeds, strict verdict) vs iteration")
     print(f"{'run':>16} " + " ".join(f"{'v' + str(r['version']):>6}" for r in next(iter(results.values()))))
