@@ -6,7 +6,7 @@ characterisation runs plain GRPO) for each number of local spot agents in ``--ag
 ``time/rollout_s``, ``time/train_s`` and ``time/iteration_s`` from each run's metrics.jsonl.
 The first iteration (process start-up, weight loading) is left out when there are more.
 
-Toy scale on CPU (default: 0, 1, 2 spot agents x 2 iterations, ~6 min on 2 idle cores)::
+Toy scale on CPU (default: 0, 1, 2 spot agents x 3 iterations, ~5 min on 2 idle cores)::
 
     python benchmarks/fig03_phase_times.py
     python benchmarks/fig03_phase_times.py --agents 0,1,2,4 --iterations 4
@@ -42,7 +42,7 @@ from _runs import parse_labelled, read_metrics, spotlight_cli  # noqa: E402
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--agents", default="0,1,2", help="numbers of local spot agents")
-    ap.add_argument("--iterations", type=int, default=2)
+    ap.add_argument("--iterations", type=int, default=3)
     ap.add_argument("--run-dir", action="append", default=[], help="SPOT_GPUS=PATH of finished runs (instead of running)")
     ap.add_argument("--work", default=str(REPO / "benchmarks" / "out" / "fig03"))
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "fig03_phase_times.png"))

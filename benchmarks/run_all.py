@@ -42,7 +42,7 @@ class Figure:
 
 
 FIGURES: tuple[Figure, ...] = (
-    Figure("fig03", "fig03_phase_times.py", 8.0),
+    Figure("fig03", "fig03_phase_times.py", 6.0),
     Figure("fig04", "fig04_fragmentation.py", 0.5),
     Figure("fig06_12", "fig06_12_reconfiguration.py", 0.2, needs=("benchmarks/out/reconfig.json",)),
     Figure("fig08", "fig08_cost_to_target.py", 0.5),
