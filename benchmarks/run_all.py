@@ -52,7 +52,7 @@ FIGURES: tuple[Figure, ...] = (
     Figure("fig14", "fig14_ablation.py", 0.5),
     Figure("fig15", "fig15_scalability.py", 3.0),
     Figure("fig16a", "fig16a_candidates.py", 4.0),
-    Figure("fig17", "fig17_planner_beta.py", 1.0),
+    Figure("fig17", "fig17_planner_beta.py", 1.5, ("--seeds", "5")),
     Figure("table2", "table2_configs.py", 0.2),
 )
 """Paper order. Estimates: measured toy runs on the project's 2-core machine (rounded up)."""
