@@ -1,0 +1,140 @@
+"""Reading finished ``spotlight up`` run directories for the figure scripts (issue 12 item 4).
+
+A run directory holds ``metrics.jsonl`` (one JSON object per iteration, written by the
+coordinator: ``reward/control_mean``, ``time/*_s``, cumulative ``cost/usd`` …),
+``config.toml`` and ``tensor_store/weights/v<N>.safetensors`` (every published weight
+version). Nothing here starts a process.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+SCORE = "reward/control_mean"
+
+
+def read_metrics(run_dir: str | pathlib.Path) -> list[dict]:
+    """Rows of ``<run_dir>/metrics.jsonl`` in file order.
+
+    Raises:
+        ValueError: no metrics.jsonl, or a line that is not JSON (the message names file and line).
+    """
+    path = pathlib.Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        raise ValueError(f"{run_dir}: no metrics.jsonl (is it a run directory?)")
+    rows = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{n}: not JSON ({exc.msg})") from None
+    return rows
+
+
+def moving_average(x, k: int = 3) -> np.ndarray:
+    """Trailing ``k``-point mean (``len(x) - k + 1`` values; ``x`` itself when shorter than ``k``)."""
+    x = np.asarray(x, dtype=np.float64)
+    if len(x) < k:
+        return x
+    return np.convolve(x, np.ones(k) / k, mode="valid")
+
+
+def iterations_to_target(rows: list[dict], target: float, *, key: str = SCORE, k: int = 3) -> int | None:
+    """1-based iteration at which the ``k``-iteration moving average of ``key`` first reaches
+    ``target`` (the average at index i covers iterations i+1..i+k), or None if never."""
+    s = moving_average([r[key] for r in rows], k)
+    hit = np.nonzero(s >= target - 1e-12)[0]
+    if not hit.size:
+        return None
+    return int(hit[0]) + (k if len(rows) >= k else 1)
+
+
+def cost_to_target(run_dir: str | pathlib.Path, target: float, *, key: str = SCORE, k: int = 3) -> dict:
+    """Cost, wall time and iterations of one local run until it reached ``target``.
+
+    Returns ``{"run", "mode", "iterations", "reached", "cost_usd", "wall_s", "iterations_run"}``:
+    ``cost_usd`` is the cumulative ``cost/usd`` of the metrics row at the target iteration (the
+    whole run's when never reached, with ``reached`` False); ``mode`` is the config's
+    ``run.mode`` / ``explore.mode`` as found.
+    """
+    rows = read_metrics(run_dir)
+    if not rows:
+        raise ValueError(f"{run_dir}: metrics.jsonl is empty")
+    n = iterations_to_target(rows, target, key=key, k=k)
+    last = rows[(n or len(rows)) - 1]
+    return {
+        "run": str(run_dir),
+        "mode": run_mode(run_dir),
+        "iterations": n if n is not None else len(rows),
+        "reached": n is not None,
+        "cost_usd": float(last.get("cost/usd", float("nan"))),
+        "wall_s": float(sum(r.get("time/iteration_s", 0.0) for r in rows[: (n or len(rows))])),
+        "iterations_run": len(rows),
+    }
+
+
+def run_mode(run_dir: str | pathlib.Path) -> str:
+    """The baseline mode a run directory's config names (``run.mode`` if the config has one,
+    else ``explore=<explore.mode>``), or ``"?"`` without a readable config."""
+    import tomllib
+
+    path = pathlib.Path(run_dir) / "config.toml"
+    try:
+        cfg = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError):
+        return "?"
+    mode = cfg.get("run", {}).get("mode")
+    return str(mode) if mode else f"explore={cfg.get('explore', {}).get('mode', '?')}"
+
+
+def spotlight_cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """Run ``python -m spotlight.cli ARGS`` from the repository root with this interpreter."""
+    print("$ spotlight " + " ".join(args), flush=True)
+    return subprocess.run([sys.executable, "-m", "spotlight.cli", *args], cwd=REPO, check=check)
+
+
+BAMBOO = REPO / "examples" / "traces" / "bamboo" / "p3-trace.csv"
+
+
+def simulate_policies(names: list[str], *, trace: str | pathlib.Path | None = BAMBOO, seed: int = 0, trace_seed: int = 0, iterations: int | None = None, profile=None) -> tuple[list, str]:
+    """What ``spotlight simulate --trace TRACE --policy …`` computes, as :class:`spotlight.sim.simulator.SimResult` s
+    (the same placement: the whole trace, played forward and backward, randomly placed on the
+    profile's spot nodes), and a one-line description of the setup.
+
+    Raises:
+        ValueError: an unknown policy, or a trace with no events.
+    """
+    from spotlight.cli.simulate import spot_actions
+    from spotlight.sim.profile import load_profile
+    from spotlight.sim.simulator import simulate
+    from spotlight.trace import load_trace, pingpong_trace
+
+    prof = profile or load_profile()
+    actions = None
+    note = f"static pool of {prof.spot_nodes}x{prof.gpus_per_spot_node} spot GPUs"
+    if trace is not None:
+        events = load_trace(trace)
+        if not events:
+            raise ValueError(f"trace {trace} has no events")
+        actions = spot_actions(pingpong_trace(events, 60 * 24 * 3600.0), spot_nodes=prof.spot_nodes, gpus_per_node=prof.gpus_per_spot_node, seed=trace_seed)
+        note = f"trace {pathlib.Path(trace).name} on {prof.spot_nodes}x{prof.gpus_per_spot_node} spot GPUs, {prof.reserved_gpus} reserved"
+    return [simulate(prof, n, actions, iterations=iterations, seed=seed) for n in names], f"{prof.name}; {note}"
+
+
+def parse_labelled(items: list[str]) -> dict[str, pathlib.Path]:
+    """``["LABEL=PATH", "PATH"]`` → ``{label: path}`` (label defaults to the directory name)."""
+    out = {}
+    for it in items:
+        label, sep, path = it.partition("=")
+        if not sep:
+            label, path = pathlib.Path(it).name, it
+        out[label] = pathlib.Path(path)
+    return out
