@@ -59,3 +59,23 @@ def provenance() -> dict[str, str]:
 def provenance_line() -> str:
     p = provenance()
     return f"commit {p['commit']} · {p['date']} · {p['machine']} · python {p['command']}"
+
+
+def save_result(fig, out, data: dict, *, indent: int = 1) -> pathlib.Path:
+    """Write a figure script's picture (``out``, PNG at 110 dpi) and its numbers beside it
+    (``out`` with ``.json``: ``data`` plus :func:`provenance` under ``"provenance"``).
+
+    Returns:
+        The PNG path.
+    """
+    import json
+
+    import matplotlib.pyplot as plt
+
+    out = pathlib.Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    out.with_suffix(".json").write_text(json.dumps({**data, "provenance": data.get("provenance", provenance())}, indent=indent, default=str))
+    return out

@@ -22,7 +22,6 @@ of yours and ``--trace`` a trace of your provider (any format ``spotlight up --t
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import sys
 
@@ -30,7 +29,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from _provenance import provenance, provenance_line  # noqa: E402
+from _provenance import provenance_line, save_result  # noqa: E402
 
 from spotlight.trace import TracePlacement, fragmentation_summary, fragmentation_timeline, load_trace  # noqa: E402
 
@@ -133,11 +132,7 @@ def main() -> None:
     b.set_xlim(0, 1)
     b.set_ylim(0, 1.02)
     b.set_title("CDF (time with >= 1 live GPU)")
-    fig.tight_layout()
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    out.with_suffix(".json").write_text(json.dumps({"args": vars(args), "seeds": rows, "provenance": provenance()}, indent=2))
+    out = save_result(fig, args.out, {"args": vars(args), "seeds": rows})
     print(f"wrote {out} and {out.with_suffix('.json')}")
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import pathlib
 import statistics
 import sys
@@ -28,7 +27,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from _provenance import provenance, provenance_line  # noqa: E402
+from _provenance import provenance_line, save_result  # noqa: E402
 
 
 def main() -> None:
@@ -85,11 +84,7 @@ def main() -> None:
     ax.set_ylabel("iteration time (min, simulated)")
     ax.set_title("8 -> 4 -> 8 spot GPUs per cycle")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    out.with_suffix(".json").write_text(json.dumps({"args": vars(args), "iteration_window_s": iteration_s, "rows": rows, "provenance": provenance()}, indent=1))
+    out = save_result(fig, args.out, {"args": vars(args), "iteration_window_s": iteration_s, "rows": rows})
     print(f"wrote {out}")
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import pathlib
 import sys
 
@@ -28,7 +27,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from _provenance import provenance, provenance_line  # noqa: E402
+from _provenance import provenance_line, save_result  # noqa: E402
 
 
 def main() -> None:
@@ -84,11 +83,7 @@ def main() -> None:
     b.set_xlabel("spot GPUs")
     b.set_ylabel("$ per 1,000 requests")
     b.set_title("(b) cost per request")
-    fig.tight_layout()
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    out.with_suffix(".json").write_text(json.dumps({"args": vars(args), "rows": rows, "provenance": provenance()}, indent=1))
+    out = save_result(fig, args.out, {"args": vars(args), "rows": rows})
     print(f"wrote {out}")
 
 

@@ -18,7 +18,6 @@ go through ``spotlight profile``'s exploration-accuracy path.
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import sys
 import time
@@ -27,7 +26,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from _provenance import provenance, provenance_line  # noqa: E402
+from _provenance import provenance_line, save_result  # noqa: E402
 
 
 def selected_std(rewards, d: int, k: int):
@@ -102,11 +101,7 @@ def main() -> None:
     ax.set_xlabel(f"candidate seeds per prompt d (K = {k} selected)")
     ax.set_ylabel("reward std of the selected group")
     ax.set_title("shapes task, base model")
-    fig.tight_layout()
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    out.with_suffix(".json").write_text(json.dumps({"args": vars(args), "rows": rows, "provenance": provenance()}, indent=1))
+    out = save_result(fig, args.out, {"args": vars(args), "rows": rows})
     print(f"wrote {out}")
 
 

@@ -30,7 +30,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from _provenance import provenance, provenance_line  # noqa: E402
+from _provenance import provenance_line, save_result  # noqa: E402
 
 
 def smooth(values: list[float], window: int) -> list[float]:
@@ -134,11 +134,7 @@ def main() -> None:
     b.legend(fontsize=8)
     a.set_title(f"candidates per prompt (moving average {args.smooth})")
     b.set_title("denoising steps (First Block Cache)")
-    fig.tight_layout()
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    out.with_suffix(".json").write_text(json.dumps({"args": vars(args), "summary": summary, "series": series, "provenance": provenance()}, indent=1))
+    out = save_result(fig, args.out, {"args": vars(args), "summary": summary, "series": series})
     print(f"wrote {out}")
 
 
