@@ -27,7 +27,7 @@ EVENT_ROWS = 15
 
 def sparkline(values: list[float]) -> str:
     """One block character per value (the last 60), scaled between their min and max (NaNs skipped)."""
-    vals = [v for v in values if v == v]
+    vals = [x for v in values if (x := _real(v)) is not None]
     if not vals:
         return ""
     lo, hi = min(vals), max(vals)
@@ -41,6 +41,20 @@ def hms(seconds: float | None) -> str:
         return "?"
     s = int(round(max(0.0, seconds)))
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def _real(v) -> float | None:
+    """``v`` as a finite float, or None (metrics rows hold null for "not measured", e.g. spot
+    busy on the last iteration or in a reserved-only run)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v in (float("inf"), float("-inf")):
+        return None
+    return float(v)
+
+
+def _fmt(v, spec: str, *, scale: float = 1.0, unit: str = "") -> str:
+    """``format(v * scale, spec) + unit``, or "-" when ``v`` is not a finite number."""
+    x = _real(v)
+    return "-" if x is None else f"{format(x * scale, spec)}{unit}"
 
 
 def _plural(n: int, what: str) -> str:
@@ -120,7 +134,7 @@ def render_status(snap: dict, *, max_events: int = EVENT_ROWS):
     for kind, counts in snap["requests"].items():
         reqs.add_row(e(kind), *[e(counts.get(s, 0)) for s in statuses])
     parts += [nodes, reqs]
-    curve = [v for v in snap.get("reward_curve", []) if v == v]
+    curve = [x for v in snap.get("reward_curve", []) if (x := _real(v)) is not None]
     m = snap.get("last_metrics") or {}
     lines = []
     if curve:
@@ -129,9 +143,9 @@ def render_status(snap: dict, *, max_events: int = EVENT_ROWS):
         lines.append("reward: no iteration finished yet")
     if m:
         lines.append(
-            f"iteration {done_n}: reward {m.get('reward/mean', float('nan')):+.4f}  rollout {m.get('time/rollout_s', 0):.1f}s  "
-            f"train {m.get('time/train_s', 0):.1f}s  explore critical {m.get('time/explore_critical_path_s', 0):.1f}s  "
-            f"spot busy {100 * m.get('spot/busy_fraction', float('nan')):.0f}%"
+            f"iteration {done_n}: reward {_fmt(m.get('reward/mean'), '+.4f')}  rollout {_fmt(m.get('time/rollout_s'), '.1f', unit='s')}  "
+            f"train {_fmt(m.get('time/train_s'), '.1f', unit='s')}  explore critical {_fmt(m.get('time/explore_critical_path_s'), '.1f', unit='s')}  "
+            f"spot busy {_fmt(m.get('spot/busy_fraction'), '.0f', scale=100, unit='%')}"
         )
     parts.append(Text("\n".join(lines)))
     events = snap.get("events") or []

@@ -120,3 +120,13 @@ def test_event_details_are_not_markup():
     snap = mid_snapshot()
     snap["events"].append({"t_s": 3800.0, "kind": "leave", "node": "spot-0", "detail": "[/]bye [bold]now[/bold]"})
     assert "[/]bye [bold]now[/bold]" in _text(snap)
+
+
+def test_unmeasured_metrics_render_as_dashes():
+    """The last iteration (and every reserved-only one) has spot/busy_fraction = null:
+    `spotlight status RUN_DIR` crashed on every finished run (new-user trial)."""
+    snap = mid_snapshot() | {"finished": True, "iterations_done": 10, "reward_curve": [0.1, None, float("nan"), 0.3],
+                             "last_metrics": {"reward/mean": None, "time/rollout_s": None, "spot/busy_fraction": None, "time/train_s": "x"}}
+    text = _text(snap)
+    assert "spot busy -" in text and "reward -" in text and "train -" in text
+    assert "min +0.1000" in text and "max +0.3000" in text
