@@ -87,6 +87,10 @@ def plan_local_replay(
     events = load_trace(trace, seed=seed)
     name = os.path.basename(os.fspath(trace))
     if trace_mode == "slice":
+        end_s = events[-1].t_s if events else 0.0
+        if trace_start_s >= end_s:  # the slice would be the final population, constant: no replay at all
+            raise ValueError(f"{os.fspath(trace)}: the trace ends at {end_s:.0f}s, before --trace-start-s {trace_start_s:.0f}s; "
+                             f"choose --trace-start-s below {end_s:.0f} (e.g. 0) or --trace-mode full")
         events = slice_trace(events, trace_start_s, trace_duration_s)
         if not events:
             raise ValueError(f"{os.fspath(trace)}: no spot capacity in the slice [{trace_start_s:.0f}s, +{trace_duration_s:.0f}s) (choose --trace-start-s)")

@@ -129,20 +129,32 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print(json.dumps(payload, indent=2))
             return
-        table = Table(title=f"cost to target — {prof.name}; {trace_note}")
-        for col in ("policy", "iterations", "wall time", "cost", "vs spotlight", "spot GPU-h", "reserved GPU-h", "spot util.", "spot busy (training)", "critical path", "preemptions", "work lost"):
-            table.add_column(col, justify="right" if col != "policy" else "left")
-
         def pct(x: float | None) -> str:
             return "—" if x is None or not math.isfinite(x) else f"{100 * x:.1f}%"
 
-        for row in payload["results"]:
-            table.add_row(
+        cols = ("policy", "iterations", "wall time", "cost", "vs spotlight", "spot GPU-h", "reserved GPU-h", "spot util.", "spot busy (training)", "critical path", "preemptions", "work lost")
+        cells = [
+            [
                 row["policy"], str(row["iterations_to_target"]) + ("" if row["finished"] else " (unfinished)"), f"{row['wall_h']:.1f} h", f"${row['cost_usd']:,.0f}",
                 f"{row['cost_vs_baseline']:.2f}×" if row["cost_vs_baseline"] is not None else "—",
                 f"{row['spot_gpu_hours']:.0f}", f"{row['reserved_gpu_hours']:.0f}", pct(row["spot_utilisation"]), pct(row["spot_busy_training"]),
                 pct(row["critical_path_share"]), str(row["preemptions"]), f"{row['work_lost_steps']:.0f} steps",
-            )
+            ]
+            for row in payload["results"]
+        ]
+        table = Table(title=f"cost to target — {prof.name}; {trace_note}")
+        need = sum(max(len(c), *(len(r[k]) for r in cells)) + 3 for k, c in enumerate(cols)) + 1
+        if console.width >= need:  # wide enough: one row per policy
+            for col in cols:
+                table.add_column(col, justify="right" if col != "policy" else "left", no_wrap=True)
+            for r in cells:
+                table.add_row(*r)
+        else:  # narrower: one column per policy, so nothing is cut
+            table.add_column("", justify="left", no_wrap=True)
+            for r in cells:
+                table.add_column(r[0], justify="right", no_wrap=True)
+            for k, col in enumerate(cols[1:], start=1):
+                table.add_row(col, *[r[k] for r in cells])
         console.print(table)
         speed = sum(r.wall_s for r in results) / max(1e-9, sum(r.sim_elapsed_s for r in results))
         console.print(f"iterations to target and every cost come from {escape(prof.source)} (each number with its source); simulated {speed:,.0f}× faster than real time")

@@ -60,3 +60,13 @@ def test_slice_mode_is_the_scaled_slice_as_before():
     plan = plan_local_replay(iterations=4, agents=2, gpus_per_agent=2, trace=P3, trace_start_s=3000.0, trace_duration_s=1800.0, seed=5)
     expected = TracePlacement(2, 2, 5, scale_to_capacity=True).plan(slice_trace(load_trace(P3), 3000.0, 1800.0), time_scale=default_time_scale(1800.0, 4), end_s=1800.0)
     assert plan.actions == expected
+
+
+def test_a_slice_past_the_end_of_a_short_trace_is_refused(tmp_path):
+    """A 6-minute SkyPilot trace at the default --trace-start-s 3000 was replayed as a constant
+    pool without a word (new-user trial)."""
+    sky = tmp_path / "sky.json"
+    sky.write_text('{"gap_seconds": 60, "data": [1, 2, 2, 1, 0, 3]}')
+    with pytest.raises(ValueError, match="trace ends at 300s, before --trace-start-s 3000s"):
+        plan_local_replay(iterations=2, agents=2, gpus_per_agent=2, trace=sky, trace_start_s=3000.0, trace_duration_s=1800.0, seed=0)
+    assert plan_local_replay(iterations=2, agents=2, gpus_per_agent=2, trace=sky, trace_start_s=0.0, trace_duration_s=300.0, seed=0).actions
