@@ -343,7 +343,7 @@ def detect_trace_format(path: str | os.PathLike[str]) -> str:
     head = text.lstrip()
     if head.startswith("{"):
         return "skypilot"
-    first = ""
+    seen: list[str] = []
     for line in text.splitlines():
         line = line.strip()
         if not line or line.startswith("#"):
@@ -353,12 +353,11 @@ def detect_trace_format(path: str | os.PathLike[str]) -> str:
         row = next(csv.reader([line]))
         if len(row) == 3 and row[1].strip() in ("add", "remove"):
             return "bamboo"
-        if not first and not any(c.isdigit() for c in line):
-            first = line  # a header: look at the next line
-            continue
-        first = line
+        seen.append(line)
+        if len(seen) == 1 and not any(c.isdigit() for c in line):
+            continue  # maybe a header: look at the next line too
         break
-    what = f"first line {_excerpt(first)}" if first else "no data"
+    what = f"first line {_excerpt(seen[0])}" if seen else "no data"
     raise ValueError(f"{os.fspath(path)}: unknown trace format ({what}); accepted: {'; '.join(TRACE_FORMATS.values())}")
 
 

@@ -461,3 +461,10 @@ def test_full_mode_deterministic_per_seed_and_relabels_a_name_still_in_use():
         acts = TracePlacement(2, 2, seed, full=True).plan(events)
         check_invariants(acts, 2, 2)
         assert [a.kind in ("start_node", "add_gpu") for a in acts] == [True, True, False, True, False, False]
+
+
+def test_unknown_format_quotes_the_first_line(tmp_path):
+    p = tmp_path / "t.txt"
+    p.write_text("hello world\nfoo bar baz\n")
+    with pytest.raises(ValueError, match="first line 'hello world'"):
+        load_trace(p)
