@@ -158,6 +158,7 @@ def register(app: typer.Typer) -> None:
             console.print(f"[red]error:[/red] {escape(str(exc))}")
             raise typer.Exit(2)
         gpus = ",".join(str(g) for g in range(gpus_per_node))
+        cfg_name = str(out) if out is not None else "run.toml"
         header = [
             f"Spotlight run config: {family} (from {example.relative_to(EXAMPLES_DIR.parent)}), written by `spotlight init --family {family}`.",
             "Every field is listed with its documentation (spotlight/config.py); a file only needs the keys",
@@ -167,8 +168,8 @@ def register(app: typer.Typer) -> None:
             "",
             f"Layout: {cfg.train.num_train_workers} training GPU(s) and rollout GPUs {list(cfg.cluster.reserved_rollout_gpus)} on the reserved node,",
             f"{spot_nodes} spot node(s) x {gpus_per_node} GPU(s). Start it:",
-            f"  on one machine (CPU 'GPUs'):  spotlight up --local --agents {spot_nodes} --gpus-per-agent {gpus_per_node} --config run.toml",
-            "  on the reserved node:         spotlight up --config run.toml --reserved 0.0.0.0:5555",
+            f"  on one machine (CPU 'GPUs'):  spotlight up --local --agents {spot_nodes} --gpus-per-agent {gpus_per_node} --config {cfg_name}",
+            f"  on the reserved node:         spotlight up --config {cfg_name} --reserved 0.0.0.0:5555",
             f"  on each spot node:            spotlight-agent join --coordinator RESERVED_HOST:5555 --gpus {gpus} --keys KEYS_DIR",
         ]
         text = annotated_config(cfg, header)

@@ -343,6 +343,16 @@ def register(app: typer.Typer) -> None:
             console.print(f"[yellow]warning:[/yellow] --uncapped-exploration streams extra candidates only with explore.mode = 'stale' (this run: {cfg.explore.mode if cfg.explore.active else 'off'})")
         console.print(f"[bold]Spotlight[/bold] run dir [cyan]{rd}[/cyan]  ({cfg.run.iterations} iterations, {cfg.data.prompts_per_iteration}×{cfg.data.group_size} samples/iteration)")
         console.print(escape(prompt_set.summary()))
+        if len(prompts) < cfg.data.prompts_per_iteration:
+            console.print(f"[yellow]warning:[/yellow] {len(prompts)} prompts for data.prompts_per_iteration = {cfg.data.prompts_per_iteration}: the same prompts repeat within every batch")
+        if not verbose:  # the console shows progress lines only: no library loading bars
+            os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+            try:
+                import transformers
+
+                transformers.utils.logging.disable_progress_bar()
+            except (ImportError, AttributeError):
+                pass
         with console.status(f"encoding prompts ({cfg.model.family} text encoder, cached after the first run)…"):
             import torch
 
