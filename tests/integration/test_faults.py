@@ -307,7 +307,9 @@ def kill_run(tmp_path_factory):
     """Run (b): SIGKILL a rollout worker of spot-0 during iteration 0's rollout, then the
     whole spot-1 agent once iteration 0 finished."""
     tmp = tmp_path_factory.mktemp("kill")
-    cfg = _write_config(tmp / "config.toml")
+    # 3 iterations: on a loaded machine spot-0's worker can start after a 2-iteration run's
+    # work is all taken (the run then ended before anything was in flight on spot-0)
+    cfg = _write_config(tmp / "config.toml", **{"run.iterations": 3})
     rd = tmp / "run"
     up = Up(rd, ["--local", "--agents", "2", "--config", str(cfg), "--log-level", "INFO"])
     killed = {}

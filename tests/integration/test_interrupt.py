@@ -42,7 +42,12 @@ def test_ctrl_c_stops_every_process_and_prints_how_to_continue(tmp_path):
         cmdlines = [" ".join(p.cmdline()) for p in children]
         assert any("agent.main" in c for c in cmdlines) and any("train_worker" in c for c in cmdlines) and any("rollout_worker" in c or "spare" in c for c in cmdlines), cmdlines
         os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C
-        rc = proc.wait(timeout=120)
+        try:
+            rc = proc.wait(timeout=240)  # generous: a loaded machine
+        except subprocess.TimeoutExpired:
+            logs = "".join(f"\n--- {f.name}\n" + f.read_text(errors="replace")[-2000:] for f in sorted((rd / "logs").glob("*.log")))
+            alive_now = [" ".join(p.cmdline()) for p in leader.children(recursive=True) if p.is_running()]
+            pytest.fail(f"spotlight up still running 240 s after Ctrl-C; children {alive_now}\nstdout:\n{out_path.read_text()[-2000:]}\nstderr:\n{err_path.read_text()[-3000:]}{logs}")
         gone, alive = psutil.wait_procs(children, timeout=60)  # a loaded machine: orphaned workers notice slowly
     finally:
         if proc.poll() is None:
