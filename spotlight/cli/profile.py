@@ -17,7 +17,7 @@ def register(app: typer.Typer) -> None:
     def profile(
         config: Optional[pathlib.Path] = typer.Option(None, "--config", help="Run config TOML (default: the embedded example)."),
         out: Optional[pathlib.Path] = typer.Option(None, "--out", help="Where to write the profile JSON (default: the cache the coordinator reads for this config)."),
-        weights: Optional[pathlib.Path] = typer.Option(None, "--weights", help="Profile these weights (a safetensors file, e.g. runs/X/tensor_store/weights/v10.safetensors) instead of the initial ones."),
+        weights: Optional[pathlib.Path] = typer.Option(None, "--weights", help="Profile these weights (a safetensors file, e.g. a version in the run's tensor_store/weights/) instead of the initial ones."),
         thresholds: str = typer.Option("0.3,0.5,0.7,1.0,1.5", "--thresholds", help="Comma-separated First-Block-Cache thresholds to profile."),
         num_prompts: int = typer.Option(8, "--num-prompts", min=2, help="Prompts used for the accuracy estimate."),
         num_seeds: int = typer.Option(16, "--num-seeds", min=3, help="Seeds per prompt for the accuracy estimate."),

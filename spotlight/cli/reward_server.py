@@ -20,16 +20,16 @@ def register(app: "typer.Typer") -> None:
     def reward_server(
         scorer: Annotated[list[str], typer.Option(
             "--scorer", "-s",
-            help="NAME[:WEIGHT], repeatable; reward = Σ weight·score. Names: jpeg_compressibility, "
-                 "jpeg_incompressibility, geneval_shapes (strict 0/1 GenEval verdict on shapes-world "
-                 "captions), geneval_shapes_partial (fraction of GenEval clauses that hold), clip, "
-                 "pickscore (= clip).")] = [],  # noqa: B006 - typer needs a list default
+            help="NAME[:WEIGHT], repeatable; reward = Σ weight·score. Names: clip, pickscore (= clip), "
+                 "geneval_shapes (strict 0/1 GenEval verdict on shapes-world captions), "
+                 "geneval_shapes_partial (fraction of GenEval clauses that hold), "
+                 "jpeg_compressibility and jpeg_incompressibility (its negative).")] = [],  # noqa: B006 - typer needs a list default
         clip_path: Annotated[Optional[pathlib.Path], typer.Option(
             "--clip-path", help="Local CLIPModel directory for clip/pickscore (e.g. a PickScore_v1 download).")] = None,
         clip_processor_path: Annotated[Optional[pathlib.Path], typer.Option(
             "--clip-processor-path",
             help="Processor (image processor + tokenizer) directory when it is not --clip-path "
-                 "(PickScore_v1 uses laion/CLIP-ViT-H-14-laion2B-s32B-b79K's).")] = None,
+                 "(PickScore_v1 uses the processor of LAION's CLIP ViT-H-14 laion2B model).")] = None,
         device: Annotated[Optional[str], typer.Option(help="Torch device for CLIP (default: cuda if available).")] = None,
         host: Annotated[str, typer.Option(help="Address to bind (no authentication: keep it private).")] = "127.0.0.1",
         port: Annotated[int, typer.Option(min=0, max=65535, help="Port to bind; 0 picks a free one.")] = 18085,

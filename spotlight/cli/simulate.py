@@ -40,8 +40,8 @@ def spot_actions(events, *, spot_nodes: int, gpus_per_node: int, seed: int, repl
 def register(app: typer.Typer) -> None:
     @app.command()
     def simulate(
-        trace: Optional[pathlib.Path] = typer.Option(None, "--trace", help="Spot trace (Bamboo format, e.g. examples/traces/bamboo/p3-trace.csv); replayed whole, looped forward/backward when the job outlasts it. Without it: a static spot pool."),
-        profile: Optional[pathlib.Path] = typer.Option(None, "--profile", help="Simulation profile TOML (default: the shipped Qwen-Image 20B / H100 profile, spotlight/sim/profiles/qwen-image-h100.toml)."),
+        trace: Optional[pathlib.Path] = typer.Option(None, "--trace", help="Spot trace (any format --trace of `spotlight up` reads, e.g. the Bamboo p3-trace.csv in examples/traces/bamboo/); replayed whole, looped forward/backward when the job outlasts it. Without it: a static spot pool."),
+        profile: Optional[pathlib.Path] = typer.Option(None, "--profile", help="Simulation profile TOML (default: the shipped Qwen-Image 20B / H100 profile, qwen-image-h100.toml in spotlight/sim/profiles/)."),
         policy: Optional[List[str]] = typer.Option(None, "--policy", help="Policy to simulate (repeatable): spotlight, rlboost, rlboost+explore, verl-omni-spot, reserved-only. Default: the four of the paper's comparison."),
         iterations: Optional[int] = typer.Option(None, "--iterations", min=1, help="Iterations per policy (default: the profile's iterations to target for each policy)."),
         spot_nodes: Optional[int] = typer.Option(None, "--spot-nodes", min=1, help="Spot nodes (default: the profile's)."),
@@ -49,7 +49,7 @@ def register(app: typer.Typer) -> None:
         trace_replicas: int = typer.Option(1, "--trace-replicas", min=1, help="Superpose this many independent placements of the trace (for clusters larger than the trace's peak)."),
         trace_seed: int = typer.Option(0, "--trace-seed", help="Seed of the random placement of trace events onto nodes."),
         seed: int = typer.Option(0, "--seed", help="Seed of the synthetic rewards and the Planner."),
-        max_candidates: int = typer.Option(256, "--max-candidates-per-prompt", min=1, help="Cap on planned + streamed exploration candidates per prompt (large = uncapped, paper §6.6)."),
+        max_candidates: int = typer.Option(256, "--max-candidates", min=1, help="Cap on planned + streamed exploration candidates per prompt (large = uncapped, paper §6.6)."),
         out: pathlib.Path = typer.Option(pathlib.Path("runs/simulate"), "--out", help="Directory for simulate.json and simulate.png."),
         as_json: bool = typer.Option(False, "--json", help="Print the results as JSON instead of a table."),
     ) -> None:

@@ -172,25 +172,25 @@ def register(app: typer.Typer) -> None:
         agents: int = typer.Option(2, "--agents", min=0, help="Number of local spot agents (with --local)."),
         gpus_per_agent: int = typer.Option(1, "--gpus-per-agent", min=1, help="Worker 'GPUs' per local spot agent (with --local)."),
         iterations: Optional[int] = typer.Option(None, "--iterations", min=1, help="Training iterations (overrides run.iterations)."),
-        config: Optional[pathlib.Path] = typer.Option(None, "--config", help="Run config TOML (default: the embedded example examples/default/config.toml)."),
+        config: Optional[pathlib.Path] = typer.Option(None, "--config", help="Run config TOML (default: the embedded shapes task, examples/default/)."),
         run_dir: Optional[pathlib.Path] = typer.Option(None, "--run-dir", help="Output directory (default: runs/<timestamp>)."),
         reserved: str = typer.Option("127.0.0.1:0", "--reserved", help="HOST:PORT the coordinator listens on for agents (port 0 = any free port)."),
         timeout_s: Optional[float] = typer.Option(None, "--timeout-s", help="Abort if the run takes longer than this many seconds."),
         log_level: str = typer.Option("WARNING", "--log-level", help="Log level of the console (INFO shows joins and leases). Every process also logs at INFO to <run-dir>/logs/."),
-        verbose: bool = typer.Option(False, "--verbose", "-v", help="Also echo the logs of agents, workers and trainers (<run-dir>/logs/*.log) to the console."),
-        tracker: Optional[list[str]] = typer.Option(None, "--tracker", help="Experiment tracking (repeatable; overrides run.trackers): tensorboard (<run-dir>/tensorboard/), wandb (offline, <run-dir>/wandb/), none."),
+        verbose: bool = typer.Option(False, "--verbose", "-v", help="Also echo the logs of agents, workers and trainers (the files in <run-dir>/logs/) to the console."),
+        tracker: Optional[list[str]] = typer.Option(None, "--tracker", help="Experiment tracking (repeatable; overrides run.trackers): tensorboard or wandb (offline; each writes its own folder in the run directory), or none."),
         mock_cloud: str = typer.Option("none", "--mock-cloud", help="With --local: give each spot agent its own mock metadata server of this cloud (aws, gcp, azure; none = no detector). Notices are then issued through it (local_agents.json lists the control URLs)."),
         grace_s: float = typer.Option(20.0, "--grace-s", help="With --local: seconds a preempted worker gets to commit in-flight state."),
-        trace: Optional[pathlib.Path] = typer.Option(None, "--trace", help="With --local: replay a spot trace (Bamboo add/remove CSV, Bamboo GCP/AWS count log or SkyPilot spot-traces JSON; e.g. examples/traces/bamboo/p3-trace.csv) onto the local spot agents' GPUs, with seeded random placement (paper §6.1)."),
+        trace: Optional[pathlib.Path] = typer.Option(None, "--trace", help="With --local: replay a spot trace (Bamboo add/remove CSV, Bamboo GCP/AWS count log or SkyPilot spot-traces JSON; e.g. the Bamboo p3 trace in examples/traces/) onto the local spot agents' GPUs, with seeded random placement (paper §6.1)."),
         time_scale: Optional[float] = typer.Option(None, "--time-scale", min=0.01, help="Trace seconds per wall-clock second (default: stretch the slice over the run's expected length)."),
         trace_start_s: float = typer.Option(3000.0, "--trace-start-s", min=0.0, help="Start of the replayed trace slice, in trace seconds."),
         trace_duration_s: float = typer.Option(1800.0, "--trace-duration-s", min=1.0, help="Length of the replayed slice, in trace seconds."),
         trace_seed: int = typer.Option(0, "--trace-seed", help="Seed of the random placement of trace GPUs onto agents."),
-        trace_mode: str = typer.Option("slice", "--trace-mode", help="slice: replay --trace-start-s/--trace-duration-s of the trace, its GPU count scaled to the local agents' GPUs; full: the whole trace from t=0 unscaled, removals hitting a random node (paper §3.1/§6.1; --agents × --gpus-per-agent must hold its peak)."),
+        trace_mode: str = typer.Option("slice", "--trace-mode", help="slice: replay the --trace-start-s and --trace-duration-s slice of the trace, its GPU count scaled to the local agents' GPUs; full: the whole trace from t=0 unscaled, removals hitting a random node (paper §3.1/§6.1; --agents × --gpus-per-agent must hold its peak)."),
         preemption_cycles: Optional[int] = typer.Option(None, "--preemption-cycles", min=0, help="With --local, instead of --trace: a synthetic preemption trace (paper Fig. 13) with this many revocation/recovery cycles per iteration, each taking half the spot GPUs for --cycle-down-s seconds."),
         cycle_down_s: float = typer.Option(5.0, "--cycle-down-s", help="Seconds until a synthetic cycle's revoked GPUs come back (paper: 5)."),
         cycle_iteration_s: Optional[float] = typer.Option(None, "--cycle-iteration-s", help="Iteration window the synthetic cycles are spread over, in wall seconds (default: the expected iteration time of the embedded default on CPU, 30 s)."),
-        uncapped_exploration: bool = typer.Option(False, "--uncapped-exploration", help="Throughput measurements (paper Fig. 15): no cap on exploration candidates per prompt; spot GPUs stream extra candidates for the whole training window (sets explore.max_candidates_per_prompt = 1000000 and explore.stream_extra = true)."),
+        uncapped_exploration: bool = typer.Option(False, "--uncapped-exploration", help="Throughput measurements (paper Fig. 15): no cap on exploration candidates per prompt; spot GPUs stream extra candidates for the whole training window (in [explore]: a cap of 1000000 candidates per prompt, and stream_extra on)."),
         spot_nice: int = typer.Option(5, "--spot-nice", min=0, max=19, help="With --local: CPU niceness of the simulated spot workers (they share this machine's cores with the trainer)."),
         keys: Optional[pathlib.Path] = typer.Option(None, "--keys", envvar="SPOTLIGHT_KEYS", help="Coordinator keys directory (server.key_secret + clients/ allow-list; `spotlight keys init`). Default: <run-dir>/keys, created on first use."),
         resume: Optional[pathlib.Path] = typer.Option(None, "--resume", help="Continue the run in this directory from its last complete iteration (after a crash or kill); its config.toml is used and agents reconnect by themselves."),
@@ -199,9 +199,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Post-train a DiT with Flow-GRPO while spot agents explore seeds on stale weights.
 
-        Without --local only the coordinator (Request Scheduler, Planner, Instance Manager,
-        Tensor Store) and the Train Workers start; agents join with
-        `spotlight-agent join --coordinator HOST:PORT --gpus 0,1`.
+        Without --local only the coordinator (Request Scheduler, Planner, Instance Manager, Tensor Store) and the Train Workers start; agents join with `spotlight-agent join --coordinator HOST:PORT --gpus 0,1`.
         """
         if not isinstance(logging.getLevelName(log_level.upper()), int):
             console.print(f"[red]error:[/red] --log-level {escape(log_level)}: expected DEBUG, INFO, WARNING or ERROR")

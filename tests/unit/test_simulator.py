@@ -84,7 +84,7 @@ def test_resuming_committed_work_pays_the_restore_time(profile):
 
 
 def test_a_candidate_cap_below_d_still_explores(profile):
-    """--max-candidates-per-prompt below the planned d: the prompts explored up to the cap count
+    """--max-candidates below the planned d: the prompts explored up to the cap count
     as explored (the cap, not d, is what can be scored)."""
     sim = Simulator(profile, POLICIES["spotlight"], None, iterations=3, max_candidates_per_prompt=12)
     r = sim.run()
