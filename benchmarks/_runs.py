@@ -112,19 +112,15 @@ def simulate_policies(names: list[str], *, trace: str | pathlib.Path | None = BA
     Raises:
         ValueError: an unknown policy, or a trace with no events.
     """
-    from spotlight.cli.simulate import spot_actions
     from spotlight.sim.profile import load_profile
     from spotlight.sim.simulator import simulate
-    from spotlight.trace import load_trace, pingpong_trace
+    from spotlight.sim.trace_actions import trace_actions
 
     prof = profile or load_profile()
     actions = None
     note = f"static pool of {prof.spot_nodes}x{prof.gpus_per_spot_node} spot GPUs"
     if trace is not None:
-        events = load_trace(trace)
-        if not events:
-            raise ValueError(f"trace {trace} has no events")
-        actions = spot_actions(pingpong_trace(events, 60 * 24 * 3600.0), spot_nodes=prof.spot_nodes, gpus_per_node=prof.gpus_per_spot_node, seed=trace_seed)
+        actions = trace_actions(trace, spot_nodes=prof.spot_nodes, gpus_per_node=prof.gpus_per_spot_node, seed=trace_seed)
         note = f"trace {pathlib.Path(trace).name} on {prof.spot_nodes}x{prof.gpus_per_spot_node} spot GPUs, {prof.reserved_gpus} reserved"
     return [simulate(prof, n, actions, iterations=iterations, seed=seed) for n in names], f"{prof.name}; {note}"
 

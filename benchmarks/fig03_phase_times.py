@@ -25,7 +25,6 @@ Paper: with 4 reserved GPUs rollout and training are each about half of an itera
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import shutil
 import statistics
@@ -35,7 +34,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from _provenance import provenance, provenance_line  # noqa: E402
+from _provenance import provenance_line, save_result  # noqa: E402
 from _runs import parse_labelled, read_metrics, spotlight_cli  # noqa: E402
 
 
@@ -76,7 +75,6 @@ def main() -> None:
     for row in table:
         row["rollout_speedup"] = base["rollout_s"] / row["rollout_s"]
         print(f"{row['spot_gpus']:>9} {row['rollout_s']:11.1f} {row['train_s']:9.1f} {row['iteration_s']:13.1f} {row['rollout_speedup']:15.2f}x {100 * row['rollout_s'] / row['iteration_s']:12.0f}%")
-    prov = provenance()
     print(provenance_line())
 
     import matplotlib
@@ -94,12 +92,7 @@ def main() -> None:
     ax.set_title("Fig. 3 (toy): phase times vs spot GPUs", fontsize=10)
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    out.with_suffix(".json").write_text(json.dumps({"provenance": prov, "table": table}, indent=2))
+    out = save_result(fig, args.out, {"table": table}, indent=2)
     print(f"wrote {out} and {out.with_suffix('.json')}")
 
 

@@ -41,7 +41,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from _provenance import provenance, provenance_line  # noqa: E402
+from _provenance import provenance_line, save_result  # noqa: E402
 from _runs import read_metrics  # noqa: E402
 
 LABELS = {"no-exploration": "no exploration\n(RLBoost)", "critical-path": "best-of-N, critical path\n(veRL-omni(spot))", "spotlight": "Spotlight"}
@@ -98,7 +98,6 @@ def main() -> None:
         wall = f"{statistics.mean(r['wall_s_to_target']):.0f} s" if r["wall_s_to_target"] else "-"
         print(f"{v:>16} {r['reached']}/{r['runs']:<5} {mean_it:16.1f} {ratio:9.2f}x {wall:>15} {statistics.mean(r['mean_iteration_s_per_run']):9.1f}s {100 * statistics.mean(r['critical_path_share_per_run']):12.1f}%")
     print("(iterations to target counts only the runs that reached it; 'vs RLBoost' = RLBoost's mean / this mean)")
-    prov = provenance()
     print(provenance_line())
 
     import matplotlib
@@ -126,12 +125,7 @@ def main() -> None:
     ax.set_title("Fig. 11: exploration overhead", fontsize=10)
     for ax in axes:
         ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    out.with_suffix(".json").write_text(json.dumps({"provenance": prov, "source": str(src), "target": target, "seeds": conv["seeds"], "iterations": conv["iterations"], "variants": rows}, indent=2))
+    out = save_result(fig, args.out, {"source": str(src), "target": target, "seeds": conv["seeds"], "iterations": conv["iterations"], "variants": rows}, indent=2)
     print(f"wrote {out} and {out.with_suffix('.json')}")
 
 

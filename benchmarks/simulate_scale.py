@@ -52,12 +52,10 @@ def main() -> None:
         rows.append((n, rps, scale, eff))
         print(f"{n:>9} {nodes:>4}x{per:<4} {rps:>8.2f} {scale:>7.1f}x {eff:>10.2f} {r.wall_s / 3600:>8.1f} h {real:>7.1f} s {r.wall_s / real:>8,.0f}x {r.spot_busy_training:>9.3f}")
     if args.trace:
-        from spotlight.cli.simulate import spot_actions
-        from spotlight.trace import load_trace, pingpong_trace
+        from spotlight.sim.trace_actions import trace_actions
 
         prof = dataclasses.replace(base, spot_nodes=125, gpus_per_spot_node=8)
-        events = pingpong_trace(load_trace(args.trace), 30 * 86400.0)
-        actions = spot_actions(events, spot_nodes=125, gpus_per_node=8, seed=0, replicas=25)
+        actions = trace_actions(args.trace, spot_nodes=125, gpus_per_node=8, seed=0, replicas=25, until_s=30 * 86400.0)
         t0 = time.perf_counter()
         r = simulate(prof, "spotlight", actions, iterations=args.iterations, max_candidates_per_prompt=10**7)
         real = time.perf_counter() - t0

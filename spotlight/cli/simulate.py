@@ -13,30 +13,6 @@ from rich.markup import escape
 from rich.table import Table
 
 
-def spot_actions(events, *, spot_nodes: int, gpus_per_node: int, seed: int, replicas: int = 1):
-    """Place a trace onto ``spot_nodes × gpus_per_node`` GPUs (paper §6.1: each arrival and
-    revocation on a random node). ``replicas > 1`` superposes that many independent seeded
-    placements of the trace, each on its own ``spot_nodes / replicas`` nodes (a cluster
-    larger than the trace's peak: each copy follows the trace's shape).
-
-    Raises:
-        ValueError: ``spot_nodes`` not a multiple of ``replicas``.
-    """
-    import dataclasses
-
-    from spotlight.trace import TracePlacement
-
-    if replicas < 1 or spot_nodes % replicas:
-        raise ValueError(f"--spot-nodes ({spot_nodes}) must be a multiple of --trace-replicas ({replicas})")
-    per = spot_nodes // replicas
-    out = []
-    for r in range(replicas):
-        acts = TracePlacement(per, gpus_per_node, seed + r, scale_to_capacity=True).plan(events)
-        out += [dataclasses.replace(a, agent=a.agent + r * per) for a in acts]
-    out.sort(key=lambda a: a.t_s)
-    return out
-
-
 def register(app: typer.Typer) -> None:
     @app.command()
     def simulate(
@@ -92,13 +68,9 @@ def register(app: typer.Typer) -> None:
             actions = None
             trace_note = f"static pool of {prof.spot_nodes}×{prof.gpus_per_spot_node} spot GPUs"
             if trace is not None:
-                from spotlight.trace import load_trace, pingpong_trace
+                from spotlight.sim.trace_actions import trace_actions
 
-                events = load_trace(trace)
-                if not events:
-                    raise ValueError(f"trace {trace} has no events")
-                events = pingpong_trace(events, 60 * 24 * 3600.0)
-                actions = spot_actions(events, spot_nodes=prof.spot_nodes, gpus_per_node=prof.gpus_per_spot_node, seed=trace_seed, replicas=trace_replicas)
+                actions = trace_actions(trace, spot_nodes=prof.spot_nodes, gpus_per_node=prof.gpus_per_spot_node, seed=trace_seed, replicas=trace_replicas)
                 trace_note = f"trace {trace.name} on {prof.spot_nodes}×{prof.gpus_per_spot_node} spot GPUs" + (f" ({trace_replicas} placements)" if trace_replicas > 1 else "")
         except (SpotlightError, ValueError, OSError, UnicodeDecodeError) as exc:
             where = f"{trace}: " if isinstance(exc, UnicodeDecodeError) else ""

@@ -25,6 +25,7 @@ import zmq
 
 from spotlight import protocol as P
 from spotlight.security import ClientKeys, add_client, apply_client, init_keys, load_client_keys, read_client_file
+from tests.integration.waiting import wait_until
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 WAIT_S = 120.0
@@ -96,19 +97,13 @@ class Run:
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=self.out, stderr=self.err)
         deadline = time.monotonic() + 300
         info = self.rd / "coordinator.json"
-        while not (info.is_file() and info.read_text()):
-            assert self.proc.poll() is None, self.logs()
-            assert time.monotonic() < deadline, "coordinator did not start"
-            time.sleep(0.1)
+        wait_until(lambda: info.is_file() and info.read_text(), "the coordinator to start (coordinator.json)", timeout_s=300, alive=self.alive, logs=self.logs)
         meta = json.loads(info.read_text())
         self.endpoint = meta["endpoint"]
         self.trainer_endpoint = meta["trainer_endpoint"]
         self.status = Client(self.endpoint, load_client_keys(self.keys, role="status"))
         # wait for the train worker's v0, so the run is in a steady "starting" state
-        while self.status.sync()[1]["version"] < 0:
-            assert self.proc.poll() is None, self.logs()
-            assert time.monotonic() < deadline, "train worker did not publish v0"
-            time.sleep(0.2)
+        wait_until(lambda: self.status.sync()[1]["version"] >= 0, "the train worker to publish v0", timeout_s=deadline - time.monotonic(), interval_s=0.2, alive=self.alive, logs=self.logs)
 
     def key(self, name: str) -> ClientKeys:
         return load_client_keys(self.keys, name=name)
@@ -155,15 +150,13 @@ def victim(run):
     session = body.session
     mtype, body, _ = c.ask(P.Heartbeat(node_id="victim", session=session, workers=[P.WorkerInfo(worker_id="victim/gpu0", gpus=[0])]))
     assert mtype == P.MsgType.HEARTBEAT, body
-    leases = []
-    deadline = time.monotonic() + WAIT_S
-    while not leases and time.monotonic() < deadline:
+
+    def pull() -> list:
         mtype, body, _ = c.ask(P.Pull(node_id="victim", session=session, worker_id="victim/gpu0", max_requests=4))
         assert mtype == P.MsgType.LEASES, body
-        leases = body.items
-        time.sleep(0.1)
-    assert leases, "the victim got no leases"
-    c.session, c.leases = session, leases
+        return body.items
+
+    c.session, c.leases = session, wait_until(pull, "leases for the victim", timeout_s=WAIT_S, alive=run.alive, logs=run.logs)
     yield c
     c.close()
 
@@ -447,9 +440,8 @@ def test_fuzz_2000_frames(run, victim):
         assert run.alive(), run.logs()
         assert _victim_state(snap) == before, f"frames {i}..{i + 49} changed the victim's state"
     assert errors > 1000, f"only {errors} of 2000 mutated frames were rejected"
-    deadline = time.monotonic() + 30
-    while run.rejections() - logged0 < errors and time.monotonic() < deadline:
-        time.sleep(0.2)
+    # each ERROR reply's log line may reach up.stderr after the reply itself
+    wait_until(lambda: run.rejections() - logged0 >= errors, f"one 'rejected message from' log line per ERROR reply ({errors})", timeout_s=WAIT_S, interval_s=0.2, alive=run.alive, logs=run.logs)
     assert run.rejections() - logged0 == errors
     _assert_unharmed(run, victim, before)
     fuzz.close()
