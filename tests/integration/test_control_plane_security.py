@@ -95,6 +95,14 @@ class Run:
         self.out = open(tmp / "up.stdout", "w")
         cmd = [sys.executable, "-m", "spotlight.cli", "up", "--config", str(cfg), "--run-dir", str(self.rd), "--reserved", "127.0.0.1:0", "--log-level", "INFO", "--timeout-s", "1800"]
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=self.out, stderr=self.err)
+        self.status = None
+        try:
+            self._wait_started()
+        except BaseException:
+            self.close()  # a failed start leaves no `spotlight up` (and no children) behind
+            raise
+
+    def _wait_started(self) -> None:
         deadline = time.monotonic() + 300
         info = self.rd / "coordinator.json"
         wait_until(lambda: info.is_file() and info.read_text(), "the coordinator to start (coordinator.json)", timeout_s=300, alive=self.alive, logs=self.logs)
@@ -120,14 +128,19 @@ class Run:
         return self.proc.poll() is None
 
     def close(self) -> None:
-        self.status.close()
+        if self.status is not None:
+            self.status.close()
         if self.alive():
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 for p in psutil.Process(self.proc.pid).children(recursive=True) + [psutil.Process(self.proc.pid)]:
-                    p.kill()
+                    try:
+                        p.kill()
+                    except psutil.NoSuchProcess:
+                        pass
+                self.proc.wait(timeout=60)
         self.err.close()
         self.out.close()
 
