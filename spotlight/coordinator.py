@@ -120,6 +120,14 @@ class Sample:
     computed_steps: int = 0
     reward: float | None = None
     window_start: int = 0
+    reused_as_rollout: bool = False
+    """An exploration candidate selected as part of its iteration's rollout (the
+    verl-omni-spot baseline, params ``as_rollout``): trained on, shown in the sample grid."""
+
+    @property
+    def in_rollout(self) -> bool:
+        """Part of the rollout of its iteration: a rollout request, or a candidate reused as one."""
+        return self.kind == RequestKind.ROLLOUT or self.reused_as_rollout
 
 
 class Coordinator:
@@ -830,6 +838,8 @@ class Coordinator:
         """Send iteration ``n``'s update to the Train Workers: the DONE rollout requests the
         core chose, filtered (non-finite, zero-std groups), with group advantages."""
         samples = [self.samples[rid] for rid in request_ids]
+        for s in samples:  # verl-omni-spot: the selected exploration candidates are the rollout
+            s.reused_as_rollout = s.kind == RequestKind.EXPLORE
         finite, dropped = trainable_samples(samples)
         if dropped["nonfinite_reward"]:
             log.error("iteration %d: %d samples have non-finite rewards and are left out of the update", n + 1, dropped["nonfinite_reward"])
@@ -1051,7 +1061,7 @@ class Coordinator:
         return line
 
     def _pending_samples_for_grid(self, n: int) -> list[Sample]:
-        return sorted((s for s in self.samples.values() if s.iteration == n and s.kind == RequestKind.ROLLOUT), key=lambda s: (s.slot, s.seed))
+        return sorted((s for s in self.samples.values() if s.iteration == n and s.in_rollout), key=lambda s: (s.slot, s.seed))
 
     def write_sample_grid(self, n: int) -> pathlib.Path | None:
         from spotlight.plots import sample_grid
