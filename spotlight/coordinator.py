@@ -1117,7 +1117,6 @@ class Coordinator:
         done_n = len(self.history)
         elapsed_s = now - self.t_start
         self.instances.integrate(now)
-        live = [r for r in self.instances.nodes.values() if r.status.value != "dead"]
         version = self.store.latest_version  # -1: none published yet (the screen says so)
         return {
             "phase": self.phase,
@@ -1130,7 +1129,7 @@ class Coordinator:
             "started_unix_s": self.started_unix_s,
             "elapsed_s": round(elapsed_s, 1),
             "eta_s": eta_s(elapsed_s, done_n - self._iterations_before_start, total - self._iterations_before_start) if done_n < total else 0.0,
-            "gpus": {"spot": sum(r.num_gpus for r in live if r.is_spot), "reserved": sum(r.num_gpus for r in live if not r.is_spot)},
+            "gpus": self.instances.gpu_counts(),  # the GPUs the cost meter bills: the trainers' included
             "cost": cost_summary(self.instances.gpu_seconds(spot=True), self.instances.gpu_seconds(spot=False), self.cfg.cost.spot_usd_per_gpu_hour, self.cfg.cost.reserved_usd_per_gpu_hour),
             "nodes": [
                 {"node_id": r.node_id, "status": r.status.value, "why": r.history[-1][2] if r.history else "", "spot": r.is_spot, "num_gpus": r.num_gpus, "gpus": r.gpus, "workers": sorted(r.workers), "detector_healthy": r.detector_healthy, "detector_error": r.detector_error, "last_seen_s_ago": round(now - r.last_seen, 1)}
@@ -1209,11 +1208,12 @@ class Coordinator:
             self.send_trainer(rank, P.Shutdown(reason=reason))
 
     def close(self) -> None:
-        self.instances.release("trainers", time.monotonic())  # billed up to here
+        now = time.monotonic()
         total = self.cfg.run.iterations
         why = f"all {total} iterations done" if self.done else f"stopped: {self.error}" if self.error else f"stopped after {len(self.history)}/{total} iterations (interrupted or timed out)"
-        self.events.append(time.monotonic(), "finish", "", why[:300])
-        self.write_status()
+        self.events.append(now, "finish", "", why[:300])
+        self.write_status(now)  # the GPUs held when it stopped, the trainers' included
+        self.instances.release("trainers", now)  # billed up to here
         self.tracker.close()
         self.reward_pool.shutdown(wait=False, cancel_futures=True)
         for proc in self.train_procs:

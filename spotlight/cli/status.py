@@ -61,6 +61,19 @@ def _plural(n: int, what: str) -> str:
     return f"{n} {what}{'s' if n != 1 else ''}"
 
 
+def _reserved_gpus(gpus: dict, n_res: int) -> str:
+    """The reserved part of the GPU line: every reserved GPU the cost meter bills, the Train
+    Workers' included (``train``, ``reserved_rollout``: :meth:`InstanceManager.gpu_counts`;
+    a snapshot of an older coordinator has neither and counts the reserved nodes' GPUs)."""
+    res = gpus["reserved"]
+    if "train" not in gpus:
+        return f"{res} reserved on {_plural(n_res, 'node')}"
+    train, rollout = gpus["train"], gpus.get("reserved_rollout", 0)
+    shared = train + rollout - res
+    uses = f"{train} training + {rollout} rollout on {_plural(n_res, 'node')}"
+    return f"{res} reserved: {uses}" + (f", {shared} shared by both" if shared > 0 else "")
+
+
 def render_status(snap: dict, *, max_events: int = EVENT_ROWS):
     """Rich renderable for a coordinator snapshot (pure: the same snapshot renders the same).
 
@@ -105,7 +118,7 @@ def render_status(snap: dict, *, max_events: int = EVENT_ROWS):
         gpus = {"spot": sum(len(n["gpus"]) for n in live if n["spot"]), "reserved": sum(len(n["gpus"]) for n in live if not n["spot"])}
     n_spot = sum(1 for n in nodes_list if n["spot"] and n["status"] != "dead")
     n_res = sum(1 for n in nodes_list if not n["spot"] and n["status"] != "dead")
-    parts.append(Text(f"GPUs now: {gpus['spot'] + gpus['reserved']} ({gpus['spot']} spot on {_plural(n_spot, 'node')}, {gpus['reserved']} reserved on {_plural(n_res, 'node')})"))
+    parts.append(Text(f"GPUs now: {gpus['spot'] + gpus['reserved']} ({gpus['spot']} spot on {_plural(n_spot, 'node')}, {_reserved_gpus(gpus, n_res)})"))
     cost = snap.get("cost")
     if cost:
         line = (

@@ -100,6 +100,15 @@ def test_mid_run_tells_the_story():
         assert needle in text, needle
 
 
+def test_gpu_line_counts_the_trainers_gpus_like_the_cost():
+    """The reserved GPUs on the line are those the cost bills: the Train Workers' too, a GPU
+    shared by a trainer and a reserved Rollout Worker once."""
+    snap = mid_snapshot() | {"gpus": {"spot": 6, "reserved": 3, "train": 2, "reserved_rollout": 2}}
+    assert "GPUs now: 9 (6 spot on 2 nodes, 3 reserved: 2 training + 2 rollout on 1 node, 1 shared by both)" in _text(snap)
+    snap["gpus"] = {"spot": 6, "reserved": 5, "train": 4, "reserved_rollout": 1}  # trainers on a host of their own
+    assert "GPUs now: 11 (6 spot on 2 nodes, 5 reserved: 4 training + 1 rollout on 1 node)" in _text(snap)
+
+
 def test_dead_node_shows_why():
     text = _text(mid_snapshot())
     row = next(l for l in text.splitlines() if "spot-2" in l and "dead" in l)
