@@ -76,7 +76,10 @@ def test_status_cli_shows_a_finished_run_from_its_directory(tmp_path):
     assert "is not running" in out and "status.json" in out
     assert "min +0.2500" in out and "max +0.7500" in out
     assert "stopped after 0/" in out
+    assert "stopped at " in out and "(not running): 0/" in out and "nodes as last seen at" in out  # not shown as live
+    assert "ETA" not in out and "GPUs now" not in out
     res = subprocess.run([sys.executable, "-m", "spotlight.cli", "status", "--run-dir", str(rd), "--json"], capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
     assert res.returncode == 0, res.stderr
     snap = json.loads(res.stdout)
     assert snap["reward_curve"] == [0.25, 0.75] and snap["last_metrics"]["reward/mean"] == 0.75
+    assert snap["running"] is False and snap["eta_s"] is None and snap["saved_unix_s"] == snap["started_unix_s"] + snap["elapsed_s"]
