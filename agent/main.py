@@ -266,7 +266,7 @@ class AgentDaemon:
             self.coord.connect(self.endpoint)
         except zmq.ZMQError as exc:
             raise SystemExit(f"bad coordinator address {self.endpoint[:80]!r}: {exc} (expected HOST:PORT)") from None
-        log.info("registering with %s as %s (giving up after %.0fs)…", self.endpoint, self.keys.principal.id, self.register_timeout_s)
+        log.info("registering with %s as %s (giving up after %gs)…", self.endpoint, self.keys.principal.id, self.register_timeout_s)
         monitor = self.coord.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_SUCCEEDED)
         sent = self._to_coord(self._register_msg())  # fails (dropped) until the connection is up
         started = time.monotonic()
@@ -279,7 +279,7 @@ class AgentDaemon:
                 if time.monotonic() >= next_progress:
                     attempt += 1
                     next_progress += REGISTER_PROGRESS_S
-                    log.warning("waiting for coordinator at %s (attempt %d, %.0f s; giving up after %.0f s)", self.endpoint, attempt, time.monotonic() - started, self.register_timeout_s)
+                    log.warning("waiting for coordinator at %s (attempt %d, %.0f s; giving up after %g s)", self.endpoint, attempt, time.monotonic() - started, self.register_timeout_s)
                 if not sent:
                     sent = self._to_coord(self._register_msg())
                 while monitor.poll(0):
@@ -294,7 +294,7 @@ class AgentDaemon:
                     continue
                 break
             else:
-                raise SystemExit(f"no answer from coordinator at {self.endpoint} within {self.register_timeout_s:.0f}s{handshake_error}")
+                raise SystemExit(f"no answer from coordinator at {self.endpoint} within {self.register_timeout_s:g}s{handshake_error}")
         finally:
             self.coord.disable_monitor()
             monitor.close(linger=0)
@@ -315,7 +315,7 @@ class AgentDaemon:
                 return body
             if mtype == P.MsgType.ERROR:
                 raise SystemExit(f"coordinator refused registration: {body.code}: {body.message}")
-        raise SystemExit(f"no answer from coordinator at {self.endpoint} within {self.register_timeout_s:.0f}s")
+        raise SystemExit(f"no answer from coordinator at {self.endpoint} within {self.register_timeout_s:g}s")
 
     def _check_stop_while_waiting(self) -> None:
         """Raise :class:`StoppedWaiting` if SIGTERM arrived (``join`` queues it as a notice)."""
@@ -990,6 +990,7 @@ def join(
     key: Optional[str] = typer.Option(None, "--key", help="Which client key in --keys to use (its name), when there are several."),
     grace_s: float = typer.Option(20.0, "--grace-s", help="Seconds workers get to commit in-flight state on a notice or SIGTERM."),
     poll_interval_s: float = typer.Option(1.0, "--poll-interval-s", help="Seconds between cloud metadata polls (AWS recommends 5, Azure 1)."),
+    register_timeout_s: float = typer.Option(60.0, "--register-timeout-s", min=0.1, help="Give up (exit 1) if the coordinator does not answer the first registration within this many seconds; raise it when the agent may start long before the coordinator."),
     coordinator_timeout_s: float = typer.Option(600.0, "--coordinator-timeout-s", help="Exit (code 4) after hearing nothing from the coordinator for this long; before that the agent re-registers with backoff and keeps its workers (a coordinator restarted with --resume finds them)."),
     weights_dir: Optional[pathlib.Path] = typer.Option(None, "--weights-dir", help="Directory of the node's weight-version cache (a local disk with room for 3 versions; emptied at start). Default: <state dir>/weights."),
     nice: int = typer.Option(0, "--nice", min=0, max=19, help="CPU niceness of the worker processes (local mode runs simulated spot GPUs at 5 so they slow the trainer less on shared CPU cores)."),
@@ -1021,7 +1022,7 @@ def join(
         detector = make_detector(cloud, metadata_url, ledger=ledger)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
-    daemon = AgentDaemon(coordinator, _parse_gpus(gpus), node_id=nid, is_spot=not reserved, keys=client_keys, grace_s=grace_s, detector=detector, poll_interval_s=poll_interval_s, nice=nice, coordinator_timeout_s=coordinator_timeout_s, warm_spare=(not reserved) if warm_spare is None else warm_spare, weights_dir=weights_dir)
+    daemon = AgentDaemon(coordinator, _parse_gpus(gpus), node_id=nid, is_spot=not reserved, keys=client_keys, grace_s=grace_s, detector=detector, poll_interval_s=poll_interval_s, nice=nice, register_timeout_s=register_timeout_s, coordinator_timeout_s=coordinator_timeout_s, warm_spare=(not reserved) if warm_spare is None else warm_spare, weights_dir=weights_dir)
     # SIGTERM is one more preemption source: same commit path, deadline = now + grace
     signal.signal(signal.SIGTERM, lambda *_: daemon._signal_notices.put(sigterm_notice(grace_s, time.time())))
     try:

@@ -120,6 +120,14 @@ class Sample:
     computed_steps: int = 0
     reward: float | None = None
     window_start: int = 0
+    reused_as_rollout: bool = False
+    """An exploration candidate selected as part of its iteration's rollout (the
+    verl-omni-spot baseline, params ``as_rollout``): trained on, shown in the sample grid."""
+
+    @property
+    def in_rollout(self) -> bool:
+        """Part of the rollout of its iteration: a rollout request, or a candidate reused as one."""
+        return self.kind == RequestKind.ROLLOUT or self.reused_as_rollout
 
 
 class Coordinator:
@@ -830,6 +838,8 @@ class Coordinator:
         """Send iteration ``n``'s update to the Train Workers: the DONE rollout requests the
         core chose, filtered (non-finite, zero-std groups), with group advantages."""
         samples = [self.samples[rid] for rid in request_ids]
+        for s in samples:  # verl-omni-spot: the selected exploration candidates are the rollout
+            s.reused_as_rollout = s.kind == RequestKind.EXPLORE
         finite, dropped = trainable_samples(samples)
         if dropped["nonfinite_reward"]:
             log.error("iteration %d: %d samples have non-finite rewards and are left out of the update", n + 1, dropped["nonfinite_reward"])
@@ -1051,7 +1061,7 @@ class Coordinator:
         return line
 
     def _pending_samples_for_grid(self, n: int) -> list[Sample]:
-        return sorted((s for s in self.samples.values() if s.iteration == n and s.kind == RequestKind.ROLLOUT), key=lambda s: (s.slot, s.seed))
+        return sorted((s for s in self.samples.values() if s.iteration == n and s.in_rollout), key=lambda s: (s.slot, s.seed))
 
     def write_sample_grid(self, n: int) -> pathlib.Path | None:
         from spotlight.plots import sample_grid
@@ -1107,7 +1117,6 @@ class Coordinator:
         done_n = len(self.history)
         elapsed_s = now - self.t_start
         self.instances.integrate(now)
-        live = [r for r in self.instances.nodes.values() if r.status.value != "dead"]
         version = self.store.latest_version  # -1: none published yet (the screen says so)
         return {
             "phase": self.phase,
@@ -1120,7 +1129,7 @@ class Coordinator:
             "started_unix_s": self.started_unix_s,
             "elapsed_s": round(elapsed_s, 1),
             "eta_s": eta_s(elapsed_s, done_n - self._iterations_before_start, total - self._iterations_before_start) if done_n < total else 0.0,
-            "gpus": {"spot": sum(r.num_gpus for r in live if r.is_spot), "reserved": sum(r.num_gpus for r in live if not r.is_spot)},
+            "gpus": self.instances.gpu_counts(),  # the GPUs the cost meter bills: the trainers' included
             "cost": cost_summary(self.instances.gpu_seconds(spot=True), self.instances.gpu_seconds(spot=False), self.cfg.cost.spot_usd_per_gpu_hour, self.cfg.cost.reserved_usd_per_gpu_hour),
             "nodes": [
                 {"node_id": r.node_id, "status": r.status.value, "why": r.history[-1][2] if r.history else "", "spot": r.is_spot, "num_gpus": r.num_gpus, "gpus": r.gpus, "workers": sorted(r.workers), "detector_healthy": r.detector_healthy, "detector_error": r.detector_error, "last_seen_s_ago": round(now - r.last_seen, 1)}
@@ -1199,11 +1208,12 @@ class Coordinator:
             self.send_trainer(rank, P.Shutdown(reason=reason))
 
     def close(self) -> None:
-        self.instances.release("trainers", time.monotonic())  # billed up to here
+        now = time.monotonic()
         total = self.cfg.run.iterations
         why = f"all {total} iterations done" if self.done else f"stopped: {self.error}" if self.error else f"stopped after {len(self.history)}/{total} iterations (interrupted or timed out)"
-        self.events.append(time.monotonic(), "finish", "", why[:300])
-        self.write_status()
+        self.events.append(now, "finish", "", why[:300])
+        self.write_status(now)  # the GPUs held when it stopped, the trainers' included
+        self.instances.release("trainers", now)  # billed up to here
         self.tracker.close()
         self.reward_pool.shutdown(wait=False, cancel_futures=True)
         for proc in self.train_procs:

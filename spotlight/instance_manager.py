@@ -97,20 +97,36 @@ class InstanceManager:
         rec.status = status
         rec.history.append((status, now, detail))
 
-    def billed_gpus(self) -> dict[bool, int]:
-        """GPUs billed right now, ``{is_spot: count}``: the distinct GPUs of non-dead nodes
-        (draining ones included: they are held until they leave) and of :meth:`hold` s."""
-        keys: set[tuple[bool, str, int]] = set()
+    def _gpu_keys(self) -> tuple[set[tuple[bool, str, int]], set[tuple[bool, str, int]]]:
+        """``(node GPUs, held GPUs)`` as ``(is_spot, billing host, index)`` keys: the GPUs of
+        non-dead nodes (draining ones included: they are held until they leave) and of
+        :meth:`hold` s (always reserved)."""
+        nodes: set[tuple[bool, str, int]] = set()
         for rec in self.nodes.values():
             if rec.status != NodeStatus.DEAD:
                 host = rec.host or f"node:{rec.node_id}"
-                keys.update((rec.is_spot, host, g) for g in rec.gpus)
-        for holder, (host, gpus) in self._held.items():
-            keys.update((False, host or f"hold:{holder}", g) for g in gpus)
+                nodes.update((rec.is_spot, host, g) for g in rec.gpus)
+        held = {(False, host or f"hold:{holder}", g) for holder, (host, gpus) in self._held.items() for g in gpus}
+        return nodes, held
+
+    def billed_gpus(self) -> dict[bool, int]:
+        """GPUs billed right now, ``{is_spot: count}``: the distinct GPUs of non-dead nodes
+        (draining ones included: they are held until they leave) and of :meth:`hold` s."""
+        nodes, held = self._gpu_keys()
         out = {True: 0, False: 0}
-        for is_spot, _, _ in keys:
+        for is_spot, _, _ in nodes | held:
             out[is_spot] += 1
         return out
+
+    def gpu_counts(self) -> dict[str, int]:
+        """The GPUs of :meth:`billed_gpus` for ``spotlight status``: ``spot`` and ``reserved``
+        (distinct GPUs, exactly those the cost meter bills), and the reserved ones by use:
+        ``train`` (held outside agents: the Train Workers' GPUs) and ``reserved_rollout`` (GPUs
+        of non-dead reserved agent nodes). A trainer's GPU that also hosts a reserved Rollout
+        Worker is in both, and once in ``reserved``."""
+        nodes, held = self._gpu_keys()
+        billed = self.billed_gpus()
+        return {"spot": billed[True], "reserved": billed[False], "train": len(held), "reserved_rollout": sum(1 for k in nodes if not k[0])}
 
     def integrate(self, now: float) -> None:
         """Accumulate billed GPU-seconds (spot and reserved, :meth:`billed_gpus`) up to ``now``."""

@@ -61,6 +61,31 @@ def _plural(n: int, what: str) -> str:
     return f"{n} {what}{'s' if n != 1 else ''}"
 
 
+def _reserved_gpus(gpus: dict, n_res: int) -> str:
+    """The reserved part of the GPU line: every reserved GPU the cost meter bills, the Train
+    Workers' included (``train``, ``reserved_rollout``: :meth:`InstanceManager.gpu_counts`;
+    a snapshot of an older coordinator has neither and counts the reserved nodes' GPUs)."""
+    res = gpus["reserved"]
+    if "train" not in gpus:
+        return f"{res} reserved on {_plural(n_res, 'node')}"
+    train, rollout = gpus["train"], gpus.get("reserved_rollout", 0)
+    shared = train + rollout - res
+    uses = f"{train} training + {rollout} rollout on {_plural(n_res, 'node')}"
+    return f"{res} reserved: {uses}" + (f", {shared} shared by both" if shared > 0 else "")
+
+
+def _clock(unix_s) -> str:
+    """Local wall-clock time ``YYYY-MM-DD HH:MM:SS`` of a Unix time ("" if not a number)."""
+    x = _real(unix_s)
+    return "" if x is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(x))
+
+
+def _saved_at_exit(snap: dict) -> bool:
+    """The snapshot is the one a coordinator saves as it exits (its last event is "finish")."""
+    events = snap.get("events") or []
+    return bool(events) and isinstance(events[-1], dict) and events[-1].get("kind") == "finish"
+
+
 def render_status(snap: dict, *, max_events: int = EVENT_ROWS):
     """Rich renderable for a coordinator snapshot (pure: the same snapshot renders the same).
 
@@ -68,7 +93,9 @@ def render_status(snap: dict, *, max_events: int = EVENT_ROWS):
         snap: :meth:`spotlight.coordinator.Coordinator.snapshot` (live, or ``status.json`` of
             a run directory); keys added by newer coordinators are optional, so an older
             snapshot still renders. ``source`` (set by this CLI, not the coordinator) says
-            where a snapshot read from files came from.
+            where a snapshot read from files came from; ``running`` False (likewise) marks
+            one whose coordinator is not running: a run that is not finished shows as stopped
+            at ``saved_unix_s``, with no ETA and its nodes as last seen, not as live.
         max_events: newest events shown.
 
     Every string from the snapshot (node ids, statuses, detector errors, request kinds, event
@@ -81,17 +108,24 @@ def render_status(snap: dict, *, max_events: int = EVENT_ROWS):
     it = min(snap["iteration"], total)  # 1-based, the iteration under way (or the last)
     version = snap.get("version")
     weights = "no weights yet" if version is None or version < 0 else f"weights v{version}"
+    gone = snap.get("running") is False  # read from the run directory: no coordinator behind it
+    saved_at = _clock(snap.get("saved_unix_s"))
     if snap.get("finished"):
-        where = f"finished: {done_n}/{total} iterations"
+        where = f"finished: {done_n}/{total} iterations" + (f" (at {saved_at})" if gone and saved_at else "")
+    elif gone:
+        # close() saves a last snapshot with a "finish" event; a killed coordinator leaves the
+        # one of its last iteration, so the stop itself came later
+        at = "(not running)" if not saved_at else f"at {saved_at} (not running)" if _saved_at_exit(snap) else f"(not running; last saved at {saved_at})"
+        where = f"stopped {at}: {done_n}/{total} iterations done"
     elif done_n >= total:
         where = f"{done_n}/{total} iterations done, saving"
     else:
         where = f"iteration {it}/{total} ({done_n} done)"
-    head = Text.assemble(("Spotlight  ", "bold"), f"phase {snap['phase']}  {where}  {weights}")
+    head = Text.assemble(("Spotlight  ", "bold"), f"{where}  {weights}" if gone else f"phase {snap['phase']}  {where}  {weights}", style="yellow" if gone and not snap.get("finished") else "")
     if "elapsed_s" in snap:
         eta = snap.get("eta_s")
-        head.append(f"  elapsed {hms(snap['elapsed_s'])}")
-        if not snap.get("finished"):
+        head.append(f"  {'ran' if gone else 'elapsed'} {hms(snap['elapsed_s'])}")
+        if not snap.get("finished") and not gone:
             head.append(f"  ETA {hms(eta)}" if eta is not None else "  ETA after the first iteration")
     parts = [head]
     if snap.get("source"):
@@ -105,7 +139,8 @@ def render_status(snap: dict, *, max_events: int = EVENT_ROWS):
         gpus = {"spot": sum(len(n["gpus"]) for n in live if n["spot"]), "reserved": sum(len(n["gpus"]) for n in live if not n["spot"])}
     n_spot = sum(1 for n in nodes_list if n["spot"] and n["status"] != "dead")
     n_res = sum(1 for n in nodes_list if not n["spot"] and n["status"] != "dead")
-    parts.append(Text(f"GPUs now: {gpus['spot'] + gpus['reserved']} ({gpus['spot']} spot on {_plural(n_spot, 'node')}, {gpus['reserved']} reserved on {_plural(n_res, 'node')})"))
+    when = (f"at {saved_at}" if saved_at else "last seen") if gone else "now"
+    parts.append(Text(f"GPUs {when}: {gpus['spot'] + gpus['reserved']} ({gpus['spot']} spot on {_plural(n_spot, 'node')}, {_reserved_gpus(gpus, n_res)})"))
     cost = snap.get("cost")
     if cost:
         line = (
@@ -116,7 +151,7 @@ def render_status(snap: dict, *, max_events: int = EVENT_ROWS):
         if cost["all_reserved_usd"] > 0:
             line += f" (spot saves {100 * (1 - cost['total_usd'] / cost['all_reserved_usd']):.0f}%)"
         parts.append(Text(line))
-    nodes = Table(title="nodes", expand=True)
+    nodes = Table(title=f"nodes as last seen{f' at {saved_at}' if saved_at else ''} (not running now)" if gone else "nodes", expand=True)
     for col in ("node", "status", "kind", "GPUs", "GPU ids", "workers", "detector", "last seen", "why"):
         nodes.add_column(col)
     for n in nodes_list:
@@ -124,7 +159,7 @@ def render_status(snap: dict, *, max_events: int = EVENT_ROWS):
         nodes.add_row(
             Text(str(n["node_id"])), Text(str(n["status"]), style="red" if n["status"] == "dead" else "yellow" if n["status"] == "draining" else ""),
             "spot" if n["spot"] else "reserved", str(n.get("num_gpus", len(n["gpus"]))), Text(",".join(map(str, n["gpus"]))), str(len(n["workers"])),
-            "ok" if n["detector_healthy"] else Text.assemble(("unhealthy ", "red"), str(n["detector_error"])), Text(f"{n['last_seen_s_ago']}s ago"), Text(str(why)),
+            "ok" if n["detector_healthy"] else Text.assemble(("unhealthy ", "red"), str(n["detector_error"])), Text(f"{n['last_seen_s_ago']}s {'before' if gone else 'ago'}"), Text(str(why)),
         )
     reqs = Table(title="requests", expand=True)
     statuses = sorted({s for c in snap["requests"].values() for s in c})
@@ -190,10 +225,15 @@ def fetch_snapshot(endpoint: str, keys, timeout_s: float = 3.0) -> dict:
         sock.close()
 
 
-def snapshot_from_run_dir(run_dir: pathlib.Path, note: str) -> dict:
+def snapshot_from_run_dir(run_dir: pathlib.Path, note: str, *, running: bool = False) -> dict:
     """The last snapshot a coordinator saved (``run_dir/status.json``), its reward curve and last
     metrics row refreshed from ``metrics.jsonl`` (lines that do not parse are skipped), and
     ``source`` = ``note`` (what the renderer says about where it came from).
+
+    ``running``: whether the run's coordinator is still running (it did not answer). False
+    (default) adds ``running`` = False, ``saved_unix_s`` (when the snapshot was taken: its
+    ``started_unix_s`` + ``elapsed_s``, else the file's time) and, for a run that had not
+    finished, ``eta_s`` = None: the renderer then shows a stopped run, not a live one.
 
     Raises:
         FileNotFoundError: no ``status.json`` (a run started by an older Spotlight, or one that
@@ -222,8 +262,14 @@ def snapshot_from_run_dir(run_dir: pathlib.Path, note: str) -> dict:
     if len(rows) >= len(snap.get("reward_curve") or []):
         snap["reward_curve"] = [r["reward/mean"] for r in rows]
         snap["last_metrics"] = rows[-1] if rows else {}
-    written = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(path.stat().st_mtime))
-    snap["source"] = f"{note}; showing {path} (written {written})"
+    mtime = path.stat().st_mtime
+    snap["source"] = f"{note}; showing {path} (written {_clock(mtime)})"
+    if not running:
+        start, elapsed = _real(snap.get("started_unix_s")), _real(snap.get("elapsed_s"))
+        snap["running"] = False
+        snap["saved_unix_s"] = start + elapsed if start is not None and elapsed is not None else mtime
+        if not snap.get("finished"):
+            snap["eta_s"] = None
     return snap
 
 
@@ -277,9 +323,9 @@ def register(app: typer.Typer) -> None:
         def show(snap: dict) -> None:
             console.print_json(json.dumps(snap)) if as_json else console.print(render_status(snap))
 
-        def from_files(note: str) -> dict:
+        def from_files(note: str, running: bool = False) -> dict:
             try:
-                return snapshot_from_run_dir(pathlib.Path(rd), note)
+                return snapshot_from_run_dir(pathlib.Path(rd), note, running=running)
             except (FileNotFoundError, ValueError) as exc:
                 console.print(f"[red]error:[/red] {escape(str(exc))}")
                 raise typer.Exit(1)
@@ -323,7 +369,7 @@ def register(app: typer.Typer) -> None:
                     live.update(render_status(fetch_snapshot(endpoint, client)))
         except TimeoutError as exc:
             if rd is not None and (pathlib.Path(rd) / "status.json").is_file():
-                show(from_files(f"the coordinator (pid {pid}) is running but did not answer: {exc}"))
+                show(from_files(f"the coordinator (pid {pid}) is running but did not answer: {exc}", running=True))
                 raise typer.Exit(1)
             msg = f"{exc} (the run has finished, or its coordinator is not reachable)"
             if as_json:

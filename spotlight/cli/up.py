@@ -92,14 +92,22 @@ def _spawn_agent(endpoint: str, gpus: list[int], node_id: str, *, reserved: bool
     return spawn_logged(cmd, f"agent-{node_id}", env=env)
 
 
-def resume_command(run_dir: pathlib.Path, *, local: bool, agents: int, gpus_per_agent: int, mock_cloud: str, grace_s: float, spot_nice: int, reserved: str, keys: pathlib.Path | None, verbose: bool, log_level: str, trackers: list[str] | None) -> str:
+def resume_command(run_dir: pathlib.Path, *, local: bool, agents: int, gpus_per_agent: int, mock_cloud: str, grace_s: float, spot_nice: int, reserved: str, keys: pathlib.Path | None, verbose: bool, log_level: str, trackers: list[str] | None, spot: bool = True, restart: bool = False) -> str:
     """The ``spotlight up --resume RUN_DIR …`` command line that continues an interrupted run
-    with the same local layout (the run's own config.toml holds everything else)."""
+    with the same local layout (the run's own config.toml holds everything else).
+
+    ``spot``: the run uses spot GPUs (False for ``run.mode = "reserved-only"``: a local run
+    starts no spot agent, so no spot-agent flag is repeated). ``restart``: the command that
+    starts the run again in the same directory from its resolved config
+    (``--config RUN_DIR/config.toml --run-dir RUN_DIR``) instead of resuming it."""
     import shlex
 
-    cmd = ["spotlight", "up", "--resume", str(run_dir)]
+    run_dir = pathlib.Path(run_dir)
+    cmd = ["spotlight", "up", *(["--config", str(run_dir / "config.toml"), "--run-dir"] if restart else ["--resume"]), str(run_dir)]
     if local:
-        cmd += ["--local", "--agents", str(agents)]
+        cmd.append("--local")
+    if local and spot:
+        cmd += ["--agents", str(agents)]
         if gpus_per_agent != 1:
             cmd += ["--gpus-per-agent", str(gpus_per_agent)]
         if mock_cloud != "none":
@@ -119,6 +127,35 @@ def resume_command(run_dir: pathlib.Path, *, local: bool, agents: int, gpus_per_
     if log_level.upper() != "WARNING":
         cmd += ["--log-level", log_level.upper()]
     return shlex.join(cmd)
+
+
+def next_command(run_dir: pathlib.Path, *, iterations: int, **layout) -> tuple[str, str]:
+    """What to run after ``spotlight up`` stopped early: ``(sentence, command line)``.
+
+    With a complete checkpoint (:func:`spotlight.checkpoint.latest_checkpoint`) the command
+    continues the run (:func:`resume_command`). Without one (stopped before its first
+    iteration ended) there is nothing to continue: the command starts the run again in the
+    same directory from its resolved config -- or, when ``metrics.jsonl`` already holds a row
+    (stopped between writing it and the checkpoint), with ``--resume``, which restarts a run
+    without a checkpoint at iteration 1 (a plain start refuses a directory with metrics).
+    ``layout``: the keyword arguments of :func:`resume_command`."""
+    from spotlight.checkpoint import latest_checkpoint
+
+    run_dir = pathlib.Path(run_dir)
+    try:
+        got = latest_checkpoint(run_dir, cleanup=False)
+    except OSError:
+        got = None
+    if got is not None:
+        return f"Continue the run from its last complete iteration ({got[0] + 1}/{iterations}) with:", resume_command(run_dir, **layout)
+    try:
+        has_rows = (run_dir / "metrics.jsonl").stat().st_size > 0
+    except OSError:
+        has_rows = False
+    return (
+        f"No iteration finished, so there is no checkpoint to continue from ({run_dir / 'checkpoints'}). Start the run again with:",
+        resume_command(run_dir, **layout, restart=not has_rows),
+    )
 
 
 def _setup_logging(log_level: str, log_dir: pathlib.Path, *, verbose: bool) -> None:
@@ -388,8 +425,8 @@ def register(app: typer.Typer) -> None:
         stop = {"sig": None}
         signal.signal(signal.SIGTERM, lambda s, f: stop.update(sig=s) or (_ for _ in ()).throw(KeyboardInterrupt()))
         signal.signal(signal.SIGHUP, signal.getsignal(signal.SIGTERM))  # the terminal closed: stop as on SIGTERM
-        continue_with = resume_command(rd, local=local, agents=agents, gpus_per_agent=gpus_per_agent, mock_cloud=mock_cloud if actions is None else "none", grace_s=grace_s, spot_nice=spot_nice, reserved=reserved, keys=keys, verbose=verbose, log_level=log_level, trackers=tracker)
-        interrupted = False
+        layout = dict(local=local, agents=agents, gpus_per_agent=gpus_per_agent, mock_cloud=mock_cloud if actions is None else "none", grace_s=grace_s, spot_nice=spot_nice, reserved=reserved, keys=keys, verbose=verbose, log_level=log_level, trackers=tracker, spot=cfg.cluster.use_spot)
+        interrupted = failed = False
         try:
             coord.start_trainers()
             if local:
@@ -456,7 +493,7 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(130)
         except RuntimeError as exc:
             console.print(f"[red]error:[/red] {escape(str(exc))}")
-            console.print(f"continue the run from its last complete iteration with: [cyan]{escape(continue_with)}[/cyan]")
+            failed = True
             raise typer.Exit(1)
         finally:
             if driver is not None:
@@ -491,5 +528,6 @@ def register(app: typer.Typer) -> None:
                 driver.close()
             for m in mocks:
                 m.stop()
-            if interrupted:
-                console.print(f"stopped. Continue the run from its last complete iteration with:\n  [cyan]{escape(continue_with)}[/cyan]")
+            if interrupted or failed:  # after coord.close(): the checkpoints on disk are final
+                sentence, command = next_command(rd, iterations=cfg.run.iterations, **layout)
+                console.print(f"{'stopped. ' if interrupted else ''}{escape(sentence)}\n  [cyan]{escape(command)}[/cyan]")

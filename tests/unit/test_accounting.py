@@ -73,6 +73,22 @@ def test_trainers_on_their_own_gpus_are_billed_beside_every_worker():
     assert im.cost_usd(SPOT, RESERVED) == pytest.approx((4 * 60 * RESERVED + 60 * RESERVED + 2 * 60 * SPOT) / 3600.0)
 
 
+def test_status_gpu_counts_are_the_billed_gpus_trainers_included():
+    """`spotlight status` counted the agents' GPUs only, while the cost meter also bills the
+    Train Workers' GPUs: the counts are now the billed GPUs, split by use."""
+    im = InstanceManager(heartbeat_timeout_s=10.0)
+    im.hold("trainers", [0, 1], 0.0, host="res")
+    im.register("reserved-0", "r", [1, 2], False, 0.0, host="res")  # GPU 1 shared with trainer rank 1
+    im.register("spot-a", "a", [0, 1], True, 0.0)
+    counts = im.gpu_counts()
+    assert counts == {"spot": 2, "reserved": 3, "train": 2, "reserved_rollout": 2}
+    im.integrate(0.0)
+    im.integrate(60.0)
+    assert im.gpu_seconds(spot=False) == 60.0 * counts["reserved"] and im.gpu_seconds(spot=True) == 60.0 * counts["spot"]
+    im.goodbye("reserved-0", 60.0, "run finished")
+    assert im.gpu_counts() == {"spot": 2, "reserved": 2, "train": 2, "reserved_rollout": 0}
+
+
 def test_hold_is_billed_without_any_agent_and_stops_at_release():
     im = InstanceManager(heartbeat_timeout_s=10.0)
     im.hold("trainers", [0, 1], 10.0)

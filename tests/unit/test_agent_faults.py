@@ -239,11 +239,20 @@ def test_join_to_nothing_shows_progress_and_obeys_sigterm(state, keys_dir):
     assert "stopped by SIGTERM while waiting for the coordinator" in rest and "Traceback" not in rest
 
 
+def test_first_registration_timeout_is_an_option(state, keys_dir):
+    """`--register-timeout-s`: the agent gave up on its first registration after a fixed 60 s."""
+    proc = _agent(["--coordinator", f"127.0.0.1:{_unused_port()}", "--node-id", "spot-a", "--keys", str(keys_dir), "--register-timeout-s", "1.5"], state)
+    out, err = proc.communicate(timeout=50)  # the fixed 60 s would not have ended by now
+    assert proc.returncode == 1, err
+    assert "giving up after 1.5s" in err and "no answer from coordinator at tcp://127.0.0.1:" in err and "within 1.5s" in err, err
+    assert "Traceback" not in err
+
+
 def test_join_help_fits_80_columns():
     env = dict(os.environ, COLUMNS="80", PYTHONPATH=ROOT, TERM="dumb")
     out = subprocess.run([sys.executable, "-m", "agent.main", "join", "--help"], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert max(len(line) for line in out.stdout.splitlines()) <= 80
     assert "…" not in out.stdout  # no option name or help cut short
-    for opt in ("--coordinator", "--keys", "--poll-interval-s", "--coordinator-timeout-s", "--warm-spare / --no-warm-spare", "<role>.<name>.key_secret"):
+    for opt in ("--coordinator", "--keys", "--poll-interval-s", "--register-timeout-s", "--coordinator-timeout-s", "--warm-spare / --no-warm-spare", "<role>.<name>.key_secret"):
         assert opt in out.stdout, opt

@@ -9,7 +9,8 @@ import subprocess
 import sys
 import types
 
-from spotlight.cli.up import resume_command
+from spotlight.checkpoint import write_checkpoint
+from spotlight.cli.up import next_command, resume_command
 from spotlight.config import load_config
 from spotlight.coordinator import Coordinator
 from spotlight.procs import LOG_DIR_ENV, LOG_ECHO_ENV, log_file_name, spawn_logged
@@ -43,6 +44,32 @@ def test_resume_command_repeats_the_local_layout():
     assert cmd == "spotlight up --resume '/tmp/my run' --local --agents 1 --gpus-per-agent 2 --mock-cloud gcp --verbose"
     remote = resume_command("r", local=False, agents=2, gpus_per_agent=1, mock_cloud="none", grace_s=20.0, spot_nice=5, reserved="0.0.0.0:7400", keys="/k", verbose=False, log_level="INFO", trackers=["none"])
     assert remote == "spotlight up --resume r --reserved 0.0.0.0:7400 --keys /k --tracker none --log-level INFO"
+
+
+LAYOUT = dict(local=True, agents=2, gpus_per_agent=2, mock_cloud="aws", grace_s=10.0, spot_nice=5, reserved="127.0.0.1:0", keys=None, verbose=False, log_level="WARNING", trackers=None)
+
+
+def test_resume_command_of_a_reserved_only_run_has_no_spot_agent_flags():
+    """--mode reserved-only starts no spot agent: `--agents 2 --gpus-per-agent 2 --mock-cloud aws
+    --grace-s 10` in the hint described agents the resumed run would not start either."""
+    assert resume_command("r", **LAYOUT, spot=False) == "spotlight up --resume r --local"
+    assert resume_command("r", **LAYOUT) == "spotlight up --resume r --local --agents 2 --gpus-per-agent 2 --mock-cloud aws --grace-s 10"
+
+
+def test_after_a_stop_the_hint_continues_from_the_checkpoint_or_starts_again(tmp_path):
+    rd = tmp_path / "run"
+    rd.mkdir()
+    (rd / "metrics.jsonl").write_text("")
+    sentence, cmd = next_command(rd, iterations=5, **LAYOUT, spot=False)  # stopped before iteration 1 ended
+    assert "no checkpoint" in sentence and "Start the run again" in sentence and "Continue" not in sentence
+    assert cmd == f"spotlight up --config {rd}/config.toml --run-dir {rd} --local"
+    (rd / "metrics.jsonl").write_text('{"iteration": 0}\n')  # stopped between the row and its checkpoint: a plain start would refuse the directory
+    sentence, cmd = next_command(rd, iterations=5, **LAYOUT)
+    assert "no checkpoint" in sentence and cmd.startswith(f"spotlight up --resume {rd} --local --agents 2")
+    write_checkpoint(rd, 2, {"x": 1}, keep=2)  # after iteration 3
+    sentence, cmd = next_command(rd, iterations=5, **LAYOUT)
+    assert sentence == "Continue the run from its last complete iteration (3/5) with:"
+    assert cmd == resume_command(rd, **LAYOUT)
 
 
 CHILD = (

@@ -62,3 +62,26 @@ def test_coordinator_names_grids_by_the_1_based_iteration(tmp_path):
     finally:
         run.close()
     assert [p.name for p in (tmp_path / "run" / "samples").iterdir()] == ["iter_0001.png"]  # iter_0000.png before
+
+
+def test_verl_omni_spot_grid_shows_the_candidates_reused_as_the_rollout(tmp_path):
+    """verl-omni-spot has no rollout-kind requests: its rollout is the exploration candidates
+    (params ``as_rollout``) the seed bank selected. The grid (and the tracked image) was never
+    written in that mode."""
+    from spotlight.coordinator import Sample
+    from spotlight.request_scheduler import RequestKind
+    from tests.unit.test_weight_sync import _Run
+
+    run = _Run(tmp_path, **{"run.mode": "verl-omni-spot"})
+    try:
+        c = run.coord
+        S = c.cfg.model.image_size
+        for i in range(3):  # three candidates of prompt slot 0; the first two are selected
+            c.samples[f"e{i}"] = Sample(f"e{i}", RequestKind.EXPLORE, 0, 0, 0, i, "b", torch.zeros(3, S, S, dtype=torch.uint8), reward=float(i),
+                                        window_latents=torch.zeros(2, 4), log_probs=torch.zeros(2))
+        c.start_training(0, ["e0", "e1"], 0.0)
+        assert [s.request_id for s in c._pending_samples_for_grid(0)] == ["e0", "e1"]
+        assert c.write_sample_grid(0) == tmp_path / "run" / "samples" / "iter_0001.png"
+    finally:
+        run.close()
+    assert (tmp_path / "run" / "samples" / "iter_0001.png").is_file()

@@ -37,7 +37,8 @@ def test_snapshot_events_and_status_file(tmp_path):
         assert run.recv(run.agent)[0] == P.MsgType.HEARTBEAT
         snap = _ask_status(run)
         node = snap["nodes"][0]
-        assert node["num_gpus"] == 2 and snap["gpus"] == {"spot": 2, "reserved": 0}
+        # the trainer's reserved GPU is billed from the start: it is counted too (it was not)
+        assert node["num_gpus"] == 2 and snap["gpus"] == {"spot": 2, "reserved": 1, "train": 1, "reserved_rollout": 0}
         notice = P.Notice(node_id="spot-a", session=session, source="gcp", scope="node", deadline_unix_s=time.time() + 30, key="k1", kind="preempt")
         run.agent.send_multipart(P.encode(notice))
         run.agent.send_multipart(P.encode(P.Bye(node_id="spot-a", session=session, reason="preempted: committed")))
@@ -49,12 +50,13 @@ def test_snapshot_events_and_status_file(tmp_path):
         assert kinds == [("join", "spot-a"), ("add", "spot-a"), ("notice", "spot-a"), ("leave", "spot-a")], kinds
         assert "gcp preempt" in snap["events"][2]["detail"] and snap["events"][3]["detail"] == "preempted: committed"
         assert all(e["t_s"] >= 0 for e in snap["events"])
-        assert snap["gpus"] == {"spot": 0, "reserved": 0}
+        assert snap["gpus"] == {"spot": 0, "reserved": 1, "train": 1, "reserved_rollout": 0}
     finally:
         run.close()
     saved = json.loads((tmp_path / "run" / "status.json").read_text())  # written at close
     assert saved["events"][-1]["kind"] == "finish" and "stopped after 0/" in saved["events"][-1]["detail"]
     assert saved["nodes"][0]["why"] == "bye: preempted: committed"
+    assert saved["gpus"]["train"] == 1  # saved before the trainers' GPUs are released: as held when it stopped
 
 
 def test_status_cli_shows_a_finished_run_from_its_directory(tmp_path):
@@ -74,7 +76,10 @@ def test_status_cli_shows_a_finished_run_from_its_directory(tmp_path):
     assert "is not running" in out and "status.json" in out
     assert "min +0.2500" in out and "max +0.7500" in out
     assert "stopped after 0/" in out
+    assert "stopped at " in out and "(not running): 0/" in out and "nodes as last seen at" in out  # not shown as live
+    assert "ETA" not in out and "GPUs now" not in out
     res = subprocess.run([sys.executable, "-m", "spotlight.cli", "status", "--run-dir", str(rd), "--json"], capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
     assert res.returncode == 0, res.stderr
     snap = json.loads(res.stdout)
     assert snap["reward_curve"] == [0.25, 0.75] and snap["last_metrics"]["reward/mean"] == 0.75
+    assert snap["running"] is False and snap["eta_s"] is None and snap["saved_unix_s"] == snap["started_unix_s"] + snap["elapsed_s"]

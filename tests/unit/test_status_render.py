@@ -100,6 +100,15 @@ def test_mid_run_tells_the_story():
         assert needle in text, needle
 
 
+def test_gpu_line_counts_the_trainers_gpus_like_the_cost():
+    """The reserved GPUs on the line are those the cost bills: the Train Workers' too, a GPU
+    shared by a trainer and a reserved Rollout Worker once."""
+    snap = mid_snapshot() | {"gpus": {"spot": 6, "reserved": 3, "train": 2, "reserved_rollout": 2}}
+    assert "GPUs now: 9 (6 spot on 2 nodes, 3 reserved: 2 training + 2 rollout on 1 node, 1 shared by both)" in _text(snap)
+    snap["gpus"] = {"spot": 6, "reserved": 5, "train": 4, "reserved_rollout": 1}  # trainers on a host of their own
+    assert "GPUs now: 11 (6 spot on 2 nodes, 5 reserved: 4 training + 1 rollout on 1 node)" in _text(snap)
+
+
 def test_dead_node_shows_why():
     text = _text(mid_snapshot())
     row = next(l for l in text.splitlines() if "spot-2" in l and "dead" in l)
@@ -130,3 +139,24 @@ def test_unmeasured_metrics_render_as_dashes():
     text = _text(snap)
     assert "spot busy -" in text and "reward -" in text and "train -" in text
     assert "min +0.1000" in text and "max +0.3000" in text
+
+
+def test_stopped_run_from_files_is_not_shown_as_live():
+    """`spotlight status RUN_DIR` of a run stopped before its end showed the nodes of its last
+    status.json as if they were live, the phase it was in and an ETA."""
+    import time as _time
+
+    saved = 1.7e9 + 3730.0
+    clock = _time.strftime("%Y-%m-%d %H:%M:%S", _time.localtime(saved))
+    stopped = mid_snapshot() | {"running": False, "saved_unix_s": saved, "eta_s": None,
+                                "source": "the coordinator (pid 123) is not running: the run has finished or stopped; showing runs/x/status.json"}
+    stopped["events"] = stopped["events"] + [{"t_s": 3730.0, "kind": "finish", "node": "", "detail": "stopped after 3/10 iterations (interrupted or timed out)"}]
+    text = _text(stopped)
+    assert f"stopped at {clock} (not running): 3/10 iterations done" in text
+    assert "ETA" not in text and "phase rollout" not in text and "elapsed" not in text and "ran 1:02:10" in text
+    assert f"nodes as last seen at {clock} (not running now)" in text and f"GPUs at {clock}: 7" in text and "GPUs now" not in text
+    assert "0.4s before" in text and "s ago" not in text
+    killed = stopped | {"events": mid_snapshot()["events"]}  # kill -9: status.json of its last iteration, no "finish"
+    assert f"stopped (not running; last saved at {clock}): 3/10 iterations done" in _text(killed)
+    live = _text(mid_snapshot())  # a live coordinator's snapshot is unchanged
+    assert "phase rollout" in live and "ETA 2:25:03" in live and "GPUs now" in live and "not running" not in live
