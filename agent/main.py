@@ -412,7 +412,7 @@ class AgentDaemon:
         try:
             spare.proc.wait(timeout=SHUTDOWN_KILL_WAIT_S)
         except subprocess.TimeoutExpired:
-            log.error("warm spare (pid %d) did not exit after SIGKILL", spare.proc.pid)
+            log.warning("warm spare (pid %d) still exiting %.0fs after SIGKILL (a loaded kernel is slow to free its memory)", spare.proc.pid, SHUTDOWN_KILL_WAIT_S)
         if spare.proc.stdin is not None:
             spare.proc.stdin.close()
 
@@ -947,7 +947,7 @@ class AgentDaemon:
             if not alive:
                 break
             if last:
-                log.error("workers %s did not exit after SIGKILL", [p.pid for p in alive])
+                log.warning("workers %s still exiting %.0fs after SIGKILL (a loaded kernel is slow to free their memory)", [p.pid for p in alive], wait_s)
             else:
                 log.error("workers %s ignored SIGTERM for %.0fs: killing them", [p.pid for p in alive], wait_s)
                 for p in alive:
