@@ -31,3 +31,29 @@ def test_help_fits_80_columns(module, command):
     assert out.stdout.strip(), "empty help"
     assert "…" not in out.stdout, [line for line in out.stdout.splitlines() if "…" in line]
     assert max(len(line) for line in out.stdout.splitlines()) <= 80
+
+
+def _walk(command, path=()):
+    import click
+
+    yield path, command
+    if isinstance(command, click.Group):
+        for name, sub in command.commands.items():
+            yield from _walk(sub, path + (name,))
+
+
+def test_no_help_text_is_eaten_as_rich_markup():
+    """Rich reads ``[word]`` in a help string as a style tag and drops it (``(in [explore]: …``
+    printed as ``(in : …``); every help text must print as written."""
+    import re
+
+    import typer
+
+    from spotlight.cli import app
+
+    tag = re.compile(r"(?<!\\)\[/?[A-Za-z_#@][^\]\n]*\]")
+    found = []
+    for path, command in _walk(typer.main.get_command(app)):
+        texts = [command.help or ""] + [getattr(p, "help", None) or "" for p in command.params]
+        found += [(" ".join(path), m.group(0)) for t in texts for m in tag.finditer(t)]
+    assert not found, found
