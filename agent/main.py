@@ -649,7 +649,9 @@ class AgentDaemon:
         try:
             req = json.loads(self.control.recv())
             cmd = req.get("cmd")
-            if cmd == "revoke":
+            if cmd in ("revoke", "add") and (bad := control_gpus_error(cmd, [int(g) for g in req["gpus"]], self.gpus)):
+                reply = {"ok": False, "error": bad, "gpus": self.gpus}  # nothing changed, nothing told the coordinator
+            elif cmd == "revoke":
                 grace = float(req.get("grace_s", self.grace_s))
                 notice = revoke_notice([int(g) for g in req["gpus"]], grace, time.time())
                 self.on_notice(notice)
@@ -1035,6 +1037,30 @@ def join(
 
         shutil.rmtree(daemon._ipc_dir, ignore_errors=True)
     raise typer.Exit(rc)
+
+
+def control_gpus_error(cmd: str, gpus: list[int], node_gpus: list[int]) -> str | None:
+    """Why a local `revoke` / `add` of `gpus` on a node holding `node_gpus` is refused, or None.
+
+    Checked before anything changes: a bad request must neither stop a worker nor reach the
+    coordinator's event log as a revocation or an addition."""
+    if not gpus:
+        return "no GPU given"
+    negative = sorted({g for g in gpus if g < 0})
+    if negative:
+        return f"GPU ids are 0 or more, got {negative}"
+    if len(set(gpus)) != len(gpus):
+        return f"GPU ids repeated: {gpus}"
+    held = f"this node's GPUs are {sorted(node_gpus)}" if node_gpus else "this node holds no GPU"
+    if cmd == "revoke":
+        unknown = sorted(g for g in gpus if g not in node_gpus)
+        if unknown:
+            return f"GPU(s) {unknown} not on this node ({held}): nothing revoked"
+    elif cmd == "add":
+        present = sorted(g for g in gpus if g in node_gpus)
+        if present:
+            return f"GPU(s) {present} already on this node ({held}): nothing added"
+    return None
 
 
 def _fail(message: str) -> None:
