@@ -1082,7 +1082,8 @@ def _control(node_id: str, request: dict, timeout_s: float = 5.0, state_dir_opt:
     try:
         sock.send(json.dumps(request).encode())
         if not sock.poll(int(timeout_s * 1000)):
-            raise typer.Exit(f"agent {node_id!r} did not answer on {control_endpoint(node_id)} (is it running on this machine?)")
+            typer.echo(f"spotlight-agent: error: agent {node_id!r} did not answer on {control_endpoint(node_id)} (is it running on this machine?)", err=True)
+            raise typer.Exit(1)
         return json.loads(sock.recv())
     finally:
         sock.close()
@@ -1123,7 +1124,9 @@ def agent_status(
 
 
 def main() -> None:
-    app()
+    from spotlight.cli_run import main_of
+
+    main_of(app, "spotlight-agent: error:")
 
 
 if __name__ == "__main__":
