@@ -1046,7 +1046,7 @@ class Coordinator:
             return "?" if not math.isfinite(s) else f"{s:.1f}s" if s < 9.95 else f"{s:.0f}s" if s < 999.5 else f"{s / 60:.0f}m" if s < 5970 else f"{s / 3600:.1f}h"
 
         def pct(x: float | None) -> str:
-            return "-%" if x is None or not math.isfinite(x) else f"{100 * x:.0f}%"
+            return "-" if x is None or not math.isfinite(x) else f"{100 * x:.0f}%"
 
         n_total = self.cfg.run.iterations
         line = (
