@@ -158,7 +158,12 @@ def register(app: typer.Typer) -> None:
                 data["cluster"]["reserved_rollout_gpus"] = rollout_gpus
             if sp_degree is not None:
                 data["cluster"]["sp_degree"] = sp_degree
-            cfg = config_from_dict(data)
+            given = {"train.num_train_workers": ("--train-gpus", train_gpus), "cluster.reserved_rollout_gpus": ("--reserved-rollout-gpus", rollout_gpus), "cluster.sp_degree": ("--sp-degree", sp_degree)}
+            try:
+                cfg = config_from_dict(data)
+            except ConfigError as exc:  # a value this command set: name its flag, as load_config does
+                flag, value = given.get(exc.field or "", (None, None))
+                raise ConfigError(f"{flag}: {exc}" if value is not None else f"{example}: {exc}", exc.field) from None
         except ConfigError as exc:
             console.print(f"[red]error:[/red] {escape(str(exc))}")
             raise typer.Exit(2)
