@@ -649,7 +649,9 @@ class AgentDaemon:
         try:
             req = json.loads(self.control.recv())
             cmd = req.get("cmd")
-            if cmd == "revoke":
+            if cmd in ("revoke", "add") and (bad := control_gpus_error(cmd, [int(g) for g in req["gpus"]], self.gpus)):
+                reply = {"ok": False, "error": bad, "gpus": self.gpus}  # nothing changed, nothing told the coordinator
+            elif cmd == "revoke":
                 grace = float(req.get("grace_s", self.grace_s))
                 notice = revoke_notice([int(g) for g in req["gpus"]], grace, time.time())
                 self.on_notice(notice)
@@ -1037,6 +1039,30 @@ def join(
     raise typer.Exit(rc)
 
 
+def control_gpus_error(cmd: str, gpus: list[int], node_gpus: list[int]) -> str | None:
+    """Why a local `revoke` / `add` of `gpus` on a node holding `node_gpus` is refused, or None.
+
+    Checked before anything changes: a bad request must neither stop a worker nor reach the
+    coordinator's event log as a revocation or an addition."""
+    if not gpus:
+        return "no GPU given"
+    negative = sorted({g for g in gpus if g < 0})
+    if negative:
+        return f"GPU ids are 0 or more, got {negative}"
+    if len(set(gpus)) != len(gpus):
+        return f"GPU ids repeated: {gpus}"
+    held = f"this node's GPUs are {sorted(node_gpus)}" if node_gpus else "this node holds no GPU"
+    if cmd == "revoke":
+        unknown = sorted(g for g in gpus if g not in node_gpus)
+        if unknown:
+            return f"GPU(s) {unknown} not on this node ({held}): nothing revoked"
+    elif cmd == "add":
+        present = sorted(g for g in gpus if g in node_gpus)
+        if present:
+            return f"GPU(s) {present} already on this node ({held}): nothing added"
+    return None
+
+
 def _fail(message: str) -> None:
     """One line on stderr, exit status 2 (a usage error, before anything starts)."""
     typer.echo(f"spotlight-agent: error: {message}", err=True)
@@ -1056,7 +1082,8 @@ def _control(node_id: str, request: dict, timeout_s: float = 5.0, state_dir_opt:
     try:
         sock.send(json.dumps(request).encode())
         if not sock.poll(int(timeout_s * 1000)):
-            raise typer.Exit(f"agent {node_id!r} did not answer on {control_endpoint(node_id)} (is it running on this machine?)")
+            typer.echo(f"spotlight-agent: error: agent {node_id!r} did not answer on {control_endpoint(node_id)} (is it running on this machine?)", err=True)
+            raise typer.Exit(1)
         return json.loads(sock.recv())
     finally:
         sock.close()
@@ -1097,7 +1124,9 @@ def agent_status(
 
 
 def main() -> None:
-    app()
+    from spotlight.cli_run import main_of
+
+    main_of(app, "spotlight-agent: error:")
 
 
 if __name__ == "__main__":

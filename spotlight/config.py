@@ -5,15 +5,18 @@ them. :func:`load_config` is the only TOML reader. This module never imports tor
 the agent daemon and the CLI can load it cheaply.
 
 Unknown keys, wrong types and out-of-range values raise :class:`ConfigError` naming the
-offending field (``$.train.learning_rate``), so a typo never silently falls back to a
-default.
+offending field (``train.learning_rate``; an invalid enum value lists the valid choices),
+and the file or, for a value set on the command line, the flag, so a typo never silently
+falls back to a default.
 """
 
 from __future__ import annotations
 
 import math
 import pathlib
+import re
 import tomllib
+import typing
 from typing import Any, Literal
 
 import msgspec
@@ -27,7 +30,23 @@ DEFAULT_CONFIG_PATH = EXAMPLES_DIR / "default" / "config.toml"
 
 
 class ConfigError(SpotlightError):
-    """A configuration file or value is invalid."""
+    """A configuration file or value is invalid; ``field`` is the dotted key it names, if any."""
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
+
+
+# the `spotlight` command-line flags that set config keys (load_config's overrides): an
+# error in an overridden value names the flag, not the config file
+CLI_FLAGS = {
+    "run.iterations": "--iterations",
+    "run.mode": "--mode",
+    "run.trackers": "--tracker",
+    "explore.max_candidates_per_prompt": "--uncapped-exploration",
+    "explore.stream_extra": "--uncapped-exploration",
+    "model.pretrained_path": "--pretrained-path",
+}
 
 
 def resolve_path(path: str) -> pathlib.Path:
@@ -42,7 +61,7 @@ def resolve_path(path: str) -> pathlib.Path:
 
 def _check(cond: bool, field: str, msg: str) -> None:
     if not cond:
-        raise ConfigError(f"{field}: {msg}")
+        raise ConfigError(f"{field}: {msg}", field)
 
 
 class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -597,9 +616,36 @@ def config_from_dict(data: dict[str, Any]) -> SpotlightConfig:
     try:
         return msgspec.convert(data, type=SpotlightConfig)
     except msgspec.ValidationError as exc:
-        raise ConfigError(f"invalid config: {exc}") from None
-    except ConfigError:
-        raise
+        raise _validation_error(str(exc)) from None
+
+
+def _validation_error(message: str) -> ConfigError:
+    """msgspec's ``<what> - at `$.section.key`'' as a ConfigError naming the dotted field;
+    an invalid enum value lists the valid choices."""
+    m = re.fullmatch(r"(.*) - at `\$\.([\w.]+)((?:\[\d+\])*)`", message)
+    if m is None:
+        return ConfigError(f"invalid config: {message}")
+    what, field, index = m.groups()
+    choices = _literal_choices(field)
+    if choices and (bad := re.fullmatch(r"Invalid enum value (.*)", what)):
+        what = f"invalid value {bad.group(1)}; choose from {', '.join(repr(c) for c in choices)}"
+    return ConfigError(f"{field}{index}: {what}", field)
+
+
+def _literal_choices(field: str) -> tuple[Any, ...]:
+    """The values a ``Literal`` field (or a list/tuple of one) of SpotlightConfig allows; () if
+    the dotted field is not one."""
+    tp: Any = SpotlightConfig
+    for part in field.split("."):
+        try:
+            tp = typing.get_type_hints(tp).get(part)
+        except TypeError:
+            return ()
+        if tp is None:
+            return ()
+    while typing.get_origin(tp) in (list, tuple) and typing.get_args(tp):
+        tp = typing.get_args(tp)[0]
+    return typing.get_args(tp) if typing.get_origin(tp) is Literal else ()
 
 
 def _with_mode(data: dict[str, Any]) -> dict[str, Any]:
@@ -651,7 +697,11 @@ def load_config(path: str | pathlib.Path | None = None, overrides: dict[str, Any
     try:
         return config_from_dict(data)
     except ConfigError as exc:
-        raise ConfigError(f"{p}: {exc}") from None
+        if exc.field is not None and exc.field in (overrides or {}):
+            # the value came from the command line, not from the file
+            flag = CLI_FLAGS.get(exc.field, f"override {exc.field}")
+            raise ConfigError(f"{flag}: {exc}", exc.field) from None
+        raise ConfigError(f"{p}: {exc}", exc.field) from None
 
 
 def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

@@ -61,7 +61,7 @@ from spotlight.server import PUBLIC, TRAINER, ControlServer, Inbound
 from spotlight.config import SpotlightConfig, config_to_dict, dump_config
 from spotlight.instance_manager import InstanceManager, cost_metrics
 from spotlight.iteration import CoreObservation, IterationCore, IterationDone, IterationSettings, StartSaving, StartTraining
-from spotlight.planner import Action, Planner, PlannerConfig, StepOption, step_time_gpu_s
+from spotlight.planner import Action, Planner, PlannerConfig, StepOption, no_fit_message, step_time_gpu_s
 from spotlight.profiling import load_profile
 from spotlight.request_scheduler import RequestKind, RequestScheduler, RequestStatus, lost_steps
 from spotlight.rewards import RewardError, RewardFn
@@ -896,8 +896,9 @@ class Coordinator:
         plan = self.plan_logs.get(n + 1)
         if plan is not None:
             a = plan["action"]
-            if a is None:
-                log.warning("planner: %s", plan["reason"])
+            if a is None:  # the Planner working as designed (§4.3.1): not a warning
+                streams = self.cfg.explore.stream_extra and plan.get("num_spot_gpus", 0) > 0
+                log.info("planner: %s", no_fit_message(plan, streams=streams))
             else:
                 log.info("planner: iteration %d explores d=%d s=%.1f (threshold %.3f), budget %.1fs", n + 2, a["num_sequences"], a["effective_steps"], a["cache_threshold"], plan["budget_s"])
 
@@ -1045,7 +1046,7 @@ class Coordinator:
             return "?" if not math.isfinite(s) else f"{s:.1f}s" if s < 9.95 else f"{s:.0f}s" if s < 999.5 else f"{s / 60:.0f}m" if s < 5970 else f"{s / 3600:.1f}h"
 
         def pct(x: float | None) -> str:
-            return "-%" if x is None or not math.isfinite(x) else f"{100 * x:.0f}%"
+            return "-" if x is None or not math.isfinite(x) else f"{100 * x:.0f}%"
 
         n_total = self.cfg.run.iterations
         line = (

@@ -354,6 +354,7 @@ class Plan:
     eligible: list[ArmScore]
     rejected_steps: list[StepOption]
     reason: str
+    cheapest_s: float | None = None  # T_plan of the cheapest arm when none fits W
 
     def to_log(self) -> dict[str, Any]:
         """JSON-able record for metrics.jsonl (``inf`` UCB written as ``"inf"``)."""
@@ -361,12 +362,27 @@ class Plan:
             "action": None if self.action is None else self.action.to_dict(),
             "budget_s": self.budget_s,
             "reason": self.reason,
+            **({"cheapest_s": self.cheapest_s} if self.cheapest_s is not None else {}),
             "eligible": [s.to_dict() for s in self.eligible],
             "rejected_steps": [
                 {"cache_threshold": o.cache_threshold, "effective_steps": o.effective_steps, "accuracy": o.accuracy}
                 for o in self.rejected_steps
             ],
         }
+
+
+def no_fit_message(plan_log: dict[str, Any], *, streams: bool) -> str:
+    """For a user: a plan that explores nothing because no arm fits the window W (what it
+    means and what happens), from :meth:`Plan.to_log`. ``streams``: the spot GPUs stream
+    the cheapest arm's candidates anyway (``explore.stream_extra`` and spot GPUs present)."""
+    cheapest = plan_log.get("cheapest_s")
+    if cheapest is None:  # C = 0, or an older log: the Planner's own words
+        return f"no exploration this iteration: {plan_log.get('reason', '')}"
+    what = (f"no exploration arm fits this iteration's training window (the cheapest needs "
+            f"{cheapest:.1f} GPU-s, the spot GPUs have {plan_log['budget_s']:.1f} GPU-s while training runs)")
+    if streams:
+        return f"{what}: spot GPUs stream the cheapest arm's candidates instead (nothing waits for them)"
+    return f"{what}: the next batch is not explored (its rollouts use default seeds)"
 
 
 @dataclass
@@ -454,6 +470,7 @@ class Planner:
                 [],
                 list(self.rejected_steps),
                 f"no action fits: cheapest T_plan={cheapest:.3f}s > W={budget:.3f}s",
+                cheapest,
             )
         eligible.sort(key=selection_key)
         top = [s for s in eligible if selection_key(s) == selection_key(eligible[0])]

@@ -100,11 +100,13 @@ def load_prompt_set(
     prompt_column: str = "",
     category_column: str = "",
     categories: Sequence[str] = (),
+    source: str = "data.prompts_path",
 ) -> PromptSet:
     """Read the prompts of ``path`` (format from its suffix, see the module docstring).
 
     Args:
         path: the prompt file.
+        source: where ``path`` came from, named by a missing-file error (a config key or a flag).
         prompt_column: CSV/TSV column or JSONL key of the prompts ("" = found by name).
         category_column: CSV/TSV column or JSONL key to filter on ("" = no filter).
         categories: values of ``category_column`` to keep (compared as text).
@@ -121,9 +123,9 @@ def load_prompt_set(
     try:
         raw = p.read_bytes()
     except FileNotFoundError:
-        raise ConfigError(f"data.prompts_path: file not found: {p}") from None
+        raise ConfigError(f"{source}: file not found: {p}") from None
     except OSError as exc:
-        raise ConfigError(f"data.prompts_path: cannot read {p}: {exc.strerror or exc}") from None
+        raise ConfigError(f"{source}: cannot read {p}: {exc.strerror or exc}") from None
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:

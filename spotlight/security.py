@@ -260,7 +260,13 @@ def load_client_keys(directory: str | os.PathLike, *, name: str | None = None, r
     want = f" of role {role!r}" if role else ""
     if not cands:
         hint = f" named {name!r}" if name else ""
-        raise KeysError(f"{d} holds no client secret key{want}{hint} (<role>.<name>.key_secret): create one with `spotlight keys add {d} {role or 'agent'} NAME` and copy it here")
+        r = role or "agent"
+        if (d / "server.key_secret").is_file():  # the coordinator's own keys directory
+            how = f"create one with `spotlight keys add {d} {r} NAME` (it writes the secret here)"
+        else:  # a client's: keys are made where the coordinator's keys live
+            how = (f"create one on the coordinator's machine with `spotlight keys add COORDINATOR_KEYS {r} NAME` (COORDINATOR_KEYS: the "
+                   f"coordinator's keys directory, the one holding server.key_secret; it does not work on this one) and copy the {r}.NAME.key_secret it prints here")
+        raise KeysError(f"{d} holds no client secret key{want}{hint} (<role>.<name>.key_secret): {how}")
     if len(cands) > 1:
         raise KeysError(f"{d} holds several client keys{want} ({', '.join(p.id for p, _ in cands)}): choose one with --key")
     principal, f = cands[0]

@@ -25,4 +25,6 @@ _register_all()
 
 
 def main() -> None:
-    app()
+    from spotlight.cli_run import main_of
+
+    main_of(app, "error:")

@@ -42,7 +42,7 @@ def register(app: typer.Typer) -> None:
                 raise ConfigError("`spotlight eval` scores the shapes task (reward.kind = 'geneval_shapes', model.family = 'tiny'); this config is another task")
             from spotlight.shapes import evaluate as ev
 
-            specs = ev.read_prompts(prompts) if prompts is not None else ev.read_prompts()
+            specs = ev.read_prompts(prompts, source="--prompts") if prompts is not None else ev.read_prompts()
         except (SpotlightError, ValueError, OSError) as exc:
             console.print(f"[red]error:[/red] {escape(str(exc))}")
             raise typer.Exit(2)

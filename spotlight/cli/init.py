@@ -35,6 +35,10 @@ FAMILY_EXAMPLES = {
 }
 """``--family`` choices and the example config each starts from (``shapes`` = the embedded default)."""
 
+FAMILY_ALIASES = {"tiny": "shapes"}
+"""``model.family`` names (the README's family table) ``--family`` also takes: ``tiny`` is the
+tiny family's task, the shapes task (``jpeg-toy`` is the other tiny-family example)."""
+
 
 @functools.cache
 def config_docs() -> dict[tuple[str, str], str]:
@@ -121,7 +125,7 @@ def _example_header(path: pathlib.Path) -> list[str]:
 def register(app: typer.Typer) -> None:
     @app.command()
     def init(
-        family: str = typer.Option("shapes", "--family", metavar="NAME", help=f"{', '.join(FAMILY_EXAMPLES)} (shapes: the CPU default)."),
+        family: str = typer.Option("shapes", "--family", metavar="NAME", help=f"{', '.join(FAMILY_EXAMPLES)} (shapes: the CPU default; tiny = shapes)."),
         pretrained_path: Optional[str] = typer.Option(None, "--pretrained-path", metavar="DIR", help="Local checkpoint folder (model.pretrained_path)."),
         train_gpus: Optional[int] = typer.Option(None, "--train-gpus", min=1, metavar="N", help="Training GPUs (train.num_train_workers)."),
         reserved_rollout_gpus: Optional[str] = typer.Option(None, "--reserved-rollout-gpus", metavar="LIST", help="Reserved GPUs that also roll out, e.g. 0,1."),
@@ -136,8 +140,9 @@ def register(app: typer.Typer) -> None:
         """
         from spotlight.config import ConfigError, config_from_dict, config_to_dict, load_config
 
+        family = FAMILY_ALIASES.get(family, family)
         if family not in FAMILY_EXAMPLES:
-            console.print(f"[red]error:[/red] --family {escape(family)!r}: choose one of {', '.join(FAMILY_EXAMPLES)}")
+            console.print(f"[red]error:[/red] --family {escape(family)!r}: choose one of {', '.join(FAMILY_EXAMPLES)} (tiny = shapes)")
             raise typer.Exit(2)
         example = FAMILY_EXAMPLES[family]
         try:
@@ -153,7 +158,12 @@ def register(app: typer.Typer) -> None:
                 data["cluster"]["reserved_rollout_gpus"] = rollout_gpus
             if sp_degree is not None:
                 data["cluster"]["sp_degree"] = sp_degree
-            cfg = config_from_dict(data)
+            given = {"train.num_train_workers": ("--train-gpus", train_gpus), "cluster.reserved_rollout_gpus": ("--reserved-rollout-gpus", rollout_gpus), "cluster.sp_degree": ("--sp-degree", sp_degree)}
+            try:
+                cfg = config_from_dict(data)
+            except ConfigError as exc:  # a value this command set: name its flag, as load_config does
+                flag, value = given.get(exc.field or "", (None, None))
+                raise ConfigError(f"{flag}: {exc}" if value is not None else f"{example}: {exc}", exc.field) from None
         except ConfigError as exc:
             console.print(f"[red]error:[/red] {escape(str(exc))}")
             raise typer.Exit(2)

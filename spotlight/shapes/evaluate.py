@@ -47,10 +47,11 @@ class EvalResult:
         return {"overall": self.overall, "per_task": self.per_task, "per_task_prompts": self.per_task_prompts, "partial_credit": self.partial, "num_images": self.num_images}
 
 
-def read_prompts(path: str | pathlib.Path = world.TEST_PROMPTS_PATH) -> list[world.PromptSpec]:
+def read_prompts(path: str | pathlib.Path = world.TEST_PROMPTS_PATH, *, source: str = "data.prompts_path") -> list[world.PromptSpec]:
     """Prompt specs of shapes-world captions from any prompt file ``data.prompts_path`` reads
     (GenEval-metadata JSONL like ``spotlight/shapes/prompts/test.jsonl``, CSV/TSV with a header,
-    plain text; :func:`spotlight.prompts.load_prompt_set`).
+    plain text; :func:`spotlight.prompts.load_prompt_set`). ``source`` names where the path
+    came from in a missing-file error (``--prompts`` for ``spotlight eval``).
 
     Raises:
         ValueError: an unreadable or empty file (the message names file and line), or a
@@ -59,7 +60,7 @@ def read_prompts(path: str | pathlib.Path = world.TEST_PROMPTS_PATH) -> list[wor
     from spotlight.prompts import load_prompt_set
 
     try:
-        prompts = load_prompt_set(path).prompts
+        prompts = load_prompt_set(path, source=source).prompts
     except Exception as exc:  # ConfigError and friends: one ValueError kind for callers
         raise ValueError(str(exc)) from None
     return [geneval.parse_prompt(p) for p in prompts]

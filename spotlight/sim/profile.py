@@ -113,6 +113,25 @@ def _get(d: dict, section: str, key: str, kind, where: str, *, positive: bool = 
     return v
 
 
+PROFILE_SECTIONS = ("workload", "timing", "exploration", "cluster", "prices")  # required; [iterations_to_target] optional
+
+
+def _check_sections(d: dict, where: str) -> None:
+    """A file with tables a profile does not have (a run config's [model], [run], ...) or
+    without a profile's sections is not a simulation profile: say so, not which key is off."""
+    known = (*PROFILE_SECTIONS, "iterations_to_target")
+    unknown = [k for k, v in d.items() if isinstance(v, dict) and k not in known]
+    missing = [k for k in PROFILE_SECTIONS if k not in d]
+    if not unknown and not missing:
+        return
+    what = "; ".join(part for part in (
+        f"unknown section(s) {', '.join(f'[{k}]' for k in unknown)}" if unknown else "",
+        f"missing section(s) {', '.join(f'[{k}]' for k in missing)}" if missing else "",
+    ) if part)
+    hint = " (a run config? --profile takes a simulation profile such as spotlight/sim/profiles/qwen-image-h100.toml)" if {"model", "run", "train", "sampler"} & set(unknown) else ""
+    raise ProfileError(f"{where}: not a simulation profile: {what}{hint}")
+
+
 def load_profile(path: str | pathlib.Path = DEFAULT_PROFILE) -> SimProfile:
     """Read and validate a simulation profile TOML.
 
@@ -130,6 +149,7 @@ def load_profile(path: str | pathlib.Path = DEFAULT_PROFILE) -> SimProfile:
     for section in ("workload", "timing", "exploration", "cluster", "prices", "iterations_to_target"):
         if section in d and not isinstance(d[section], dict):
             raise ProfileError(f"{where}: [{section}] must be a table, got {type(d[section]).__name__}")
+    _check_sections(d, where)
     g = lambda s, k, kind=float, positive=True: _get(d, s, k, kind, where, positive=positive)  # noqa: E731
     eff_raw = d.get("timing", {}).get("sp_efficiency")
     if not isinstance(eff_raw, dict) or not eff_raw:

@@ -87,7 +87,7 @@ def test_unknown_key_names_the_field():
 
 def test_wrong_type_names_the_field():
     err = _raises_naming("run.iterations", **{"run.iterations": "three"})
-    assert "$.run.iterations" in str(err)
+    assert "run.iterations: Expected `int`, got `str`" in str(err)
     _raises_naming("sampler.noise_level", **{"sampler.noise_level": "high"})
     _raises_naming("explore.enabled", **{"explore.enabled": 3})
     _raises_naming("cluster.warm_spare", **{"cluster.warm_spare": "yes"})
@@ -226,3 +226,50 @@ def test_family_needs_a_checkpoint_path():
         config_from_dict({"model": {"family": "sd3"}})
     with pytest.raises(ConfigError, match="sp_degree"):
         config_from_dict({"model": {"family": "flux", "pretrained_path": "/x", "image_size": 32}, "cluster": {"sp_degree": 2}})
+
+
+def test_bad_enum_value_in_a_file_lists_the_choices(tmp_path):
+    (tmp_path / "c.toml").write_text('[model]\nfamily = "sd4"\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path / "c.toml")
+    msg = str(info.value)
+    assert "c.toml: model.family: invalid value 'sd4'; choose from 'tiny', 'qwen-image', 'sd3', 'flux'" in msg, msg
+    (tmp_path / "c.toml").write_text('[run]\nmode = "fastest"\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path / "c.toml")
+    assert "run.mode: invalid value 'fastest'; choose from 'spotlight', 'rlboost'" in str(info.value), str(info.value)
+
+
+def test_every_literal_field_reports_its_choices():
+    from typing import Literal, get_args, get_origin, get_type_hints
+
+    from spotlight.config import SpotlightConfig
+
+    seen = 0
+    for section, sec_type in get_type_hints(SpotlightConfig).items():
+        for name, tp in get_type_hints(sec_type).items():
+            if get_origin(tp) is not Literal:
+                continue
+            seen += 1
+            with pytest.raises(ConfigError) as info:
+                load_config(overrides={f"{section}.{name}": "no-such-value"})
+            assert f"{section}.{name}: invalid value 'no-such-value'; choose from {repr(get_args(tp)[0])}" in str(info.value), str(info.value)
+    assert seen >= 10
+
+
+def test_an_overridden_value_is_blamed_on_the_flag_not_the_file():
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides={"run.trackers": ["foo"]})
+    msg = str(info.value)
+    assert msg.startswith("--tracker: run.trackers: unknown tracker(s) ['foo']"), msg
+    assert "config.toml" not in msg
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides={"cost.spot_usd_per_gpu_hour": "cheap"})
+    assert str(info.value).startswith("override cost.spot_usd_per_gpu_hour: "), str(info.value)
+
+
+def test_a_file_value_is_still_blamed_on_the_file(tmp_path):
+    (tmp_path / "c.toml").write_text("[run]\ntrackers = [\"foo\"]\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path / "c.toml", {"run.iterations": 2})
+    assert str(info.value).startswith(f"{tmp_path / 'c.toml'}: run.trackers: "), str(info.value)

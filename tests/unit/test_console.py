@@ -35,7 +35,7 @@ def test_progress_line_tells_the_iteration_story_in_100_columns():
     hours = _progress(dict(big, **{"time/train_s": 3 * 3600.0, "time/rollout_s": 1500.0}), 999)
     assert "rollout 25m train 3.0h" in hours and len(hours) <= 100
     last = _progress(dict(ROW, **{"spot/busy_fraction": math.nan}), 20)  # no next batch to explore
-    assert "spot busy -%" in last and "nan" not in last
+    assert "spot busy - critical" in last and "-%" not in last and "nan" not in last  # "-", as the README says
 
 
 def test_resume_command_repeats_the_local_layout():

@@ -74,3 +74,21 @@ def test_mistakes_are_one_line_errors_and_out_is_not_overwritten(tmp_path):
     out.write_text("mine")
     res = _init("--out", str(out))
     assert res.exit_code == 2 and out.read_text() == "mine"
+
+
+def test_family_tiny_means_the_shapes_task(tmp_path):
+    res = _init("--family", "tiny")
+    assert res.exit_code == 0, res.output
+    f = tmp_path / "run.toml"
+    f.write_text(res.stdout)
+    assert load_config(f) == load_config(FAMILY_EXAMPLES["shapes"])
+    bad = _init("--family", "sd4")
+    assert bad.exit_code == 2 and "tiny = shapes" in " ".join(bad.output.split())
+
+
+def test_an_invalid_value_from_a_flag_names_the_flag():
+    res = _init("--family", "sd3", "--sp-degree", "2")  # sp_degree > 1 runs the tiny family only
+    assert res.exit_code == 2
+    out = " ".join(res.output.split())
+    assert "error: --sp-degree: cluster.sp_degree:" in out, res.output
+    assert "sd3.toml" not in out

@@ -78,6 +78,19 @@ def test_no_eligible_action_returns_none_with_reason():
     assert p.plan(obs(40.0, 0)).action is None  # no spot GPUs -> W = 0
 
 
+def test_no_fit_message_says_what_it_means_and_what_happens():
+    from spotlight.planner import no_fit_message
+
+    log = make_planner().plan(obs(19.75, 4)).to_log()
+    assert log["cheapest_s"] == 80.0
+    assert no_fit_message(log, streams=True) == (
+        "no exploration arm fits this iteration's training window (the cheapest needs 80.0 GPU-s, the spot GPUs "
+        "have 79.0 GPU-s while training runs): spot GPUs stream the cheapest arm's candidates instead (nothing waits for them)")
+    assert no_fit_message(log, streams=False).endswith(": the next batch is not explored (its rollouts use default seeds)")
+    assert "T_plan" not in no_fit_message(log, streams=False)
+    assert "cheapest_s" not in make_planner().plan(obs(40.0, 4)).to_log()  # only when nothing fits
+
+
 def test_accuracy_and_min_steps_filters():
     p = make_planner(min_effective_steps=1.0, min_exploration_accuracy=0.8)
     assert p.rejected_steps == [INACCURATE, TOO_FEW]

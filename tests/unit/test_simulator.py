@@ -157,6 +157,17 @@ def test_profile_errors_name_the_field(tmp_path):
         load_profile(bad)
 
 
+def test_a_run_config_given_as_profile_is_named_as_not_a_profile(tmp_path):
+    from spotlight.config import DEFAULT_CONFIG_PATH
+
+    with pytest.raises(ProfileError, match=r"not a simulation profile: unknown section\(s\) \[model\].*missing section\(s\) \[workload\], \[timing\].*a run config\?"):
+        load_profile(DEFAULT_CONFIG_PATH)
+    bad = tmp_path / "p.toml"
+    bad.write_text(DEFAULT_PROFILE.read_text().replace("[prices]", "[pricez]"))
+    with pytest.raises(ProfileError, match=r"not a simulation profile: unknown section\(s\) \[pricez\]; missing section\(s\) \[prices\]$"):
+        load_profile(bad)
+
+
 def test_cli_prints_the_cost_to_target_table(tmp_path):
     cmd = [sys.executable, "-m", "spotlight.cli", "simulate", "--trace", str(TRACE), "--iterations", "2", "--out", str(tmp_path), "--json"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)

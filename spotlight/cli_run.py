@@ -1,0 +1,49 @@
+"""Run a typer app so that every error line starts the same way: ``error:`` (``spotlight``)
+or ``spotlight-agent: error:``, click's own usage errors (a missing option, an out-of-range
+value) included, which click and typer would print as ``Error:`` or in a boxed "Error" panel.
+Never imports torch."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+try:  # typer >= 0.26 carries its own click
+    from typer._click.exceptions import ClickException, NoArgsIsHelpError, UsageError
+    from typer.exceptions import Abort
+except ImportError:  # pragma: no cover - older typer on click
+    from click.exceptions import Abort, ClickException, NoArgsIsHelpError, UsageError
+
+
+def run_app(app: typer.Typer, prefix: str = "error:", args: list[str] | None = None) -> int:
+    """Run ``app`` on ``args`` (default ``sys.argv[1:]``); return the exit status.
+
+    A usage error prints the usage line, the ``--help`` hint and ``<prefix> <message>`` on
+    stderr (status 2, as click); another click error prints ``<prefix> <message>``."""
+    try:
+        rv = app(args=args, standalone_mode=False)
+    except NoArgsIsHelpError as exc:  # `spotlight` alone: its help, as click prints it
+        exc.show()
+        return exc.exit_code
+    except UsageError as exc:
+        if exc.ctx is not None:
+            typer.echo(exc.ctx.get_usage(), err=True)
+            typer.echo(f"Try '{exc.ctx.command_path} {exc.ctx.help_option_names[0]}' for help.\n", err=True)
+        typer.echo(f"{prefix} {exc.format_message()}", err=True)
+        return exc.exit_code
+    except ClickException as exc:
+        typer.echo(f"{prefix} {exc.format_message()}", err=True)
+        return exc.exit_code
+    except Abort:
+        typer.echo("aborted", err=True)
+        return 1
+    if isinstance(rv, str):  # typer.Exit("message") would print the bare message
+        typer.echo(f"{prefix} {rv}", err=True)
+        return 1
+    return rv if isinstance(rv, int) else 0
+
+
+def main_of(app: typer.Typer, prefix: str = "error:") -> None:
+    """A console-script entry point: :func:`run_app`, then exit with its status."""
+    sys.exit(run_app(app, prefix))

@@ -1,0 +1,87 @@
+"""`spotlight-agent revoke` / `add-gpu`: a request naming GPUs the node does not hold (or
+already holds, or negative ids) is refused before anything changes."""
+from agent.main import control_gpus_error
+
+
+def test_revoke_of_a_gpu_not_on_the_node_names_the_nodes_gpus():
+    err = control_gpus_error("revoke", [7], [0, 1])
+    assert err is not None and "[7]" in err and "[0, 1]" in err and "nothing revoked" in err
+
+
+def test_revoke_of_a_held_gpu_is_accepted():
+    assert control_gpus_error("revoke", [1], [0, 1]) is None
+
+
+def test_add_of_a_gpu_already_present_is_refused():
+    err = control_gpus_error("add", [1], [0, 1])
+    assert err is not None and "already on this node" in err
+
+
+def test_add_of_a_new_gpu_is_accepted():
+    assert control_gpus_error("add", [2], [0, 1]) is None
+    assert control_gpus_error("add", [1], [0]) is None
+
+
+def test_negative_and_repeated_ids_are_refused():
+    assert "0 or more" in control_gpus_error("add", [-1], [0])
+    assert "0 or more" in control_gpus_error("revoke", [-1], [0])
+    assert "repeated" in control_gpus_error("add", [2, 2], [0])
+    assert control_gpus_error("revoke", [], [0]) == "no GPU given"
+
+
+class _FakeSocket:
+    def __init__(self, request: dict):
+        import json
+
+        self._request = json.dumps(request).encode()
+        self.sent: list[dict] = []
+
+    def recv(self) -> bytes:
+        return self._request
+
+    def send(self, data: bytes) -> None:
+        import json
+
+        self.sent.append(json.loads(data))
+
+
+class _FakeAgent:
+    """What AgentDaemon.on_control touches, recording whatever would change state."""
+
+    def __init__(self, request: dict, gpus: list[int]):
+        self.control = _FakeSocket(request)
+        self.gpus = list(gpus)
+        self.grace_s = 10.0
+        self.notices: list = []
+        self.added: list = []
+
+    def on_notice(self, notice) -> None:  # would tell the coordinator and stop workers
+        self.notices.append(notice)
+
+    def add_gpus(self, gpus):  # would start workers
+        self.added.append(gpus)
+        return []
+
+
+def test_on_control_refuses_a_revocation_of_an_absent_gpu_before_anything_happens():
+    from agent.main import AgentDaemon
+
+    fake = _FakeAgent({"cmd": "revoke", "gpus": [7], "grace_s": 1.0}, [0, 1])
+    AgentDaemon.on_control(fake)
+    (reply,) = fake.control.sent
+    assert reply["ok"] is False and "[7]" in reply["error"] and "[0, 1]" in reply["error"]
+    assert fake.notices == [] and fake.gpus == [0, 1]  # no notice: nothing logged as a revocation
+    fake = _FakeAgent({"cmd": "revoke", "gpus": [1], "grace_s": 1.0}, [0, 1])
+    AgentDaemon.on_control(fake)
+    assert fake.control.sent[0]["ok"] is True and len(fake.notices) == 1
+
+
+def test_on_control_refuses_adding_a_present_gpu():
+    from agent.main import AgentDaemon
+
+    fake = _FakeAgent({"cmd": "add", "gpus": [0]}, [0, 1])
+    AgentDaemon.on_control(fake)
+    assert fake.control.sent[0]["ok"] is False and fake.added == []
+    fake = _FakeAgent({"cmd": "add", "gpus": [-1]}, [0])
+    AgentDaemon.on_control(fake)
+    assert fake.control.sent[0]["ok"] is False and fake.added == []

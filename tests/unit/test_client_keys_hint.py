@@ -1,0 +1,32 @@
+"""A client keys directory without the wanted key: the hint says where `spotlight keys add` works."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from spotlight.security import KeysError, add_client, init_keys, load_client_keys
+
+
+def test_an_agents_keys_dir_without_a_status_key_points_at_the_coordinators_dir(tmp_path):
+    coord = tmp_path / "coord"
+    init_keys(coord)
+    secret = add_client(coord, "agent", "spot-0")
+    agent = tmp_path / "agent"
+    agent.mkdir()
+    shutil.copy(coord / "server.key", agent / "server.key")
+    shutil.copy(secret, agent / secret.name)
+    with pytest.raises(KeysError) as info:
+        load_client_keys(agent, role="status")
+    msg = str(info.value)
+    assert f"spotlight keys add {agent}" not in msg, msg
+    assert "spotlight keys add COORDINATOR_KEYS status NAME" in msg and "server.key_secret" in msg and "does not work on this one" in msg, msg
+
+
+def test_the_coordinators_keys_dir_gets_the_direct_command(tmp_path):
+    coord = tmp_path / "coord"
+    init_keys(coord)
+    with pytest.raises(KeysError) as info:
+        load_client_keys(coord, role="status")
+    assert f"spotlight keys add {coord} status NAME" in str(info.value)
