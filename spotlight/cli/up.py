@@ -202,11 +202,48 @@ def _adopt(entry: dict | None):
         return None
 
 
+def _check_options(*, mock_cloud: str, reserved: str, trace_mode: str) -> list[str]:
+    """One-line problems with ``spotlight up``'s plain options, found before anything starts
+    or is written (an empty list: none)."""
+    from spotlight.mock_metadata import CLOUDS
+    from spotlight.replay_plan import TRACE_MODES
+
+    problems = []
+    if mock_cloud not in (*CLOUDS, "none"):
+        problems.append(f"--mock-cloud {mock_cloud}: choose from {', '.join(CLOUDS)}, none")
+    host, sep, port = reserved.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        problems.append(f"--reserved {reserved}: expected HOST:PORT (port 0 to 65535; 0 = any free port)")
+    if trace_mode not in TRACE_MODES:
+        problems.append(f"--trace-mode {trace_mode}: choose from {', '.join(TRACE_MODES)}")
+    return problems
+
+
+def _running_coordinator(run_dir: pathlib.Path) -> int | None:
+    """The pid of the coordinator of ``run_dir`` (its ``coordinator.json``) if that process
+    is still alive and a Spotlight process, else None."""
+    import json
+
+    import psutil
+
+    try:
+        pid = json.loads((pathlib.Path(run_dir) / "coordinator.json").read_text()).get("pid")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(pid, int) or pid == os.getpid():
+        return None
+    try:
+        proc = psutil.Process(pid)
+        return pid if "spotlight" in " ".join(proc.cmdline()) and proc.status() != psutil.STATUS_ZOMBIE else None
+    except psutil.Error:
+        return None
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def up(
         local: bool = typer.Option(False, "--local", help="Also start N spot agents (and the reserved node's rollout agent) on this machine, with CPU 'GPUs'."),
-        agents: int = typer.Option(2, "--agents", min=0, help="Number of local spot agents (with --local)."),
+        agents: Optional[int] = typer.Option(None, "--agents", min=0, help="Number of local spot agents (with --local; default 2)."),
         gpus_per_agent: int = typer.Option(1, "--gpus-per-agent", min=1, help="Worker 'GPUs' per local spot agent (with --local)."),
         iterations: Optional[int] = typer.Option(None, "--iterations", min=1, help="Training iterations (overrides run.iterations)."),
         config: Optional[pathlib.Path] = typer.Option(None, "--config", help="Run config TOML (default: the embedded shapes task, examples/default/)."),
@@ -241,6 +278,10 @@ def register(app: typer.Typer) -> None:
         if not isinstance(logging.getLevelName(log_level.upper()), int):
             console.print(f"[red]error:[/red] --log-level {escape(log_level)}: expected DEBUG, INFO, WARNING or ERROR")
             raise typer.Exit(2)
+        for problem in _check_options(mock_cloud=mock_cloud, reserved=reserved, trace_mode=trace_mode):
+            console.print(f"[red]error:[/red] {escape(problem)}")
+            raise typer.Exit(2)
+        agents_given, agents = agents is not None, 2 if agents is None else agents
         logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
         from spotlight.config import ConfigError, load_config
         from spotlight.errors import SpotlightError
@@ -292,6 +333,9 @@ def register(app: typer.Typer) -> None:
             console.print(f"[red]error:[/red] {escape(str(exc))}")
             raise typer.Exit(2)
         rd = run_dir or pathlib.Path("runs") / f"{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+        if (running := _running_coordinator(rd)) is not None:  # before --resume is suggested: it would be refused
+            console.print(f"[red]error:[/red] the run in {rd} is still running (coordinator pid {running}); watch it with [cyan]spotlight status {rd}[/cyan] (stop it with Ctrl-C in its terminal or kill {running})")
+            raise typer.Exit(2)
         if resume is None and (rd / "metrics.jsonl").is_file() and (rd / "metrics.jsonl").stat().st_size > 0:
             console.print(f"[red]error:[/red] {rd} already holds a run (metrics.jsonl); continue it with [cyan]spotlight up --resume {rd}[/cyan] or choose another --run-dir")
             raise typer.Exit(2)
@@ -302,16 +346,6 @@ def register(app: typer.Typer) -> None:
                 old = _json.loads((rd / "coordinator.json").read_text())
             except (OSError, ValueError):
                 old = {}
-            old_pid = old.get("pid")
-            if old_pid and old_pid != os.getpid():
-                import psutil
-
-                try:
-                    if "spotlight" in " ".join(psutil.Process(old_pid).cmdline()) and psutil.Process(old_pid).status() != psutil.STATUS_ZOMBIE:
-                        console.print(f"[red]error:[/red] the coordinator of {rd} is still running (pid {old_pid}); stop it first")
-                        raise typer.Exit(2)
-                except psutil.NoSuchProcess:
-                    pass
             if reserved == "127.0.0.1:0" and old.get("endpoint"):
                 reserved = old["endpoint"].removeprefix("tcp://")  # the same address: agents reconnect by themselves
         try:  # fail fast on a missing or incomplete checkpoint (no weights load here)
@@ -374,6 +408,8 @@ def register(app: typer.Typer) -> None:
                 mock_cloud = "aws"
             for note in replay.notes:
                 console.print(note)
+        if agents_given and local and not cfg.cluster.use_spot:
+            console.print(f"[yellow]warning:[/yellow] --agents {agents} is ignored: run.mode = {cfg.run.mode!r} uses no spot GPUs, so no spot agent starts")
         if uncapped_exploration and not (cfg.explore.active and cfg.explore.mode == "stale"):
             console.print(f"[yellow]warning:[/yellow] --uncapped-exploration streams extra candidates only with explore.mode = 'stale' (this run: {cfg.explore.mode if cfg.explore.active else 'off'})")
         console.print(f"[bold]Spotlight[/bold] run dir [cyan]{rd}[/cyan]  ({cfg.run.iterations} iterations, {cfg.data.prompts_per_iteration}×{cfg.data.group_size} samples/iteration)")
