@@ -239,6 +239,21 @@ def _running_coordinator(run_dir: pathlib.Path) -> int | None:
         return None
 
 
+def _discard_new_run(run_dir: pathlib.Path, fresh: bool) -> None:
+    """Remove what a start that failed before its coordinator ran wrote into ``run_dir`` --
+    only when this start created the directory (or found it empty): a retry with the same
+    ``--run-dir`` then starts cleanly, and no half run is left behind."""
+    import shutil
+
+    if not fresh:
+        return
+    for h in logging.getLogger().handlers[:]:  # the run's log files (``_setup_logging``)
+        if isinstance(h, logging.FileHandler) and pathlib.Path(h.baseFilename).is_relative_to(pathlib.Path(run_dir).resolve()):
+            logging.getLogger().removeHandler(h)
+            h.close()
+    shutil.rmtree(run_dir, ignore_errors=True)
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def up(
@@ -333,6 +348,7 @@ def register(app: typer.Typer) -> None:
             console.print(f"[red]error:[/red] {escape(str(exc))}")
             raise typer.Exit(2)
         rd = run_dir or pathlib.Path("runs") / f"{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+        fresh = resume is None and (not rd.exists() or (rd.is_dir() and not any(rd.iterdir())))  # this start creates the run directory
         if (running := _running_coordinator(rd)) is not None:  # before --resume is suggested: it would be refused
             console.print(f"[red]error:[/red] the run in {rd} is still running (coordinator pid {running}); watch it with [cyan]spotlight status {rd}[/cyan] (stop it with Ctrl-C in its terminal or kill {running})")
             raise typer.Exit(2)
@@ -445,13 +461,21 @@ def register(app: typer.Typer) -> None:
             server_keys = load_server_keys(keys_dir)
         except (KeysError, OSError) as exc:
             console.print(f"[red]error:[/red] keys: {escape(str(exc))}")
+            _discard_new_run(rd, fresh)
             raise typer.Exit(2)
         _setup_logging(log_level, rd / "logs", verbose=verbose)
+        import zmq
+
         try:
             coord = Coordinator(cfg, rd, bind=f"tcp://{reserved}", keys=server_keys, prompts=prompts, cond=cond, progress=console.print, resume=resume is not None, trackers=cfg.run.trackers)
-        except SpotlightError as exc:
-            console.print(f"[red]error:[/red] {escape(str(exc))}")
+        except (SpotlightError, zmq.ZMQError) as exc:
+            why = f"cannot listen on {reserved}: {zmq.strerror(exc.errno).lower()}" if isinstance(exc, zmq.ZMQError) else str(exc)
+            console.print(f"[red]error:[/red] {escape(why)}")
+            _discard_new_run(rd, fresh)
             raise typer.Exit(2)
+        except BaseException:
+            _discard_new_run(rd, fresh)
+            raise
         _record_prompts(rd, prompt_set, token_counts, cfg.model.max_text_tokens)
         console.print(f"coordinator listening on [cyan]{coord.endpoint}[/cyan]")
         procs: list[subprocess.Popen] = []

@@ -53,3 +53,32 @@ def test_a_run_whose_coordinator_still_runs_points_to_status_not_resume(tmp_path
     finally:
         proc.kill()
         proc.wait()
+
+
+def _up_on_a_busy_port(*args: str):
+    import socket
+
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    port = busy.getsockname()[1]
+    try:
+        return port, _up("--config", TOY, "--reserved", f"127.0.0.1:{port}", *args)
+    finally:
+        busy.close()
+
+
+def test_an_address_in_use_is_one_line_and_leaves_no_run_directory(tmp_path):
+    """Was: a ZMQError traceback, exit 1, and a run directory with config.toml, keys/ and logs/."""
+    rd = tmp_path / "run"
+    port, res = _up_on_a_busy_port("--run-dir", str(rd))
+    assert res.exit_code == 2, res.output
+    assert res.output.strip().splitlines()[-1] == f"error: cannot listen on 127.0.0.1:{port}: address already in use", res.output
+    assert "Traceback" not in res.output and not rd.exists()
+
+
+def test_reserved_only_says_once_that_agents_is_ignored(tmp_path):
+    _, res = _up_on_a_busy_port("--local", "--mode", "reserved-only", "--agents", "3", "--run-dir", str(tmp_path / "run"))
+    assert res.output.count("--agents 3 is ignored") == 1, res.output
+    _, res = _up_on_a_busy_port("--local", "--mode", "reserved-only", "--run-dir", str(tmp_path / "run"))
+    assert "ignored" not in res.output, res.output
