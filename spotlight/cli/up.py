@@ -239,6 +239,25 @@ def _running_coordinator(run_dir: pathlib.Path) -> int | None:
         return None
 
 
+def _finished(run_dir: pathlib.Path, iterations: int) -> str | None:
+    """Why ``--resume run_dir`` must not start: its checkpoints already hold ``iterations``
+    iterations (the run finished; resuming would re-run the last one's save and rewrite its
+    results), else None. ``iterations``: the run's, with ``--iterations`` applied."""
+    from spotlight.checkpoint import latest_checkpoint
+
+    try:
+        got = latest_checkpoint(run_dir, cleanup=False)
+    except OSError:
+        return None
+    done = got[0] + 1 if got is not None else 0
+    if done < iterations:
+        return None
+    return (
+        f"{run_dir} is finished ({done}/{done} iterations): model in {pathlib.Path(run_dir) / 'final'}, metrics in {pathlib.Path(run_dir) / 'metrics.jsonl'}; "
+        f"to train it further, resume with --iterations N (N > {done})"
+    )
+
+
 def _discard_new_run(run_dir: pathlib.Path, fresh: bool) -> None:
     """Remove what a start that failed before its coordinator ran wrote into ``run_dir`` --
     only when this start created the directory (or found it empty): a retry with the same
@@ -362,6 +381,9 @@ def register(app: typer.Typer) -> None:
                 old = _json.loads((rd / "coordinator.json").read_text())
             except (OSError, ValueError):
                 old = {}
+            if (why := _finished(rd, cfg.run.iterations)) is not None:
+                console.print(f"[red]error:[/red] {escape(why)}")
+                raise typer.Exit(2)
             if reserved == "127.0.0.1:0" and old.get("endpoint"):
                 reserved = old["endpoint"].removeprefix("tcp://")  # the same address: agents reconnect by themselves
         try:  # fail fast on a missing or incomplete checkpoint (no weights load here)

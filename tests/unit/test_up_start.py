@@ -82,3 +82,46 @@ def test_reserved_only_says_once_that_agents_is_ignored(tmp_path):
     assert res.output.count("--agents 3 is ignored") == 1, res.output
     _, res = _up_on_a_busy_port("--local", "--mode", "reserved-only", "--run-dir", str(tmp_path / "run"))
     assert "ignored" not in res.output, res.output
+
+
+def _snapshot_files(rd: pathlib.Path) -> dict:
+    return {str(p.relative_to(rd)): (p.stat().st_mtime_ns, p.read_bytes()) for p in sorted(rd.rglob("*")) if p.is_file()}
+
+
+def test_resuming_a_finished_run_is_refused_and_leaves_it_untouched(tmp_path):
+    """Was: "resumed … after iteration 20/20: continuing with iteration 21", then final/,
+    status.json and the cost rewritten."""
+    from spotlight.checkpoint import write_checkpoint
+
+    rd = tmp_path / "run"
+    rd.mkdir()
+    (rd / "config.toml").write_text(pathlib.Path(TOY).read_text().replace("\niterations = 20\n", "\niterations = 2\n"))
+    (rd / "metrics.jsonl").write_text('{"iteration": 0}\n{"iteration": 1}\n')
+    (rd / "status.json").write_text('{"finished": true}')
+    write_checkpoint(rd, 1, {"iteration": 2}, keep=2)
+    before = _snapshot_files(rd)
+    res = _up("--local", "--resume", str(rd))
+    assert res.exit_code == 2, res.output
+    (line,) = res.output.strip().splitlines()
+    assert line.startswith(f"error: {rd} is finished (2/2 iterations): model in {rd / 'final'}") and "--iterations N (N > 2)" in line, line
+    assert _snapshot_files(rd) == before
+
+
+def test_a_resumed_run_keeps_the_earlier_run_time_and_events(tmp_path):
+    """Was: every resume restarted status.json's elapsed time and event log from zero."""
+    import types
+
+    from spotlight.coordinator import Coordinator
+    from spotlight.events import EventLog
+
+    earlier = [{"t_s": 1.0, "kind": "join", "node": "spot-0", "detail": "1 spot GPU"}, {"t_s": 40.0, "kind": "finish", "node": "", "detail": "interrupted"}]
+    coord = types.SimpleNamespace(run_dir=tmp_path)
+    ckpt = {"elapsed_s": 30.0, "events": earlier[:1]}
+    assert Coordinator._earlier_sessions(coord, ckpt) == (30.0, earlier[:1])  # no status.json: the checkpoint's
+    (tmp_path / "status.json").write_text(json.dumps({"elapsed_s": 42.5, "events": earlier}))
+    assert Coordinator._earlier_sessions(coord, ckpt) == (42.5, earlier)  # the later snapshot wins
+    assert Coordinator._earlier_sessions(coord, {}) == (42.5, earlier)  # a checkpoint of an older version
+    log = EventLog(start_s=1000.0 - 42.5)  # this coordinator started at 1000 s on its clock
+    log.extend(earlier)
+    log.append(1000.0, "resume", "", "after iteration 1/2")
+    assert [(e["t_s"], e["kind"]) for e in log.to_list()] == [(1.0, "join"), (40.0, "finish"), (42.5, "resume")]
