@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 import typer
 from rich.console import Console
@@ -219,6 +219,30 @@ def _check_options(*, mock_cloud: str, reserved: str, trace_mode: str) -> list[s
     return problems
 
 
+def patience_handler(alive: Callable[[], int], say: Callable[[str], None]):
+    """The SIGINT handler while ``up`` stops its processes after a Ctrl-C: every further
+    Ctrl-C is answered with one line (``alive()``: processes still to stop) and changes nothing."""
+
+    def handler(signum, frame) -> None:
+        try:
+            n = alive()
+        except Exception:  # a process table read must not break the clean-up
+            n = None
+        say(f"still stopping agents, workers and trainers{'' if n is None else f' ({n} process' + ('es' if n != 1 else '') + ')'}, please wait")
+
+    return handler
+
+
+def replay_note(replay_flag: str | None, command: str) -> str | None:
+    """The line under the stop hint of a run that replayed ``--trace`` or ``--preemption-cycles``
+    (``replay_flag``; None: no replay): ``command`` (from :func:`next_command`) does not repeat it."""
+    if replay_flag is None:
+        return None
+    if " --resume " in f" {command} ":
+        return f"note: the {replay_flag} replay does not continue on resume (its driver's state is not checkpointed): the resumed run's spot agents see no revocations"
+    return f"note: add the {replay_flag} options again to replay it from the start"
+
+
 def _running_coordinator(run_dir: pathlib.Path) -> int | None:
     """The pid of the coordinator of ``run_dir`` (its ``coordinator.json``) if that process
     is still alive and a Spotlight process, else None."""
@@ -415,8 +439,10 @@ def register(app: typer.Typer) -> None:
                 console.print(f"[red]error:[/red] reward service check failed: {escape(str(exc))}")
                 raise typer.Exit(2)
         actions = None
+        asked_cloud = mock_cloud  # before a replay picks one: what the stop hint repeats
+        replay_flag = "--trace" if trace is not None else "--preemption-cycles" if preemption_cycles is not None else None
         if trace is not None or preemption_cycles is not None:  # load and check the trace before anything starts or is written
-            flag = "--trace" if trace is not None else "--preemption-cycles"
+            flag = replay_flag
             if not local:
                 console.print(f"[red]error:[/red] {flag} needs --local")
                 raise typer.Exit(2)
@@ -507,7 +533,7 @@ def register(app: typer.Typer) -> None:
         stop = {"sig": None}
         signal.signal(signal.SIGTERM, lambda s, f: stop.update(sig=s) or (_ for _ in ()).throw(KeyboardInterrupt()))
         signal.signal(signal.SIGHUP, signal.getsignal(signal.SIGTERM))  # the terminal closed: stop as on SIGTERM
-        layout = dict(local=local, agents=agents, gpus_per_agent=gpus_per_agent, mock_cloud=mock_cloud if actions is None else "none", grace_s=grace_s, spot_nice=spot_nice, reserved=reserved, keys=keys, verbose=verbose, log_level=log_level, trackers=tracker, spot=cfg.cluster.use_spot)
+        layout = dict(local=local, agents=agents, gpus_per_agent=gpus_per_agent, mock_cloud=asked_cloud, grace_s=grace_s, spot_nice=spot_nice, reserved=reserved, keys=keys, verbose=verbose, log_level=log_level, trackers=tracker, spot=cfg.cluster.use_spot)
         interrupted = failed = False
         try:
             coord.start_trainers()
@@ -569,7 +595,8 @@ def register(app: typer.Typer) -> None:
             console.print(f"[green]done[/green] in {time.monotonic() - t0:.0f}s: metrics {rd / 'metrics.jsonl'}, model {rd / 'final'}, curve {rd / 'reward_curve.png'}")
         except KeyboardInterrupt:
             interrupted = True
-            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean-up short
+            # a second Ctrl-C must not cut the clean-up short, but it gets an answer
+            signal.signal(signal.SIGINT, patience_handler(lambda: sum(p.poll() is None for p in [*procs, *coord.train_procs]) + sum(p.is_running() for p in adopted), console.print))
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             console.print(f"[yellow]interrupted[/yellow] ({'SIGTERM' if stop['sig'] == signal.SIGTERM else 'SIGHUP' if stop['sig'] == signal.SIGHUP else 'Ctrl-C'}): stopping agents, workers and trainers…")
             raise typer.Exit(130)
@@ -613,3 +640,5 @@ def register(app: typer.Typer) -> None:
             if interrupted or failed:  # after coord.close(): the checkpoints on disk are final
                 sentence, command = next_command(rd, iterations=cfg.run.iterations, **layout)
                 console.print(f"{'stopped. ' if interrupted else ''}{escape(sentence)}\n  [cyan]{escape(command)}[/cyan]")
+                if (note := replay_note(replay_flag, command)) is not None:
+                    console.print(escape(note))

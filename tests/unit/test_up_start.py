@@ -125,3 +125,30 @@ def test_a_resumed_run_keeps_the_earlier_run_time_and_events(tmp_path):
     log.extend(earlier)
     log.append(1000.0, "resume", "", "after iteration 1/2")
     assert [(e["t_s"], e["kind"]) for e in log.to_list()] == [(1.0, "join"), (40.0, "finish"), (42.5, "resume")]
+
+
+def test_the_stop_hint_of_a_replay_says_the_replay_does_not_continue():
+    """Was: after Ctrl-C of `--preemption-cycles 1 --mock-cloud aws` the hint dropped both flags silently."""
+    from spotlight.cli.up import replay_note, resume_command
+
+    layout = dict(local=True, agents=2, gpus_per_agent=1, mock_cloud="aws", grace_s=20.0, spot_nice=5, reserved="127.0.0.1:0", keys=None, verbose=False, log_level="WARNING", trackers=None)
+    cmd = resume_command("r", **layout)
+    assert "--mock-cloud aws" in cmd
+    note = replay_note("--preemption-cycles", cmd)
+    assert note.startswith("note: the --preemption-cycles replay does not continue on resume") and "\n" not in note
+    assert "add the --trace options again" in replay_note("--trace", resume_command("r", **layout, restart=True))
+    assert replay_note(None, cmd) is None
+
+
+def test_a_further_ctrl_c_during_the_clean_up_is_answered_not_ignored():
+    """Was: SIG_IGN, so the ~17 s of clean-up after Ctrl-C looked like a hang."""
+    import signal
+
+    from spotlight.cli.up import patience_handler
+
+    said: list[str] = []
+    alive = iter([3, 1])
+    handler = patience_handler(lambda: next(alive), said.append)
+    handler(signal.SIGINT, None)
+    handler(signal.SIGINT, None)
+    assert said == ["still stopping agents, workers and trainers (3 processes), please wait", "still stopping agents, workers and trainers (1 process), please wait"]
