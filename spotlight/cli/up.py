@@ -365,6 +365,7 @@ def register(app: typer.Typer) -> None:
                 raise typer.Exit(2)
             if (pathlib.Path(run_dir) / "config.toml").is_file() and (pathlib.Path(run_dir) / "coordinator.json").is_file():
                 resume = pathlib.Path(run_dir)
+                config = None  # the run's own config.toml, as with --resume
         if resume is not None:
             if not (pathlib.Path(resume) / "config.toml").is_file():
                 console.print(f"[red]error:[/red] --resume {resume}: no config.toml there; not a Spotlight run directory")
@@ -406,6 +407,9 @@ def register(app: typer.Typer) -> None:
             except (OSError, ValueError):
                 old = {}
             if (why := _finished(rd, cfg.run.iterations)) is not None:
+                if resume_existing:  # a supervisor's restart of a finished run: nothing to do, and no failure to restart on
+                    console.print(f"{escape(why.split(';')[0])}: nothing to do")
+                    raise typer.Exit(0)
                 console.print(f"[red]error:[/red] {escape(why)}")
                 raise typer.Exit(2)
             if reserved == "127.0.0.1:0" and old.get("endpoint"):

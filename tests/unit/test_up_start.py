@@ -152,3 +152,20 @@ def test_a_further_ctrl_c_during_the_clean_up_is_answered_not_ignored():
     handler(signal.SIGINT, None)
     handler(signal.SIGINT, None)
     assert said == ["still stopping agents, workers and trainers (3 processes), please wait", "still stopping agents, workers and trainers (1 process), please wait"]
+
+
+def test_resume_existing_of_a_finished_run_is_nothing_to_do_even_with_config(tmp_path):
+    """The systemd unit passes --config and --resume-existing: a finished run must neither be
+    re-run nor fail (Restart=on-failure would loop), and --config must not be refused."""
+    from spotlight.checkpoint import write_checkpoint
+
+    rd = tmp_path / "run"
+    rd.mkdir()
+    (rd / "config.toml").write_text(pathlib.Path(TOY).read_text().replace("\niterations = 20\n", "\niterations = 2\n"))
+    (rd / "coordinator.json").write_text(json.dumps({"pid": 999999999, "endpoint": "tcp://127.0.0.1:1"}))
+    write_checkpoint(rd, 1, {"iteration": 2}, keep=2)
+    before = _snapshot_files(rd)
+    res = _up("--config", TOY, "--run-dir", str(rd), "--resume-existing")
+    assert res.exit_code == 0, res.output
+    assert res.output.strip() == f"{rd} is finished (2/2 iterations): model in {rd / 'final'}, metrics in {rd / 'metrics.jsonl'}: nothing to do", res.output
+    assert _snapshot_files(rd) == before
