@@ -600,7 +600,7 @@ def register(app: typer.Typer) -> None:
         except KeyboardInterrupt:
             interrupted = True
             # a second Ctrl-C must not cut the clean-up short, but it gets an answer
-            signal.signal(signal.SIGINT, patience_handler(lambda: sum(p.poll() is None for p in [*procs, *coord.train_procs]) + sum(p.is_running() for p in adopted), console.print))
+            signal.signal(signal.SIGINT, patience_handler(lambda: sum(p.poll() is None for p in [*procs, *coord.train_procs, *(driver.procs if driver is not None else [])]) + sum(p.is_running() for p in adopted), console.print))
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             console.print(f"[yellow]interrupted[/yellow] ({'SIGTERM' if stop['sig'] == signal.SIGTERM else 'SIGHUP' if stop['sig'] == signal.SIGHUP else 'Ctrl-C'}): stopping agents, workers and trainers…")
             raise typer.Exit(130)
