@@ -277,6 +277,7 @@ class Coordinator:
         self.instances.hold("trainers", list(range(cfg.train.num_train_workers)), self.t_start, host=socket.gethostname())
         self._requests_done = 0  # rollout + exploration requests completed (this coordinator)
         self._requests_done_at_row = 0
+        self.elapsed_before_s = 0.0  # run time of earlier coordinators of this run (resume)
         self.events = EventLog(start_s=self.t_start)
         if resume:
             self._restore(time.monotonic())
@@ -1000,7 +1001,23 @@ class Coordinator:
             "t_step_s": self.t_step_s,
             "version_bytes": getattr(self, "version_bytes", 0),
             "epoch": self.recorder.epoch,
+            "elapsed_s": self.elapsed_before_s + time.monotonic() - self.t_start,
+            "events": self.events.to_list(),
         }
+
+    def _earlier_sessions(self, st: dict) -> tuple[float, list[dict]]:
+        """Run time and events of the coordinators before this one: from ``status.json`` (the
+        last snapshot, saved when the previous coordinator exited or after its last iteration),
+        else from the checkpoint ``st``."""
+        elapsed, events = st.get("elapsed_s"), st.get("events")
+        try:
+            snap = json.loads((self.run_dir / "status.json").read_text())
+            if isinstance(snap.get("elapsed_s"), (int, float)) and snap["elapsed_s"] >= (elapsed or 0.0) and isinstance(snap.get("events"), list):
+                elapsed, events = snap["elapsed_s"], snap["events"]
+        except (OSError, ValueError, AttributeError):
+            pass
+        elapsed = float(elapsed) if isinstance(elapsed, (int, float)) and math.isfinite(elapsed) and elapsed > 0 else 0.0
+        return elapsed, events if isinstance(events, list) else []
 
     def write_checkpoint(self, n: int) -> None:
         """Iteration ``n``'s run checkpoint; the trainers saved theirs (v_{n+1}) before TRAIN_DONE."""
@@ -1030,6 +1047,9 @@ class Coordinator:
         self.resume_version = int(st["version"])
         for r in self.sched.requests():  # prompt slots of restored requests (pulls of resumed work need them)
             self.request_meta.setdefault(r.request_id, (r.group, r.prompt_index))
+        self.elapsed_before_s, earlier = self._earlier_sessions(st)  # status keeps the whole run's time and events
+        self.events = EventLog(start_s=self.t_start - self.elapsed_before_s)
+        self.events.extend(earlier)
         log.info("resumed from the checkpoint of iteration %d: continuing at iteration %d with weights v%d (coordinator start #%d)", n + 1, self.iteration + 1, self.resume_version, self.recorder.epoch + 1)
         self.events.append(now, "resume", "", f"after iteration {n + 1}/{self.cfg.run.iterations}: continuing with iteration {self.iteration + 1}, weights v{self.resume_version}")
         self.progress(f"resumed {self.run_dir} after iteration {n + 1}/{self.cfg.run.iterations}: continuing with iteration {self.iteration + 1} (weights v{self.resume_version})")
@@ -1105,7 +1125,8 @@ class Coordinator:
         Iteration numbers are 1-based as everywhere a person reads them: ``iteration`` is the
         one under way (or the last, once finished), ``iterations_done`` how many have ended.
         (``metrics.jsonl`` rows keep their 0-based ``iteration`` index = number - 1.)
-        Times are seconds (``elapsed_s`` since this coordinator started, event ``t_s`` likewise);
+        Times are seconds (``elapsed_s``: the run's, earlier coordinators of a resumed run
+        included, event ``t_s`` likewise; ``session_elapsed_s``: since this coordinator started);
         ``version`` is -1 until the first weights are published; ``eta_s`` is None before the
         first iteration of this coordinator ends; costs are USD (``cost``, see
         :func:`spotlight.events.cost_summary`).
@@ -1116,7 +1137,7 @@ class Coordinator:
             counts[kind.value] = {k.value: v for k, v in self.sched.counts(kind=kind).items()}
         total = self.cfg.run.iterations
         done_n = len(self.history)
-        elapsed_s = now - self.t_start
+        elapsed_s = now - self.t_start  # this coordinator's
         self.instances.integrate(now)
         version = self.store.latest_version  # -1: none published yet (the screen says so)
         return {
@@ -1128,7 +1149,8 @@ class Coordinator:
             "error": self.error,
             "version": version,
             "started_unix_s": self.started_unix_s,
-            "elapsed_s": round(elapsed_s, 1),
+            "elapsed_s": round(self.elapsed_before_s + elapsed_s, 1),  # the whole run's: earlier coordinators' too
+            "session_elapsed_s": round(elapsed_s, 1),
             "eta_s": eta_s(elapsed_s, done_n - self._iterations_before_start, total - self._iterations_before_start) if done_n < total else 0.0,
             "gpus": self.instances.gpu_counts(),  # the GPUs the cost meter bills: the trainers' included
             "cost": cost_summary(self.instances.gpu_seconds(spot=True), self.instances.gpu_seconds(spot=False), self.cfg.cost.spot_usd_per_gpu_hour, self.cfg.cost.reserved_usd_per_gpu_hour),

@@ -47,6 +47,13 @@ class EventLog:
         """Record one event at ``now`` (same clock as ``start_s``; stored as seconds since it)."""
         self._events.append({"t_s": round(now - self.start_s, 3), "kind": kind, "node": node, "detail": detail})
 
+    def extend(self, events) -> None:
+        """Append events recorded earlier (``to_list`` dicts of an earlier coordinator of the same
+        run, their ``t_s`` already on this log's time line); malformed entries are skipped."""
+        for e in events or []:
+            if isinstance(e, dict) and isinstance(e.get("t_s"), (int, float)):
+                self._events.append({"t_s": float(e["t_s"]), "kind": str(e.get("kind", "")), "node": str(e.get("node", "")), "detail": str(e.get("detail", ""))})
+
     def to_list(self) -> list[dict]:
         """The kept events, oldest first, as JSON-able dicts ``{t_s: float, kind, node, detail: str}``."""
         return [dict(e) for e in self._events]

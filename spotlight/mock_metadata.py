@@ -58,6 +58,14 @@ class _Server(ThreadingHTTPServer):
     block_on_close = False
     mock: "MockMetadataServer"
 
+    def handle_error(self, request, client_address) -> None:
+        """A client that hangs up (an agent stopped mid-poll) is routine: no traceback on the
+        console of ``spotlight up --mock-cloud``; anything else is reported as before."""
+        import sys
+
+        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            super().handle_error(request, client_address)
+
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"

@@ -82,12 +82,18 @@ class ControlServer:
         self.max_message_bytes = int(max_message_bytes)
         self.dropped_sends = 0
         self.public = self._router(send_hwm, self.max_message_bytes)
-        if bind.endswith(":0"):
-            port = self.public.bind_to_random_port(bind.rsplit(":", 1)[0])
-            self.endpoint = f"{bind.rsplit(':', 1)[0]}:{port}"
-        else:
-            self.public.bind(bind)
-            self.endpoint = bind
+        try:
+            if bind.endswith(":0"):
+                port = self.public.bind_to_random_port(bind.rsplit(":", 1)[0])
+                self.endpoint = f"{bind.rsplit(':', 1)[0]}:{port}"
+            else:
+                self.public.bind(bind)
+                self.endpoint = bind
+        except zmq.ZMQError:  # leave no ZAP thread or context behind
+            self.public.close(linger=0)
+            self.auth.stop()
+            self.ctx.term()
+            raise
         self.trainer = self._router(16, int(trainer_max_message_bytes))
         self.trainer.setsockopt(zmq.RCVHWM, TRAINER_RCVHWM)
         port = self.trainer.bind_to_random_port("tcp://127.0.0.1")

@@ -265,7 +265,7 @@ def snapshot_from_run_dir(run_dir: pathlib.Path, note: str, *, running: bool = F
     mtime = path.stat().st_mtime
     snap["source"] = f"{note}; showing {path} (written {_clock(mtime)})"
     if not running:
-        start, elapsed = _real(snap.get("started_unix_s")), _real(snap.get("elapsed_s"))
+        start, elapsed = _real(snap.get("started_unix_s")), _real(snap.get("session_elapsed_s", snap.get("elapsed_s")))  # this coordinator's start
         snap["running"] = False
         snap["saved_unix_s"] = start + elapsed if start is not None and elapsed is not None else mtime
         if not snap.get("finished"):

@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 import typer
 from rich.console import Console
@@ -202,11 +202,106 @@ def _adopt(entry: dict | None):
         return None
 
 
+def _check_options(*, mock_cloud: str, reserved: str, trace_mode: str) -> list[str]:
+    """One-line problems with ``spotlight up``'s plain options, found before anything starts
+    or is written (an empty list: none)."""
+    from spotlight.mock_metadata import CLOUDS
+    from spotlight.replay_plan import TRACE_MODES
+
+    problems = []
+    if mock_cloud not in (*CLOUDS, "none"):
+        problems.append(f"--mock-cloud {mock_cloud}: choose from {', '.join(CLOUDS)}, none")
+    host, sep, port = reserved.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        problems.append(f"--reserved {reserved}: expected HOST:PORT (port 0 to 65535; 0 = any free port)")
+    if trace_mode not in TRACE_MODES:
+        problems.append(f"--trace-mode {trace_mode}: choose from {', '.join(TRACE_MODES)}")
+    return problems
+
+
+def patience_handler(alive: Callable[[], int], say: Callable[[str], None]):
+    """The SIGINT handler while ``up`` stops its processes after a Ctrl-C: every further
+    Ctrl-C is answered with one line (``alive()``: processes still to stop) and changes nothing."""
+
+    def handler(signum, frame) -> None:
+        try:
+            n = alive()
+        except Exception:  # a process table read must not break the clean-up
+            n = None
+        say(f"still stopping agents, workers and trainers{'' if n is None else f' ({n} process' + ('es' if n != 1 else '') + ')'}, please wait")
+
+    return handler
+
+
+def replay_note(replay_flag: str | None, command: str) -> str | None:
+    """The line under the stop hint of a run that replayed ``--trace`` or ``--preemption-cycles``
+    (``replay_flag``; None: no replay): ``command`` (from :func:`next_command`) does not repeat it."""
+    if replay_flag is None:
+        return None
+    if " --resume " in f" {command} ":
+        return f"note: the {replay_flag} replay does not continue on resume (its driver's state is not checkpointed): the resumed run's spot agents see no revocations"
+    return f"note: add the {replay_flag} options again to replay it from the start"
+
+
+def _running_coordinator(run_dir: pathlib.Path) -> int | None:
+    """The pid of the coordinator of ``run_dir`` (its ``coordinator.json``) if that process
+    is still alive and a Spotlight process, else None."""
+    import json
+
+    import psutil
+
+    try:
+        pid = json.loads((pathlib.Path(run_dir) / "coordinator.json").read_text()).get("pid")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(pid, int) or pid == os.getpid():
+        return None
+    try:
+        proc = psutil.Process(pid)
+        return pid if "spotlight" in " ".join(proc.cmdline()) and proc.status() != psutil.STATUS_ZOMBIE else None
+    except psutil.Error:
+        return None
+
+
+def _finished(run_dir: pathlib.Path, iterations: int) -> str | None:
+    """Why ``--resume run_dir`` must not start: its checkpoints already hold ``iterations``
+    iterations (the run finished; resuming would re-run the last one's save and rewrite its
+    results), else None. ``iterations``: the run's, with ``--iterations`` applied."""
+    from spotlight.checkpoint import latest_checkpoint
+
+    try:
+        got = latest_checkpoint(run_dir, cleanup=False)
+    except OSError:
+        return None
+    done = got[0] + 1 if got is not None else 0
+    if done < iterations:
+        return None
+    return (
+        f"{run_dir} is finished ({done}/{done} iterations): model in {pathlib.Path(run_dir) / 'final'}, metrics in {pathlib.Path(run_dir) / 'metrics.jsonl'}; "
+        f"to train it further, resume with --iterations N (N > {done})"
+    )
+
+
+def _discard_new_run(run_dir: pathlib.Path, fresh: bool) -> None:
+    """Remove what a start that failed before its coordinator ran wrote into ``run_dir`` --
+    only when this start created the directory (or found it empty): a retry with the same
+    ``--run-dir`` then starts cleanly, and no half run is left behind."""
+    import shutil
+
+    if not fresh:
+        return
+    for h in logging.getLogger().handlers[:]:  # the run's log files (``_setup_logging``)
+        if isinstance(h, logging.FileHandler) and pathlib.Path(h.baseFilename).is_relative_to(pathlib.Path(run_dir).resolve()):
+            logging.getLogger().removeHandler(h)
+            h.close()
+    shutil.rmtree(run_dir, ignore_errors=True)
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def up(
         local: bool = typer.Option(False, "--local", help="Also start N spot agents (and the reserved node's rollout agent) on this machine, with CPU 'GPUs'."),
-        agents: int = typer.Option(2, "--agents", min=0, help="Number of local spot agents (with --local)."),
+        agents: Optional[int] = typer.Option(None, "--agents", min=0, help="Number of local spot agents (with --local; default 2)."),
         gpus_per_agent: int = typer.Option(1, "--gpus-per-agent", min=1, help="Worker 'GPUs' per local spot agent (with --local)."),
         iterations: Optional[int] = typer.Option(None, "--iterations", min=1, help="Training iterations (overrides run.iterations)."),
         config: Optional[pathlib.Path] = typer.Option(None, "--config", help="Run config TOML (default: the embedded shapes task, examples/default/)."),
@@ -241,6 +336,10 @@ def register(app: typer.Typer) -> None:
         if not isinstance(logging.getLevelName(log_level.upper()), int):
             console.print(f"[red]error:[/red] --log-level {escape(log_level)}: expected DEBUG, INFO, WARNING or ERROR")
             raise typer.Exit(2)
+        for problem in _check_options(mock_cloud=mock_cloud, reserved=reserved, trace_mode=trace_mode):
+            console.print(f"[red]error:[/red] {escape(problem)}")
+            raise typer.Exit(2)
+        agents_given, agents = agents is not None, 2 if agents is None else agents
         logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
         from spotlight.config import ConfigError, load_config
         from spotlight.errors import SpotlightError
@@ -266,6 +365,7 @@ def register(app: typer.Typer) -> None:
                 raise typer.Exit(2)
             if (pathlib.Path(run_dir) / "config.toml").is_file() and (pathlib.Path(run_dir) / "coordinator.json").is_file():
                 resume = pathlib.Path(run_dir)
+                config = None  # the run's own config.toml, as with --resume
         if resume is not None:
             if not (pathlib.Path(resume) / "config.toml").is_file():
                 console.print(f"[red]error:[/red] --resume {resume}: no config.toml there; not a Spotlight run directory")
@@ -292,6 +392,10 @@ def register(app: typer.Typer) -> None:
             console.print(f"[red]error:[/red] {escape(str(exc))}")
             raise typer.Exit(2)
         rd = run_dir or pathlib.Path("runs") / f"{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+        fresh = resume is None and (not rd.exists() or (rd.is_dir() and not any(rd.iterdir())))  # this start creates the run directory
+        if (running := _running_coordinator(rd)) is not None:  # before --resume is suggested: it would be refused
+            console.print(f"[red]error:[/red] the run in {rd} is still running (coordinator pid {running}); watch it with [cyan]spotlight status {rd}[/cyan] (stop it with Ctrl-C in its terminal or kill {running})")
+            raise typer.Exit(2)
         if resume is None and (rd / "metrics.jsonl").is_file() and (rd / "metrics.jsonl").stat().st_size > 0:
             console.print(f"[red]error:[/red] {rd} already holds a run (metrics.jsonl); continue it with [cyan]spotlight up --resume {rd}[/cyan] or choose another --run-dir")
             raise typer.Exit(2)
@@ -302,16 +406,12 @@ def register(app: typer.Typer) -> None:
                 old = _json.loads((rd / "coordinator.json").read_text())
             except (OSError, ValueError):
                 old = {}
-            old_pid = old.get("pid")
-            if old_pid and old_pid != os.getpid():
-                import psutil
-
-                try:
-                    if "spotlight" in " ".join(psutil.Process(old_pid).cmdline()) and psutil.Process(old_pid).status() != psutil.STATUS_ZOMBIE:
-                        console.print(f"[red]error:[/red] the coordinator of {rd} is still running (pid {old_pid}); stop it first")
-                        raise typer.Exit(2)
-                except psutil.NoSuchProcess:
-                    pass
+            if (why := _finished(rd, cfg.run.iterations)) is not None:
+                if resume_existing:  # a supervisor's restart of a finished run: nothing to do, and no failure to restart on
+                    console.print(f"{escape(why.split(';')[0])}: nothing to do")
+                    raise typer.Exit(0)
+                console.print(f"[red]error:[/red] {escape(why)}")
+                raise typer.Exit(2)
             if reserved == "127.0.0.1:0" and old.get("endpoint"):
                 reserved = old["endpoint"].removeprefix("tcp://")  # the same address: agents reconnect by themselves
         try:  # fail fast on a missing or incomplete checkpoint (no weights load here)
@@ -343,8 +443,10 @@ def register(app: typer.Typer) -> None:
                 console.print(f"[red]error:[/red] reward service check failed: {escape(str(exc))}")
                 raise typer.Exit(2)
         actions = None
+        asked_cloud = mock_cloud  # before a replay picks one: what the stop hint repeats
+        replay_flag = "--trace" if trace is not None else "--preemption-cycles" if preemption_cycles is not None else None
         if trace is not None or preemption_cycles is not None:  # load and check the trace before anything starts or is written
-            flag = "--trace" if trace is not None else "--preemption-cycles"
+            flag = replay_flag
             if not local:
                 console.print(f"[red]error:[/red] {flag} needs --local")
                 raise typer.Exit(2)
@@ -374,6 +476,8 @@ def register(app: typer.Typer) -> None:
                 mock_cloud = "aws"
             for note in replay.notes:
                 console.print(note)
+        if agents_given and local and not cfg.cluster.use_spot:
+            console.print(f"[yellow]warning:[/yellow] --agents {agents} is ignored: run.mode = {cfg.run.mode!r} uses no spot GPUs, so no spot agent starts")
         if uncapped_exploration and not (cfg.explore.active and cfg.explore.mode == "stale"):
             console.print(f"[yellow]warning:[/yellow] --uncapped-exploration streams extra candidates only with explore.mode = 'stale' (this run: {cfg.explore.mode if cfg.explore.active else 'off'})")
         console.print(f"[bold]Spotlight[/bold] run dir [cyan]{rd}[/cyan]  ({cfg.run.iterations} iterations, {cfg.data.prompts_per_iteration}×{cfg.data.group_size} samples/iteration)")
@@ -409,13 +513,21 @@ def register(app: typer.Typer) -> None:
             server_keys = load_server_keys(keys_dir)
         except (KeysError, OSError) as exc:
             console.print(f"[red]error:[/red] keys: {escape(str(exc))}")
+            _discard_new_run(rd, fresh)
             raise typer.Exit(2)
         _setup_logging(log_level, rd / "logs", verbose=verbose)
+        import zmq
+
         try:
             coord = Coordinator(cfg, rd, bind=f"tcp://{reserved}", keys=server_keys, prompts=prompts, cond=cond, progress=console.print, resume=resume is not None, trackers=cfg.run.trackers)
-        except SpotlightError as exc:
-            console.print(f"[red]error:[/red] {escape(str(exc))}")
+        except (SpotlightError, zmq.ZMQError) as exc:
+            why = f"cannot listen on {reserved}: {zmq.strerror(exc.errno).lower()}" if isinstance(exc, zmq.ZMQError) else str(exc)
+            console.print(f"[red]error:[/red] {escape(why)}")
+            _discard_new_run(rd, fresh)
             raise typer.Exit(2)
+        except BaseException:
+            _discard_new_run(rd, fresh)
+            raise
         _record_prompts(rd, prompt_set, token_counts, cfg.model.max_text_tokens)
         console.print(f"coordinator listening on [cyan]{coord.endpoint}[/cyan]")
         procs: list[subprocess.Popen] = []
@@ -425,7 +537,7 @@ def register(app: typer.Typer) -> None:
         stop = {"sig": None}
         signal.signal(signal.SIGTERM, lambda s, f: stop.update(sig=s) or (_ for _ in ()).throw(KeyboardInterrupt()))
         signal.signal(signal.SIGHUP, signal.getsignal(signal.SIGTERM))  # the terminal closed: stop as on SIGTERM
-        layout = dict(local=local, agents=agents, gpus_per_agent=gpus_per_agent, mock_cloud=mock_cloud if actions is None else "none", grace_s=grace_s, spot_nice=spot_nice, reserved=reserved, keys=keys, verbose=verbose, log_level=log_level, trackers=tracker, spot=cfg.cluster.use_spot)
+        layout = dict(local=local, agents=agents, gpus_per_agent=gpus_per_agent, mock_cloud=asked_cloud, grace_s=grace_s, spot_nice=spot_nice, reserved=reserved, keys=keys, verbose=verbose, log_level=log_level, trackers=tracker, spot=cfg.cluster.use_spot)
         interrupted = failed = False
         try:
             coord.start_trainers()
@@ -487,7 +599,8 @@ def register(app: typer.Typer) -> None:
             console.print(f"[green]done[/green] in {time.monotonic() - t0:.0f}s: metrics {rd / 'metrics.jsonl'}, model {rd / 'final'}, curve {rd / 'reward_curve.png'}")
         except KeyboardInterrupt:
             interrupted = True
-            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean-up short
+            # a second Ctrl-C must not cut the clean-up short, but it gets an answer
+            signal.signal(signal.SIGINT, patience_handler(lambda: sum(p.poll() is None for p in [*procs, *coord.train_procs, *(driver.procs if driver is not None else [])]) + sum(p.is_running() for p in adopted), console.print))
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             console.print(f"[yellow]interrupted[/yellow] ({'SIGTERM' if stop['sig'] == signal.SIGTERM else 'SIGHUP' if stop['sig'] == signal.SIGHUP else 'Ctrl-C'}): stopping agents, workers and trainers…")
             raise typer.Exit(130)
@@ -531,3 +644,5 @@ def register(app: typer.Typer) -> None:
             if interrupted or failed:  # after coord.close(): the checkpoints on disk are final
                 sentence, command = next_command(rd, iterations=cfg.run.iterations, **layout)
                 console.print(f"{'stopped. ' if interrupted else ''}{escape(sentence)}\n  [cyan]{escape(command)}[/cyan]")
+                if (note := replay_note(replay_flag, command)) is not None:
+                    console.print(escape(note))

@@ -467,3 +467,19 @@ def test_trickling_metadata_is_cut_off_and_unhealthy(cloud):
         m.inject_fault("trickle", count=5)
         r = det.poll(time.time())
         assert not r.healthy and f"{cloud}: " in r.error and "not complete within 1s" in r.error, r.error
+
+
+def test_the_mock_server_prints_no_traceback_when_a_client_hangs_up(capsys):
+    """Was: a ConnectionResetError traceback on `spotlight up --mock-cloud aws`'s console at exit."""
+    with MockMetadataServer("aws") as m:
+        for exc in (ConnectionResetError(104, "Connection reset by peer"), BrokenPipeError(32, "Broken pipe")):
+            try:
+                raise exc
+            except OSError:
+                m._server.handle_error(None, ("127.0.0.1", 1))
+        assert capsys.readouterr().err == ""
+        try:
+            raise ValueError("a real bug")
+        except ValueError:
+            m._server.handle_error(None, ("127.0.0.1", 1))
+        assert "ValueError: a real bug" in capsys.readouterr().err

@@ -1,0 +1,171 @@
+"""`spotlight up`'s start-up checks: bad options and busy run directories are one-line errors
+found before anything starts or is written (new-user trial findings)."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from spotlight.cli import app
+
+TOY = str(pathlib.Path(__file__).resolve().parents[2] / "examples" / "jpeg-toy" / "config.toml")
+
+
+def _up(*args: str):
+    return CliRunner().invoke(app, ["up", *args])
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "expected"),
+    [
+        ("--mock-cloud", "ibm", "--mock-cloud ibm: choose from aws, gcp, azure, none"),
+        ("--reserved", "7400", "--reserved 7400: expected HOST:PORT"),
+        ("--reserved", "127.0.0.1:99999", "--reserved 127.0.0.1:99999: expected HOST:PORT"),
+        ("--trace-mode", "half", "--trace-mode half: choose from slice, full"),
+    ],
+)
+def test_a_bad_option_is_one_line_before_anything_is_written(tmp_path, flag, value, expected):
+    rd = tmp_path / "run"
+    res = _up("--local", "--config", TOY, "--run-dir", str(rd), flag, value)
+    assert res.exit_code == 2, res.output
+    assert res.output.strip().splitlines() == [f"error: {expected}" + res.output.strip().split(expected, 1)[1]], res.output
+    assert "Traceback" not in res.output and not rd.exists()
+
+
+def test_a_run_whose_coordinator_still_runs_points_to_status_not_resume(tmp_path):
+    rd = tmp_path / "run"
+    rd.mkdir()
+    (rd / "metrics.jsonl").write_text('{"iteration": 0}\n')
+    (rd / "config.toml").write_text(pathlib.Path(TOY).read_text())
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "spotlight"])
+    try:
+        (rd / "coordinator.json").write_text(json.dumps({"pid": proc.pid, "endpoint": "tcp://127.0.0.1:1"}))
+        for args in (["--config", TOY, "--run-dir", str(rd)], ["--resume", str(rd)]):
+            res = _up("--local", *args)
+            assert res.exit_code == 2, res.output
+            assert f"still running (coordinator pid {proc.pid})" in res.output and f"spotlight status {rd}" in res.output, res.output
+            assert "--resume" not in res.output
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _up_on_a_busy_port(*args: str):
+    import socket
+
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    port = busy.getsockname()[1]
+    try:
+        return port, _up("--config", TOY, "--reserved", f"127.0.0.1:{port}", *args)
+    finally:
+        busy.close()
+
+
+def test_an_address_in_use_is_one_line_and_leaves_no_run_directory(tmp_path):
+    """Was: a ZMQError traceback, exit 1, and a run directory with config.toml, keys/ and logs/."""
+    rd = tmp_path / "run"
+    port, res = _up_on_a_busy_port("--run-dir", str(rd))
+    assert res.exit_code == 2, res.output
+    assert res.output.strip().splitlines()[-1] == f"error: cannot listen on 127.0.0.1:{port}: address already in use", res.output
+    assert "Traceback" not in res.output and not rd.exists()
+
+
+def test_reserved_only_says_once_that_agents_is_ignored(tmp_path):
+    _, res = _up_on_a_busy_port("--local", "--mode", "reserved-only", "--agents", "3", "--run-dir", str(tmp_path / "run"))
+    assert res.output.count("--agents 3 is ignored") == 1, res.output
+    _, res = _up_on_a_busy_port("--local", "--mode", "reserved-only", "--run-dir", str(tmp_path / "run"))
+    assert "ignored" not in res.output, res.output
+
+
+def _snapshot_files(rd: pathlib.Path) -> dict:
+    return {str(p.relative_to(rd)): (p.stat().st_mtime_ns, p.read_bytes()) for p in sorted(rd.rglob("*")) if p.is_file()}
+
+
+def test_resuming_a_finished_run_is_refused_and_leaves_it_untouched(tmp_path):
+    """Was: "resumed … after iteration 20/20: continuing with iteration 21", then final/,
+    status.json and the cost rewritten."""
+    from spotlight.checkpoint import write_checkpoint
+
+    rd = tmp_path / "run"
+    rd.mkdir()
+    (rd / "config.toml").write_text(pathlib.Path(TOY).read_text().replace("\niterations = 20\n", "\niterations = 2\n"))
+    (rd / "metrics.jsonl").write_text('{"iteration": 0}\n{"iteration": 1}\n')
+    (rd / "status.json").write_text('{"finished": true}')
+    write_checkpoint(rd, 1, {"iteration": 2}, keep=2)
+    before = _snapshot_files(rd)
+    res = _up("--local", "--resume", str(rd))
+    assert res.exit_code == 2, res.output
+    (line,) = res.output.strip().splitlines()
+    assert line.startswith(f"error: {rd} is finished (2/2 iterations): model in {rd / 'final'}") and "--iterations N (N > 2)" in line, line
+    assert _snapshot_files(rd) == before
+
+
+def test_a_resumed_run_keeps_the_earlier_run_time_and_events(tmp_path):
+    """Was: every resume restarted status.json's elapsed time and event log from zero."""
+    import types
+
+    from spotlight.coordinator import Coordinator
+    from spotlight.events import EventLog
+
+    earlier = [{"t_s": 1.0, "kind": "join", "node": "spot-0", "detail": "1 spot GPU"}, {"t_s": 40.0, "kind": "finish", "node": "", "detail": "interrupted"}]
+    coord = types.SimpleNamespace(run_dir=tmp_path)
+    ckpt = {"elapsed_s": 30.0, "events": earlier[:1]}
+    assert Coordinator._earlier_sessions(coord, ckpt) == (30.0, earlier[:1])  # no status.json: the checkpoint's
+    (tmp_path / "status.json").write_text(json.dumps({"elapsed_s": 42.5, "events": earlier}))
+    assert Coordinator._earlier_sessions(coord, ckpt) == (42.5, earlier)  # the later snapshot wins
+    assert Coordinator._earlier_sessions(coord, {}) == (42.5, earlier)  # a checkpoint of an older version
+    log = EventLog(start_s=1000.0 - 42.5)  # this coordinator started at 1000 s on its clock
+    log.extend(earlier)
+    log.append(1000.0, "resume", "", "after iteration 1/2")
+    assert [(e["t_s"], e["kind"]) for e in log.to_list()] == [(1.0, "join"), (40.0, "finish"), (42.5, "resume")]
+
+
+def test_the_stop_hint_of_a_replay_says_the_replay_does_not_continue():
+    """Was: after Ctrl-C of `--preemption-cycles 1 --mock-cloud aws` the hint dropped both flags silently."""
+    from spotlight.cli.up import replay_note, resume_command
+
+    layout = dict(local=True, agents=2, gpus_per_agent=1, mock_cloud="aws", grace_s=20.0, spot_nice=5, reserved="127.0.0.1:0", keys=None, verbose=False, log_level="WARNING", trackers=None)
+    cmd = resume_command("r", **layout)
+    assert "--mock-cloud aws" in cmd
+    note = replay_note("--preemption-cycles", cmd)
+    assert note.startswith("note: the --preemption-cycles replay does not continue on resume") and "\n" not in note
+    assert "add the --trace options again" in replay_note("--trace", resume_command("r", **layout, restart=True))
+    assert replay_note(None, cmd) is None
+
+
+def test_a_further_ctrl_c_during_the_clean_up_is_answered_not_ignored():
+    """Was: SIG_IGN, so the ~17 s of clean-up after Ctrl-C looked like a hang."""
+    import signal
+
+    from spotlight.cli.up import patience_handler
+
+    said: list[str] = []
+    alive = iter([3, 1])
+    handler = patience_handler(lambda: next(alive), said.append)
+    handler(signal.SIGINT, None)
+    handler(signal.SIGINT, None)
+    assert said == ["still stopping agents, workers and trainers (3 processes), please wait", "still stopping agents, workers and trainers (1 process), please wait"]
+
+
+def test_resume_existing_of_a_finished_run_is_nothing_to_do_even_with_config(tmp_path):
+    """The systemd unit passes --config and --resume-existing: a finished run must neither be
+    re-run nor fail (Restart=on-failure would loop), and --config must not be refused."""
+    from spotlight.checkpoint import write_checkpoint
+
+    rd = tmp_path / "run"
+    rd.mkdir()
+    (rd / "config.toml").write_text(pathlib.Path(TOY).read_text().replace("\niterations = 20\n", "\niterations = 2\n"))
+    (rd / "coordinator.json").write_text(json.dumps({"pid": 999999999, "endpoint": "tcp://127.0.0.1:1"}))
+    write_checkpoint(rd, 1, {"iteration": 2}, keep=2)
+    before = _snapshot_files(rd)
+    res = _up("--config", TOY, "--run-dir", str(rd), "--resume-existing")
+    assert res.exit_code == 0, res.output
+    assert res.output.strip() == f"{rd} is finished (2/2 iterations): model in {rd / 'final'}, metrics in {rd / 'metrics.jsonl'}: nothing to do", res.output
+    assert _snapshot_files(rd) == before
