@@ -64,7 +64,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections import Counter, deque
+from collections import deque
 from heapq import heapify, heappop, heappush
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -180,9 +180,11 @@ def _freeze(v: Any) -> Any:
 # (and so heaps sift) several times faster than (priority, seq, id) tuples.
 _SEQ_BITS = 48  # room for 2.8e14 submissions
 
-_IN_FLIGHT = RequestStatus.IN_FLIGHT
-# ``pull`` moves ready requests to IN_FLIGHT inline (not through ``_transition``).
+_IN_FLIGHT, _DONE = RequestStatus.IN_FLIGHT, RequestStatus.DONE
+# ``pull`` moves ready requests to IN_FLIGHT and ``complete`` moves IN_FLIGHT requests to
+# DONE inline (not through ``_transition``).
 assert all(_IN_FLIGHT in VALID_TRANSITIONS[s] for s in (RequestStatus.PENDING, RequestStatus.RECOMPUTE))
+assert _DONE in VALID_TRANSITIONS[_IN_FLIGHT]
 
 
 class _Bucket:
@@ -303,6 +305,14 @@ class Request:
         return (self.kind, self.iteration, self.weight_version, self.params)
 
 
+# ``submit`` constructs requests positionally (faster than keywords) in this order.
+_REQUEST_FIELDS = (
+    "request_id", "kind", "iteration", "prompt_index", "seed", "weight_version", "params", "group", "status",
+    "history", "lease", "attempts", "failures", "committed_step", "commit_key", "worker_id", "seq",
+)
+assert tuple(f.name for f in dataclasses.fields(Request)) == _REQUEST_FIELDS
+
+
 class RequestScheduler:
     """Central request queue that Rollout Workers pull from (paper §4.5).
 
@@ -325,7 +335,7 @@ class RequestScheduler:
         self.max_failures = max_failures
         self._requests: dict[str, Request] = {}
         self._reset_indexes()
-        self._id_counters: Counter[tuple[RequestKind, int]] = Counter()
+        self._id_counters: dict[tuple[RequestKind, int], int] = {}  # next id number per (kind, iteration)
         self._next_seq = 0
         self._aborted: deque[AbortedLease] = deque(maxlen=MAX_ABORTED_KEPT)
         self._next_lease_id = 1
@@ -350,8 +360,10 @@ class RequestScheduler:
         self._expiry_ids = 0  # leases in all entries (current or not)
         self._expiry_tick = 0  # tiebreak, so entries never compare their leases
         # Counts and per-iteration ids.
-        self._outstanding: Counter[tuple[int, RequestKind]] = Counter()  # non-terminal counts
-        self._outstanding_kind: Counter[RequestKind] = Counter()  # the same, per kind
+        # (Plain dicts, not Counters: ``Counter`` defines ``__delitem__`` in Python, which
+        # sends every ``c[k] = v`` through a slow generic slot.)
+        self._outstanding: dict[tuple[int, RequestKind], int] = {}  # non-terminal counts
+        self._outstanding_kind: dict[RequestKind, int] = dict.fromkeys(RequestKind, 0)  # the same, per kind
         self._by_iter: dict[int, dict[str, None]] = {}  # iteration -> ordered set of request ids
 
     # ------------------------------------------------------------------ submit
@@ -384,32 +396,54 @@ class RequestScheduler:
         key = (kind, iteration, weight_version, _freeze(params))
         in_iter = self._by_iter.setdefault(iteration, {})
         counter, prefix = (kind, iteration), f"{kind.value[0]}{iteration}-"
+        # The ready-queue side of ``_ready_add``, once per call: every request of the call
+        # has the same batch key (one bucket) and a larger seq than any code in that bucket,
+        # so each code goes to the back of the bucket's FIFO, and only a new bucket
+        # publishes a top. Counters are written back in ``finally`` (also when an item
+        # raises part way, as the per-item code did).
+        bucket = self._buckets.get(key)
+        new_bucket = bucket is None
+        if new_bucket:
+            bucket = _Bucket(key, 0 if kind is RequestKind.ROLLOUT else 1)
+        base = (_PRIO_ROLLOUT if kind is RequestKind.ROLLOUT else _PRIO_EXPLORE) << _SEQ_BITS
+        fifo_append = bucket.fifo.append
+        requests, keys, ready, ready_at = self._requests, self._keys, self._ready, self._ready_at
+        entry = (RequestStatus.PENDING, now, "submitted")  # immutable: shared by the call's histories
+        pending = RequestStatus.PENDING
+        n0 = n = self._id_counters.get(counter, 0)
+        seq0 = seq = self._next_seq
         ids = []
-        for prompt_index, seed, group in items:
-            n = self._id_counters[counter]
-            self._id_counters[counter] = n + 1
-            req = Request(
-                request_id=f"{prefix}{n}",
-                kind=kind,
-                iteration=iteration,
-                prompt_index=int(prompt_index),
-                seed=int(seed),
-                weight_version=weight_version,
-                params=params,
-                group=int(group),
-                history=[(RequestStatus.PENDING, now, "submitted")],
-                seq=self._next_seq,
-            )
-            self._next_seq += 1
-            self._requests[req.request_id] = req
-            in_iter[req.request_id] = None
-            self._keys[req.request_id] = key
-            self._outstanding[(iteration, kind)] += 1
-            self._outstanding_kind[kind] += 1
-            self._ready_add(req)
-            ids.append(req.request_id)
-        if not in_iter:
-            del self._by_iter[iteration]
+        try:
+            for prompt_index, seed, group in items:
+                rid = f"{prefix}{n}"
+                # positional, in ``_REQUEST_FIELDS`` order (checked at import)
+                req = Request(rid, kind, iteration, int(prompt_index), int(seed), weight_version, params,
+                              int(group), pending, [entry], None, 0, 0, None, None, None, seq)
+                requests[rid] = req
+                in_iter[rid] = None
+                keys[rid] = key
+                code = base | seq
+                fifo_append(code)
+                ready[code] = req
+                ready_at[rid] = (code, bucket)
+                ids.append(rid)
+                n += 1
+                seq += 1
+        finally:
+            added = n - n0
+            if added:
+                self._id_counters[counter] = n
+                self._next_seq = seq
+                okey = (iteration, kind)
+                self._outstanding[okey] = self._outstanding.get(okey, 0) + added
+                self._outstanding_kind[kind] += added
+                bucket.live += added
+                if new_bucket:
+                    self._buckets[key] = bucket
+                    self._num_buckets[bucket.head] += 1
+                    self._push_head(bucket.head, base | seq0)
+            if not in_iter:
+                del self._by_iter[iteration]
         return ids
 
     # ------------------------------------------------------------- training gate
@@ -469,34 +503,57 @@ class RequestScheduler:
         # (and ``_ready_remove``) inlined for speed, with the same index and history
         # updates; the bucket's new top and the batch's expiry are recorded once.
         ready_at, requests_in_flight = self._ready_at, self._in_flight
+        ready_pop = ready.pop
         bucket = ready_at[ready[head].request_id][1]
         fifo, late = bucket.fifo, bucket.late
+        popleft = fifo.popleft
         held = self._by_worker.get(worker_id)
         if held is None:
             held = self._by_worker[worker_id] = {}
         expires_at = now + self.lease_timeout_s
         lease_id = self._next_lease_id
         leases: list[Lease] = []
-        n = min(max_requests, bucket.live)
+        n = bucket.live
+        if n > max_requests:
+            n = max_requests
         bucket.live -= n
+        # Every lease of the batch differs from this one only in lease_id and request_id
+        # (and, resuming committed work, resume_step / commit_key): copying a 7-entry dict
+        # is cheaper than building one.
+        fields = {
+            "lease_id": 0, "request_id": None, "worker_id": worker_id, "granted_at": now,
+            "expires_at": expires_at, "resume_step": None, "commit_key": None,
+        }
+        copy_fields = fields.copy
+        detail_prefix = f"leased to {worker_id} (lease "
         for _ in range(n):
-            while True:  # the bucket's smallest current code
-                if late and (not fifo or late[0] < fifo[0]):
-                    req = ready.pop(heappop(late), None)
-                else:
-                    req = ready.pop(fifo.popleft(), None)
-                if req is not None:
-                    break
+            # the bucket's smallest current code (stale codes are skipped)
+            if late:
+                while True:
+                    if late and (not fifo or late[0] < fifo[0]):
+                        req = ready_pop(heappop(late), None)
+                    else:
+                        req = ready_pop(popleft(), None)
+                    if req is not None:
+                        break
+            else:
+                req = ready_pop(popleft(), None)
+                while req is None:
+                    req = ready_pop(popleft(), None)
             rid = req.request_id
             del ready_at[rid]
+            d = copy_fields()
+            d["lease_id"] = lease_id
+            d["request_id"] = rid
+            step = req.committed_step
+            if step is None:
+                detail = f"{detail_prefix}{lease_id})"
+            else:
+                d["resume_step"] = step
+                d["commit_key"] = req.commit_key
+                detail = f"{detail_prefix}{lease_id}), resume from step {step}"
             lease = _object_new(Lease)  # = Lease(...), see _object_new
-            _object_setattr(lease, "__dict__", {
-                "lease_id": lease_id, "request_id": rid, "worker_id": worker_id, "granted_at": now,
-                "expires_at": expires_at, "resume_step": req.committed_step, "commit_key": req.commit_key,
-            })
-            detail = f"leased to {worker_id} (lease {lease_id})"
-            if req.committed_step is not None:
-                detail += f", resume from step {req.committed_step}"
+            _object_setattr(lease, "__dict__", d)
             req.status = _IN_FLIGHT
             req.lease = lease
             req.worker_id = worker_id
@@ -546,10 +603,27 @@ class RequestScheduler:
         presumed-dead worker reports late. ``worker_id=None`` skips the holder
         check. Source: DESIGN §3-§4.
         """
-        req = self._current(request_id, lease_id, worker_id)
-        if req is None:
+        # = ``_current`` + ``_transition(req, DONE, ...)``, inlined: this runs once per result
+        req = self._requests.get(request_id)
+        if req is None or req.status is not _IN_FLIGHT:
             return False
-        self._transition(req, RequestStatus.DONE, now, f"done by {req.worker_id} (lease {lease_id})")
+        lease = req.lease
+        holder = lease.worker_id
+        if lease.lease_id != lease_id or (worker_id is not None and holder != worker_id):
+            return False
+        del self._in_flight[request_id]
+        held = self._by_worker[holder]
+        del held[request_id]
+        if not held:
+            del self._by_worker[holder]
+        req.lease = None
+        req.status = _DONE
+        kind = req.kind
+        okey = (req.iteration, kind)
+        self._outstanding[okey] -= 1
+        self._outstanding_kind[kind] -= 1
+        del self._keys[request_id]
+        req.history.append((_DONE, now, f"done by {req.worker_id} (lease {lease_id})"))
         return True
 
     def commit(
@@ -734,7 +808,7 @@ class RequestScheduler:
 
     def is_finished(self, *, iteration: int, kind: RequestKind) -> bool:
         """True when every request of ``iteration`` and ``kind`` is DONE or CANCELLED (or none exist)."""
-        return self._outstanding[(iteration, RequestKind(kind))] == 0
+        return self._outstanding.get((iteration, RequestKind(kind)), 0) == 0
 
     def num_outstanding(self, *, kind: RequestKind | None = None) -> int:
         """Number of non-terminal requests (optionally of one kind)."""
@@ -839,7 +913,7 @@ class RequestScheduler:
             raise ValueError(f"epoch must be greater than the snapshot's epoch {d['epoch']}, got {epoch}")
         try:
             reqs = [_request_from_json(r) for r in d["requests"]]
-            counters = Counter({(RequestKind(k), int(it)): int(n) for k, it, n in d["id_counters"]})
+            counters = {(RequestKind(k), int(it)): int(n) for k, it, n in d["id_counters"]}
             next_seq, next_lease = int(d["next_seq"]), int(d["next_lease_id"])
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed request scheduler state: {exc!r}") from exc
@@ -855,7 +929,8 @@ class RequestScheduler:
         for r in reqs:
             self._by_iter.setdefault(r.iteration, {})[r.request_id] = None
             if not r.status.is_terminal():
-                self._outstanding[(r.iteration, r.kind)] += 1
+                okey = (r.iteration, r.kind)
+                self._outstanding[okey] = self._outstanding.get(okey, 0) + 1
                 self._outstanding_kind[r.kind] += 1
                 self._keys[r.request_id] = (r.kind, r.iteration, r.weight_version, _freeze(r.params))
             if r.status in (RequestStatus.PENDING, RequestStatus.RECOMPUTE):
@@ -984,9 +1059,10 @@ class RequestScheduler:
         """The only place a status changes: validate, update indexes, append history.
 
         (Except ``pull``, which does the PENDING/RECOMPUTE -> IN_FLIGHT edge of
-        this method inline for speed, with the same effects; the table allowing
-        that edge is asserted at import.) ``lease`` is required when entering
-        IN_FLIGHT and ignored otherwise.
+        this method inline for speed, ``complete``, which does IN_FLIGHT -> DONE
+        inline, and ``submit``, which enqueues new PENDING requests in bulk, all
+        with the same effects; the table allowing those edges is asserted at
+        import.) ``lease`` is required when entering IN_FLIGHT and ignored otherwise.
 
         Raises:
             InvalidTransition: ``req.status -> new_status`` is not in ``VALID_TRANSITIONS``
