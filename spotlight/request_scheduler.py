@@ -102,7 +102,7 @@ class RequestStatus(str, enum.Enum):
 
     def is_terminal(self) -> bool:
         """True for DONE and CANCELLED: no outgoing edges."""
-        return self in (RequestStatus.DONE, RequestStatus.CANCELLED)
+        return self is RequestStatus.DONE or self is RequestStatus.CANCELLED
 
 
 _S = RequestStatus
@@ -273,6 +273,7 @@ def lost_steps(aborted: Iterable[AbortedLease], *, step_wall_s: float | None, to
 # "__dict__", {...all 7 fields...})``: an object equal to ``Lease(...)``, about twice
 # as fast as the frozen dataclass ``__init__`` (one ``object.__setattr__`` per field).
 _object_new, _object_setattr = object.__new__, object.__setattr__
+_LEASE_FIELDS = dict.fromkeys(f.name for f in dataclasses.fields(Lease))  # all None, in field order
 
 
 @dataclass
@@ -520,10 +521,10 @@ class RequestScheduler:
         # Every lease of the batch differs from this one only in lease_id and request_id
         # (and, resuming committed work, resume_step / commit_key): copying a 7-entry dict
         # is cheaper than building one.
-        fields = {
-            "lease_id": 0, "request_id": None, "worker_id": worker_id, "granted_at": now,
-            "expires_at": expires_at, "resume_step": None, "commit_key": None,
-        }
+        fields = _LEASE_FIELDS.copy()
+        fields["worker_id"] = worker_id
+        fields["granted_at"] = now
+        fields["expires_at"] = expires_at
         copy_fields = fields.copy
         detail_prefix = f"leased to {worker_id} (lease "
         for _ in range(n):
@@ -568,12 +569,18 @@ class RequestScheduler:
             del self._buckets[bucket.key]
             self._num_buckets[bucket.head] -= 1
         else:
-            bucket.drop_stale_fronts(ready)
-            heads = self._heads[bucket.head]
-            if len(heads) < 2 * self._num_buckets[bucket.head] + _COMPACT_SLACK:
-                heappush(heads, bucket.top())  # = _push_head, without the call
+            # = bucket.drop_stale_fronts(ready) and bucket.top(), without the calls
+            while fifo and fifo[0] not in ready:
+                popleft()
+            while late and late[0] not in ready:
+                heappop(late)
+            top = late[0] if late and (not fifo or late[0] < fifo[0]) else fifo[0]
+            i = bucket.head
+            heads = self._heads[i]
+            if len(heads) < 2 * self._num_buckets[i] + _COMPACT_SLACK:
+                heappush(heads, top)  # = _push_head, without the call
             else:
-                self._push_head(bucket.head, bucket.top())
+                self._push_head(i, top)
         if self._expiry_ids + n <= 2 * len(requests_in_flight) + _COMPACT_SLACK:
             self._expiry_tick += 1  # = _push_expiry, without the call
             heappush(self._expiry, (expires_at, self._expiry_tick, tuple(leases)))
@@ -760,8 +767,14 @@ class RequestScheduler:
         O(number of batch keys queued), independent of the queue length."""
         if kind is None:
             return len(self._ready_at)
-        i = 0 if RequestKind(kind) is RequestKind.ROLLOUT else 1
-        return sum(b.live for b in self._buckets.values() if b.head == i)
+        if kind.__class__ is not RequestKind:
+            kind = RequestKind(kind)
+        i = 0 if kind is RequestKind.ROLLOUT else 1
+        n = 0
+        for b in self._buckets.values():
+            if b.head == i:
+                n += b.live
+        return n
 
     # ----------------------------------------------------------------- queries
 
@@ -808,7 +821,9 @@ class RequestScheduler:
 
     def is_finished(self, *, iteration: int, kind: RequestKind) -> bool:
         """True when every request of ``iteration`` and ``kind`` is DONE or CANCELLED (or none exist)."""
-        return self._outstanding.get((iteration, RequestKind(kind)), 0) == 0
+        if kind.__class__ is not RequestKind:
+            kind = RequestKind(kind)
+        return self._outstanding.get((iteration, kind), 0) == 0
 
     def num_outstanding(self, *, kind: RequestKind | None = None) -> int:
         """Number of non-terminal requests (optionally of one kind)."""
@@ -824,12 +839,13 @@ class RequestScheduler:
         Costs O(number of iterations + requests of the iterations looked at).
         """
         drop = 0
+        live, requests = self._keys, self._requests  # _keys: exactly the non-terminal ids
         for it in [i for i in self._by_iter if i < before_iteration]:
             ids = self._by_iter[it]
-            gone = [rid for rid in ids if self._requests[rid].status.is_terminal()]
+            gone = [rid for rid in ids if rid not in live]
             for rid in gone:
                 del ids[rid]
-                del self._requests[rid]
+                del requests[rid]
             if not ids:
                 del self._by_iter[it]
             drop += len(gone)
