@@ -55,6 +55,8 @@ __all__ = [
 _STATE_VERSION = 1
 
 _TERMINAL = frozenset(s for s in RequestStatus if s.is_terminal())
+# enum members as globals: ``RequestKind.X`` goes through the enum metaclass's ``__getattr__`` hook
+_ROLLOUT, _EXPLORE = RequestKind.ROLLOUT, RequestKind.EXPLORE
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -285,7 +287,7 @@ class IterationCore:
         key = (req.iteration, req.kind)
         unscored = self._unscored
         unscored[key] = unscored.get(key, 0) + 1
-        if req.kind is RequestKind.ROLLOUT:
+        if req.kind is _ROLLOUT:
             self.rollout_done[req.iteration].append(request_id)
         else:
             ex = self.explorations.get(req.iteration)
@@ -328,7 +330,7 @@ class IterationCore:
                 elif obs.any_worker_node:
                     self.begin_iteration(n, now)
         elif self.phase == "explore_first":
-            if self.scored(n, RequestKind.EXPLORE):
+            if self.scored(n, _EXPLORE):
                 self.t["explore_end"] = now
                 self._explore_stats = self.finish_exploration(n)
                 self.t["rollout_start"] = now
@@ -339,7 +341,7 @@ class IterationCore:
                     self.phase = "rollout"
                     self.submit_rollout(n, now)
         elif self.phase == "rollout":
-            if self.scored(n, RequestKind.ROLLOUT):
+            if self.scored(n, _ROLLOUT):
                 self.t["rollout_end"] = now
                 self._start_training(n, list(self.rollout_done.get(n, [])), now, out, obs)
         elif self.phase == "train":
@@ -353,7 +355,7 @@ class IterationCore:
                 self._stream_extra(now, obs)
         elif self.phase == "drain":
             m = self.explore_iter if mode == "stale" else None
-            if m is None or self.scored(m, RequestKind.EXPLORE):
+            if m is None or self.scored(m, _EXPLORE):
                 if m is not None:
                     self.t["explore_end"] = now
                     self._explore_stats = self.finish_exploration(m)
@@ -412,7 +414,7 @@ class IterationCore:
         for slot, pidx in enumerate(self.batch_prompts(n)):
             seeds, _ = self.seed_bank.seeds_for(n, slot)
             items += [(pidx, seed, slot) for seed in seeds]
-        ids = self.sched.submit(RequestKind.ROLLOUT, n, items, weight_version=n, params=self.sampler_params(n), now=now)
+        ids = self.sched.submit(_ROLLOUT, n, items, weight_version=n, params=self.sampler_params(n), now=now)
         for rid, (pidx, _, slot) in zip(ids, items):
             self.request_meta[rid] = (slot, pidx)
         return ids
@@ -445,7 +447,7 @@ class IterationCore:
             self.explore_action[n_next] = action
         self.explore_iter = n_next
         self.t["explore_start"] = now
-        ids = self.sched.submit(RequestKind.EXPLORE, n_next, items, weight_version=version, params=self._explore_params(n_next, action), now=now)
+        ids = self.sched.submit(_EXPLORE, n_next, items, weight_version=version, params=self._explore_params(n_next, action), now=now)
         for rid, (pidx, _, slot) in zip(ids, items):
             self.request_meta[rid] = (slot, pidx)
         ex.planned.update(ids)
@@ -462,7 +464,7 @@ class IterationCore:
         ex = self.explorations.get(m)
         if ex is None or not ex.next_index:
             return
-        ready = self.sched.num_ready(kind=RequestKind.EXPLORE)
+        ready = self.sched.num_ready(kind=_EXPLORE)
         if ready >= obs.spot_slots:
             return
         want = 2 * obs.spot_slots - ready
@@ -485,7 +487,7 @@ class IterationCore:
                 next_index[slot] = j + 1
         if not items:
             return
-        ids = self.sched.submit(RequestKind.EXPLORE, m, items, weight_version=m - 1, params=self._explore_params(m, ex.action), now=now)
+        ids = self.sched.submit(_EXPLORE, m, items, weight_version=m - 1, params=self._explore_params(m, ex.action), now=now)
         meta = self.request_meta
         for rid, (pidx, _, slot) in zip(ids, items):
             meta[rid] = (slot, pidx)

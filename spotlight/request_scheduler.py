@@ -102,7 +102,7 @@ class RequestStatus(str, enum.Enum):
 
     def is_terminal(self) -> bool:
         """True for DONE and CANCELLED: no outgoing edges."""
-        return self is RequestStatus.DONE or self is RequestStatus.CANCELLED
+        return self is _DONE or self is _CANCELLED
 
 
 _S = RequestStatus
@@ -180,7 +180,11 @@ def _freeze(v: Any) -> Any:
 # (and so heaps sift) several times faster than (priority, seq, id) tuples.
 _SEQ_BITS = 48  # room for 2.8e14 submissions
 
-_IN_FLIGHT, _DONE = RequestStatus.IN_FLIGHT, RequestStatus.DONE
+# Module-level aliases of the enum members used on hot paths: ``RequestKind.X`` looks X up
+# through the enum metaclass's ``__getattr__`` hook, many times slower than a global.
+_ROLLOUT, _EXPLORE = RequestKind.ROLLOUT, RequestKind.EXPLORE
+_PENDING, _IN_FLIGHT, _RECOMPUTE = RequestStatus.PENDING, RequestStatus.IN_FLIGHT, RequestStatus.RECOMPUTE
+_ABORTED, _DONE, _CANCELLED = RequestStatus.ABORTED, RequestStatus.DONE, RequestStatus.CANCELLED
 # ``pull`` moves ready requests to IN_FLIGHT and ``complete`` moves IN_FLIGHT requests to
 # DONE inline (not through ``_transition``).
 assert all(_IN_FLIGHT in VALID_TRANSITIONS[s] for s in (RequestStatus.PENDING, RequestStatus.RECOMPUTE))
@@ -405,12 +409,12 @@ class RequestScheduler:
         bucket = self._buckets.get(key)
         new_bucket = bucket is None
         if new_bucket:
-            bucket = _Bucket(key, 0 if kind is RequestKind.ROLLOUT else 1)
-        base = (_PRIO_ROLLOUT if kind is RequestKind.ROLLOUT else _PRIO_EXPLORE) << _SEQ_BITS
+            bucket = _Bucket(key, 0 if kind is _ROLLOUT else 1)
+        base = (_PRIO_ROLLOUT if kind is _ROLLOUT else _PRIO_EXPLORE) << _SEQ_BITS
         fifo_append = bucket.fifo.append
         requests, keys, ready, ready_at = self._requests, self._keys, self._ready, self._ready_at
-        entry = (RequestStatus.PENDING, now, "submitted")  # immutable: shared by the call's histories
-        pending = RequestStatus.PENDING
+        entry = (_PENDING, now, "submitted")  # immutable: shared by the call's histories
+        pending = _PENDING
         n0 = n = self._id_counters.get(counter, 0)
         seq0 = seq = self._next_seq
         ids = []
@@ -655,7 +659,7 @@ class RequestScheduler:
             return False
         req.committed_step, req.commit_key = committed_step, commit_key
         self._transition(
-            req, RequestStatus.RECOMPUTE, now,
+            req, _RECOMPUTE, now,
             f"{req.worker_id} committed step {committed_step} at {commit_key!r}",
         )
         return True
@@ -746,7 +750,7 @@ class RequestScheduler:
             if (kind is None or r.kind is kind) and not r.status.is_terminal()
         ]
         for req in hit:
-            self._transition(req, RequestStatus.CANCELLED, now, reason)
+            self._transition(req, _CANCELLED, now, reason)
         return [r.request_id for r in hit]
 
     def cancel_requests(self, request_ids: Iterable[str], *, now: float, reason: str = "cancelled") -> list[str]:
@@ -758,7 +762,7 @@ class RequestScheduler:
         for rid in request_ids:
             req = self._requests.get(rid)
             if req is not None and not req.status.is_terminal():
-                self._transition(req, RequestStatus.CANCELLED, now, reason)
+                self._transition(req, _CANCELLED, now, reason)
                 out.append(rid)
         return out
 
@@ -769,7 +773,7 @@ class RequestScheduler:
             return len(self._ready_at)
         if kind.__class__ is not RequestKind:
             kind = RequestKind(kind)
-        i = 0 if kind is RequestKind.ROLLOUT else 1
+        i = 0 if kind is _ROLLOUT else 1
         n = 0
         for b in self._buckets.values():
             if b.head == i:
@@ -934,7 +938,7 @@ class RequestScheduler:
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed request scheduler state: {exc!r}") from exc
         for r in reqs:
-            if (r.status is RequestStatus.IN_FLIGHT) != (r.lease is not None):
+            if (r.status is _IN_FLIGHT) != (r.lease is not None):
                 raise ValueError(f"malformed request scheduler state: {r.request_id} is {r.status.value} with lease {r.lease}")
             if r.seq >= next_seq or (r.lease is not None and r.lease.lease_id >= next_lease):
                 raise ValueError(f"malformed request scheduler state: {r.request_id} has seq/lease beyond the counters")
@@ -949,9 +953,9 @@ class RequestScheduler:
                 self._outstanding[okey] = self._outstanding.get(okey, 0) + 1
                 self._outstanding_kind[r.kind] += 1
                 self._keys[r.request_id] = (r.kind, r.iteration, r.weight_version, _freeze(r.params))
-            if r.status in (RequestStatus.PENDING, RequestStatus.RECOMPUTE):
+            if r.status in (_PENDING, _RECOMPUTE):
                 self._ready_add(r)
-            elif r.status is RequestStatus.IN_FLIGHT:
+            elif r.status is _IN_FLIGHT:
                 self._in_flight[r.request_id] = r
                 self._by_worker.setdefault(r.lease.worker_id, {})[r.request_id] = None
                 self._push_expiry(r.lease.expires_at, (r.lease,))
@@ -960,7 +964,7 @@ class RequestScheduler:
         self._next_lease_id = max(next_lease, epoch * LEASE_EPOCH_STRIDE)
         self._training_active = bool(d["training_active"])
         self.epoch = epoch
-        voided = [r for r in reqs if r.status is RequestStatus.IN_FLIGHT]
+        voided = [r for r in reqs if r.status is _IN_FLIGHT]
         for r in voided:
             self._abort(
                 r, now, f"lease {r.lease.lease_id} of {r.lease.worker_id} void: coordinator restarted (epoch {epoch})",
@@ -973,7 +977,7 @@ class RequestScheduler:
     def _current(self, request_id: str, lease_id: int, worker_id: str | None = None) -> Request | None:
         """The request if it is IN_FLIGHT under ``lease_id`` (held by ``worker_id`` when given), else None."""
         req = self._requests.get(request_id)
-        if req is None or req.status is not RequestStatus.IN_FLIGHT or req.lease.lease_id != lease_id:
+        if req is None or req.status is not _IN_FLIGHT or req.lease.lease_id != lease_id:
             return None
         if worker_id is not None and req.lease.worker_id != worker_id:
             return None
@@ -993,19 +997,19 @@ class RequestScheduler:
             lease = req.lease
             self._aborted.append(AbortedLease(lease.resume_step or 0, lease.granted_at, max(lease.granted_at, min(now, lease.expires_at - self.lease_timeout_s))))
         req.committed_step = req.commit_key = None
-        self._transition(req, RequestStatus.ABORTED, now, detail)
+        self._transition(req, _ABORTED, now, detail)
         if requeue:
-            self._transition(req, RequestStatus.PENDING, now, "re-enqueued for full re-execution")
+            self._transition(req, _PENDING, now, "re-enqueued for full re-execution")
 
     def _ready_add(self, req: Request) -> None:
         """Put a PENDING/RECOMPUTE request in the ready queue: O(1) in submission order, else O(log n)."""
         key = self._keys[req.request_id]
         bucket = self._buckets.get(key)
         if bucket is None:
-            i = 0 if req.kind is RequestKind.ROLLOUT else 1
+            i = 0 if req.kind is _ROLLOUT else 1
             bucket = self._buckets[key] = _Bucket(key, i)
             self._num_buckets[i] += 1
-        if req.status is RequestStatus.RECOMPUTE:
+        if req.status is _RECOMPUTE:
             prio = _PRIO_RECOMPUTE
         else:
             prio = _PRIO_ROLLOUT if bucket.head == 0 else _PRIO_EXPLORE
@@ -1087,12 +1091,12 @@ class RequestScheduler:
         old = req.status
         if new_status not in VALID_TRANSITIONS[old]:
             raise InvalidTransition(f"{req.request_id}: {old.value} -> {new_status.value} is not allowed")
-        if new_status is RequestStatus.IN_FLIGHT and lease is None:
+        if new_status is _IN_FLIGHT and lease is None:
             raise ValueError(f"{req.request_id}: entering in_flight needs a lease")
         # Leave the old status's index.
-        if old is RequestStatus.PENDING or old is RequestStatus.RECOMPUTE:
+        if old is _PENDING or old is _RECOMPUTE:
             self._ready_remove(req)
-        elif old is RequestStatus.IN_FLIGHT:  # its expiry-heap entries go stale
+        elif old is _IN_FLIGHT:  # its expiry-heap entries go stale
             del self._in_flight[req.request_id]
             held = self._by_worker[req.lease.worker_id]
             del held[req.request_id]
@@ -1101,9 +1105,9 @@ class RequestScheduler:
             req.lease = None
         # Enter the new one.
         req.status = new_status
-        if new_status is RequestStatus.PENDING or new_status is RequestStatus.RECOMPUTE:
+        if new_status is _PENDING or new_status is _RECOMPUTE:
             self._ready_add(req)
-        elif new_status is RequestStatus.IN_FLIGHT:
+        elif new_status is _IN_FLIGHT:
             req.lease, req.worker_id = lease, lease.worker_id
             req.attempts += 1
             self._in_flight[req.request_id] = req
@@ -1112,7 +1116,7 @@ class RequestScheduler:
                 held = self._by_worker[lease.worker_id] = {}
             held[req.request_id] = None
             self._push_expiry(lease.expires_at, (lease,))
-        elif new_status is RequestStatus.DONE or new_status is RequestStatus.CANCELLED:
+        elif new_status is _DONE or new_status is _CANCELLED:
             self._outstanding[(req.iteration, req.kind)] -= 1
             self._outstanding_kind[req.kind] -= 1
             del self._keys[req.request_id]

@@ -39,11 +39,14 @@ from __future__ import annotations
 import dataclasses
 import gc
 import heapq
+import itertools
 import math
 import random
 import time
 from dataclasses import dataclass, field
 from typing import Sequence
+
+import numpy as np
 
 from spotlight.instance_manager import InstanceManager, cost_metrics
 from spotlight.modes import POLICIES, Policy
@@ -84,11 +87,17 @@ class SyntheticReward:
         self._prompt: dict[int, tuple[float, float, int]] = {}
         self._h_seed = splitmix64(0x243F6A8885A308D3 ^ (seed & MASK64))  # _uniforms' state after (seed,)
 
-    def __call__(self, prompt: int, seed: int, *, stale: bool) -> float:
+    def _prompt_state(self, prompt: int) -> tuple[float, float, int]:
         ms = self._prompt.get(prompt)
         if ms is None:
             a, b = _uniforms(self.seed, -1, prompt)
             ms = self._prompt[prompt] = (0.2 + 0.6 * a, 0.05 + 0.2 * b, splitmix64(self._h_seed ^ (prompt & MASK64)))
+        return ms
+
+    def __call__(self, prompt: int, seed: int, *, stale: bool) -> float:
+        ms = self._prompt.get(prompt)
+        if ms is None:
+            ms = self._prompt_state(prompt)
         mu, sigma, h = ms
         # = _uniforms(self.seed, prompt, seed), continuing from the prompt's cached state,
         # with the three SplitMix64 rounds left written out (identical numbers)
@@ -111,8 +120,50 @@ class SyntheticReward:
             z += self.stale_noise * r * _sin(_TWO_PI * u2)
         return min(1.0, max(0.0, mu + sigma * z))
 
+    def many(self, prompts: Sequence[int], seeds: Sequence[int], stale: Sequence[bool]) -> list[float]:
+        """``[self(p, s, stale=t) for p, s, t in zip(prompts, seeds, stale)]``: the same
+        numbers, computed for many requests at once. The SplitMix64 rounds run in numpy
+        uint64 arithmetic (exact: it wraps mod 2**64 as the masked Python ints do); the
+        arithmetic around log/cos/sin in numpy float64 operations, one IEEE rounding per
+        operation in the order ``__call__`` does them; log, cos and sin themselves come
+        from ``math`` as in ``__call__`` (numpy's own may differ in the last bit by CPU).
+        Seeds outside [0, 2**64) take the one-at-a-time path."""
+        n = len(prompts)
+        if n == 0:
+            return []
+        get = self._prompt.get
+        ms = [get(p) or self._prompt_state(p) for p in prompts]
+        try:
+            s = np.array(seeds, dtype=np.uint64)
+        except OverflowError:
+            return [self(p, sd, stale=t) for p, sd, t in zip(prompts, seeds, stale)]
+        x = np.array([m[2] for m in ms], dtype=np.uint64) ^ s
+        x = _np_splitmix64(x)
+        a = _np_splitmix64(x)
+        b = _np_splitmix64(a)
+        u1 = ((a >> 11) + 0.5) / 2**53  # exact integers below 2**53, then IEEE + and /
+        u2 = ((b >> 11) + 0.5) / 2**53
+        r = np.sqrt(-2.0 * np.array(list(map(_log, u1.tolist()))))  # sqrt: correctly rounded in both
+        angle = _TWO_PI * u2
+        z = r * np.array(list(map(_cos, angle.tolist())))
+        st = np.flatnonzero(np.array(stale, dtype=bool))
+        if st.size:
+            z[st] += self.stale_noise * r[st] * np.array(list(map(_sin, angle[st].tolist())))
+        v = np.array([m[0] for m in ms]) + np.array([m[1] for m in ms]) * z
+        # = min(1.0, max(0.0, v)) element-wise (v is finite: u1 is in (0, 1))
+        return np.minimum(1.0, np.maximum(0.0, v)).tolist()
+
+
+def _np_splitmix64(x: np.ndarray) -> np.ndarray:
+    """:func:`spotlight.seed_bank.splitmix64` of every element of a uint64 array."""
+    x = x + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
 
 _M64 = MASK64
+_EXPLORE = RequestKind.EXPLORE  # a global: ``RequestKind.X`` goes through the enum metaclass's ``__getattr__``
 _sqrt, _log, _cos, _sin = math.sqrt, math.log, math.cos, math.sin
 _TWO_PI = 2 * math.pi
 
@@ -283,6 +334,8 @@ class Simulator:
         self._busy_spot_gpu_s = 0.0
         self._iter_counts = {"preemptions": 0, "additions": 0, "work_lost_steps": 0.0}
         self._step_s_cache: dict[int, float] = {}
+        self._rewards_ahead: dict[str, float] = {}  # request id -> its reward, computed ahead (see _reward)
+        self._meta_seen = 0  # request_meta entries whose rewards were computed ahead
         self._obs_key: tuple | None = None
         self._obs: CoreObservation | None = None
 
@@ -447,7 +500,7 @@ class Simulator:
         T = self.profile.num_steps
         req = self.sched.get(leases[0].request_id)
         full = float(T)
-        if req.kind is RequestKind.EXPLORE and "cache_threshold" in req.params:
+        if req.kind is _EXPLORE and "cache_threshold" in req.params:
             opt = self._options.get(float(req.params["cache_threshold"]))
             if opt is not None:
                 full = opt.cost_steps
@@ -516,24 +569,58 @@ class Simulator:
         now = self.now
         if w.node.is_spot:
             self._busy_spot_gpu_s += (now - w.pulled_at) * len(w.gpus)
-        sched, core, reward = self.sched, self.core, self.reward
-        complete, get, meta = sched.complete, sched.get, core.request_meta
+        sched, core, ahead = self.sched, self.core, self._rewards_ahead
+        complete, get = sched.complete, sched.get
         record_result, record_reward = core.record_result, core.record_reward
-        explore = RequestKind.EXPLORE
         for lease in w.leases:
             rid = lease.request_id
             if complete(rid, lease.lease_id, now, worker_id=wid):
-                req = get(rid)
                 self.requests_done += 1
                 record_result(rid, now)
-                slot, pidx = meta[rid]
-                stale = req.kind is explore and req.weight_version < req.iteration
-                record_reward(rid, reward(pidx, req.seed, stale=stale))
+                reward = ahead.pop(rid, None)
+                if reward is None:
+                    reward = self._reward(rid, get(rid))
+                record_reward(rid, reward)
         w.leases = None
         core.busy.end(wid, now)
         self.idle[wid] = None
         if w.node.is_spot and self.policy.elastic and w.sp < self.profile.spot_sp:
             self._rebalance(w.node)  # an SP-1 survivor may merge with a GPU that joined
+
+    def _reward(self, rid: str, req: Request) -> float:
+        """The synthetic reward of a request that was just completed: computed ahead, with
+        every request submitted since the last call (:meth:`SyntheticReward.many`), and
+        kept in ``_rewards_ahead`` until its result comes; one at a time if it was not."""
+        meta = self.core.request_meta
+        new = len(meta) - self._meta_seen  # request_meta only grows, in submission order
+        if new > 0:
+            self._meta_seen = len(meta)
+            get, ahead = self.sched.get, self._rewards_ahead
+            rids, prompts, seeds, stale = [], [], [], []
+            for r in itertools.islice(reversed(meta), new):
+                if r in ahead:
+                    continue
+                try:
+                    q = get(r)
+                except KeyError:  # forgotten already
+                    continue
+                rids.append(r)
+                prompts.append(meta[r][1])
+                seeds.append(q.seed)
+                stale.append(q.kind is _EXPLORE and q.weight_version < q.iteration)
+            self._rewards_ahead.update(zip(rids, self.reward.many(prompts, seeds, stale)))
+            v = self._rewards_ahead.pop(rid, None)
+            if v is not None:
+                return v
+        stale = req.kind is _EXPLORE and req.weight_version < req.iteration
+        return self.reward(meta[rid][1], req.seed, stale=stale)
+
+    def _outstanding(self, rid: str) -> bool:
+        """True if the scheduler still has ``rid`` and it is not DONE or CANCELLED."""
+        try:
+            return not self.sched.get(rid).status.is_terminal()
+        except KeyError:
+            return False
 
     # ------------------------------------------------------------------ the loop
     def _observation(self) -> CoreObservation:
@@ -624,6 +711,8 @@ class Simulator:
         self._iter_counts = {"preemptions": 0, "additions": 0, "work_lost_steps": 0.0}
         self.rows.append(row)
         self.sched.forget(before_iteration=d.iteration)
+        # drop rewards computed ahead for requests that will not complete (cancelled, forgotten)
+        self._rewards_ahead = {rid: v for rid, v in self._rewards_ahead.items() if self._outstanding(rid)}
 
     def run(self) -> SimResult:
         """Simulate until every iteration is done (or ``max_sim_s``).
