@@ -493,10 +493,11 @@ class Simulator:
         self._at(node.down_until, "rebalance", node.node_id)
 
     # ------------------------------------------------------------------ work
-    def _batch_cost(self, w: _Worker, leases: list[Lease]) -> Request:
+    def _batch_cost(self, w: _Worker, leases: list[Lease]) -> tuple[Request, bool]:
         """Per leased request: full-step equivalents left, nominal steps left, resume step.
-        A batch shares one batch key, so its first request's params price every request
-        (returned: its weight version is the batch's)."""
+        A batch shares one batch key, so its first request's params price every request.
+        Returns that request (its weight version is the batch's) and whether any request
+        of the batch resumes committed work."""
         T = self.profile.num_steps
         req = self.sched.get(leases[0].request_id)
         full = float(T)
@@ -504,15 +505,19 @@ class Simulator:
             opt = self._options.get(float(req.params["cache_threshold"]))
             if opt is not None:
                 full = opt.cost_steps
-        resume = [lease.resume_step or 0 for lease in leases]
-        w.resume = resume
-        if any(resume):
-            w.nominal = [max(0, T - r) for r in resume]
-            w.steps = [full * n / T for n in w.nominal]
-        else:  # nothing to resume: the same numbers, computed once
-            w.nominal = [T] * len(resume)
-            w.steps = [full * T / T] * len(resume)
-        return req
+        for lease in leases:
+            if lease.resume_step:
+                break
+        else:  # nothing to resume (the common case): the same numbers, computed once
+            n = len(leases)
+            w.resume = [0] * n
+            w.nominal = [T] * n
+            w.steps = [full * T / T] * n
+            return req, False
+        w.resume = resume = [lease.resume_step or 0 for lease in leases]
+        w.nominal = [max(0, T - r) for r in resume]
+        w.steps = [full * n / T for n in w.nominal]
+        return req, True
 
     def _step_s(self, sp: int) -> float:
         """``profile.step_s(sp)``, cached."""
@@ -544,13 +549,14 @@ class Simulator:
             if not leases:
                 continue
             del idle[wid]
-            need = self._batch_cost(w, leases).weight_version
+            first, resuming = self._batch_cost(w, leases)
+            need = first.weight_version
             sync = p.weight_sync_s if (is_spot and w.version < need) else 0.0
             w.version = max(w.version, need)
             step_s = self._step_s(w.sp)
             # live migration's price: resuming committed requests first fetches their latents
             # from the Tensor Store (commit + restore, profile ``commit_s``)
-            restore = p.commit_s if any(r > 0 for r in w.resume) else 0.0
+            restore = p.commit_s if resuming else 0.0
             w.leases = leases
             w.pulled_at = now
             w.work_start = now + sync + restore
@@ -572,15 +578,17 @@ class Simulator:
         sched, core, ahead = self.sched, self.core, self._rewards_ahead
         complete, get = sched.complete, sched.get
         record_result, record_reward = core.record_result, core.record_reward
+        done = 0
         for lease in w.leases:
             rid = lease.request_id
             if complete(rid, lease.lease_id, now, worker_id=wid):
-                self.requests_done += 1
+                done += 1
                 record_result(rid, now)
                 reward = ahead.pop(rid, None)
                 if reward is None:
                     reward = self._reward(rid, get(rid))
                 record_reward(rid, reward)
+        self.requests_done += done
         w.leases = None
         core.busy.end(wid, now)
         self.idle[wid] = None
