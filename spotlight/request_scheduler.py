@@ -421,6 +421,7 @@ class RequestScheduler:
         try:
             for prompt_index, seed, group in items:
                 rid = f"{prefix}{n}"
+                n += 1  # the id is used up even if the item's values are malformed (as one at a time)
                 # positional, in ``_REQUEST_FIELDS`` order (checked at import)
                 req = Request(rid, kind, iteration, int(prompt_index), int(seed), weight_version, params,
                               int(group), pending, [entry], None, 0, 0, None, None, None, seq)
@@ -432,12 +433,12 @@ class RequestScheduler:
                 ready[code] = req
                 ready_at[rid] = (code, bucket)
                 ids.append(rid)
-                n += 1
                 seq += 1
         finally:
-            added = n - n0
-            if added:
+            if n != n0:
                 self._id_counters[counter] = n
+            added = seq - seq0
+            if added:
                 self._next_seq = seq
                 okey = (iteration, kind)
                 self._outstanding[okey] = self._outstanding.get(okey, 0) + added
@@ -447,8 +448,8 @@ class RequestScheduler:
                     self._buckets[key] = bucket
                     self._num_buckets[bucket.head] += 1
                     self._push_head(bucket.head, base | seq0)
-            if not in_iter:
-                del self._by_iter[iteration]
+        if not in_iter:
+            del self._by_iter[iteration]
         return ids
 
     # ------------------------------------------------------------- training gate
