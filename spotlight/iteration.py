@@ -472,7 +472,8 @@ class IterationCore:
         next_index = ex.next_index
         slots = sorted(next_index)
         prompts = self.batch_prompts(m)
-        prefix = seed_prefix(self.settings.run_seed, "candidate", m)  # = derive_seed(..., slot, j)
+        prefix = seed_prefix(self.settings.run_seed, "candidate", m)
+        slot_prefix = {slot: f"{prefix}{slot}|" for slot in slots}  # + j: the text of derive_seed(..., slot, j)
         items = []
         # round-robin over the slots, one candidate each per pass, until ``want`` or every
         # slot reached the cap (a pass's open slots are known when it starts: only the
@@ -483,7 +484,7 @@ class IterationCore:
                 break
             for slot in open_slots[: want - len(items)]:
                 j = next_index[slot]
-                items.append((prompts[slot], seed_from_text(f"{prefix}{slot}|{j}"), slot))
+                items.append((prompts[slot], seed_from_text(f"{slot_prefix[slot]}{j}"), slot))
                 next_index[slot] = j + 1
         if not items:
             return

@@ -86,6 +86,11 @@ class SyntheticReward:
         # per prompt: (mu, sigma, SplitMix64 state of _uniforms after (seed, prompt))
         self._prompt: dict[int, tuple[float, float, int]] = {}
         self._h_seed = splitmix64(0x243F6A8885A308D3 ^ (seed & MASK64))  # _uniforms' state after (seed,)
+        # the same per-prompt state as numpy rows, for ``many``: prompt -> row of _table
+        # (mu, sigma, unused) and of _table_h (the SplitMix64 state)
+        self._rows: dict[int, int] = {}
+        self._table = np.zeros((0, 3))
+        self._table_h = np.zeros(0, dtype=np.uint64)
 
     def _prompt_state(self, prompt: int) -> tuple[float, float, int]:
         ms = self._prompt.get(prompt)
@@ -131,25 +136,30 @@ class SyntheticReward:
         n = len(prompts)
         if n == 0:
             return []
-        get = self._prompt.get
-        ms = [get(p) or self._prompt_state(p) for p in prompts]
         try:
-            s = np.array(seeds, dtype=np.uint64)
+            s = np.fromiter(seeds, dtype=np.uint64, count=n)
         except OverflowError:
             return [self(p, sd, stale=t) for p, sd, t in zip(prompts, seeds, stale)]
-        x = np.array([m[2] for m in ms], dtype=np.uint64) ^ s
-        x = _np_splitmix64(x)
+        rows = self._rows
+        for p in set(prompts).difference(rows):  # per-prompt state, one numpy row per prompt
+            mu, sigma, h = self._prompt_state(p)
+            rows[p] = len(rows)
+            self._table = np.concatenate([self._table, np.array([(mu, sigma, 0.0)])])
+            self._table_h = np.append(self._table_h, np.uint64(h))
+        i = np.fromiter(map(rows.__getitem__, prompts), dtype=np.intp, count=n)
+        x = _np_splitmix64(self._table_h[i] ^ s)
         a = _np_splitmix64(x)
         b = _np_splitmix64(a)
         u1 = ((a >> 11) + 0.5) / 2**53  # exact integers below 2**53, then IEEE + and /
         u2 = ((b >> 11) + 0.5) / 2**53
-        r = np.sqrt(-2.0 * np.array(list(map(_log, u1.tolist()))))  # sqrt: correctly rounded in both
+        r = np.sqrt(-2.0 * np.fromiter(map(_log, u1.tolist()), dtype=np.float64, count=n))  # sqrt: correctly rounded in both
         angle = _TWO_PI * u2
-        z = r * np.array(list(map(_cos, angle.tolist())))
-        st = np.flatnonzero(np.array(stale, dtype=bool))
+        z = r * np.fromiter(map(_cos, angle.tolist()), dtype=np.float64, count=n)
+        st = np.flatnonzero(np.fromiter(stale, dtype=bool, count=n))
         if st.size:
-            z[st] += self.stale_noise * r[st] * np.array(list(map(_sin, angle[st].tolist())))
-        v = np.array([m[0] for m in ms]) + np.array([m[1] for m in ms]) * z
+            z[st] += self.stale_noise * r[st] * np.fromiter(map(_sin, angle[st].tolist()), dtype=np.float64, count=st.size)
+        mu_sigma = self._table[i]
+        v = mu_sigma[:, 0] + mu_sigma[:, 1] * z
         # = min(1.0, max(0.0, v)) element-wise (v is finite: u1 is in (0, 1))
         return np.minimum(1.0, np.maximum(0.0, v)).tolist()
 
