@@ -65,7 +65,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections import deque
-from heapq import heapify, heappop, heappush
+from heapq import heapify, heappop, heappush, heapreplace
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -517,7 +517,7 @@ class RequestScheduler:
         if held is None:
             held = self._by_worker[worker_id] = {}
         expires_at = now + self.lease_timeout_s
-        lease_id = self._next_lease_id
+        first_id = self._next_lease_id
         leases: list[Lease] = []
         n = bucket.live
         if n > max_requests:
@@ -532,7 +532,7 @@ class RequestScheduler:
         fields["expires_at"] = expires_at
         copy_fields = fields.copy
         detail_prefix = f"leased to {worker_id} (lease "
-        for _ in range(n):
+        for lease_id in range(first_id, first_id + n):
             # the bucket's smallest current code (stale codes are skipped)
             if late:
                 while True:
@@ -568,8 +568,7 @@ class RequestScheduler:
             held[rid] = None
             req.history.append((_IN_FLIGHT, now, detail))
             leases.append(lease)
-            lease_id += 1
-        self._next_lease_id = lease_id
+        self._next_lease_id = first_id + n
         if not bucket.live:  # whatever is left in it is stale
             del self._buckets[bucket.key]
             self._num_buckets[bucket.head] -= 1
@@ -580,12 +579,9 @@ class RequestScheduler:
             while late and late[0] not in ready:
                 heappop(late)
             top = late[0] if late and (not fifo or late[0] < fifo[0]) else fifo[0]
-            i = bucket.head
-            heads = self._heads[i]
-            if len(heads) < 2 * self._num_buckets[i] + _COMPACT_SLACK:
-                heappush(heads, top)  # = _push_head, without the call
-            else:
-                self._push_head(i, top)
+            # Publish the new top. The head is this bucket's old top and still the top of
+            # its global heap (nothing pushed since it was found), now stale: replace it.
+            heapreplace(self._heads[bucket.head], top)
         if self._expiry_ids + n <= 2 * len(requests_in_flight) + _COMPACT_SLACK:
             self._expiry_tick += 1  # = _push_expiry, without the call
             heappush(self._expiry, (expires_at, self._expiry_tick, tuple(leases)))
