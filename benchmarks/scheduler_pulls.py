@@ -22,7 +22,8 @@ full batch of 8 on spot pulls of exploration, 3 on rollout pulls, none on
 reserved pulls that find no rollout). "old" is ``LinearScanScheduler``: the
 previous ready queue (a sorted list of ``(priority, seq, id)`` kept with
 ``bisect``, ``pull`` scanning it from the front; copied from git history) on top
-of this module's other code, so only the ready queue differs.
+of this module's other code, so only the ready queue differs (its ``submit`` adds
+one request at a time through that list, as the scheduler's once did).
 
 Usage: ``python benchmarks/scheduler_pulls.py [--rounds 30000] [--old-seconds 3] [--lengths 100 1000]``
 (about a minute on one core).
