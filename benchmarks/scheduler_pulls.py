@@ -22,7 +22,8 @@ full batch of 8 on spot pulls of exploration, 3 on rollout pulls, none on
 reserved pulls that find no rollout). "old" is ``LinearScanScheduler``: the
 previous ready queue (a sorted list of ``(priority, seq, id)`` kept with
 ``bisect``, ``pull`` scanning it from the front; copied from git history) on top
-of this module's other code, so only the ready queue differs.
+of this module's other code, so only the ready queue differs (its ``submit`` adds
+one request at a time through that list, as the scheduler's once did).
 
 Usage: ``python benchmarks/scheduler_pulls.py [--rounds 30000] [--old-seconds 3] [--lengths 100 1000]``
 (about a minute on one core).
@@ -43,6 +44,7 @@ from spotlight.request_scheduler import (
     RequestKind,
     RequestScheduler,
     RequestStatus,
+    _freeze,
 )
 
 QUEUE_LENGTHS = (100, 1_000, 10_000, 100_000)
@@ -66,6 +68,31 @@ class LinearScanScheduler(RequestScheduler):
 
     def _ready_add(self, req: Request) -> None:
         bisect.insort(self._sorted_ready, self._ready_entry(req))
+
+    def submit(self, kind, iteration, items, *, weight_version, params, now):
+        """One request at a time through ``_ready_add`` (``RequestScheduler.submit`` fills
+        its own indexed queue in bulk, which this class replaces by the sorted list)."""
+        kind = RequestKind(kind)
+        params = dict(params or {})
+        key = (kind, iteration, weight_version, _freeze(params))
+        in_iter = self._by_iter.setdefault(iteration, {})
+        ids = []
+        for prompt_index, seed, group in items:
+            n = self._id_counters.get((kind, iteration), 0)
+            self._id_counters[(kind, iteration)] = n + 1
+            req = Request(request_id=f"{kind.value[0]}{iteration}-{n}", kind=kind, iteration=iteration,
+                          prompt_index=int(prompt_index), seed=int(seed), weight_version=weight_version,
+                          params=params, group=int(group), history=[(RequestStatus.PENDING, now, "submitted")],
+                          seq=self._next_seq)
+            self._next_seq += 1
+            self._requests[req.request_id] = req
+            in_iter[req.request_id] = None
+            self._keys[req.request_id] = key
+            self._outstanding[(iteration, kind)] = self._outstanding.get((iteration, kind), 0) + 1
+            self._outstanding_kind[kind] += 1
+            self._ready_add(req)
+            ids.append(req.request_id)
+        return ids
 
     def _ready_remove(self, req: Request) -> None:
         entry = self._ready_entry(req)

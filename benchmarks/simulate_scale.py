@@ -7,7 +7,7 @@ Manager, seed bank) through ``spotlight.sim``, with the shipped Qwen-Image / H10
 4 reserved GPUs and exploration uncapped while training runs (the paper's throughput
 setting). Throughput = requests completed (rollout + exploration) per second of wall time.
 
-    python benchmarks/simulate_scale.py                 # ~2-4 min on 2 CPU cores
+    python benchmarks/simulate_scale.py                 # ~1 min on 2 CPU cores
     python benchmarks/simulate_scale.py --iterations 2 --gpus 8,64
 """
 

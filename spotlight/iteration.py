@@ -40,7 +40,7 @@ import numpy as np
 
 from spotlight.planner import Action, Planner, PlannerObservation, feedback_from_groups
 from spotlight.request_scheduler import RequestKind, RequestScheduler, RequestStatus
-from spotlight.seed_bank import SeedBank, derive_seed
+from spotlight.seed_bank import SeedBank, seed_from_text, seed_prefix
 
 __all__ = [
     "BusyMeter",
@@ -53,6 +53,10 @@ __all__ = [
 ]
 
 _STATE_VERSION = 1
+
+_TERMINAL = frozenset(s for s in RequestStatus if s.is_terminal())
+# enum members as globals: ``RequestKind.X`` goes through the enum metaclass's ``__getattr__`` hook
+_ROLLOUT, _EXPLORE = RequestKind.ROLLOUT, RequestKind.EXPLORE
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -253,7 +257,9 @@ class IterationCore:
         self.request_meta: dict[str, tuple[int, int]] = {}  # request id -> (slot, prompt index)
         self.rewards: dict[str, float | None] = {}  # DONE request id -> reward (None = not scored yet)
         self.rollout_done: dict[int, list[str]] = collections.defaultdict(list)
-        self._unscored: collections.Counter = collections.Counter()  # (iteration, kind) -> DONE but unscored
+        # (iteration, kind) -> DONE but unscored (a plain dict: a Counter's item assignment
+        # goes through a slow generic slot, and this one changes twice per result)
+        self._unscored: dict[tuple[int, RequestKind], int] = {}
         self.explorations: dict[int, _Exploration] = {}
         self.explore_iter: int | None = None
         self.explore_action: dict[int, Action] = {}  # iteration whose seeds it chose -> action
@@ -278,8 +284,10 @@ class IterationCore:
         """The shell's ``sched.complete`` accepted ``request_id``: it awaits its reward."""
         req = self.sched.get(request_id)
         self.rewards[request_id] = None
-        self._unscored[(req.iteration, req.kind)] += 1
-        if req.kind is RequestKind.ROLLOUT:
+        key = (req.iteration, req.kind)
+        unscored = self._unscored
+        unscored[key] = unscored.get(key, 0) + 1
+        if req.kind is _ROLLOUT:
             self.rollout_done[req.iteration].append(request_id)
         else:
             ex = self.explorations.get(req.iteration)
@@ -289,15 +297,16 @@ class IterationCore:
 
     def record_reward(self, request_id: str, reward: float) -> None:
         """The reward of a recorded result (NaN allowed: such samples are left out of training)."""
-        if request_id not in self.rewards or self.rewards[request_id] is not None:
+        rewards = self.rewards
+        if rewards.get(request_id, 0.0) is not None:  # unknown, or already scored
             return
         req = self.sched.get(request_id)
-        self.rewards[request_id] = float(reward)
+        rewards[request_id] = float(reward)
         self._unscored[(req.iteration, req.kind)] -= 1
 
     def scored(self, iteration: int, kind: RequestKind) -> bool:
         """Every request of (iteration, kind) ended and each DONE one has its reward."""
-        return self.sched.is_finished(iteration=iteration, kind=kind) and self._unscored[(iteration, kind)] == 0
+        return self.sched.is_finished(iteration=iteration, kind=kind) and self._unscored.get((iteration, kind), 0) == 0
 
     # ------------------------------------------------------------------ the machine
     def advance(self, now: float, obs: CoreObservation) -> list:
@@ -321,7 +330,7 @@ class IterationCore:
                 elif obs.any_worker_node:
                     self.begin_iteration(n, now)
         elif self.phase == "explore_first":
-            if self.scored(n, RequestKind.EXPLORE):
+            if self.scored(n, _EXPLORE):
                 self.t["explore_end"] = now
                 self._explore_stats = self.finish_exploration(n)
                 self.t["rollout_start"] = now
@@ -332,7 +341,7 @@ class IterationCore:
                     self.phase = "rollout"
                     self.submit_rollout(n, now)
         elif self.phase == "rollout":
-            if self.scored(n, RequestKind.ROLLOUT):
+            if self.scored(n, _ROLLOUT):
                 self.t["rollout_end"] = now
                 self._start_training(n, list(self.rollout_done.get(n, [])), now, out, obs)
         elif self.phase == "train":
@@ -346,7 +355,7 @@ class IterationCore:
                 self._stream_extra(now, obs)
         elif self.phase == "drain":
             m = self.explore_iter if mode == "stale" else None
-            if m is None or self.scored(m, RequestKind.EXPLORE):
+            if m is None or self.scored(m, _EXPLORE):
                 if m is not None:
                     self.t["explore_end"] = now
                     self._explore_stats = self.finish_exploration(m)
@@ -393,7 +402,7 @@ class IterationCore:
         for m in [m for m in self.explorations if m <= n]:
             for rid in self.explorations.pop(m).done:
                 self.rewards.pop(rid, None)
-        for key in [k for k in self._unscored if k[0] <= n and self._unscored[k] == 0]:
+        for key in [k for k, v in self._unscored.items() if k[0] <= n and v == 0]:
             del self._unscored[key]
         self.seed_bank.forget(n)
         self.busy.forget(now - self.busy.keep_s)
@@ -405,7 +414,7 @@ class IterationCore:
         for slot, pidx in enumerate(self.batch_prompts(n)):
             seeds, _ = self.seed_bank.seeds_for(n, slot)
             items += [(pidx, seed, slot) for seed in seeds]
-        ids = self.sched.submit(RequestKind.ROLLOUT, n, items, weight_version=n, params=self.sampler_params(n), now=now)
+        ids = self.sched.submit(_ROLLOUT, n, items, weight_version=n, params=self.sampler_params(n), now=now)
         for rid, (pidx, _, slot) in zip(ids, items):
             self.request_meta[rid] = (slot, pidx)
         return ids
@@ -430,14 +439,15 @@ class IterationCore:
         for slot, pidx in enumerate(self.batch_prompts(n_next)):
             if self.settings.is_control(slot):
                 continue
-            items += [(pidx, derive_seed(self.settings.run_seed, "candidate", n_next, slot, j), slot) for j in range(d)]
+            prefix = seed_prefix(self.settings.run_seed, "candidate", n_next, slot)  # = derive_seed(..., j)
+            items += [(pidx, seed_from_text(f"{prefix}{j}"), slot) for j in range(d)]
             ex.next_index[slot] = d
         self.explorations[n_next] = ex
         if planned:
             self.explore_action[n_next] = action
         self.explore_iter = n_next
         self.t["explore_start"] = now
-        ids = self.sched.submit(RequestKind.EXPLORE, n_next, items, weight_version=version, params=self._explore_params(n_next, action), now=now)
+        ids = self.sched.submit(_EXPLORE, n_next, items, weight_version=version, params=self._explore_params(n_next, action), now=now)
         for rid, (pidx, _, slot) in zip(ids, items):
             self.request_meta[rid] = (slot, pidx)
         ex.planned.update(ids)
@@ -454,33 +464,34 @@ class IterationCore:
         ex = self.explorations.get(m)
         if ex is None or not ex.next_index:
             return
-        ready = self.sched.num_ready(kind=RequestKind.EXPLORE)
+        ready = self.sched.num_ready(kind=_EXPLORE)
         if ready >= obs.spot_slots:
             return
         want = 2 * obs.spot_slots - ready
         cap = self.settings.max_candidates_per_prompt
-        slots = sorted(ex.next_index)
+        next_index = ex.next_index
+        slots = sorted(next_index)
         prompts = self.batch_prompts(m)
-        seed = self.settings.run_seed
+        prefix = seed_prefix(self.settings.run_seed, "candidate", m)
+        slot_prefix = {slot: f"{prefix}{slot}|" for slot in slots}  # + j: the text of derive_seed(..., slot, j)
         items = []
+        # round-robin over the slots, one candidate each per pass, until ``want`` or every
+        # slot reached the cap (a pass's open slots are known when it starts: only the
+        # pass itself advances them)
         while len(items) < want:
-            progressed = False
-            for slot in slots:
-                if len(items) >= want:
-                    break
-                j = ex.next_index[slot]
-                if j >= cap:
-                    continue
-                items.append((prompts[slot], derive_seed(seed, "candidate", m, slot, j), slot))
-                ex.next_index[slot] = j + 1
-                progressed = True
-            if not progressed:
+            open_slots = [slot for slot in slots if next_index[slot] < cap]
+            if not open_slots:
                 break
+            for slot in open_slots[: want - len(items)]:
+                j = next_index[slot]
+                items.append((prompts[slot], seed_from_text(f"{slot_prefix[slot]}{j}"), slot))
+                next_index[slot] = j + 1
         if not items:
             return
-        ids = self.sched.submit(RequestKind.EXPLORE, m, items, weight_version=m - 1, params=self._explore_params(m, ex.action), now=now)
+        ids = self.sched.submit(_EXPLORE, m, items, weight_version=m - 1, params=self._explore_params(m, ex.action), now=now)
+        meta = self.request_meta
         for rid, (pidx, _, slot) in zip(ids, items):
-            self.request_meta[rid] = (slot, pidx)
+            meta[rid] = (slot, pidx)
         ex.extra.update(ids)
         self.extra_submitted += len(ids)
 
@@ -491,7 +502,8 @@ class IterationCore:
         ex = self.explorations.get(m) if m is not None else None
         if ex is None or not ex.extra:
             return
-        live = [rid for rid in ex.extra if not self.sched.get(rid).status.is_terminal()]
+        get = self.sched.get
+        live = [rid for rid in ex.extra if get(rid).status not in _TERMINAL]
         if live:
             self.sched.cancel_requests(live, reason="training ended: extra candidate abandoned", now=now)
 

@@ -64,8 +64,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections import Counter, deque
-from heapq import heapify, heappop, heappush
+from collections import deque
+from heapq import heapify, heappop, heappush, heapreplace
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -102,7 +102,7 @@ class RequestStatus(str, enum.Enum):
 
     def is_terminal(self) -> bool:
         """True for DONE and CANCELLED: no outgoing edges."""
-        return self in (RequestStatus.DONE, RequestStatus.CANCELLED)
+        return self is _DONE or self is _CANCELLED
 
 
 _S = RequestStatus
@@ -180,9 +180,15 @@ def _freeze(v: Any) -> Any:
 # (and so heaps sift) several times faster than (priority, seq, id) tuples.
 _SEQ_BITS = 48  # room for 2.8e14 submissions
 
-_IN_FLIGHT = RequestStatus.IN_FLIGHT
-# ``pull`` moves ready requests to IN_FLIGHT inline (not through ``_transition``).
+# Module-level aliases of the enum members used on hot paths: ``RequestKind.X`` looks X up
+# through the enum metaclass's ``__getattr__`` hook, many times slower than a global.
+_ROLLOUT, _EXPLORE = RequestKind.ROLLOUT, RequestKind.EXPLORE
+_PENDING, _IN_FLIGHT, _RECOMPUTE = RequestStatus.PENDING, RequestStatus.IN_FLIGHT, RequestStatus.RECOMPUTE
+_ABORTED, _DONE, _CANCELLED = RequestStatus.ABORTED, RequestStatus.DONE, RequestStatus.CANCELLED
+# ``pull`` moves ready requests to IN_FLIGHT and ``complete`` moves IN_FLIGHT requests to
+# DONE inline (not through ``_transition``).
 assert all(_IN_FLIGHT in VALID_TRANSITIONS[s] for s in (RequestStatus.PENDING, RequestStatus.RECOMPUTE))
+assert _DONE in VALID_TRANSITIONS[_IN_FLIGHT]
 
 
 class _Bucket:
@@ -271,6 +277,7 @@ def lost_steps(aborted: Iterable[AbortedLease], *, step_wall_s: float | None, to
 # "__dict__", {...all 7 fields...})``: an object equal to ``Lease(...)``, about twice
 # as fast as the frozen dataclass ``__init__`` (one ``object.__setattr__`` per field).
 _object_new, _object_setattr = object.__new__, object.__setattr__
+_LEASE_FIELDS = dict.fromkeys(f.name for f in dataclasses.fields(Lease))  # all None, in field order
 
 
 @dataclass
@@ -303,6 +310,14 @@ class Request:
         return (self.kind, self.iteration, self.weight_version, self.params)
 
 
+# ``submit`` constructs requests positionally (faster than keywords) in this order.
+_REQUEST_FIELDS = (
+    "request_id", "kind", "iteration", "prompt_index", "seed", "weight_version", "params", "group", "status",
+    "history", "lease", "attempts", "failures", "committed_step", "commit_key", "worker_id", "seq",
+)
+assert tuple(f.name for f in dataclasses.fields(Request)) == _REQUEST_FIELDS
+
+
 class RequestScheduler:
     """Central request queue that Rollout Workers pull from (paper §4.5).
 
@@ -325,7 +340,7 @@ class RequestScheduler:
         self.max_failures = max_failures
         self._requests: dict[str, Request] = {}
         self._reset_indexes()
-        self._id_counters: Counter[tuple[RequestKind, int]] = Counter()
+        self._id_counters: dict[tuple[RequestKind, int], int] = {}  # next id number per (kind, iteration)
         self._next_seq = 0
         self._aborted: deque[AbortedLease] = deque(maxlen=MAX_ABORTED_KEPT)
         self._next_lease_id = 1
@@ -350,8 +365,10 @@ class RequestScheduler:
         self._expiry_ids = 0  # leases in all entries (current or not)
         self._expiry_tick = 0  # tiebreak, so entries never compare their leases
         # Counts and per-iteration ids.
-        self._outstanding: Counter[tuple[int, RequestKind]] = Counter()  # non-terminal counts
-        self._outstanding_kind: Counter[RequestKind] = Counter()  # the same, per kind
+        # (Plain dicts, not Counters: ``Counter`` defines ``__delitem__`` in Python, which
+        # sends every ``c[k] = v`` through a slow generic slot.)
+        self._outstanding: dict[tuple[int, RequestKind], int] = {}  # non-terminal counts
+        self._outstanding_kind: dict[RequestKind, int] = dict.fromkeys(RequestKind, 0)  # the same, per kind
         self._by_iter: dict[int, dict[str, None]] = {}  # iteration -> ordered set of request ids
 
     # ------------------------------------------------------------------ submit
@@ -384,30 +401,53 @@ class RequestScheduler:
         key = (kind, iteration, weight_version, _freeze(params))
         in_iter = self._by_iter.setdefault(iteration, {})
         counter, prefix = (kind, iteration), f"{kind.value[0]}{iteration}-"
+        # The ready-queue side of ``_ready_add``, once per call: every request of the call
+        # has the same batch key (one bucket) and a larger seq than any code in that bucket,
+        # so each code goes to the back of the bucket's FIFO, and only a new bucket
+        # publishes a top. Counters are written back in ``finally`` (also when an item
+        # raises part way, as the per-item code did).
+        bucket = self._buckets.get(key)
+        new_bucket = bucket is None
+        if new_bucket:
+            bucket = _Bucket(key, 0 if kind is _ROLLOUT else 1)
+        base = (_PRIO_ROLLOUT if kind is _ROLLOUT else _PRIO_EXPLORE) << _SEQ_BITS
+        fifo_append = bucket.fifo.append
+        requests, keys, ready, ready_at = self._requests, self._keys, self._ready, self._ready_at
+        entry = (_PENDING, now, "submitted")  # immutable: shared by the call's histories
+        pending = _PENDING
+        n0 = n = self._id_counters.get(counter, 0)
+        seq0 = seq = self._next_seq
         ids = []
-        for prompt_index, seed, group in items:
-            n = self._id_counters[counter]
-            self._id_counters[counter] = n + 1
-            req = Request(
-                request_id=f"{prefix}{n}",
-                kind=kind,
-                iteration=iteration,
-                prompt_index=int(prompt_index),
-                seed=int(seed),
-                weight_version=weight_version,
-                params=params,
-                group=int(group),
-                history=[(RequestStatus.PENDING, now, "submitted")],
-                seq=self._next_seq,
-            )
-            self._next_seq += 1
-            self._requests[req.request_id] = req
-            in_iter[req.request_id] = None
-            self._keys[req.request_id] = key
-            self._outstanding[(iteration, kind)] += 1
-            self._outstanding_kind[kind] += 1
-            self._ready_add(req)
-            ids.append(req.request_id)
+        try:
+            for prompt_index, seed, group in items:
+                rid = f"{prefix}{n}"
+                n += 1  # the id is used up even if the item's values are malformed (as one at a time)
+                # positional, in ``_REQUEST_FIELDS`` order (checked at import)
+                req = Request(rid, kind, iteration, int(prompt_index), int(seed), weight_version, params,
+                              int(group), pending, [entry], None, 0, 0, None, None, None, seq)
+                requests[rid] = req
+                in_iter[rid] = None
+                keys[rid] = key
+                code = base | seq
+                fifo_append(code)
+                ready[code] = req
+                ready_at[rid] = (code, bucket)
+                ids.append(rid)
+                seq += 1
+        finally:
+            if n != n0:
+                self._id_counters[counter] = n
+            added = seq - seq0
+            if added:
+                self._next_seq = seq
+                okey = (iteration, kind)
+                self._outstanding[okey] = self._outstanding.get(okey, 0) + added
+                self._outstanding_kind[kind] += added
+                bucket.live += added
+                if new_bucket:
+                    self._buckets[key] = bucket
+                    self._num_buckets[bucket.head] += 1
+                    self._push_head(bucket.head, base | seq0)
         if not in_iter:
             del self._by_iter[iteration]
         return ids
@@ -469,34 +509,57 @@ class RequestScheduler:
         # (and ``_ready_remove``) inlined for speed, with the same index and history
         # updates; the bucket's new top and the batch's expiry are recorded once.
         ready_at, requests_in_flight = self._ready_at, self._in_flight
+        ready_pop = ready.pop
         bucket = ready_at[ready[head].request_id][1]
         fifo, late = bucket.fifo, bucket.late
+        popleft = fifo.popleft
         held = self._by_worker.get(worker_id)
         if held is None:
             held = self._by_worker[worker_id] = {}
         expires_at = now + self.lease_timeout_s
-        lease_id = self._next_lease_id
+        first_id = self._next_lease_id
         leases: list[Lease] = []
-        n = min(max_requests, bucket.live)
+        n = bucket.live
+        if n > max_requests:
+            n = max_requests
         bucket.live -= n
-        for _ in range(n):
-            while True:  # the bucket's smallest current code
-                if late and (not fifo or late[0] < fifo[0]):
-                    req = ready.pop(heappop(late), None)
-                else:
-                    req = ready.pop(fifo.popleft(), None)
-                if req is not None:
-                    break
+        # Every lease of the batch differs from this one only in lease_id and request_id
+        # (and, resuming committed work, resume_step / commit_key): copying a 7-entry dict
+        # is cheaper than building one.
+        fields = _LEASE_FIELDS.copy()
+        fields["worker_id"] = worker_id
+        fields["granted_at"] = now
+        fields["expires_at"] = expires_at
+        copy_fields = fields.copy
+        detail_prefix = f"leased to {worker_id} (lease "
+        for lease_id in range(first_id, first_id + n):
+            # the bucket's smallest current code (stale codes are skipped)
+            if late:
+                while True:
+                    if late and (not fifo or late[0] < fifo[0]):
+                        req = ready_pop(heappop(late), None)
+                    else:
+                        req = ready_pop(popleft(), None)
+                    if req is not None:
+                        break
+            else:
+                req = ready_pop(popleft(), None)
+                while req is None:
+                    req = ready_pop(popleft(), None)
             rid = req.request_id
             del ready_at[rid]
+            d = copy_fields()
+            d["lease_id"] = lease_id
+            d["request_id"] = rid
+            step = req.committed_step
+            if step is None:
+                detail = f"{detail_prefix}{lease_id})"
+            else:
+                d["resume_step"] = step
+                d["commit_key"] = req.commit_key
+                detail = f"{detail_prefix}{lease_id}), resume from step {step}"
             lease = _object_new(Lease)  # = Lease(...), see _object_new
-            _object_setattr(lease, "__dict__", {
-                "lease_id": lease_id, "request_id": rid, "worker_id": worker_id, "granted_at": now,
-                "expires_at": expires_at, "resume_step": req.committed_step, "commit_key": req.commit_key,
-            })
-            detail = f"leased to {worker_id} (lease {lease_id})"
-            if req.committed_step is not None:
-                detail += f", resume from step {req.committed_step}"
+            _object_setattr(lease, "__dict__", d)
             req.status = _IN_FLIGHT
             req.lease = lease
             req.worker_id = worker_id
@@ -505,18 +568,20 @@ class RequestScheduler:
             held[rid] = None
             req.history.append((_IN_FLIGHT, now, detail))
             leases.append(lease)
-            lease_id += 1
-        self._next_lease_id = lease_id
+        self._next_lease_id = first_id + n
         if not bucket.live:  # whatever is left in it is stale
             del self._buckets[bucket.key]
             self._num_buckets[bucket.head] -= 1
         else:
-            bucket.drop_stale_fronts(ready)
-            heads = self._heads[bucket.head]
-            if len(heads) < 2 * self._num_buckets[bucket.head] + _COMPACT_SLACK:
-                heappush(heads, bucket.top())  # = _push_head, without the call
-            else:
-                self._push_head(bucket.head, bucket.top())
+            # = bucket.drop_stale_fronts(ready) and bucket.top(), without the calls
+            while fifo and fifo[0] not in ready:
+                popleft()
+            while late and late[0] not in ready:
+                heappop(late)
+            top = late[0] if late and (not fifo or late[0] < fifo[0]) else fifo[0]
+            # Publish the new top. The head is this bucket's old top and still the top of
+            # its global heap (nothing pushed since it was found), now stale: replace it.
+            heapreplace(self._heads[bucket.head], top)
         if self._expiry_ids + n <= 2 * len(requests_in_flight) + _COMPACT_SLACK:
             self._expiry_tick += 1  # = _push_expiry, without the call
             heappush(self._expiry, (expires_at, self._expiry_tick, tuple(leases)))
@@ -546,10 +611,27 @@ class RequestScheduler:
         presumed-dead worker reports late. ``worker_id=None`` skips the holder
         check. Source: DESIGN §3-§4.
         """
-        req = self._current(request_id, lease_id, worker_id)
-        if req is None:
+        # = ``_current`` + ``_transition(req, DONE, ...)``, inlined: this runs once per result
+        req = self._requests.get(request_id)
+        if req is None or req.status is not _IN_FLIGHT:
             return False
-        self._transition(req, RequestStatus.DONE, now, f"done by {req.worker_id} (lease {lease_id})")
+        lease = req.lease
+        holder = lease.worker_id
+        if lease.lease_id != lease_id or (worker_id is not None and holder != worker_id):
+            return False
+        del self._in_flight[request_id]
+        held = self._by_worker[holder]
+        del held[request_id]
+        if not held:
+            del self._by_worker[holder]
+        req.lease = None
+        req.status = _DONE
+        kind = req.kind
+        okey = (req.iteration, kind)
+        self._outstanding[okey] -= 1
+        self._outstanding_kind[kind] -= 1
+        del self._keys[request_id]
+        req.history.append((_DONE, now, f"done by {req.worker_id} (lease {lease_id})"))
         return True
 
     def commit(
@@ -574,7 +656,7 @@ class RequestScheduler:
             return False
         req.committed_step, req.commit_key = committed_step, commit_key
         self._transition(
-            req, RequestStatus.RECOMPUTE, now,
+            req, _RECOMPUTE, now,
             f"{req.worker_id} committed step {committed_step} at {commit_key!r}",
         )
         return True
@@ -665,7 +747,7 @@ class RequestScheduler:
             if (kind is None or r.kind is kind) and not r.status.is_terminal()
         ]
         for req in hit:
-            self._transition(req, RequestStatus.CANCELLED, now, reason)
+            self._transition(req, _CANCELLED, now, reason)
         return [r.request_id for r in hit]
 
     def cancel_requests(self, request_ids: Iterable[str], *, now: float, reason: str = "cancelled") -> list[str]:
@@ -677,7 +759,7 @@ class RequestScheduler:
         for rid in request_ids:
             req = self._requests.get(rid)
             if req is not None and not req.status.is_terminal():
-                self._transition(req, RequestStatus.CANCELLED, now, reason)
+                self._transition(req, _CANCELLED, now, reason)
                 out.append(rid)
         return out
 
@@ -686,8 +768,14 @@ class RequestScheduler:
         O(number of batch keys queued), independent of the queue length."""
         if kind is None:
             return len(self._ready_at)
-        i = 0 if RequestKind(kind) is RequestKind.ROLLOUT else 1
-        return sum(b.live for b in self._buckets.values() if b.head == i)
+        if kind.__class__ is not RequestKind:
+            kind = RequestKind(kind)
+        i = 0 if kind is _ROLLOUT else 1
+        n = 0
+        for b in self._buckets.values():
+            if b.head == i:
+                n += b.live
+        return n
 
     # ----------------------------------------------------------------- queries
 
@@ -734,7 +822,9 @@ class RequestScheduler:
 
     def is_finished(self, *, iteration: int, kind: RequestKind) -> bool:
         """True when every request of ``iteration`` and ``kind`` is DONE or CANCELLED (or none exist)."""
-        return self._outstanding[(iteration, RequestKind(kind))] == 0
+        if kind.__class__ is not RequestKind:
+            kind = RequestKind(kind)
+        return self._outstanding.get((iteration, kind), 0) == 0
 
     def num_outstanding(self, *, kind: RequestKind | None = None) -> int:
         """Number of non-terminal requests (optionally of one kind)."""
@@ -750,12 +840,13 @@ class RequestScheduler:
         Costs O(number of iterations + requests of the iterations looked at).
         """
         drop = 0
+        live, requests = self._keys, self._requests  # _keys: exactly the non-terminal ids
         for it in [i for i in self._by_iter if i < before_iteration]:
             ids = self._by_iter[it]
-            gone = [rid for rid in ids if self._requests[rid].status.is_terminal()]
+            gone = [rid for rid in ids if rid not in live]
             for rid in gone:
                 del ids[rid]
-                del self._requests[rid]
+                del requests[rid]
             if not ids:
                 del self._by_iter[it]
             drop += len(gone)
@@ -839,12 +930,12 @@ class RequestScheduler:
             raise ValueError(f"epoch must be greater than the snapshot's epoch {d['epoch']}, got {epoch}")
         try:
             reqs = [_request_from_json(r) for r in d["requests"]]
-            counters = Counter({(RequestKind(k), int(it)): int(n) for k, it, n in d["id_counters"]})
+            counters = {(RequestKind(k), int(it)): int(n) for k, it, n in d["id_counters"]}
             next_seq, next_lease = int(d["next_seq"]), int(d["next_lease_id"])
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed request scheduler state: {exc!r}") from exc
         for r in reqs:
-            if (r.status is RequestStatus.IN_FLIGHT) != (r.lease is not None):
+            if (r.status is _IN_FLIGHT) != (r.lease is not None):
                 raise ValueError(f"malformed request scheduler state: {r.request_id} is {r.status.value} with lease {r.lease}")
             if r.seq >= next_seq or (r.lease is not None and r.lease.lease_id >= next_lease):
                 raise ValueError(f"malformed request scheduler state: {r.request_id} has seq/lease beyond the counters")
@@ -855,12 +946,13 @@ class RequestScheduler:
         for r in reqs:
             self._by_iter.setdefault(r.iteration, {})[r.request_id] = None
             if not r.status.is_terminal():
-                self._outstanding[(r.iteration, r.kind)] += 1
+                okey = (r.iteration, r.kind)
+                self._outstanding[okey] = self._outstanding.get(okey, 0) + 1
                 self._outstanding_kind[r.kind] += 1
                 self._keys[r.request_id] = (r.kind, r.iteration, r.weight_version, _freeze(r.params))
-            if r.status in (RequestStatus.PENDING, RequestStatus.RECOMPUTE):
+            if r.status in (_PENDING, _RECOMPUTE):
                 self._ready_add(r)
-            elif r.status is RequestStatus.IN_FLIGHT:
+            elif r.status is _IN_FLIGHT:
                 self._in_flight[r.request_id] = r
                 self._by_worker.setdefault(r.lease.worker_id, {})[r.request_id] = None
                 self._push_expiry(r.lease.expires_at, (r.lease,))
@@ -869,7 +961,7 @@ class RequestScheduler:
         self._next_lease_id = max(next_lease, epoch * LEASE_EPOCH_STRIDE)
         self._training_active = bool(d["training_active"])
         self.epoch = epoch
-        voided = [r for r in reqs if r.status is RequestStatus.IN_FLIGHT]
+        voided = [r for r in reqs if r.status is _IN_FLIGHT]
         for r in voided:
             self._abort(
                 r, now, f"lease {r.lease.lease_id} of {r.lease.worker_id} void: coordinator restarted (epoch {epoch})",
@@ -882,7 +974,7 @@ class RequestScheduler:
     def _current(self, request_id: str, lease_id: int, worker_id: str | None = None) -> Request | None:
         """The request if it is IN_FLIGHT under ``lease_id`` (held by ``worker_id`` when given), else None."""
         req = self._requests.get(request_id)
-        if req is None or req.status is not RequestStatus.IN_FLIGHT or req.lease.lease_id != lease_id:
+        if req is None or req.status is not _IN_FLIGHT or req.lease.lease_id != lease_id:
             return None
         if worker_id is not None and req.lease.worker_id != worker_id:
             return None
@@ -902,19 +994,19 @@ class RequestScheduler:
             lease = req.lease
             self._aborted.append(AbortedLease(lease.resume_step or 0, lease.granted_at, max(lease.granted_at, min(now, lease.expires_at - self.lease_timeout_s))))
         req.committed_step = req.commit_key = None
-        self._transition(req, RequestStatus.ABORTED, now, detail)
+        self._transition(req, _ABORTED, now, detail)
         if requeue:
-            self._transition(req, RequestStatus.PENDING, now, "re-enqueued for full re-execution")
+            self._transition(req, _PENDING, now, "re-enqueued for full re-execution")
 
     def _ready_add(self, req: Request) -> None:
         """Put a PENDING/RECOMPUTE request in the ready queue: O(1) in submission order, else O(log n)."""
         key = self._keys[req.request_id]
         bucket = self._buckets.get(key)
         if bucket is None:
-            i = 0 if req.kind is RequestKind.ROLLOUT else 1
+            i = 0 if req.kind is _ROLLOUT else 1
             bucket = self._buckets[key] = _Bucket(key, i)
             self._num_buckets[i] += 1
-        if req.status is RequestStatus.RECOMPUTE:
+        if req.status is _RECOMPUTE:
             prio = _PRIO_RECOMPUTE
         else:
             prio = _PRIO_ROLLOUT if bucket.head == 0 else _PRIO_EXPLORE
@@ -984,9 +1076,10 @@ class RequestScheduler:
         """The only place a status changes: validate, update indexes, append history.
 
         (Except ``pull``, which does the PENDING/RECOMPUTE -> IN_FLIGHT edge of
-        this method inline for speed, with the same effects; the table allowing
-        that edge is asserted at import.) ``lease`` is required when entering
-        IN_FLIGHT and ignored otherwise.
+        this method inline for speed, ``complete``, which does IN_FLIGHT -> DONE
+        inline, and ``submit``, which enqueues new PENDING requests in bulk, all
+        with the same effects; the table allowing those edges is asserted at
+        import.) ``lease`` is required when entering IN_FLIGHT and ignored otherwise.
 
         Raises:
             InvalidTransition: ``req.status -> new_status`` is not in ``VALID_TRANSITIONS``
@@ -995,12 +1088,12 @@ class RequestScheduler:
         old = req.status
         if new_status not in VALID_TRANSITIONS[old]:
             raise InvalidTransition(f"{req.request_id}: {old.value} -> {new_status.value} is not allowed")
-        if new_status is RequestStatus.IN_FLIGHT and lease is None:
+        if new_status is _IN_FLIGHT and lease is None:
             raise ValueError(f"{req.request_id}: entering in_flight needs a lease")
         # Leave the old status's index.
-        if old is RequestStatus.PENDING or old is RequestStatus.RECOMPUTE:
+        if old is _PENDING or old is _RECOMPUTE:
             self._ready_remove(req)
-        elif old is RequestStatus.IN_FLIGHT:  # its expiry-heap entries go stale
+        elif old is _IN_FLIGHT:  # its expiry-heap entries go stale
             del self._in_flight[req.request_id]
             held = self._by_worker[req.lease.worker_id]
             del held[req.request_id]
@@ -1009,9 +1102,9 @@ class RequestScheduler:
             req.lease = None
         # Enter the new one.
         req.status = new_status
-        if new_status is RequestStatus.PENDING or new_status is RequestStatus.RECOMPUTE:
+        if new_status is _PENDING or new_status is _RECOMPUTE:
             self._ready_add(req)
-        elif new_status is RequestStatus.IN_FLIGHT:
+        elif new_status is _IN_FLIGHT:
             req.lease, req.worker_id = lease, lease.worker_id
             req.attempts += 1
             self._in_flight[req.request_id] = req
@@ -1020,7 +1113,7 @@ class RequestScheduler:
                 held = self._by_worker[lease.worker_id] = {}
             held[req.request_id] = None
             self._push_expiry(lease.expires_at, (lease,))
-        elif new_status is RequestStatus.DONE or new_status is RequestStatus.CANCELLED:
+        elif new_status is _DONE or new_status is _CANCELLED:
             self._outstanding[(req.iteration, req.kind)] -= 1
             self._outstanding_kind[req.kind] -= 1
             del self._keys[req.request_id]

@@ -19,6 +19,7 @@ v_{n+1} from the very same noise (DESIGN §3).
 from __future__ import annotations
 
 import hashlib
+import heapq
 import math
 from typing import Sequence
 
@@ -39,8 +40,23 @@ def splitmix64(x: int) -> int:
 
 def derive_seed(*parts: object) -> int:
     """A 31-bit seed from any tuple of parts (stable across processes and machines)."""
-    h = hashlib.blake2b("|".join(map(str, parts)).encode(), digest_size=8).digest()
-    return int.from_bytes(h, "little") & 0x7FFFFFFF
+    return seed_from_text("|".join(map(str, parts)))
+
+
+def seed_prefix(*parts: object) -> str:
+    """The text :func:`derive_seed` hashes for ``parts`` followed by more parts, up to
+    them: ``derive_seed(*parts, *more) == seed_from_text(seed_prefix(*parts) +
+    "|".join(map(str, more)))``. Lets a caller deriving many seeds that share their leading
+    parts format those once."""
+    return "".join(f"{p}|" for p in parts)
+
+
+def seed_from_text(text: str) -> int:
+    """The seed of :func:`derive_seed`'s joined text (see :func:`seed_prefix`)."""
+    return int.from_bytes(_blake2b(text.encode(), digest_size=8).digest(), "little") & 0x7FFFFFFF
+
+
+_blake2b = hashlib.blake2b
 
 
 def default_seeds(run_seed: int, iteration: int, slot: int, group_size: int) -> list[int]:
@@ -50,7 +66,8 @@ def default_seeds(run_seed: int, iteration: int, slot: int, group_size: int) -> 
 
 def candidate_seeds(run_seed: int, iteration: int, slot: int, num_candidates: int) -> list[int]:
     """The d candidate seeds explored for prompt slot ``slot`` of iteration ``iteration``."""
-    return [derive_seed(run_seed, "candidate", iteration, slot, j) for j in range(num_candidates)]
+    prefix = seed_prefix(run_seed, "candidate", iteration, slot)
+    return [seed_from_text(f"{prefix}{j}") for j in range(num_candidates)]
 
 
 def select_top_bottom(seeds: Sequence[int], rewards: Sequence[float], group_size: int) -> list[int]:
@@ -66,14 +83,15 @@ def select_top_bottom(seeds: Sequence[int], rewards: Sequence[float], group_size
         raise ValueError(f"{len(seeds)} seeds but {len(rewards)} rewards")
     if group_size % 2:
         raise ValueError("group_size must be even")
-    scored = sorted(
-        ((r, i) for i, r in enumerate(rewards) if math.isfinite(r)),
-        key=lambda x: (-x[0], x[1]),
-    )
+    isfinite = math.isfinite
+    # sort keys (-reward, index): unique, so the first and last ``half`` of the sorted order
+    # are the ``half`` smallest and (reversed) largest keys, found without sorting them all
+    scored = [(-r, i) for i, r in enumerate(rewards) if isfinite(r)]
     half = group_size // 2
-    if len(scored) <= group_size:
+    if len(scored) <= group_size or not half:
+        scored.sort()
         return [seeds[i] for _, i in scored]
-    picked = scored[:half] + scored[-half:]
+    picked = heapq.nsmallest(half, scored) + heapq.nlargest(half, scored)[::-1]
     return [seeds[i] for _, i in picked]
 
 

@@ -67,6 +67,30 @@ def test_select_top_bottom_ignores_non_finite():
     assert select_top_bottom(seeds, rewards, 2) == [2, 4]
 
 
+
+def test_select_top_bottom_equals_a_full_sort_by_reward_then_order():
+    """It picks the K/2 best and K/2 worst without sorting every candidate; the picks are
+    those of sorting all finite candidates by (-reward, index) (its earlier code)."""
+    import math
+    import random
+
+    rng = random.Random(0)
+    for _ in range(2000):
+        n = rng.randrange(0, 40)
+        rewards = [rng.choice([rng.random(), 0.0, -0.0, 0.5, 1.0, math.nan, math.inf, -math.inf]) for _ in range(n)]
+        seeds = [rng.randrange(2**31) for _ in range(n)]
+        k = rng.choice([0, 2, 4, 8, 16])
+        ranked = sorted(((r, i) for i, r in enumerate(rewards) if math.isfinite(r)), key=lambda x: (-x[0], x[1]))
+        want = ranked if len(ranked) <= k else ranked[: k // 2] + ranked[-(k // 2):]
+        assert select_top_bottom(seeds, rewards, k) == [seeds[i] for _, i in want]
+
+
+def test_seed_prefix_and_seed_from_text_are_derive_seed():
+    from spotlight.seed_bank import seed_from_text, seed_prefix
+
+    for parts, more in [((0, "candidate", 3), (1, 7)), ((7,), ("x", 2.5)), ((), (1,)), ((True, "default"), (0, 0, 0))]:
+        assert seed_from_text(seed_prefix(*parts) + "|".join(map(str, more))) == derive_seed(*parts, *more)
+
 def test_select_top_bottom_errors():
     with pytest.raises(ValueError):
         select_top_bottom([1, 2], [1.0], 2)

@@ -694,3 +694,18 @@ def test_load_rejects_bad_epoch_version_and_malformed_state():
         fresh.load_state_dict(dup, epoch=1, now=0.0)
     # failed loads left the fresh scheduler empty and usable
     assert fresh.requests() == [] and fresh.epoch == 0
+
+
+def test_submit_with_a_malformed_item_keeps_what_came_before_it():
+    """Requests are enqueued one by one: an item that fails part way leaves the earlier ones
+    queued and counted, and its id used up (so ids are never reused)."""
+    sched = RequestScheduler()
+    with pytest.raises(ValueError):
+        sched.submit(E, 0, [(1, 1, 0), (2, 2, 0), ("x", 3, 0), (4, 4, 0)], weight_version=0, params={"a": 1}, now=1.0)
+    with pytest.raises(TypeError):
+        sched.submit(R, 1, iter([(1, 1, 0), None]), weight_version=0, params=None, now=1.0)
+    assert [r.request_id for r in sched.requests()] == ["e0-0", "e0-1", "r1-0"]
+    assert sched.num_ready() == sched.num_outstanding() == 3 and sched.num_ready(kind=R) == 1
+    assert sched.submit(E, 0, [(5, 5, 0)], weight_version=0, params={"a": 1}, now=2.0) == ["e0-3"]
+    assert [l.request_id for l in sched.pull("w", is_spot=True, max_requests=10, now=3.0)] == ["r1-0"]
+    assert [l.request_id for l in sched.pull("w", is_spot=True, max_requests=10, now=3.0)] == ["e0-0", "e0-1", "e0-3"]

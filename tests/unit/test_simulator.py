@@ -177,3 +177,35 @@ def test_cli_prints_the_cost_to_target_table(tmp_path):
     assert (tmp_path / "simulate.png").stat().st_size > 10_000
     bad = subprocess.run([sys.executable, "-m", "spotlight.cli", "simulate", "--policy", "nope", "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "unknown policy 'nope'" in bad.stdout and "Traceback" not in bad.stderr
+
+
+def test_synthetic_reward_many_equals_one_at_a_time():
+    """The simulator computes rewards ahead in bulk (numpy SplitMix64, ``math`` log/cos/sin):
+    bit for bit the rewards of one call per request."""
+    import random
+
+    from spotlight.sim.simulator import SyntheticReward
+
+    rng = random.Random(3)
+    for seed in (0, 1, 2**40):
+        bulk, single = SyntheticReward(seed), SyntheticReward(seed)
+        for n in (0, 1, 7, 3000):
+            prompts = [rng.randrange(-2, 200) for _ in range(n)]
+            seeds = [rng.choice([rng.randrange(2**31), rng.randrange(2**64), 0, 2**64 - 1]) for _ in range(n)]
+            stale = [rng.random() < 0.4 for _ in range(n)]
+            assert bulk.many(prompts, seeds, stale) == [single(p, s, stale=t) for p, s, t in zip(prompts, seeds, stale)]
+        # a seed outside [0, 2**64) takes the one-at-a-time path
+        assert bulk.many([1, 2], [5, -1], [False, True]) == [single(1, 5, stale=False), single(2, -1, stale=True)]
+
+
+def test_a_run_leaves_the_garbage_collector_as_it_found_it(profile):
+    import gc
+
+    was = gc.isenabled()
+    try:
+        for state in (True, False):
+            (gc.enable if state else gc.disable)()
+            simulate(profile, "spotlight", None, iterations=2)
+            assert gc.isenabled() is state
+    finally:
+        (gc.enable if was else gc.disable)()
