@@ -29,6 +29,10 @@ def test_ctrl_c_stops_every_process_and_prints_how_to_continue(tmp_path):
         proc = subprocess.Popen(
             [sys.executable, "-m", "spotlight.cli", "up", "--local", "--agents", "1", "--config", str(cfg), "--run-dir", str(rd), "--timeout-s", "900"],
             cwd=REPO, env=_env(), stdout=out, stderr=err, start_new_session=True,
+            # as a terminal's foreground job has it: a test run started in the background by a
+            # shell without job control inherits SIGINT ignored, and Python then never raises
+            # KeyboardInterrupt (the run went on for 240 s after the "Ctrl-C")
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
     leader = psutil.Process(proc.pid)
     try:
