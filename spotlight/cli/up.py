@@ -129,6 +129,18 @@ def resume_command(run_dir: pathlib.Path, *, local: bool, agents: int, gpus_per_
     return shlex.join(cmd)
 
 
+def _checkpointed_iterations(run_dir: pathlib.Path) -> int | None:
+    """Iterations held by ``run_dir``'s latest complete checkpoint
+    (:func:`spotlight.checkpoint.latest_checkpoint`), or None without one."""
+    from spotlight.checkpoint import latest_checkpoint
+
+    try:
+        got = latest_checkpoint(run_dir, cleanup=False)
+    except OSError:
+        return None
+    return None if got is None else got[0] + 1
+
+
 def next_command(run_dir: pathlib.Path, *, iterations: int, **layout) -> tuple[str, str]:
     """What to run after ``spotlight up`` stopped early: ``(sentence, command line)``.
 
@@ -139,15 +151,10 @@ def next_command(run_dir: pathlib.Path, *, iterations: int, **layout) -> tuple[s
     (stopped between writing it and the checkpoint), with ``--resume``, which restarts a run
     without a checkpoint at iteration 1 (a plain start refuses a directory with metrics).
     ``layout``: the keyword arguments of :func:`resume_command`."""
-    from spotlight.checkpoint import latest_checkpoint
-
     run_dir = pathlib.Path(run_dir)
-    try:
-        got = latest_checkpoint(run_dir, cleanup=False)
-    except OSError:
-        got = None
-    if got is not None:
-        return f"Continue the run from its last complete iteration ({got[0] + 1}/{iterations}) with:", resume_command(run_dir, **layout)
+    done = _checkpointed_iterations(run_dir)
+    if done is not None:
+        return f"Continue the run from its last complete iteration ({done}/{iterations}) with:", resume_command(run_dir, **layout)
     try:
         has_rows = (run_dir / "metrics.jsonl").stat().st_size > 0
     except OSError:
@@ -267,13 +274,7 @@ def _finished(run_dir: pathlib.Path, iterations: int) -> str | None:
     """Why ``--resume run_dir`` must not start: its checkpoints already hold ``iterations``
     iterations (the run finished; resuming would re-run the last one's save and rewrite its
     results), else None. ``iterations``: the run's, with ``--iterations`` applied."""
-    from spotlight.checkpoint import latest_checkpoint
-
-    try:
-        got = latest_checkpoint(run_dir, cleanup=False)
-    except OSError:
-        return None
-    done = got[0] + 1 if got is not None else 0
+    done = _checkpointed_iterations(run_dir) or 0
     if done < iterations:
         return None
     return (
