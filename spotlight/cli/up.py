@@ -192,21 +192,25 @@ def _setup_logging(log_level: str, log_dir: pathlib.Path, *, verbose: bool) -> N
     os.environ.setdefault(LOG_LEVEL_ENV, logging.getLevelName(file_level))
 
 
+def _live_process(pid: int, marker: str):
+    """The ``psutil.Process`` of ``pid`` if it is running (not a zombie) and its command line
+    contains ``marker``, else None."""
+    import psutil
+
+    try:
+        p = psutil.Process(pid)
+        return p if p.status() != psutil.STATUS_ZOMBIE and marker in " ".join(p.cmdline()) else None
+    except psutil.Error:
+        return None
+
+
 def _adopt(entry: dict | None):
     """The still-running local agent process of ``entry`` (from a crashed run's
     local_agents.json), or None. Agents with a mock cloud are not adopted: their mock
     metadata server died with the old coordinator process."""
-    import psutil
-
     if not entry or entry.get("cloud") or not entry.get("pid"):
         return None
-    try:
-        p = psutil.Process(int(entry["pid"]))
-        if p.status() == psutil.STATUS_ZOMBIE or "agent.main" not in " ".join(p.cmdline()):
-            return None
-        return p
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return None
+    return _live_process(int(entry["pid"]), "agent.main")
 
 
 def _check_options(*, mock_cloud: str, reserved: str, trace_mode: str) -> list[str]:
@@ -255,19 +259,13 @@ def _running_coordinator(run_dir: pathlib.Path) -> int | None:
     is still alive and a Spotlight process, else None."""
     import json
 
-    import psutil
-
     try:
         pid = json.loads((pathlib.Path(run_dir) / "coordinator.json").read_text()).get("pid")
     except (OSError, ValueError, AttributeError):
         return None
     if not isinstance(pid, int) or pid == os.getpid():
         return None
-    try:
-        proc = psutil.Process(pid)
-        return pid if "spotlight" in " ".join(proc.cmdline()) and proc.status() != psutil.STATUS_ZOMBIE else None
-    except psutil.Error:
-        return None
+    return pid if _live_process(pid, "spotlight") is not None else None
 
 
 def _finished(run_dir: pathlib.Path, iterations: int) -> str | None:
