@@ -11,7 +11,9 @@ Three scenarios, each one real process tree over loopback ZeroMQ:
 
 Runs are tiny (2 iterations × 6 prompts × 8 seeds, 8 exploration candidates) so the file
 fits in a few minutes on 2 CPU cores. Nothing here assumes a timing: every wait is on a
-condition with a generous deadline.
+condition with a generous deadline, and every fault is injected while the target's
+processes are frozen (SIGSTOP) at a point their worker events show to be mid-denoising
+(``$SPOTLIGHT_WORKER_EVENTS``), so it cannot miss the work it is meant to interrupt.
 """
 
 from __future__ import annotations
@@ -153,21 +155,6 @@ def _agent_status(state_dir: str, node_id: str) -> dict | None:
         return None
 
 
-def _rollout_workers(agent_pid: int) -> list[psutil.Process]:
-    try:
-        kids = psutil.Process(agent_pid).children()
-    except psutil.NoSuchProcess:
-        return []
-    out = []
-    for k in kids:
-        try:
-            if "spotlight.workers.rollout_worker" in " ".join(k.cmdline()):
-                out.append(k)
-        except psutil.NoSuchProcess:
-            pass
-    return out
-
-
 def _requests(rd: pathlib.Path) -> list[dict]:
     return [json.loads(line) for line in (rd / "requests.jsonl").read_text().splitlines()]
 
@@ -186,53 +173,111 @@ def _assert_every_request_done_once(reqs: list[dict], num_rollouts: int, *, expl
 # ---------------------------------------------------------------- (a) preemption notice
 
 
-def _notice_attempt(tmp: pathlib.Path, cfg: pathlib.Path, name: str) -> pathlib.Path:
+def _last_events(path: pathlib.Path) -> dict[int, dict]:
+    """The last worker event (``$SPOTLIGHT_WORKER_EVENTS``) of each process id."""
+    last: dict[int, dict] = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                ev = json.loads(line)
+            except ValueError:  # a line being written
+                continue
+            last[ev["pid"]] = ev
+    return last
+
+
+def _freeze(procs: list[psutil.Process]) -> list[psutil.Process]:
+    """SIGSTOP ``procs`` and wait until the kernel has stopped each one (the processes that
+    are gone by then are dropped)."""
+    stopped = []
+    for p in procs:
+        try:
+            p.send_signal(signal.SIGSTOP)
+            stopped.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    for p in list(stopped):
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                if p.status() in (psutil.STATUS_STOPPED, psutil.STATUS_ZOMBIE):
+                    break
+            except psutil.NoSuchProcess:
+                stopped.remove(p)
+                break
+            time.sleep(0.001)
+    return stopped
+
+
+def _thaw(procs: list[psutil.Process]) -> None:
+    for p in procs:
+        try:
+            p.send_signal(signal.SIGCONT)
+        except psutil.NoSuchProcess:
+            pass
+
+
+def _freeze_mid_denoising(parent_pid: int, events: pathlib.Path, max_step: int) -> tuple[list[psutil.Process], list[psutil.Process]] | None:
+    """Freeze every descendant of ``parent_pid``. If the last event of some of them is a
+    denoising step ``<= max_step`` (each is then inside the denoising loop of a leased
+    request), keep them all frozen and return (all frozen, those mid-denoising); else thaw
+    them and return None."""
+    try:
+        kids = psutil.Process(parent_pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return None
+    got = _freeze(kids)
+    last = _last_events(events)
+    mid = [p for p in got if last.get(p.pid, {}).get("event") == "step" and last[p.pid]["step"] <= max_step]
+    if mid:
+        return got, mid
+    _thaw(got)
+    time.sleep(0.005)
+    return None
+
+
+def _notice_attempt(tmp: pathlib.Path, cfg: pathlib.Path, name: str, num_steps: int) -> pathlib.Path:
+    """One run with an AWS notice to spot-0 that is certain to find a rollout mid-denoising.
+
+    No timing is assumed: spot-0's processes are frozen (SIGSTOP) at a moment when a worker's
+    last event is a denoising step with at least 3 steps left (so it is inside the loop, and
+    checks for STOP before each of those steps); the notice is sent and the agent's drain
+    begins while they are frozen; then they continue, see the STOP and commit."""
     rd = tmp / name
-    # two workers per spot agent: the notice finds at least one of them mid-denoising (a
-    # worker between two requests has nothing to commit)
-    up = Up(rd, ["--local", "--agents", "2", "--gpus-per-agent", "2", "--mock-cloud", "aws", "--spot-nice", "0", "--config", str(cfg), "--log-level", "INFO"])
+    events = tmp / f"{name}.events.jsonl"
+    up = Up(rd, ["--local", "--agents", "2", "--gpus-per-agent", "2", "--mock-cloud", "aws", "--spot-nice", "0", "--config", str(cfg), "--log-level", "INFO"],
+            env=_env(SPOTLIGHT_WORKER_EVENTS=str(events)))
+    frozen: list[psutil.Process] = []
     try:
         agents = _local_agents(up)
         spot0 = agents["agents"]["spot-0"]
-        seen: set[str] = set()
 
-        def denoising_on_spot0():
-            # in flight on spot-0, after spot-0 finished one request (its weights are loaded,
-            # so the notice lands in the denoising loop rather than in the weight fetch)
-            s = _agent_status(agents["state_dir"], "spot-0")
-            if s is None:
-                return False
-            now = set(s["in_flight"])
-            finished_one = bool(seen - now)
-            seen.update(now)
-            return bool(now) and finished_one
-
-        up.wait_for(denoising_on_spot0, "requests in flight on spot-0", interval_s=0.0)
+        frozen, _ = up.wait_for(lambda: _freeze_mid_denoising(spot0["pid"], events, num_steps - 3), "a worker of spot-0 mid-denoising", interval_s=0.0)
         from spotlight.mock_metadata import control
 
         control(spot0["control_url"], "notice", lead_time_s=20)
+        up.wait_for(lambda: (_agent_status(agents["state_dir"], "spot-0") or {}).get("draining"), "spot-0 to begin draining", interval_s=0.1)
+        _thaw(frozen)
+        frozen = []
         up.wait_for(lambda: _gone(spot0["pid"]), "spot-0 to drain and exit")
         rc = up.finish()
         assert rc == 0, f"spotlight up failed (rc {rc})\n{up.logs()}"
     finally:
+        _thaw(frozen)
         up.close()
     return rd
 
 
 @pytest.fixture(scope="module")
 def notice_run(tmp_path_factory):
-    """Run (a): AWS notice to spot-0 while it has requests in flight.
-
-    A notice that reaches the workers while both sit between two requests commits
-    nothing (correctly); that race is the only reason for the retries."""
+    """Run (a): AWS notice to spot-0 while one of its workers denoises (see _notice_attempt)."""
     tmp = tmp_path_factory.mktemp("notice")
     # exploration off: every request the notice interrupts is an on-policy rollout, whose
     # resumed result is then compared bit for bit (exploration uses the same commit path)
     cfg = _write_config(tmp / "config.toml", **{"cluster.worker_batch_size": 1, "run.save_rollouts": True, "explore.enabled": False, "run.iterations": 3})
-    for attempt in range(3):  # the race lost twice in a row once on a fresh-clone CI run
-        rd = _notice_attempt(tmp, cfg, f"run{attempt}")
-        if any("recompute" in _statuses(r) for r in _requests(rd)):
-            break
+    from spotlight.config import load_config
+
+    rd = _notice_attempt(tmp, cfg, "run", load_config(cfg).sampler.num_steps)
     return rd, cfg
 
 
@@ -304,47 +349,44 @@ def test_resumed_rollouts_are_bit_identical(notice_run):
 
 @pytest.fixture(scope="module")
 def kill_run(tmp_path_factory):
-    """Run (b): SIGKILL a rollout worker of spot-0 during iteration 0's rollout, then the
-    whole spot-1 agent once iteration 0 finished."""
+    """Run (b): SIGKILL a rollout worker of spot-0 while it denoises a leased request, then
+    the whole spot-1 agent, once iteration 0 finished, while one of its workers denoises.
+
+    No timing is assumed: each kill happens while the agent's processes are frozen
+    (SIGSTOP) at a moment when a worker's last event is a denoising step before the last."""
     tmp = tmp_path_factory.mktemp("kill")
     # 3 iterations: on a loaded machine spot-0's worker can start after a 2-iteration run's
     # work is all taken (the run then ended before anything was in flight on spot-0)
     cfg = _write_config(tmp / "config.toml", **{"run.iterations": 3})
+    from spotlight.config import load_config
+
+    last_step = load_config(cfg).sampler.num_steps - 1
     rd = tmp / "run"
-    up = Up(rd, ["--local", "--agents", "2", "--config", str(cfg), "--log-level", "INFO"])
+    events = tmp / "events.jsonl"
+    up = Up(rd, ["--local", "--agents", "2", "--config", str(cfg), "--log-level", "INFO"], env=_env(SPOTLIGHT_WORKER_EVENTS=str(events)))
     killed = {}
     orphans: list[psutil.Process] = []
+    frozen: list[psutil.Process] = []
     try:
         agents = _local_agents(up)
-        state_dir = agents["state_dir"]
         spot0, spot1 = agents["agents"]["spot-0"], agents["agents"]["spot-1"]
-
-        def in_flight_on_spot0():
-            # normally iteration 0's rollouts (exploration during its training if spot-0
-            # started too late for them: the kill is what matters)
-            s = _agent_status(state_dir, "spot-0")
-            if s is None or not s["in_flight"]:
-                return None
-            return _rollout_workers(spot0["pid"]) or None
-
-        workers = up.wait_for(in_flight_on_spot0, "requests in flight on spot-0", interval_s=0.0)
-        workers[0].send_signal(signal.SIGKILL)
-        killed["worker"] = workers[0].pid
+        # normally iteration 0's rollouts (exploration during its training if spot-0
+        # started too late for them: the kill is what matters)
+        frozen, mid = up.wait_for(lambda: _freeze_mid_denoising(spot0["pid"], events, last_step), "a worker of spot-0 mid-denoising", interval_s=0.0)
+        mid[0].send_signal(signal.SIGKILL)
+        killed["worker"] = mid[0].pid
+        _thaw(frozen)
         metrics = rd / "metrics.jsonl"
         up.wait_for(lambda: metrics.is_file() and metrics.read_text().strip(), "iteration 0 to finish", interval_s=0.2)
-        # iteration 1 is running: kill spot-1 preferably while it holds requests (its leases
-        # are then re-enqueued when its heartbeats stop), but kill it in any case
-        deadline = time.monotonic() + 30
-        while up.alive() and time.monotonic() < deadline:
-            s = _agent_status(state_dir, "spot-1")
-            if s is not None and s["in_flight"]:
-                break
-        if not up.alive():
-            pytest.fail(f"the run ended before spot-1 could be killed\n{up.logs()}")
-        orphans.extend(_rollout_workers(spot1["pid"]))
+        # iteration 1 (or later) runs: kill spot-1 while one of its workers denoises (its
+        # leases are re-enqueued when its heartbeats stop)
+        frozen, _ = up.wait_for(lambda: _freeze_mid_denoising(spot1["pid"], events, last_step), "a worker of spot-1 mid-denoising", interval_s=0.0)
+        orphans.extend(frozen)  # its workers (and warm spare)
         killed["agent_workers"] = [p.pid for p in orphans]
         os.kill(spot1["pid"], signal.SIGKILL)
         killed["agent"] = spot1["pid"]
+        _thaw(frozen)  # the orphans run on, find their agent gone and exit
+        frozen = []
         rc = up.finish()
         assert rc == 0, f"spotlight up failed (rc {rc})\n{up.logs()}"
         # the orphaned workers of the killed agent notice and exit (no leaked processes)
@@ -353,6 +395,7 @@ def kill_run(tmp_path_factory):
             time.sleep(0.2)
         killed["orphans_left"] = [p.pid for p in orphans if not _gone(p.pid)]
     finally:
+        _thaw(frozen)
         up.close()
         for p in orphans:  # no longer children of the run: never leak them on a failure
             try:
