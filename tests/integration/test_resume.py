@@ -18,12 +18,11 @@ import pathlib
 import signal
 import subprocess
 import sys
-import time
 
 import psutil
 import pytest
 
-from tests.integration.test_faults import Up, _env, _gone, _write_config
+from tests.integration.test_faults import Up, _env, _freeze, _gone, _write_config
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -49,9 +48,15 @@ def test_sigkill_mid_iteration_then_resume(tmp_path):
             # past the first checkpoint, inside an iteration's rollout or training: mid-iteration
             return snap["iterations_done"] >= 1 and snap["phase"] in ("rollout", "train") and snap
 
-        killed_at = up.wait_for(mid_iteration, "an iteration after the first to be under way", interval_s=0.2)["iterations_done"]  # 0-based index of the one under way
+        up.wait_for(mid_iteration, "an iteration after the first to be under way", interval_s=0.2)
         agents_before = json.loads((rd / "local_agents.json").read_text())["agents"]
         trainers = [p for p in up.ps.children(recursive=True) if "train_worker" in " ".join(p.cmdline())]
+        # freeze the coordinator, then read what it checkpointed: an iteration that ended
+        # since the snapshot above cannot make the count stale before the kill
+        _freeze([up.ps])
+        from spotlight.cli.up import _checkpointed_iterations
+
+        killed_at = _checkpointed_iterations(rd)  # = 0-based index of the iteration under way
         os.kill(up.proc.pid, signal.SIGKILL)
         up.proc.wait(timeout=30)
         for name, a in agents_before.items():
