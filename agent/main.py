@@ -990,10 +990,10 @@ def join(
     config: Optional[pathlib.Path] = typer.Option(None, "--config", help="Agent TOML config (optional)."),
     keys: Optional[pathlib.Path] = typer.Option(None, "--keys", envvar="SPOTLIGHT_KEYS", help="Directory with the coordinator's public key (server.key) and this node's secret key (<role>.<name>.key_secret); see README 'Security model'."),
     key: Optional[str] = typer.Option(None, "--key", help="Which client key in --keys to use (its name), when there are several."),
-    grace_s: float = typer.Option(20.0, "--grace-s", help="Seconds workers get to commit in-flight state on a notice or SIGTERM."),
-    poll_interval_s: float = typer.Option(1.0, "--poll-interval-s", help="Seconds between cloud metadata polls (AWS recommends 5, Azure 1)."),
+    grace_s: float = typer.Option(20.0, "--grace-s", min=0.0, help="Seconds workers get to commit in-flight state on a notice or SIGTERM."),
+    poll_interval_s: float = typer.Option(1.0, "--poll-interval-s", min=0.05, help="Seconds between cloud metadata polls (AWS recommends 5, Azure 1)."),
     register_timeout_s: float = typer.Option(60.0, "--register-timeout-s", min=0.1, help="Give up (exit 1) if the coordinator does not answer the first registration within this many seconds; raise it when the agent may start long before the coordinator."),
-    coordinator_timeout_s: float = typer.Option(600.0, "--coordinator-timeout-s", help="Exit (code 4) after hearing nothing from the coordinator for this long; before that the agent re-registers with backoff and keeps its workers (a coordinator restarted with --resume finds them)."),
+    coordinator_timeout_s: float = typer.Option(600.0, "--coordinator-timeout-s", min=1.0, help="Exit (code 4) after hearing nothing from the coordinator for this long; before that the agent re-registers with backoff and keeps its workers (a coordinator restarted with --resume finds them)."),
     weights_dir: Optional[pathlib.Path] = typer.Option(None, "--weights-dir", help="Directory of the node's weight-version cache (a local disk with room for 3 versions; emptied at start). Default: <state dir>/weights."),
     nice: int = typer.Option(0, "--nice", min=0, max=19, help="CPU niceness of the worker processes (local mode runs simulated spot GPUs at 5 so they slow the trainer less on shared CPU cores)."),
     warm_spare: Optional[bool] = typer.Option(None, "--warm-spare/--no-warm-spare", help="Keep one pre-started spare worker process that becomes the next worker when a GPU is granted (joins without a process start). Default: on for spot nodes, off with --reserved (its GPUs do not come and go)."),
@@ -1093,7 +1093,7 @@ def _control(node_id: str, request: dict, timeout_s: float = 5.0, state_dir_opt:
 def revoke(
     gpu: list[int] = typer.Option(..., "--gpu", help="GPU index to take away from Spotlight (repeatable)."),
     node_id: str = typer.Option(..., "--node-id", help="Node id of the local agent."),
-    grace_s: float = typer.Option(10.0, "--grace-s", help="Seconds the affected worker gets to commit its in-flight state."),
+    grace_s: float = typer.Option(10.0, "--grace-s", min=0.0, help="Seconds the affected worker gets to commit its in-flight state."),
     state_dir_opt: Optional[pathlib.Path] = typer.Option(None, "--state-dir", help=_STATE_DIR_HELP),
 ) -> None:
     """Per-GPU revocation by a cluster scheduler: the worker on that GPU commits and exits; the rest of the node keeps running."""

@@ -290,7 +290,7 @@ def register(app: typer.Typer) -> None:
         run_dir: Optional[pathlib.Path] = typer.Option(None, "--run-dir", help="Run directory (its coordinator.json names the endpoint; a finished run is shown from its status.json); default: newest under runs/."),
         watch: bool = typer.Option(False, "--watch", "-w", help="Refresh continuously (live TUI); Ctrl-C exits."),
         as_json: bool = typer.Option(False, "--json", help="Print the raw snapshot as JSON."),
-        interval_s: float = typer.Option(1.0, "--interval-s", help="Refresh period with --watch."),
+        interval_s: float = typer.Option(1.0, "--interval-s", min=0.1, help="Refresh period with --watch."),
         keys: Optional[pathlib.Path] = typer.Option(None, "--keys", envvar="SPOTLIGHT_KEYS", help="Keys directory with server.key and a client key (default: the run directory's keys/, status.local)."),
         key: Optional[str] = typer.Option(None, "--key", help="Which client key in --keys to use (default: the only status key)."),
     ) -> None:

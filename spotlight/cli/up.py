@@ -213,13 +213,19 @@ def _adopt(entry: dict | None):
     return _live_process(int(entry["pid"]), "agent.main")
 
 
-def _check_options(*, mock_cloud: str, reserved: str, trace_mode: str) -> list[str]:
+def _check_options(*, mock_cloud: str, reserved: str, trace_mode: str, local: bool = True, agents: int | None = None, timeout_s: float | None = None,
+                   grace_s: float = 20.0, cycle_down_s: float = 5.0, cycle_iteration_s: float | None = None) -> list[str]:
     """One-line problems with ``spotlight up``'s plain options, found before anything starts
     or is written (an empty list: none)."""
     from spotlight.mock_metadata import CLOUDS
     from spotlight.replay_plan import TRACE_MODES
 
     problems = []
+    if not local:  # options that only mean something for local agents are refused, not ignored
+        problems += [f"{flag} needs --local" for flag, given in (("--agents", agents is not None), ("--mock-cloud", mock_cloud != "none")) if given]
+    for flag, value, low in (("--timeout-s", timeout_s, "> 0"), ("--grace-s", grace_s, ">= 0"), ("--cycle-down-s", cycle_down_s, "> 0"), ("--cycle-iteration-s", cycle_iteration_s, "> 0")):
+        if value is not None and not (value >= 0 if low == ">= 0" else value > 0):  # NaN fails both
+            problems.append(f"{flag} {value:g}: must be {low} seconds")
     if mock_cloud not in (*CLOUDS, "none"):
         problems.append(f"--mock-cloud {mock_cloud}: choose from {', '.join(CLOUDS)}, none")
     host, sep, port = reserved.rpartition(":")
@@ -335,7 +341,8 @@ def register(app: typer.Typer) -> None:
         if not isinstance(logging.getLevelName(log_level.upper()), int):
             console.print(f"[red]error:[/red] --log-level {escape(log_level)}: expected DEBUG, INFO, WARNING or ERROR")
             raise typer.Exit(2)
-        for problem in _check_options(mock_cloud=mock_cloud, reserved=reserved, trace_mode=trace_mode):
+        for problem in _check_options(mock_cloud=mock_cloud, reserved=reserved, trace_mode=trace_mode, local=local, agents=agents, timeout_s=timeout_s,
+                                      grace_s=grace_s, cycle_down_s=cycle_down_s, cycle_iteration_s=cycle_iteration_s):
             console.print(f"[red]error:[/red] {escape(problem)}")
             raise typer.Exit(2)
         agents_given, agents = agents is not None, 2 if agents is None else agents

@@ -27,6 +27,12 @@ def _up(*args: str):
         ("--reserved", "7400", "--reserved 7400: expected HOST:PORT"),
         ("--reserved", "127.0.0.1:99999", "--reserved 127.0.0.1:99999: expected HOST:PORT"),
         ("--trace-mode", "half", "--trace-mode half: choose from slice, full"),
+        ("--timeout-s", "-5", "--timeout-s -5: must be > 0 seconds"),
+        ("--timeout-s", "0", "--timeout-s 0: must be > 0 seconds"),
+        ("--grace-s", "-1", "--grace-s -1: must be >= 0 seconds"),
+        ("--grace-s", "nan", "--grace-s nan: must be >= 0 seconds"),
+        ("--cycle-down-s", "-2", "--cycle-down-s -2: must be > 0 seconds"),
+        ("--cycle-iteration-s", "0", "--cycle-iteration-s 0: must be > 0 seconds"),
     ],
 )
 def test_a_bad_option_is_one_line_before_anything_is_written(tmp_path, flag, value, expected):
@@ -34,6 +40,15 @@ def test_a_bad_option_is_one_line_before_anything_is_written(tmp_path, flag, val
     res = _up("--local", "--config", TOY, "--run-dir", str(rd), flag, value)
     assert res.exit_code == 2, res.output
     assert res.output.strip().splitlines() == [f"error: {expected}" + res.output.strip().split(expected, 1)[1]], res.output
+    assert "Traceback" not in res.output and not rd.exists()
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--agents", "3"), ("--mock-cloud", "aws")])
+def test_a_local_only_option_without_local_is_refused_not_ignored(tmp_path, flag, value):
+    rd = tmp_path / "run"
+    res = _up("--config", TOY, "--run-dir", str(rd), flag, value)
+    assert res.exit_code == 2, res.output
+    assert res.output.strip().startswith(f"error: {flag} needs --local"), res.output
     assert "Traceback" not in res.output and not rd.exists()
 
 
