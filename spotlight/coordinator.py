@@ -993,6 +993,7 @@ class Coordinator:
             "iteration": self.iteration,
             "version": self.store.latest_version,
             "metrics_bytes": self.recorder.metrics_bytes(),
+            "requests_bytes": self.recorder.requests_bytes(),
             "scheduler": self.sched.state_dict(),
             "seed_bank": self.seed_bank.state_dict(),
             "planner": self.planner.state_dict() if self.planner is not None else None,
@@ -1019,9 +1020,22 @@ class Coordinator:
         elapsed = float(elapsed) if isinstance(elapsed, (int, float)) and math.isfinite(elapsed) and elapsed > 0 else 0.0
         return elapsed, events if isinstance(events, list) else []
 
+    def retire_requests(self, before_iteration: int) -> int:
+        """Move the terminal requests of iterations ``< before_iteration`` out of memory (the
+        Request Scheduler, the prompt-slot map) into ``requests.jsonl``: a long run's memory and
+        checkpoints then hold about two iterations of requests, not all of them. Returns how many."""
+        dropped = self.sched.take_terminal(before_iteration=before_iteration)
+        self.recorder.append_requests(dropped)
+        meta = self.request_meta
+        for r in dropped:
+            meta.pop(r.request_id, None)
+        return len(dropped)
+
     def write_checkpoint(self, n: int) -> None:
-        """Iteration ``n``'s run checkpoint; the trainers saved theirs (v_{n+1}) before TRAIN_DONE."""
+        """Iteration ``n``'s run checkpoint; the trainers saved theirs (v_{n+1}) before TRAIN_DONE.
+        The terminal requests of iterations before ``n`` are retired first (:meth:`retire_requests`)."""
         t0 = time.monotonic()
+        self.retire_requests(before_iteration=n)
         self.recorder.checkpoint(n, self.checkpoint_state())
         self.checkpoint_s = time.monotonic() - t0
 
@@ -1031,6 +1045,7 @@ class Coordinator:
             log.warning("resume: %s has no complete checkpoint; restarting the run at iteration 0", self.run_dir)
             self.sched.start_epoch(self.recorder.epoch)
             self.recorder.truncate_metrics(0)
+            self.recorder.truncate_requests(0)
             return
         n, st = got
         legacy = {"version": 1, "iteration": st["iteration"], "explore_action": st.get("explore_action", {}), "plan_logs": st.get("plan_logs", {}), "last_train_s": st.get("last_train_s")}
@@ -1043,6 +1058,8 @@ class Coordinator:
         self.t_step_s = st["t_step_s"]
         self.version_bytes = st["version_bytes"]
         self.history = self.recorder.truncate_metrics(int(st["metrics_bytes"]))
+        # checkpoints from before requests were retired hold every request: start the log empty
+        self.recorder.truncate_requests(int(st.get("requests_bytes", 0)))
         self.store.latest_version = int(st["version"])
         self.resume_version = int(st["version"])
         for r in self.sched.requests():  # prompt slots of restored requests (pulls of resumed work need them)
@@ -1203,8 +1220,9 @@ class Coordinator:
         reward_curve(self.history, self.run_dir / "reward_curve.png")
 
     def write_request_log(self) -> None:
-        """``requests.jsonl``: final status and transition history of every request."""
-        self.recorder.write_request_log(self.sched.requests())
+        """``requests.jsonl``: append the requests not retired yet (the run ended), so the file
+        holds the final status and transition history of every request of the run."""
+        self.recorder.append_requests(self.sched.requests())
 
     def _reload_allow_list(self) -> None:
         """Pick up keys added or revoked with ``spotlight keys`` while the run is live."""

@@ -370,6 +370,7 @@ class RequestScheduler:
         self._outstanding: dict[tuple[int, RequestKind], int] = {}  # non-terminal counts
         self._outstanding_kind: dict[RequestKind, int] = dict.fromkeys(RequestKind, 0)  # the same, per kind
         self._by_iter: dict[int, dict[str, None]] = {}  # iteration -> ordered set of request ids
+        self._forgotten: dict[tuple[RequestKind, RequestStatus], int] = {}  # terminal requests dropped by take_terminal
 
     # ------------------------------------------------------------------ submit
 
@@ -814,10 +815,15 @@ class RequestScheduler:
         return [self._in_flight[rid].lease for rid in self._by_worker.get(worker_id, {})]
 
     def counts(self, *, iteration: int | None = None, kind: RequestKind | None = None) -> dict[RequestStatus, int]:
-        """Number of requests per status (every status a key, zeros included)."""
+        """Number of requests per status (every status a key, zeros included). Without
+        ``iteration`` the requests dropped by :meth:`take_terminal` / :meth:`forget` count too."""
         out = dict.fromkeys(RequestStatus, 0)
         for r in self.requests(iteration=iteration, kind=kind):
             out[r.status] += 1
+        if iteration is None:
+            for (k, st), n in self._forgotten.items():
+                if kind is None or k is kind:
+                    out[st] += n
         return out
 
     def is_finished(self, *, iteration: int, kind: RequestKind) -> bool:
@@ -839,20 +845,35 @@ class RequestScheduler:
         rejected by ``complete``/``commit``/``fail``. Returns the number dropped.
         Costs O(number of iterations + requests of the iterations looked at).
         """
-        drop = 0
-        live, requests = self._keys, self._requests  # _keys: exactly the non-terminal ids
+        return len(self.take_terminal(before_iteration=before_iteration))
+
+    def take_terminal(self, *, before_iteration: int) -> list[Request]:
+        """Drop the terminal (DONE or CANCELLED) requests of iterations ``< before_iteration``
+        and return them, in submission order within each iteration (for a log that keeps
+        them; the coordinator appends them to ``requests.jsonl``).
+
+        The retention rule of a long run: without it every request of every iteration, with
+        its history, stays in memory and in each checkpoint. Dropped requests still count in
+        :meth:`counts` (``iteration=None``); request ids are never reused (the id counters
+        are kept). Later reports for dropped ids are rejected by ``complete``/``commit``/``fail``.
+        Costs O(number of iterations + requests of the iterations looked at).
+        """
+        dropped: list[Request] = []
+        live, requests, forgotten = self._keys, self._requests, self._forgotten  # _keys: exactly the non-terminal ids
         for it in [i for i in self._by_iter if i < before_iteration]:
             ids = self._by_iter[it]
             gone = [rid for rid in ids if rid not in live]
             for rid in gone:
                 del ids[rid]
-                del requests[rid]
+                r = requests.pop(rid)
+                key = (r.kind, r.status)
+                forgotten[key] = forgotten.get(key, 0) + 1
+                dropped.append(r)
             if not ids:
                 del self._by_iter[it]
-            drop += len(gone)
         for key in [k for k, n in self._outstanding.items() if n == 0 and k[0] < before_iteration]:
             del self._outstanding[key]
-        return drop
+        return dropped
 
     # ----------------------------------------------------------- persistence
 
@@ -862,7 +883,8 @@ class RequestScheduler:
         Holds every (not forgotten) request with its status, full history
         (``[status, now, detail]`` triples, times as passed in), current lease,
         attempts, failures, commit info, last worker and submission seq; the id
-        counters per (kind, iteration); the next seq and lease id; the training
+        counters per (kind, iteration); the counts of forgotten requests per (kind,
+        status); the next seq and lease id; the training
         gate; and the ``epoch`` of this process. ``params`` must be JSON-able.
         The configuration (``lease_timeout_s``, ``max_failures``) is recorded for
         reference only; ``load_state_dict`` keeps the new process's own.
@@ -878,6 +900,7 @@ class RequestScheduler:
             "training_active": self._training_active,
             "id_counters": [[k.value, it, n] for (k, it), n in sorted(self._id_counters.items(), key=lambda x: (x[0][0].value, x[0][1]))],
             "requests": [_request_to_json(r) for r in self._requests.values()],
+            "forgotten": [[k.value, st.value, n] for (k, st), n in sorted(self._forgotten.items(), key=lambda x: (x[0][0].value, x[0][1].value))],
         }
 
     def start_epoch(self, epoch: int) -> None:
@@ -931,6 +954,7 @@ class RequestScheduler:
         try:
             reqs = [_request_from_json(r) for r in d["requests"]]
             counters = {(RequestKind(k), int(it)): int(n) for k, it, n in d["id_counters"]}
+            forgotten = {(RequestKind(k), RequestStatus(st)): int(n) for k, st, n in d.get("forgotten", [])}
             next_seq, next_lease = int(d["next_seq"]), int(d["next_lease_id"])
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed request scheduler state: {exc!r}") from exc
@@ -957,6 +981,7 @@ class RequestScheduler:
                 self._by_worker.setdefault(r.lease.worker_id, {})[r.request_id] = None
                 self._push_expiry(r.lease.expires_at, (r.lease,))
         self._id_counters = counters
+        self._forgotten = forgotten
         self._next_seq = next_seq
         self._next_lease_id = max(next_lease, epoch * LEASE_EPOCH_STRIDE)
         self._training_active = bool(d["training_active"])

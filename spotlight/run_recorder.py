@@ -8,7 +8,10 @@ same files without a gap (issue "coordinator crash and resume").
 * ``metrics.jsonl`` — one strict-JSON row per finished iteration (NaN → null). Its byte
   length after iteration n is recorded in iteration n's checkpoint; a resumed run cuts the
   file back to it, so rows of a lost iteration never appear twice.
-* ``requests.jsonl`` — final status and transition history of every request.
+* ``requests.jsonl`` — final status and transition history of every request, appended as
+  requests are retired (the terminal ones of iterations before the one just finished, at
+  each checkpoint; the rest when the run ends). Its byte length is recorded in each
+  checkpoint like the metrics', and a resumed run cuts it back the same way.
 * ``checkpoints/`` — :mod:`spotlight.checkpoint` (atomic, newest two kept).
 """
 
@@ -52,8 +55,11 @@ class RunRecorder:
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.epoch = next_epoch(self.run_dir)
         """How many coordinators ran this run before this one (0 for a fresh run)."""
+        self.requests_path = self.run_dir / "requests.jsonl"
         if not resume or not self.metrics_path.exists():
             self.metrics_path.write_text("")
+        if not resume or not self.requests_path.exists():
+            self.requests_path.write_text("")
 
     # ------------------------------------------------------------ metrics
     def append_metrics(self, row: dict) -> None:
@@ -73,13 +79,27 @@ class RunRecorder:
         return [unfinite(json.loads(line)) for line in self.metrics_path.read_text().splitlines() if line.strip()]
 
     # ------------------------------------------------------------ requests
-    def write_request_log(self, requests) -> None:
-        """``requests.jsonl``: final status and transition history of every request."""
-        tmp = self.run_dir / "requests.jsonl.tmp"
-        with tmp.open("w") as f:
+    def append_requests(self, requests) -> None:
+        """Append one JSON line per request (final status, attempts and transition history)
+        to ``requests.jsonl`` and fsync it; ``requests``: iterable of
+        :class:`spotlight.request_scheduler.Request`."""
+        with self.requests_path.open("a") as f:
             for r in requests:
                 f.write(json.dumps({"request_id": r.request_id, "kind": r.kind.value, "iteration": r.iteration, "prompt_index": r.prompt_index, "status": r.status.value, "attempts": r.attempts, "history": [(s.value, round(t, 4), d) for s, t, d in r.history]}) + "\n")
-        os.replace(tmp, self.run_dir / "requests.jsonl")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def requests_bytes(self) -> int:
+        return self.requests_path.stat().st_size if self.requests_path.exists() else 0
+
+    def truncate_requests(self, size_bytes: int) -> None:
+        """Cut ``requests.jsonl`` back to ``size_bytes`` (the checkpoint's position): requests
+        retired after that checkpoint are in its scheduler state again."""
+        if not self.requests_path.exists():
+            self.requests_path.write_text("")
+            return
+        with self.requests_path.open("r+b") as f:
+            f.truncate(size_bytes)
 
     # ------------------------------------------------------------ checkpoints
     def checkpoint(self, iteration: int, state: dict[str, Any]) -> pathlib.Path:

@@ -60,6 +60,24 @@ def test_every_request_done_exactly_once(run_dir):
     assert all(r["status"] == "done" for r in planned)
 
 
+def test_old_requests_leave_memory_and_checkpoints_for_the_log(run_dir):
+    """Retention rule: the checkpoint after iteration 2 holds no finished request of
+    iteration 1 (they were appended to requests.jsonl first, up to the byte count it
+    records); the log still lists every request once."""
+    from spotlight.checkpoint import latest_checkpoint, load_checkpoint
+
+    n, path = latest_checkpoint(run_dir, cleanup=False)
+    st = load_checkpoint(path)
+    assert n == 1
+    kept = st["scheduler"]["requests"]
+    assert kept and not any(r["iteration"] == 0 and r["status"] in ("done", "cancelled") for r in kept)
+    retired = [json.loads(line) for line in (run_dir / "requests.jsonl").read_bytes()[: st["requests_bytes"]].decode().splitlines()]
+    assert retired and {r["iteration"] for r in retired} == {0}
+    ids = [r["request_id"] for r in _requests(run_dir)]
+    assert len(ids) == len(set(ids)) and {r["request_id"] for r in retired} <= set(ids)
+    assert not {r["request_id"] for r in retired} & {r["request_id"] for r in kept}
+
+
 def test_metrics_and_outputs(run_dir):
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows] == [0, 1]

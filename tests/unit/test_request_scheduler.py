@@ -1,6 +1,7 @@
 """CPU tests for the Request Scheduler state machine and pull policy (paper §4.5, DESIGN §4)."""
 
 import itertools
+import json
 import random
 
 import pytest
@@ -391,9 +392,32 @@ def test_counts_is_finished_num_outstanding_and_forget():
     with pytest.raises(KeyError):
         sched.get(r0[0])
     assert sched.get(r1[0]).status is S.PENDING
-    assert sched.counts() == {**dict.fromkeys(RequestStatus, 0), S.PENDING: 1}
+    # forgotten requests still count in the run's totals, not in their iteration's
+    assert sched.counts() == {**dict.fromkeys(RequestStatus, 0), S.PENDING: 1, S.DONE: 2, S.CANCELLED: 1}
+    assert sched.counts(kind=E) == {**dict.fromkeys(RequestStatus, 0), S.CANCELLED: 1}
+    assert sched.counts(iteration=0) == dict.fromkeys(RequestStatus, 0)
     assert sched.is_finished(iteration=0, kind=R)
     assert not sched.complete(r0[0], leases[0].lease_id, now=3.0)
+
+
+def test_take_terminal_returns_what_it_drops_and_the_totals_survive_a_restore():
+    """The coordinator's retention rule: terminal requests of old iterations leave memory
+    (and the checkpoint) for requests.jsonl; ids are never reused; totals are kept."""
+    sched = make()
+    r0 = submit(sched, R, iteration=0, n=3)
+    leases = sched.pull("w", is_spot=False, max_requests=2, now=0.0)
+    for lease in leases:
+        sched.complete(lease.request_id, lease.lease_id, now=1.0)
+    dropped = sched.take_terminal(before_iteration=1)
+    assert [r.request_id for r in dropped] == r0[:2] and all(r.status is S.DONE for r in dropped)
+    assert [r.request_id for r in sched.requests()] == r0[2:]  # the pending one stays
+    state = sched.state_dict()
+    assert len(state["requests"]) == 1
+    restored = make()
+    restored.load_state_dict(json.loads(json.dumps(state)), epoch=1, now=2.0)
+    assert restored.counts() == {**dict.fromkeys(RequestStatus, 0), S.DONE: 2, S.PENDING: 1}
+    new = submit(restored, R, iteration=0, n=1)
+    assert new[0] not in r0  # the id counters were kept
 
 
 def test_submit_ids_params_and_validation():

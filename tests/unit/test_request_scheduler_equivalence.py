@@ -86,7 +86,8 @@ class LinearScan(RequestScheduler):
     def forget(self, *, before_iteration):
         drop = [rid for rid, r in self._requests.items() if r.iteration < before_iteration and r.status.is_terminal()]
         for rid in drop:
-            del self._requests[rid]
+            r = self._requests.pop(rid)
+            self._forgotten[(r.kind, r.status)] = self._forgotten.get((r.kind, r.status), 0) + 1
         return len(drop)
 
 
