@@ -159,10 +159,11 @@ def next_command(run_dir: pathlib.Path, *, iterations: int, **layout) -> tuple[s
         has_rows = (run_dir / "metrics.jsonl").stat().st_size > 0
     except OSError:
         has_rows = False
-    return (
-        f"No iteration finished, so there is no checkpoint to continue from ({run_dir / 'checkpoints'}). Start the run again with:",
-        resume_command(run_dir, **layout, restart=not has_rows),
-    )
+    if has_rows:  # the progress line of iteration 1 was printed, its checkpoint not yet written
+        why = f"Iteration 1 was stopped before its checkpoint was written, so there is nothing to continue from ({run_dir / 'checkpoints'})"
+    else:
+        why = f"No iteration finished, so there is no checkpoint to continue from ({run_dir / 'checkpoints'})"
+    return f"{why}. Start the run again with:", resume_command(run_dir, **layout, restart=not has_rows)
 
 
 def _setup_logging(log_level: str, log_dir: pathlib.Path, *, verbose: bool) -> None:

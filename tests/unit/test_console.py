@@ -65,7 +65,8 @@ def test_after_a_stop_the_hint_continues_from_the_checkpoint_or_starts_again(tmp
     assert cmd == f"spotlight up --config {rd}/config.toml --run-dir {rd} --local"
     (rd / "metrics.jsonl").write_text('{"iteration": 0}\n')  # stopped between the row and its checkpoint: a plain start would refuse the directory
     sentence, cmd = next_command(rd, iterations=5, **LAYOUT)
-    assert "no checkpoint" in sentence and cmd.startswith(f"spotlight up --resume {rd} --local --agents 2")
+    assert sentence.startswith("Iteration 1 was stopped before its checkpoint was written") and "No iteration finished" not in sentence
+    assert cmd.startswith(f"spotlight up --resume {rd} --local --agents 2")
     write_checkpoint(rd, 2, {"x": 1}, keep=2)  # after iteration 3
     sentence, cmd = next_command(rd, iterations=5, **LAYOUT)
     assert sentence == "Continue the run from its last complete iteration (3/5) with:"
