@@ -44,7 +44,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from _provenance import provenance, provenance_line  # noqa: E402
+from _provenance import provenance, provenance_line, save_result  # noqa: E402
 
 SCENARIOS = {
     "elastic_revoke": "revocation 2->1, elastic",
@@ -141,12 +141,7 @@ def main() -> None:
         ax.set_title(title + " (reconstructed)", fontsize=9)
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    out.with_suffix(".json").write_text(json.dumps({"provenance": prov, "source": str(src), "weights_mb": data["weights_mb"], "repeats": data["repeats"], "median": med, "ratios": r, "breakdown_s": mean_parts, "raw": raw}, indent=2))
+    out = save_result(fig, args.out, {"provenance": prov, "source": str(src), "weights_mb": data["weights_mb"], "repeats": data["repeats"], "median": med, "ratios": r, "breakdown_s": mean_parts, "raw": raw}, indent=2)
     print(f"wrote {out} and {out.with_suffix('.json')}")
 
 

@@ -40,7 +40,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from _provenance import provenance, provenance_line  # noqa: E402
+from _provenance import provenance, provenance_line, save_result  # noqa: E402
 from _runs import BAMBOO, cost_to_target, parse_labelled, simulate_policies  # noqa: E402
 
 MODES = ["reserved-only", "rlboost", "verl-omni-spot", "rlboost+explore", "spotlight"]
@@ -129,12 +129,7 @@ def main() -> None:
     for a in axes[0]:
         a.grid(axis="y", alpha=0.3)
     fig.suptitle("Fig. 8: cost to target", fontsize=10)
-    fig.tight_layout()
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    out.with_suffix(".json").write_text(json.dumps({"provenance": prov, "setup": setup, "simulated": sim_rows, "local_target": target, "local": local_rows}, indent=2, default=str))
+    out = save_result(fig, args.out, {"provenance": prov, "setup": setup, "simulated": sim_rows, "local_target": target, "local": local_rows}, indent=2)
     print(f"wrote {out} and {out.with_suffix('.json')}")
 
 

@@ -36,7 +36,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from _provenance import provenance, provenance_line  # noqa: E402
+from _provenance import provenance, provenance_line, save_result  # noqa: E402
 from _runs import spotlight_cli  # noqa: E402
 
 VARIANTS = ("no-exploration", "critical-path", "spotlight")
@@ -133,12 +133,7 @@ def main() -> None:
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     fig.suptitle(f"Fig. 9 (toy): {len(specs)} test prompts x {args.eval_seeds} seeds", fontsize=9)
-    fig.tight_layout()
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    out.with_suffix(".json").write_text(json.dumps({"provenance": prov, "eval_seeds": args.eval_seeds, "num_prompts": len(specs), "runs": {k: str(v) for k, v in runs.items()}, "results": results}, indent=2))
+    out = save_result(fig, args.out, {"provenance": prov, "eval_seeds": args.eval_seeds, "num_prompts": len(specs), "runs": {k: str(v) for k, v in runs.items()}, "results": results}, indent=2)
     print(f"wrote {out} and {out.with_suffix('.json')}")
 
 

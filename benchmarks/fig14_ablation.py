@@ -23,7 +23,6 @@ total cost 1.7x lower than RLBoost.
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import statistics
 import sys
@@ -32,7 +31,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from _provenance import provenance, provenance_line  # noqa: E402
+from _provenance import provenance, provenance_line, save_result  # noqa: E402
 from _runs import BAMBOO, cost_to_target, parse_labelled, read_metrics, simulate_policies  # noqa: E402
 
 MODES = ["rlboost", "rlboost+explore", "spotlight"]
@@ -94,12 +93,7 @@ def main() -> None:
         ax.set_title(title, fontsize=9)
         ax.grid(axis="y", alpha=0.3)
     fig.suptitle("Fig. 14: ablation (simulated, Bamboo trace, Qwen-Image 1280x1280 profile)", fontsize=10)
-    fig.tight_layout()
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    out.with_suffix(".json").write_text(json.dumps({"provenance": prov, "setup": setup, "simulated": sim, "per_placement": per_mode, "local": local}, indent=2))
+    out = save_result(fig, args.out, {"provenance": prov, "setup": setup, "simulated": sim, "per_placement": per_mode, "local": local}, indent=2)
     print(f"wrote {out} and {out.with_suffix('.json')}")
 
 
