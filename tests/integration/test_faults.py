@@ -11,9 +11,10 @@ Three scenarios, each one real process tree over loopback ZeroMQ:
 
 Runs are tiny (2 iterations × 6 prompts × 8 seeds, 8 exploration candidates) so the file
 fits in a few minutes on 2 CPU cores. Nothing here assumes a timing: every wait is on a
-condition with a generous deadline, and every fault is injected while the target's
-processes are frozen (SIGSTOP) at a point their worker events show to be mid-denoising
-(``$SPOTLIGHT_WORKER_EVENTS``), so it cannot miss the work it is meant to interrupt.
+condition with a generous deadline, training is held (Train Worker frozen) until every spot
+worker serves, and every fault is injected while the target's processes are frozen (SIGSTOP)
+at a point their worker events show to be mid-denoising (``$SPOTLIGHT_WORKER_EVENTS``), so it
+cannot miss the work it is meant to interrupt.
 """
 
 from __future__ import annotations
