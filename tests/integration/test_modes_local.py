@@ -127,4 +127,6 @@ def test_rlboost_restarts_the_node_on_a_revocation_without_live_migration(tmp_pa
     assert_each_request_ended_once(reqs)
     assert not any(r["kind"] == "explore" for r in reqs)
     assert not any(h[0] == "recompute" for r in reqs for h in r["history"])  # nothing committed: no live migration
+    # what the frozen worker was denoising at the revocation was given back and re-run from scratch
+    assert any(h[0] == "aborted" for r in reqs for h in r["history"]), "no request was in flight on the revoked node"
     assert len((rd / "metrics.jsonl").read_text().splitlines()) == 3
