@@ -18,6 +18,8 @@ import time
 
 from spotlight.config import EXAMPLES_DIR, dump_config, load_config
 from tests.integration.accounting import assert_each_request_ended_once
+from tests.integration.test_faults import _env, _freeze_mid_denoising_holding_training, _hold_training, _thaw
+from tests.integration.waiting import wait_until
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -48,21 +50,37 @@ def test_sp_2_to_1_to_2_loses_nothing(tmp_path):
     conf = tmp_path / "sp2.toml"
     dump_config(cfg, conf)
     rd = tmp_path / "run"
+    events = tmp_path / "events.jsonl"
     log = open(tmp_path / "up.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "spotlight.cli", "up", "--local", "--agents", "1", "--gpus-per-agent", "2", "--config", str(conf), "--run-dir", str(rd), "--timeout-s", "500", "--log-level", "INFO"], cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen([sys.executable, "-m", "spotlight.cli", "up", "--local", "--agents", "1", "--gpus-per-agent", "2", "--config", str(conf), "--run-dir", str(rd), "--timeout-s", "900", "--log-level", "INFO"],
+                            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=_env(SPOTLIGHT_WORKER_EVENTS=str(events)))
+    frozen, trainers = [], []
     try:
         listing = _wait(lambda: (rd / "local_agents.json").is_file() and json.loads((rd / "local_agents.json").read_text()), 120, "local_agents.json", proc)
         state = listing["state_dir"]
         status = lambda: _agent(state, "agent-status", "--node-id", "spot-0")  # noqa: E731
-        # the SP=2 group formed and holds work
-        _wait(lambda: (s := status()).get("groups") and len(s["groups"][0]["members"]) == 2 and s["groups"][0]["generation"] >= 1 and s["in_flight"], 300, "SP=2 group with requests in flight", proc)
+        # training is held (Train Worker frozen after publishing v0) until the SP=2 group
+        # serves: on a loaded machine its workers took 2 minutes to start, most of the run
+        trainers = _hold_training(rd, proc.pid, alive=lambda: proc.poll() is None)
+        _wait(lambda: (s := status()).get("groups") and len(s["groups"][0]["members"]) == 2 and s["groups"][0]["serving"], 600, "SP=2 group serving", proc)
+        _thaw(trainers)
+        # the revocation lands while the group's processes are frozen (SIGSTOP) with its leader
+        # inside a request's denoising loop, and the Train Worker stays frozen until SP=2 is
+        # back, so the run cannot end first (it had nearly ended by then on a loaded machine)
+        trainers, frozen, _ = wait_until(lambda: _freeze_mid_denoising_holding_training(proc.pid, listing["agents"]["spot-0"]["pid"], events, cfg.sampler.num_steps - 3, rd / "metrics.jsonl", cfg.run.iterations),
+                                         "the SP=2 group's leader mid-denoising", timeout_s=600, interval_s=0.0, alive=lambda: proc.poll() is None)
         assert _agent(state, "revoke", "--gpu", "1", "--node-id", "spot-0", "--grace-s", "20")["ok"]
         s = _wait(lambda: (s := status()).get("gpus") == [0] and s, 60, "revocation", proc)
         assert [len(g["members"]) for g in s["groups"]] == [1]
+        _thaw(frozen)
+        frozen = []
         assert _agent(state, "add-gpu", "--gpu", "1", "--node-id", "spot-0")["ok"]
-        _wait(lambda: (s := status()).get("groups") and len(s["groups"][0]["members"]) == 2 and s["groups"][0]["generation"] >= 3, 300, "SP=2 again after the GPU came back", proc)
-        assert proc.wait(timeout=600) == 0
+        _wait(lambda: (s := status()).get("groups") and len(s["groups"][0]["members"]) == 2 and s["groups"][0]["generation"] >= 3, 600, "SP=2 again after the GPU came back", proc)
+        _thaw(trainers)
+        trainers = []
+        assert proc.wait(timeout=960) == 0
     finally:
+        _thaw(frozen + trainers)
         if proc.poll() is None:
             proc.kill()
         log.close()

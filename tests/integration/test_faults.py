@@ -11,9 +11,10 @@ Three scenarios, each one real process tree over loopback ZeroMQ:
 
 Runs are tiny (2 iterations × 6 prompts × 8 seeds, 8 exploration candidates) so the file
 fits in a few minutes on 2 CPU cores. Nothing here assumes a timing: every wait is on a
-condition with a generous deadline, and every fault is injected while the target's
-processes are frozen (SIGSTOP) at a point their worker events show to be mid-denoising
-(``$SPOTLIGHT_WORKER_EVENTS``), so it cannot miss the work it is meant to interrupt.
+condition with a generous deadline, training is held (Train Worker frozen) until every spot
+worker serves, and every fault is injected while the target's processes are frozen (SIGSTOP)
+at a point their worker events show to be mid-denoising (``$SPOTLIGHT_WORKER_EVENTS``), so it
+cannot miss the work it is meant to interrupt.
 """
 
 from __future__ import annotations
@@ -26,10 +27,12 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Callable
 
 import psutil
 import pytest
 from tests.integration.accounting import assert_each_request_ended_once
+from tests.integration.waiting import wait_until
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 RUN_TIMEOUT_S = 400
@@ -155,6 +158,15 @@ def _agent_status(state_dir: str, node_id: str) -> dict | None:
         return None
 
 
+def _spot_workers_serve(agents: dict) -> bool:
+    """Every worker of every spot agent (``local_agents.json``) said hello."""
+    for node_id, a in agents["agents"].items():
+        st = _agent_status(agents["state_dir"], node_id) if a["spot"] else None
+        if a["spot"] and (not st or not st["workers"] or set(st["workers"].values()) != {"ready"}):
+            return False
+    return True
+
+
 def _requests(rd: pathlib.Path) -> list[dict]:
     return [json.loads(line) for line in (rd / "requests.jsonl").read_text().splitlines()]
 
@@ -236,6 +248,46 @@ def _freeze_mid_denoising(parent_pid: int, events: pathlib.Path, max_step: int) 
     return None
 
 
+def _trainers(up_pid: int) -> list[psutil.Process]:
+    """The run's Train Worker processes."""
+    out = []
+    for p in psutil.Process(up_pid).children(recursive=True):
+        try:
+            if "spotlight.workers.train_worker" in " ".join(p.cmdline()):
+                out.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def _hold_training(rd: pathlib.Path, up_pid: int, alive: Callable[[], bool]) -> list[psutil.Process]:
+    """Freeze the run's Train Workers as soon as they published weights v0: the run cannot get
+    past iteration 0's training before the caller thaws them (e.g. once spot workers, which on
+    a loaded machine can take longer to start than a whole test run, serve)."""
+    v0 = rd / "tensor_store" / "weights" / "v0.safetensors"
+    wait_until(v0.is_file, "weights v0", timeout_s=WAIT_S, alive=alive)
+    trainers = _freeze(_trainers(up_pid))
+    assert trainers, "the run has no Train Worker"
+    return trainers
+
+
+def _freeze_mid_denoising_holding_training(up_pid: int, parent_pid: int, events: pathlib.Path, max_step: int, metrics: pathlib.Path, iterations: int):
+    """:func:`_freeze_mid_denoising`, with the run's Train Workers frozen too, at a moment when
+    not all ``iterations`` are done (``metrics`` rows): while the trainers are frozen at most
+    one more iteration can end (its TRAIN_DONE may be on its way) and the final model cannot
+    be saved, so the run cannot finish before the caller thaws them. Returns (trainers, all
+    frozen, those mid-denoising) or None."""
+    got = _freeze_mid_denoising(parent_pid, events, max_step)
+    if got is None:
+        return None
+    trainers = _freeze(_trainers(up_pid))
+    done = metrics.read_text().count("\n") if metrics.is_file() else 0
+    if trainers and done < iterations:
+        return trainers, *got
+    _thaw(got[0] + trainers)
+    return None
+
+
 def _notice_attempt(tmp: pathlib.Path, cfg: pathlib.Path, name: str, num_steps: int) -> pathlib.Path:
     """One run with an AWS notice to spot-0 that is certain to find a rollout mid-denoising.
 
@@ -251,6 +303,9 @@ def _notice_attempt(tmp: pathlib.Path, cfg: pathlib.Path, name: str, num_steps: 
     try:
         agents = _local_agents(up)
         spot0 = agents["agents"]["spot-0"]
+        frozen = _hold_training(rd, up.proc.pid, up.alive)  # until the spot workers serve
+        up.wait_for(lambda: _spot_workers_serve(agents), "the spot agents' workers to serve", interval_s=0.5)
+        _thaw(frozen)
 
         frozen, _ = up.wait_for(lambda: _freeze_mid_denoising(spot0["pid"], events, num_steps - 3), "a worker of spot-0 mid-denoising", interval_s=0.0)
         from spotlight.mock_metadata import control
@@ -370,8 +425,10 @@ def kill_run(tmp_path_factory):
     try:
         agents = _local_agents(up)
         spot0, spot1 = agents["agents"]["spot-0"], agents["agents"]["spot-1"]
-        # normally iteration 0's rollouts (exploration during its training if spot-0
-        # started too late for them: the kill is what matters)
+        frozen = _hold_training(rd, up.proc.pid, up.alive)  # until the spot workers serve
+        up.wait_for(lambda: _spot_workers_serve(agents), "the spot agents' workers to serve", interval_s=0.5)
+        _thaw(frozen)
+        # a rollout or an exploration request, whichever it is: the kill is what matters
         frozen, mid = up.wait_for(lambda: _freeze_mid_denoising(spot0["pid"], events, last_step), "a worker of spot-0 mid-denoising", interval_s=0.0)
         mid[0].send_signal(signal.SIGKILL)
         killed["worker"] = mid[0].pid

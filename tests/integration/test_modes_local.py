@@ -78,29 +78,48 @@ def test_rlboost_restarts_the_node_on_a_revocation_without_live_migration(tmp_pa
     """Restart reconfiguration end to end: a GPU revoked while requests are in flight stops
     every worker of the node (none commits: live migration off) and fresh ones start on the
     GPU left; nothing is lost, every request ends once, the run completes."""
-    import time
-
     from spotlight.config import dump_config, load_config
     from tests.integration.accounting import assert_each_request_ended_once
     from tests.integration.test_elastic_sp import _agent, _wait
+    from tests.integration.test_faults import _env, _freeze_mid_denoising_holding_training, _hold_training, _thaw
+    from tests.integration.waiting import wait_until
 
+    cfg = load_config(overrides={**OVERRIDES, "run.iterations": 3, "cluster.live_migration": False, "cluster.worker_batch_size": 2})
     conf = tmp_path / "rlboost.toml"
-    dump_config(load_config(overrides={**OVERRIDES, "run.iterations": 3, "cluster.live_migration": False, "cluster.worker_batch_size": 2}), conf)
+    dump_config(cfg, conf)
     rd = tmp_path / "run"
+    events = tmp_path / "events.jsonl"
     log = open(tmp_path / "up.log", "w")
-    cmd = [sys.executable, "-m", "spotlight.cli", "up", "--local", "--agents", "1", "--gpus-per-agent", "2", "--mode", "rlboost", "--config", str(conf), "--run-dir", str(rd), "--timeout-s", "300"]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    cmd = [sys.executable, "-m", "spotlight.cli", "up", "--local", "--agents", "1", "--gpus-per-agent", "2", "--mode", "rlboost", "--config", str(conf), "--run-dir", str(rd), "--timeout-s", "900"]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=_env(SPOTLIGHT_WORKER_EVENTS=str(events)))
+    frozen, trainers = [], []
     try:
         listing = _wait(lambda: (rd / "local_agents.json").is_file() and json.loads((rd / "local_agents.json").read_text()), 120, "local_agents.json", proc)
         status = lambda: _agent(listing["state_dir"], "agent-status", "--node-id", "spot-0")  # noqa: E731
-        first = _wait(lambda: (s := status()).get("in_flight") and len(s.get("worker_pids", {})) == 2 and s, 200, "spot workers holding requests", proc)
+        # training is held (Train Worker frozen after publishing v0) until both spot workers
+        # serve: on a loaded machine they can take longer to start than the whole run
+        trainers = _hold_training(rd, proc.pid, alive=lambda: proc.poll() is None)
+        _wait(lambda: list(status().get("workers", {}).values()) == ["ready", "ready"], 600, "both spot workers ready", proc)
+        _thaw(trainers)
+        # the revocation lands while the node's workers are frozen (SIGSTOP) with one inside a
+        # request's denoising loop, and the Train Worker stays frozen until the restart is
+        # seen, so the run cannot end first
+        trainers, frozen, _ = wait_until(lambda: _freeze_mid_denoising_holding_training(proc.pid, listing["agents"]["spot-0"]["pid"], events, cfg.sampler.num_steps - 3, rd / "metrics.jsonl", cfg.run.iterations),
+                                         "a spot worker mid-denoising", timeout_s=600, interval_s=0.0, alive=lambda: proc.poll() is None)
+        first = status()
+        assert first["in_flight"] and len(first["worker_pids"]) == 2, first
         assert first["reconfiguration"] == "restart" and first["live_migration"] is False and first["warm_spare"] is False
         assert _agent(listing["state_dir"], "revoke", "--gpu", "1", "--node-id", "spot-0", "--grace-s", "5")["ok"]
+        _thaw(frozen)
+        frozen = []
         # every old worker stops (not only GPU 1's); a fresh one is started on GPU 0
         s = _wait(lambda: (s := status()).get("restarts") == 1 and "spot-0/gpu0.r1" in s.get("workers", {}) and s, 120, "a fresh worker after the restart", proc)
         assert s["gpus"] == [0] and s["workers"]["spot-0/gpu0"] == "exited" and s["workers"]["spot-0/gpu1"] == "exited"
-        assert proc.wait(timeout=300) == 0
+        _thaw(trainers)
+        trainers = []
+        assert proc.wait(timeout=960) == 0
     finally:
+        _thaw(frozen + trainers)
         if proc.poll() is None:
             proc.kill()
         log.close()
@@ -108,4 +127,6 @@ def test_rlboost_restarts_the_node_on_a_revocation_without_live_migration(tmp_pa
     assert_each_request_ended_once(reqs)
     assert not any(r["kind"] == "explore" for r in reqs)
     assert not any(h[0] == "recompute" for r in reqs for h in r["history"])  # nothing committed: no live migration
+    # what the frozen worker was denoising at the revocation was given back and re-run from scratch
+    assert any(h[0] == "aborted" for r in reqs for h in r["history"]), "no request was in flight on the revoked node"
     assert len((rd / "metrics.jsonl").read_text().splitlines()) == 3
