@@ -87,8 +87,8 @@ def _run(family: str, mode: str, root: str) -> pathlib.Path:
     # one spot agent for the headline family; the others run on the reserved agent alone
     # (exploration is then drained by it), which halves the processes each run starts
     agents = "1" if (family, mode) == ("qwen-image", "lora") else "0"
-    cmd = [sys.executable, "-m", "spotlight.cli", "up", "--local", "--agents", agents, "--iterations", "2", "--config", str(conf), "--run-dir", str(rd), "--timeout-s", "300"]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=420)
+    cmd = [sys.executable, "-m", "spotlight.cli", "up", "--local", "--agents", agents, "--iterations", "2", "--config", str(conf), "--run-dir", str(rd), "--timeout-s", "900"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1000)
     assert proc.returncode == 0, f"spotlight up ({family}, {mode}) failed:\nSTDOUT\n{proc.stdout[-3000:]}\nSTDERR\n{proc.stderr[-5000:]}"
     return rd
 

@@ -35,8 +35,8 @@ from tests.integration.accounting import assert_each_request_ended_once
 from tests.integration.waiting import wait_until
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-RUN_TIMEOUT_S = 400
-WAIT_S = 480  # deadline for any condition on a run (> RUN_TIMEOUT_S: the run fails first)
+RUN_TIMEOUT_S = 900
+WAIT_S = 1000  # deadline for any condition on a run (> RUN_TIMEOUT_S: the run fails first)
 
 FAST = {
     "run.iterations": 2,

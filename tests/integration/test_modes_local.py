@@ -33,8 +33,8 @@ def _run(tmp: pathlib.Path, mode: str) -> pathlib.Path:
     rd = tmp / mode.replace("+", "_")
     conf = tmp / f"{mode}.toml"
     dump_config(load_config(overrides=OVERRIDES), conf)
-    cmd = [sys.executable, "-m", "spotlight.cli", "up", "--local", "--agents", "1", "--iterations", "2", "--mode", mode, "--config", str(conf), "--run-dir", str(rd), "--timeout-s", "200"]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=260)
+    cmd = [sys.executable, "-m", "spotlight.cli", "up", "--local", "--agents", "1", "--iterations", "2", "--mode", mode, "--config", str(conf), "--run-dir", str(rd), "--timeout-s", "900"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1000)
     assert proc.returncode == 0, f"spotlight up --mode {mode} failed:\nSTDOUT\n{proc.stdout[-3000:]}\nSTDERR\n{proc.stderr[-3000:]}"
     return rd
 

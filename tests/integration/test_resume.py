@@ -70,8 +70,8 @@ def test_sigkill_mid_iteration_then_resume(tmp_path):
 
     err = open(tmp_path / "resume.stderr", "w")
     try:
-        res = subprocess.run([sys.executable, "-m", "spotlight.cli", "up", "--resume", str(rd), "--local", "--agents", "1", "--timeout-s", "400", "--log-level", "INFO"],
-                             cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=err, text=True, timeout=480)
+        res = subprocess.run([sys.executable, "-m", "spotlight.cli", "up", "--resume", str(rd), "--local", "--agents", "1", "--timeout-s", "900", "--log-level", "INFO"],
+                             cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=err, text=True, timeout=1000)
     finally:
         err.close()
         for a in agents_before.values():  # never leak the adopted agents on a failure

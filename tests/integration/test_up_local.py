@@ -30,8 +30,8 @@ def run_dir(tmp_path_factory) -> pathlib.Path:
     rd = tmp_path_factory.mktemp("run")
     conf = rd.parent / "config.toml"
     dump_config(load_config(overrides=OVERRIDES), conf)
-    cmd = [sys.executable, "-m", "spotlight.cli", "up", "--local", "--agents", "2", "--iterations", "2", "--config", str(conf), "--run-dir", str(rd), "--timeout-s", "400"]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=480)
+    cmd = [sys.executable, "-m", "spotlight.cli", "up", "--local", "--agents", "2", "--iterations", "2", "--config", str(conf), "--run-dir", str(rd), "--timeout-s", "900"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1000)
     assert proc.returncode == 0, f"spotlight up failed:\nSTDOUT\n{proc.stdout[-4000:]}\nSTDERR\n{proc.stderr[-4000:]}"
     (rd.parent / "console.txt").write_text(proc.stdout + proc.stderr)
     return rd
