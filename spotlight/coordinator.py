@@ -1020,6 +1020,11 @@ class Coordinator:
         elapsed = float(elapsed) if isinstance(elapsed, (int, float)) and math.isfinite(elapsed) and elapsed > 0 else 0.0
         return elapsed, events if isinstance(events, list) else []
 
+    def node_registered(self, node_id: str) -> bool:
+        """True once agent ``node_id`` has registered with this coordinator (whatever its
+        status since). Safe to call from another thread (one dict lookup)."""
+        return node_id in self.instances.nodes
+
     def retire_requests(self, before_iteration: int) -> int:
         """Move the terminal requests of iterations ``< before_iteration`` out of memory (the
         Request Scheduler, the prompt-slot map) into ``requests.jsonl``: a long run's memory and

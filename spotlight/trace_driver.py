@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Callable
 
 log = logging.getLogger("spotlight.trace")
 
@@ -38,9 +39,16 @@ class TraceDriver(threading.Thread):
         listing_path: where to write it after each change.
         nice: CPU niceness of the spot agents' workers.
         warm_spare: spot agents keep a warm spare worker process (``cluster.warm_spare``).
+        node_ready: ``node_ready(node_id)`` is True once that agent registered with the
+            coordinator. An action on a node that started but has not registered yet waits
+            for it, and so do the later actions on the same agent (their order is kept):
+            the trace describes nodes that are up, and an agent slow to start on a loaded
+            machine would otherwise get its revocation before it has a worker, or its
+            preemption notice before it joins (it then refuses to join). None: never wait.
     """
 
-    def __init__(self, actions, *, coordinator: str, keys_dir, cloud: str, grace_s: float, listing: dict, listing_path, nice: int = 5, warm_spare: bool = True):
+    def __init__(self, actions, *, coordinator: str, keys_dir, cloud: str, grace_s: float, listing: dict, listing_path, nice: int = 5, warm_spare: bool = True,
+                 node_ready: Callable[[str], bool] | None = None):
         super().__init__(daemon=True, name="trace-driver")
         from spotlight.trace import TraceReplayer
 
@@ -59,6 +67,9 @@ class TraceDriver(threading.Thread):
         self.node_of_agent: dict[int, str] = {}
         self.restarts: dict[int, int] = {}
         self.applied: list[dict] = []
+        self.node_ready = node_ready
+        self._waiting: list = []  # due actions not applied yet (their agent has not registered), in order
+        self._announced: set[int] = set()  # ids of waiting actions already logged
 
     def _node_id(self, agent: int) -> str:
         k = self.restarts.get(agent, 0)
@@ -121,14 +132,38 @@ class TraceDriver(threading.Thread):
         self.listing["trace_actions"] = self.applied
         self.listing_path.write_text(json.dumps(self.listing, indent=2))
 
+    def _ready(self, agent: int) -> bool:
+        node_id = self.node_of_agent.get(agent)
+        return self.node_ready is None or node_id is None or bool(self.node_ready(node_id))
+
+    def step(self, elapsed_s: float) -> None:
+        """Apply the actions due at ``elapsed_s`` (seconds since the replay started), each
+        once its agent is ready (see ``node_ready``), in trace order per agent."""
+        self._waiting.extend(self.replayer.due(elapsed_s))
+        held: set[int] = set()  # agents with an action still waiting: their later ones wait too
+        waiting = []
+        for action in self._waiting:
+            if action.agent in held or not self._ready(action.agent):
+                if action.agent not in held and id(action) not in self._announced:
+                    self._announced.add(id(action))
+                    log.info("trace: %s on agent %d waits until %s registers", action.kind, action.agent, self.node_of_agent.get(action.agent))
+                held.add(action.agent)
+                waiting.append(action)
+                continue
+            try:
+                self.apply(action)
+            except Exception as exc:  # keep replaying; the run must not die on one action
+                log.error("trace action %s failed: %s", action, exc)
+        self._waiting = waiting
+
+    @property
+    def done(self) -> bool:
+        return self.replayer.done and not self._waiting
+
     def run(self) -> None:
         t0 = time.monotonic()
-        while not self.stop_event.is_set() and not self.replayer.done:
-            for action in self.replayer.due(time.monotonic() - t0):
-                try:
-                    self.apply(action)
-                except Exception as exc:  # keep replaying; the run must not die on one action
-                    log.error("trace action %s failed: %s", action, exc)
+        while not self.stop_event.is_set() and not self.done:
+            self.step(time.monotonic() - t0)
             self.stop_event.wait(0.2)
 
     def close(self) -> None:

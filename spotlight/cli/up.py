@@ -592,7 +592,8 @@ def register(app: typer.Typer) -> None:
                 if actions is not None:
                     from spotlight.trace_driver import TraceDriver
 
-                    driver = TraceDriver(actions, coordinator=endpoint, keys_dir=keys_dir, cloud=mock_cloud, grace_s=grace_s, listing=listing_doc, listing_path=rd / "local_agents.json", nice=spot_nice, warm_spare=cfg.cluster.warm_spare)
+                    driver = TraceDriver(actions, coordinator=endpoint, keys_dir=keys_dir, cloud=mock_cloud, grace_s=grace_s, listing=listing_doc, listing_path=rd / "local_agents.json", nice=spot_nice, warm_spare=cfg.cluster.warm_spare,
+                                         node_ready=coord.node_registered)
                     driver.start()
             else:
                 port = coord.endpoint.rsplit(":", 1)[1]
