@@ -1020,6 +1020,18 @@ class Coordinator:
         elapsed = float(elapsed) if isinstance(elapsed, (int, float)) and math.isfinite(elapsed) and elapsed > 0 else 0.0
         return elapsed, events if isinstance(events, list) else []
 
+    def _eta_s(self, session_elapsed_s: float, done_n: int, total: int) -> float | None:
+        """Seconds left: from this coordinator's own iterations once one has ended; before that,
+        on a resumed run, from the earlier coordinators' iteration times (``time/iteration_s``
+        of the metrics rows it continued); None when neither exists."""
+        if done_n >= total:
+            return 0.0
+        mine = done_n - self._iterations_before_start
+        if mine <= 0:
+            times = [h["time/iteration_s"] for h in self.history if isinstance(h.get("time/iteration_s"), (int, float)) and math.isfinite(h["time/iteration_s"])]
+            return sum(times) / len(times) * (total - done_n) if times else None
+        return eta_s(session_elapsed_s, mine, total - self._iterations_before_start)
+
     def node_registered(self, node_id: str) -> bool:
         """True once agent ``node_id`` has registered with this coordinator (whatever its
         status since). Safe to call from another thread (one dict lookup)."""
@@ -1173,7 +1185,7 @@ class Coordinator:
             "started_unix_s": self.started_unix_s,
             "elapsed_s": round(self.elapsed_before_s + elapsed_s, 1),  # the whole run's: earlier coordinators' too
             "session_elapsed_s": round(elapsed_s, 1),
-            "eta_s": eta_s(elapsed_s, done_n - self._iterations_before_start, total - self._iterations_before_start) if done_n < total else 0.0,
+            "eta_s": self._eta_s(elapsed_s, done_n, total),
             "gpus": self.instances.gpu_counts(),  # the GPUs the cost meter bills: the trainers' included
             "cost": cost_summary(self.instances.gpu_seconds(spot=True), self.instances.gpu_seconds(spot=False), self.cfg.cost.spot_usd_per_gpu_hour, self.cfg.cost.reserved_usd_per_gpu_hour),
             "nodes": [

@@ -83,3 +83,20 @@ def test_status_cli_shows_a_finished_run_from_its_directory(tmp_path):
     snap = json.loads(res.stdout)
     assert snap["reward_curve"] == [0.25, 0.75] and snap["last_metrics"]["reward/mean"] == 0.75
     assert snap["running"] is False and snap["eta_s"] is None and snap["saved_unix_s"] == snap["started_unix_s"] + snap["elapsed_s"]
+
+
+def test_eta_of_a_resumed_run_uses_the_earlier_iterations_until_one_of_its_own_ends(tmp_path):
+    """A resumed run showed "ETA after the first iteration" although iterations were done
+    (new-user trial): until this coordinator finishes one, the earlier ones' times count."""
+    run = _Run(tmp_path)
+    try:
+        c = run.coord
+        total = c.cfg.run.iterations
+        assert c._eta_s(5.0, 0, total) is None  # a fresh run: no estimate before an iteration ends
+        c.history = [{"reward/mean": 0.0, "time/iteration_s": t} for t in (10.0, float("nan"), 20.0)]
+        c._iterations_before_start = 3
+        assert c._eta_s(5.0, 3, total) == 15.0 * (total - 3)
+        assert c._eta_s(40.0, 4, total) == 40.0 * (total - 4)  # its own iteration took 40 s
+        assert c._eta_s(40.0, total, total) == 0.0
+    finally:
+        run.close()
