@@ -598,13 +598,15 @@ def register(app: typer.Typer) -> None:
             else:
                 port = coord.endpoint.rsplit(":", 1)[1]
                 console.print(
-                    f"waiting for agents. Give each spot node a key: [cyan]spotlight keys add {keys_dir} agent NODE[/cyan], copy "
+                    ("waiting for agents: those of the earlier coordinator reconnect by themselves. To add a node, give it a key: " if resume is not None else "waiting for agents. Give each spot node a key: ")
+                    + f"[cyan]spotlight keys add {keys_dir} agent NODE[/cyan], copy "
                     f"[cyan]{keys_dir}/server.key[/cyan] and [cyan]{keys_dir}/agent.NODE.key_secret[/cyan] to the node's keys directory, then run "
                     f"[cyan]spotlight-agent join --coordinator <this-host>:{port} --keys DIR --gpus 0[/cyan]"
                 )
             t0 = time.monotonic()
             coord.serve(timeout_s=timeout_s)
             console.print(f"[green]done[/green] in {time.monotonic() - t0:.0f}s: metrics {rd / 'metrics.jsonl'}, model {rd / 'final'}, curve {rd / 'reward_curve.png'}")
+            console.print(f"next: [cyan]spotlight eval --run-dir {rd}[/cyan] scores the base and the trained model on held-out prompts; [cyan]spotlight status {rd}[/cyan] shows the run's summary")
         except KeyboardInterrupt:
             interrupted = True
             # a second Ctrl-C must not cut the clean-up short, but it gets an answer

@@ -42,6 +42,7 @@ def test_console_is_quiet(run_dir):
     console = (run_dir.parent / "console.txt").read_text()
     assert " INFO " not in console and "Traceback" not in console, console
     assert [line.split(" reward")[0] for line in console.splitlines() if line.startswith("iter ")] == ["iter 1/2", "iter 2/2"]
+    assert "next: spotlight eval --run-dir" in console.replace("\n", " ")  # what to do with the finished run
 
 
 def _requests(rd: pathlib.Path) -> list[dict]:
