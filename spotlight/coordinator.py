@@ -218,6 +218,9 @@ class Coordinator:
         self.version = -1
         self.done = False
         self.error: str | None = None
+        self.stop_reason: str | None = None
+        """Why the run stopped early when that is not an error of the run (``spotlight up`` sets
+        it: interrupted, timed out); recorded in the last status event."""
         self.train_procs: list[subprocess.Popen] = []
         rng = random.Random(cfg.data.shuffle_seed)
         self.prompt_order = list(range(len(prompts)))
@@ -1268,7 +1271,12 @@ class Coordinator:
     def close(self) -> None:
         now = time.monotonic()
         total = self.cfg.run.iterations
-        why = f"all {total} iterations done" if self.done else f"stopped: {self.error}" if self.error else f"stopped after {len(self.history)}/{total} iterations (interrupted or timed out)"
+        if self.done:
+            why = f"all {total} iterations done"
+        elif self.error:
+            why = f"stopped: {self.error}"
+        else:
+            why = f"stopped after {len(self.history)}/{total} iterations ({self.stop_reason or 'interrupted or timed out'})"
         self.events.append(now, "finish", "", why[:300])
         self.write_status(now)  # the GPUs held when it stopped, the trainers' included
         self.instances.release("trainers", now)  # billed up to here

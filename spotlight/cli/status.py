@@ -132,6 +132,10 @@ def render_status(snap: dict, *, max_events: int = EVENT_ROWS):
         parts.append(Text(str(snap["source"]), style="yellow"))
     if snap.get("error"):
         parts.append(Text(f"error: {snap['error']}", style="red"))
+    elif gone and not snap.get("finished") and _saved_at_exit(snap):
+        last = (snap.get("events") or [{}])[-1]
+        if isinstance(last, dict) and last.get("kind") == "finish" and last.get("detail"):  # why it stopped (close() saved it)
+            parts.append(Text(str(last["detail"]), style="yellow"))
     nodes_list = snap["nodes"]
     gpus = snap.get("gpus")
     if gpus is None:  # older snapshot: count the GPUs of nodes that are not dead

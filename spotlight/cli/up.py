@@ -612,10 +612,13 @@ def register(app: typer.Typer) -> None:
             # a second Ctrl-C must not cut the clean-up short, but it gets an answer
             signal.signal(signal.SIGINT, patience_handler(lambda: sum(p.poll() is None for p in [*procs, *coord.train_procs, *(driver.procs if driver is not None else [])]) + sum(p.is_running() for p in adopted), console.print))
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            console.print(f"[yellow]interrupted[/yellow] ({'SIGTERM' if stop['sig'] == signal.SIGTERM else 'SIGHUP' if stop['sig'] == signal.SIGHUP else 'Ctrl-C'}): stopping agents, workers and trainers…")
+            sig = 'SIGTERM' if stop['sig'] == signal.SIGTERM else 'SIGHUP' if stop['sig'] == signal.SIGHUP else 'Ctrl-C'
+            coord.stop_reason = f"interrupted: {sig}"
+            console.print(f"[yellow]interrupted[/yellow] ({sig}): stopping agents, workers and trainers…")
             raise typer.Exit(130)
         except RuntimeError as exc:
             console.print(f"[red]error:[/red] {escape(str(exc))}")
+            coord.stop_reason = str(exc)  # e.g. the --timeout-s limit; a run error is coord.error
             failed = True
             raise typer.Exit(1)
         finally:

@@ -100,3 +100,13 @@ def test_eta_of_a_resumed_run_uses_the_earlier_iterations_until_one_of_its_own_e
         assert c._eta_s(40.0, total, total) == 0.0
     finally:
         run.close()
+
+
+def test_the_last_event_says_why_a_run_stopped_early(tmp_path):
+    """A run stopped by --timeout-s showed only "interrupted or timed out" (new-user trial)."""
+    run = _Run(tmp_path)
+    run.coord.stop_reason = "run did not finish within 40s (phase rollout, iteration 1)"
+    run.close()
+    saved = json.loads((tmp_path / "run" / "status.json").read_text())
+    assert saved["events"][-1]["kind"] == "finish"
+    assert saved["events"][-1]["detail"] == "stopped after 0/%d iterations (run did not finish within 40s (phase rollout, iteration 1))" % saved["iterations"]
