@@ -157,7 +157,7 @@ def test_stopped_run_from_files_is_not_shown_as_live():
     assert f"nodes as last seen at {clock} (not running now)" in text and f"GPUs at {clock}: 7" in text and "GPUs now" not in text
     assert "0.4s before" in text and "s ago" not in text
     timed_out = stopped | {"events": stopped["events"][:-1] + [{"t_s": 3730.0, "kind": "finish", "node": "", "detail": "stopped after 3/10 iterations (run did not finish within 40s)"}]}
-    assert _text(timed_out).splitlines()[1] == "stopped after 3/10 iterations (run did not finish within 40s)"  # why, under the head line (new-user trial)
+    assert _text(timed_out).splitlines()[2] == "stopped after 3/10 iterations (run did not finish within 40s)"  # why, under the head and source lines (new-user trial)
     killed = stopped | {"events": mid_snapshot()["events"]}  # kill -9: status.json of its last iteration, no "finish"
     assert f"stopped (not running; last saved at {clock}): 3/10 iterations done" in _text(killed)
     live = _text(mid_snapshot())  # a live coordinator's snapshot is unchanged
