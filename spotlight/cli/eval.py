@@ -23,7 +23,7 @@ def register(app: typer.Typer) -> None:
         out: Optional[pathlib.Path] = typer.Option(None, "--out", help="Where to write eval.json and eval_grid.png (default: the run directory, or runs/eval)."),
     ) -> None:
         """Sample every test prompt with the ODE sampler and report the strict GenEval-style score per task kind."""
-        console = Console(soft_wrap=True)
+        console = Console(emoji=False, soft_wrap=True)
         from spotlight.config import ConfigError, load_config
         from spotlight.errors import SpotlightError
 

@@ -35,14 +35,14 @@ def register(app: typer.Typer) -> None:
 
         import sys
 
-        console = Console(soft_wrap=True) if sys.stdout.isatty() else Console(soft_wrap=True, width=170)
+        console = Console(emoji=False, soft_wrap=True) if sys.stdout.isatty() else Console(emoji=False, soft_wrap=True, width=170)
         from spotlight.errors import SpotlightError
         from spotlight.sim.profile import DEFAULT_PROFILE, load_profile
         from spotlight.sim.report import comparison_rows, plot_comparison
         from spotlight.sim.simulator import POLICIES, simulate as run_policy
 
         names = list(dict.fromkeys(policy or ["spotlight", "rlboost", "verl-omni-spot", "reserved-only"]))
-        err = Console(stderr=True, soft_wrap=True)
+        err = Console(emoji=False, stderr=True, soft_wrap=True)
         try:
             unknown = [n for n in names if n not in POLICIES]
             if unknown:
