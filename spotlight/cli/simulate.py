@@ -55,6 +55,9 @@ def register(app: typer.Typer) -> None:
                 check_cluster(prof)
             if trace is None and trace_replicas > 1:
                 raise ValueError("--trace-replicas needs --trace")
+            if trace is not None:  # readable, before --out is created
+                with open(trace, "rb"):
+                    pass
             try:
                 out.mkdir(parents=True, exist_ok=True)
                 probe = out / ".write-test"
@@ -74,7 +77,11 @@ def register(app: typer.Typer) -> None:
                 trace_note = f"trace {trace.name} on {prof.spot_nodes}×{prof.gpus_per_spot_node} spot GPUs" + (f" ({trace_replicas} placements)" if trace_replicas > 1 else "")
         except (SpotlightError, ValueError, OSError, UnicodeDecodeError) as exc:
             where = f"{trace}: " if isinstance(exc, UnicodeDecodeError) else ""
-            console.print(f"[red]error:[/red] {escape(where + str(exc))}")
+            if isinstance(exc, OSError) and trace is not None and exc.filename is not None and str(exc.filename) == str(trace):
+                why = f"--trace {trace}: {exc.strerror or exc}"  # as `spotlight up --trace` says it
+            else:
+                why = where + str(exc)
+            console.print(f"[red]error:[/red] {escape(why)}")
             raise typer.Exit(2)
         results = []
         for name in names:
