@@ -378,7 +378,7 @@ def register(app: typer.Typer) -> None:
         agents_given, agents = agents is not None, 2 if agents is None else agents
         logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
         from spotlight.config import ConfigError, load_config
-        from spotlight.errors import SpotlightError
+        from spotlight.errors import SpotlightError, plural
 
         overrides = {"run.iterations": iterations} if iterations else {}
         if mode is not None:
@@ -516,7 +516,7 @@ def register(app: typer.Typer) -> None:
             console.print(f"[yellow]warning:[/yellow] --agents {agents} is ignored: run.mode = {cfg.run.mode!r} uses no spot GPUs, so no spot agent starts")
         if uncapped_exploration and not (cfg.explore.active and cfg.explore.mode == "stale"):
             console.print(f"[yellow]warning:[/yellow] --uncapped-exploration streams extra candidates only with explore.mode = 'stale' (this run: {cfg.explore.mode if cfg.explore.active else 'off'})")
-        console.print(f"[bold]Spotlight[/bold] run dir [cyan]{rd}[/cyan]  ({cfg.run.iterations} iterations, {cfg.data.prompts_per_iteration}×{cfg.data.group_size} samples/iteration)")
+        console.print(f"[bold]Spotlight[/bold] run dir [cyan]{rd}[/cyan]  ({plural(cfg.run.iterations, 'iteration')}, {cfg.data.prompts_per_iteration}×{cfg.data.group_size} samples/iteration)")
         console.print(escape(prompt_set.summary()))
         if len(prompts) < cfg.data.prompts_per_iteration:
             console.print(f"[yellow]warning:[/yellow] {len(prompts)} prompts for data.prompts_per_iteration = {cfg.data.prompts_per_iteration}: the same prompts repeat within every batch")
@@ -617,7 +617,7 @@ def register(app: typer.Typer) -> None:
                 listing_doc = {"coordinator": endpoint, "state_dir": str(state_root.resolve()), "agents": listing}
                 (rd / "local_agents.json").write_text(_json.dumps(listing_doc, indent=2))
                 if adopted:
-                    console.print(f"{len(adopted)} local agents of the previous coordinator are still running: they reconnect by themselves and keep their workers")
+                    console.print(f"{plural(len(adopted), 'local agent')} of the previous coordinator {'is' if len(adopted) == 1 else 'are'} still running: they reconnect by themselves and keep their workers")
                 if actions is not None:
                     from spotlight.trace_driver import TraceDriver
 
