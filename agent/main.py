@@ -1010,6 +1010,12 @@ def join(
         configure_logging(f"agent[{node_id}]" if node_id else "agent", f"agent-{node_id}" if node_id else None, level=log_level, log_file=str(log_file) if log_file else None)
     except (ValueError, OSError) as exc:
         raise typer.BadParameter(str(exc), param_hint="--log-level/--log-file") from None
+    from spotlight.endpoints import tcp_endpoint
+
+    try:  # checked before anything connects: one line, exit status 2
+        coordinator = tcp_endpoint(coordinator)
+    except ValueError as exc:
+        _fail(str(exc))
     if keys is None:  # checked before anything connects: one line, exit status 2
         _fail("no keys: pass --keys DIR (or set SPOTLIGHT_KEYS) holding the coordinator's server.key and this node's <role>.<name>.key_secret (README 'Security model')")
     if not keys.is_dir():
@@ -1032,6 +1038,11 @@ def join(
     except StoppedWaiting as exc:
         typer.echo(f"spotlight-agent: {exc}", err=True)
         rc = exc.code
+    except SystemExit as exc:  # the daemon's one-line reasons (no answer, refused key): the CLI's error style
+        if not isinstance(exc.code, str):
+            raise
+        typer.echo(f"spotlight-agent: error: {exc.code}", err=True)
+        rc = 1
     finally:
         import shutil
 
@@ -1039,11 +1050,9 @@ def join(
     raise typer.Exit(rc)
 
 
-def control_gpus_error(cmd: str, gpus: list[int], node_gpus: list[int]) -> str | None:
-    """Why a local `revoke` / `add` of `gpus` on a node holding `node_gpus` is refused, or None.
-
-    Checked before anything changes: a bad request must neither stop a worker nor reach the
-    coordinator's event log as a revocation or an addition."""
+def gpu_ids_error(gpus: list[int]) -> str | None:
+    """Why a list of GPU ids is malformed whatever the node holds (none given, negative,
+    repeated), or None; the CLI checks it before contacting the agent."""
     if not gpus:
         return "no GPU given"
     negative = sorted({g for g in gpus if g < 0})
@@ -1051,6 +1060,17 @@ def control_gpus_error(cmd: str, gpus: list[int], node_gpus: list[int]) -> str |
         return f"GPU ids are 0 or more, got {negative}"
     if len(set(gpus)) != len(gpus):
         return f"GPU ids repeated: {gpus}"
+    return None
+
+
+def control_gpus_error(cmd: str, gpus: list[int], node_gpus: list[int]) -> str | None:
+    """Why a local `revoke` / `add` of `gpus` on a node holding `node_gpus` is refused, or None.
+
+    Checked before anything changes: a bad request must neither stop a worker nor reach the
+    coordinator's event log as a revocation or an addition."""
+    bad = gpu_ids_error(gpus)
+    if bad is not None:
+        return bad
     held = f"this node's GPUs are {sorted(node_gpus)}" if node_gpus else "this node holds no GPU"
     if cmd == "revoke":
         unknown = sorted(g for g in gpus if g not in node_gpus)
@@ -1073,20 +1093,41 @@ _STATE_DIR_HELP = "Agent state directory (default $SPOTLIGHT_AGENT_STATE or ~/.l
 
 
 def _control(node_id: str, request: dict, timeout_s: float = 5.0, state_dir_opt: Optional[pathlib.Path] = None) -> dict:
+    """Send ``request`` to the local agent ``node_id``'s control socket and return its reply.
+    A missing state directory is reported (exit 2), never created; no answer: exit 1."""
+    from spotlight.agent_paths import state_root
+
     if state_dir_opt is not None:
         os.environ["SPOTLIGHT_AGENT_STATE"] = str(state_dir_opt)
+    root = state_root()
+    flag = "--state-dir" if state_dir_opt is not None else "agent state directory"
+    if not root.is_dir():
+        _fail(f"{flag} {root}: {'not a directory' if root.exists() else 'no such directory'}")
+    node_dir = state_dir(node_id, create=False)
+    if not node_dir.is_dir():
+        _fail(f"no agent {node_id!r} in {root} (no {node_dir}; is --node-id or --state-dir wrong?)")
+    endpoint = control_endpoint(node_id, create=False)
     ctx = zmq.Context.instance()
     sock = ctx.socket(zmq.REQ)
     sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(control_endpoint(node_id))
+    sock.connect(endpoint)
     try:
         sock.send(json.dumps(request).encode())
         if not sock.poll(int(timeout_s * 1000)):
-            typer.echo(f"spotlight-agent: error: agent {node_id!r} did not answer on {control_endpoint(node_id)} (is it running on this machine?)", err=True)
+            typer.echo(f"spotlight-agent: error: agent {node_id!r} did not answer on {endpoint} (is it running on this machine?)", err=True)
             raise typer.Exit(1)
         return json.loads(sock.recv())
     finally:
         sock.close()
+
+
+def _reply(reply: dict) -> None:
+    """A control reply: JSON on stdout when the agent did it (for scripts), else one
+    ``spotlight-agent: error:`` line on stderr and exit status 1."""
+    if not reply.get("ok"):
+        typer.echo(f"spotlight-agent: error: {reply.get('error') or 'the agent refused the request'}", err=True)
+        raise typer.Exit(1)
+    typer.echo(json.dumps(reply))
 
 
 @app.command()
@@ -1097,9 +1138,9 @@ def revoke(
     state_dir_opt: Optional[pathlib.Path] = typer.Option(None, "--state-dir", help=_STATE_DIR_HELP),
 ) -> None:
     """Per-GPU revocation by a cluster scheduler: the worker on that GPU commits and exits; the rest of the node keeps running."""
-    reply = _control(node_id, {"cmd": "revoke", "gpus": gpu, "grace_s": grace_s}, state_dir_opt=state_dir_opt)
-    typer.echo(json.dumps(reply))
-    raise typer.Exit(0 if reply.get("ok") else 1)
+    if (bad := gpu_ids_error(gpu)) is not None:
+        _fail(f"--gpu: {bad}")
+    _reply(_control(node_id, {"cmd": "revoke", "gpus": gpu, "grace_s": grace_s}, state_dir_opt=state_dir_opt))
 
 
 @app.command("add-gpu")
@@ -1109,9 +1150,9 @@ def add_gpu(
     state_dir_opt: Optional[pathlib.Path] = typer.Option(None, "--state-dir", help=_STATE_DIR_HELP),
 ) -> None:
     """A GPU was (re)granted to this node: start a Rollout Worker on it."""
-    reply = _control(node_id, {"cmd": "add", "gpus": gpu}, state_dir_opt=state_dir_opt)
-    typer.echo(json.dumps(reply))
-    raise typer.Exit(0 if reply.get("ok") else 1)
+    if (bad := gpu_ids_error(gpu)) is not None:
+        _fail(f"--gpu: {bad}")
+    _reply(_control(node_id, {"cmd": "add", "gpus": gpu}, state_dir_opt=state_dir_opt))
 
 
 @app.command("agent-status")

@@ -7,16 +7,23 @@ import os
 import pathlib
 
 
-def state_dir(node_id: str) -> pathlib.Path:
-    """Per-node state (notice ledger, control socket): ``$SPOTLIGHT_AGENT_STATE/<node>`` or
-    ``~/.local/state/spotlight-agent/<node>`` (created, mode 0700)."""
-    base = os.environ.get("SPOTLIGHT_AGENT_STATE") or os.path.join(os.path.expanduser("~"), ".local", "state", "spotlight-agent")
+def state_root() -> pathlib.Path:
+    """The directory of every node's state: ``$SPOTLIGHT_AGENT_STATE`` or
+    ``~/.local/state/spotlight-agent``."""
+    return pathlib.Path(os.environ.get("SPOTLIGHT_AGENT_STATE") or os.path.join(os.path.expanduser("~"), ".local", "state", "spotlight-agent"))
+
+
+def state_dir(node_id: str, *, create: bool = True) -> pathlib.Path:
+    """Per-node state (notice ledger, control socket): ``<state_root>/<node>`` (created, mode
+    0700, unless ``create`` is False: a client only looks)."""
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in node_id)
-    d = pathlib.Path(base) / safe
-    d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    d = state_root() / safe
+    if create:
+        d.mkdir(parents=True, exist_ok=True, mode=0o700)
     return d
 
 
-def control_endpoint(node_id: str) -> str:
-    """The agent's local control socket (``spotlight-agent revoke`` / ``add-gpu`` talk to it)."""
-    return f"ipc://{state_dir(node_id) / 'control.sock'}"
+def control_endpoint(node_id: str, *, create: bool = True) -> str:
+    """The agent's local control socket (``spotlight-agent revoke`` / ``add-gpu`` talk to it;
+    they pass ``create=False``: a client must not create a missing state directory)."""
+    return f"ipc://{state_dir(node_id, create=create) / 'control.sock'}"

@@ -125,6 +125,8 @@ class ModelConfig(_Section):
         return resolve_path(self.pretrained_path)
 
     def __post_init__(self) -> None:
+        for name in ("image_size", "patch_size", "num_attention_heads", "attention_head_dim"):
+            _check(getattr(self, name) >= 1, f"model.{name}", "must be >= 1")
         _check(self.image_size % self.patch_size == 0, "model.image_size", "must be a multiple of patch_size")
         _check(self.num_layers >= 1, "model.num_layers", "must be >= 1")
         _check(
@@ -218,6 +220,7 @@ class DataConfig(_Section):
     def __post_init__(self) -> None:
         _check(self.prompts_per_iteration >= 1, "data.prompts_per_iteration", "must be >= 1")
         _check(self.group_size >= 2, "data.group_size", "must be >= 2 (advantages need a group)")
+        _check(self.num_control_prompts >= 0, "data.num_control_prompts", "must be >= 0")
         _check(bool(self.categories) == bool(self.category_column), "data.categories", "set data.category_column and data.categories together (the column, and its values to keep)")
         _check(self.group_size % 2 == 0, "data.group_size", "must be even (top-k/bottom-k seed selection)")
         _check(
@@ -380,6 +383,9 @@ class TrainConfig(_Section):
         _check(self.clip_range > 0, "train.clip_range", "must be > 0")
         _check(self.num_train_workers >= 1, "train.num_train_workers", "must be >= 1")
         _check(self.kl_beta >= 0, "train.kl_beta", "must be >= 0")
+        _check(self.weight_decay >= 0, "train.weight_decay", "must be >= 0")
+        _check(self.adv_clip_max > 0, "train.adv_clip_max", "must be > 0")
+        _check(self.max_grad_norm > 0, "train.max_grad_norm", "must be > 0")
         _check(self.steps_per_iteration >= 1, "train.steps_per_iteration", "must be >= 1")
         _check(self.lora_rank >= 0, "train.lora_rank", "must be >= 0 (0 = full fine-tuning)")
         _check(self.lora_alpha >= 0, "train.lora_alpha", "must be >= 0 (0 = 2·lora_rank)")
@@ -486,6 +492,9 @@ class ClusterConfig(_Section):
 
     def __post_init__(self) -> None:
         _check(self.worker_batch_size >= 1, "cluster.worker_batch_size", "must be >= 1")
+        _check(self.lease_timeout_s > 0, "cluster.lease_timeout_s", "must be > 0")
+        _check(self.heartbeat_interval_s > 0, "cluster.heartbeat_interval_s", "must be > 0")
+        _check(self.torch_threads >= 1, "cluster.torch_threads", "must be >= 1")
         _check(self.max_message_bytes >= 1 << 20, "cluster.max_message_bytes", "must be >= 1 MiB")
         _check(64 * 1024 <= self.weight_chunk_bytes <= 1 << 30, "cluster.weight_chunk_bytes", "must be between 64 KiB and 1 GiB")
         _check(1 <= self.weight_window_chunks <= 64, "cluster.weight_window_chunks", "must be between 1 and 64")
@@ -523,6 +532,7 @@ class RunConfig(_Section):
 
     def __post_init__(self) -> None:
         _check(self.iterations >= 1, "run.iterations", "must be >= 1")
+        _check(self.sample_grid_every >= 0, "run.sample_grid_every", "must be >= 0 (0 = no sample grids)")
         bad = sorted(set(self.trackers) - {"tensorboard", "wandb"})
         _check(not bad, "run.trackers", f"unknown tracker(s) {bad}: expected 'tensorboard' and/or 'wandb' ([] = none)")
         _check(self.keep_weight_versions == 0 or self.keep_weight_versions >= 2, "run.keep_weight_versions", "must be 0 (keep all) or >= 2")
@@ -533,6 +543,10 @@ class CostConfig(_Section):
 
     spot_usd_per_gpu_hour: float = 2.87
     reserved_usd_per_gpu_hour: float = 10.08
+
+    def __post_init__(self) -> None:
+        for name in ("spot_usd_per_gpu_hour", "reserved_usd_per_gpu_hour"):
+            _check(math.isfinite(getattr(self, name)) and getattr(self, name) >= 0, f"cost.{name}", "must be a finite number >= 0")
 
 
 class SpotlightConfig(_Section):
@@ -685,6 +699,8 @@ def load_config(path: str | pathlib.Path | None = None, overrides: dict[str, Any
         data = tomllib.loads(p.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{p}: not valid TOML: {exc}") from None
+    for key in overrides or {}:  # a value the command line replaces is still the file's: check its type
+        _check_own_value(p, data, key)
     if p.resolve() != DEFAULT_CONFIG_PATH.resolve():
         # a config file only needs the keys it changes: the rest is the embedded default's
         data = _merged(tomllib.loads(DEFAULT_CONFIG_PATH.read_text()), data)
@@ -702,6 +718,40 @@ def load_config(path: str | pathlib.Path | None = None, overrides: dict[str, Any
             flag = CLI_FLAGS.get(exc.field, f"override {exc.field}")
             raise ConfigError(f"{flag}: {exc}", exc.field) from None
         raise ConfigError(f"{p}: {exc}", exc.field) from None
+
+
+def _field_type(field: str) -> Any:
+    """The declared type of a dotted SpotlightConfig field, or None if there is no such field."""
+    tp: Any = SpotlightConfig
+    for part in field.split("."):
+        try:
+            tp = typing.get_type_hints(tp).get(part)
+        except TypeError:
+            return None
+        if tp is None:
+            return None
+    return tp
+
+
+def _check_own_value(p: pathlib.Path, data: dict[str, Any], field: str) -> None:
+    """Type-check the value ``data`` (a config file's own table) holds for ``field``, which
+    the command line overrides: a wrong value in the file is reported, not silently hidden by
+    the flag. Only the field's type (and enum choices) is checked here; range and cross-field
+    checks apply to the merged config."""
+    node: Any = data
+    for part in field.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return
+        node = node[part]
+    tp = _field_type(field)
+    if tp is None:
+        return
+    try:
+        msgspec.convert(node, type=tp)
+    except msgspec.ValidationError as exc:
+        msg = str(exc)
+        msg = msg.replace(" - at `$", f" - at `$.{field}", 1) if " - at `$" in msg else f"{msg} - at `$.{field}`"
+        raise ConfigError(f"{p}: {_validation_error(msg)}", field) from None
 
 
 def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

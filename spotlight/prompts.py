@@ -27,7 +27,7 @@ import json
 import pathlib
 from collections.abc import Sequence
 
-from spotlight.config import EXAMPLES_DIR, ConfigError, DataConfig, resolve_path
+from spotlight.config import DEFAULT_CONFIG_PATH, EXAMPLES_DIR, ConfigError, DataConfig, resolve_path
 
 PROMPT_COLUMN_NAMES = ("prompt", "text", "caption")
 """Column (CSV/TSV, any case) or key (JSONL, in this order of preference) that holds the prompt."""
@@ -181,16 +181,19 @@ def load_prompt_set(
     )
 
 
-def prompt_set_from_config(data: DataConfig) -> PromptSet:
+def prompt_set_from_config(data: DataConfig, config_path: str | pathlib.Path | None = None) -> PromptSet:
     """:func:`load_prompt_set` of ``data.prompts_path`` (resolved with
     :func:`~spotlight.config.resolve_path`; "" = :data:`DEFAULT_PROMPTS_PATH`) with the
-    section's column and category settings.
+    section's column and category settings. ``config_path``: the config file the section
+    came from (None: the embedded default), named by a missing-file error like every other
+    config error.
 
     Raises:
         ConfigError: as :func:`load_prompt_set`.
     """
     path = resolve_path(data.prompts_path) if data.prompts_path else DEFAULT_PROMPTS_PATH
-    return load_prompt_set(path, prompt_column=data.prompt_column, category_column=data.category_column, categories=data.categories)
+    source = f"{config_path if config_path is not None else DEFAULT_CONFIG_PATH}: data.prompts_path"
+    return load_prompt_set(path, prompt_column=data.prompt_column, category_column=data.category_column, categories=data.categories, source=source)
 
 
 def truncation_report(lengths: Sequence[int], max_tokens: int) -> tuple[int, str]:

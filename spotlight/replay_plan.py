@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Literal
 
+from spotlight.errors import plural
 from spotlight.trace import (
     EXPECTED_ITERATION_S,
     ReplayAction,
@@ -105,7 +106,7 @@ def plan_local_replay(
         time_scale = default_time_scale(span_s, iterations)
         notes.append(
             f"trace time scale {time_scale:.3g} (default): the {span_s:.0f}s {trace_mode} is stretched over ~{expected_run_s:.0f}s, "
-            f"the expected length of {iterations} iterations at ~{EXPECTED_ITERATION_S:.0f}s each (the embedded default on CPU); set it with --time-scale"
+            f"the expected length of {plural(iterations, 'iteration')} at ~{EXPECTED_ITERATION_S:.0f}s each (the embedded default on CPU); set it with --time-scale"
         )
     elif not (time_scale > 0):
         raise ValueError(f"--time-scale must be > 0, got {time_scale}")
@@ -139,7 +140,7 @@ def _plan_cycles(iterations: int, agents: int, gpus_per_agent: int, cycles: int,
         raise ValueError(f"--preemption-cycles {cycles}: {exc}") from None
     pool = agents * gpus_per_agent
     note = (
-        f"synthetic preemption trace: {cycles} cycle{'s' if cycles != 1 else ''} per ~{iteration_s:g}s iteration for {iterations} iterations on {agents}×{gpus_per_agent} spot GPUs, "
+        f"synthetic preemption trace: {cycles} cycle{'s' if cycles != 1 else ''} per ~{iteration_s:g}s iteration for {plural(iterations, 'iteration')} on {agents}×{gpus_per_agent} spot GPUs, "
         f"each taking {pool // 2} GPU{'s' if pool // 2 != 1 else ''} for {down_s:g}s: {count_kinds(actions)}"
     )
     return LocalReplay(actions, [note])

@@ -47,6 +47,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable, Literal, Sequence
 
+from spotlight.errors import plural
+
 __all__ = [
     "ACTION_KINDS",
     "ReplayAction",
@@ -632,8 +634,8 @@ class TracePlacement:
             if max_alive > self.capacity:
                 need = -(-max_alive // self.gpus_per_agent)
                 raise ValueError(
-                    f"the whole trace peaks at {max_alive} alive GPUs but {self.num_agents} agents x {self.gpus_per_agent} GPUs hold "
-                    f"{self.capacity}: a full replay needs at least {need} agents of {self.gpus_per_agent} GPUs (or slice the trace)"
+                    f"the whole trace peaks at {plural(max_alive, 'alive GPU')} but {plural(self.num_agents, 'agent')} x {plural(self.gpus_per_agent, 'GPU')} hold "
+                    f"{self.capacity}: a full replay needs at least {plural(need, 'agent')} of {plural(self.gpus_per_agent, 'GPU')} (or slice the trace)"
                 )
             self._plan_full(events)
         elif self.scale_to_capacity:

@@ -84,7 +84,7 @@ def stale_ranking(
     threads: int = typer.Option(0, "--threads", min=0, help="torch threads (0 = cluster.torch_threads of the run config)."),
 ) -> None:
     """Insight 1 (paper Fig. 5): does the seed ranking under stale weights v_n survive the update to v_{n+1}?"""
-    console = Console(soft_wrap=True)
+    console = Console(emoji=False, soft_wrap=True)
     from spotlight.cli.up import _cache_dir, load_prompts
     from spotlight.config import load_config
     from spotlight.errors import SpotlightError
@@ -95,7 +95,7 @@ def stale_ranking(
         cfg = load_config(run_dir / "config.toml")
         found = available_versions(run_dir)
         vers, pair_idx = choose_pairs(list(found), pairs, versions)
-        prompts = load_prompts(cfg.data)
+        prompts = load_prompts(cfg.data, run_dir / "config.toml")
         if cfg.model.family != "tiny":
             raise ValueError(f"stale-ranking runs the tiny family only so far (model.family = {cfg.model.family!r})")
     except (SpotlightError, ValueError) as exc:

@@ -23,7 +23,7 @@ def register(app: typer.Typer) -> None:
         out: Optional[pathlib.Path] = typer.Option(None, "--out", help="Where to write eval.json and eval_grid.png (default: the run directory, or runs/eval)."),
     ) -> None:
         """Sample every test prompt with the ODE sampler and report the strict GenEval-style score per task kind."""
-        console = Console(soft_wrap=True)
+        console = Console(emoji=False, soft_wrap=True)
         from spotlight.config import ConfigError, load_config
         from spotlight.errors import SpotlightError
 
@@ -47,16 +47,21 @@ def register(app: typer.Typer) -> None:
             console.print(f"[red]error:[/red] {escape(str(exc))}")
             raise typer.Exit(2)
         out_dir = out or run_dir or pathlib.Path("runs/eval")
+        if out_dir.exists() and not out_dir.is_dir():  # found before minutes of sampling, not after
+            console.print(f"[red]error:[/red] --out {escape(str(out_dir))}: not a directory")
+            raise typer.Exit(2)
         models = {"base": None}
         if weights is not None:
             models["final"] = weights
-        results = {}
-        for name, w in models.items():
+        loaded = {}
+        for name, w in models.items():  # every model loads before any sampling: a bad --weights fails at once
             try:
-                model = ev.load_transformer(cfg.model, w)
-            except (OSError, FileNotFoundError) as exc:
+                loaded[name] = ev.load_transformer(cfg.model, w)
+            except (OSError, FileNotFoundError, ValueError) as exc:
                 console.print(f"[red]error:[/red] cannot load {name} weights: {escape(str(exc))}")
                 raise typer.Exit(2)
+        results = {}
+        for name, model in loaded.items():
             with console.status(f"sampling {len(specs)} test prompts × {num_seeds} seeds with the {name} model…"):
                 results[name] = ev.evaluate(model, cfg.model, cfg.sampler, specs, num_seeds=num_seeds)
         table = Table(title=f"GenEval-style score on {len(specs)} test prompts × {num_seeds} seeds (strict verdict, ODE sampling)")

@@ -24,7 +24,7 @@ from rich.markup import escape
 
 from spotlight.config import EXAMPLES_DIR, SpotlightConfig
 
-console = Console(soft_wrap=True, stderr=True)
+console = Console(emoji=False, soft_wrap=True, stderr=True)
 
 FAMILY_EXAMPLES = {
     "shapes": EXAMPLES_DIR / "default" / "config.toml",

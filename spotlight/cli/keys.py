@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 keys_app = typer.Typer(help="Create, list and revoke control-plane keys (ZeroMQ CURVE; README 'Security model').", no_args_is_help=True, add_completion=False)
-console = Console(soft_wrap=True)
+console = Console(emoji=False, soft_wrap=True)
 
 
 def _fail(exc: Exception) -> None:

@@ -24,14 +24,14 @@ def register(app: typer.Typer) -> None:
         sp_degrees: str = typer.Option("1,2", "--sp-degrees", help="Comma-separated SP degrees whose t_step to measure (each > 1 runs a real context-parallel group of that many processes)."),
     ) -> None:
         """Measure t_step, effective steps per cache threshold, and exploration accuracy (Spearman ρ vs full rollout)."""
-        console = Console(soft_wrap=True)
+        console = Console(emoji=False, soft_wrap=True)
         from spotlight.cli.up import _cache_dir, load_prompts
         from spotlight.config import load_config
         from spotlight.errors import SpotlightError
 
         try:
             cfg = load_config(config)
-            prompts = load_prompts(cfg.data)
+            prompts = load_prompts(cfg.data, config)
             ths = [float(t) for t in thresholds.split(",") if t.strip()]
             degrees = [int(d) for d in sp_degrees.split(",") if d.strip()]
             if cfg.model.family != "tiny":

@@ -50,7 +50,7 @@ def register(app: "typer.Typer") -> None:
 
         from spotlight.errors import SpotlightError
 
-        console = Console()
+        console = Console(emoji=False)
 
         def fail(message: str) -> NoReturn:
             console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)

@@ -35,14 +35,14 @@ def register(app: typer.Typer) -> None:
 
         import sys
 
-        console = Console(soft_wrap=True) if sys.stdout.isatty() else Console(soft_wrap=True, width=170)
+        console = Console(emoji=False, soft_wrap=True) if sys.stdout.isatty() else Console(emoji=False, soft_wrap=True, width=170)
         from spotlight.errors import SpotlightError
         from spotlight.sim.profile import DEFAULT_PROFILE, load_profile
         from spotlight.sim.report import comparison_rows, plot_comparison
         from spotlight.sim.simulator import POLICIES, simulate as run_policy
 
         names = list(dict.fromkeys(policy or ["spotlight", "rlboost", "verl-omni-spot", "reserved-only"]))
-        err = Console(stderr=True, soft_wrap=True)
+        err = Console(emoji=False, stderr=True, soft_wrap=True)
         try:
             unknown = [n for n in names if n not in POLICIES]
             if unknown:
@@ -55,6 +55,9 @@ def register(app: typer.Typer) -> None:
                 check_cluster(prof)
             if trace is None and trace_replicas > 1:
                 raise ValueError("--trace-replicas needs --trace")
+            if trace is not None:  # readable, before --out is created
+                with open(trace, "rb"):
+                    pass
             try:
                 out.mkdir(parents=True, exist_ok=True)
                 probe = out / ".write-test"
@@ -74,7 +77,11 @@ def register(app: typer.Typer) -> None:
                 trace_note = f"trace {trace.name} on {prof.spot_nodes}×{prof.gpus_per_spot_node} spot GPUs" + (f" ({trace_replicas} placements)" if trace_replicas > 1 else "")
         except (SpotlightError, ValueError, OSError, UnicodeDecodeError) as exc:
             where = f"{trace}: " if isinstance(exc, UnicodeDecodeError) else ""
-            console.print(f"[red]error:[/red] {escape(where + str(exc))}")
+            if isinstance(exc, OSError) and trace is not None and exc.filename is not None and str(exc.filename) == str(trace):
+                why = f"--trace {trace}: {exc.strerror or exc}"  # as `spotlight up --trace` says it
+            else:
+                why = where + str(exc)
+            console.print(f"[red]error:[/red] {escape(why)}")
             raise typer.Exit(2)
         results = []
         for name in names:

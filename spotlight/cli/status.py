@@ -299,7 +299,15 @@ def register(app: typer.Typer) -> None:
         key: Optional[str] = typer.Option(None, "--key", help="Which client key in --keys to use (default: the only status key)."),
     ) -> None:
         """Show a job: progress and ETA, nodes and GPUs, cost, events, reward curve (a running job, or a finished one from its run directory)."""
-        console = Console()
+        console = Console(emoji=False)
+        if coordinator is not None:  # checked before anything connects: one line, not a ZeroMQ error
+            from spotlight.endpoints import tcp_endpoint
+
+            try:
+                coordinator = tcp_endpoint(coordinator)
+            except ValueError as exc:
+                console.print(f"[red]error:[/red] {escape(str(exc))}")
+                raise typer.Exit(2)
         endpoint = coordinator
         rd = run_dir or run_dir_arg
         pid = None
@@ -311,6 +319,9 @@ def register(app: typer.Typer) -> None:
                     raise typer.Exit(2)
                 rd = runs[-1].parent
             meta = pathlib.Path(rd) / "coordinator.json"
+            if not pathlib.Path(rd).is_dir():
+                console.print(f"[red]error:[/red] {escape(str(rd))}: {'not a directory' if pathlib.Path(rd).exists() else 'no such directory'}")
+                raise typer.Exit(2)
             if not meta.is_file():
                 console.print(f"[red]error:[/red] {escape(str(meta))} not found: not a Spotlight run directory")
                 raise typer.Exit(2)

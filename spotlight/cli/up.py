@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-console = Console(soft_wrap=True)
+console = Console(emoji=False, soft_wrap=True)
 
 
 def _cache_dir() -> pathlib.Path:
@@ -25,7 +25,7 @@ def _cache_dir() -> pathlib.Path:
     return pathlib.Path(base) / "spotlight"
 
 
-def load_prompts(data) -> list[str]:
+def load_prompts(data, config_path=None) -> list[str]:
     """The prompts of a ``[data]`` section (:class:`spotlight.config.DataConfig`; a bare path
     string reads that file with no column settings), by :func:`spotlight.prompts.load_prompt_set`.
 
@@ -35,7 +35,7 @@ def load_prompts(data) -> list[str]:
     from spotlight.config import DataConfig
     from spotlight.prompts import prompt_set_from_config
 
-    return prompt_set_from_config(DataConfig(prompts_path=data) if isinstance(data, str) else data).prompts
+    return prompt_set_from_config(DataConfig(prompts_path=data) if isinstance(data, str) else data, config_path).prompts
 
 
 def _record_prompts(rd: pathlib.Path, prompt_set, token_counts: list[int] | None, max_text_tokens: int) -> None:
@@ -215,11 +215,14 @@ def _adopt(entry: dict | None):
 
 
 def _check_options(*, mock_cloud: str, reserved: str, trace_mode: str, local: bool = True, agents: int | None = None, timeout_s: float | None = None,
-                   grace_s: float = 20.0, cycle_down_s: float = 5.0, cycle_iteration_s: float | None = None) -> list[str]:
+                   grace_s: float = 20.0, cycle_down_s: float = 5.0, cycle_iteration_s: float | None = None, tracker: list[str] | None = None,
+                   dirs: tuple[tuple[str, pathlib.Path | None], ...] = ()) -> list[str]:
     """One-line problems with ``spotlight up``'s plain options, found before anything starts
-    or is written (an empty list: none)."""
+    or is written (an empty list: none). ``dirs``: ``(flag, path)`` of options naming a
+    directory (``--run-dir``, ``--keys``): one that exists as something else is refused."""
     from spotlight.mock_metadata import CLOUDS
     from spotlight.replay_plan import TRACE_MODES
+    from spotlight.tracking import KINDS
 
     problems = []
     if not local:  # options that only mean something for local agents are refused, not ignored
@@ -229,11 +232,16 @@ def _check_options(*, mock_cloud: str, reserved: str, trace_mode: str, local: bo
             problems.append(f"{flag} {value:g}: must be {low} seconds")
     if mock_cloud not in (*CLOUDS, "none"):
         problems.append(f"--mock-cloud {mock_cloud}: choose from {', '.join(CLOUDS)}, none")
-    host, sep, port = reserved.rpartition(":")
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
-        problems.append(f"--reserved {reserved}: expected HOST:PORT (port 0 to 65535; 0 = any free port)")
+    from spotlight.endpoints import parse_host_port
+
+    try:
+        parse_host_port(reserved, flag="--reserved", any_port=True)
+    except ValueError as exc:
+        problems.append(str(exc))
     if trace_mode not in TRACE_MODES:
         problems.append(f"--trace-mode {trace_mode}: choose from {', '.join(TRACE_MODES)}")
+    problems += [f"--tracker {t}: choose from {', '.join(KINDS)}, none" for t in tracker or [] if t not in (*KINDS, "none")]
+    problems += [f"{flag} {path}: not a directory" for flag, path in dirs if path is not None and path.exists() and not path.is_dir()]
     return problems
 
 
@@ -286,6 +294,25 @@ def _finished(run_dir: pathlib.Path, iterations: int) -> str | None:
         f"{run_dir} is finished ({done}/{done} iterations): model in {pathlib.Path(run_dir) / 'final'}, metrics in {pathlib.Path(run_dir) / 'metrics.jsonl'}; "
         f"to train it further, resume with --iterations N (N > {done})"
     )
+
+
+def _continue_hint(run_dir: pathlib.Path) -> str:
+    """How to continue the run already in ``run_dir``: ``--resume`` -- and, for a finished run
+    (its checkpoints hold all of its config's iterations, which ``--resume`` alone refuses:
+    :func:`_finished`), ``--resume … --iterations N`` to train it further."""
+    import shlex
+
+    from spotlight.config import ConfigError, load_config
+
+    command = f"spotlight up --resume {shlex.quote(str(run_dir))}"
+    try:
+        iterations = load_config(pathlib.Path(run_dir) / "config.toml").run.iterations
+    except ConfigError:
+        iterations = None
+    done = _checkpointed_iterations(run_dir)
+    if iterations is not None and done is not None and done >= iterations:
+        return f"it is finished ({done}/{done} iterations); train it further with spotlight up --resume {shlex.quote(str(run_dir))} --iterations N (N > {done})"
+    return f"continue it with {command}"
 
 
 def _discard_new_run(run_dir: pathlib.Path, fresh: bool) -> None:
@@ -343,13 +370,15 @@ def register(app: typer.Typer) -> None:
             console.print(f"[red]error:[/red] --log-level {escape(log_level)}: expected DEBUG, INFO, WARNING or ERROR")
             raise typer.Exit(2)
         for problem in _check_options(mock_cloud=mock_cloud, reserved=reserved, trace_mode=trace_mode, local=local, agents=agents, timeout_s=timeout_s,
-                                      grace_s=grace_s, cycle_down_s=cycle_down_s, cycle_iteration_s=cycle_iteration_s):
+                                      grace_s=grace_s, cycle_down_s=cycle_down_s, cycle_iteration_s=cycle_iteration_s, tracker=tracker,
+                                      dirs=(("--run-dir", run_dir), ("--resume", resume), ("--keys", keys))):
             console.print(f"[red]error:[/red] {escape(problem)}")
             raise typer.Exit(2)
+        reserved = reserved.removeprefix("tcp://")  # the coordinator binds tcp://HOST:PORT
         agents_given, agents = agents is not None, 2 if agents is None else agents
         logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
         from spotlight.config import ConfigError, load_config
-        from spotlight.errors import SpotlightError
+        from spotlight.errors import SpotlightError, plural
 
         overrides = {"run.iterations": iterations} if iterations else {}
         if mode is not None:
@@ -386,7 +415,7 @@ def register(app: typer.Typer) -> None:
             cfg = load_config(config, overrides)
             from spotlight.prompts import prompt_set_from_config
 
-            prompt_set = prompt_set_from_config(cfg.data)
+            prompt_set = prompt_set_from_config(cfg.data, config)
             prompts = prompt_set.prompts
         except SpotlightError as exc:
             console.print(f"[red]error:[/red] {escape(str(exc))}")
@@ -404,7 +433,7 @@ def register(app: typer.Typer) -> None:
             console.print(f"[red]error:[/red] the run in {rd} is still running (coordinator pid {running}); watch it with [cyan]spotlight status {rd}[/cyan] (stop it with Ctrl-C in its terminal or kill {running})")
             raise typer.Exit(2)
         if resume is None and (rd / "metrics.jsonl").is_file() and (rd / "metrics.jsonl").stat().st_size > 0:
-            console.print(f"[red]error:[/red] {rd} already holds a run (metrics.jsonl); continue it with [cyan]spotlight up --resume {rd}[/cyan] or choose another --run-dir")
+            console.print(f"[red]error:[/red] {rd} already holds a run (metrics.jsonl); {escape(_continue_hint(rd))} or choose another --run-dir")
             raise typer.Exit(2)
         if resume is not None:
             import json as _json
@@ -487,7 +516,7 @@ def register(app: typer.Typer) -> None:
             console.print(f"[yellow]warning:[/yellow] --agents {agents} is ignored: run.mode = {cfg.run.mode!r} uses no spot GPUs, so no spot agent starts")
         if uncapped_exploration and not (cfg.explore.active and cfg.explore.mode == "stale"):
             console.print(f"[yellow]warning:[/yellow] --uncapped-exploration streams extra candidates only with explore.mode = 'stale' (this run: {cfg.explore.mode if cfg.explore.active else 'off'})")
-        console.print(f"[bold]Spotlight[/bold] run dir [cyan]{rd}[/cyan]  ({cfg.run.iterations} iterations, {cfg.data.prompts_per_iteration}×{cfg.data.group_size} samples/iteration)")
+        console.print(f"[bold]Spotlight[/bold] run dir [cyan]{rd}[/cyan]  ({plural(cfg.run.iterations, 'iteration')}, {cfg.data.prompts_per_iteration}×{cfg.data.group_size} samples/iteration)")
         console.print(escape(prompt_set.summary()))
         if len(prompts) < cfg.data.prompts_per_iteration:
             console.print(f"[yellow]warning:[/yellow] {len(prompts)} prompts for data.prompts_per_iteration = {cfg.data.prompts_per_iteration}: the same prompts repeat within every batch")
@@ -588,7 +617,7 @@ def register(app: typer.Typer) -> None:
                 listing_doc = {"coordinator": endpoint, "state_dir": str(state_root.resolve()), "agents": listing}
                 (rd / "local_agents.json").write_text(_json.dumps(listing_doc, indent=2))
                 if adopted:
-                    console.print(f"{len(adopted)} local agents of the previous coordinator are still running: they reconnect by themselves and keep their workers")
+                    console.print(f"{plural(len(adopted), 'local agent')} of the previous coordinator {'is' if len(adopted) == 1 else 'are'} still running: they reconnect by themselves and keep their workers")
                 if actions is not None:
                     from spotlight.trace_driver import TraceDriver
 

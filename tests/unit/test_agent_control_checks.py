@@ -1,5 +1,7 @@
 """`spotlight-agent revoke` / `add-gpu`: a request naming GPUs the node does not hold (or
 already holds, or negative ids) is refused before anything changes."""
+import pytest
+
 from agent.main import control_gpus_error
 
 
@@ -85,3 +87,51 @@ def test_on_control_refuses_adding_a_present_gpu():
     fake = _FakeAgent({"cmd": "add", "gpus": [-1]}, [0])
     AgentDaemon.on_control(fake)
     assert fake.control.sent[0]["ok"] is False and fake.added == []
+
+
+def _cli(*args: str):
+    from typer.testing import CliRunner
+
+    from agent.main import app
+
+    return CliRunner().invoke(app, list(args))
+
+
+@pytest.mark.parametrize("cmd", [["agent-status"], ["add-gpu", "--gpu", "1"], ["revoke", "--gpu", "1"]])
+def test_a_missing_state_dir_is_reported_not_created(tmp_path, cmd):
+    """Was: agent-status / add-gpu --state-dir /tmp/none-such created the directory."""
+    missing = tmp_path / "none-such"
+    res = _cli(*cmd, "--node-id", "spot-0", "--state-dir", str(missing))
+    assert res.exit_code == 2, res.output
+    assert res.output.strip() == f"spotlight-agent: error: --state-dir {missing}: no such directory", res.output
+    assert not missing.exists()
+    missing.mkdir()
+    res = _cli(*cmd, "--node-id", "spot-0", "--state-dir", str(missing))
+    assert res.exit_code == 2 and "no agent 'spot-0'" in res.output, res.output
+    assert list(missing.iterdir()) == []
+
+
+@pytest.mark.parametrize("cmd", ["revoke", "add-gpu"])
+def test_bad_gpu_ids_are_refused_before_contacting_the_agent(tmp_path, cmd, monkeypatch):
+    import agent.main as m
+
+    monkeypatch.setattr(m, "_control", lambda *a, **k: pytest.fail("contacted the agent"))
+    for gpus, why in ((["-1"], "GPU ids are 0 or more, got [-1]"), (["2", "2"], "GPU ids repeated: [2, 2]")):
+        res = _cli(cmd, *[a for g in gpus for a in ("--gpu", g)], "--node-id", "spot-0", "--state-dir", str(tmp_path))
+        assert res.exit_code == 2, res.output
+        assert res.output.strip() == f"spotlight-agent: error: --gpu: {why}", res.output
+
+
+@pytest.mark.parametrize("cmd", ["revoke", "add-gpu"])
+def test_a_refusal_is_an_error_line_and_a_success_is_json(tmp_path, cmd, monkeypatch):
+    import json
+
+    import agent.main as m
+
+    monkeypatch.setattr(m, "_control", lambda *a, **k: {"ok": False, "error": "GPU(s) [7] not on this node", "gpus": [0]})
+    res = _cli(cmd, "--gpu", "7", "--node-id", "spot-0")
+    assert res.exit_code == 1, res.output
+    assert res.output.strip() == "spotlight-agent: error: GPU(s) [7] not on this node", res.output
+    monkeypatch.setattr(m, "_control", lambda *a, **k: {"ok": True, "gpus": [0, 1]})
+    res = _cli(cmd, "--gpu", "1", "--node-id", "spot-0")
+    assert res.exit_code == 0 and json.loads(res.output) == {"ok": True, "gpus": [0, 1]}, res.output

@@ -244,8 +244,17 @@ def test_first_registration_timeout_is_an_option(state, keys_dir):
     proc = _agent(["--coordinator", f"127.0.0.1:{_unused_port()}", "--node-id", "spot-a", "--keys", str(keys_dir), "--register-timeout-s", "1.5"], state)
     out, err = proc.communicate(timeout=50)  # the fixed 60 s would not have ended by now
     assert proc.returncode == 1, err
-    assert "giving up after 1.5s" in err and "no answer from coordinator at tcp://127.0.0.1:" in err and "within 1.5s" in err, err
+    assert "giving up after 1.5s" in err and "spotlight-agent: error: no answer from coordinator at tcp://127.0.0.1:" in err and "within 1.5s" in err, err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("address", ["garbage", "tcp://host:abc", "127.0.0.1:99999", "127.0.0.1:0"])
+def test_join_with_a_bad_coordinator_address_is_one_line_before_connecting(state, keys_dir, address):
+    """Was: port 99999 waited the whole register timeout; garbage was a late SystemExit line."""
+    proc = _agent(["--coordinator", address, "--node-id", "spot-a", "--keys", str(keys_dir)], state)
+    out, err = proc.communicate(timeout=50)
+    assert proc.returncode == 2, err
+    assert err.strip().splitlines() == [f"spotlight-agent: error: --coordinator {address}: expected HOST:PORT (port 1 to 65535)"], err
 
 
 def test_join_help_fits_80_columns():

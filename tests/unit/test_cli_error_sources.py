@@ -15,3 +15,37 @@ def test_eval_prompts_missing_file_names_the_flag(tmp_path):
     out = " ".join(res.output.split())
     assert "--prompts: file not found" in out, res.output
     assert "data.prompts_path" not in out
+
+
+def test_eval_with_bad_weights_fails_before_any_sampling(tmp_path, monkeypatch):
+    """Was: the whole base model was evaluated (68 s) before `cannot load final weights`."""
+    import pytest
+
+    from spotlight.shapes import evaluate as ev
+
+    monkeypatch.setattr(ev, "evaluate", lambda *a, **k: pytest.fail("sampled before the weights were checked"))
+    res = runner.invoke(app, ["eval", "--weights", str(tmp_path), "--num-seeds", "1", "--out", str(tmp_path / "out")])
+    assert res.exit_code == 2, res.output
+    out = " ".join(res.output.split())
+    assert out.startswith("error: cannot load final weights:") and "neither a transformer folder" in out, res.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_eval_out_that_is_a_file_fails_before_any_sampling(tmp_path, monkeypatch):
+    import pytest
+
+    from spotlight.shapes import evaluate as ev
+
+    monkeypatch.setattr(ev, "evaluate", lambda *a, **k: pytest.fail("sampled before --out was checked"))
+    (tmp_path / "f").write_text("")
+    res = runner.invoke(app, ["eval", "--num-seeds", "1", "--out", str(tmp_path / "f")])
+    assert res.exit_code == 2 and " ".join(res.output.split()) == f"error: --out {tmp_path / 'f'}: not a directory", res.output
+
+
+def test_simulate_trace_errors_name_the_flag_as_up_does(tmp_path):
+    """Was: `error: [Errno 2] No such file or directory: '…'` and `[Errno 21] Is a directory`."""
+    for path, why in ((tmp_path / "nonexist.csv", "No such file or directory"), (tmp_path, "Is a directory")):
+        res = runner.invoke(app, ["simulate", "--trace", str(path), "--out", str(tmp_path / "sim")])
+        assert res.exit_code == 2, res.output
+        assert " ".join(res.output.split()) == f"error: --trace {path}: {why}", res.output
+        assert not (tmp_path / "sim").exists()

@@ -124,6 +124,21 @@ def test_wrong_type_names_the_field():
         ({"planner.max_sequences": 8}, "planner.max_sequences"),
         ({"planner.sequence_step": 0}, "planner.sequence_step"),
         ({"planner.window": 0}, "planner.window"),
+        # negative counts, periods and sizes (was: run.sample_grid_every = -1 accepted)
+        ({"run.sample_grid_every": -1}, "run.sample_grid_every"),
+        ({"data.num_control_prompts": -1}, "data.num_control_prompts"),
+        ({"model.patch_size": 0}, "model.patch_size"),
+        ({"model.image_size": -32}, "model.image_size"),
+        ({"model.num_attention_heads": 0}, "model.num_attention_heads"),
+        ({"model.attention_head_dim": -1}, "model.attention_head_dim"),
+        ({"train.weight_decay": -0.1}, "train.weight_decay"),
+        ({"train.adv_clip_max": 0.0}, "train.adv_clip_max"),
+        ({"train.max_grad_norm": -1.0}, "train.max_grad_norm"),
+        ({"cluster.lease_timeout_s": 0.0}, "cluster.lease_timeout_s"),
+        ({"cluster.heartbeat_interval_s": -1.0}, "cluster.heartbeat_interval_s"),
+        ({"cluster.torch_threads": 0}, "cluster.torch_threads"),
+        ({"cost.spot_usd_per_gpu_hour": -1.0}, "cost.spot_usd_per_gpu_hour"),
+        ({"cost.reserved_usd_per_gpu_hour": float("nan")}, "cost.reserved_usd_per_gpu_hour"),
     ],
 )
 def test_bad_values_name_the_field(overrides, field):
@@ -273,3 +288,36 @@ def test_a_file_value_is_still_blamed_on_the_file(tmp_path):
     with pytest.raises(ConfigError) as info:
         load_config(tmp_path / "c.toml", {"run.iterations": 2})
     assert str(info.value).startswith(f"{tmp_path / 'c.toml'}: run.trackers: "), str(info.value)
+
+
+def test_a_wrong_file_value_is_reported_even_when_a_flag_overrides_it(tmp_path):
+    """Was: `iterations = "five"` plus --iterations 1 ran; without the flag it is rejected."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[run]\niterations = "five"\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(cfg, {"run.iterations": 1})
+    assert str(info.value) == f"{cfg}: run.iterations: Expected `int`, got `str`", str(info.value)
+    cfg.write_text('[run]\nmode = "fast"\n')
+    with pytest.raises(ConfigError, match=r"run\.mode: invalid value 'fast'; choose from"):
+        load_config(cfg, {"run.mode": "spotlight"})
+    cfg.write_text('[run]\ntrackers = "tensorboard"\n')
+    with pytest.raises(ConfigError, match=r"run\.trackers: Expected `array`, got `str`"):
+        load_config(cfg, {"run.trackers": []})
+
+
+def test_an_overridden_file_value_is_range_checked_only_merged(tmp_path):
+    """Only the type of an overridden file value is checked: a value the flag replaces may be
+    out of range on its own (the merged config is what runs)."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[run]\niterations = 0\n")
+    assert load_config(cfg, {"run.iterations": 3}).run.iterations == 3
+
+
+def test_a_missing_prompt_file_names_the_config_file(tmp_path):
+    from spotlight.prompts import prompt_set_from_config
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[data]\nprompts_path = "{tmp_path / "nope.txt"}"\n')
+    with pytest.raises(ConfigError) as info:
+        prompt_set_from_config(load_config(cfg).data, cfg)
+    assert str(info.value) == f"{cfg}: data.prompts_path: file not found: {tmp_path / 'nope.txt'}", str(info.value)

@@ -11,6 +11,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from spotlight import protocol as P
 from tests.unit.test_weight_sync import _Run, _register
 
@@ -110,3 +112,29 @@ def test_the_last_event_says_why_a_run_stopped_early(tmp_path):
     saved = json.loads((tmp_path / "run" / "status.json").read_text())
     assert saved["events"][-1]["kind"] == "finish"
     assert saved["events"][-1]["detail"] == "stopped after 0/%d iterations (run did not finish within 40s (phase rollout, iteration 1))" % saved["iterations"]
+
+
+@pytest.mark.parametrize("coordinator", ["garbage", "tcp://host:abc", "127.0.0.1:99999", "127.0.0.1:0", "tcp://", ":5555"])
+def test_status_with_a_bad_coordinator_address_is_one_line(tmp_path, coordinator):
+    """Was: a 37-line ZMQError traceback (garbage, host:abc) or a 3 s wait (port 99999)."""
+    from typer.testing import CliRunner
+
+    from spotlight.cli import app
+
+    res = CliRunner().invoke(app, ["status", "--coordinator", coordinator, "--keys", str(tmp_path)])
+    assert res.exit_code == 2, res.output
+    assert " ".join(res.output.split()) == f"error: --coordinator {coordinator}: expected HOST:PORT (port 1 to 65535)", res.output  # rich wraps at 80 columns
+
+
+def test_status_of_a_missing_run_directory_says_so(tmp_path):
+    from typer.testing import CliRunner
+
+    from spotlight.cli import app
+
+    res = CliRunner().invoke(app, ["status", str(tmp_path / "nonexistent")])
+    assert res.exit_code == 2, res.output
+    assert " ".join(res.output.split()) == f"error: {tmp_path / 'nonexistent'}: no such directory", res.output  # rich wraps at 80 columns
+    f = tmp_path / "file"
+    f.write_text("")
+    res = CliRunner().invoke(app, ["status", str(f)])
+    assert res.exit_code == 2 and " ".join(res.output.split()) == f"error: {f}: not a directory", res.output

@@ -468,3 +468,19 @@ def test_unknown_format_quotes_the_first_line(tmp_path):
     p.write_text("hello world\nfoo bar baz\n")
     with pytest.raises(ValueError, match="first line 'hello world'"):
         load_trace(p)
+
+
+def test_a_full_replay_too_big_for_one_agent_says_so_in_proper_plurals():
+    """Was: `1 agents x 1 GPUs hold 1`."""
+    import pathlib
+
+    import pytest
+
+    from spotlight.replay_plan import plan_local_replay
+
+    trace = pathlib.Path(__file__).resolve().parents[2] / "examples" / "traces" / "bamboo" / "p3-trace.csv"
+    with pytest.raises(ValueError) as info:
+        plan_local_replay(iterations=1, agents=1, gpus_per_agent=1, trace=trace, trace_mode="full", time_scale=None, trace_start_s=0, trace_duration_s=100,
+                          seed=0, preemption_cycles=None, cycle_down_s=5, cycle_iteration_s=30)
+    msg = str(info.value)
+    assert "but 1 agent x 1 GPU hold 1: a full replay needs at least 32 agents of 1 GPU " in msg, msg

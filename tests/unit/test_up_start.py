@@ -33,6 +33,9 @@ def _up(*args: str):
         ("--grace-s", "nan", "--grace-s nan: must be >= 0 seconds"),
         ("--cycle-down-s", "-2", "--cycle-down-s -2: must be > 0 seconds"),
         ("--cycle-iteration-s", "0", "--cycle-iteration-s 0: must be > 0 seconds"),
+        ("--reserved", "127.0.0.1:abc", "--reserved 127.0.0.1:abc: expected HOST:PORT"),
+        ("--reserved", "garbage", "--reserved garbage: expected HOST:PORT"),
+        ("--tracker", "mlflow", "--tracker mlflow: choose from tensorboard, wandb, none"),
     ],
 )
 def test_a_bad_option_is_one_line_before_anything_is_written(tmp_path, flag, value, expected):
@@ -184,3 +187,40 @@ def test_resume_existing_of_a_finished_run_is_nothing_to_do_even_with_config(tmp
     assert res.exit_code == 0, res.output
     assert res.output.strip() == f"{rd} is finished (2/2 iterations): model in {rd / 'final'}, metrics in {rd / 'metrics.jsonl'}: nothing to do", res.output
     assert _snapshot_files(rd) == before
+
+
+def test_a_run_dir_or_keys_that_is_a_file_is_one_line_before_anything_is_printed(tmp_path):
+    """Was: the run header and the prompts, then `error: keys: [Errno 20] Not a directory`."""
+    f = tmp_path / "README.md"
+    f.write_text("not a run\n")
+    for args, flag in ((["--run-dir", str(f)], "--run-dir"), (["--run-dir", str(tmp_path / "run"), "--keys", str(f)], "--keys")):
+        res = _up("--local", "--config", TOY, *args)
+        assert res.exit_code == 2, res.output
+        assert res.output.strip().splitlines() == [f"error: {flag} {f}: not a directory"], res.output
+        assert f.read_text() == "not a run\n" and not (tmp_path / "run").exists()
+
+
+def test_a_tcp_reserved_address_is_accepted_as_the_agents_form_is():
+    from spotlight.cli.up import _check_options
+
+    assert _check_options(mock_cloud="none", reserved="tcp://127.0.0.1:5555", trace_mode="slice") == []
+
+
+def test_a_plain_start_on_a_finished_run_suggests_a_command_that_extends_it(tmp_path):
+    """Was: "continue it with spotlight up --resume RUN", which a finished run refuses."""
+    from spotlight.checkpoint import write_checkpoint
+
+    rd = tmp_path / "run"
+    rd.mkdir()
+    (rd / "config.toml").write_text(pathlib.Path(TOY).read_text().replace("\niterations = 20\n", "\niterations = 2\n"))
+    (rd / "metrics.jsonl").write_text('{"iteration": 0}\n{"iteration": 1}\n')
+    write_checkpoint(rd, 1, {"iteration": 2}, keep=2)
+    res = _up("--local", "--config", TOY, "--run-dir", str(rd))
+    assert res.exit_code == 2, res.output
+    (line,) = res.output.strip().splitlines()
+    assert f"spotlight up --resume {rd} --iterations N (N > 2)" in line, line
+    assert "continue it with" not in line
+    # an unfinished run still gets the plain --resume
+    (rd / "config.toml").write_text(pathlib.Path(TOY).read_text().replace("\niterations = 20\n", "\niterations = 5\n"))
+    res = _up("--local", "--config", TOY, "--run-dir", str(rd))
+    assert f"continue it with spotlight up --resume {rd} or" in res.output, res.output
