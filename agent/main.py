@@ -222,7 +222,7 @@ class AgentDaemon:
         self.workers_sock.bind(self.worker_endpoint)
         self.sched = NodeScheduler(self.node_id)
         self.procs: dict[str, subprocess.Popen] = {}
-        self.wcache = WeightCache(weights_dir or state_dir(self.node_id) / "weights", keep_versions=MAX_CACHED_WEIGHTS)
+        self.wcache = WeightCache(weights_dir or state_dir(self.node_id) / "weights", keep_versions=MAX_CACHED_WEIGHTS, clear=False)  # emptied once registered
         self.warm_spare = warm_spare
         self.spare: Spare | None = None
         self.spares_used = 0
@@ -253,6 +253,12 @@ class AgentDaemon:
         self.restarts = 0  # node restarts (restart reconfiguration)
         self.control = self.ctx.socket(zmq.REP)
         self.control.setsockopt(zmq.LINGER, 0)
+
+    def _take_node_state(self) -> None:
+        """Once registered: empty the node's weight cache and bind its control socket. Not
+        before: an agent refused because another live agent holds the node id (same host, same
+        state dir) must leave that agent's cached weights and control socket alone."""
+        self.wcache.remove_stale()
         ctl = control_endpoint(self.node_id)
         try:
             os.unlink(ctl[len("ipc://") :])
@@ -919,6 +925,7 @@ class AgentDaemon:
             self.register()
         except KeyboardInterrupt:
             raise StoppedWaiting(f"stopped by SIGINT while waiting for the coordinator at {self.endpoint}; nothing was started", 128 + signal.SIGINT) from None
+        self._take_node_state()
         if self.restart_mode and self.warm_spare:
             log.info("restart reconfiguration: no warm spare (workers restart cold)")
             self.warm_spare = False

@@ -392,6 +392,10 @@ def test_a_second_live_agent_is_refused_the_node_id_and_the_first_keeps_it(run, 
             mtype, body, _ = first.ask(P.Heartbeat(node_id="holder", session=session))
             assert mtype == P.MsgType.HEARTBEAT, body
         env = _env() | {"SPOTLIGHT_AGENT_STATE": str(tmp_path / "agent-state")}
+        held = tmp_path / "agent-state" / "holder"  # the live agent's files, were it on this host
+        (held / "weights").mkdir(parents=True)
+        (held / "weights" / "v0.safetensors").write_bytes(b"w")
+        (held / "control.sock").write_bytes(b"")
         cmd = [sys.executable, "-m", "agent.main", "join", "--coordinator", run.endpoint, "--keys", str(run.keys), "--key", "holder",
                "--node-id", "holder", "--gpus", "0", "--no-warm-spare", "--register-timeout-s", "60"]
         proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
@@ -399,6 +403,7 @@ def test_a_second_live_agent_is_refused_the_node_id_and_the_first_keeps_it(run, 
         lines = [line for line in proc.stderr.splitlines() if line.startswith("spotlight-agent:")]
         assert len(lines) == 1 and lines[0].startswith("spotlight-agent: error: node id holder is in use by another live agent (registered since "), proc.stderr[-3000:]
         assert lines[0].endswith("; pick another --node-id"), lines
+        assert (held / "weights" / "v0.safetensors").exists() and (held / "control.sock").exists()  # left alone
         mtype, body, _ = first.ask(P.Heartbeat(node_id="holder", session=session))
         assert mtype == P.MsgType.HEARTBEAT, body  # still the holder's session
         _, snap = run.status.sync()

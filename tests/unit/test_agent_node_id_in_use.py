@@ -56,6 +56,7 @@ def coordinator(tmp_path, monkeypatch):
         daemons.append(d)
         return d
 
+    make.state = tmp_path / "state" / "n"
     yield make, replies, seen
     stop.set()
     t.join()
@@ -76,8 +77,14 @@ def test_refused_then_holder_timed_out_gets_in(coordinator):
 def test_refused_twice_exits_78_with_one_line(coordinator):
     make, replies, seen = coordinator
     replies += [P.ErrorMsg(code="node_id_in_use", message=IN_USE, retry_after_s=0.3)] * 2
+    # the live agent's files on this host (same node id, same state dir)
+    (make.state / "weights").mkdir(parents=True)
+    (make.state / "weights" / "v3.safetensors").write_bytes(b"w")
+    (make.state / "control.sock").write_bytes(b"")
     with pytest.raises(NodeIdInUse) as exc:
         make().register()
+    assert (make.state / "weights" / "v3.safetensors").read_bytes() == b"w"  # the refused agent left them alone
+    assert (make.state / "control.sock").exists()
     assert exc.value.code == EXIT_NODE_ID_IN_USE == 78 and len(seen) == 2
     assert str(exc.value) == "node id n is in use by another live agent (registered since 12:00:00 UTC, 30s; last heard from 0.4s ago); pick another --node-id"
 
