@@ -19,6 +19,7 @@ import logging
 import os
 import pathlib
 import queue
+import secrets
 import signal
 import socket
 import subprocess
@@ -50,6 +51,10 @@ MAX_CACHED_WEIGHTS = 3
 # (EX_TEMPFAIL).  The systemd unit lists it in RestartPreventExitStatus: restarting the agent on
 # a VM that is going away cannot help; the replacement VM starts a fresh agent.
 EXIT_NODE_PREEMPTED = 75
+# Exit status of an agent refused because another live agent holds its node id (EX_CONFIG):
+# a configuration error (two agents started with the same --node-id) that a restart cannot fix,
+# so the systemd unit lists it in RestartPreventExitStatus too.
+EXIT_NODE_ID_IN_USE = 78
 # shutdown(): after the drain, workers get SIGTERM and together at most SHUTDOWN_TERM_WAIT_S to
 # exit, then SIGKILL and at most SHUTDOWN_KILL_WAIT_S to be reaped, whatever their number.
 SHUTDOWN_TERM_WAIT_S = 4.0
@@ -80,6 +85,23 @@ class NodePreempted(SystemExit):
 
     def __str__(self) -> str:
         return self.message
+
+
+class NodeIdInUse(SystemExit):
+    """The coordinator refused this agent: another live agent holds its node id (exit status 78)."""
+
+    def __init__(self, message: str):
+        super().__init__(EXIT_NODE_ID_IN_USE)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def node_id_in_use_line(node_id: str, message: str) -> str:
+    """The refused agent's one error line (``message``: the coordinator's ERROR text)."""
+    detail = message.split("is in use by another live agent", 1)[-1].strip() if "is in use by another live agent" in message else message
+    return f"node id {node_id} is in use by another live agent {detail}; pick another --node-id"
 
 
 class StoppedWaiting(SystemExit):
@@ -185,6 +207,9 @@ class AgentDaemon:
         # arrive in a burst after it restarts; a re-registration follows instead
         self.coord.setsockopt(zmq.IMMEDIATE, 1)
         apply_client(self.coord, keys)
+        # drawn once per process: a re-registration of this process (coordinator restart, lost
+        # connection) is the same agent; another process with the same node id is not
+        self.instance_id = secrets.token_hex(8)
         self.reconnecting = False
         self._next_register = 0.0
         self._register_backoff_s = 1.0
@@ -197,7 +222,7 @@ class AgentDaemon:
         self.workers_sock.bind(self.worker_endpoint)
         self.sched = NodeScheduler(self.node_id)
         self.procs: dict[str, subprocess.Popen] = {}
-        self.wcache = WeightCache(weights_dir or state_dir(self.node_id) / "weights", keep_versions=MAX_CACHED_WEIGHTS)
+        self.wcache = WeightCache(weights_dir or state_dir(self.node_id) / "weights", keep_versions=MAX_CACHED_WEIGHTS, clear=False)  # emptied once registered
         self.warm_spare = warm_spare
         self.spare: Spare | None = None
         self.spares_used = 0
@@ -228,6 +253,12 @@ class AgentDaemon:
         self.restarts = 0  # node restarts (restart reconfiguration)
         self.control = self.ctx.socket(zmq.REP)
         self.control.setsockopt(zmq.LINGER, 0)
+
+    def _take_node_state(self) -> None:
+        """Once registered: empty the node's weight cache and bind its control socket. Not
+        before: an agent refused because another live agent holds the node id (same host, same
+        state dir) must leave that agent's cached weights and control socket alone."""
+        self.wcache.remove_stale()
         ctl = control_endpoint(self.node_id)
         try:
             os.unlink(ctl[len("ipc://") :])
@@ -248,7 +279,7 @@ class AgentDaemon:
             return False
 
     def _register_msg(self) -> P.Register:
-        return P.Register(protocol_version=P.PROTOCOL_VERSION, node_id=self.node_id, gpus=self.gpus, is_spot=self.is_spot, hostname=socket.gethostname(), pid=os.getpid())
+        return P.Register(protocol_version=P.PROTOCOL_VERSION, node_id=self.node_id, gpus=self.gpus, is_spot=self.is_spot, hostname=socket.gethostname(), pid=os.getpid(), instance_id=self.instance_id)
 
     def _fetch_weights(self, requests: list[P.FetchWeights]) -> None:
         """Send the weight cache's chunk requests to the coordinator (stamped with our session)."""
@@ -298,6 +329,7 @@ class AgentDaemon:
         finally:
             self.coord.disable_monitor()
             monitor.close(linger=0)
+        waited_for_holder = False
         while time.monotonic() < deadline:
             self._check_stop_while_waiting()
             if not self.coord.poll(200):
@@ -313,6 +345,21 @@ class AgentDaemon:
                 self.wcache.window_chunks = body.weight_window_chunks
                 log.info("registered with %s as %s (%d GPUs, spot=%s)", self.endpoint, self.node_id, len(self.gpus), self.is_spot)
                 return body
+            if mtype == P.MsgType.ERROR and body.code == "node_id_in_use":
+                if 0 < body.retry_after_s < deadline - time.monotonic() and not waited_for_holder:
+                    # the holder may be this node's crashed agent (systemd restarted us): once it
+                    # has been silent past the heartbeat timeout the node id is free; a live
+                    # holder heartbeats meanwhile and the second REGISTER is refused too. (A wait
+                    # past --register-timeout-s is not made: the agent exits at once.)
+                    waited_for_holder = True
+                    log.warning("node id %s is in use by another agent (%s); trying once more in %.1fs in case that agent has died", self.node_id, body.message, body.retry_after_s)
+                    until = time.monotonic() + body.retry_after_s
+                    while time.monotonic() < until:
+                        self._check_stop_while_waiting()
+                        time.sleep(min(0.2, max(0.0, until - time.monotonic())))
+                    self._to_coord(self._register_msg())
+                    continue
+                raise NodeIdInUse(node_id_in_use_line(self.node_id, body.message))  # join() prints it
             if mtype == P.MsgType.ERROR:
                 raise SystemExit(f"coordinator refused registration: {body.code}: {body.message}")
         raise SystemExit(f"no answer from coordinator at {self.endpoint} within {self.register_timeout_s:g}s")
@@ -798,7 +845,14 @@ class AgentDaemon:
             self._stop_spare()
         elif mtype == P.MsgType.ERROR:
             log.error("coordinator error %s: %s", body.code, body.message)
-            if body.code in ("unknown_session", "not_registered") and not self.draining:
+            if body.code == "node_id_in_use" and not self.draining:
+                # this agent was silent past the heartbeat timeout and another agent process took
+                # the node id meanwhile: it owns the node now, so this one stops (no re-register loop)
+                log.error("%s: stopping this agent's workers and exiting with status %d", node_id_in_use_line(self.node_id, body.message), EXIT_NODE_ID_IN_USE)
+                self.exit_code = EXIT_NODE_ID_IN_USE
+                self.reconnecting = False
+                self.begin_drain("node id taken by another agent", grace_s=5.0)
+            elif body.code in ("unknown_session", "not_registered") and not self.draining:
                 # the coordinator restarted (or declared this node dead): re-register, keep workers
                 if not self.reconnecting:
                     log.warning("coordinator does not know this session (restarted?): re-registering; workers keep running")
@@ -871,6 +925,7 @@ class AgentDaemon:
             self.register()
         except KeyboardInterrupt:
             raise StoppedWaiting(f"stopped by SIGINT while waiting for the coordinator at {self.endpoint}; nothing was started", 128 + signal.SIGINT) from None
+        self._take_node_state()
         if self.restart_mode and self.warm_spare:
             log.info("restart reconfiguration: no warm spare (workers restart cold)")
             self.warm_spare = False
@@ -1005,6 +1060,10 @@ def join(
     A spot agent first polls its cloud's metadata once: if this VM already has an active
     preemption notice (for example after a drain, when systemd restarts the agent), it does not
     join and exits with status 75 (the units' RestartPreventExitStatus), without draining again.
+    If another live agent holds the same --node-id, the coordinator refuses this one, which exits
+    with status 78 (also in RestartPreventExitStatus) after one more try once that agent's
+    heartbeats would have timed out, if that is within --register-timeout-s (so a crashed agent
+    restarted by systemd gets in then).
     """
     try:
         configure_logging(f"agent[{node_id}]" if node_id else "agent", f"agent-{node_id}" if node_id else None, level=log_level, log_file=str(log_file) if log_file else None)
@@ -1037,6 +1096,9 @@ def join(
         rc = daemon.run()
     except StoppedWaiting as exc:
         typer.echo(f"spotlight-agent: {exc}", err=True)
+        rc = exc.code
+    except NodeIdInUse as exc:
+        typer.echo(f"spotlight-agent: error: {exc}", err=True)
         rc = exc.code
     except SystemExit as exc:  # the daemon's one-line reasons (no answer, refused key): the CLI's error style
         if not isinstance(exc.code, str):

@@ -45,8 +45,8 @@ class _Download:
 
 class WeightCache:
     """Args:
-        directory: where version files live (created; emptied: files from an earlier agent
-            may belong to another run).
+        directory: where version files live (created; emptied, see ``clear``: files from an
+            earlier agent may belong to another run).
         keep_versions: complete versions kept; older ones are deleted (a worker that mapped
             one keeps reading it: the kernel keeps the inode until it unmaps).
         window_chunks: chunks requested and not yet received, per version.
@@ -56,16 +56,23 @@ class WeightCache:
     node id and session: the caller stamps them).
     """
 
-    def __init__(self, directory: pathlib.Path | str, *, keep_versions: int = 3, window_chunks: int = 4, retry_s: float = 10.0):
+    def __init__(self, directory: pathlib.Path | str, *, keep_versions: int = 3, window_chunks: int = 4, retry_s: float = 10.0, clear: bool = True):
         self.dir = pathlib.Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        for stale in list(self.dir.glob("v*.safetensors")) + list(self.dir.glob("v*.safetensors.part")):
-            stale.unlink(missing_ok=True)
+        if clear:
+            self.remove_stale()
         self.keep_versions = keep_versions
         self.window_chunks = window_chunks
         self.retry_s = retry_s
         self.complete: dict[int, P.Weights] = {}  # version -> its header (what workers are told)
         self.downloads: dict[int, _Download] = {}
+
+    def remove_stale(self) -> None:
+        """Delete the version files in the directory (the constructor does, unless ``clear=False``:
+        the agent waits until it is registered, so a refused second agent of the same node id
+        leaves the live agent's files alone)."""
+        for stale in list(self.dir.glob("v*.safetensors")) + list(self.dir.glob("v*.safetensors.part")):
+            stale.unlink(missing_ok=True)
 
     def path(self, version: int) -> pathlib.Path:
         """The file of ``version`` in the cache (``<dir>/v<version>.safetensors``)."""

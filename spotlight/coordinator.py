@@ -90,9 +90,10 @@ as it is on the wire, which CURVE makes a few dozen bytes longer than its plaint
 class Rejected(SpotlightError):
     """A message refused by validation or authorization: becomes an ERROR reply with ``code``."""
 
-    def __init__(self, code: str, message: str):
+    def __init__(self, code: str, message: str, *, retry_after_s: float = 0.0):
         super().__init__(message)
         self.code = code
+        self.retry_after_s = retry_after_s
 
 
 @dataclasses.dataclass
@@ -201,6 +202,7 @@ class Coordinator:
         self._allow_list_mtime = 0.0
         self.sched = RequestScheduler(cfg.cluster.lease_timeout_s)
         self.instances = InstanceManager(cfg.cluster.heartbeat_timeout_s)
+        self._clashes: set[tuple[str, str, str]] = set()  # (node id, holder's, claimant's instance id) refused and logged
         self.store = TensorStore(self.run_dir / "tensor_store", memory_max_bytes=cfg.cluster.weight_memory_max_bytes)
         self.seed_bank = SeedBank(cfg.run.seed, cfg.data.group_size)
         self.reward_fn = RewardFn(cfg.reward)
@@ -372,16 +374,17 @@ class Coordinator:
         ident = self.trainer_ids.get(rank)
         return ident is not None and self.server.send(TRAINER, ident, msg, frames)
 
-    def error_to(self, identity: bytes, code: str, message: str, channel: str = PUBLIC) -> None:
+    def error_to(self, identity: bytes, code: str, message: str, channel: str = PUBLIC, *, retry_after_s: float = 0.0) -> None:
         """One log line and an ERROR reply; nothing else changes (DESIGN §9)."""
         self.rejected += 1
         peer = self.peers.get(identity)
         who = f"{peer.principal.id}" + (f" node {peer.node_id}" if peer and peer.node_id else "") if peer else "?"
         # an agent of an earlier coordinator (resume) or a forgotten session heartbeats until it
         # re-registers, which the ERROR reply makes it do: expected, so INFO; the rest is ERROR
-        level = logging.INFO if code == "unknown_session" else logging.ERROR
+        # node_id_in_use: on_register logs each clash once at WARNING, not each refused REGISTER
+        level = logging.INFO if code in ("unknown_session", "node_id_in_use") else logging.ERROR
         log.log(level, "rejected message from %r (%s): %s: %s", identity, who, code, message[:300])
-        self.server.send(channel, identity, P.ErrorMsg(code=code, message=message[:1000]))
+        self.server.send(channel, identity, P.ErrorMsg(code=code, message=message[:1000], retry_after_s=retry_after_s))
 
     # ------------------------------------------------------------ trainer processes
     def start_trainers(self) -> None:
@@ -418,7 +421,7 @@ class Coordinator:
         try:
             self._dispatch(msg, time.monotonic())
         except Rejected as exc:
-            self.error_to(rid, exc.code, str(exc), msg.channel)
+            self.error_to(rid, exc.code, str(exc), msg.channel, retry_after_s=exc.retry_after_s)
         except Exception as exc:  # a handler bug must not stop the run: report and carry on
             self.handler_errors += 1
             log.error("internal error handling %s from %r: %s: %s", msg.mtype.name, rid, type(exc).__name__, exc, exc_info=self.handler_errors <= 3)
@@ -472,16 +475,31 @@ class Coordinator:
         old_peer = self.peers.get(identity)
         if old_peer is not None and old_peer.node_id not in (None, body.node_id):
             raise Rejected("bad_request", f"this connection is already node {old_peer.node_id!r}")
+        claim = self.instances.claim(body.node_id, body.instance_id, now)
+        if not claim.accepted:
+            since = time.strftime("%H:%M:%S UTC", time.gmtime(time.time() - (now - claim.alive_since)))
+            text = (f"node id {body.node_id} is in use by another live agent (registered since {since}, "
+                    f"{now - claim.alive_since:.0f}s; last heard from {claim.silent_s:.1f}s ago)")
+            clash = (body.node_id, claim.holder_instance, body.instance_id)
+            if clash not in self._clashes:  # once per clash, however often the claimant retries
+                self._clashes.add(clash)
+                who = f"{body.hostname or '?'} pid {body.pid}" if body.pid else (body.hostname or "?")
+                log.warning("refused a second agent (%s, key %s) claiming %s; the running agent keeps the node", who, principal.id, text)
+                self.events.append(now, "refused", body.node_id, f"node id in use: a second agent ({who}) was refused")
+            raise Rejected("node_id_in_use", text, retry_after_s=claim.retry_after_s + 0.5)
         # ---- accepted: from here on state changes
         self.node_owner[body.node_id] = principal.id
         old_route = self.node_route.get(body.node_id)
+        if claim.decision == "replaces_silent":
+            log.warning("node %s registered by a new agent process: the previous one was silent for %.1fs (over cluster.heartbeat_timeout_s) and is replaced", body.node_id, claim.silent_s)
         if old_route is not None and old_route != identity:
             self.peers.pop(old_route, None)  # a restarted agent: its old connection speaks no more
-            log.warning("node %s re-registered from a new connection: its previous session is replaced", body.node_id)
+            if claim.decision != "replaces_silent":
+                log.warning("node %s re-registered from a new connection: its previous session is replaced", body.node_id)
         self.peers[identity] = Peer(principal, body.node_id)
         self.node_route[body.node_id] = identity
         session = secrets.token_hex(8)
-        stale = self.instances.register(body.node_id, session, gpus, body.is_spot, now, host="" if body.is_spot else body.hostname)
+        stale = self.instances.register(body.node_id, session, gpus, body.is_spot, now, host="" if body.is_spot else body.hostname, instance_id=body.instance_id)
         for wid in stale:
             self.sched.release_worker(wid, reason="agent re-registered", now=now)
             self.core.busy.gone(wid, now)

@@ -53,10 +53,41 @@ class NodeRecord:
     host: str = ""
     """Billing host ("" = the node is its own host): GPUs of nodes and holds that name the
     same host and index are one GPU, billed once."""
+    instance_id: str = ""
+    """The agent process's random id from REGISTER ("" = an agent that sends none)."""
 
     @property
     def num_gpus(self) -> int:
         return len(self.gpus)
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    """What :meth:`InstanceManager.claim` decided about a REGISTER for a node id.
+
+    ``decision``:
+
+    * ``"new"`` -- no live session holds the node id;
+    * ``"same"`` -- the holder is the same agent process (same instance id, or one side sent
+      none: agents that predate instance ids re-register as before): it reconnects;
+    * ``"replaces_silent"`` -- another agent process, but the holder has not been heard from for
+      longer than the heartbeat timeout: it is gone, the claimant takes the node id;
+    * ``"in_use"`` -- another agent process while the holder is alive: refuse the claimant.
+
+    ``alive_since`` / ``silent_s`` describe the holder (registration time on the caller's clock,
+    seconds since it was last heard from; 0 without a holder); ``retry_after_s`` (``in_use``
+    only) is how long the holder must stay silent before a claim would succeed.
+    """
+
+    decision: str
+    holder_instance: str = ""
+    alive_since: float = 0.0
+    silent_s: float = 0.0
+    retry_after_s: float = 0.0
+
+    @property
+    def accepted(self) -> bool:
+        return self.decision != "in_use"
 
 
 SPOT_EVENT_KEYS = ("notices", "revocations", "additions")
@@ -161,16 +192,33 @@ class InstanceManager:
         self.integrate(now)
         self._held.pop(holder, None)
 
-    def register(self, node_id: str, session: str, gpus: list[int], is_spot: bool, now: float, *, host: str = "") -> list[str]:
+    def claim(self, node_id: str, instance_id: str, now: float) -> Claim:
+        """May the agent process ``instance_id`` register as ``node_id`` at ``now``? Changes
+        nothing (see :class:`Claim`). A live holder is one heard from within the heartbeat
+        timeout, the same bound :meth:`reap` uses: a crashed agent's node id is free again once
+        its heartbeats time out, while a second live agent with the same id is refused."""
+        rec = self.nodes.get(node_id)
+        if rec is None or rec.status == NodeStatus.DEAD:
+            return Claim("new")
+        silent_s = max(0.0, now - rec.last_seen)
+        held = dict(holder_instance=rec.instance_id, alive_since=rec.registered_at, silent_s=silent_s)
+        if not instance_id or not rec.instance_id or instance_id == rec.instance_id:
+            return Claim("same", **held)
+        if silent_s > self.heartbeat_timeout_s:
+            return Claim("replaces_silent", **held)
+        return Claim("in_use", retry_after_s=self.heartbeat_timeout_s - silent_s, **held)
+
+    def register(self, node_id: str, session: str, gpus: list[int], is_spot: bool, now: float, *, host: str = "", instance_id: str = "") -> list[str]:
         """Add (or replace) a node. Returns worker ids of a previous session of the same
         node id, which the caller must treat as dead (their leases are re-enqueued).
-        ``host``: billing host (see :class:`NodeRecord`; "" = its own)."""
+        ``host``: billing host (see :class:`NodeRecord`; "" = its own). ``instance_id``: the
+        agent process's id (:meth:`claim` decides whether it may replace a live holder)."""
         self.integrate(now)
         old = self.nodes.get(node_id)
         stale = list(old.workers) if old is not None and old.status != NodeStatus.DEAD else []
         if old is not None and old.status != NodeStatus.DEAD and old.is_spot:
             self._counts["revocations"] += old.num_gpus  # the previous session's GPUs are gone
-        rec = NodeRecord(node_id, session, list(gpus), is_spot, now, now, host=host)
+        rec = NodeRecord(node_id, session, list(gpus), is_spot, now, now, host=host, instance_id=instance_id)
         rec.history.append((NodeStatus.ALIVE, now, "registered"))
         if is_spot:
             self._counts["additions"] += len(rec.gpus)

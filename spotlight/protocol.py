@@ -136,6 +136,11 @@ class Register(_Msg, kw_only=True):
     is_spot: bool = True
     hostname: Text = ""
     pid: Count = 0
+    instance_id: Annotated[str, Meta(max_length=64)] = ""
+    """Random id the agent process draws once at start and sends in every REGISTER: the same
+    id = the same agent reconnecting; another id while the node id's session is alive = a
+    second agent claiming a node id in use (refused, ``node_id_in_use``). "" = an agent that
+    predates it (re-registers as before)."""
 
 
 class Registered(_Msg, kw_only=True):
@@ -209,6 +214,9 @@ class Bye(_Msg, kw_only=True):
 class ErrorMsg(_Msg, kw_only=True):
     code: str
     message: str
+    retry_after_s: float = 0.0
+    """``node_id_in_use``: seconds the current holder must stay silent before the node id is
+    free (a crashed agent's restart may try once more after them); 0 = not given."""
 
 
 class Shutdown(_Msg, kw_only=True):

@@ -89,7 +89,7 @@ class Run:
         self.rd = tmp / "run"
         self.keys = self.rd / "keys"
         init_keys(self.keys)
-        for name in ("victim", "attacker", "attacker2", "restarter", "fuzz"):
+        for name in ("victim", "attacker", "attacker2", "restarter", "holder", "fuzz"):
             add_client(self.keys, "agent", name)
         add_client(self.keys, "status", "local")
         cfg = tmp / "config.toml"
@@ -366,6 +366,61 @@ def test_restarted_agent_with_the_same_node_id_takes_over(run, victim):
     finally:
         old.close()
         new.close()
+
+
+def test_a_second_live_agent_is_refused_the_node_id_and_the_first_keeps_it(run, victim, tmp_path):
+    """A second agent process started with the node id of a live agent (same key): every
+    REGISTER it sends is refused with node_id_in_use, logged and recorded once per clash, while
+    the live agent keeps its session (before, each took the node from the other every second);
+    a real `spotlight-agent join` refused so exits with one error line and status 78. The live
+    agent reconnecting from a new connection (same instance id) is still accepted."""
+    from agent.main import EXIT_NODE_ID_IN_USE
+
+    def reg(instance_id: str) -> P.Register:
+        return P.Register(protocol_version=P.PROTOCOL_VERSION, node_id="holder", gpus=[0], hostname="h", pid=4242, instance_id=instance_id)
+
+    first, second, back = (Client(run.endpoint, run.key("holder")) for _ in range(3))
+    try:
+        mtype, body, _ = first.ask(reg("a" * 16))
+        assert mtype == P.MsgType.REGISTERED, body
+        session = body.session
+        for _ in range(3):  # the second agent retries: refused each time, the holder untouched
+            mtype, body, _ = second.ask(reg("b" * 16))
+            assert mtype == P.MsgType.ERROR and body.code == "node_id_in_use", body
+            assert "node id holder is in use by another live agent" in body.message and "registered since" in body.message, body
+            assert body.retry_after_s > 0
+            mtype, body, _ = first.ask(P.Heartbeat(node_id="holder", session=session))
+            assert mtype == P.MsgType.HEARTBEAT, body
+        env = _env() | {"SPOTLIGHT_AGENT_STATE": str(tmp_path / "agent-state")}
+        held = tmp_path / "agent-state" / "holder"  # the live agent's files, were it on this host
+        (held / "weights").mkdir(parents=True)
+        (held / "weights" / "v0.safetensors").write_bytes(b"w")
+        (held / "control.sock").write_bytes(b"")
+        cmd = [sys.executable, "-m", "agent.main", "join", "--coordinator", run.endpoint, "--keys", str(run.keys), "--key", "holder",
+               "--node-id", "holder", "--gpus", "0", "--no-warm-spare", "--register-timeout-s", "60"]
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == EXIT_NODE_ID_IN_USE, proc.stderr[-3000:]
+        lines = [line for line in proc.stderr.splitlines() if line.startswith("spotlight-agent:")]
+        assert len(lines) == 1 and lines[0].startswith("spotlight-agent: error: node id holder is in use by another live agent (registered since "), proc.stderr[-3000:]
+        assert lines[0].endswith("; pick another --node-id"), lines
+        assert (held / "weights" / "v0.safetensors").exists() and (held / "control.sock").exists()  # left alone
+        mtype, body, _ = first.ask(P.Heartbeat(node_id="holder", session=session))
+        assert mtype == P.MsgType.HEARTBEAT, body  # still the holder's session
+        _, snap = run.status.sync()
+        assert [n["status"] for n in snap["nodes"] if n["node_id"] == "holder"] == ["alive"]
+        refused = [e for e in snap["events"] if e["node"] == "holder" and e["kind"] == "refused"]
+        assert len(refused) == 2, snap["events"]  # one per clash: the 3 REGISTERs above, the agent process
+        assert [e["kind"] for e in snap["events"] if e["node"] == "holder"].count("join") == 1
+        run.err.flush()
+        assert run.err_path.read_text().count("refused a second agent") == 2
+        # the holder itself reconnecting (lost connection, coordinator restart): accepted as before
+        mtype, body, _ = back.ask(reg("a" * 16))
+        assert mtype == P.MsgType.REGISTERED, body
+        mtype, body, _ = back.ask(P.Heartbeat(node_id="holder", session=body.session))
+        assert mtype == P.MsgType.HEARTBEAT, body
+    finally:
+        for c in (first, second, back):
+            c.close()
 
 
 # ---------------------------------------------------------------- fuzz

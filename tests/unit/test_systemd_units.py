@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from agent.main import EXIT_NODE_PREEMPTED, SHUTDOWN_BOUND_S
+from agent.main import EXIT_NODE_ID_IN_USE, EXIT_NODE_PREEMPTED, SHUTDOWN_BOUND_S
 
 UNITS = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "systemd"
 COORD_EXEC = ("/opt/spotlight/.venv/bin/spotlight up --config /etc/spotlight/run.toml --reserved 0.0.0.0:7400 "
@@ -72,6 +72,7 @@ def test_agent_stop_time_fits_timeout_and_preempted_exit_is_not_restarted():
     timeout = float(one(svc, "TimeoutStopSec"))
     assert grace + SHUTDOWN_BOUND_S < timeout <= 30  # GCP: 30 s from soft-off to hard-off
     assert str(EXIT_NODE_PREEMPTED) in one(svc, "RestartPreventExitStatus").split()
+    assert str(EXIT_NODE_ID_IN_USE) in one(svc, "RestartPreventExitStatus").split()  # a second agent with a node id in use
     assert one(svc, "Restart") == "always" and one(svc, "KillMode") == "mixed"
 
 
