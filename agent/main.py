@@ -76,26 +76,29 @@ SPARE_RETRY_S = 5.0
 SPARE_MAX_FAILURES = 3
 
 
-class NodePreempted(SystemExit):
+class _ExitWithLine(SystemExit):
+    """An exit with a fixed status (``status``) and a one-line reason (``str()``)."""
+
+    status = 1
+
+    def __init__(self, message: str):
+        super().__init__(self.status)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class NodePreempted(_ExitWithLine):
     """The agent refuses to join: this VM has an active preemption notice (exit status 75)."""
 
-    def __init__(self, message: str):
-        super().__init__(EXIT_NODE_PREEMPTED)
-        self.message = message
-
-    def __str__(self) -> str:
-        return self.message
+    status = EXIT_NODE_PREEMPTED
 
 
-class NodeIdInUse(SystemExit):
+class NodeIdInUse(_ExitWithLine):
     """The coordinator refused this agent: another live agent holds its node id (exit status 78)."""
 
-    def __init__(self, message: str):
-        super().__init__(EXIT_NODE_ID_IN_USE)
-        self.message = message
-
-    def __str__(self) -> str:
-        return self.message
+    status = EXIT_NODE_ID_IN_USE
 
 
 def node_id_in_use_line(node_id: str, message: str) -> str:
