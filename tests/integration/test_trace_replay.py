@@ -86,7 +86,7 @@ def test_replay_options_refused_with_one_line_before_anything_starts(tmp_path):
     preemption cycles that overlap are refused by name; nothing is started or written."""
     p3 = REPO / "examples" / "traces" / "bamboo" / "p3-trace.csv"
     for extra, want in (
-        (("--trace", str(p3), "--trace-mode", "full", "--agents", "2"), "at least 32 agents of 1 GPUs"),
+        (("--trace", str(p3), "--trace-mode", "full", "--agents", "2"), "at least 32 agents of 1 GPU (or slice the trace)"),
         (("--preemption-cycles", "8", "--cycle-down-s", "5"), "--preemption-cycles 8: 8 cycles of 5.0s per 30.0s iteration overlap"),
     ):
         rd, proc = _up(tmp_path, *extra)
