@@ -69,7 +69,7 @@ class TraceDriver(threading.Thread):
         self.applied: list[dict] = []
         self.node_ready = node_ready
         self._waiting: list = []  # due actions not applied yet (their agent has not registered), in order
-        self._announced: set[int] = set()  # ids of waiting actions already logged
+        self._announced: set = set()  # waiting actions already logged (dropped once applied)
 
     def _node_id(self, agent: int) -> str:
         k = self.restarts.get(agent, 0)
@@ -144,12 +144,13 @@ class TraceDriver(threading.Thread):
         waiting = []
         for action in self._waiting:
             if action.agent in held or not self._ready(action.agent):
-                if action.agent not in held and id(action) not in self._announced:
-                    self._announced.add(id(action))
+                if action.agent not in held and action not in self._announced:
+                    self._announced.add(action)
                     log.info("trace: %s on agent %d waits until %s registers", action.kind, action.agent, self.node_of_agent.get(action.agent))
                 held.add(action.agent)
                 waiting.append(action)
                 continue
+            self._announced.discard(action)
             try:
                 self.apply(action)
             except Exception as exc:  # keep replaying; the run must not die on one action

@@ -220,6 +220,7 @@ def _check_options(*, mock_cloud: str, reserved: str, trace_mode: str, local: bo
     """One-line problems with ``spotlight up``'s plain options, found before anything starts
     or is written (an empty list: none). ``dirs``: ``(flag, path)`` of options naming a
     directory (``--run-dir``, ``--keys``): one that exists as something else is refused."""
+    from spotlight.endpoints import parse_host_port
     from spotlight.mock_metadata import CLOUDS
     from spotlight.replay_plan import TRACE_MODES
     from spotlight.tracking import KINDS
@@ -227,13 +228,11 @@ def _check_options(*, mock_cloud: str, reserved: str, trace_mode: str, local: bo
     problems = []
     if not local:  # options that only mean something for local agents are refused, not ignored
         problems += [f"{flag} needs --local" for flag, given in (("--agents", agents is not None), ("--mock-cloud", mock_cloud != "none")) if given]
-    for flag, value, low in (("--timeout-s", timeout_s, "> 0"), ("--grace-s", grace_s, ">= 0"), ("--cycle-down-s", cycle_down_s, "> 0"), ("--cycle-iteration-s", cycle_iteration_s, "> 0")):
-        if value is not None and not (value >= 0 if low == ">= 0" else value > 0):  # NaN fails both
-            problems.append(f"{flag} {value:g}: must be {low} seconds")
+    for flag, value, zero_ok in (("--timeout-s", timeout_s, False), ("--grace-s", grace_s, True), ("--cycle-down-s", cycle_down_s, False), ("--cycle-iteration-s", cycle_iteration_s, False)):
+        if value is not None and not (value >= 0 if zero_ok else value > 0):  # NaN fails both
+            problems.append(f"{flag} {value:g}: must be {'>=' if zero_ok else '>'} 0 seconds")
     if mock_cloud not in (*CLOUDS, "none"):
         problems.append(f"--mock-cloud {mock_cloud}: choose from {', '.join(CLOUDS)}, none")
-    from spotlight.endpoints import parse_host_port
-
     try:
         parse_host_port(reserved, flag="--reserved", any_port=True)
     except ValueError as exc:

@@ -14,7 +14,6 @@ import os
 import pathlib
 import subprocess
 import sys
-import time
 
 from spotlight.config import EXAMPLES_DIR, dump_config, load_config
 from tests.integration.accounting import assert_each_request_ended_once
@@ -31,15 +30,8 @@ def _agent(state_dir: str, *args: str) -> dict:
 
 
 def _wait(pred, timeout_s: float, what: str, proc=None):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"run exited (code {proc.returncode}) while waiting for {what}")
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
+    """:func:`wait_until` on ``pred``, failing early if the run ``proc`` exits."""
+    return wait_until(pred, what, timeout_s=timeout_s, interval_s=0.3, alive=None if proc is None else lambda: proc.poll() is None)
 
 
 def test_sp_2_to_1_to_2_loses_nothing(tmp_path):

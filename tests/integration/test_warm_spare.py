@@ -38,6 +38,7 @@ from spotlight.models.dit import build_transformer
 from spotlight.security import Authenticator, add_client, apply_server, init_keys, load_server_keys
 from spotlight.tensor_wire import pack_tensors, save_version, unpack_tensors
 from spotlight.weight_sync import ServedVersion, WeightSyncError
+from tests.integration.waiting import wait_until
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 WAIT_S = 300
@@ -117,15 +118,8 @@ def _control(node_id: str, request: dict) -> dict:
 
 
 def _wait(pred, what: str, proc: subprocess.Popen, timeout_s: float = WAIT_S):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        if proc.poll() is not None:
-            raise AssertionError(f"the agent exited ({proc.returncode}) while waiting for {what}")
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+    """:func:`wait_until` on ``pred``, failing early if the agent ``proc`` exits."""
+    return wait_until(pred, what, timeout_s=timeout_s, alive=lambda: proc.poll() is None)
 
 
 def _gone(pid: int) -> bool:
