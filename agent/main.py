@@ -37,10 +37,10 @@ from agent.node_scheduler import NodeScheduler, WorkerStatus
 from agent.weight_cache import WeightCache
 from agent.preemption import Detector, NoticeLedger, NullDetector, PreemptionNotice, active_node_notice, make_detector, revoke_notice, sigterm_notice
 from spotlight import protocol as P
-from spotlight.agent_paths import control_endpoint, state_dir
-from spotlight.procs import configure_logging, scrubbed_env, spawn_logged
-from spotlight.security import ClientKeys, KeysError, apply_client, load_client_keys
-from spotlight.workers.spare import EXIT_SPARE_UNUSABLE
+from spotlight.net.agent_paths import control_endpoint, state_dir
+from spotlight.util.procs import configure_logging, scrubbed_env, spawn_logged
+from spotlight.net.security import ClientKeys, KeysError, apply_client, load_client_keys
+from spotlight.workers.rollout.spare import EXIT_SPARE_UNUSABLE
 
 log = logging.getLogger("spotlight.agent")
 
@@ -60,10 +60,10 @@ EXIT_NODE_ID_IN_USE = 78
 SHUTDOWN_TERM_WAIT_S = 4.0
 SHUTDOWN_KILL_WAIT_S = 1.0
 # Upper bound of shutdown() (seconds): Azure acknowledgement (detector timeout 2 s, at most twice
-# that with spotlight.http_limits) + both waits + 1 s ZeroMQ linger for the Bye.  The systemd
+# that with spotlight.net.http_limits) + both waits + 1 s ZeroMQ linger for the Bye.  The systemd
 # unit's TimeoutStopSec must exceed --grace-s + this (tests/unit/test_systemd_units.py).
 SHUTDOWN_BOUND_S = 2 * 2.0 + SHUTDOWN_TERM_WAIT_S + SHUTDOWN_KILL_WAIT_S + 1.0
-# Warm spare (spotlight/workers/spare.py): the first one starts once the initial workers said
+# Warm spare (spotlight/workers/rollout/spare.py): the first one starts once the initial workers said
 # hello (or after SPARE_FIRST_WAIT_S), so its imports do not slow the node's cold start; a taken
 # spare is replaced as soon as the worker it became is serving (its group reported
 # GROUP_FORMED; at SP 1 its hello), at the latest SPARE_REPLACE_MAX_WAIT_S after the take, so the
@@ -130,7 +130,7 @@ def _root() -> None:
 
 @dataclasses.dataclass
 class Spare:
-    """The node's warm spare process (``python -m spotlight.workers.spare``)."""
+    """The node's warm spare process (``python -m spotlight.workers.rollout.spare``)."""
 
     proc: subprocess.Popen
     ready_fd: int
@@ -176,7 +176,7 @@ class AgentDaemon:
         node_id: unique node id (default: hostname-pid).
         is_spot: False for the reserved node's own rollout workers.
         keys: this node's CURVE keys and the coordinator's public key
-            (:func:`spotlight.security.load_client_keys`); every byte to the coordinator is
+            (:func:`spotlight.net.security.load_client_keys`); every byte to the coordinator is
             encrypted and authenticated with them.
         register_timeout_s: give up if the coordinator does not answer the first REGISTER.
         coordinator_timeout_s: after this long without a word from the coordinator, stop the
@@ -186,7 +186,7 @@ class AgentDaemon:
         warm_spare: keep one pre-started spare worker process (torch, diffusers and the worker
             modules imported, no GPU touched) that becomes the next worker when a GPU is
             granted or a worker must be replaced, so that costs no process start (paper
-            §4.4; ``spotlight.workers.spare``). It dies with the agent.
+            §4.4; ``spotlight.workers.rollout.spare``). It dies with the agent.
         weights_dir: the node's weight-version cache (one file per version, emptied at start;
             default ``<state dir>/weights``): a local disk with room for
             :data:`MAX_CACHED_WEIGHTS` versions.
@@ -405,7 +405,7 @@ class AgentDaemon:
             self._replace_after = (slot.worker_id, time.monotonic() + SPARE_REPLACE_MAX_WAIT_S)
             log.info("worker %s: the warm spare (pid %d) takes GPUs %s", slot.worker_id, spare.proc.pid, gpus)
             return slot.worker_id
-        cmd = [sys.executable, "-m", "spotlight.workers.rollout_worker", "--agent", self.worker_endpoint, "--worker-id", slot.worker_id, "--gpus", ",".join(map(str, gpus)), "--config-json", self._worker_conf_json()]
+        cmd = [sys.executable, "-m", "spotlight.workers.rollout.worker", "--agent", self.worker_endpoint, "--worker-id", slot.worker_id, "--gpus", ",".join(map(str, gpus)), "--config-json", self._worker_conf_json()]
         self.procs[slot.worker_id] = spawn_logged(cmd, f"worker-{slot.worker_id}", env=env, preexec_fn=self._preexec())
         log.info("spawned worker %s (pid %d)", slot.worker_id, self.procs[slot.worker_id].pid)
         return slot.worker_id
@@ -435,7 +435,7 @@ class AgentDaemon:
         log.info("started warm spare (pid %d)", proc.pid)
 
     def _spare_cmd(self, conf_json: str, ready_fd: int) -> list[str]:
-        return [sys.executable, "-m", "spotlight.workers.spare", "--agent", self.worker_endpoint, "--config-json", conf_json, "--ready-fd", str(ready_fd), "--parent-pid", str(os.getpid())]
+        return [sys.executable, "-m", "spotlight.workers.rollout.spare", "--agent", self.worker_endpoint, "--config-json", conf_json, "--ready-fd", str(ready_fd), "--parent-pid", str(os.getpid())]
 
     def _take_spare(self) -> Spare | None:
         """The live spare, handed over (None if there is none or it was started for another
@@ -1072,7 +1072,7 @@ def join(
         configure_logging(f"agent[{node_id}]" if node_id else "agent", f"agent-{node_id}" if node_id else None, level=log_level, log_file=str(log_file) if log_file else None)
     except (ValueError, OSError) as exc:
         raise typer.BadParameter(str(exc), param_hint="--log-level/--log-file") from None
-    from spotlight.endpoints import tcp_endpoint
+    from spotlight.net.endpoints import tcp_endpoint
 
     try:  # checked before anything connects: one line, exit status 2
         coordinator = tcp_endpoint(coordinator)
@@ -1160,7 +1160,7 @@ _STATE_DIR_HELP = "Agent state directory (default $SPOTLIGHT_AGENT_STATE or ~/.l
 def _control(node_id: str, request: dict, timeout_s: float = 5.0, state_dir_opt: Optional[pathlib.Path] = None) -> dict:
     """Send ``request`` to the local agent ``node_id``'s control socket and return its reply.
     A missing state directory is reported (exit 2), never created; no answer: exit 1."""
-    from spotlight.agent_paths import state_root
+    from spotlight.net.agent_paths import state_root
 
     if state_dir_opt is not None:
         os.environ["SPOTLIGHT_AGENT_STATE"] = str(state_dir_opt)
@@ -1230,7 +1230,7 @@ def agent_status(
 
 
 def main() -> None:
-    from spotlight.cli_run import main_of
+    from spotlight.util.cli_run import main_of
 
     main_of(app, "spotlight-agent: error:")
 

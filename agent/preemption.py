@@ -39,7 +39,7 @@ from typing import Any, Protocol
 
 import requests
 
-from spotlight.http_limits import DeadlineExceeded, ResponseTooLarge, bounded_request
+from spotlight.net.http_limits import DeadlineExceeded, ResponseTooLarge, bounded_request
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +184,7 @@ def _send(session: requests.Session, cloud: str, method: str, url: str, what: st
           timeout: float | tuple[float, float], **kw: Any) -> requests.Response:
     """One HTTP request, whole answer within ``timeout`` seconds overall (the second element of
     a tuple: the long-poll bound), body at most :data:`METADATA_MAX_BYTES`; a server that
-    trickles its answer is cut off at that deadline (``spotlight.http_limits``).  Transport
+    trickles its answer is cut off at that deadline (``spotlight.net.http_limits``).  Transport
     failures, the deadline and the size cap become :class:`_DetectorError`."""
     total = timeout if isinstance(timeout, (int, float)) else timeout[1]
     try:

@@ -23,7 +23,7 @@ import logging
 import pathlib
 
 from spotlight import protocol as P
-from spotlight.weight_sync import ChunkReceiver, WeightSyncError
+from spotlight.store.weight_sync import ChunkReceiver, WeightSyncError
 
 log = logging.getLogger("spotlight.agent.weights")
 

@@ -114,7 +114,7 @@ def simulate_policies(names: list[str], *, trace: str | pathlib.Path | None = BA
     """
     from spotlight.sim.profile import load_profile
     from spotlight.sim.simulator import simulate
-    from spotlight.sim.trace_actions import trace_actions
+    from spotlight.traces.actions import trace_actions
 
     prof = profile or load_profile()
     actions = None

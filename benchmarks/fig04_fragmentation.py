@@ -5,7 +5,7 @@ A live GPU is *fragmented* when its node cannot host a complete SP group (paper 
 a node with n live GPUs has ``n % SP`` of them. The trace records when spot capacity
 comes and goes but not where, so every arrival and removal is placed on a random node,
 seeded (§3.1: "we assume uniform GPU arrivals and revocations across nodes";
-``spotlight.trace.TracePlacement``). The paper's setting is 4 nodes × 2 H100 GPUs, SP = 2.
+``spotlight.traces.formats.TracePlacement``). The paper's setting is 4 nodes × 2 H100 GPUs, SP = 2.
 
 Two ways to fit a trace that peaks above 8 GPUs onto 8 (``TracePlacement``): *proportional*
 (the local count follows the trace's availability curve scaled to capacity; the default,
@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from _provenance import provenance_line, save_result  # noqa: E402
 
-from spotlight.trace import TracePlacement, fragmentation_summary, fragmentation_timeline, load_trace  # noqa: E402
+from spotlight.traces.formats import TracePlacement, fragmentation_summary, fragmentation_timeline, load_trace  # noqa: E402
 
 
 def weighted_ratio_cdf(timeline: list[tuple[float, int, int]], end_s: float) -> list[tuple[float, float]]:

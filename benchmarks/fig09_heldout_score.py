@@ -2,7 +2,7 @@
 
 Evaluates the weight versions a run published (``<run>/tensor_store/weights/v<N>.safetensors``;
 version N = the weights after N training iterations) on the shapes task's 46 held-out test
-prompts with ``spotlight eval``'s code (``spotlight.shapes.evaluate``: ODE sampling, strict
+prompts with ``spotlight eval``'s code (``spotlight.tasks.shapes.evaluate``: ODE sampling, strict
 GenEval-style verdict, mean over the six task kinds; partial credit too).
 
 Toy scale on CPU (default): the seed-0 runs of the three variants of
@@ -66,8 +66,8 @@ def main() -> None:
     import torch
 
     from spotlight.config import load_config
-    from spotlight.shapes import evaluate as ev
-    from spotlight.tensor_wire import mmap_state_dict
+    from spotlight.tasks.shapes import evaluate as ev
+    from spotlight.store.tensor_wire import mmap_state_dict
 
     runs = {pathlib.Path(d).name: pathlib.Path(d) for d in args.run_dir}
     if not runs:

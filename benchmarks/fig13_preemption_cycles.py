@@ -3,7 +3,7 @@ live migration (paper §6.5).
 
 The synthetic trace is the paper's: within each iteration, n events each take the spot pool
 from 8 GPUs to 4 (one GPU from each of the 4 two-GPU nodes, so every node is left at SP = 1)
-and give them back 5 s later (``spotlight.synthetic_trace.preemption_cycles``). Without live
+and give them back 5 s later (``spotlight.traces.synthetic.preemption_cycles``). Without live
 migration a revoked worker's in-flight batch is recomputed from scratch; with it, the batch is
 committed to the Tensor Store and resumed from its step (paying the profile's ``commit_s`` when
 it is restored). Simulated through the real cores (``spotlight.sim``) with the shipped
@@ -40,7 +40,7 @@ def main() -> None:
 
     from spotlight.sim.profile import load_profile
     from spotlight.sim.simulator import POLICIES, simulate
-    from spotlight.synthetic_trace import preemption_cycles
+    from spotlight.traces.synthetic import preemption_cycles
 
     prof = dataclasses.replace(load_profile(), spot_nodes=4, gpus_per_spot_node=2)
     on = POLICIES["spotlight"]

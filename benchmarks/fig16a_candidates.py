@@ -60,10 +60,10 @@ def main() -> None:
     from spotlight.cli.up import _cache_dir, load_prompts
     from spotlight.config import load_config, resolve_path
     from spotlight.models.text_encoder import cached_prompt_embeddings
-    from spotlight.rewards import RewardFn
-    from spotlight.seed_bank import derive_seed
-    from spotlight.stale_ranking import generate_rewards
-    from spotlight.workers.rollout_worker import RolloutExecutor
+    from spotlight.rewards.reward_fn import RewardFn
+    from spotlight.core.seed_bank import derive_seed
+    from spotlight.studies.stale_ranking import generate_rewards
+    from spotlight.workers.rollout.worker import RolloutExecutor
 
     cfg = load_config(args.config)
     if cfg.model.family != "tiny":

@@ -1,7 +1,7 @@
 """Paper Fig. 17: the Planner's choices (number of candidate sequences d, effective
 denoising steps) over training iterations for UCB exploration coefficients β ∈ {0, 0.5, 1}.
 
-The choices come from the real Planner (``spotlight.planner``, UCB over (d, s), paper §4.3,
+The choices come from the real Planner (``spotlight.core.planner``, UCB over (d, s), paper §4.3,
 Appendix B.2) driven through ``spotlight.sim`` on the shipped Qwen-Image / H100 profile,
 with the simulator's synthetic rewards (a seeded per-(prompt, seed) reward whose stale-weight
 estimate is noisy; ``spotlight.sim.simulator.SyntheticReward``). The paper's curves come from

@@ -5,10 +5,10 @@ agent.main join``) with its real Rollout Worker processes (SP groups, diffusers 
 parallelism over gloo), talking ZeroMQ CURVE to a stand-in coordinator in this process that
 speaks the real protocol (REGISTER, HEARTBEAT, PULL → LEASES, FETCH_WEIGHTS → the WEIGHTS header
 and WEIGHTS_CHUNK replies of the safetensors file, served by the coordinator's own code:
-:class:`spotlight.weight_sync.ServedVersion`, ``cluster.weight_chunk_bytes`` chunks). The stand-in hands out rollout requests whenever a worker pulls, so the node
+:class:`spotlight.store.weight_sync.ServedVersion`, ``cluster.weight_chunk_bytes`` chunks). The stand-in hands out rollout requests whenever a worker pulls, so the node
 denoises all the time. Reconfigurations go through the agent's control socket, exactly as
 ``spotlight-agent revoke`` / ``add-gpu`` send them. Workers append timing events to a file
-(``SPOTLIGHT_WORKER_EVENTS``, spotlight/workers/common.py): group formed (per member, with its
+(``SPOTLIGHT_WORKER_EVENTS``, spotlight/workers/rollout/worker.py): group formed (per member, with its
 phases), denoising step done.
 
 Scenarios, one node with 2 CPU "GPUs", ``cluster.sp_degree = 2``:
@@ -74,7 +74,7 @@ class StubCoordinator(threading.Thread):
         super().__init__(daemon=True, name="stub-coordinator")
         import zmq
 
-        from spotlight.security import Authenticator, apply_server, load_server_keys
+        from spotlight.net.security import Authenticator, apply_server, load_server_keys
 
         self.zmq = zmq
         self.ctx = zmq.Context()
@@ -93,8 +93,8 @@ class StubCoordinator(threading.Thread):
         import torch
 
         from spotlight import protocol as P
-        from spotlight.tensor_wire import pack_tensors
-        from spotlight.weight_sync import WeightSyncError
+        from spotlight.store.tensor_wire import pack_tensors
+        from spotlight.store.weight_sync import WeightSyncError
 
         cond = {"cond.embeds": torch.randn(1, BIG_MODEL["max_text_tokens"], 384), "cond.mask": torch.ones(1, BIG_MODEL["max_text_tokens"], dtype=torch.int64)}
         cond_metas, cond_frames = pack_tensors(cond)
@@ -168,7 +168,7 @@ class Node:
     def control(self, request: dict) -> dict:
         import zmq
 
-        from spotlight.agent_paths import control_endpoint
+        from spotlight.net.agent_paths import control_endpoint
 
         sock = zmq.Context.instance().socket(zmq.REQ)
         sock.setsockopt(zmq.LINGER, 0)
@@ -302,9 +302,9 @@ def measure(args) -> dict:
 
     from spotlight.config import ClusterConfig, ModelConfig, SamplerConfig
     from spotlight.models.dit import build_transformer
-    from spotlight.security import add_client, init_keys
-    from spotlight.tensor_wire import save_version
-    from spotlight.weight_sync import ServedVersion
+    from spotlight.net.security import add_client, init_keys
+    from spotlight.store.tensor_wire import save_version
+    from spotlight.store.weight_sync import ServedVersion
 
     import msgspec
 

@@ -1,6 +1,6 @@
 """Request Scheduler pulls per second vs queue length: indexed ready queue vs the old linear scan.
 
-Pure core (``spotlight.request_scheduler``, no sockets, one thread). Workload, per
+Pure core (``spotlight.core.request_scheduler``, no sockets, one thread). Workload, per
 queue length N (issue 10 item 2):
 
 - training is active; N EXPLORE requests are queued (one batch key) and kept at N:
@@ -38,7 +38,7 @@ import os
 import statistics
 import time
 
-from spotlight.request_scheduler import (
+from spotlight.core.request_scheduler import (
     Lease,
     Request,
     RequestKind,

@@ -1,4 +1,4 @@
-"""Accuracy and speed of the shapes-world GenEval reward (``spotlight/shapes/geneval.py``).
+"""Accuracy and speed of the shapes-world GenEval reward (``spotlight/tasks/shapes/geneval.py``).
 
 Renders ``--per-prompt`` images (default 50) of every prompt of ``world.all_prompts()``
 (177 prompts) with ``world.render`` and ``np.random.default_rng(seed)``, then reports per
@@ -31,7 +31,7 @@ import time
 import numpy as np
 from PIL import Image, ImageFilter
 
-from spotlight.shapes import geneval, world
+from spotlight.tasks.shapes import geneval, world
 
 
 def _blur(img: np.ndarray, sigma: float, rng: np.random.Generator) -> np.ndarray:

@@ -52,7 +52,7 @@ def main() -> None:
         rows.append((n, rps, scale, eff))
         print(f"{n:>9} {nodes:>4}x{per:<4} {rps:>8.2f} {scale:>7.1f}x {eff:>10.2f} {r.wall_s / 3600:>8.1f} h {real:>7.1f} s {r.wall_s / real:>8,.0f}x {r.spot_busy_training:>9.3f}")
     if args.trace:
-        from spotlight.sim.trace_actions import trace_actions
+        from spotlight.traces.actions import trace_actions
 
         prof = dataclasses.replace(base, spot_nodes=125, gpus_per_spot_node=8)
         actions = trace_actions(args.trace, spot_nodes=125, gpus_per_node=8, seed=0, replicas=25, until_s=30 * 86400.0)

@@ -3,7 +3,7 @@
 Two parts, printed as tables (Markdown, for ``benchmarks/RESULTS.md``):
 
 1. **Measured** on the tiny random-weight checkpoints of every family (the ones the test
-   suite runs): the serialized size of what the trainer publishes (``spotlight.tensor_wire``
+   suite runs): the serialized size of what the trainer publishes (``spotlight.store.tensor_wire``
    safetensors bytes), the whole transformer vs the LoRA adapter at the family's default
    target modules (rank 4 as in the tests, and rank 64).
 2. **Arithmetic** for the real models, counted on the ``meta`` device (no memory, no download):
@@ -45,7 +45,7 @@ def _lora_params(model, family, rank: int) -> dict[str, torch.Tensor]:
 
 
 def measured() -> list[str]:
-    from spotlight.tensor_wire import state_dict_to_bytes
+    from spotlight.store.tensor_wire import state_dict_to_bytes
 
     rows = ["| family (tiny test checkpoint) | transformer params | full version | LoRA r=4 version | LoRA r=64 version | full / LoRA r=4 |", "|---|---|---|---|---|---|"]
     for name in ("tiny", "qwen-image", "sd3", "flux"):

@@ -3,11 +3,11 @@
 Everything runs on this machine over loopback TCP, each side in its own process, through
 the real code:
 
-* **coordinator** — a real :class:`spotlight.coordinator.Coordinator` (CURVE ControlServer
+* **coordinator** — a real :class:`spotlight.coordinator.coordinator.Coordinator` (CURVE ControlServer
   with its ZAP allow-list, Tensor Store, the ``on_trainer`` / ``on_fetch_weights``
   handlers), served by the same poll → ``handle`` loop as ``Coordinator.serve``, with
   ``cluster.weight_memory_max_bytes = 0`` so the version is only ever on disk;
-* **trainer** — :func:`spotlight.weight_sync.send_version` on a trainer-keyed DEALER (what
+* **trainer** — :func:`spotlight.store.weight_sync.send_version` on a trainer-keyed DEALER (what
   trainer rank 0 runs after ``save_version``): the upload into the Tensor Store;
 * **agents** — N processes, each registering with its own agent key and fetching the
   version with :class:`agent.weight_cache.WeightCache` and the handlers of
@@ -94,7 +94,7 @@ class MemSampler:
 
 def make_version(path: pathlib.Path, size_bytes: int) -> tuple[int, str]:
     """A safetensors file of about ``size_bytes``: one uint8 tensor of random bytes."""
-    from spotlight.weight_sync import file_digest
+    from spotlight.store.weight_sync import file_digest
 
     n = size_bytes - 8 - 64
     header = json.dumps({"w": {"dtype": "U8", "shape": [n], "data_offsets": [0, n]}}).encode().ljust(64)
@@ -116,8 +116,8 @@ def coordinator_proc(conn, workdir: str, keys_dir: str, chunk_bytes: int, window
     import torch
 
     from spotlight.config import EXAMPLES_DIR, load_config
-    from spotlight.coordinator import Coordinator
-    from spotlight.security import ephemeral_client, load_server_keys, write_client_file
+    from spotlight.coordinator.coordinator import Coordinator
+    from spotlight.net.security import ephemeral_client, load_server_keys, write_client_file
 
     torch.set_num_threads(1)
     cfg = load_config(EXAMPLES_DIR / "jpeg-toy" / "config.toml", overrides={"cluster.weight_chunk_bytes": chunk_bytes, "cluster.weight_window_chunks": window, "cluster.weight_memory_max_bytes": 0, "cluster.heartbeat_timeout_s": 3600.0})
@@ -148,8 +148,8 @@ def trainer_proc(trainer_endpoint: str, creds_file: str, path: str, digest: str,
     import zmq
 
     from spotlight import protocol as P
-    from spotlight.security import apply_client, read_client_file
-    from spotlight.weight_sync import send_version
+    from spotlight.net.security import apply_client, read_client_file
+    from spotlight.store.weight_sync import send_version
 
     ctx = zmq.Context()
     s = ctx.socket(zmq.DEALER)
@@ -173,7 +173,7 @@ def agent_proc(i: int, n: int, version: int, endpoint: str, keys_dir: str, cache
 
     from agent.weight_cache import WeightCache
     from spotlight import protocol as P
-    from spotlight.security import apply_client, load_client_keys
+    from spotlight.net.security import apply_client, load_client_keys
 
     node = f"bench-r{version}-n{n}-{i}"
     ctx = zmq.Context()
@@ -225,7 +225,7 @@ def agent_proc(i: int, n: int, version: int, endpoint: str, keys_dir: str, cache
 def _stream_sender(kind: str, port_q, path: str, chunk_bytes: int, keys) -> None:
     import zmq
 
-    from spotlight.weight_sync import MappedFile, chunk_span, num_chunks
+    from spotlight.store.weight_sync import MappedFile, chunk_span, num_chunks
 
     mapped = MappedFile(path)
     size = mapped.size_bytes
@@ -318,7 +318,7 @@ def cpu_costs(path: str, size_cap: int = 512 * MIB) -> dict:
     """Single-core GB/s of the receiver's other work: sha256, blake2b, pwrite into the page cache."""
     import hashlib
 
-    from spotlight.weight_sync import MappedFile
+    from spotlight.store.weight_sync import MappedFile
 
     mapped = MappedFile(path)
     n = min(mapped.size_bytes, size_cap)
@@ -344,7 +344,7 @@ def worker_load(path: str) -> dict:
     code = (
         "import sys, time, torch; sys.path.insert(0, %r)\n"
         "from benchmarks.weight_sync import MemSampler\n"
-        "from spotlight.tensor_wire import mmap_state_dict\n"
+        "from spotlight.store.tensor_wire import mmap_state_dict\n"
         "torch.set_num_threads(1)\n"
         "meta = mmap_state_dict(%r)\n"
         "model = torch.nn.ParameterDict({'w': torch.nn.Parameter(torch.zeros_like(meta['w']), requires_grad=False)})\n"
@@ -371,7 +371,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dir", default=None, help="scratch directory (default: a temp dir in /var/tmp)")
     ap.add_argument("--json", default=None, help="also write the raw results here")
     args = ap.parse_args(argv)
-    from spotlight.security import add_client, init_keys
+    from spotlight.net.security import add_client, init_keys
 
     ns = [int(x) for x in args.agents.split(",")]
     chunk = int(args.chunk_mib * MIB)

@@ -390,7 +390,7 @@ def benchmarks(report: dict, ckpt: pathlib.Path, sz: Sizes, device) -> None:
     from spotlight.models.lora import add_lora
     from spotlight.rl.grpo import clipped_policy_loss
     from spotlight.rl.sampler import Sampler
-    from spotlight.tensor_wire import bytes_to_state_dict, state_dict_to_bytes
+    from spotlight.store.tensor_wire import bytes_to_state_dict, state_dict_to_bytes
 
     bench: dict = {"device": str(device)}
     report["bench"] = bench

@@ -52,7 +52,7 @@ CLI_FLAGS = {
 def resolve_path(path: str) -> pathlib.Path:
     """A path from a config file: ``~`` expanded; a relative path that does not exist from
     the working directory is taken relative to the repository root, so the embedded
-    default's ``spotlight/shapes/...`` paths work from any directory and on every node."""
+    default's ``spotlight/tasks/shapes/...`` paths work from any directory and on every node."""
     p = pathlib.Path(path).expanduser()
     if not p.is_absolute() and not p.exists() and (REPO_ROOT / p).exists():
         return REPO_ROOT / p
@@ -196,7 +196,7 @@ class DataConfig(_Section):
     """Prompts and batch shape."""
 
     prompts_path: str = ""
-    """Prompt file, format by suffix (``spotlight/prompts.py``): ``.jsonl`` GenEval-style
+    """Prompt file, format by suffix (``spotlight/tasks/prompts.py``): ``.jsonl`` GenEval-style
     (``{"prompt": ...}`` per line; else a ``text`` or ``caption`` key), ``.csv`` / ``.tsv``
     with a header row (the ``prompt``, ``text`` or ``caption`` column, any case; quoting and
     a byte-order mark are handled), anything else one prompt per line. Empty = the 553
@@ -309,7 +309,7 @@ class PlannerSection(_Section):
     seed: int = 0
     feedback_std_floor: float = 0.02
     """Floor on the control groups' mean reward std sigma_unc in the feedback ratio
-    sigma_all / sigma_unc, in reward units (not in the paper; ``spotlight.planner.feedback_ratio``).
+    sigma_all / sigma_unc, in reward units (not in the paper; ``spotlight.core.planner.feedback_ratio``).
     Nearly constant control groups (common with 0/1 rewards) would otherwise give one
     iteration a ratio of 10^5 that pins its arm for a whole window. 0.02 = 2 % of a [0, 1]
     reward range; scale it with your reward's range. 0 = no floor."""
@@ -400,7 +400,7 @@ class RewardConfig(_Section):
 
     kind: Literal["jpeg_compressibility", "jpeg_incompressibility", "geneval_shapes", "http"] = "jpeg_compressibility"
     """``geneval_shapes``: the rule-based GenEval of the shapes world
-    (``spotlight/shapes/geneval.py``), computed in-process; prompts must be shapes-world
+    (``spotlight/tasks/shapes/geneval.py``), computed in-process; prompts must be shapes-world
     captions."""
     jpeg_quality: int = 95
     partial_credit: bool = True
@@ -409,7 +409,7 @@ class RewardConfig(_Section):
     training reward uses partial credit for a denser signal, as Flow-GRPO's GenEval reward
     server returns a fractional score; evaluation reports the strict verdict."""
     url: str = ""
-    """HTTP reward service (``kind = "http"``); protocol in ``spotlight/rewards.py``."""
+    """HTTP reward service (``kind = "http"``); protocol in ``spotlight/rewards/reward_fn.py``."""
     timeout_s: float = 30.0
     max_retries: int = 3
     num_threads: int = 2
@@ -442,7 +442,7 @@ class ClusterConfig(_Section):
     """Each spot node's agent keeps one warm spare worker process (torch, diffusers and the
     worker modules imported, the weights' receive buffer prepared, no GPU touched) that
     becomes the new worker when a GPU is granted back or a worker must be replaced, so a join
-    pays no process start (paper §4.4; ``spotlight/workers/spare.py``). Costs one idle
+    pays no process start (paper §4.4; ``spotlight/workers/rollout/spare.py``). Costs one idle
     process per spot node (its imports' host memory; with ``sp_degree > 1`` on a CPU-only
     torch also a pre-faulted receive buffer the size of the weights). Applies to
     the agents ``spotlight up --local`` and trace replays start (reserved agents never keep
@@ -458,7 +458,7 @@ class ClusterConfig(_Section):
     one worker batch of results or committed state; weights travel the other way, in chunks."""
     weight_chunk_bytes: int = 4 * 1024 * 1024
     """Bytes per WEIGHTS_CHUNK message of a weight version (trainer → coordinator → agents;
-    ``spotlight/weight_sync.py``). A version of any size travels as ceil(size / chunk)
+    ``spotlight/store/weight_sync.py``). A version of any size travels as ceil(size / chunk)
     messages, so it never has to fit one frame or one buffer; it also bounds the frames the
     coordinator accepts on its trainer socket. 4 MiB did best of 1, 4 and 16 MiB in
     ``benchmarks/weight_sync.py`` (chunks stay in cache between decryption, digest and
@@ -507,12 +507,12 @@ class ClusterConfig(_Section):
 class RunConfig(_Section):
     mode: Literal["spotlight", "rlboost", "rlboost+explore", "verl-omni-spot", "reserved-only"] = "spotlight"
     """Spotlight or one of the paper's baselines, as a configuration of the same code
-    (``spotlight.modes``; the same names as ``spotlight simulate --policy``): ``rlboost`` =
+    (``spotlight.core.modes``; the same names as ``spotlight simulate --policy``): ``rlboost`` =
     spot rollouts, no exploration, restart reconfiguration; ``rlboost+explore`` = the same
     with stale-weight exploration; ``verl-omni-spot`` = best-of-N on the current weights on
     the critical path, the selected candidates used as the rollout, restart reconfiguration;
     ``reserved-only`` = no spot GPUs. A baseline overrides the ``explore`` and ``cluster``
-    fields it needs (:func:`spotlight.modes.mode_overrides`); "spotlight" changes nothing."""
+    fields it needs (:func:`spotlight.core.modes.mode_overrides`); "spotlight" changes nothing."""
     iterations: int = 20
     seed: int = 0
     """Base of the default (unexplored) seeds."""
@@ -608,8 +608,8 @@ class SpotlightConfig(_Section):
     @property
     def planner_min_sequences(self) -> int:
         """The smallest d of the Planner's grid: ``planner.min_sequences``, or for 0 the
-        first grid value above K (:func:`spotlight.planner.min_selective_sequences`)."""
-        from spotlight.planner import min_selective_sequences
+        first grid value above K (:func:`spotlight.core.planner.min_selective_sequences`)."""
+        from spotlight.core.planner import min_selective_sequences
 
         pc = self.planner
         return pc.min_sequences or min_selective_sequences(self.data.group_size, pc.sequence_step, pc.max_sequences)
@@ -663,9 +663,9 @@ def _literal_choices(field: str) -> tuple[Any, ...]:
 
 
 def _with_mode(data: dict[str, Any]) -> dict[str, Any]:
-    """``data`` with ``run.mode``'s settings (:func:`spotlight.modes.mode_overrides`) on top;
+    """``data`` with ``run.mode``'s settings (:func:`spotlight.core.modes.mode_overrides`) on top;
     an unknown mode is left for validation to report."""
-    from spotlight.modes import POLICIES, mode_overrides
+    from spotlight.core.modes import POLICIES, mode_overrides
 
     run = data.get("run")
     name = run.get("mode", "spotlight") if isinstance(run, dict) else "spotlight"

@@ -6,7 +6,7 @@ A message is a ZeroMQ multipart frame list::
 
 Tensors travel as raw little-endian frames described by :class:`TensorMeta` entries in
 the body (dtype name + shape); the receiver rebuilds them with ``torch.frombuffer``
-(``spotlight/tensor_wire.py``). Nothing is ever unpickled: a body is decoded with a
+(``spotlight/store/tensor_wire.py``). Nothing is ever unpickled: a body is decoded with a
 typed msgspec decoder for exactly the type its first frame names, so a malformed body,
 an unknown type byte or a missing tensor frame raises :class:`ProtocolError` and the
 caller drops the message without changing state (DESIGN §9).
@@ -30,7 +30,7 @@ WEIGHTS header (size, chunk size and count, digest of the whole file) is followe
 WEIGHTS_CHUNK messages of at most ``cluster.weight_chunk_bytes`` each. Trainer rank 0
 pushes its chunks in order (the coordinator's receive queue bounds what is in flight);
 an agent pulls them with FETCH_WEIGHTS ranges, a bounded window at a time
-(``spotlight/weight_sync.py`` has the file format, the chunk plan and the assembler)::
+(``spotlight/store/weight_sync.py`` has the file format, the chunk plan and the assembler)::
 
     trainer 0 ─ WEIGHTS(v, size, chunk_bytes, n, digest) ─ WEIGHTS_CHUNK(v, 0) … (v, n-1) ─▶ coordinator
     agent ─ FETCH_WEIGHTS(v, header, first_chunk=0, num_chunks=W) ─▶ coordinator
@@ -279,7 +279,7 @@ class Result(_Msg, kw_only=True):
     """GPUs the worker occupied while it denoised the batch, time-averaged: 1 for a
     single-GPU worker, the SP degree for a sequence-parallel group (between two degrees
     when the group re-formed mid-batch). ``elapsed_s * num_gpus`` is the batch's
-    GPU-seconds, the unit of the Planner's budget (``spotlight.planner.step_time_gpu_s``).
+    GPU-seconds, the unit of the Planner's budget (``spotlight.core.planner.step_time_gpu_s``).
     The agent's heartbeat cannot tell: it lists each group member as a 1-GPU worker."""
 
 
@@ -329,7 +329,7 @@ class Weights(_Msg, kw_only=True):
     """Header of one weight version (a safetensors file of ``size_bytes``): it travels as
     ``num_chunks`` WEIGHTS_CHUNK messages of ``chunk_bytes`` (the last one shorter).
     ``digest`` is ``"<algorithm>:<hex>"`` of the whole file (sha256 or blake2b,
-    :mod:`spotlight.weight_sync`). ``found=False``: the version is not published (yet).
+    :mod:`spotlight.store.weight_sync`). ``found=False``: the version is not published (yet).
     From an agent to its worker the header means "the file is in the node cache"."""
 
     version: Version

@@ -25,6 +25,6 @@ _register_all()
 
 
 def main() -> None:
-    from spotlight.cli_run import main_of
+    from spotlight.util.cli_run import main_of
 
     main_of(app, "error:")

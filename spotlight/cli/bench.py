@@ -107,7 +107,7 @@ def stale_ranking(
 
     torch.set_num_threads(max(1, threads or cfg.cluster.torch_threads))
     from spotlight.models.text_encoder import cached_prompt_embeddings
-    from spotlight.stale_ranking import plot_heatmap, run_stale_ranking
+    from spotlight.studies.stale_ranking import plot_heatmap, run_stale_ranking
 
     embeds, mask = cached_prompt_embeddings(prompts, _cache_dir(), cfg.model.max_text_tokens)
     prompt_idx = spread_indices(len(prompts), num_prompts)

@@ -18,7 +18,7 @@ def register(app: typer.Typer) -> None:
         run_dir: Optional[pathlib.Path] = typer.Option(None, "--run-dir", help="A finished run: evaluates its base model and its final/ weights with the run's config."),
         config: Optional[pathlib.Path] = typer.Option(None, "--config", help="Without --run-dir: evaluate this config's base model only (default: the embedded default)."),
         weights: Optional[pathlib.Path] = typer.Option(None, "--weights", help="Also evaluate these weights (a final/ folder) against the base model."),
-        prompts: Optional[pathlib.Path] = typer.Option(None, "--prompts", help="Prompt file (default: the held-out spotlight/shapes/prompts/test.jsonl)."),
+        prompts: Optional[pathlib.Path] = typer.Option(None, "--prompts", help="Prompt file (default: the shapes task's held-out test.jsonl)."),
         num_seeds: int = typer.Option(8, "--num-seeds", min=1, help="Samples per prompt."),
         out: Optional[pathlib.Path] = typer.Option(None, "--out", help="Where to write eval.json and eval_grid.png (default: the run directory, or runs/eval)."),
     ) -> None:
@@ -40,7 +40,7 @@ def register(app: typer.Typer) -> None:
                 cfg = load_config(config)
             if cfg.reward.kind != "geneval_shapes" or cfg.model.family != "tiny":
                 raise ConfigError("`spotlight eval` scores the shapes task (reward.kind = 'geneval_shapes', model.family = 'tiny'); this config is another task")
-            from spotlight.shapes import evaluate as ev
+            from spotlight.tasks.shapes import evaluate as ev
 
             specs = ev.read_prompts(prompts, source="--prompts") if prompts is not None else ev.read_prompts()
         except (SpotlightError, ValueError, OSError) as exc:

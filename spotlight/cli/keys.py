@@ -1,6 +1,6 @@
 """``spotlight keys``: create, list and revoke the CURVE keys of the control plane.
 
-See :mod:`spotlight.security` for the directory layout and README "Security model" for
+See :mod:`spotlight.net.security` for the directory layout and README "Security model" for
 how keys reach a new spot node.
 """
 
@@ -25,7 +25,7 @@ def _fail(exc: Exception) -> None:
 @keys_app.command("init")
 def init(directory: pathlib.Path = typer.Argument(..., help="Keys directory to create (mode 0700), e.g. /etc/spotlight/keys.")) -> None:
     """Create the coordinator's key pair and an empty allow-list (plus a status key for this host)."""
-    from spotlight.security import KeysError, add_client, init_keys
+    from spotlight.net.security import KeysError, add_client, init_keys
 
     try:
         pub = init_keys(directory)
@@ -43,7 +43,7 @@ def add(
     name: str = typer.Argument(..., help="Key name, e.g. the node id or a pool name (letters, digits, - and _)."),
 ) -> None:
     """Create a client key and allow-list it; prints the files to copy to the client."""
-    from spotlight.security import KeysError, add_client
+    from spotlight.net.security import KeysError, add_client
 
     try:
         secret = add_client(directory, role, name)
@@ -57,7 +57,7 @@ def add(
 @keys_app.command("list")
 def list_(directory: pathlib.Path = typer.Argument(..., help="The coordinator's keys directory.")) -> None:
     """List allow-listed clients (role, name, public key, whether the secret is still here)."""
-    from spotlight.security import KeysError, list_keys
+    from spotlight.net.security import KeysError, list_keys
 
     try:
         rows = list_keys(directory)
@@ -77,7 +77,7 @@ def revoke(
     principal: str = typer.Argument(..., help="<role>.<name> to remove from the allow-list."),
 ) -> None:
     """Remove a client from the allow-list: new connections with that key are refused."""
-    from spotlight.security import KeysError, revoke_client
+    from spotlight.net.security import KeysError, revoke_client
 
     try:
         revoke_client(directory, principal)

@@ -1,6 +1,6 @@
 """``spotlight mock-metadata``: serve a mock cloud metadata endpoint on loopback.
 
-Serves :class:`spotlight.mock_metadata.MockMetadataServer` until Ctrl-C, for manual checks of
+Serves :class:`spotlight.cloud.mock_metadata.MockMetadataServer` until Ctrl-C, for manual checks of
 ``spotlight-agent`` and for trace replayers (shared/research/preemption.md §5.4).
 """
 
@@ -28,7 +28,7 @@ def register(app: "typer.Typer") -> None:
 
         Drive it with POST <control>/notice, /maintenance {"value"} (gcp), /cancel, /fault {"kind","count"}, GET <control>/state.
         """
-        from spotlight.mock_metadata import CLOUDS, MockMetadataServer
+        from spotlight.cloud.mock_metadata import CLOUDS, MockMetadataServer
 
         if cloud not in CLOUDS:
             raise typer.BadParameter(f"expected one of {', '.join(CLOUDS)}", param_hint="--cloud")

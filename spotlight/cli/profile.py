@@ -43,7 +43,7 @@ def register(app: typer.Typer) -> None:
 
         torch.set_num_threads(max(1, cfg.cluster.torch_threads))
         from spotlight.models.text_encoder import cached_prompt_embeddings
-        from spotlight.profiling import default_profile_path, run_profile
+        from spotlight.studies.profiling import default_profile_path, run_profile
 
         embeds, mask = cached_prompt_embeddings(prompts, _cache_dir(), cfg.model.max_text_tokens)
         sd = None

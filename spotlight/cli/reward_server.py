@@ -1,6 +1,6 @@
 """``spotlight reward-server``: serve weighted reward scorers over JSON HTTP.
 
-The server side of ``[reward] kind = "http"`` (protocol in :mod:`spotlight.reward_server`):
+The server side of ``[reward] kind = "http"`` (protocol in :mod:`spotlight.rewards.server`):
 built-in JPEG scorers, the rule-based shapes-world GenEval scorers (``geneval_shapes``,
 ``geneval_shapes_partial``) and a PickScore-style CLIP scorer loaded from a local checkpoint.
 """
@@ -61,7 +61,7 @@ def register(app: "typer.Typer") -> None:
             fail(f"unknown --log-level {log_level!r}")
         if not (math.isfinite(max_body_mb) and max_body_mb > 0):
             fail("--max-body-mb must be a finite number > 0")
-        from spotlight.reward_server import build_multi_scorer, parse_scorer_specs, serve
+        from spotlight.rewards.server import build_multi_scorer, parse_scorer_specs, serve
 
         try:
             weights = parse_scorer_specs(scorer)

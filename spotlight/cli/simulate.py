@@ -71,7 +71,7 @@ def register(app: typer.Typer) -> None:
             actions = None
             trace_note = f"static pool of {prof.spot_nodes}×{prof.gpus_per_spot_node} spot GPUs"
             if trace is not None:
-                from spotlight.sim.trace_actions import trace_actions
+                from spotlight.traces.actions import trace_actions
 
                 actions = trace_actions(trace, spot_nodes=prof.spot_nodes, gpus_per_node=prof.gpus_per_spot_node, seed=trace_seed, replicas=trace_replicas)
                 trace_note = f"trace {trace.name} on {prof.spot_nodes}×{prof.gpus_per_spot_node} spot GPUs" + (f" ({trace_replicas} placements)" if trace_replicas > 1 else "")

@@ -90,7 +90,7 @@ def render_status(snap: dict, *, max_events: int = EVENT_ROWS):
     """Rich renderable for a coordinator snapshot (pure: the same snapshot renders the same).
 
     Args:
-        snap: :meth:`spotlight.coordinator.Coordinator.snapshot` (live, or ``status.json`` of
+        snap: :meth:`spotlight.coordinator.coordinator.Coordinator.snapshot` (live, or ``status.json`` of
             a run directory); keys added by newer coordinators are optional, so an older
             snapshot still renders. ``source`` (set by this CLI, not the coordinator) says
             where a snapshot read from files came from; ``running`` False (likewise) marks
@@ -202,7 +202,7 @@ def fetch_snapshot(endpoint: str, keys, timeout_s: float = 3.0) -> dict:
     """Ask the coordinator for a snapshot over CURVE.
 
     Args:
-        keys: a :class:`spotlight.security.ClientKeys` (any role may ask for status).
+        keys: a :class:`spotlight.net.security.ClientKeys` (any role may ask for status).
 
     Raises:
         TimeoutError: no answer within ``timeout_s``.
@@ -210,7 +210,7 @@ def fetch_snapshot(endpoint: str, keys, timeout_s: float = 3.0) -> dict:
     import zmq
 
     from spotlight import protocol as P
-    from spotlight.security import apply_client
+    from spotlight.net.security import apply_client
 
     ctx = zmq.Context.instance()
     sock = ctx.socket(zmq.DEALER)
@@ -301,7 +301,7 @@ def register(app: typer.Typer) -> None:
         """Show a job: progress and ETA, nodes and GPUs, cost, events, reward curve (a running job, or a finished one from its run directory)."""
         console = Console(emoji=False)
         if coordinator is not None:  # checked before anything connects: one line, not a ZeroMQ error
-            from spotlight.endpoints import tcp_endpoint
+            from spotlight.net.endpoints import tcp_endpoint
 
             try:
                 coordinator = tcp_endpoint(coordinator)
@@ -361,7 +361,7 @@ def register(app: typer.Typer) -> None:
                 return
         if "://" not in endpoint:
             endpoint = f"tcp://{endpoint}"
-        from spotlight.security import KeysError, load_client_keys
+        from spotlight.net.security import KeysError, load_client_keys
 
         keys_dir = keys or (pathlib.Path(rd) / "keys" if rd is not None else None)
         if keys_dir is None:

@@ -27,25 +27,25 @@ def _cache_dir() -> pathlib.Path:
 
 def load_prompts(data, config_path=None) -> list[str]:
     """The prompts of a ``[data]`` section (:class:`spotlight.config.DataConfig`; a bare path
-    string reads that file with no column settings), by :func:`spotlight.prompts.load_prompt_set`.
+    string reads that file with no column settings), by :func:`spotlight.tasks.prompts.load_prompt_set`.
 
     Raises:
         ConfigError: missing file, malformed or ambiguous records, or no prompts in it.
     """
     from spotlight.config import DataConfig
-    from spotlight.prompts import prompt_set_from_config
+    from spotlight.tasks.prompts import prompt_set_from_config
 
     return prompt_set_from_config(DataConfig(prompts_path=data) if isinstance(data, str) else data, config_path).prompts
 
 
 def _record_prompts(rd: pathlib.Path, prompt_set, token_counts: list[int] | None, max_text_tokens: int) -> None:
-    """Write ``rd/prompts.json`` (:meth:`spotlight.prompts.PromptSet.to_json` plus the
+    """Write ``rd/prompts.json`` (:meth:`spotlight.tasks.prompts.PromptSet.to_json` plus the
     text-encoder cut: ``max_text_tokens``, ``num_cut``, None when the family cannot count)
     and say once how many prompts the text encoder cuts. A resumed run whose prompt file
     changed since is warned about."""
     import json
 
-    from spotlight.prompts import truncation_report
+    from spotlight.tasks.prompts import truncation_report
 
     record = prompt_set.to_json()
     num_cut, message = truncation_report(token_counts, max_text_tokens) if token_counts is not None else (None, "")
@@ -73,7 +73,7 @@ LOCAL_KEYS = (("agent", "local"), ("reserved", "local"), ("status", "local"))
 def prepare_keys(keys_dir: pathlib.Path, *, local: bool) -> None:
     """Create the coordinator's keys in ``keys_dir`` if missing; a local run (and every run's
     ``spotlight status``) also gets its client keys there (README "Security model")."""
-    from spotlight.security import add_client, init_keys
+    from spotlight.net.security import add_client, init_keys
 
     init_keys(keys_dir, exist_ok=True)
     for role, name in LOCAL_KEYS if local else LOCAL_KEYS[2:]:
@@ -82,7 +82,7 @@ def prepare_keys(keys_dir: pathlib.Path, *, local: bool) -> None:
 
 
 def _spawn_agent(endpoint: str, gpus: list[int], node_id: str, *, reserved: bool, keys_dir: pathlib.Path, extra: list[str] | None = None) -> subprocess.Popen:
-    from spotlight.procs import scrubbed_env, spawn_logged
+    from spotlight.util.procs import scrubbed_env, spawn_logged
 
     env = scrubbed_env()
     cmd = [sys.executable, "-m", "agent.main", "join", "--coordinator", endpoint, "--gpus", ",".join(map(str, gpus)), "--node-id", node_id, "--keys", str(keys_dir), "--key", "local"]
@@ -131,8 +131,8 @@ def resume_command(run_dir: pathlib.Path, *, local: bool, agents: int, gpus_per_
 
 def _checkpointed_iterations(run_dir: pathlib.Path) -> int | None:
     """Iterations held by ``run_dir``'s latest complete checkpoint
-    (:func:`spotlight.checkpoint.latest_checkpoint`), or None without one."""
-    from spotlight.checkpoint import latest_checkpoint
+    (:func:`spotlight.store.checkpoint.latest_checkpoint`), or None without one."""
+    from spotlight.store.checkpoint import latest_checkpoint
 
     try:
         got = latest_checkpoint(run_dir, cleanup=False)
@@ -144,7 +144,7 @@ def _checkpointed_iterations(run_dir: pathlib.Path) -> int | None:
 def next_command(run_dir: pathlib.Path, *, iterations: int, **layout) -> tuple[str, str]:
     """What to run after ``spotlight up`` stopped early: ``(sentence, command line)``.
 
-    With a complete checkpoint (:func:`spotlight.checkpoint.latest_checkpoint`) the command
+    With a complete checkpoint (:func:`spotlight.store.checkpoint.latest_checkpoint`) the command
     continues the run (:func:`resume_command`). Without one (stopped before its first
     iteration ended) there is nothing to continue: the command starts the run again in the
     same directory from its resolved config -- or, when ``metrics.jsonl`` already holds a row
@@ -169,12 +169,12 @@ def next_command(run_dir: pathlib.Path, *, iterations: int, **layout) -> tuple[s
 def _setup_logging(log_level: str, log_dir: pathlib.Path, *, verbose: bool) -> None:
     """Console: records at ``log_level`` (default WARNING); ``log_dir/coordinator.log``: INFO
     (DEBUG with ``--log-level DEBUG``). Children (agents, their workers, trainers) learn the
-    log directory, the echo flag and their level from the environment (:mod:`spotlight.procs`).
+    log directory, the echo flag and their level from the environment (:mod:`spotlight.util.procs`).
 
     Raises:
         ValueError: unknown level name.
     """
-    from spotlight.procs import LOG_DIR_ENV, LOG_ECHO_ENV, LOG_FORMAT, LOG_LEVEL_ENV
+    from spotlight.util.procs import LOG_DIR_ENV, LOG_ECHO_ENV, LOG_FORMAT, LOG_LEVEL_ENV
 
     console_level = logging.getLevelName(log_level.upper())
     file_level = min(console_level, logging.INFO)
@@ -220,10 +220,10 @@ def _check_options(*, mock_cloud: str, reserved: str, trace_mode: str, local: bo
     """One-line problems with ``spotlight up``'s plain options, found before anything starts
     or is written (an empty list: none). ``dirs``: ``(flag, path)`` of options naming a
     directory (``--run-dir``, ``--keys``): one that exists as something else is refused."""
-    from spotlight.endpoints import parse_host_port
-    from spotlight.mock_metadata import CLOUDS
-    from spotlight.replay_plan import TRACE_MODES
-    from spotlight.tracking import KINDS
+    from spotlight.net.endpoints import parse_host_port
+    from spotlight.cloud.mock_metadata import CLOUDS
+    from spotlight.traces.replay_plan import TRACE_MODES
+    from spotlight.coordinator.tracking import KINDS
 
     problems = []
     if not local:  # options that only mean something for local agents are refused, not ignored
@@ -381,7 +381,7 @@ def register(app: typer.Typer) -> None:
 
         overrides = {"run.iterations": iterations} if iterations else {}
         if mode is not None:
-            from spotlight.modes import MODE_NAMES
+            from spotlight.core.modes import MODE_NAMES
 
             if mode not in MODE_NAMES:
                 console.print(f"[red]error:[/red] --mode {escape(mode)}: choose from {', '.join(MODE_NAMES)}")
@@ -412,14 +412,14 @@ def register(app: typer.Typer) -> None:
             run_dir = pathlib.Path(resume)
         try:
             cfg = load_config(config, overrides)
-            from spotlight.prompts import prompt_set_from_config
+            from spotlight.tasks.prompts import prompt_set_from_config
 
             prompt_set = prompt_set_from_config(cfg.data, config)
             prompts = prompt_set.prompts
         except SpotlightError as exc:
             console.print(f"[red]error:[/red] {escape(str(exc))}")
             raise typer.Exit(2)
-        from spotlight.tracking import TrackingError, check_trackers
+        from spotlight.coordinator.tracking import TrackingError, check_trackers
 
         try:
             check_trackers(cfg.run.trackers)
@@ -460,7 +460,7 @@ def register(app: typer.Typer) -> None:
             console.print(f"[red]error:[/red] {escape(str(exc))}")
             raise typer.Exit(2)
         if cfg.reward.kind == "geneval_shapes":  # every prompt must be a shapes-world caption
-            from spotlight.rewards import RewardError, RewardFn
+            from spotlight.rewards.reward_fn import RewardError, RewardFn
 
             try:
                 RewardFn(cfg.reward).check_prompts(prompts)
@@ -470,7 +470,7 @@ def register(app: typer.Typer) -> None:
         if cfg.reward.kind == "http":  # fail fast on an unreachable reward service
             import numpy as np
 
-            from spotlight.rewards import RewardError, RewardFn
+            from spotlight.rewards.reward_fn import RewardError, RewardFn
 
             try:
                 RewardFn(cfg.reward)(np.zeros((1, 3, cfg.model.image_size, cfg.model.image_size), dtype=np.uint8), [prompts[0]])
@@ -491,8 +491,8 @@ def register(app: typer.Typer) -> None:
             if not cfg.cluster.use_spot:
                 console.print(f"[red]error:[/red] {flag} replays spot capacity, but run.mode = {cfg.run.mode!r} uses no spot GPUs")
                 raise typer.Exit(2)
-            from spotlight.replay_plan import plan_local_replay
-            from spotlight.trace import EXPECTED_ITERATION_S
+            from spotlight.traces.replay_plan import plan_local_replay
+            from spotlight.traces.formats import EXPECTED_ITERATION_S
 
             try:
                 replay = plan_local_replay(
@@ -531,7 +531,7 @@ def register(app: typer.Typer) -> None:
             import torch
 
             torch.set_num_threads(max(1, cfg.cluster.torch_threads))
-            from spotlight.coordinator import Coordinator
+            from spotlight.coordinator.coordinator import Coordinator
             from spotlight.models.families import ModelLoadError, cached_conditioning, get_family
 
             try:
@@ -540,7 +540,7 @@ def register(app: typer.Typer) -> None:
             except (ModelLoadError, OSError, ValueError) as exc:
                 console.print(f"[red]error:[/red] cannot encode prompts with model.family = {cfg.model.family!r} from {cfg.model.pretrained_path or '(built in)'}: {escape(str(exc))}")
                 raise typer.Exit(2)
-        from spotlight.security import KeysError, load_server_keys
+        from spotlight.net.security import KeysError, load_server_keys
 
         keys_dir = (keys or rd / "keys").resolve()
         try:
@@ -604,7 +604,7 @@ def register(app: typer.Typer) -> None:
                     extra = ["--grace-s", str(grace_s), "--nice", str(spot_nice), "--warm-spare" if cfg.cluster.warm_spare else "--no-warm-spare"]
                     entry = {"spot": True, "gpus": list(range(gpus_per_agent))}
                     if mock_cloud != "none":
-                        from spotlight.mock_metadata import MockMetadataServer
+                        from spotlight.cloud.mock_metadata import MockMetadataServer
 
                         mock = MockMetadataServer(mock_cloud, vm_name=f"spot-{a}").start()
                         mocks.append(mock)
@@ -618,7 +618,7 @@ def register(app: typer.Typer) -> None:
                 if adopted:
                     console.print(f"{plural(len(adopted), 'local agent')} of the previous coordinator {'is' if len(adopted) == 1 else 'are'} still running: they reconnect by themselves and keep their workers")
                 if actions is not None:
-                    from spotlight.trace_driver import TraceDriver
+                    from spotlight.traces.driver import TraceDriver
 
                     driver = TraceDriver(actions, coordinator=endpoint, keys_dir=keys_dir, cloud=mock_cloud, grace_s=grace_s, listing=listing_doc, listing_path=rd / "local_agents.json", nice=spot_nice, warm_spare=cfg.cluster.warm_spare,
                                          node_ready=coord.node_registered)

@@ -31,7 +31,7 @@ from typing import Callable, Sequence
 import torch
 
 from spotlight.config import SamplerConfig
-from spotlight.seed_bank import MASK64 as _MASK64, splitmix64 as _splitmix64
+from spotlight.core.seed_bank import MASK64 as _MASK64, splitmix64 as _splitmix64
 
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 

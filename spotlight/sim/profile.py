@@ -14,7 +14,7 @@ import tomllib
 from dataclasses import dataclass, field
 
 from spotlight.errors import SpotlightError
-from spotlight.planner import StepOption
+from spotlight.core.planner import StepOption
 
 __all__ = ["DEFAULT_PROFILE", "ProfileError", "SimProfile", "load_profile"]
 

@@ -1,12 +1,12 @@
 """Discrete-event simulation of a whole post-training job on reserved + spot GPUs.
 
-The simulation drives the *real* pure cores -- :class:`~spotlight.iteration.IterationCore`
+The simulation drives the *real* pure cores -- :class:`~spotlight.core.iteration.IterationCore`
 (the coordinator's phase machine, with its exploration streaming),
-:class:`~spotlight.request_scheduler.RequestScheduler`, :class:`~spotlight.planner.Planner`,
-:class:`~spotlight.instance_manager.InstanceManager` (the cost meter) and
-:class:`~spotlight.seed_bank.SeedBank` -- with simulated Rollout Workers, Train Workers
+:class:`~spotlight.core.request_scheduler.RequestScheduler`, :class:`~spotlight.core.planner.Planner`,
+:class:`~spotlight.core.instance_manager.InstanceManager` (the cost meter) and
+:class:`~spotlight.core.seed_bank.SeedBank` -- with simulated Rollout Workers, Train Workers
 and rewards on a virtual clock. Spot capacity follows a trace (any format ``--trace``
-reads), placed onto nodes at random as the paper does (§6.1, ``spotlight.trace``).
+reads), placed onto nodes at random as the paper does (§6.1, ``spotlight.traces.formats``).
 
 What is simulated, and how (costs from a :class:`~spotlight.sim.profile.SimProfile`):
 
@@ -28,7 +28,7 @@ What is simulated, and how (costs from a :class:`~spotlight.sim.profile.SimProfi
 Cost (issue 12 item 3): the reserved node's GPUs -- the Train Workers' GPUs, which also
 roll out between updates (colocated, paper §6.1) -- are billed from ``t = 0`` to the end,
 spot GPUs while they are held; rows carry the real coordinator's ``cost/*`` and
-``throughput/requests_per_s`` columns (:func:`spotlight.instance_manager.cost_metrics`).
+``throughput/requests_per_s`` columns (:func:`spotlight.core.instance_manager.cost_metrics`).
 
 Convergence is an input (iterations to target per policy, from the profile): the
 simulator measures what one iteration costs in time and money under each policy.
@@ -48,19 +48,19 @@ from typing import Sequence
 
 import numpy as np
 
-from spotlight.instance_manager import InstanceManager, cost_metrics
-from spotlight.modes import POLICIES, Policy
-from spotlight.iteration import CoreObservation, IterationCore, IterationDone, IterationSettings, StartSaving, StartTraining
-from spotlight.planner import Action, Planner, PlannerConfig, min_selective_sequences
-from spotlight.request_scheduler import Lease, Request, RequestKind, RequestScheduler
-from spotlight.seed_bank import MASK64, SeedBank, splitmix64
+from spotlight.core.instance_manager import InstanceManager, cost_metrics
+from spotlight.core.modes import POLICIES, Policy
+from spotlight.core.iteration import CoreObservation, IterationCore, IterationDone, IterationSettings, StartSaving, StartTraining
+from spotlight.core.planner import Action, Planner, PlannerConfig, min_selective_sequences
+from spotlight.core.request_scheduler import Lease, Request, RequestKind, RequestScheduler
+from spotlight.core.seed_bank import MASK64, SeedBank, splitmix64
 from spotlight.sim.profile import SimProfile
-from spotlight.trace import ReplayAction
+from spotlight.traces.formats import ReplayAction
 
 __all__ = ["POLICIES", "Policy", "SimResult", "Simulator", "simulate"]
 
 
-# the mode table is shared with the real system's run.mode (spotlight.modes)
+# the mode table is shared with the real system's run.mode (spotlight.core.modes)
 
 
 
@@ -165,7 +165,7 @@ class SyntheticReward:
 
 
 def _np_splitmix64(x: np.ndarray) -> np.ndarray:
-    """:func:`spotlight.seed_bank.splitmix64` of every element of a uint64 array."""
+    """:func:`spotlight.core.seed_bank.splitmix64` of every element of a uint64 array."""
     x = x + np.uint64(0x9E3779B97F4A7C15)
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
@@ -247,7 +247,7 @@ class Simulator:
     Args:
         profile: costs, workload and cluster (:mod:`spotlight.sim.profile`).
         policy: a :class:`Policy`.
-        actions: spot capacity changes (``spotlight.trace.TracePlacement.plan`` output,
+        actions: spot capacity changes (``spotlight.traces.formats.TracePlacement.plan`` output,
             agents = spot nodes), times in seconds from the start; None = a static pool of
             ``spot_nodes × gpus_per_spot_node`` GPUs.
         iterations: iterations to run (default: the profile's iterations to target).

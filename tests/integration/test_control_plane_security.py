@@ -24,7 +24,7 @@ import pytest
 import zmq
 
 from spotlight import protocol as P
-from spotlight.security import ClientKeys, add_client, apply_client, init_keys, load_client_keys, read_client_file
+from spotlight.net.security import ClientKeys, add_client, apply_client, init_keys, load_client_keys, read_client_file
 from tests.integration.waiting import wait_until
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -527,7 +527,7 @@ def test_fuzz_2000_frames(run, victim):
 
 def test_fuzz_tensor_frame_decoder():
     """The tensor-frame decoder raises only ProtocolError, whatever metas and frames it gets."""
-    from spotlight.tensor_wire import unpack_tensors
+    from spotlight.store.tensor_wire import unpack_tensors
 
     rng = random.Random(99)
     dtypes = ["float32", "uint8", "bfloat16", "int64", "bool", "complex128", "", "float32\x00"]

@@ -253,7 +253,7 @@ def _trainers(up_pid: int) -> list[psutil.Process]:
     out = []
     for p in psutil.Process(up_pid).children(recursive=True):
         try:
-            if "spotlight.workers.train_worker" in " ".join(p.cmdline()):
+            if "spotlight.workers.train.train_worker" in " ".join(p.cmdline()):
                 out.append(p)
         except psutil.NoSuchProcess:
             pass
@@ -308,7 +308,7 @@ def _notice_attempt(tmp: pathlib.Path, cfg: pathlib.Path, name: str, num_steps: 
         _thaw(frozen)
 
         frozen, _ = up.wait_for(lambda: _freeze_mid_denoising(spot0["pid"], events, num_steps - 3), "a worker of spot-0 mid-denoising", interval_s=0.0)
-        from spotlight.mock_metadata import control
+        from spotlight.cloud.mock_metadata import control
 
         control(spot0["control_url"], "notice", lead_time_s=20)
         up.wait_for(lambda: (_agent_status(agents["state_dir"], "spot-0") or {}).get("draining"), "spot-0 to begin draining", interval_s=0.1)
@@ -365,8 +365,8 @@ def test_resumed_rollouts_are_bit_identical(notice_run):
     from spotlight.cli.up import _cache_dir, load_prompts
     from spotlight.config import load_config
     from spotlight.models.text_encoder import cached_prompt_embeddings
-    from spotlight.tensor_wire import unpack_tensors
-    from spotlight.workers.rollout_worker import RolloutExecutor
+    from spotlight.store.tensor_wire import unpack_tensors
+    from spotlight.workers.rollout.worker import RolloutExecutor
 
     rd, cfg = notice_run
     c = load_config(cfg)
@@ -495,7 +495,7 @@ def test_agent_gives_back_leases_of_a_worker_that_died_before_they_arrived(tmp_p
     from agent.main import AgentDaemon
     from spotlight import protocol as P
 
-    from spotlight.security import Authenticator, add_client, apply_server, init_keys, load_client_keys, load_server_keys
+    from spotlight.net.security import Authenticator, add_client, apply_server, init_keys, load_client_keys, load_server_keys
 
     monkeypatch.setenv("SPOTLIGHT_AGENT_STATE", str(tmp_path))
     init_keys(tmp_path / "keys")

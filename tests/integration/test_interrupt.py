@@ -44,7 +44,7 @@ def test_ctrl_c_stops_every_process_and_prints_how_to_continue(tmp_path):
             psutil.time.sleep(0.2)
         children = leader.children(recursive=True)
         cmdlines = [" ".join(p.cmdline()) for p in children]
-        assert any("agent.main" in c for c in cmdlines) and any("train_worker" in c for c in cmdlines) and any("rollout_worker" in c or "spare" in c for c in cmdlines), cmdlines
+        assert any("agent.main" in c for c in cmdlines) and any("train_worker" in c for c in cmdlines) and any("rollout.worker" in c or "spare" in c for c in cmdlines), cmdlines
         os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C
         try:
             rc = proc.wait(timeout=240)  # generous: a loaded machine

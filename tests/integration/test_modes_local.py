@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from spotlight.modes import MODE_NAMES
+from spotlight.core.modes import MODE_NAMES
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 

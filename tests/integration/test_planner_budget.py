@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 
 from spotlight.config import EXAMPLES_DIR, load_config
-from spotlight.coordinator import Coordinator
-from spotlight.request_scheduler import RequestKind
+from spotlight.coordinator.coordinator import Coordinator
+from spotlight.core.request_scheduler import RequestKind
 
 
 def _coordinator(tmp_path, monkeypatch):

@@ -29,7 +29,7 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 
 def test_sigkill_mid_iteration_then_resume(tmp_path):
     from spotlight.cli.status import fetch_snapshot
-    from spotlight.security import load_client_keys
+    from spotlight.net.security import load_client_keys
 
     cfg = _write_config(tmp_path / "config.toml", **{"run.iterations": 4, "explore.mode": "stale"})
     rd = tmp_path / "run"

@@ -65,7 +65,7 @@ def test_old_requests_leave_memory_and_checkpoints_for_the_log(run_dir):
     """Retention rule: the checkpoint after iteration 2 holds no finished request of
     iteration 1 (they were appended to requests.jsonl first, up to the byte count it
     records); the log still lists every request once."""
-    from spotlight.checkpoint import latest_checkpoint, load_checkpoint
+    from spotlight.store.checkpoint import latest_checkpoint, load_checkpoint
 
     n, path = latest_checkpoint(run_dir, cleanup=False)
     st = load_checkpoint(path)
@@ -125,7 +125,7 @@ def test_default_is_the_shapes_task_from_the_shipped_base_model(run_dir):
     from diffusers import QwenImageTransformer2DModel
     from safetensors.torch import load_file
 
-    from spotlight.shapes.pretrain import SHIP_DIR
+    from spotlight.tasks.shapes.pretrain import SHIP_DIR
 
     base = QwenImageTransformer2DModel.from_pretrained(SHIP_DIR).state_dict()
     v0 = load_file(run_dir / "tensor_store" / "weights" / "v0.safetensors")
@@ -143,7 +143,7 @@ def test_eval_reports_base_and_final_per_task_kind(run_dir):
     proc = subprocess.run([sys.executable, "-m", "spotlight.cli", "eval", "--run-dir", str(run_dir), "--num-seeds", "1"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((run_dir / "eval.json").read_text())
-    from spotlight.shapes.world import TASKS
+    from spotlight.tasks.shapes.world import TASKS
 
     for name in ("base", "final"):
         assert set(report[name]["per_task"]) == set(TASKS)

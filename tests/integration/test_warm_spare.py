@@ -3,14 +3,14 @@
 A real ``spotlight-agent join`` (one GPU, ``sp_degree = 2`` from the coordinator, so its worker
 serves alone at SP 1) talks CURVE to a stand-in coordinator in this process that speaks the
 real protocol (weights in chunks, served by the coordinator's own code:
-:class:`spotlight.weight_sync.ServedVersion`) and hands out one rollout request per pull,
+:class:`spotlight.store.weight_sync.ServedVersion`) and hands out one rollout request per pull,
 forever. Then: ``add-gpu 1`` (the spare becomes the new worker, receives the weights from its
 peer and the group serves at SP 2; a new spare starts), ``revoke 1`` (SP 1 again), ``add-gpu 1``
 (the second spare is used), and finally ``kill -9`` of the agent, after which none of its
 processes may remain.
 
 Every finished request is compared with the same request denoised by a single-GPU
-:class:`~spotlight.workers.common.RolloutExecutor` in this process: the reconfigurations
+:class:`~spotlight.workers.rollout.worker.RolloutExecutor` in this process: the reconfigurations
 (some happen in the middle of a request's denoising) change nothing in the results.
 No timing is asserted; every wait is on a condition with a generous deadline.
 """
@@ -35,9 +35,9 @@ import zmq
 from spotlight import protocol as P
 from spotlight.config import ModelConfig, SamplerConfig
 from spotlight.models.dit import build_transformer
-from spotlight.security import Authenticator, add_client, apply_server, init_keys, load_server_keys
-from spotlight.tensor_wire import pack_tensors, save_version, unpack_tensors
-from spotlight.weight_sync import ServedVersion, WeightSyncError
+from spotlight.net.security import Authenticator, add_client, apply_server, init_keys, load_server_keys
+from spotlight.store.tensor_wire import pack_tensors, save_version, unpack_tensors
+from spotlight.store.weight_sync import ServedVersion, WeightSyncError
 from tests.integration.waiting import wait_until
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -103,7 +103,7 @@ class Coordinator(threading.Thread):
 
 
 def _control(node_id: str, request: dict) -> dict:
-    from spotlight.agent_paths import control_endpoint
+    from spotlight.net.agent_paths import control_endpoint
 
     sock = zmq.Context.instance().socket(zmq.REQ)
     sock.setsockopt(zmq.LINGER, 0)
@@ -224,7 +224,7 @@ def test_spare_and_workers_die_with_the_agent(run):
 
 
 def test_results_across_joins_and_revocations_are_identical(run):
-    from spotlight.workers.common import RolloutExecutor
+    from spotlight.workers.rollout.worker import RolloutExecutor
 
     results = run["results"]
     assert len(results) >= 4

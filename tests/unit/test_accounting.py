@@ -12,7 +12,7 @@ import math
 
 import pytest
 
-from spotlight.instance_manager import InstanceManager, cost_metrics
+from spotlight.core.instance_manager import InstanceManager, cost_metrics
 
 SPOT, RESERVED = 2.87, 10.08  # USD per GPU-hour (paper Appendix A)
 

@@ -1,6 +1,6 @@
 """Faults in and around ``spotlight-agent`` (agent/main.py): restart on a preempted VM, secrets
 in children's environments, bounded stop time.  Real processes and sockets; the cloud is the
-loopback mock (spotlight/mock_metadata.py).
+loopback mock (spotlight/cloud/mock_metadata.py).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import zmq
 from agent.main import EXIT_NODE_PREEMPTED, SHUTDOWN_KILL_WAIT_S, SHUTDOWN_TERM_WAIT_S, AgentDaemon, NodePreempted
 from agent.preemption import AwsImdsDetector, GcpMetadataDetector, NoticeLedger
 from spotlight import protocol as P
-from spotlight.mock_metadata import MockMetadataServer
-from spotlight.security import add_client, init_keys, load_client_keys
+from spotlight.cloud.mock_metadata import MockMetadataServer
+from spotlight.net.security import add_client, init_keys, load_client_keys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -119,7 +119,7 @@ def test_spawned_worker_environment_has_no_secrets(state, monkeypatch, keys):
         wid = d.spawn_worker([0])
         proc = psutil.Process(d.procs[wid].pid)
         deadline = time.monotonic() + 60
-        while "spotlight.workers.rollout_worker" not in " ".join(proc.cmdline()):  # until exec'd
+        while "spotlight.workers.rollout.worker" not in " ".join(proc.cmdline()):  # until exec'd
             assert time.monotonic() < deadline, "worker did not exec"
             time.sleep(0.01)
         env = proc.environ()

@@ -11,7 +11,7 @@ import zmq
 
 from agent.main import EXIT_NODE_ID_IN_USE, AgentDaemon, NodeIdInUse
 from spotlight import protocol as P
-from spotlight.security import add_client, init_keys, load_client_keys, load_server_keys
+from spotlight.net.security import add_client, init_keys, load_client_keys, load_server_keys
 
 IN_USE = "node id n is in use by another live agent (registered since 12:00:00 UTC, 30s; last heard from 0.4s ago)"
 

@@ -18,7 +18,7 @@ import zmq
 from agent.main import AgentDaemon
 from agent.node_scheduler import WorkerStatus
 from spotlight import protocol as P
-from spotlight.security import add_client, init_keys, load_client_keys
+from spotlight.net.security import add_client, init_keys, load_client_keys
 
 STANDIN = r"""
 import json, os, sys, zmq

@@ -1,4 +1,4 @@
-"""Run checkpoints (spotlight.checkpoint): atomic write, LATEST pointer, retention, fallback."""
+"""Run checkpoints (spotlight.store.checkpoint): atomic write, LATEST pointer, retention, fallback."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from spotlight.checkpoint import (
+from spotlight.store.checkpoint import (
     CHECKPOINT_FORMAT,
     CheckpointError,
     checkpoint_dir,

@@ -21,7 +21,7 @@ def test_eval_with_bad_weights_fails_before_any_sampling(tmp_path, monkeypatch):
     """Was: the whole base model was evaluated (68 s) before `cannot load final weights`."""
     import pytest
 
-    from spotlight.shapes import evaluate as ev
+    from spotlight.tasks.shapes import evaluate as ev
 
     monkeypatch.setattr(ev, "evaluate", lambda *a, **k: pytest.fail("sampled before the weights were checked"))
     res = runner.invoke(app, ["eval", "--weights", str(tmp_path), "--num-seeds", "1", "--out", str(tmp_path / "out")])
@@ -34,7 +34,7 @@ def test_eval_with_bad_weights_fails_before_any_sampling(tmp_path, monkeypatch):
 def test_eval_out_that_is_a_file_fails_before_any_sampling(tmp_path, monkeypatch):
     import pytest
 
-    from spotlight.shapes import evaluate as ev
+    from spotlight.tasks.shapes import evaluate as ev
 
     monkeypatch.setattr(ev, "evaluate", lambda *a, **k: pytest.fail("sampled before --out was checked"))
     (tmp_path / "f").write_text("")

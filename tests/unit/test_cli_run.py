@@ -4,7 +4,7 @@ usage errors included (click/typer would print 'Error:' or a boxed 'Error' panel
 from __future__ import annotations
 
 from spotlight.cli import app
-from spotlight.cli_run import run_app
+from spotlight.util.cli_run import run_app
 
 
 def test_a_usage_error_is_one_error_line_after_the_usage(capsys):

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from spotlight.security import KeysError, add_client, init_keys, load_client_keys
+from spotlight.net.security import KeysError, add_client, init_keys, load_client_keys
 
 
 def test_an_agents_keys_dir_without_a_status_key_points_at_the_coordinators_dir(tmp_path):

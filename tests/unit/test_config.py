@@ -38,7 +38,7 @@ def test_relative_paths_resolve_from_any_directory(tmp_path, monkeypatch):
     from spotlight.config import REPO_ROOT, resolve_path
 
     monkeypatch.chdir(tmp_path)
-    assert resolve_path("spotlight/shapes/prompts/train.jsonl") == REPO_ROOT / "spotlight/shapes/prompts/train.jsonl"
+    assert resolve_path("spotlight/tasks/shapes/prompts/train.jsonl") == REPO_ROOT / "spotlight/tasks/shapes/prompts/train.jsonl"
     (tmp_path / "spotlight").mkdir()
     (tmp_path / "spotlight" / "mine.jsonl").write_text("{}")
     # a path that exists from the working directory wins
@@ -314,7 +314,7 @@ def test_an_overridden_file_value_is_range_checked_only_merged(tmp_path):
 
 
 def test_a_missing_prompt_file_names_the_config_file(tmp_path):
-    from spotlight.prompts import prompt_set_from_config
+    from spotlight.tasks.prompts import prompt_set_from_config
 
     cfg = tmp_path / "c.toml"
     cfg.write_text(f'[data]\nprompts_path = "{tmp_path / "nope.txt"}"\n')

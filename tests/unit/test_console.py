@@ -9,11 +9,11 @@ import subprocess
 import sys
 import types
 
-from spotlight.checkpoint import write_checkpoint
+from spotlight.store.checkpoint import write_checkpoint
 from spotlight.cli.up import next_command, resume_command
 from spotlight.config import load_config
-from spotlight.coordinator import Coordinator
-from spotlight.procs import LOG_DIR_ENV, LOG_ECHO_ENV, log_file_name, spawn_logged
+from spotlight.coordinator.coordinator import Coordinator
+from spotlight.util.procs import LOG_DIR_ENV, LOG_ECHO_ENV, log_file_name, spawn_logged
 
 ROW = {
     "iteration": 0, "reward/mean": 0.2279, "reward/std": 0.3437, "time/rollout_s": 7.04, "time/train_s": 15.3,
@@ -75,7 +75,7 @@ def test_after_a_stop_the_hint_continues_from_the_checkpoint_or_starts_again(tmp
 
 CHILD = (
     "import logging, sys\n"
-    "from spotlight.procs import configure_logging\n"
+    "from spotlight.util.procs import configure_logging\n"
     "configure_logging('worker[n/gpu0]', 'worker-n/gpu0')\n"
     "logging.getLogger('x').info('hello from the child')\n"
     "print('printed', flush=True)\n"
@@ -96,7 +96,7 @@ def _run_child(tmp_path, echo: bool) -> tuple[str, str]:
 
 def test_child_logs_go_to_its_file_not_the_console(tmp_path):
     assert log_file_name("spot-0/gpu0+1.r2") == "spot-0-gpu0+1.r2.log"
-    code = "import sys; from spotlight.procs import configure_logging; configure_logging('t', 'worker-n/gpu0'); import logging; logging.getLogger().info('hello from the child'); print('printed')"
+    code = "import sys; from spotlight.util.procs import configure_logging; configure_logging('t', 'worker-n/gpu0'); import logging; logging.getLogger().info('hello from the child'); print('printed')"
     env = dict(os.environ, **{LOG_DIR_ENV: str(tmp_path / "logs"), LOG_ECHO_ENV: "0", "PYTHONPATH": os.getcwd()})
     env.pop("SPOTLIGHT_LOG_LEVEL", None)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)

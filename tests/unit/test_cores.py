@@ -10,10 +10,10 @@ import pytest
 
 from agent.node_scheduler import NodeScheduler, WorkerStatus
 from spotlight.config import REPO_ROOT
-from spotlight.instance_manager import InstanceManager, NodeStatus
+from spotlight.core.instance_manager import InstanceManager, NodeStatus
 from spotlight.protocol import TensorMeta
-from spotlight.seed_bank import SeedBank, candidate_seeds, default_seeds, derive_seed, select_top_bottom
-from spotlight.tensor_store import TensorStore
+from spotlight.core.seed_bank import SeedBank, candidate_seeds, default_seeds, derive_seed, select_top_bottom
+from spotlight.store.tensor_store import TensorStore
 
 # ---------------------------------------------------------------- seed bank
 
@@ -27,7 +27,7 @@ def test_derive_seed_is_stable():
     assert derive_seed(5, "x", 9) == int.from_bytes(h, "little") & 0x7FFFFFFF
     assert 0 <= derive_seed("anything") < 2**31
     # stable across processes (no PYTHONHASHSEED dependence)
-    code = "from spotlight.seed_bank import derive_seed; print(derive_seed(1, 'candidate', 2, 3, 4))"
+    code = "from spotlight.core.seed_bank import derive_seed; print(derive_seed(1, 'candidate', 2, 3, 4))"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, env={"PYTHONHASHSEED": "123"})
     assert out.stdout.strip() == "669191386", out.stderr
 
@@ -86,7 +86,7 @@ def test_select_top_bottom_equals_a_full_sort_by_reward_then_order():
 
 
 def test_seed_prefix_and_seed_from_text_are_derive_seed():
-    from spotlight.seed_bank import seed_from_text, seed_prefix
+    from spotlight.core.seed_bank import seed_from_text, seed_prefix
 
     for parts, more in [((0, "candidate", 3), (1, 7)), ((7,), ("x", 2.5)), ((), (1,)), ((True, "default"), (0, 0, 0))]:
         assert seed_from_text(seed_prefix(*parts) + "|".join(map(str, more))) == derive_seed(*parts, *more)

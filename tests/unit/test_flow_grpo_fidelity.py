@@ -14,7 +14,7 @@ import torch
 from spotlight.config import SamplerConfig, SpotlightConfig, TrainConfig
 from spotlight.rl.grpo import kl_to_reference
 from spotlight.rl.sampler import Sampler, make_sigmas, sde_step
-from spotlight.workers.train_worker import FlowGRPOTrainer, _minibatches
+from spotlight.workers.train.train_worker import FlowGRPOTrainer, _minibatches
 from tests.unit.test_train_worker import ROLLOUT_MBS, SEEDS, TEXT_DIM, _states_differ, make_rollout, pg  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.filterwarnings("ignore:FSDP2-wrapped module")
@@ -101,8 +101,8 @@ def test_first_minibatch_is_on_policy_later_ones_are_not(pg):
 
 
 def test_non_finite_sample_is_dropped_and_counted():
-    from spotlight.coordinator import Sample, trainable_samples
-    from spotlight.request_scheduler import RequestKind
+    from spotlight.coordinator.coordinator import Sample, trainable_samples
+    from spotlight.core.request_scheduler import RequestKind
 
     def sample(i, reward=1.0, bad=False):
         wl = torch.zeros(3, 4, 2)
@@ -139,7 +139,7 @@ def test_non_finite_step_never_reaches_the_weights(pg):
 
 
 def test_zero_std_filter_drops_constant_groups():
-    from spotlight.coordinator import zero_std_filter
+    from spotlight.coordinator.coordinator import zero_std_filter
 
     adv = np.array([0.0, 0.0, 1.0, -1.0, 0.0, 0.0])
     keep = zero_std_filter(adv, [0, 0, 1, 1, 2, 2])

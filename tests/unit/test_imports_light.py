@@ -7,7 +7,7 @@ import sys
 
 from spotlight.config import REPO_ROOT
 
-MODULES = ["agent.main", "agent.node_scheduler", "agent.weight_cache", "spotlight.weight_sync", "spotlight.cli", "spotlight.protocol", "spotlight.config"]
+MODULES = ["agent.main", "agent.node_scheduler", "agent.weight_cache", "spotlight.store.weight_sync", "spotlight.cli", "spotlight.protocol", "spotlight.config"]
 if (REPO_ROOT / "agent" / "preemption.py").is_file():
     MODULES.append("agent.preemption")
 
@@ -26,6 +26,6 @@ def test_light_modules_do_not_import_torch_or_diffusers():
 
 def test_the_check_itself_detects_torch():
     """Guard against a vacuous check: importing a torch module is noticed."""
-    code = "import spotlight.tensor_wire, sys; assert 'torch' not in sys.modules"
+    code = "import spotlight.store.tensor_wire, sys; assert 'torch' not in sys.modules"
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True)
     assert proc.returncode != 0

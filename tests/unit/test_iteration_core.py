@@ -1,4 +1,4 @@
-"""The iteration core (spotlight/iteration.py): the coordinator's phase machine, driven here
+"""The iteration core (spotlight/core/iteration.py): the coordinator's phase machine, driven here
 directly with the real Request Scheduler and seed bank, as the coordinator and the
 simulator drive it."""
 
@@ -10,10 +10,10 @@ import random
 
 import pytest
 
-from spotlight.iteration import BusyMeter, CoreObservation, IterationCore, IterationDone, IterationSettings, StartSaving, StartTraining
-from spotlight.planner import Action, Planner, PlannerConfig, StepOption
-from spotlight.request_scheduler import RequestKind, RequestScheduler, RequestStatus
-from spotlight.seed_bank import SeedBank, derive_seed
+from spotlight.core.iteration import BusyMeter, CoreObservation, IterationCore, IterationDone, IterationSettings, StartSaving, StartTraining
+from spotlight.core.planner import Action, Planner, PlannerConfig, StepOption
+from spotlight.core.request_scheduler import RequestKind, RequestScheduler, RequestStatus
+from spotlight.core.seed_bank import SeedBank, derive_seed
 
 T = 10
 

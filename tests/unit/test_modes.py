@@ -1,4 +1,4 @@
-"""Run modes (spotlight/modes.py): one table for the simulator's policies and the real
+"""Run modes (spotlight/core/modes.py): one table for the simulator's policies and the real
 system's ``run.mode`` (issue 12 item 1)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from spotlight.config import ConfigError, load_config
-from spotlight.modes import MODE_NAMES, POLICIES, mode_overrides
+from spotlight.core.modes import MODE_NAMES, POLICIES, mode_overrides
 from spotlight.sim import simulator
 
 

@@ -3,7 +3,7 @@ new process once the holder is silent past the heartbeat timeout, never a second
 
 from __future__ import annotations
 
-from spotlight.instance_manager import InstanceManager
+from spotlight.core.instance_manager import InstanceManager
 
 
 def _held(timeout_s: float = 10.0) -> InstanceManager:

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from spotlight.planner import (
+from spotlight.core.planner import (
     Action,
     ArmScore,
     Planner,
@@ -79,7 +79,7 @@ def test_no_eligible_action_returns_none_with_reason():
 
 
 def test_no_fit_message_says_what_it_means_and_what_happens():
-    from spotlight.planner import no_fit_message
+    from spotlight.core.planner import no_fit_message
 
     log = make_planner().plan(obs(19.75, 4)).to_log()
     assert log["cheapest_s"] == 80.0
@@ -317,7 +317,7 @@ def test_measured_cost_steps_drive_the_budget():
 
 def test_sp_group_step_time_in_gpu_seconds_keeps_every_eligible_arm_within_the_window():
     """Fault 1: t_step measured per worker, W counted in GPUs -> plans overran by the SP degree."""
-    from spotlight.planner import step_time_gpu_s
+    from spotlight.core.planner import step_time_gpu_s
 
     # one spot node = one SP group of 2 GPUs; a batch of 4 sequences x 20 computed steps took 8 s
     wall_per_seq_step = 8.0 / 80
@@ -342,7 +342,7 @@ def test_sp_group_step_time_in_gpu_seconds_keeps_every_eligible_arm_within_the_w
 
 
 def test_step_time_gpu_s_unusable_observations():
-    from spotlight.planner import step_time_gpu_s
+    from spotlight.core.planner import step_time_gpu_s
 
     assert step_time_gpu_s(1.0, 0, 2) is None  # nothing computed
     assert step_time_gpu_s(0.0, 10, 2) is None
@@ -416,7 +416,7 @@ def test_version_1_state_still_loads():
 
 def test_d_grid_starts_above_group_size():
     """Fault 5: with d == K the top-K/2 + bottom-K/2 selection keeps every candidate."""
-    from spotlight.planner import min_selective_sequences
+    from spotlight.core.planner import min_selective_sequences
 
     with pytest.raises(ValueError, match="must be > group_size K=8"):
         PlannerConfig(min_sequences=8, group_size=8)
@@ -445,7 +445,7 @@ def test_new_config_fields_are_validated(field, value):
 def test_feedback_from_groups_counts_only_fully_explored_and_control_groups():
     """Fault 6: every non-control group counted as explored, even when its exploration was
     cancelled or partial (it then ran with default or few-candidate seeds)."""
-    from spotlight.planner import feedback_from_groups
+    from spotlight.core.planner import feedback_from_groups
 
     rewards = {
         0: [0.0, 1.0, 0.0, 1.0],  # explored, std 0.5

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from spotlight.plots import GRID_GAP_PX, sample_grid
+from spotlight.util.plots import GRID_GAP_PX, sample_grid
 
 SCALE = 4
 H = W = 8
@@ -48,8 +48,8 @@ def test_tiles_are_apart(tmp_path):
 
 
 def test_coordinator_names_grids_by_the_1_based_iteration(tmp_path):
-    from spotlight.coordinator import Sample
-    from spotlight.request_scheduler import RequestKind
+    from spotlight.coordinator.coordinator import Sample
+    from spotlight.core.request_scheduler import RequestKind
     from tests.unit.test_weight_sync import _Run
 
     run = _Run(tmp_path)
@@ -68,8 +68,8 @@ def test_verl_omni_spot_grid_shows_the_candidates_reused_as_the_rollout(tmp_path
     """verl-omni-spot has no rollout-kind requests: its rollout is the exploration candidates
     (params ``as_rollout``) the seed bank selected. The grid (and the tracked image) was never
     written in that mode."""
-    from spotlight.coordinator import Sample
-    from spotlight.request_scheduler import RequestKind
+    from spotlight.coordinator.coordinator import Sample
+    from spotlight.core.request_scheduler import RequestKind
     from tests.unit.test_weight_sync import _Run
 
     run = _Run(tmp_path, **{"run.mode": "verl-omni-spot"})

@@ -1,4 +1,4 @@
-"""Preemption detectors (agent/preemption.py) against the loopback mock (spotlight/mock_metadata.py).
+"""Preemption detectors (agent/preemption.py) against the loopback mock (spotlight/cloud/mock_metadata.py).
 
 Spec: shared/research/preemption.md §0-§5. No fixed sleeps; every server binds port 0.
 """
@@ -18,7 +18,7 @@ import requests
 from agent.preemption import (AwsImdsDetector, AzureScheduledEventsDetector, GcpMetadataDetector,
                               NoticeLedger, NullDetector, PreemptionNotice, make_detector,
                               revoke_notice, sigterm_notice)
-from spotlight.mock_metadata import MockMetadataServer, control
+from spotlight.cloud.mock_metadata import MockMetadataServer, control
 
 FAST = 0.5  # client timeout for fault tests (s); the mock's "hang" lasts until stop()
 
@@ -49,7 +49,7 @@ def poll_ok(det, now=None):
 
 # --- module basics ---------------------------------------------------------------------------
 def test_import_does_not_pull_torch():
-    code = "import agent.preemption, spotlight.mock_metadata, sys; assert 'torch' not in sys.modules"
+    code = "import agent.preemption, spotlight.cloud.mock_metadata, sys; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

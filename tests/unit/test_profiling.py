@@ -10,7 +10,7 @@ import torch
 
 from spotlight.config import load_config
 from spotlight.errors import SpotlightError
-from spotlight.profiling import load_profile, run_profile, spearman
+from spotlight.studies.profiling import load_profile, run_profile, spearman
 
 
 def test_spearman_edges():
@@ -57,7 +57,7 @@ def test_unmeasurable_accuracy_is_refused_not_a_crash(tmp_path):
     prof = {"version": 2, "config_key": "x", "created_unix_s": 0.0, "t_step_s": {"cpu/sp1": 0.01},
             "steps": [{"cache_threshold": 0.0, "effective_steps": 10.0, "cost_steps": 10.0, "accuracy": 1.0},
                       {"cache_threshold": 0.7, "effective_steps": 4.0, "cost_steps": 4.5, "accuracy": None}]}
-    from spotlight.profiling import PROFILE_VERSION
+    from spotlight.studies.profiling import PROFILE_VERSION
 
     prof["version"] = PROFILE_VERSION
     path = tmp_path / "p.json"

@@ -1,4 +1,4 @@
-"""Prompt files as benchmarks publish them (spotlight/prompts.py), written here in tmp_path."""
+"""Prompt files as benchmarks publish them (spotlight/tasks/prompts.py), written here in tmp_path."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import pytest
 
 from spotlight.config import ConfigError, DataConfig
-from spotlight.prompts import load_prompt_set, prompt_set_from_config, truncation_report
+from spotlight.tasks.prompts import load_prompt_set, prompt_set_from_config, truncation_report
 
 BOM = "\ufeff"
 

@@ -12,7 +12,7 @@ import torch
 
 from spotlight import protocol as P
 from spotlight.config import REPO_ROOT
-from spotlight.tensor_wire import bytes_to_state_dict, pack_tensors, state_dict_to_bytes, unpack_tensors
+from spotlight.store.tensor_wire import bytes_to_state_dict, pack_tensors, state_dict_to_bytes, unpack_tensors
 
 META = P.TensorMeta("cond.embeds", "float32", [2, 3, 4])
 

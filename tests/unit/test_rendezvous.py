@@ -1,5 +1,5 @@
 """The rendezvous store of SP groups and Train Workers listens only on the asked host
-(spotlight/workers/rendezvous.py)."""
+(spotlight/workers/sp/rendezvous.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import torch.distributed as dist
 
 from spotlight.config import ModelConfig
 from spotlight.models.dit import build_transformer
-from spotlight.workers.rendezvous import bound_store
-from spotlight.workers.sp_group import GroupSpec, SPGroupMember
+from spotlight.workers.sp.rendezvous import bound_store
+from spotlight.workers.sp.group import GroupSpec, SPGroupMember
 
 TIMEOUT = datetime.timedelta(seconds=60)
 
@@ -57,7 +57,7 @@ def test_bound_store_listens_on_loopback_only_and_serves_other_ranks():
 def test_sp_group_rendezvous_listens_on_loopback_only(monkeypatch):
     import pytest
 
-    import spotlight.workers.rendezvous as R
+    import spotlight.workers.sp.rendezvous as R
 
     port = _free_port()
     seen = {}

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from spotlight.replay_plan import plan_local_replay
-from spotlight.synthetic_trace import preemption_cycles
-from spotlight.trace import TracePlacement, alive_counts, default_time_scale, fragmentation_timeline, load_trace, slice_trace
+from spotlight.traces.replay_plan import plan_local_replay
+from spotlight.traces.synthetic import preemption_cycles
+from spotlight.traces.formats import TracePlacement, alive_counts, default_time_scale, fragmentation_timeline, load_trace, slice_trace
 
 P3 = Path(__file__).resolve().parents[2] / "examples" / "traces" / "bamboo" / "p3-trace.csv"
 

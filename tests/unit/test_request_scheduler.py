@@ -7,7 +7,7 @@ import random
 import pytest
 
 from spotlight.errors import SpotlightError
-from spotlight.request_scheduler import (
+from spotlight.core.request_scheduler import (
     VALID_TRANSITIONS,
     InvalidTransition,
     RequestKind,
@@ -647,7 +647,7 @@ def test_stale_result_after_resume_is_rejected_even_for_post_checkpoint_leases()
     """Checkpoint between iterations; the dead coordinator then submitted iteration 1 and
     granted leases (after the snapshot); the resumed one re-submits iteration 1 and gets
     the same request ids. A late RESULT with a lease of the dead process is stale."""
-    from spotlight.request_scheduler import LEASE_EPOCH_STRIDE
+    from spotlight.core.request_scheduler import LEASE_EPOCH_STRIDE
 
     old = make()
     done = submit(old, R, iteration=0, n=2, now=0.0)

@@ -15,8 +15,8 @@ import random
 
 import pytest
 
-import spotlight.request_scheduler as rs
-from spotlight.request_scheduler import Lease, RequestKind, RequestScheduler, RequestStatus
+import spotlight.core.request_scheduler as rs
+from spotlight.core.request_scheduler import Lease, RequestKind, RequestScheduler, RequestStatus
 
 S = RequestStatus
 R, E = RequestKind.ROLLOUT, RequestKind.EXPLORE
@@ -24,7 +24,7 @@ READY = (S.PENDING, S.RECOMPUTE)
 
 
 class LinearScan(RequestScheduler):
-    """The old algorithms (git history: ``spotlight/request_scheduler.py`` before issue 10)."""
+    """The old algorithms (git history: ``spotlight/core/request_scheduler.py`` before issue 10)."""
 
     def pull(self, worker_id, *, is_spot, max_requests, now):
         if max_requests < 1:

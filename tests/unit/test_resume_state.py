@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 import pytest
 
-from spotlight.instance_manager import InstanceManager
-from spotlight.seed_bank import SeedBank, candidate_seeds
+from spotlight.core.instance_manager import InstanceManager
+from spotlight.core.seed_bank import SeedBank, candidate_seeds
 
 
 def _json(d):

@@ -1,4 +1,4 @@
-"""The reward HTTP client (spotlight/rewards.py) against real local HTTP servers that misbehave:
+"""The reward HTTP client (spotlight/rewards/reward_fn.py) against real local HTTP servers that misbehave:
 trickled answers, redirects, non-numeric rewards."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from spotlight.config import RewardConfig
-from spotlight.rewards import RewardError, RewardFn, parse_rewards
+from spotlight.rewards.reward_fn import RewardError, RewardFn, parse_rewards
 
 
 class _Server(ThreadingHTTPServer):
@@ -151,9 +151,9 @@ def test_nan_and_ints_are_numbers_and_nan_is_dropped_downstream():
     assert math.isnan(r[0]) and r[1] == 3.0 and type(r[1]) is float
     import torch
 
-    from spotlight.coordinator import Sample, trainable_samples  # the coordinator's filter
-    from spotlight.request_scheduler import RequestKind
-    from spotlight.rewards import finite_rewards
+    from spotlight.coordinator.coordinator import Sample, trainable_samples  # the coordinator's filter
+    from spotlight.core.request_scheduler import RequestKind
+    from spotlight.rewards.reward_fn import finite_rewards
 
     assert finite_rewards(r) == [False, True]
     samples = [Sample(request_id=f"r{i}", kind=list(RequestKind)[0], iteration=0, slot=i, prompt_index=0, seed=i,

@@ -1,4 +1,4 @@
-"""The JSON reward server (spotlight/reward_server.py) over real HTTP on 127.0.0.1.
+"""The JSON reward server (spotlight/rewards/server.py) over real HTTP on 127.0.0.1.
 
 Servers bind port 0 and run ``serve_forever`` in a daemon thread; requests are synchronous,
 so no sleeps are needed. The CLIP scorer runs a tiny random-weight CLIP built offline
@@ -22,7 +22,7 @@ import requests
 from PIL import Image
 
 from spotlight.config import RewardConfig
-from spotlight.reward_server import (
+from spotlight.rewards.server import (
     PICKSCORE_SCALE,
     ClipScorer,
     JpegScorer,
@@ -31,7 +31,7 @@ from spotlight.reward_server import (
     make_server,
     parse_scorer_spec,
 )
-from spotlight.rewards import RewardFn, jpeg_size_kb
+from spotlight.rewards.reward_fn import RewardFn, jpeg_size_kb
 
 pytestmark = pytest.mark.timeout(120)
 

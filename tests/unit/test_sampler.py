@@ -23,8 +23,8 @@ from spotlight.rl.sampler import (
     seeded_noise,
     window_steps,
 )
-from spotlight.tensor_wire import pack_tensors, unpack_tensors
-from spotlight.workers.rollout_worker import RolloutExecutor
+from spotlight.store.tensor_wire import pack_tensors, unpack_tensors
+from spotlight.workers.rollout.worker import RolloutExecutor
 
 TEXT_DIM = 16
 T_TOKENS = 5

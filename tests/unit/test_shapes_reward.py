@@ -1,4 +1,4 @@
-"""The shapes-world GenEval reward (spotlight/shapes/geneval.py) against the renderer.
+"""The shapes-world GenEval reward (spotlight/tasks/shapes/geneval.py) against the renderer.
 
 Everything is real: images come from ``world.render`` (seeded), the detector and verdict
 run unmodified, ``RewardFn`` and the reward server's scorers are the production classes.
@@ -11,9 +11,9 @@ import pytest
 from PIL import Image, ImageDraw
 
 from spotlight.config import RewardConfig
-from spotlight.reward_server import GenevalShapesScorer, MultiScorer, ScorerError, build_multi_scorer, parse_scorer_spec
-from spotlight.rewards import RewardError, RewardFn
-from spotlight.shapes import geneval, world
+from spotlight.rewards.server import GenevalShapesScorer, MultiScorer, ScorerError, build_multi_scorer, parse_scorer_spec
+from spotlight.rewards.reward_fn import RewardError, RewardFn
+from spotlight.tasks.shapes import geneval, world
 from tests.unit.test_reward_server import running
 
 pytestmark = pytest.mark.timeout(120)

@@ -9,7 +9,7 @@ import re
 import numpy as np
 import pytest
 
-from spotlight.shapes import world
+from spotlight.tasks.shapes import world
 
 
 def test_render_is_deterministic_from_the_seed():
@@ -77,7 +77,7 @@ def test_shipped_base_model_loads_and_matches_its_model_card():
     from diffusers import QwenImageTransformer2DModel
 
     from spotlight.config import load_config
-    from spotlight.shapes.pretrain import ARCH, SHIP_DIR, sha256_file
+    from spotlight.tasks.shapes.pretrain import ARCH, SHIP_DIR, sha256_file
 
     card = (SHIP_DIR / "MODEL_CARD.md").read_text()
     stated = re.search(r"`diffusion_pytorch_model.safetensors` \| `([0-9a-f]{64})`", card)

@@ -13,7 +13,7 @@ import pytest
 
 from spotlight.sim.profile import DEFAULT_PROFILE, ProfileError, load_profile
 from spotlight.sim.simulator import POLICIES, Simulator, simulate
-from spotlight.trace import ReplayAction, TraceEvent, load_bamboo_trace, pingpong_trace
+from spotlight.traces.formats import ReplayAction, TraceEvent, load_bamboo_trace, pingpong_trace
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 TRACE = REPO / "examples" / "traces" / "bamboo" / "p3-trace.csv"
@@ -74,7 +74,7 @@ def test_elastic_sp_and_live_migration_lose_less_than_restarts(profile):
 def test_resuming_committed_work_pays_the_restore_time(profile):
     """Live migration is not free: resuming a committed request fetches its latents back
     (profile commit_s); with paper-like cycles (8 -> 4 -> 8 spot GPUs) a slow restore costs time."""
-    from spotlight.synthetic_trace import preemption_cycles
+    from spotlight.traces.synthetic import preemption_cycles
 
     acts = preemption_cycles(2, 2, cycles_per_iteration=4, iteration_s=1500.0, iterations=6, revoke_gpus=2)
     fast = simulate(dataclasses.replace(profile, commit_s=0.0), "spotlight", acts, iterations=3)

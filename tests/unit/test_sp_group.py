@@ -1,4 +1,4 @@
-"""Elastic SP groups (spotlight.workers.sp_group) on CPU with gloo.
+"""Elastic SP groups (spotlight.workers.sp.group) on CPU with gloo.
 
 Every multi-process test spawns fresh interpreters (``spawn``) running the module-level
 targets below; each process gets all of its group generations up front (fresh ports
@@ -22,7 +22,7 @@ import torch.multiprocessing as mp
 from spotlight.config import ModelConfig, SamplerConfig
 from spotlight.models.dit import build_transformer, make_velocity_fn, token_shape
 from spotlight.rl.sampler import Conditioning, Sampler
-from spotlight.workers.sp_group import GroupSpec, SPGroupMember, check_sp_degree
+from spotlight.workers.sp.group import GroupSpec, SPGroupMember, check_sp_degree
 
 TEXT_DIM = 384
 TIMEOUT_S = 240  # stall detection only; a scenario takes ~10-20 s on 2 idle cores
@@ -201,7 +201,7 @@ def _trajectory_inputs():
 def _t_trajectory(q, role, ports):
     """Leader denoises 3 steps at SP=2, 3 at SP=1 (follower revoked), the rest at SP=2 (new joiner)."""
     _setup_child()
-    from spotlight.workers.sp_group import release_followers, run_group_batch, serve_until_released
+    from spotlight.workers.sp.group import release_followers, run_group_batch, serve_until_released
 
     def body():
         cfg = ModelConfig()
@@ -243,7 +243,7 @@ def _t_trajectory(q, role, ports):
 def _t_hard_revoke(q, role, ports):
     """The follower's process dies abruptly inside a batch (GPU revoked without notice)."""
     _setup_child()
-    from spotlight.workers.sp_group import SPGroupError, run_group_batch, serve_batch
+    from spotlight.workers.sp.group import SPGroupError, run_group_batch, serve_batch
 
     def body():
         cfg = ModelConfig()
@@ -312,7 +312,7 @@ def _cache_outcomes(executor) -> dict:
     for kind, thr in CACHE_CASES:
         msg, frames = executor.run("w0", _cache_leases(kind, thr), _cache_tensors()).result
         from spotlight import protocol as P
-        from spotlight.tensor_wire import unpack_tensors
+        from spotlight.store.tensor_wire import unpack_tensors
 
         _, body, payload = P.decode(P.encode(msg, frames))
         out[(kind, thr)] = ([it.computed_steps for it in body.items], unpack_tensors(body.tensors, payload)["images"].numpy())
@@ -323,8 +323,8 @@ def _cache_outcomes(executor) -> dict:
 def _t_group_cache(q, role, ports):
     """An SP=2 group (GroupExecutor leader + group_worker.serve follower) runs CACHE_CASES."""
     _setup_child()
-    from spotlight.workers.group_worker import GroupExecutor, serve
-    from spotlight.workers.sp_group import release_followers
+    from spotlight.workers.sp.group_worker import GroupExecutor, serve
+    from spotlight.workers.sp.group import release_followers
 
     def body():
         rank = 0 if role == "leader" else 1
@@ -352,7 +352,7 @@ def test_sp_group_exploration_honours_first_block_cache_like_a_single_worker():
     threshold (GroupExecutor ignored it). Now the group caches with a group-wide decision
     and reports the same computed steps as a single worker for the same request; rollouts
     stay at full fidelity."""
-    from spotlight.workers.common import RolloutExecutor
+    from spotlight.workers.rollout.worker import RolloutExecutor
 
     ports = _free_ports(1)
     out = _run([(_t_group_cache, ("leader", ports)), (_t_group_cache, ("follower", ports))])
@@ -469,7 +469,7 @@ def test_version_switch_keeps_the_older_version_and_sp1_needs_no_process_group()
     A group of one forms without a process group and reuses its plain model object."""
     import torch.distributed as dist
 
-    from spotlight.workers.group_worker import broadcast_weights
+    from spotlight.workers.sp.group_worker import broadcast_weights
 
     _setup_child()
     cfg = ModelConfig()
@@ -499,7 +499,7 @@ def test_version_switch_keeps_the_older_version_and_sp1_needs_no_process_group()
 
 def test_prewarmed_spare_member_is_reassigned_and_receives_into_its_buffers():
     """A warm spare's member: layout and pre-faulted receive buffers before it has an id."""
-    from spotlight.workers.sp_group import _layout
+    from spotlight.workers.sp.group import _layout
 
     cfg = ModelConfig()
     m = SPGroupMember(cfg, "spare", torch.device("cpu"))
@@ -521,8 +521,8 @@ def test_leader_alone_abandons_its_step_for_a_join_and_the_result_is_unchanged(m
     transformer blocks, the step restarts from its beginning in the new generation, and the
     request's result is the uninterrupted one."""
     from spotlight import protocol as P
-    from spotlight.workers import group_worker as GW
-    from spotlight.workers.common import RolloutExecutor
+    from spotlight.workers.sp import group_worker as GW
+    from spotlight.workers.rollout.worker import RolloutExecutor
 
     _setup_child()
     cfg, scfg = ModelConfig(), SamplerConfig()
@@ -554,7 +554,7 @@ def test_leader_alone_abandons_its_step_for_a_join_and_the_result_is_unchanged(m
     ref_ex.add_version(0, weights)
     ref = ref_ex.run("ref", P.Leases(worker_id="ref", items=[item]), dict(tensors)).result
     assert abandoned == [True] and m.spec.generation == 2
-    from spotlight.tensor_wire import unpack_tensors
+    from spotlight.store.tensor_wire import unpack_tensors
 
     a, b = unpack_tensors(got[0].tensors, got[1]), unpack_tensors(ref[0].tensors, ref[1])
     torch.testing.assert_close(a["window_latents"], b["window_latents"], atol=1e-5, rtol=0)

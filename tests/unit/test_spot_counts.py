@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from spotlight.instance_manager import InstanceManager
-from spotlight.request_scheduler import AbortedLease, RequestKind, RequestScheduler, lost_steps
+from spotlight.core.instance_manager import InstanceManager
+from spotlight.core.request_scheduler import AbortedLease, RequestKind, RequestScheduler, lost_steps
 
 
 def test_instance_manager_counts_spot_events_and_resets():

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from spotlight.config import ClusterConfig, DataConfig, ModelConfig, RunConfig, SamplerConfig, SpotlightConfig, dump_config
-from spotlight.profiling import spearman
-from spotlight.stale_ranking import group_spearman, plot_heatmap, rank_heatmap, rank_within_groups, run_stale_ranking
+from spotlight.studies.profiling import spearman
+from spotlight.studies.stale_ranking import group_spearman, plot_heatmap, rank_heatmap, rank_within_groups, run_stale_ranking
 
 TEXT_DIM = 16
 # 8x8 pixels, 3 steps: every transformer call is cheap on 2 cores.

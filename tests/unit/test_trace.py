@@ -1,4 +1,4 @@
-"""Unit tests for spotlight.trace: Bamboo spot trace loading, slicing, placement, replay."""
+"""Unit tests for spotlight.traces.formats: Bamboo spot trace loading, slicing, placement, replay."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from spotlight.trace import (
+from spotlight.traces.formats import (
     ReplayAction,
     TraceEvent,
     TracePlacement,
@@ -296,7 +296,7 @@ def test_replayer_boundary_and_sorting():
 # -- published formats other than Bamboo's add/remove CSV (issue 11 item 2) ----------------
 # Each file below is written here from the format's documentation, not copied from a trace.
 
-from spotlight.trace import TRACE_FORMATS, detect_trace_format, events_from_counts, load_trace  # noqa: E402
+from spotlight.traces.formats import TRACE_FORMATS, detect_trace_format, events_from_counts, load_trace  # noqa: E402
 
 
 def _alive_steps(events):
@@ -405,7 +405,7 @@ def test_bamboo_detected_by_content_with_bom(tmp_path):
 
 
 def test_default_time_scale_stretches_slice_over_expected_run():
-    from spotlight.trace import EXPECTED_ITERATION_S, default_time_scale
+    from spotlight.traces.formats import EXPECTED_ITERATION_S, default_time_scale
 
     # a 1800 s slice over 20 iterations at ~30 s: 3 trace seconds per wall second
     assert default_time_scale(1800.0, 20, iteration_s=30.0) == pytest.approx(3.0)
@@ -476,7 +476,7 @@ def test_a_full_replay_too_big_for_one_agent_says_so_in_proper_plurals():
 
     import pytest
 
-    from spotlight.replay_plan import plan_local_replay
+    from spotlight.traces.replay_plan import plan_local_replay
 
     trace = pathlib.Path(__file__).resolve().parents[2] / "examples" / "traces" / "bamboo" / "p3-trace.csv"
     with pytest.raises(ValueError) as info:

@@ -1,4 +1,4 @@
-"""spotlight.sim.trace_actions: a trace file -> extended past its end -> placed on the
+"""spotlight.traces.actions: a trace file -> extended past its end -> placed on the
 simulated spot nodes (what `spotlight simulate --trace` and the benchmark scripts replay)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pathlib
 
 import pytest
 
-from spotlight.sim import trace_actions as ta
-from spotlight.trace import TracePlacement, load_trace, pingpong_trace
+from spotlight.traces import actions as ta
+from spotlight.traces.formats import TracePlacement, load_trace, pingpong_trace
 
 P3 = pathlib.Path(__file__).resolve().parents[2] / "examples" / "traces" / "bamboo" / "p3-trace.csv"
 DAY = 86400.0

@@ -1,10 +1,10 @@
-"""The trace driver's pacing (spotlight/trace_driver.py): an action on a node that has not
+"""The trace driver's pacing (spotlight/traces/driver.py): an action on a node that has not
 registered yet waits for it, and the agent's later actions keep their order behind it."""
 
 from __future__ import annotations
 
-from spotlight.trace import ReplayAction
-from spotlight.trace_driver import TraceDriver
+from spotlight.traces.formats import ReplayAction
+from spotlight.traces.driver import TraceDriver
 
 
 class RecordingDriver(TraceDriver):

@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from spotlight.config import ConfigError, load_config
-from spotlight.tracking import TrackingError, check_trackers, open_trackers
+from spotlight.coordinator.tracking import TrackingError, check_trackers, open_trackers
 
 
 def _events(log_dir: pathlib.Path):

@@ -12,9 +12,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from spotlight.checkpoint import prune_train_versions, train_version_path, train_versions
+from spotlight.store.checkpoint import prune_train_versions, train_version_path, train_versions
 from spotlight.config import SpotlightConfig, TrainConfig
-from spotlight.workers.train_worker import FlowGRPOTrainer
+from spotlight.workers.train.train_worker import FlowGRPOTrainer
 from tests.unit.test_train_worker import ROLLOUT_MBS, TEXT_DIM, _select, make_rollout
 
 pytestmark = pytest.mark.filterwarnings("ignore:FSDP2-wrapped module")
@@ -189,11 +189,11 @@ def test_process_checkpoints_and_resumes(rollout, tmp_path):
     import zmq
 
     from spotlight import protocol as P
-    from spotlight import tensor_wire
+    from spotlight.store import tensor_wire
     from spotlight.config import config_to_dict
     from tests.unit.test_train_worker import _free_port, recv_version
 
-    from spotlight.security import Authenticator, apply_server, ephemeral_client, init_keys, load_server_keys, write_client_file
+    from spotlight.net.security import Authenticator, apply_server, ephemeral_client, init_keys, load_server_keys, write_client_file
 
     init_keys(tmp_path / "keys")
     ctx = zmq.Context()
@@ -211,7 +211,7 @@ def test_process_checkpoints_and_resumes(rollout, tmp_path):
 
     def start(*extra):
         cmd = [
-            sys.executable, "-m", "spotlight.workers.train_worker", "--coordinator", f"tcp://127.0.0.1:{port}",
+            sys.executable, "-m", "spotlight.workers.train.train_worker", "--coordinator", f"tcp://127.0.0.1:{port}",
             "--keys-file", str(tmp_path / "trainer.json"), "--rank", "0", "--world-size", "1", "--config-json", json.dumps(config_to_dict(_cfg())),
             "--master-port", str(_free_port()), "--text-dim", str(TEXT_DIM), "--checkpoint-dir", str(ckdir), *extra,
         ]

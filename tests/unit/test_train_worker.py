@@ -23,7 +23,7 @@ from safetensors.torch import load_file, save_file
 from spotlight.config import SpotlightConfig, TrainConfig
 from spotlight.models.dit import build_transformer, make_velocity_fn, token_shape
 from spotlight.rl.sampler import Conditioning, Sampler
-from spotlight.workers.train_worker import FlowGRPOTrainer
+from spotlight.workers.train.train_worker import FlowGRPOTrainer
 
 # diffusers returns a tuple view; FSDP2's warning about in-place ops on it is noise here.
 pytestmark = pytest.mark.filterwarnings("ignore:FSDP2-wrapped module")
@@ -225,8 +225,8 @@ def recv_version(recv, header) -> dict[str, torch.Tensor]:
     """The state dict of a version streamed by a trainer: ``header`` (a WEIGHTS body) then its
     WEIGHTS_CHUNK messages from ``recv()`` (``(mtype, body, payload)``), in order, digest checked."""
     from spotlight import protocol as P
-    from spotlight import tensor_wire
-    from spotlight.weight_sync import new_hasher, parse_digest
+    from spotlight.store import tensor_wire
+    from spotlight.store.weight_sync import new_hasher, parse_digest
 
     algo, want = parse_digest(header.digest)
     h, blob = new_hasher(algo), bytearray()
@@ -245,10 +245,10 @@ def test_process_protocol(trained, rollout, tmp_path):
     import zmq
 
     from spotlight import protocol as P
-    from spotlight import tensor_wire
+    from spotlight.store import tensor_wire
     from spotlight.config import config_to_dict
 
-    from spotlight.security import Authenticator, apply_server, ephemeral_client, init_keys, load_server_keys, write_client_file
+    from spotlight.net.security import Authenticator, apply_server, ephemeral_client, init_keys, load_server_keys, write_client_file
 
     init_keys(tmp_path / "keys")
     ctx = zmq.Context()
@@ -262,7 +262,7 @@ def test_process_protocol(trained, rollout, tmp_path):
     conf = config_to_dict(trained["cfg"])
     conf["cluster"]["weight_chunk_bytes"] = 64 * 1024  # several chunks per version
     cmd = [
-        sys.executable, "-m", "spotlight.workers.train_worker", "--coordinator", f"tcp://127.0.0.1:{port}",
+        sys.executable, "-m", "spotlight.workers.train.train_worker", "--coordinator", f"tcp://127.0.0.1:{port}",
         "--keys-file", str(tmp_path / "trainer.json"), "--rank", "0", "--world-size", "1", "--config-json", json.dumps(conf),
         "--master-port", str(_free_port()), "--text-dim", str(TEXT_DIM), "--spool-dir", str(tmp_path / "spool"),
     ]

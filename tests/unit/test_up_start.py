@@ -109,7 +109,7 @@ def _snapshot_files(rd: pathlib.Path) -> dict:
 def test_resuming_a_finished_run_is_refused_and_leaves_it_untouched(tmp_path):
     """Was: "resumed … after iteration 20/20: continuing with iteration 21", then final/,
     status.json and the cost rewritten."""
-    from spotlight.checkpoint import write_checkpoint
+    from spotlight.store.checkpoint import write_checkpoint
 
     rd = tmp_path / "run"
     rd.mkdir()
@@ -129,8 +129,8 @@ def test_a_resumed_run_keeps_the_earlier_run_time_and_events(tmp_path):
     """Was: every resume restarted status.json's elapsed time and event log from zero."""
     import types
 
-    from spotlight.coordinator import Coordinator
-    from spotlight.events import EventLog
+    from spotlight.coordinator.coordinator import Coordinator
+    from spotlight.core.events import EventLog
 
     earlier = [{"t_s": 1.0, "kind": "join", "node": "spot-0", "detail": "1 spot GPU"}, {"t_s": 40.0, "kind": "finish", "node": "", "detail": "interrupted"}]
     coord = types.SimpleNamespace(run_dir=tmp_path)
@@ -175,7 +175,7 @@ def test_a_further_ctrl_c_during_the_clean_up_is_answered_not_ignored():
 def test_resume_existing_of_a_finished_run_is_nothing_to_do_even_with_config(tmp_path):
     """The systemd unit passes --config and --resume-existing: a finished run must neither be
     re-run nor fail (Restart=on-failure would loop), and --config must not be refused."""
-    from spotlight.checkpoint import write_checkpoint
+    from spotlight.store.checkpoint import write_checkpoint
 
     rd = tmp_path / "run"
     rd.mkdir()
@@ -208,7 +208,7 @@ def test_a_tcp_reserved_address_is_accepted_as_the_agents_form_is():
 
 def test_a_plain_start_on_a_finished_run_suggests_a_command_that_extends_it(tmp_path):
     """Was: "continue it with spotlight up --resume RUN", which a finished run refuses."""
-    from spotlight.checkpoint import write_checkpoint
+    from spotlight.store.checkpoint import write_checkpoint
 
     rd = tmp_path / "run"
     rd.mkdir()

@@ -1,6 +1,6 @@
 """The agent's warm spare bookkeeping (agent/main.py) with stand-in spare processes.
 
-A stand-in speaks the spare's side of the hand-over (spotlight/workers/spare.py): it writes
+A stand-in speaks the spare's side of the hand-over (spotlight/workers/rollout/spare.py): it writes
 ``ready`` on the pipe named by ``--ready-fd``, reads one assignment line from stdin, records it
 and then behaves as told (run like a worker, or exit with a given status). The real spare is
 exercised end to end in tests/integration/test_warm_spare.py.
@@ -20,8 +20,8 @@ import agent.main as agent_main
 from agent.main import AgentDaemon
 from agent.node_scheduler import WorkerStatus
 from spotlight import protocol as P
-from spotlight.security import add_client, init_keys, load_client_keys
-from spotlight.workers.spare import EXIT_SPARE_UNUSABLE, cuda_driver_loaded
+from spotlight.net.security import add_client, init_keys, load_client_keys
+from spotlight.workers.rollout.spare import EXIT_SPARE_UNUSABLE, cuda_driver_loaded
 
 FAKE_SPARE = """
 import json, os, sys, time
@@ -148,7 +148,7 @@ def test_spare_that_initialised_cuda_falls_back_to_a_cold_worker(daemon, monkeyp
     assert d.procs[wid].returncode == EXIT_SPARE_UNUSABLE
     d.check_workers()
     assert d.warm_spare is False and d.spare is None
-    assert spawned == [[1]]  # restarted cold (the real method would start rollout_worker)
+    assert spawned == [[1]]  # restarted cold (the real method would start the rollout worker)
     assert d.sched.workers[wid].status == WorkerStatus.EXITED
 
 

@@ -1,4 +1,4 @@
-"""Weight versions in chunks (spotlight/weight_sync.py, the Tensor Store, the coordinator's
+"""Weight versions in chunks (spotlight/store/weight_sync.py, the Tensor Store, the coordinator's
 WEIGHTS / WEIGHTS_CHUNK / FETCH_WEIGHTS handlers, agent/weight_cache.py, the worker's loader):
 a version published by a trainer in chunks and fetched by an agent arrives bit-identical, even
 when it is larger than ``cluster.max_message_bytes``; bad chunks are refused with one ERROR and
@@ -19,10 +19,10 @@ import zmq
 from agent.weight_cache import WeightCache
 from spotlight import protocol as P
 from spotlight.config import EXAMPLES_DIR, load_config
-from spotlight.security import add_client, apply_client, ephemeral_client, init_keys, load_client_keys, load_server_keys
-from spotlight.tensor_store import TensorStore
-from spotlight.tensor_wire import mmap_state_dict, save_version
-from spotlight.weight_sync import ChunkReceiver, ServedVersion, WeightSyncError, chunk_span, fetch_replies, file_digest, num_chunks, send_version
+from spotlight.net.security import add_client, apply_client, ephemeral_client, init_keys, load_client_keys, load_server_keys
+from spotlight.store.tensor_store import TensorStore
+from spotlight.store.tensor_wire import mmap_state_dict, save_version
+from spotlight.store.weight_sync import ChunkReceiver, ServedVersion, WeightSyncError, chunk_span, fetch_replies, file_digest, num_chunks, send_version
 
 CHUNK = 64 * 1024  # the smallest cluster.weight_chunk_bytes
 
@@ -160,7 +160,7 @@ class _Run:
     and an agent-keyed DEALER. max_message_bytes = 1 MiB, chunks of 64 KiB."""
 
     def __init__(self, tmp_path, **overrides):
-        from spotlight.coordinator import Coordinator
+        from spotlight.coordinator.coordinator import Coordinator
 
         keys_dir = tmp_path / "keys"
         init_keys(keys_dir)

@@ -1,7 +1,8 @@
 """No import cycle between the single-GPU and the sequence-parallel Rollout Worker modules.
 
-Both import their shared classes from ``spotlight.workers.common``; neither imports the
-other at module level (``rollout_worker.main`` picks ``group_worker`` lazily for SP > 1).
+The sequence-parallel group worker imports the shared classes from
+``spotlight.workers.rollout.worker``; the rollout worker never imports the group worker at module
+level (``make_worker`` picks it lazily for SP > 1).
 """
 
 from __future__ import annotations
@@ -10,20 +11,17 @@ import ast
 import subprocess
 import sys
 
-import pytest
-
 from spotlight.config import REPO_ROOT
 
-GROUP, ROLLOUT = "spotlight.workers.group_worker", "spotlight.workers.rollout_worker"
+GROUP, ROLLOUT = "spotlight.workers.sp.group_worker", "spotlight.workers.rollout.worker"
 
 
-@pytest.mark.parametrize("first,other", [(GROUP, ROLLOUT), (ROLLOUT, GROUP)])
-def test_each_worker_module_imports_first_in_a_fresh_interpreter(first, other):
+def test_the_rollout_worker_imports_without_the_group_worker():
     code = (
         "import importlib, sys\n"
-        f"m = importlib.import_module({first!r})\n"
-        f"assert {other!r} not in sys.modules, 'imported ' + {other!r}\n"
-        "assert 'spotlight.workers.common' in sys.modules\n"
+        f"importlib.import_module({ROLLOUT!r})\n"
+        f"assert {GROUP!r} not in sys.modules, 'imported ' + {GROUP!r}\n"
+        f"importlib.import_module({GROUP!r})\n"
         "print('ok')\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True)
@@ -46,16 +44,12 @@ def _module_level_imports(path) -> set[str]:
 
 def test_neither_module_imports_the_other_at_module_level():
     workers = REPO_ROOT / "spotlight" / "workers"
-    group = _module_level_imports(workers / "group_worker.py")
-    rollout = _module_level_imports(workers / "rollout_worker.py")
-    assert ROLLOUT not in group and GROUP not in rollout
-    assert "spotlight.workers.common" in group and "spotlight.workers.common" in rollout
-    # common imports neither
-    common = _module_level_imports(workers / "common.py")
-    assert ROLLOUT not in common and GROUP not in common
-    # the re-exports keep existing importers working
-    from spotlight.workers import common, group_worker, rollout_worker
+    group = _module_level_imports(workers / "sp" / "group_worker.py")
+    rollout = _module_level_imports(workers / "rollout" / "worker.py")
+    assert GROUP not in rollout
+    assert ROLLOUT in group
+    from spotlight.workers.rollout import worker
+    from spotlight.workers.sp import group_worker
 
-    assert rollout_worker.RolloutExecutor is common.RolloutExecutor
-    assert issubclass(group_worker.GroupExecutor, common.RolloutExecutor)
-    assert issubclass(group_worker.GroupWorkerProcess, common.WorkerProcess)
+    assert issubclass(group_worker.GroupExecutor, worker.RolloutExecutor)
+    assert issubclass(group_worker.GroupWorkerProcess, worker.WorkerProcess)

@@ -1,0 +1,2 @@
+"""Stand-ins for what this machine cannot have: a mock cloud metadata server speaking the real
+AWS / GCP / Azure formats (docs/preemption.md)."""

@@ -1,0 +1,180 @@
+"""Reward scoring: built-in rewards (DDPO JPEG, shapes-world GenEval) and a client for an
+HTTP reward service.
+
+Built-ins (Black et al. 2023, DDPO; Flow-GRPO ``rewards.py``):
+    * ``jpeg_compressibility``   = −(JPEG size at quality 95 in kB)
+    * ``jpeg_incompressibility`` = +(JPEG size in kB)
+    * ``geneval_shapes``         = GenEval verdict of the image for its prompt, computed by
+      the rule-based detector of :mod:`spotlight.tasks.shapes.geneval` (shapes-world captions
+      only): with ``partial_credit`` (the default, for training) the fraction of the
+      prompt's clauses that hold, in [0, 1]; without it the strict 0/1 verdict. Never NaN.
+
+HTTP reward service protocol (JSON only — never pickle; Flow-GRPO's reward server uses
+pickle, which is remote code execution for whoever can reach it)::
+
+    POST <url>            Content-Type: application/json
+    {"images": ["<base64 PNG>", ...], "prompts": ["...", ...]}
+    200 → {"rewards": [float, ...]}     (same length and order)
+
+Each reward is a JSON number (``NaN``/``Infinity`` are accepted: the coordinator's
+``trainable_samples`` drops samples with a non-finite reward and counts them); a string, a
+bool, ``null``, a list or a wrong count is a malformed answer.  Redirects are not followed:
+a 3xx is an error.  Each attempt must deliver its whole answer within ``reward.timeout_s``
+seconds overall (a service that trickles bytes is cut off) and in at most
+:func:`max_response_bytes` bytes.
+
+Non-2xx, a timeout, or a connection failure is retried up to ``max_retries`` attempts, then
+raises :class:`RewardError`; a 3xx or a malformed body raises at once.  The caller keeps the
+samples and retries later.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import math
+
+import numpy as np
+from PIL import Image
+
+from spotlight.config import RewardConfig
+from spotlight.errors import SpotlightError
+
+
+class RewardError(SpotlightError):
+    """Scoring failed (service unreachable, bad response)."""
+
+
+def jpeg_size_kb(image_hwc: np.ndarray, quality: int = 95) -> float:
+    """Encoded JPEG size of one ``[H, W, 3] uint8`` image, in kB (1000 bytes)."""
+    buf = io.BytesIO()
+    Image.fromarray(image_hwc).save(buf, format="JPEG", quality=quality)
+    return buf.tell() / 1000.0
+
+
+def _to_hwc(images_bchw: np.ndarray) -> list[np.ndarray]:
+    if images_bchw.ndim != 4 or images_bchw.shape[1] != 3 or images_bchw.dtype != np.uint8:
+        raise RewardError(f"expected [B, 3, H, W] uint8 images, got {images_bchw.shape} {images_bchw.dtype}")
+    return [np.ascontiguousarray(img.transpose(1, 2, 0)) for img in images_bchw]
+
+
+class RewardFn:
+    """Scores a batch of images (``cfg.kind``: a built-in reward of the module docstring, or
+    ``"http"``: the JSON reward service at ``cfg.url``).
+
+    Args:
+        cfg: the ``[reward]`` config section.
+        session: optional ``requests.Session`` (tests inject one).
+    """
+
+    def __init__(self, cfg: RewardConfig, session=None):
+        self.cfg = cfg
+        self._session = session
+
+    def __call__(self, images_bchw: np.ndarray, prompts: list[str]) -> list[float]:
+        """Rewards for ``[B, 3, H, W] uint8`` images, in input order.
+
+        Raises:
+            RewardError: bad input (``geneval_shapes``: also a prompt that is no shapes-world
+                caption, with the parser's message), or the HTTP service failed
+                ``max_retries`` times.
+        """
+        hwc = _to_hwc(images_bchw)
+        if self.cfg.kind == "geneval_shapes":
+            from spotlight.tasks.shapes import geneval
+
+            if len(prompts) != len(hwc):
+                raise RewardError(f"{len(hwc)} images but {len(prompts)} prompts")
+            try:
+                return geneval.score(images_bchw, prompts, partial_credit=self.cfg.partial_credit)
+            except ValueError as exc:
+                raise RewardError(str(exc)) from None
+        if self.cfg.kind == "jpeg_compressibility":
+            return [-jpeg_size_kb(im, self.cfg.jpeg_quality) for im in hwc]
+        if self.cfg.kind == "jpeg_incompressibility":
+            return [jpeg_size_kb(im, self.cfg.jpeg_quality) for im in hwc]
+        return self._http(hwc, prompts)
+
+    def check_prompts(self, prompts: list[str]) -> None:
+        """Fail fast on prompts this reward cannot score (``geneval_shapes``: prompts that are
+        no shapes-world caption); other kinds accept any prompt.
+
+        Raises:
+            RewardError: the first bad prompt, with the parser's message.
+        """
+        if self.cfg.kind == "geneval_shapes":
+            from spotlight.tasks.shapes import geneval
+
+            for p in prompts:
+                try:
+                    geneval.parse_prompt(p)
+                except ValueError as exc:
+                    raise RewardError(str(exc)) from None
+
+    def _http(self, hwc: list[np.ndarray], prompts: list[str]) -> list[float]:
+        import requests
+
+        session = self._session or requests.Session()
+        payload = {"images": [_png_b64(im) for im in hwc], "prompts": list(prompts)}
+        from spotlight.net.http_limits import bounded_request
+
+        last = "no attempt"
+        for attempt in range(max(1, self.cfg.max_retries)):
+            try:  # overall deadline per attempt, no redirects, bounded size (module docstring)
+                resp = bounded_request(session, "POST", self.cfg.url, json=payload, deadline_s=self.cfg.timeout_s,
+                                       max_bytes=max_response_bytes(len(hwc)))
+            except requests.RequestException as exc:
+                last = f"{type(exc).__name__}: {exc}"
+                continue
+            if resp.status_code // 100 == 3:
+                raise RewardError(f"reward service {self.cfg.url} answered HTTP {resp.status_code} (redirect to {resp.headers.get('Location')!r}); "
+                                  "redirects are not followed: set reward.url to the service's own address")
+            if resp.status_code // 100 != 2:
+                last = f"HTTP {resp.status_code}: {resp.text[:200]}"
+                continue
+            return parse_rewards(resp.content, len(hwc), self.cfg.url)
+        raise RewardError(f"reward service {self.cfg.url} failed after {self.cfg.max_retries} attempts: {last}")
+
+
+def max_response_bytes(n_images: int) -> int:
+    """Largest reward-service answer read, in bytes: 1 MiB + 64 bytes per image."""
+    return (1 << 20) + 64 * n_images
+
+
+def parse_rewards(body: bytes, n_images: int, url: str = "the reward service") -> list[float]:
+    """The ``rewards`` list of a service answer, as floats (NaN and ±inf kept).
+
+    Raises:
+        RewardError: not a JSON object with a ``rewards`` list of ``n_images`` numbers
+            (a string, bool, null or nested list is refused).
+    """
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise RewardError(f"reward service {url} sent a malformed body: not JSON ({exc})") from None
+    rewards = doc.get("rewards") if isinstance(doc, dict) else None
+    if not isinstance(rewards, list):
+        raise RewardError(f"reward service {url} sent a malformed body: expected {{\"rewards\": [number, ...]}}")
+    if len(rewards) != n_images:
+        raise RewardError(f"reward service returned {len(rewards)} rewards for {n_images} images")
+    out = []
+    for i, r in enumerate(rewards):
+        if type(r) not in (int, float):  # bool is an int subclass: refused too
+            raise RewardError(f"reward service {url} sent a malformed body: reward {i} is {type(r).__name__} {json.dumps(r)[:40]}, not a number")
+        try:
+            out.append(float(r))
+        except OverflowError:
+            raise RewardError(f"reward service {url} sent a malformed body: reward {i} is out of float range") from None
+    return out
+
+
+def _png_b64(image_hwc: np.ndarray) -> str:
+    buf = io.BytesIO()
+    Image.fromarray(image_hwc).save(buf, format="PNG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def finite_rewards(rewards: list[float]) -> list[bool]:
+    """Mask of rewards that can be trained on (NaN/inf samples are excluded and logged)."""
+    return [math.isfinite(r) for r in rewards]

@@ -1,0 +1,301 @@
+"""Offline profiling for the Planner (paper §4.3.1, §6.8).
+
+``spotlight profile`` measures, for the run's model and sampler:
+
+* ``t_step_s``: seconds per (sequence × denoising step) of one Rollout Worker at the
+  worker batch size, per worker kind and SP degree (``"cpu/sp1"``, ``"cuda/sp2"``…);
+* for each First-Block-Cache threshold: the mean number of denoising steps whose
+  transformer tail actually ran (effective steps s), and the exploration accuracy: the
+  Spearman rank correlation, within each prompt group, between rewards of the cached
+  exploration and of the full rollout for the same prompts and seeds (averaged over
+  prompts).
+
+The table is written as JSON; the coordinator reads it (``explore.profile_path``, or the
+cached profile for this model/sampler config) and the Planner refuses thresholds whose
+accuracy is below ``planner.min_exploration_accuracy``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import pathlib
+import time
+from typing import Sequence
+
+import msgspec
+
+from spotlight.config import SpotlightConfig
+from spotlight.core.planner import StepOption
+
+PROFILE_VERSION = 1
+
+
+@dataclasses.dataclass
+class Profile:
+    """A loaded profile table."""
+
+    t_step_s: float
+    """Seconds per sequence-step for the default worker kind (``cpu/sp1`` or ``cuda/sp1``)."""
+    t_step_by_kind: dict[str, float]
+    steps: list[dict]
+    """Rows ``{"cache_threshold", "effective_steps", "accuracy", "num_prompts", "num_seeds"}``."""
+    path: str = ""
+
+    def step_options(self) -> list[StepOption]:
+        """The Planner's step options. A threshold whose accuracy could not be measured
+        (``null``: every prompt's rewards were tied, e.g. a 0/1 reward) gets accuracy −1, so
+        the Planner refuses it rather than trusting an unmeasured cache."""
+        return [
+            StepOption(float(r["cache_threshold"]), float(r["effective_steps"]), _accuracy(r.get("accuracy")), float(r["cost_steps"]) if r.get("cost_steps") else None)
+            for r in self.steps
+        ]
+
+
+def _accuracy(value) -> float:
+    if value is None:
+        return -1.0
+    v = float(value)
+    return v if math.isfinite(v) else -1.0
+
+
+def config_key(cfg: SpotlightConfig) -> str:
+    """Hash of the parts of the config a profile depends on (model, sampler, reward, batch)."""
+    parts = {
+        "model": msgspec.to_builtins(cfg.model),
+        "sampler": msgspec.to_builtins(cfg.sampler),
+        "reward": cfg.reward.kind,
+        "batch": cfg.cluster.worker_batch_size,
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def default_profile_path(cfg: SpotlightConfig) -> pathlib.Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return pathlib.Path(base) / "spotlight" / f"profile-{config_key(cfg)}.json"
+
+
+def load_profile(cfg: SpotlightConfig) -> Profile | None:
+    """The profile named by ``explore.profile_path``, else the cached one for this config.
+
+    Returns None when neither exists (the coordinator then measures t_step online and
+    explores without a cache).
+
+    Raises:
+        SpotlightError: ``explore.profile_path`` is set but missing or malformed.
+    """
+    from spotlight.errors import SpotlightError
+
+    explicit = cfg.explore.profile_path
+    path = pathlib.Path(explicit) if explicit else default_profile_path(cfg)
+    if not path.is_file():
+        if explicit:
+            raise SpotlightError(f"explore.profile_path: file not found: {path} (run `spotlight profile --out {path}`)")
+        return None
+    try:
+        data = json.loads(path.read_text())
+        kinds = {str(k): float(v) for k, v in data["t_step_s"].items()}
+        steps = list(data["steps"])
+        default = kinds.get("cpu/sp1") or kinds.get("cuda/sp1") or next(iter(kinds.values()))
+    except (ValueError, KeyError, TypeError, StopIteration) as exc:
+        raise SpotlightError(f"{path}: not a Spotlight profile ({exc})") from None
+    return Profile(default, kinds, steps, str(path))
+
+
+def spearman(a: Sequence[float], b: Sequence[float]) -> float:
+    """Spearman rank correlation (scipy); nan when either side is constant."""
+    from scipy.stats import spearmanr
+
+    if len(set(a)) < 2 or len(set(b)) < 2:
+        return float("nan")
+    return float(spearmanr(a, b).statistic)
+
+
+def _sp_member(rank: int, world: int, port: int, model_cfg: dict, sampler_cfg: dict, state_dict_path: str, batch: int, repeats: int, out_q) -> None:
+    """One rank of an SP profiling group (module-level so ``spawn`` can start it)."""
+    import torch
+
+    torch.set_num_threads(1)
+    from safetensors.torch import load_file
+
+    from spotlight.config import ModelConfig, SamplerConfig
+    from spotlight.models.dit import token_shape
+    from spotlight.rl.sampler import Conditioning, Sampler
+    from spotlight.workers.sp import group as G
+
+    mc = msgspec.convert(model_cfg, ModelConfig)
+    sampler = Sampler(msgspec.convert(sampler_cfg, SamplerConfig), token_shape(mc))
+    member = G.SPGroupMember(mc, f"profile/{rank}", torch.device("cpu"))
+    sd = load_file(state_dict_path) if rank == 0 else None
+    member.form(G.GroupSpec(tuple(f"profile/{r}" for r in range(world)), "127.0.0.1", port, 1), state_dict=sd, version=0 if sd else None)
+    cond = Conditioning(torch.zeros(batch, mc.max_text_tokens, 384), torch.ones(batch, mc.max_text_tokens, dtype=torch.long))
+    times = []
+    for i in range(repeats + 1):  # the first batch warms up
+        state = sampler.initial_state(list(range(batch))) if rank == 0 else None
+        t0 = time.perf_counter()
+        G.run_group_batch(member, sampler, state, cond)
+        if i:
+            times.append((time.perf_counter() - t0) / (batch * sampler.cfg.num_steps))
+    if rank == 0:
+        G.release_followers(member)
+    else:
+        G.serve_until_released(member)
+    member.leave()
+    if rank == 0:
+        out_q.put(sorted(times)[len(times) // 2])
+
+
+def profile_sp_t_step(cfg: SpotlightConfig, state_dict: dict, degree: int, *, repeats: int = 2) -> float:
+    """Seconds per (sequence × step) of an SP group of ``degree`` worker processes (diffusers
+    context parallelism over gloo/NCCL), at the worker batch size.
+
+    Raises:
+        ValueError: the model cannot be split ``degree`` ways.
+    """
+    import socket
+    import tempfile
+
+    import torch.multiprocessing as mp
+    from safetensors.torch import save_file
+
+    from spotlight.workers.sp.group import check_sp_degree
+
+    check_sp_degree(cfg.model, degree)
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "w.safetensors")
+        save_file({k: v.contiguous() for k, v in state_dict.items()}, path)
+        procs = [
+            ctx.Process(target=_sp_member, args=(r, degree, port, msgspec.to_builtins(cfg.model), msgspec.to_builtins(cfg.sampler), path, cfg.cluster.worker_batch_size, repeats, q))
+            for r in range(degree)
+        ]
+        for p in procs:
+            p.start()
+        try:
+            result = q.get(timeout=900)
+        finally:
+            for p in procs:
+                p.join(timeout=60)
+                if p.is_alive():
+                    p.kill()
+    return float(result)
+
+
+def run_profile(
+    cfg: SpotlightConfig,
+    embeds,
+    mask,
+    *,
+    thresholds: Sequence[float],
+    num_prompts: int,
+    num_seeds: int,
+    state_dict: dict | None = None,
+    sp_degrees: Sequence[int] = (1,),
+    progress=print,
+    prompts: Sequence[str] | None = None,
+) -> dict:
+    """Measure t_step and the threshold → (effective steps, accuracy) table.
+
+    Args:
+        cfg: run config (model, sampler, reward, worker batch size).
+        embeds, mask: ``[N, T, D]`` / ``[N, T]`` prompt embeddings (the first
+            ``num_prompts`` are used).
+        prompts: the prompt text of each embedding row, for rewards that read it (the shapes
+            task's GenEval verdict); None scores with empty prompts (JPEG rewards).
+        thresholds: First-Block-Cache thresholds to try (0 is always included: it is the
+            full rollout the others are compared with).
+        num_prompts, num_seeds: prompts and seeds per prompt for the accuracy estimate.
+        state_dict: weights to profile (default: the config's initial weights).
+        sp_degrees: SP degrees whose t_step is measured (> 1 spawns a real group).
+
+    Returns:
+        The JSON-able profile dict.
+    """
+    import numpy as np
+    import torch
+
+    from spotlight import protocol as P
+    from spotlight.rewards.reward_fn import RewardFn
+    from spotlight.core.seed_bank import derive_seed
+    from spotlight.workers.rollout.worker import RolloutExecutor
+
+    ex = RolloutExecutor(cfg.model, cfg.sampler, text_dim=embeds.shape[-1])
+    if state_dict is None:
+        from spotlight.models.dit import build_transformer
+
+        state_dict = build_transformer(cfg.model, embeds.shape[-1]).state_dict()
+    ex.add_version(0, state_dict)
+    reward_fn = RewardFn(cfg.reward)
+    bs = cfg.cluster.worker_batch_size
+    T = cfg.sampler.num_steps
+
+    def run(prompt_idx: list[int], seeds: list[int], threshold: float):
+        kind = "explore" if threshold > 0 else "rollout"
+        items = [P.LeaseItem(lease_id=i, request_id=f"p{i}", kind=kind, iteration=0, prompt_index=p, seed=s, weight_version=0, params={"cache_threshold": threshold}) for i, (p, s) in enumerate(zip(prompt_idx, seeds))]
+        tensors = {"cond.embeds": embeds[prompt_idx], "cond.mask": mask[prompt_idx]}
+        t0 = time.perf_counter()
+        out = ex.run("profile", P.Leases(worker_id="profile", items=items), tensors)
+        dt = time.perf_counter() - t0
+        msg, frames = out.result
+        from spotlight.store.tensor_wire import unpack_tensors
+
+        got = unpack_tensors(msg.tensors, frames)
+        return got["images"].numpy(), [it.computed_steps for it in msg.items], dt
+
+    # t_step: full-fidelity batches at the worker batch size (after one warm-up batch)
+    prompt_idx = [i % embeds.shape[0] for i in range(bs)]
+    seeds = [derive_seed("profile-tstep", i) for i in range(bs)]
+    run(prompt_idx, seeds, 0.0)
+    times = []
+    for _ in range(3):
+        _, _, dt = run(prompt_idx, seeds, 0.0)
+        times.append(dt / (bs * T))
+    t_step = float(np.median(times))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    progress(f"t_step = {t_step * 1e3:.2f} ms per sequence-step ({device}, SP 1, batch {bs})")
+    t_steps = {f"{device}/sp1": t_step}
+    for k in sorted(set(int(d) for d in sp_degrees if int(d) > 1)):
+        t_steps[f"{device}/sp{k}"] = profile_sp_t_step(cfg, state_dict, k)
+        progress(f"t_step = {t_steps[f'{device}/sp{k}'] * 1e3:.2f} ms per sequence-step ({device}, SP {k} group of {k} processes, batch {bs})")
+
+    # accuracy table
+    pairs = [(p, derive_seed("profile", p, k)) for p in range(num_prompts) for k in range(num_seeds)]
+    all_p = [p for p, _ in pairs]
+    all_s = [s for _, s in pairs]
+
+    def rewards_for(threshold: float):
+        rewards, steps, secs = [], [], 0.0
+        for i in range(0, len(pairs), bs):
+            imgs, comp, dt = run(all_p[i : i + bs], all_s[i : i + bs], threshold)
+            rewards += reward_fn(imgs, [prompts[p] for p in all_p[i : i + bs]] if prompts is not None else [""] * len(imgs))
+            steps += comp
+            secs += dt
+        return np.array(rewards), float(np.mean(steps)), secs
+
+    full, _, full_s = rewards_for(0.0)
+    rows = [{"cache_threshold": 0.0, "effective_steps": float(T), "cost_steps": float(T), "accuracy": 1.0, "num_prompts": num_prompts, "num_seeds": num_seeds}]
+    for thr in sorted(set(float(t) for t in thresholds if t > 0)):
+        cached, eff, secs = rewards_for(thr)
+        rhos = [spearman(cached[p * num_seeds : (p + 1) * num_seeds], full[p * num_seeds : (p + 1) * num_seeds]) for p in range(num_prompts)]
+        rhos = [r for r in rhos if r == r]
+        # no prompt with untied rewards: the ranking accuracy is unknown (JSON null, refused)
+        acc = float(np.mean(rhos)) if rhos else None
+        # a cached step still runs the head block + embeddings: measure its real cost
+        cost = float(T) * secs / full_s
+        rows.append({"cache_threshold": thr, "effective_steps": eff, "cost_steps": max(cost, eff), "accuracy": acc, "num_prompts": num_prompts, "num_seeds": num_seeds})
+        acc_txt = f"{acc:.3f}" if acc is not None else "unknown (every prompt's rewards tied; refused)"
+        progress(f"threshold {thr:.3f}: {eff:.2f} effective steps of {T} (cost {cost:.2f} full-step equivalents), accuracy (Spearman) {acc_txt}")
+    return {
+        "version": PROFILE_VERSION,
+        "config_key": config_key(cfg),
+        "created_unix_s": time.time(),
+        "t_step_s": t_steps,
+        "steps": rows,
+    }

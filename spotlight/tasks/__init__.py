@@ -1,0 +1,1 @@
+"""Tasks: prompt sets and the embedded shapes task (world, reward, base model, evaluation)."""

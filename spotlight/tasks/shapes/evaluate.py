@@ -1,0 +1,176 @@
+"""Test-set evaluation on the shapes world: the GenEval-style score per task kind.
+
+For each held-out test prompt (``spotlight/tasks/shapes/prompts/test.jsonl``) and each of
+``num_seeds`` seeds, one image is sampled with the deterministic flow-matching ODE
+(Euler, the run's ``sampler.num_steps`` and ``shift``; Flow-GRPO evaluates with ODE
+sampling too) from the initial noise :func:`spotlight.rl.sampler.seeded_noise` gives that
+seed, and scored with the *strict* verdict of :mod:`spotlight.tasks.shapes.geneval` (1 only if
+every clause holds). The score of a task kind is its mean verdict; ``overall`` is the mean
+over the six task kinds (GenEval's overall score).
+
+Seeds start at :data:`EVAL_SEED_BASE`, far from the training seeds, so no evaluated
+trajectory started from a seed the run sampled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+from typing import Callable
+
+import numpy as np
+import torch
+
+from spotlight.config import ModelConfig, SamplerConfig
+from spotlight.tasks.shapes import geneval, world
+
+EVAL_SEED_BASE = 1_000_000_000
+
+
+@dataclasses.dataclass
+class EvalResult:
+    """Scores of one model: ``per_task`` mean strict verdict by task kind, ``overall`` their
+    mean; ``partial`` the mean partial credit; ``images`` ``[N, 3, H, W] uint8`` in
+    prompt-major order (``num_seeds`` per prompt) and their ``verdicts``."""
+
+    per_task: dict[str, float]
+    overall: float
+    per_task_prompts: dict[str, int]
+    partial: float
+    num_images: int
+    images: np.ndarray
+    verdicts: list[bool]
+    prompts: list[str]
+
+    def to_json(self) -> dict:
+        return {"overall": self.overall, "per_task": self.per_task, "per_task_prompts": self.per_task_prompts, "partial_credit": self.partial, "num_images": self.num_images}
+
+
+def read_prompts(path: str | pathlib.Path = world.TEST_PROMPTS_PATH, *, source: str = "data.prompts_path") -> list[world.PromptSpec]:
+    """Prompt specs of shapes-world captions from any prompt file ``data.prompts_path`` reads
+    (GenEval-metadata JSONL like ``spotlight/tasks/shapes/prompts/test.jsonl``, CSV/TSV with a header,
+    plain text; :func:`spotlight.tasks.prompts.load_prompt_set`). ``source`` names where the path
+    came from in a missing-file error (``--prompts`` for ``spotlight eval``).
+
+    Raises:
+        ValueError: an unreadable or empty file (the message names file and line), or a
+            prompt that is not a shapes-world caption.
+    """
+    from spotlight.tasks.prompts import load_prompt_set
+
+    try:
+        prompts = load_prompt_set(path, source=source).prompts
+    except Exception as exc:  # ConfigError and friends: one ValueError kind for callers
+        raise ValueError(str(exc)) from None
+    return [geneval.parse_prompt(p) for p in prompts]
+
+
+@torch.no_grad()
+def sample_ode(transformer, model_cfg: ModelConfig, sampler_cfg: SamplerConfig, prompts: list[str], seeds: list[int], *, batch_size: int = 64, progress: Callable[[int, int], None] | None = None) -> np.ndarray:
+    """Deterministic Euler sampling of the tiny family.
+
+    Args:
+        transformer: a ``QwenImageTransformer2DModel`` (eval mode).
+        prompts, seeds: one image per ``(prompts[i], seeds[i])``.
+
+    Returns:
+        ``[N, 3, H, W] uint8`` images.
+    """
+    from spotlight.models.families import get_family
+    from spotlight.rl.sampler import seeded_noise
+
+    family = get_family(model_cfg)
+    sigmas = family.sigmas(sampler_cfg.num_steps, sampler_cfg.shift)
+    unique = sorted(set(prompts))
+    cond_all = family.encode_prompts(unique)
+    row = {p: i for i, p in enumerate(unique)}
+    out = []
+    for start in range(0, len(prompts), batch_size):
+        ps, ss = prompts[start : start + batch_size], seeds[start : start + batch_size]
+        cond = cond_all.index(torch.tensor([row[p] for p in ps]))
+        x = seeded_noise(ss, -1, family.latent_shape)
+        for j in range(sampler_cfg.num_steps):
+            sig = torch.full((x.shape[0],), float(sigmas[j]))
+            v = family.velocity(transformer, x, sig, cond)
+            x = x + (float(sigmas[j + 1]) - float(sigmas[j])) * v
+        out.append(family.decode(x).numpy())
+        if progress is not None:
+            progress(min(start + batch_size, len(prompts)), len(prompts))
+    return np.concatenate(out)
+
+
+def evaluate(transformer, model_cfg: ModelConfig, sampler_cfg: SamplerConfig, specs: list[world.PromptSpec], *, num_seeds: int = 8, progress=None) -> EvalResult:
+    """Sample ``num_seeds`` images per spec and score them (see the module docstring)."""
+    prompts = [s.prompt for s in specs for _ in range(num_seeds)]
+    seeds = [EVAL_SEED_BASE + k for _ in specs for k in range(num_seeds)]
+    images = sample_ode(transformer, model_cfg, sampler_cfg, prompts, seeds, progress=progress)
+    both = geneval.verdicts(images, prompts)
+    strict = [float(c) for c, _ in both]
+    partial = [p for _, p in both]
+    tags = [s.tag for s in specs for _ in range(num_seeds)]
+    per_task = {t: float(np.mean([v for v, tt in zip(strict, tags) if tt == t])) for t in world.TASKS if t in tags}
+    return EvalResult(
+        per_task=per_task,
+        per_task_prompts={t: sum(1 for s in specs if s.tag == t) for t in per_task},
+        overall=float(np.mean(list(per_task.values()))),
+        partial=float(np.mean(partial)),
+        num_images=len(prompts),
+        images=images,
+        verdicts=[v >= 1.0 for v in strict],
+        prompts=prompts,
+    )
+
+
+def load_transformer(model_cfg: ModelConfig, weights_dir: str | pathlib.Path | None = None):
+    """The run's transformer: the base model of ``model_cfg``, or a saved ``final/`` folder
+    (``save_pretrained`` of a full fine-tune, or ``pytorch_lora_weights.safetensors`` of a
+    LoRA run, applied to the base model).
+
+    Raises:
+        FileNotFoundError: ``weights_dir`` holds neither.
+    """
+    from spotlight.models.families import get_family
+
+    model = get_family(model_cfg).build_transformer()
+    if weights_dir is None:
+        return model.eval()
+    d = pathlib.Path(weights_dir)
+    if (d / "pytorch_lora_weights.safetensors").is_file():
+        from diffusers import QwenImagePipeline
+
+        state, alphas = QwenImagePipeline.lora_state_dict(str(d), return_alphas=True)
+        model.load_lora_adapter(state, network_alphas=alphas, adapter_name="default", prefix="transformer")
+        return model.eval()
+    if (d / "config.json").is_file():
+        from diffusers import QwenImageTransformer2DModel
+
+        return QwenImageTransformer2DModel.from_pretrained(d, torch_dtype=torch.float32).eval()
+    raise FileNotFoundError(f"{d}: neither a transformer folder (config.json) nor LoRA weights (pytorch_lora_weights.safetensors)")
+
+
+def comparison_grid(results: dict[str, EvalResult], path: pathlib.Path, *, num_prompts: int = 12, num_seeds: int = 4) -> None:
+    """One row per (test prompt, model): ``num_seeds`` samples with pass/fail under each."""
+    from spotlight.util.plots import labelled_grid
+
+    first = next(iter(results.values()))
+    per_prompt = first.num_images // len(set(first.prompts))
+    prompts = list(dict.fromkeys(first.prompts))
+    # spread the rows over the task kinds
+    by_tag: dict[str, list[int]] = {}
+    for i, p in enumerate(prompts):
+        by_tag.setdefault(geneval.parse_prompt(p).tag, []).append(i)
+    chosen: list[int] = []
+    while len(chosen) < min(num_prompts, len(prompts)):
+        for tag in world.TASKS:
+            rest = [i for i in by_tag.get(tag, []) if i not in chosen]
+            if rest and len(chosen) < num_prompts:
+                chosen.append(rest[0])
+    rows, colors = [], []
+    for i in chosen:
+        for name, res in results.items():
+            idx = range(i * per_prompt, i * per_prompt + min(num_seeds, per_prompt))
+            rows.append((f"{name}: {prompts[i]}", [res.images[k] for k in idx], ["pass" if res.verdicts[k] else "fail" for k in idx]))
+            colors.append([(0, 140, 0) if res.verdicts[k] else (200, 0, 0) for k in idx])
+    title = "test prompts (never trained on), ODE samples: " + ", ".join(f"{n} {r.overall:.3f}" for n, r in results.items())
+    labelled_grid(rows, path, title=title, colors=colors)

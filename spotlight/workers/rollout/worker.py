@@ -1,0 +1,581 @@
+"""Rollout Worker: one GPU worker process that denoises batches of leased requests.
+
+:class:`RolloutExecutor` (denoising of leased batches) and :class:`WorkerProcess` (the
+worker's ZeroMQ loop with its agent) are shared with the sequence-parallel
+:mod:`spotlight.workers.sp.group_worker`, which subclasses them and is imported lazily by
+:func:`make_worker` (SP degree > 1); ``python -m spotlight.workers.rollout.worker`` is the
+process entry point the agent spawns.
+
+A worker is a child of its node's ``spotlight-agent`` (the node Scheduler) and talks
+only to it, over a ZeroMQ DEALER socket (identity = worker id)::
+
+    worker                         agent (node Scheduler)             coordinator
+      WORKER_HELLO ─────────────▶
+      PULL(max) ────────────────▶  PULL ──────────────────────────▶  Request Scheduler
+      ◀──────────────── LEASES     ◀───────────────────────── LEASES (+ text conditioning)
+      FETCH_WEIGHTS(v) ─────────▶  (cache hit, or FETCH_WEIGHTS ──▶  Tensor Store,
+      ◀──────────────── WEIGHTS     in chunks, into the node's file <weights_dir>/v<v>.safetensors)
+      (maps that file: the version's tensors live in the page cache, not in the worker's heap)
+      … denoise (SDE window, seeded noise; exploration may use a step cache) …
+      RESULT (images, window latents, log-probs) ─▶ RESULT ───────▶ rewards, trainer
+      ◀── STOP(commit)  → COMMIT (latent, step, window so far) ───▶ Tensor Store
+
+Rollout requests always run at full fidelity (no cache): their log-probs feed the
+policy gradient (DESIGN §3 "On-policy training"). Exploration requests may run with
+diffusers' First Block Cache at the threshold in their params; the number of steps
+whose transformer actually ran is reported per request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import sys
+import time
+import uuid
+from typing import Callable
+
+import msgspec
+import torch
+import zmq
+
+from spotlight import protocol as P
+from spotlight.config import ModelConfig, SamplerConfig
+from spotlight.models.families import get_family, torch_dtype
+from spotlight.models.lora import add_lora, load_version
+from spotlight.rl.sampler import Conditioning, DenoiseState, Sampler
+from spotlight.store.tensor_wire import bytes_to_state_dict, mmap_state_dict, pack_tensors, unpack_tensors
+from spotlight.util.procs import configure_logging
+
+EVENTS_ENV = "SPOTLIGHT_WORKER_EVENTS"
+"""Environment variable naming a file to which workers append timing events (one JSON object
+per line: ``t_unix_s``, ``pid``, ``event`` and fields); unset = no events. Used by
+``benchmarks/reconfig.py`` to see when a reconfigured group serves again."""
+
+_events_fd: int | None = None
+
+
+def worker_event(event: str, **fields) -> None:
+    """Append one timing event to ``$SPOTLIGHT_WORKER_EVENTS`` (no-op when unset).
+
+    Events: ``spare_ready`` (a warm spare finished importing), ``assigned`` (a spare became
+    worker ``worker``), ``hello``, ``formed`` (``generation``, ``sp``, ``source``,
+    ``timings_s``), ``step`` (a denoising step finished: ``sp``, ``step``). One ``write`` of
+    one line to a file opened with ``O_APPEND``, so lines of concurrent workers do not mix.
+    """
+    global _events_fd
+    path = os.environ.get(EVENTS_ENV)
+    if not path:
+        return
+    if _events_fd is None:
+        _events_fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    line = json.dumps({"t_unix_s": time.time(), "pid": os.getpid(), "event": event, **fields}, default=str)
+    os.write(_events_fd, (line + "\n").encode())
+
+
+def events_enabled() -> bool:
+    """True when :func:`worker_event` writes (``$SPOTLIGHT_WORKER_EVENTS`` is set)."""
+    return bool(os.environ.get(EVENTS_ENV))
+
+
+PULL_TIMEOUT_S = 30.0
+"""Pull again when a PULL got no LEASES for this long (lost while the coordinator restarted);
+a late answer to the first pull is still served when it arrives."""
+
+log = logging.getLogger("spotlight.worker")
+
+MAX_CACHED_VERSIONS = 2
+
+
+@dataclasses.dataclass
+class BatchOutcome:
+    """What one leased batch produced.
+
+    Exactly one of ``result`` / ``commit`` is set: ``result`` when every request
+    finished, ``commit`` when ``should_stop`` interrupted it (preemption).
+    """
+
+    result: tuple[P.Result, list[bytes]] | None = None
+    commit: tuple[P.Commit, list[bytes]] | None = None
+
+
+class StepCounter:
+    """Counts transformer forwards whose tail blocks really ran (First Block Cache may skip them).
+
+    Hooks the first ``Linear`` inside the last block of the transformer's last block list:
+    it runs only when that block's own forward runs, not when the cache returns its output.
+    """
+
+    def __init__(self, transformer, block_names: tuple[str, ...] = ("transformer_blocks",)):
+        self.count = 0
+        blocks = [b for name in block_names for b in getattr(transformer, name, [])]
+        tail = blocks[-1]
+        linear = next(m for m in tail.modules() if isinstance(m, torch.nn.Linear))
+        self._handle = linear.register_forward_hook(self._hook)
+
+    def _hook(self, *_):
+        self.count += 1
+
+
+class RolloutExecutor:
+    """Holds the transformer and up to :data:`MAX_CACHED_VERSIONS` weight versions, and
+    runs batches. Pure compute: no sockets (the process loop below owns those).
+
+    Args:
+        model_cfg, sampler_cfg: the run's ``[model]`` and ``[sampler]`` sections.
+        text_dim: width D of the tiny family's text embeddings (other families read it from the checkpoint).
+        lora: LoRA settings (:func:`spotlight.models.lora.lora_spec`); ``{}`` = full weights.
+            With LoRA the worker keeps ONE frozen base transformer and a version is an adapter.
+        device: where the transformer runs (default: CUDA ``cuda:<gpu>`` when available, else CPU).
+        init_seed: seed of the LoRA adapter's initialisation (overwritten by every version).
+    """
+
+    def __init__(self, model_cfg: ModelConfig, sampler_cfg: SamplerConfig, text_dim: int = 384, *, lora: dict | None = None, device: torch.device | str | None = None):
+        self.model_cfg = model_cfg
+        self.family = get_family(model_cfg, text_dim=text_dim)
+        self.sampler = Sampler(sampler_cfg, self.family.latent_shape, self.family.sigmas(sampler_cfg.num_steps, sampler_cfg.shift))
+        self.text_dim = text_dim
+        self.lora = dict(lora or {})
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.dtype = torch_dtype(model_cfg.dtype, self.device)
+        self.versions: dict[int, dict[str, torch.Tensor]] = {}
+        self.transformer = None
+        self.loaded_version: int | None = None
+        self._counter: StepCounter | None = None
+        self._cache_threshold: float = 0.0
+        self._decoder_ready = False
+
+    # ------------------------------------------------------------ weights
+    def add_version(self, version: int, state_dict: dict[str, torch.Tensor]) -> None:
+        """Keep ``state_dict`` as ``version``; drops the oldest beyond the cap."""
+        self.versions[version] = state_dict
+        for v in sorted(self.versions)[:-MAX_CACHED_VERSIONS]:
+            if v != self.loaded_version:
+                del self.versions[v]
+
+    def _use(self, version: int) -> None:
+        if self.transformer is None:
+            model = self.family.build_transformer(self.dtype)
+            if self.lora:
+                add_lora(model, self.lora, self.family.default_lora_targets, seed=self.model_cfg.init_seed)
+                if self.dtype != torch.float32:
+                    model.to(self.dtype)
+            self.transformer = model.to(self.device).eval()
+            self._counter = StepCounter(self.transformer, self.family.block_names)
+        if self.loaded_version != version:
+            load_version(self.transformer, self.versions[version])
+            self.loaded_version = version
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """Final latents → ``[B, 3, H, W] uint8`` CPU images (the family's VAE, loaded once)."""
+        if not self._decoder_ready:
+            self.family.load_decoder(self.device, self.dtype)
+            self._decoder_ready = True
+        with torch.no_grad():
+            return self.family.decode(latents.to(self.device))
+
+    def _set_cache(self, threshold: float) -> None:
+        if threshold == self._cache_threshold:
+            return
+        from diffusers.hooks import FirstBlockCacheConfig
+
+        if self._cache_threshold > 0:
+            self.transformer.disable_cache()
+        if threshold > 0:
+            self.transformer.enable_cache(FirstBlockCacheConfig(threshold=threshold))
+        self._cache_threshold = threshold
+
+    # ------------------------------------------------------------ compute
+    def run(
+        self,
+        worker_id: str,
+        leases: P.Leases,
+        tensors: dict[str, torch.Tensor],
+        *,
+        should_stop: Callable[[], bool] = lambda: False,
+    ) -> BatchOutcome:
+        """Denoise one leased batch.
+
+        All items share kind, weight version and params (the Request Scheduler batches
+        them that way). Items resuming from a committed state are denoised in sub-batches
+        by their resume step, then joined with the rest.
+
+        Raises:
+            KeyError: the needed weight version was never added.
+        """
+        items = leases.items
+        kind = items[0].kind
+        version = items[0].weight_version
+        as_rollout = kind == "rollout" or bool(items[0].params.get("as_rollout"))  # verl-omni-spot reuses candidates
+        threshold = float(items[0].params.get("cache_threshold", 0.0)) if not as_rollout else 0.0
+        window = items[0].params.get("sde_window_start")
+        sampler = self.sampler.with_window(None if window is None else int(window))
+        self._prepare(version, threshold)
+        cond_all = Conditioning.from_tensors(tensors).to(self.device)
+        t0 = time.monotonic()
+
+        # Group rows by starting step (fresh rows start at 0).
+        starts: dict[int, list[int]] = {}
+        for i, it in enumerate(items):
+            starts.setdefault(it.resume_step or 0, []).append(i)
+        finished: dict[int, DenoiseState] = {}
+        stopped: dict[int, DenoiseState] = {}
+        for step0 in sorted(starts):
+            rows = starts[step0]
+            if step0 == 0:
+                state = sampler.initial_state([items[i].seed for i in rows])
+            else:
+                state = DenoiseState.concat(
+                    [
+                        DenoiseState.from_tensors(
+                            [items[i].seed],
+                            step0,
+                            # committed per-row tensors carry no batch dim (see _commit): add it back
+                            {k[len(f"state.{i}.") :]: v.unsqueeze(0) for k, v in tensors.items() if k.startswith(f"state.{i}.")},
+                        )
+                        for i in rows
+                    ]
+                )
+            state = self._denoise(sampler, _to_device(state, self.device), cond_all.index(rows), should_stop)
+            state = _to_device(state, torch.device("cpu"))
+            for k, i in enumerate(rows):
+                (finished if state.step >= sampler.cfg.num_steps else stopped)[i] = state.select([k])
+        elapsed = time.monotonic() - t0
+
+        if stopped:
+            return BatchOutcome(commit=self._commit(worker_id, items, finished, stopped))
+        order = list(range(len(items)))
+        full = DenoiseState.concat([finished[i] for i in order])
+        out = {"images": self.decode(full.latents), "computed_steps": full.computed_steps}
+        if as_rollout:
+            out["window_latents"] = torch.stack(full.window_latents, dim=1)
+            out["log_probs"] = torch.stack(full.log_probs, dim=1)
+        metas, frames = pack_tensors(out)
+        msg = P.Result(
+            worker_id=worker_id,
+            batch_id=uuid.uuid4().hex[:12],
+            items=[
+                P.ResultItem(request_id=it.request_id, lease_id=it.lease_id, computed_steps=int(full.computed_steps[i]))
+                for i, it in enumerate(items)
+            ],
+            tensors=metas,
+            elapsed_s=elapsed,
+            num_gpus=self._batch_num_gpus(),
+        )
+        return BatchOutcome(result=(msg, frames))
+
+    def _batch_num_gpus(self) -> float:
+        """GPUs the last batch occupied (``Result.num_gpus``): one for this executor."""
+        return 1.0
+
+    def _prepare(self, version: int, threshold: float) -> None:
+        """Load weight ``version`` and set the exploration cache before a batch."""
+        self._use(version)
+        self._set_cache(threshold)
+
+    def _denoise(self, sampler: Sampler, state: DenoiseState, cond: Conditioning, should_stop: Callable[[], bool]) -> DenoiseState:
+        """Advance ``state`` to the last step, or until ``should_stop()`` between steps."""
+        velocity_fn = self.family.make_velocity_fn(self.transformer)
+        events = events_enabled()
+        with torch.no_grad(), self._cache_context():
+            while state.step < sampler.cfg.num_steps:
+                if should_stop():
+                    break
+                before = self._counter.count
+                sampler.advance(state, velocity_fn, cond)
+                if self._counter.count == before:  # the step cache skipped the tail blocks
+                    state.computed_steps -= 1
+                if events:
+                    worker_event("step", sp=1, step=state.step)
+        return state
+
+    def _cache_context(self):
+        import contextlib
+
+        if self._cache_threshold > 0:
+            self.transformer._reset_stateful_cache()
+            return self.transformer.cache_context("explore")
+        return contextlib.nullcontext()
+
+    def _commit(self, worker_id, items, finished, stopped) -> tuple[P.Commit, list[bytes]]:
+        """Commit every unfinished row (and finished ones as step-T states) for resumption."""
+        tensors, commit_items = {}, []
+        for i, it in enumerate(items):
+            st = stopped.get(i) or finished[i]
+            for name, t in st.tensors().items():
+                tensors[f"state.{i}.{name}"] = t[0]
+            commit_items.append(
+                P.CommitItem(request_id=it.request_id, lease_id=it.lease_id, step=st.step, seed=it.seed, weight_version=it.weight_version)
+            )
+        metas, frames = pack_tensors(tensors)
+        return P.Commit(worker_id=worker_id, items=commit_items, tensors=metas), frames
+
+
+def _to_device(state: DenoiseState, device: torch.device) -> DenoiseState:
+    """``state`` with its float tensors on ``device`` (step counters stay on the CPU)."""
+    if state.latents.device == device:
+        return state
+    state.latents = state.latents.to(device)
+    state.window_latents = [w.to(device) for w in state.window_latents]
+    state.log_probs = [lp.to(device) for lp in state.log_probs]
+    return state
+
+
+def exit_fast(rc: int):
+    """End the worker process now, skipping interpreter teardown: torch / gloo destructors
+    can take seconds, and a revoked GPU must be free (and the node's CPU for the survivors)
+    at once. Call after :meth:`WorkerProcess.close` delivered the last messages."""
+    import sys
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(rc)
+
+
+def worker_device(gpus: list[int]) -> torch.device:
+    """``cuda:<first gpu>`` when CUDA is available, else the CPU (local mode's "GPUs")."""
+    if torch.cuda.is_available() and gpus:
+        return torch.device("cuda", gpus[0] % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+# ---------------------------------------------------------------- process shell
+
+
+class WorkerProcess:
+    """The socket loop around :class:`RolloutExecutor` (one per GPU worker process).
+
+    Args:
+        weights_dir: the agent's weight cache (``agent.weight_cache``): a WEIGHTS reply
+            without a frame means ``<weights_dir>/v<version>.safetensors`` is complete there.
+    """
+
+    def __init__(self, agent_endpoint: str, worker_id: str, gpus: list[int], model_cfg: ModelConfig, sampler_cfg: SamplerConfig, batch_size: int, *, lora: dict | None = None, weights_dir: str | None = None):
+        self.worker_id = worker_id
+        self.weights_dir = weights_dir
+        self.gpus = gpus
+        self.batch_size = batch_size
+        self.executor = RolloutExecutor(model_cfg, sampler_cfg, lora=lora, device=worker_device(gpus))
+        self.ctx = zmq.Context.instance()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.IDENTITY, worker_id.encode())
+        self.sock.setsockopt(zmq.LINGER, 2000)
+        self.sock.connect(agent_endpoint)
+        self.stop_requested: P.Stop | None = None
+        self._backlog: list[tuple[P.MsgType, object, list]] = []
+        self._parent = os.getppid()
+
+    def agent_alive(self) -> bool:
+        """False once the agent that spawned us died (we were re-parented)."""
+        return os.getppid() == self._parent
+
+    def close(self, linger_s: float = 2.0) -> None:
+        """Close the agent socket, delivering what is still queued (a commit, a result) for at
+        most ``linger_s`` seconds."""
+        self.sock.close(linger=int(linger_s * 1000))
+        self.ctx.term()
+
+    def send(self, msg, frames=None, msg_type=None):
+        self.sock.send_multipart(P.encode(msg, frames, msg_type=msg_type), copy=False)
+
+    def give_back(self, leases: P.Leases, reason: str) -> None:
+        """Return leased requests untouched (the coordinator re-enqueues them for full re-execution)."""
+        self.send(P.Fail(worker_id=self.worker_id, request_ids=[i.request_id for i in leases.items], lease_ids=[i.lease_id for i in leases.items], reason=reason))
+
+    def _recv(self, timeout_ms: int):
+        """Next message: a deferred one first, else from the socket (None on timeout)."""
+        if self._backlog:
+            return self._backlog.pop(0)
+        return self._recv_socket(timeout_ms)
+
+    def _recv_socket(self, timeout_ms: int):
+        """Next message from the socket only. Loops that defer unrelated messages to the
+        backlog must use this, or they would pop their own deferred message forever."""
+        if not self.sock.poll(timeout_ms):
+            return None
+        frames = self.sock.recv_multipart()
+        try:
+            return P.decode(frames)
+        except P.ProtocolError as exc:
+            log.error("worker %s: dropped malformed frame: %s", self.worker_id, exc)
+            return None
+
+    def _check_stop(self) -> bool:
+        if self.stop_requested is not None:
+            return True
+        if not self.agent_alive():
+            log.error("worker %s: agent died; exiting without commit (the coordinator re-enqueues our leases)", self.worker_id)
+            os._exit(3)
+        while self.sock.poll(0):
+            frames = self.sock.recv_multipart()
+            try:
+                mtype, body, payload = P.decode(frames)
+            except P.ProtocolError as exc:
+                log.error("worker %s: dropped malformed frame: %s", self.worker_id, exc)
+                continue
+            if mtype == P.MsgType.STOP:
+                self.stop_requested = body
+                return True
+            self._backlog.append((mtype, body, payload))
+        return False
+
+    def _ensure_version(self, version: int, timeout_s: float = 600.0) -> None:
+        """Get weight ``version`` from the agent (its cache, a local peer's copy, or the
+        coordinator's Tensor Store); waits while it is not published yet.
+
+        Raises:
+            RuntimeError: still not published after ``timeout_s``.
+        """
+        if version in self.executor.versions:
+            return
+        deadline = time.monotonic() + timeout_s
+        self.send(P.FetchWeights(worker_id=self.worker_id, version=version))
+        asked = time.monotonic()
+        while True:
+            got = self._recv_socket(1000)
+            if got is None:
+                if not self.agent_alive():
+                    os._exit(3)
+                if time.monotonic() - asked > 15.0:  # a lost reply must not wedge the worker
+                    self.send(P.FetchWeights(worker_id=self.worker_id, version=version))
+                    asked = time.monotonic()
+                continue
+            mtype, body, payload = got
+            if mtype == P.MsgType.WEIGHTS and body.version == version:
+                sd = self._load_version(body, payload) if body.found else None
+                if sd is None:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"weight version {version} is not available")
+                    time.sleep(0.5)
+                    self.send(P.FetchWeights(worker_id=self.worker_id, version=version))
+                    continue
+                self.executor.add_version(version, sd)
+                return
+            if mtype == P.MsgType.STOP:
+                self.stop_requested = body
+                return
+            self._backlog.append(got)
+
+    def _load_version(self, body: P.Weights, payload: list) -> dict[str, torch.Tensor] | None:
+        """The state dict a WEIGHTS reply points at: the node cache's file, memory-mapped
+        (:func:`spotlight.store.tensor_wire.mmap_state_dict`), or a frame carrying the whole file
+        (small versions from older agents). None when the file is gone (the agent evicted it
+        before we opened it): the caller asks again.
+
+        Raises:
+            WeightSyncError: the cached file is not a well-formed safetensors file.
+        """
+        if payload:
+            return bytes_to_state_dict(payload[0])
+        if self.weights_dir is None:
+            raise RuntimeError("the agent answered with its weight cache, but this worker was not told where it is (weights_dir)")
+        try:
+            return mmap_state_dict(os.path.join(self.weights_dir, f"v{int(body.version)}.safetensors"))
+        except FileNotFoundError:
+            log.warning("worker %s: weights v%d left the node cache before we mapped them; asking again", self.worker_id, body.version)
+            return None
+
+    def run(self) -> int:
+        self.send(P.WorkerHello(worker_id=self.worker_id, gpus=self.gpus, pid=os.getpid()))
+        worker_event("hello", worker=self.worker_id)
+        idle_wait_ms = 20
+        pulled = False
+        while True:
+            if self.stop_requested is not None:
+                return 0
+            if not pulled:
+                self.send(P.Pull(worker_id=self.worker_id, max_requests=self.batch_size, versions=sorted(self.executor.versions)))
+                pulled, pulled_at = True, time.monotonic()
+            got = self._recv(500)
+            if got is None:
+                if not self.agent_alive():
+                    log.error("worker %s: agent died; exiting", self.worker_id)
+                    return 3
+                if time.monotonic() - pulled_at > PULL_TIMEOUT_S:  # a pull lost with a dying coordinator
+                    pulled = False
+                continue
+            mtype, body, payload = got
+            if mtype == P.MsgType.STOP:
+                return 0
+            if mtype != P.MsgType.LEASES:
+                log.warning("worker %s: unexpected %s while idle", self.worker_id, mtype.name)
+                continue
+            pulled = False
+            if not body.items:
+                time.sleep(idle_wait_ms / 1000.0)
+                idle_wait_ms = min(200, idle_wait_ms * 2)
+                continue
+            idle_wait_ms = 20
+            tensors = unpack_tensors(body.tensors, payload)
+            self._ensure_version(body.items[0].weight_version)
+            if self.stop_requested is not None:
+                # Stopped before starting: give the leases back untouched (full re-execution).
+                self.give_back(body, "worker stopping")
+                return 0
+            try:
+                outcome = self.executor.run(self.worker_id, body, tensors, should_stop=self._check_stop)
+            except Exception as exc:  # report, keep serving
+                log.exception("worker %s: batch failed", self.worker_id)
+                self.give_back(body, f"{type(exc).__name__}: {exc}")
+                continue
+            if outcome.commit is not None:
+                if self.stop_requested is not None and not self.stop_requested.commit:
+                    self.give_back(body, "stopped without live migration (cluster.live_migration = false)")
+                else:
+                    self.send(*outcome.commit)
+                return 0
+            self.send(*outcome.result)
+
+
+def make_worker(agent_endpoint: str, worker_id: str, gpus: list[int], conf: dict, *, member=None) -> WorkerProcess:
+    """The worker process object for ``conf`` (the agent's ``--config-json``): a
+    :class:`~spotlight.workers.sp.group_worker.GroupWorkerProcess` when ``sp_degree > 1``, else a
+    :class:`WorkerProcess`. ``member``: a warm spare's prepared SP group member (SP > 1 only).
+
+    Raises:
+        msgspec.ValidationError: ``conf["model"]`` / ``conf["sampler"]`` are not valid sections.
+    """
+    model_cfg = msgspec.convert(conf["model"], ModelConfig)
+    sampler_cfg = msgspec.convert(conf["sampler"], SamplerConfig)
+    if int(conf.get("sp_degree", 1)) > 1:
+        from spotlight.workers.sp.group_worker import GroupWorkerProcess
+
+        return GroupWorkerProcess(agent_endpoint, worker_id, gpus, model_cfg, sampler_cfg, int(conf.get("worker_batch_size", 8)), member=member, weights_dir=conf.get("weights_dir"))
+    return WorkerProcess(agent_endpoint, worker_id, gpus, model_cfg, sampler_cfg, int(conf.get("worker_batch_size", 8)), lora=conf.get("lora") or {}, weights_dir=conf.get("weights_dir"))
+
+
+def setup_process(worker_id: str, conf: dict) -> None:
+    """Logging (``worker[<id>]`` prefix), the ``SIGUSR1`` stack dump and torch's thread count."""
+    import faulthandler
+    import signal as _signal
+
+    configure_logging(f"worker[{worker_id}]", f"worker-{worker_id}")
+    faulthandler.register(_signal.SIGUSR1)  # `kill -USR1 <pid>` dumps every thread's stack (debugging hangs)
+    torch.set_num_threads(int(conf.get("torch_threads", 1)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Spotlight Rollout Worker (started by spotlight-agent)")
+    ap.add_argument("--agent", required=True, help="agent endpoint, e.g. ipc:///tmp/x or tcp://127.0.0.1:5555")
+    ap.add_argument("--worker-id", required=True)
+    ap.add_argument("--gpus", default="0", help="comma-separated GPU indices of this worker")
+    ap.add_argument("--config-json", required=True, help="JSON with 'model', 'sampler', 'worker_batch_size', 'torch_threads', 'sp_degree', 'lora', 'weights_dir'")
+    args = ap.parse_args(argv)
+    conf = json.loads(args.config_json)
+    setup_process(args.worker_id, conf)
+    gpus = [int(g) for g in args.gpus.split(",") if g != ""]
+    proc = make_worker(args.agent, args.worker_id, gpus, conf)
+    rc = proc.run()
+    proc.close()
+    exit_fast(0 if rc is None else rc)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

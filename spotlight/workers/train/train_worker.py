@@ -1,0 +1,756 @@
+"""Train Worker: the Flow-GRPO update of the DiT under FSDP2, and its process entry.
+
+:class:`FlowGRPOTrainer` is the compute (usable in-process, tests drive it directly);
+:func:`main` is the process (``python -m spotlight.workers.train.train_worker ...``) that talks
+to the coordinator over a CURVE-encrypted ZeroMQ DEALER (the coordinator's loopback trainer socket)::
+
+    → TRAIN_READY(rank, world_size, version=0)      (rank 0 also → version v0, see below)
+                  (with --resume-version N: load the trainer checkpoint, version=N, publish vN)
+    ← TRAIN_BATCH  → train_step → [--checkpoint-dir: save DIR/v{v+1:06d}, keep 2]
+                   → full state dict → (rank 0) publish v+1
+                                                   → TRAIN_DONE(rank, iteration, v+1)
+
+Publishing a version (rank 0): the state dict is written to ``--spool-dir`` as a safetensors
+file (:func:`spotlight.store.tensor_wire.save_version`, digested on the way), then streamed as a
+WEIGHTS header and ``cluster.weight_chunk_bytes`` WEIGHTS_CHUNK messages, zero-copy from a
+memory map of the file (:func:`spotlight.store.weight_sync.send_version`); the file is unlinked
+as soon as it is mapped. No whole-version byte string is ever built.
+    ← SHUTDOWN("save:<path>") → save_pretrained(path) → TRAIN_DONE(rank, -1, -1) (ack)
+    ← SHUTDOWN                → exit
+
+One ``train_step`` is one optimizer step over the rank's samples (Flow-GRPO,
+algorithms.md §1.5): every micro-batch is recomputed with the *current* weights and the
+same batch composition as the rollout, so on fresh samples the policy ratio is exactly
+1 (the Flow-GRPO debug check, reported as ``train/ratio_max_dev == 0.0``).
+
+Collective rules (FSDP2 issues one all-gather / reduce-scatter per block per
+forward/backward, so every rank must run the same number of them):
+
+* the local micro-batch count is all-reduced with MAX; a rank with fewer runs extra
+  forward/backward passes on its first micro-batch with the loss multiplied by 0;
+* a rank with ZERO samples runs the same number of passes on a one-row dummy
+  micro-batch of zeros (text mask of ones so attention stays finite) with weight 0;
+* the loss of every rank is divided by the element count (samples × window steps) of
+  the whole update summed over ALL ranks, and multiplied by ``world_size`` because FSDP2
+  averages gradients over ranks; the gradient therefore equals the one-big-batch
+  gradient whatever the split of samples between ranks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import logging
+import math
+import os
+import pathlib
+import sys
+import tempfile
+import time
+import warnings
+
+import torch
+import torch.distributed as dist
+
+from spotlight.config import SpotlightConfig, config_from_dict, load_config
+from spotlight.models.families import get_family, torch_dtype
+from spotlight.models.lora import adapter_metadata, add_lora, lora_spec
+from spotlight.rl.grpo import clipped_policy_loss, kl_to_reference
+from spotlight.rl.sampler import Conditioning, Sampler
+
+log = logging.getLogger("spotlight.train")
+
+# diffusers returns ``(sample,)``; FSDP2 warns that the output is a view. The sampler never
+# modifies it in place, so the warning is noise.
+warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
+
+BATCH_KEYS = ("window_latents", "log_probs", "advantages", "cond.embeds", "cond.mask")
+"""Tensors every TRAIN_BATCH carries; also ``cond.<extra>`` (pooled, neg.*), optional
+``window_start [N] int64`` (random SDE window) and ``pad.cond.*`` (one row of conditioning for
+a rank that got no samples)."""
+
+
+def _shard(model: torch.nn.Module, mesh, block_names: tuple[str, ...], mp_policy=None) -> torch.nn.Module:
+    """FSDP2: one ``fully_shard`` per transformer block (each list in ``block_names``), then the root."""
+    from torch.distributed.fsdp import fully_shard
+
+    kw = {"mesh": mesh}
+    if mp_policy is not None:
+        kw["mp_policy"] = mp_policy
+    for name in block_names:
+        for block in getattr(model, name, []):
+            fully_shard(block, **kw)
+    fully_shard(model, **kw)
+    return model
+
+
+def _minibatches(micro_batches: list[list[int]], steps: int) -> list[list[list[int]]]:
+    """Split the rank's rollout micro-batches into ``steps`` consecutive minibatches (some may be empty)."""
+    n = len(micro_batches)
+    bounds = [round(i * n / steps) for i in range(steps + 1)]
+    return [micro_batches[bounds[i] : bounds[i + 1]] for i in range(steps)]
+
+
+class FlowGRPOTrainer:
+    """Flow-GRPO optimizer of one FSDP2 rank.
+
+    Args:
+        cfg: the run config (``model``, ``sampler``, ``train`` sections are used).
+        rank, world_size: this process's place in the (already initialised) process group.
+        device: ``cpu`` (gloo) or ``cuda:<i>`` (nccl).
+        text_dim: width D of the text embeddings (tiny family only; other families read it
+            from their checkpoint).
+        initial_state_dict: weights to start from instead of the family's (full fine-tuning).
+
+    Precision: the master weights and optimizer state are float32. On CUDA (``train.mixed_precision``
+    auto/bf16) FSDP2's ``MixedPrecisionPolicy`` runs forward/backward in bfloat16 with float32
+    gradient reduction. Log-probs, ratios, advantages, KL and the loss are float32 (the sampler
+    casts inside each step).
+
+    LoRA (``train.lora_rank > 0``): the base transformer is frozen, only the adapter trains and
+    is published; the KL reference is the same model with the adapter disabled (Flow-GRPO).
+
+    The transformer stays in ``eval()`` mode (it has no dropout; this keeps the training
+    forward bit-identical to the rollout forward).
+    """
+
+    def __init__(
+        self,
+        cfg: SpotlightConfig,
+        *,
+        rank: int,
+        world_size: int,
+        device: torch.device,
+        text_dim: int = 384,
+        initial_state_dict: dict[str, torch.Tensor] | None = None,
+    ):
+        from torch.distributed.device_mesh import init_device_mesh
+
+        if not dist.is_initialized():
+            raise RuntimeError("FlowGRPOTrainer needs torch.distributed initialised by the caller")
+        self.cfg = cfg
+        self.rank = rank
+        self.world_size = world_size
+        self.device = torch.device(device)
+        self.text_dim = text_dim
+        self.family = get_family(cfg.model, text_dim=text_dim)
+        model = self.family.build_transformer(torch.float32)
+        if initial_state_dict is not None:
+            model.load_state_dict(initial_state_dict)
+        self._diffusers_config = dict(model.config)
+        self.lora = lora_spec(cfg.train)
+        if self.lora:
+            n = add_lora(model, self.lora, self.family.default_lora_targets, seed=cfg.model.init_seed)
+            log.info("LoRA r=%d α=%g: %d trainable parameters", self.lora["rank"], self.lora["alpha"], n)
+        model.to(self.device)
+        self.compute_dtype = self._compute_dtype()
+        mp_policy = None
+        if self.compute_dtype != torch.float32:
+            from torch.distributed.fsdp import MixedPrecisionPolicy
+
+            mp_policy = MixedPrecisionPolicy(param_dtype=self.compute_dtype, reduce_dtype=torch.float32)
+        # Explicit mesh: on a GPU host FSDP2 would otherwise move CPU params to CUDA (pytorch#132471).
+        self.mesh = init_device_mesh(self.device.type, (world_size,))
+        blocks = self.family.block_names
+        self.reference = None
+        if cfg.train.kl_beta > 0 and not self.lora:
+            ref = copy.deepcopy(model).requires_grad_(False)
+            self.reference = _shard(ref, self.mesh, blocks, mp_policy)
+        self.model = _shard(model, self.mesh, blocks, mp_policy)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            self.params,
+            lr=cfg.train.learning_rate,
+            betas=tuple(cfg.train.adam_betas),
+            weight_decay=cfg.train.weight_decay,
+        )
+        self.sampler = Sampler(cfg.sampler, self.family.latent_shape, self.family.sigmas(cfg.sampler.num_steps, cfg.sampler.shift))
+        self.velocity_fn = self.family.make_velocity_fn(self.model)
+        self.steps_done = 0
+        self.steps_skipped = 0
+
+    # ------------------------------------------------------------------ helpers
+    def _compute_dtype(self) -> torch.dtype:
+        """bfloat16 on CUDA (``train.mixed_precision`` auto follows ``model.dtype``), float32 on the CPU."""
+        mp = self.cfg.train.mixed_precision
+        if self.device.type != "cuda" or mp == "fp32":
+            return torch.float32
+        return torch.bfloat16 if mp == "bf16" else torch_dtype(self.cfg.model.dtype, self.device)
+
+    def _all_reduce(self, values: list[float], op=dist.ReduceOp.SUM) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float64, device=self._comm_device())
+        dist.all_reduce(t, op=op)
+        return t.tolist()
+
+    def _comm_device(self) -> torch.device:
+        return self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+
+    def _dummy_batch(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """One-row zero micro-batch for a rank without samples (its loss weight is 0).
+
+        Conditioning comes from the batch's ``pad.cond.*`` row when the coordinator sent one
+        (family extras have the right shapes), else zeros with a text mask of ones."""
+        w = self.cfg.sampler.sde_window_size
+        shape = tuple(self.family.latent_shape)
+        out = {
+            "window_latents": torch.zeros(1, w + 1, *shape),
+            "log_probs": torch.zeros(1, w),
+            "advantages": torch.zeros(1),
+        }
+        pad = {k[len("pad."):]: v[:1] for k, v in batch.items() if k.startswith("pad.cond.")}
+        if pad:
+            out.update(pad)
+        else:
+            t = max(int(batch["cond.embeds"].shape[1]) if "cond.embeds" in batch and batch["cond.embeds"].ndim == 3 else 1, 1)
+            out["cond.embeds"] = torch.zeros(1, t, self.text_dim)
+            out["cond.mask"] = torch.ones(1, t, dtype=torch.int64)
+        return out
+
+    def _forward(self, mb: dict[str, torch.Tensor]):
+        cond = Conditioning.from_tensors(mb).to(self.device)
+        sampler = self.sampler.with_window(int(mb["window_start"][0]) if "window_start" in mb else None)
+        log_probs, results = sampler.window_log_probs(self.velocity_fn, mb["window_latents"], cond)
+        kl = None
+        if self.cfg.train.kl_beta > 0:
+            with torch.no_grad():
+                if self.lora:
+                    self.model.disable_adapters()
+                    try:
+                        _, ref_results = sampler.window_log_probs(self.velocity_fn, mb["window_latents"], cond)
+                    finally:
+                        self.model.enable_adapters()
+                else:
+                    ref_vf = self.family.make_velocity_fn(self.reference)
+                    _, ref_results = sampler.window_log_probs(ref_vf, mb["window_latents"], cond)
+            kl = sum(
+                kl_to_reference(r.mean, rr.mean.detach(), r.std_dev_t if self.cfg.train.kl_form == "flow_grpo" else r.std)
+                for r, rr in zip(results, ref_results)
+            )
+        return log_probs, kl
+
+    # ------------------------------------------------------------------ training
+
+    def train_step(self, batch: dict[str, torch.Tensor], micro_batches: list[list[int]], *, iteration: int) -> dict[str, float]:
+        """One iteration's update: ``train.steps_per_iteration`` optimizer steps over this rank's
+        samples (collective: every rank calls it).
+
+        The rollout micro-batches are split into consecutive minibatches, one optimizer step
+        each (Flow-GRPO ``num_batches_per_epoch``). The first minibatch runs on the rollout
+        weights, so its ratio is exactly 1 (``train/ratio_max_dev``); later ones are slightly
+        off-policy (``train/offpolicy_ratio_max_dev``) and the clip can act on them.
+
+        A step whose gradient norm is not finite is skipped (weights and optimizer state
+        untouched) and counted in ``train/skipped_steps``.
+
+        Args:
+            batch: this rank's tensors (see :data:`BATCH_KEYS`), ``N`` rows (may be 0).
+            micro_batches: row indices per micro-batch, the rollout batches.
+            iteration: for logging only.
+
+        Returns:
+            Metrics reduced over all ranks (sums over all samples × window steps / count).
+        """
+        t0 = time.perf_counter()
+        dev = self.device
+        tensors = {k: v.to(dev) for k, v in batch.items() if not k.startswith("pad.")}
+        for k in ("window_latents", "log_probs", "advantages"):
+            if k in tensors:
+                tensors[k] = tensors[k].float()
+        micro_batches = [list(mb) for mb in micro_batches if len(mb) > 0]
+        w = self.cfg.sampler.sde_window_size
+        n_local = sum(len(mb) for mb in micro_batches)
+        (total_samples,) = self._all_reduce([float(n_local)])
+        if total_samples == 0:
+            log.warning("iteration %d: empty update on every rank; skipping the optimizer step", iteration + 1)
+            return {"train/num_samples": 0.0, "train/skipped_steps": 0.0, "train/optimizer_steps": 0.0}
+        dummy = None
+        sums = {"loss": 0.0, "ratio_sum": 0.0, "clipped": 0.0, "approx_kl": 0.0, "kl": 0.0, "count": 0.0}
+        first_dev, later_dev = 0.0, 0.0
+        grad_norms: list[float] = []
+        steps = skipped = 0
+        for k, chunk in enumerate(_minibatches(micro_batches, self.cfg.train.steps_per_iteration)):
+            local_count = sum(len(mb) for mb in chunk) * w
+            (total_count,) = self._all_reduce([float(local_count)])
+            (max_mbs,) = self._all_reduce([float(len(chunk))], op=dist.ReduceOp.MAX)
+            if total_count == 0:
+                continue  # every rank agrees: nothing in this minibatch
+            scale = float(self.world_size) / total_count  # FSDP2 averages grads over ranks
+            if chunk:
+                real = [{key: v[torch.as_tensor(mb, device=v.device)] for key, v in tensors.items()} for mb in chunk]
+            else:
+                if dummy is None:
+                    dummy = {key: v.to(dev) for key, v in self._dummy_batch(batch).items()}
+                real = [dummy]
+            self.optimizer.zero_grad(set_to_none=True)
+            dev_k = 0.0
+            for i in range(int(max_mbs)):
+                padding = i >= len(chunk)
+                mb = real[0] if padding else real[i]
+                log_probs, kl = self._forward(mb)
+                if padding:
+                    # Same collectives as a real pass, zero gradient (NaN-safe: no exp of garbage).
+                    loss = torch.nan_to_num(log_probs).sum() * 0.0
+                    if kl is not None:
+                        loss = loss + torch.nan_to_num(kl) * 0.0
+                else:
+                    policy, stats = clipped_policy_loss(
+                        log_probs, mb["log_probs"], mb["advantages"],
+                        clip_range=self.cfg.train.clip_range, adv_clip_max=self.cfg.train.adv_clip_max,
+                    )
+                    loss = policy
+                    if kl is not None:
+                        loss = loss + self.cfg.train.kl_beta * kl
+                        sums["kl"] += float(kl.detach())
+                    sums["loss"] += float(loss.detach())
+                    sums["ratio_sum"] += float(stats["ratio_sum"])
+                    sums["clipped"] += float(stats["clipped"])
+                    sums["approx_kl"] += float(stats["approx_kl"])
+                    sums["count"] += float(stats["count"])
+                    dev_k = max(dev_k, float(stats["ratio_max_dev"]))
+                (loss * scale).backward()
+            max_norm = self.cfg.train.max_grad_norm if self.cfg.train.max_grad_norm > 0 else float("inf")
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
+            if hasattr(grad_norm, "full_tensor"):
+                grad_norm = grad_norm.full_tensor()
+            grad_norm = float(grad_norm)
+            if math.isfinite(grad_norm):
+                self.optimizer.step()
+                steps += 1
+                grad_norms.append(grad_norm)
+            else:
+                skipped += 1
+                log.error("iteration %d minibatch %d: gradient norm is %s; optimizer step skipped (weights unchanged)", iteration + 1, k, grad_norm)
+            self.optimizer.zero_grad(set_to_none=True)
+            if steps + skipped == 1:
+                first_dev = dev_k
+            else:
+                later_dev = max(later_dev, dev_k)
+        self.steps_done += steps
+        self.steps_skipped += skipped
+
+        keys = list(sums)
+        reduced = dict(zip(keys, self._all_reduce([sums[k] for k in keys])))
+        first_dev, later_dev = self._all_reduce([first_dev, later_dev], op=dist.ReduceOp.MAX)
+        count = max(reduced["count"], 1.0)
+        metrics = {
+            "train/loss": reduced["loss"] / count,
+            "train/ratio_mean": reduced["ratio_sum"] / count,
+            "train/ratio_max_dev": first_dev,
+            "train/offpolicy_ratio_max_dev": later_dev,
+            "train/clipfrac": reduced["clipped"] / count,
+            "train/approx_kl": reduced["approx_kl"] / count,
+            "train/grad_norm": float(sum(grad_norms) / len(grad_norms)) if grad_norms else float("nan"),
+            "train/kl": reduced["kl"] / count,
+            "train/num_samples": total_samples,
+            "train/optimizer_steps": float(steps),
+            "train/skipped_steps": float(skipped),
+        }
+        log.info(
+            "iteration %d rank %d: %d local samples, %d optimizer steps (%d skipped), loss %.4g, ratio_max_dev %.3g, %.2fs",
+            iteration + 1, self.rank, n_local, steps, skipped, metrics["train/loss"], first_dev, time.perf_counter() - t0,
+        )
+        return metrics
+
+    # ------------------------------------------------------------------ weights
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Full fp32 CPU state dict on rank 0 (unwrapped keys), ``{}`` elsewhere. Collective."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self.rank != 0:
+            return {}
+        # On a CPU mesh of one rank the "full" tensors alias the live parameters, which the
+        # optimizer updates in place: copy them so the returned dict is a snapshot.
+        copy_needed = self.device.type == "cpu"
+        return {k: v.detach().to("cpu", torch.float32, copy=copy_needed) for k, v in sd.items()}
+
+    def version_state_dict(self) -> dict[str, torch.Tensor]:
+        """What a published weight version holds, on rank 0 (``{}`` elsewhere). Collective.
+
+        Full fine-tuning: :meth:`full_state_dict`. LoRA: the adapter parameters alone
+        (``…lora_A.default.weight`` names), gathered from their shards. Tensors are CPU, in the
+        Rollout Workers' dtype (``model.dtype``: bfloat16 on CUDA, so a version is half the
+        float32 master copy; float32 on the CPU).
+        """
+        dtype = torch_dtype(self.cfg.model.dtype, self.device)
+        if not self.lora:
+            sd = self.full_state_dict()
+            return sd if dtype == torch.float32 else {k: v.to(dtype) for k, v in sd.items()}
+        out = {}
+        for name, p in self.model.named_parameters():
+            if not p.requires_grad:
+                continue
+            t = p.full_tensor() if hasattr(p, "full_tensor") else p
+            if self.rank == 0:
+                out[name] = t.detach().to("cpu", dtype, copy=True).contiguous()
+        return out
+
+    def save_pretrained(self, path: str | os.PathLike) -> None:
+        """Write the result on rank 0. Collective.
+
+        Full fine-tuning: an unwrapped diffusers transformer (``<Class>.from_pretrained(path)``).
+        LoRA: the adapter in diffusers format (``pytorch_lora_weights.safetensors``; load with
+        ``pipeline.load_lora_weights(path)`` or ``transformer.load_lora_adapter(path,
+        prefix="transformer")``).
+        """
+        if self.lora:
+            sd = self.version_state_dict()
+            if self.rank == 0:
+                pathlib.Path(path).mkdir(parents=True, exist_ok=True)
+                adapter = {k.replace(".default.", "."): v.float() for k, v in sd.items()}  # peft's saved naming
+                self.family.save_lora(path, adapter, adapter_metadata(self.model))
+        else:
+            sd = self.full_state_dict()
+            if self.rank == 0:
+                with torch.device("meta"):  # no second full-size allocation (20 B parameters = 80 GB fp32)
+                    model = self.family.transformer_cls().from_config(self._diffusers_config)
+                model.load_state_dict(sd, assign=True)
+                pathlib.Path(path).mkdir(parents=True, exist_ok=True)
+                model.save_pretrained(str(path))
+        if self.rank == 0:
+            log.info("saved %s to %s", "LoRA adapter" if self.lora else "weights", path)
+        dist.barrier()
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _dcp_options(self):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        # LoRA: the trainer's state is the adapter and its optimizer; the frozen base is
+        # rebuilt from the model's own weights at start-up (loading then skips it).
+        # strict=False: parameters that never had a gradient have no AdamW state; load_checkpoint
+        # checks the model keys itself.
+        return StateDictOptions(ignore_frozen_params=bool(self.lora), strict=False)
+
+    def _rng_state(self) -> dict:
+        import random
+
+        import numpy as np
+
+        np_state = np.random.get_state()
+        py_state = random.getstate()
+        out = {
+            "format": 1,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "steps_done": self.steps_done,
+            "steps_skipped": self.steps_skipped,
+            "torch": torch.get_rng_state().numpy().tobytes().hex(),
+            "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
+            "python": [py_state[0], list(py_state[1]), py_state[2]],
+        }
+        if self.device.type == "cuda":
+            out["cuda"] = torch.cuda.get_rng_state(self.device).numpy().tobytes().hex()
+        return out
+
+    def _set_rng_state(self, d: dict) -> None:
+        import random
+
+        import numpy as np
+
+        torch.set_rng_state(torch.frombuffer(bytearray.fromhex(d["torch"]), dtype=torch.uint8))
+        if self.device.type == "cuda" and "cuda" in d:
+            torch.cuda.set_rng_state(torch.frombuffer(bytearray.fromhex(d["cuda"]), dtype=torch.uint8), self.device)
+        name, keys, pos, has_gauss, gauss = d["numpy"]
+        np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, gauss))
+        version, internal, gauss = d["python"]
+        random.setstate((version, tuple(internal), gauss))
+        self.steps_done, self.steps_skipped = int(d["steps_done"]), int(d["steps_skipped"])
+
+    def save_checkpoint(self, path: str | os.PathLike) -> None:
+        """Atomically write this trainer's resumable state to directory ``path``. Collective.
+
+        Contents: ``torch.distributed.checkpoint`` (DCP) of ``{"model", "optim"}`` from
+        ``get_state_dict`` (FSDP2 DTensor shards, float32; one ``__<rank>_0.distcp`` per
+        rank plus ``.metadata``) -- for LoRA only the trainable adapter and its AdamW state
+        -- and ``rng_rank<r>.json`` per rank (torch CPU/CUDA, numpy and Python RNG states,
+        optimizer step counters). Every rank writes into ``<parent>/.tmp-<name>``; after a
+        barrier rank 0 renames it to ``path`` (replacing an older ``path``) and fsyncs the
+        parent, then all ranks pass a second barrier. A crash before the rename leaves only
+        the temp dir. ``path``'s parent must be one file system shared by all ranks.
+
+        Raises:
+            OSError: the file system failed (``path`` is then absent or the old one).
+        """
+        import shutil
+
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        path = pathlib.Path(path)
+        tmp = path.parent / f".tmp-{path.name}"
+        if self.rank == 0:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)  # a crashed save of the same version
+            tmp.mkdir()
+        dist.barrier()
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=self._dcp_options())
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
+        rng_file = tmp / f"rng_rank{self.rank}.json"
+        with open(rng_file, "w") as f:
+            json.dump(self._rng_state(), f)
+            f.flush()
+            os.fsync(f.fileno())
+        dist.barrier()
+        if self.rank == 0:
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            if path.exists():
+                old = path.parent / f".tmp-old-{path.name}"
+                shutil.rmtree(old, ignore_errors=True)
+                os.rename(path, old)
+                os.rename(tmp, path)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.rename(tmp, path)
+            fd = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            log.info("saved trainer checkpoint %s", path)
+        dist.barrier()
+
+    def load_checkpoint(self, path: str | os.PathLike) -> None:
+        """Restore a :meth:`save_checkpoint` directory into this (freshly built) trainer. Collective.
+
+        The trainer must be built with the same config (model, LoRA, optimizer) as the one
+        that saved; the world size may differ only if DCP can reshard (it can for FSDP2),
+        but each rank's RNG state is read from ``rng_rank<r>.json`` of the same rank.
+        Weights and AdamW state are restored bit for bit.
+
+        Raises:
+            FileNotFoundError: ``path`` or this rank's RNG file is missing.
+            RuntimeError: the checkpoint does not match the model (DCP / load_state_dict).
+        """
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        path = pathlib.Path(path)
+        if not (path / ".metadata").is_file():
+            raise FileNotFoundError(f"no trainer checkpoint at {path} (missing .metadata)")
+        rng = json.loads((path / f"rng_rank{self.rank}.json").read_text())
+        opts = self._dcp_options()
+        # The load replaces the optimizer state; start from none so that get_state_dict builds
+        # a complete template (it initialises AdamW state only for an optimizer without any).
+        self.optimizer.state.clear()
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=opts)
+        # get_state_dict gives a fresh optimizer state for every parameter; the saved one has
+        # state only for parameters that ever had a gradient (AdamW skips the others), so load
+        # exactly the saved entries and leave the others stateless, as they were.
+        saved = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+        optim_sd["state"] = {
+            fqn: {k: v for k, v in st.items() if f"optim.state.{fqn}.{k}" in saved}
+            for fqn, st in optim_sd["state"].items()
+            if any(key.startswith(f"optim.state.{fqn}.") for key in saved)
+        }
+        state = {"model": model_sd, "optim": optim_sd}
+        try:
+            dcp.load(state, checkpoint_id=str(path))
+        except dcp.api.CheckpointException as exc:  # a BaseException: make it an ordinary error
+            raise RuntimeError(f"trainer checkpoint {path} does not match this trainer: {exc}") from exc
+        result = set_state_dict(
+            self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=opts,
+        )
+        trainable = {n for n, p in self.model.named_parameters() if p.requires_grad}
+        bad = [k for k in result.missing_keys if k in trainable or not self.lora] + list(result.unexpected_keys)
+        if bad:
+            raise RuntimeError(f"trainer checkpoint {path} does not match the model: {bad[:5]}")
+        self._set_rng_state(rng)
+        log.info("loaded trainer checkpoint %s (%d optimizer steps so far)", path, self.steps_done)
+
+
+# ---------------------------------------------------------------------- process
+
+
+def _load_cfg(text: str) -> SpotlightConfig:
+    text = text.strip()
+    if text.startswith("{"):
+        return config_from_dict(json.loads(text))
+    p = pathlib.Path(text)
+    if p.suffix == ".toml":
+        return load_config(p)
+    return config_from_dict(json.loads(p.read_text()))
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="spotlight.workers.train.train_worker")
+    ap.add_argument("--coordinator", required=True, help="tcp://host:port of the coordinator's trainer socket")
+    ap.add_argument("--keys-file", required=True, help="0600 JSON file with this run's trainer CURVE keys (written by the coordinator)")
+    ap.add_argument("--rank", type=int, required=True)
+    ap.add_argument("--world-size", type=int, required=True)
+    ap.add_argument("--config-json", required=True, help="JSON text, a .json file or a .toml file")
+    ap.add_argument("--master-port", type=int, required=True)
+    ap.add_argument("--text-dim", type=int, default=384)
+    ap.add_argument(
+        "--checkpoint-dir", default=None,
+        help="save the trainer state (DCP) for every new version v into DIR/v{v:06d}, keeping the newest 2 "
+        "(default: no checkpoints); the coordinator passes RUN_DIR/checkpoints/train",
+    )
+    ap.add_argument(
+        "--spool-dir", default=None,
+        help="directory where rank 0 writes each version's file before streaming it (default: the system temp "
+        "directory); the coordinator passes RUN_DIR/tensor_store/spool",
+    )
+    ap.add_argument(
+        "--resume-version", type=int, default=None,
+        help="load DIR/v{N:06d} from --checkpoint-dir before TRAIN_READY and publish weights v_N instead of v_0",
+    )
+    args = ap.parse_args(argv)
+    if args.resume_version is not None and (args.checkpoint_dir is None or args.resume_version < 0):
+        ap.error("--resume-version needs --checkpoint-dir and a version >= 0")
+    return args
+
+
+def _leave_together(timeout_s: float = 10.0) -> None:
+    """Wait (bounded) for every rank before the process group is destroyed.
+
+    A gloo rank tearing its pairs down while a peer is still inside a collective can abort
+    the peer ("terminate called without an active exception"). On a clean shutdown all
+    ranks get SHUTDOWN, so a bounded ``monitored_barrier`` lines them up; a peer that
+    died (preempted, killed) only costs the timeout.
+    """
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return
+    try:
+        if dist.get_backend() == "gloo":  # NCCL has no bounded barrier; its teardown is safe
+            from datetime import timedelta
+
+            dist.monitored_barrier(timeout=timedelta(seconds=timeout_s))
+    except Exception as exc:  # a missing peer must not turn a clean exit into a crash
+        log.info("ranks did not all reach shutdown together: %s", exc)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import zmq
+
+    from spotlight import protocol as P
+    from spotlight.store import tensor_wire
+
+    args = _parse(argv)
+    if not logging.getLogger().handlers:
+        from spotlight.util.procs import configure_logging
+
+        configure_logging(f"trainer-{args.rank}", f"trainer-{args.rank}")
+    cfg = _load_cfg(args.config_json)
+    torch.set_num_threads(max(1, cfg.cluster.torch_threads))
+    use_cuda = torch.cuda.is_available()
+    if use_cuda:
+        local = args.rank % torch.cuda.device_count()
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+    else:
+        device = torch.device("cpu")
+    from spotlight.workers.sp.rendezvous import bound_store  # rank 0's store listens on 127.0.0.1 only
+
+    dist.init_process_group(
+        backend="nccl" if use_cuda else "gloo",
+        store=bound_store("127.0.0.1", args.master_port, args.rank, args.world_size, dist.constants.default_pg_timeout),
+        rank=args.rank,
+        world_size=args.world_size,
+    )
+    from spotlight.store.checkpoint import prune_train_versions, train_version_path
+
+    trainer = FlowGRPOTrainer(cfg, rank=args.rank, world_size=args.world_size, device=device, text_dim=args.text_dim)
+    from spotlight.net.security import apply_client, read_client_file
+
+    version = 0
+    if args.resume_version is not None:
+        trainer.load_checkpoint(train_version_path(args.checkpoint_dir, args.resume_version))
+        version = args.resume_version
+
+    def checkpoint(ver: int) -> None:
+        """Trainer state for weights v_ver, before TRAIN_DONE: a run checkpoint naming v_ver finds it."""
+        if args.checkpoint_dir is None:
+            return
+        trainer.save_checkpoint(train_version_path(args.checkpoint_dir, ver))
+        if args.rank == 0:
+            prune_train_versions(args.checkpoint_dir, keep=2, protect=ver)
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 10_000)
+    apply_client(sock, read_client_file(args.keys_file))
+    sock.connect(args.coordinator)
+
+    spool = pathlib.Path(args.spool_dir) if args.spool_dir else pathlib.Path(tempfile.gettempdir())
+    parent = os.getppid()
+
+    def publish(ver: int) -> None:
+        """Rank 0: write version ``ver`` to a spool file and stream it in chunks (module docstring)."""
+        sd = trainer.version_state_dict()
+        if args.rank != 0:
+            return
+        from spotlight.store.weight_sync import send_version
+
+        spool.mkdir(parents=True, exist_ok=True)
+        path = spool / f"v{ver}-{os.getpid()}.safetensors"
+        t0 = time.perf_counter()
+        try:
+            size, digest = tensor_wire.save_version(sd, path)
+            del sd
+            n = send_version(sock, ver, path, digest, cfg.cluster.weight_chunk_bytes, alive=lambda: os.getppid() == parent, unlink=True)
+        finally:
+            path.unlink(missing_ok=True)
+        log.info("published v%d: %d bytes in %d chunks (%.2fs)", ver, size, n, time.perf_counter() - t0)
+
+    sock.send_multipart(P.encode(P.TrainReady(rank=args.rank, world_size=args.world_size, version=version)))
+    publish(version)
+    log.info("ready (world %d, device %s)", args.world_size, device)
+    try:
+        while True:
+            if not sock.poll(1000):
+                if os.getppid() != parent:  # the coordinator died: nothing will ever come
+                    log.error("coordinator process is gone; train worker exiting")
+                    return 3
+                continue
+            frames = sock.recv_multipart(copy=True)
+            try:
+                mtype, body, payload = P.decode(frames)
+                if mtype == P.MsgType.TRAIN_BATCH:
+                    tensors = tensor_wire.unpack_tensors(body.tensors, payload)
+                    # a rank that got no rollout batch (fewer batches than ranks) has only pad.cond.*
+                    has_rows = any(len(mb) for mb in body.micro_batches)
+                    missing = [k for k in BATCH_KEYS if k not in tensors] if has_rows else []
+                    if missing:
+                        raise P.ProtocolError(f"TRAIN_BATCH lacks tensors {missing}")
+            except P.ProtocolError as exc:
+                log.warning("dropping malformed message: %s", exc)
+                continue
+            if mtype == P.MsgType.TRAIN_BATCH:
+                t0 = time.perf_counter()
+                metrics = trainer.train_step(tensors, body.micro_batches, iteration=body.iteration)
+                version = body.version + 1
+                checkpoint(version)
+                publish(version)
+                sock.send_multipart(P.encode(P.TrainDone(
+                    rank=args.rank, iteration=body.iteration, new_version=version,
+                    metrics=metrics, train_s=time.perf_counter() - t0,
+                )))
+            elif mtype == P.MsgType.SHUTDOWN:
+                if body.reason.startswith("save:"):
+                    trainer.save_pretrained(body.reason[len("save:"):])
+                    sock.send_multipart(P.encode(P.TrainDone(rank=args.rank, iteration=-1, new_version=-1)))
+                    continue
+                log.info("shutdown: %s", body.reason or "(no reason)")
+                _leave_together()
+                break
+            elif mtype == P.MsgType.ERROR:
+                log.error("coordinator refused a message: %s: %s", body.code, body.message)
+            else:
+                log.warning("ignoring unexpected %s", mtype.name)
+    finally:
+        sock.close()
+        ctx.term()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
