@@ -34,17 +34,31 @@ import typer
 import zmq
 
 from agent.node_scheduler import NodeScheduler, WorkerStatus
+from agent.preemption import (
+    Detector,
+    NoticeLedger,
+    NullDetector,
+    PreemptionNotice,
+    active_node_notice,
+    make_detector,
+    revoke_notice,
+    sigterm_notice,
+)
 from agent.weight_cache import WeightCache
-from agent.preemption import Detector, NoticeLedger, NullDetector, PreemptionNotice, active_node_notice, make_detector, revoke_notice, sigterm_notice
 from spotlight import protocol as P
 from spotlight.net.agent_paths import control_endpoint, state_dir
-from spotlight.util.procs import configure_logging, scrubbed_env, spawn_logged
 from spotlight.net.security import ClientKeys, KeysError, apply_client, load_client_keys
+from spotlight.util.procs import configure_logging, scrubbed_env, spawn_logged
 from spotlight.workers.rollout.spare import EXIT_SPARE_UNUSABLE
 
 log = logging.getLogger("spotlight.agent")
 
-app = typer.Typer(help="Spotlight node agent: joins a coordinator and runs Rollout Workers on this node's GPUs.", no_args_is_help=True, add_completion=False, rich_markup_mode=None)  # plain help: readable at 80 columns
+app = typer.Typer(
+    help="Spotlight node agent: joins a coordinator and runs Rollout Workers on this node's GPUs.",
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode=None,
+)  # plain help: readable at 80 columns
 
 MAX_CACHED_WEIGHTS = 3
 # Exit status of an agent that will not (re)join because its VM has an active preemption notice
@@ -103,7 +117,11 @@ class NodeIdInUse(_ExitWithLine):
 
 def node_id_in_use_line(node_id: str, message: str) -> str:
     """The refused agent's one error line (``message``: the coordinator's ERROR text)."""
-    detail = message.split("is in use by another live agent", 1)[-1].strip() if "is in use by another live agent" in message else message
+    detail = (
+        message.split("is in use by another live agent", 1)[-1].strip()
+        if "is in use by another live agent" in message
+        else message
+    )
     return f"node id {node_id} is in use by another live agent {detail}; pick another --node-id"
 
 
@@ -192,7 +210,23 @@ class AgentDaemon:
             :data:`MAX_CACHED_WEIGHTS` versions.
     """
 
-    def __init__(self, coordinator: str, gpus: list[int], *, keys: ClientKeys, node_id: str | None = None, is_spot: bool = True, register_timeout_s: float = 60.0, grace_s: float = 20.0, detector: Detector | None = None, poll_interval_s: float = 1.0, nice: int = 0, coordinator_timeout_s: float = 600.0, warm_spare: bool = True, weights_dir: pathlib.Path | None = None):
+    def __init__(
+        self,
+        coordinator: str,
+        gpus: list[int],
+        *,
+        keys: ClientKeys,
+        node_id: str | None = None,
+        is_spot: bool = True,
+        register_timeout_s: float = 60.0,
+        grace_s: float = 20.0,
+        detector: Detector | None = None,
+        poll_interval_s: float = 1.0,
+        nice: int = 0,
+        coordinator_timeout_s: float = 600.0,
+        warm_spare: bool = True,
+        weights_dir: pathlib.Path | None = None,
+    ):
         self.endpoint = coordinator if "://" in coordinator else f"tcp://{coordinator}"
         self.gpus = list(gpus)
         self.node_id = node_id or f"{socket.gethostname()}-{os.getpid()}"
@@ -225,14 +259,18 @@ class AgentDaemon:
         self.workers_sock.bind(self.worker_endpoint)
         self.sched = NodeScheduler(self.node_id)
         self.procs: dict[str, subprocess.Popen] = {}
-        self.wcache = WeightCache(weights_dir or state_dir(self.node_id) / "weights", keep_versions=MAX_CACHED_WEIGHTS, clear=False)  # emptied once registered
+        self.wcache = WeightCache(
+            weights_dir or state_dir(self.node_id) / "weights", keep_versions=MAX_CACHED_WEIGHTS, clear=False
+        )  # emptied once registered
         self.warm_spare = warm_spare
         self.spare: Spare | None = None
         self.spares_used = 0
         self._spare_due: float | None = None  # monotonic time to start the next spare
         self._spare_first_deadline: float | None = None
         self._spare_failures = 0
-        self._replace_after: tuple[str, float] | None = None  # (worker id a spare became, deadline): its join starts the next spare
+        self._replace_after: tuple[str, float] | None = (
+            None  # (worker id a spare became, deadline): its join starts the next spare
+        )
         self.weight_waiters: dict[int, list[str]] = {}
         self.registered: P.Registered | None = None
         self.session = ""
@@ -248,7 +286,9 @@ class AgentDaemon:
         self._detector_q: queue.Queue = queue.Queue()
         self._detector_thread = DetectorThread(self.detector, self._detector_q, poll_interval_s)
         self._pending_ack: list[PreemptionNotice] = []
-        self.groups: list[dict] = []  # elastic SP groups: {"members": [worker ids, leader first], "generation", "formed" (GROUP_FORM sent), "serving" (every member reported GROUP_FORMED), "formed_by", "reform_s", "form_sent"}
+        self.groups: list[
+            dict
+        ] = []  # elastic SP groups: {"members": [worker ids, leader first], "generation", "formed" (GROUP_FORM sent), "serving" (every member reported GROUP_FORMED), "formed_by", "reform_s", "form_sent"}
         self._revoking: dict[str, float] = {}  # worker id -> deadline (monotonic)
         self._done_when_serving: dict[str, dict] = {}  # revoked follower -> the group that re-forms without it
         self._signal_notices: queue.Queue = queue.Queue()
@@ -278,11 +318,23 @@ class AgentDaemon:
         except zmq.Again:
             self.dropped_to_coord += 1
             if self.registered is not None and self.dropped_to_coord % 100 == 1:
-                log.warning("coordinator unreachable: dropped %s (%d messages dropped so far)", type(msg).__name__, self.dropped_to_coord)
+                log.warning(
+                    "coordinator unreachable: dropped %s (%d messages dropped so far)",
+                    type(msg).__name__,
+                    self.dropped_to_coord,
+                )
             return False
 
     def _register_msg(self) -> P.Register:
-        return P.Register(protocol_version=P.PROTOCOL_VERSION, node_id=self.node_id, gpus=self.gpus, is_spot=self.is_spot, hostname=socket.gethostname(), pid=os.getpid(), instance_id=self.instance_id)
+        return P.Register(
+            protocol_version=P.PROTOCOL_VERSION,
+            node_id=self.node_id,
+            gpus=self.gpus,
+            is_spot=self.is_spot,
+            hostname=socket.gethostname(),
+            pid=os.getpid(),
+            instance_id=self.instance_id,
+        )
 
     def _fetch_weights(self, requests: list[P.FetchWeights]) -> None:
         """Send the weight cache's chunk requests to the coordinator (stamped with our session)."""
@@ -300,8 +352,18 @@ class AgentDaemon:
             self.coord.connect(self.endpoint)
         except zmq.ZMQError as exc:
             raise SystemExit(f"bad coordinator address {self.endpoint[:80]!r}: {exc} (expected HOST:PORT)") from None
-        log.info("registering with %s as %s (giving up after %gs)…", self.endpoint, self.keys.principal.id, self.register_timeout_s)
-        monitor = self.coord.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        log.info(
+            "registering with %s as %s (giving up after %gs)…",
+            self.endpoint,
+            self.keys.principal.id,
+            self.register_timeout_s,
+        )
+        monitor = self.coord.get_monitor_socket(
+            zmq.EVENT_HANDSHAKE_FAILED_AUTH
+            | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+            | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+            | zmq.EVENT_HANDSHAKE_SUCCEEDED
+        )
         sent = self._to_coord(self._register_msg())  # fails (dropped) until the connection is up
         started = time.monotonic()
         deadline = started + self.register_timeout_s
@@ -313,7 +375,13 @@ class AgentDaemon:
                 if time.monotonic() >= next_progress:
                     attempt += 1
                     next_progress += REGISTER_PROGRESS_S
-                    log.warning("waiting for coordinator at %s (attempt %d, %.0f s; giving up after %g s)", self.endpoint, attempt, time.monotonic() - started, self.register_timeout_s)
+                    log.warning(
+                        "waiting for coordinator at %s (attempt %d, %.0f s; giving up after %g s)",
+                        self.endpoint,
+                        attempt,
+                        time.monotonic() - started,
+                        self.register_timeout_s,
+                    )
                 if not sent:
                     sent = self._to_coord(self._register_msg())
                 while monitor.poll(0):
@@ -321,14 +389,18 @@ class AgentDaemon:
 
                     ev = recv_monitor_message(monitor)
                     if ev["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-                        raise SystemExit(f"coordinator at {self.endpoint} refused this node's key {self.keys.principal.id}: it is not on the coordinator's allow-list (add it with `spotlight keys add`)")
+                        raise SystemExit(
+                            f"coordinator at {self.endpoint} refused this node's key {self.keys.principal.id}: it is not on the coordinator's allow-list (add it with `spotlight keys add`)"
+                        )
                     if ev["event"] in (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
                         handshake_error = " (encrypted handshake failing: is server.key the coordinator's public key?)"
                 if not self.coord.poll(200):
                     continue
                 break
             else:
-                raise SystemExit(f"no answer from coordinator at {self.endpoint} within {self.register_timeout_s:g}s{handshake_error}")
+                raise SystemExit(
+                    f"no answer from coordinator at {self.endpoint} within {self.register_timeout_s:g}s{handshake_error}"
+                )
         finally:
             self.coord.disable_monitor()
             monitor.close(linger=0)
@@ -346,7 +418,13 @@ class AgentDaemon:
                 self.registered = body
                 self.session = body.session
                 self.wcache.window_chunks = body.weight_window_chunks
-                log.info("registered with %s as %s (%d GPUs, spot=%s)", self.endpoint, self.node_id, len(self.gpus), self.is_spot)
+                log.info(
+                    "registered with %s as %s (%d GPUs, spot=%s)",
+                    self.endpoint,
+                    self.node_id,
+                    len(self.gpus),
+                    self.is_spot,
+                )
                 return body
             if mtype == P.MsgType.ERROR and body.code == "node_id_in_use":
                 if 0 < body.retry_after_s < deadline - time.monotonic() and not waited_for_holder:
@@ -355,7 +433,12 @@ class AgentDaemon:
                     # holder heartbeats meanwhile and the second REGISTER is refused too. (A wait
                     # past --register-timeout-s is not made: the agent exits at once.)
                     waited_for_holder = True
-                    log.warning("node id %s is in use by another agent (%s); trying once more in %.1fs in case that agent has died", self.node_id, body.message, body.retry_after_s)
+                    log.warning(
+                        "node id %s is in use by another agent (%s); trying once more in %.1fs in case that agent has died",
+                        self.node_id,
+                        body.message,
+                        body.retry_after_s,
+                    )
                     until = time.monotonic() + body.retry_after_s
                     while time.monotonic() < until:
                         self._check_stop_while_waiting()
@@ -370,11 +453,22 @@ class AgentDaemon:
     def _check_stop_while_waiting(self) -> None:
         """Raise :class:`StoppedWaiting` if SIGTERM arrived (``join`` queues it as a notice)."""
         if not self._signal_notices.empty():
-            raise StoppedWaiting(f"stopped by SIGTERM while waiting for the coordinator at {self.endpoint}; nothing was started", 128 + signal.SIGTERM)
+            raise StoppedWaiting(
+                f"stopped by SIGTERM while waiting for the coordinator at {self.endpoint}; nothing was started",
+                128 + signal.SIGTERM,
+            )
 
     def _worker_conf_json(self) -> str:
         reg = self.registered
-        conf = {"model": reg.model, "sampler": reg.sampler, "worker_batch_size": reg.worker_batch_size, "torch_threads": reg.torch_threads, "sp_degree": reg.sp_degree, "lora": reg.lora, "weights_dir": str(self.wcache.dir)}
+        conf = {
+            "model": reg.model,
+            "sampler": reg.sampler,
+            "worker_batch_size": reg.worker_batch_size,
+            "torch_threads": reg.torch_threads,
+            "sp_degree": reg.sp_degree,
+            "lora": reg.lora,
+            "weights_dir": str(self.wcache.dir),
+        }
         return msgspec.json.encode(conf).decode()
 
     def _preexec(self):
@@ -395,7 +489,9 @@ class AgentDaemon:
                 spare.proc.stdin.write(json.dumps(job).encode() + b"\n")
                 spare.proc.stdin.close()
             except OSError as exc:  # it died just now: start the worker cold
-                log.warning("warm spare (pid %d) could not take %s (%s): starting it cold", spare.proc.pid, slot.worker_id, exc)
+                log.warning(
+                    "warm spare (pid %d) could not take %s (%s): starting it cold", spare.proc.pid, slot.worker_id, exc
+                )
                 spare.proc.kill()
                 spare = None
         if spare is not None:
@@ -405,7 +501,19 @@ class AgentDaemon:
             self._replace_after = (slot.worker_id, time.monotonic() + SPARE_REPLACE_MAX_WAIT_S)
             log.info("worker %s: the warm spare (pid %d) takes GPUs %s", slot.worker_id, spare.proc.pid, gpus)
             return slot.worker_id
-        cmd = [sys.executable, "-m", "spotlight.workers.rollout.worker", "--agent", self.worker_endpoint, "--worker-id", slot.worker_id, "--gpus", ",".join(map(str, gpus)), "--config-json", self._worker_conf_json()]
+        cmd = [
+            sys.executable,
+            "-m",
+            "spotlight.workers.rollout.worker",
+            "--agent",
+            self.worker_endpoint,
+            "--worker-id",
+            slot.worker_id,
+            "--gpus",
+            ",".join(map(str, gpus)),
+            "--config-json",
+            self._worker_conf_json(),
+        ]
         self.procs[slot.worker_id] = spawn_logged(cmd, f"worker-{slot.worker_id}", env=env, preexec_fn=self._preexec())
         log.info("spawned worker %s (pid %d)", slot.worker_id, self.procs[slot.worker_id].pid)
         return slot.worker_id
@@ -423,7 +531,14 @@ class AgentDaemon:
         cmd = self._spare_cmd(conf, write_fd)
         try:
             self._spares_started = getattr(self, "_spares_started", 0) + 1  # its log until it becomes a worker
-            proc = spawn_logged(cmd, f"worker-{self.node_id}-spare{self._spares_started}", env=env, stdin=subprocess.PIPE, pass_fds=(write_fd,), preexec_fn=self._preexec())
+            proc = spawn_logged(
+                cmd,
+                f"worker-{self.node_id}-spare{self._spares_started}",
+                env=env,
+                stdin=subprocess.PIPE,
+                pass_fds=(write_fd,),
+                preexec_fn=self._preexec(),
+            )
         except OSError as exc:
             os.close(read_fd)
             log.error("could not start the warm spare: %s", exc)
@@ -435,7 +550,19 @@ class AgentDaemon:
         log.info("started warm spare (pid %d)", proc.pid)
 
     def _spare_cmd(self, conf_json: str, ready_fd: int) -> list[str]:
-        return [sys.executable, "-m", "spotlight.workers.rollout.spare", "--agent", self.worker_endpoint, "--config-json", conf_json, "--ready-fd", str(ready_fd), "--parent-pid", str(os.getpid())]
+        return [
+            sys.executable,
+            "-m",
+            "spotlight.workers.rollout.spare",
+            "--agent",
+            self.worker_endpoint,
+            "--config-json",
+            conf_json,
+            "--ready-fd",
+            str(ready_fd),
+            "--parent-pid",
+            str(os.getpid()),
+        ]
 
     def _take_spare(self) -> Spare | None:
         """The live spare, handed over (None if there is none or it was started for another
@@ -462,7 +589,11 @@ class AgentDaemon:
         try:
             spare.proc.wait(timeout=SHUTDOWN_KILL_WAIT_S)
         except subprocess.TimeoutExpired:
-            log.warning("warm spare (pid %d) still exiting %.0fs after SIGKILL (a loaded kernel is slow to free its memory)", spare.proc.pid, SHUTDOWN_KILL_WAIT_S)
+            log.warning(
+                "warm spare (pid %d) still exiting %.0fs after SIGKILL (a loaded kernel is slow to free its memory)",
+                spare.proc.pid,
+                SHUTDOWN_KILL_WAIT_S,
+            )
         if spare.proc.stdin is not None:
             spare.proc.stdin.close()
 
@@ -485,10 +616,18 @@ class AgentDaemon:
                 self._stop_spare()
                 self._spare_failures += 1
                 if self._spare_failures >= SPARE_MAX_FAILURES:
-                    log.error("warm spare exited with code %s before it was needed (%d times in a row): no more spares on this node", rc, self._spare_failures)
+                    log.error(
+                        "warm spare exited with code %s before it was needed (%d times in a row): no more spares on this node",
+                        rc,
+                        self._spare_failures,
+                    )
                     self.warm_spare = False
                 else:
-                    log.error("warm spare exited with code %s before it was needed: restarting it in %.0fs", rc, SPARE_RETRY_S * self._spare_failures)
+                    log.error(
+                        "warm spare exited with code %s before it was needed: restarting it in %.0fs",
+                        rc,
+                        SPARE_RETRY_S * self._spare_failures,
+                    )
                     self._spare_due = now + SPARE_RETRY_S * self._spare_failures
             return
         if not self.warm_spare or self.registered is None or self.draining:
@@ -497,7 +636,9 @@ class AgentDaemon:
             # replace a taken spare once the worker it became serves (or died, or it took too long)
             wid, deadline = self._replace_after
             slot = self.sched.workers.get(wid)
-            serving = slot is not None and slot.status == WorkerStatus.READY and (self.sp_degree == 1 or self._serving(wid))
+            serving = (
+                slot is not None and slot.status == WorkerStatus.READY and (self.sp_degree == 1 or self._serving(wid))
+            )
             if slot is None or slot.status in (WorkerStatus.EXITED, WorkerStatus.STOPPING) or serving or now > deadline:
                 self._replace_after = None
                 self._spare_due = now
@@ -518,23 +659,60 @@ class AgentDaemon:
         return {"pid": self.spare.proc.pid, "ready": self.spare.ready}
 
     def heartbeat(self, now: float) -> None:
-        workers = [P.WorkerInfo(worker_id=s.worker_id, gpus=s.gpus, busy=bool(s.in_flight), pid=s.pid) for s in self.sched.live_workers()]
-        self._to_coord(P.Heartbeat(node_id=self.node_id, session=self.session, workers=workers, in_flight=self.sched.in_flight(), draining=self.draining, detector_healthy=self.detector_healthy, detector_error=self.detector_error, gpus=self.gpus))
+        workers = [
+            P.WorkerInfo(worker_id=s.worker_id, gpus=s.gpus, busy=bool(s.in_flight), pid=s.pid)
+            for s in self.sched.live_workers()
+        ]
+        self._to_coord(
+            P.Heartbeat(
+                node_id=self.node_id,
+                session=self.session,
+                workers=workers,
+                in_flight=self.sched.in_flight(),
+                draining=self.draining,
+                detector_healthy=self.detector_healthy,
+                detector_error=self.detector_error,
+                gpus=self.gpus,
+            )
+        )
         self._last_heartbeat = now
 
     # ------------------------------------------------------------ preemption
     def on_notice(self, notice: PreemptionNotice) -> None:
         """A notice from any source: tell the coordinator, then act on its scope."""
         left = notice.deadline_unix_s - time.time()
-        if notice.source == "sigterm" and self.draining and self.stop_reason and not self.stop_reason.startswith("sigterm"):
+        if (
+            notice.source == "sigterm"
+            and self.draining
+            and self.stop_reason
+            and not self.stop_reason.startswith("sigterm")
+        ):
             # `spotlight up` stopping a slow agent after the coordinator's SHUTDOWN: not a preemption
             log.info("SIGTERM while stopping (%s): finishing the stop", self.stop_reason)
             return
         if notice.kind == "revoke":  # expected events on a spot node: INFO
             log.info("GPU revocation (%s): %.1fs to deadline", notice.scope, left)
         else:
-            log.info("preemption notice: %s %s%s scope=%s, %.1fs to deadline", notice.source, notice.kind, " (hint)" if notice.is_hint else "", notice.scope, left)
-        self._to_coord(P.Notice(node_id=self.node_id, session=self.session, source=notice.source, scope=notice.scope, deadline_unix_s=notice.deadline_unix_s, key=notice.key, kind=notice.kind, is_hint=notice.is_hint))
+            log.info(
+                "preemption notice: %s %s%s scope=%s, %.1fs to deadline",
+                notice.source,
+                notice.kind,
+                " (hint)" if notice.is_hint else "",
+                notice.scope,
+                left,
+            )
+        self._to_coord(
+            P.Notice(
+                node_id=self.node_id,
+                session=self.session,
+                source=notice.source,
+                scope=notice.scope,
+                deadline_unix_s=notice.deadline_unix_s,
+                key=notice.key,
+                kind=notice.kind,
+                is_hint=notice.is_hint,
+            )
+        )
         if notice.is_hint:
             return
         grace = max(0.5, min(self.grace_s, left - 1.0))
@@ -581,7 +759,9 @@ class AgentDaemon:
         self._done_when_serving.clear()
         self._restart_pending = True
         self.restarts += 1
-        log.info("restart reconfiguration (%s): stopping every worker of the node; restarting on GPUs %s", reason, self.gpus)
+        log.info(
+            "restart reconfiguration (%s): stopping every worker of the node; restarting on GPUs %s", reason, self.gpus
+        )
 
     def _group_of(self, wid: str) -> dict | None:
         return next((g for g in self.groups if wid in g["members"]), None)
@@ -600,7 +780,13 @@ class AgentDaemon:
         group["reform_s"] = max(group.get("reform_s", 0.0), float(body.took_s))
         if group["formed_by"] >= set(group["members"]) and not group.get("serving"):
             group["serving"] = True
-            log.info("SP group %s: generation %d serving at SP=%d (%.2fs after GROUP_FORM)", group["members"][0], group["generation"], len(group["members"]), time.monotonic() - group["form_sent"])
+            log.info(
+                "SP group %s: generation %d serving at SP=%d (%.2fs after GROUP_FORM)",
+                group["members"][0],
+                group["generation"],
+                len(group["members"]),
+                time.monotonic() - group["form_sent"],
+            )
             for revoked, left in list(self._done_when_serving.items()):
                 if left is group:
                     self._end_revoked(revoked, "its group re-formed without it")
@@ -618,11 +804,22 @@ class AgentDaemon:
     def _send_form(self, group: dict) -> None:
         """Tell every member of ``group`` to (re)form: new generation, fresh rendezvous port."""
         group["generation"] += 1
-        group["formed_by"], group["serving"], group["reform_s"], group["form_sent"] = set(), False, 0.0, time.monotonic()
+        group["formed_by"], group["serving"], group["reform_s"], group["form_sent"] = (
+            set(),
+            False,
+            0.0,
+            time.monotonic(),
+        )
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        form = P.GroupForm(members=list(group["members"]), master_addr="127.0.0.1", master_port=port, generation=group["generation"], version=self.wcache.latest() if self.wcache.latest() is not None else self.registered.latest_version)
+        form = P.GroupForm(
+            members=list(group["members"]),
+            master_addr="127.0.0.1",
+            master_port=port,
+            generation=group["generation"],
+            version=self.wcache.latest() if self.wcache.latest() is not None else self.registered.latest_version,
+        )
         for m in group["members"]:
             self._to_worker(m, form)
         group["formed"] = True
@@ -709,13 +906,39 @@ class AgentDaemon:
             elif cmd == "add":
                 reply = {"ok": True, "started": self.add_gpus([int(g) for g in req["gpus"]]), "gpus": self.gpus}
             elif cmd == "preempt":
-                self.on_notice(sigterm_notice(float(req.get("grace_s", self.grace_s)), time.time(), key=f"control-{time.time()}"))
+                self.on_notice(
+                    sigterm_notice(float(req.get("grace_s", self.grace_s)), time.time(), key=f"control-{time.time()}")
+                )
                 reply = {"ok": True}
             elif cmd == "status":
-                reply = {"ok": True, "node_id": self.node_id, "gpus": self.gpus, "workers": {s.worker_id: s.status.value for s in self.sched.workers.values()}, "in_flight": self.sched.in_flight(), "detector_healthy": self.detector_healthy, "detector_error": self.detector_error, "draining": self.draining, "sp_degree": self.sp_degree, "groups": [{"members": g["members"], "generation": g["generation"], "serving": g.get("serving", False), "reform_s": round(g.get("reform_s", 0.0), 3)} for g in self.groups],
-                         "worker_pids": {s.worker_id: s.pid for s in self.sched.workers.values()}, "from_spare": {s.worker_id: s.spare_pid for s in self.sched.workers.values() if s.spare_pid},
-                         "warm_spare": self.warm_spare, "spare": self.spare_status(), "spares_used": self.spares_used,
-                         "reconfiguration": "restart" if self.restart_mode else "elastic", "live_migration": self.live_migration, "restarts": self.restarts}
+                reply = {
+                    "ok": True,
+                    "node_id": self.node_id,
+                    "gpus": self.gpus,
+                    "workers": {s.worker_id: s.status.value for s in self.sched.workers.values()},
+                    "in_flight": self.sched.in_flight(),
+                    "detector_healthy": self.detector_healthy,
+                    "detector_error": self.detector_error,
+                    "draining": self.draining,
+                    "sp_degree": self.sp_degree,
+                    "groups": [
+                        {
+                            "members": g["members"],
+                            "generation": g["generation"],
+                            "serving": g.get("serving", False),
+                            "reform_s": round(g.get("reform_s", 0.0), 3),
+                        }
+                        for g in self.groups
+                    ],
+                    "worker_pids": {s.worker_id: s.pid for s in self.sched.workers.values()},
+                    "from_spare": {s.worker_id: s.spare_pid for s in self.sched.workers.values() if s.spare_pid},
+                    "warm_spare": self.warm_spare,
+                    "spare": self.spare_status(),
+                    "spares_used": self.spares_used,
+                    "reconfiguration": "restart" if self.restart_mode else "elastic",
+                    "live_migration": self.live_migration,
+                    "restarts": self.restarts,
+                }
             else:
                 reply = {"ok": False, "error": f"unknown command {cmd!r}"}
         except (ValueError, KeyError, TypeError) as exc:
@@ -729,7 +952,9 @@ class AgentDaemon:
             except queue.Empty:
                 break
             if res.healthy != self.detector_healthy or (res.error or "") != self.detector_error:
-                (log.info if res.healthy else log.error)("preemption detector %s%s", "healthy" if res.healthy else "UNHEALTHY: ", res.error or "")
+                (log.info if res.healthy else log.error)(
+                    "preemption detector %s%s", "healthy" if res.healthy else "UNHEALTHY: ", res.error or ""
+                )
             self.detector_healthy, self.detector_error = res.healthy, res.error or ""
             for notice in res.notices:
                 self.on_notice(notice)
@@ -806,7 +1031,16 @@ class AgentDaemon:
             if body.items and (slot is None or slot.status in (WorkerStatus.STARTING, WorkerStatus.EXITED)):
                 # The worker that pulled died before the answer (a respawned one has not said
                 # hello yet): nobody will run these, and heartbeats would renew them forever.
-                self._to_coord(P.Fail(node_id=self.node_id, session=self.session, worker_id=body.worker_id, request_ids=[i.request_id for i in body.items], lease_ids=[i.lease_id for i in body.items], reason="worker exited before its leases arrived"))
+                self._to_coord(
+                    P.Fail(
+                        node_id=self.node_id,
+                        session=self.session,
+                        worker_id=body.worker_id,
+                        request_ids=[i.request_id for i in body.items],
+                        lease_ids=[i.lease_id for i in body.items],
+                        reason="worker exited before its leases arrived",
+                    )
+                )
                 return
             if slot is not None:
                 self.sched.leased(body.worker_id, [(i.request_id, i.lease_id) for i in body.items], time.monotonic())
@@ -835,8 +1069,13 @@ class AgentDaemon:
                 if self.reconnecting:
                     self.reconnecting = False
                     self._register_backoff_s = 1.0
-                    log.warning("re-registered with the coordinator (new session); %d workers kept running", len(self.sched.live_workers()))
-                    self._fetch_weights(self.wcache.restart_all(time.monotonic()))  # requests lost with the old coordinator
+                    log.warning(
+                        "re-registered with the coordinator (new session); %d workers kept running",
+                        len(self.sched.live_workers()),
+                    )
+                    self._fetch_weights(
+                        self.wcache.restart_all(time.monotonic())
+                    )  # requests lost with the old coordinator
                 self.heartbeat(time.monotonic())
         elif mtype == P.MsgType.SHUTDOWN:
             log.info("coordinator asked to shut down: %s", body.reason)
@@ -851,16 +1090,24 @@ class AgentDaemon:
             if body.code == "node_id_in_use" and not self.draining:
                 # this agent was silent past the heartbeat timeout and another agent process took
                 # the node id meanwhile: it owns the node now, so this one stops (no re-register loop)
-                log.error("%s: stopping this agent's workers and exiting with status %d", node_id_in_use_line(self.node_id, body.message), EXIT_NODE_ID_IN_USE)
+                log.error(
+                    "%s: stopping this agent's workers and exiting with status %d",
+                    node_id_in_use_line(self.node_id, body.message),
+                    EXIT_NODE_ID_IN_USE,
+                )
                 self.exit_code = EXIT_NODE_ID_IN_USE
                 self.reconnecting = False
                 self.begin_drain("node id taken by another agent", grace_s=5.0)
             elif body.code in ("unknown_session", "not_registered") and not self.draining:
                 # the coordinator restarted (or declared this node dead): re-register, keep workers
                 if not self.reconnecting:
-                    log.warning("coordinator does not know this session (restarted?): re-registering; workers keep running")
+                    log.warning(
+                        "coordinator does not know this session (restarted?): re-registering; workers keep running"
+                    )
                     self.reconnecting = True
-                    self._next_register = min(self._next_register, time.monotonic()) if self._next_register else time.monotonic()
+                    self._next_register = (
+                        min(self._next_register, time.monotonic()) if self._next_register else time.monotonic()
+                    )
         else:
             log.warning("coordinator sent unexpected %s", mtype.name)
 
@@ -871,12 +1118,28 @@ class AgentDaemon:
                 continue
             held = self.sched.exited(wid)
             del self.procs[wid]
-            if self.sp_degree > 1 and not self.draining and wid not in self._revoking and self._group_of(wid) is not None:
+            if (
+                self.sp_degree > 1
+                and not self.draining
+                and wid not in self._revoking
+                and self._group_of(wid) is not None
+            ):
                 self._group_leave(wid, commit=False)
             if held:
-                self._to_coord(P.Fail(node_id=self.node_id, session=self.session, worker_id=wid, request_ids=[r for r, _ in held], lease_ids=[l for _, l in held], reason=f"worker exited with code {rc}"))
+                self._to_coord(
+                    P.Fail(
+                        node_id=self.node_id,
+                        session=self.session,
+                        worker_id=wid,
+                        request_ids=[r for r, _ in held],
+                        lease_ids=[l for _, l in held],
+                        reason=f"worker exited with code {rc}",
+                    )
+                )
             if rc == EXIT_SPARE_UNUSABLE and self.sched.workers[wid].spare_pid and self.warm_spare:
-                log.error("the warm spare that was to become %s had initialised CUDA early: no more spares on this node", wid)
+                log.error(
+                    "the warm spare that was to become %s had initialised CUDA early: no more spares on this node", wid
+                )
                 self.warm_spare = False
                 self._stop_spare()
             if wid in self._revoking:
@@ -896,7 +1159,10 @@ class AgentDaemon:
         for wid, deadline in list(self._revoking.items()):
             proc = self.procs.get(wid)
             if proc is not None and now > deadline and proc.poll() is None:
-                log.info("worker %s still running at its commit deadline: killing it (the coordinator re-runs what it had not committed)", wid)
+                log.info(
+                    "worker %s still running at its commit deadline: killing it (the coordinator re-runs what it had not committed)",
+                    wid,
+                )
                 proc.kill()
 
     def check_not_preempted(self) -> None:
@@ -917,8 +1183,10 @@ class AgentDaemon:
         notice = active_node_notice(res, time.time())
         if notice is not None:
             handled = "already handled" if notice in res.known else "new"
-            msg = (f"not joining: this VM has an active {notice.source} {notice.kind} notice ({handled}, deadline in "
-                   f"{notice.deadline_unix_s - time.time():.0f}s: {notice.detail}); exiting with status {EXIT_NODE_PREEMPTED} so a supervisor does not restart it")
+            msg = (
+                f"not joining: this VM has an active {notice.source} {notice.kind} notice ({handled}, deadline in "
+                f"{notice.deadline_unix_s - time.time():.0f}s: {notice.detail}); exiting with status {EXIT_NODE_PREEMPTED} so a supervisor does not restart it"
+            )
             log.warning("%s", msg)
             raise NodePreempted(msg)
 
@@ -927,7 +1195,10 @@ class AgentDaemon:
         try:
             self.register()
         except KeyboardInterrupt:
-            raise StoppedWaiting(f"stopped by SIGINT while waiting for the coordinator at {self.endpoint}; nothing was started", 128 + signal.SIGINT) from None
+            raise StoppedWaiting(
+                f"stopped by SIGINT while waiting for the coordinator at {self.endpoint}; nothing was started",
+                128 + signal.SIGINT,
+            ) from None
         self._take_node_state()
         if self.restart_mode and self.warm_spare:
             log.info("restart reconfiguration: no warm spare (workers restart cold)")
@@ -952,7 +1223,9 @@ class AgentDaemon:
                 if self.coord in events:
                     for _ in range(64):
                         try:
-                            self.on_coordinator(self.coord.recv_multipart(zmq.NOBLOCK, copy=False))  # weight chunks: no extra copy
+                            self.on_coordinator(
+                                self.coord.recv_multipart(zmq.NOBLOCK, copy=False)
+                            )  # weight chunks: no extra copy
                         except zmq.Again:
                             break
                 if self.control in events:
@@ -966,7 +1239,9 @@ class AgentDaemon:
                     self.heartbeat(now)
                 silent_s = now - self._last_coord_msg
                 if not self.draining and not self.reconnecting and silent_s > max(self.reconnect_after_s, 3 * interval):
-                    log.warning("coordinator silent for %.0fs: re-registering with backoff; workers keep running", silent_s)
+                    log.warning(
+                        "coordinator silent for %.0fs: re-registering with backoff; workers keep running", silent_s
+                    )
                     self.reconnecting = True
                     self._next_register = now
                 if self.reconnecting and not self.draining and now >= self._next_register:
@@ -974,10 +1249,15 @@ class AgentDaemon:
                     self._next_register = now + self._register_backoff_s
                     self._register_backoff_s = min(30.0, self._register_backoff_s * 2)
                 if not self.draining and silent_s > self.coordinator_timeout_s:
-                    log.error("coordinator silent for %.0fs: stopping workers and exiting (a supervisor restarts and re-registers)", now - self._last_coord_msg)
+                    log.error(
+                        "coordinator silent for %.0fs: stopping workers and exiting (a supervisor restarts and re-registers)",
+                        now - self._last_coord_msg,
+                    )
                     self.exit_code = 4
                     self.begin_drain("coordinator lost", grace_s=5.0)
-                if self.draining and (not self.procs or (self._stop_deadline is not None and now > self._stop_deadline)):
+                if self.draining and (
+                    not self.procs or (self._stop_deadline is not None and now > self._stop_deadline)
+                ):
                     break
         finally:
             self.shutdown()
@@ -1007,7 +1287,11 @@ class AgentDaemon:
             if not alive:
                 break
             if last:
-                log.warning("workers %s still exiting %.0fs after SIGKILL (a loaded kernel is slow to free their memory)", [p.pid for p in alive], wait_s)
+                log.warning(
+                    "workers %s still exiting %.0fs after SIGKILL (a loaded kernel is slow to free their memory)",
+                    [p.pid for p in alive],
+                    wait_s,
+                )
             else:
                 log.error("workers %s ignored SIGTERM for %.0fs: killing them", [p.pid for p in alive], wait_s)
                 for p in alive:
@@ -1039,24 +1323,69 @@ def _parse_gpus(text: str) -> list[int]:
 
 @app.command()
 def join(
-    coordinator: str = typer.Option(..., "--coordinator", "-c", help="Coordinator address HOST:PORT (or a tcp:// endpoint)."),
+    coordinator: str = typer.Option(
+        ..., "--coordinator", "-c", help="Coordinator address HOST:PORT (or a tcp:// endpoint)."
+    ),
     gpus: str = typer.Option("0", "--gpus", help="Comma-separated GPU indices this agent may use, e.g. 0,1."),
     node_id: Optional[str] = typer.Option(None, "--node-id", help="Unique node id (default: hostname-pid)."),
-    reserved: bool = typer.Option(False, "--reserved", help="This is the reserved node's own rollout agent (not preemptible)."),
+    reserved: bool = typer.Option(
+        False, "--reserved", help="This is the reserved node's own rollout agent (not preemptible)."
+    ),
     cloud: str = typer.Option("none", "--cloud", help="Preemption notice source: aws, gcp, azure or none."),
-    metadata_url: Optional[str] = typer.Option(None, "--metadata-url", help="Override the cloud metadata base URL (e.g. a mock server)."),
+    metadata_url: Optional[str] = typer.Option(
+        None, "--metadata-url", help="Override the cloud metadata base URL (e.g. a mock server)."
+    ),
     config: Optional[pathlib.Path] = typer.Option(None, "--config", help="Agent TOML config (optional)."),
-    keys: Optional[pathlib.Path] = typer.Option(None, "--keys", envvar="SPOTLIGHT_KEYS", help="Directory with the coordinator's public key (server.key) and this node's secret key (<role>.<name>.key_secret); see README 'Security model'."),
-    key: Optional[str] = typer.Option(None, "--key", help="Which client key in --keys to use (its name), when there are several."),
-    grace_s: float = typer.Option(20.0, "--grace-s", min=0.0, help="Seconds workers get to commit in-flight state on a notice or SIGTERM."),
-    poll_interval_s: float = typer.Option(1.0, "--poll-interval-s", min=0.05, help="Seconds between cloud metadata polls (AWS recommends 5, Azure 1)."),
-    register_timeout_s: float = typer.Option(60.0, "--register-timeout-s", min=0.1, help="Give up (exit 1) if the coordinator does not answer the first registration within this many seconds; raise it when the agent may start long before the coordinator."),
-    coordinator_timeout_s: float = typer.Option(600.0, "--coordinator-timeout-s", min=1.0, help="Exit (code 4) after hearing nothing from the coordinator for this long; before that the agent re-registers with backoff and keeps its workers (a coordinator restarted with --resume finds them)."),
-    weights_dir: Optional[pathlib.Path] = typer.Option(None, "--weights-dir", help="Directory of the node's weight-version cache (a local disk with room for 3 versions; emptied at start). Default: <state dir>/weights."),
-    nice: int = typer.Option(0, "--nice", min=0, max=19, help="CPU niceness of the worker processes (local mode runs simulated spot GPUs at 5 so they slow the trainer less on shared CPU cores)."),
-    warm_spare: Optional[bool] = typer.Option(None, "--warm-spare/--no-warm-spare", help="Keep one pre-started spare worker process that becomes the next worker when a GPU is granted (joins without a process start). Default: on for spot nodes, off with --reserved (its GPUs do not come and go)."),
-    log_level: str = typer.Option("INFO", "--log-level", envvar="SPOTLIGHT_LOG_LEVEL", help="Logging level (DEBUG, INFO, WARNING, ERROR)."),
-    log_file: Optional[pathlib.Path] = typer.Option(None, "--log-file", help="Also append the log to this file (the console keeps it too)."),
+    keys: Optional[pathlib.Path] = typer.Option(
+        None,
+        "--keys",
+        envvar="SPOTLIGHT_KEYS",
+        help="Directory with the coordinator's public key (server.key) and this node's secret key (<role>.<name>.key_secret); see README 'Security model'.",
+    ),
+    key: Optional[str] = typer.Option(
+        None, "--key", help="Which client key in --keys to use (its name), when there are several."
+    ),
+    grace_s: float = typer.Option(
+        20.0, "--grace-s", min=0.0, help="Seconds workers get to commit in-flight state on a notice or SIGTERM."
+    ),
+    poll_interval_s: float = typer.Option(
+        1.0, "--poll-interval-s", min=0.05, help="Seconds between cloud metadata polls (AWS recommends 5, Azure 1)."
+    ),
+    register_timeout_s: float = typer.Option(
+        60.0,
+        "--register-timeout-s",
+        min=0.1,
+        help="Give up (exit 1) if the coordinator does not answer the first registration within this many seconds; raise it when the agent may start long before the coordinator.",
+    ),
+    coordinator_timeout_s: float = typer.Option(
+        600.0,
+        "--coordinator-timeout-s",
+        min=1.0,
+        help="Exit (code 4) after hearing nothing from the coordinator for this long; before that the agent re-registers with backoff and keeps its workers (a coordinator restarted with --resume finds them).",
+    ),
+    weights_dir: Optional[pathlib.Path] = typer.Option(
+        None,
+        "--weights-dir",
+        help="Directory of the node's weight-version cache (a local disk with room for 3 versions; emptied at start). Default: <state dir>/weights.",
+    ),
+    nice: int = typer.Option(
+        0,
+        "--nice",
+        min=0,
+        max=19,
+        help="CPU niceness of the worker processes (local mode runs simulated spot GPUs at 5 so they slow the trainer less on shared CPU cores).",
+    ),
+    warm_spare: Optional[bool] = typer.Option(
+        None,
+        "--warm-spare/--no-warm-spare",
+        help="Keep one pre-started spare worker process that becomes the next worker when a GPU is granted (joins without a process start). Default: on for spot nodes, off with --reserved (its GPUs do not come and go).",
+    ),
+    log_level: str = typer.Option(
+        "INFO", "--log-level", envvar="SPOTLIGHT_LOG_LEVEL", help="Logging level (DEBUG, INFO, WARNING, ERROR)."
+    ),
+    log_file: Optional[pathlib.Path] = typer.Option(
+        None, "--log-file", help="Also append the log to this file (the console keeps it too)."
+    ),
 ) -> None:
     """Register this node with a coordinator and serve Rollout Workers until told to stop.
 
@@ -1069,7 +1398,12 @@ def join(
     restarted by systemd gets in then).
     """
     try:
-        configure_logging(f"agent[{node_id}]" if node_id else "agent", f"agent-{node_id}" if node_id else None, level=log_level, log_file=str(log_file) if log_file else None)
+        configure_logging(
+            f"agent[{node_id}]" if node_id else "agent",
+            f"agent-{node_id}" if node_id else None,
+            level=log_level,
+            log_file=str(log_file) if log_file else None,
+        )
     except (ValueError, OSError) as exc:
         raise typer.BadParameter(str(exc), param_hint="--log-level/--log-file") from None
     from spotlight.net.endpoints import tcp_endpoint
@@ -1079,9 +1413,13 @@ def join(
     except ValueError as exc:
         _fail(str(exc))
     if keys is None:  # checked before anything connects: one line, exit status 2
-        _fail("no keys: pass --keys DIR (or set SPOTLIGHT_KEYS) holding the coordinator's server.key and this node's <role>.<name>.key_secret (README 'Security model')")
+        _fail(
+            "no keys: pass --keys DIR (or set SPOTLIGHT_KEYS) holding the coordinator's server.key and this node's <role>.<name>.key_secret (README 'Security model')"
+        )
     if not keys.is_dir():
-        _fail(f"--keys {keys}: no such directory (it must hold the coordinator's server.key and this node's <role>.<name>.key_secret)")
+        _fail(
+            f"--keys {keys}: no such directory (it must hold the coordinator's server.key and this node's <role>.<name>.key_secret)"
+        )
     try:
         client_keys = load_client_keys(keys, name=key, role="reserved" if reserved else "agent")
     except KeysError as exc:
@@ -1092,7 +1430,21 @@ def join(
         detector = make_detector(cloud, metadata_url, ledger=ledger)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
-    daemon = AgentDaemon(coordinator, _parse_gpus(gpus), node_id=nid, is_spot=not reserved, keys=client_keys, grace_s=grace_s, detector=detector, poll_interval_s=poll_interval_s, nice=nice, register_timeout_s=register_timeout_s, coordinator_timeout_s=coordinator_timeout_s, warm_spare=(not reserved) if warm_spare is None else warm_spare, weights_dir=weights_dir)
+    daemon = AgentDaemon(
+        coordinator,
+        _parse_gpus(gpus),
+        node_id=nid,
+        is_spot=not reserved,
+        keys=client_keys,
+        grace_s=grace_s,
+        detector=detector,
+        poll_interval_s=poll_interval_s,
+        nice=nice,
+        register_timeout_s=register_timeout_s,
+        coordinator_timeout_s=coordinator_timeout_s,
+        warm_spare=(not reserved) if warm_spare is None else warm_spare,
+        weights_dir=weights_dir,
+    )
     # SIGTERM is one more preemption source: same commit path, deadline = now + grace
     signal.signal(signal.SIGTERM, lambda *_: daemon._signal_notices.put(sigterm_notice(grace_s, time.time())))
     try:
@@ -1179,7 +1531,10 @@ def _control(node_id: str, request: dict, timeout_s: float = 5.0, state_dir_opt:
     try:
         sock.send(json.dumps(request).encode())
         if not sock.poll(int(timeout_s * 1000)):
-            typer.echo(f"spotlight-agent: error: agent {node_id!r} did not answer on {endpoint} (is it running on this machine?)", err=True)
+            typer.echo(
+                f"spotlight-agent: error: agent {node_id!r} did not answer on {endpoint} (is it running on this machine?)",
+                err=True,
+            )
             raise typer.Exit(1)
         return json.loads(sock.recv())
     finally:
@@ -1199,7 +1554,9 @@ def _reply(reply: dict) -> None:
 def revoke(
     gpu: list[int] = typer.Option(..., "--gpu", help="GPU index to take away from Spotlight (repeatable)."),
     node_id: str = typer.Option(..., "--node-id", help="Node id of the local agent."),
-    grace_s: float = typer.Option(10.0, "--grace-s", min=0.0, help="Seconds the affected worker gets to commit its in-flight state."),
+    grace_s: float = typer.Option(
+        10.0, "--grace-s", min=0.0, help="Seconds the affected worker gets to commit its in-flight state."
+    ),
     state_dir_opt: Optional[pathlib.Path] = typer.Option(None, "--state-dir", help=_STATE_DIR_HELP),
 ) -> None:
     """Per-GPU revocation by a cluster scheduler: the worker on that GPU commits and exits; the rest of the node keeps running."""

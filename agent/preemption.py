@@ -91,10 +91,15 @@ class PreemptionNotice:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "PreemptionNotice":
         """Inverse of :meth:`to_dict`; unknown keys are ignored, missing required ones raise."""
-        return cls(source=str(d["source"]), scope=str(d["scope"]),
-                   deadline_unix_s=float(d["deadline_unix_s"]), key=str(d["key"]),
-                   kind=str(d["kind"]), is_hint=bool(d.get("is_hint", False)),
-                   detail=str(d.get("detail", "")))
+        return cls(
+            source=str(d["source"]),
+            scope=str(d["scope"]),
+            deadline_unix_s=float(d["deadline_unix_s"]),
+            key=str(d["key"]),
+            kind=str(d["kind"]),
+            is_hint=bool(d.get("is_hint", False)),
+            detail=str(d.get("detail", "")),
+        )
 
 
 @dataclass(frozen=True)
@@ -147,8 +152,7 @@ class NoticeLedger:
             if self.path is None:
                 return
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=self.path.name + ".", suffix=".tmp",
-                                       dir=self.path.parent)
+            fd, tmp = tempfile.mkstemp(prefix=self.path.name + ".", suffix=".tmp", dir=self.path.parent)
             try:
                 with os.fdopen(fd, "w", encoding="utf-8") as f:
                     json.dump({"version": 1, "keys": list(self._keys)}, f)
@@ -180,8 +184,16 @@ def _session(session: requests.Session | None) -> requests.Session:
     return s
 
 
-def _send(session: requests.Session, cloud: str, method: str, url: str, what: str, *,
-          timeout: float | tuple[float, float], **kw: Any) -> requests.Response:
+def _send(
+    session: requests.Session,
+    cloud: str,
+    method: str,
+    url: str,
+    what: str,
+    *,
+    timeout: float | tuple[float, float],
+    **kw: Any,
+) -> requests.Response:
     """One HTTP request, whole answer within ``timeout`` seconds overall (the second element of
     a tuple: the long-poll bound), body at most :data:`METADATA_MAX_BYTES`; a server that
     trickles its answer is cut off at that deadline (``spotlight.net.http_limits``).  Transport
@@ -291,9 +303,16 @@ class AwsImdsDetector(_Base):
 
     name = "aws"
 
-    def __init__(self, base_url: str = "http://169.254.169.254", *, ledger: NoticeLedger,
-                 timeout_s: float = 2.0, token_ttl_s: int = 21600,
-                 session: requests.Session | None = None, check_rebalance: bool = True) -> None:
+    def __init__(
+        self,
+        base_url: str = "http://169.254.169.254",
+        *,
+        ledger: NoticeLedger,
+        timeout_s: float = 2.0,
+        token_ttl_s: int = 21600,
+        session: requests.Session | None = None,
+        check_rebalance: bool = True,
+    ) -> None:
         super().__init__(ledger)
         if not 1 <= int(token_ttl_s) <= 21600:
             raise ValueError(f"token_ttl_s must be 1..21600 s (preemption.md §1.1), got {token_ttl_s}")
@@ -314,9 +333,15 @@ class AwsImdsDetector(_Base):
             return self._token
         self._token = None
         t0 = time.monotonic()
-        resp = _send(self.session, "aws", "PUT", self.base_url + "/latest/api/token",
-                     "PUT api/token", timeout=self.timeout_s,
-                     headers={AWS_TTL_HEADER: str(self.token_ttl_s)})
+        resp = _send(
+            self.session,
+            "aws",
+            "PUT",
+            self.base_url + "/latest/api/token",
+            "PUT api/token",
+            timeout=self.timeout_s,
+            headers={AWS_TTL_HEADER: str(self.token_ttl_s)},
+        )
         token = resp.text.strip()
         if resp.status_code != 200 or not token:
             raise _http_error("aws", resp, "PUT api/token")
@@ -327,8 +352,15 @@ class AwsImdsDetector(_Base):
     def _get(self, path: str) -> Any:
         for attempt in (0, 1):
             token = self._ensure_token()
-            resp = _send(self.session, "aws", "GET", f"{self.base_url}/latest/meta-data/{path}",
-                         path, timeout=self.timeout_s, headers={AWS_TOKEN_HEADER: token})
+            resp = _send(
+                self.session,
+                "aws",
+                "GET",
+                f"{self.base_url}/latest/meta-data/{path}",
+                path,
+                timeout=self.timeout_s,
+                headers={AWS_TOKEN_HEADER: token},
+            )
             if resp.status_code != 401:
                 return resp
             self._token = None  # expired or unknown token: refetch and retry once (§1.6)
@@ -380,8 +412,11 @@ class AwsImdsDetector(_Base):
         if action == "hibernate":
             deadline = received  # no 2-minute warning for hibernate (§1.2)
         kind = action if action in ("terminate", "stop", "hibernate") else "terminate"
-        return self._offer(PreemptionNotice("aws", "node", deadline, key, kind,
-                                            detail=f"instance-action action={action!r} time={raw_time!r}"))
+        return self._offer(
+            PreemptionNotice(
+                "aws", "node", deadline, key, kind, detail=f"instance-action action={action!r} time={raw_time!r}"
+            )
+        )
 
     def _rebalance(self, body: str, received: float) -> PreemptionNotice | None:
         doc = _loads(body, "aws", "events/recommendations/rebalance")
@@ -392,8 +427,17 @@ class AwsImdsDetector(_Base):
         self._rebalance_run = True
         raw = doc.get("noticeTime")
         key = "aws-rebalance-" + hashlib.sha256(str(raw).encode()).hexdigest()[:16]
-        return self._offer(PreemptionNotice("aws", "node", received + AWS_NOTICE_LEAD_S, key, "rebalance",
-                                            is_hint=True, detail=f"rebalance recommendation noticeTime={raw!r}"))
+        return self._offer(
+            PreemptionNotice(
+                "aws",
+                "node",
+                received + AWS_NOTICE_LEAD_S,
+                key,
+                "rebalance",
+                is_hint=True,
+                detail=f"rebalance recommendation noticeTime={raw!r}",
+            )
+        )
 
 
 class GcpMetadataDetector(_Base):
@@ -424,9 +468,15 @@ class GcpMetadataDetector(_Base):
     PATH = "/computeMetadata/v1/instance/preempted"
     MAINTENANCE_PATH = "/computeMetadata/v1/instance/maintenance-event"
 
-    def __init__(self, base_url: str | None = None, *, ledger: NoticeLedger,
-                 timeout_s: float = 2.0, long_poll_s: float = 0.0,
-                 session: requests.Session | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str | None = None,
+        *,
+        ledger: NoticeLedger,
+        timeout_s: float = 2.0,
+        long_poll_s: float = 0.0,
+        session: requests.Session | None = None,
+    ) -> None:
         super().__init__(ledger)
         if base_url is None:
             host = os.environ.get("GCE_METADATA_HOST", "").strip()
@@ -442,17 +492,27 @@ class GcpMetadataDetector(_Base):
         self.session = _session(session)
         self._etag: str | None = None
 
-    def _get(self, path: str, what: str, *, timeout: float | tuple[float, float],
-             params: dict[str, str] | None = None) -> Any:
-        resp = _send(self.session, "gcp", "GET", self.base_url + path, what, timeout=timeout,
-                     params=params, headers={"Metadata-Flavor": "Google"})
+    def _get(
+        self, path: str, what: str, *, timeout: float | tuple[float, float], params: dict[str, str] | None = None
+    ) -> Any:
+        resp = _send(
+            self.session,
+            "gcp",
+            "GET",
+            self.base_url + path,
+            what,
+            timeout=timeout,
+            params=params,
+            headers={"Metadata-Flavor": "Google"},
+        )
         if resp.status_code == 404 and path == self.MAINTENANCE_PATH:
             return resp
         if resp.status_code != 200:
             raise _http_error("gcp", resp, what)
         if resp.headers.get("Metadata-Flavor") != "Google":
-            raise _DetectorError("gcp: response lacks 'Metadata-Flavor: Google' "
-                                 "(not a GCE metadata server, or a proxy answered)")
+            raise _DetectorError(
+                "gcp: response lacks 'Metadata-Flavor: Google' (not a GCE metadata server, or a proxy answered)"
+            )
         return resp
 
     def poll(self, now_unix_s: float) -> PollResult:
@@ -473,9 +533,16 @@ class GcpMetadataDetector(_Base):
             etag = resp.headers.get("ETag")
             self._etag = etag
             if value == "TRUE":
-                n = self._offer(PreemptionNotice("gcp", "node", received + GCP_SHUTDOWN_S,
-                                                 f"gcp-preempted-{etag or 'noetag'}", "preempt",
-                                                 detail=f"instance/preempted=TRUE etag={etag}"))
+                n = self._offer(
+                    PreemptionNotice(
+                        "gcp",
+                        "node",
+                        received + GCP_SHUTDOWN_S,
+                        f"gcp-preempted-{etag or 'noetag'}",
+                        "preempt",
+                        detail=f"instance/preempted=TRUE etag={etag}",
+                    )
+                )
                 if n is not None:
                     notices.append(n)
             t1 = time.monotonic()
@@ -487,10 +554,16 @@ class GcpMetadataDetector(_Base):
                 if value == "TERMINATE_ON_HOST_MAINTENANCE":
                     received = now_unix_s + (t1 - t0)  # when asked: the earlier, safer origin
                     etag = resp.headers.get("ETag")
-                    n = self._offer(PreemptionNotice(
-                        "gcp", "node", received + GCP_MAINTENANCE_NOTICE_S,
-                        f"gcp-maintenance-{etag or 'noetag'}", "terminate",
-                        detail=f"instance/maintenance-event={value} etag={etag}"))
+                    n = self._offer(
+                        PreemptionNotice(
+                            "gcp",
+                            "node",
+                            received + GCP_MAINTENANCE_NOTICE_S,
+                            f"gcp-maintenance-{etag or 'noetag'}",
+                            "terminate",
+                            detail=f"instance/maintenance-event={value} etag={etag}",
+                        )
+                    )
                     if n is not None:
                         notices.append(n)
         except _DetectorError as e:
@@ -518,9 +591,15 @@ class AzureScheduledEventsDetector(_Base):
 
     name = "azure"
 
-    def __init__(self, base_url: str = "http://169.254.169.254", *, ledger: NoticeLedger,
-                 vm_name: str | None = None, timeout_s: float = 2.0,
-                 session: requests.Session | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str = "http://169.254.169.254",
+        *,
+        ledger: NoticeLedger,
+        vm_name: str | None = None,
+        timeout_s: float = 2.0,
+        session: requests.Session | None = None,
+    ) -> None:
         super().__init__(ledger)
         self.base_url = base_url.rstrip("/")
         self.vm_name = vm_name
@@ -533,10 +612,16 @@ class AzureScheduledEventsDetector(_Base):
         return self.base_url + "/metadata/scheduledevents"
 
     def _learn_vm_name(self) -> str:
-        resp = _send(self.session, "azure", "GET", self.base_url + "/metadata/instance/compute/name",
-                     "instance/compute/name", timeout=self.timeout_s,
-                     params={"api-version": AZURE_IMDS_API_VERSION, "format": "text"},
-                     headers={"Metadata": "true"})
+        resp = _send(
+            self.session,
+            "azure",
+            "GET",
+            self.base_url + "/metadata/instance/compute/name",
+            "instance/compute/name",
+            timeout=self.timeout_s,
+            params={"api-version": AZURE_IMDS_API_VERSION, "format": "text"},
+            headers={"Metadata": "true"},
+        )
         if resp.status_code != 200:
             raise _http_error("azure", resp, "instance/compute/name")
         name = resp.text.strip()
@@ -552,9 +637,16 @@ class AzureScheduledEventsDetector(_Base):
         try:
             if self.vm_name is None:
                 self._learn_vm_name()
-            resp = _send(self.session, "azure", "GET", self.url, "scheduledevents",
-                         timeout=self.timeout_s, params={"api-version": AZURE_API_VERSION},
-                         headers={"Metadata": "true"})
+            resp = _send(
+                self.session,
+                "azure",
+                "GET",
+                self.url,
+                "scheduledevents",
+                timeout=self.timeout_s,
+                params={"api-version": AZURE_API_VERSION},
+                headers={"Metadata": "true"},
+            )
             if resp.status_code != 200:
                 raise _http_error("azure", resp, "scheduledevents")
             received = now_unix_s + (time.monotonic() - t0)
@@ -589,18 +681,33 @@ class AzureScheduledEventsDetector(_Base):
             deadline = min(not_before, received + AZURE_PREEMPT_MIN_NOTICE_S)
         else:
             deadline = not_before
-        return self._offer(PreemptionNotice("azure", "node", deadline, event_id, etype.lower(),
-                                            detail=f"{etype} status={status} NotBefore={ev.get('NotBefore')!r}"))
+        return self._offer(
+            PreemptionNotice(
+                "azure",
+                "node",
+                deadline,
+                event_id,
+                etype.lower(),
+                detail=f"{etype} status={status} NotBefore={ev.get('NotBefore')!r}",
+            )
+        )
 
     def acknowledge(self, notice: PreemptionNotice) -> None:
         """Approve the event (§3.3). Failures are logged, not raised (the commit is done anyway)."""
         if notice.source != "azure":
             return
         try:
-            resp = _send(self.session, "azure", "POST", self.url, "scheduledevents POST",
-                         timeout=self.timeout_s, params={"api-version": AZURE_API_VERSION},
-                         headers={"Metadata": "true", "Content-Type": "application/json"},
-                         data=json.dumps({"StartRequests": [{"EventId": notice.key}]}))
+            resp = _send(
+                self.session,
+                "azure",
+                "POST",
+                self.url,
+                "scheduledevents POST",
+                timeout=self.timeout_s,
+                params={"api-version": AZURE_API_VERSION},
+                headers={"Metadata": "true", "Content-Type": "application/json"},
+                data=json.dumps({"StartRequests": [{"EventId": notice.key}]}),
+            )
             if resp.status_code != 200:
                 raise _http_error("azure", resp, "scheduledevents POST")
         except _DetectorError as e:
@@ -619,23 +726,28 @@ class NullDetector(_Base):
         return PollResult([], True, None)
 
 
-def make_detector(cloud: str, metadata_url: str | None, *, ledger: NoticeLedger,
-                  timeout_s: float = 2.0, vm_name: str | None = None,
-                  long_poll_s: float = 0.0) -> Detector:
+def make_detector(
+    cloud: str,
+    metadata_url: str | None,
+    *,
+    ledger: NoticeLedger,
+    timeout_s: float = 2.0,
+    vm_name: str | None = None,
+    long_poll_s: float = 0.0,
+) -> Detector:
     """Build the detector for ``cloud`` (``aws|gcp|azure|none``); ``metadata_url=None`` = default.
 
     Raises ``ValueError`` for any other cloud name.
     """
     c = (cloud or "").strip().lower()
     if c == "aws":
-        return AwsImdsDetector(metadata_url or "http://169.254.169.254", ledger=ledger,
-                               timeout_s=timeout_s)
+        return AwsImdsDetector(metadata_url or "http://169.254.169.254", ledger=ledger, timeout_s=timeout_s)
     if c == "gcp":
-        return GcpMetadataDetector(metadata_url, ledger=ledger, timeout_s=timeout_s,
-                                   long_poll_s=long_poll_s)
+        return GcpMetadataDetector(metadata_url, ledger=ledger, timeout_s=timeout_s, long_poll_s=long_poll_s)
     if c == "azure":
-        return AzureScheduledEventsDetector(metadata_url or "http://169.254.169.254",
-                                            ledger=ledger, vm_name=vm_name, timeout_s=timeout_s)
+        return AzureScheduledEventsDetector(
+            metadata_url or "http://169.254.169.254", ledger=ledger, vm_name=vm_name, timeout_s=timeout_s
+        )
     if c == "none":
         return NullDetector(ledger=ledger)
     raise ValueError(f"unknown cloud {cloud!r}: expected one of aws, gcp, azure, none")
@@ -646,13 +758,17 @@ def sigterm_notice(grace_s: float, now_unix_s: float, *, key: str | None = None)
     Slurm GraceTime from config; the signal carries none). ``ValueError`` if ``grace_s < 0``."""
     if not grace_s >= 0:
         raise ValueError(f"grace_s must be >= 0, got {grace_s}")
-    return PreemptionNotice("sigterm", "node", now_unix_s + grace_s,
-                            key or f"sigterm-{int(now_unix_s * 1000)}", "terminate",
-                            detail=f"SIGTERM, grace {grace_s:g}s")
+    return PreemptionNotice(
+        "sigterm",
+        "node",
+        now_unix_s + grace_s,
+        key or f"sigterm-{int(now_unix_s * 1000)}",
+        "terminate",
+        detail=f"SIGTERM, grace {grace_s:g}s",
+    )
 
 
-def revoke_notice(gpus: list[int], grace_s: float, now_unix_s: float, *,
-                  key: str | None = None) -> PreemptionNotice:
+def revoke_notice(gpus: list[int], grace_s: float, now_unix_s: float, *, key: str | None = None) -> PreemptionNotice:
     """Per-GPU revocation by a cluster scheduler (preemption.md §6): scope ``gpu:<ids>``
     (sorted, unique), deadline ``now + grace_s``. ``ValueError`` on no GPUs, a negative id or
     ``grace_s < 0``."""
@@ -662,16 +778,22 @@ def revoke_notice(gpus: list[int], grace_s: float, now_unix_s: float, *,
     if not grace_s >= 0:
         raise ValueError(f"grace_s must be >= 0, got {grace_s}")
     scope = "gpu:" + ",".join(map(str, ids))
-    return PreemptionNotice("revoke", scope, now_unix_s + grace_s,
-                            key or f"revoke-{scope}-{int(now_unix_s * 1000)}", "revoke",
-                            detail=f"GPU revocation, grace {grace_s:g}s")
+    return PreemptionNotice(
+        "revoke",
+        scope,
+        now_unix_s + grace_s,
+        key or f"revoke-{scope}-{int(now_unix_s * 1000)}",
+        "revoke",
+        detail=f"GPU revocation, grace {grace_s:g}s",
+    )
 
 
 NOTICE_STALE_AFTER_S = 30.0
 
 
-def active_node_notice(result: PollResult, now_unix_s: float, *,
-                       stale_after_s: float = NOTICE_STALE_AFTER_S) -> PreemptionNotice | None:
+def active_node_notice(
+    result: PollResult, now_unix_s: float, *, stale_after_s: float = NOTICE_STALE_AFTER_S
+) -> PreemptionNotice | None:
     """The first node-scope, non-hint notice in ``result`` (new or already handled, see
     :attr:`PollResult.known`) that is still active at ``now_unix_s`` (unix seconds), else None.
 

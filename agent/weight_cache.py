@@ -56,7 +56,15 @@ class WeightCache:
     node id and session: the caller stamps them).
     """
 
-    def __init__(self, directory: pathlib.Path | str, *, keep_versions: int = 3, window_chunks: int = 4, retry_s: float = 10.0, clear: bool = True):
+    def __init__(
+        self,
+        directory: pathlib.Path | str,
+        *,
+        keep_versions: int = 3,
+        window_chunks: int = 4,
+        retry_s: float = 10.0,
+        clear: bool = True,
+    ):
         self.dir = pathlib.Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         if clear:
@@ -163,17 +171,29 @@ class WeightCache:
             del self.downloads[body.version]
             return [], True
         if d.receiver is not None:
-            if (d.header.size_bytes, d.header.chunk_bytes, d.header.digest) == (body.size_bytes, body.chunk_bytes, body.digest):
+            if (d.header.size_bytes, d.header.chunk_bytes, d.header.digest) == (
+                body.size_bytes,
+                body.chunk_bytes,
+                body.digest,
+            ):
                 return [], False  # the answer to a repeated first request: already under way
             d.receiver.abort()  # the version changed under us (republished): start over
             d.receiver = None
         try:
-            d.receiver = ChunkReceiver(self.path(body.version), body.version, body.size_bytes, body.chunk_bytes, body.digest)
+            d.receiver = ChunkReceiver(
+                self.path(body.version), body.version, body.size_bytes, body.chunk_bytes, body.digest
+            )
         except WeightSyncError as exc:
             log.error("cannot fetch weights v%d: %s", body.version, exc)
             del self.downloads[body.version]
             return [], True
-        d.header = P.Weights(version=body.version, size_bytes=body.size_bytes, chunk_bytes=body.chunk_bytes, num_chunks=d.receiver.num_chunks, digest=body.digest)
+        d.header = P.Weights(
+            version=body.version,
+            size_bytes=body.size_bytes,
+            chunk_bytes=body.chunk_bytes,
+            num_chunks=d.receiver.num_chunks,
+            digest=body.digest,
+        )
         d.last_progress = now
         # the first request also asked for chunks 0..window-1: they are on their way
         d.asked = {i: now for i in range(min(self.window_chunks, d.receiver.num_chunks))}
@@ -199,7 +219,9 @@ class WeightCache:
                 raise WeightSyncError(f"chunk {body.index} declares {body.size_bytes} bytes but carries {len(frame)}")
             done = r.add(body.index, body.offset, frame)
         except (WeightSyncError, OSError) as exc:
-            log.error("weights v%d: %s; fetching it again from its header (restart %d)", body.version, exc, d.restarts + 1)
+            log.error(
+                "weights v%d: %s; fetching it again from its header (restart %d)", body.version, exc, d.restarts + 1
+            )
             self._restart(d)
             return [self._first_request(d, now)], None
         d.asked.pop(body.index, None)

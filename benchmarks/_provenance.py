@@ -20,9 +20,16 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 def _commit() -> str:
     try:
-        out = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=5)
+        out = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=5
+        )
         commit = out.stdout.strip() or "unknown"
-        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=5)
+        dirty = subprocess.run(
+            ["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
         return commit + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -40,7 +47,9 @@ def _machine() -> str:
     try:
         import torch
 
-        acc = f"torch {torch.__version__}" + (f", {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ", no GPU")
+        acc = f"torch {torch.__version__}" + (
+            f", {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ", no GPU"
+        )
     except ImportError:
         acc = "no torch"
     return f"{os.cpu_count()} CPU cores ({cpu}), {acc}, Python {platform.python_version()}"
@@ -51,7 +60,9 @@ def provenance() -> dict[str, str]:
     return {
         "commit": _commit(),
         "machine": _machine(),
-        "command": " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], REPO) if sys.argv[0] else "python"] + sys.argv[1:]),
+        "command": " ".join(
+            shlex.quote(a) for a in [os.path.relpath(sys.argv[0], REPO) if sys.argv[0] else "python"] + sys.argv[1:]
+        ),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
 
@@ -77,5 +88,7 @@ def save_result(fig, out, data: dict, *, indent: int = 1) -> pathlib.Path:
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
-    out.with_suffix(".json").write_text(json.dumps({**data, "provenance": data.get("provenance", provenance())}, indent=indent, default=str))
+    out.with_suffix(".json").write_text(
+        json.dumps({**data, "provenance": data.get("provenance", provenance())}, indent=indent, default=str)
+    )
     return out

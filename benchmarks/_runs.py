@@ -104,7 +104,15 @@ def spotlight_cli(*args: str, check: bool = True) -> subprocess.CompletedProcess
 BAMBOO = REPO / "examples" / "traces" / "bamboo" / "p3-trace.csv"
 
 
-def simulate_policies(names: list[str], *, trace: str | pathlib.Path | None = BAMBOO, seed: int = 0, trace_seed: int = 0, iterations: int | None = None, profile=None) -> tuple[list, str]:
+def simulate_policies(
+    names: list[str],
+    *,
+    trace: str | pathlib.Path | None = BAMBOO,
+    seed: int = 0,
+    trace_seed: int = 0,
+    iterations: int | None = None,
+    profile=None,
+) -> tuple[list, str]:
     """What ``spotlight simulate --trace TRACE --policy …`` computes, as :class:`spotlight.sim.simulator.SimResult` s
     (the same placement: the whole trace, played forward and backward, randomly placed on the
     profile's spot nodes), and a one-line description of the setup.
@@ -120,7 +128,9 @@ def simulate_policies(names: list[str], *, trace: str | pathlib.Path | None = BA
     actions = None
     note = f"static pool of {prof.spot_nodes}x{prof.gpus_per_spot_node} spot GPUs"
     if trace is not None:
-        actions = trace_actions(trace, spot_nodes=prof.spot_nodes, gpus_per_node=prof.gpus_per_spot_node, seed=trace_seed)
+        actions = trace_actions(
+            trace, spot_nodes=prof.spot_nodes, gpus_per_node=prof.gpus_per_spot_node, seed=trace_seed
+        )
         note = f"trace {pathlib.Path(trace).name} on {prof.spot_nodes}x{prof.gpus_per_spot_node} spot GPUs, {prof.reserved_gpus} reserved"
     return [simulate(prof, n, actions, iterations=iterations, seed=seed) for n in names], f"{prof.name}; {note}"
 

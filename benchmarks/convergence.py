@@ -69,7 +69,14 @@ def run_one(variant: str, seed: int, args, out_dir: pathlib.Path) -> dict:
     evaluation = run_dir / "eval.json"
     done = metrics.is_file() and len(metrics.read_text().splitlines()) == args.iterations and evaluation.is_file()
     if not (args.reuse and done):
-        overrides = {"run.iterations": args.iterations, "run.sample_grid_every": 5, "run.seed": seed, "data.shuffle_seed": seed, "planner.seed": seed, **VARIANTS[variant]}
+        overrides = {
+            "run.iterations": args.iterations,
+            "run.sample_grid_every": 5,
+            "run.seed": seed,
+            "data.shuffle_seed": seed,
+            "planner.seed": seed,
+            **VARIANTS[variant],
+        }
         if variant == "critical-path":
             overrides["explore.num_candidates"] = args.best_of
         cfg = load_config(args.config, overrides)
@@ -78,18 +85,46 @@ def run_one(variant: str, seed: int, args, out_dir: pathlib.Path) -> dict:
         dump_config(cfg, conf)
         if run_dir.exists():
             shutil.rmtree(run_dir)
-        cmd = [sys.executable, "-m", "spotlight.cli", "up", "--local", "--agents", str(args.agents), "--config", str(conf), "--run-dir", str(run_dir)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "spotlight.cli",
+            "up",
+            "--local",
+            "--agents",
+            str(args.agents),
+            "--config",
+            str(conf),
+            "--run-dir",
+            str(run_dir),
+        ]
         print(f"== {variant} seed {seed}: {' '.join(cmd)}", flush=True)
         t0 = time.monotonic()
         subprocess.run(cmd, cwd=REPO, check=True)
         print(f"== {variant} seed {seed}: {time.monotonic() - t0:.0f} s", flush=True)
-        subprocess.run([sys.executable, "-m", "spotlight.cli", "eval", "--run-dir", str(run_dir), "--num-seeds", str(args.eval_seeds)], cwd=REPO, check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "spotlight.cli",
+                "eval",
+                "--run-dir",
+                str(run_dir),
+                "--num-seeds",
+                str(args.eval_seeds),
+            ],
+            cwd=REPO,
+            check=True,
+        )
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
     return {"rows": rows, "eval": json.loads(evaluation.read_text())}
 
 
 def summarize(results: dict[str, dict[int, dict]]) -> tuple[float, dict]:
-    mean_curves = {v: np.mean([moving_average([r[SCORE] for r in run["rows"]]) for run in runs.values()], axis=0) for v, runs in results.items()}
+    mean_curves = {
+        v: np.mean([moving_average([r[SCORE] for r in run["rows"]]) for run in runs.values()], axis=0)
+        for v, runs in results.items()
+    }
     target = float(min(np.max(c) for c in mean_curves.values()))
     table = {}
     for v, runs in results.items():
@@ -163,7 +198,11 @@ def main() -> None:
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "out" / "convergence"))
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--reuse", action="store_true", help="reuse finished runs found in --out")
-    ap.add_argument("--summarize-only", action="store_true", help="run nothing: summarise the finished runs found in --out (a partial benchmark)")
+    ap.add_argument(
+        "--summarize-only",
+        action="store_true",
+        help="run nothing: summarise the finished runs found in --out (a partial benchmark)",
+    )
     args = ap.parse_args()
     out = pathlib.Path(args.out)
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -190,7 +229,8 @@ def main() -> None:
         f"Target: {target:.4f} = the lowest saturated control-prompt score (best 3-iteration average of the seed-mean curve) among the variants. "
         f"{len(seeds)} run seeds per variant ({', '.join(map(str, seeds))}), {args.iterations} iterations, {args.agents} local spot agents; mean ± sample std over seeds.",
         "",
-        "| variant | reached target | iterations to target (runs that reached it) | wall time to target (s) | mean iteration (s) | exploration on critical path (share of iteration time) | test score of final/ (base " + f"{np.mean([t['test_score_base'] for t in table.values()]):.3f}) |",
+        "| variant | reached target | iterations to target (runs that reached it) | wall time to target (s) | mean iteration (s) | exploration on critical path (share of iteration time) | test score of final/ (base "
+        + f"{np.mean([t['test_score_base'] for t in table.values()]):.3f}) |",
         "|---|---|---|---|---|---|---|",
     ]
     for v, row in table.items():
@@ -200,7 +240,13 @@ def main() -> None:
         )
     text = "\n".join(lines)
     (out / "convergence.md").write_text(text + "\n")
-    (out / "convergence.json").write_text(json.dumps({"target": target, "table": table, "seeds": seeds, "iterations": args.iterations}, indent=2, default=lambda o: None if isinstance(o, float) and math.isnan(o) else o))
+    (out / "convergence.json").write_text(
+        json.dumps(
+            {"target": target, "table": table, "seeds": seeds, "iterations": args.iterations},
+            indent=2,
+            default=lambda o: None if isinstance(o, float) and math.isnan(o) else o,
+        )
+    )
     print(text)
 
 

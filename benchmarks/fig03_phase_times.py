@@ -42,7 +42,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--agents", default="0,1,2", help="numbers of local spot agents")
     ap.add_argument("--iterations", type=int, default=3)
-    ap.add_argument("--run-dir", action="append", default=[], help="SPOT_GPUS=PATH of finished runs (instead of running)")
+    ap.add_argument(
+        "--run-dir", action="append", default=[], help="SPOT_GPUS=PATH of finished runs (instead of running)"
+    )
     ap.add_argument("--work", default=str(REPO / "benchmarks" / "out" / "fig03"))
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "fig03_phase_times.png"))
     args = ap.parse_args()
@@ -59,7 +61,20 @@ def main() -> None:
             rd = work / f"agents{n}"
             if rd.exists():
                 shutil.rmtree(rd)
-            spotlight_cli("up", "--local", "--agents", str(n), "--iterations", str(args.iterations), "--config", str(conf), "--run-dir", str(rd), "--timeout-s", "1200")
+            spotlight_cli(
+                "up",
+                "--local",
+                "--agents",
+                str(n),
+                "--iterations",
+                str(args.iterations),
+                "--config",
+                str(conf),
+                "--run-dir",
+                str(rd),
+                "--timeout-s",
+                "1200",
+            )
             runs[n] = rd
     table = []
     for n, rd in sorted(runs.items()):
@@ -70,11 +85,17 @@ def main() -> None:
             row[k] = statistics.mean(r[f"time/{k}"] for r in use)
         table.append(row)
     base = table[0]
-    print(f"Fig. 3: phase times per iteration (mean of iterations 2..{args.iterations if not args.run_dir else 'n'}), exploration off")
-    print(f"{'spot GPUs':>9} {'rollout (s)':>11} {'train (s)':>9} {'iteration (s)':>13} {'rollout speed-up':>16} {'rollout share':>13}")
+    print(
+        f"Fig. 3: phase times per iteration (mean of iterations 2..{args.iterations if not args.run_dir else 'n'}), exploration off"
+    )
+    print(
+        f"{'spot GPUs':>9} {'rollout (s)':>11} {'train (s)':>9} {'iteration (s)':>13} {'rollout speed-up':>16} {'rollout share':>13}"
+    )
     for row in table:
         row["rollout_speedup"] = base["rollout_s"] / row["rollout_s"]
-        print(f"{row['spot_gpus']:>9} {row['rollout_s']:11.1f} {row['train_s']:9.1f} {row['iteration_s']:13.1f} {row['rollout_speedup']:15.2f}x {100 * row['rollout_s'] / row['iteration_s']:12.0f}%")
+        print(
+            f"{row['spot_gpus']:>9} {row['rollout_s']:11.1f} {row['train_s']:9.1f} {row['iteration_s']:13.1f} {row['rollout_speedup']:15.2f}x {100 * row['rollout_s'] / row['iteration_s']:12.0f}%"
+        )
     print(provenance_line())
 
     import matplotlib

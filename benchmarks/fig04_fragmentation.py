@@ -66,7 +66,12 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=4)
     ap.add_argument("--gpus-per-node", type=int, default=2)
     ap.add_argument("--sp", type=int, default=2, help="SP degree")
-    ap.add_argument("--seeds", type=int, default=10, help="placement seeds 0..N-1 (the CDF is of seed 0; the table gives mean and range)")
+    ap.add_argument(
+        "--seeds",
+        type=int,
+        default=10,
+        help="placement seeds 0..N-1 (the CDF is of seed 0; the table gives mean and range)",
+    )
     ap.add_argument("--mode", choices=("proportional", "capped"), default="proportional")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "fig04_fragmentation.png"))
     args = ap.parse_args()
@@ -81,13 +86,15 @@ def main() -> None:
         tl = fragmentation_timeline(actions, args.sp)
         summ = fragmentation_summary(actions, args.sp, end_s=end_s)
         cdf = weighted_ratio_cdf(tl, end_s)
-        rows.append({
-            "seed": seed,
-            "time_any_fragmented": summ["time_any_fragmented"],
-            "time_ratio_above_0.2": share_above(cdf, 0.2),
-            "mean_ratio": summ["mean_ratio"],
-            "fragmented_gpu_time_share": summ["gpu_time_share"],
-        })
+        rows.append(
+            {
+                "seed": seed,
+                "time_any_fragmented": summ["time_any_fragmented"],
+                "time_ratio_above_0.2": share_above(cdf, 0.2),
+                "mean_ratio": summ["mean_ratio"],
+                "fragmented_gpu_time_share": summ["gpu_time_share"],
+            }
+        )
         if first is None:
             first = (tl, cdf)
 
@@ -95,11 +102,22 @@ def main() -> None:
         vals = [r[key] for r in rows]
         return sum(vals) / len(vals), min(vals), max(vals)
 
-    print(f"Fig. 4: {pathlib.Path(args.trace).name}, {end_s / 3600:.1f} h, {args.nodes} nodes x {args.gpus_per_node} GPUs, SP={args.sp}, {args.mode}, {args.seeds} placement seeds")
+    print(
+        f"Fig. 4: {pathlib.Path(args.trace).name}, {end_s / 3600:.1f} h, {args.nodes} nodes x {args.gpus_per_node} GPUs, SP={args.sp}, {args.mode}, {args.seeds} placement seeds"
+    )
     print(f"{'metric':<52} {'mean':>7} {'min':>7} {'max':>7}   paper")
-    paper = {"time_any_fragmented": ">= 1 GPU fragmented, share of trace time", "time_ratio_above_0.2": "> 20 % of live GPUs fragmented, share of live time",
-             "mean_ratio": "mean fragmented / live (time-weighted)", "fragmented_gpu_time_share": "fragmented GPU-hours / live GPU-hours"}
-    paper_val = {"time_any_fragmented": "~70 %", "time_ratio_above_0.2": "> 50 %", "mean_ratio": "-", "fragmented_gpu_time_share": "-"}
+    paper = {
+        "time_any_fragmented": ">= 1 GPU fragmented, share of trace time",
+        "time_ratio_above_0.2": "> 20 % of live GPUs fragmented, share of live time",
+        "mean_ratio": "mean fragmented / live (time-weighted)",
+        "fragmented_gpu_time_share": "fragmented GPU-hours / live GPU-hours",
+    }
+    paper_val = {
+        "time_any_fragmented": "~70 %",
+        "time_ratio_above_0.2": "> 50 %",
+        "mean_ratio": "-",
+        "fragmented_gpu_time_share": "-",
+    }
     for key, label in paper.items():
         m, lo, hi = stat(key)
         print(f"{label:<52} {100 * m:6.1f}% {100 * lo:6.1f}% {100 * hi:6.1f}%   {paper_val[key]}")

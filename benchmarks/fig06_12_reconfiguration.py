@@ -69,7 +69,14 @@ def breakdown(event: dict) -> dict[str, float]:
 def throughput_curve(stall_s: float, serve_s: float, before: float, after: float, restart: bool, horizon_s: float):
     """(t, rate) points of the node's throughput around an event at t = 0 (see the docstring)."""
     stall_from = 0.0 if restart else max(0.0, serve_s - stall_s)
-    return [(-10.0, before), (stall_from, before), (stall_from, 0.0), (serve_s, 0.0), (serve_s, after), (horizon_s, after)]
+    return [
+        (-10.0, before),
+        (stall_from, before),
+        (stall_from, 0.0),
+        (serve_s, 0.0),
+        (serve_s, after),
+        (horizon_s, after),
+    ]
 
 
 def main() -> None:
@@ -81,28 +88,47 @@ def main() -> None:
     args = ap.parse_args()
     src = pathlib.Path(args.src)
     if args.rerun:
-        cmd = [sys.executable, str(REPO / "benchmarks" / "reconfig.py"), "--repeats", str(args.repeats), "--skip-cold", "--out", str(src)]
+        cmd = [
+            sys.executable,
+            str(REPO / "benchmarks" / "reconfig.py"),
+            "--repeats",
+            str(args.repeats),
+            "--skip-cold",
+            "--out",
+            str(src),
+        ]
         print("$ " + " ".join(cmd), flush=True)
         subprocess.run(cmd, cwd=REPO, check=True)
     if not src.is_file():
-        sys.exit(f"error: {src} not found; run `python benchmarks/reconfig.py --out {src}` (or this script with --rerun)")
+        sys.exit(
+            f"error: {src} not found; run `python benchmarks/reconfig.py --out {src}` (or this script with --rerun)"
+        )
     data = json.loads(src.read_text())
     raw = {k: v for k, v in data["raw"].items() if v}
     parts = {k: [breakdown(e) for e in v] for k, v in raw.items()}
     mean_parts = {k: {p: sum(b[p] for b in v) / len(v) for p in PHASES} for k, v in parts.items()}
     med = data["median"]
-    print(f"Fig. 6/12: one node, 2 CPU 'GPUs', {data['weights_mb']:.0f} MB weights, {data['repeats']} repeat(s); seconds from the event (mean over repeats)")
+    print(
+        f"Fig. 6/12: one node, 2 CPU 'GPUs', {data['weights_mb']:.0f} MB weights, {data['repeats']} repeat(s); seconds from the event (mean over repeats)"
+    )
     print(f"{'scenario':>32} {'serve':>7} {'stall':>7} " + " ".join(f"{p[:12]:>12}" for p in PHASES))
     for k, label in SCENARIOS.items():
         if k in mean_parts:
-            print(f"{label:>32} {med[k]['serve_s']:7.2f} {med[k]['stall_s']:7.2f} " + " ".join(f"{mean_parts[k][p]:12.2f}" for p in PHASES))
+            print(
+                f"{label:>32} {med[k]['serve_s']:7.2f} {med[k]['stall_s']:7.2f} "
+                + " ".join(f"{mean_parts[k][p]:12.2f}" for p in PHASES)
+            )
     r = data["ratios"]
-    print(f"restart / elastic: revocation serve {r['revoke_serve_s']:.0f}x, stall {r['revoke_stall_s']:.0f}x; addition serve {r['add_serve_s']:.0f}x, stall {r['add_stall_s']:.0f}x")
+    print(
+        f"restart / elastic: revocation serve {r['revoke_serve_s']:.0f}x, stall {r['revoke_stall_s']:.0f}x; addition serve {r['add_serve_s']:.0f}x, stall {r['add_stall_s']:.0f}x"
+    )
     for k in ("restart_revoke", "restart_add"):
         if k in mean_parts:
             b = mean_parts[k]
             tot = sum(b.values())
-            print(f"{SCENARIOS[k]}: start/import/register + weights = {100 * (b[PHASES[0]] + b['weights']) / tot:.0f}% of the restart (paper Fig. 6: scheduler init + remote weights 62%)")
+            print(
+                f"{SCENARIOS[k]}: start/import/register + weights = {100 * (b[PHASES[0]] + b['weights']) / tot:.0f}% of the restart (paper Fig. 6: scheduler init + remote weights 62%)"
+            )
     prov = provenance()
     print(provenance_line())
 
@@ -128,20 +154,43 @@ def main() -> None:
     ax.set_title("Fig. 6: reconfiguration time by component", fontsize=9)
     ax.legend(fontsize=7, loc="lower right")
     horizon = max(med[k]["serve_s"] for k in med) + 20
-    for ax, (ev, before, after, title) in zip(axes[1:], (("revoke", 1.0, 0.5, "Fig. 12(a): revoking one GPU"), ("add", 0.5, 1.0, "Fig. 12(b): adding one GPU"))):
+    for ax, (ev, before, after, title) in zip(
+        axes[1:],
+        (("revoke", 1.0, 0.5, "Fig. 12(a): revoking one GPU"), ("add", 0.5, 1.0, "Fig. 12(b): adding one GPU")),
+    ):
         for path, style in (("elastic", "-"), ("restart", "--")):
             k = f"{path}_{ev}"
             if k not in med:
                 continue
             pts = throughput_curve(med[k]["stall_s"], med[k]["serve_s"], before, after, path == "restart", horizon)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=f"{'Spotlight (elastic SP)' if path == 'elastic' else 'restart (RLBoost)'}", linewidth=2)
+            ax.plot(
+                [p[0] for p in pts],
+                [p[1] for p in pts],
+                style,
+                label=f"{'Spotlight (elastic SP)' if path == 'elastic' else 'restart (RLBoost)'}",
+                linewidth=2,
+            )
         ax.set_xlabel("seconds from the event")
         ax.set_ylabel("node throughput / SP-2 rate")
         ax.set_ylim(-0.05, 1.1)
         ax.set_title(title + " (reconstructed)", fontsize=9)
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
-    out = save_result(fig, args.out, {"provenance": prov, "source": str(src), "weights_mb": data["weights_mb"], "repeats": data["repeats"], "median": med, "ratios": r, "breakdown_s": mean_parts, "raw": raw}, indent=2)
+    out = save_result(
+        fig,
+        args.out,
+        {
+            "provenance": prov,
+            "source": str(src),
+            "weights_mb": data["weights_mb"],
+            "repeats": data["repeats"],
+            "median": med,
+            "ratios": r,
+            "breakdown_s": mean_parts,
+            "raw": raw,
+        },
+        indent=2,
+    )
     print(f"wrote {out} and {out.with_suffix('.json')}")
 
 

@@ -44,7 +44,11 @@ from _provenance import provenance, provenance_line, save_result  # noqa: E402
 from _runs import BAMBOO, cost_to_target, parse_labelled, simulate_policies  # noqa: E402
 
 MODES = ["reserved-only", "rlboost", "verl-omni-spot", "rlboost+explore", "spotlight"]
-CONV_LABELS = {"no-exploration": "rlboost (explore off)", "critical-path": "verl-omni-spot (critical path)", "spotlight": "spotlight"}
+CONV_LABELS = {
+    "no-exploration": "rlboost (explore off)",
+    "critical-path": "verl-omni-spot (critical path)",
+    "spotlight": "spotlight",
+}
 
 
 def local_runs(args) -> tuple[dict[str, list[dict]], float | None]:
@@ -60,7 +64,9 @@ def local_runs(args) -> tuple[dict[str, list[dict]], float | None]:
             summary = json.loads((conv / "convergence.json").read_text())
             target = summary["target"] if target is None else target
             for v in summary["table"]:
-                runs[CONV_LABELS.get(v, v)] = [conv / f"{v}-s{s}" for s in summary["seeds"] if (conv / f"{v}-s{s}" / "metrics.jsonl").is_file()]
+                runs[CONV_LABELS.get(v, v)] = [
+                    conv / f"{v}-s{s}" for s in summary["seeds"] if (conv / f"{v}-s{s}" / "metrics.jsonl").is_file()
+                ]
     if runs and target is None:
         sys.exit("error: --run-dir needs --target (the reward/control_mean to reach)")
     return {label: [cost_to_target(p, target) for p in paths] for label, paths in runs.items()}, target
@@ -70,7 +76,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trace", default=str(BAMBOO))
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--run-dir", action="append", default=[], help="LABEL=PATH of a finished local run (repeatable; LABEL#2=PATH adds a seed)")
+    ap.add_argument(
+        "--run-dir",
+        action="append",
+        default=[],
+        help="LABEL=PATH of a finished local run (repeatable; LABEL#2=PATH adds a seed)",
+    )
     ap.add_argument("--target", type=float, default=None, help="target reward/control_mean for --run-dir")
     ap.add_argument("--convergence-dir", default=str(REPO / "benchmarks" / "out" / "convergence"))
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "fig08_cost_to_target.png"))
@@ -80,16 +91,30 @@ def main() -> None:
     ref = next(r for r in sims if r.policy == "reserved-only").cost_usd
     spot = next(r for r in sims if r.policy == "spotlight").cost_usd
     print(f"Fig. 8 (simulated): {setup}")
-    print(f"{'mode':>16} {'iterations':>10} {'wall (h)':>9} {'cost ($)':>9} {'/ reserved-only':>15} {'x spotlight':>11}")
+    print(
+        f"{'mode':>16} {'iterations':>10} {'wall (h)':>9} {'cost ($)':>9} {'/ reserved-only':>15} {'x spotlight':>11}"
+    )
     sim_rows = []
     for r in sims:
-        row = {"mode": r.policy, "iterations": r.iterations, "wall_h": r.wall_s / 3600, "cost_usd": r.cost_usd, "normalised": r.cost_usd / ref, "vs_spotlight": r.cost_usd / spot, "finished": r.finished}
+        row = {
+            "mode": r.policy,
+            "iterations": r.iterations,
+            "wall_h": r.wall_s / 3600,
+            "cost_usd": r.cost_usd,
+            "normalised": r.cost_usd / ref,
+            "vs_spotlight": r.cost_usd / spot,
+            "finished": r.finished,
+        }
         sim_rows.append(row)
-        print(f"{r.policy:>16} {r.iterations:>10} {row['wall_h']:9.1f} {r.cost_usd:9,.0f} {row['normalised']:15.2f} {row['vs_spotlight']:10.2f}x")
+        print(
+            f"{r.policy:>16} {r.iterations:>10} {row['wall_h']:9.1f} {r.cost_usd:9,.0f} {row['normalised']:15.2f} {row['vs_spotlight']:10.2f}x"
+        )
     local, target = local_runs(args)
     local_rows = []
     if local:
-        print(f"\nFig. 8 (real local runs, CPU 'GPUs'): cost until the 3-iteration average of reward/control_mean >= {target:.4f}")
+        print(
+            f"\nFig. 8 (real local runs, CPU 'GPUs'): cost until the 3-iteration average of reward/control_mean >= {target:.4f}"
+        )
         print(f"{'mode':>32} {'reached':>7} {'iterations':>10} {'cost ($)':>9} {'x spotlight':>11}")
         means = {}
         for label, rs in local.items():
@@ -99,7 +124,15 @@ def main() -> None:
         for label, rs in local.items():
             hit = [r for r in rs if r["reached"]]
             it = statistics.mean(r["iterations"] for r in hit) if hit else float("nan")
-            row = {"mode": label, "reached": len(hit), "runs": len(rs), "iterations": it, "cost_usd": means[label], "vs_spotlight": means[label] / s_ref, "per_run": rs}
+            row = {
+                "mode": label,
+                "reached": len(hit),
+                "runs": len(rs),
+                "iterations": it,
+                "cost_usd": means[label],
+                "vs_spotlight": means[label] / s_ref,
+                "per_run": rs,
+            }
             local_rows.append(row)
             print(f"{label:>32} {len(hit)}/{len(rs):<5} {it:10.1f} {means[label]:9.4f} {row['vs_spotlight']:10.2f}x")
         print("(cost of the runs that reached the target, mean over them; unreached runs are not counted)")
@@ -114,7 +147,10 @@ def main() -> None:
     ncol = 2 if local_rows else 1
     fig, axes = plt.subplots(1, ncol, figsize=(5.2 * ncol, 3.8), squeeze=False)
     ax = axes[0][0]
-    colors = ["#bbbbbb" if r["mode"] == "reserved-only" else ("#d62728" if r["mode"] == "spotlight" else "#8fb3d9") for r in sim_rows]
+    colors = [
+        "#bbbbbb" if r["mode"] == "reserved-only" else ("#d62728" if r["mode"] == "spotlight" else "#8fb3d9")
+        for r in sim_rows
+    ]
     bars = ax.bar(range(len(sim_rows)), [r["normalised"] for r in sim_rows], color=colors, hatch=None)
     bars[0].set_hatch("//")
     ax.set_xticks(range(len(sim_rows)), [r["mode"] for r in sim_rows], rotation=20, fontsize=8)
@@ -129,7 +165,12 @@ def main() -> None:
     for a in axes[0]:
         a.grid(axis="y", alpha=0.3)
     fig.suptitle("Fig. 8: cost to target", fontsize=10)
-    out = save_result(fig, args.out, {"provenance": prov, "setup": setup, "simulated": sim_rows, "local_target": target, "local": local_rows}, indent=2)
+    out = save_result(
+        fig,
+        args.out,
+        {"provenance": prov, "setup": setup, "simulated": sim_rows, "local_target": target, "local": local_rows},
+        indent=2,
+    )
     print(f"wrote {out} and {out.with_suffix('.json')}")
 
 

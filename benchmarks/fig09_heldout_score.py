@@ -54,25 +54,36 @@ def versions(run_dir: pathlib.Path) -> dict[int, pathlib.Path]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--run-dir", action="append", default=[], help="a run directory to evaluate (repeatable); default: the convergence runs")
+    ap.add_argument(
+        "--run-dir",
+        action="append",
+        default=[],
+        help="a run directory to evaluate (repeatable); default: the convergence runs",
+    )
     ap.add_argument("--convergence-dir", default=str(REPO / "benchmarks" / "out" / "convergence"))
     ap.add_argument("--seed", type=int, default=0, help="which run seed of the convergence runs")
     ap.add_argument("--every", type=int, default=3, help="evaluate every k-th version (and the last)")
     ap.add_argument("--eval-seeds", type=int, default=2, help="samples per test prompt")
-    ap.add_argument("--cache", default=str(REPO / "benchmarks" / "out" / "fig09" / "cache.json"), help="scores already computed (per weight file and seeds) are read from and written to here")
+    ap.add_argument(
+        "--cache",
+        default=str(REPO / "benchmarks" / "out" / "fig09" / "cache.json"),
+        help="scores already computed (per weight file and seeds) are read from and written to here",
+    )
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "fig09_heldout_score.png"))
     args = ap.parse_args()
 
     import torch
 
     from spotlight.config import load_config
-    from spotlight.tasks.shapes import evaluate as ev
     from spotlight.store.tensor_wire import mmap_state_dict
+    from spotlight.tasks.shapes import evaluate as ev
 
     runs = {pathlib.Path(d).name: pathlib.Path(d) for d in args.run_dir}
     if not runs:
         conv = pathlib.Path(args.convergence_dir)
-        runs = {v: conv / f"{v}-s{args.seed}" for v in VARIANTS if (conv / f"{v}-s{args.seed}" / "tensor_store").is_dir()}
+        runs = {
+            v: conv / f"{v}-s{args.seed}" for v in VARIANTS if (conv / f"{v}-s{args.seed}" / "tensor_store").is_dir()
+        }
     if not runs:
         rd = REPO / "benchmarks" / "out" / "fig09" / "local-run"
         if not versions(rd):
@@ -99,14 +110,24 @@ def main() -> None:
             if key not in cache:
                 model.load_state_dict(mmap_state_dict(vs[v]))
                 r = ev.evaluate(model.eval(), cfg.model, cfg.sampler, specs, num_seeds=args.eval_seeds)
-                cache[key] = {"score": r.overall, "partial_credit": r.partial, "per_task": r.per_task, "num_images": r.num_images}
+                cache[key] = {
+                    "score": r.overall,
+                    "partial_credit": r.partial,
+                    "per_task": r.per_task,
+                    "num_images": r.num_images,
+                }
                 cache_path.parent.mkdir(parents=True, exist_ok=True)
                 cache_path.write_text(json.dumps(cache, indent=1))
             row = {"version": v, **cache[key]}
             results[label].append(row)
-            print(f"{label:>16} v{v:<3} score {row['score']:.3f}  partial {row['partial_credit']:.3f}  ({time.monotonic() - t0:.0f} s)", flush=True)
+            print(
+                f"{label:>16} v{v:<3} score {row['score']:.3f}  partial {row['partial_credit']:.3f}  ({time.monotonic() - t0:.0f} s)",
+                flush=True,
+            )
 
-    print(f"\nFig. 9: held-out score ({len(specs)} test prompts x {args.eval_seeds} seeds, strict verdict) vs iteration")
+    print(
+        f"\nFig. 9: held-out score ({len(specs)} test prompts x {args.eval_seeds} seeds, strict verdict) vs iteration"
+    )
     print(f"{'run':>16} " + " ".join(f"{'v' + str(r['version']):>6}" for r in next(iter(results.values()))))
     for label, rows in results.items():
         print(f"{label:>16} " + " ".join(f"{r['score']:6.3f}" for r in rows))
@@ -133,7 +154,18 @@ def main() -> None:
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     fig.suptitle(f"Fig. 9 (toy): {len(specs)} test prompts x {args.eval_seeds} seeds", fontsize=9)
-    out = save_result(fig, args.out, {"provenance": prov, "eval_seeds": args.eval_seeds, "num_prompts": len(specs), "runs": {k: str(v) for k, v in runs.items()}, "results": results}, indent=2)
+    out = save_result(
+        fig,
+        args.out,
+        {
+            "provenance": prov,
+            "eval_seeds": args.eval_seeds,
+            "num_prompts": len(specs),
+            "runs": {k: str(v) for k, v in runs.items()},
+            "results": results,
+        },
+        indent=2,
+    )
     print(f"wrote {out} and {out.with_suffix('.json')}")
 
 

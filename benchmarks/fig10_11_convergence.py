@@ -44,12 +44,21 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from _provenance import provenance_line, save_result  # noqa: E402
 from _runs import read_metrics  # noqa: E402
 
-LABELS = {"no-exploration": "no exploration\n(RLBoost)", "critical-path": "best-of-N, critical path\n(veRL-omni(spot))", "spotlight": "Spotlight"}
+LABELS = {
+    "no-exploration": "no exploration\n(RLBoost)",
+    "critical-path": "best-of-N, critical path\n(veRL-omni(spot))",
+    "spotlight": "Spotlight",
+}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--from", dest="src", default=str(REPO / "benchmarks" / "out" / "convergence"), help="convergence.py output directory")
+    ap.add_argument(
+        "--from",
+        dest="src",
+        default=str(REPO / "benchmarks" / "out" / "convergence"),
+        help="convergence.py output directory",
+    )
     ap.add_argument("--rerun", action="store_true", help="run benchmarks/convergence.py into --from first")
     ap.add_argument("--iterations", type=int, default=12, help="with --rerun")
     ap.add_argument("--seeds", default="0,1,2", help="with --rerun")
@@ -57,12 +66,24 @@ def main() -> None:
     args = ap.parse_args()
     src = pathlib.Path(args.src)
     if args.rerun:
-        cmd = [sys.executable, str(REPO / "benchmarks" / "convergence.py"), "--reuse", "--iterations", str(args.iterations), "--seeds", args.seeds, "--out", str(src)]
+        cmd = [
+            sys.executable,
+            str(REPO / "benchmarks" / "convergence.py"),
+            "--reuse",
+            "--iterations",
+            str(args.iterations),
+            "--seeds",
+            args.seeds,
+            "--out",
+            str(src),
+        ]
         print("$ " + " ".join(cmd), flush=True)
         subprocess.run(cmd, cwd=REPO, check=True)
     summary = src / "convergence.json"
     if not summary.is_file():
-        sys.exit(f"error: {summary} not found; run `python benchmarks/convergence.py --out {src}` (or this script with --rerun)")
+        sys.exit(
+            f"error: {summary} not found; run `python benchmarks/convergence.py --out {src}` (or this script with --rerun)"
+        )
     conv = json.loads(summary.read_text())
     target, table = conv["target"], conv["table"]
     rows = {}
@@ -88,15 +109,25 @@ def main() -> None:
             "mean_iteration_s_per_run": it_s or [t["mean_iteration_s"]],
         }
     base = rows.get("no-exploration")
-    print(f"Fig. 10/11 (shapes task, {len(conv['seeds'])} seeds x {conv['iterations']} iterations): target {target:.4f}")
-    print(f"{'variant':>16} {'reached':>7} {'iters to target':>16} {'vs RLBoost':>10} {'wall to target':>15} {'iteration':>10} {'critical path':>13}")
+    print(
+        f"Fig. 10/11 (shapes task, {len(conv['seeds'])} seeds x {conv['iterations']} iterations): target {target:.4f}"
+    )
+    print(
+        f"{'variant':>16} {'reached':>7} {'iters to target':>16} {'vs RLBoost':>10} {'wall to target':>15} {'iteration':>10} {'critical path':>13}"
+    )
     for v, r in rows.items():
         it = r["iterations_to_target"]
         mean_it = statistics.mean(it) if it else float("nan")
-        ratio = statistics.mean(base["iterations_to_target"]) / mean_it if base and base["iterations_to_target"] and it else float("nan")
+        ratio = (
+            statistics.mean(base["iterations_to_target"]) / mean_it
+            if base and base["iterations_to_target"] and it
+            else float("nan")
+        )
         r["iterations_vs_rlboost"] = ratio
         wall = f"{statistics.mean(r['wall_s_to_target']):.0f} s" if r["wall_s_to_target"] else "-"
-        print(f"{v:>16} {r['reached']}/{r['runs']:<5} {mean_it:16.1f} {ratio:9.2f}x {wall:>15} {statistics.mean(r['mean_iteration_s_per_run']):9.1f}s {100 * statistics.mean(r['critical_path_share_per_run']):12.1f}%")
+        print(
+            f"{v:>16} {r['reached']}/{r['runs']:<5} {mean_it:16.1f} {ratio:9.2f}x {wall:>15} {statistics.mean(r['mean_iteration_s_per_run']):9.1f}s {100 * statistics.mean(r['critical_path_share_per_run']):12.1f}%"
+        )
     print("(iterations to target counts only the runs that reached it; 'vs RLBoost' = RLBoost's mean / this mean)")
     print(provenance_line())
 
@@ -109,9 +140,15 @@ def main() -> None:
     names = list(rows)
     x = range(len(names))
     ax = axes[0]
-    ax.bar(x, [statistics.mean(rows[v]["iterations_to_target"]) if rows[v]["iterations_to_target"] else 0 for v in names], color="#8fb3d9")
+    ax.bar(
+        x,
+        [statistics.mean(rows[v]["iterations_to_target"]) if rows[v]["iterations_to_target"] else 0 for v in names],
+        color="#8fb3d9",
+    )
     for i, v in enumerate(names):
-        ax.scatter([i] * len(rows[v]["iterations_to_target"]), rows[v]["iterations_to_target"], color="k", s=12, zorder=3)
+        ax.scatter(
+            [i] * len(rows[v]["iterations_to_target"]), rows[v]["iterations_to_target"], color="k", s=12, zorder=3
+        )
         ax.text(i, 0.3, f"reached {rows[v]['reached']}/{rows[v]['runs']}", ha="center", fontsize=8)
     ax.set_xticks(list(x), [LABELS.get(v, v) for v in names], fontsize=8)
     ax.set_ylabel("iterations to target")
@@ -119,13 +156,30 @@ def main() -> None:
     ax = axes[1]
     ax.bar(x, [100 * statistics.mean(rows[v]["critical_path_share_per_run"]) for v in names], color="#e6a57e")
     for i, v in enumerate(names):
-        ax.scatter([i] * len(rows[v]["critical_path_share_per_run"]), [100 * s for s in rows[v]["critical_path_share_per_run"]], color="k", s=12, zorder=3)
+        ax.scatter(
+            [i] * len(rows[v]["critical_path_share_per_run"]),
+            [100 * s for s in rows[v]["critical_path_share_per_run"]],
+            color="k",
+            s=12,
+            zorder=3,
+        )
     ax.set_xticks(list(x), [LABELS.get(v, v) for v in names], fontsize=8)
     ax.set_ylabel("exploration on the critical path (% of iteration time)")
     ax.set_title("Fig. 11: exploration overhead", fontsize=10)
     for ax in axes:
         ax.grid(axis="y", alpha=0.3)
-    out = save_result(fig, args.out, {"source": str(src), "target": target, "seeds": conv["seeds"], "iterations": conv["iterations"], "variants": rows}, indent=2)
+    out = save_result(
+        fig,
+        args.out,
+        {
+            "source": str(src),
+            "target": target,
+            "seeds": conv["seeds"],
+            "iterations": conv["iterations"],
+            "variants": rows,
+        },
+        indent=2,
+    )
     print(f"wrote {out} and {out.with_suffix('.json')}")
 
 

@@ -49,26 +49,47 @@ def main() -> None:
     static = preemption_cycles(4, 2, cycles_per_iteration=0, iteration_s=1.0, iterations=0)
     base = simulate(prof, on, static, iterations=args.iterations)
     iteration_s = statistics.mean(r["time/iteration_s"] for r in base.rows[1:])
-    print(f"Fig. 13: {prof.name}, 4 x 2 spot GPUs, {args.iterations} iterations; cycles spread over {iteration_s:.0f}s iterations, {args.down_s:g}s down")
-    print(f"{'cycles/iter':>11} {'migration':>9} {'iteration (s)':>13} {'overhead':>9} {'lost steps':>10} {'revocations':>11}")
+    print(
+        f"Fig. 13: {prof.name}, 4 x 2 spot GPUs, {args.iterations} iterations; cycles spread over {iteration_s:.0f}s iterations, {args.down_s:g}s down"
+    )
+    print(
+        f"{'cycles/iter':>11} {'migration':>9} {'iteration (s)':>13} {'overhead':>9} {'lost steps':>10} {'revocations':>11}"
+    )
     rows = []
     ref = {}
     for n in [int(x) for x in args.cycles.split(",")]:
-        acts = preemption_cycles(4, 2, cycles_per_iteration=n, iteration_s=iteration_s, iterations=args.iterations + 2, down_s=args.down_s)
+        acts = preemption_cycles(
+            4, 2, cycles_per_iteration=n, iteration_s=iteration_s, iterations=args.iterations + 2, down_s=args.down_s
+        )
         for pol, label in ((on, "on"), (off, "off")):
             r = simulate(prof, pol, acts, iterations=args.iterations)
             it = statistics.mean(x["time/iteration_s"] for x in r.rows[1:])
             ref.setdefault(label, it) if n == 0 else None
-            row = {"cycles": n, "migration": label, "iteration_s": it, "lost_steps": r.work_lost_steps, "revocations": r.preemptions}
+            row = {
+                "cycles": n,
+                "migration": label,
+                "iteration_s": it,
+                "lost_steps": r.work_lost_steps,
+                "revocations": r.preemptions,
+            }
             rows.append(row)
-    base_it = {lab: next(r["iteration_s"] for r in rows if r["cycles"] == min(x["cycles"] for x in rows) and r["migration"] == lab) for lab in ("on", "off")}
+    base_it = {
+        lab: next(
+            r["iteration_s"] for r in rows if r["cycles"] == min(x["cycles"] for x in rows) and r["migration"] == lab
+        )
+        for lab in ("on", "off")
+    }
     for row in rows:
         row["overhead"] = row["iteration_s"] / base_it[row["migration"]] - 1
-        print(f"{row['cycles']:>11} {row['migration']:>9} {row['iteration_s']:>13.0f} {100 * row['overhead']:>8.2f}% {row['lost_steps']:>10.0f} {row['revocations']:>11}")
+        print(
+            f"{row['cycles']:>11} {row['migration']:>9} {row['iteration_s']:>13.0f} {100 * row['overhead']:>8.2f}% {row['lost_steps']:>10.0f} {row['revocations']:>11}"
+        )
     worst = max((r["cycles"] for r in rows))
     t_on = next(r["iteration_s"] for r in rows if r["cycles"] == worst and r["migration"] == "on")
     t_off = next(r["iteration_s"] for r in rows if r["cycles"] == worst and r["migration"] == "off")
-    print(f"at {worst} cycles per iteration live migration saves {100 * (1 - t_on / t_off):.2f}% of iteration time (paper: up to 4.6%)")
+    print(
+        f"at {worst} cycles per iteration live migration saves {100 * (1 - t_on / t_off):.2f}% of iteration time (paper: up to 4.6%)"
+    )
     print(provenance_line())
 
     import matplotlib

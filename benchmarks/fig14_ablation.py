@@ -35,14 +35,21 @@ from _provenance import provenance, provenance_line, save_result  # noqa: E402
 from _runs import BAMBOO, cost_to_target, parse_labelled, read_metrics, simulate_policies  # noqa: E402
 
 MODES = ["rlboost", "rlboost+explore", "spotlight"]
-METRICS = [("spot_utilisation", "spot GPU utilisation", 100, "%"), ("iterations", "iterations to target", 1, ""), ("iteration_s", "mean iteration (s)", 1, ""), ("cost_usd", "cost to target ($)", 1, "")]
+METRICS = [
+    ("spot_utilisation", "spot GPU utilisation", 100, "%"),
+    ("iterations", "iterations to target", 1, ""),
+    ("iteration_s", "mean iteration (s)", 1, ""),
+    ("cost_usd", "cost to target ($)", 1, ""),
+]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trace", default=str(BAMBOO))
     ap.add_argument("--trace-seeds", default="0,1,2", help="random placements of the trace to average")
-    ap.add_argument("--run-dir", action="append", default=[], help="LABEL=PATH of a finished local run of one mode (repeatable)")
+    ap.add_argument(
+        "--run-dir", action="append", default=[], help="LABEL=PATH of a finished local run of one mode (repeatable)"
+    )
     ap.add_argument("--target", type=float, default=None)
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "fig14_ablation.png"))
     args = ap.parse_args()
@@ -52,17 +59,38 @@ def main() -> None:
     for ts in [int(s) for s in args.trace_seeds.split(",")]:
         sims, setup = simulate_policies(MODES, trace=args.trace, trace_seed=ts)
         for r in sims:
-            per_mode[r.policy].append({"spot_utilisation": r.spot_utilisation, "iterations": r.iterations, "iteration_s": r.wall_s / r.iterations, "cost_usd": r.cost_usd, "critical_path_share": r.critical_path_share, "finished": r.finished})
-    sim = {m: {k: statistics.mean(x[k] for x in rows) for k in ("spot_utilisation", "iterations", "iteration_s", "cost_usd", "critical_path_share")} for m, rows in per_mode.items()}
+            per_mode[r.policy].append(
+                {
+                    "spot_utilisation": r.spot_utilisation,
+                    "iterations": r.iterations,
+                    "iteration_s": r.wall_s / r.iterations,
+                    "cost_usd": r.cost_usd,
+                    "critical_path_share": r.critical_path_share,
+                    "finished": r.finished,
+                }
+            )
+    sim = {
+        m: {
+            k: statistics.mean(x[k] for x in rows)
+            for k in ("spot_utilisation", "iterations", "iteration_s", "cost_usd", "critical_path_share")
+        }
+        for m, rows in per_mode.items()
+    }
     print(f"Fig. 14 (simulated, mean of {len(per_mode['spotlight'])} trace placements): {setup}")
-    print(f"{'mode':>16} {'spot util.':>10} {'iterations':>10} {'iteration (s)':>13} {'cost ($)':>9} {'x spotlight':>11} {'critical path':>13}")
+    print(
+        f"{'mode':>16} {'spot util.':>10} {'iterations':>10} {'iteration (s)':>13} {'cost ($)':>9} {'x spotlight':>11} {'critical path':>13}"
+    )
     for m, r in sim.items():
         r["cost_vs_spotlight"] = r["cost_usd"] / sim["spotlight"]["cost_usd"]
-        print(f"{m:>16} {100 * r['spot_utilisation']:9.1f}% {r['iterations']:10.0f} {r['iteration_s']:13.0f} {r['cost_usd']:9,.0f} {r['cost_vs_spotlight']:10.2f}x {100 * r['critical_path_share']:12.1f}%")
+        print(
+            f"{m:>16} {100 * r['spot_utilisation']:9.1f}% {r['iterations']:10.0f} {r['iteration_s']:13.0f} {r['cost_usd']:9,.0f} {r['cost_vs_spotlight']:10.2f}x {100 * r['critical_path_share']:12.1f}%"
+        )
     it_gain = 1 - sim["spotlight"]["iterations"] / sim["rlboost"]["iterations"]
     dur_gain = 1 - sim["spotlight"]["iteration_s"] / sim["rlboost+explore"]["iteration_s"]
-    print(f"exploration: {100 * it_gain:.0f}% fewer iterations than RLBoost (paper 39%); elastic SP: iteration {100 * dur_gain:.1f}% shorter than RLBoost+Exp (paper 15.7%), "
-          f"spot utilisation {100 * sim['rlboost+explore']['spot_utilisation']:.0f}% -> {100 * sim['spotlight']['spot_utilisation']:.0f}% (paper 93% -> 99%); cost RLBoost / Spotlight {sim['rlboost']['cost_vs_spotlight']:.2f}x (paper 1.7x)")
+    print(
+        f"exploration: {100 * it_gain:.0f}% fewer iterations than RLBoost (paper 39%); elastic SP: iteration {100 * dur_gain:.1f}% shorter than RLBoost+Exp (paper 15.7%), "
+        f"spot utilisation {100 * sim['rlboost+explore']['spot_utilisation']:.0f}% -> {100 * sim['spotlight']['spot_utilisation']:.0f}% (paper 93% -> 99%); cost RLBoost / Spotlight {sim['rlboost']['cost_vs_spotlight']:.2f}x (paper 1.7x)"
+    )
     local = {}
     if args.run_dir:
         if args.target is None:
@@ -70,10 +98,17 @@ def main() -> None:
         for label, path in parse_labelled(args.run_dir).items():
             c = cost_to_target(path, args.target)
             rows = read_metrics(path)
-            local[label] = {"spot_utilisation": statistics.mean(r.get("spot/busy_fraction", float("nan")) for r in rows), "iterations": c["iterations"], "reached": c["reached"],
-                            "iteration_s": statistics.mean(r["time/iteration_s"] for r in rows), "cost_usd": c["cost_usd"]}
+            local[label] = {
+                "spot_utilisation": statistics.mean(r.get("spot/busy_fraction", float("nan")) for r in rows),
+                "iterations": c["iterations"],
+                "reached": c["reached"],
+                "iteration_s": statistics.mean(r["time/iteration_s"] for r in rows),
+                "cost_usd": c["cost_usd"],
+            }
             r = local[label]
-            print(f"local {label:>10} {100 * r['spot_utilisation']:9.1f}% {r['iterations']:10d}{'' if r['reached'] else '*'} {r['iteration_s']:13.1f} {r['cost_usd']:9.4f}")
+            print(
+                f"local {label:>10} {100 * r['spot_utilisation']:9.1f}% {r['iterations']:10d}{'' if r['reached'] else '*'} {r['iteration_s']:13.1f} {r['cost_usd']:9.4f}"
+            )
     prov = provenance()
     print(provenance_line())
 
@@ -93,7 +128,12 @@ def main() -> None:
         ax.set_title(title, fontsize=9)
         ax.grid(axis="y", alpha=0.3)
     fig.suptitle("Fig. 14: ablation (simulated, Bamboo trace, Qwen-Image 1280x1280 profile)", fontsize=10)
-    out = save_result(fig, args.out, {"provenance": prov, "setup": setup, "simulated": sim, "per_placement": per_mode, "local": local}, indent=2)
+    out = save_result(
+        fig,
+        args.out,
+        {"provenance": prov, "setup": setup, "simulated": sim, "per_placement": per_mode, "local": local},
+        indent=2,
+    )
     print(f"wrote {out} and {out.with_suffix('.json')}")
 
 

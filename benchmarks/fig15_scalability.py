@@ -33,7 +33,12 @@ from _provenance import provenance_line, save_result  # noqa: E402
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gpus", default="8,16,32,64,128,256")
-    ap.add_argument("--iterations", type=int, default=4, help=">= 3: measured from the end of the first to the end of the second-to-last iteration")
+    ap.add_argument(
+        "--iterations",
+        type=int,
+        default=4,
+        help=">= 3: measured from the end of the first to the end of the second-to-last iteration",
+    )
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "fig15_scalability.png"))
     args = ap.parse_args()
 
@@ -42,8 +47,12 @@ def main() -> None:
 
     base = load_profile()
     rows = []
-    print(f"Fig. 15: {base.name}, {base.reserved_gpus} reserved GPUs, exploration uncapped, {args.iterations} iterations")
-    print(f"{'spot GPUs':>9} {'req/s':>8} {'scaling':>8} {'$ / 1k req':>10} {'spot busy':>9} {'spot $/h':>9} {'reserved $/h':>12}")
+    print(
+        f"Fig. 15: {base.name}, {base.reserved_gpus} reserved GPUs, exploration uncapped, {args.iterations} iterations"
+    )
+    print(
+        f"{'spot GPUs':>9} {'req/s':>8} {'scaling':>8} {'$ / 1k req':>10} {'spot busy':>9} {'spot $/h':>9} {'reserved $/h':>12}"
+    )
     for n in [int(x) for x in args.gpus.split(",")]:
         nodes, per = (n // 2, 2) if n <= 8 else (n // 8, 8)
         prof = dataclasses.replace(base, spot_nodes=nodes, gpus_per_spot_node=per)
@@ -53,14 +62,23 @@ def main() -> None:
         done = b["sim/requests_done"] - a["sim/requests_done"]
         cost = b["cost/usd"] - a["cost/usd"]
         rps = done / dt
-        row = {"spot_gpus": n, "req_per_s": rps, "usd_per_1k_requests": 1000 * cost / done,
-               "spot_busy_training": r.spot_busy_training,
-               "spot_usd_per_h": n * prof.spot_usd_per_gpu_hour, "reserved_usd_per_h": prof.reserved_gpus * prof.reserved_usd_per_gpu_hour}
+        row = {
+            "spot_gpus": n,
+            "req_per_s": rps,
+            "usd_per_1k_requests": 1000 * cost / done,
+            "spot_busy_training": r.spot_busy_training,
+            "spot_usd_per_h": n * prof.spot_usd_per_gpu_hour,
+            "reserved_usd_per_h": prof.reserved_gpus * prof.reserved_usd_per_gpu_hour,
+        }
         rows.append(row)
-        print(f"{n:>9} {rps:>8.3f} {rps / rows[0]['req_per_s']:>7.1f}x {row['usd_per_1k_requests']:>10.2f} {r.spot_busy_training:>9.3f} {row['spot_usd_per_h']:>9.2f} {row['reserved_usd_per_h']:>12.2f}")
+        print(
+            f"{n:>9} {rps:>8.3f} {rps / rows[0]['req_per_s']:>7.1f}x {row['usd_per_1k_requests']:>10.2f} {r.spot_busy_training:>9.3f} {row['spot_usd_per_h']:>9.2f} {row['reserved_usd_per_h']:>12.2f}"
+        )
     first, at64 = rows[0], next((r for r in rows if r["spot_gpus"] == 64), rows[-1])
-    print(f"{first['spot_gpus']} -> {at64['spot_gpus']} spot GPUs: throughput x{at64['req_per_s'] / first['req_per_s']:.2f} "
-          f"(paper x7.7 for 8 -> 64), cost per request /{first['usd_per_1k_requests'] / at64['usd_per_1k_requests']:.2f} (paper /2.18)")
+    print(
+        f"{first['spot_gpus']} -> {at64['spot_gpus']} spot GPUs: throughput x{at64['req_per_s'] / first['req_per_s']:.2f} "
+        f"(paper x7.7 for 8 -> 64), cost per request /{first['usd_per_1k_requests'] / at64['usd_per_1k_requests']:.2f} (paper /2.18)"
+    )
     print(provenance_line())
 
     import matplotlib

@@ -36,7 +36,7 @@ def selected_std(rewards, d: int, k: int):
     out = []
     for row in rewards:
         cand = np.sort(row[:d])
-        sel = np.concatenate([cand[: k // 2], cand[len(cand) - (k - k // 2):]]) if d > k else cand[:k]
+        sel = np.concatenate([cand[: k // 2], cand[len(cand) - (k - k // 2) :]]) if d > k else cand[:k]
         out.append(float(np.std(sel)))
     return float(np.mean(out)), float(np.std(out) / max(1, len(out)) ** 0.5)
 
@@ -44,7 +44,9 @@ def selected_std(rewards, d: int, k: int):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default=str(REPO / "examples" / "default" / "config.toml"))
-    ap.add_argument("--weights", default="", help="state dict (.safetensors) to roll out; default: the config's pretrained model")
+    ap.add_argument(
+        "--weights", default="", help="state dict (.safetensors) to roll out; default: the config's pretrained model"
+    )
     ap.add_argument("--prompts", type=int, default=24)
     ap.add_argument("--max-d", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
@@ -59,9 +61,9 @@ def main() -> None:
     from spotlight.cli.bench import spread_indices
     from spotlight.cli.up import _cache_dir, load_prompts
     from spotlight.config import load_config, resolve_path
+    from spotlight.core.seed_bank import derive_seed
     from spotlight.models.text_encoder import cached_prompt_embeddings
     from spotlight.rewards.reward_fn import RewardFn
-    from spotlight.core.seed_bank import derive_seed
     from spotlight.studies.stale_ranking import generate_rewards
     from spotlight.workers.rollout.worker import RolloutExecutor
 
@@ -72,7 +74,11 @@ def main() -> None:
     prompts = load_prompts(cfg.data.prompts_path)
     idx = spread_indices(len(prompts), args.prompts)
     embeds, mask = cached_prompt_embeddings(prompts, _cache_dir(), cfg.model.max_text_tokens)
-    weights_path = pathlib.Path(args.weights) if args.weights else resolve_path(cfg.model.pretrained_path) / "diffusion_pytorch_model.safetensors"
+    weights_path = (
+        pathlib.Path(args.weights)
+        if args.weights
+        else resolve_path(cfg.model.pretrained_path) / "diffusion_pytorch_model.safetensors"
+    )
     ex = RolloutExecutor(cfg.model, cfg.sampler, text_dim=embeds.shape[-1])
     ex.add_version(0, load_file(str(weights_path)))
     seeds = [[derive_seed("fig16a", p, j) for j in range(args.max_d)] for p in idx]
@@ -81,13 +87,17 @@ def main() -> None:
     gen_s = time.perf_counter() - t0
     ds = sorted({k} | {d for d in range(k, args.max_d + 1, max(1, k // 2))} | {args.max_d})
     rows = []
-    print(f"Fig. 16a: {pathlib.Path(args.config).name}, {weights_path.name}, {len(idx)} prompts x {args.max_d} seeds ({rewards.size} samples in {gen_s:.0f}s), K = {k}")
+    print(
+        f"Fig. 16a: {pathlib.Path(args.config).name}, {weights_path.name}, {len(idx)} prompts x {args.max_d} seeds ({rewards.size} samples in {gen_s:.0f}s), K = {k}"
+    )
     print(f"{'d':>4} {'selected std':>13} {'± s.e.':>8} {'vs d = K':>9}")
     for d in ds:
         m, se = selected_std(rewards, d, k)
         rows.append({"d": d, "selected_std": m, "se": se})
         print(f"{d:>4} {m:>13.4f} {se:>8.4f} {m / rows[0]['selected_std']:>8.2f}x")
-    print(f"all-candidate reward mean {np.nanmean(rewards):.3f}, prompts with zero spread over all {args.max_d} seeds: {int((np.nanstd(rewards, axis=1) == 0).sum())}/{len(idx)}")
+    print(
+        f"all-candidate reward mean {np.nanmean(rewards):.3f}, prompts with zero spread over all {args.max_d} seeds: {int((np.nanstd(rewards, axis=1) == 0).sum())}/{len(idx)}"
+    )
     print("paper (Fig. 16a): the selected std grows with d and saturates around d = 32")
     print(provenance_line())
 
@@ -97,7 +107,9 @@ def main() -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(5, 3.5))
-    ax.errorbar([r["d"] for r in rows], [r["selected_std"] for r in rows], yerr=[r["se"] for r in rows], fmt="o-", capsize=3)
+    ax.errorbar(
+        [r["d"] for r in rows], [r["selected_std"] for r in rows], yerr=[r["se"] for r in rows], fmt="o-", capsize=3
+    )
     ax.set_xlabel(f"candidate seeds per prompt d (K = {k} selected)")
     ax.set_ylabel("reward std of the selected group")
     ax.set_title("shapes task, base model")

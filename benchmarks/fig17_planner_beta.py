@@ -37,7 +37,7 @@ def smooth(values: list[float], window: int) -> list[float]:
     """Trailing moving average over up to ``window`` finite values (the paper's smoothed curves)."""
     out = []
     for i in range(len(values)):
-        win = [v for v in values[max(0, i - window + 1): i + 1] if math.isfinite(v)]
+        win = [v for v in values[max(0, i - window + 1) : i + 1] if math.isfinite(v)]
         out.append(sum(win) / len(win) if win else math.nan)
     return out
 
@@ -66,8 +66,17 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=60)
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--smooth", type=int, default=5, help="moving-average window of the plotted curves")
-    ap.add_argument("--stream-extra", action="store_true", help="let spot GPUs stream extra candidates while training (off: the paper's planner, where d is what runs)")
-    ap.add_argument("--runs", nargs="*", default=[], help="real run directories instead of simulation (label = planner.beta of each)")
+    ap.add_argument(
+        "--stream-extra",
+        action="store_true",
+        help="let spot GPUs stream extra candidates while training (off: the paper's planner, where d is what runs)",
+    )
+    ap.add_argument(
+        "--runs",
+        nargs="*",
+        default=[],
+        help="real run directories instead of simulation (label = planner.beta of each)",
+    )
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "fig17_planner_beta.png"))
     args = ap.parse_args()
 
@@ -91,8 +100,12 @@ def main() -> None:
                 r = simulate(prof, policy, None, iterations=args.iterations, seed=seed)
                 series.setdefault(f"β={beta:g}", []).append(choices_from_rows(r.rows))
 
-    print(f"Fig. 17: planner choices, {'runs ' + ' '.join(args.runs) if args.runs else f'simulated ({args.iterations} iterations x {args.seeds} seeds, Qwen-Image/H100 profile)'}")
-    print(f"{'β':<8} {'mean d (last half)':>18} {'mean steps (last half)':>22} {'distinct arms':>13} {'settled by iteration':>21}")
+    print(
+        f"Fig. 17: planner choices, {'runs ' + ' '.join(args.runs) if args.runs else f'simulated ({args.iterations} iterations x {args.seeds} seeds, Qwen-Image/H100 profile)'}"
+    )
+    print(
+        f"{'β':<8} {'mean d (last half)':>18} {'mean steps (last half)':>22} {'distinct arms':>13} {'settled by iteration':>21}"
+    )
     summary = {}
     for label, runs in series.items():
         ds, ss, arms, settle = [], [], [], []
@@ -102,7 +115,6 @@ def main() -> None:
             ss += [v for v in s[half:] if math.isfinite(v)]
             arms.append(len({(a, b) for a, b in zip(d, s) if math.isfinite(a)}))
             settle.append(settle_iteration(list(zip(d, s))))  # type: ignore[arg-type]
-        settled = [x for x in settle if x is not None]
         summary[label] = {
             "mean_d_last_half": sum(ds) / len(ds) if ds else math.nan,
             "mean_steps_last_half": sum(ss) / len(ss) if ss else math.nan,
@@ -110,7 +122,9 @@ def main() -> None:
             "settled_by": settle,
         }
         settle_txt = ", ".join("never" if x is None else str(x) for x in settle)
-        print(f"{label:<8} {summary[label]['mean_d_last_half']:>18.1f} {summary[label]['mean_steps_last_half']:>22.1f} {sum(arms) / len(arms):>13.1f} {settle_txt:>21}")
+        print(
+            f"{label:<8} {summary[label]['mean_d_last_half']:>18.1f} {summary[label]['mean_steps_last_half']:>22.1f} {sum(arms) / len(arms):>13.1f} {settle_txt:>21}"
+        )
     print("paper: β = 0.5 stabilises in about 20 steps (Fig. 17); β = 0 commits early, β = 1 keeps exploring")
     print(provenance_line())
 
@@ -124,8 +138,12 @@ def main() -> None:
     for (label, runs), colour in zip(series.items(), colours):
         for k, (d, s) in enumerate(runs):
             xs = list(range(1, len(d) + 1))
-            a.plot(xs, smooth(d, args.smooth), color=colour, alpha=0.9 if k == 0 else 0.35, label=label if k == 0 else None)
-            b.plot(xs, smooth(s, args.smooth), color=colour, alpha=0.9 if k == 0 else 0.35, label=label if k == 0 else None)
+            a.plot(
+                xs, smooth(d, args.smooth), color=colour, alpha=0.9 if k == 0 else 0.35, label=label if k == 0 else None
+            )
+            b.plot(
+                xs, smooth(s, args.smooth), color=colour, alpha=0.9 if k == 0 else 0.35, label=label if k == 0 else None
+            )
     a.set_xlabel("iteration")
     a.set_ylabel("selected number of sequences d")
     b.set_xlabel("iteration")

@@ -59,7 +59,15 @@ import time
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-BIG_MODEL = {"num_layers": 3, "num_attention_heads": 16, "attention_head_dim": 64, "axes_dims_rope": [16, 24, 24], "image_size": 32, "patch_size": 2, "max_text_tokens": 16}
+BIG_MODEL = {
+    "num_layers": 3,
+    "num_attention_heads": 16,
+    "attention_head_dim": 64,
+    "axes_dims_rope": [16, 24, 24],
+    "image_size": 32,
+    "patch_size": 2,
+    "max_text_tokens": 16,
+}
 SAMPLER = {"num_steps": 40, "sde_window_size": 8}
 WAIT_S = 600.0
 LIVE_NODES: list["Node"] = []
@@ -96,7 +104,10 @@ class StubCoordinator(threading.Thread):
         from spotlight.store.tensor_wire import pack_tensors
         from spotlight.store.weight_sync import WeightSyncError
 
-        cond = {"cond.embeds": torch.randn(1, BIG_MODEL["max_text_tokens"], 384), "cond.mask": torch.ones(1, BIG_MODEL["max_text_tokens"], dtype=torch.int64)}
+        cond = {
+            "cond.embeds": torch.randn(1, BIG_MODEL["max_text_tokens"], 384),
+            "cond.mask": torch.ones(1, BIG_MODEL["max_text_tokens"], dtype=torch.int64),
+        }
         cond_metas, cond_frames = pack_tensors(cond)
         while not self.stop_event.is_set():
             if not self.sock.poll(100):
@@ -107,12 +118,34 @@ class StubCoordinator(threading.Thread):
             except P.ProtocolError:
                 continue
             if mtype == P.MsgType.REGISTER:
-                reply, extra = P.Registered(node_id=body.node_id, heartbeat_interval_s=1.0, lease_timeout_s=600.0, worker_batch_size=1, torch_threads=1, sp_degree=2, model=self.model, sampler=self.sampler, latest_version=0, session="s"), None
+                reply, extra = (
+                    P.Registered(
+                        node_id=body.node_id,
+                        heartbeat_interval_s=1.0,
+                        lease_timeout_s=600.0,
+                        worker_batch_size=1,
+                        torch_threads=1,
+                        sp_degree=2,
+                        model=self.model,
+                        sampler=self.sampler,
+                        latest_version=0,
+                        session="s",
+                    ),
+                    None,
+                )
             elif mtype == P.MsgType.HEARTBEAT:
                 reply, extra = P.Heartbeat(node_id=body.node_id), None
             elif mtype == P.MsgType.PULL:
                 self.next_id += 1
-                item = P.LeaseItem(lease_id=self.next_id, request_id=f"r{self.next_id}", kind="rollout", iteration=0, prompt_index=0, seed=self.next_id, weight_version=0)
+                item = P.LeaseItem(
+                    lease_id=self.next_id,
+                    request_id=f"r{self.next_id}",
+                    kind="rollout",
+                    iteration=0,
+                    prompt_index=0,
+                    seed=self.next_id,
+                    weight_version=0,
+                )
                 reply, extra = P.Leases(worker_id=body.worker_id, items=[item], tensors=cond_metas), cond_frames
             elif mtype == P.MsgType.FETCH_WEIGHTS:
                 try:
@@ -132,15 +165,36 @@ class StubCoordinator(threading.Thread):
 class Node:
     """One ``spotlight-agent join`` process (its own session: killed as a whole) and its events."""
 
-    def __init__(self, name: str, gpus: list[int], *, spare: bool, port: int, keys_dir: pathlib.Path, work: pathlib.Path):
+    def __init__(
+        self, name: str, gpus: list[int], *, spare: bool, port: int, keys_dir: pathlib.Path, work: pathlib.Path
+    ):
         self.name = name
         self.events_path = work / f"{name}.events.jsonl"
         self.events_path.write_text("")
         self.log = open(work / f"{name}.log", "w")
         env = dict(os.environ, SPOTLIGHT_WORKER_EVENTS=str(self.events_path), OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-        cmd = [sys.executable, "-m", "agent.main", "join", "--coordinator", f"127.0.0.1:{port}", "--gpus", ",".join(map(str, gpus)), "--node-id", name,
-               "--keys", str(keys_dir), "--key", "bench", "--grace-s", "10", "--warm-spare" if spare else "--no-warm-spare"]
-        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO)
+        cmd = [
+            sys.executable,
+            "-m",
+            "agent.main",
+            "join",
+            "--coordinator",
+            f"127.0.0.1:{port}",
+            "--gpus",
+            ",".join(map(str, gpus)),
+            "--node-id",
+            name,
+            "--keys",
+            str(keys_dir),
+            "--key",
+            "bench",
+            "--grace-s",
+            "10",
+            "--warm-spare" if spare else "--no-warm-spare",
+        ]
+        self.proc = subprocess.Popen(
+            cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO
+        )
         LIVE_NODES.append(self)
         self._seen = 0
         self.events: list[dict] = []
@@ -161,7 +215,9 @@ class Node:
                 if pred(e):
                     return e
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name}: agent exited ({self.proc.returncode}) waiting for {what}; see {self.log.name}")
+                raise RuntimeError(
+                    f"{self.name}: agent exited ({self.proc.returncode}) waiting for {what}; see {self.log.name}"
+                )
             time.sleep(0.005)
         raise TimeoutError(f"{self.name}: timed out waiting for {what}")
 
@@ -218,12 +274,22 @@ def measure_event(node: Node, t0: float, sp: int, members: int) -> dict:
     formed = _formed(node.events, sp, t0)[:members]
     gen = {e["generation"] for e in formed}
     t_serve = max(e["t_unix_s"] for e in formed)
-    step = node.wait_event(lambda e: e["event"] == "step" and e.get("sp") == sp and e["t_unix_s"] > t_serve, f"first step at SP {sp}")
-    old_steps = [e["t_unix_s"] for e in node.events if e["event"] == "step" and e.get("sp") != sp and e["t_unix_s"] <= t_serve]
+    step = node.wait_event(
+        lambda e: e["event"] == "step" and e.get("sp") == sp and e["t_unix_s"] > t_serve, f"first step at SP {sp}"
+    )
+    old_steps = [
+        e["t_unix_s"] for e in node.events if e["event"] == "step" and e.get("sp") != sp and e["t_unix_s"] <= t_serve
+    ]
     paused_from = max(old_steps) if old_steps else t0  # a restarted node has no old steps: from the kill
     phases = {e["worker"]: {k: round(v, 3) for k, v in e["timings_s"].items()} for e in formed}
     del ev
-    return {"serve_s": t_serve - t0, "step_s": step["t_unix_s"] - t0, "stall_s": t_serve - paused_from, "generations": sorted(gen), "phases_s": phases}
+    return {
+        "serve_s": t_serve - t0,
+        "step_s": step["t_unix_s"] - t0,
+        "stall_s": t_serve - paused_from,
+        "generations": sorted(gen),
+        "phases_s": phases,
+    }
 
 
 def settle(node: Node, sp: int, steps: int = 2, rng: random.Random | None = None) -> None:
@@ -231,7 +297,10 @@ def settle(node: Node, sp: int, steps: int = 2, rng: random.Random | None = None
     wait a uniform random part of the last step's duration, so the next event lands at a random
     point inside a step (not right after one ends, which would bias what the event waits for)."""
     n0 = sum(1 for e in node.poll_events() if e["event"] == "step" and e.get("sp") == sp)
-    node.wait_event(lambda e: sum(1 for x in node.events if x["event"] == "step" and x.get("sp") == sp) >= n0 + steps, f"{steps} steps at SP {sp}")
+    node.wait_event(
+        lambda e: sum(1 for x in node.events if x["event"] == "step" and x.get("sp") == sp) >= n0 + steps,
+        f"{steps} steps at SP {sp}",
+    )
     if rng is not None:
         t = [e["t_unix_s"] for e in node.events if e["event"] == "step" and e.get("sp") == sp][-2:]
         time.sleep(rng.uniform(0.0, t[1] - t[0]))
@@ -252,7 +321,13 @@ def elastic_round(tag: str, spare: bool, ctx: dict, rng: random.Random) -> dict:
         t0 = time.time()
         assert node.control({"cmd": "revoke", "gpus": [1], "grace_s": 10})["ok"]
         # watched concurrently: the agent saw the revoked worker's process end
-        watch = threading.Thread(target=lambda: released.update(s=node.wait_status(lambda s: s["workers"][revoked] == "exited", "revoked worker gone", poll_s=0.01) and time.time() - t0), daemon=True)
+        watch = threading.Thread(
+            target=lambda: released.update(
+                s=node.wait_status(lambda s: s["workers"][revoked] == "exited", "revoked worker gone", poll_s=0.01)
+                and time.time() - t0
+            ),
+            daemon=True,
+        )
         watch.start()
         out["revoke"] = measure_event(node, t0, 1, 1)
         watch.join(WAIT_S)
@@ -284,7 +359,9 @@ def restart_round(tag: str, ctx: dict) -> dict:
     for event, before, after in (("revoke", [0, 1], [0]), ("add", [0], [0, 1])):
         old = Node(f"restart-{event}-old-{tag}", before, spare=False, **ctx)
         try:
-            old.wait_event(lambda e: e["event"] == "formed" and e["sp"] == len(before), f"initial SP {len(before)} group")
+            old.wait_event(
+                lambda e: e["event"] == "formed" and e["sp"] == len(before), f"initial SP {len(before)} group"
+            )
             settle(old, len(before))
         finally:
             t0 = time.time()
@@ -298,6 +375,7 @@ def restart_round(tag: str, ctx: dict) -> dict:
 
 
 def measure(args) -> dict:
+    import msgspec
     import torch
 
     from spotlight.config import ClusterConfig, ModelConfig, SamplerConfig
@@ -305,8 +383,6 @@ def measure(args) -> dict:
     from spotlight.net.security import add_client, init_keys
     from spotlight.store.tensor_wire import save_version
     from spotlight.store.weight_sync import ServedVersion
-
-    import msgspec
 
     torch.set_num_threads(1)
     cfg = ModelConfig(**dict(BIG_MODEL, num_layers=args.num_layers))
@@ -324,7 +400,9 @@ def measure(args) -> dict:
     coord = StubCoordinator(keys_dir, weights, msgspec.to_builtins(cfg), msgspec.to_builtins(SamplerConfig(**SAMPLER)))
     coord.start()
     ctx = {"port": coord.port, "keys_dir": keys_dir, "work": work}
-    rows: dict[str, list[dict]] = {k: [] for k in ("elastic_revoke", "elastic_add", "cold_add", "restart_revoke", "restart_add")}
+    rows: dict[str, list[dict]] = {
+        k: [] for k in ("elastic_revoke", "elastic_add", "cold_add", "restart_revoke", "restart_add")
+    }
     rng = random.Random(args.seed)
     try:
         for rep in range(args.repeats):
@@ -338,18 +416,37 @@ def measure(args) -> dict:
             r = restart_round(str(rep), ctx)
             rows["restart_revoke"].append(r["revoke"])
             rows["restart_add"].append(r["add"])
-            print(f"repeat {rep + 1}: " + ", ".join(f"{k} {v[-1]['serve_s']:.2f}s" for k, v in rows.items() if v), flush=True)
-            print(f"  grant phases: {e['add']['phases_s']}; spare used: {e['add']['spare_used']} (pid {e['add']['new_worker_pid']}, next spare {e['add'].get('next_spare_pid')})", flush=True)
+            print(
+                f"repeat {rep + 1}: " + ", ".join(f"{k} {v[-1]['serve_s']:.2f}s" for k, v in rows.items() if v),
+                flush=True,
+            )
+            print(
+                f"  grant phases: {e['add']['phases_s']}; spare used: {e['add']['spare_used']} (pid {e['add']['new_worker_pid']}, next spare {e['add'].get('next_spare_pid')})",
+                flush=True,
+            )
             print(f"  revoke phases: {e['revoke']['phases_s']}", flush=True)
     finally:
         coord.stop_event.set()
-    med = {k: {m: statistics.median(r[m] for r in v) for m in ("serve_s", "step_s", "stall_s")} for k, v in rows.items() if v}
+    med = {
+        k: {m: statistics.median(r[m] for r in v) for m in ("serve_s", "step_s", "stall_s")}
+        for k, v in rows.items()
+        if v
+    }
     ratios = {
         f"{ev}_{m}": med[f"restart_{ev}"][m] / med[f"elastic_{ev}"][m]
-        for ev in ("revoke", "add") for m in ("serve_s", "step_s", "stall_s")
+        for ev in ("revoke", "add")
+        for m in ("serve_s", "step_s", "stall_s")
     }
     med["elastic_revoke"]["released_s"] = statistics.median(r["released_s"] for r in rows["elastic_revoke"])
-    return {"model_params_m": n_params / 1e6, "weights_mb": size_bytes / 1e6, "repeats": args.repeats, "median": med, "ratios": ratios, "raw": rows, "work_dir": str(work)}
+    return {
+        "model_params_m": n_params / 1e6,
+        "weights_mb": size_bytes / 1e6,
+        "repeats": args.repeats,
+        "median": med,
+        "ratios": ratios,
+        "raw": rows,
+        "work_dir": str(work),
+    }
 
 
 def main() -> None:
@@ -357,7 +454,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--num-layers", type=int, default=3, help="transformer blocks (3 x 1024 wide = 469 MB fp32)")
     ap.add_argument("--skip-cold", action="store_true", help="skip the elastic grant without a spare")
-    ap.add_argument("--seed", type=int, default=0, help="seed of the random point inside a step at which elastic events fire")
+    ap.add_argument(
+        "--seed", type=int, default=0, help="seed of the random point inside a step at which elastic events fire"
+    )
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "out" / "reconfig.json"))
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanup below
@@ -367,16 +466,29 @@ def main() -> None:
         for node in list(LIVE_NODES):  # an interrupted run leaves no agent behind
             node.kill()
     m, r = res["median"], res["ratios"]
-    lines = [f"\nweights {res['weights_mb']:.0f} MB; median of {res['repeats']} (seconds from the event):",
-             f"{'':34s}{'serve':>8s}{'step':>8s}{'stall':>8s}"]
-    names = {"elastic_revoke": "revocation SP 2->1, elastic", "restart_revoke": "revocation SP 2->1, restart",
-             "elastic_add": "grant SP 1->2, elastic + spare", "cold_add": "grant SP 1->2, elastic, cold", "restart_add": "grant SP 1->2, restart"}
+    lines = [
+        f"\nweights {res['weights_mb']:.0f} MB; median of {res['repeats']} (seconds from the event):",
+        f"{'':34s}{'serve':>8s}{'step':>8s}{'stall':>8s}",
+    ]
+    names = {
+        "elastic_revoke": "revocation SP 2->1, elastic",
+        "restart_revoke": "revocation SP 2->1, restart",
+        "elastic_add": "grant SP 1->2, elastic + spare",
+        "cold_add": "grant SP 1->2, elastic, cold",
+        "restart_add": "grant SP 1->2, restart",
+    }
     for k, label in names.items():
         if k in m:
             lines.append(f"  {label:32s}{m[k]['serve_s']:8.2f}{m[k]['step_s']:8.2f}{m[k]['stall_s']:8.2f}")
-    lines.append(f"  elastic revocation: the revoked worker's process ended {m['elastic_revoke']['released_s']:.2f}s after the event")
-    lines.append(f"  restart / elastic, revocation:  serve {r['revoke_serve_s']:.1f}x  step {r['revoke_step_s']:.1f}x  stall {r['revoke_stall_s']:.1f}x")
-    lines.append(f"  restart / elastic, grant:       serve {r['add_serve_s']:.1f}x  step {r['add_step_s']:.1f}x  stall {r['add_stall_s']:.1f}x")
+    lines.append(
+        f"  elastic revocation: the revoked worker's process ended {m['elastic_revoke']['released_s']:.2f}s after the event"
+    )
+    lines.append(
+        f"  restart / elastic, revocation:  serve {r['revoke_serve_s']:.1f}x  step {r['revoke_step_s']:.1f}x  stall {r['revoke_stall_s']:.1f}x"
+    )
+    lines.append(
+        f"  restart / elastic, grant:       serve {r['add_serve_s']:.1f}x  step {r['add_step_s']:.1f}x  stall {r['add_stall_s']:.1f}x"
+    )
     print("\n".join(lines))
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

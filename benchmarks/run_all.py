@@ -58,7 +58,9 @@ FIGURES: tuple[Figure, ...] = (
 """Paper order. Estimates: measured toy runs on the project's 2-core machine (rounded up)."""
 
 
-def select(figures: list[Figure] | tuple[Figure, ...], budget_min: float, missing: dict[str, str] | None = None) -> tuple[list[Figure], list[tuple[Figure, str]]]:
+def select(
+    figures: list[Figure] | tuple[Figure, ...], budget_min: float, missing: dict[str, str] | None = None
+) -> tuple[list[Figure], list[tuple[Figure, str]]]:
     """Which figures to run within ``budget_min`` minutes.
 
     Figures named in ``missing`` (name → what is missing) are skipped for that reason; the rest
@@ -102,7 +104,9 @@ def missing_inputs(figures, repo: pathlib.Path = REPO) -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     from _provenance import provenance, provenance_line
 
-    ap = argparse.ArgumentParser(prog="benchmarks/run-all", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="benchmarks/run-all", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--budget-min", type=float, required=True, help="minutes of wall time to spend")
     ap.add_argument("--only", default=None, help="comma-separated figure names to consider (default: all)")
     ap.add_argument("--dry-run", action="store_true", help="only say what would run")
@@ -112,7 +116,10 @@ def main(argv: list[str] | None = None) -> int:
         names = args.only.split(",")
         unknown = [n for n in names if n not in {f.name for f in FIGURES}]
         if unknown:
-            print(f"error: unknown figure {', '.join(unknown)}; choose from {', '.join(f.name for f in FIGURES)}", file=sys.stderr)
+            print(
+                f"error: unknown figure {', '.join(unknown)}; choose from {', '.join(f.name for f in FIGURES)}",
+                file=sys.stderr,
+            )
             return 2
         figures = [f for f in FIGURES if f.name in names]
     try:
@@ -120,7 +127,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"run-all: budget {args.budget_min:g} min; running {len(run)} of {len(figures)}: {', '.join(f.name for f in run) or '-'} (~{sum(f.est_min for f in run):.1f} min estimated)", flush=True)
+    print(
+        f"run-all: budget {args.budget_min:g} min; running {len(run)} of {len(figures)}: {', '.join(f.name for f in run) or '-'} (~{sum(f.est_min for f in run):.1f} min estimated)",
+        flush=True,
+    )
     done = []
     t_all = time.monotonic()
     for f in run:
@@ -130,16 +140,36 @@ def main(argv: list[str] | None = None) -> int:
             continue
         t0 = time.monotonic()
         rc = subprocess.run(cmd, cwd=REPO).returncode
-        done.append({"name": f.name, "script": f.script, "rc": rc, "minutes": (time.monotonic() - t0) / 60, "est_min": f.est_min})
+        done.append(
+            {
+                "name": f.name,
+                "script": f.script,
+                "rc": rc,
+                "minutes": (time.monotonic() - t0) / 60,
+                "est_min": f.est_min,
+            }
+        )
     print(f"\nrun-all summary ({(time.monotonic() - t_all) / 60:.1f} min):")
     for d in done:
-        print(f"  ran     {d['name']:<9} {d['minutes']:5.1f} min (est. {d['est_min']:g})  {'ok' if d['rc'] == 0 else 'FAILED rc=' + str(d['rc'])}")
+        print(
+            f"  ran     {d['name']:<9} {d['minutes']:5.1f} min (est. {d['est_min']:g})  {'ok' if d['rc'] == 0 else 'FAILED rc=' + str(d['rc'])}"
+        )
     for f, why in skipped:
         print(f"  skipped {f.name:<9} {why}")
     print(provenance_line())
     if not args.dry_run:
         out = REPO / "benchmarks" / "results" / "run_all.json"
-        out.write_text(json.dumps({"provenance": provenance(), "budget_min": args.budget_min, "ran": done, "skipped": [{"name": f.name, "reason": why} for f, why in skipped]}, indent=2))
+        out.write_text(
+            json.dumps(
+                {
+                    "provenance": provenance(),
+                    "budget_min": args.budget_min,
+                    "ran": done,
+                    "skipped": [{"name": f.name, "reason": why} for f, why in skipped],
+                },
+                indent=2,
+            )
+        )
     return 0 if all(d["rc"] == 0 for d in done) else 1
 
 

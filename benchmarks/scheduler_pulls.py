@@ -80,10 +80,18 @@ class LinearScanScheduler(RequestScheduler):
         for prompt_index, seed, group in items:
             n = self._id_counters.get((kind, iteration), 0)
             self._id_counters[(kind, iteration)] = n + 1
-            req = Request(request_id=f"{kind.value[0]}{iteration}-{n}", kind=kind, iteration=iteration,
-                          prompt_index=int(prompt_index), seed=int(seed), weight_version=weight_version,
-                          params=params, group=int(group), history=[(RequestStatus.PENDING, now, "submitted")],
-                          seq=self._next_seq)
+            req = Request(
+                request_id=f"{kind.value[0]}{iteration}-{n}",
+                kind=kind,
+                iteration=iteration,
+                prompt_index=int(prompt_index),
+                seed=int(seed),
+                weight_version=weight_version,
+                params=params,
+                group=int(group),
+                history=[(RequestStatus.PENDING, now, "submitted")],
+                seq=self._next_seq,
+            )
             self._next_seq += 1
             self._requests[req.request_id] = req
             in_iter[req.request_id] = None
@@ -156,8 +164,14 @@ def run(cls: type[RequestScheduler], n_queue: int, rounds: int, seconds: float) 
     s.set_training_active(True)
     now = 0.0
     for start in range(0, n_queue, 1000):
-        s.submit(RequestKind.EXPLORE, 1, [(i, i, i // 16) for i in range(start, min(n_queue, start + 1000))],
-                 weight_version=0, params=PARAMS_E, now=now)
+        s.submit(
+            RequestKind.EXPLORE,
+            1,
+            [(i, i, i // 16) for i in range(start, min(n_queue, start + 1000))],
+            weight_version=0,
+            params=PARAMS_E,
+            now=now,
+        )
     gc.collect()
     nseed = n_queue
     clock = time.perf_counter
@@ -167,8 +181,14 @@ def run(cls: type[RequestScheduler], n_queue: int, rounds: int, seconds: float) 
     while k < rounds:
         now += 0.001
         if k % 3 == 0:
-            s.submit(RequestKind.ROLLOUT, 2, [(k, k, 0), (k, k + 1, 0), (k, k + 2, 0)],
-                     weight_version=1, params=PARAMS_R, now=now)
+            s.submit(
+                RequestKind.ROLLOUT,
+                2,
+                [(k, k, 0), (k, k + 1, 0), (k, k + 2, 0)],
+                weight_version=1,
+                params=PARAMS_R,
+                now=now,
+            )
         worker, spot = PULLERS[k % len(PULLERS)]
         t0 = clock()
         leases = s.pull(worker, is_spot=spot, max_requests=BATCH, now=now)
@@ -180,8 +200,14 @@ def run(cls: type[RequestScheduler], n_queue: int, rounds: int, seconds: float) 
                 n_explore += 1
             s.complete(lease.request_id, lease.lease_id, now, worker_id=worker)
         if n_explore:
-            s.submit(RequestKind.EXPLORE, 1, [(nseed + i, nseed + i, 0) for i in range(n_explore)],
-                     weight_version=0, params=PARAMS_E, now=now)
+            s.submit(
+                RequestKind.EXPLORE,
+                1,
+                [(nseed + i, nseed + i, 0) for i in range(n_explore)],
+                weight_version=0,
+                params=PARAMS_E,
+                now=now,
+            )
             nseed += n_explore
         k += 1
         if k % CHUNK == 0 or k == rounds or clock() - t_start > seconds:
@@ -202,8 +228,10 @@ def main() -> None:
     ap.add_argument("--old-seconds", type=float, default=3.0, help="wall-time cap per queue length, old scan")
     ap.add_argument("--lengths", type=int, nargs="*", default=list(QUEUE_LENGTHS))
     args = ap.parse_args()
-    print(f"batch {BATCH}, pullers spot/reserved alternating, training active, 3 rollouts every 3rd round; "
-          f"median over chunks of {CHUNK} rounds; load average {os.getloadavg()[0]:.2f} at start\n")
+    print(
+        f"batch {BATCH}, pullers spot/reserved alternating, training active, 3 rollouts every 3rd round; "
+        f"median over chunks of {CHUNK} rounds; load average {os.getloadavg()[0]:.2f} at start\n"
+    )
     print("| queue length | new pulls/s | (best chunk) | old pulls/s | ratio | new cycles/s | old cycles/s |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for n in args.lengths:

@@ -128,9 +128,13 @@ def main() -> None:
     print("| task kind | images | detect exact | strict verdict | mean partial |")
     print("|---|---:|---:|---:|---:|")
     for tag in world.TASKS:
-        print(f"| {tag} | {n[tag]} | {exact[tag] / n[tag]:.2%} | {strict[tag] / n[tag]:.2%} | {partial[tag] / n[tag]:.4f} |")
-    print(f"| **all** | {total} | {sum(exact.values()) / total:.2%} | {sum(strict.values()) / total:.2%} | "
-          f"{sum(partial.values()) / total:.4f} |")
+        print(
+            f"| {tag} | {n[tag]} | {exact[tag] / n[tag]:.2%} | {strict[tag] / n[tag]:.2%} | {partial[tag] / n[tag]:.4f} |"
+        )
+    print(
+        f"| **all** | {total} | {sum(exact.values()) / total:.2%} | {sum(strict.values()) / total:.2%} | "
+        f"{sum(partial.values()) / total:.4f} |"
+    )
     print(f"\ncolour table build (once per process): {lut_s:.2f} s")
     print(f"detect (one image per call):      {t_detect / total * 1e3:.3f} ms/image")
     print(f"detect_batch ({args.per_prompt} images per call): {t_batch / total * 1e3:.3f} ms/image")
@@ -145,11 +149,16 @@ def main() -> None:
         for name, fn in DEGRADATIONS.items():
             ok = collections.Counter()
             for spec in prompts:
-                imgs = [fn(img, np.random.default_rng(10_000 + seed)) for seed, (img, _) in enumerate(rendered[spec.prompt])]
+                imgs = [
+                    fn(img, np.random.default_rng(10_000 + seed)) for seed, (img, _) in enumerate(rendered[spec.prompt])
+                ]
                 for objs in geneval.detect_batch(np.stack(imgs)):
                     ok[spec.tag] += geneval.verdict(spec, objs)[0]
-            print(f"| {name} | " + " | ".join(f"{ok[t] / n[t]:.1%}" for t in world.TASKS)
-                  + f" | {sum(ok.values()) / total:.1%} |")
+            print(
+                f"| {name} | "
+                + " | ".join(f"{ok[t] / n[t]:.1%}" for t in world.TASKS)
+                + f" | {sum(ok.values()) / total:.1%} |"
+            )
 
 
 if __name__ == "__main__":

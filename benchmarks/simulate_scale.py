@@ -28,13 +28,28 @@ from spotlight.sim.simulator import simulate  # noqa: E402
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--gpus", default="8,64,256,1000", help="spot GPU counts (static pools of 8-GPU nodes; 8 = 4 nodes x 2 as in the paper)")
-    ap.add_argument("--iterations", type=int, default=4, help=">= 3: throughput is measured between the ends of the first and the second-to-last iteration")
-    ap.add_argument("--trace", default=str(REPO / "examples" / "traces" / "bamboo" / "p3-trace.csv"), help="trace for the 1,000-GPU trace-driven run ('' to skip)")
+    ap.add_argument(
+        "--gpus",
+        default="8,64,256,1000",
+        help="spot GPU counts (static pools of 8-GPU nodes; 8 = 4 nodes x 2 as in the paper)",
+    )
+    ap.add_argument(
+        "--iterations",
+        type=int,
+        default=4,
+        help=">= 3: throughput is measured between the ends of the first and the second-to-last iteration",
+    )
+    ap.add_argument(
+        "--trace",
+        default=str(REPO / "examples" / "traces" / "bamboo" / "p3-trace.csv"),
+        help="trace for the 1,000-GPU trace-driven run ('' to skip)",
+    )
     args = ap.parse_args()
     base = load_profile()
     rows = []
-    print(f"{'spot GPUs':>9} {'nodes':>9} {'req/s':>8} {'scaling':>8} {'efficiency':>10} {'sim time':>10} {'real time':>9} {'× real':>9} {'spot busy':>9}")
+    print(
+        f"{'spot GPUs':>9} {'nodes':>9} {'req/s':>8} {'scaling':>8} {'efficiency':>10} {'sim time':>10} {'real time':>9} {'× real':>9} {'spot busy':>9}"
+    )
     first = None
     for n in [int(x) for x in args.gpus.split(",")]:
         nodes, per = (n // 2, 2) if n <= 8 else (n // 8, 8)
@@ -50,7 +65,9 @@ def main() -> None:
         scale = rps / first[1]
         eff = scale / (n / first[0])
         rows.append((n, rps, scale, eff))
-        print(f"{n:>9} {nodes:>4}x{per:<4} {rps:>8.2f} {scale:>7.1f}x {eff:>10.2f} {r.wall_s / 3600:>8.1f} h {real:>7.1f} s {r.wall_s / real:>8,.0f}x {r.spot_busy_training:>9.3f}")
+        print(
+            f"{n:>9} {nodes:>4}x{per:<4} {rps:>8.2f} {scale:>7.1f}x {eff:>10.2f} {r.wall_s / 3600:>8.1f} h {real:>7.1f} s {r.wall_s / real:>8,.0f}x {r.spot_busy_training:>9.3f}"
+        )
     if args.trace:
         from spotlight.traces.actions import trace_actions
 

@@ -28,11 +28,20 @@ def main() -> None:
     rows = []
     for path in sorted((EXAMPLES_DIR / "paper").glob("*.toml")):
         cfg = load_config(path)
-        rows.append({
-            "setup": path.stem, "model": cfg.model.family, "resolution": cfg.model.image_size, "steps": cfg.sampler.num_steps,
-            "sde_window": list(cfg.sampler.sde_window_range), "learning_rate": cfg.train.learning_rate, "weight_decay": cfg.train.weight_decay,
-            "group_size": cfg.data.group_size, "prompts_per_iteration": cfg.data.prompts_per_iteration, "beta": cfg.planner.beta,
-        })
+        rows.append(
+            {
+                "setup": path.stem,
+                "model": cfg.model.family,
+                "resolution": cfg.model.image_size,
+                "steps": cfg.sampler.num_steps,
+                "sde_window": list(cfg.sampler.sde_window_range),
+                "learning_rate": cfg.train.learning_rate,
+                "weight_decay": cfg.train.weight_decay,
+                "group_size": cfg.data.group_size,
+                "prompts_per_iteration": cfg.data.prompts_per_iteration,
+                "beta": cfg.planner.beta,
+            }
+        )
     cols = list(rows[0])
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))

@@ -24,9 +24,58 @@ import torch
 
 REAL = {
     # published transformer configs (diffusers-format config.json of each release)
-    "qwen-image": ("QwenImageTransformer2DModel", "Qwen-Image (20 B)", 64, dict(patch_size=2, in_channels=64, out_channels=16, num_layers=60, attention_head_dim=128, num_attention_heads=24, joint_attention_dim=3584, axes_dims_rope=(16, 56, 56))),
-    "sd3": ("SD3Transformer2DModel", "SD3.5 Medium (2.5 B)", 32, dict(sample_size=128, patch_size=2, in_channels=16, out_channels=16, num_layers=24, attention_head_dim=64, num_attention_heads=24, joint_attention_dim=4096, caption_projection_dim=1536, pooled_projection_dim=2048, pos_embed_max_size=384, dual_attention_layers=tuple(range(13)), qk_norm="rms_norm")),
-    "flux": ("FluxTransformer2DModel", "FLUX.1-dev (12 B)", 64, dict(patch_size=1, in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128, num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=True, axes_dims_rope=(16, 56, 56))),
+    "qwen-image": (
+        "QwenImageTransformer2DModel",
+        "Qwen-Image (20 B)",
+        64,
+        dict(
+            patch_size=2,
+            in_channels=64,
+            out_channels=16,
+            num_layers=60,
+            attention_head_dim=128,
+            num_attention_heads=24,
+            joint_attention_dim=3584,
+            axes_dims_rope=(16, 56, 56),
+        ),
+    ),
+    "sd3": (
+        "SD3Transformer2DModel",
+        "SD3.5 Medium (2.5 B)",
+        32,
+        dict(
+            sample_size=128,
+            patch_size=2,
+            in_channels=16,
+            out_channels=16,
+            num_layers=24,
+            attention_head_dim=64,
+            num_attention_heads=24,
+            joint_attention_dim=4096,
+            caption_projection_dim=1536,
+            pooled_projection_dim=2048,
+            pos_embed_max_size=384,
+            dual_attention_layers=tuple(range(13)),
+            qk_norm="rms_norm",
+        ),
+    ),
+    "flux": (
+        "FluxTransformer2DModel",
+        "FLUX.1-dev (12 B)",
+        64,
+        dict(
+            patch_size=1,
+            in_channels=64,
+            num_layers=19,
+            num_single_layers=38,
+            attention_head_dim=128,
+            num_attention_heads=24,
+            joint_attention_dim=4096,
+            pooled_projection_dim=768,
+            guidance_embeds=True,
+            axes_dims_rope=(16, 56, 56),
+        ),
+    ),
 }
 
 
@@ -47,11 +96,16 @@ def _lora_params(model, family, rank: int) -> dict[str, torch.Tensor]:
 def measured() -> list[str]:
     from spotlight.store.tensor_wire import state_dict_to_bytes
 
-    rows = ["| family (tiny test checkpoint) | transformer params | full version | LoRA r=4 version | LoRA r=64 version | full / LoRA r=4 |", "|---|---|---|---|---|---|"]
+    rows = [
+        "| family (tiny test checkpoint) | transformer params | full version | LoRA r=4 version | LoRA r=64 version | full / LoRA r=4 |",
+        "|---|---|---|---|---|---|",
+    ]
     for name in ("tiny", "qwen-image", "sd3", "flux"):
         with tempfile.TemporaryDirectory() as d:
             if name != "tiny":
-                importlib.import_module(f"spotlight.models.families.{name.replace('-', '_')}").make_random_checkpoint(d, seed=0)
+                importlib.import_module(f"spotlight.models.families.{name.replace('-', '_')}").make_random_checkpoint(
+                    d, seed=0
+                )
             fam = _family(name, d)
             full = fam.build_transformer()
             n = sum(p.numel() for p in full.parameters())
@@ -59,7 +113,9 @@ def measured() -> list[str]:
             sizes = {}
             for r in (4, 64):
                 m = fam.build_transformer()
-                sizes[r] = len(state_dict_to_bytes({k: v.detach().contiguous() for k, v in _lora_params(m, fam, r).items()}))
+                sizes[r] = len(
+                    state_dict_to_bytes({k: v.detach().contiguous() for k, v in _lora_params(m, fam, r).items()})
+                )
         rows.append(f"| {name} | {n:,} | {full_b:,} B | {sizes[4]:,} B | {sizes[64]:,} B | {full_b / sizes[4]:.1f}× |")
     return rows
 
@@ -67,14 +123,19 @@ def measured() -> list[str]:
 def arithmetic() -> list[str]:
     import diffusers
 
-    rows = ["| model | transformer params | full version bf16 | LoRA rank | adapter params | LoRA version bf16 | full / LoRA |", "|---|---|---|---|---|---|---|"]
+    rows = [
+        "| model | transformer params | full version bf16 | LoRA rank | adapter params | LoRA version bf16 | full / LoRA |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name, (cls_name, label, rank, kwargs) in REAL.items():
         fam = _family(name)
         with torch.device("meta"):
             model = getattr(diffusers, cls_name)(**kwargs)
         n = sum(p.numel() for p in model.parameters())
         lora = sum(p.numel() for p in _lora_params(model, fam, rank).values())
-        rows.append(f"| {label} | {n / 1e9:.2f} B | {2 * n / 1e9:.1f} GB | {rank} | {lora / 1e6:.0f} M | {2 * lora / 1e9:.2f} GB | {n / lora:.0f}× |")
+        rows.append(
+            f"| {label} | {n / 1e9:.2f} B | {2 * n / 1e9:.1f} GB | {rank} | {lora / 1e6:.0f} M | {2 * lora / 1e9:.2f} GB | {n / lora:.0f}× |"
+        )
     return rows
 
 

@@ -120,8 +120,25 @@ def coordinator_proc(conn, workdir: str, keys_dir: str, chunk_bytes: int, window
     from spotlight.net.security import ephemeral_client, load_server_keys, write_client_file
 
     torch.set_num_threads(1)
-    cfg = load_config(EXAMPLES_DIR / "jpeg-toy" / "config.toml", overrides={"cluster.weight_chunk_bytes": chunk_bytes, "cluster.weight_window_chunks": window, "cluster.weight_memory_max_bytes": 0, "cluster.heartbeat_timeout_s": 3600.0})
-    coord = Coordinator(cfg, pathlib.Path(workdir) / "run", bind="tcp://127.0.0.1:0", keys=load_server_keys(keys_dir), prompts=["p0", "p1"], embeds=torch.zeros(2, 4, 384), mask=torch.ones(2, 4, dtype=torch.long), progress=lambda s: None)
+    cfg = load_config(
+        EXAMPLES_DIR / "jpeg-toy" / "config.toml",
+        overrides={
+            "cluster.weight_chunk_bytes": chunk_bytes,
+            "cluster.weight_window_chunks": window,
+            "cluster.weight_memory_max_bytes": 0,
+            "cluster.heartbeat_timeout_s": 3600.0,
+        },
+    )
+    coord = Coordinator(
+        cfg,
+        pathlib.Path(workdir) / "run",
+        bind="tcp://127.0.0.1:0",
+        keys=load_server_keys(keys_dir),
+        prompts=["p0", "p1"],
+        embeds=torch.zeros(2, 4, 384),
+        mask=torch.ones(2, 4, dtype=torch.long),
+        progress=lambda s: None,
+    )
     write_client_file(pathlib.Path(workdir) / "trainer.json", ephemeral_client(coord.keys, "trainer", "bench"))
     mem = MemSampler()
     cpu0, main0 = time.process_time(), time.thread_time()
@@ -136,7 +153,17 @@ def coordinator_proc(conn, workdir: str, keys_dir: str, chunk_bytes: int, window
                 cpu0, main0 = time.process_time(), time.thread_time()
                 conn.send("ok")
             elif cmd == "report":
-                conn.send({"mem": mem.growth(), "cpu_s": time.process_time() - cpu0, "main_cpu_s": time.thread_time() - main0, "latest_version": coord.store.latest_version, "rejected": coord.rejected, "dropped_sends": coord.server.dropped_sends, "in_memory": coord.store.stats()["weights_in_memory"]})
+                conn.send(
+                    {
+                        "mem": mem.growth(),
+                        "cpu_s": time.process_time() - cpu0,
+                        "main_cpu_s": time.thread_time() - main0,
+                        "latest_version": coord.store.latest_version,
+                        "rejected": coord.rejected,
+                        "dropped_sends": coord.server.dropped_sends,
+                        "in_memory": coord.store.stats()["weights_in_memory"],
+                    }
+                )
             elif cmd == "stop":
                 break
     coord.close()
@@ -168,7 +195,9 @@ def trainer_proc(trainer_endpoint: str, creds_file: str, path: str, digest: str,
 # ---------------------------------------------------------------- agent processes
 
 
-def agent_proc(i: int, n: int, version: int, endpoint: str, keys_dir: str, cache_dir: str, window: int, ready, start, out) -> None:
+def agent_proc(
+    i: int, n: int, version: int, endpoint: str, keys_dir: str, cache_dir: str, window: int, ready, start, out
+) -> None:
     import zmq
 
     from agent.weight_cache import WeightCache
@@ -214,7 +243,18 @@ def agent_proc(i: int, n: int, version: int, endpoint: str, keys_dir: str, cache
             reqs, done = cache.on_chunk(body, payload[0], time.monotonic())
             to_coord(reqs)
     seconds = time.perf_counter() - t0
-    out.put({"agent": i, "t0": t0, "seconds": seconds, "end": t0 + seconds, "mem": mem.growth(), "size": done.size_bytes, "cpu_s": time.process_time() - cpu0, "main_cpu_s": time.thread_time() - main0})
+    out.put(
+        {
+            "agent": i,
+            "t0": t0,
+            "seconds": seconds,
+            "end": t0 + seconds,
+            "mem": mem.growth(),
+            "size": done.size_bytes,
+            "cpu_s": time.process_time() - cpu0,
+            "main_cpu_s": time.thread_time() - main0,
+        }
+    )
     s.close()
     ctx.term()
 
@@ -311,7 +351,12 @@ def stream_loopback(kind: str, path: str, size: int, chunk_bytes: int) -> dict:
     send_cpu = port_q.get()
     p.join()
     # the first chunk's own transfer is not in the timed span: count the bytes after it
-    return {"kind": "curve_file" if to_file else kind, "seconds": seconds, "gbps": (size - min(size, chunk_bytes)) / seconds / 1e9, "cpu_s_per_gb": {"sender": send_cpu / size * 1e9, "receiver": recv_cpu / size * 1e9}}
+    return {
+        "kind": "curve_file" if to_file else kind,
+        "seconds": seconds,
+        "gbps": (size - min(size, chunk_bytes)) / seconds / 1e9,
+        "cpu_s_per_gb": {"sender": send_cpu / size * 1e9, "receiver": recv_cpu / size * 1e9},
+    }
 
 
 def cpu_costs(path: str, size_cap: int = 512 * MIB) -> dict:
@@ -365,9 +410,16 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--size-mib", type=int, default=1024, help="version size in MiB (default 1024)")
     ap.add_argument("--agents", default="1,2,4", help="comma-separated agent counts N (default 1,2,4)")
-    ap.add_argument("--chunk-mib", type=float, default=4, help="cluster.weight_chunk_bytes in MiB (default 4, the config default)")
+    ap.add_argument(
+        "--chunk-mib", type=float, default=4, help="cluster.weight_chunk_bytes in MiB (default 4, the config default)"
+    )
     ap.add_argument("--window", type=int, default=4, help="cluster.weight_window_chunks (default 4)")
-    ap.add_argument("--repeat", type=int, default=3, help="rounds; each measures the loopback streams, then every N (default 3; medians reported)")
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=3,
+        help="rounds; each measures the loopback streams, then every N (default 3; medians reported)",
+    )
     ap.add_argument("--dir", default=None, help="scratch directory (default: a temp dir in /var/tmp)")
     ap.add_argument("--json", default=None, help="also write the raw results here")
     args = ap.parse_args(argv)
@@ -376,12 +428,24 @@ def main(argv=None) -> int:
     ns = [int(x) for x in args.agents.split(",")]
     chunk = int(args.chunk_mib * MIB)
     root = pathlib.Path(tempfile.mkdtemp(prefix="wsync-bench-", dir=args.dir or "/var/tmp"))
-    results: dict = {"size_mib": args.size_mib, "chunk_bytes": chunk, "window": args.window, "repeat": args.repeat, "load_avg_start": os.getloadavg(), "loopback": {}, "upload": [], "fetch": {n: [] for n in ns}}
+    results: dict = {
+        "size_mib": args.size_mib,
+        "chunk_bytes": chunk,
+        "window": args.window,
+        "repeat": args.repeat,
+        "load_avg_start": os.getloadavg(),
+        "loopback": {},
+        "upload": [],
+        "fetch": {n: [] for n in ns},
+    }
     try:
         src = root / "version.safetensors"
         size, digest = make_version(src, args.size_mib * MIB)
         results["size_bytes"] = size
-        print(f"version: {size:,} bytes ({digest[:23]}…), chunks of {chunk:,} B, window {args.window}, load avg {os.getloadavg()[0]:.1f}", flush=True)
+        print(
+            f"version: {size:,} bytes ({digest[:23]}…), chunks of {chunk:,} B, window {args.window}, load avg {os.getloadavg()[0]:.1f}",
+            flush=True,
+        )
         results["cpu"] = cpu_costs(str(src))
         print("single core: " + ", ".join(f"{k} {v:.2f} GB/s" for k, v in results["cpu"].items()), flush=True)
 
@@ -399,7 +463,10 @@ def main(argv=None) -> int:
             return parent.recv()
 
         q, cmds = mp.Queue(), mp.Queue()
-        tp = mp.Process(target=trainer_proc, args=(eps["trainer_endpoint"], str(root / "trainer.json"), str(src), digest, chunk, cmds, q))
+        tp = mp.Process(
+            target=trainer_proc,
+            args=(eps["trainer_endpoint"], str(root / "trainer.json"), str(src), digest, chunk, cmds, q),
+        )
         tp.start()
 
         for r in range(args.repeat):
@@ -409,7 +476,10 @@ def main(argv=None) -> int:
                 loop[kind] = stream_loopback(kind, str(src), size, chunk)
                 results["loopback"].setdefault(kind, []).append(loop[kind]["gbps"])
                 results.setdefault("loopback_cpu", {}).setdefault(kind, []).append(loop[kind]["cpu_s_per_gb"])
-            print(f"round {r + 1}: loopback " + ", ".join(f"{k} {v['gbps']:.3f}" for k, v in loop.items()) + " GB/s", flush=True)
+            print(
+                f"round {r + 1}: loopback " + ", ".join(f"{k} {v['gbps']:.3f}" for k, v in loop.items()) + " GB/s",
+                flush=True,
+            )
 
             # upload: trainer rank 0 → coordinator Tensor Store (version r)
             ask("reset")
@@ -422,13 +492,33 @@ def main(argv=None) -> int:
             up_s = time.perf_counter() - t0
             rep = ask("report")
             results["upload"].append({"seconds": up_s, "gbps": size / up_s / 1e9, "coordinator_mem": rep["mem"]})
-            print(f"  upload trainer→coordinator: {up_s:.2f}s {size / up_s / 1e9:.3f} GB/s; coordinator growth anon {rep['mem']['anon'] / MIB:.0f} MiB, rss {rep['mem']['rss'] / MIB:.0f} MiB", flush=True)
+            print(
+                f"  upload trainer→coordinator: {up_s:.2f}s {size / up_s / 1e9:.3f} GB/s; coordinator growth anon {rep['mem']['anon'] / MIB:.0f} MiB, rss {rep['mem']['rss'] / MIB:.0f} MiB",
+                flush=True,
+            )
 
             # fetch: coordinator → N agents at once
             for n in ns:
                 subprocess.run(["sync"], check=False)
                 ready, out, start = mp.Queue(), mp.Queue(), mp.Event()
-                procs = [mp.Process(target=agent_proc, args=(i, n, r, eps["endpoint"], str(keys_dir), str(root / f"cache-n{n}-{i}"), args.window, ready, start, out)) for i in range(n)]
+                procs = [
+                    mp.Process(
+                        target=agent_proc,
+                        args=(
+                            i,
+                            n,
+                            r,
+                            eps["endpoint"],
+                            str(keys_dir),
+                            str(root / f"cache-n{n}-{i}"),
+                            args.window,
+                            ready,
+                            start,
+                            out,
+                        ),
+                    )
+                    for i in range(n)
+                ]
                 for p in procs:
                     p.start()
                 for _ in procs:
@@ -441,11 +531,28 @@ def main(argv=None) -> int:
                 rep = ask("report")
                 span = max(x["end"] for x in res) - min(x["t0"] for x in res)
                 gbps = n * size / span / 1e9
-                row = {"n": n, "bytes": n * size, "seconds": span, "gbps": gbps, "coordinator_cpu_s_per_gb": rep["cpu_s"] / (n * size) * 1e9, "coordinator_main_cpu_s_per_gb": rep["main_cpu_s"] / (n * size) * 1e9,
-                       "agent_cpu_s_per_gb": sum(x["cpu_s"] for x in res) / (n * size) * 1e9, "agent_main_cpu_s_per_gb": sum(x["main_cpu_s"] for x in res) / (n * size) * 1e9, "ratio": gbps / loop["curve"]["gbps"], "ratio_file": gbps / loop["curve_file"]["gbps"], "agents": res, "coordinator_mem": rep["mem"], "dropped_sends": rep["dropped_sends"], "rejected": rep["rejected"]}
+                row = {
+                    "n": n,
+                    "bytes": n * size,
+                    "seconds": span,
+                    "gbps": gbps,
+                    "coordinator_cpu_s_per_gb": rep["cpu_s"] / (n * size) * 1e9,
+                    "coordinator_main_cpu_s_per_gb": rep["main_cpu_s"] / (n * size) * 1e9,
+                    "agent_cpu_s_per_gb": sum(x["cpu_s"] for x in res) / (n * size) * 1e9,
+                    "agent_main_cpu_s_per_gb": sum(x["main_cpu_s"] for x in res) / (n * size) * 1e9,
+                    "ratio": gbps / loop["curve"]["gbps"],
+                    "ratio_file": gbps / loop["curve_file"]["gbps"],
+                    "agents": res,
+                    "coordinator_mem": rep["mem"],
+                    "dropped_sends": rep["dropped_sends"],
+                    "rejected": rep["rejected"],
+                }
                 results["fetch"][n].append(row)
-                print(f"  N={n}: {n * size:,} B in {span:.2f}s = {gbps:.3f} GB/s ({row['ratio']:.0%} of the CURVE stream, {row['ratio_file']:.0%} of it into a file); "
-                      f"CPU s/GB coordinator {row['coordinator_cpu_s_per_gb']:.1f} (main thread {row['coordinator_main_cpu_s_per_gb']:.1f}) agents {row['agent_cpu_s_per_gb']:.1f} (main threads {row['agent_main_cpu_s_per_gb']:.1f}); coordinator growth anon {rep['mem']['anon'] / MIB:.0f} MiB rss {rep['mem']['rss'] / MIB:.0f} MiB; agent growth anon ≤ {max(x['mem']['anon'] for x in res) / MIB:.0f} MiB rss ≤ {max(x['mem']['rss'] for x in res) / MIB:.0f} MiB", flush=True)
+                print(
+                    f"  N={n}: {n * size:,} B in {span:.2f}s = {gbps:.3f} GB/s ({row['ratio']:.0%} of the CURVE stream, {row['ratio_file']:.0%} of it into a file); "
+                    f"CPU s/GB coordinator {row['coordinator_cpu_s_per_gb']:.1f} (main thread {row['coordinator_main_cpu_s_per_gb']:.1f}) agents {row['agent_cpu_s_per_gb']:.1f} (main threads {row['agent_main_cpu_s_per_gb']:.1f}); coordinator growth anon {rep['mem']['anon'] / MIB:.0f} MiB rss {rep['mem']['rss'] / MIB:.0f} MiB; agent growth anon ≤ {max(x['mem']['anon'] for x in res) / MIB:.0f} MiB rss ≤ {max(x['mem']['rss'] for x in res) / MIB:.0f} MiB",
+                    flush=True,
+                )
                 for i in range(n):
                     for f in (root / f"cache-n{n}-{i}").glob("*"):
                         f.unlink()
@@ -458,7 +565,10 @@ def main(argv=None) -> int:
         cp.join(30)
         results["worker_load"] = worker_load(str(src))
         wl = results["worker_load"]
-        print(f"worker load (mmap + load_state_dict): {wl['seconds']:.2f}s, anon growth {wl['mem']['anon'] / MIB:.0f} MiB, rss growth {wl['mem']['rss'] / MIB:.0f} MiB", flush=True)
+        print(
+            f"worker load (mmap + load_state_dict): {wl['seconds']:.2f}s, anon growth {wl['mem']['anon'] / MIB:.0f} MiB, rss growth {wl['mem']['rss'] / MIB:.0f} MiB",
+            flush=True,
+        )
         results["load_avg_end"] = os.getloadavg()
     finally:
         import shutil

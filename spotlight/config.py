@@ -135,14 +135,26 @@ class ModelConfig(_Section):
             f"must sum to attention_head_dim={self.attention_head_dim}",
         )
         _check(all(a % 2 == 0 for a in self.axes_dims_rope), "model.axes_dims_rope", "every axis must be even")
-        _check(self.source != "pretrained" or bool(self.pretrained_path), "model.pretrained_path", "required when source = 'pretrained'")
-        _check(self.family == "tiny" or bool(self.pretrained_path), "model.pretrained_path", f"required for family = '{self.family}' (a local diffusers-format checkpoint directory)")
+        _check(
+            self.source != "pretrained" or bool(self.pretrained_path),
+            "model.pretrained_path",
+            "required when source = 'pretrained'",
+        )
+        _check(
+            self.family == "tiny" or bool(self.pretrained_path),
+            "model.pretrained_path",
+            f"required for family = '{self.family}' (a local diffusers-format checkpoint directory)",
+        )
         _check(
             not (self.family == "tiny" and self.source == "tiny" and self.pretrained_path),
             "model.pretrained_path",
             "the tiny family builds its model from this config; set model.source = 'pretrained' to load a saved transformer folder, or set model.family",
         )
-        _check(self.family == "tiny" or self.image_size % 16 == 0, "model.image_size", f"must be a multiple of 16 for family = '{self.family}' (VAE ×8, 2×2 packing)")
+        _check(
+            self.family == "tiny" or self.image_size % 16 == 0,
+            "model.image_size",
+            f"must be a multiple of 16 for family = '{self.family}' (VAE ×8, 2×2 packing)",
+        )
         _check(self.guidance_scale >= 0, "model.guidance_scale", "must be >= 0 (0 = family default)")
         _check(self.max_text_tokens >= 1, "model.max_text_tokens", "must be >= 1")
 
@@ -177,10 +189,22 @@ class SamplerConfig(_Section):
         _check(self.noise_level > 0, "sampler.noise_level", "must be > 0 inside the SDE window")
         _check(self.shift > 0, "sampler.shift", "must be > 0")
         lo, hi = self.sde_window_range
-        _check((lo, hi) == (0, 0) or hi > lo, "sampler.sde_window_range", "must be [lo, hi] with hi > lo, or [0, 0] for a fixed window")
+        _check(
+            (lo, hi) == (0, 0) or hi > lo,
+            "sampler.sde_window_range",
+            "must be [lo, hi] with hi > lo, or [0, 0] for a fixed window",
+        )
         if hi > lo:
-            _check(lo >= 0 and hi - self.sde_window_size >= lo, "sampler.sde_window_range", "must satisfy 0 <= lo <= hi - sde_window_size")
-            _check(hi <= self.num_steps - 1, "sampler.sde_window_range", "hi must be <= num_steps - 1 (the last step has sigma_next = 0)")
+            _check(
+                lo >= 0 and hi - self.sde_window_size >= lo,
+                "sampler.sde_window_range",
+                "must satisfy 0 <= lo <= hi - sde_window_size",
+            )
+            _check(
+                hi <= self.num_steps - 1,
+                "sampler.sde_window_range",
+                "hi must be <= num_steps - 1 (the last step has sigma_next = 0)",
+            )
 
     def window_start_for(self, seed: int, iteration: int) -> int:
         """Start step of the SDE window used by ``iteration``'s rollout and exploration."""
@@ -221,7 +245,11 @@ class DataConfig(_Section):
         _check(self.prompts_per_iteration >= 1, "data.prompts_per_iteration", "must be >= 1")
         _check(self.group_size >= 2, "data.group_size", "must be >= 2 (advantages need a group)")
         _check(self.num_control_prompts >= 0, "data.num_control_prompts", "must be >= 0")
-        _check(bool(self.categories) == bool(self.category_column), "data.categories", "set data.category_column and data.categories together (the column, and its values to keep)")
+        _check(
+            bool(self.categories) == bool(self.category_column),
+            "data.categories",
+            "set data.category_column and data.categories together (the column, and its values to keep)",
+        )
         _check(self.group_size % 2 == 0, "data.group_size", "must be even (top-k/bottom-k seed selection)")
         _check(
             0 <= self.num_control_prompts <= self.prompts_per_iteration,
@@ -281,7 +309,11 @@ class ExploreConfig(_Section):
         if self.reuse_as_rollout:
             _check(self.mode == "critical_path", "explore.reuse_as_rollout", "needs explore.mode = 'critical_path'")
             _check(self.planner == "fixed", "explore.reuse_as_rollout", "needs explore.planner = 'fixed' (best-of-N)")
-            _check(self.num_steps == 0 and self.cache_threshold == 0, "explore.reuse_as_rollout", "reused candidates must be full rollouts: set explore.num_steps = 0 and explore.cache_threshold = 0")
+            _check(
+                self.num_steps == 0 and self.cache_threshold == 0,
+                "explore.reuse_as_rollout",
+                "reused candidates must be full rollouts: set explore.num_steps = 0 and explore.cache_threshold = 0",
+            )
 
     @property
     def active(self) -> bool:
@@ -327,8 +359,16 @@ class PlannerSection(_Section):
             f"must be <= planner.max_sequences={self.max_sequences}",
         )
         _check(self.sequence_step >= 1, "planner.sequence_step", "must be >= 1")
-        _check(math.isfinite(self.min_effective_steps) and self.min_effective_steps > 0, "planner.min_effective_steps", "must be a finite number > 0")
-        _check(-1.0 <= self.min_exploration_accuracy <= 1.0, "planner.min_exploration_accuracy", "must be a rank correlation in [-1, 1]")
+        _check(
+            math.isfinite(self.min_effective_steps) and self.min_effective_steps > 0,
+            "planner.min_effective_steps",
+            "must be a finite number > 0",
+        )
+        _check(
+            -1.0 <= self.min_exploration_accuracy <= 1.0,
+            "planner.min_exploration_accuracy",
+            "must be a rank correlation in [-1, 1]",
+        )
         _check(math.isfinite(self.beta) and self.beta >= 0, "planner.beta", "must be a finite number >= 0")
         _check(self.window >= 1, "planner.window", "must be >= 1")
         _check(
@@ -496,12 +536,24 @@ class ClusterConfig(_Section):
         _check(self.heartbeat_interval_s > 0, "cluster.heartbeat_interval_s", "must be > 0")
         _check(self.torch_threads >= 1, "cluster.torch_threads", "must be >= 1")
         _check(self.max_message_bytes >= 1 << 20, "cluster.max_message_bytes", "must be >= 1 MiB")
-        _check(64 * 1024 <= self.weight_chunk_bytes <= 1 << 30, "cluster.weight_chunk_bytes", "must be between 64 KiB and 1 GiB")
+        _check(
+            64 * 1024 <= self.weight_chunk_bytes <= 1 << 30,
+            "cluster.weight_chunk_bytes",
+            "must be between 64 KiB and 1 GiB",
+        )
         _check(1 <= self.weight_window_chunks <= 64, "cluster.weight_window_chunks", "must be between 1 and 64")
-        _check(self.weight_memory_max_bytes >= 0, "cluster.weight_memory_max_bytes", "must be >= 0 (0 = serve every version from disk)")
+        _check(
+            self.weight_memory_max_bytes >= 0,
+            "cluster.weight_memory_max_bytes",
+            "must be >= 0 (0 = serve every version from disk)",
+        )
         _check(self.sp_degree >= 1, "cluster.sp_degree", "must be >= 1")
         _check(self.reserved_sp_degree >= 1, "cluster.reserved_sp_degree", "must be >= 1")
-        _check(self.heartbeat_timeout_s > self.heartbeat_interval_s, "cluster.heartbeat_timeout_s", "must exceed heartbeat_interval_s")
+        _check(
+            self.heartbeat_timeout_s > self.heartbeat_interval_s,
+            "cluster.heartbeat_timeout_s",
+            "must exceed heartbeat_interval_s",
+        )
 
 
 class RunConfig(_Section):
@@ -535,7 +587,11 @@ class RunConfig(_Section):
         _check(self.sample_grid_every >= 0, "run.sample_grid_every", "must be >= 0 (0 = no sample grids)")
         bad = sorted(set(self.trackers) - {"tensorboard", "wandb"})
         _check(not bad, "run.trackers", f"unknown tracker(s) {bad}: expected 'tensorboard' and/or 'wandb' ([] = none)")
-        _check(self.keep_weight_versions == 0 or self.keep_weight_versions >= 2, "run.keep_weight_versions", "must be 0 (keep all) or >= 2")
+        _check(
+            self.keep_weight_versions == 0 or self.keep_weight_versions >= 2,
+            "run.keep_weight_versions",
+            "must be 0 (keep all) or >= 2",
+        )
 
 
 class CostConfig(_Section):
@@ -546,7 +602,11 @@ class CostConfig(_Section):
 
     def __post_init__(self) -> None:
         for name in ("spot_usd_per_gpu_hour", "reserved_usd_per_gpu_hour"):
-            _check(math.isfinite(getattr(self, name)) and getattr(self, name) >= 0, f"cost.{name}", "must be a finite number >= 0")
+            _check(
+                math.isfinite(getattr(self, name)) and getattr(self, name) >= 0,
+                f"cost.{name}",
+                "must be a finite number >= 0",
+            )
 
 
 class SpotlightConfig(_Section):

@@ -463,7 +463,9 @@ _ENCODER = msgspec.msgpack.Encoder()
 _DECODERS = {t: msgspec.msgpack.Decoder(cls) for t, cls in MESSAGE_TYPES.items()}
 
 
-def encode(msg: _Msg, frames: list[bytes | memoryview] | None = None, *, msg_type: MsgType | None = None) -> list[bytes | memoryview]:
+def encode(
+    msg: _Msg, frames: list[bytes | memoryview] | None = None, *, msg_type: MsgType | None = None
+) -> list[bytes | memoryview]:
     """Frame list for ``msg`` followed by raw ``frames`` (tensor payloads).
 
     Args:
@@ -502,7 +504,13 @@ def decode(frames: list[bytes] | list[Any], *, max_body_bytes: int = MAX_BODY_BY
         body = _DECODERS[mtype].decode(bytes(frames[1]))
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise ProtocolError(f"malformed {mtype.name} body: {exc}") from None
-    except (RecursionError, MemoryError, ValueError, TypeError, OverflowError) as exc:  # e.g. 10^5-deep nesting in an Any field
+    except (
+        RecursionError,
+        MemoryError,
+        ValueError,
+        TypeError,
+        OverflowError,
+    ) as exc:  # e.g. 10^5-deep nesting in an Any field
         raise ProtocolError(f"malformed {mtype.name} body: {type(exc).__name__}") from None
     payload = list(frames[2:])
     metas = getattr(body, "tensors", None)

@@ -15,7 +15,20 @@ app = typer.Typer(
 
 
 def _register_all() -> None:
-    from spotlight.cli import bench, eval as eval_cmd, init, keys, mock_metadata, profile, reward_server, simulate, status, up
+    from spotlight.cli import (
+        bench,
+        init,
+        keys,
+        mock_metadata,
+        profile,
+        reward_server,
+        simulate,
+        status,
+        up,
+    )
+    from spotlight.cli import (
+        eval as eval_cmd,
+    )
 
     for module in (init, up, status, keys, eval_cmd, profile, simulate, mock_metadata, bench, reward_server):
         module.register(app)

@@ -34,7 +34,9 @@ def available_versions(run_dir: pathlib.Path) -> dict[int, pathlib.Path]:
     return dict(sorted(out.items()))
 
 
-def choose_pairs(available: list[int], num_pairs: int, versions: Optional[str]) -> tuple[list[int], list[tuple[int, int]]]:
+def choose_pairs(
+    available: list[int], num_pairs: int, versions: Optional[str]
+) -> tuple[list[int], list[tuple[int, int]]]:
     """The versions to generate and the (stale, updated) index pairs into that list.
 
     ``versions`` (``"3,4,5"``) pairs adjacent entries; otherwise the last ``num_pairs``
@@ -44,14 +46,18 @@ def choose_pairs(available: list[int], num_pairs: int, versions: Optional[str]) 
         ValueError: fewer than two versions, an unknown version, or no consecutive pair.
     """
     if len(available) < 2:
-        raise ValueError(f"the run directory holds {len(available)} weight version(s); need at least 2 (tensor_store/weights/v<N>.safetensors)")
+        raise ValueError(
+            f"the run directory holds {len(available)} weight version(s); need at least 2 (tensor_store/weights/v<N>.safetensors)"
+        )
     if versions:
         wanted = [int(v) for v in versions.split(",") if v.strip()]
         if len(wanted) < 2:
             raise ValueError("--versions needs at least two versions, e.g. 3,4,5")
         missing = [v for v in wanted if v not in available]
         if missing:
-            raise ValueError(f"version(s) {missing} not in the run directory (available: v{available[0]}..v{available[-1]})")
+            raise ValueError(
+                f"version(s) {missing} not in the run directory (available: v{available[0]}..v{available[-1]})"
+            )
         if len(set(wanted)) != len(wanted):
             raise ValueError("--versions lists a version twice")
         return wanted, [(i, i + 1) for i in range(len(wanted) - 1)]
@@ -59,7 +65,7 @@ def choose_pairs(available: list[int], num_pairs: int, versions: Optional[str]) 
     consecutive = [(v, v + 1) for v in available if v + 1 in have]
     if not consecutive:
         raise ValueError(f"no two consecutive weight versions in the run directory (have {available})")
-    chosen = consecutive[-max(1, num_pairs):]
+    chosen = consecutive[-max(1, num_pairs) :]
     vers = sorted({v for p in chosen for v in p})
     pos = {v: i for i, v in enumerate(vers)}
     return vers, [(pos[a], pos[b]) for a, b in chosen]
@@ -75,13 +81,21 @@ def spread_indices(n_total: int, n: int) -> list[int]:
 
 @bench_app.command("stale-ranking")
 def stale_ranking(
-    run_dir: pathlib.Path = typer.Option(..., "--run-dir", help="Run directory (reads config.toml and tensor_store/weights/v*.safetensors)."),
+    run_dir: pathlib.Path = typer.Option(
+        ..., "--run-dir", help="Run directory (reads config.toml and tensor_store/weights/v*.safetensors)."
+    ),
     pairs: int = typer.Option(3, "--pairs", min=1, help="Use the last N consecutive pairs (v_n, v_{n+1}) of the run."),
-    versions: Optional[str] = typer.Option(None, "--versions", help="Explicit versions, e.g. 3,4,5 (pairs adjacent entries; overrides --pairs)."),
+    versions: Optional[str] = typer.Option(
+        None, "--versions", help="Explicit versions, e.g. 3,4,5 (pairs adjacent entries; overrides --pairs)."
+    ),
     num_prompts: int = typer.Option(8, "--num-prompts", min=1, help="Prompt groups (spread over the prompt set)."),
-    num_seeds: int = typer.Option(16, "--num-seeds", min=2, help="Seeds per prompt group (same seeds for both versions)."),
+    num_seeds: int = typer.Option(
+        16, "--num-seeds", min=2, help="Seeds per prompt group (same seeds for both versions)."
+    ),
     out: Optional[pathlib.Path] = typer.Option(None, "--out", help="Output folder (default: RUN_DIR/bench)."),
-    threads: int = typer.Option(0, "--threads", min=0, help="torch threads (0 = cluster.torch_threads of the run config)."),
+    threads: int = typer.Option(
+        0, "--threads", min=0, help="torch threads (0 = cluster.torch_threads of the run config)."
+    ),
 ) -> None:
     """Insight 1 (paper Fig. 5): does the seed ranking under stale weights v_n survive the update to v_{n+1}?"""
     console = Console(emoji=False, soft_wrap=True)
@@ -114,7 +128,18 @@ def stale_ranking(
     pair_txt = ", ".join(f"v{vers[a]}→v{vers[b]}" for a, b in pair_idx)
     console.print(f"stale ranking on {run_dir}: pairs {pair_txt}; {len(prompt_idx)} prompts × {num_seeds} seeds")
     weights = [load_file(str(found[v])) for v in vers]
-    result = run_stale_ranking(cfg, embeds, mask, weights, prompt_idx, num_seeds, progress=console.print, versions=vers, pairs=pair_idx, prompts=prompts)
+    result = run_stale_ranking(
+        cfg,
+        embeds,
+        mask,
+        weights,
+        prompt_idx,
+        num_seeds,
+        progress=console.print,
+        versions=vers,
+        pairs=pair_idx,
+        prompts=prompts,
+    )
     result["run_dir"] = str(run_dir)
     result["prompts"] = [prompts[i] for i in prompt_idx]
 

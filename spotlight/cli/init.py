@@ -125,14 +125,33 @@ def _example_header(path: pathlib.Path) -> list[str]:
 def register(app: typer.Typer) -> None:
     @app.command()
     def init(
-        family: str = typer.Option("shapes", "--family", metavar="NAME", help=f"{', '.join(FAMILY_EXAMPLES)} (shapes: the CPU default; tiny = shapes)."),
-        pretrained_path: Optional[str] = typer.Option(None, "--pretrained-path", metavar="DIR", help="Local checkpoint folder (model.pretrained_path)."),
-        train_gpus: Optional[int] = typer.Option(None, "--train-gpus", min=1, metavar="N", help="Training GPUs (train.num_train_workers)."),
-        reserved_rollout_gpus: Optional[str] = typer.Option(None, "--reserved-rollout-gpus", metavar="LIST", help="Reserved GPUs that also roll out, e.g. 0,1."),
-        sp_degree: Optional[int] = typer.Option(None, "--sp-degree", min=1, metavar="N", help="Spot SP degree (cluster.sp_degree)."),
-        spot_nodes: int = typer.Option(2, "--spot-nodes", min=0, metavar="N", help="Spot nodes (for the header's commands)."),
-        gpus_per_node: int = typer.Option(1, "--gpus-per-node", min=1, metavar="N", help="GPUs per spot node (header)."),
-        out: Optional[pathlib.Path] = typer.Option(None, "--out", "-o", metavar="FILE", help="Write here, not to stdout."),
+        family: str = typer.Option(
+            "shapes",
+            "--family",
+            metavar="NAME",
+            help=f"{', '.join(FAMILY_EXAMPLES)} (shapes: the CPU default; tiny = shapes).",
+        ),
+        pretrained_path: Optional[str] = typer.Option(
+            None, "--pretrained-path", metavar="DIR", help="Local checkpoint folder (model.pretrained_path)."
+        ),
+        train_gpus: Optional[int] = typer.Option(
+            None, "--train-gpus", min=1, metavar="N", help="Training GPUs (train.num_train_workers)."
+        ),
+        reserved_rollout_gpus: Optional[str] = typer.Option(
+            None, "--reserved-rollout-gpus", metavar="LIST", help="Reserved GPUs that also roll out, e.g. 0,1."
+        ),
+        sp_degree: Optional[int] = typer.Option(
+            None, "--sp-degree", min=1, metavar="N", help="Spot SP degree (cluster.sp_degree)."
+        ),
+        spot_nodes: int = typer.Option(
+            2, "--spot-nodes", min=0, metavar="N", help="Spot nodes (for the header's commands)."
+        ),
+        gpus_per_node: int = typer.Option(
+            1, "--gpus-per-node", min=1, metavar="N", help="GPUs per spot node (header)."
+        ),
+        out: Optional[pathlib.Path] = typer.Option(
+            None, "--out", "-o", metavar="FILE", help="Write here, not to stdout."
+        ),
     ) -> None:
         """Print an annotated run config: every field with its value, default and documentation.
 
@@ -142,23 +161,39 @@ def register(app: typer.Typer) -> None:
 
         family = FAMILY_ALIASES.get(family, family)
         if family not in FAMILY_EXAMPLES:
-            console.print(f"[red]error:[/red] --family {escape(family)!r}: choose one of {', '.join(FAMILY_EXAMPLES)} (tiny = shapes)")
+            console.print(
+                f"[red]error:[/red] --family {escape(family)!r}: choose one of {', '.join(FAMILY_EXAMPLES)} (tiny = shapes)"
+            )
             raise typer.Exit(2)
         example = FAMILY_EXAMPLES[family]
         try:
-            rollout_gpus = [int(g) for g in reserved_rollout_gpus.split(",") if g.strip()] if reserved_rollout_gpus is not None else None
+            rollout_gpus = (
+                [int(g) for g in reserved_rollout_gpus.split(",") if g.strip()]
+                if reserved_rollout_gpus is not None
+                else None
+            )
         except ValueError:
-            console.print(f"[red]error:[/red] --reserved-rollout-gpus {escape(reserved_rollout_gpus or '')!r}: expected comma-separated GPU indices, e.g. 0,1")
+            console.print(
+                f"[red]error:[/red] --reserved-rollout-gpus {escape(reserved_rollout_gpus or '')!r}: expected comma-separated GPU indices, e.g. 0,1"
+            )
             raise typer.Exit(2)
         try:
-            data = config_to_dict(load_config(example, {"model.pretrained_path": pretrained_path} if pretrained_path is not None else None))
+            data = config_to_dict(
+                load_config(
+                    example, {"model.pretrained_path": pretrained_path} if pretrained_path is not None else None
+                )
+            )
             if train_gpus is not None:
                 data["train"]["num_train_workers"] = train_gpus
             if rollout_gpus is not None:
                 data["cluster"]["reserved_rollout_gpus"] = rollout_gpus
             if sp_degree is not None:
                 data["cluster"]["sp_degree"] = sp_degree
-            given = {"train.num_train_workers": ("--train-gpus", train_gpus), "cluster.reserved_rollout_gpus": ("--reserved-rollout-gpus", rollout_gpus), "cluster.sp_degree": ("--sp-degree", sp_degree)}
+            given = {
+                "train.num_train_workers": ("--train-gpus", train_gpus),
+                "cluster.reserved_rollout_gpus": ("--reserved-rollout-gpus", rollout_gpus),
+                "cluster.sp_degree": ("--sp-degree", sp_degree),
+            }
             try:
                 cfg = config_from_dict(data)
             except ConfigError as exc:  # a value this command set: name its flag, as load_config does
@@ -194,4 +229,6 @@ def register(app: typer.Typer) -> None:
         except OSError as exc:
             console.print(f"[red]error:[/red] cannot write {escape(str(out))}: {escape(exc.strerror or str(exc))}")
             raise typer.Exit(2)
-        console.print(f"wrote {escape(str(out))}; start with [cyan]spotlight up --local --config {escape(str(out))}[/cyan]")
+        console.print(
+            f"wrote {escape(str(out))}; start with [cyan]spotlight up --local --config {escape(str(out))}[/cyan]"
+        )

@@ -13,7 +13,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-keys_app = typer.Typer(help="Create, list and revoke control-plane keys (ZeroMQ CURVE; README 'Security model').", no_args_is_help=True, add_completion=False)
+keys_app = typer.Typer(
+    help="Create, list and revoke control-plane keys (ZeroMQ CURVE; README 'Security model').",
+    no_args_is_help=True,
+    add_completion=False,
+)
 console = Console(emoji=False, soft_wrap=True)
 
 
@@ -23,7 +27,11 @@ def _fail(exc: Exception) -> None:
 
 
 @keys_app.command("init")
-def init(directory: pathlib.Path = typer.Argument(..., help="Keys directory to create (mode 0700), e.g. /etc/spotlight/keys.")) -> None:
+def init(
+    directory: pathlib.Path = typer.Argument(
+        ..., help="Keys directory to create (mode 0700), e.g. /etc/spotlight/keys."
+    ),
+) -> None:
     """Create the coordinator's key pair and an empty allow-list (plus a status key for this host)."""
     from spotlight.net.security import KeysError, add_client, init_keys
 
@@ -32,14 +40,20 @@ def init(directory: pathlib.Path = typer.Argument(..., help="Keys directory to c
         add_client(directory, "status", "local")
     except (KeysError, OSError) as exc:
         _fail(exc)
-    console.print(f"coordinator key created: public [cyan]{pub}[/cyan] (give it to every client), secret {directory / 'server.key_secret'} (keep it on the reserved node)")
-    console.print(f"next: [cyan]spotlight keys add {directory} agent NODE[/cyan] for each spot node (or one shared name for a pool)")
+    console.print(
+        f"coordinator key created: public [cyan]{pub}[/cyan] (give it to every client), secret {directory / 'server.key_secret'} (keep it on the reserved node)"
+    )
+    console.print(
+        f"next: [cyan]spotlight keys add {directory} agent NODE[/cyan] for each spot node (or one shared name for a pool)"
+    )
 
 
 @keys_app.command("add")
 def add(
     directory: pathlib.Path = typer.Argument(..., help="The coordinator's keys directory."),
-    role: str = typer.Argument(..., help="agent (spot node), reserved (the reserved node's rollout agent), status (read-only), trainer."),
+    role: str = typer.Argument(
+        ..., help="agent (spot node), reserved (the reserved node's rollout agent), status (read-only), trainer."
+    ),
     name: str = typer.Argument(..., help="Key name, e.g. the node id or a pool name (letters, digits, - and _)."),
 ) -> None:
     """Create a client key and allow-list it; prints the files to copy to the client."""
@@ -50,7 +64,9 @@ def add(
     except (KeysError, OSError) as exc:
         _fail(exc)
     console.print(f"allow-listed [bold]{role}.{name}[/bold] (a running coordinator picks it up within a second)")
-    console.print(f"copy to the client's keys directory (mode 0600, readable by the service user only):\n  {directory / 'server.key'}\n  {secret}")
+    console.print(
+        f"copy to the client's keys directory (mode 0600, readable by the service user only):\n  {directory / 'server.key'}\n  {secret}"
+    )
     console.print(f"then remove {secret} from this directory if the client runs elsewhere")
 
 
@@ -83,7 +99,9 @@ def revoke(
         revoke_client(directory, principal)
     except (KeysError, OSError) as exc:
         _fail(exc)
-    console.print(f"revoked {escape(principal)}: new connections with it are refused (restart the coordinator to drop live ones)")
+    console.print(
+        f"revoked {escape(principal)}: new connections with it are refused (restart the coordinator to drop live ones)"
+    )
 
 
 def register(app: typer.Typer) -> None:

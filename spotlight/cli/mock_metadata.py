@@ -18,11 +18,17 @@ def register(app: "typer.Typer") -> None:
         cloud: Annotated[str, typer.Option(help="Personality: aws | gcp | azure.")] = "aws",
         host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
         port: Annotated[int, typer.Option(help="Port to bind; 0 picks a free one.")] = 0,
-        notice_after_s: Annotated[Optional[float], typer.Option(
-            help="Issue a preemption notice this many seconds after start (default: never).")] = None,
-        lead_time_s: Annotated[Optional[float], typer.Option(
-            help="Notice lead time in seconds (default per cloud: aws 120, azure 30, gcp 0).")] = None,
-        vm_name: Annotated[str, typer.Option(help="Azure VM name: listed in event Resources and served at instance/compute/name.")] = "spot-vm-0",
+        notice_after_s: Annotated[
+            Optional[float],
+            typer.Option(help="Issue a preemption notice this many seconds after start (default: never)."),
+        ] = None,
+        lead_time_s: Annotated[
+            Optional[float],
+            typer.Option(help="Notice lead time in seconds (default per cloud: aws 120, azure 30, gcp 0)."),
+        ] = None,
+        vm_name: Annotated[
+            str, typer.Option(help="Azure VM name: listed in event Resources and served at instance/compute/name.")
+        ] = "spot-vm-0",
     ) -> None:
         """Serve a mock AWS/GCP/Azure metadata server (real formats) until Ctrl-C.
 
@@ -41,8 +47,7 @@ def register(app: "typer.Typer") -> None:
             typer.echo(f"base URL:    {server.url}")
             typer.echo(f"control URL: {server.control_url}")
             if notice_after_s is not None:
-                timer = threading.Timer(notice_after_s, server.issue_notice,
-                                        kwargs={"lead_time_s": lead_time_s})
+                timer = threading.Timer(notice_after_s, server.issue_notice, kwargs={"lead_time_s": lead_time_s})
                 timer.daemon = True
                 timer.start()
             while not done.wait(1.0):

@@ -15,13 +15,29 @@ from rich.table import Table
 def register(app: typer.Typer) -> None:
     @app.command()
     def profile(
-        config: Optional[pathlib.Path] = typer.Option(None, "--config", help="Run config TOML (default: the embedded example)."),
-        out: Optional[pathlib.Path] = typer.Option(None, "--out", help="Where to write the profile JSON (default: the cache the coordinator reads for this config)."),
-        weights: Optional[pathlib.Path] = typer.Option(None, "--weights", help="Profile these weights (a safetensors file, e.g. a version in the run's tensor_store/weights/) instead of the initial ones."),
-        thresholds: str = typer.Option("0.3,0.5,0.7,1.0,1.5", "--thresholds", help="Comma-separated First-Block-Cache thresholds to profile."),
+        config: Optional[pathlib.Path] = typer.Option(
+            None, "--config", help="Run config TOML (default: the embedded example)."
+        ),
+        out: Optional[pathlib.Path] = typer.Option(
+            None,
+            "--out",
+            help="Where to write the profile JSON (default: the cache the coordinator reads for this config).",
+        ),
+        weights: Optional[pathlib.Path] = typer.Option(
+            None,
+            "--weights",
+            help="Profile these weights (a safetensors file, e.g. a version in the run's tensor_store/weights/) instead of the initial ones.",
+        ),
+        thresholds: str = typer.Option(
+            "0.3,0.5,0.7,1.0,1.5", "--thresholds", help="Comma-separated First-Block-Cache thresholds to profile."
+        ),
         num_prompts: int = typer.Option(8, "--num-prompts", min=2, help="Prompts used for the accuracy estimate."),
         num_seeds: int = typer.Option(16, "--num-seeds", min=3, help="Seeds per prompt for the accuracy estimate."),
-        sp_degrees: str = typer.Option("1,2", "--sp-degrees", help="Comma-separated SP degrees whose t_step to measure (each > 1 runs a real context-parallel group of that many processes)."),
+        sp_degrees: str = typer.Option(
+            "1,2",
+            "--sp-degrees",
+            help="Comma-separated SP degrees whose t_step to measure (each > 1 runs a real context-parallel group of that many processes).",
+        ),
     ) -> None:
         """Measure t_step, effective steps per cache threshold, and exploration accuracy (Spearman ρ vs full rollout)."""
         console = Console(emoji=False, soft_wrap=True)
@@ -35,7 +51,9 @@ def register(app: typer.Typer) -> None:
             ths = [float(t) for t in thresholds.split(",") if t.strip()]
             degrees = [int(d) for d in sp_degrees.split(",") if d.strip()]
             if cfg.model.family != "tiny":
-                raise ValueError(f"`spotlight profile` measures the tiny family only so far (model.family = {cfg.model.family!r}); the planner falls back to uncached full-step exploration without a profile")
+                raise ValueError(
+                    f"`spotlight profile` measures the tiny family only so far (model.family = {cfg.model.family!r}); the planner falls back to uncached full-step exploration without a profile"
+                )
         except (SpotlightError, ValueError) as exc:
             console.print(f"[red]error:[/red] {escape(str(exc))}")
             raise typer.Exit(2)
@@ -51,7 +69,18 @@ def register(app: typer.Typer) -> None:
             from safetensors.torch import load_file
 
             sd = load_file(str(weights))
-        result = run_profile(cfg, embeds, mask, thresholds=ths, num_prompts=num_prompts, num_seeds=num_seeds, state_dict=sd, sp_degrees=degrees, progress=console.print, prompts=prompts)
+        result = run_profile(
+            cfg,
+            embeds,
+            mask,
+            thresholds=ths,
+            num_prompts=num_prompts,
+            num_seeds=num_seeds,
+            state_dict=sd,
+            sp_degrees=degrees,
+            progress=console.print,
+            prompts=prompts,
+        )
         path = out or default_profile_path(cfg)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(result, indent=2))
@@ -61,6 +90,12 @@ def register(app: typer.Typer) -> None:
         for row in result["steps"]:
             acc = row["accuracy"]
             ok = acc is not None and acc >= cfg.planner.min_exploration_accuracy
-            table.add_row(f"{row['cache_threshold']:.3f}", f"{row['effective_steps']:.2f}", f"{row.get('cost_steps', row['effective_steps']):.2f}", "unknown (tied rewards)" if acc is None else f"{acc:.3f}", "yes" if ok else "[red]no (accuracy)[/red]")
+            table.add_row(
+                f"{row['cache_threshold']:.3f}",
+                f"{row['effective_steps']:.2f}",
+                f"{row.get('cost_steps', row['effective_steps']):.2f}",
+                "unknown (tied rewards)" if acc is None else f"{acc:.3f}",
+                "yes" if ok else "[red]no (accuracy)[/red]",
+            )
         console.print(table)
         console.print(f"t_step: {json.dumps(result['t_step_s'])}")

@@ -18,23 +18,39 @@ def register(app: "typer.Typer") -> None:
 
     @app.command("reward-server")
     def reward_server(
-        scorer: Annotated[list[str], typer.Option(
-            "--scorer", "-s",
-            help="NAME[:WEIGHT], repeatable; reward = Σ weight·score. Names: clip, pickscore (= clip), "
-                 "geneval_shapes (strict 0/1 GenEval verdict on shapes-world captions), "
-                 "geneval_shapes_partial (fraction of GenEval clauses that hold), "
-                 "jpeg_compressibility and jpeg_incompressibility (its negative).")] = [],  # noqa: B006 - typer needs a list default
-        clip_path: Annotated[Optional[pathlib.Path], typer.Option(
-            "--clip-path", help="Local CLIPModel directory for clip/pickscore (e.g. a PickScore_v1 download).")] = None,
-        clip_processor_path: Annotated[Optional[pathlib.Path], typer.Option(
-            "--clip-processor-path",
-            help="Processor (image processor + tokenizer) directory when it is not --clip-path "
-                 "(PickScore_v1 uses the processor of LAION's CLIP ViT-H-14 laion2B model).")] = None,
-        device: Annotated[Optional[str], typer.Option(help="Torch device for CLIP (default: cuda if available).")] = None,
+        scorer: Annotated[
+            list[str],
+            typer.Option(
+                "--scorer",
+                "-s",
+                help="NAME[:WEIGHT], repeatable; reward = Σ weight·score. Names: clip, pickscore (= clip), "
+                "geneval_shapes (strict 0/1 GenEval verdict on shapes-world captions), "
+                "geneval_shapes_partial (fraction of GenEval clauses that hold), "
+                "jpeg_compressibility and jpeg_incompressibility (its negative).",
+            ),
+        ] = [],  # noqa: B006 - typer needs a list default
+        clip_path: Annotated[
+            Optional[pathlib.Path],
+            typer.Option(
+                "--clip-path", help="Local CLIPModel directory for clip/pickscore (e.g. a PickScore_v1 download)."
+            ),
+        ] = None,
+        clip_processor_path: Annotated[
+            Optional[pathlib.Path],
+            typer.Option(
+                "--clip-processor-path",
+                help="Processor (image processor + tokenizer) directory when it is not --clip-path "
+                "(PickScore_v1 uses the processor of LAION's CLIP ViT-H-14 laion2B model).",
+            ),
+        ] = None,
+        device: Annotated[
+            Optional[str], typer.Option(help="Torch device for CLIP (default: cuda if available).")
+        ] = None,
         host: Annotated[str, typer.Option(help="Address to bind (no authentication: keep it private).")] = "127.0.0.1",
         port: Annotated[int, typer.Option(min=0, max=65535, help="Port to bind; 0 picks a free one.")] = 18085,
-        max_body_mb: Annotated[float, typer.Option(
-            "--max-body-mb", help="Largest request body in MiB; larger ones get 413 unread.")] = 256.0,
+        max_body_mb: Annotated[
+            float, typer.Option("--max-body-mb", help="Largest request body in MiB; larger ones get 413 unread.")
+        ] = 256.0,
         max_batch: Annotated[int, typer.Option(min=1, help="Most images per request.")] = 512,
         log_level: Annotated[str, typer.Option(help="Python logging level.")] = "info",
     ) -> None:
@@ -76,24 +92,26 @@ def register(app: "typer.Typer") -> None:
         try:
             if uses_clip:
                 with console.status(f"loading CLIP from {clip_path}…"):
-                    multi = build_multi_scorer(weights, clip_path=clip_path,
-                                               clip_processor_path=clip_processor_path, device=device)
+                    multi = build_multi_scorer(
+                        weights, clip_path=clip_path, clip_processor_path=clip_processor_path, device=device
+                    )
             else:
                 multi = build_multi_scorer(weights)
         except SpotlightError as exc:
             fail(str(exc))
 
         def ready(server) -> None:
-            console.print(f"[bold]reward server[/bold] listening on [cyan]{server.url}[/cyan]  "
-                          f"(POST / or /score, GET /health)", highlight=False)
+            console.print(
+                f"[bold]reward server[/bold] listening on [cyan]{server.url}[/cyan]  (POST / or /score, GET /health)",
+                highlight=False,
+            )
             for name, weight in multi.weights.items():
                 console.print(f"  scorer {name:<24} weight {weight:g}", highlight=False)
             if host not in ("127.0.0.1", "localhost", "::1"):
                 console.print("[yellow]note:[/yellow] no authentication: keep this port on a private network")
 
         try:
-            serve(multi, host, port, on_ready=ready, max_body_bytes=int(max_body_mb * 1024 * 1024),
-                  max_batch=max_batch)
+            serve(multi, host, port, on_ready=ready, max_body_bytes=int(max_body_mb * 1024 * 1024), max_batch=max_batch)
         except OSError as exc:
             fail(f"cannot listen on {host}:{port}: {exc}")
         console.print("stopped")

@@ -115,13 +115,23 @@ def render_status(snap: dict, *, max_events: int = EVENT_ROWS):
     elif gone:
         # close() saves a last snapshot with a "finish" event; a killed coordinator leaves the
         # one of its last iteration, so the stop itself came later
-        at = "(not running)" if not saved_at else f"at {saved_at} (not running)" if _saved_at_exit(snap) else f"(not running; last saved at {saved_at})"
+        at = (
+            "(not running)"
+            if not saved_at
+            else f"at {saved_at} (not running)"
+            if _saved_at_exit(snap)
+            else f"(not running; last saved at {saved_at})"
+        )
         where = f"stopped {at}: {done_n}/{total} iterations done"
     elif done_n >= total:
         where = f"{done_n}/{total} iterations done, saving"
     else:
         where = f"iteration {it}/{total} ({done_n} done)"
-    head = Text.assemble(("Spotlight  ", "bold"), f"{where}  {weights}" if gone else f"phase {snap['phase']}  {where}  {weights}", style="yellow" if gone and not snap.get("finished") else "")
+    head = Text.assemble(
+        ("Spotlight  ", "bold"),
+        f"{where}  {weights}" if gone else f"phase {snap['phase']}  {where}  {weights}",
+        style="yellow" if gone and not snap.get("finished") else "",
+    )
     if "elapsed_s" in snap:
         eta = snap.get("eta_s")
         head.append(f"  {'ran' if gone else 'elapsed'} {hms(snap['elapsed_s'])}")
@@ -134,17 +144,26 @@ def render_status(snap: dict, *, max_events: int = EVENT_ROWS):
         parts.append(Text(f"error: {snap['error']}", style="red"))
     elif gone and not snap.get("finished") and _saved_at_exit(snap):
         last = (snap.get("events") or [{}])[-1]
-        if isinstance(last, dict) and last.get("kind") == "finish" and last.get("detail"):  # why it stopped (close() saved it)
+        if (
+            isinstance(last, dict) and last.get("kind") == "finish" and last.get("detail")
+        ):  # why it stopped (close() saved it)
             parts.append(Text(str(last["detail"]), style="yellow"))
     nodes_list = snap["nodes"]
     gpus = snap.get("gpus")
     if gpus is None:  # older snapshot: count the GPUs of nodes that are not dead
         live = [n for n in nodes_list if n["status"] != "dead"]
-        gpus = {"spot": sum(len(n["gpus"]) for n in live if n["spot"]), "reserved": sum(len(n["gpus"]) for n in live if not n["spot"])}
+        gpus = {
+            "spot": sum(len(n["gpus"]) for n in live if n["spot"]),
+            "reserved": sum(len(n["gpus"]) for n in live if not n["spot"]),
+        }
     n_spot = sum(1 for n in nodes_list if n["spot"] and n["status"] != "dead")
     n_res = sum(1 for n in nodes_list if not n["spot"] and n["status"] != "dead")
     when = (f"at {saved_at}" if saved_at else "last seen") if gone else "now"
-    parts.append(Text(f"GPUs {when}: {gpus['spot'] + gpus['reserved']} ({gpus['spot']} spot on {_plural(n_spot, 'node')}, {_reserved_gpus(gpus, n_res)})"))
+    parts.append(
+        Text(
+            f"GPUs {when}: {gpus['spot'] + gpus['reserved']} ({gpus['spot']} spot on {_plural(n_spot, 'node')}, {_reserved_gpus(gpus, n_res)})"
+        )
+    )
     cost = snap.get("cost")
     if cost:
         line = (
@@ -155,15 +174,27 @@ def render_status(snap: dict, *, max_events: int = EVENT_ROWS):
         if cost["all_reserved_usd"] > 0:
             line += f" (spot saves {100 * (1 - cost['total_usd'] / cost['all_reserved_usd']):.0f}%)"
         parts.append(Text(line))
-    nodes = Table(title=f"nodes as last seen{f' at {saved_at}' if saved_at else ''} (not running now)" if gone else "nodes", expand=True)
+    nodes = Table(
+        title=f"nodes as last seen{f' at {saved_at}' if saved_at else ''} (not running now)" if gone else "nodes",
+        expand=True,
+    )
     for col in ("node", "status", "kind", "GPUs", "GPU ids", "workers", "detector", "last seen", "why"):
         nodes.add_column(col)
     for n in nodes_list:
         why = n.get("why", "") if n["status"] != "alive" else ""
         nodes.add_row(
-            Text(str(n["node_id"])), Text(str(n["status"]), style="red" if n["status"] == "dead" else "yellow" if n["status"] == "draining" else ""),
-            "spot" if n["spot"] else "reserved", str(n.get("num_gpus", len(n["gpus"]))), Text(",".join(map(str, n["gpus"]))), str(len(n["workers"])),
-            "ok" if n["detector_healthy"] else Text.assemble(("unhealthy ", "red"), str(n["detector_error"])), Text(f"{n['last_seen_s_ago']}s {'before' if gone else 'ago'}"), Text(str(why)),
+            Text(str(n["node_id"])),
+            Text(
+                str(n["status"]),
+                style="red" if n["status"] == "dead" else "yellow" if n["status"] == "draining" else "",
+            ),
+            "spot" if n["spot"] else "reserved",
+            str(n.get("num_gpus", len(n["gpus"]))),
+            Text(",".join(map(str, n["gpus"]))),
+            str(len(n["workers"])),
+            "ok" if n["detector_healthy"] else Text.assemble(("unhealthy ", "red"), str(n["detector_error"])),
+            Text(f"{n['last_seen_s_ago']}s {'before' if gone else 'ago'}"),
+            Text(str(why)),
         )
     reqs = Table(title="requests", expand=True)
     statuses = sorted({s for c in snap["requests"].values() for s in c})
@@ -177,7 +208,9 @@ def render_status(snap: dict, *, max_events: int = EVENT_ROWS):
     m = snap.get("last_metrics") or {}
     lines = []
     if curve:
-        lines.append(f"reward {sparkline(curve)}  min {min(curve):+.4f}  max {max(curve):+.4f}  last {curve[-1]:+.4f}  ({_plural(len(curve), 'iteration')})")
+        lines.append(
+            f"reward {sparkline(curve)}  min {min(curve):+.4f}  max {max(curve):+.4f}  last {curve[-1]:+.4f}  ({_plural(len(curve), 'iteration')})"
+        )
     else:
         lines.append("reward: no iteration finished yet")
     if m:
@@ -193,7 +226,12 @@ def render_status(snap: dict, *, max_events: int = EVENT_ROWS):
         for col in ("time", "event", "node", "detail"):
             ev.add_column(col)
         for x in events[-max_events:]:
-            ev.add_row(hms(x.get("t_s")), Text(str(x.get("kind", ""))), Text(str(x.get("node", ""))), Text(str(x.get("detail", ""))))
+            ev.add_row(
+                hms(x.get("t_s")),
+                Text(str(x.get("kind", ""))),
+                Text(str(x.get("node", ""))),
+                Text(str(x.get("detail", ""))),
+            )
         parts.append(ev)
     return Group(*parts)
 
@@ -246,7 +284,9 @@ def snapshot_from_run_dir(run_dir: pathlib.Path, note: str, *, running: bool = F
     """
     path = pathlib.Path(run_dir) / "status.json"
     if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: the run saved no status (it ended before its first iteration, or an older Spotlight ran it)")
+        raise FileNotFoundError(
+            f"{path} not found: the run saved no status (it ended before its first iteration, or an older Spotlight ran it)"
+        )
     try:
         snap = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
@@ -269,7 +309,10 @@ def snapshot_from_run_dir(run_dir: pathlib.Path, note: str, *, running: bool = F
     mtime = path.stat().st_mtime
     snap["source"] = f"{note}; showing {path} (written {_clock(mtime)})"
     if not running:
-        start, elapsed = _real(snap.get("started_unix_s")), _real(snap.get("session_elapsed_s", snap.get("elapsed_s")))  # this coordinator's start
+        start, elapsed = (
+            _real(snap.get("started_unix_s")),
+            _real(snap.get("session_elapsed_s", snap.get("elapsed_s"))),
+        )  # this coordinator's start
         snap["running"] = False
         snap["saved_unix_s"] = start + elapsed if start is not None and elapsed is not None else mtime
         if not snap.get("finished"):
@@ -281,7 +324,12 @@ def _pid_running(pid) -> bool:
     import psutil
 
     try:
-        return isinstance(pid, int) and pid > 0 and psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        return (
+            isinstance(pid, int)
+            and pid > 0
+            and psutil.pid_exists(pid)
+            and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        )
     except psutil.Error:
         return False
 
@@ -289,14 +337,29 @@ def _pid_running(pid) -> bool:
 def register(app: typer.Typer) -> None:
     @app.command()
     def status(
-        run_dir_arg: Optional[pathlib.Path] = typer.Argument(None, metavar="RUN_DIR", help="Run directory (same as --run-dir)."),
-        coordinator: Optional[str] = typer.Option(None, "--coordinator", "-c", help="Coordinator endpoint tcp://HOST:PORT (default: read from --run-dir)."),
-        run_dir: Optional[pathlib.Path] = typer.Option(None, "--run-dir", help="Run directory (its coordinator.json names the endpoint; a finished run is shown from its status.json); default: newest under runs/."),
+        run_dir_arg: Optional[pathlib.Path] = typer.Argument(
+            None, metavar="RUN_DIR", help="Run directory (same as --run-dir)."
+        ),
+        coordinator: Optional[str] = typer.Option(
+            None, "--coordinator", "-c", help="Coordinator endpoint tcp://HOST:PORT (default: read from --run-dir)."
+        ),
+        run_dir: Optional[pathlib.Path] = typer.Option(
+            None,
+            "--run-dir",
+            help="Run directory (its coordinator.json names the endpoint; a finished run is shown from its status.json); default: newest under runs/.",
+        ),
         watch: bool = typer.Option(False, "--watch", "-w", help="Refresh continuously (live TUI); Ctrl-C exits."),
         as_json: bool = typer.Option(False, "--json", help="Print the raw snapshot as JSON."),
         interval_s: float = typer.Option(1.0, "--interval-s", min=0.1, help="Refresh period with --watch."),
-        keys: Optional[pathlib.Path] = typer.Option(None, "--keys", envvar="SPOTLIGHT_KEYS", help="Keys directory with server.key and a client key (default: the run directory's keys/, status.local)."),
-        key: Optional[str] = typer.Option(None, "--key", help="Which client key in --keys to use (default: the only status key)."),
+        keys: Optional[pathlib.Path] = typer.Option(
+            None,
+            "--keys",
+            envvar="SPOTLIGHT_KEYS",
+            help="Keys directory with server.key and a client key (default: the run directory's keys/, status.local).",
+        ),
+        key: Optional[str] = typer.Option(
+            None, "--key", help="Which client key in --keys to use (default: the only status key)."
+        ),
     ) -> None:
         """Show a job: progress and ETA, nodes and GPUs, cost, events, reward curve (a running job, or a finished one from its run directory)."""
         console = Console(emoji=False)
@@ -320,7 +383,9 @@ def register(app: typer.Typer) -> None:
                 rd = runs[-1].parent
             meta = pathlib.Path(rd) / "coordinator.json"
             if not pathlib.Path(rd).is_dir():
-                console.print(f"[red]error:[/red] {escape(str(rd))}: {'not a directory' if pathlib.Path(rd).exists() else 'no such directory'}")
+                console.print(
+                    f"[red]error:[/red] {escape(str(rd))}: {'not a directory' if pathlib.Path(rd).exists() else 'no such directory'}"
+                )
                 raise typer.Exit(2)
             if not meta.is_file():
                 console.print(f"[red]error:[/red] {escape(str(meta))} not found: not a Spotlight run directory")
@@ -365,7 +430,9 @@ def register(app: typer.Typer) -> None:
 
         keys_dir = keys or (pathlib.Path(rd) / "keys" if rd is not None else None)
         if keys_dir is None:
-            console.print("[red]error:[/red] --coordinator needs --keys DIR (server.key and a client key; README 'Security model')")
+            console.print(
+                "[red]error:[/red] --coordinator needs --keys DIR (server.key and a client key; README 'Security model')"
+            )
             raise typer.Exit(2)
         try:
             client = load_client_keys(keys_dir, name=key, role=None if key else "status")

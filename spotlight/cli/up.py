@@ -56,7 +56,9 @@ def _record_prompts(rd: pathlib.Path, prompt_set, token_counts: list[int] | None
     except (OSError, ValueError, AttributeError):
         before = None
     if before and before != record["sha256"]:
-        console.print(f"[yellow]warning:[/yellow] {escape(str(prompt_set.path))} changed since this run started (sha256 {before[:12]} → {record['sha256'][:12]})")
+        console.print(
+            f"[yellow]warning:[/yellow] {escape(str(prompt_set.path))} changed since this run started (sha256 {before[:12]} → {record['sha256'][:12]})"
+        )
     if message:
         console.print(f"[yellow]warning:[/yellow] {escape(message)}")
     path.write_text(json.dumps(record, indent=1) + "\n")
@@ -81,18 +83,57 @@ def prepare_keys(keys_dir: pathlib.Path, *, local: bool) -> None:
             add_client(keys_dir, role, name)
 
 
-def _spawn_agent(endpoint: str, gpus: list[int], node_id: str, *, reserved: bool, keys_dir: pathlib.Path, extra: list[str] | None = None) -> subprocess.Popen:
+def _spawn_agent(
+    endpoint: str,
+    gpus: list[int],
+    node_id: str,
+    *,
+    reserved: bool,
+    keys_dir: pathlib.Path,
+    extra: list[str] | None = None,
+) -> subprocess.Popen:
     from spotlight.util.procs import scrubbed_env, spawn_logged
 
     env = scrubbed_env()
-    cmd = [sys.executable, "-m", "agent.main", "join", "--coordinator", endpoint, "--gpus", ",".join(map(str, gpus)), "--node-id", node_id, "--keys", str(keys_dir), "--key", "local"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "agent.main",
+        "join",
+        "--coordinator",
+        endpoint,
+        "--gpus",
+        ",".join(map(str, gpus)),
+        "--node-id",
+        node_id,
+        "--keys",
+        str(keys_dir),
+        "--key",
+        "local",
+    ]
     if reserved:
         cmd.append("--reserved")
     cmd += extra or []
     return spawn_logged(cmd, f"agent-{node_id}", env=env)
 
 
-def resume_command(run_dir: pathlib.Path, *, local: bool, agents: int, gpus_per_agent: int, mock_cloud: str, grace_s: float, spot_nice: int, reserved: str, keys: pathlib.Path | None, verbose: bool, log_level: str, trackers: list[str] | None, spot: bool = True, restart: bool = False) -> str:
+def resume_command(
+    run_dir: pathlib.Path,
+    *,
+    local: bool,
+    agents: int,
+    gpus_per_agent: int,
+    mock_cloud: str,
+    grace_s: float,
+    spot_nice: int,
+    reserved: str,
+    keys: pathlib.Path | None,
+    verbose: bool,
+    log_level: str,
+    trackers: list[str] | None,
+    spot: bool = True,
+    restart: bool = False,
+) -> str:
     """The ``spotlight up --resume RUN_DIR …`` command line that continues an interrupted run
     with the same local layout (the run's own config.toml holds everything else).
 
@@ -103,7 +144,12 @@ def resume_command(run_dir: pathlib.Path, *, local: bool, agents: int, gpus_per_
     import shlex
 
     run_dir = pathlib.Path(run_dir)
-    cmd = ["spotlight", "up", *(["--config", str(run_dir / "config.toml"), "--run-dir"] if restart else ["--resume"]), str(run_dir)]
+    cmd = [
+        "spotlight",
+        "up",
+        *(["--config", str(run_dir / "config.toml"), "--run-dir"] if restart else ["--resume"]),
+        str(run_dir),
+    ]
     if local:
         cmd.append("--local")
     if local and spot:
@@ -154,7 +200,9 @@ def next_command(run_dir: pathlib.Path, *, iterations: int, **layout) -> tuple[s
     run_dir = pathlib.Path(run_dir)
     done = _checkpointed_iterations(run_dir)
     if done is not None:
-        return f"Continue the run from its last complete iteration ({done}/{iterations}) with:", resume_command(run_dir, **layout)
+        return f"Continue the run from its last complete iteration ({done}/{iterations}) with:", resume_command(
+            run_dir, **layout
+        )
     try:
         has_rows = (run_dir / "metrics.jsonl").stat().st_size > 0
     except OSError:
@@ -214,21 +262,41 @@ def _adopt(entry: dict | None):
     return _live_process(int(entry["pid"]), "agent.main")
 
 
-def _check_options(*, mock_cloud: str, reserved: str, trace_mode: str, local: bool = True, agents: int | None = None, timeout_s: float | None = None,
-                   grace_s: float = 20.0, cycle_down_s: float = 5.0, cycle_iteration_s: float | None = None, tracker: list[str] | None = None,
-                   dirs: tuple[tuple[str, pathlib.Path | None], ...] = ()) -> list[str]:
+def _check_options(
+    *,
+    mock_cloud: str,
+    reserved: str,
+    trace_mode: str,
+    local: bool = True,
+    agents: int | None = None,
+    timeout_s: float | None = None,
+    grace_s: float = 20.0,
+    cycle_down_s: float = 5.0,
+    cycle_iteration_s: float | None = None,
+    tracker: list[str] | None = None,
+    dirs: tuple[tuple[str, pathlib.Path | None], ...] = (),
+) -> list[str]:
     """One-line problems with ``spotlight up``'s plain options, found before anything starts
     or is written (an empty list: none). ``dirs``: ``(flag, path)`` of options naming a
     directory (``--run-dir``, ``--keys``): one that exists as something else is refused."""
-    from spotlight.net.endpoints import parse_host_port
     from spotlight.cloud.mock_metadata import CLOUDS
-    from spotlight.traces.replay_plan import TRACE_MODES
     from spotlight.coordinator.tracking import KINDS
+    from spotlight.net.endpoints import parse_host_port
+    from spotlight.traces.replay_plan import TRACE_MODES
 
     problems = []
     if not local:  # options that only mean something for local agents are refused, not ignored
-        problems += [f"{flag} needs --local" for flag, given in (("--agents", agents is not None), ("--mock-cloud", mock_cloud != "none")) if given]
-    for flag, value, zero_ok in (("--timeout-s", timeout_s, False), ("--grace-s", grace_s, True), ("--cycle-down-s", cycle_down_s, False), ("--cycle-iteration-s", cycle_iteration_s, False)):
+        problems += [
+            f"{flag} needs --local"
+            for flag, given in (("--agents", agents is not None), ("--mock-cloud", mock_cloud != "none"))
+            if given
+        ]
+    for flag, value, zero_ok in (
+        ("--timeout-s", timeout_s, False),
+        ("--grace-s", grace_s, True),
+        ("--cycle-down-s", cycle_down_s, False),
+        ("--cycle-iteration-s", cycle_iteration_s, False),
+    ):
         if value is not None and not (value >= 0 if zero_ok else value > 0):  # NaN fails both
             problems.append(f"{flag} {value:g}: must be {'>=' if zero_ok else '>'} 0 seconds")
     if mock_cloud not in (*CLOUDS, "none"):
@@ -239,8 +307,14 @@ def _check_options(*, mock_cloud: str, reserved: str, trace_mode: str, local: bo
         problems.append(str(exc))
     if trace_mode not in TRACE_MODES:
         problems.append(f"--trace-mode {trace_mode}: choose from {', '.join(TRACE_MODES)}")
-    problems += [f"--tracker {t}: choose from {', '.join(KINDS)}, none" for t in tracker or [] if t not in (*KINDS, "none")]
-    problems += [f"{flag} {path}: not a directory" for flag, path in dirs if path is not None and path.exists() and not path.is_dir()]
+    problems += [
+        f"--tracker {t}: choose from {', '.join(KINDS)}, none" for t in tracker or [] if t not in (*KINDS, "none")
+    ]
+    problems += [
+        f"{flag} {path}: not a directory"
+        for flag, path in dirs
+        if path is not None and path.exists() and not path.is_dir()
+    ]
     return problems
 
 
@@ -253,7 +327,9 @@ def patience_handler(alive: Callable[[], int], say: Callable[[str], None]):
             n = alive()
         except Exception:  # a process table read must not break the clean-up
             n = None
-        say(f"still stopping agents, workers and trainers{'' if n is None else f' ({n} process' + ('es' if n != 1 else '') + ')'}, please wait")
+        say(
+            f"still stopping agents, workers and trainers{'' if n is None else f' ({n} process' + ('es' if n != 1 else '') + ')'}, please wait"
+        )
 
     return handler
 
@@ -323,7 +399,9 @@ def _discard_new_run(run_dir: pathlib.Path, fresh: bool) -> None:
     if not fresh:
         return
     for h in logging.getLogger().handlers[:]:  # the run's log files (``_setup_logging``)
-        if isinstance(h, logging.FileHandler) and pathlib.Path(h.baseFilename).is_relative_to(pathlib.Path(run_dir).resolve()):
+        if isinstance(h, logging.FileHandler) and pathlib.Path(h.baseFilename).is_relative_to(
+            pathlib.Path(run_dir).resolve()
+        ):
             logging.getLogger().removeHandler(h)
             h.close()
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -332,34 +410,130 @@ def _discard_new_run(run_dir: pathlib.Path, fresh: bool) -> None:
 def register(app: typer.Typer) -> None:
     @app.command()
     def up(
-        local: bool = typer.Option(False, "--local", help="Also start N spot agents (and the reserved node's rollout agent) on this machine, with CPU 'GPUs'."),
-        agents: Optional[int] = typer.Option(None, "--agents", min=0, help="Number of local spot agents (with --local; default 2)."),
-        gpus_per_agent: int = typer.Option(1, "--gpus-per-agent", min=1, help="Worker 'GPUs' per local spot agent (with --local)."),
-        iterations: Optional[int] = typer.Option(None, "--iterations", min=1, help="Training iterations (overrides run.iterations)."),
-        config: Optional[pathlib.Path] = typer.Option(None, "--config", help="Run config TOML (default: the embedded shapes task, examples/default/)."),
-        run_dir: Optional[pathlib.Path] = typer.Option(None, "--run-dir", help="Output directory (default: runs/<timestamp>)."),
-        reserved: str = typer.Option("127.0.0.1:0", "--reserved", help="HOST:PORT the coordinator listens on for agents (port 0 = any free port)."),
-        timeout_s: Optional[float] = typer.Option(None, "--timeout-s", help="Abort if the run takes longer than this many seconds."),
-        log_level: str = typer.Option("WARNING", "--log-level", help="Log level of the console (INFO shows joins and leases). Every process also logs at INFO to <run-dir>/logs/."),
-        verbose: bool = typer.Option(False, "--verbose", "-v", help="Also echo the logs of agents, workers and trainers (the files in <run-dir>/logs/) to the console."),
-        tracker: Optional[list[str]] = typer.Option(None, "--tracker", help="Experiment tracking (repeatable; overrides run.trackers): tensorboard or wandb (offline; each writes its own folder in the run directory), or none."),
-        mock_cloud: str = typer.Option("none", "--mock-cloud", help="With --local: give each spot agent its own mock metadata server of this cloud (aws, gcp, azure; none = no detector). Notices are then issued through it (local_agents.json lists the control URLs)."),
-        grace_s: float = typer.Option(20.0, "--grace-s", help="With --local: seconds a preempted worker gets to commit in-flight state."),
-        trace: Optional[pathlib.Path] = typer.Option(None, "--trace", help="With --local: replay a spot trace (Bamboo add/remove CSV, Bamboo GCP/AWS count log or SkyPilot spot-traces JSON; e.g. the Bamboo p3 trace in examples/traces/) onto the local spot agents' GPUs, with seeded random placement (paper §6.1)."),
-        time_scale: Optional[float] = typer.Option(None, "--time-scale", min=0.01, help="Trace seconds per wall-clock second (default: stretch the slice over the run's expected length)."),
-        trace_start_s: float = typer.Option(3000.0, "--trace-start-s", min=0.0, help="Start of the replayed trace slice, in trace seconds."),
-        trace_duration_s: float = typer.Option(1800.0, "--trace-duration-s", min=1.0, help="Length of the replayed slice, in trace seconds."),
-        trace_seed: int = typer.Option(0, "--trace-seed", help="Seed of the random placement of trace GPUs onto agents."),
-        trace_mode: str = typer.Option("slice", "--trace-mode", help="slice: replay the --trace-start-s and --trace-duration-s slice of the trace, its GPU count scaled to the local agents' GPUs; full: the whole trace from t=0 unscaled, removals hitting a random node (paper §3.1/§6.1; --agents × --gpus-per-agent must hold its peak)."),
-        preemption_cycles: Optional[int] = typer.Option(None, "--preemption-cycles", min=0, help="With --local, instead of --trace: a synthetic preemption trace (paper Fig. 13) with this many revocation/recovery cycles per iteration, each taking half the spot GPUs for --cycle-down-s seconds."),
-        cycle_down_s: float = typer.Option(5.0, "--cycle-down-s", help="Seconds until a synthetic cycle's revoked GPUs come back (paper: 5)."),
-        cycle_iteration_s: Optional[float] = typer.Option(None, "--cycle-iteration-s", help="Iteration window the synthetic cycles are spread over, in wall seconds (default: the expected iteration time of the embedded default on CPU, 30 s)."),
-        uncapped_exploration: bool = typer.Option(False, "--uncapped-exploration", help="Throughput measurements (paper Fig. 15): no cap on exploration candidates per prompt; spot GPUs stream extra candidates for the whole training window (sets explore.stream_extra and a cap of 1000000 candidates per prompt)."),
-        spot_nice: int = typer.Option(5, "--spot-nice", min=0, max=19, help="With --local: CPU niceness of the simulated spot workers (they share this machine's cores with the trainer)."),
-        keys: Optional[pathlib.Path] = typer.Option(None, "--keys", envvar="SPOTLIGHT_KEYS", help="Coordinator keys directory (server.key_secret + clients/ allow-list; `spotlight keys init`). Default: <run-dir>/keys, created on first use."),
-        resume: Optional[pathlib.Path] = typer.Option(None, "--resume", help="Continue the run in this directory from its last complete iteration (after a crash or kill); its config.toml is used and agents reconnect by themselves."),
-        mode: Optional[str] = typer.Option(None, "--mode", help="Spotlight or a paper baseline (overrides run.mode): spotlight, rlboost, rlboost+explore, verl-omni-spot, reserved-only (the names of `spotlight simulate --policy`)."),
-        resume_existing: bool = typer.Option(False, "--resume-existing", help="With --run-dir: resume it if it already holds a run, else start a new one there (for supervisors such as systemd)."),
+        local: bool = typer.Option(
+            False,
+            "--local",
+            help="Also start N spot agents (and the reserved node's rollout agent) on this machine, with CPU 'GPUs'.",
+        ),
+        agents: Optional[int] = typer.Option(
+            None, "--agents", min=0, help="Number of local spot agents (with --local; default 2)."
+        ),
+        gpus_per_agent: int = typer.Option(
+            1, "--gpus-per-agent", min=1, help="Worker 'GPUs' per local spot agent (with --local)."
+        ),
+        iterations: Optional[int] = typer.Option(
+            None, "--iterations", min=1, help="Training iterations (overrides run.iterations)."
+        ),
+        config: Optional[pathlib.Path] = typer.Option(
+            None, "--config", help="Run config TOML (default: the embedded shapes task, examples/default/)."
+        ),
+        run_dir: Optional[pathlib.Path] = typer.Option(
+            None, "--run-dir", help="Output directory (default: runs/<timestamp>)."
+        ),
+        reserved: str = typer.Option(
+            "127.0.0.1:0",
+            "--reserved",
+            help="HOST:PORT the coordinator listens on for agents (port 0 = any free port).",
+        ),
+        timeout_s: Optional[float] = typer.Option(
+            None, "--timeout-s", help="Abort if the run takes longer than this many seconds."
+        ),
+        log_level: str = typer.Option(
+            "WARNING",
+            "--log-level",
+            help="Log level of the console (INFO shows joins and leases). Every process also logs at INFO to <run-dir>/logs/.",
+        ),
+        verbose: bool = typer.Option(
+            False,
+            "--verbose",
+            "-v",
+            help="Also echo the logs of agents, workers and trainers (the files in <run-dir>/logs/) to the console.",
+        ),
+        tracker: Optional[list[str]] = typer.Option(
+            None,
+            "--tracker",
+            help="Experiment tracking (repeatable; overrides run.trackers): tensorboard or wandb (offline; each writes its own folder in the run directory), or none.",
+        ),
+        mock_cloud: str = typer.Option(
+            "none",
+            "--mock-cloud",
+            help="With --local: give each spot agent its own mock metadata server of this cloud (aws, gcp, azure; none = no detector). Notices are then issued through it (local_agents.json lists the control URLs).",
+        ),
+        grace_s: float = typer.Option(
+            20.0, "--grace-s", help="With --local: seconds a preempted worker gets to commit in-flight state."
+        ),
+        trace: Optional[pathlib.Path] = typer.Option(
+            None,
+            "--trace",
+            help="With --local: replay a spot trace (Bamboo add/remove CSV, Bamboo GCP/AWS count log or SkyPilot spot-traces JSON; e.g. the Bamboo p3 trace in examples/traces/) onto the local spot agents' GPUs, with seeded random placement (paper §6.1).",
+        ),
+        time_scale: Optional[float] = typer.Option(
+            None,
+            "--time-scale",
+            min=0.01,
+            help="Trace seconds per wall-clock second (default: stretch the slice over the run's expected length).",
+        ),
+        trace_start_s: float = typer.Option(
+            3000.0, "--trace-start-s", min=0.0, help="Start of the replayed trace slice, in trace seconds."
+        ),
+        trace_duration_s: float = typer.Option(
+            1800.0, "--trace-duration-s", min=1.0, help="Length of the replayed slice, in trace seconds."
+        ),
+        trace_seed: int = typer.Option(
+            0, "--trace-seed", help="Seed of the random placement of trace GPUs onto agents."
+        ),
+        trace_mode: str = typer.Option(
+            "slice",
+            "--trace-mode",
+            help="slice: replay the --trace-start-s and --trace-duration-s slice of the trace, its GPU count scaled to the local agents' GPUs; full: the whole trace from t=0 unscaled, removals hitting a random node (paper §3.1/§6.1; --agents × --gpus-per-agent must hold its peak).",
+        ),
+        preemption_cycles: Optional[int] = typer.Option(
+            None,
+            "--preemption-cycles",
+            min=0,
+            help="With --local, instead of --trace: a synthetic preemption trace (paper Fig. 13) with this many revocation/recovery cycles per iteration, each taking half the spot GPUs for --cycle-down-s seconds.",
+        ),
+        cycle_down_s: float = typer.Option(
+            5.0, "--cycle-down-s", help="Seconds until a synthetic cycle's revoked GPUs come back (paper: 5)."
+        ),
+        cycle_iteration_s: Optional[float] = typer.Option(
+            None,
+            "--cycle-iteration-s",
+            help="Iteration window the synthetic cycles are spread over, in wall seconds (default: the expected iteration time of the embedded default on CPU, 30 s).",
+        ),
+        uncapped_exploration: bool = typer.Option(
+            False,
+            "--uncapped-exploration",
+            help="Throughput measurements (paper Fig. 15): no cap on exploration candidates per prompt; spot GPUs stream extra candidates for the whole training window (sets explore.stream_extra and a cap of 1000000 candidates per prompt).",
+        ),
+        spot_nice: int = typer.Option(
+            5,
+            "--spot-nice",
+            min=0,
+            max=19,
+            help="With --local: CPU niceness of the simulated spot workers (they share this machine's cores with the trainer).",
+        ),
+        keys: Optional[pathlib.Path] = typer.Option(
+            None,
+            "--keys",
+            envvar="SPOTLIGHT_KEYS",
+            help="Coordinator keys directory (server.key_secret + clients/ allow-list; `spotlight keys init`). Default: <run-dir>/keys, created on first use.",
+        ),
+        resume: Optional[pathlib.Path] = typer.Option(
+            None,
+            "--resume",
+            help="Continue the run in this directory from its last complete iteration (after a crash or kill); its config.toml is used and agents reconnect by themselves.",
+        ),
+        mode: Optional[str] = typer.Option(
+            None,
+            "--mode",
+            help="Spotlight or a paper baseline (overrides run.mode): spotlight, rlboost, rlboost+explore, verl-omni-spot, reserved-only (the names of `spotlight simulate --policy`).",
+        ),
+        resume_existing: bool = typer.Option(
+            False,
+            "--resume-existing",
+            help="With --run-dir: resume it if it already holds a run, else start a new one there (for supervisors such as systemd).",
+        ),
     ) -> None:
         """Post-train a DiT with Flow-GRPO while spot agents explore seeds on stale weights.
 
@@ -368,15 +542,25 @@ def register(app: typer.Typer) -> None:
         if not isinstance(logging.getLevelName(log_level.upper()), int):
             console.print(f"[red]error:[/red] --log-level {escape(log_level)}: expected DEBUG, INFO, WARNING or ERROR")
             raise typer.Exit(2)
-        for problem in _check_options(mock_cloud=mock_cloud, reserved=reserved, trace_mode=trace_mode, local=local, agents=agents, timeout_s=timeout_s,
-                                      grace_s=grace_s, cycle_down_s=cycle_down_s, cycle_iteration_s=cycle_iteration_s, tracker=tracker,
-                                      dirs=(("--run-dir", run_dir), ("--resume", resume), ("--keys", keys))):
+        for problem in _check_options(
+            mock_cloud=mock_cloud,
+            reserved=reserved,
+            trace_mode=trace_mode,
+            local=local,
+            agents=agents,
+            timeout_s=timeout_s,
+            grace_s=grace_s,
+            cycle_down_s=cycle_down_s,
+            cycle_iteration_s=cycle_iteration_s,
+            tracker=tracker,
+            dirs=(("--run-dir", run_dir), ("--resume", resume), ("--keys", keys)),
+        ):
             console.print(f"[red]error:[/red] {escape(problem)}")
             raise typer.Exit(2)
         reserved = reserved.removeprefix("tcp://")  # the coordinator binds tcp://HOST:PORT
         agents_given, agents = agents is not None, 2 if agents is None else agents
         logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-        from spotlight.config import ConfigError, load_config
+        from spotlight.config import load_config
         from spotlight.errors import SpotlightError, plural
 
         overrides = {"run.iterations": iterations} if iterations else {}
@@ -391,19 +575,27 @@ def register(app: typer.Typer) -> None:
             overrides["run.trackers"] = [] if tracker == ["none"] else tracker
         if uncapped_exploration:
             overrides.update({"explore.max_candidates_per_prompt": UNCAPPED_CANDIDATES, "explore.stream_extra": True})
-        if resume is not None and run_dir is not None and pathlib.Path(run_dir).resolve() != pathlib.Path(resume).resolve():
+        if (
+            resume is not None
+            and run_dir is not None
+            and pathlib.Path(run_dir).resolve() != pathlib.Path(resume).resolve()
+        ):
             console.print("[red]error:[/red] --resume names the run directory; do not pass a different --run-dir")
             raise typer.Exit(2)
         if resume is None and resume_existing:
             if run_dir is None:
                 console.print("[red]error:[/red] --resume-existing needs --run-dir")
                 raise typer.Exit(2)
-            if (pathlib.Path(run_dir) / "config.toml").is_file() and (pathlib.Path(run_dir) / "coordinator.json").is_file():
+            if (pathlib.Path(run_dir) / "config.toml").is_file() and (
+                pathlib.Path(run_dir) / "coordinator.json"
+            ).is_file():
                 resume = pathlib.Path(run_dir)
                 config = None  # the run's own config.toml, as with --resume
         if resume is not None:
             if not (pathlib.Path(resume) / "config.toml").is_file():
-                console.print(f"[red]error:[/red] --resume {resume}: no config.toml there; not a Spotlight run directory")
+                console.print(
+                    f"[red]error:[/red] --resume {resume}: no config.toml there; not a Spotlight run directory"
+                )
                 raise typer.Exit(2)
             if config is not None:
                 console.print("[red]error:[/red] --resume uses the run's own config.toml; drop --config")
@@ -426,13 +618,22 @@ def register(app: typer.Typer) -> None:
         except TrackingError as exc:
             console.print(f"[red]error:[/red] {escape(str(exc))}")
             raise typer.Exit(2)
-        rd = run_dir or pathlib.Path("runs") / f"{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
-        fresh = resume is None and (not rd.exists() or (rd.is_dir() and not any(rd.iterdir())))  # this start creates the run directory
+        rd = (
+            run_dir
+            or pathlib.Path("runs") / f"{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+        )
+        fresh = resume is None and (
+            not rd.exists() or (rd.is_dir() and not any(rd.iterdir()))
+        )  # this start creates the run directory
         if (running := _running_coordinator(rd)) is not None:  # before --resume is suggested: it would be refused
-            console.print(f"[red]error:[/red] the run in {rd} is still running (coordinator pid {running}); watch it with [cyan]spotlight status {rd}[/cyan] (stop it with Ctrl-C in its terminal or kill {running})")
+            console.print(
+                f"[red]error:[/red] the run in {rd} is still running (coordinator pid {running}); watch it with [cyan]spotlight status {rd}[/cyan] (stop it with Ctrl-C in its terminal or kill {running})"
+            )
             raise typer.Exit(2)
         if resume is None and (rd / "metrics.jsonl").is_file() and (rd / "metrics.jsonl").stat().st_size > 0:
-            console.print(f"[red]error:[/red] {rd} already holds a run (metrics.jsonl); {escape(_continue_hint(rd))} or choose another --run-dir")
+            console.print(
+                f"[red]error:[/red] {rd} already holds a run (metrics.jsonl); {escape(_continue_hint(rd))} or choose another --run-dir"
+            )
             raise typer.Exit(2)
         if resume is not None:
             import json as _json
@@ -442,7 +643,9 @@ def register(app: typer.Typer) -> None:
             except (OSError, ValueError):
                 old = {}
             if (why := _finished(rd, cfg.run.iterations)) is not None:
-                if resume_existing:  # a supervisor's restart of a finished run: nothing to do, and no failure to restart on
+                if (
+                    resume_existing
+                ):  # a supervisor's restart of a finished run: nothing to do, and no failure to restart on
                     console.print(f"{escape(why.split(';')[0])}: nothing to do")
                     raise typer.Exit(0)
                 console.print(f"[red]error:[/red] {escape(why)}")
@@ -465,7 +668,9 @@ def register(app: typer.Typer) -> None:
             try:
                 RewardFn(cfg.reward).check_prompts(prompts)
             except RewardError as exc:
-                console.print(f"[red]error:[/red] reward.kind = 'geneval_shapes' cannot score the prompts of {cfg.data.prompts_path or 'the GenEval set (examples/default/prompts)'}: {escape(str(exc))}")
+                console.print(
+                    f"[red]error:[/red] reward.kind = 'geneval_shapes' cannot score the prompts of {cfg.data.prompts_path or 'the GenEval set (examples/default/prompts)'}: {escape(str(exc))}"
+                )
                 raise typer.Exit(2)
         if cfg.reward.kind == "http":  # fail fast on an unreachable reward service
             import numpy as np
@@ -473,32 +678,51 @@ def register(app: typer.Typer) -> None:
             from spotlight.rewards.reward_fn import RewardError, RewardFn
 
             try:
-                RewardFn(cfg.reward)(np.zeros((1, 3, cfg.model.image_size, cfg.model.image_size), dtype=np.uint8), [prompts[0]])
+                RewardFn(cfg.reward)(
+                    np.zeros((1, 3, cfg.model.image_size, cfg.model.image_size), dtype=np.uint8), [prompts[0]]
+                )
             except RewardError as exc:
                 console.print(f"[red]error:[/red] reward service check failed: {escape(str(exc))}")
                 raise typer.Exit(2)
         actions = None
         asked_cloud = mock_cloud  # before a replay picks one: what the stop hint repeats
-        replay_flag = "--trace" if trace is not None else "--preemption-cycles" if preemption_cycles is not None else None
-        if trace is not None or preemption_cycles is not None:  # load and check the trace before anything starts or is written
+        replay_flag = (
+            "--trace" if trace is not None else "--preemption-cycles" if preemption_cycles is not None else None
+        )
+        if (
+            trace is not None or preemption_cycles is not None
+        ):  # load and check the trace before anything starts or is written
             flag = replay_flag
             if not local:
                 console.print(f"[red]error:[/red] {flag} needs --local")
                 raise typer.Exit(2)
             if resume is not None:
-                console.print(f"[red]error:[/red] --resume cannot replay a {flag} (the trace driver's state is not checkpointed)")
+                console.print(
+                    f"[red]error:[/red] --resume cannot replay a {flag} (the trace driver's state is not checkpointed)"
+                )
                 raise typer.Exit(2)
             if not cfg.cluster.use_spot:
-                console.print(f"[red]error:[/red] {flag} replays spot capacity, but run.mode = {cfg.run.mode!r} uses no spot GPUs")
+                console.print(
+                    f"[red]error:[/red] {flag} replays spot capacity, but run.mode = {cfg.run.mode!r} uses no spot GPUs"
+                )
                 raise typer.Exit(2)
-            from spotlight.traces.replay_plan import plan_local_replay
             from spotlight.traces.formats import EXPECTED_ITERATION_S
+            from spotlight.traces.replay_plan import plan_local_replay
 
             try:
                 replay = plan_local_replay(
-                    iterations=cfg.run.iterations, agents=agents, gpus_per_agent=gpus_per_agent, trace=trace, trace_mode=trace_mode, time_scale=time_scale,
-                    trace_start_s=trace_start_s, trace_duration_s=trace_duration_s, seed=trace_seed, preemption_cycles=preemption_cycles,
-                    cycle_down_s=cycle_down_s, cycle_iteration_s=cycle_iteration_s if cycle_iteration_s is not None else EXPECTED_ITERATION_S,
+                    iterations=cfg.run.iterations,
+                    agents=agents,
+                    gpus_per_agent=gpus_per_agent,
+                    trace=trace,
+                    trace_mode=trace_mode,
+                    time_scale=time_scale,
+                    trace_start_s=trace_start_s,
+                    trace_duration_s=trace_duration_s,
+                    seed=trace_seed,
+                    preemption_cycles=preemption_cycles,
+                    cycle_down_s=cycle_down_s,
+                    cycle_iteration_s=cycle_iteration_s if cycle_iteration_s is not None else EXPECTED_ITERATION_S,
                 )
             except OSError as exc:
                 console.print(f"[red]error:[/red] --trace {escape(str(trace))}: {escape(exc.strerror or str(exc))}")
@@ -512,13 +736,21 @@ def register(app: typer.Typer) -> None:
             for note in replay.notes:
                 console.print(note)
         if agents_given and local and not cfg.cluster.use_spot:
-            console.print(f"[yellow]warning:[/yellow] --agents {agents} is ignored: run.mode = {cfg.run.mode!r} uses no spot GPUs, so no spot agent starts")
+            console.print(
+                f"[yellow]warning:[/yellow] --agents {agents} is ignored: run.mode = {cfg.run.mode!r} uses no spot GPUs, so no spot agent starts"
+            )
         if uncapped_exploration and not (cfg.explore.active and cfg.explore.mode == "stale"):
-            console.print(f"[yellow]warning:[/yellow] --uncapped-exploration streams extra candidates only with explore.mode = 'stale' (this run: {cfg.explore.mode if cfg.explore.active else 'off'})")
-        console.print(f"[bold]Spotlight[/bold] run dir [cyan]{rd}[/cyan]  ({plural(cfg.run.iterations, 'iteration')}, {cfg.data.prompts_per_iteration}×{cfg.data.group_size} samples/iteration)")
+            console.print(
+                f"[yellow]warning:[/yellow] --uncapped-exploration streams extra candidates only with explore.mode = 'stale' (this run: {cfg.explore.mode if cfg.explore.active else 'off'})"
+            )
+        console.print(
+            f"[bold]Spotlight[/bold] run dir [cyan]{rd}[/cyan]  ({plural(cfg.run.iterations, 'iteration')}, {cfg.data.prompts_per_iteration}×{cfg.data.group_size} samples/iteration)"
+        )
         console.print(escape(prompt_set.summary()))
         if len(prompts) < cfg.data.prompts_per_iteration:
-            console.print(f"[yellow]warning:[/yellow] {len(prompts)} prompts for data.prompts_per_iteration = {cfg.data.prompts_per_iteration}: the same prompts repeat within every batch")
+            console.print(
+                f"[yellow]warning:[/yellow] {len(prompts)} prompts for data.prompts_per_iteration = {cfg.data.prompts_per_iteration}: the same prompts repeat within every batch"
+            )
         if not verbose:  # the console shows progress lines only: no library loading bars
             os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
             try:
@@ -538,7 +770,9 @@ def register(app: typer.Typer) -> None:
                 token_counts = get_family(cfg.model).prompt_token_counts(prompts)
                 cond = cached_conditioning(get_family(cfg.model), prompts, _cache_dir())
             except (ModelLoadError, OSError, ValueError) as exc:
-                console.print(f"[red]error:[/red] cannot encode prompts with model.family = {cfg.model.family!r} from {cfg.model.pretrained_path or '(built in)'}: {escape(str(exc))}")
+                console.print(
+                    f"[red]error:[/red] cannot encode prompts with model.family = {cfg.model.family!r} from {cfg.model.pretrained_path or '(built in)'}: {escape(str(exc))}"
+                )
                 raise typer.Exit(2)
         from spotlight.net.security import KeysError, load_server_keys
 
@@ -554,9 +788,23 @@ def register(app: typer.Typer) -> None:
         import zmq
 
         try:
-            coord = Coordinator(cfg, rd, bind=f"tcp://{reserved}", keys=server_keys, prompts=prompts, cond=cond, progress=console.print, resume=resume is not None, trackers=cfg.run.trackers)
+            coord = Coordinator(
+                cfg,
+                rd,
+                bind=f"tcp://{reserved}",
+                keys=server_keys,
+                prompts=prompts,
+                cond=cond,
+                progress=console.print,
+                resume=resume is not None,
+                trackers=cfg.run.trackers,
+            )
         except (SpotlightError, zmq.ZMQError) as exc:
-            why = f"cannot listen on {reserved}: {zmq.strerror(exc.errno).lower()}" if isinstance(exc, zmq.ZMQError) else str(exc)
+            why = (
+                f"cannot listen on {reserved}: {zmq.strerror(exc.errno).lower()}"
+                if isinstance(exc, zmq.ZMQError)
+                else str(exc)
+            )
             console.print(f"[red]error:[/red] {escape(why)}")
             _discard_new_run(rd, fresh)
             raise typer.Exit(2)
@@ -572,7 +820,20 @@ def register(app: typer.Typer) -> None:
         stop = {"sig": None}
         signal.signal(signal.SIGTERM, lambda s, f: stop.update(sig=s) or (_ for _ in ()).throw(KeyboardInterrupt()))
         signal.signal(signal.SIGHUP, signal.getsignal(signal.SIGTERM))  # the terminal closed: stop as on SIGTERM
-        layout = dict(local=local, agents=agents, gpus_per_agent=gpus_per_agent, mock_cloud=asked_cloud, grace_s=grace_s, spot_nice=spot_nice, reserved=reserved, keys=keys, verbose=verbose, log_level=log_level, trackers=tracker, spot=cfg.cluster.use_spot)
+        layout = dict(
+            local=local,
+            agents=agents,
+            gpus_per_agent=gpus_per_agent,
+            mock_cloud=asked_cloud,
+            grace_s=grace_s,
+            spot_nice=spot_nice,
+            reserved=reserved,
+            keys=keys,
+            verbose=verbose,
+            log_level=log_level,
+            trackers=tracker,
+            spot=cfg.cluster.use_spot,
+        )
         interrupted = failed = False
         try:
             coord.start_trainers()
@@ -601,7 +862,13 @@ def register(app: typer.Typer) -> None:
                         continue
                     # simulated spot GPUs share this machine's cores with the trainer: run them
                     # at lower CPU priority so the reserved side trains as if they were separate (nice 5)
-                    extra = ["--grace-s", str(grace_s), "--nice", str(spot_nice), "--warm-spare" if cfg.cluster.warm_spare else "--no-warm-spare"]
+                    extra = [
+                        "--grace-s",
+                        str(grace_s),
+                        "--nice",
+                        str(spot_nice),
+                        "--warm-spare" if cfg.cluster.warm_spare else "--no-warm-spare",
+                    ]
                     entry = {"spot": True, "gpus": list(range(gpus_per_agent))}
                     if mock_cloud != "none":
                         from spotlight.cloud.mock_metadata import MockMetadataServer
@@ -610,37 +877,78 @@ def register(app: typer.Typer) -> None:
                         mocks.append(mock)
                         extra += ["--cloud", mock_cloud, "--metadata-url", mock.url, "--poll-interval-s", "0.5"]
                         entry.update(cloud=mock_cloud, metadata_url=mock.url, control_url=mock.control_url)
-                    procs.append(_spawn_agent(endpoint, list(range(gpus_per_agent)), f"spot-{a}", reserved=False, keys_dir=keys_dir, extra=extra))
+                    procs.append(
+                        _spawn_agent(
+                            endpoint,
+                            list(range(gpus_per_agent)),
+                            f"spot-{a}",
+                            reserved=False,
+                            keys_dir=keys_dir,
+                            extra=extra,
+                        )
+                    )
                     entry["pid"] = procs[-1].pid
                     listing[f"spot-{a}"] = entry
                 listing_doc = {"coordinator": endpoint, "state_dir": str(state_root.resolve()), "agents": listing}
                 (rd / "local_agents.json").write_text(_json.dumps(listing_doc, indent=2))
                 if adopted:
-                    console.print(f"{plural(len(adopted), 'local agent')} of the previous coordinator {'is' if len(adopted) == 1 else 'are'} still running: they reconnect by themselves and keep their workers")
+                    console.print(
+                        f"{plural(len(adopted), 'local agent')} of the previous coordinator {'is' if len(adopted) == 1 else 'are'} still running: they reconnect by themselves and keep their workers"
+                    )
                 if actions is not None:
                     from spotlight.traces.driver import TraceDriver
 
-                    driver = TraceDriver(actions, coordinator=endpoint, keys_dir=keys_dir, cloud=mock_cloud, grace_s=grace_s, listing=listing_doc, listing_path=rd / "local_agents.json", nice=spot_nice, warm_spare=cfg.cluster.warm_spare,
-                                         node_ready=coord.node_registered)
+                    driver = TraceDriver(
+                        actions,
+                        coordinator=endpoint,
+                        keys_dir=keys_dir,
+                        cloud=mock_cloud,
+                        grace_s=grace_s,
+                        listing=listing_doc,
+                        listing_path=rd / "local_agents.json",
+                        nice=spot_nice,
+                        warm_spare=cfg.cluster.warm_spare,
+                        node_ready=coord.node_registered,
+                    )
                     driver.start()
             else:
                 port = coord.endpoint.rsplit(":", 1)[1]
                 console.print(
-                    ("waiting for agents: those of the earlier coordinator reconnect by themselves. To add a node, give it a key: " if resume is not None else "waiting for agents. Give each spot node a key: ")
+                    (
+                        "waiting for agents: those of the earlier coordinator reconnect by themselves. To add a node, give it a key: "
+                        if resume is not None
+                        else "waiting for agents. Give each spot node a key: "
+                    )
                     + f"[cyan]spotlight keys add {keys_dir} agent NODE[/cyan], copy "
                     f"[cyan]{keys_dir}/server.key[/cyan] and [cyan]{keys_dir}/agent.NODE.key_secret[/cyan] to the node's keys directory, then run "
                     f"[cyan]spotlight-agent join --coordinator <this-host>:{port} --keys DIR --gpus 0[/cyan]"
                 )
             t0 = time.monotonic()
             coord.serve(timeout_s=timeout_s)
-            console.print(f"[green]done[/green] in {time.monotonic() - t0:.0f}s: metrics {rd / 'metrics.jsonl'}, model {rd / 'final'}, curve {rd / 'reward_curve.png'}")
-            console.print(f"next: [cyan]spotlight eval --run-dir {rd}[/cyan] scores the base and the trained model on held-out prompts; [cyan]spotlight status {rd}[/cyan] shows the run's summary")
+            console.print(
+                f"[green]done[/green] in {time.monotonic() - t0:.0f}s: metrics {rd / 'metrics.jsonl'}, model {rd / 'final'}, curve {rd / 'reward_curve.png'}"
+            )
+            console.print(
+                f"next: [cyan]spotlight eval --run-dir {rd}[/cyan] scores the base and the trained model on held-out prompts; [cyan]spotlight status {rd}[/cyan] shows the run's summary"
+            )
         except KeyboardInterrupt:
             interrupted = True
             # a second Ctrl-C must not cut the clean-up short, but it gets an answer
-            signal.signal(signal.SIGINT, patience_handler(lambda: sum(p.poll() is None for p in [*procs, *coord.train_procs, *(driver.procs if driver is not None else [])]) + sum(p.is_running() for p in adopted), console.print))
+            signal.signal(
+                signal.SIGINT,
+                patience_handler(
+                    lambda: (
+                        sum(
+                            p.poll() is None
+                            for p in [*procs, *coord.train_procs, *(driver.procs if driver is not None else [])]
+                        )
+                        + sum(p.is_running() for p in adopted)
+                    ),
+                    console.print,
+                ),
+            )
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            sig = 'SIGTERM' if stop['sig'] == signal.SIGTERM else 'SIGHUP' if stop['sig'] == signal.SIGHUP else 'Ctrl-C'
+            sig = "SIGTERM" if stop["sig"] == signal.SIGTERM else "SIGHUP" if stop["sig"] == signal.SIGHUP else "Ctrl-C"
             coord.stop_reason = f"interrupted: {sig}"
             console.print(f"[yellow]interrupted[/yellow] ({sig}): stopping agents, workers and trainers…")
             raise typer.Exit(130)
@@ -684,6 +992,8 @@ def register(app: typer.Typer) -> None:
                 m.stop()
             if interrupted or failed:  # after coord.close(): the checkpoints on disk are final
                 sentence, command = next_command(rd, iterations=cfg.run.iterations, **layout)
-                console.print(f"{'stopped. ' if interrupted else ''}{escape(sentence)}\n  [cyan]{escape(command)}[/cyan]")
+                console.print(
+                    f"{'stopped. ' if interrupted else ''}{escape(sentence)}\n  [cyan]{escape(command)}[/cyan]"
+                )
                 if (note := replay_note(replay_flag, command)) is not None:
                     console.print(escape(note))

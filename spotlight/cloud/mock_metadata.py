@@ -47,8 +47,7 @@ DEFAULT_LEAD_S = {"aws": 120.0, "gcp": 0.0, "azure": 30.0}
 # "drop": close the connection without answering.  "trickle": answer 200 with a large
 # Content-Length, then send one byte every `trickle_interval_s` until the client hangs up or the
 # server stops.  Others: next `count` reads get that answer.
-FAULT_KINDS = ("400", "401", "401-always", "403", "429", "503", "hang", "malformed", "drop", "token-hang",
-               "trickle")
+FAULT_KINDS = ("400", "401", "401-always", "403", "429", "503", "hang", "malformed", "drop", "token-hang", "trickle")
 GCP_MAINTENANCE_VALUES = ("NONE", "MIGRATE_ON_HOST_MAINTENANCE", "TERMINATE_ON_HOST_MAINTENANCE")
 CONTROL_PREFIX = "/_spotlight/"
 
@@ -99,8 +98,15 @@ class MockMetadataServer:
     give the detector.  Thread-safe: tests drive it from any thread.
     """
 
-    def __init__(self, cloud: str, host: str = "127.0.0.1", port: int = 0, *,
-                 vm_name: str = "spot-vm-0", imdsv2_required: bool = True) -> None:
+    def __init__(
+        self,
+        cloud: str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        vm_name: str = "spot-vm-0",
+        imdsv2_required: bool = True,
+    ) -> None:
         if cloud not in CLOUDS:
             raise ValueError(f"unknown cloud {cloud!r}: expected one of {', '.join(CLOUDS)}")
         self.cloud, self.host, self.port = cloud, host, port
@@ -145,8 +151,12 @@ class MockMetadataServer:
     def start(self) -> "MockMetadataServer":
         self._server = _Server((self.host, self.port), _Handler)
         self._server.mock = self
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name=f"mock-metadata-{self.cloud}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name=f"mock-metadata-{self.cloud}",
+            daemon=True,
+        )
         self._thread.start()
         return self
 
@@ -169,9 +179,15 @@ class MockMetadataServer:
         self.stop()
 
     # -- scenario controls -----------------------------------------------------------------
-    def issue_notice(self, *, lead_time_s: float | None = None, action: str | None = None,
-                     event_id: str | None = None, resources: list[str] | None = None,
-                     pinned: bool = True) -> None:
+    def issue_notice(
+        self,
+        *,
+        lead_time_s: float | None = None,
+        action: str | None = None,
+        event_id: str | None = None,
+        resources: list[str] | None = None,
+        pinned: bool = True,
+    ) -> None:
         """Start a preemption notice, ``lead_time_s`` (seconds) before the action.
 
         AWS: instance-action ``{"action": action or "terminate", "time": now + lead}`` (default
@@ -184,20 +200,24 @@ class MockMetadataServer:
         now = self.clock()
         with self._cond:
             if self.cloud == "aws":
-                self._action = {"action": action or "terminate", "lead": lead,
-                                "time": (now + lead) if pinned else None}
+                self._action = {"action": action or "terminate", "lead": lead, "time": (now + lead) if pinned else None}
             elif self.cloud == "gcp":
                 if not self._preempted:
                     self._preempted, self._etag = True, secrets.token_hex(8)
             else:
-                self._events.append({
-                    "EventId": event_id or str(uuid.uuid4()).upper(),
-                    "EventType": action or "Preempt", "ResourceType": "VirtualMachine",
-                    "Resources": list(resources) if resources is not None else [self.vm_name],
-                    "EventStatus": "Scheduled",
-                    "NotBefore": email.utils.formatdate(now + lead, usegmt=True),
-                    "Description": "Spot eviction (spotlight mock)", "EventSource": "Platform",
-                    "DurationInSeconds": -1})
+                self._events.append(
+                    {
+                        "EventId": event_id or str(uuid.uuid4()).upper(),
+                        "EventType": action or "Preempt",
+                        "ResourceType": "VirtualMachine",
+                        "Resources": list(resources) if resources is not None else [self.vm_name],
+                        "EventStatus": "Scheduled",
+                        "NotBefore": email.utils.formatdate(now + lead, usegmt=True),
+                        "Description": "Spot eviction (spotlight mock)",
+                        "EventSource": "Platform",
+                        "DurationInSeconds": -1,
+                    }
+                )
                 self._incarnation += 1
             self._cond.notify_all()
 
@@ -210,7 +230,9 @@ class MockMetadataServer:
         if self.cloud != "gcp":
             raise ValueError("instance/maintenance-event exists only on gcp")
         if value not in GCP_MAINTENANCE_VALUES:
-            raise ValueError(f"unknown maintenance-event {value!r}: expected one of {', '.join(GCP_MAINTENANCE_VALUES)}")
+            raise ValueError(
+                f"unknown maintenance-event {value!r}: expected one of {', '.join(GCP_MAINTENANCE_VALUES)}"
+            )
         with self._cond:
             if value != self._maintenance:
                 self._maintenance, self._maint_etag = value, secrets.token_hex(8)
@@ -253,15 +275,20 @@ class MockMetadataServer:
 
     def state(self) -> dict[str, Any]:
         with self._cond:
-            return {"cloud": self.cloud, "requests_seen": self.requests_seen,
-                    "tokens_issued": self.tokens_issued, "acknowledged": list(self.acknowledged),
-                    "aws_action": dict(self._action) if self._action else None,
-                    "aws_rebalance_time": self._rebalance_time,
-                    "gcp_preempted": self._preempted, "gcp_etag": self._etag,
-                    "gcp_maintenance_event": self._maintenance,
-                    "azure_incarnation": self._incarnation,
-                    "azure_events": [dict(e) for e in self._events],
-                    "pending_faults": [list(f) for f in self._faults]}
+            return {
+                "cloud": self.cloud,
+                "requests_seen": self.requests_seen,
+                "tokens_issued": self.tokens_issued,
+                "acknowledged": list(self.acknowledged),
+                "aws_action": dict(self._action) if self._action else None,
+                "aws_rebalance_time": self._rebalance_time,
+                "gcp_preempted": self._preempted,
+                "gcp_etag": self._etag,
+                "gcp_maintenance_event": self._maintenance,
+                "azure_incarnation": self._incarnation,
+                "azure_events": [dict(e) for e in self._events],
+                "pending_faults": [list(f) for f in self._faults],
+            }
 
     # -- request handling ------------------------------------------------------------------
     def _take_fault(self, token_put: bool) -> str | None:
@@ -282,7 +309,7 @@ class MockMetadataServer:
         fault: str | None = None
         try:
             if parts.path.startswith(CONTROL_PREFIX):
-                raise self._control(method, parts.path[len(CONTROL_PREFIX):], body)
+                raise self._control(method, parts.path[len(CONTROL_PREFIX) :], body)
             with self._cond:
                 self.requests_seen += 1
             is_put = self.cloud == "aws" and method == "PUT"
@@ -352,8 +379,9 @@ class MockMetadataServer:
             if method == "GET" and cmd == "state":
                 pass
             elif method == "POST" and cmd == "notice":
-                self.issue_notice(**{k: args[k] for k in ("lead_time_s", "action", "event_id",
-                                                          "resources", "pinned") if k in args})
+                self.issue_notice(
+                    **{k: args[k] for k in ("lead_time_s", "action", "event_id", "resources", "pinned") if k in args}
+                )
             elif method == "POST" and cmd == "maintenance":
                 self.set_maintenance(str(args.get("value", "TERMINATE_ON_HOST_MAINTENANCE")))
             elif method == "POST" and cmd == "rebalance":
@@ -408,10 +436,10 @@ class MockMetadataServer:
             raise _Reply(403, "Missing Metadata-Flavor: Google header", headers=hdrs)
         if method != "GET":
             raise _Reply(405, "Method Not Allowed", headers=hdrs)
-        keys = {"/computeMetadata/v1/instance/preempted":
-                lambda: ("TRUE" if self._preempted else "FALSE", self._etag),
-                "/computeMetadata/v1/instance/maintenance-event":
-                lambda: (self._maintenance, self._maint_etag)}
+        keys = {
+            "/computeMetadata/v1/instance/preempted": lambda: ("TRUE" if self._preempted else "FALSE", self._etag),
+            "/computeMetadata/v1/instance/maintenance-event": lambda: (self._maintenance, self._maint_etag),
+        }
         read = keys.get(path)
         if read is None:
             raise _Reply(404, "not found", headers=hdrs)
@@ -431,11 +459,15 @@ class MockMetadataServer:
     def _azure(self, h: _Handler, method: str, path: str, query: dict[str, str], body: str) -> None:
         if path == "/metadata/instance/compute/name":
             if h.headers.get("Metadata") != "true" or h.headers.get("X-Forwarded-For"):
-                raise _Reply(400, json.dumps({"error": "Bad request. Required metadata header not specified"}),
-                             "application/json")
+                raise _Reply(
+                    400,
+                    json.dumps({"error": "Bad request. Required metadata header not specified"}),
+                    "application/json",
+                )
             if not query.get("api-version"):
-                raise _Reply(400, json.dumps({"error": "Bad request. api-version was not specified"}),
-                             "application/json")
+                raise _Reply(
+                    400, json.dumps({"error": "Bad request. api-version was not specified"}), "application/json"
+                )
             if method != "GET":
                 raise _Reply(405, "Method Not Allowed")
             if query.get("format") == "text":
@@ -444,17 +476,18 @@ class MockMetadataServer:
         if path != "/metadata/scheduledevents":
             return
         if h.headers.get("Metadata") != "true" or h.headers.get("X-Forwarded-For"):
-            raise _Reply(400, json.dumps({"error": "Bad request. Required metadata header not specified"}),
-                         "application/json")
+            raise _Reply(
+                400, json.dumps({"error": "Bad request. Required metadata header not specified"}), "application/json"
+            )
         if not query.get("api-version"):
-            raise _Reply(400, json.dumps({"error": "Bad request. api-version was not specified"}),
-                         "application/json")
+            raise _Reply(400, json.dumps({"error": "Bad request. api-version was not specified"}), "application/json")
         if method == "POST":
             try:
                 ids = [str(r["EventId"]) for r in json.loads(body)["StartRequests"]]
             except (ValueError, KeyError, TypeError):
-                raise _Reply(400, json.dumps({"error": "Bad request. Invalid StartRequests"}),
-                             "application/json") from None
+                raise _Reply(
+                    400, json.dumps({"error": "Bad request. Invalid StartRequests"}), "application/json"
+                ) from None
             with self._cond:
                 self.acknowledged.extend(ids)
                 for ev in self._events:

@@ -39,6 +39,7 @@ import math
 import os
 import pathlib
 import random
+import re
 import secrets
 import socket
 import subprocess
@@ -46,38 +47,64 @@ import sys
 import time
 from typing import Callable, Sequence
 
-import re
-
 import msgspec
 import numpy as np
 import torch
 
 from spotlight import protocol as P
-from spotlight.errors import SpotlightError
-from spotlight.core.events import EventLog, cost_summary, eta_s
-from spotlight.util.procs import scrubbed_env, spawn_logged
-from spotlight.net.security import Principal, ServerKeys, ephemeral_client, init_keys, load_server_keys, reload_allow_list, write_client_file
+from spotlight.config import SpotlightConfig, dump_config
+from spotlight.coordinator.recorder import RunRecorder
 from spotlight.coordinator.server import PUBLIC, TRAINER, ControlServer, Inbound
-from spotlight.config import SpotlightConfig, config_to_dict, dump_config
+from spotlight.core.events import EventLog, cost_summary, eta_s
 from spotlight.core.instance_manager import InstanceManager, cost_metrics
-from spotlight.core.iteration import CoreObservation, IterationCore, IterationDone, IterationSettings, StartSaving, StartTraining
+from spotlight.core.iteration import (
+    CoreObservation,
+    IterationCore,
+    IterationDone,
+    IterationSettings,
+    StartSaving,
+    StartTraining,
+)
 from spotlight.core.planner import Action, Planner, PlannerConfig, StepOption, no_fit_message, step_time_gpu_s
-from spotlight.studies.profiling import load_profile
-from spotlight.core.request_scheduler import RequestKind, RequestScheduler, RequestStatus, lost_steps
-from spotlight.rewards.reward_fn import RewardError, RewardFn
+from spotlight.core.request_scheduler import RequestKind, RequestScheduler, lost_steps
+from spotlight.core.seed_bank import SeedBank
+from spotlight.errors import SpotlightError
 from spotlight.models.lora import lora_spec
+from spotlight.net.security import (
+    Principal,
+    ServerKeys,
+    ephemeral_client,
+    init_keys,
+    load_server_keys,
+    reload_allow_list,
+    write_client_file,
+)
+from spotlight.rewards.reward_fn import RewardFn
 from spotlight.rl.grpo import group_advantages
 from spotlight.rl.sampler import Conditioning
-from spotlight.core.seed_bank import SeedBank
 from spotlight.store.checkpoint import train_checkpoint_dir
-from spotlight.coordinator.recorder import RunRecorder
 from spotlight.store.tensor_store import TensorStore, check_key
 from spotlight.store.tensor_wire import pack_tensors, unpack_tensors
 from spotlight.store.weight_sync import WeightSyncError, check_safetensors_file, fetch_replies
+from spotlight.studies.profiling import load_profile
+from spotlight.util.procs import scrubbed_env, spawn_logged
 
 log = logging.getLogger("spotlight.coordinator")
 
-AGENT_MESSAGES = frozenset({P.MsgType.REGISTER, P.MsgType.HEARTBEAT, P.MsgType.PULL, P.MsgType.RESULT, P.MsgType.COMMIT, P.MsgType.FAIL, P.MsgType.FETCH_WEIGHTS, P.MsgType.FETCH_STATE, P.MsgType.NOTICE, P.MsgType.BYE})
+AGENT_MESSAGES = frozenset(
+    {
+        P.MsgType.REGISTER,
+        P.MsgType.HEARTBEAT,
+        P.MsgType.PULL,
+        P.MsgType.RESULT,
+        P.MsgType.COMMIT,
+        P.MsgType.FAIL,
+        P.MsgType.FETCH_WEIGHTS,
+        P.MsgType.FETCH_STATE,
+        P.MsgType.NOTICE,
+        P.MsgType.BYE,
+    }
+)
 """What an ``agent`` / ``reserved`` key may send (besides STATUS_REQUEST, open to every role)."""
 NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 STATE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
@@ -191,7 +218,12 @@ class Coordinator:
             raise ValueError(f"conditioning has {len(cond)} rows for {len(prompts)} prompts")
         self.cond = cond
         self.progress = progress
-        self.server = ControlServer(bind, keys, max_message_bytes=cfg.cluster.max_message_bytes, trainer_max_message_bytes=max(cfg.cluster.weight_chunk_bytes, P.MAX_BODY_BYTES) + FRAME_OVERHEAD_BYTES)
+        self.server = ControlServer(
+            bind,
+            keys,
+            max_message_bytes=cfg.cluster.max_message_bytes,
+            trainer_max_message_bytes=max(cfg.cluster.weight_chunk_bytes, P.MAX_BODY_BYTES) + FRAME_OVERHEAD_BYTES,
+        )
         self.endpoint = self.server.endpoint
         self.peers: dict[bytes, Peer] = {}
         self.node_route: dict[str, bytes] = {}  # node id -> routing id of its current connection
@@ -202,11 +234,15 @@ class Coordinator:
         self._allow_list_mtime = 0.0
         self.sched = RequestScheduler(cfg.cluster.lease_timeout_s)
         self.instances = InstanceManager(cfg.cluster.heartbeat_timeout_s)
-        self._clashes: set[tuple[str, str, str]] = set()  # (node id, holder's, claimant's instance id) refused and logged
+        self._clashes: set[tuple[str, str, str]] = (
+            set()
+        )  # (node id, holder's, claimant's instance id) refused and logged
         self.store = TensorStore(self.run_dir / "tensor_store", memory_max_bytes=cfg.cluster.weight_memory_max_bytes)
         self.seed_bank = SeedBank(cfg.run.seed, cfg.data.group_size)
         self.reward_fn = RewardFn(cfg.reward)
-        self.reward_pool = concurrent.futures.ThreadPoolExecutor(max_workers=cfg.reward.num_threads, thread_name_prefix="reward")
+        self.reward_pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=cfg.reward.num_threads, thread_name_prefix="reward"
+        )
         self.reward_jobs: list[tuple] = []  # (future | None, request ids, images, prompts[, retry_at])
         self._reward_failures = 0
         self._reward_failing_since: float | None = None
@@ -231,10 +267,14 @@ class Coordinator:
         # ---- exploration planning (paper §4.3)
         self.profile = load_profile(cfg)
         self.t_step_s: float | None = self.profile.t_step_s if self.profile else None
-        self.step_wall_s: float | None = None  # EMA of a batch's wall seconds per denoising step (for spot/work_lost_steps)
+        self.step_wall_s: float | None = (
+            None  # EMA of a batch's wall seconds per denoising step (for spot/work_lost_steps)
+        )
         self.planner: Planner | None = None
         if cfg.explore.active and cfg.explore.planner == "bandit" and cfg.num_explored_prompts > 0:
-            options = self.profile.step_options() if self.profile else [StepOption(0.0, float(cfg.sampler.num_steps), 1.0)]
+            options = (
+                self.profile.step_options() if self.profile else [StepOption(0.0, float(cfg.sampler.num_steps), 1.0)]
+            )
             pc = cfg.planner
             self.planner = Planner(
                 PlannerConfig(
@@ -279,7 +319,9 @@ class Coordinator:
         # honest accounting (issue 12): the Train Workers' reserved GPUs (rank r uses GPU r on
         # this host) are billed for the whole run; a colocated reserved Rollout Worker on the
         # same GPU (a reserved agent of this host) shares it and is not billed twice
-        self.instances.hold("trainers", list(range(cfg.train.num_train_workers)), self.t_start, host=socket.gethostname())
+        self.instances.hold(
+            "trainers", list(range(cfg.train.num_train_workers)), self.t_start, host=socket.gethostname()
+        )
         self._requests_done = 0  # rollout + exploration requests completed (this coordinator)
         self._requests_done_at_row = 0
         self.elapsed_before_s = 0.0  # run time of earlier coordinators of this run (resume)
@@ -288,11 +330,27 @@ class Coordinator:
             self._restore(time.monotonic())
         else:
             self.sched.start_epoch(self.recorder.epoch)
-        self._iterations_before_start = len(self.history)  # done by an earlier coordinator (resume): not in this one's ETA
+        self._iterations_before_start = len(
+            self.history
+        )  # done by an earlier coordinator (resume): not in this one's ETA
         from spotlight.coordinator.tracking import open_trackers
 
-        self.tracker = open_trackers(trackers, self.run_dir, config_text=(self.run_dir / "config.toml").read_text(), first_step=self.iteration + 1)
-        (self.run_dir / "coordinator.json").write_text(json.dumps({"endpoint": self.endpoint, "trainer_endpoint": self.server.trainer_endpoint, "pid": os.getpid(), "keys_dir": str(keys.directory) if keys.directory else None}))
+        self.tracker = open_trackers(
+            trackers,
+            self.run_dir,
+            config_text=(self.run_dir / "config.toml").read_text(),
+            first_step=self.iteration + 1,
+        )
+        (self.run_dir / "coordinator.json").write_text(
+            json.dumps(
+                {
+                    "endpoint": self.endpoint,
+                    "trainer_endpoint": self.server.trainer_endpoint,
+                    "pid": os.getpid(),
+                    "keys_dir": str(keys.directory) if keys.directory else None,
+                }
+            )
+        )
 
     # ------------------------------------------------------------ the iteration core's state
     @property
@@ -329,7 +387,7 @@ class Coordinator:
         return self.core.settings.is_control(slot)
 
     def explore_mode(self) -> str:
-        """"stale", "critical_path" or "off" (no explored prompts also means off)."""
+        """ "stale", "critical_path" or "off" (no explored prompts also means off)."""
         if not self.cfg.explore.active or self.cfg.num_explored_prompts == 0:
             return "off"
         return self.cfg.explore.mode
@@ -343,7 +401,9 @@ class Coordinator:
             if self.profile is None:
                 from spotlight.errors import SpotlightError
 
-                raise SpotlightError("explore.num_steps < sampler.num_steps needs a profile: run `spotlight profile` first")
+                raise SpotlightError(
+                    "explore.num_steps < sampler.num_steps needs a profile: run `spotlight profile` first"
+                )
             opt = min(self.profile.step_options(), key=lambda o: abs(o.effective_steps - cfg.num_steps))
             return Action(cfg.num_candidates, opt.effective_steps, opt.cache_threshold)
         return Action(cfg.num_candidates, T, cfg.cache_threshold)
@@ -374,7 +434,9 @@ class Coordinator:
         ident = self.trainer_ids.get(rank)
         return ident is not None and self.server.send(TRAINER, ident, msg, frames)
 
-    def error_to(self, identity: bytes, code: str, message: str, channel: str = PUBLIC, *, retry_after_s: float = 0.0) -> None:
+    def error_to(
+        self, identity: bytes, code: str, message: str, channel: str = PUBLIC, *, retry_after_s: float = 0.0
+    ) -> None:
         """One log line and an ERROR reply; nothing else changes (DESIGN §9)."""
         self.rejected += 1
         peer = self.peers.get(identity)
@@ -399,9 +461,21 @@ class Coordinator:
         env = scrubbed_env()
         for rank in range(world):
             cmd = [
-                sys.executable, "-m", "spotlight.workers.train.train_worker",
-                "--coordinator", self.server.trainer_endpoint, "--keys-file", str(key_file), "--rank", str(rank), "--world-size", str(world),
-                "--config-json", str(conf_path), "--master-port", str(master_port),
+                sys.executable,
+                "-m",
+                "spotlight.workers.train.train_worker",
+                "--coordinator",
+                self.server.trainer_endpoint,
+                "--keys-file",
+                str(key_file),
+                "--rank",
+                str(rank),
+                "--world-size",
+                str(world),
+                "--config-json",
+                str(conf_path),
+                "--master-port",
+                str(master_port),
             ]
             cmd += ["--checkpoint-dir", str(train_checkpoint_dir(self.run_dir))]
             cmd += ["--spool-dir", str(self.run_dir / "tensor_store" / "spool")]
@@ -424,8 +498,17 @@ class Coordinator:
             self.error_to(rid, exc.code, str(exc), msg.channel, retry_after_s=exc.retry_after_s)
         except Exception as exc:  # a handler bug must not stop the run: report and carry on
             self.handler_errors += 1
-            log.error("internal error handling %s from %r: %s: %s", msg.mtype.name, rid, type(exc).__name__, exc, exc_info=self.handler_errors <= 3)
-            self.server.send(msg.channel, rid, P.ErrorMsg(code="internal", message=f"{type(exc).__name__}: {exc}"[:1000]))
+            log.error(
+                "internal error handling %s from %r: %s: %s",
+                msg.mtype.name,
+                rid,
+                type(exc).__name__,
+                exc,
+                exc_info=self.handler_errors <= 3,
+            )
+            self.server.send(
+                msg.channel, rid, P.ErrorMsg(code="internal", message=f"{type(exc).__name__}: {exc}"[:1000])
+            )
 
     def _dispatch(self, msg: Inbound, now: float) -> None:
         mtype, body, principal = msg.mtype, msg.body, msg.principal
@@ -433,7 +516,12 @@ class Coordinator:
             raise Rejected("auth", "no authenticated principal on this connection")
         role = principal.role
         if msg.channel == TRAINER:
-            if role != "trainer" or mtype not in (P.MsgType.TRAIN_READY, P.MsgType.TRAIN_DONE, P.MsgType.WEIGHTS, P.MsgType.WEIGHTS_CHUNK):
+            if role != "trainer" or mtype not in (
+                P.MsgType.TRAIN_READY,
+                P.MsgType.TRAIN_DONE,
+                P.MsgType.WEIGHTS,
+                P.MsgType.WEIGHTS_CHUNK,
+            ):
                 raise Rejected("forbidden", f"{principal.id} may not send {mtype.name} on the trainer socket")
             self.on_trainer(msg.routing_id, mtype, body, msg.payload, now)
             return
@@ -447,7 +535,13 @@ class Coordinator:
             return
         peer = self.peers.get(msg.routing_id)
         node_id = getattr(body, "node_id", "")
-        if peer is None or peer.node_id is None or node_id != peer.node_id or self.node_route.get(node_id) != msg.routing_id or not self.instances.session_ok(node_id, getattr(body, "session", "")):
+        if (
+            peer is None
+            or peer.node_id is None
+            or node_id != peer.node_id
+            or self.node_route.get(node_id) != msg.routing_id
+            or not self.instances.session_ok(node_id, getattr(body, "session", ""))
+        ):
             raise Rejected("unknown_session", f"{mtype.name} from an unregistered or stale session (node {node_id!r})")
         wid = getattr(body, "worker_id", None)
         if wid and not wid.startswith(node_id + "/"):
@@ -459,16 +553,23 @@ class Coordinator:
 
     def on_register(self, identity: bytes, principal: Principal, body: P.Register, now: float) -> None:
         if body.protocol_version != P.PROTOCOL_VERSION:
-            raise Rejected("version", f"protocol version {body.protocol_version} not supported (coordinator speaks {P.PROTOCOL_VERSION})")
+            raise Rejected(
+                "version",
+                f"protocol version {body.protocol_version} not supported (coordinator speaks {P.PROTOCOL_VERSION})",
+            )
         if not NODE_ID.match(body.node_id):
             raise Rejected("bad_request", f"node_id {body.node_id!r}: use letters, digits, '.', '_', '-' (at most 128)")
         gpus = body.gpus
         if not gpus or len(set(gpus)) != len(gpus) or len(gpus) > self.max_gpus_per_node:
             raise Rejected("bad_request", f"gpus must be 1-{self.max_gpus_per_node} distinct indices, got {len(gpus)}")
         if not body.is_spot and principal.role != "reserved":
-            raise Rejected("forbidden", f"{principal.id} may register only spot nodes (is_spot=false needs a 'reserved' key)")
+            raise Rejected(
+                "forbidden", f"{principal.id} may register only spot nodes (is_spot=false needs a 'reserved' key)"
+            )
         if body.is_spot and not self.cfg.cluster.use_spot:
-            raise Rejected("forbidden", f"this run uses no spot GPUs (run.mode = {self.cfg.run.mode!r}, cluster.use_spot = false)")
+            raise Rejected(
+                "forbidden", f"this run uses no spot GPUs (run.mode = {self.cfg.run.mode!r}, cluster.use_spot = false)"
+            )
         owner = self.node_owner.get(body.node_id)
         if owner is not None and owner != principal.id:
             raise Rejected("node_id_taken", f"node id {body.node_id!r} belongs to another key ({owner})")
@@ -478,28 +579,49 @@ class Coordinator:
         claim = self.instances.claim(body.node_id, body.instance_id, now)
         if not claim.accepted:
             since = time.strftime("%H:%M:%S UTC", time.gmtime(time.time() - (now - claim.alive_since)))
-            text = (f"node id {body.node_id} is in use by another live agent (registered since {since}, "
-                    f"{now - claim.alive_since:.0f}s; last heard from {claim.silent_s:.1f}s ago)")
+            text = (
+                f"node id {body.node_id} is in use by another live agent (registered since {since}, "
+                f"{now - claim.alive_since:.0f}s; last heard from {claim.silent_s:.1f}s ago)"
+            )
             clash = (body.node_id, claim.holder_instance, body.instance_id)
             if clash not in self._clashes:  # once per clash, however often the claimant retries
                 self._clashes.add(clash)
                 who = f"{body.hostname or '?'} pid {body.pid}" if body.pid else (body.hostname or "?")
-                log.warning("refused a second agent (%s, key %s) claiming %s; the running agent keeps the node", who, principal.id, text)
+                log.warning(
+                    "refused a second agent (%s, key %s) claiming %s; the running agent keeps the node",
+                    who,
+                    principal.id,
+                    text,
+                )
                 self.events.append(now, "refused", body.node_id, f"node id in use: a second agent ({who}) was refused")
             raise Rejected("node_id_in_use", text, retry_after_s=claim.retry_after_s + 0.5)
         # ---- accepted: from here on state changes
         self.node_owner[body.node_id] = principal.id
         old_route = self.node_route.get(body.node_id)
         if claim.decision == "replaces_silent":
-            log.warning("node %s registered by a new agent process: the previous one was silent for %.1fs (over cluster.heartbeat_timeout_s) and is replaced", body.node_id, claim.silent_s)
+            log.warning(
+                "node %s registered by a new agent process: the previous one was silent for %.1fs (over cluster.heartbeat_timeout_s) and is replaced",
+                body.node_id,
+                claim.silent_s,
+            )
         if old_route is not None and old_route != identity:
             self.peers.pop(old_route, None)  # a restarted agent: its old connection speaks no more
             if claim.decision != "replaces_silent":
-                log.warning("node %s re-registered from a new connection: its previous session is replaced", body.node_id)
+                log.warning(
+                    "node %s re-registered from a new connection: its previous session is replaced", body.node_id
+                )
         self.peers[identity] = Peer(principal, body.node_id)
         self.node_route[body.node_id] = identity
         session = secrets.token_hex(8)
-        stale = self.instances.register(body.node_id, session, gpus, body.is_spot, now, host="" if body.is_spot else body.hostname, instance_id=body.instance_id)
+        stale = self.instances.register(
+            body.node_id,
+            session,
+            gpus,
+            body.is_spot,
+            now,
+            host="" if body.is_spot else body.hostname,
+            instance_id=body.instance_id,
+        )
         for wid in stale:
             self.sched.release_worker(wid, reason="agent re-registered", now=now)
             self.core.busy.gone(wid, now)
@@ -508,7 +630,13 @@ class Coordinator:
                 self.sched.release_worker(wid, reason="agent re-registered", now=now)
                 self.core.busy.gone(wid, now)
         log.info("agent %s joined as %s (%d GPUs, spot=%s)", body.node_id, principal.id, len(gpus), body.is_spot)
-        self.events.append(now, "join", body.node_id, f"{len(gpus)} {'spot' if body.is_spot else 'reserved'} GPU{'s' if len(gpus) != 1 else ''}" + (" (re-registered)" if old_route is not None else ""))
+        self.events.append(
+            now,
+            "join",
+            body.node_id,
+            f"{len(gpus)} {'spot' if body.is_spot else 'reserved'} GPU{'s' if len(gpus) != 1 else ''}"
+            + (" (re-registered)" if old_route is not None else ""),
+        )
         self.send(
             identity,
             P.Registered(
@@ -537,7 +665,14 @@ class Coordinator:
         if body.gpus is not None and (len(set(body.gpus)) != len(body.gpus) or len(body.gpus) > self.max_gpus_per_node):
             raise Rejected("bad_request", f"gpus must be at most {self.max_gpus_per_node} distinct indices")
         self._heartbeat_events(node_id, body, now)
-        self.instances.heartbeat(node_id, now, workers={w.worker_id: list(w.gpus) for w in body.workers}, detector_healthy=body.detector_healthy, detector_error=body.detector_error, gpus=body.gpus)
+        self.instances.heartbeat(
+            node_id,
+            now,
+            workers={w.worker_id: list(w.gpus) for w in body.workers},
+            detector_healthy=body.detector_healthy,
+            detector_error=body.detector_error,
+            gpus=body.gpus,
+        )
         is_spot = self.instances.nodes[node_id].is_spot
         for w in body.workers:
             self.worker_node[w.worker_id] = node_id
@@ -553,14 +688,34 @@ class Coordinator:
         if body.gpus is not None and sorted(body.gpus) != sorted(rec.gpus):
             added, gone = sorted(set(body.gpus) - set(rec.gpus)), sorted(set(rec.gpus) - set(body.gpus))
             if added:
-                self.events.append(now, "add", node_id, f"+{plural(len(added), 'GPU')} (index {','.join(map(str, added))}): {len(body.gpus)} now")
+                self.events.append(
+                    now,
+                    "add",
+                    node_id,
+                    f"+{plural(len(added), 'GPU')} (index {','.join(map(str, added))}): {len(body.gpus)} now",
+                )
             if gone:
-                self.events.append(now, "remove", node_id, f"-{plural(len(gone), 'GPU')} (index {','.join(map(str, gone))}): {len(body.gpus)} now")
+                self.events.append(
+                    now,
+                    "remove",
+                    node_id,
+                    f"-{plural(len(gone), 'GPU')} (index {','.join(map(str, gone))}): {len(body.gpus)} now",
+                )
         workers = {w.worker_id: sorted(w.gpus) for w in body.workers}
         if rec.workers and workers and workers != {k: sorted(v) for k, v in rec.workers.items()}:
-            self.events.append(now, "reform", node_id, f"{plural(len(workers), 'worker')}: " + ", ".join(plural(len(g), "GPU") for g in workers.values()))
+            self.events.append(
+                now,
+                "reform",
+                node_id,
+                f"{plural(len(workers), 'worker')}: " + ", ".join(plural(len(g), "GPU") for g in workers.values()),
+            )
         if body.detector_healthy != rec.detector_healthy:
-            self.events.append(now, "detector", node_id, f"unhealthy: {body.detector_error}" if not body.detector_healthy else "healthy again")
+            self.events.append(
+                now,
+                "detector",
+                node_id,
+                f"unhealthy: {body.detector_error}" if not body.detector_healthy else "healthy again",
+            )
 
     def on_pull(self, identity, body: P.Pull, payload, now) -> None:
         node = self.instances.nodes[body.node_id]
@@ -568,13 +723,30 @@ class Coordinator:
         self.core.busy.seen(body.worker_id, node.is_spot, now)
         leases = []
         if self.phase in ("explore_first", "rollout", "train", "drain") and node.status.value == "alive":
-            leases = self.sched.pull(body.worker_id, is_spot=node.is_spot, max_requests=max(1, min(body.max_requests, self.cfg.cluster.worker_batch_size * 4)), now=now)
+            leases = self.sched.pull(
+                body.worker_id,
+                is_spot=node.is_spot,
+                max_requests=max(1, min(body.max_requests, self.cfg.cluster.worker_batch_size * 4)),
+                now=now,
+            )
         items, tensors = [], {}
         idx = []
         for i, lease in enumerate(leases):
             req = self.sched.get(lease.request_id)
             slot, pidx = self.request_meta[req.request_id]
-            items.append(P.LeaseItem(lease_id=lease.lease_id, request_id=req.request_id, kind=req.kind.value, iteration=req.iteration, prompt_index=pidx, seed=req.seed, weight_version=req.weight_version, params=dict(req.params), resume_step=lease.resume_step))
+            items.append(
+                P.LeaseItem(
+                    lease_id=lease.lease_id,
+                    request_id=req.request_id,
+                    kind=req.kind.value,
+                    iteration=req.iteration,
+                    prompt_index=pidx,
+                    seed=req.seed,
+                    weight_version=req.weight_version,
+                    params=dict(req.params),
+                    resume_step=lease.resume_step,
+                )
+            )
             idx.append(pidx)
             if lease.resume_step is not None and lease.commit_key:
                 got = self.store.get_state(lease.commit_key)
@@ -626,13 +798,19 @@ class Coordinator:
         if body.items:
             img = tensors.get("images")
             if img is None or img.dtype != torch.uint8 or tuple(img.shape) != (B, 3, S, S):
-                raise Rejected("bad_request", f"RESULT needs images [{B}, 3, {S}, {S}] uint8, got {None if img is None else (tuple(img.shape), str(img.dtype))}")
+                raise Rejected(
+                    "bad_request",
+                    f"RESULT needs images [{B}, 3, {S}, {S}] uint8, got {None if img is None else (tuple(img.shape), str(img.dtype))}",
+                )
         mine = [(i, it) for i, it in enumerate(body.items) if self._held(body.worker_id, it.request_id, it.lease_id)]
         if any(_trained_on(self.sched.get(it.request_id)) for _, it in mine):
             for name in ("window_latents", "log_probs"):
                 t = tensors.get(name)
                 if t is None or t.dtype != torch.float32 or t.ndim < 2 or t.shape[0] != B:
-                    raise Rejected("bad_request", f"a rollout RESULT (or an exploration reused as the rollout) needs {name} [{B}, ...] float32")
+                    raise Rejected(
+                        "bad_request",
+                        f"a rollout RESULT (or an exploration reused as the rollout) needs {name} [{B}, ...] float32",
+                    )
         # ---- validated: from here on state changes
         self._end_busy(body.worker_id, now)
         self._observe_step_time(body)
@@ -649,7 +827,14 @@ class Coordinator:
                 self.store.delete_state(req.commit_key)
             slot, pidx = self.request_meta[req.request_id]
             s = Sample(
-                req.request_id, req.kind, req.iteration, slot, pidx, req.seed, body.batch_id, tensors["images"][i],
+                req.request_id,
+                req.kind,
+                req.iteration,
+                slot,
+                pidx,
+                req.seed,
+                body.batch_id,
+                tensors["images"][i],
                 computed_steps=item.computed_steps,
                 window_start=int(req.params.get("sde_window_start", self.cfg.sampler.sde_window_start)),
             )
@@ -662,7 +847,9 @@ class Coordinator:
             images.append(s.image.numpy())
             prompts.append(self.prompts[pidx])
         if len(accepted) < len(body.items):
-            log.info("ignored %d stale/duplicate/foreign results from %s", len(body.items) - len(accepted), body.worker_id)
+            log.info(
+                "ignored %d stale/duplicate/foreign results from %s", len(body.items) - len(accepted), body.worker_id
+            )
         if accepted:
             self._score(accepted, np.stack(images), prompts)
 
@@ -694,7 +881,9 @@ class Coordinator:
                 self._reward_failing_since = self._reward_failing_since or now
                 backoff = min(30.0, 2.0 ** min(self._reward_failures, 5) / 2)
                 if self._reward_failures <= 3 or self._reward_failures % 10 == 0:
-                    log.error("reward scoring failed (%s); keeping %d samples, retrying in %.0fs", exc, len(ids), backoff)
+                    log.error(
+                        "reward scoring failed (%s); keeping %d samples, retrying in %.0fs", exc, len(ids), backoff
+                    )
                 if now - self._reward_failing_since > self.cfg.reward.give_up_after_s:
                     self.error = f"reward scoring has failed for {now - self._reward_failing_since:.0f}s (last error: {exc}); giving up (reward.give_up_after_s)"
                 still.append((None, ids, images, prompts, now + backoff))
@@ -716,7 +905,13 @@ class Coordinator:
         by_item: dict[int, list[int]] = collections.defaultdict(list)
         for j, meta in enumerate(body.tensors):
             parts = meta.name.split(".", 2)
-            if len(parts) != 3 or parts[0] != "state" or not parts[1].isdigit() or int(parts[1]) >= len(body.items) or not STATE_NAME.match(parts[2]):
+            if (
+                len(parts) != 3
+                or parts[0] != "state"
+                or not parts[1].isdigit()
+                or int(parts[1]) >= len(body.items)
+                or not STATE_NAME.match(parts[2])
+            ):
                 raise Rejected("bad_request", f"commit tensor name {meta.name!r}: expected state.<item index>.<name>")
             by_item[int(parts[1])].append(j)
         mine = [(i, it) for i, it in enumerate(body.items) if self._held(body.worker_id, it.request_id, it.lease_id)]
@@ -725,26 +920,44 @@ class Coordinator:
         for i, item in mine:
             key = check_key(f"{item.request_id}.L{item.lease_id}")
             sel = by_item.get(i, [])
-            metas = [P.TensorMeta(body.tensors[j].name.split(".", 2)[2], body.tensors[j].dtype, body.tensors[j].shape) for j in sel]
+            metas = [
+                P.TensorMeta(body.tensors[j].name.split(".", 2)[2], body.tensors[j].dtype, body.tensors[j].shape)
+                for j in sel
+            ]
             self.store.put_state(key, metas, [payload[j] for j in sel])
             if not self.sched.commit(item.request_id, item.lease_id, committed_step=item.step, commit_key=key, now=now):
                 self.store.delete_state(key)
         if mine:
-            self.events.append(now, "commit", body.node_id, f"{body.worker_id}: {len(mine)} request{'s' if len(mine) != 1 else ''} at step {max(it.step for _, it in mine)}")
+            self.events.append(
+                now,
+                "commit",
+                body.node_id,
+                f"{body.worker_id}: {len(mine)} request{'s' if len(mine) != 1 else ''} at step {max(it.step for _, it in mine)}",
+            )
         if len(mine) < len(body.items):
             log.info("ignored %d stale/foreign commits from %s", len(body.items) - len(mine), body.worker_id)
 
     def on_fail(self, identity, body: P.Fail, payload, now) -> None:
         if len(body.request_ids) != len(body.lease_ids):
-            raise Rejected("bad_request", f"FAIL lists {len(body.request_ids)} request ids but {len(body.lease_ids)} lease ids")
+            raise Rejected(
+                "bad_request", f"FAIL lists {len(body.request_ids)} request ids but {len(body.lease_ids)} lease ids"
+            )
         self._check_unique(list(body.request_ids))
         mine = [(r, l) for r, l in zip(body.request_ids, body.lease_ids) if self._held(body.worker_id, r, l)]
         self._end_busy(body.worker_id, now)
         for rid, lid in mine:
             self.sched.fail(rid, lid, reason=body.reason, now=now)
         node = self.instances.nodes.get(body.node_id)
-        preempted = node is not None and (node.status.value != "alive" or any(n.get("deadline_unix_s", 0.0) > time.time() - 120 for n in node.notices))
-        (log.info if preempted else log.warning)("worker %s gave back %d requests: %s%s", body.worker_id, len(mine), body.reason, " (preempted)" if preempted else "")
+        preempted = node is not None and (
+            node.status.value != "alive" or any(n.get("deadline_unix_s", 0.0) > time.time() - 120 for n in node.notices)
+        )
+        (log.info if preempted else log.warning)(
+            "worker %s gave back %d requests: %s%s",
+            body.worker_id,
+            len(mine),
+            body.reason,
+            " (preempted)" if preempted else "",
+        )
 
     def on_fetch_weights(self, identity, body: P.FetchWeights, payload, now) -> None:
         """Serve a version in chunks: its WEIGHTS header (if asked) and the WEIGHTS_CHUNK
@@ -761,7 +974,13 @@ class Coordinator:
             self.send(identity, P.Weights(version=body.version, size_bytes=0, found=False))
             return
         try:  # weight_sync.fetch_replies: shared with the stand-in coordinators of tests and benchmarks
-            replies = fetch_replies(body, info.size_bytes, self.cfg.cluster.weight_chunk_bytes, info.digest, lambda off, length: self.store.read_weights(body.version, off, length))
+            replies = fetch_replies(
+                body,
+                info.size_bytes,
+                self.cfg.cluster.weight_chunk_bytes,
+                info.digest,
+                lambda off, length: self.store.read_weights(body.version, off, length),
+            )
         except WeightSyncError as exc:
             raise Rejected("bad_request", str(exc)) from None
         for msg, frames in replies:  # a pruned version ends with WEIGHTS(found=False)
@@ -769,7 +988,9 @@ class Coordinator:
                 return  # the agent's queue is full or it is gone: it asks again
 
     def on_fetch_state(self, identity, body, payload, now) -> None:
-        raise Rejected("unsupported", "FETCH_STATE is not served: committed state travels with the lease that resumes it")
+        raise Rejected(
+            "unsupported", "FETCH_STATE is not served: committed state travels with the lease that resumes it"
+        )
 
     def on_notice(self, identity, body: P.Notice, payload, now) -> None:
         if not math.isfinite(body.deadline_unix_s):
@@ -777,11 +998,30 @@ class Coordinator:
         self.instances.notice(body.node_id, msgspec.to_builtins(body), now)
         left_s = body.deadline_unix_s - time.time()
         if body.kind == "revoke":
-            self.events.append(now, "revoke", body.node_id, f"{body.scope}, {left_s:.0f}s grace" + (f" ({body.source})" if body.source != "revoke" else ""))
+            self.events.append(
+                now,
+                "revoke",
+                body.node_id,
+                f"{body.scope}, {left_s:.0f}s grace" + (f" ({body.source})" if body.source != "revoke" else ""),
+            )
         else:
-            self.events.append(now, "notice", body.node_id, f"{body.source} {body.kind}" + (" (hint)" if body.is_hint else "") + (f" for {body.scope}" if body.scope != "node" else "") + f", deadline in {left_s:.0f}s")
-        what = f"GPU revocation ({body.scope})" if body.kind == "revoke" else f"preemption notice ({body.source} {body.kind}{', hint' if body.is_hint else ''})"
-        log.info("%s from %s: deadline in %.1fs", what, body.node_id, body.deadline_unix_s - time.time())  # expected on spot nodes: INFO
+            self.events.append(
+                now,
+                "notice",
+                body.node_id,
+                f"{body.source} {body.kind}"
+                + (" (hint)" if body.is_hint else "")
+                + (f" for {body.scope}" if body.scope != "node" else "")
+                + f", deadline in {left_s:.0f}s",
+            )
+        what = (
+            f"GPU revocation ({body.scope})"
+            if body.kind == "revoke"
+            else f"preemption notice ({body.source} {body.kind}{', hint' if body.is_hint else ''})"
+        )
+        log.info(
+            "%s from %s: deadline in %.1fs", what, body.node_id, body.deadline_unix_s - time.time()
+        )  # expected on spot nodes: INFO
 
     def on_bye(self, identity, body: P.Bye, payload, now) -> None:
         if self.instances.nodes[body.node_id].status.value != "dead":
@@ -794,7 +1034,9 @@ class Coordinator:
         world = self.cfg.train.num_train_workers
         if mtype == P.MsgType.TRAIN_READY:
             if body.world_size != world or body.rank >= world:
-                raise Rejected("bad_request", f"rank {body.rank} of {body.world_size}: this run has {world} train workers")
+                raise Rejected(
+                    "bad_request", f"rank {body.rank} of {body.world_size}: this run has {world} train workers"
+                )
             if body.rank in self.trainer_ids and self.trainer_ids[body.rank] != identity:
                 raise Rejected("forbidden", f"train rank {body.rank} is already connected")
             self.train_ready.add(body.rank)
@@ -810,16 +1052,31 @@ class Coordinator:
             expected = self.store.latest_version + 1
             republish = self.phase == "starting" and body.version == self.store.latest_version  # a resumed trainer
             if (body.version != expected and not republish) or payload or not body.found:
-                raise Rejected("bad_request", f"WEIGHTS must announce version {expected} (got version {body.version}, {len(payload)} frames): its bytes follow in WEIGHTS_CHUNK messages")
-            if not 1 <= body.chunk_bytes <= self.cfg.cluster.weight_chunk_bytes or body.size_bytes < 1 or body.num_chunks != -(-body.size_bytes // body.chunk_bytes):
-                raise Rejected("bad_request", f"WEIGHTS v{body.version}: {body.size_bytes} bytes in {body.num_chunks} chunks of {body.chunk_bytes} (chunks must be 1..{self.cfg.cluster.weight_chunk_bytes} bytes and cover the version exactly)")
+                raise Rejected(
+                    "bad_request",
+                    f"WEIGHTS must announce version {expected} (got version {body.version}, {len(payload)} frames): its bytes follow in WEIGHTS_CHUNK messages",
+                )
+            if (
+                not 1 <= body.chunk_bytes <= self.cfg.cluster.weight_chunk_bytes
+                or body.size_bytes < 1
+                or body.num_chunks != -(-body.size_bytes // body.chunk_bytes)
+            ):
+                raise Rejected(
+                    "bad_request",
+                    f"WEIGHTS v{body.version}: {body.size_bytes} bytes in {body.num_chunks} chunks of {body.chunk_bytes} (chunks must be 1..{self.cfg.cluster.weight_chunk_bytes} bytes and cover the version exactly)",
+                )
             try:
-                self.store.begin_weights(body.version, body.size_bytes, body.chunk_bytes, body.digest, validate=check_safetensors_file)
+                self.store.begin_weights(
+                    body.version, body.size_bytes, body.chunk_bytes, body.digest, validate=check_safetensors_file
+                )
             except WeightSyncError as exc:
                 raise Rejected("bad_request", f"WEIGHTS v{body.version}: {exc}") from None
         elif mtype == P.MsgType.WEIGHTS_CHUNK:
             if len(payload) != 1 or len(payload[0]) != body.size_bytes:
-                raise Rejected("bad_request", f"WEIGHTS_CHUNK v{body.version} #{body.index} must carry one frame of {body.size_bytes} bytes")
+                raise Rejected(
+                    "bad_request",
+                    f"WEIGHTS_CHUNK v{body.version} #{body.index} must carry one frame of {body.size_bytes} bytes",
+                )
             try:
                 published = self.store.put_weights_chunk(body.version, body.index, body.offset, payload[0])
             except WeightSyncError as exc:
@@ -836,8 +1093,13 @@ class Coordinator:
         elif mtype == P.MsgType.TRAIN_DONE:
             if body.rank != rank:
                 raise Rejected("forbidden", f"TRAIN_DONE for rank {body.rank} from rank {rank}'s connection")
-            if not ((self.phase == "train" and body.iteration == self.iteration) or (self.phase == "saving" and body.iteration == -1)):
-                raise Rejected("bad_request", f"unexpected TRAIN_DONE for iteration {body.iteration} in phase {self.phase}")
+            if not (
+                (self.phase == "train" and body.iteration == self.iteration)
+                or (self.phase == "saving" and body.iteration == -1)
+            ):
+                raise Rejected(
+                    "bad_request", f"unexpected TRAIN_DONE for iteration {body.iteration} in phase {self.phase}"
+                )
             self.train_done[body.rank] = body
 
     def weights_keep_from(self, keep_from: int) -> int:
@@ -864,13 +1126,25 @@ class Coordinator:
             s.reused_as_rollout = s.kind == RequestKind.EXPLORE
         finite, dropped = trainable_samples(samples)
         if dropped["nonfinite_reward"]:
-            log.error("iteration %d: %d samples have non-finite rewards and are left out of the update", n + 1, dropped["nonfinite_reward"])
+            log.error(
+                "iteration %d: %d samples have non-finite rewards and are left out of the update",
+                n + 1,
+                dropped["nonfinite_reward"],
+            )
             if dropped["nonfinite_reward"] == len(samples):
                 # nothing could ever be trained: stop clearly instead of "finishing" a run that learned nothing
                 self.error = f"iteration {n + 1}: every one of {len(samples)} rewards is non-finite (NaN/inf); check the reward function or service"
         if dropped["nonfinite_latents"]:
-            log.error("iteration %d: %d samples have non-finite latents or log-probs and are left out of the update", n + 1, dropped["nonfinite_latents"])
-        adv = group_advantages([s.reward for s in finite], [s.slot for s in finite], std=self.cfg.train.advantage_std) if finite else np.zeros(0)
+            log.error(
+                "iteration %d: %d samples have non-finite latents or log-probs and are left out of the update",
+                n + 1,
+                dropped["nonfinite_latents"],
+            )
+        adv = (
+            group_advantages([s.reward for s in finite], [s.slot for s in finite], std=self.cfg.train.advantage_std)
+            if finite
+            else np.zeros(0)
+        )
         zero_std = 0
         if self.cfg.train.filter_zero_std_groups and finite:
             keep = zero_std_filter(adv, [s.slot for s in finite])
@@ -889,7 +1163,13 @@ class Coordinator:
         batches = list(by_batch.values())
         if len(batches) < self.cfg.train.steps_per_iteration and not getattr(self, "_warned_steps", False):
             self._warned_steps = True
-            log.warning("train.steps_per_iteration = %d but iteration %d has %d rollout batches: %d optimizer steps (one per batch at most)", self.cfg.train.steps_per_iteration, n + 1, len(batches), len(batches))
+            log.warning(
+                "train.steps_per_iteration = %d but iteration %d has %d rollout batches: %d optimizer steps (one per batch at most)",
+                self.cfg.train.steps_per_iteration,
+                n + 1,
+                len(batches),
+                len(batches),
+            )
         world = self.cfg.train.num_train_workers
         self.train_done.clear()
         for rank in range(world):
@@ -922,7 +1202,14 @@ class Coordinator:
                 streams = self.cfg.explore.stream_extra and plan.get("num_spot_gpus", 0) > 0
                 log.info("planner: %s", no_fit_message(plan, streams=streams))
             else:
-                log.info("planner: iteration %d explores d=%d s=%.1f (threshold %.3f), budget %.1fs", n + 2, a["num_sequences"], a["effective_steps"], a["cache_threshold"], plan["budget_s"])
+                log.info(
+                    "planner: iteration %d explores d=%d s=%.1f (threshold %.3f), budget %.1fs",
+                    n + 2,
+                    a["num_sequences"],
+                    a["effective_steps"],
+                    a["cache_threshold"],
+                    plan["budget_s"],
+                )
 
     def save_rollouts(self, n: int, samples: list[Sample]) -> None:
         """``rollouts/iter_NNNN.safetensors``: per request id, image, window latents, log-probs, reward, seed."""
@@ -966,10 +1253,17 @@ class Coordinator:
         self.instances.integrate(now)
         in_iteration, self._requests_done_at_row = self._requests_done - self._requests_done_at_row, self._requests_done
         before = sum(h.get("requests/completed", 0.0) for h in self.history)
-        row.update(cost_metrics(
-            self.instances.gpu_seconds(spot=True), self.instances.gpu_seconds(spot=False), self.cfg.cost.spot_usd_per_gpu_hour, self.cfg.cost.reserved_usd_per_gpu_hour,
-            requests_total=int(before) + in_iteration, requests_in_iteration=in_iteration, iteration_s=float(row.get("time/iteration_s", 0.0)),
-        ))
+        row.update(
+            cost_metrics(
+                self.instances.gpu_seconds(spot=True),
+                self.instances.gpu_seconds(spot=False),
+                self.cfg.cost.spot_usd_per_gpu_hour,
+                self.cfg.cost.reserved_usd_per_gpu_hour,
+                requests_total=int(before) + in_iteration,
+                requests_in_iteration=in_iteration,
+                iteration_s=float(row.get("time/iteration_s", 0.0)),
+            )
+        )
         row.update(
             {
                 "spot/num_gpus": self.instances.num_spot_gpus(),
@@ -980,7 +1274,9 @@ class Coordinator:
         # spot events since the previous row (issue 11): notices, GPUs revoked and added, and
         # denoising steps lost with leases that ended uncommitted (spotlight.core.request_scheduler.lost_steps)
         row.update({f"spot/{k}": v for k, v in self.instances.take_spot_counts().items()})
-        row["spot/work_lost_steps"] = lost_steps(self.sched.take_aborted(), step_wall_s=self.step_wall_s, total_steps=self.cfg.sampler.num_steps)
+        row["spot/work_lost_steps"] = lost_steps(
+            self.sched.take_aborted(), step_wall_s=self.step_wall_s, total_steps=self.cfg.sampler.num_steps
+        )
         done_metrics = [d.metrics for d in self.train_done.values()]
         if done_metrics:
             for k in done_metrics[0]:
@@ -988,14 +1284,23 @@ class Coordinator:
         self.history.append(row)
         self.recorder.append_metrics(row)
         self.progress(self.format_progress(row))
-        self.events.append(now, "iteration", "", f"{n + 1}/{self.cfg.run.iterations} done: reward {row.get('reward/mean', float('nan')):+.4f}")
+        self.events.append(
+            now,
+            "iteration",
+            "",
+            f"{n + 1}/{self.cfg.run.iterations} done: reward {row.get('reward/mean', float('nan')):+.4f}",
+        )
         self.tracker.log_metrics(n + 1, row)
         every = self.cfg.run.sample_grid_every
         if every and (n % every == 0 or n == self.cfg.run.iterations - 1):
             grid = self.write_sample_grid(n)
             if grid is not None:
                 self.tracker.log_image(n + 1, "samples", grid)
-        for s in [s for s in self.samples.values() if s.iteration <= n + 1 and (s.iteration <= n or s.kind == RequestKind.EXPLORE)]:
+        for s in [
+            s
+            for s in self.samples.values()
+            if s.iteration <= n + 1 and (s.iteration <= n or s.kind == RequestKind.EXPLORE)
+        ]:
             del self.samples[s.request_id]
         self.write_checkpoint(n)
         self.write_status(now)
@@ -1034,11 +1339,17 @@ class Coordinator:
         elapsed, events = st.get("elapsed_s"), st.get("events")
         try:
             snap = json.loads((self.run_dir / "status.json").read_text())
-            if isinstance(snap.get("elapsed_s"), (int, float)) and snap["elapsed_s"] >= (elapsed or 0.0) and isinstance(snap.get("events"), list):
+            if (
+                isinstance(snap.get("elapsed_s"), (int, float))
+                and snap["elapsed_s"] >= (elapsed or 0.0)
+                and isinstance(snap.get("events"), list)
+            ):
                 elapsed, events = snap["elapsed_s"], snap["events"]
         except (OSError, ValueError, AttributeError):
             pass
-        elapsed = float(elapsed) if isinstance(elapsed, (int, float)) and math.isfinite(elapsed) and elapsed > 0 else 0.0
+        elapsed = (
+            float(elapsed) if isinstance(elapsed, (int, float)) and math.isfinite(elapsed) and elapsed > 0 else 0.0
+        )
         return elapsed, events if isinstance(events, list) else []
 
     def _eta_s(self, session_elapsed_s: float, done_n: int, total: int) -> float | None:
@@ -1049,7 +1360,11 @@ class Coordinator:
             return 0.0
         mine = done_n - self._iterations_before_start
         if mine <= 0:
-            times = [h["time/iteration_s"] for h in self.history if isinstance(h.get("time/iteration_s"), (int, float)) and math.isfinite(h["time/iteration_s"])]
+            times = [
+                h["time/iteration_s"]
+                for h in self.history
+                if isinstance(h.get("time/iteration_s"), (int, float)) and math.isfinite(h["time/iteration_s"])
+            ]
             return sum(times) / len(times) * (total - done_n) if times else None
         return eta_s(session_elapsed_s, mine, total - self._iterations_before_start)
 
@@ -1086,8 +1401,16 @@ class Coordinator:
             self.recorder.truncate_requests(0)
             return
         n, st = got
-        legacy = {"version": 1, "iteration": st["iteration"], "explore_action": st.get("explore_action", {}), "plan_logs": st.get("plan_logs", {}), "last_train_s": st.get("last_train_s")}
-        self.core.load_state_dict(st.get("core") or legacy)  # checkpoints written before the iteration core keep loading
+        legacy = {
+            "version": 1,
+            "iteration": st["iteration"],
+            "explore_action": st.get("explore_action", {}),
+            "plan_logs": st.get("plan_logs", {}),
+            "last_train_s": st.get("last_train_s"),
+        }
+        self.core.load_state_dict(
+            st.get("core") or legacy
+        )  # checkpoints written before the iteration core keep loading
         self.sched.load_state_dict(st["scheduler"], epoch=self.recorder.epoch, now=now)
         self.seed_bank.load_state_dict(st["seed_bank"])
         if self.planner is not None and st.get("planner"):
@@ -1105,9 +1428,22 @@ class Coordinator:
         self.elapsed_before_s, earlier = self._earlier_sessions(st)  # status keeps the whole run's time and events
         self.events = EventLog(start_s=self.t_start - self.elapsed_before_s)
         self.events.extend(earlier)
-        log.info("resumed from the checkpoint of iteration %d: continuing at iteration %d with weights v%d (coordinator start #%d)", n + 1, self.iteration + 1, self.resume_version, self.recorder.epoch + 1)
-        self.events.append(now, "resume", "", f"after iteration {n + 1}/{self.cfg.run.iterations}: continuing with iteration {self.iteration + 1}, weights v{self.resume_version}")
-        self.progress(f"resumed {self.run_dir} after iteration {n + 1}/{self.cfg.run.iterations}: continuing with iteration {self.iteration + 1} (weights v{self.resume_version})")
+        log.info(
+            "resumed from the checkpoint of iteration %d: continuing at iteration %d with weights v%d (coordinator start #%d)",
+            n + 1,
+            self.iteration + 1,
+            self.resume_version,
+            self.recorder.epoch + 1,
+        )
+        self.events.append(
+            now,
+            "resume",
+            "",
+            f"after iteration {n + 1}/{self.cfg.run.iterations}: continuing with iteration {self.iteration + 1}, weights v{self.resume_version}",
+        )
+        self.progress(
+            f"resumed {self.run_dir} after iteration {n + 1}/{self.cfg.run.iterations}: continuing with iteration {self.iteration + 1} (weights v{self.resume_version})"
+        )
 
     def format_progress(self, row: dict) -> str:
         """One line for iteration ``row["iteration"]`` (0-based in the row, shown 1-based):
@@ -1118,7 +1454,17 @@ class Coordinator:
         cost under $1000."""
 
         def dur(s: float) -> str:
-            return "?" if not math.isfinite(s) else f"{s:.1f}s" if s < 9.95 else f"{s:.0f}s" if s < 999.5 else f"{s / 60:.0f}m" if s < 5970 else f"{s / 3600:.1f}h"
+            return (
+                "?"
+                if not math.isfinite(s)
+                else f"{s:.1f}s"
+                if s < 9.95
+                else f"{s:.0f}s"
+                if s < 999.5
+                else f"{s / 60:.0f}m"
+                if s < 5970
+                else f"{s / 3600:.1f}h"
+            )
 
         def pct(x: float | None) -> str:
             return "-" if x is None or not math.isfinite(x) else f"{100 * x:.0f}%"
@@ -1137,7 +1483,9 @@ class Coordinator:
         return line
 
     def _pending_samples_for_grid(self, n: int) -> list[Sample]:
-        return sorted((s for s in self.samples.values() if s.iteration == n and s.in_rollout), key=lambda s: (s.slot, s.seed))
+        return sorted(
+            (s for s in self.samples.values() if s.iteration == n and s.in_rollout), key=lambda s: (s.slot, s.seed)
+        )
 
     def write_sample_grid(self, n: int) -> pathlib.Path | None:
         from spotlight.util.plots import sample_grid
@@ -1150,9 +1498,19 @@ class Coordinator:
         if self.cfg.reward.kind == "geneval_shapes":
             # strict and partial-credit rewards are both 1 exactly when every clause holds
             verdicts = [None if s.reward is None else s.reward >= 1.0 for s in samples]
-        title = f"iteration {n + 1} (rollout samples; reward under each image" + (", pass = every clause of the prompt holds)" if verdicts else ")")
+        title = f"iteration {n + 1} (rollout samples; reward under each image" + (
+            ", pass = every clause of the prompt holds)" if verdicts else ")"
+        )
         path = self.run_dir / "samples" / f"iter_{n + 1:04d}.png"
-        sample_grid([s.image for s in samples], [s.slot for s in samples], [s.reward for s in samples], path, title=title, labels=labels, verdicts=verdicts)
+        sample_grid(
+            [s.image for s in samples],
+            [s.slot for s in samples],
+            [s.reward for s in samples],
+            path,
+            title=title,
+            labels=labels,
+            verdicts=verdicts,
+        )
         return path
 
     # ------------------------------------------------------------ liveness & status
@@ -1208,9 +1566,25 @@ class Coordinator:
             "session_elapsed_s": round(elapsed_s, 1),
             "eta_s": self._eta_s(elapsed_s, done_n, total),
             "gpus": self.instances.gpu_counts(),  # the GPUs the cost meter bills: the trainers' included
-            "cost": cost_summary(self.instances.gpu_seconds(spot=True), self.instances.gpu_seconds(spot=False), self.cfg.cost.spot_usd_per_gpu_hour, self.cfg.cost.reserved_usd_per_gpu_hour),
+            "cost": cost_summary(
+                self.instances.gpu_seconds(spot=True),
+                self.instances.gpu_seconds(spot=False),
+                self.cfg.cost.spot_usd_per_gpu_hour,
+                self.cfg.cost.reserved_usd_per_gpu_hour,
+            ),
             "nodes": [
-                {"node_id": r.node_id, "status": r.status.value, "why": r.history[-1][2] if r.history else "", "spot": r.is_spot, "num_gpus": r.num_gpus, "gpus": r.gpus, "workers": sorted(r.workers), "detector_healthy": r.detector_healthy, "detector_error": r.detector_error, "last_seen_s_ago": round(now - r.last_seen, 1)}
+                {
+                    "node_id": r.node_id,
+                    "status": r.status.value,
+                    "why": r.history[-1][2] if r.history else "",
+                    "spot": r.is_spot,
+                    "num_gpus": r.num_gpus,
+                    "gpus": r.gpus,
+                    "workers": sorted(r.workers),
+                    "detector_healthy": r.detector_healthy,
+                    "detector_error": r.detector_error,
+                    "last_seen_s_ago": round(now - r.last_seen, 1),
+                }
                 for r in self.instances.nodes.values()
             ],
             "requests": counts,
@@ -1251,7 +1625,9 @@ class Coordinator:
             if self.error:
                 raise RuntimeError(self.error)
             if timeout_s is not None and now - t_start > timeout_s:
-                raise RuntimeError(f"run did not finish within {timeout_s:.0f}s (phase {self.phase}, iteration {self.iteration + 1})")
+                raise RuntimeError(
+                    f"run did not finish within {timeout_s:.0f}s (phase {self.phase}, iteration {self.iteration + 1})"
+                )
         self.write_request_log()
         from spotlight.util.plots import reward_curve
 

@@ -85,7 +85,20 @@ class RunRecorder:
         :class:`spotlight.core.request_scheduler.Request`."""
         with self.requests_path.open("a") as f:
             for r in requests:
-                f.write(json.dumps({"request_id": r.request_id, "kind": r.kind.value, "iteration": r.iteration, "prompt_index": r.prompt_index, "status": r.status.value, "attempts": r.attempts, "history": [(s.value, round(t, 4), d) for s, t, d in r.history]}) + "\n")
+                f.write(
+                    json.dumps(
+                        {
+                            "request_id": r.request_id,
+                            "kind": r.kind.value,
+                            "iteration": r.iteration,
+                            "prompt_index": r.prompt_index,
+                            "status": r.status.value,
+                            "attempts": r.attempts,
+                            "history": [(s.value, round(t, 4), d) for s, t, d in r.history],
+                        }
+                    )
+                    + "\n"
+                )
             f.flush()
             os.fsync(f.fileno())
 

@@ -74,7 +74,15 @@ class ControlServer:
         zmq.ZMQError: the endpoint cannot be bound.
     """
 
-    def __init__(self, bind: str, keys: ServerKeys, *, max_message_bytes: int = 256 << 20, send_hwm: int = 256, trainer_max_message_bytes: int = -1):
+    def __init__(
+        self,
+        bind: str,
+        keys: ServerKeys,
+        *,
+        max_message_bytes: int = 256 << 20,
+        send_hwm: int = 256,
+        trainer_max_message_bytes: int = -1,
+    ):
         self.keys = keys
         self.ctx = zmq.Context()
         self.auth = Authenticator(self.ctx, keys)
@@ -157,7 +165,14 @@ class ControlServer:
             self.dropped_sends += 1
             if self.dropped_sends <= 10 or self.dropped_sends % 1000 == 0:
                 # a peer that left (a preempted agent) is expected on spot nodes; a full queue is not
-                (log.info if exc.errno == zmq.EHOSTUNREACH else log.warning)("dropped %s to %s peer %s: %s (%d dropped so far)", type(msg).__name__, channel, routing_id.hex(), exc.strerror, self.dropped_sends)
+                (log.info if exc.errno == zmq.EHOSTUNREACH else log.warning)(
+                    "dropped %s to %s peer %s: %s (%d dropped so far)",
+                    type(msg).__name__,
+                    channel,
+                    routing_id.hex(),
+                    exc.strerror,
+                    self.dropped_sends,
+                )
             return False
 
     def close(self, linger_ms: int = 500) -> None:

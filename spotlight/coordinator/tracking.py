@@ -62,9 +62,13 @@ def check_trackers(kinds: Sequence[str]) -> None:
         if k not in KINDS:
             raise TrackingError(f"unknown tracker {k!r}: expected one of {', '.join(KINDS)} (or none)")
         if k == "tensorboard" and importlib.util.find_spec("tensorboard") is None:
-            raise TrackingError("tracker 'tensorboard' needs the tensorboard package: pip install tensorboard (or run.trackers = [] / --tracker none)")
+            raise TrackingError(
+                "tracker 'tensorboard' needs the tensorboard package: pip install tensorboard (or run.trackers = [] / --tracker none)"
+            )
         if k == "wandb" and importlib.util.find_spec("wandb") is None:
-            raise TrackingError("tracker 'wandb' needs the wandb package: pip install wandb (it logs offline into <run_dir>/wandb; `wandb sync` uploads later)")
+            raise TrackingError(
+                "tracker 'wandb' needs the wandb package: pip install wandb (it logs offline into <run_dir>/wandb; `wandb sync` uploads later)"
+            )
 
 
 class TensorBoardTracker:
@@ -118,7 +122,14 @@ class WandbTracker:
         import wandb
 
         self.wandb = wandb
-        self.run = wandb.init(mode="offline", dir=str(run_dir), project="spotlight", name=run_dir.name, config=tomllib.loads(config_text) if config_text else None, reinit=True)
+        self.run = wandb.init(
+            mode="offline",
+            dir=str(run_dir),
+            project="spotlight",
+            name=run_dir.name,
+            config=tomllib.loads(config_text) if config_text else None,
+            reinit=True,
+        )
 
     def log_config(self, text: str) -> None:
         pass  # given to wandb.init
@@ -144,7 +155,12 @@ class Trackers:
             try:
                 getattr(t, method)(*args)
             except Exception as exc:  # tracking must never stop a run
-                log.warning("tracker %s failed (%s: %s): no more tracking with it in this run", type(t).__name__, type(exc).__name__, exc)
+                log.warning(
+                    "tracker %s failed (%s: %s): no more tracking with it in this run",
+                    type(t).__name__,
+                    type(exc).__name__,
+                    exc,
+                )
                 self.trackers.remove(t)
 
     def log_config(self, text: str) -> None:
@@ -161,7 +177,9 @@ class Trackers:
         self.trackers.clear()
 
 
-def open_trackers(kinds: Sequence[str], run_dir: pathlib.Path, *, config_text: str = "", first_step: int = 1) -> Trackers:
+def open_trackers(
+    kinds: Sequence[str], run_dir: pathlib.Path, *, config_text: str = "", first_step: int = 1
+) -> Trackers:
     """The trackers ``kinds`` of a run in ``run_dir``, already given ``config_text``.
 
     Args:

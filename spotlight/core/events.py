@@ -52,7 +52,14 @@ class EventLog:
         run, their ``t_s`` already on this log's time line); malformed entries are skipped."""
         for e in events or []:
             if isinstance(e, dict) and isinstance(e.get("t_s"), (int, float)):
-                self._events.append({"t_s": float(e["t_s"]), "kind": str(e.get("kind", "")), "node": str(e.get("node", "")), "detail": str(e.get("detail", ""))})
+                self._events.append(
+                    {
+                        "t_s": float(e["t_s"]),
+                        "kind": str(e.get("kind", "")),
+                        "node": str(e.get("node", "")),
+                        "detail": str(e.get("detail", "")),
+                    }
+                )
 
     def to_list(self) -> list[dict]:
         """The kept events, oldest first, as JSON-able dicts ``{t_s: float, kind, node, detail: str}``."""
@@ -81,7 +88,9 @@ def eta_s(elapsed_s: float, iterations_done: int, iterations_total: int) -> floa
     return elapsed_s / iterations_done * remaining
 
 
-def cost_summary(spot_gpu_s: float, reserved_gpu_s: float, spot_usd_per_gpu_hour: float, reserved_usd_per_gpu_hour: float) -> dict:
+def cost_summary(
+    spot_gpu_s: float, reserved_gpu_s: float, spot_usd_per_gpu_hour: float, reserved_usd_per_gpu_hour: float
+) -> dict:
     """What the GPUs used so far cost, and what the same GPU-hours would cost all on reserved.
 
     Args:

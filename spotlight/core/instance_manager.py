@@ -96,7 +96,7 @@ SPOT_EVENT_KEYS = ("notices", "revocations", "additions")
 
 class InstanceManager:
     """Args:
-        heartbeat_timeout_s: silence after which a node is declared dead.
+    heartbeat_timeout_s: silence after which a node is declared dead.
     """
 
     def __init__(self, heartbeat_timeout_s: float):
@@ -157,7 +157,12 @@ class InstanceManager:
         Worker is in both, and once in ``reserved``."""
         nodes, held = self._gpu_keys()
         billed = self.billed_gpus()
-        return {"spot": billed[True], "reserved": billed[False], "train": len(held), "reserved_rollout": sum(1 for k in nodes if not k[0])}
+        return {
+            "spot": billed[True],
+            "reserved": billed[False],
+            "train": len(held),
+            "reserved_rollout": sum(1 for k in nodes if not k[0]),
+        }
 
     def integrate(self, now: float) -> None:
         """Accumulate billed GPU-seconds (spot and reserved, :meth:`billed_gpus`) up to ``now``."""
@@ -208,7 +213,17 @@ class InstanceManager:
             return Claim("replaces_silent", **held)
         return Claim("in_use", retry_after_s=self.heartbeat_timeout_s - silent_s, **held)
 
-    def register(self, node_id: str, session: str, gpus: list[int], is_spot: bool, now: float, *, host: str = "", instance_id: str = "") -> list[str]:
+    def register(
+        self,
+        node_id: str,
+        session: str,
+        gpus: list[int],
+        is_spot: bool,
+        now: float,
+        *,
+        host: str = "",
+        instance_id: str = "",
+    ) -> list[str]:
         """Add (or replace) a node. Returns worker ids of a previous session of the same
         node id, which the caller must treat as dead (their leases are re-enqueued).
         ``host``: billing host (see :class:`NodeRecord`; "" = its own). ``instance_id``: the
@@ -229,7 +244,16 @@ class InstanceManager:
         rec = self.nodes.get(node_id)
         return rec is not None and rec.session == session and rec.status != NodeStatus.DEAD
 
-    def heartbeat(self, node_id: str, now: float, *, workers: dict[str, list[int]] | None = None, detector_healthy: bool | None = None, detector_error: str | None = None, gpus: list[int] | None = None) -> None:
+    def heartbeat(
+        self,
+        node_id: str,
+        now: float,
+        *,
+        workers: dict[str, list[int]] | None = None,
+        detector_healthy: bool | None = None,
+        detector_error: str | None = None,
+        gpus: list[int] | None = None,
+    ) -> None:
         """Liveness (and, when given, the node's current workers, GPUs and detector health)."""
         self.integrate(now)
         rec = self.nodes[node_id]

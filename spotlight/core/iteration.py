@@ -382,7 +382,10 @@ class IterationCore:
             elif self.planner is not None and self.settings.stream_extra and obs.spot_slots > 0:
                 # no arm fits the window: plan nothing (nothing may reach the critical path) but
                 # still give the spot GPUs the cheapest arm's candidates to stream while it lasts
-                cheapest = min(self.planner.actions, key=lambda a: (a.num_sequences * (a.cost_steps or a.effective_steps), a.effective_steps))
+                cheapest = min(
+                    self.planner.actions,
+                    key=lambda a: (a.num_sequences * (a.cost_steps or a.effective_steps), a.effective_steps),
+                )
                 self.submit_exploration(n + 1, n, cheapest, now, planned=False)
 
     def begin_iteration(self, n: int, now: float) -> None:
@@ -447,7 +450,9 @@ class IterationCore:
             self.explore_action[n_next] = action
         self.explore_iter = n_next
         self.t["explore_start"] = now
-        ids = self.sched.submit(_EXPLORE, n_next, items, weight_version=version, params=self._explore_params(n_next, action), now=now)
+        ids = self.sched.submit(
+            _EXPLORE, n_next, items, weight_version=version, params=self._explore_params(n_next, action), now=now
+        )
         for rid, (pidx, _, slot) in zip(ids, items):
             self.request_meta[rid] = (slot, pidx)
         ex.planned.update(ids)
@@ -488,7 +493,9 @@ class IterationCore:
                 next_index[slot] = j + 1
         if not items:
             return
-        ids = self.sched.submit(_EXPLORE, m, items, weight_version=m - 1, params=self._explore_params(m, ex.action), now=now)
+        ids = self.sched.submit(
+            _EXPLORE, m, items, weight_version=m - 1, params=self._explore_params(m, ex.action), now=now
+        )
         meta = self.request_meta
         for rid, (pidx, _, slot) in zip(ids, items):
             meta[rid] = (slot, pidx)
@@ -512,7 +519,11 @@ class IterationCore:
         """The exploration action for batch ``n_next`` (None = explore nothing), §4.3.1."""
         if self.planner is None:
             return self.fixed_action
-        t_train = self.last_train_s if self.last_train_s is not None else self.t.get("rollout_end", now) - self.t.get("iter_start", now)
+        t_train = (
+            self.last_train_s
+            if self.last_train_s is not None
+            else self.t.get("rollout_end", now) - self.t.get("iter_start", now)
+        )
         t_step = obs.step_time_s if obs.step_time_s else 1e-3
         num_explored = self.settings.prompts_per_iteration - self.settings.num_control_prompts
         pobs = PlannerObservation(
@@ -522,7 +533,11 @@ class IterationCore:
             step_time_s=t_step,
         )
         plan = self.planner.plan(pobs)
-        self.plan_logs[n_next] = plan.to_log() | {"t_train_s": t_train, "t_step_s": t_step, "num_spot_gpus": pobs.num_spot_gpus}
+        self.plan_logs[n_next] = plan.to_log() | {
+            "t_train_s": t_train,
+            "t_step_s": t_step,
+            "num_spot_gpus": pobs.num_spot_gpus,
+        }
         return plan.action
 
     def _planner_feedback(self, n: int, request_ids: list[str]) -> None:
@@ -564,8 +579,7 @@ class IterationCore:
         missing ones but is not credited to the Planner)."""
         ex = self.explorations.get(m)
         by_slot: dict[int, list[tuple[int, float]]] = collections.defaultdict(list)
-        steps = []
-        for rid in (ex.done if ex else []):
+        for rid in ex.done if ex else []:
             req = self.sched.get(rid)
             r = self.rewards.get(rid)
             by_slot[self.request_meta[rid][0]].append((req.seed, math.nan if r is None else r))
@@ -591,7 +605,9 @@ class IterationCore:
             seeds, explored = self.seed_bank.seeds_for(n, slot)
             if explored:
                 picked.update((slot, s) for s in seeds)
-        return [rid for rid in (ex.done if ex else []) if (self.request_meta[rid][0], self.sched.get(rid).seed) in picked]
+        return [
+            rid for rid in (ex.done if ex else []) if (self.request_meta[rid][0], self.sched.get(rid).seed) in picked
+        ]
 
     # ------------------------------------------------------------------ metrics
     def rollout_stats(self, request_ids: list[str]) -> dict:
@@ -608,7 +624,9 @@ class IterationCore:
             "reward/std": float(rewards.std()) if rewards.size else math.nan,
             "reward/control_std": float(np.mean(ctrl)) if ctrl else math.nan,
             "reward/explored_std": float(np.mean(expl)) if expl else math.nan,
-            "reward/control_mean": float(np.mean([r for s, r in rows if self.settings.is_control(s)])) if ctrl else math.nan,
+            "reward/control_mean": float(np.mean([r for s, r in rows if self.settings.is_control(s)]))
+            if ctrl
+            else math.nan,
             "rollout/num_samples": len(rows),
         }
 
@@ -650,7 +668,8 @@ class IterationCore:
                 # the last iteration has no next batch to explore: spot idleness there is not
                 # a scheduling loss (a cluster would hand the spot GPUs back), so it is NaN
                 "spot/busy_fraction": self.busy.fraction(t["rollout_end"], train_end, spot=True)
-                if not (mode == "stale" and n + 1 >= self.settings.iterations) else math.nan,
+                if not (mode == "stale" and n + 1 >= self.settings.iterations)
+                else math.nan,
             }
         )
         return row
@@ -679,7 +698,9 @@ class IterationCore:
             raise ValueError(f"unsupported iteration core state version {d.get('version')!r}")
         self.iteration = int(d["iteration"])
         self.explore_action = {
-            int(k): Action(int(a["num_sequences"]), float(a["effective_steps"]), float(a["cache_threshold"]), a.get("cost_steps"))
+            int(k): Action(
+                int(a["num_sequences"]), float(a["effective_steps"]), float(a["cache_threshold"]), a.get("cost_steps")
+            )
             for k, a in d["explore_action"].items()
         }
         self.plan_logs = {int(k): v for k, v in d["plan_logs"].items()}

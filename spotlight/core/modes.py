@@ -53,7 +53,14 @@ POLICIES: dict[str, Policy] = {
     "spotlight": Policy("spotlight"),
     "rlboost": Policy("rlboost", explore_mode="off", elastic=False, stream_extra=False),
     "rlboost+explore": Policy("rlboost+explore", elastic=False, stream_extra=False),
-    "verl-omni-spot": Policy("verl-omni-spot", explore_mode="critical_path", reuse_exploration=True, planner="fixed", elastic=False, stream_extra=False),
+    "verl-omni-spot": Policy(
+        "verl-omni-spot",
+        explore_mode="critical_path",
+        reuse_exploration=True,
+        planner="fixed",
+        elastic=False,
+        stream_extra=False,
+    ),
     "reserved-only": Policy("reserved-only", use_spot=False, explore_mode="off", elastic=False, stream_extra=False),
 }
 """The modes ``spotlight simulate`` compares and ``run.mode`` / ``spotlight up --mode`` select.

@@ -45,7 +45,6 @@ a :class:`Plan` out.
 from __future__ import annotations
 
 import dataclasses
-
 import math
 import random
 from collections import deque
@@ -91,9 +90,7 @@ def _check_feedback_bounds(std_floor: float, max_feedback: float) -> None:
     if not _is_real(std_floor) or not math.isfinite(std_floor) or std_floor < 0:
         raise ValueError(f"feedback_std_floor must be a finite number >= 0, got {std_floor!r}")
     if not _is_real(max_feedback) or not math.isfinite(max_feedback) or max_feedback < 1:
-        raise ValueError(
-            f"max_feedback must be a finite number >= 1 (1 = no amplification), got {max_feedback!r}"
-        )
+        raise ValueError(f"max_feedback must be a finite number >= 1 (1 = no amplification), got {max_feedback!r}")
 
 
 def min_selective_sequences(group_size: int, sequence_step: int, max_sequences: int) -> int:
@@ -117,7 +114,9 @@ def min_selective_sequences(group_size: int, sequence_step: int, max_sequences: 
     return min(group_size + sequence_step, max_sequences)
 
 
-def step_time_gpu_s(elapsed_s: float, computed_steps: int, num_gpus: float, *, max_elapsed_s: float = 1e6) -> float | None:
+def step_time_gpu_s(
+    elapsed_s: float, computed_steps: int, num_gpus: float, *, max_elapsed_s: float = 1e6
+) -> float | None:
     """t_step in the budget's unit: GPU-seconds per (sequence x computed step).
 
     ``elapsed_s`` is the wall time a worker took for a batch, ``computed_steps`` the
@@ -168,7 +167,9 @@ class StepOption:
     ``s·t_step``)."""
 
     def __post_init__(self) -> None:
-        if self.cost_steps is not None and (not _is_real(self.cost_steps) or not math.isfinite(self.cost_steps) or self.cost_steps <= 0):
+        if self.cost_steps is not None and (
+            not _is_real(self.cost_steps) or not math.isfinite(self.cost_steps) or self.cost_steps <= 0
+        ):
             raise ValueError(f"cost_steps must be a finite number > 0, got {self.cost_steps!r}")
         if not _is_real(self.cache_threshold) or not math.isfinite(self.cache_threshold) or self.cache_threshold < 0:
             raise ValueError(f"cache_threshold must be a finite number >= 0, got {self.cache_threshold!r}")
@@ -263,9 +264,7 @@ class PlannerConfig:
         ):
             raise ValueError(f"min_effective_steps must be a finite number > 0, got {self.min_effective_steps!r}")
         if not _is_real(self.min_exploration_accuracy) or not (-1.0 <= self.min_exploration_accuracy <= 1.0):
-            raise ValueError(
-                f"min_exploration_accuracy must be in [-1, 1], got {self.min_exploration_accuracy!r}"
-            )
+            raise ValueError(f"min_exploration_accuracy must be in [-1, 1], got {self.min_exploration_accuracy!r}")
         if not _is_real(self.beta) or not math.isfinite(self.beta) or self.beta < 0:
             raise ValueError(f"beta must be a finite number >= 0, got {self.beta!r}")
         if not _is_int(self.window) or self.window < 1:
@@ -378,8 +377,10 @@ def no_fit_message(plan_log: dict[str, Any], *, streams: bool) -> str:
     cheapest = plan_log.get("cheapest_s")
     if cheapest is None:  # C = 0, or an older log: the Planner's own words
         return f"no exploration this iteration: {plan_log.get('reason', '')}"
-    what = (f"no exploration arm fits this iteration's training window (the cheapest needs "
-            f"{cheapest:.1f} GPU-s, the spot GPUs have {plan_log['budget_s']:.1f} GPU-s while training runs)")
+    what = (
+        f"no exploration arm fits this iteration's training window (the cheapest needs "
+        f"{cheapest:.1f} GPU-s, the spot GPUs have {plan_log['budget_s']:.1f} GPU-s while training runs)"
+    )
     if streams:
         return f"{what}: spot GPUs stream the cheapest arm's candidates instead (nothing waits for them)"
     return f"{what}: the next batch is not explored (its rollouts use default seeds)"
@@ -511,7 +512,9 @@ class Planner:
         arm.window.append(value)
         self.total_updates += 1
 
-    def feedback(self, rewards_by_slot: dict[int, Sequence[float]], explored_slots: set[int], control_slots: set[int]) -> float:
+    def feedback(
+        self, rewards_by_slot: dict[int, Sequence[float]], explored_slots: set[int], control_slots: set[int]
+    ) -> float:
         """:func:`feedback_from_groups` with this planner's ``feedback_std_floor`` and ``max_feedback``."""
         return feedback_from_groups(
             rewards_by_slot,

@@ -65,8 +65,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections import deque
-from heapq import heapify, heappop, heappush, heapreplace
 from dataclasses import dataclass, field
+from heapq import heapify, heappop, heappush, heapreplace
 from typing import Any, Iterable
 
 from spotlight.errors import SpotlightError
@@ -107,24 +107,32 @@ class RequestStatus(str, enum.Enum):
 
 _S = RequestStatus
 VALID_TRANSITIONS: dict[RequestStatus, frozenset[RequestStatus]] = {
-    _S.PENDING: frozenset({
-        _S.IN_FLIGHT,  # a worker pulled it: lease granted
-        _S.CANCELLED,  # its iteration/phase was cancelled
-    }),
-    _S.IN_FLIGHT: frozenset({
-        _S.DONE,  # the current leaseholder returned a result
-        _S.RECOMPUTE,  # worker committed in-flight state to the Tensor Store before preemption
-        _S.ABORTED,  # lease expired / worker or agent died / worker reported failure; nothing committed
-        _S.CANCELLED,  # its iteration/phase was cancelled while running
-    }),
-    _S.RECOMPUTE: frozenset({
-        _S.IN_FLIGHT,  # leased again; resumes from the committed step on another worker
-        _S.CANCELLED,  # its iteration/phase was cancelled before anyone resumed it
-    }),
-    _S.ABORTED: frozenset({
-        _S.PENDING,  # re-enqueued for full re-execution
-        _S.CANCELLED,  # cancelled while parked after too many reported failures
-    }),
+    _S.PENDING: frozenset(
+        {
+            _S.IN_FLIGHT,  # a worker pulled it: lease granted
+            _S.CANCELLED,  # its iteration/phase was cancelled
+        }
+    ),
+    _S.IN_FLIGHT: frozenset(
+        {
+            _S.DONE,  # the current leaseholder returned a result
+            _S.RECOMPUTE,  # worker committed in-flight state to the Tensor Store before preemption
+            _S.ABORTED,  # lease expired / worker or agent died / worker reported failure; nothing committed
+            _S.CANCELLED,  # its iteration/phase was cancelled while running
+        }
+    ),
+    _S.RECOMPUTE: frozenset(
+        {
+            _S.IN_FLIGHT,  # leased again; resumes from the committed step on another worker
+            _S.CANCELLED,  # its iteration/phase was cancelled before anyone resumed it
+        }
+    ),
+    _S.ABORTED: frozenset(
+        {
+            _S.PENDING,  # re-enqueued for full re-execution
+            _S.CANCELLED,  # cancelled while parked after too many reported failures
+        }
+    ),
     _S.DONE: frozenset(),  # terminal
     _S.CANCELLED: frozenset(),  # terminal
 }
@@ -312,8 +320,23 @@ class Request:
 
 # ``submit`` constructs requests positionally (faster than keywords) in this order.
 _REQUEST_FIELDS = (
-    "request_id", "kind", "iteration", "prompt_index", "seed", "weight_version", "params", "group", "status",
-    "history", "lease", "attempts", "failures", "committed_step", "commit_key", "worker_id", "seq",
+    "request_id",
+    "kind",
+    "iteration",
+    "prompt_index",
+    "seed",
+    "weight_version",
+    "params",
+    "group",
+    "status",
+    "history",
+    "lease",
+    "attempts",
+    "failures",
+    "committed_step",
+    "commit_key",
+    "worker_id",
+    "seq",
 )
 assert tuple(f.name for f in dataclasses.fields(Request)) == _REQUEST_FIELDS
 
@@ -424,8 +447,25 @@ class RequestScheduler:
                 rid = f"{prefix}{n}"
                 n += 1  # the id is used up even if the item's values are malformed (as one at a time)
                 # positional, in ``_REQUEST_FIELDS`` order (checked at import)
-                req = Request(rid, kind, iteration, int(prompt_index), int(seed), weight_version, params,
-                              int(group), pending, [entry], None, 0, 0, None, None, None, seq)
+                req = Request(
+                    rid,
+                    kind,
+                    iteration,
+                    int(prompt_index),
+                    int(seed),
+                    weight_version,
+                    params,
+                    int(group),
+                    pending,
+                    [entry],
+                    None,
+                    0,
+                    0,
+                    None,
+                    None,
+                    None,
+                    seq,
+                )
                 requests[rid] = req
                 in_iter[rid] = None
                 keys[rid] = key
@@ -636,7 +676,13 @@ class RequestScheduler:
         return True
 
     def commit(
-        self, request_id: str, lease_id: int, *, committed_step: int, commit_key: str, now: float,
+        self,
+        request_id: str,
+        lease_id: int,
+        *,
+        committed_step: int,
+        commit_key: str,
+        now: float,
         worker_id: str | None = None,
     ) -> bool:
         """IN_FLIGHT -> RECOMPUTE: the leaseholder committed its state before preemption.
@@ -657,7 +703,9 @@ class RequestScheduler:
             return False
         req.committed_step, req.commit_key = committed_step, commit_key
         self._transition(
-            req, _RECOMPUTE, now,
+            req,
+            _RECOMPUTE,
+            now,
             f"{req.worker_id} committed step {committed_step} at {commit_key!r}",
         )
         return True
@@ -744,7 +792,8 @@ class RequestScheduler:
         """
         reqs = self._requests
         hit = [
-            r for r in (reqs[rid] for rid in self._by_iter.get(iteration, ()))
+            r
+            for r in (reqs[rid] for rid in self._by_iter.get(iteration, ()))
             if (kind is None or r.kind is kind) and not r.status.is_terminal()
         ]
         for req in hit:
@@ -800,10 +849,7 @@ class RequestScheduler:
         else:
             reqs = self._requests
             pool = (reqs[rid] for rid in self._by_iter.get(iteration, ()))
-        return [
-            r for r in pool
-            if (kind is None or r.kind is kind) and (status is None or r.status is status)
-        ]
+        return [r for r in pool if (kind is None or r.kind is kind) and (status is None or r.status is status)]
 
     def holder(self, request_id: str, lease_id: int) -> str | None:
         """The worker id holding ``lease_id`` on ``request_id``, or None if that lease is not current."""
@@ -898,9 +944,15 @@ class RequestScheduler:
             "next_seq": self._next_seq,
             "next_lease_id": self._next_lease_id,
             "training_active": self._training_active,
-            "id_counters": [[k.value, it, n] for (k, it), n in sorted(self._id_counters.items(), key=lambda x: (x[0][0].value, x[0][1]))],
+            "id_counters": [
+                [k.value, it, n]
+                for (k, it), n in sorted(self._id_counters.items(), key=lambda x: (x[0][0].value, x[0][1]))
+            ],
             "requests": [_request_to_json(r) for r in self._requests.values()],
-            "forgotten": [[k.value, st.value, n] for (k, st), n in sorted(self._forgotten.items(), key=lambda x: (x[0][0].value, x[0][1].value))],
+            "forgotten": [
+                [k.value, st.value, n]
+                for (k, st), n in sorted(self._forgotten.items(), key=lambda x: (x[0][0].value, x[0][1].value))
+            ],
         }
 
     def start_epoch(self, epoch: int) -> None:
@@ -960,7 +1012,9 @@ class RequestScheduler:
             raise ValueError(f"malformed request scheduler state: {exc!r}") from exc
         for r in reqs:
             if (r.status is _IN_FLIGHT) != (r.lease is not None):
-                raise ValueError(f"malformed request scheduler state: {r.request_id} is {r.status.value} with lease {r.lease}")
+                raise ValueError(
+                    f"malformed request scheduler state: {r.request_id} is {r.status.value} with lease {r.lease}"
+                )
             if r.seq >= next_seq or (r.lease is not None and r.lease.lease_id >= next_lease):
                 raise ValueError(f"malformed request scheduler state: {r.request_id} has seq/lease beyond the counters")
         if len({r.request_id for r in reqs}) != len(reqs):
@@ -989,7 +1043,9 @@ class RequestScheduler:
         voided = [r for r in reqs if r.status is _IN_FLIGHT]
         for r in voided:
             self._abort(
-                r, now, f"lease {r.lease.lease_id} of {r.lease.worker_id} void: coordinator restarted (epoch {epoch})",
+                r,
+                now,
+                f"lease {r.lease.lease_id} of {r.lease.worker_id} void: coordinator restarted (epoch {epoch})",
                 requeue=True,
             )
         return [r.request_id for r in voided]
@@ -1017,7 +1073,13 @@ class RequestScheduler:
         """IN_FLIGHT -> ABORTED (-> PENDING if ``requeue``), clearing commit info."""
         if req.lease is not None:
             lease = req.lease
-            self._aborted.append(AbortedLease(lease.resume_step or 0, lease.granted_at, max(lease.granted_at, min(now, lease.expires_at - self.lease_timeout_s))))
+            self._aborted.append(
+                AbortedLease(
+                    lease.resume_step or 0,
+                    lease.granted_at,
+                    max(lease.granted_at, min(now, lease.expires_at - self.lease_timeout_s)),
+                )
+            )
         req.committed_step = req.commit_key = None
         self._transition(req, _ABORTED, now, detail)
         if requeue:
@@ -1088,9 +1150,7 @@ class RequestScheduler:
             by_time: dict[float, list[Lease]] = {}
             for r in self._in_flight.values():
                 by_time.setdefault(r.lease.expires_at, []).append(r.lease)
-            self._expiry[:] = [
-                (t, i, tuple(ls)) for i, (t, ls) in enumerate(by_time.items(), self._expiry_tick + 1)
-            ]
+            self._expiry[:] = [(t, i, tuple(ls)) for i, (t, ls) in enumerate(by_time.items(), self._expiry_tick + 1)]
             heapify(self._expiry)
             self._expiry_tick += len(by_time)
             self._expiry_ids = len(self._in_flight)

@@ -34,7 +34,11 @@ def lora_spec(train: TrainConfig) -> dict[str, Any]:
     """The LoRA settings Rollout Workers need (sent at registration); ``{}`` = no LoRA."""
     if not train.use_lora:
         return {}
-    return {"rank": train.lora_rank, "alpha": train.lora_alpha or 2.0 * train.lora_rank, "target_modules": list(train.lora_target_modules)}
+    return {
+        "rank": train.lora_rank,
+        "alpha": train.lora_alpha or 2.0 * train.lora_rank,
+        "target_modules": list(train.lora_target_modules),
+    }
 
 
 def lora_config(spec: dict[str, Any], default_targets: tuple[str, ...]):
@@ -42,7 +46,9 @@ def lora_config(spec: dict[str, Any], default_targets: tuple[str, ...]):
     from peft import LoraConfig
 
     targets = list(spec.get("target_modules") or default_targets)
-    return LoraConfig(r=int(spec["rank"]), lora_alpha=float(spec["alpha"]), init_lora_weights="gaussian", target_modules=targets)
+    return LoraConfig(
+        r=int(spec["rank"]), lora_alpha=float(spec["alpha"]), init_lora_weights="gaussian", target_modules=targets
+    )
 
 
 def add_lora(transformer: torch.nn.Module, spec: dict[str, Any], default_targets: tuple[str, ...], *, seed: int) -> int:
@@ -82,7 +88,9 @@ def load_version(transformer: torch.nn.Module, state_dict: dict[str, torch.Tenso
     """
     result = transformer.load_state_dict(state_dict, strict=False)
     if result.unexpected_keys:
-        raise WeightVersionError(f"weight version has {len(result.unexpected_keys)} unknown keys, e.g. {result.unexpected_keys[:3]}")
+        raise WeightVersionError(
+            f"weight version has {len(result.unexpected_keys)} unknown keys, e.g. {result.unexpected_keys[:3]}"
+        )
     missing = result.missing_keys
     if is_lora(transformer):
         missing = [k for k in missing if "lora_" in k]
@@ -94,7 +102,9 @@ def adapter_state_dict(transformer: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The adapter in peft's naming (``…lora_A.weight``, no adapter name), for saving."""
     from peft.utils import get_peft_model_state_dict
 
-    return {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in get_peft_model_state_dict(transformer).items()}
+    return {
+        k: v.detach().to("cpu", torch.float32).contiguous() for k, v in get_peft_model_state_dict(transformer).items()
+    }
 
 
 def adapter_metadata(transformer: torch.nn.Module) -> dict | None:

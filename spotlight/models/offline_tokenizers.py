@@ -59,7 +59,9 @@ T5_WORDS: tuple[str, ...] = ("the", "a", "of", "and", "photo", "cat", "dog", "re
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2/CLIP byte → printable unicode symbol table (256 entries): printable Latin-1
     bytes map to themselves, the others to code points from 256 upward."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    keep = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     table: dict[int, str] = {}
     extra = 0
     for b in range(256):

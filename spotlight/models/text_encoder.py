@@ -45,7 +45,13 @@ def encode_prompts(prompts: list[str], max_tokens: int = 32, batch_size: int = 6
     embeds, masks = [], []
     with torch.no_grad():
         for i in range(0, len(prompts), batch_size):
-            enc = tok(prompts[i : i + batch_size], padding="max_length", truncation=True, max_length=max_tokens, return_tensors="pt")
+            enc = tok(
+                prompts[i : i + batch_size],
+                padding="max_length",
+                truncation=True,
+                max_length=max_tokens,
+                return_tensors="pt",
+            )
             hidden = model(**enc).last_hidden_state.float()
             mask = enc["attention_mask"].long()
             embeds.append(hidden * mask.unsqueeze(-1))
@@ -64,7 +70,9 @@ def token_counts(prompts: list[str]) -> list[int]:
     return [len(ids) for ids in tok(list(prompts), truncation=False, verbose=False)["input_ids"]]
 
 
-def cached_prompt_embeddings(prompts: list[str], cache_dir: pathlib.Path, max_tokens: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+def cached_prompt_embeddings(
+    prompts: list[str], cache_dir: pathlib.Path, max_tokens: int = 32
+) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`encode_prompts` with a safetensors cache in ``cache_dir``."""
     digest = hashlib.sha256(("\n".join(prompts) + f"|{max_tokens}").encode()).hexdigest()[:16]
     path = pathlib.Path(cache_dir) / f"minilm-{digest}.safetensors"

@@ -60,13 +60,26 @@ def make_random_clip(path: str | pathlib.Path, seed: int = 0) -> pathlib.Path:
     )
     bos, eos = vocab[CLIP_BOS], vocab[CLIP_EOS]
     text_config = dict(
-        vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=2, max_position_embeddings=TEXT_MAX_POSITIONS,
-        bos_token_id=bos, eos_token_id=eos, pad_token_id=eos, projection_dim=16,
+        vocab_size=len(vocab),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        max_position_embeddings=TEXT_MAX_POSITIONS,
+        bos_token_id=bos,
+        eos_token_id=eos,
+        pad_token_id=eos,
+        projection_dim=16,
     )
     vision_config = dict(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-        image_size=IMAGE_SIZE, patch_size=8, num_channels=3, projection_dim=16,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        image_size=IMAGE_SIZE,
+        patch_size=8,
+        num_channels=3,
+        projection_dim=16,
     )
     config = CLIPConfig(text_config=text_config, vision_config=vision_config, projection_dim=16)
     state = torch.random.get_rng_state()

@@ -10,7 +10,10 @@ import pathlib
 def state_root() -> pathlib.Path:
     """The directory of every node's state: ``$SPOTLIGHT_AGENT_STATE`` or
     ``~/.local/state/spotlight-agent``."""
-    return pathlib.Path(os.environ.get("SPOTLIGHT_AGENT_STATE") or os.path.join(os.path.expanduser("~"), ".local", "state", "spotlight-agent"))
+    return pathlib.Path(
+        os.environ.get("SPOTLIGHT_AGENT_STATE")
+        or os.path.join(os.path.expanduser("~"), ".local", "state", "spotlight-agent")
+    )
 
 
 def state_dir(node_id: str, *, create: bool = True) -> pathlib.Path:

@@ -14,11 +14,19 @@ def parse_host_port(text: str, *, flag: str = "--coordinator", any_port: bool = 
     Raises:
         ValueError: one line naming ``flag`` and the expected form.
     """
-    body = text[len("tcp://"):] if text.startswith("tcp://") else text
+    body = text[len("tcp://") :] if text.startswith("tcp://") else text
     host, sep, port = body.rpartition(":")
     low = 0 if any_port else 1
     expected = f"expected HOST:PORT (port {low} to 65535{'; 0 = any free port' if any_port else ''})"
-    if not sep or not host or "://" in host or any(c.isspace() for c in body) or not port.isascii() or not port.isdigit() or not low <= int(port) <= 65535:
+    if (
+        not sep
+        or not host
+        or "://" in host
+        or any(c.isspace() for c in body)
+        or not port.isascii()
+        or not port.isdigit()
+        or not low <= int(port) <= 65535
+    ):
         raise ValueError(f"{flag} {text}: {expected}")
     return host, int(port)
 

@@ -48,8 +48,9 @@ class BoundedResponse:
         return self.content.decode("utf-8", "replace")
 
 
-def bounded_request(session: requests.Session, method: str, url: str, *, deadline_s: float,
-                    max_bytes: int, **kw: Any) -> BoundedResponse:
+def bounded_request(
+    session: requests.Session, method: str, url: str, *, deadline_s: float, max_bytes: int, **kw: Any
+) -> BoundedResponse:
     """Send one request and read its whole answer within ``deadline_s`` seconds overall.
 
     ``deadline_s`` (seconds, > 0) also serves as the connect and per-read timeout, so a
@@ -73,22 +74,19 @@ def bounded_request(session: requests.Session, method: str, url: str, *, deadlin
     headers.setdefault("Accept-Encoding", "identity")
     kw.pop("allow_redirects", None)
     kw.pop("stream", None)
-    resp = session.request(method, url, headers=headers, timeout=deadline_s, allow_redirects=False,
-                           stream=True, **kw)
+    resp = session.request(method, url, headers=headers, timeout=deadline_s, allow_redirects=False, stream=True, **kw)
     try:
         chunks: list[bytes] = []
         size = 0
         while True:
             if time.monotonic() > t_end:
-                raise DeadlineExceeded(f"answer from {url} not complete within {deadline_s:g}s "
-                                       f"({size} bytes received)")
+                raise DeadlineExceeded(f"answer from {url} not complete within {deadline_s:g}s ({size} bytes received)")
             try:
                 piece = resp.raw.read1(65536, decode_content=False)
             except Exception as exc:  # urllib3 errors: timeouts, resets, protocol errors
                 if "timed out" in str(exc).lower():
                     raise requests.Timeout(f"read timed out on {url}") from None
-                raise requests.ConnectionError(f"reading the answer from {url} failed: "
-                                               f"{type(exc).__name__}") from None
+                raise requests.ConnectionError(f"reading the answer from {url} failed: {type(exc).__name__}") from None
             if not piece:
                 break
             size += len(piece)

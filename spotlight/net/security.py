@@ -98,7 +98,9 @@ class ServerKeys:
 
 def _check_name(name: str) -> str:
     if not _NAME.match(name):
-        raise KeysError(f"bad key name {name!r}: use 1-64 letters, digits, '-' or '_' (starting with a letter or digit)")
+        raise KeysError(
+            f"bad key name {name!r}: use 1-64 letters, digits, '-' or '_' (starting with a letter or digit)"
+        )
     return name
 
 
@@ -183,7 +185,15 @@ def list_keys(directory: str | os.PathLike) -> list[dict]:
     for f in sorted((d / "clients").glob("*.key")):
         p = Principal.parse(f.name[: -len(".key")])
         pub, _ = zmq.auth.load_certificate(f)
-        out.append({"principal": p.id, "role": p.role, "name": p.name, "public": pub.decode(), "has_secret": (d / f"{p.id}.key_secret").is_file()})
+        out.append(
+            {
+                "principal": p.id,
+                "role": p.role,
+                "name": p.name,
+                "public": pub.decode(),
+                "has_secret": (d / f"{p.id}.key_secret").is_file(),
+            }
+        )
     out.sort(key=lambda r: (ROLES.index(r["role"]), r["name"]))
     return out
 
@@ -244,7 +254,9 @@ def load_client_keys(directory: str | os.PathLike, *, name: str | None = None, r
     d = pathlib.Path(directory)
     server = d / "server.key"
     if not server.is_file():
-        raise KeysError(f"{d} has no server.key (the coordinator's public key): copy it from the coordinator's keys directory")
+        raise KeysError(
+            f"{d} has no server.key (the coordinator's public key): copy it from the coordinator's keys directory"
+        )
     secrets_ = [f for f in sorted(d.glob("*.key_secret")) if f.name != "server.key_secret"]
     cands = []
     for f in secrets_:
@@ -264,11 +276,15 @@ def load_client_keys(directory: str | os.PathLike, *, name: str | None = None, r
         if (d / "server.key_secret").is_file():  # the coordinator's own keys directory
             how = f"create one with `spotlight keys add {d} {r} NAME` (it writes the secret here)"
         else:  # a client's: keys are made where the coordinator's keys live
-            how = (f"create one on the coordinator's machine with `spotlight keys add COORDINATOR_KEYS {r} NAME` (COORDINATOR_KEYS: the "
-                   f"coordinator's keys directory, the one holding server.key_secret; it does not work on this one) and copy the {r}.NAME.key_secret it prints here")
+            how = (
+                f"create one on the coordinator's machine with `spotlight keys add COORDINATOR_KEYS {r} NAME` (COORDINATOR_KEYS: the "
+                f"coordinator's keys directory, the one holding server.key_secret; it does not work on this one) and copy the {r}.NAME.key_secret it prints here"
+            )
         raise KeysError(f"{d} holds no client secret key{want}{hint} (<role>.<name>.key_secret): {how}")
     if len(cands) > 1:
-        raise KeysError(f"{d} holds several client keys{want} ({', '.join(p.id for p, _ in cands)}): choose one with --key")
+        raise KeysError(
+            f"{d} holds several client keys{want} ({', '.join(p.id for p, _ in cands)}): choose one with --key"
+        )
     principal, f = cands[0]
     try:
         spub, _ = zmq.auth.load_certificate(server)
@@ -295,7 +311,16 @@ def write_client_file(path: pathlib.Path, ck: ClientKeys) -> None:
 
     old = os.umask(0o077)
     try:
-        path.write_text(json.dumps({"server": ck.server_public.decode(), "public": ck.public.decode(), "secret": ck.secret.decode(), "principal": ck.principal.id}))
+        path.write_text(
+            json.dumps(
+                {
+                    "server": ck.server_public.decode(),
+                    "public": ck.public.decode(),
+                    "secret": ck.secret.decode(),
+                    "principal": ck.principal.id,
+                }
+            )
+        )
     finally:
         os.umask(old)
     _private(path)
@@ -311,7 +336,9 @@ def read_client_file(path: str | os.PathLike) -> ClientKeys:
 
     try:
         d = json.loads(pathlib.Path(path).read_text())
-        return ClientKeys(d["server"].encode(), d["public"].encode(), d["secret"].encode(), Principal.parse(d["principal"]))
+        return ClientKeys(
+            d["server"].encode(), d["public"].encode(), d["secret"].encode(), Principal.parse(d["principal"])
+        )
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise KeysError(f"client key file {path}: {exc}") from None
 

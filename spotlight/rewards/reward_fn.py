@@ -122,14 +122,22 @@ class RewardFn:
         last = "no attempt"
         for attempt in range(max(1, self.cfg.max_retries)):
             try:  # overall deadline per attempt, no redirects, bounded size (module docstring)
-                resp = bounded_request(session, "POST", self.cfg.url, json=payload, deadline_s=self.cfg.timeout_s,
-                                       max_bytes=max_response_bytes(len(hwc)))
+                resp = bounded_request(
+                    session,
+                    "POST",
+                    self.cfg.url,
+                    json=payload,
+                    deadline_s=self.cfg.timeout_s,
+                    max_bytes=max_response_bytes(len(hwc)),
+                )
             except requests.RequestException as exc:
                 last = f"{type(exc).__name__}: {exc}"
                 continue
             if resp.status_code // 100 == 3:
-                raise RewardError(f"reward service {self.cfg.url} answered HTTP {resp.status_code} (redirect to {resp.headers.get('Location')!r}); "
-                                  "redirects are not followed: set reward.url to the service's own address")
+                raise RewardError(
+                    f"reward service {self.cfg.url} answered HTTP {resp.status_code} (redirect to {resp.headers.get('Location')!r}); "
+                    "redirects are not followed: set reward.url to the service's own address"
+                )
             if resp.status_code // 100 != 2:
                 last = f"HTTP {resp.status_code}: {resp.text[:200]}"
                 continue
@@ -155,13 +163,15 @@ def parse_rewards(body: bytes, n_images: int, url: str = "the reward service") -
         raise RewardError(f"reward service {url} sent a malformed body: not JSON ({exc})") from None
     rewards = doc.get("rewards") if isinstance(doc, dict) else None
     if not isinstance(rewards, list):
-        raise RewardError(f"reward service {url} sent a malformed body: expected {{\"rewards\": [number, ...]}}")
+        raise RewardError(f'reward service {url} sent a malformed body: expected {{"rewards": [number, ...]}}')
     if len(rewards) != n_images:
         raise RewardError(f"reward service returned {len(rewards)} rewards for {n_images} images")
     out = []
     for i, r in enumerate(rewards):
         if type(r) not in (int, float):  # bool is an int subclass: refused too
-            raise RewardError(f"reward service {url} sent a malformed body: reward {i} is {type(r).__name__} {json.dumps(r)[:40]}, not a number")
+            raise RewardError(
+                f"reward service {url} sent a malformed body: reward {i} is {type(r).__name__} {json.dumps(r)[:40]}, not a number"
+            )
         try:
             out.append(float(r))
         except OverflowError:

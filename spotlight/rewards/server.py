@@ -80,8 +80,14 @@ DEFAULT_MAX_IMAGE_PIXELS = 4096 * 4096
 PICKSCORE_SCALE = 26.0
 """PickScore divides ``logit_scale.exp() · cos`` by 26 to land roughly in [0, 1]."""
 CLIP_MAX_TEXT_TOKENS = 77
-SCORER_NAMES = ("jpeg_compressibility", "jpeg_incompressibility", "geneval_shapes", "geneval_shapes_partial",
-                "clip", "pickscore")
+SCORER_NAMES = (
+    "jpeg_compressibility",
+    "jpeg_incompressibility",
+    "geneval_shapes",
+    "geneval_shapes_partial",
+    "clip",
+    "pickscore",
+)
 _DRAIN_MAX_BYTES = 64 * 1024 * 1024
 _DRAIN_MAX_S = 2.0
 
@@ -197,8 +203,13 @@ class ClipScorer:
 
     thread_safe = False  # one model, shared device memory: MultiScorer serialises calls
 
-    def __init__(self, model_path: str | pathlib.Path, processor_path: str | pathlib.Path | None = None,
-                 device: str | None = None, batch_size: int = 32):
+    def __init__(
+        self,
+        model_path: str | pathlib.Path,
+        processor_path: str | pathlib.Path | None = None,
+        device: str | None = None,
+        batch_size: int = 32,
+    ):
         mp = _check_clip_dir(model_path, "--clip-path")
         pp = _check_clip_dir(processor_path, "--clip-processor-path") if processor_path else mp
         cfg_file = mp / "config.json"
@@ -222,8 +233,10 @@ class ClipScorer:
         try:
             processor = CLIPProcessor.from_pretrained(str(pp), local_files_only=True)
         except Exception as exc:  # noqa: BLE001
-            raise SpotlightError(f"processor at {pp}: cannot load a CLIPProcessor (image processor + tokenizer): "
-                                 f"{type(exc).__name__}: {exc}") from None
+            raise SpotlightError(
+                f"processor at {pp}: cannot load a CLIPProcessor (image processor + tokenizer): "
+                f"{type(exc).__name__}: {exc}"
+            ) from None
         self.model = model.to(device=self.device, dtype=torch.float32).eval()
         self.image_processor = processor.image_processor
         self.tokenizer = processor.tokenizer
@@ -240,16 +253,19 @@ class ClipScorer:
         with torch.no_grad():
             scale = self.model.logit_scale.exp().float()
             for lo in range(0, len(images), self.batch_size):
-                imgs = [im.convert("RGB") for im in images[lo:lo + self.batch_size]]
-                texts = list(prompts[lo:lo + self.batch_size])
+                imgs = [im.convert("RGB") for im in images[lo : lo + self.batch_size]]
+                texts = list(prompts[lo : lo + self.batch_size])
                 pixels = self.image_processor(images=imgs, return_tensors="pt")["pixel_values"]
-                tok = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_text_tokens,
-                                     return_tensors="pt")
-                img_emb = _pooled(self.model.get_image_features(
-                    pixel_values=pixels.to(self.device, torch.float32)))
-                txt_emb = _pooled(self.model.get_text_features(
-                    input_ids=tok["input_ids"].to(self.device),
-                    attention_mask=tok["attention_mask"].to(self.device) if "attention_mask" in tok else None))
+                tok = self.tokenizer(
+                    texts, padding=True, truncation=True, max_length=self.max_text_tokens, return_tensors="pt"
+                )
+                img_emb = _pooled(self.model.get_image_features(pixel_values=pixels.to(self.device, torch.float32)))
+                txt_emb = _pooled(
+                    self.model.get_text_features(
+                        input_ids=tok["input_ids"].to(self.device),
+                        attention_mask=tok["attention_mask"].to(self.device) if "attention_mask" in tok else None,
+                    )
+                )
                 img_emb = img_emb.float() / img_emb.float().norm(dim=-1, keepdim=True)
                 txt_emb = txt_emb.float() / txt_emb.float().norm(dim=-1, keepdim=True)
                 batch = scale * (img_emb * txt_emb).sum(dim=-1) / PICKSCORE_SCALE
@@ -282,7 +298,9 @@ def parse_scorer_spec(spec: str) -> tuple[str, float]:
     try:
         weight = float(weight_text)
     except ValueError:
-        raise SpotlightError(f"bad weight {weight_text!r} in --scorer {spec!r}: expected a number such as 1.0") from None
+        raise SpotlightError(
+            f"bad weight {weight_text!r} in --scorer {spec!r}: expected a number such as 1.0"
+        ) from None
     if not math.isfinite(weight):
         raise SpotlightError(f"bad weight {weight_text!r} in --scorer {spec!r}: must be finite")
     return name, weight
@@ -305,9 +323,15 @@ def parse_scorer_specs(specs: Sequence[str]) -> dict[str, float]:
     return weights
 
 
-def build_scorer(name: str, *, clip_path: str | pathlib.Path | None = None,
-                 clip_processor_path: str | pathlib.Path | None = None, device: str | None = None,
-                 jpeg_quality: int = 95, clip_batch_size: int = 32) -> Scorer:
+def build_scorer(
+    name: str,
+    *,
+    clip_path: str | pathlib.Path | None = None,
+    clip_processor_path: str | pathlib.Path | None = None,
+    device: str | None = None,
+    jpeg_quality: int = 95,
+    clip_batch_size: int = 32,
+) -> Scorer:
     """One scorer of the registry by name (see :data:`SCORER_NAMES`).
 
     Raises:
@@ -372,7 +396,9 @@ class MultiScorer:
         """``{name: weight}`` in registration order."""
         return {name: w for name, (_, w) in self._scorers.items()}
 
-    def score(self, images: Sequence[Image.Image], prompts: Sequence[str]) -> tuple[list[float], dict[str, list[float]]]:
+    def score(
+        self, images: Sequence[Image.Image], prompts: Sequence[str]
+    ) -> tuple[list[float], dict[str, list[float]]]:
         """Total and per-scorer scores of ``B`` (image, prompt) pairs.
 
         Raises:
@@ -402,8 +428,10 @@ class MultiScorer:
                 raise ScorerError(f"scorer {name!r} returned {len(values)} scores for {n} images")
             bad = [i for i, v in enumerate(values) if not math.isfinite(v)]
             if bad:
-                raise ScorerError(f"scorer {name!r} returned a non-finite score ({values[bad[0]]}) for "
-                                  f"image {bad[0]} ({len(bad)} of {n} non-finite)")
+                raise ScorerError(
+                    f"scorer {name!r} returned a non-finite score ({values[bad[0]]}) for "
+                    f"image {bad[0]} ({len(bad)} of {n} non-finite)"
+                )
             per[name] = values
             total = [t + weight * v for t, v in zip(total, values)]
         return total, per
@@ -442,19 +470,21 @@ def _decode_image(item: Any, index: int, max_pixels: int) -> Image.Image:
     except _RequestError:
         raise
     except (Image.UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError, SyntaxError) as exc:
-        raise _RequestError(400, f"images[{index}] is not a decodable PNG/JPEG image "
-                                 f"({type(exc).__name__}: {exc})") from None
+        raise _RequestError(
+            400, f"images[{index}] is not a decodable PNG/JPEG image ({type(exc).__name__}: {exc})"
+        ) from None
 
 
-def parse_request(body: bytes, max_batch: int = DEFAULT_MAX_BATCH,
-                  max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> tuple[list[Image.Image], list[str]]:
+def parse_request(
+    body: bytes, max_batch: int = DEFAULT_MAX_BATCH, max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+) -> tuple[list[Image.Image], list[str]]:
     """Validate a request body → (RGB PIL images, prompts). Raises ``_RequestError`` (HTTP 400)."""
     try:
         payload = json.loads(body)
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise _RequestError(400, f"malformed JSON body: {exc}") from None
     if not isinstance(payload, dict):
-        raise _RequestError(400, "body must be a JSON object {\"images\": [...], \"prompts\": [...]}")
+        raise _RequestError(400, 'body must be a JSON object {"images": [...], "prompts": [...]}')
     for key in ("images", "prompts"):
         if key not in payload:
             raise _RequestError(400, f"missing key {key!r}")
@@ -480,8 +510,15 @@ class RewardServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, address: tuple[str, int], scorer: MultiScorer, *, max_body_bytes: int,
-                 max_batch: int, max_image_pixels: int):
+    def __init__(
+        self,
+        address: tuple[str, int],
+        scorer: MultiScorer,
+        *,
+        max_body_bytes: int,
+        max_batch: int,
+        max_image_pixels: int,
+    ):
         self.scorer = scorer
         self.max_body_bytes = int(max_body_bytes)
         self.max_batch = int(max_batch)
@@ -567,8 +604,12 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError:
             raise _RequestError(400, f"bad Content-Length {length_text!r}", body_unread=True) from None
         if length > self.server.max_body_bytes:
-            raise _RequestError(413, f"body of {length} bytes is over the limit of {self.server.max_body_bytes} "
-                                     "bytes (--max-body-mb); send smaller batches", body_unread=True)
+            raise _RequestError(
+                413,
+                f"body of {length} bytes is over the limit of {self.server.max_body_bytes} "
+                "bytes (--max-body-mb); send smaller batches",
+                body_unread=True,
+            )
         body = self.rfile.read(length)
         if len(body) != length:
             raise _RequestError(400, f"body ended after {len(body)} of {length} bytes", body_unread=True)
@@ -606,9 +647,15 @@ class _Handler(BaseHTTPRequestHandler):
         logger.info("%s scored %d images in %.3f s", self.client_address[0], len(images), time.monotonic() - t0)
 
 
-def make_server(scorer: MultiScorer, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *,
-                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_batch: int = DEFAULT_MAX_BATCH,
-                max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS) -> RewardServer:
+def make_server(
+    scorer: MultiScorer,
+    host: str = "127.0.0.1",
+    port: int = DEFAULT_PORT,
+    *,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_batch: int = DEFAULT_MAX_BATCH,
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+) -> RewardServer:
     """Bind (but do not start) a reward server; ``port=0`` picks a free port (see ``.url``).
 
     Run it with ``server.serve_forever()`` (e.g. in a thread) and stop it with
@@ -627,12 +674,18 @@ def make_server(scorer: MultiScorer, host: str = "127.0.0.1", port: int = DEFAUL
     """
     if max_body_bytes < 1 or max_batch < 1 or max_image_pixels < 1:
         raise SpotlightError("max_body_bytes, max_batch and max_image_pixels must be >= 1")
-    return RewardServer((host, port), scorer, max_body_bytes=max_body_bytes, max_batch=max_batch,
-                        max_image_pixels=max_image_pixels)
+    return RewardServer(
+        (host, port), scorer, max_body_bytes=max_body_bytes, max_batch=max_batch, max_image_pixels=max_image_pixels
+    )
 
 
-def serve(scorer: MultiScorer, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
-          on_ready: Callable[[RewardServer], None] | None = None, **limits: int) -> None:
+def serve(
+    scorer: MultiScorer,
+    host: str = "127.0.0.1",
+    port: int = DEFAULT_PORT,
+    on_ready: Callable[[RewardServer], None] | None = None,
+    **limits: int,
+) -> None:
     """Serve until Ctrl-C (KeyboardInterrupt), then close the socket.
 
     ``on_ready(server)`` is called once the socket is bound (e.g. to print ``server.url``);

@@ -31,7 +31,8 @@ from typing import Callable, Sequence
 import torch
 
 from spotlight.config import SamplerConfig
-from spotlight.core.seed_bank import MASK64 as _MASK64, splitmix64 as _splitmix64
+from spotlight.core.seed_bank import MASK64 as _MASK64
+from spotlight.core.seed_bank import splitmix64 as _splitmix64
 
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 
@@ -108,7 +109,6 @@ class StepResult:
     divides by its square."""
 
 
-
 def sde_step(
     velocity: torch.Tensor,
     latents: torch.Tensor,
@@ -153,9 +153,7 @@ def sde_step(
         return StepResult(prev_sample=out, mean=mean, std=0.0, log_prob=None)
     sigma_tilde = sigma_after_first if sigma >= 1.0 else sigma
     std_dev_t = noise_level * math.sqrt(sigma / (1.0 - sigma_tilde))
-    mean = x * (1.0 + std_dev_t**2 * dt / (2.0 * sigma)) + v * (
-        1.0 + std_dev_t**2 * (1.0 - sigma) / (2.0 * sigma)
-    ) * dt
+    mean = x * (1.0 + std_dev_t**2 * dt / (2.0 * sigma)) + v * (1.0 + std_dev_t**2 * (1.0 - sigma) / (2.0 * sigma)) * dt
     std = std_dev_t * math.sqrt(-dt)
     if prev_sample is None:
         if noise is None:
@@ -242,7 +240,7 @@ class Conditioning:
         if mask is None:
             mask = torch.ones(embeds.shape[:2], dtype=torch.int64)
         extra = {
-            k[len(prefix):]: (v.float() if v.is_floating_point() else v)
+            k[len(prefix) :]: (v.float() if v.is_floating_point() else v)
             for k, v in tensors.items()
             if k.startswith(prefix) and k not in (f"{prefix}embeds", f"{prefix}mask")
         }
@@ -309,9 +307,7 @@ class DenoiseState:
             seeds=[seed for s in states for seed in s.seeds],
             step=first.step,
             latents=torch.cat([s.latents for s in states]),
-            window_latents=[
-                torch.cat([s.window_latents[i] for s in states]) for i in range(len(first.window_latents))
-            ],
+            window_latents=[torch.cat([s.window_latents[i] for s in states]) for i in range(len(first.window_latents))],
             log_probs=[torch.cat([s.log_probs[i] for s in states]) for i in range(len(first.log_probs))],
             computed_steps=torch.cat([s.computed_steps for s in states]),
         )
@@ -360,15 +356,26 @@ class Sampler:
         window_start: first SDE step; default ``cfg.sde_window_start``.
     """
 
-    def __init__(self, cfg: SamplerConfig, token_shape: tuple[int, ...], sigmas: torch.Tensor | None = None, *, window_start: int | None = None):
+    def __init__(
+        self,
+        cfg: SamplerConfig,
+        token_shape: tuple[int, ...],
+        sigmas: torch.Tensor | None = None,
+        *,
+        window_start: int | None = None,
+    ):
         self.cfg = cfg
         self.token_shape = tuple(token_shape)
         self.sigmas = make_sigmas(cfg.num_steps, cfg.shift) if sigmas is None else sigmas.to(torch.float32).clone()
         if self.sigmas.shape != (cfg.num_steps + 1,):
-            raise ValueError(f"sigmas must have num_steps + 1 = {cfg.num_steps + 1} entries, got {tuple(self.sigmas.shape)}")
+            raise ValueError(
+                f"sigmas must have num_steps + 1 = {cfg.num_steps + 1} entries, got {tuple(self.sigmas.shape)}"
+            )
         start = cfg.sde_window_start if window_start is None else int(window_start)
         if start < 0 or start + cfg.sde_window_size > cfg.num_steps - 1:
-            raise ValueError(f"SDE window [{start}, {start + cfg.sde_window_size}) must end before the last step {cfg.num_steps - 1}")
+            raise ValueError(
+                f"SDE window [{start}, {start + cfg.sde_window_size}) must end before the last step {cfg.num_steps - 1}"
+            )
         self._window = range(start, start + cfg.sde_window_size)
 
     @property
@@ -388,7 +395,9 @@ class Sampler:
     def initial_state(self, seeds: Sequence[int]) -> DenoiseState:
         return DenoiseState.initial(seeds, self.token_shape)
 
-    def advance(self, state: DenoiseState, velocity_fn: VelocityFn, cond: Conditioning, *, computed: torch.Tensor | None = None) -> DenoiseState:
+    def advance(
+        self, state: DenoiseState, velocity_fn: VelocityFn, cond: Conditioning, *, computed: torch.Tensor | None = None
+    ) -> DenoiseState:
         """Run one denoising step in place on ``state`` and return it.
 
         Args:
@@ -470,7 +479,12 @@ class Sampler:
             sig = torch.full((x.shape[0],), sigma, dtype=torch.float32, device=x.device)
             v = velocity_fn(x, sig, cond)
             res = sde_step(
-                v, x, sigma, float(self.sigmas[j + 1]), float(self.sigmas[1]), self.eta(j),
+                v,
+                x,
+                sigma,
+                float(self.sigmas[j + 1]),
+                float(self.sigmas[1]),
+                self.eta(j),
                 prev_sample=window_latents[:, pos + 1],
             )
             out.append(res.log_prob)

@@ -13,8 +13,8 @@ import pathlib
 import tomllib
 from dataclasses import dataclass, field
 
-from spotlight.errors import SpotlightError
 from spotlight.core.planner import StepOption
+from spotlight.errors import SpotlightError
 
 __all__ = ["DEFAULT_PROFILE", "ProfileError", "SimProfile", "load_profile"]
 
@@ -87,7 +87,12 @@ class SimProfile:
         """Training time of one iteration on ``gpus`` reserved GPUs (linear scaling × efficiency)."""
         if gpus == self.train_gpus:
             return self.train_time_s
-        return self.train_time_s * self.train_gpus / gpus / (self.train_scaling_efficiency if gpus > self.train_gpus else 1.0)
+        return (
+            self.train_time_s
+            * self.train_gpus
+            / gpus
+            / (self.train_scaling_efficiency if gpus > self.train_gpus else 1.0)
+        )
 
     def sequence_cost_steps(self, effective_steps: float) -> float:
         """Full-step equivalents of one sequence that computes ``effective_steps`` of
@@ -113,7 +118,13 @@ def _get(d: dict, section: str, key: str, kind, where: str, *, positive: bool = 
     return v
 
 
-PROFILE_SECTIONS = ("workload", "timing", "exploration", "cluster", "prices")  # required; [iterations_to_target] optional
+PROFILE_SECTIONS = (
+    "workload",
+    "timing",
+    "exploration",
+    "cluster",
+    "prices",
+)  # required; [iterations_to_target] optional
 
 
 def _check_sections(d: dict, where: str) -> None:
@@ -124,11 +135,19 @@ def _check_sections(d: dict, where: str) -> None:
     missing = [k for k in PROFILE_SECTIONS if k not in d]
     if not unknown and not missing:
         return
-    what = "; ".join(part for part in (
-        f"unknown section(s) {', '.join(f'[{k}]' for k in unknown)}" if unknown else "",
-        f"missing section(s) {', '.join(f'[{k}]' for k in missing)}" if missing else "",
-    ) if part)
-    hint = " (a run config? --profile takes a simulation profile such as spotlight/sim/profiles/qwen-image-h100.toml)" if {"model", "run", "train", "sampler"} & set(unknown) else ""
+    what = "; ".join(
+        part
+        for part in (
+            f"unknown section(s) {', '.join(f'[{k}]' for k in unknown)}" if unknown else "",
+            f"missing section(s) {', '.join(f'[{k}]' for k in missing)}" if missing else "",
+        )
+        if part
+    )
+    hint = (
+        " (a run config? --profile takes a simulation profile such as spotlight/sim/profiles/qwen-image-h100.toml)"
+        if {"model", "run", "train", "sampler"} & set(unknown)
+        else ""
+    )
     raise ProfileError(f"{where}: not a simulation profile: {what}{hint}")
 
 
@@ -164,9 +183,13 @@ def load_profile(path: str | pathlib.Path = DEFAULT_PROFILE) -> SimProfile:
     if not isinstance(opts_raw, list) or not opts_raw:
         raise ProfileError(f"{where}: [exploration] step_options must be a non-empty list")
     try:
-        opts = [StepOption(float(o["cache_threshold"]), float(o["effective_steps"]), float(o["accuracy"])) for o in opts_raw]
+        opts = [
+            StepOption(float(o["cache_threshold"]), float(o["effective_steps"]), float(o["accuracy"])) for o in opts_raw
+        ]
     except KeyError as exc:
-        raise ProfileError(f"{where}: [exploration] step_options: every entry needs cache_threshold, effective_steps and accuracy (missing {exc})") from None
+        raise ProfileError(
+            f"{where}: [exploration] step_options: every entry needs cache_threshold, effective_steps and accuracy (missing {exc})"
+        ) from None
     except (TypeError, ValueError) as exc:
         raise ProfileError(f"{where}: [exploration] step_options: each entry is a table of numbers ({exc})") from None
     its_raw = d.get("iterations_to_target", {})
@@ -228,16 +251,26 @@ def load_profile(path: str | pathlib.Path = DEFAULT_PROFILE) -> SimProfile:
         raise ProfileError(f"{where}: [cluster] reserved_gpus and reserved_only_gpus must be multiples of reserved_sp")
     check_cluster(p)
     if any(o.effective_steps > p.num_steps for o in p.step_options):
-        raise ProfileError(f"{where}: [exploration] step_options: effective_steps cannot exceed [workload] num_steps = {p.num_steps}")
-    if not any(o.effective_steps >= p.min_effective_steps and o.accuracy >= p.min_exploration_accuracy for o in p.step_options):
-        raise ProfileError(f"{where}: [exploration] no step option has effective_steps >= min_effective_steps and accuracy >= min_exploration_accuracy")
+        raise ProfileError(
+            f"{where}: [exploration] step_options: effective_steps cannot exceed [workload] num_steps = {p.num_steps}"
+        )
+    if not any(
+        o.effective_steps >= p.min_effective_steps and o.accuracy >= p.min_exploration_accuracy for o in p.step_options
+    ):
+        raise ProfileError(
+            f"{where}: [exploration] no step option has effective_steps >= min_effective_steps and accuracy >= min_exploration_accuracy"
+        )
     if p.max_sequences <= p.group_size:
         raise ProfileError(f"{where}: [exploration] max_sequences must be > group_size (d <= K selects nothing)")
     if p.best_of_n <= p.group_size:
-        raise ProfileError(f"{where}: [exploration] best_of_n must be > group_size ({p.group_size}): best-of-N keeps K of N candidates")
+        raise ProfileError(
+            f"{where}: [exploration] best_of_n must be > group_size ({p.group_size}): best-of-N keeps K of N candidates"
+        )
     unknown = sorted(set(p.iterations_to_target) - KNOWN_POLICIES)
     if unknown:
-        raise ProfileError(f"{where}: [iterations_to_target] unknown policy {', '.join(map(repr, unknown))}; known: {', '.join(sorted(KNOWN_POLICIES))}")
+        raise ProfileError(
+            f"{where}: [iterations_to_target] unknown policy {', '.join(map(repr, unknown))}; known: {', '.join(sorted(KNOWN_POLICIES))}"
+        )
     return p
 
 
@@ -248,4 +281,6 @@ def check_cluster(p: SimProfile) -> None:
         ProfileError: ``spot_sp`` larger than ``gpus_per_spot_node``.
     """
     if p.spot_sp > p.gpus_per_spot_node:
-        raise ProfileError(f"{p.source}: SP degree {p.spot_sp} needs at least {p.spot_sp} GPUs per spot node (got {p.gpus_per_spot_node})")
+        raise ProfileError(
+            f"{p.source}: SP degree {p.spot_sp} needs at least {p.spot_sp} GPUs per spot node (got {p.gpus_per_spot_node})"
+        )

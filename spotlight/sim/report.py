@@ -67,7 +67,14 @@ def plot_comparison(results: Sequence[SimResult], path: pathlib.Path, *, title: 
     for i, r in enumerate(sorted(results, key=lambda r: r.policy == "spotlight")):
         xs = [0] + [row["t_s"] / 3600 for row in r.rows]
         ys = [0] + [row["cost/usd"] for row in r.rows]
-        ax.plot(xs, ys, styles[i % len(styles)], color=color[r.policy], lw=2.5 if r.policy == "spotlight" else 1.5, label=r.policy)
+        ax.plot(
+            xs,
+            ys,
+            styles[i % len(styles)],
+            color=color[r.policy],
+            lw=2.5 if r.policy == "spotlight" else 1.5,
+            label=r.policy,
+        )
         ax.plot(xs[-1:], ys[-1:], "o", color=color[r.policy])  # target reached
     ax.set_xlabel("wall time [h]")
     ax.set_ylabel("cumulative cost [USD] (dot: target reached)")
@@ -77,7 +84,13 @@ def plot_comparison(results: Sequence[SimResult], path: pathlib.Path, *, title: 
     for r in results:
         if not any(math.isfinite(row.get("spot/busy_fraction", math.nan)) for row in r.rows):
             continue
-        ax.plot([row["iteration"] + 1 for row in r.rows], [row.get("spot/busy_fraction", math.nan) for row in r.rows], marker=".", color=color[r.policy], label=r.policy)
+        ax.plot(
+            [row["iteration"] + 1 for row in r.rows],
+            [row.get("spot/busy_fraction", math.nan) for row in r.rows],
+            marker=".",
+            color=color[r.policy],
+            label=r.policy,
+        )
     ax.set_xlabel("iteration")
     ax.set_ylabel("spot busy share of the training window")
     ax.set_ylim(-0.05, 1.05)
@@ -90,4 +103,3 @@ def plot_comparison(results: Sequence[SimResult], path: pathlib.Path, *, title: 
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
-

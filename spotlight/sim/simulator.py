@@ -49,8 +49,15 @@ from typing import Sequence
 import numpy as np
 
 from spotlight.core.instance_manager import InstanceManager, cost_metrics
+from spotlight.core.iteration import (
+    CoreObservation,
+    IterationCore,
+    IterationDone,
+    IterationSettings,
+    StartSaving,
+    StartTraining,
+)
 from spotlight.core.modes import POLICIES, Policy
-from spotlight.core.iteration import CoreObservation, IterationCore, IterationDone, IterationSettings, StartSaving, StartTraining
 from spotlight.core.planner import Action, Planner, PlannerConfig, min_selective_sequences
 from spotlight.core.request_scheduler import Lease, Request, RequestKind, RequestScheduler
 from spotlight.core.seed_bank import MASK64, SeedBank, splitmix64
@@ -61,8 +68,6 @@ __all__ = ["POLICIES", "Policy", "SimResult", "Simulator", "simulate"]
 
 
 # the mode table is shared with the real system's run.mode (spotlight.core.modes)
-
-
 
 
 def _uniforms(*parts: int) -> tuple[float, float]:
@@ -152,12 +157,16 @@ class SyntheticReward:
         b = _np_splitmix64(a)
         u1 = ((a >> 11) + 0.5) / 2**53  # exact integers below 2**53, then IEEE + and /
         u2 = ((b >> 11) + 0.5) / 2**53
-        r = np.sqrt(-2.0 * np.fromiter(map(_log, u1.tolist()), dtype=np.float64, count=n))  # sqrt: correctly rounded in both
+        r = np.sqrt(
+            -2.0 * np.fromiter(map(_log, u1.tolist()), dtype=np.float64, count=n)
+        )  # sqrt: correctly rounded in both
         angle = _TWO_PI * u2
         z = r * np.fromiter(map(_cos, angle.tolist()), dtype=np.float64, count=n)
         st = np.flatnonzero(np.fromiter(stale, dtype=bool, count=n))
         if st.size:
-            z[st] += self.stale_noise * r[st] * np.fromiter(map(_sin, angle[st].tolist()), dtype=np.float64, count=st.size)
+            z[st] += (
+                self.stale_noise * r[st] * np.fromiter(map(_sin, angle[st].tolist()), dtype=np.float64, count=st.size)
+            )
         mu_sigma = self._table[i]
         v = mu_sigma[:, 0] + mu_sigma[:, 1] * z
         # = min(1.0, max(0.0, v)) element-wise (v is finite: u1 is in (0, 1))
@@ -368,7 +377,9 @@ class Simulator:
         if self.actions is None:
             for a in range(p.spot_nodes):
                 for g in range(p.gpus_per_spot_node):
-                    self._at(0.0, "trace", ReplayAction(0.0, "start_node" if g == 0 else "add_gpu", a, g, f"static{a}.{g}"))
+                    self._at(
+                        0.0, "trace", ReplayAction(0.0, "start_node" if g == 0 else "add_gpu", a, g, f"static{a}.{g}")
+                    )
         else:
             for act in self.actions:
                 self._at(act.t_s, "trace", act)
@@ -405,7 +416,14 @@ class Simulator:
         for lease, cost, nominal, resume in zip(w.leases, w.steps, w.nominal, w.resume):
             done_steps = int(frac * nominal)
             if commit and done_steps > 0:
-                self.sched.commit(lease.request_id, lease.lease_id, committed_step=resume + done_steps, commit_key=f"sim.{lease.request_id}.L{lease.lease_id}", now=now, worker_id=w.wid)
+                self.sched.commit(
+                    lease.request_id,
+                    lease.lease_id,
+                    committed_step=resume + done_steps,
+                    commit_key=f"sim.{lease.request_id}.L{lease.lease_id}",
+                    now=now,
+                    worker_id=w.wid,
+                )
             else:
                 self.work_lost_steps += frac * cost
                 self._iter_counts["work_lost_steps"] += frac * cost
@@ -722,10 +740,17 @@ class Simulator:
         # node's GPUs train and, between updates, roll out (colocated, paper §6.1), so its
         # GPU-seconds already bill the Train Workers' GPUs, once, from t = 0
         in_iteration = self.requests_done - int(sum(r.get("requests/completed", 0.0) for r in self.rows))
-        row.update(cost_metrics(
-            self.instances.gpu_seconds(spot=True), self.instances.gpu_seconds(spot=False), p.spot_usd_per_gpu_hour, p.reserved_usd_per_gpu_hour,
-            requests_total=self.requests_done, requests_in_iteration=in_iteration, iteration_s=float(row.get("time/iteration_s", 0.0)),
-        ))
+        row.update(
+            cost_metrics(
+                self.instances.gpu_seconds(spot=True),
+                self.instances.gpu_seconds(spot=False),
+                p.spot_usd_per_gpu_hour,
+                p.reserved_usd_per_gpu_hour,
+                requests_total=self.requests_done,
+                requests_in_iteration=in_iteration,
+                iteration_s=float(row.get("time/iteration_s", 0.0)),
+            )
+        )
         self._iter_counts = {"preemptions": 0, "additions": 0, "work_lost_steps": 0.0}
         self.rows.append(row)
         self.sched.forget(before_iteration=d.iteration)
@@ -753,7 +778,11 @@ class Simulator:
         self.instances.integrate(self.now)
         p = self.profile
         spot_s = self.instances.gpu_seconds(spot=True)
-        busy = [r["spot/busy_fraction"] for r in self.rows if isinstance(r.get("spot/busy_fraction"), float) and math.isfinite(r["spot/busy_fraction"])]
+        busy = [
+            r["spot/busy_fraction"]
+            for r in self.rows
+            if isinstance(r.get("spot/busy_fraction"), float) and math.isfinite(r["spot/busy_fraction"])
+        ]
         crit = sum(r["time/explore_critical_path_s"] for r in self.rows)
         total = sum(r["time/iteration_s"] for r in self.rows)
         return SimResult(

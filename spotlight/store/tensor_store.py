@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import pathlib
 import re
 from typing import Callable
@@ -30,7 +29,16 @@ from typing import Callable
 import msgspec
 
 from spotlight.protocol import TensorMeta
-from spotlight.store.weight_sync import DEFAULT_DIGEST, ChunkReceiver, MappedFile, WeightSyncError, file_digest, new_hasher, num_chunks, parse_digest
+from spotlight.store.weight_sync import (
+    DEFAULT_DIGEST,
+    ChunkReceiver,
+    MappedFile,
+    WeightSyncError,
+    file_digest,
+    new_hasher,
+    num_chunks,
+    parse_digest,
+)
 
 _KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*$")
 
@@ -58,11 +66,11 @@ class WeightsInfo:
 
 class TensorStore:
     """Args:
-        root: directory for the on-disk mirror (created).
-        keep_versions: weight versions kept as bytes in memory (those of at most
-            ``memory_max_bytes``) and memory-mapped for serving.
-        memory_max_bytes: largest version also kept in memory as bytes; larger ones are only
-            ever on disk (0 = none in memory).
+    root: directory for the on-disk mirror (created).
+    keep_versions: weight versions kept as bytes in memory (those of at most
+        ``memory_max_bytes``) and memory-mapped for serving.
+    memory_max_bytes: largest version also kept in memory as bytes; larger ones are only
+        ever on disk (0 = none in memory).
     """
 
     def __init__(self, root: pathlib.Path, keep_versions: int = 3, *, memory_max_bytes: int = 64 << 20):
@@ -87,7 +95,15 @@ class TensorStore:
         return self.root / "weights" / f"v{int(version)}.digest"
 
     # ------------------------------------------------------------ weights: publishing
-    def begin_weights(self, version: int, size_bytes: int, chunk_bytes: int, digest: str, *, validate: Callable[[pathlib.Path], None] | None = None) -> None:
+    def begin_weights(
+        self,
+        version: int,
+        size_bytes: int,
+        chunk_bytes: int,
+        digest: str,
+        *,
+        validate: Callable[[pathlib.Path], None] | None = None,
+    ) -> None:
         """Start receiving ``version`` (replacing any unfinished upload): its chunks go
         straight to ``v<version>.safetensors.part``.
 
@@ -123,7 +139,9 @@ class TensorStore:
         """
         up = self._upload
         if up is None or up.version != version:
-            raise WeightSyncError(f"no upload of weight version {version} in progress" + (f" (receiving v{up.version})" if up else ""))
+            raise WeightSyncError(
+                f"no upload of weight version {version} in progress" + (f" (receiving v{up.version})" if up else "")
+            )
         try:
             complete = up.add(index, offset, data)
         except WeightSyncError:
@@ -150,7 +168,9 @@ class TensorStore:
         """
         h = new_hasher(DEFAULT_DIGEST)
         h.update(blob)
-        self.begin_weights(version, len(blob), max(1, len(blob)), f"{DEFAULT_DIGEST}:{h.hexdigest()}", validate=validate)
+        self.begin_weights(
+            version, len(blob), max(1, len(blob)), f"{DEFAULT_DIGEST}:{h.hexdigest()}", validate=validate
+        )
         self.put_weights_chunk(version, 0, 0, blob)
 
     def _publish(self, version: int, size_bytes: int, digest: str) -> None:
@@ -208,7 +228,9 @@ class TensorStore:
         blob = self._weights.get(version)
         if blob is not None:
             if offset < 0 or length < 0 or offset + length > len(blob):
-                raise WeightSyncError(f"range [{offset}, {offset + length}) is outside version {version} ({len(blob)} bytes)")
+                raise WeightSyncError(
+                    f"range [{offset}, {offset + length}) is outside version {version} ({len(blob)} bytes)"
+                )
             return memoryview(blob)[offset : offset + length]
         mapped = self._maps.get(version)
         if mapped is None:
@@ -235,7 +257,9 @@ class TensorStore:
     def prune_weights(self, keep_from: int) -> None:
         """Delete on-disk versions older than ``keep_from`` (a map still sending keeps its file
         alive until it is done)."""
-        for path in list((self.root / "weights").glob("v*.safetensors")) + list((self.root / "weights").glob("v*.digest")):
+        for path in list((self.root / "weights").glob("v*.safetensors")) + list(
+            (self.root / "weights").glob("v*.digest")
+        ):
             try:
                 v = int(path.name[1:].split(".", 1)[0])
             except ValueError:

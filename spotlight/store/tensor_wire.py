@@ -99,8 +99,16 @@ def bytes_to_state_dict(blob: bytes) -> dict[str, torch.Tensor]:
 # ---------------------------------------------------------------- weight versions as files
 
 _ST_NAMES = {
-    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL",
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
 }
 _ST_DTYPES = {v: k for k, v in _ST_NAMES.items()}
 

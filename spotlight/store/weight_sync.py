@@ -40,7 +40,23 @@ DEFAULT_DIGEST = "sha256"
 MAX_SAFETENSORS_HEADER_BYTES = 100 << 20
 """Largest safetensors JSON header accepted (safetensors' own limit)."""
 
-ST_ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1, "U16": 2, "U32": 4, "U64": 8, "F8_E4M3": 1, "F8_E5M2": 1}
+ST_ITEMSIZE = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+    "U16": 2,
+    "U32": 4,
+    "U64": 8,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+}
 """Bytes per element of every safetensors dtype name this module accepts."""
 
 
@@ -97,7 +113,9 @@ def parse_digest(digest: str) -> tuple[str, str]:
     """
     algo, _, hexpart = digest.partition(":")
     if algo not in DIGEST_ALGORITHMS:
-        raise WeightSyncError(f"digest {digest[:80]!r}: expected '<algorithm>:<hex>' with algorithm in {DIGEST_ALGORITHMS}")
+        raise WeightSyncError(
+            f"digest {digest[:80]!r}: expected '<algorithm>:<hex>' with algorithm in {DIGEST_ALGORITHMS}"
+        )
     want = new_hasher(algo).digest_size * 2
     if len(hexpart) != want or any(c not in "0123456789abcdef" for c in hexpart):
         raise WeightSyncError(f"digest {digest[:80]!r}: expected {want} lowercase hex digits after '{algo}:'")
@@ -160,13 +178,24 @@ def read_safetensors_header(path: pathlib.Path | str) -> tuple[dict, int, int]:
             raise WeightSyncError(f"{path}: tensor {name[:100]!r} lacks dtype, shape or data_offsets") from None
         if dtype not in ST_ITEMSIZE:
             raise WeightSyncError(f"{path}: tensor {name[:100]!r} has unknown dtype {str(dtype)[:20]!r}")
-        if not isinstance(shape, list) or len(shape) > 16 or not all(isinstance(d, int) and 0 <= d < 1 << 50 for d in shape):
+        if (
+            not isinstance(shape, list)
+            or len(shape) > 16
+            or not all(isinstance(d, int) and 0 <= d < 1 << 50 for d in shape)
+        ):
             raise WeightSyncError(f"{path}: tensor {name[:100]!r} has a bad shape")
         numel = 1
         for d in shape:
             numel *= d
-        if not (isinstance(b, int) and isinstance(e, int) and 0 <= b <= e <= data_len and e - b == numel * ST_ITEMSIZE[dtype]):
-            raise WeightSyncError(f"{path}: tensor {name[:100]!r} data offsets {[b, e]} do not match its shape or the file")
+        if not (
+            isinstance(b, int)
+            and isinstance(e, int)
+            and 0 <= b <= e <= data_len
+            and e - b == numel * ST_ITEMSIZE[dtype]
+        ):
+            raise WeightSyncError(
+                f"{path}: tensor {name[:100]!r} data offsets {[b, e]} do not match its shape or the file"
+            )
     return header, 8 + n, size
 
 
@@ -203,7 +232,16 @@ class ChunkReceiver:
         OSError: the ``.part`` file cannot be created.
     """
 
-    def __init__(self, path: pathlib.Path | str, version: int, size_bytes: int, chunk_bytes: int, digest: str, *, validate: Callable[[pathlib.Path], None] | None = None):
+    def __init__(
+        self,
+        path: pathlib.Path | str,
+        version: int,
+        size_bytes: int,
+        chunk_bytes: int,
+        digest: str,
+        *,
+        validate: Callable[[pathlib.Path], None] | None = None,
+    ):
         self.path = pathlib.Path(path)
         self.version = int(version)
         self.size_bytes = int(size_bytes)
@@ -214,7 +252,9 @@ class ChunkReceiver:
         self.validate = validate
         free = shutil.disk_usage(self.path.parent).free
         if free < self.size_bytes:
-            raise WeightSyncError(f"version {version} needs {self.size_bytes} bytes but {self.path.parent} has {free} free")
+            raise WeightSyncError(
+                f"version {version} needs {self.size_bytes} bytes but {self.path.parent} has {free} free"
+            )
         self.part = self.path.with_name(self.path.name + ".part")
         self._fd = os.open(self.part, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         os.ftruncate(self._fd, self.size_bytes)
@@ -253,11 +293,15 @@ class ChunkReceiver:
             OSError: writing failed (disk full): the upload is discarded.
         """
         if self.done or self.failed:
-            raise WeightSyncError(f"version {self.version}: the upload is already {'complete' if self.done else 'discarded'}")
+            raise WeightSyncError(
+                f"version {self.version}: the upload is already {'complete' if self.done else 'discarded'}"
+            )
         want_off, want_len = self.expected(index)
         view = memoryview(data).cast("B")
         if offset != want_off or len(view) != want_len:
-            raise WeightSyncError(f"version {self.version} chunk {index}: got {len(view)} bytes at offset {offset}, expected {want_len} at {want_off}")
+            raise WeightSyncError(
+                f"version {self.version} chunk {index}: got {len(view)} bytes at offset {offset}, expected {want_len} at {want_off}"
+            )
         if self._received[index]:
             raise WeightSyncError(f"version {self.version} chunk {index} arrived twice")
         try:
@@ -278,7 +322,9 @@ class ChunkReceiver:
         got = self._hasher.hexdigest()
         if got != self._expect_hex:
             self.abort()
-            raise WeightSyncError(f"version {self.version}: digest mismatch ({self.algorithm}:{got[:16]}… != {self.digest[:24]}…); upload discarded")
+            raise WeightSyncError(
+                f"version {self.version}: digest mismatch ({self.algorithm}:{got[:16]}… != {self.digest[:24]}…); upload discarded"
+            )
         os.close(self._fd)
         self._fd = -1
         if self.validate is not None:
@@ -315,7 +361,12 @@ class ChunkReceiver:
         self.part.unlink(missing_ok=True)
 
     def progress(self) -> dict:
-        return {"version": self.version, "received_bytes": self.received_bytes, "size_bytes": self.size_bytes, "chunks": f"{self.received_chunks}/{self.num_chunks}"}
+        return {
+            "version": self.version,
+            "received_bytes": self.received_bytes,
+            "size_bytes": self.size_bytes,
+            "chunks": f"{self.received_chunks}/{self.num_chunks}",
+        }
 
 
 def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
@@ -361,7 +412,9 @@ class MappedFile:
         return self._view[offset : offset + length]
 
 
-def fetch_replies(request, size_bytes: int, chunk_bytes: int, digest: str, read: Callable[[int, int], "memoryview | bytes | None"]) -> Iterator[tuple]:
+def fetch_replies(
+    request, size_bytes: int, chunk_bytes: int, digest: str, read: Callable[[int, int], "memoryview | bytes | None"]
+) -> Iterator[tuple]:
     """The replies to one FETCH_WEIGHTS for a published version, in the order to send them:
     its WEIGHTS header (if ``request.header``), then the WEIGHTS_CHUNK messages
     ``request.first_chunk`` … ``first_chunk + num_chunks - 1`` clipped to the version, each
@@ -394,7 +447,12 @@ def fetch_replies(request, size_bytes: int, chunk_bytes: int, digest: str, read:
 
     def replies():
         if request.header:
-            yield P.Weights(version=request.version, size_bytes=size_bytes, chunk_bytes=chunk_bytes, num_chunks=n, digest=digest), []
+            yield (
+                P.Weights(
+                    version=request.version, size_bytes=size_bytes, chunk_bytes=chunk_bytes, num_chunks=n, digest=digest
+                ),
+                [],
+            )
         for i in range(request.first_chunk, min(n, request.first_chunk + request.num_chunks)):
             off, length = chunk_span(i, size_bytes, chunk_bytes)
             data = read(off, length)
@@ -447,7 +505,17 @@ class ServedVersion:
 # ---------------------------------------------------------------- sending (trainer rank 0)
 
 
-def send_version(sock, version: int, path: pathlib.Path | str, digest: str, chunk_bytes: int, *, alive: Callable[[], bool] = lambda: True, poll_ms: int = 1000, unlink: bool = False) -> int:
+def send_version(
+    sock,
+    version: int,
+    path: pathlib.Path | str,
+    digest: str,
+    chunk_bytes: int,
+    *,
+    alive: Callable[[], bool] = lambda: True,
+    poll_ms: int = 1000,
+    unlink: bool = False,
+) -> int:
     """Push weight ``version`` (the file at ``path``) on a ZeroMQ DEALER: one WEIGHTS header,
     then its WEIGHTS_CHUNK messages in order, each a zero-copy slice of a memory map.
 
@@ -483,5 +551,9 @@ def send_version(sock, version: int, path: pathlib.Path | str, digest: str, chun
     send(P.encode(P.Weights(version=version, size_bytes=size, chunk_bytes=chunk_bytes, num_chunks=n, digest=digest)))
     for i in range(n):
         off, length = chunk_span(i, size, chunk_bytes)
-        send(P.encode(P.WeightsChunk(version=version, index=i, offset=off, size_bytes=length), [mapped.chunk(off, length)]))
+        send(
+            P.encode(
+                P.WeightsChunk(version=version, index=i, offset=off, size_bytes=length), [mapped.chunk(off, length)]
+            )
+        )
     return n

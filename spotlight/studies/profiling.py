@@ -50,7 +50,12 @@ class Profile:
         (``null``: every prompt's rewards were tied, e.g. a 0/1 reward) gets accuracy −1, so
         the Planner refuses it rather than trusting an unmeasured cache."""
         return [
-            StepOption(float(r["cache_threshold"]), float(r["effective_steps"]), _accuracy(r.get("accuracy")), float(r["cost_steps"]) if r.get("cost_steps") else None)
+            StepOption(
+                float(r["cache_threshold"]),
+                float(r["effective_steps"]),
+                _accuracy(r.get("accuracy")),
+                float(r["cost_steps"]) if r.get("cost_steps") else None,
+            )
             for r in self.steps
         ]
 
@@ -114,7 +119,17 @@ def spearman(a: Sequence[float], b: Sequence[float]) -> float:
     return float(spearmanr(a, b).statistic)
 
 
-def _sp_member(rank: int, world: int, port: int, model_cfg: dict, sampler_cfg: dict, state_dict_path: str, batch: int, repeats: int, out_q) -> None:
+def _sp_member(
+    rank: int,
+    world: int,
+    port: int,
+    model_cfg: dict,
+    sampler_cfg: dict,
+    state_dict_path: str,
+    batch: int,
+    repeats: int,
+    out_q,
+) -> None:
     """One rank of an SP profiling group (module-level so ``spawn`` can start it)."""
     import torch
 
@@ -130,8 +145,14 @@ def _sp_member(rank: int, world: int, port: int, model_cfg: dict, sampler_cfg: d
     sampler = Sampler(msgspec.convert(sampler_cfg, SamplerConfig), token_shape(mc))
     member = G.SPGroupMember(mc, f"profile/{rank}", torch.device("cpu"))
     sd = load_file(state_dict_path) if rank == 0 else None
-    member.form(G.GroupSpec(tuple(f"profile/{r}" for r in range(world)), "127.0.0.1", port, 1), state_dict=sd, version=0 if sd else None)
-    cond = Conditioning(torch.zeros(batch, mc.max_text_tokens, 384), torch.ones(batch, mc.max_text_tokens, dtype=torch.long))
+    member.form(
+        G.GroupSpec(tuple(f"profile/{r}" for r in range(world)), "127.0.0.1", port, 1),
+        state_dict=sd,
+        version=0 if sd else None,
+    )
+    cond = Conditioning(
+        torch.zeros(batch, mc.max_text_tokens, 384), torch.ones(batch, mc.max_text_tokens, dtype=torch.long)
+    )
     times = []
     for i in range(repeats + 1):  # the first batch warms up
         state = sampler.initial_state(list(range(batch))) if rank == 0 else None
@@ -173,7 +194,20 @@ def profile_sp_t_step(cfg: SpotlightConfig, state_dict: dict, degree: int, *, re
         path = os.path.join(d, "w.safetensors")
         save_file({k: v.contiguous() for k, v in state_dict.items()}, path)
         procs = [
-            ctx.Process(target=_sp_member, args=(r, degree, port, msgspec.to_builtins(cfg.model), msgspec.to_builtins(cfg.sampler), path, cfg.cluster.worker_batch_size, repeats, q))
+            ctx.Process(
+                target=_sp_member,
+                args=(
+                    r,
+                    degree,
+                    port,
+                    msgspec.to_builtins(cfg.model),
+                    msgspec.to_builtins(cfg.sampler),
+                    path,
+                    cfg.cluster.worker_batch_size,
+                    repeats,
+                    q,
+                ),
+            )
             for r in range(degree)
         ]
         for p in procs:
@@ -222,8 +256,8 @@ def run_profile(
     import torch
 
     from spotlight import protocol as P
-    from spotlight.rewards.reward_fn import RewardFn
     from spotlight.core.seed_bank import derive_seed
+    from spotlight.rewards.reward_fn import RewardFn
     from spotlight.workers.rollout.worker import RolloutExecutor
 
     ex = RolloutExecutor(cfg.model, cfg.sampler, text_dim=embeds.shape[-1])
@@ -238,7 +272,19 @@ def run_profile(
 
     def run(prompt_idx: list[int], seeds: list[int], threshold: float):
         kind = "explore" if threshold > 0 else "rollout"
-        items = [P.LeaseItem(lease_id=i, request_id=f"p{i}", kind=kind, iteration=0, prompt_index=p, seed=s, weight_version=0, params={"cache_threshold": threshold}) for i, (p, s) in enumerate(zip(prompt_idx, seeds))]
+        items = [
+            P.LeaseItem(
+                lease_id=i,
+                request_id=f"p{i}",
+                kind=kind,
+                iteration=0,
+                prompt_index=p,
+                seed=s,
+                weight_version=0,
+                params={"cache_threshold": threshold},
+            )
+            for i, (p, s) in enumerate(zip(prompt_idx, seeds))
+        ]
         tensors = {"cond.embeds": embeds[prompt_idx], "cond.mask": mask[prompt_idx]}
         t0 = time.perf_counter()
         out = ex.run("profile", P.Leases(worker_id="profile", items=items), tensors)
@@ -263,7 +309,9 @@ def run_profile(
     t_steps = {f"{device}/sp1": t_step}
     for k in sorted(set(int(d) for d in sp_degrees if int(d) > 1)):
         t_steps[f"{device}/sp{k}"] = profile_sp_t_step(cfg, state_dict, k)
-        progress(f"t_step = {t_steps[f'{device}/sp{k}'] * 1e3:.2f} ms per sequence-step ({device}, SP {k} group of {k} processes, batch {bs})")
+        progress(
+            f"t_step = {t_steps[f'{device}/sp{k}'] * 1e3:.2f} ms per sequence-step ({device}, SP {k} group of {k} processes, batch {bs})"
+        )
 
     # accuracy table
     pairs = [(p, derive_seed("profile", p, k)) for p in range(num_prompts) for k in range(num_seeds)]
@@ -274,24 +322,49 @@ def run_profile(
         rewards, steps, secs = [], [], 0.0
         for i in range(0, len(pairs), bs):
             imgs, comp, dt = run(all_p[i : i + bs], all_s[i : i + bs], threshold)
-            rewards += reward_fn(imgs, [prompts[p] for p in all_p[i : i + bs]] if prompts is not None else [""] * len(imgs))
+            rewards += reward_fn(
+                imgs, [prompts[p] for p in all_p[i : i + bs]] if prompts is not None else [""] * len(imgs)
+            )
             steps += comp
             secs += dt
         return np.array(rewards), float(np.mean(steps)), secs
 
     full, _, full_s = rewards_for(0.0)
-    rows = [{"cache_threshold": 0.0, "effective_steps": float(T), "cost_steps": float(T), "accuracy": 1.0, "num_prompts": num_prompts, "num_seeds": num_seeds}]
+    rows = [
+        {
+            "cache_threshold": 0.0,
+            "effective_steps": float(T),
+            "cost_steps": float(T),
+            "accuracy": 1.0,
+            "num_prompts": num_prompts,
+            "num_seeds": num_seeds,
+        }
+    ]
     for thr in sorted(set(float(t) for t in thresholds if t > 0)):
         cached, eff, secs = rewards_for(thr)
-        rhos = [spearman(cached[p * num_seeds : (p + 1) * num_seeds], full[p * num_seeds : (p + 1) * num_seeds]) for p in range(num_prompts)]
+        rhos = [
+            spearman(cached[p * num_seeds : (p + 1) * num_seeds], full[p * num_seeds : (p + 1) * num_seeds])
+            for p in range(num_prompts)
+        ]
         rhos = [r for r in rhos if r == r]
         # no prompt with untied rewards: the ranking accuracy is unknown (JSON null, refused)
         acc = float(np.mean(rhos)) if rhos else None
         # a cached step still runs the head block + embeddings: measure its real cost
         cost = float(T) * secs / full_s
-        rows.append({"cache_threshold": thr, "effective_steps": eff, "cost_steps": max(cost, eff), "accuracy": acc, "num_prompts": num_prompts, "num_seeds": num_seeds})
+        rows.append(
+            {
+                "cache_threshold": thr,
+                "effective_steps": eff,
+                "cost_steps": max(cost, eff),
+                "accuracy": acc,
+                "num_prompts": num_prompts,
+                "num_seeds": num_seeds,
+            }
+        )
         acc_txt = f"{acc:.3f}" if acc is not None else "unknown (every prompt's rewards tied; refused)"
-        progress(f"threshold {thr:.3f}: {eff:.2f} effective steps of {T} (cost {cost:.2f} full-step equivalents), accuracy (Spearman) {acc_txt}")
+        progress(
+            f"threshold {thr:.3f}: {eff:.2f} effective steps of {T} (cost {cost:.2f} full-step equivalents), accuracy (Spearman) {acc_txt}"
+        )
     return {
         "version": PROFILE_VERSION,
         "config_key": config_key(cfg),

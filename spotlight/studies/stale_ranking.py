@@ -27,8 +27,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from spotlight.config import SpotlightConfig
-from spotlight.studies.profiling import spearman
 from spotlight.core.seed_bank import derive_seed, select_top_bottom
+from spotlight.studies.profiling import spearman
 
 
 def rank_within_groups(rewards) -> np.ndarray:
@@ -123,7 +123,16 @@ def generate_rewards(
         chunk = flat[start : start + bs]
         idx = [p for p, _ in chunk]
         items = [
-            P.LeaseItem(lease_id=i, request_id=f"v{version}-{start + i}", kind="rollout", iteration=version, prompt_index=p, seed=s, weight_version=version, params={})
+            P.LeaseItem(
+                lease_id=i,
+                request_id=f"v{version}-{start + i}",
+                kind="rollout",
+                iteration=version,
+                prompt_index=p,
+                seed=s,
+                weight_version=version,
+                params={},
+            )
             for i, (p, s) in enumerate(chunk)
         ]
         tensors = {"cond.embeds": embeds[idx], "cond.mask": mask[idx]}

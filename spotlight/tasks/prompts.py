@@ -134,7 +134,9 @@ def load_prompt_set(
     fmt = file_format(p)
     cats = tuple(str(c) for c in categories)
     if bool(cats) != bool(category_column):
-        raise ConfigError("data.categories: set data.category_column and data.categories together (the column, and its values to keep)")
+        raise ConfigError(
+            "data.categories: set data.category_column and data.categories together (the column, and its values to keep)"
+        )
     if fmt == "text":
         if prompt_column or category_column:
             raise ConfigError(
@@ -164,8 +166,12 @@ def load_prompt_set(
         missing = [c for c in cats if c not in seen_categories]
         if missing:
             present = sorted(seen_categories)
-            shown = ", ".join(repr(c) for c in present[:12]) + (f", … ({len(present)} values)" if len(present) > 12 else "")
-            raise ConfigError(f"{p}: data.categories {missing} occur nowhere in column {category_column!r}; its values: {shown or '(none)'}")
+            shown = ", ".join(repr(c) for c in present[:12]) + (
+                f", … ({len(present)} values)" if len(present) > 12 else ""
+            )
+            raise ConfigError(
+                f"{p}: data.categories {missing} occur nowhere in column {category_column!r}; its values: {shown or '(none)'}"
+            )
     if not kept:
         raise ConfigError(f"{p}: no prompts" + (f" ({empty} empty)" if empty else ""))
     return PromptSet(
@@ -193,7 +199,13 @@ def prompt_set_from_config(data: DataConfig, config_path: str | pathlib.Path | N
     """
     path = resolve_path(data.prompts_path) if data.prompts_path else DEFAULT_PROMPTS_PATH
     source = f"{config_path if config_path is not None else DEFAULT_CONFIG_PATH}: data.prompts_path"
-    return load_prompt_set(path, prompt_column=data.prompt_column, category_column=data.category_column, categories=data.categories, source=source)
+    return load_prompt_set(
+        path,
+        prompt_column=data.prompt_column,
+        category_column=data.category_column,
+        categories=data.categories,
+        source=source,
+    )
 
 
 def truncation_report(lengths: Sequence[int], max_tokens: int) -> tuple[int, str]:
@@ -237,10 +249,14 @@ def _pick_column(p: pathlib.Path, where: str, names: list[str], wanted: str, set
     folded = [n for n in names if n.lower() == wanted.lower()]
     if len(folded) == 1:
         return folded[0]
-    raise ConfigError(f"{p}:{where}: {setting} = {wanted!r} is not a column; columns: {', '.join(repr(n) for n in names)}")
+    raise ConfigError(
+        f"{p}:{where}: {setting} = {wanted!r} is not a column; columns: {', '.join(repr(n) for n in names)}"
+    )
 
 
-def _table_rows(p: pathlib.Path, text: str, delimiter: str, prompt_column: str, category_column: str) -> tuple[list[tuple[int, str, str | None]], str]:
+def _table_rows(
+    p: pathlib.Path, text: str, delimiter: str, prompt_column: str, category_column: str
+) -> tuple[list[tuple[int, str, str | None]], str]:
     reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=True)
     kind = "TSV" if delimiter == "\t" else "CSV"
     try:
@@ -248,7 +264,9 @@ def _table_rows(p: pathlib.Path, text: str, delimiter: str, prompt_column: str, 
         while header is not None and not any(h.strip() for h in header):
             header = next(reader, None)
         if header is None:
-            raise ConfigError(f"{p}: empty {kind} file; expected a header row with a prompt column ({', '.join(PROMPT_COLUMN_NAMES)})")
+            raise ConfigError(
+                f"{p}: empty {kind} file; expected a header row with a prompt column ({', '.join(PROMPT_COLUMN_NAMES)})"
+            )
         names = [h.strip() for h in header]
         hline = reader.line_num
         if prompt_column:
@@ -261,25 +279,33 @@ def _table_rows(p: pathlib.Path, text: str, delimiter: str, prompt_column: str, 
                     f"columns: {', '.join(repr(n) for n in names)}; name one with data.prompt_column"
                 )
             if len(matches) > 1:
-                raise ConfigError(f"{p}:{hline}: more than one prompt column ({', '.join(repr(n) for n in matches)}); choose one with data.prompt_column")
+                raise ConfigError(
+                    f"{p}:{hline}: more than one prompt column ({', '.join(repr(n) for n in matches)}); choose one with data.prompt_column"
+                )
             col = matches[0]
         cat = _pick_column(p, str(hline), names, category_column, "data.category_column") if category_column else ""
         if names.count(col) > 1 or (cat and names.count(cat) > 1):
-            raise ConfigError(f"{p}:{hline}: column {col if names.count(col) > 1 else cat!r} appears twice in the header")
+            raise ConfigError(
+                f"{p}:{hline}: column {col if names.count(col) > 1 else cat!r} appears twice in the header"
+            )
         i_prompt, i_cat = names.index(col), (names.index(cat) if cat else -1)
         rows = []
         for record in reader:
             if not record or (len(record) == 1 and not record[0].strip()):
                 continue  # a blank line
             if len(record) != len(names):
-                raise ConfigError(f"{p}:{reader.line_num}: {len(record)} fields but the header has {len(names)}; quote fields that contain {'tabs' if delimiter == chr(9) else 'commas'}")
+                raise ConfigError(
+                    f"{p}:{reader.line_num}: {len(record)} fields but the header has {len(names)}; quote fields that contain {'tabs' if delimiter == chr(9) else 'commas'}"
+                )
             rows.append((reader.line_num, record[i_prompt].strip(), record[i_cat].strip() if cat else None))
     except csv.Error as exc:
         raise ConfigError(f"{p}:{reader.line_num}: not valid {kind}: {exc}") from None
     return rows, col
 
 
-def _jsonl_rows(p: pathlib.Path, text: str, prompt_column: str, category_column: str) -> tuple[list[tuple[int, str, str | None]], str]:
+def _jsonl_rows(
+    p: pathlib.Path, text: str, prompt_column: str, category_column: str
+) -> tuple[list[tuple[int, str, str | None]], str]:
     rows = []
     key = prompt_column
     for n, line in enumerate(text.splitlines(), 1):
@@ -294,11 +320,15 @@ def _jsonl_rows(p: pathlib.Path, text: str, prompt_column: str, category_column:
         if not key:
             key = next((k for k in PROMPT_COLUMN_NAMES if k in obj), "")
             if not key:
-                raise ConfigError(f"{p}:{n}: no prompt key (looked for {', '.join(PROMPT_COLUMN_NAMES)}); keys: {', '.join(repr(k) for k in obj)}; name one with data.prompt_column")
+                raise ConfigError(
+                    f"{p}:{n}: no prompt key (looked for {', '.join(PROMPT_COLUMN_NAMES)}); keys: {', '.join(repr(k) for k in obj)}; name one with data.prompt_column"
+                )
         if key not in obj:
             raise ConfigError(f"{p}:{n}: no {key!r} key; keys: {', '.join(repr(k) for k in obj)}")
         if category_column and category_column not in obj:
-            raise ConfigError(f"{p}:{n}: no {category_column!r} key (data.category_column); keys: {', '.join(repr(k) for k in obj)}")
+            raise ConfigError(
+                f"{p}:{n}: no {category_column!r} key (data.category_column); keys: {', '.join(repr(k) for k in obj)}"
+            )
         value = obj[key]
         if not isinstance(value, str):
             raise ConfigError(f"{p}:{n}: {key!r} is a {type(value).__name__}, not text")

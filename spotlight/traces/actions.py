@@ -21,7 +21,9 @@ TRACE_HORIZON_S = 60 * 24 * 3600.0
 """How far :func:`trace_actions` extends a trace by default: 60 days, longer than any simulated job."""
 
 
-def spot_actions(events: Sequence[TraceEvent], *, spot_nodes: int, gpus_per_node: int, seed: int, replicas: int = 1) -> list[ReplayAction]:
+def spot_actions(
+    events: Sequence[TraceEvent], *, spot_nodes: int, gpus_per_node: int, seed: int, replicas: int = 1
+) -> list[ReplayAction]:
     """Place a trace onto ``spot_nodes × gpus_per_node`` GPUs (paper §6.1: each arrival and
     revocation on a random node). ``replicas > 1`` superposes that many independent seeded
     placements of the trace, each on its own ``spot_nodes / replicas`` nodes (a cluster
@@ -62,4 +64,10 @@ def trace_actions(
     events = load_trace(trace)
     if not events:
         raise ValueError(f"trace {trace} has no events")
-    return spot_actions(pingpong_trace(events, until_s), spot_nodes=spot_nodes, gpus_per_node=gpus_per_node, seed=seed, replicas=replicas)
+    return spot_actions(
+        pingpong_trace(events, until_s),
+        spot_nodes=spot_nodes,
+        gpus_per_node=gpus_per_node,
+        seed=seed,
+        replicas=replicas,
+    )

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import subprocess
 import sys
 import threading
@@ -30,25 +29,37 @@ log = logging.getLogger("spotlight.traces.driver")
 
 class TraceDriver(threading.Thread):
     """Args:
-        actions: :class:`spotlight.traces.formats.ReplayAction` list (times already scaled).
-        coordinator: endpoint agents join.
-        keys_dir: the run's keys directory (agents use its ``agent.local`` key).
-        cloud: mock metadata personality for spot nodes ("aws", "gcp", "azure").
-        grace_s: commit grace of revocations / notice lead time.
-        listing: dict updated in place with the live agents (written to ``local_agents.json``).
-        listing_path: where to write it after each change.
-        nice: CPU niceness of the spot agents' workers.
-        warm_spare: spot agents keep a warm spare worker process (``cluster.warm_spare``).
-        node_ready: ``node_ready(node_id)`` is True once that agent registered with the
-            coordinator. An action on a node that started but has not registered yet waits
-            for it, and so do the later actions on the same agent (their order is kept):
-            the trace describes nodes that are up, and an agent slow to start on a loaded
-            machine would otherwise get its revocation before it has a worker, or its
-            preemption notice before it joins (it then refuses to join). None: never wait.
+    actions: :class:`spotlight.traces.formats.ReplayAction` list (times already scaled).
+    coordinator: endpoint agents join.
+    keys_dir: the run's keys directory (agents use its ``agent.local`` key).
+    cloud: mock metadata personality for spot nodes ("aws", "gcp", "azure").
+    grace_s: commit grace of revocations / notice lead time.
+    listing: dict updated in place with the live agents (written to ``local_agents.json``).
+    listing_path: where to write it after each change.
+    nice: CPU niceness of the spot agents' workers.
+    warm_spare: spot agents keep a warm spare worker process (``cluster.warm_spare``).
+    node_ready: ``node_ready(node_id)`` is True once that agent registered with the
+        coordinator. An action on a node that started but has not registered yet waits
+        for it, and so do the later actions on the same agent (their order is kept):
+        the trace describes nodes that are up, and an agent slow to start on a loaded
+        machine would otherwise get its revocation before it has a worker, or its
+        preemption notice before it joins (it then refuses to join). None: never wait.
     """
 
-    def __init__(self, actions, *, coordinator: str, keys_dir, cloud: str, grace_s: float, listing: dict, listing_path, nice: int = 5, warm_spare: bool = True,
-                 node_ready: Callable[[str], bool] | None = None):
+    def __init__(
+        self,
+        actions,
+        *,
+        coordinator: str,
+        keys_dir,
+        cloud: str,
+        grace_s: float,
+        listing: dict,
+        listing_path,
+        nice: int = 5,
+        warm_spare: bool = True,
+        node_ready: Callable[[str], bool] | None = None,
+    ):
         super().__init__(daemon=True, name="trace-driver")
         from spotlight.traces.formats import TraceReplayer
 
@@ -85,12 +96,44 @@ class TraceDriver(threading.Thread):
         from spotlight.util.procs import scrubbed_env, spawn_logged
 
         env = scrubbed_env()
-        cmd = [sys.executable, "-m", "agent.main", "join", "--coordinator", self.coordinator, "--gpus", ",".join(map(str, gpus)), "--node-id", node_id, "--cloud", self.cloud, "--metadata-url", mock.url, "--poll-interval-s", "0.5", "--grace-s", str(self.grace_s), "--nice", str(self.nice), "--keys", self.keys_dir, "--key", "local",
-               "--warm-spare" if self.warm_spare else "--no-warm-spare"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "agent.main",
+            "join",
+            "--coordinator",
+            self.coordinator,
+            "--gpus",
+            ",".join(map(str, gpus)),
+            "--node-id",
+            node_id,
+            "--cloud",
+            self.cloud,
+            "--metadata-url",
+            mock.url,
+            "--poll-interval-s",
+            "0.5",
+            "--grace-s",
+            str(self.grace_s),
+            "--nice",
+            str(self.nice),
+            "--keys",
+            self.keys_dir,
+            "--key",
+            "local",
+            "--warm-spare" if self.warm_spare else "--no-warm-spare",
+        ]
         proc = spawn_logged(cmd, f"agent-{node_id}", env=env)
         self.procs.append(proc)
         self.node_of_agent[agent] = node_id
-        self.listing["agents"][node_id] = {"spot": True, "gpus": list(gpus), "pid": proc.pid, "cloud": self.cloud, "metadata_url": mock.url, "control_url": mock.control_url}
+        self.listing["agents"][node_id] = {
+            "spot": True,
+            "gpus": list(gpus),
+            "pid": proc.pid,
+            "cloud": self.cloud,
+            "metadata_url": mock.url,
+            "control_url": mock.control_url,
+        }
 
     def _control(self, node_id: str, request: dict, timeout_s: float = 10.0) -> dict:
         import zmq
@@ -115,9 +158,15 @@ class TraceDriver(threading.Thread):
             self._start_node(agent, [gpu])
             result = {"started": self.node_of_agent[agent]}
         elif action.kind == "add_gpu":
-            result = self._control(node_id, {"cmd": "add", "gpus": [gpu]}) if node_id else {"ok": False, "error": "no node"}
+            result = (
+                self._control(node_id, {"cmd": "add", "gpus": [gpu]}) if node_id else {"ok": False, "error": "no node"}
+            )
         elif action.kind == "revoke_gpu":
-            result = self._control(node_id, {"cmd": "revoke", "gpus": [gpu], "grace_s": self.grace_s}) if node_id else {"ok": False, "error": "no node"}
+            result = (
+                self._control(node_id, {"cmd": "revoke", "gpus": [gpu], "grace_s": self.grace_s})
+                if node_id
+                else {"ok": False, "error": "no node"}
+            )
         elif action.kind == "preempt_node":
             from spotlight.cloud.mock_metadata import control
 
@@ -126,9 +175,20 @@ class TraceDriver(threading.Thread):
             self.node_of_agent.pop(agent, None)
         else:
             result = {"ok": False, "error": f"unknown action {action.kind}"}
-        rec = {"t_s": action.t_s, "kind": action.kind, "agent": agent, "gpu": gpu, "node": node_id or self.node_of_agent.get(agent), "trace_node": action.trace_node}
+        rec = {
+            "t_s": action.t_s,
+            "kind": action.kind,
+            "agent": agent,
+            "gpu": gpu,
+            "node": node_id or self.node_of_agent.get(agent),
+            "trace_node": action.trace_node,
+        }
         self.applied.append(rec)
         log.info("trace: %s agent %d gpu %s (%s)", action.kind, agent, gpu, rec["node"])
+        if result.get("ok") is False:
+            log.warning(
+                "trace: %s on agent %d gpu %s did not apply: %s", action.kind, agent, gpu, result.get("error", result)
+            )
         self.listing["trace_actions"] = self.applied
         self.listing_path.write_text(json.dumps(self.listing, indent=2))
 
@@ -146,7 +206,12 @@ class TraceDriver(threading.Thread):
             if action.agent in held or not self._ready(action.agent):
                 if action.agent not in held and action not in self._announced:
                     self._announced.add(action)
-                    log.info("trace: %s on agent %d waits until %s registers", action.kind, action.agent, self.node_of_agent.get(action.agent))
+                    log.info(
+                        "trace: %s on agent %d waits until %s registers",
+                        action.kind,
+                        action.agent,
+                        self.node_of_agent.get(action.agent),
+                    )
                 held.add(action.agent)
                 waiting.append(action)
                 continue

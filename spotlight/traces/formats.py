@@ -232,7 +232,9 @@ def _read_text(path: str | os.PathLike[str]) -> str:
         with open(path, encoding="utf-8-sig", newline="") as f:
             return f.read()
     except UnicodeDecodeError:
-        raise ValueError(f"{os.fspath(path)}: not a UTF-8 text file; accepted trace formats: {'; '.join(TRACE_FORMATS.values())}") from None
+        raise ValueError(
+            f"{os.fspath(path)}: not a UTF-8 text file; accepted trace formats: {'; '.join(TRACE_FORMATS.values())}"
+        ) from None
 
 
 def load_count_log(path: str | os.PathLike[str], *, seed: int | None = None) -> list[TraceEvent]:
@@ -314,18 +316,24 @@ def load_skypilot_trace(path: str | os.PathLike[str], *, seed: int | None = None
     except json.JSONDecodeError as exc:
         raise ValueError(f"{where}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
     if not isinstance(doc, dict):
-        raise ValueError(f"{where}: expected a JSON object with 'metadata.gap_seconds' and 'data', got a JSON {type(doc).__name__}")
+        raise ValueError(
+            f"{where}: expected a JSON object with 'metadata.gap_seconds' and 'data', got a JSON {type(doc).__name__}"
+        )
     meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
     gap = meta.get("gap_seconds", doc.get("gap_seconds"))
     if isinstance(gap, bool) or not isinstance(gap, (int, float)) or not gap > 0 or math.isinf(gap):
-        raise ValueError(f"{where}: 'metadata.gap_seconds' must be a positive number of seconds, got {_excerpt(json.dumps(gap))}")
+        raise ValueError(
+            f"{where}: 'metadata.gap_seconds' must be a positive number of seconds, got {_excerpt(json.dumps(gap))}"
+        )
     data = doc.get("data")
     if not isinstance(data, list) or not data:
         raise ValueError(f"{where}: 'data' must be a non-empty list of per-tick instance counts")
     samples = []
     for i, c in enumerate(data):
         if isinstance(c, bool) or not isinstance(c, (int, float)) or c < 0 or c != int(c):
-            raise ValueError(f"{where}: data[{i}] = {_excerpt(json.dumps(c))} is not a non-negative integer instance count")
+            raise ValueError(
+                f"{where}: data[{i}] = {_excerpt(json.dumps(c))} is not a non-negative integer instance count"
+            )
         samples.append((i * float(gap), int(c)))
     return events_from_counts(samples, seed=seed)
 
@@ -398,7 +406,9 @@ def default_time_scale(duration_s: float, iterations: int, *, iteration_s: float
         ValueError: a non-positive duration, iteration count or iteration time.
     """
     if not (duration_s > 0 and iterations >= 1 and iteration_s > 0):
-        raise ValueError(f"need duration_s > 0, iterations >= 1 and iteration_s > 0, got {duration_s}, {iterations}, {iteration_s}")
+        raise ValueError(
+            f"need duration_s > 0, iterations >= 1 and iteration_s > 0, got {duration_s}, {iterations}, {iteration_s}"
+        )
     return duration_s / (iterations * iteration_s)
 
 
@@ -430,9 +440,7 @@ def slice_trace(events: Sequence[TraceEvent], start_s: float, duration_s: float)
         raise ValueError(f"start_s must be >= 0, got {start_s}")
     end_s = start_s + duration_s
     out = [TraceEvent(0.0, "add", node) for node in _alive_before(events, start_s)]
-    out.extend(
-        TraceEvent(ev.t_s - start_s, ev.action, ev.node) for ev in events if start_s <= ev.t_s < end_s
-    )
+    out.extend(TraceEvent(ev.t_s - start_s, ev.action, ev.node) for ev in events if start_s <= ev.t_s < end_s)
     return out
 
 
@@ -464,7 +472,9 @@ def pingpong_trace(events: Sequence[TraceEvent], until_s: float, *, period_s: fl
         if k % 2 == 0:
             out.extend(TraceEvent(base + ev.t_s, ev.action, ev.node) for ev in events if k == 0 or ev.t_s > 0)
         else:
-            out.extend(TraceEvent(base + period - ev.t_s, flip[ev.action], ev.node) for ev in reversed(events) if ev.t_s > 0)
+            out.extend(
+                TraceEvent(base + period - ev.t_s, flip[ev.action], ev.node) for ev in reversed(events) if ev.t_s > 0
+            )
         k += 1
     return [ev for ev in out if ev.t_s < until_s]
 

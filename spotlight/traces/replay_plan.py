@@ -80,7 +80,9 @@ def plan_local_replay(
     if (trace is None) == (preemption_cycles is None):
         raise ValueError("give either --trace or --preemption-cycles (one source of spot capacity changes)")
     if preemption_cycles is not None:
-        return _plan_cycles(iterations, agents, gpus_per_agent, preemption_cycles, cycle_down_s, cycle_iteration_s, seed, time_scale)
+        return _plan_cycles(
+            iterations, agents, gpus_per_agent, preemption_cycles, cycle_down_s, cycle_iteration_s, seed, time_scale
+        )
     if trace_mode not in TRACE_MODES:
         raise ValueError(f"--trace-mode {trace_mode!r}: expected one of {', '.join(TRACE_MODES)}")
     if agents < 1:
@@ -90,11 +92,15 @@ def plan_local_replay(
     if trace_mode == "slice":
         end_s = events[-1].t_s if events else 0.0
         if trace_start_s >= end_s:  # the slice would be the final population, constant: no replay at all
-            raise ValueError(f"{os.fspath(trace)}: the trace ends at {end_s:.0f}s, before --trace-start-s {trace_start_s:.0f}s; "
-                             f"choose --trace-start-s below {end_s:.0f} (e.g. 0) or --trace-mode full")
+            raise ValueError(
+                f"{os.fspath(trace)}: the trace ends at {end_s:.0f}s, before --trace-start-s {trace_start_s:.0f}s; "
+                f"choose --trace-start-s below {end_s:.0f} (e.g. 0) or --trace-mode full"
+            )
         events = slice_trace(events, trace_start_s, trace_duration_s)
         if not events:
-            raise ValueError(f"{os.fspath(trace)}: no spot capacity in the slice [{trace_start_s:.0f}s, +{trace_duration_s:.0f}s) (choose --trace-start-s)")
+            raise ValueError(
+                f"{os.fspath(trace)}: no spot capacity in the slice [{trace_start_s:.0f}s, +{trace_duration_s:.0f}s) (choose --trace-start-s)"
+            )
         span_s, what = trace_duration_s, f"slice [{trace_start_s:.0f}s, +{trace_duration_s:.0f}s)"
     else:
         if not events:
@@ -115,7 +121,9 @@ def plan_local_replay(
             f"[yellow]warning:[/yellow] --time-scale {time_scale:g} replays the {span_s:.0f}s {trace_mode} in {span_s / time_scale:.0f}s, "
             f"less than half the run's expected ~{expected_run_s:.0f}s: after it the spot pool stays as the trace ends"
         )
-    placement = TracePlacement(agents, gpus_per_agent, seed, scale_to_capacity=trace_mode == "slice", full=trace_mode == "full")
+    placement = TracePlacement(
+        agents, gpus_per_agent, seed, scale_to_capacity=trace_mode == "slice", full=trace_mode == "full"
+    )
     try:
         actions = placement.plan(events, time_scale=time_scale, end_s=span_s)
     except ValueError as exc:
@@ -127,15 +135,34 @@ def plan_local_replay(
     return LocalReplay(actions, notes)
 
 
-def _plan_cycles(iterations: int, agents: int, gpus_per_agent: int, cycles: int, down_s: float, iteration_s: float, seed: int, time_scale: float | None) -> LocalReplay:
+def _plan_cycles(
+    iterations: int,
+    agents: int,
+    gpus_per_agent: int,
+    cycles: int,
+    down_s: float,
+    iteration_s: float,
+    seed: int,
+    time_scale: float | None,
+) -> LocalReplay:
     from spotlight.traces.synthetic import preemption_cycles
 
     if time_scale is not None:
-        raise ValueError("--time-scale applies to --trace; synthetic cycles are timed by --cycle-iteration-s and --cycle-down-s (wall seconds)")
+        raise ValueError(
+            "--time-scale applies to --trace; synthetic cycles are timed by --cycle-iteration-s and --cycle-down-s (wall seconds)"
+        )
     if agents < 1:
         raise ValueError("--preemption-cycles needs at least one spot agent (--agents)")
     try:
-        actions = preemption_cycles(agents, gpus_per_agent, cycles_per_iteration=cycles, iteration_s=iteration_s, iterations=iterations, down_s=down_s, seed=seed)
+        actions = preemption_cycles(
+            agents,
+            gpus_per_agent,
+            cycles_per_iteration=cycles,
+            iteration_s=iteration_s,
+            iterations=iterations,
+            down_s=down_s,
+            seed=seed,
+        )
     except ValueError as exc:
         raise ValueError(f"--preemption-cycles {cycles}: {exc}") from None
     pool = agents * gpus_per_agent

@@ -50,7 +50,14 @@ def wrap_to_width(text: str, font, width_px: float) -> list[str]:
     return lines
 
 
-def labelled_grid(rows: Sequence[tuple[str, Sequence, Sequence[str]]], path: pathlib.Path, *, title: str = "", scale: int = 4, colors: Sequence[Sequence[str]] | None = None) -> None:
+def labelled_grid(
+    rows: Sequence[tuple[str, Sequence, Sequence[str]]],
+    path: pathlib.Path,
+    *,
+    title: str = "",
+    scale: int = 4,
+    colors: Sequence[Sequence[str]] | None = None,
+) -> None:
     """A grid a person can judge: each row is ``(prompt, images, captions)``; the prompt is
     written above its row (wrapped to the grid's width), each caption (a verdict, a reward)
     under its image, tiles ``GRID_GAP_PX`` apart on a light grey background.
@@ -158,7 +165,11 @@ def reward_curve(history: list[dict], path: pathlib.Path) -> None:
     ax.legend()
     ax.grid(alpha=0.3)
     ax = axes[1]
-    for key, label in (("time/rollout_s", "rollout"), ("time/train_s", "train"), ("time/explore_critical_path_s", "exploration on critical path")):
+    for key, label in (
+        ("time/rollout_s", "rollout"),
+        ("time/train_s", "train"),
+        ("time/explore_critical_path_s", "exploration on critical path"),
+    ):
         vals = [h.get(key, math.nan) for h in history]
         ax.plot(it, vals, marker=".", label=label)
     ax.set_xlabel("iteration")

@@ -76,7 +76,9 @@ def spawn_logged(cmd: list[str], name: str, *, env: dict[str, str], preexec_fn=N
         return subprocess.Popen(cmd, env=env, preexec_fn=_ignoring_sigint(preexec_fn), **popen_kwargs)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "ab") as out:  # the child holds its own copy of the descriptor
-        return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_ignoring_sigint(preexec_fn), **popen_kwargs)
+        return subprocess.Popen(
+            cmd, env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_ignoring_sigint(preexec_fn), **popen_kwargs
+        )
 
 
 def _redirect_output(path: str) -> None:
@@ -98,7 +100,9 @@ def _redirect_output(path: str) -> None:
     os.close(fd)
 
 
-def configure_logging(tag: str, name: str | None = None, *, level: str | None = None, log_file: str | None = None) -> None:
+def configure_logging(
+    tag: str, name: str | None = None, *, level: str | None = None, log_file: str | None = None
+) -> None:
     """Logging of one Spotlight process: records at ``level`` (default ``$SPOTLIGHT_LOG_LEVEL``,
     else ``INFO``) to stderr, each line ``<time> <tag> <LEVEL> <message>``.
 

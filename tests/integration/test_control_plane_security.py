@@ -93,16 +93,42 @@ class Run:
             add_client(self.keys, "agent", name)
         add_client(self.keys, "status", "local")
         cfg = tmp / "config.toml"
-        dump_config(load_config(EXAMPLES_DIR / "jpeg-toy" / "config.toml", {
-            "run.iterations": 2, "data.prompts_per_iteration": 4, "data.num_control_prompts": 2,
-            "explore.planner": "fixed", "explore.num_candidates": 8, "run.sample_grid_every": 0,
-            "cluster.heartbeat_timeout_s": 3600.0, "cluster.lease_timeout_s": 3600.0,
-            "cluster.max_message_bytes": 4 << 20,
-        }), cfg)
+        dump_config(
+            load_config(
+                EXAMPLES_DIR / "jpeg-toy" / "config.toml",
+                {
+                    "run.iterations": 2,
+                    "data.prompts_per_iteration": 4,
+                    "data.num_control_prompts": 2,
+                    "explore.planner": "fixed",
+                    "explore.num_candidates": 8,
+                    "run.sample_grid_every": 0,
+                    "cluster.heartbeat_timeout_s": 3600.0,
+                    "cluster.lease_timeout_s": 3600.0,
+                    "cluster.max_message_bytes": 4 << 20,
+                },
+            ),
+            cfg,
+        )
         self.err_path = tmp / "up.stderr"
         self.err = open(self.err_path, "w")
         self.out = open(tmp / "up.stdout", "w")
-        cmd = [sys.executable, "-m", "spotlight.cli", "up", "--config", str(cfg), "--run-dir", str(self.rd), "--reserved", "127.0.0.1:0", "--log-level", "INFO", "--timeout-s", "1800"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "spotlight.cli",
+            "up",
+            "--config",
+            str(cfg),
+            "--run-dir",
+            str(self.rd),
+            "--reserved",
+            "127.0.0.1:0",
+            "--log-level",
+            "INFO",
+            "--timeout-s",
+            "1800",
+        ]
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=self.out, stderr=self.err)
         self.status = None
         try:
@@ -114,13 +140,26 @@ class Run:
     def _wait_started(self) -> None:
         deadline = time.monotonic() + 300
         info = self.rd / "coordinator.json"
-        wait_until(lambda: info.is_file() and info.read_text(), "the coordinator to start (coordinator.json)", timeout_s=300, alive=self.alive, logs=self.logs)
+        wait_until(
+            lambda: info.is_file() and info.read_text(),
+            "the coordinator to start (coordinator.json)",
+            timeout_s=300,
+            alive=self.alive,
+            logs=self.logs,
+        )
         meta = json.loads(info.read_text())
         self.endpoint = meta["endpoint"]
         self.trainer_endpoint = meta["trainer_endpoint"]
         self.status = Client(self.endpoint, load_client_keys(self.keys, role="status"))
         # wait for the train worker's v0, so the run is in a steady "starting" state
-        wait_until(lambda: self.status.sync()[1]["version"] >= 0, "the train worker to publish v0", timeout_s=deadline - time.monotonic(), interval_s=0.2, alive=self.alive, logs=self.logs)
+        wait_until(
+            lambda: self.status.sync()[1]["version"] >= 0,
+            "the train worker to publish v0",
+            timeout_s=deadline - time.monotonic(),
+            interval_s=0.2,
+            alive=self.alive,
+            logs=self.logs,
+        )
 
     def key(self, name: str) -> ClientKeys:
         return load_client_keys(self.keys, name=name)
@@ -170,7 +209,9 @@ def victim(run):
     mtype, body, _ = c.ask(P.Register(protocol_version=P.PROTOCOL_VERSION, node_id="victim", gpus=[0]))
     assert mtype == P.MsgType.REGISTERED, body
     session = body.session
-    mtype, body, _ = c.ask(P.Heartbeat(node_id="victim", session=session, workers=[P.WorkerInfo(worker_id="victim/gpu0", gpus=[0])]))
+    mtype, body, _ = c.ask(
+        P.Heartbeat(node_id="victim", session=session, workers=[P.WorkerInfo(worker_id="victim/gpu0", gpus=[0])])
+    )
     assert mtype == P.MsgType.HEARTBEAT, body
 
     def pull() -> list:
@@ -178,7 +219,10 @@ def victim(run):
         assert mtype == P.MsgType.LEASES, body
         return body.items
 
-    c.session, c.leases = session, wait_until(pull, "leases for the victim", timeout_s=WAIT_S, alive=run.alive, logs=run.logs)
+    c.session, c.leases = (
+        session,
+        wait_until(pull, "leases for the victim", timeout_s=WAIT_S, alive=run.alive, logs=run.logs),
+    )
     yield c
     c.close()
 
@@ -196,7 +240,9 @@ def _victim_state(snap: dict) -> dict:
 
 def _assert_unharmed(run: Run, victim: Client, before: dict) -> None:
     assert run.alive(), run.logs()
-    mtype, body, _ = victim.ask(P.Heartbeat(node_id="victim", session=victim.session, workers=[P.WorkerInfo(worker_id="victim/gpu0", gpus=[0])]))
+    mtype, body, _ = victim.ask(
+        P.Heartbeat(node_id="victim", session=victim.session, workers=[P.WorkerInfo(worker_id="victim/gpu0", gpus=[0])])
+    )
     assert mtype == P.MsgType.HEARTBEAT, body  # the serve loop still answers the victim
     _, snap = run.status.sync()
     assert _victim_state(snap) == before
@@ -248,7 +294,9 @@ def test_replayed_or_inflated_registration_is_refused(run, victim):
     before = _victim_state(run.status.sync()[1])
     c = Client(run.endpoint, run.key("attacker"))
     try:
-        reg = lambda **kw: P.encode(P.Register(**({"protocol_version": P.PROTOCOL_VERSION, "node_id": "attacker", "gpus": [0]} | kw)))
+        reg = lambda **kw: P.encode(
+            P.Register(**({"protocol_version": P.PROTOCOL_VERSION, "node_id": "attacker", "gpus": [0]} | kw))
+        )
         _expect_error(c, reg(is_spot=False), "forbidden")
         _expect_error(c, reg(gpus=list(range(5000))), "malformed")
         _expect_error(c, reg(gpus=list(range(100))), "bad_request")
@@ -291,10 +339,16 @@ def test_pathological_frames_get_errors(run, victim):
         deep = b"\x81\xa8snapshot\x81\xa1a" + b"\x91" * 100_000 + b"\xc0"
         _expect_error(c, [bytes([int(P.MsgType.STATUS)]), deep], "malformed")
         _expect_error(c, [bytes([int(P.MsgType.HEARTBEAT)]), b"\x80" * (P.MAX_BODY_BYTES + 1)], "malformed")
-        _expect_error(c, P.encode(P.FetchWeights(node_id="attacker2", session=c.session, version=0), msg_type=P.MsgType.FETCH_STATE), "unsupported")
+        _expect_error(
+            c,
+            P.encode(P.FetchWeights(node_id="attacker2", session=c.session, version=0), msg_type=P.MsgType.FETCH_STATE),
+            "unsupported",
+        )
         rss0 = psutil.Process(run.proc.pid).memory_info().rss
         big = Client(run.endpoint, run.key("attacker2"))
-        big.send([bytes([int(P.MsgType.HEARTBEAT)]), b"\x80", b"\0" * (256 << 20)])  # 256 MiB > max_message_bytes (4 MiB)
+        big.send(
+            [bytes([int(P.MsgType.HEARTBEAT)]), b"\x80", b"\0" * (256 << 20)]
+        )  # 256 MiB > max_message_bytes (4 MiB)
         big.sync()  # the connection was dropped at the frame header; the client reconnects
         big.close()
         assert psutil.Process(run.proc.pid).memory_info().rss - rss0 < 64 << 20  # the frame was never allocated
@@ -330,18 +384,122 @@ def test_an_agent_cannot_touch_another_agents_leases_or_the_filesystem(run, vict
         import numpy as np
 
         img = np.zeros((1, 3, 32, 32), np.uint8).tobytes()
-        c.send(P.encode(P.Result(**mine, batch_id="b", items=[P.ResultItem(request_id=lease.request_id, lease_id=lease.lease_id)], tensors=[P.TensorMeta("images", "uint8", [1, 3, 32, 32])]), [img]))
+        c.send(
+            P.encode(
+                P.Result(
+                    **mine,
+                    batch_id="b",
+                    items=[P.ResultItem(request_id=lease.request_id, lease_id=lease.lease_id)],
+                    tensors=[P.TensorMeta("images", "uint8", [1, 3, 32, 32])],
+                ),
+                [img],
+            )
+        )
         c.send(P.encode(P.Fail(**mine, request_ids=[lease.request_id], lease_ids=[lease.lease_id], reason="x")))
-        c.send(P.encode(P.Commit(**mine, items=[P.CommitItem(request_id=lease.request_id, lease_id=lease.lease_id, step=1, seed=0, weight_version=0)])))
-        _expect_error(c, P.encode(P.Result(**(mine | {"worker_id": "victim/gpu0"}), batch_id="b", items=[P.ResultItem(request_id=lease.request_id, lease_id=lease.lease_id)])), "forbidden")
-        _expect_error(c, P.encode(P.Result(**mine, batch_id="b", items=[P.ResultItem(request_id=lease.request_id, lease_id=lease.lease_id)])), "bad_request")
-        _expect_error(c, P.encode(P.Result(**mine, batch_id="b", items=[P.ResultItem(request_id="r0-0", lease_id=1)], tensors=[P.TensorMeta("images", "uint8", [1 << 39, 1 << 39, 0])]), [b""]), "malformed")
-        _expect_error(c, P.encode(P.Result(**mine, batch_id="b", items=[P.ResultItem(request_id="r0-0", lease_id=1)], tensors=[P.TensorMeta("images", "uint8", [1 << 41])]), [b""]), "malformed")
-        _expect_error(c, [bytes([int(P.MsgType.COMMIT)]), __import__("msgspec").msgpack.encode({**mine, "items": [{"request_id": lease.request_id, "lease_id": lease.lease_id, "step": -1, "seed": 0, "weight_version": 0}]})], "malformed")
-        c.send(P.encode(P.Commit(**mine, items=[P.CommitItem(request_id="../../../escaped", lease_id=1, step=1, seed=0, weight_version=0)], tensors=[P.TensorMeta("state.0.latents", "uint8", [4])]), [b"evil"]))
-        _expect_error(c, P.encode(P.Heartbeat(node_id="attacker", session=c.session, workers=[P.WorkerInfo(worker_id="victim/gpu0", gpus=[0])])), "forbidden")
+        c.send(
+            P.encode(
+                P.Commit(
+                    **mine,
+                    items=[
+                        P.CommitItem(
+                            request_id=lease.request_id, lease_id=lease.lease_id, step=1, seed=0, weight_version=0
+                        )
+                    ],
+                )
+            )
+        )
+        _expect_error(
+            c,
+            P.encode(
+                P.Result(
+                    **(mine | {"worker_id": "victim/gpu0"}),
+                    batch_id="b",
+                    items=[P.ResultItem(request_id=lease.request_id, lease_id=lease.lease_id)],
+                )
+            ),
+            "forbidden",
+        )
+        _expect_error(
+            c,
+            P.encode(
+                P.Result(
+                    **mine, batch_id="b", items=[P.ResultItem(request_id=lease.request_id, lease_id=lease.lease_id)]
+                )
+            ),
+            "bad_request",
+        )
+        _expect_error(
+            c,
+            P.encode(
+                P.Result(
+                    **mine,
+                    batch_id="b",
+                    items=[P.ResultItem(request_id="r0-0", lease_id=1)],
+                    tensors=[P.TensorMeta("images", "uint8", [1 << 39, 1 << 39, 0])],
+                ),
+                [b""],
+            ),
+            "malformed",
+        )
+        _expect_error(
+            c,
+            P.encode(
+                P.Result(
+                    **mine,
+                    batch_id="b",
+                    items=[P.ResultItem(request_id="r0-0", lease_id=1)],
+                    tensors=[P.TensorMeta("images", "uint8", [1 << 41])],
+                ),
+                [b""],
+            ),
+            "malformed",
+        )
+        _expect_error(
+            c,
+            [
+                bytes([int(P.MsgType.COMMIT)]),
+                __import__("msgspec").msgpack.encode(
+                    {
+                        **mine,
+                        "items": [
+                            {
+                                "request_id": lease.request_id,
+                                "lease_id": lease.lease_id,
+                                "step": -1,
+                                "seed": 0,
+                                "weight_version": 0,
+                            }
+                        ],
+                    }
+                ),
+            ],
+            "malformed",
+        )
+        c.send(
+            P.encode(
+                P.Commit(
+                    **mine,
+                    items=[P.CommitItem(request_id="../../../escaped", lease_id=1, step=1, seed=0, weight_version=0)],
+                    tensors=[P.TensorMeta("state.0.latents", "uint8", [4])],
+                ),
+                [b"evil"],
+            )
+        )
+        _expect_error(
+            c,
+            P.encode(
+                P.Heartbeat(
+                    node_id="attacker", session=c.session, workers=[P.WorkerInfo(worker_id="victim/gpu0", gpus=[0])]
+                )
+            ),
+            "forbidden",
+        )
         _expect_error(c, P.encode(P.Heartbeat(node_id="victim", session=victim.session)), "unknown_session")
-        _expect_error(c, P.encode(P.Pull(node_id="victim", session=victim.session, worker_id="victim/gpu0", max_requests=8)), "unknown_session")
+        _expect_error(
+            c,
+            P.encode(P.Pull(node_id="victim", session=victim.session, worker_id="victim/gpu0", max_requests=8)),
+            "unknown_session",
+        )
         c.sync()
         assert not list(run.rd.rglob("escaped*")) and not list(run.rd.parent.rglob("escaped*"))
         _assert_unharmed(run, victim, before)
@@ -377,7 +535,14 @@ def test_a_second_live_agent_is_refused_the_node_id_and_the_first_keeps_it(run, 
     from agent.main import EXIT_NODE_ID_IN_USE
 
     def reg(instance_id: str) -> P.Register:
-        return P.Register(protocol_version=P.PROTOCOL_VERSION, node_id="holder", gpus=[0], hostname="h", pid=4242, instance_id=instance_id)
+        return P.Register(
+            protocol_version=P.PROTOCOL_VERSION,
+            node_id="holder",
+            gpus=[0],
+            hostname="h",
+            pid=4242,
+            instance_id=instance_id,
+        )
 
     first, second, back = (Client(run.endpoint, run.key("holder")) for _ in range(3))
     try:
@@ -387,7 +552,9 @@ def test_a_second_live_agent_is_refused_the_node_id_and_the_first_keeps_it(run, 
         for _ in range(3):  # the second agent retries: refused each time, the holder untouched
             mtype, body, _ = second.ask(reg("b" * 16))
             assert mtype == P.MsgType.ERROR and body.code == "node_id_in_use", body
-            assert "node id holder is in use by another live agent" in body.message and "registered since" in body.message, body
+            assert (
+                "node id holder is in use by another live agent" in body.message and "registered since" in body.message
+            ), body
             assert body.retry_after_s > 0
             mtype, body, _ = first.ask(P.Heartbeat(node_id="holder", session=session))
             assert mtype == P.MsgType.HEARTBEAT, body
@@ -396,12 +563,31 @@ def test_a_second_live_agent_is_refused_the_node_id_and_the_first_keeps_it(run, 
         (held / "weights").mkdir(parents=True)
         (held / "weights" / "v0.safetensors").write_bytes(b"w")
         (held / "control.sock").write_bytes(b"")
-        cmd = [sys.executable, "-m", "agent.main", "join", "--coordinator", run.endpoint, "--keys", str(run.keys), "--key", "holder",
-               "--node-id", "holder", "--gpus", "0", "--no-warm-spare", "--register-timeout-s", "60"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "agent.main",
+            "join",
+            "--coordinator",
+            run.endpoint,
+            "--keys",
+            str(run.keys),
+            "--key",
+            "holder",
+            "--node-id",
+            "holder",
+            "--gpus",
+            "0",
+            "--no-warm-spare",
+            "--register-timeout-s",
+            "60",
+        ]
         proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
         assert proc.returncode == EXIT_NODE_ID_IN_USE, proc.stderr[-3000:]
         lines = [line for line in proc.stderr.splitlines() if line.startswith("spotlight-agent:")]
-        assert len(lines) == 1 and lines[0].startswith("spotlight-agent: error: node id holder is in use by another live agent (registered since "), proc.stderr[-3000:]
+        assert len(lines) == 1 and lines[0].startswith(
+            "spotlight-agent: error: node id holder is in use by another live agent (registered since "
+        ), proc.stderr[-3000:]
         assert lines[0].endswith("; pick another --node-id"), lines
         assert (held / "weights" / "v0.safetensors").exists() and (held / "control.sock").exists()  # left alone
         mtype, body, _ = first.ask(P.Heartbeat(node_id="holder", session=session))
@@ -432,18 +618,66 @@ def _mutations(rng: random.Random, victim: Client, fuzz_session: str) -> list[li
     import msgspec
 
     lease = victim.leases[0]
-    ids = [("fuzz", fuzz_session, "fuzz/gpu0"), ("victim", victim.session, "victim/gpu0"), ("fuzz", victim.session, "victim/gpu0")]
+    ids = [
+        ("fuzz", fuzz_session, "fuzz/gpu0"),
+        ("victim", victim.session, "victim/gpu0"),
+        ("fuzz", victim.session, "victim/gpu0"),
+    ]
     nums = [0, -1, 1, 2**31, -(2**63), 2**64 - 1, 10**30, float("nan"), float("inf"), -1e308]
 
     def valid(node, session, wid):
         return [
-            P.encode(P.Heartbeat(node_id=node, session=session, workers=[P.WorkerInfo(worker_id=wid, gpus=[0])], gpus=[0])),
+            P.encode(
+                P.Heartbeat(node_id=node, session=session, workers=[P.WorkerInfo(worker_id=wid, gpus=[0])], gpus=[0])
+            ),
             P.encode(P.Pull(node_id=node, session=session, worker_id=wid, max_requests=4)),
-            P.encode(P.Result(node_id=node, session=session, worker_id=wid, batch_id="b", items=[P.ResultItem(request_id=lease.request_id, lease_id=lease.lease_id, computed_steps=3)], tensors=[P.TensorMeta("images", "uint8", [1, 3, 32, 32])]), [bytes(3 * 32 * 32)]),
-            P.encode(P.Commit(node_id=node, session=session, worker_id=wid, items=[P.CommitItem(request_id=lease.request_id, lease_id=lease.lease_id, step=2, seed=1, weight_version=0)], tensors=[P.TensorMeta("state.0.latents", "float32", [2])]), [bytes(8)]),
-            P.encode(P.Fail(node_id=node, session=session, worker_id=wid, request_ids=[lease.request_id], lease_ids=[lease.lease_id], reason="fuzz")),
+            P.encode(
+                P.Result(
+                    node_id=node,
+                    session=session,
+                    worker_id=wid,
+                    batch_id="b",
+                    items=[P.ResultItem(request_id=lease.request_id, lease_id=lease.lease_id, computed_steps=3)],
+                    tensors=[P.TensorMeta("images", "uint8", [1, 3, 32, 32])],
+                ),
+                [bytes(3 * 32 * 32)],
+            ),
+            P.encode(
+                P.Commit(
+                    node_id=node,
+                    session=session,
+                    worker_id=wid,
+                    items=[
+                        P.CommitItem(
+                            request_id=lease.request_id, lease_id=lease.lease_id, step=2, seed=1, weight_version=0
+                        )
+                    ],
+                    tensors=[P.TensorMeta("state.0.latents", "float32", [2])],
+                ),
+                [bytes(8)],
+            ),
+            P.encode(
+                P.Fail(
+                    node_id=node,
+                    session=session,
+                    worker_id=wid,
+                    request_ids=[lease.request_id],
+                    lease_ids=[lease.lease_id],
+                    reason="fuzz",
+                )
+            ),
             P.encode(P.FetchWeights(node_id=node, session=session, worker_id=wid, version=0)),
-            P.encode(P.Notice(node_id=node, session=session, source="aws", scope="node", deadline_unix_s=time.time() + 60, key="k", kind="terminate")),
+            P.encode(
+                P.Notice(
+                    node_id=node,
+                    session=session,
+                    source="aws",
+                    scope="node",
+                    deadline_unix_s=time.time() + 60,
+                    key="k",
+                    kind="terminate",
+                )
+            ),
             P.encode(P.TrainDone(rank=0, iteration=0, new_version=1)),
             P.encode(P.Weights(version=1, size_bytes=4), [b"abcd"]),
         ]
@@ -453,7 +687,10 @@ def _mutations(rng: random.Random, victim: Client, fuzz_session: str) -> list[li
         op = rng.randrange(6)
         base = [bytes(f) for f in rng.choice(valid(*rng.choice(ids)))]
         if op == 0:  # random bytes
-            out.append([bytes([rng.randrange(256)]), rng.randbytes(rng.randrange(0, 64))] + ([rng.randbytes(rng.randrange(64))] if rng.random() < 0.3 else []))
+            out.append(
+                [bytes([rng.randrange(256)]), rng.randbytes(rng.randrange(0, 64))]
+                + ([rng.randbytes(rng.randrange(64))] if rng.random() < 0.3 else [])
+            )
         elif op == 1:  # truncated body or missing frames
             if rng.random() < 0.5:
                 base[1] = base[1][: rng.randrange(len(base[1]))]
@@ -497,7 +734,19 @@ def test_fuzz_2000_frames(run, victim):
     before = _victim_state(run.status.sync()[1])
     fuzz = _registered(run, "fuzz")
     # the fuzz node drains: even a mutated frame that happens to be a valid PULL gets no work
-    fuzz.send(P.encode(P.Notice(node_id="fuzz", session=fuzz.session, source="test", scope="node", deadline_unix_s=time.time() + 3600, key="k", kind="terminate")))
+    fuzz.send(
+        P.encode(
+            P.Notice(
+                node_id="fuzz",
+                session=fuzz.session,
+                source="test",
+                scope="node",
+                deadline_unix_s=time.time() + 3600,
+                key="k",
+                kind="terminate",
+            )
+        )
+    )
     fuzz.sync()
     logged0 = run.rejections()
     frames = _mutations(random.Random(1234), victim, fuzz.session)
@@ -519,7 +768,14 @@ def test_fuzz_2000_frames(run, victim):
         assert _victim_state(snap) == before, f"frames {i}..{i + 49} changed the victim's state"
     assert errors > 1000, f"only {errors} of 2000 mutated frames were rejected"
     # each ERROR reply's log line may reach up.stderr after the reply itself
-    wait_until(lambda: run.rejections() - logged0 >= errors, f"one 'rejected message from' log line per ERROR reply ({errors})", timeout_s=WAIT_S, interval_s=0.2, alive=run.alive, logs=run.logs)
+    wait_until(
+        lambda: run.rejections() - logged0 >= errors,
+        f"one 'rejected message from' log line per ERROR reply ({errors})",
+        timeout_s=WAIT_S,
+        interval_s=0.2,
+        alive=run.alive,
+        logs=run.logs,
+    )
     assert run.rejections() - logged0 == errors
     _assert_unharmed(run, victim, before)
     fuzz.close()

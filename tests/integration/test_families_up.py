@@ -20,12 +20,21 @@ import sys
 import pytest
 import torch
 from safetensors.torch import load_file
+
 from tests.integration.accounting import assert_each_request_ended_once
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 # the tiny family's full fine-tuning run is tests/integration/test_up_local.py
-CASES = [("tiny", "lora"), ("qwen-image", "lora"), ("qwen-image", "full"), ("sd3", "lora"), ("sd3", "full"), ("flux", "lora"), ("flux", "full")]
+CASES = [
+    ("tiny", "lora"),
+    ("qwen-image", "lora"),
+    ("qwen-image", "full"),
+    ("sd3", "lora"),
+    ("sd3", "full"),
+    ("flux", "lora"),
+    ("flux", "full"),
+]
 
 
 def _checkpoint(family: str, root: pathlib.Path) -> pathlib.Path:
@@ -37,8 +46,9 @@ def _checkpoint(family: str, root: pathlib.Path) -> pathlib.Path:
 
         build_transformer(ModelConfig(init_seed=3)).save_pretrained(path)  # a transformer folder
     else:
-        from spotlight.models.families import get_family  # noqa: F401  (registry import)
         import importlib
+
+        from spotlight.models.families import get_family  # noqa: F401  (registry import)
 
         mod = importlib.import_module(f"spotlight.models.families.{family.replace('-', '_')}")
         mod.make_random_checkpoint(path, seed=1)
@@ -87,9 +97,27 @@ def _run(family: str, mode: str, root: str) -> pathlib.Path:
     # one spot agent for the headline family; the others run on the reserved agent alone
     # (exploration is then drained by it), which halves the processes each run starts
     agents = "1" if (family, mode) == ("qwen-image", "lora") else "0"
-    cmd = [sys.executable, "-m", "spotlight.cli", "up", "--local", "--agents", agents, "--iterations", "2", "--config", str(conf), "--run-dir", str(rd), "--timeout-s", "900"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "spotlight.cli",
+        "up",
+        "--local",
+        "--agents",
+        agents,
+        "--iterations",
+        "2",
+        "--config",
+        str(conf),
+        "--run-dir",
+        str(rd),
+        "--timeout-s",
+        "900",
+    ]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1000)
-    assert proc.returncode == 0, f"spotlight up ({family}, {mode}) failed:\nSTDOUT\n{proc.stdout[-3000:]}\nSTDERR\n{proc.stderr[-5000:]}"
+    assert proc.returncode == 0, (
+        f"spotlight up ({family}, {mode}) failed:\nSTDOUT\n{proc.stdout[-3000:]}\nSTDERR\n{proc.stderr[-5000:]}"
+    )
     return rd
 
 
@@ -165,11 +193,19 @@ def test_incomplete_checkpoint_is_a_clear_error_before_anything_starts(root, tmp
     import tomli_w
 
     partial = tmp_path / "partial"
-    shutil.copytree(pathlib.Path(root) / "ckpt-sd3" / "transformer", partial / "transformer") if (pathlib.Path(root) / "ckpt-sd3").exists() else (partial / "transformer").mkdir(parents=True)
+    shutil.copytree(pathlib.Path(root) / "ckpt-sd3" / "transformer", partial / "transformer") if (
+        pathlib.Path(root) / "ckpt-sd3"
+    ).exists() else (partial / "transformer").mkdir(parents=True)
     conf = tmp_path / "c.toml"
     conf.write_text(tomli_w.dumps(_config("sd3", "lora", partial)))
     rd = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "spotlight.cli", "up", "--local", "--config", str(conf), "--run-dir", str(rd)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "spotlight.cli", "up", "--local", "--config", str(conf), "--run-dir", str(rd)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert "no 'vae/' folder" in proc.stdout + proc.stderr
     assert not rd.exists()  # nothing half-made

@@ -31,6 +31,7 @@ from typing import Callable
 
 import psutil
 import pytest
+
 from tests.integration.accounting import assert_each_request_ended_once
 from tests.integration.waiting import wait_until
 
@@ -75,7 +76,17 @@ class Up:
         self.out = open(rd.parent / f"{rd.name}.stdout", "w")
         self.err_path = rd.parent / f"{rd.name}.stderr"
         self.err = open(self.err_path, "w")
-        cmd = [sys.executable, "-m", "spotlight.cli", "up", "--run-dir", str(rd), "--timeout-s", str(RUN_TIMEOUT_S), *args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "spotlight.cli",
+            "up",
+            "--run-dir",
+            str(rd),
+            "--timeout-s",
+            str(RUN_TIMEOUT_S),
+            *args,
+        ]
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=env or _env(), stdout=self.out, stderr=self.err)
         self.ps = psutil.Process(self.proc.pid)
 
@@ -148,7 +159,11 @@ def _agent_status(state_dir: str, node_id: str) -> dict | None:
         return None
     proc = subprocess.run(
         [sys.executable, "-m", "agent.main", "agent-status", "--node-id", node_id],
-        cwd=REPO, env=_env(SPOTLIGHT_AGENT_STATE=state_dir), capture_output=True, text=True, timeout=60,
+        cwd=REPO,
+        env=_env(SPOTLIGHT_AGENT_STATE=state_dir),
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     if proc.returncode != 0:
         return None
@@ -229,7 +244,9 @@ def _thaw(procs: list[psutil.Process]) -> None:
             pass
 
 
-def _freeze_mid_denoising(parent_pid: int, events: pathlib.Path, max_step: int) -> tuple[list[psutil.Process], list[psutil.Process]] | None:
+def _freeze_mid_denoising(
+    parent_pid: int, events: pathlib.Path, max_step: int
+) -> tuple[list[psutil.Process], list[psutil.Process]] | None:
     """Freeze every descendant of ``parent_pid``. If the last event of some of them is a
     denoising step ``<= max_step`` (each is then inside the denoising loop of a leased
     request), keep them all frozen and return (all frozen, those mid-denoising); else thaw
@@ -271,7 +288,9 @@ def _hold_training(rd: pathlib.Path, up_pid: int, alive: Callable[[], bool]) -> 
     return trainers
 
 
-def _freeze_mid_denoising_holding_training(up_pid: int, parent_pid: int, events: pathlib.Path, max_step: int, metrics: pathlib.Path, iterations: int):
+def _freeze_mid_denoising_holding_training(
+    up_pid: int, parent_pid: int, events: pathlib.Path, max_step: int, metrics: pathlib.Path, iterations: int
+):
     """:func:`_freeze_mid_denoising`, with the run's Train Workers frozen too, at a moment when
     not all ``iterations`` are done (``metrics`` rows): while the trainers are frozen at most
     one more iteration can end (its TRAIN_DONE may be on its way) and the final model cannot
@@ -297,8 +316,25 @@ def _notice_attempt(tmp: pathlib.Path, cfg: pathlib.Path, name: str, num_steps: 
     begins while they are frozen; then they continue, see the STOP and commit."""
     rd = tmp / name
     events = tmp / f"{name}.events.jsonl"
-    up = Up(rd, ["--local", "--agents", "2", "--gpus-per-agent", "2", "--mock-cloud", "aws", "--spot-nice", "0", "--config", str(cfg), "--log-level", "INFO"],
-            env=_env(SPOTLIGHT_WORKER_EVENTS=str(events)))
+    up = Up(
+        rd,
+        [
+            "--local",
+            "--agents",
+            "2",
+            "--gpus-per-agent",
+            "2",
+            "--mock-cloud",
+            "aws",
+            "--spot-nice",
+            "0",
+            "--config",
+            str(cfg),
+            "--log-level",
+            "INFO",
+        ],
+        env=_env(SPOTLIGHT_WORKER_EVENTS=str(events)),
+    )
     frozen: list[psutil.Process] = []
     try:
         agents = _local_agents(up)
@@ -307,11 +343,19 @@ def _notice_attempt(tmp: pathlib.Path, cfg: pathlib.Path, name: str, num_steps: 
         up.wait_for(lambda: _spot_workers_serve(agents), "the spot agents' workers to serve", interval_s=0.5)
         _thaw(frozen)
 
-        frozen, _ = up.wait_for(lambda: _freeze_mid_denoising(spot0["pid"], events, num_steps - 3), "a worker of spot-0 mid-denoising", interval_s=0.0)
+        frozen, _ = up.wait_for(
+            lambda: _freeze_mid_denoising(spot0["pid"], events, num_steps - 3),
+            "a worker of spot-0 mid-denoising",
+            interval_s=0.0,
+        )
         from spotlight.cloud.mock_metadata import control
 
         control(spot0["control_url"], "notice", lead_time_s=20)
-        up.wait_for(lambda: (_agent_status(agents["state_dir"], "spot-0") or {}).get("draining"), "spot-0 to begin draining", interval_s=0.1)
+        up.wait_for(
+            lambda: (_agent_status(agents["state_dir"], "spot-0") or {}).get("draining"),
+            "spot-0 to begin draining",
+            interval_s=0.1,
+        )
         _thaw(frozen)
         frozen = []
         up.wait_for(lambda: _gone(spot0["pid"]), "spot-0 to drain and exit")
@@ -329,7 +373,10 @@ def notice_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("notice")
     # exploration off: every request the notice interrupts is an on-policy rollout, whose
     # resumed result is then compared bit for bit (exploration uses the same commit path)
-    cfg = _write_config(tmp / "config.toml", **{"cluster.worker_batch_size": 1, "run.save_rollouts": True, "explore.enabled": False, "run.iterations": 3})
+    cfg = _write_config(
+        tmp / "config.toml",
+        **{"cluster.worker_batch_size": 1, "run.save_rollouts": True, "explore.enabled": False, "run.iterations": 3},
+    )
     from spotlight.config import load_config
 
     rd = _notice_attempt(tmp, cfg, "run", load_config(cfg).sampler.num_steps)
@@ -342,7 +389,9 @@ def test_notice_run_completes_with_recompute(notice_run):
 
     c = load_config(cfg)
     reqs = _requests(rd)
-    _assert_every_request_done_once(reqs, c.run.iterations * c.data.prompts_per_iteration * c.data.group_size, explored=False)
+    _assert_every_request_done_once(
+        reqs, c.run.iterations * c.data.prompts_per_iteration * c.data.group_size, explored=False
+    )
     resumed = [r for r in reqs if "recompute" in _statuses(r)]
     assert resumed, "the notice committed no in-flight request (no 'recompute' in any history)"
     for r in resumed:
@@ -389,14 +438,28 @@ def test_resumed_rollouts_are_bit_identical(notice_run):
         seed, pidx = int(got["seed"][0]), int(got["prompt_index"][0])
         lease = P.Leases(
             worker_id="test",
-            items=[P.LeaseItem(lease_id=0, request_id=r["request_id"], kind="rollout", iteration=n, prompt_index=pidx, seed=seed, weight_version=n)],
+            items=[
+                P.LeaseItem(
+                    lease_id=0,
+                    request_id=r["request_id"],
+                    kind="rollout",
+                    iteration=n,
+                    prompt_index=pidx,
+                    seed=seed,
+                    weight_version=n,
+                )
+            ],
         )
         outcome = ex.run("test", lease, {"cond.embeds": embeds[[pidx]], "cond.mask": mask[[pidx]]})
         msg, frames = outcome.result
         ref = unpack_tensors(msg.tensors, frames)
         for key in ("window_latents", "log_probs"):
-            assert torch.equal(got[key], ref[key][0]), f"{r['request_id']}: resumed {key} differs from an uninterrupted run"
-        assert torch.equal(got["image"], ref["images"][0]), f"{r['request_id']}: resumed image differs from an uninterrupted run"
+            assert torch.equal(got[key], ref[key][0]), (
+                f"{r['request_id']}: resumed {key} differs from an uninterrupted run"
+            )
+        assert torch.equal(got["image"], ref["images"][0]), (
+            f"{r['request_id']}: resumed image differs from an uninterrupted run"
+        )
 
 
 # ---------------------------------------------------------------- (b) kill -9
@@ -418,7 +481,11 @@ def kill_run(tmp_path_factory):
     last_step = load_config(cfg).sampler.num_steps - 1
     rd = tmp / "run"
     events = tmp / "events.jsonl"
-    up = Up(rd, ["--local", "--agents", "2", "--config", str(cfg), "--log-level", "INFO"], env=_env(SPOTLIGHT_WORKER_EVENTS=str(events)))
+    up = Up(
+        rd,
+        ["--local", "--agents", "2", "--config", str(cfg), "--log-level", "INFO"],
+        env=_env(SPOTLIGHT_WORKER_EVENTS=str(events)),
+    )
     killed = {}
     orphans: list[psutil.Process] = []
     frozen: list[psutil.Process] = []
@@ -429,7 +496,11 @@ def kill_run(tmp_path_factory):
         up.wait_for(lambda: _spot_workers_serve(agents), "the spot agents' workers to serve", interval_s=0.5)
         _thaw(frozen)
         # a rollout or an exploration request, whichever it is: the kill is what matters
-        frozen, mid = up.wait_for(lambda: _freeze_mid_denoising(spot0["pid"], events, last_step), "a worker of spot-0 mid-denoising", interval_s=0.0)
+        frozen, mid = up.wait_for(
+            lambda: _freeze_mid_denoising(spot0["pid"], events, last_step),
+            "a worker of spot-0 mid-denoising",
+            interval_s=0.0,
+        )
         mid[0].send_signal(signal.SIGKILL)
         killed["worker"] = mid[0].pid
         _thaw(frozen)
@@ -437,7 +508,11 @@ def kill_run(tmp_path_factory):
         up.wait_for(lambda: metrics.is_file() and metrics.read_text().strip(), "iteration 0 to finish", interval_s=0.2)
         # iteration 1 (or later) runs: kill spot-1 while one of its workers denoises (its
         # leases are re-enqueued when its heartbeats stop)
-        frozen, _ = up.wait_for(lambda: _freeze_mid_denoising(spot1["pid"], events, last_step), "a worker of spot-1 mid-denoising", interval_s=0.0)
+        frozen, _ = up.wait_for(
+            lambda: _freeze_mid_denoising(spot1["pid"], events, last_step),
+            "a worker of spot-1 mid-denoising",
+            interval_s=0.0,
+        )
         orphans.extend(frozen)  # its workers (and warm spare)
         killed["agent_workers"] = [p.pid for p in orphans]
         os.kill(spot1["pid"], signal.SIGKILL)
@@ -494,8 +569,14 @@ def test_agent_gives_back_leases_of_a_worker_that_died_before_they_arrived(tmp_p
 
     from agent.main import AgentDaemon
     from spotlight import protocol as P
-
-    from spotlight.net.security import Authenticator, add_client, apply_server, init_keys, load_client_keys, load_server_keys
+    from spotlight.net.security import (
+        Authenticator,
+        add_client,
+        apply_server,
+        init_keys,
+        load_client_keys,
+        load_server_keys,
+    )
 
     monkeypatch.setenv("SPOTLIGHT_AGENT_STATE", str(tmp_path))
     init_keys(tmp_path / "keys")
@@ -527,7 +608,9 @@ def test_agent_gives_back_leases_of_a_worker_that_died_before_they_arrived(tmp_p
         # the worker dies; the agent respawns it (what check_workers does)
         assert d.sched.exited(wid) == []
         d.sched.add_worker([0])
-        item = P.LeaseItem(lease_id=7, request_id="r0-1", kind="rollout", iteration=0, prompt_index=0, seed=1, weight_version=0)
+        item = P.LeaseItem(
+            lease_id=7, request_id="r0-1", kind="rollout", iteration=0, prompt_index=0, seed=1, weight_version=0
+        )
         d.on_coordinator(P.encode(P.Leases(worker_id=wid, items=[item])))
         assert d.sched.in_flight() == []
         assert coord.poll(10_000)

@@ -28,9 +28,15 @@ def summary(tmp_path_factory) -> dict:
         # the dry run's own 75 s run limit suits an idle machine; a shared, loaded CI machine
         # needs more (it ran out at load ~17), and a limit is not what this test checks
         ["bash", str(REPO / "scripts" / "gpu-check"), "--cpu-dry-run", "--out", str(out), "--run-timeout-s", "600"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
-    assert proc.returncode == 0, f"gpu-check --cpu-dry-run failed ({proc.returncode}):\nSTDOUT\n{proc.stdout[-5000:]}\nSTDERR\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, (
+        f"gpu-check --cpu-dry-run failed ({proc.returncode}):\nSTDOUT\n{proc.stdout[-5000:]}\nSTDERR\n{proc.stderr[-3000:]}"
+    )
     assert (out / "metrics.jsonl").is_file() and (out / "up.log").is_file()
     return json.loads((out / "summary.json").read_text())
 

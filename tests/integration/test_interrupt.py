@@ -27,8 +27,26 @@ def test_ctrl_c_stops_every_process_and_prints_how_to_continue(tmp_path):
     out_path, err_path = tmp_path / "up.stdout", tmp_path / "up.stderr"
     with open(out_path, "w") as out, open(err_path, "w") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "spotlight.cli", "up", "--local", "--agents", "1", "--config", str(cfg), "--run-dir", str(rd), "--timeout-s", "900"],
-            cwd=REPO, env=_env(), stdout=out, stderr=err, start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "spotlight.cli",
+                "up",
+                "--local",
+                "--agents",
+                "1",
+                "--config",
+                str(cfg),
+                "--run-dir",
+                str(rd),
+                "--timeout-s",
+                "900",
+            ],
+            cwd=REPO,
+            env=_env(),
+            stdout=out,
+            stderr=err,
+            start_new_session=True,
             # as a terminal's foreground job has it: a test run started in the background by a
             # shell without job control inherits SIGINT ignored, and Python then never raises
             # KeyboardInterrupt (the run went on for 240 s after the "Ctrl-C")
@@ -39,19 +57,29 @@ def test_ctrl_c_stops_every_process_and_prints_how_to_continue(tmp_path):
         deadline = psutil.time.monotonic() + WAIT_S
         metrics = rd / "metrics.jsonl"
         while not (metrics.is_file() and metrics.read_text().count("\n") >= 1):
-            assert proc.poll() is None, f"spotlight up exited early (rc {proc.returncode}):\n{err_path.read_text()[-3000:]}"
+            assert proc.poll() is None, (
+                f"spotlight up exited early (rc {proc.returncode}):\n{err_path.read_text()[-3000:]}"
+            )
             assert psutil.time.monotonic() < deadline, "no iteration finished in time"
             psutil.time.sleep(0.2)
         children = leader.children(recursive=True)
         cmdlines = [" ".join(p.cmdline()) for p in children]
-        assert any("agent.main" in c for c in cmdlines) and any("train_worker" in c for c in cmdlines) and any("rollout.worker" in c or "spare" in c for c in cmdlines), cmdlines
+        assert (
+            any("agent.main" in c for c in cmdlines)
+            and any("train_worker" in c for c in cmdlines)
+            and any("rollout.worker" in c or "spare" in c for c in cmdlines)
+        ), cmdlines
         os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C
         try:
             rc = proc.wait(timeout=240)  # generous: a loaded machine
         except subprocess.TimeoutExpired:
-            logs = "".join(f"\n--- {f.name}\n" + f.read_text(errors="replace")[-2000:] for f in sorted((rd / "logs").glob("*.log")))
+            logs = "".join(
+                f"\n--- {f.name}\n" + f.read_text(errors="replace")[-2000:] for f in sorted((rd / "logs").glob("*.log"))
+            )
             alive_now = [" ".join(p.cmdline()) for p in leader.children(recursive=True) if p.is_running()]
-            pytest.fail(f"spotlight up still running 240 s after Ctrl-C; children {alive_now}\nstdout:\n{out_path.read_text()[-2000:]}\nstderr:\n{err_path.read_text()[-3000:]}{logs}")
+            pytest.fail(
+                f"spotlight up still running 240 s after Ctrl-C; children {alive_now}\nstdout:\n{out_path.read_text()[-2000:]}\nstderr:\n{err_path.read_text()[-3000:]}{logs}"
+            )
         gone, alive = psutil.wait_procs(children, timeout=60)  # a loaded machine: orphaned workers notice slowly
     finally:
         if proc.poll() is None:

@@ -21,9 +21,16 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 
 P_, K, N = 4, 4, 8  # prompts per batch, group size, candidates per explored prompt
 OVERRIDES = {
-    "data.prompts_per_iteration": P_, "data.num_control_prompts": 2, "data.group_size": K,
-    "explore.planner": "fixed", "explore.num_candidates": N, "explore.stream_extra": False,
-    "sampler.num_steps": 6, "sampler.sde_window_size": 4, "run.trackers": [], "run.sample_grid_every": 0,
+    "data.prompts_per_iteration": P_,
+    "data.num_control_prompts": 2,
+    "data.group_size": K,
+    "explore.planner": "fixed",
+    "explore.num_candidates": N,
+    "explore.stream_extra": False,
+    "sampler.num_steps": 6,
+    "sampler.sde_window_size": 4,
+    "run.trackers": [],
+    "run.sample_grid_every": 0,
 }
 
 
@@ -33,9 +40,29 @@ def _run(tmp: pathlib.Path, mode: str) -> pathlib.Path:
     rd = tmp / mode.replace("+", "_")
     conf = tmp / f"{mode}.toml"
     dump_config(load_config(overrides=OVERRIDES), conf)
-    cmd = [sys.executable, "-m", "spotlight.cli", "up", "--local", "--agents", "1", "--iterations", "2", "--mode", mode, "--config", str(conf), "--run-dir", str(rd), "--timeout-s", "900"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "spotlight.cli",
+        "up",
+        "--local",
+        "--agents",
+        "1",
+        "--iterations",
+        "2",
+        "--mode",
+        mode,
+        "--config",
+        str(conf),
+        "--run-dir",
+        str(rd),
+        "--timeout-s",
+        "900",
+    ]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1000)
-    assert proc.returncode == 0, f"spotlight up --mode {mode} failed:\nSTDOUT\n{proc.stdout[-3000:]}\nSTDERR\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, (
+        f"spotlight up --mode {mode} failed:\nSTDOUT\n{proc.stdout[-3000:]}\nSTDERR\n{proc.stderr[-3000:]}"
+    )
     return rd
 
 
@@ -84,36 +111,87 @@ def test_rlboost_restarts_the_node_on_a_revocation_without_live_migration(tmp_pa
     from tests.integration.test_faults import _env, _freeze_mid_denoising_holding_training, _hold_training, _thaw
     from tests.integration.waiting import wait_until
 
-    cfg = load_config(overrides={**OVERRIDES, "run.iterations": 3, "cluster.live_migration": False, "cluster.worker_batch_size": 2})
+    cfg = load_config(
+        overrides={**OVERRIDES, "run.iterations": 3, "cluster.live_migration": False, "cluster.worker_batch_size": 2}
+    )
     conf = tmp_path / "rlboost.toml"
     dump_config(cfg, conf)
     rd = tmp_path / "run"
     events = tmp_path / "events.jsonl"
     log = open(tmp_path / "up.log", "w")
-    cmd = [sys.executable, "-m", "spotlight.cli", "up", "--local", "--agents", "1", "--gpus-per-agent", "2", "--mode", "rlboost", "--config", str(conf), "--run-dir", str(rd), "--timeout-s", "900"]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=_env(SPOTLIGHT_WORKER_EVENTS=str(events)))
+    cmd = [
+        sys.executable,
+        "-m",
+        "spotlight.cli",
+        "up",
+        "--local",
+        "--agents",
+        "1",
+        "--gpus-per-agent",
+        "2",
+        "--mode",
+        "rlboost",
+        "--config",
+        str(conf),
+        "--run-dir",
+        str(rd),
+        "--timeout-s",
+        "900",
+    ]
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=_env(SPOTLIGHT_WORKER_EVENTS=str(events))
+    )
     frozen, trainers = [], []
     try:
-        listing = _wait(lambda: (rd / "local_agents.json").is_file() and json.loads((rd / "local_agents.json").read_text()), 120, "local_agents.json", proc)
+        listing = _wait(
+            lambda: (rd / "local_agents.json").is_file() and json.loads((rd / "local_agents.json").read_text()),
+            120,
+            "local_agents.json",
+            proc,
+        )
         status = lambda: _agent(listing["state_dir"], "agent-status", "--node-id", "spot-0")  # noqa: E731
         # training is held (Train Worker frozen after publishing v0) until both spot workers
         # serve: on a loaded machine they can take longer to start than the whole run
         trainers = _hold_training(rd, proc.pid, alive=lambda: proc.poll() is None)
-        _wait(lambda: list(status().get("workers", {}).values()) == ["ready", "ready"], 600, "both spot workers ready", proc)
+        _wait(
+            lambda: list(status().get("workers", {}).values()) == ["ready", "ready"],
+            600,
+            "both spot workers ready",
+            proc,
+        )
         _thaw(trainers)
         # the revocation lands while the node's workers are frozen (SIGSTOP) with one inside a
         # request's denoising loop, and the Train Worker stays frozen until the restart is
         # seen, so the run cannot end first
-        trainers, frozen, _ = wait_until(lambda: _freeze_mid_denoising_holding_training(proc.pid, listing["agents"]["spot-0"]["pid"], events, cfg.sampler.num_steps - 3, rd / "metrics.jsonl", cfg.run.iterations),
-                                         "a spot worker mid-denoising", timeout_s=600, interval_s=0.0, alive=lambda: proc.poll() is None)
+        trainers, frozen, _ = wait_until(
+            lambda: _freeze_mid_denoising_holding_training(
+                proc.pid,
+                listing["agents"]["spot-0"]["pid"],
+                events,
+                cfg.sampler.num_steps - 3,
+                rd / "metrics.jsonl",
+                cfg.run.iterations,
+            ),
+            "a spot worker mid-denoising",
+            timeout_s=600,
+            interval_s=0.0,
+            alive=lambda: proc.poll() is None,
+        )
         first = status()
         assert first["in_flight"] and len(first["worker_pids"]) == 2, first
-        assert first["reconfiguration"] == "restart" and first["live_migration"] is False and first["warm_spare"] is False
+        assert (
+            first["reconfiguration"] == "restart" and first["live_migration"] is False and first["warm_spare"] is False
+        )
         assert _agent(listing["state_dir"], "revoke", "--gpu", "1", "--node-id", "spot-0", "--grace-s", "5")["ok"]
         _thaw(frozen)
         frozen = []
         # every old worker stops (not only GPU 1's); a fresh one is started on GPU 0
-        s = _wait(lambda: (s := status()).get("restarts") == 1 and "spot-0/gpu0.r1" in s.get("workers", {}) and s, 120, "a fresh worker after the restart", proc)
+        s = _wait(
+            lambda: (s := status()).get("restarts") == 1 and "spot-0/gpu0.r1" in s.get("workers", {}) and s,
+            120,
+            "a fresh worker after the restart",
+            proc,
+        )
         assert s["gpus"] == [0] and s["workers"]["spot-0/gpu0"] == "exited" and s["workers"]["spot-0/gpu1"] == "exited"
         _thaw(trainers)
         trainers = []

@@ -13,10 +13,27 @@ from spotlight.core.request_scheduler import RequestKind
 
 def _coordinator(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # no cached profile
-    cfg = load_config(EXAMPLES_DIR / "jpeg-toy" / "config.toml", overrides={"explore.mode": "stale", "explore.planner": "bandit", "planner.beta": 0.0, "planner.sequence_step": 4, "run.iterations": 50})
+    cfg = load_config(
+        EXAMPLES_DIR / "jpeg-toy" / "config.toml",
+        overrides={
+            "explore.mode": "stale",
+            "explore.planner": "bandit",
+            "planner.beta": 0.0,
+            "planner.sequence_step": 4,
+            "run.iterations": 50,
+        },
+    )
     n = 40
     embeds, mask = torch.zeros(n, 16, 384), torch.ones(n, 16, dtype=torch.long)
-    coord = Coordinator(cfg, tmp_path / "run", bind="tcp://127.0.0.1:0", prompts=[f"p{i}" for i in range(n)], embeds=embeds, mask=mask, progress=lambda s: None)
+    coord = Coordinator(
+        cfg,
+        tmp_path / "run",
+        bind="tcp://127.0.0.1:0",
+        prompts=[f"p{i}" for i in range(n)],
+        embeds=embeds,
+        mask=mask,
+        progress=lambda s: None,
+    )
     coord.t_step_s = 0.01
     return coord
 

@@ -20,7 +20,6 @@ import subprocess
 import sys
 
 import psutil
-import pytest
 
 from tests.integration.test_faults import Up, _env, _freeze, _gone, _write_config
 
@@ -36,7 +35,10 @@ def test_sigkill_mid_iteration_then_resume(tmp_path):
     up = Up(rd, ["--config", str(cfg), "--local", "--agents", "1", "--log-level", "INFO"])
     agents_before: dict = {}
     try:
-        up.wait_for(lambda: (rd / "checkpoints" / "LATEST").is_file() and (rd / "local_agents.json").is_file(), "the checkpoint of iteration 0")
+        up.wait_for(
+            lambda: (rd / "checkpoints" / "LATEST").is_file() and (rd / "local_agents.json").is_file(),
+            "the checkpoint of iteration 0",
+        )
         info = json.loads((rd / "coordinator.json").read_text())
         keys = load_client_keys(rd / "keys", role="status")
 
@@ -70,8 +72,29 @@ def test_sigkill_mid_iteration_then_resume(tmp_path):
 
     err = open(tmp_path / "resume.stderr", "w")
     try:
-        res = subprocess.run([sys.executable, "-m", "spotlight.cli", "up", "--resume", str(rd), "--local", "--agents", "1", "--timeout-s", "900", "--log-level", "INFO"],
-                             cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=err, text=True, timeout=1000)
+        res = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "spotlight.cli",
+                "up",
+                "--resume",
+                str(rd),
+                "--local",
+                "--agents",
+                "1",
+                "--timeout-s",
+                "900",
+                "--log-level",
+                "INFO",
+            ],
+            cwd=REPO,
+            env=_env(),
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            timeout=1000,
+        )
     finally:
         err.close()
         for a in agents_before.values():  # never leak the adopted agents on a failure
@@ -79,13 +102,19 @@ def test_sigkill_mid_iteration_then_resume(tmp_path):
                 psutil.Process(a["pid"]).kill()
             except psutil.NoSuchProcess:
                 pass
-    logs = res.stdout[-3000:] + (tmp_path / "resume.stderr").read_text()[-5000:] + (rd.parent / f"{rd.name}.stderr").read_text()[-3000:]
+    logs = (
+        res.stdout[-3000:]
+        + (tmp_path / "resume.stderr").read_text()[-5000:]
+        + (rd.parent / f"{rd.name}.stderr").read_text()[-3000:]
+    )
     assert res.returncode == 0, logs
     assert "resumed" in res.stdout and f"continuing with iteration {killed_at + 1}" in res.stdout, logs
     # the agents of the first coordinator were adopted: same processes, re-registered by themselves
     agents_after = json.loads((rd / "local_agents.json").read_text())["agents"]
     assert {k: v["pid"] for k, v in agents_after.items()} == {k: v["pid"] for k, v in agents_before.items()}
-    agent_logs = "".join(f.read_text(errors="replace") for f in sorted((rd / "logs").glob("agent-*.log")))  # agents log to <run-dir>/logs/
+    agent_logs = "".join(
+        f.read_text(errors="replace") for f in sorted((rd / "logs").glob("agent-*.log"))
+    )  # agents log to <run-dir>/logs/
     assert agent_logs.count("re-registered with the coordinator") >= 2, logs + agent_logs[-3000:]
 
     metrics = [json.loads(l) for l in (rd / "metrics.jsonl").read_text().splitlines()]
@@ -104,5 +133,7 @@ def test_sigkill_mid_iteration_then_resume(tmp_path):
     assert all(not any("restarted" in h[2] for h in r["history"]) for r in rollouts if r["iteration"] < killed_at)
     # the resumed trainer loaded the checkpointed optimizer state and went on
     assert (rd / "final").is_dir()
-    trainer_logs = "".join(f.read_text(errors="replace") for f in sorted((rd / "logs").glob("trainer-*.log")))  # trainers log to <run-dir>/logs/
+    trainer_logs = "".join(
+        f.read_text(errors="replace") for f in sorted((rd / "logs").glob("trainer-*.log"))
+    )  # trainers log to <run-dir>/logs/
     assert "loaded trainer checkpoint" in trainer_logs, trainer_logs[-3000:]

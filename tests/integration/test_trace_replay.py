@@ -18,22 +18,57 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 def test_p3_slice_replays_without_losing_requests(tmp_path):
-    cfg = load_config(EXAMPLES_DIR / "jpeg-toy" / "config.toml", overrides={
-        "run.iterations": 14, "data.prompts_per_iteration": 6, "data.num_control_prompts": 2,
-        "explore.num_candidates": 8, "run.sample_grid_every": 0, "cluster.heartbeat_timeout_s": 6.0,
-    })
+    cfg = load_config(
+        EXAMPLES_DIR / "jpeg-toy" / "config.toml",
+        overrides={
+            "run.iterations": 14,
+            "data.prompts_per_iteration": 6,
+            "data.num_control_prompts": 2,
+            "explore.num_candidates": 8,
+            "run.sample_grid_every": 0,
+            "cluster.heartbeat_timeout_s": 6.0,
+        },
+    )
     conf = tmp_path / "c.toml"
     dump_config(cfg, conf)
     rd = tmp_path / "run"
-    cmd = [sys.executable, "-m", "spotlight.cli", "up", "--local", "--agents", "2", "--gpus-per-agent", "2", "--config", str(conf), "--run-dir", str(rd),
-           "--trace", str(REPO / "examples" / "traces" / "bamboo" / "p3-trace.csv"), "--time-scale", "30", "--grace-s", "8", "--timeout-s", "1000"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "spotlight.cli",
+        "up",
+        "--local",
+        "--agents",
+        "2",
+        "--gpus-per-agent",
+        "2",
+        "--config",
+        str(conf),
+        "--run-dir",
+        str(rd),
+        "--trace",
+        str(REPO / "examples" / "traces" / "bamboo" / "p3-trace.csv"),
+        "--time-scale",
+        "30",
+        "--grace-s",
+        "8",
+        "--timeout-s",
+        "1000",
+    ]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1100)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     listing = json.loads((rd / "local_agents.json").read_text())
     applied = collections.Counter(a["kind"] for a in listing["trace_actions"])
     # the default slice [3000 s, +1800 s) on 2 x 2 GPUs has all four kinds of events
-    assert applied["start_node"] >= 2 and applied["add_gpu"] >= 1 and applied["revoke_gpu"] >= 1 and applied["preempt_node"] >= 1, applied
-    agent_logs = "".join(p.read_text() for p in (rd / "logs").glob("agent-*.log"))  # agents log to files, not the console
+    assert (
+        applied["start_node"] >= 2
+        and applied["add_gpu"] >= 1
+        and applied["revoke_gpu"] >= 1
+        and applied["preempt_node"] >= 1
+    ), applied
+    agent_logs = "".join(
+        p.read_text() for p in (rd / "logs").glob("agent-*.log")
+    )  # agents log to files, not the console
     assert "preemption notice" in agent_logs and "aws terminate" in agent_logs  # a real (mock) IMDS notice was detected
     reqs = [json.loads(line) for line in (rd / "requests.jsonl").read_text().splitlines()]
     assert_each_request_ended_once(reqs)
@@ -41,14 +76,35 @@ def test_p3_slice_replays_without_losing_requests(tmp_path):
     assert len(rows) == 14
     # per-iteration spot event counts (issue 11): the slice's notices, revocations and arrivals show up
     total = {k: sum(r[f"spot/{k}"] for r in rows) for k in ("notices", "revocations", "additions", "work_lost_steps")}
-    assert total["notices"] >= 1 and total["revocations"] >= 1 and total["additions"] >= 2 and total["work_lost_steps"] >= 0, total
+    assert (
+        total["notices"] >= 1
+        and total["revocations"] >= 1
+        and total["additions"] >= 2
+        and total["work_lost_steps"] >= 0
+    ), total
 
 
 def _up_with_trace(tmp_path, trace, *extra):
     rd = tmp_path / "run"
-    cmd = [sys.executable, "-m", "spotlight.cli", "up", "--local", "--config", str(EXAMPLES_DIR / "jpeg-toy" / "config.toml"),
-           "--run-dir", str(rd), "--trace", str(trace), "--timeout-s", "60", *extra]
-    return rd, subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env={**__import__("os").environ, "COLUMNS": "400"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "spotlight.cli",
+        "up",
+        "--local",
+        "--config",
+        str(EXAMPLES_DIR / "jpeg-toy" / "config.toml"),
+        "--run-dir",
+        str(rd),
+        "--trace",
+        str(trace),
+        "--timeout-s",
+        "60",
+        *extra,
+    ]
+    return rd, subprocess.run(
+        cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env={**__import__("os").environ, "COLUMNS": "400"}
+    )
 
 
 def test_bad_trace_refused_before_anything_starts(tmp_path):
@@ -77,8 +133,23 @@ def test_malformed_trace_line_refused_before_anything_starts(tmp_path):
 
 def _up(tmp_path, *extra):
     rd = tmp_path / "run"
-    cmd = [sys.executable, "-m", "spotlight.cli", "up", "--local", "--config", str(EXAMPLES_DIR / "jpeg-toy" / "config.toml"), "--run-dir", str(rd), "--timeout-s", "60", *extra]
-    return rd, subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env={**__import__("os").environ, "COLUMNS": "400"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "spotlight.cli",
+        "up",
+        "--local",
+        "--config",
+        str(EXAMPLES_DIR / "jpeg-toy" / "config.toml"),
+        "--run-dir",
+        str(rd),
+        "--timeout-s",
+        "60",
+        *extra,
+    ]
+    return rd, subprocess.run(
+        cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env={**__import__("os").environ, "COLUMNS": "400"}
+    )
 
 
 def test_replay_options_refused_with_one_line_before_anything_starts(tmp_path):
@@ -86,8 +157,14 @@ def test_replay_options_refused_with_one_line_before_anything_starts(tmp_path):
     preemption cycles that overlap are refused by name; nothing is started or written."""
     p3 = REPO / "examples" / "traces" / "bamboo" / "p3-trace.csv"
     for extra, want in (
-        (("--trace", str(p3), "--trace-mode", "full", "--agents", "2"), "at least 32 agents of 1 GPU (or slice the trace)"),
-        (("--preemption-cycles", "8", "--cycle-down-s", "5"), "--preemption-cycles 8: 8 cycles of 5.0s per 30.0s iteration overlap"),
+        (
+            ("--trace", str(p3), "--trace-mode", "full", "--agents", "2"),
+            "at least 32 agents of 1 GPU (or slice the trace)",
+        ),
+        (
+            ("--preemption-cycles", "8", "--cycle-down-s", "5"),
+            "--preemption-cycles 8: 8 cycles of 5.0s per 30.0s iteration overlap",
+        ),
     ):
         rd, proc = _up(tmp_path, *extra)
         out = proc.stdout + proc.stderr

@@ -14,13 +14,19 @@ import sys
 
 import pytest
 import torch
+
 from tests.integration.accounting import assert_each_request_ended_once
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 # the embedded default, with a smaller batch so the test stays quick on 2 cores
-OVERRIDES = {"data.prompts_per_iteration": 8, "data.num_control_prompts": 4, "explore.planner": "fixed", "explore.num_candidates": 16}
+OVERRIDES = {
+    "data.prompts_per_iteration": 8,
+    "data.num_control_prompts": 4,
+    "explore.planner": "fixed",
+    "explore.num_candidates": 16,
+}
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +36,23 @@ def run_dir(tmp_path_factory) -> pathlib.Path:
     rd = tmp_path_factory.mktemp("run")
     conf = rd.parent / "config.toml"
     dump_config(load_config(overrides=OVERRIDES), conf)
-    cmd = [sys.executable, "-m", "spotlight.cli", "up", "--local", "--agents", "2", "--iterations", "2", "--config", str(conf), "--run-dir", str(rd), "--timeout-s", "900"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "spotlight.cli",
+        "up",
+        "--local",
+        "--agents",
+        "2",
+        "--iterations",
+        "2",
+        "--config",
+        str(conf),
+        "--run-dir",
+        str(rd),
+        "--timeout-s",
+        "900",
+    ]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1000)
     assert proc.returncode == 0, f"spotlight up failed:\nSTDOUT\n{proc.stdout[-4000:]}\nSTDERR\n{proc.stderr[-4000:]}"
     (rd.parent / "console.txt").write_text(proc.stdout + proc.stderr)
@@ -41,7 +63,10 @@ def test_console_is_quiet(run_dir):
     """Only the coordinator's warnings and the progress lines reach the console (issue 11)."""
     console = (run_dir.parent / "console.txt").read_text()
     assert " INFO " not in console and "Traceback" not in console, console
-    assert [line.split(" reward")[0] for line in console.splitlines() if line.startswith("iter ")] == ["iter 1/2", "iter 2/2"]
+    assert [line.split(" reward")[0] for line in console.splitlines() if line.startswith("iter ")] == [
+        "iter 1/2",
+        "iter 2/2",
+    ]
     assert "next: spotlight eval --run-dir" in console.replace("\n", " ")  # what to do with the finished run
 
 
@@ -72,7 +97,10 @@ def test_old_requests_leave_memory_and_checkpoints_for_the_log(run_dir):
     assert n == 1
     kept = st["scheduler"]["requests"]
     assert kept and not any(r["iteration"] == 0 and r["status"] in ("done", "cancelled") for r in kept)
-    retired = [json.loads(line) for line in (run_dir / "requests.jsonl").read_bytes()[: st["requests_bytes"]].decode().splitlines()]
+    retired = [
+        json.loads(line)
+        for line in (run_dir / "requests.jsonl").read_bytes()[: st["requests_bytes"]].decode().splitlines()
+    ]
     assert retired and {r["iteration"] for r in retired} == {0}
     ids = [r["request_id"] for r in _requests(run_dir)]
     assert len(ids) == len(set(ids)) and {r["request_id"] for r in retired} <= set(ids)
@@ -82,7 +110,16 @@ def test_old_requests_leave_memory_and_checkpoints_for_the_log(run_dir):
 def test_metrics_and_outputs(run_dir):
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows] == [0, 1]
-    for key in ("reward/mean", "reward/std", "reward/control_std", "time/rollout_s", "time/train_s", "time/explore_s", "time/explore_critical_path_s", "spot/busy_fraction"):
+    for key in (
+        "reward/mean",
+        "reward/std",
+        "reward/control_std",
+        "time/rollout_s",
+        "time/train_s",
+        "time/explore_s",
+        "time/explore_critical_path_s",
+        "spot/busy_fraction",
+    ):
         assert key in rows[0], key
     # fresh samples, unchanged weights: Flow-GRPO's debug check (ratio exactly 1 on the first pass)
     assert rows[0]["train/ratio_max_dev"] == 0.0
@@ -103,7 +140,13 @@ def test_tensorboard_events_and_log_files(run_dir):
     assert [e.step for e in acc.Images("samples")]  # the sample grid(s)
     assert any(t.startswith("config") for t in acc.Tags()["tensors"])
     logs = {p.name for p in (run_dir / "logs").glob("*.log")}
-    assert {"coordinator.log", "trainer-0.log", "agent-reserved-0.log", "agent-spot-0.log", "agent-spot-1.log"} <= logs, logs
+    assert {
+        "coordinator.log",
+        "trainer-0.log",
+        "agent-reserved-0.log",
+        "agent-spot-0.log",
+        "agent-spot-1.log",
+    } <= logs, logs
     assert any(n.startswith("worker-spot-0-gpu0") for n in logs), logs
 
 
@@ -140,7 +183,13 @@ def test_default_is_the_shapes_task_from_the_shipped_base_model(run_dir):
 
 
 def test_eval_reports_base_and_final_per_task_kind(run_dir):
-    proc = subprocess.run([sys.executable, "-m", "spotlight.cli", "eval", "--run-dir", str(run_dir), "--num-seeds", "1"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "spotlight.cli", "eval", "--run-dir", str(run_dir), "--num-seeds", "1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((run_dir / "eval.json").read_text())
     from spotlight.tasks.shapes.world import TASKS
@@ -155,7 +204,13 @@ def test_eval_reports_base_and_final_per_task_kind(run_dir):
 
 def test_eval_refuses_a_run_without_final(tmp_path):
     (tmp_path / "config.toml").write_text((REPO / "examples" / "default" / "config.toml").read_text())
-    proc = subprocess.run([sys.executable, "-m", "spotlight.cli", "eval", "--run-dir", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "spotlight.cli", "eval", "--run-dir", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert "no final/" in proc.stdout
 
@@ -163,12 +218,20 @@ def test_eval_refuses_a_run_without_final(tmp_path):
 def test_status_shows_the_finished_run(run_dir):
     """`spotlight status RUN_DIR` after the run: read from the status.json the coordinator saved,
     with the agents' joins, both iterations and the weights in its event log."""
-    proc = subprocess.run([sys.executable, "-m", "spotlight.cli", "status", "--json", str(run_dir)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "spotlight.cli", "status", "--json", str(run_dir)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     snap = json.loads(proc.stdout)
     assert snap["finished"] and snap["iteration"] == 2 and snap["iterations_done"] == 2 and snap["eta_s"] == 0.0
     kinds = [e["kind"] for e in snap["events"]]
-    assert kinds.count("join") >= 2 and kinds.count("iteration") == 2 and "weights" in kinds and kinds[-1] == "finish", kinds
+    assert (
+        kinds.count("join") >= 2 and kinds.count("iteration") == 2 and "weights" in kinds and kinds[-1] == "finish"
+    ), kinds
     assert [e["detail"].split(" ")[0] for e in snap["events"] if e["kind"] == "iteration"] == ["1/2", "2/2"]
     assert len(snap["reward_curve"]) == 2 and snap["cost"]["total_usd"] > 0
 
@@ -188,7 +251,13 @@ def test_cost_bills_the_trainers_gpus_for_the_whole_run(run_dir):
     done = sum(r["status"] == "done" for r in reqs)
     assert sum(r["requests/completed"] for r in rows) == done
     for r in rows:
-        assert r["cost/usd"] >= cfg.train.num_train_workers * sum(x["time/iteration_s"] for x in rows[: r["iteration"] + 1]) / 3600 * cfg.cost.reserved_usd_per_gpu_hour
+        assert (
+            r["cost/usd"]
+            >= cfg.train.num_train_workers
+            * sum(x["time/iteration_s"] for x in rows[: r["iteration"] + 1])
+            / 3600
+            * cfg.cost.reserved_usd_per_gpu_hour
+        )
         assert r["cost/usd"] == pytest.approx(r["cost/spot_usd"] + r["cost/reserved_usd"])
         assert r["throughput/requests_per_s"] == pytest.approx(r["requests/completed"] / r["time/iteration_s"])
     assert rows[-1]["cost/usd_per_1k_requests"] == pytest.approx(1000 * rows[-1]["cost/usd"] / done)

@@ -60,7 +60,10 @@ class Coordinator(threading.Thread):
         self.port = self.sock.bind_to_random_port("tcp://127.0.0.1")
         self.weights = weights
         g = torch.Generator().manual_seed(5)
-        self.cond = {"cond.embeds": torch.randn(1, 16, 384, generator=g), "cond.mask": torch.ones(1, 16, dtype=torch.int64)}
+        self.cond = {
+            "cond.embeds": torch.randn(1, 16, 384, generator=g),
+            "cond.mask": torch.ones(1, 16, dtype=torch.int64),
+        }
         self.results: dict[int, dict[str, torch.Tensor]] = {}  # seed -> result tensors
         self.chunks_served = 0
         self.stop = threading.Event()
@@ -76,15 +79,33 @@ class Coordinator(threading.Thread):
             mtype, body, payload = P.decode(msg)
             reply, extra, replies = None, None, []
             if mtype == P.MsgType.REGISTER:
-                reply = P.Registered(node_id=body.node_id, heartbeat_interval_s=1.0, lease_timeout_s=600.0, worker_batch_size=1, torch_threads=1, sp_degree=2,
-                                     model=msgspec.to_builtins(ModelConfig()), sampler=msgspec.to_builtins(SAMPLER), latest_version=0, session="s")
+                reply = P.Registered(
+                    node_id=body.node_id,
+                    heartbeat_interval_s=1.0,
+                    lease_timeout_s=600.0,
+                    worker_batch_size=1,
+                    torch_threads=1,
+                    sp_degree=2,
+                    model=msgspec.to_builtins(ModelConfig()),
+                    sampler=msgspec.to_builtins(SAMPLER),
+                    latest_version=0,
+                    session="s",
+                )
             elif mtype == P.MsgType.HEARTBEAT:
                 reply = P.Heartbeat(node_id=body.node_id)
             elif mtype == P.MsgType.PULL:
                 self.seed += 1
                 rid = f"r{self.seed}"
                 seeds[rid] = self.seed
-                item = P.LeaseItem(lease_id=self.seed, request_id=rid, kind="rollout", iteration=0, prompt_index=0, seed=self.seed, weight_version=0)
+                item = P.LeaseItem(
+                    lease_id=self.seed,
+                    request_id=rid,
+                    kind="rollout",
+                    iteration=0,
+                    prompt_index=0,
+                    seed=self.seed,
+                    weight_version=0,
+                )
                 reply, extra = P.Leases(worker_id=body.worker_id, items=[item], tensors=metas), frames
             elif mtype == P.MsgType.FETCH_WEIGHTS:
                 try:
@@ -143,8 +164,29 @@ def run(tmp_path_factory):
     mp.setenv("SPOTLIGHT_AGENT_STATE", str(tmp / "state"))  # the agent's and _control's (agent_paths)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), SPOTLIGHT_WORKER_EVENTS=str(tmp / "events.jsonl"))
     log = open(tmp / "agent.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "agent.main", "join", "--coordinator", f"127.0.0.1:{coord.port}", "--gpus", "0", "--node-id", "n",
-                             "--keys", str(keys), "--key", "n", "--warm-spare"], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "agent.main",
+            "join",
+            "--coordinator",
+            f"127.0.0.1:{coord.port}",
+            "--gpus",
+            "0",
+            "--node-id",
+            "n",
+            "--keys",
+            str(keys),
+            "--key",
+            "n",
+            "--warm-spare",
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     facts: dict = {"tmp": tmp}
     try:
         status = lambda: _control("n", {"cmd": "status"})  # noqa: E731
@@ -215,7 +257,9 @@ def test_grant_is_served_by_the_spare_process(run):
     assert run["grant2"]["status"]["spares_used"] == 2
     assert run["spare2"] != run["grant1"]["spare_pid"] and run["spare1_alive_after_grant"]
     assert "weights: broadcast" in run["log"]  # the new worker got the weights from its peer
-    assert run["version_chunks"] > 4 and run["chunks_served"] >= run["version_chunks"]  # v0 came in chunks, a window at a time
+    assert (
+        run["version_chunks"] > 4 and run["chunks_served"] >= run["version_chunks"]
+    )  # v0 came in chunks, a window at a time
 
 
 def test_spare_and_workers_die_with_the_agent(run):
@@ -230,7 +274,11 @@ def test_results_across_joins_and_revocations_are_identical(run):
     assert len(results) >= 4
     # the leader re-formed in the middle of a request at least once (between its steps)
     leader = [e for e in run["events"] if e.get("worker") == "n/gpu0" and e["event"] in ("step", "formed")]
-    mid = [b for a, b in zip(leader, leader[1:]) if b["event"] == "formed" and a["event"] == "step" and 0 < a["step"] < SAMPLER.num_steps]
+    mid = [
+        b
+        for a, b in zip(leader, leader[1:])
+        if b["event"] == "formed" and a["event"] == "step" and 0 < a["step"] < SAMPLER.num_steps
+    ]
     assert mid, "no reconfiguration happened while a request was being denoised"
     cfg = ModelConfig()
     ex = RolloutExecutor(cfg, SAMPLER)
@@ -238,7 +286,15 @@ def test_results_across_joins_and_revocations_are_identical(run):
     g = torch.Generator().manual_seed(5)
     tensors = {"cond.embeds": torch.randn(1, 16, 384, generator=g), "cond.mask": torch.ones(1, 16, dtype=torch.int64)}
     for seed, got in sorted(results.items()):
-        item = P.LeaseItem(lease_id=seed, request_id=f"r{seed}", kind="rollout", iteration=0, prompt_index=0, seed=seed, weight_version=0)
+        item = P.LeaseItem(
+            lease_id=seed,
+            request_id=f"r{seed}",
+            kind="rollout",
+            iteration=0,
+            prompt_index=0,
+            seed=seed,
+            weight_version=0,
+        )
         msg, frames = ex.run("ref", P.Leases(worker_id="ref", items=[item]), dict(tensors)).result
         ref = unpack_tensors(msg.tensors, frames)
         torch.testing.assert_close(got["window_latents"], ref["window_latents"], atol=1e-4, rtol=0, msg=f"seed {seed}")

@@ -8,7 +8,15 @@ from typing import Callable, TypeVar
 T = TypeVar("T")
 
 
-def wait_until(pred: Callable[[], T], what: str, *, timeout_s: float, interval_s: float = 0.1, alive: Callable[[], bool] | None = None, logs: Callable[[], str] | None = None) -> T:
+def wait_until(
+    pred: Callable[[], T],
+    what: str,
+    *,
+    timeout_s: float,
+    interval_s: float = 0.1,
+    alive: Callable[[], bool] | None = None,
+    logs: Callable[[], str] | None = None,
+) -> T:
     """Call ``pred()`` every ``interval_s`` seconds until it returns something truthy, and return that.
 
     Fails (AssertionError naming ``what``, with ``logs()`` when given) when ``timeout_s``
@@ -26,5 +34,7 @@ def wait_until(pred: Callable[[], T], what: str, *, timeout_s: float, interval_s
                 return got
             raise AssertionError(f"the process exited while waiting for {what}" + (f"\n{logs()}" if logs else ""))
         if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}" + (f"\n{logs()}" if logs else ""))
+            raise AssertionError(
+                f"timed out after {timeout_s:.0f} s waiting for {what}" + (f"\n{logs()}" if logs else "")
+            )
         time.sleep(interval_s)

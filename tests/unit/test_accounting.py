@@ -84,7 +84,9 @@ def test_status_gpu_counts_are_the_billed_gpus_trainers_included():
     assert counts == {"spot": 2, "reserved": 3, "train": 2, "reserved_rollout": 2}
     im.integrate(0.0)
     im.integrate(60.0)
-    assert im.gpu_seconds(spot=False) == 60.0 * counts["reserved"] and im.gpu_seconds(spot=True) == 60.0 * counts["spot"]
+    assert (
+        im.gpu_seconds(spot=False) == 60.0 * counts["reserved"] and im.gpu_seconds(spot=True) == 60.0 * counts["spot"]
+    )
     im.goodbye("reserved-0", 60.0, "run finished")
     assert im.gpu_counts() == {"spot": 2, "reserved": 2, "train": 2, "reserved_rollout": 0}
 
@@ -123,10 +125,14 @@ def test_simulated_rows_carry_the_same_cost_and_throughput_columns():
     from spotlight.sim.profile import load_profile
     from spotlight.sim.simulator import simulate
 
-    profile = dataclasses.replace(load_profile(), prompts_per_iteration=8, num_control_prompts=2, group_size=8, train_time_s=600.0)
+    profile = dataclasses.replace(
+        load_profile(), prompts_per_iteration=8, num_control_prompts=2, group_size=8, train_time_s=600.0
+    )
     r = simulate(profile, "spotlight", None, iterations=3)
     last = r.rows[-1]
-    assert last["cost/reserved_usd"] == pytest.approx(profile.reserved_gpus * last["t_s"] / 3600 * profile.reserved_usd_per_gpu_hour)
+    assert last["cost/reserved_usd"] == pytest.approx(
+        profile.reserved_gpus * last["t_s"] / 3600 * profile.reserved_usd_per_gpu_hour
+    )
     assert last["cost/usd"] == pytest.approx(last["cost/spot_usd"] + last["cost/reserved_usd"])
     assert sum(row["requests/completed"] for row in r.rows) == last["sim/requests_done"]
     assert last["cost/usd_per_1k_requests"] == pytest.approx(1000 * last["cost/usd"] / last["sim/requests_done"])

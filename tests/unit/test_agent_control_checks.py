@@ -1,5 +1,6 @@
 """`spotlight-agent revoke` / `add-gpu`: a request naming GPUs the node does not hold (or
 already holds, or negative ids) is refused before anything changes."""
+
 import pytest
 
 from agent.main import control_gpus_error
@@ -128,7 +129,9 @@ def test_a_refusal_is_an_error_line_and_a_success_is_json(tmp_path, cmd, monkeyp
 
     import agent.main as m
 
-    monkeypatch.setattr(m, "_control", lambda *a, **k: {"ok": False, "error": "GPU(s) [7] not on this node", "gpus": [0]})
+    monkeypatch.setattr(
+        m, "_control", lambda *a, **k: {"ok": False, "error": "GPU(s) [7] not on this node", "gpus": [0]}
+    )
     res = _cli(cmd, "--gpu", "7", "--node-id", "spot-0")
     assert res.exit_code == 1, res.output
     assert res.output.strip() == "spotlight-agent: error: GPU(s) [7] not on this node", res.output

@@ -51,8 +51,22 @@ def _close(d: AgentDaemon) -> None:
 
 def _join(mock_url: str, cloud: str, state_dir, keys_dir, node_id: str = "spot-a") -> subprocess.CompletedProcess:
     env = dict(os.environ, SPOTLIGHT_AGENT_STATE=str(state_dir), PYTHONPATH=ROOT)
-    cmd = [sys.executable, "-m", "agent.main", "join", "--coordinator", "127.0.0.1:9", "--node-id", node_id, "--keys", str(keys_dir),
-           "--cloud", cloud, "--metadata-url", mock_url]
+    cmd = [
+        sys.executable,
+        "-m",
+        "agent.main",
+        "join",
+        "--coordinator",
+        "127.0.0.1:9",
+        "--node-id",
+        node_id,
+        "--keys",
+        str(keys_dir),
+        "--cloud",
+        cloud,
+        "--metadata-url",
+        mock_url,
+    ]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
 
 
@@ -77,7 +91,13 @@ def test_startup_check_handled_notice_blocks_stale_and_cancelled_do_not(state, k
         ledger_path = state / "ledger.json"
         det = AwsImdsDetector(aws.url, ledger=NoticeLedger(ledger_path))
         [n] = det.poll(time.time()).notices  # handled by the agent before the restart
-        d = AgentDaemon("127.0.0.1:9", [0], keys=keys, node_id="n1", detector=AwsImdsDetector(aws.url, ledger=NoticeLedger(ledger_path)))
+        d = AgentDaemon(
+            "127.0.0.1:9",
+            [0],
+            keys=keys,
+            node_id="n1",
+            detector=AwsImdsDetector(aws.url, ledger=NoticeLedger(ledger_path)),
+        )
         try:
             with pytest.raises(NodePreempted, match="already handled") as ei:
                 d.check_not_preempted()
@@ -85,20 +105,38 @@ def test_startup_check_handled_notice_blocks_stale_and_cancelled_do_not(state, k
         finally:
             _close(d)
         aws.issue_notice(lead_time_s=-600)  # `time` left behind by a failed termination (§1.2)
-        d = AgentDaemon("127.0.0.1:9", [0], keys=keys, node_id="n2", detector=AwsImdsDetector(aws.url, ledger=NoticeLedger(ledger_path)))
+        d = AgentDaemon(
+            "127.0.0.1:9",
+            [0],
+            keys=keys,
+            node_id="n2",
+            detector=AwsImdsDetector(aws.url, ledger=NoticeLedger(ledger_path)),
+        )
         try:
             d.check_not_preempted()  # stale: joins
             assert not d.draining
         finally:
             _close(d)
     with MockMetadataServer("gcp") as gcp:  # notice gone (cancelled/VM survived): joins
-        d = AgentDaemon("127.0.0.1:9", [0], keys=keys, node_id="n3", detector=GcpMetadataDetector(gcp.url, ledger=NoticeLedger(None)))
+        d = AgentDaemon(
+            "127.0.0.1:9",
+            [0],
+            keys=keys,
+            node_id="n3",
+            detector=GcpMetadataDetector(gcp.url, ledger=NoticeLedger(None)),
+        )
         try:
             d.check_not_preempted()
         finally:
             _close(d)
-    d = AgentDaemon("127.0.0.1:9", [0], keys=keys, node_id="n4", is_spot=False,
-                    detector=GcpMetadataDetector("http://127.0.0.1:9", ledger=NoticeLedger(None)))
+    d = AgentDaemon(
+        "127.0.0.1:9",
+        [0],
+        keys=keys,
+        node_id="n4",
+        is_spot=False,
+        detector=GcpMetadataDetector("http://127.0.0.1:9", ledger=NoticeLedger(None)),
+    )
     try:
         d.check_not_preempted()  # the reserved node's agent does not check
     finally:
@@ -113,8 +151,16 @@ def test_spawned_worker_environment_has_no_secrets(state, monkeypatch, keys):
     monkeypatch.setenv("HF_TOKEN_SECRET", "other")
     monkeypatch.setenv("SPOTLIGHT_HARMLESS", "kept")
     d = AgentDaemon("127.0.0.1:9", [0], keys=keys, node_id="envtest")
-    d.registered = P.Registered(node_id="envtest", heartbeat_interval_s=1.0, lease_timeout_s=10.0, worker_batch_size=1,
-                                torch_threads=1, model={}, sampler={}, latest_version=0)
+    d.registered = P.Registered(
+        node_id="envtest",
+        heartbeat_interval_s=1.0,
+        lease_timeout_s=10.0,
+        worker_batch_size=1,
+        torch_threads=1,
+        model={},
+        sampler={},
+        latest_version=0,
+    )
     try:
         wid = d.spawn_worker([0])
         proc = psutil.Process(d.procs[wid].pid)
@@ -132,7 +178,6 @@ def test_spawned_worker_environment_has_no_secrets(state, monkeypatch, keys):
     for name in ("SPOTLIGHT_SECRET", "SPOTLIGHT_KEYS", "HF_TOKEN_SECRET"):
         assert name not in env
     assert secret not in "".join(env.values())
-
 
 
 # --- item 9: one stop deadline whatever the GPU count ----------------------------------------
@@ -172,8 +217,14 @@ def test_shutdown_terminates_cooperative_workers_without_kill(state, keys):
     coord = ctx.socket(zmq.ROUTER)
     coord.setsockopt(zmq.LINGER, 0)
     d.coord.connect(f"tcp://127.0.0.1:{coord.bind_to_random_port('tcp://127.0.0.1')}")
-    procs = [subprocess.Popen([sys.executable, "-c", "print('ready', flush=True); import time; time.sleep(600)"],
-                              stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", "print('ready', flush=True); import time; time.sleep(600)"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
     try:
         for p in procs:
             assert p.stdout.readline().strip() == "ready"
@@ -188,7 +239,6 @@ def test_shutdown_terminates_cooperative_workers_without_kill(state, keys):
     assert [p.returncode for p in procs] == [-signal.SIGTERM] * 2
 
 
-
 # --- issue 11 item 7: start-up -----------------------------------------------------------------
 def _unused_port() -> int:
     import socket
@@ -201,7 +251,14 @@ def _unused_port() -> int:
 def _agent(args: list[str], state_dir, **kw) -> subprocess.Popen:
     env = dict(os.environ, SPOTLIGHT_AGENT_STATE=str(state_dir), PYTHONPATH=ROOT)
     env.pop("SPOTLIGHT_KEYS", None)
-    return subprocess.Popen([sys.executable, "-m", "agent.main", "join", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-m", "agent.main", "join", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
 
 
 @pytest.mark.parametrize("which", ["no --keys", "missing dir", "no secret"])
@@ -209,7 +266,11 @@ def test_join_without_keys_is_one_line_before_connecting(state, tmp_path, which)
     empty = tmp_path / "empty-keys"
     empty.mkdir()
     init_keys(empty)  # server.key but no client secret
-    keys_arg = {"no --keys": [], "missing dir": ["--keys", str(tmp_path / "nope")], "no secret": ["--keys", str(empty)]}[which]
+    keys_arg = {
+        "no --keys": [],
+        "missing dir": ["--keys", str(tmp_path / "nope")],
+        "no secret": ["--keys", str(empty)],
+    }[which]
     proc = _agent(["--coordinator", f"127.0.0.1:{_unused_port()}", "--node-id", "k1", *keys_arg], state)
     out, err = proc.communicate(timeout=50)  # a connection attempt would wait 60 s
     lines = [line for line in err.splitlines() if line.strip()]
@@ -241,10 +302,26 @@ def test_join_to_nothing_shows_progress_and_obeys_sigterm(state, keys_dir):
 
 def test_first_registration_timeout_is_an_option(state, keys_dir):
     """`--register-timeout-s`: the agent gave up on its first registration after a fixed 60 s."""
-    proc = _agent(["--coordinator", f"127.0.0.1:{_unused_port()}", "--node-id", "spot-a", "--keys", str(keys_dir), "--register-timeout-s", "1.5"], state)
+    proc = _agent(
+        [
+            "--coordinator",
+            f"127.0.0.1:{_unused_port()}",
+            "--node-id",
+            "spot-a",
+            "--keys",
+            str(keys_dir),
+            "--register-timeout-s",
+            "1.5",
+        ],
+        state,
+    )
     out, err = proc.communicate(timeout=50)  # the fixed 60 s would not have ended by now
     assert proc.returncode == 1, err
-    assert "giving up after 1.5s" in err and "spotlight-agent: error: no answer from coordinator at tcp://127.0.0.1:" in err and "within 1.5s" in err, err
+    assert (
+        "giving up after 1.5s" in err
+        and "spotlight-agent: error: no answer from coordinator at tcp://127.0.0.1:" in err
+        and "within 1.5s" in err
+    ), err
     assert "Traceback" not in err
 
 
@@ -254,14 +331,26 @@ def test_join_with_a_bad_coordinator_address_is_one_line_before_connecting(state
     proc = _agent(["--coordinator", address, "--node-id", "spot-a", "--keys", str(keys_dir)], state)
     out, err = proc.communicate(timeout=50)
     assert proc.returncode == 2, err
-    assert err.strip().splitlines() == [f"spotlight-agent: error: --coordinator {address}: expected HOST:PORT (port 1 to 65535)"], err
+    assert err.strip().splitlines() == [
+        f"spotlight-agent: error: --coordinator {address}: expected HOST:PORT (port 1 to 65535)"
+    ], err
 
 
 def test_join_help_fits_80_columns():
     env = dict(os.environ, COLUMNS="80", PYTHONPATH=ROOT, TERM="dumb")
-    out = subprocess.run([sys.executable, "-m", "agent.main", "join", "--help"], env=env, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "agent.main", "join", "--help"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     assert max(len(line) for line in out.stdout.splitlines()) <= 80
     assert "…" not in out.stdout  # no option name or help cut short
-    for opt in ("--coordinator", "--keys", "--poll-interval-s", "--register-timeout-s", "--coordinator-timeout-s", "--warm-spare / --no-warm-spare", "<role>.<name>.key_secret"):
+    for opt in (
+        "--coordinator",
+        "--keys",
+        "--poll-interval-s",
+        "--register-timeout-s",
+        "--coordinator-timeout-s",
+        "--warm-spare / --no-warm-spare",
+        "<role>.<name>.key_secret",
+    ):
         assert opt in out.stdout, opt

@@ -17,7 +17,17 @@ IN_USE = "node id n is in use by another live agent (registered since 12:00:00 U
 
 
 def _registered() -> P.Registered:
-    return P.Registered(node_id="n", heartbeat_interval_s=1.0, lease_timeout_s=10.0, worker_batch_size=1, torch_threads=1, model={}, sampler={}, latest_version=0, session="s1")
+    return P.Registered(
+        node_id="n",
+        heartbeat_interval_s=1.0,
+        lease_timeout_s=10.0,
+        worker_batch_size=1,
+        torch_threads=1,
+        model={},
+        sampler={},
+        latest_version=0,
+        session="s1",
+    )
 
 
 @pytest.fixture
@@ -52,7 +62,14 @@ def coordinator(tmp_path, monkeypatch):
     daemons = []
 
     def make(register_timeout_s: float = 30.0) -> AgentDaemon:
-        d = AgentDaemon(f"127.0.0.1:{port}", [0], keys=load_client_keys(tmp_path / "keys", role="agent"), node_id="n", warm_spare=False, register_timeout_s=register_timeout_s)
+        d = AgentDaemon(
+            f"127.0.0.1:{port}",
+            [0],
+            keys=load_client_keys(tmp_path / "keys", role="agent"),
+            node_id="n",
+            warm_spare=False,
+            register_timeout_s=register_timeout_s,
+        )
         daemons.append(d)
         return d
 
@@ -86,7 +103,10 @@ def test_refused_twice_exits_78_with_one_line(coordinator):
     assert (make.state / "weights" / "v3.safetensors").read_bytes() == b"w"  # the refused agent left them alone
     assert (make.state / "control.sock").exists()
     assert exc.value.code == EXIT_NODE_ID_IN_USE == 78 and len(seen) == 2
-    assert str(exc.value) == "node id n is in use by another live agent (registered since 12:00:00 UTC, 30s; last heard from 0.4s ago); pick another --node-id"
+    assert (
+        str(exc.value)
+        == "node id n is in use by another live agent (registered since 12:00:00 UTC, 30s; last heard from 0.4s ago); pick another --node-id"
+    )
 
 
 def test_no_retry_when_the_holder_cannot_time_out_within_the_register_timeout(coordinator):

@@ -13,7 +13,6 @@ import sys
 import time
 
 import pytest
-import zmq
 
 from agent.main import AgentDaemon
 from agent.node_scheduler import WorkerStatus
@@ -42,13 +41,17 @@ def daemon(tmp_path, monkeypatch):
     monkeypatch.setenv("SPOTLIGHT_AGENT_STATE", str(tmp_path / "state"))
     init_keys(tmp_path / "keys")
     add_client(tmp_path / "keys", "agent", "spot-a")
-    d = AgentDaemon("127.0.0.1:9", [0, 1, 2], keys=load_client_keys(tmp_path / "keys", role="agent"), node_id="n", warm_spare=False)
+    d = AgentDaemon(
+        "127.0.0.1:9", [0, 1, 2], keys=load_client_keys(tmp_path / "keys", role="agent"), node_id="n", warm_spare=False
+    )
     out = tmp_path / "stops.jsonl"
     out.touch()
 
     def spawn(gpus):
         slot = d.sched.add_worker(gpus)
-        d.procs[slot.worker_id] = subprocess.Popen([sys.executable, "-c", STANDIN, d.worker_endpoint, slot.worker_id, str(out)])
+        d.procs[slot.worker_id] = subprocess.Popen(
+            [sys.executable, "-c", STANDIN, d.worker_endpoint, slot.worker_id, str(out)]
+        )
         return slot.worker_id
 
     d.spawn_worker = spawn
@@ -62,7 +65,17 @@ def daemon(tmp_path, monkeypatch):
 
 
 def _register(d, **kw) -> None:
-    d.registered = P.Registered(node_id="n", heartbeat_interval_s=1.0, lease_timeout_s=10.0, worker_batch_size=1, torch_threads=1, model={}, sampler={}, latest_version=0, **kw)
+    d.registered = P.Registered(
+        node_id="n",
+        heartbeat_interval_s=1.0,
+        lease_timeout_s=10.0,
+        worker_batch_size=1,
+        torch_threads=1,
+        model={},
+        sampler={},
+        latest_version=0,
+        **kw,
+    )
 
 
 def _pump(d, until, timeout_s=60.0) -> None:

@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from spotlight.errors import SpotlightError
 from spotlight.store.checkpoint import (
     CHECKPOINT_FORMAT,
     CheckpointError,
@@ -17,7 +18,6 @@ from spotlight.store.checkpoint import (
     next_epoch,
     write_checkpoint,
 )
-from spotlight.errors import SpotlightError
 
 
 def test_write_then_load_round_trip(tmp_path):

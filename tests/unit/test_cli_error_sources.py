@@ -39,7 +39,9 @@ def test_eval_out_that_is_a_file_fails_before_any_sampling(tmp_path, monkeypatch
     monkeypatch.setattr(ev, "evaluate", lambda *a, **k: pytest.fail("sampled before --out was checked"))
     (tmp_path / "f").write_text("")
     res = runner.invoke(app, ["eval", "--num-seeds", "1", "--out", str(tmp_path / "f")])
-    assert res.exit_code == 2 and " ".join(res.output.split()) == f"error: --out {tmp_path / 'f'}: not a directory", res.output
+    assert res.exit_code == 2 and " ".join(res.output.split()) == f"error: --out {tmp_path / 'f'}: not a directory", (
+        res.output
+    )
 
 
 def test_simulate_trace_errors_name_the_flag_as_up_does(tmp_path):

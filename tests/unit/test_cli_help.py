@@ -14,19 +14,32 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 COMMANDS = [
     [],
-    ["init"], ["up"], ["status"], ["eval"], ["profile"], ["simulate"], ["mock-metadata"],
-    ["reward-server"], ["keys"], ["keys", "init"], ["keys", "add"], ["bench"],
+    ["init"],
+    ["up"],
+    ["status"],
+    ["eval"],
+    ["profile"],
+    ["simulate"],
+    ["mock-metadata"],
+    ["reward-server"],
+    ["keys"],
+    ["keys", "init"],
+    ["keys", "add"],
+    ["bench"],
 ]
 AGENT_COMMANDS = [[], ["join"], ["revoke"], ["add-gpu"], ["agent-status"]]
 
 
-@pytest.mark.parametrize("module, command",
-                         [("spotlight", c) for c in COMMANDS] + [("agent.main", c) for c in AGENT_COMMANDS],
-                         ids=lambda v: v if isinstance(v, str) else " ".join(v))
+@pytest.mark.parametrize(
+    "module, command",
+    [("spotlight", c) for c in COMMANDS] + [("agent.main", c) for c in AGENT_COMMANDS],
+    ids=lambda v: v if isinstance(v, str) else " ".join(v),
+)
 def test_help_fits_80_columns(module, command):
     env = dict(os.environ, COLUMNS="80", PYTHONPATH=str(ROOT), TERM="dumb")
-    out = subprocess.run([sys.executable, "-m", module, *command, "--help"], env=env,
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", module, *command, "--help"], env=env, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip(), "empty help"
     assert "…" not in out.stdout, [line for line in out.stdout.splitlines() if "…" in line]

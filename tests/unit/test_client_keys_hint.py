@@ -21,7 +21,11 @@ def test_an_agents_keys_dir_without_a_status_key_points_at_the_coordinators_dir(
         load_client_keys(agent, role="status")
     msg = str(info.value)
     assert f"spotlight keys add {agent}" not in msg, msg
-    assert "spotlight keys add COORDINATOR_KEYS status NAME" in msg and "server.key_secret" in msg and "does not work on this one" in msg, msg
+    assert (
+        "spotlight keys add COORDINATOR_KEYS status NAME" in msg
+        and "server.key_secret" in msg
+        and "does not work on this one" in msg
+    ), msg
 
 
 def test_the_coordinators_keys_dir_gets_the_direct_command(tmp_path):

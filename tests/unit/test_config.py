@@ -38,7 +38,10 @@ def test_relative_paths_resolve_from_any_directory(tmp_path, monkeypatch):
     from spotlight.config import REPO_ROOT, resolve_path
 
     monkeypatch.chdir(tmp_path)
-    assert resolve_path("spotlight/tasks/shapes/prompts/train.jsonl") == REPO_ROOT / "spotlight/tasks/shapes/prompts/train.jsonl"
+    assert (
+        resolve_path("spotlight/tasks/shapes/prompts/train.jsonl")
+        == REPO_ROOT / "spotlight/tasks/shapes/prompts/train.jsonl"
+    )
     (tmp_path / "spotlight").mkdir()
     (tmp_path / "spotlight" / "mine.jsonl").write_text("{}")
     # a path that exists from the working directory wins
@@ -53,7 +56,9 @@ def test_jpeg_toy_example_loads():
 
 
 def test_dump_load_round_trip(tmp_path):
-    cfg = load_config(overrides={"run.iterations": 7, "train.learning_rate": 3e-4, "cluster.reserved_rollout_gpus": [0, 2]})
+    cfg = load_config(
+        overrides={"run.iterations": 7, "train.learning_rate": 3e-4, "cluster.reserved_rollout_gpus": [0, 2]}
+    )
     path = tmp_path / "resolved.toml"
     dump_config(cfg, path)
     back = load_config(path)
@@ -96,7 +101,10 @@ def test_wrong_type_names_the_field():
 @pytest.mark.parametrize(
     "overrides,field",
     [
-        ({"sampler.sde_window_start": 2, "sampler.sde_window_size": 8}, "sampler.sde_window_size"),  # reaches step 9 (last)
+        (
+            {"sampler.sde_window_start": 2, "sampler.sde_window_size": 8},
+            "sampler.sde_window_size",
+        ),  # reaches step 9 (last)
         ({"sampler.sde_window_size": 10}, "sampler.sde_window_size"),  # window covers the last step
         ({"sampler.sde_window_size": 0}, "sampler.sde_window_size"),
         ({"sampler.noise_level": 0.0}, "sampler.noise_level"),
@@ -240,7 +248,9 @@ def test_family_needs_a_checkpoint_path():
     with pytest.raises(ConfigError, match="pretrained_path"):
         config_from_dict({"model": {"family": "sd3"}})
     with pytest.raises(ConfigError, match="sp_degree"):
-        config_from_dict({"model": {"family": "flux", "pretrained_path": "/x", "image_size": 32}, "cluster": {"sp_degree": 2}})
+        config_from_dict(
+            {"model": {"family": "flux", "pretrained_path": "/x", "image_size": 32}, "cluster": {"sp_degree": 2}}
+        )
 
 
 def test_bad_enum_value_in_a_file_lists_the_choices(tmp_path):
@@ -268,7 +278,9 @@ def test_every_literal_field_reports_its_choices():
             seen += 1
             with pytest.raises(ConfigError) as info:
                 load_config(overrides={f"{section}.{name}": "no-such-value"})
-            assert f"{section}.{name}: invalid value 'no-such-value'; choose from {repr(get_args(tp)[0])}" in str(info.value), str(info.value)
+            assert f"{section}.{name}: invalid value 'no-such-value'; choose from {repr(get_args(tp)[0])}" in str(
+                info.value
+            ), str(info.value)
     assert seen >= 10
 
 
@@ -284,7 +296,7 @@ def test_an_overridden_value_is_blamed_on_the_flag_not_the_file():
 
 
 def test_a_file_value_is_still_blamed_on_the_file(tmp_path):
-    (tmp_path / "c.toml").write_text("[run]\ntrackers = [\"foo\"]\n")
+    (tmp_path / "c.toml").write_text('[run]\ntrackers = ["foo"]\n')
     with pytest.raises(ConfigError) as info:
         load_config(tmp_path / "c.toml", {"run.iterations": 2})
     assert str(info.value).startswith(f"{tmp_path / 'c.toml'}: run.trackers: "), str(info.value)

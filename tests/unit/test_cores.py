@@ -11,8 +11,8 @@ import pytest
 from agent.node_scheduler import NodeScheduler, WorkerStatus
 from spotlight.config import REPO_ROOT
 from spotlight.core.instance_manager import InstanceManager, NodeStatus
-from spotlight.protocol import TensorMeta
 from spotlight.core.seed_bank import SeedBank, candidate_seeds, default_seeds, derive_seed, select_top_bottom
+from spotlight.protocol import TensorMeta
 from spotlight.store.tensor_store import TensorStore
 
 # ---------------------------------------------------------------- seed bank
@@ -28,7 +28,9 @@ def test_derive_seed_is_stable():
     assert 0 <= derive_seed("anything") < 2**31
     # stable across processes (no PYTHONHASHSEED dependence)
     code = "from spotlight.core.seed_bank import derive_seed; print(derive_seed(1, 'candidate', 2, 3, 4))"
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, env={"PYTHONHASHSEED": "123"})
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, env={"PYTHONHASHSEED": "123"}
+    )
     assert out.stdout.strip() == "669191386", out.stderr
 
 
@@ -67,7 +69,6 @@ def test_select_top_bottom_ignores_non_finite():
     assert select_top_bottom(seeds, rewards, 2) == [2, 4]
 
 
-
 def test_select_top_bottom_equals_a_full_sort_by_reward_then_order():
     """It picks the K/2 best and K/2 worst without sorting every candidate; the picks are
     those of sorting all finite candidates by (-reward, index) (its earlier code)."""
@@ -81,7 +82,7 @@ def test_select_top_bottom_equals_a_full_sort_by_reward_then_order():
         seeds = [rng.randrange(2**31) for _ in range(n)]
         k = rng.choice([0, 2, 4, 8, 16])
         ranked = sorted(((r, i) for i, r in enumerate(rewards) if math.isfinite(r)), key=lambda x: (-x[0], x[1]))
-        want = ranked if len(ranked) <= k else ranked[: k // 2] + ranked[-(k // 2):]
+        want = ranked if len(ranked) <= k else ranked[: k // 2] + ranked[-(k // 2) :]
         assert select_top_bottom(seeds, rewards, k) == [seeds[i] for _, i in want]
 
 
@@ -90,6 +91,7 @@ def test_seed_prefix_and_seed_from_text_are_derive_seed():
 
     for parts, more in [((0, "candidate", 3), (1, 7)), ((7,), ("x", 2.5)), ((), (1,)), ((True, "default"), (0, 0, 0))]:
         assert seed_from_text(seed_prefix(*parts) + "|".join(map(str, more))) == derive_seed(*parts, *more)
+
 
 def test_select_top_bottom_errors():
     with pytest.raises(ValueError):
@@ -332,4 +334,3 @@ def test_node_scheduler_bookkeeping():
     assert b2.worker_id == b.worker_id + ".r1" and b2.restarts == 1 and b2.status == WorkerStatus.STARTING
     assert ns.add_worker([1, 2]).restarts == 2
     assert ns.workers[b.worker_id].in_flight == {}
-

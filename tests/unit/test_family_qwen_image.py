@@ -125,7 +125,13 @@ def test_sigmas_follow_the_pipeline(family, pipe):
     assert torch.all(sig[1:] < sig[:-1])
     # the pipeline's own computation
     conf = pipe.scheduler.config
-    mu = calculate_shift(family.latent_shape[0], conf["base_image_seq_len"], conf["max_image_seq_len"], conf["base_shift"], conf["max_shift"])
+    mu = calculate_shift(
+        family.latent_shape[0],
+        conf["base_image_seq_len"],
+        conf["max_image_seq_len"],
+        conf["base_shift"],
+        conf["max_shift"],
+    )
     retrieve_timesteps(pipe.scheduler, steps, "cpu", sigmas=np.linspace(1.0, 1 / steps, steps), mu=mu)
     torch.testing.assert_close(sig, pipe.scheduler.sigmas.float(), rtol=0, atol=1e-6)
     # written out: exponential time shift, then the stretch to shift_terminal

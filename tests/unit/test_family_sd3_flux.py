@@ -31,7 +31,9 @@ SIZE = 32
 
 
 def _cfg(family: str, path, **kw) -> ModelConfig:
-    return ModelConfig(family=family, pretrained_path=str(path), image_size=SIZE, max_text_tokens=MAX_T5, dtype="float32", **kw)
+    return ModelConfig(
+        family=family, pretrained_path=str(path), image_size=SIZE, max_text_tokens=MAX_T5, dtype="float32", **kw
+    )
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +66,9 @@ def _latents(shape, seed=0):
 
 
 def _flat_grads(module) -> torch.Tensor:
-    return torch.cat([p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel()) for p in module.parameters()])
+    return torch.cat(
+        [p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel()) for p in module.parameters()]
+    )
 
 
 # ---------------------------------------------------------------------------- tokenizers
@@ -78,7 +82,12 @@ def test_offline_tokenizers_roundtrip(tmp_path):
     assert len(clip) == ot.CLIP_VOCAB_SIZE and len(t5) == ot.T5_VOCAB_SIZE
     assert clip.model_max_length == 77
     ids = clip("the cat").input_ids
-    assert clip.convert_ids_to_tokens(ids) == ["<|startoftext|>", "the</w>", "cat</w>", "<|endoftext|>"]  # merges applied
+    assert clip.convert_ids_to_tokens(ids) == [
+        "<|startoftext|>",
+        "the</w>",
+        "cat</w>",
+        "<|endoftext|>",
+    ]  # merges applied
     assert ids[-1] == ot.CLIP_VOCAB_SIZE - 1 == clip.eos_token_id
     assert (t5.pad_token_id, t5.eos_token_id, t5.unk_token_id) == (0, 1, 2)
     enc = t5("the dog ~", padding="max_length", max_length=6).input_ids
@@ -90,8 +99,12 @@ def test_pipelines_load_offline(sd3_dir, flux_dir):
     from diffusers import FluxPipeline, StableDiffusion3Pipeline
 
     p = StableDiffusion3Pipeline.from_pretrained(sd3_dir, local_files_only=True)
-    assert type(p.transformer).__name__ == "SD3Transformer2DModel" and type(p.text_encoder_3).__name__ == "T5EncoderModel"
-    assert p.text_encoder.config.vocab_size == len(p.tokenizer) and p.text_encoder_3.config.vocab_size == len(p.tokenizer_3)
+    assert (
+        type(p.transformer).__name__ == "SD3Transformer2DModel" and type(p.text_encoder_3).__name__ == "T5EncoderModel"
+    )
+    assert p.text_encoder.config.vocab_size == len(p.tokenizer) and p.text_encoder_3.config.vocab_size == len(
+        p.tokenizer_3
+    )
     assert p.transformer.config.caption_projection_dim == 32 and p.transformer.config.qk_norm == "rms_norm"
     assert p.vae.config.scaling_factor == pytest.approx(1.5305) and p.vae.config.shift_factor == pytest.approx(0.0609)
     f = FluxPipeline.from_pretrained(flux_dir, local_files_only=True)
@@ -196,9 +209,20 @@ def test_sd3_encode_prompts_matches_pipeline(sd3, sd3_dir):
     assert bool((cond.embeds[:, :77, 48:] == 0).all()) and bool((cond.embeds[:, 77:, 48:] != 0).any())
     pipe = fam.text_pipeline("cpu")
     pe, ne, pp, npool = pipe.encode_prompt(
-        prompt=PROMPTS, prompt_2=None, prompt_3=None, device="cpu", do_classifier_free_guidance=True, negative_prompt="", max_sequence_length=MAX_T5
+        prompt=PROMPTS,
+        prompt_2=None,
+        prompt_3=None,
+        device="cpu",
+        do_classifier_free_guidance=True,
+        negative_prompt="",
+        max_sequence_length=MAX_T5,
     )
-    for got, ref in ((cond.embeds, pe), (cond.extra["pooled"], pp), (cond.extra["neg.embeds"], ne), (cond.extra["neg.pooled"], npool)):
+    for got, ref in (
+        (cond.embeds, pe),
+        (cond.extra["pooled"], pp),
+        (cond.extra["neg.embeds"], ne),
+        (cond.extra["neg.pooled"], npool),
+    ):
         assert torch.allclose(got, ref.float(), atol=1e-5)
     # No CFG, no negative tensors; the cache round trip keeps every tensor.
     plain = get_family(_cfg("sd3", sd3_dir, guidance_scale=1.0)).encode_prompts(PROMPTS)
@@ -213,8 +237,12 @@ def test_flux_encode_prompts_matches_pipeline(flux):
     assert cond.embeds.shape == (n, MAX_T5, 64) and cond.embeds.dtype == torch.float32
     assert cond.mask.shape == (n, MAX_T5) and cond.mask.dtype == torch.int64 and bool((cond.mask == 1).all())
     assert set(cond.extra) == {"pooled"} and cond.extra["pooled"].shape == (n, 32)
-    pe, pp, text_ids = fam.text_pipeline("cpu").encode_prompt(prompt=PROMPTS, prompt_2=None, device="cpu", max_sequence_length=MAX_T5)
-    assert torch.allclose(cond.embeds, pe.float(), atol=1e-5) and torch.allclose(cond.extra["pooled"], pp.float(), atol=1e-5)
+    pe, pp, text_ids = fam.text_pipeline("cpu").encode_prompt(
+        prompt=PROMPTS, prompt_2=None, device="cpu", max_sequence_length=MAX_T5
+    )
+    assert torch.allclose(cond.embeds, pe.float(), atol=1e-5) and torch.allclose(
+        cond.extra["pooled"], pp.float(), atol=1e-5
+    )
     assert text_ids.shape == (MAX_T5, 3)
 
 
@@ -233,7 +261,13 @@ def test_sd3_velocity_cfg_formula(sd3, sd3_dir):
         v_c = no_cfg.velocity(tr, x, sigma, cond)
         v_u = no_cfg.velocity(tr, x, sigma, _neg(cond))
         # The transformer sees the raw scheduler timestep 1000·σ.
-        raw = tr(hidden_states=x, timestep=sigma * 1000, encoder_hidden_states=cond.embeds, pooled_projections=cond.extra["pooled"], return_dict=False)[0]
+        raw = tr(
+            hidden_states=x,
+            timestep=sigma * 1000,
+            encoder_hidden_states=cond.embeds,
+            pooled_projections=cond.extra["pooled"],
+            return_dict=False,
+        )[0]
     assert v.shape == x.shape and v.dtype == torch.float32
     assert torch.allclose(v_c, raw, atol=1e-6)
     assert (v_c - v_u).abs().max() > 1e-3  # the negative prompt matters, so the check has power
@@ -326,7 +360,14 @@ def test_denoise_and_decode_match_pipeline(which, sd3, flux, sd3_dir, flux_dir):
     pipe.set_progress_bar_config(disable=True)
     x0 = _latents(fam.latent_shape, seed=3)
     steps = 3
-    kw = dict(prompt=PROMPTS, num_inference_steps=steps, height=SIZE, width=SIZE, max_sequence_length=MAX_T5, guidance_scale=fam.guidance_scale)
+    kw = dict(
+        prompt=PROMPTS,
+        num_inference_steps=steps,
+        height=SIZE,
+        width=SIZE,
+        max_sequence_length=MAX_T5,
+        guidance_scale=fam.guidance_scale,
+    )
     ref = pipe(latents=x0.clone(), output_type="latent", **kw).images
     assert torch.allclose(pipe.scheduler.sigmas.float(), fam.sigmas(steps, shift=1.0), atol=1e-6)
     ours = _euler(fam, tr, cond, x0.clone(), steps)

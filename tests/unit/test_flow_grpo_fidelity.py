@@ -15,7 +15,7 @@ from spotlight.config import SamplerConfig, SpotlightConfig, TrainConfig
 from spotlight.rl.grpo import kl_to_reference
 from spotlight.rl.sampler import Sampler, make_sigmas, sde_step
 from spotlight.workers.train.train_worker import FlowGRPOTrainer, _minibatches
-from tests.unit.test_train_worker import ROLLOUT_MBS, SEEDS, TEXT_DIM, _states_differ, make_rollout, pg  # noqa: F401 (fixture)
+from tests.unit.test_train_worker import ROLLOUT_MBS, TEXT_DIM, _states_differ, make_rollout
 
 pytestmark = pytest.mark.filterwarnings("ignore:FSDP2-wrapped module")
 
@@ -56,7 +56,9 @@ def test_exact_kl_divides_by_the_step_variance():
     exact = kl_to_reference(res.mean, ref.mean, res.std).item()
     assert exact == pytest.approx(expected, rel=1e-6)
     # the exact form is larger by 1/|dt| (why Flow-GRPO's published β values are weaker than they look)
-    assert exact / kl_to_reference(res.mean, ref.mean, res.std_dev_t).item() == pytest.approx(1.0 / (sig - nxt), rel=1e-5)
+    assert exact / kl_to_reference(res.mean, ref.mean, res.std_dev_t).item() == pytest.approx(
+        1.0 / (sig - nxt), rel=1e-5
+    )
 
 
 def test_trainer_uses_the_configured_kl_form(pg):
@@ -108,7 +110,19 @@ def test_non_finite_sample_is_dropped_and_counted():
         wl = torch.zeros(3, 4, 2)
         if bad:
             wl[1, 2, 0] = float("inf")
-        return Sample(f"r{i}", RequestKind.ROLLOUT, 0, 0, 0, i, "b", torch.zeros(3, 2, 2, dtype=torch.uint8), window_latents=wl, log_probs=torch.zeros(2), reward=reward)
+        return Sample(
+            f"r{i}",
+            RequestKind.ROLLOUT,
+            0,
+            0,
+            0,
+            i,
+            "b",
+            torch.zeros(3, 2, 2, dtype=torch.uint8),
+            window_latents=wl,
+            log_probs=torch.zeros(2),
+            reward=reward,
+        )
 
     kept, counts = trainable_samples([sample(0), sample(1, bad=True), sample(2, reward=float("nan")), sample(3)])
     assert [s.request_id for s in kept] == ["r0", "r3"]

@@ -13,7 +13,6 @@ import torch
 
 from spotlight.rl.grpo import ADV_EPS, clipped_policy_loss, group_advantages, kl_to_reference
 
-
 # ---------------------------------------------------------------- advantages
 
 
@@ -59,7 +58,9 @@ def test_batch_std_includes_constant_groups():
     adv = group_advantages(rewards, [0, 0, 1, 1], std="batch")
     batch_std = float(np.std(rewards))  # mean 3, deviations -3, -1, 2, 2 -> var 18/4
     assert batch_std == pytest.approx(math.sqrt(4.5))
-    np.testing.assert_allclose(adv, [-1.0 / (math.sqrt(4.5) + 1e-4), 1.0 / (math.sqrt(4.5) + 1e-4), 0.0, 0.0], rtol=1e-12)
+    np.testing.assert_allclose(
+        adv, [-1.0 / (math.sqrt(4.5) + 1e-4), 1.0 / (math.sqrt(4.5) + 1e-4), 0.0, 0.0], rtol=1e-12
+    )
 
 
 def test_group_std_hand_numbers():

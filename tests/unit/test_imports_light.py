@@ -7,7 +7,15 @@ import sys
 
 from spotlight.config import REPO_ROOT
 
-MODULES = ["agent.main", "agent.node_scheduler", "agent.weight_cache", "spotlight.store.weight_sync", "spotlight.cli", "spotlight.protocol", "spotlight.config"]
+MODULES = [
+    "agent.main",
+    "agent.node_scheduler",
+    "agent.weight_cache",
+    "spotlight.store.weight_sync",
+    "spotlight.cli",
+    "spotlight.protocol",
+    "spotlight.config",
+]
 if (REPO_ROOT / "agent" / "preemption.py").is_file():
     MODULES.append("agent.preemption")
 

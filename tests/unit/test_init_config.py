@@ -53,18 +53,35 @@ def test_default_is_the_embedded_default_with_every_field_documented(tmp_path):
 
 
 def test_cluster_layout_options_land_in_the_config(tmp_path):
-    res = _init("--train-gpus", "4", "--reserved-rollout-gpus", "0,1", "--sp-degree", "2", "--spot-nodes", "3", "--gpus-per-node", "8")
+    res = _init(
+        "--train-gpus",
+        "4",
+        "--reserved-rollout-gpus",
+        "0,1",
+        "--sp-degree",
+        "2",
+        "--spot-nodes",
+        "3",
+        "--gpus-per-node",
+        "8",
+    )
     assert res.exit_code == 0, res.output
     f = tmp_path / "run.toml"
     f.write_text(res.stdout)
     cfg = load_config(f)
-    assert cfg.train.num_train_workers == 4 and cfg.cluster.reserved_rollout_gpus == [0, 1] and cfg.cluster.sp_degree == 2
+    assert (
+        cfg.train.num_train_workers == 4 and cfg.cluster.reserved_rollout_gpus == [0, 1] and cfg.cluster.sp_degree == 2
+    )
     assert "--agents 3 --gpus-per-agent 8" in res.stdout and "--gpus 0,1,2,3,4,5,6,7" in res.stdout
 
 
 def test_mistakes_are_one_line_errors_and_out_is_not_overwritten(tmp_path):
     res = _init("--family", "sdxl")
-    assert res.exit_code == 2 and "choose one of shapes, jpeg-toy, qwen-image, sd3, flux" in res.stderr and res.stdout == ""
+    assert (
+        res.exit_code == 2
+        and "choose one of shapes, jpeg-toy, qwen-image, sd3, flux" in res.stderr
+        and res.stdout == ""
+    )
     res = _init("--family", "sd3", "--sp-degree", "2")
     assert res.exit_code == 2 and "cluster.sp_degree" in res.stderr
     res = _init("--reserved-rollout-gpus", "0;1")

@@ -10,7 +10,15 @@ import random
 
 import pytest
 
-from spotlight.core.iteration import BusyMeter, CoreObservation, IterationCore, IterationDone, IterationSettings, StartSaving, StartTraining
+from spotlight.core.iteration import (
+    BusyMeter,
+    CoreObservation,
+    IterationCore,
+    IterationDone,
+    IterationSettings,
+    StartSaving,
+    StartTraining,
+)
 from spotlight.core.planner import Action, Planner, PlannerConfig, StepOption
 from spotlight.core.request_scheduler import RequestKind, RequestScheduler, RequestStatus
 from spotlight.core.seed_bank import SeedBank, derive_seed
@@ -20,8 +28,15 @@ T = 10
 
 def _core(*, mode="stale", iterations=3, stream=True, d=8, reuse=False, control=2, planner=None):
     settings = IterationSettings(
-        iterations=iterations, prompts_per_iteration=4, num_control_prompts=control, group_size=4, run_seed=7,
-        num_steps=T, explore_mode=mode, stream_extra=stream, reuse_exploration=reuse,
+        iterations=iterations,
+        prompts_per_iteration=4,
+        num_control_prompts=control,
+        group_size=4,
+        run_seed=7,
+        num_steps=T,
+        explore_mode=mode,
+        stream_extra=stream,
+        reuse_exploration=reuse,
     )
     sched = RequestScheduler(1e9)
     return IterationCore(settings, sched, SeedBank(7, 4), planner, Action(d, float(T), 0.0), list(range(12)))
@@ -102,7 +117,11 @@ def test_training_end_abandons_extras_and_drain_waits_only_for_the_planned_candi
     for rid in planned:
         assert core.sched.get(rid).status is not RequestStatus.CANCELLED
     # a late result for an abandoned extra is stale
-    late = next(l for l in mine if l.request_id in extras and l not in finished_extra) if any(l.request_id in extras and l not in finished_extra for l in mine) else None
+    late = (
+        next(l for l in mine if l.request_id in extras and l not in finished_extra)
+        if any(l.request_id in extras and l not in finished_extra for l in mine)
+        else None
+    )
     if late is not None:
         assert not core.sched.complete(late.request_id, late.lease_id, 5.5, worker_id="s/1")
     # drain: the planned candidates still out (12 on s/0, 2 on s/1) must finish first
@@ -151,17 +170,26 @@ def test_best_of_n_reuse_generates_exactly_n_per_explored_prompt_and_no_rollout(
         out = core.advance(it + 0.2, CoreObservation())
         assert [type(d) for d in out] == [StartTraining]
         ids = out[0].request_ids
-        per_prompt = collections.Counter(core.request_meta[r.request_id][0] for r in core.sched.requests(iteration=it, kind=RequestKind.EXPLORE))
+        per_prompt = collections.Counter(
+            core.request_meta[r.request_id][0] for r in core.sched.requests(iteration=it, kind=RequestKind.EXPLORE)
+        )
         assert per_prompt == {s: 8 for s in range(4)}  # N generations per prompt, not N + K
         # the candidates may become the rollout: full fidelity (log-probs, no First Block Cache)
-        assert all(r.params.get("as_rollout") is True and "cache_threshold" not in r.params for r in core.sched.requests(iteration=it, kind=RequestKind.EXPLORE))
+        assert all(
+            r.params.get("as_rollout") is True and "cache_threshold" not in r.params
+            for r in core.sched.requests(iteration=it, kind=RequestKind.EXPLORE)
+        )
         assert core.sched.requests(iteration=it, kind=RequestKind.ROLLOUT) == []
         assert len(ids) == 4 * 4 and all(core.sched.get(r).kind is RequestKind.EXPLORE for r in ids)
         by_slot = collections.defaultdict(list)
         for r in ids:
             by_slot[core.request_meta[r][0]].append(core.rewards[r])
         for slot, rewards in by_slot.items():  # the top-2 and bottom-2 of the 8 candidates
-            allr = sorted(core.rewards[r.request_id] for r in core.sched.requests(iteration=it, kind=RequestKind.EXPLORE) if core.request_meta[r.request_id][0] == slot)
+            allr = sorted(
+                core.rewards[r.request_id]
+                for r in core.sched.requests(iteration=it, kind=RequestKind.EXPLORE)
+                if core.request_meta[r.request_id][0] == slot
+            )
             assert sorted(rewards) == sorted(allr[:2] + allr[-2:])
         out = core.advance(it + 0.5, CoreObservation(train_done=True))
         assert isinstance(out[0], IterationDone)
@@ -170,15 +198,28 @@ def test_best_of_n_reuse_generates_exactly_n_per_explored_prompt_and_no_rollout(
 
 def test_reuse_needs_critical_path_and_no_control_prompts():
     with pytest.raises(ValueError, match="critical_path"):
-        IterationSettings(iterations=1, prompts_per_iteration=4, num_control_prompts=0, group_size=4, run_seed=0, num_steps=T, explore_mode="stale", reuse_exploration=True)
+        IterationSettings(
+            iterations=1,
+            prompts_per_iteration=4,
+            num_control_prompts=0,
+            group_size=4,
+            run_seed=0,
+            num_steps=T,
+            explore_mode="stale",
+            reuse_exploration=True,
+        )
 
 
 def test_planner_credits_the_chosen_arm_even_when_extras_streamed():
     """Crediting the grid arm matching the candidates scored (issue 10) left the chosen arm
     unseen (UCB = inf) so it was re-picked forever whatever beta (Fig. 17 benchmark)."""
-    planner = Planner(PlannerConfig(max_sequences=24, min_sequences=8, sequence_step=8, beta=0.0), [StepOption(0.0, float(T), 1.0)], random.Random(0))
+    planner = Planner(
+        PlannerConfig(max_sequences=24, min_sequences=8, sequence_step=8, beta=0.0),
+        [StepOption(0.0, float(T), 1.0)],
+        random.Random(0),
+    )
     core = _core(planner=planner, iterations=3)
-    start = core.advance(0.0, CoreObservation(num_spot_gpus=4, step_time_s=1e-3))
+    core.advance(0.0, CoreObservation(num_spot_gpus=4, step_time_s=1e-3))
     _finish(core, "r/0", is_spot=False, now=1.0)
     core.advance(2.0, CoreObservation(num_spot_gpus=4, step_time_s=1e-3, spot_slots=40))
     action = core.explore_action[1]
@@ -198,7 +239,10 @@ def test_planner_credits_the_chosen_arm_even_when_extras_streamed():
     assert counts[action.num_sequences] == 1 and sum(counts.values()) == 1
     # the next plan no longer re-picks the same arm as unseen
     assert core.plan_logs[2]["action"] is not None
-    assert core.plan_logs[2]["action"]["num_sequences"] != action.num_sequences or "unseen" not in core.plan_logs[2]["reason"]
+    assert (
+        core.plan_logs[2]["action"]["num_sequences"] != action.num_sequences
+        or "unseen" not in core.plan_logs[2]["reason"]
+    )
 
 
 def test_busy_meter_counts_lease_time_over_alive_time():
@@ -217,7 +261,11 @@ def test_busy_meter_counts_lease_time_over_alive_time():
 
 
 def test_when_no_arm_fits_spot_gpus_still_stream_candidates_but_nothing_is_planned_or_awaited():
-    planner = Planner(PlannerConfig(max_sequences=24, min_sequences=8, sequence_step=8, beta=0.0), [StepOption(0.0, float(T), 1.0)], random.Random(0))
+    planner = Planner(
+        PlannerConfig(max_sequences=24, min_sequences=8, sequence_step=8, beta=0.0),
+        [StepOption(0.0, float(T), 1.0)],
+        random.Random(0),
+    )
     core = _core(planner=planner, iterations=3)
     core.advance(0.0, CoreObservation())
     _finish(core, "r/0", is_spot=False, now=1.0)
@@ -231,7 +279,10 @@ def test_when_no_arm_fits_spot_gpus_still_stream_candidates_but_nothing_is_plann
     out = core.advance(2.0, CoreObservation(train_done=True))
     assert [type(d) for d in out] == [IterationDone]  # nothing planned: DRAIN waits for nothing
     assert out[0].metrics["time/explore_critical_path_s"] == 0.0
-    assert all(r.status in (RequestStatus.DONE, RequestStatus.CANCELLED) for r in core.sched.requests(iteration=1, kind=RequestKind.EXPLORE))
+    assert all(
+        r.status in (RequestStatus.DONE, RequestStatus.CANCELLED)
+        for r in core.sched.requests(iteration=1, kind=RequestKind.EXPLORE)
+    )
     core.advance(2.0, CoreObservation())
     _finish(core, "r/0", is_spot=False, now=3.0)
     core.advance(3.0, CoreObservation(num_spot_gpus=1, step_time_s=1.0))

@@ -44,7 +44,14 @@ def A(d: int, s: float) -> Action:
 def test_grid_and_planned_cost():
     p = make_planner()
     assert [(a.num_sequences, a.effective_steps) for a in p.actions] == [
-        (8, 10.0), (16, 10.0), (24, 10.0), (32, 10.0), (8, 20.0), (16, 20.0), (24, 20.0), (32, 20.0)
+        (8, 10.0),
+        (16, 10.0),
+        (24, 10.0),
+        (32, 10.0),
+        (8, 20.0),
+        (16, 20.0),
+        (24, 20.0),
+        (32, 20.0),
     ]
     o = PlannerObservation(train_time_s=1.0, num_spot_gpus=1, num_explored_prompts=3, step_time_s=0.25)
     assert p.planned_cost_s(A(16, 20.0), o) == pytest.approx(16 * 3 * 20 * 0.25)
@@ -55,7 +62,9 @@ def test_eligibility_matches_hand_computed_set():
     plan = p.plan(obs(40.0, 4))  # W = 160; costs d*s: 80,160,240,320 | 160,320,480,640
     assert plan.budget_s == 160.0
     assert {(s.action.num_sequences, s.action.effective_steps) for s in plan.eligible} == {
-        (8, 10.0), (16, 10.0), (8, 20.0)
+        (8, 10.0),
+        (16, 10.0),
+        (8, 20.0),
     }
     assert [s.planned_cost_s for s in plan.eligible] == [80.0, 160.0, 160.0]  # boundary T_plan == W included
     assert plan.action == A(8, 10.0)
@@ -85,8 +94,11 @@ def test_no_fit_message_says_what_it_means_and_what_happens():
     assert log["cheapest_s"] == 80.0
     assert no_fit_message(log, streams=True) == (
         "no exploration arm fits this iteration's training window (the cheapest needs 80.0 GPU-s, the spot GPUs "
-        "have 79.0 GPU-s while training runs): spot GPUs stream the cheapest arm's candidates instead (nothing waits for them)")
-    assert no_fit_message(log, streams=False).endswith(": the next batch is not explored (its rollouts use default seeds)")
+        "have 79.0 GPU-s while training runs): spot GPUs stream the cheapest arm's candidates instead (nothing waits for them)"
+    )
+    assert no_fit_message(log, streams=False).endswith(
+        ": the next batch is not explored (its rollouts use default seeds)"
+    )
     assert "T_plan" not in no_fit_message(log, streams=False)
     assert "cheapest_s" not in make_planner().plan(obs(40.0, 4)).to_log()  # only when nothing fits
 
@@ -112,8 +124,15 @@ def test_all_options_refused_raises():
 
 @pytest.mark.parametrize(
     "field,value",
-    [("max_sequences", 4), ("min_sequences", 0), ("sequence_step", 0), ("min_effective_steps", 0.0),
-     ("min_exploration_accuracy", 1.5), ("beta", -0.1), ("window", 0)],
+    [
+        ("max_sequences", 4),
+        ("min_sequences", 0),
+        ("sequence_step", 0),
+        ("min_effective_steps", 0.0),
+        ("min_exploration_accuracy", 1.5),
+        ("beta", -0.1),
+        ("window", 0),
+    ],
 )
 def test_config_validation_names_field(field, value):
     with pytest.raises(ValueError, match=field):
@@ -427,7 +446,9 @@ def test_d_grid_starts_above_group_size():
     assert min_selective_sequences(4, 2, 32) == 6
     with pytest.raises(ValueError, match="max_sequences=8 must be > group_size K=8"):
         min_selective_sequences(8, 8, 8)
-    cfg = PlannerConfig(min_sequences=min_selective_sequences(8, 8, 32), max_sequences=32, sequence_step=8, group_size=8)
+    cfg = PlannerConfig(
+        min_sequences=min_selective_sequences(8, 8, 32), max_sequences=32, sequence_step=8, group_size=8
+    )
     assert cfg.sequence_grid() == [16, 24, 32]
     p = Planner(cfg, [FULL, CACHED], random.Random(0))
     assert min(a.num_sequences for a in p.actions) == 16
@@ -435,7 +456,13 @@ def test_d_grid_starts_above_group_size():
 
 @pytest.mark.parametrize(
     "field,value",
-    [("feedback_std_floor", -0.01), ("feedback_std_floor", math.inf), ("max_feedback", 0.5), ("max_feedback", math.inf), ("group_size", 0)],
+    [
+        ("feedback_std_floor", -0.01),
+        ("feedback_std_floor", math.inf),
+        ("max_feedback", 0.5),
+        ("max_feedback", math.inf),
+        ("group_size", 0),
+    ],
 )
 def test_new_config_fields_are_validated(field, value):
     with pytest.raises(ValueError, match=field):
@@ -464,7 +491,9 @@ def test_feedback_from_groups_counts_only_fully_explored_and_control_groups():
     assert math.isnan(feedback_from_groups(rewards, {0, 1}, set()))
     # bounds are the ratio's
     assert feedback_from_groups({0: [0.0, 1.0], 1: [0.3, 0.3]}, {0}, {1}) == 5.0
-    assert feedback_from_groups({0: [0.0, 1.0], 1: [0.3, 0.3]}, {0}, {1}, std_floor=0.1, max_feedback=100) == pytest.approx(2.5)
+    assert feedback_from_groups(
+        {0: [0.0, 1.0], 1: [0.3, 0.3]}, {0}, {1}, std_floor=0.1, max_feedback=100
+    ) == pytest.approx(2.5)
     with pytest.raises(ValueError, match="both explored and control"):
         feedback_from_groups(rewards, {0, 3}, {3})
     # the Planner method uses its config's bounds

@@ -43,7 +43,9 @@ def test_tiles_are_apart(tmp_path):
     assert x0 == GRID_GAP_PX
     assert is_tile[y0 : y0 + tile, x0 : x0 + tile].all()  # the tile, upscaled
     between = img[y0 + tile // 2, x0 + tile : x0 + tile + GRID_GAP_PX]
-    assert not is_tile[y0 + tile // 2, x0 + tile : x0 + tile + GRID_GAP_PX].any() and (between > 200).all()  # background between the two tiles of a row (they touched at 4 px on white before)
+    assert (
+        not is_tile[y0 + tile // 2, x0 + tile : x0 + tile + GRID_GAP_PX].any() and (between > 200).all()
+    )  # background between the two tiles of a row (they touched at 4 px on white before)
     assert is_tile[y0 + tile // 2, x0 + tile + GRID_GAP_PX]  # the second tile starts after the gap
 
 
@@ -57,7 +59,9 @@ def test_coordinator_names_grids_by_the_1_based_iteration(tmp_path):
         c = run.coord
         S = c.cfg.model.image_size
         for i in range(2):
-            c.samples[f"r{i}"] = Sample(f"r{i}", RequestKind.ROLLOUT, 0, 0, i, i, "b", torch.zeros(3, S, S, dtype=torch.uint8), reward=0.5)
+            c.samples[f"r{i}"] = Sample(
+                f"r{i}", RequestKind.ROLLOUT, 0, 0, i, i, "b", torch.zeros(3, S, S, dtype=torch.uint8), reward=0.5
+            )
         c.write_sample_grid(0)  # the first iteration (index 0)
     finally:
         run.close()
@@ -77,8 +81,19 @@ def test_verl_omni_spot_grid_shows_the_candidates_reused_as_the_rollout(tmp_path
         c = run.coord
         S = c.cfg.model.image_size
         for i in range(3):  # three candidates of prompt slot 0; the first two are selected
-            c.samples[f"e{i}"] = Sample(f"e{i}", RequestKind.EXPLORE, 0, 0, 0, i, "b", torch.zeros(3, S, S, dtype=torch.uint8), reward=float(i),
-                                        window_latents=torch.zeros(2, 4), log_probs=torch.zeros(2))
+            c.samples[f"e{i}"] = Sample(
+                f"e{i}",
+                RequestKind.EXPLORE,
+                0,
+                0,
+                0,
+                i,
+                "b",
+                torch.zeros(3, S, S, dtype=torch.uint8),
+                reward=float(i),
+                window_latents=torch.zeros(2, 4),
+                log_probs=torch.zeros(2),
+            )
         c.start_training(0, ["e0", "e1"], 0.0)
         assert [s.request_id for s in c._pending_samples_for_grid(0)] == ["e0", "e1"]
         assert c.write_sample_grid(0) == tmp_path / "run" / "samples" / "iter_0001.png"

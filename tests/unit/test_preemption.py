@@ -15,9 +15,17 @@ import time
 import pytest
 import requests
 
-from agent.preemption import (AwsImdsDetector, AzureScheduledEventsDetector, GcpMetadataDetector,
-                              NoticeLedger, NullDetector, PreemptionNotice, make_detector,
-                              revoke_notice, sigterm_notice)
+from agent.preemption import (
+    AwsImdsDetector,
+    AzureScheduledEventsDetector,
+    GcpMetadataDetector,
+    NoticeLedger,
+    NullDetector,
+    PreemptionNotice,
+    make_detector,
+    revoke_notice,
+    sigterm_notice,
+)
 from spotlight.cloud.mock_metadata import MockMetadataServer, control
 
 FAST = 0.5  # client timeout for fault tests (s); the mock's "hang" lasts until stop()
@@ -99,12 +107,20 @@ def test_mock_enforces_real_headers(aws, gcp, azure):
     s.trust_env = False
     assert s.get(aws.url + "/latest/meta-data/spot/instance-action").status_code == 401
     assert s.put(aws.url + "/latest/api/token").status_code == 400
-    assert s.put(aws.url + "/latest/api/token",
-                 headers={"X-aws-ec2-metadata-token-ttl-seconds": "21601"}).status_code == 400
-    assert s.put(aws.url + "/2021-03-23/api/token",
-                 headers={"X-aws-ec2-metadata-token-ttl-seconds": "60"}).status_code == 403
-    assert s.get(aws.url + "/latest/meta-data/spot/instance-action",
-                 headers={"X-aws-ec2-metadata-token": "bogus"}).status_code == 401
+    assert (
+        s.put(aws.url + "/latest/api/token", headers={"X-aws-ec2-metadata-token-ttl-seconds": "21601"}).status_code
+        == 400
+    )
+    assert (
+        s.put(aws.url + "/2021-03-23/api/token", headers={"X-aws-ec2-metadata-token-ttl-seconds": "60"}).status_code
+        == 403
+    )
+    assert (
+        s.get(
+            aws.url + "/latest/meta-data/spot/instance-action", headers={"X-aws-ec2-metadata-token": "bogus"}
+        ).status_code
+        == 401
+    )
     r = s.get(gcp.url + "/computeMetadata/v1/instance/preempted")
     assert r.status_code == 403 and r.headers["Metadata-Flavor"] == "Google"
     r = s.get(gcp.url + "/computeMetadata/v1/instance/preempted", headers={"Metadata-Flavor": "Google"})
@@ -181,8 +197,10 @@ def test_aws_unpinned_time_is_deduped_by_notice(aws):
     s = requests.Session()
     s.trust_env = False
     tok = s.put(aws.url + "/latest/api/token", headers={"X-aws-ec2-metadata-token-ttl-seconds": "60"}).text
-    bodies = {s.get(aws.url + "/latest/meta-data/spot/instance-action",
-                    headers={"X-aws-ec2-metadata-token": tok}).text for _ in range(2)}
+    bodies = {
+        s.get(aws.url + "/latest/meta-data/spot/instance-action", headers={"X-aws-ec2-metadata-token": tok}).text
+        for _ in range(2)
+    }
     assert len(bodies) == 2  # the premise: bodies differ between requests
     assert len(poll_ok(det)) == 1
     for _ in range(3):  # still one notice
@@ -214,10 +232,18 @@ def test_aws_token_reused_and_refreshed_on_401(aws):
     assert aws.tokens_issued == 2
 
 
-@pytest.mark.parametrize("kind,needle", [("401-always", "HTTP 401"), ("403", "HTTP 403"),
-                                         ("429", "HTTP 429"), ("503", "HTTP 503"),
-                                         ("hang", "timeout"), ("malformed", "malformed"),
-                                         ("drop", "connection")])
+@pytest.mark.parametrize(
+    "kind,needle",
+    [
+        ("401-always", "HTTP 401"),
+        ("403", "HTTP 403"),
+        ("429", "HTTP 429"),
+        ("503", "HTTP 503"),
+        ("hang", "timeout"),
+        ("malformed", "malformed"),
+        ("drop", "connection"),
+    ],
+)
 def test_aws_errors_are_unhealthy(aws, kind, needle):
     det = AwsImdsDetector(aws.url, ledger=NoticeLedger(None), timeout_s=FAST)
     poll_ok(det)  # token in hand
@@ -276,8 +302,9 @@ def test_gcp_long_poll_last_etag_and_timeout(gcp):
     assert len(poll_ok(det)) == 1
 
 
-@pytest.mark.parametrize("kind,needle", [("403", "HTTP 403"), ("503", "HTTP 503"),
-                                         ("hang", "timeout"), ("malformed", "malformed")])
+@pytest.mark.parametrize(
+    "kind,needle", [("403", "HTTP 403"), ("503", "HTTP 503"), ("hang", "timeout"), ("malformed", "malformed")]
+)
 def test_gcp_errors_are_unhealthy(gcp, kind, needle):
     det = GcpMetadataDetector(gcp.url, ledger=NoticeLedger(None), timeout_s=FAST)
     gcp.inject_fault(kind)
@@ -337,17 +364,16 @@ def test_azure_cancel_ack_started_and_terminate(azure):
 
 def test_azure_resources_filter(azure):
     azure.issue_notice(event_id="OTHER", resources=["spot-vm-7"])
-    assert poll_ok(AzureScheduledEventsDetector(azure.url, ledger=NoticeLedger(None),
-                                                vm_name="spot-vm-0")) == []
-    assert len(poll_ok(AzureScheduledEventsDetector(azure.url, ledger=NoticeLedger(None),
-                                                    vm_name="SPOT-VM-7"))) == 1
+    assert poll_ok(AzureScheduledEventsDetector(azure.url, ledger=NoticeLedger(None), vm_name="spot-vm-0")) == []
+    assert len(poll_ok(AzureScheduledEventsDetector(azure.url, ledger=NoticeLedger(None), vm_name="SPOT-VM-7"))) == 1
     # no vm_name: the detector learns "spot-vm-0" from IMDS compute/name and skips the event
     assert poll_ok(AzureScheduledEventsDetector(azure.url, ledger=NoticeLedger(None))) == []
 
 
-@pytest.mark.parametrize("kind,needle", [("400", "HTTP 400"), ("429", "HTTP 429"),
-                                         ("503", "HTTP 503"), ("hang", "timeout"),
-                                         ("malformed", "malformed")])
+@pytest.mark.parametrize(
+    "kind,needle",
+    [("400", "HTTP 400"), ("429", "HTTP 429"), ("503", "HTTP 503"), ("hang", "timeout"), ("malformed", "malformed")],
+)
 def test_azure_errors_are_unhealthy(azure, kind, needle):
     azure.issue_notice(event_id="E1")
     det = AzureScheduledEventsDetector(azure.url, ledger=NoticeLedger(None), timeout_s=FAST)
@@ -387,8 +413,7 @@ def test_gcp_maintenance_event_bad_value_is_unhealthy_and_404_is_none(gcp):
     det = GcpMetadataDetector(gcp.url, ledger=NoticeLedger(None))
     det.MAINTENANCE_PATH = "/computeMetadata/v1/instance/no-such-key"  # the key may be absent
     assert poll_ok(det) == []
-    assert preemption.GCP_MAINTENANCE_VALUES == ("NONE", "MIGRATE_ON_HOST_MAINTENANCE",
-                                                 "TERMINATE_ON_HOST_MAINTENANCE")
+    assert preemption.GCP_MAINTENANCE_VALUES == ("NONE", "MIGRATE_ON_HOST_MAINTENANCE", "TERMINATE_ON_HOST_MAINTENANCE")
 
 
 def test_mock_gcp_maintenance_event_long_poll(gcp):
@@ -399,8 +424,12 @@ def test_mock_gcp_maintenance_event_long_poll(gcp):
     assert first.text == "NONE" and first.headers["Metadata-Flavor"] == "Google"
     th = threading.Timer(0.2, gcp.set_maintenance)
     th.start()
-    second = s.get(url, headers={"Metadata-Flavor": "Google"}, timeout=30,
-                   params={"wait_for_change": "true", "last_etag": first.headers["ETag"]})
+    second = s.get(
+        url,
+        headers={"Metadata-Flavor": "Google"},
+        timeout=30,
+        params={"wait_for_change": "true", "last_etag": first.headers["ETag"]},
+    )
     th.join()
     assert second.text == "TERMINATE_ON_HOST_MAINTENANCE" and second.headers["ETag"] != first.headers["ETag"]
     with pytest.raises(ValueError, match="unknown maintenance-event"):

@@ -25,7 +25,9 @@ def test_profile_table_roundtrip(tmp_path):
     prompts = ["a photo of a red circle", "a photo of two squares", "a photo of a triangle"]
     n = len(prompts)
     embeds, mask = torch.randn(n, 16, 384), torch.ones(n, 16, dtype=torch.long)
-    prof = run_profile(cfg, embeds, mask, thresholds=[0.7, 100.0], num_prompts=2, num_seeds=4, progress=lambda s: None, prompts=prompts)
+    prof = run_profile(
+        cfg, embeds, mask, thresholds=[0.7, 100.0], num_prompts=2, num_seeds=4, progress=lambda s: None, prompts=prompts
+    )
     rows = {r["cache_threshold"]: r for r in prof["steps"]}
     assert rows[0.0]["effective_steps"] == cfg.sampler.num_steps and rows[0.0]["accuracy"] == 1.0
     # a huge threshold caches every step after the first: 1 effective step, and the
@@ -54,13 +56,23 @@ def test_missing_or_bad_profile_is_a_clear_error(tmp_path):
 def test_unmeasurable_accuracy_is_refused_not_a_crash(tmp_path):
     """A 0/1 or partial-credit reward can tie every prompt's seeds: Spearman is undefined.
     The profile stores null and the Planner sees accuracy -1 (below any threshold)."""
-    prof = {"version": 2, "config_key": "x", "created_unix_s": 0.0, "t_step_s": {"cpu/sp1": 0.01},
-            "steps": [{"cache_threshold": 0.0, "effective_steps": 10.0, "cost_steps": 10.0, "accuracy": 1.0},
-                      {"cache_threshold": 0.7, "effective_steps": 4.0, "cost_steps": 4.5, "accuracy": None}]}
+    prof = {
+        "version": 2,
+        "config_key": "x",
+        "created_unix_s": 0.0,
+        "t_step_s": {"cpu/sp1": 0.01},
+        "steps": [
+            {"cache_threshold": 0.0, "effective_steps": 10.0, "cost_steps": 10.0, "accuracy": 1.0},
+            {"cache_threshold": 0.7, "effective_steps": 4.0, "cost_steps": 4.5, "accuracy": None},
+        ],
+    }
     from spotlight.studies.profiling import PROFILE_VERSION
 
     prof["version"] = PROFILE_VERSION
     path = tmp_path / "p.json"
     path.write_text(json.dumps(prof))
-    opts = {o.cache_threshold: o for o in load_profile(load_config(overrides={"explore.profile_path": str(path)})).step_options()}
+    opts = {
+        o.cache_threshold: o
+        for o in load_profile(load_config(overrides={"explore.profile_path": str(path)})).step_options()
+    }
     assert opts[0.7].accuracy == -1.0 and opts[0.0].accuracy == 1.0

@@ -19,7 +19,10 @@ def _write(path, text: str, encoding="utf-8"):
 
 
 def test_csv_with_bom_header_and_quoted_fields(tmp_path):
-    text = BOM + 'Prompt,Category\r\n"a cat, sitting on a mat",animals\r\n"the sign reads ""OPEN""",text\r\nplain dog,animals\r\n'
+    text = (
+        BOM
+        + 'Prompt,Category\r\n"a cat, sitting on a mat",animals\r\n"the sign reads ""OPEN""",text\r\nplain dog,animals\r\n'
+    )
     f = _write(tmp_path / "bench.csv", text)
     ps = load_prompt_set(f)
     assert ps.prompts == ["a cat, sitting on a mat", 'the sign reads "OPEN"', "plain dog"]
@@ -37,7 +40,10 @@ def test_csv_through_the_run_path_drops_header_bom_and_glued_columns(tmp_path):
 
 
 def test_tsv_and_category_filter(tmp_path):
-    f = _write(tmp_path / "bench.tsv", "id\ttext\tcategory\n1\ta red cube\tcolor\n2\ttwo dogs\tcounting\n3\t\tcolor\n4\ta blue ball\tcolor\n")
+    f = _write(
+        tmp_path / "bench.tsv",
+        "id\ttext\tcategory\n1\ta red cube\tcolor\n2\ttwo dogs\tcounting\n3\t\tcolor\n4\ta blue ball\tcolor\n",
+    )
     assert load_prompt_set(f).prompts == ["a red cube", "two dogs", "a blue ball"]
     assert load_prompt_set(f).num_skipped_empty == 1
     ps = prompt_set_from_config(DataConfig(prompts_path=str(f), category_column="category", categories=["color"]))
@@ -74,7 +80,9 @@ def test_text_file_with_a_csv_header_is_refused(tmp_path):
 
 def test_two_prompt_columns_are_ambiguous(tmp_path):
     f = _write(tmp_path / "b.csv", "prompt,caption\na,b\n")
-    with pytest.raises(ConfigError, match=r"b\.csv:1: more than one prompt column \('prompt', 'caption'\).*data\.prompt_column"):
+    with pytest.raises(
+        ConfigError, match=r"b\.csv:1: more than one prompt column \('prompt', 'caption'\).*data\.prompt_column"
+    ):
         load_prompt_set(f)
     assert load_prompt_set(f, prompt_column="caption").prompts == ["b"]
 
@@ -143,7 +151,9 @@ def test_sd3_and_flux_count_t5_tokens(tmp_path):
 
     for family, sub in (("sd3", "tokenizer_3"), ("flux", "tokenizer_2")):
         ot.build_t5_tokenizer(tmp_path / family / sub)
-        fam = get_family(ModelConfig(family=family, pretrained_path=str(tmp_path / family), image_size=32, max_text_tokens=8))
+        fam = get_family(
+            ModelConfig(family=family, pretrained_path=str(tmp_path / family), image_size=32, max_text_tokens=8)
+        )
         short, long = fam.prompt_token_counts(["a cat", LONG])
         assert short < 8 < long
 
@@ -156,7 +166,12 @@ def test_run_records_prompts_json_and_reports_the_cut_once(tmp_path, capsys):
     _record_prompts(tmp_path, ps, [4, 30], 16)
     rec = json.loads((tmp_path / "prompts.json").read_text())
     assert rec["sha256"] == hashlib.sha256(f.read_bytes()).hexdigest() and rec["num_prompts"] == 2
-    assert rec["format"] == "csv" and rec["prompt_column"] == "prompt" and rec["num_cut"] == 1 and rec["max_text_tokens"] == 16
+    assert (
+        rec["format"] == "csv"
+        and rec["prompt_column"] == "prompt"
+        and rec["num_cut"] == 1
+        and rec["max_text_tokens"] == 16
+    )
     out = capsys.readouterr().out
     assert out.count("1 of 2 prompts are longer than model.max_text_tokens = 16") == 1
     assert ps.summary().startswith(f"2 prompts loaded from {f} (csv, column 'prompt', sha256 {rec['sha256'][:12]}")

@@ -17,53 +17,108 @@ from spotlight.store.tensor_wire import bytes_to_state_dict, pack_tensors, state
 META = P.TensorMeta("cond.embeds", "float32", [2, 3, 4])
 
 SAMPLES: dict[P.MsgType, P._Msg] = {
-    P.MsgType.REGISTER: P.Register(protocol_version=P.PROTOCOL_VERSION, node_id="spot-0", gpus=[0, 1], is_spot=False, hostname="h", pid=12),
+    P.MsgType.REGISTER: P.Register(
+        protocol_version=P.PROTOCOL_VERSION, node_id="spot-0", gpus=[0, 1], is_spot=False, hostname="h", pid=12
+    ),
     P.MsgType.REGISTERED: P.Registered(
-        node_id="spot-0", heartbeat_interval_s=1.0, lease_timeout_s=120.0, worker_batch_size=8, torch_threads=1,
-        model={"source": "tiny", "axes_dims_rope": [8, 12, 12]}, sampler={"num_steps": 10, "noise_level": 1.0},
-        latest_version=3, session="s1",
+        node_id="spot-0",
+        heartbeat_interval_s=1.0,
+        lease_timeout_s=120.0,
+        worker_batch_size=8,
+        torch_threads=1,
+        model={"source": "tiny", "axes_dims_rope": [8, 12, 12]},
+        sampler={"num_steps": 10, "noise_level": 1.0},
+        latest_version=3,
+        session="s1",
     ),
     P.MsgType.HEARTBEAT: P.Heartbeat(
-        node_id="spot-0", session="s1",
+        node_id="spot-0",
+        session="s1",
         workers=[P.WorkerInfo(worker_id="spot-0/gpu0", gpus=[0], busy=True, versions=[2, 3], pid=99)],
-        in_flight=["r1", "r2"], detector_healthy=False, detector_error="boom", draining=True,
+        in_flight=["r1", "r2"],
+        detector_healthy=False,
+        detector_error="boom",
+        draining=True,
     ),
     P.MsgType.PULL: P.Pull(node_id="spot-0", session="s1", worker_id="spot-0/gpu0", max_requests=4, versions=[3]),
     P.MsgType.LEASES: P.Leases(
         worker_id="spot-0/gpu0",
         items=[
-            P.LeaseItem(lease_id=1, request_id="r1", kind="rollout", iteration=2, prompt_index=5, seed=77, weight_version=3),
-            P.LeaseItem(lease_id=2, request_id="r2", kind="explore", iteration=2, prompt_index=6, seed=78, weight_version=2,
-                        params={"cache_threshold": 0.5, "num_steps": 4}, resume_step=3),
+            P.LeaseItem(
+                lease_id=1, request_id="r1", kind="rollout", iteration=2, prompt_index=5, seed=77, weight_version=3
+            ),
+            P.LeaseItem(
+                lease_id=2,
+                request_id="r2",
+                kind="explore",
+                iteration=2,
+                prompt_index=6,
+                seed=78,
+                weight_version=2,
+                params={"cache_threshold": 0.5, "num_steps": 4},
+                resume_step=3,
+            ),
         ],
         tensors=[META, P.TensorMeta("cond.mask", "int64", [2, 3])],
     ),
     P.MsgType.RESULT: P.Result(
-        node_id="spot-0", session="s1", worker_id="spot-0/gpu0", batch_id="b1",
+        node_id="spot-0",
+        session="s1",
+        worker_id="spot-0/gpu0",
+        batch_id="b1",
         items=[P.ResultItem(request_id="r1", lease_id=1, computed_steps=10)],
-        tensors=[P.TensorMeta("images", "uint8", [1, 3, 32, 32])], elapsed_s=1.5, num_gpus=2.0,
+        tensors=[P.TensorMeta("images", "uint8", [1, 3, 32, 32])],
+        elapsed_s=1.5,
+        num_gpus=2.0,
     ),
     P.MsgType.COMMIT: P.Commit(
-        node_id="spot-0", session="s1", worker_id="spot-0/gpu0",
+        node_id="spot-0",
+        session="s1",
+        worker_id="spot-0/gpu0",
         items=[P.CommitItem(request_id="r1", lease_id=1, step=4, seed=77, weight_version=3)],
         tensors=[P.TensorMeta("state.0.latents", "float32", [256, 12])],
     ),
-    P.MsgType.FAIL: P.Fail(node_id="spot-0", session="s1", worker_id="w", request_ids=["r1"], lease_ids=[1], reason="oom"),
-    P.MsgType.FETCH_WEIGHTS: P.FetchWeights(node_id="spot-0", session="s1", worker_id="w", version=3, header=False, first_chunk=5, num_chunks=4),
-    P.MsgType.WEIGHTS: P.Weights(version=3, size_bytes=1234, format="safetensors", found=True, chunk_bytes=1000, num_chunks=2, digest="sha256:" + "0" * 64),
+    P.MsgType.FAIL: P.Fail(
+        node_id="spot-0", session="s1", worker_id="w", request_ids=["r1"], lease_ids=[1], reason="oom"
+    ),
+    P.MsgType.FETCH_WEIGHTS: P.FetchWeights(
+        node_id="spot-0", session="s1", worker_id="w", version=3, header=False, first_chunk=5, num_chunks=4
+    ),
+    P.MsgType.WEIGHTS: P.Weights(
+        version=3,
+        size_bytes=1234,
+        format="safetensors",
+        found=True,
+        chunk_bytes=1000,
+        num_chunks=2,
+        digest="sha256:" + "0" * 64,
+    ),
     P.MsgType.WEIGHTS_CHUNK: P.WeightsChunk(version=3, index=1, offset=1000, size_bytes=234),
     P.MsgType.FETCH_STATE: P.FetchWeights(node_id="spot-0", worker_id="w", version=7),
     P.MsgType.STATE: P.Weights(version=7, size_bytes=0, found=False),
-    P.MsgType.NOTICE: P.Notice(node_id="spot-0", session="s1", source="gce", scope="node", deadline_unix_s=1.7e9, key="k", kind="preempt", is_hint=True),
+    P.MsgType.NOTICE: P.Notice(
+        node_id="spot-0",
+        session="s1",
+        source="gce",
+        scope="node",
+        deadline_unix_s=1.7e9,
+        key="k",
+        kind="preempt",
+        is_hint=True,
+    ),
     P.MsgType.BYE: P.Bye(node_id="spot-0", session="s1", reason="preempted"),
     P.MsgType.ERROR: P.ErrorMsg(code="bad_session", message="unknown session"),
     P.MsgType.SHUTDOWN: P.Shutdown(reason="run finished"),
     P.MsgType.WORKER_HELLO: P.WorkerHello(worker_id="spot-0/gpu0", gpus=[0], pid=4321),
     P.MsgType.STOP: P.Stop(commit=False, reason="node draining"),
-    P.MsgType.GROUP_FORM: P.GroupForm(members=["n/gpu0", "n/gpu1"], master_addr="127.0.0.1", master_port=29500, generation=2, version=3),
+    P.MsgType.GROUP_FORM: P.GroupForm(
+        members=["n/gpu0", "n/gpu1"], master_addr="127.0.0.1", master_port=29500, generation=2, version=3
+    ),
     P.MsgType.GROUP_FORMED: P.GroupFormed(worker_id="n/gpu1", generation=2, sp=2, took_s=0.8),
     P.MsgType.TRAIN_READY: P.TrainReady(rank=0, world_size=2, version=0),
-    P.MsgType.TRAIN_BATCH: P.TrainBatch(iteration=1, version=1, micro_batches=[[0, 1], [2]], tensors=[P.TensorMeta("advantages", "float32", [3])]),
+    P.MsgType.TRAIN_BATCH: P.TrainBatch(
+        iteration=1, version=1, micro_batches=[[0, 1], [2]], tensors=[P.TensorMeta("advantages", "float32", [3])]
+    ),
     P.MsgType.TRAIN_DONE: P.TrainDone(rank=0, iteration=1, new_version=2, metrics={"train/loss": -0.5}, train_s=3.0),
     P.MsgType.STATUS_REQUEST: P.StatusRequest(),
     P.MsgType.STATUS: P.Status(snapshot={"phase": "rollout", "nodes": [{"id": "spot-0", "gpus": 2}], "cost": 1.5}),
@@ -163,7 +218,13 @@ def test_every_message_has_a_sample_with_required_fields_only():
     [
         pytest.param([bytes([P.MsgType.REGISTER]), b"\xc1\xff"], id="not-msgpack"),
         pytest.param([bytes([P.MsgType.REGISTER]), msgspec.msgpack.encode([1, 2, 3])], id="array-body"),
-        pytest.param([bytes([P.MsgType.REGISTER]), msgspec.msgpack.encode({"protocol_version": "one", "node_id": "n", "gpus": []})], id="wrong-type"),
+        pytest.param(
+            [
+                bytes([P.MsgType.REGISTER]),
+                msgspec.msgpack.encode({"protocol_version": "one", "node_id": "n", "gpus": []}),
+            ],
+            id="wrong-type",
+        ),
         pytest.param([bytes([P.MsgType.PULL]), msgspec.msgpack.encode({"worker_id": "w"})], id="missing-required"),
         pytest.param([bytes([99]), msgspec.msgpack.encode({})], id="unknown-type"),
         pytest.param([bytes([0]), msgspec.msgpack.encode({})], id="type-zero"),
@@ -179,7 +240,12 @@ def test_malformed_frames_raise_protocol_error(frames):
 
 
 def test_fewer_payload_frames_than_tensors():
-    msg = P.Result(worker_id="w", batch_id="b", items=[], tensors=[P.TensorMeta("a", "uint8", [1]), P.TensorMeta("b", "uint8", [1])])
+    msg = P.Result(
+        worker_id="w",
+        batch_id="b",
+        items=[],
+        tensors=[P.TensorMeta("a", "uint8", [1]), P.TensorMeta("b", "uint8", [1])],
+    )
     frames = P.encode(msg, [b"\x01"])
     with pytest.raises(P.ProtocolError):
         P.decode(frames)

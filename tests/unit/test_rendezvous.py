@@ -13,8 +13,8 @@ import torch.distributed as dist
 
 from spotlight.config import ModelConfig
 from spotlight.models.dit import build_transformer
-from spotlight.workers.sp.rendezvous import bound_store
 from spotlight.workers.sp.group import GroupSpec, SPGroupMember
+from spotlight.workers.sp.rendezvous import bound_store
 
 TIMEOUT = datetime.timedelta(seconds=60)
 
@@ -26,8 +26,11 @@ def _free_port() -> int:
 
 
 def _listening(port: int) -> set[str]:
-    return {c.laddr.ip for c in psutil.Process().net_connections(kind="inet")
-            if c.status == psutil.CONN_LISTEN and c.laddr.port == port}
+    return {
+        c.laddr.ip
+        for c in psutil.Process().net_connections(kind="inet")
+        if c.status == psutil.CONN_LISTEN and c.laddr.port == port
+    }
 
 
 def test_plain_tcpstore_listens_on_every_interface():
@@ -78,8 +81,11 @@ def test_sp_group_rendezvous_listens_on_loopback_only(monkeypatch):
     m = SPGroupMember(ModelConfig(), "w0", torch.device("cpu"), timeout_s=60)
     try:
         with pytest.raises(Seen):
-            m.form(GroupSpec(members=("w0", "w1"), master_addr="127.0.0.1", master_port=port, generation=1),
-                   state_dict=build_transformer(ModelConfig(), 384).state_dict(), version=0)
+            m.form(
+                GroupSpec(members=("w0", "w1"), master_addr="127.0.0.1", master_port=port, generation=1),
+                state_dict=build_transformer(ModelConfig(), 384).state_dict(),
+                version=0,
+            )
     finally:
         peer.join(60)
         m.leave()
@@ -90,8 +96,11 @@ def test_group_of_one_opens_no_rendezvous():
     port = _free_port()
     m = SPGroupMember(ModelConfig(), "w0", torch.device("cpu"), timeout_s=60)
     try:
-        m.form(GroupSpec(members=("w0",), master_addr="127.0.0.1", master_port=port, generation=1),
-               state_dict=build_transformer(ModelConfig(), 384).state_dict(), version=0)
+        m.form(
+            GroupSpec(members=("w0",), master_addr="127.0.0.1", master_port=port, generation=1),
+            state_dict=build_transformer(ModelConfig(), 384).state_dict(),
+            version=0,
+        )
         assert _listening(port) == set() and not dist.is_initialized()
     finally:
         m.leave()

@@ -7,16 +7,27 @@ from pathlib import Path
 
 import pytest
 
+from spotlight.traces.formats import (
+    TracePlacement,
+    alive_counts,
+    default_time_scale,
+    fragmentation_timeline,
+    load_trace,
+    slice_trace,
+)
 from spotlight.traces.replay_plan import plan_local_replay
 from spotlight.traces.synthetic import preemption_cycles
-from spotlight.traces.formats import TracePlacement, alive_counts, default_time_scale, fragmentation_timeline, load_trace, slice_trace
 
 P3 = Path(__file__).resolve().parents[2] / "examples" / "traces" / "bamboo" / "p3-trace.csv"
 
 
 def test_preemption_cycles_option_gives_n_cycles_per_iteration():
-    plan = plan_local_replay(iterations=3, agents=4, gpus_per_agent=2, preemption_cycles=2, cycle_down_s=5.0, cycle_iteration_s=30.0)
-    assert plan.actions == preemption_cycles(4, 2, cycles_per_iteration=2, iteration_s=30.0, iterations=3, down_s=5.0, seed=0)
+    plan = plan_local_replay(
+        iterations=3, agents=4, gpus_per_agent=2, preemption_cycles=2, cycle_down_s=5.0, cycle_iteration_s=30.0
+    )
+    assert plan.actions == preemption_cycles(
+        4, 2, cycles_per_iteration=2, iteration_s=30.0, iterations=3, down_s=5.0, seed=0
+    )
     losses = [a for a in plan.actions if a.kind in ("revoke_gpu", "preempt_node")]
     gains_after_start = [a for a in plan.actions if a.kind in ("add_gpu", "start_node") and a.t_s > 0]
     assert len(losses) == len(gains_after_start) == 3 * 2 * 4  # 6 cycles, half of 8 GPUs each
@@ -28,7 +39,10 @@ def test_preemption_cycles_option_gives_n_cycles_per_iteration():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"preemption_cycles": 8, "cycle_down_s": 5.0}, r"--preemption-cycles 8: 8 cycles of 5.0s per 30.0s iteration overlap"),
+        (
+            {"preemption_cycles": 8, "cycle_down_s": 5.0},
+            r"--preemption-cycles 8: 8 cycles of 5.0s per 30.0s iteration overlap",
+        ),
         ({"preemption_cycles": 1, "cycle_down_s": 0.0}, r"--preemption-cycles 1: iteration_s and down_s must be > 0"),
         ({"preemption_cycles": 1, "time_scale": 2.0}, r"--time-scale applies to --trace"),
         ({"preemption_cycles": 1, "agents": 0}, r"needs at least one spot agent"),
@@ -45,7 +59,9 @@ def test_bad_values_give_one_clear_line(kwargs, message):
 
 
 def test_full_mode_replays_the_whole_trace_and_says_how_many_agents_it_needs():
-    with pytest.raises(ValueError, match=r"--trace-mode full: .*peaks at 32 alive GPUs .* at least 16 agents of 2 GPUs"):
+    with pytest.raises(
+        ValueError, match=r"--trace-mode full: .*peaks at 32 alive GPUs .* at least 16 agents of 2 GPUs"
+    ):
         plan_local_replay(iterations=4, agents=2, gpus_per_agent=2, trace=P3, trace_mode="full")
     plan = plan_local_replay(iterations=4, agents=16, gpus_per_agent=2, trace=P3, trace_mode="full", seed=1)
     events = load_trace(P3)
@@ -57,8 +73,12 @@ def test_full_mode_replays_the_whole_trace_and_says_how_many_agents_it_needs():
 
 
 def test_slice_mode_is_the_scaled_slice_as_before():
-    plan = plan_local_replay(iterations=4, agents=2, gpus_per_agent=2, trace=P3, trace_start_s=3000.0, trace_duration_s=1800.0, seed=5)
-    expected = TracePlacement(2, 2, 5, scale_to_capacity=True).plan(slice_trace(load_trace(P3), 3000.0, 1800.0), time_scale=default_time_scale(1800.0, 4), end_s=1800.0)
+    plan = plan_local_replay(
+        iterations=4, agents=2, gpus_per_agent=2, trace=P3, trace_start_s=3000.0, trace_duration_s=1800.0, seed=5
+    )
+    expected = TracePlacement(2, 2, 5, scale_to_capacity=True).plan(
+        slice_trace(load_trace(P3), 3000.0, 1800.0), time_scale=default_time_scale(1800.0, 4), end_s=1800.0
+    )
     assert plan.actions == expected
 
 
@@ -68,5 +88,9 @@ def test_a_slice_past_the_end_of_a_short_trace_is_refused(tmp_path):
     sky = tmp_path / "sky.json"
     sky.write_text('{"gap_seconds": 60, "data": [1, 2, 2, 1, 0, 3]}')
     with pytest.raises(ValueError, match="trace ends at 300s, before --trace-start-s 3000s"):
-        plan_local_replay(iterations=2, agents=2, gpus_per_agent=2, trace=sky, trace_start_s=3000.0, trace_duration_s=1800.0, seed=0)
-    assert plan_local_replay(iterations=2, agents=2, gpus_per_agent=2, trace=sky, trace_start_s=0.0, trace_duration_s=300.0, seed=0).actions
+        plan_local_replay(
+            iterations=2, agents=2, gpus_per_agent=2, trace=sky, trace_start_s=3000.0, trace_duration_s=1800.0, seed=0
+        )
+    assert plan_local_replay(
+        iterations=2, agents=2, gpus_per_agent=2, trace=sky, trace_start_s=0.0, trace_duration_s=300.0, seed=0
+    ).actions

@@ -6,7 +6,6 @@ import random
 
 import pytest
 
-from spotlight.errors import SpotlightError
 from spotlight.core.request_scheduler import (
     VALID_TRANSITIONS,
     InvalidTransition,
@@ -14,6 +13,7 @@ from spotlight.core.request_scheduler import (
     RequestScheduler,
     RequestStatus,
 )
+from spotlight.errors import SpotlightError
 
 S = RequestStatus
 R, E = RequestKind.ROLLOUT, RequestKind.EXPLORE
@@ -198,7 +198,10 @@ def test_recompute_batches_with_same_key_and_carries_resume_info():
     sched.commit(a, la.lease_id, committed_step=5, commit_key="ts/a", now=2.0)
     leases = sched.pull("w2", is_spot=False, max_requests=3, now=3.0)
     assert [(l.request_id, l.resume_step, l.commit_key) for l in leases] == [
-        (a, 5, "ts/a"), (b, None, None), (c, None, None)]
+        (a, 5, "ts/a"),
+        (b, None, None),
+        (c, None, None),
+    ]
     assert sched.get(a).attempts == 2 and sched.get(a).worker_id == "w2"
 
 
@@ -372,7 +375,7 @@ def test_counts_is_finished_num_outstanding_and_forget():
     assert sched.is_finished(iteration=0, kind=R)
     assert sched.counts() == dict.fromkeys(RequestStatus, 0)
     r0 = submit(sched, R, iteration=0, n=2)
-    e0 = submit(sched, E, iteration=0, n=1)
+    submit(sched, E, iteration=0, n=1)
     r1 = submit(sched, R, iteration=1, n=1)
     leases = sched.pull("w", is_spot=False, max_requests=2, now=0.0)
     assert sched.counts(iteration=0, kind=R) == {**dict.fromkeys(RequestStatus, 0), S.IN_FLIGHT: 2}
@@ -605,9 +608,14 @@ def test_load_voids_in_flight_leases_and_keeps_everything_else():
     assert voided == [rids[1], rids[3], rids[4], rids[5]]
     st = {r: fresh.get(r).status for r in rids + exp}
     assert st == {
-        rids[0]: S.DONE, rids[1]: S.PENDING, rids[2]: S.ABORTED,
-        rids[3]: S.PENDING, rids[4]: S.PENDING, rids[5]: S.PENDING,
-        exp[0]: S.CANCELLED, exp[1]: S.CANCELLED,
+        rids[0]: S.DONE,
+        rids[1]: S.PENDING,
+        rids[2]: S.ABORTED,
+        rids[3]: S.PENDING,
+        rids[4]: S.PENDING,
+        rids[5]: S.PENDING,
+        exp[0]: S.CANCELLED,
+        exp[1]: S.CANCELLED,
     }
     for r in voided:
         req = fresh.get(r)
@@ -710,7 +718,9 @@ def test_load_rejects_bad_epoch_version_and_malformed_state():
     bad = dict(state, requests=[dict(state["requests"][0], status="bogus")])
     with pytest.raises(ValueError, match="malformed"):
         fresh.load_state_dict(bad, epoch=1, now=0.0)
-    no_lease = dict(state, requests=[dict(r, lease=None) if r["status"] == "in_flight" else r for r in state["requests"]])
+    no_lease = dict(
+        state, requests=[dict(r, lease=None) if r["status"] == "in_flight" else r for r in state["requests"]]
+    )
     with pytest.raises(ValueError, match="malformed"):
         fresh.load_state_dict(no_lease, epoch=1, now=0.0)
     dup = dict(state, requests=state["requests"] + state["requests"][:1])

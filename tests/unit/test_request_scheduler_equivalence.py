@@ -45,8 +45,15 @@ class LinearScan(RequestScheduler):
                 break
         leases = []
         for req in picked:
-            lease = Lease(self._next_lease_id, req.request_id, worker_id, now, now + self.lease_timeout_s,
-                          req.committed_step, req.commit_key)
+            lease = Lease(
+                self._next_lease_id,
+                req.request_id,
+                worker_id,
+                now,
+                now + self.lease_timeout_s,
+                req.committed_step,
+                req.commit_key,
+            )
             self._next_lease_id += 1
             detail = f"leased to {worker_id} (lease {lease.lease_id})"
             if lease.resume_step is not None:
@@ -69,19 +76,28 @@ class LinearScan(RequestScheduler):
         return [r.request_id for r in expired]
 
     def cancel(self, *, iteration, kind=None, now, reason="cancelled"):
-        hit = [r for r in self._requests.values()
-               if r.iteration == iteration and (kind is None or r.kind is kind) and not r.status.is_terminal()]
+        hit = [
+            r
+            for r in self._requests.values()
+            if r.iteration == iteration and (kind is None or r.kind is kind) and not r.status.is_terminal()
+        ]
         for req in hit:
             self._transition(req, S.CANCELLED, now, reason)
         return [r.request_id for r in hit]
 
     def requests(self, *, iteration=None, kind=None, status=None):
-        return [r for r in self._requests.values()
-                if (iteration is None or r.iteration == iteration) and (kind is None or r.kind is kind)
-                and (status is None or r.status is status)]
+        return [
+            r
+            for r in self._requests.values()
+            if (iteration is None or r.iteration == iteration)
+            and (kind is None or r.kind is kind)
+            and (status is None or r.status is status)
+        ]
 
     def num_outstanding(self, *, kind=None):
-        return sum(1 for r in self._requests.values() if not r.status.is_terminal() and (kind is None or r.kind is kind))
+        return sum(
+            1 for r in self._requests.values() if not r.status.is_terminal() and (kind is None or r.kind is kind)
+        )
 
     def forget(self, *, before_iteration):
         drop = [rid for rid, r in self._requests.items() if r.iteration < before_iteration and r.status.is_terminal()]
@@ -93,9 +109,18 @@ class LinearScan(RequestScheduler):
 
 # Equal-as-dicts params in different spellings must batch together; unequal ones must not.
 PARAMS = [
-    None, {}, {"s": 1}, {"s": 1.0}, {"s": True}, {"s": 2},
-    {"a": [1, 2], "b": "x"}, {"b": "x", "a": [1, 2]}, {"a": [1, 2, 3], "b": "x"},
-    {"a": [[1], {"z": 1, "y": [None]}]}, {"a": [[1], {"y": [None], "z": 1}]}, {"a": [[1], {"z": 1}]},
+    None,
+    {},
+    {"s": 1},
+    {"s": 1.0},
+    {"s": True},
+    {"s": 2},
+    {"a": [1, 2], "b": "x"},
+    {"b": "x", "a": [1, 2]},
+    {"a": [1, 2, 3], "b": "x"},
+    {"a": [[1], {"z": 1, "y": [None]}]},
+    {"a": [[1], {"y": [None], "z": 1}]},
+    {"a": [[1], {"z": 1}]},
 ]
 WORKERS = ["s0", "s1", "r0", "r1", "x"]
 
@@ -124,7 +149,9 @@ def check_indexes(s: RequestScheduler) -> None:
         assert all(s._requests[rid].iteration == it for rid in ids)
     assert sum(map(len, s._by_iter.values())) == len(s._requests)
     for k in (R, E):
-        assert s._outstanding_kind[k] == sum(1 for r in s._requests.values() if r.kind is k and not r.status.is_terminal())
+        assert s._outstanding_kind[k] == sum(
+            1 for r in s._requests.values() if r.kind is k and not r.status.is_terminal()
+        )
 
 
 def run_lockstep(seed: int, steps: int) -> dict:
@@ -148,17 +175,32 @@ def run_lockstep(seed: int, steps: int) -> dict:
         if op < 0.16:
             kind = rng.choice([R, E])
             items = [(rng.randrange(8), rng.randrange(100), rng.randrange(3)) for _ in range(rng.randint(1, 6))]
-            both("submit", kind, rng.randrange(4), items, weight_version=rng.randrange(2),
-                 params=rng.choice(PARAMS), now=now)
+            both(
+                "submit",
+                kind,
+                rng.randrange(4),
+                items,
+                weight_version=rng.randrange(2),
+                params=rng.choice(PARAMS),
+                now=now,
+            )
         elif op < 0.45:
             w, spot, m = rng.choice(WORKERS), rng.random() < 0.5, rng.randint(1, 9)
             ready_e = sum(1 for r in ref._requests.values() if r.status in READY and r.kind is E)
-            eligible = [r.request_id for r in sorted(
-                (r for r in ref._requests.values() if r.status in READY and (spot or not ref.training_active or r.kind is R)),
-                key=lambda r: (0 if r.status is S.RECOMPUTE else 1 if r.kind is R else 2, r.seq))]
+            eligible = [
+                r.request_id
+                for r in sorted(
+                    (
+                        r
+                        for r in ref._requests.values()
+                        if r.status in READY and (spot or not ref.training_active or r.kind is R)
+                    ),
+                    key=lambda r: (0 if r.status is S.RECOMPUTE else 1 if r.kind is R else 2, r.seq),
+                )
+            ]
             got = both("pull", w, is_spot=spot, max_requests=m, now=now)  # equal leases, so equal ids in order
             stats["pulls"] += 1
-            stats["skipped"] += [l.request_id for l in got] != eligible[:len(got)]  # fill skipped other keys
+            stats["skipped"] += [l.request_id for l in got] != eligible[: len(got)]  # fill skipped other keys
             stats["leased"] += len(got)
             stats["multi"] += len(got) > 1
             stats["gated"] += ready_e > 0 and not spot and new.training_active
@@ -170,8 +212,15 @@ def run_lockstep(seed: int, steps: int) -> dict:
             both("complete", l.request_id, l.lease_id, now, worker_id=wid)
         elif op < 0.70 and issued:
             l = pick()
-            both("commit", l.request_id, l.lease_id, committed_step=rng.randrange(10), commit_key=f"k{step}",
-                 now=now, worker_id=rng.choice([None, l.worker_id]))
+            both(
+                "commit",
+                l.request_id,
+                l.lease_id,
+                committed_step=rng.randrange(10),
+                commit_key=f"k{step}",
+                now=now,
+                worker_id=rng.choice([None, l.worker_id]),
+            )
         elif op < 0.75 and issued:
             l = pick()
             both("fail", l.request_id, l.lease_id, reason="boom", now=now, worker_id=rng.choice([None, l.worker_id]))
@@ -244,8 +293,22 @@ def test_pulls_match_with_constant_compaction(seed, monkeypatch):
 
 def test_freeze_equal_iff_equal():
     values = [p for p in PARAMS if p is not None] + [
-        [1, 2], (1, 2), {1, 2}, frozenset({1, 2}), {"a": (1, 2)}, {"a": [1, 2]}, "x", 1, 1.0, True, 0, False, None,
-        {"a": {"b": [1, {"c": 2}]}}, {"a": {"b": [1, {"c": 2.0}]}}, {"a": {"b": [1, {"c": 3}]}},
+        [1, 2],
+        (1, 2),
+        {1, 2},
+        frozenset({1, 2}),
+        {"a": (1, 2)},
+        {"a": [1, 2]},
+        "x",
+        1,
+        1.0,
+        True,
+        0,
+        False,
+        None,
+        {"a": {"b": [1, {"c": 2}]}},
+        {"a": {"b": [1, {"c": 2.0}]}},
+        {"a": {"b": [1, {"c": 3}]}},
     ]
     for a in values:
         for b in values:

@@ -5,6 +5,7 @@ The Planner's round trip is tested in test_planner.py (test_state_dict_round_tri
 from __future__ import annotations
 
 import json
+
 import pytest
 
 from spotlight.core.instance_manager import InstanceManager
@@ -80,4 +81,3 @@ def test_instance_manager_restores_cost_not_nodes():
         fresh.load_state_dict({"version": 7, "gpu_seconds": {"spot": 0, "reserved": 0}})
     with pytest.raises(ValueError, match=">= 0"):
         fresh.load_state_dict({"version": 1, "gpu_seconds": {"spot": -1, "reserved": 0}})
-

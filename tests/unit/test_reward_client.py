@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
@@ -65,7 +64,9 @@ IMAGES = np.zeros((2, 3, 8, 8), dtype=np.uint8)
 
 
 def score(url, **cfg):
-    return RewardFn(RewardConfig(kind="http", url=url, **{"max_retries": 1, "timeout_s": 5.0, **cfg}))(IMAGES, ["a", "b"])
+    return RewardFn(RewardConfig(kind="http", url=url, **{"max_retries": 1, "timeout_s": 5.0, **cfg}))(
+        IMAGES, ["a", "b"]
+    )
 
 
 def test_trickling_service_is_cut_off_by_the_overall_deadline():
@@ -84,7 +85,9 @@ def test_trickling_service_is_cut_off_by_the_overall_deadline():
 
     svc = Service(trickle)
     try:
-        with pytest.raises(RewardError, match=r"failed after 2 attempts: DeadlineExceeded: .*not complete within 1\.5s"):
+        with pytest.raises(
+            RewardError, match=r"failed after 2 attempts: DeadlineExceeded: .*not complete within 1\.5s"
+        ):
             score(svc.url, timeout_s=1.5, max_retries=2)
         assert svc.posts == 2
     finally:
@@ -104,7 +107,9 @@ def test_redirect_is_an_error_and_not_followed():
     target = Service(lambda h: send(h, 200, b'{"rewards": [1, 2]}'))
     svc = Service(lambda h: send(h, 307, b"", [("Location", target.url)]))
     try:
-        with pytest.raises(RewardError, match=r"answered HTTP 307 \(redirect to '.*/score'\); redirects are not followed"):
+        with pytest.raises(
+            RewardError, match=r"answered HTTP 307 \(redirect to '.*/score'\); redirects are not followed"
+        ):
             score(svc.url, max_retries=3)
         assert (svc.posts, target.posts) == (1, 0)  # no retry, no follow
         assert score(target.url) == [1.0, 2.0]
@@ -113,15 +118,18 @@ def test_redirect_is_an_error_and_not_followed():
         target.close()
 
 
-@pytest.mark.parametrize("rewards,fragment", [
-    (["1.0", 2], "reward 0 is str"),
-    ([True, 0.5], "reward 0 is bool"),
-    ([0.5, None], "reward 1 is NoneType null"),
-    ([[0.5], 1], "reward 0 is list"),
-    ([{"r": 1}, 1], "reward 0 is dict"),
-    ([0.5], "returned 1 rewards for 2 images"),
-    ([0.5, 1, 2], "returned 3 rewards for 2 images"),
-])
+@pytest.mark.parametrize(
+    "rewards,fragment",
+    [
+        (["1.0", 2], "reward 0 is str"),
+        ([True, 0.5], "reward 0 is bool"),
+        ([0.5, None], "reward 1 is NoneType null"),
+        ([[0.5], 1], "reward 0 is list"),
+        ([{"r": 1}, 1], "reward 0 is dict"),
+        ([0.5], "returned 1 rewards for 2 images"),
+        ([0.5, 1, 2], "returned 3 rewards for 2 images"),
+    ],
+)
 def test_non_numeric_or_miscounted_rewards_are_refused(rewards, fragment):
     svc = Service(lambda h: send(h, 200, json.dumps({"rewards": rewards}).encode()))
     try:
@@ -132,8 +140,15 @@ def test_non_numeric_or_miscounted_rewards_are_refused(rewards, fragment):
         svc.close()
 
 
-@pytest.mark.parametrize("body,fragment", [(b"not json", "not JSON"), (b'{"r": []}', "expected"),
-                                           (b"[1, 2]", "expected"), (b'{"rewards": [1e999, 1]}', None)])
+@pytest.mark.parametrize(
+    "body,fragment",
+    [
+        (b"not json", "not JSON"),
+        (b'{"r": []}', "expected"),
+        (b"[1, 2]", "expected"),
+        (b'{"rewards": [1e999, 1]}', None),
+    ],
+)
 def test_malformed_bodies(body, fragment):
     if fragment is None:  # 1e999 parses to inf: a number, kept (trainable_samples drops it)
         assert parse_rewards(body, 2) == [math.inf, 1.0]
@@ -156,8 +171,19 @@ def test_nan_and_ints_are_numbers_and_nan_is_dropped_downstream():
     from spotlight.rewards.reward_fn import finite_rewards
 
     assert finite_rewards(r) == [False, True]
-    samples = [Sample(request_id=f"r{i}", kind=list(RequestKind)[0], iteration=0, slot=i, prompt_index=0, seed=i,
-                      batch_id="b", image=torch.zeros(3, 2, 2)) for i in range(2)]
+    samples = [
+        Sample(
+            request_id=f"r{i}",
+            kind=list(RequestKind)[0],
+            iteration=0,
+            slot=i,
+            prompt_index=0,
+            seed=i,
+            batch_id="b",
+            image=torch.zeros(3, 2, 2),
+        )
+        for i in range(2)
+    ]
     for s, v in zip(samples, r):
         s.reward = v
     kept, counts = trainable_samples(samples)

@@ -22,6 +22,7 @@ import requests
 from PIL import Image
 
 from spotlight.config import RewardConfig
+from spotlight.rewards.reward_fn import RewardFn, jpeg_size_kb
 from spotlight.rewards.server import (
     PICKSCORE_SCALE,
     ClipScorer,
@@ -31,7 +32,6 @@ from spotlight.rewards.server import (
     make_server,
     parse_scorer_spec,
 )
-from spotlight.rewards.reward_fn import RewardFn, jpeg_size_kb
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -78,8 +78,9 @@ def good_payload(n: int = 2) -> dict:
 
 @pytest.fixture(scope="module")
 def jpeg_server():
-    multi = MultiScorer({"jpeg_compressibility": (JpegScorer(-1.0), 1.0),
-                         "jpeg_incompressibility": (JpegScorer(+1.0), 0.25)})
+    multi = MultiScorer(
+        {"jpeg_compressibility": (JpegScorer(-1.0), 1.0), "jpeg_incompressibility": (JpegScorer(+1.0), 0.25)}
+    )
     with running(multi, max_body_bytes=MAX_BODY, max_batch=8) as server:
         yield server
 
@@ -150,19 +151,34 @@ BAD_REQUESTS = {
     "malformed_json": (dict(data=b'{"images": [', headers={"Content-Type": "application/json"}), 400, "malformed JSON"),
     "not_an_object": (dict(json=[1, 2]), 400, "JSON object"),
     "missing_prompts": (dict(json={"images": []}), 400, "'prompts'"),
-    "wrong_lengths": (dict(json={"images": [b64(np.zeros((8, 8, 3), np.uint8))], "prompts": ["a", "b"]}), 400,
-                      "len(images) = 1 != len(prompts) = 2"),
+    "wrong_lengths": (
+        dict(json={"images": [b64(np.zeros((8, 8, 3), np.uint8))], "prompts": ["a", "b"]}),
+        400,
+        "len(images) = 1 != len(prompts) = 2",
+    ),
     "not_base64": (dict(json={"images": ["@@not base64@@"], "prompts": ["a"]}), 400, "not valid base64"),
-    "base64_not_image": (dict(json={"images": [base64.b64encode(b"hello world").decode()], "prompts": ["a"]}), 400,
-                         "not a decodable PNG/JPEG"),
+    "base64_not_image": (
+        dict(json={"images": [base64.b64encode(b"hello world").decode()], "prompts": ["a"]}),
+        400,
+        "not a decodable PNG/JPEG",
+    ),
     "gif_image": (dict(json={"images": [_gif_b64()], "prompts": ["a"]}), 400, "GIF"),
-    "prompt_not_string": (dict(json={"images": [b64(np.zeros((8, 8, 3), np.uint8))], "prompts": [3]}), 400,
-                          "prompts[0]"),
+    "prompt_not_string": (
+        dict(json={"images": [b64(np.zeros((8, 8, 3), np.uint8))], "prompts": [3]}),
+        400,
+        "prompts[0]",
+    ),
     "batch_over_limit": (dict(json={"images": ["x"] * 9, "prompts": ["a"] * 9}), 400, "over the limit 8"),
-    "wrong_content_type": (dict(data=json.dumps({"images": [], "prompts": []}), headers={"Content-Type": "text/plain"}),
-                           415, "application/json"),
-    "oversize_body": (dict(data=b"x" * (2 * MAX_BODY), headers={"Content-Type": "application/json"}), 413,
-                      "over the limit"),
+    "wrong_content_type": (
+        dict(data=json.dumps({"images": [], "prompts": []}), headers={"Content-Type": "text/plain"}),
+        415,
+        "application/json",
+    ),
+    "oversize_body": (
+        dict(data=b"x" * (2 * MAX_BODY), headers={"Content-Type": "application/json"}),
+        413,
+        "over the limit",
+    ),
 }
 
 
@@ -266,7 +282,9 @@ def test_clip_and_pickscore_over_http_with_weights(clip_dir, clip_scorer):
     body = bodies[0]
     ims = [Image.fromarray(im) for im in hwc(images_bchw(3))]
     assert body["scores"]["pickscore"] == pytest.approx(clip_scorer(ims, payload["prompts"]), rel=1e-6)
-    expected = [2.0 * c + 0.1 * j for c, j in zip(body["scores"]["pickscore"], body["scores"]["jpeg_incompressibility"])]
+    expected = [
+        2.0 * c + 0.1 * j for c, j in zip(body["scores"]["pickscore"], body["scores"]["jpeg_incompressibility"])
+    ]
     assert body["rewards"] == pytest.approx(expected, rel=1e-12)
     assert health["scorers"] == {"pickscore": 2.0, "jpeg_incompressibility": 0.1}
 
@@ -292,14 +310,17 @@ def test_parse_scorer_spec():
     assert parse_scorer_spec("pickscore:-0.5") == ("pickscore", -0.5)
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (["--scorer", "aesthetic"], "unknown scorer 'aesthetic'"),
-    (["--scorer", "clip:heavy"], "bad weight 'heavy'"),
-    (["--scorer", "jpeg_compressibility:nan"], "must be finite"),
-    (["--scorer", "clip"], "needs --clip-path"),
-    (["--scorer", "clip", "--clip-path", "/nonexistent/clip"], "not a directory"),
-    ([], "at least one --scorer"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--scorer", "aesthetic"], "unknown scorer 'aesthetic'"),
+        (["--scorer", "clip:heavy"], "bad weight 'heavy'"),
+        (["--scorer", "jpeg_compressibility:nan"], "must be finite"),
+        (["--scorer", "clip"], "needs --clip-path"),
+        (["--scorer", "clip", "--clip-path", "/nonexistent/clip"], "not a directory"),
+        ([], "at least one --scorer"),
+    ],
+)
 def test_cli_rejects_bad_arguments(args, fragment):
     from typer.testing import CliRunner
 

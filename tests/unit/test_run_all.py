@@ -66,7 +66,13 @@ def test_every_figure_script_exists_and_names_are_unique(run_all):
 
 def test_run_all_dry_run_reports_skips(tmp_path):
     env = {**os.environ, "PATH": f"{pathlib.Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    out = subprocess.run(["bash", str(BENCH / "run-all"), "--budget-min", "0", "--dry-run"], capture_output=True, text=True, timeout=120, env=env)
+    out = subprocess.run(
+        ["bash", str(BENCH / "run-all"), "--budget-min", "0", "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr
     assert "running 0 of" in out.stdout
     assert "skipped fig03" in out.stdout and "needs ~" in out.stdout

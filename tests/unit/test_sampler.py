@@ -237,7 +237,15 @@ def test_denoise_state_select_concat_tensors_round_trip(sampler, velocity_fn):
     assert not torch.equal(a.latents[0], state.latents[0])
 
     tensors = state.tensors()
-    assert set(tensors) == {"latents", "computed_steps", "window_latents.0", "window_latents.1", "window_latents.2", "log_probs.0", "log_probs.1"}
+    assert set(tensors) == {
+        "latents",
+        "computed_steps",
+        "window_latents.0",
+        "window_latents.1",
+        "window_latents.2",
+        "log_probs.0",
+        "log_probs.1",
+    }
     back = DenoiseState.from_tensors(state.seeds, state.step, tensors)
     assert back.seeds == state.seeds and back.step == state.step
     assert torch.equal(back.latents, state.latents)
@@ -336,8 +344,15 @@ def _leases(kind: str, seeds, *, params=None, resume_step=None) -> P.Leases:
         worker_id="w0",
         items=[
             P.LeaseItem(
-                lease_id=10 + i, request_id=f"r{i}", kind=kind, iteration=0, prompt_index=i,
-                seed=s, weight_version=3, params=dict(params or {}), resume_step=resume_step,
+                lease_id=10 + i,
+                request_id=f"r{i}",
+                kind=kind,
+                iteration=0,
+                prompt_index=i,
+                seed=s,
+                weight_version=3,
+                params=dict(params or {}),
+                resume_step=resume_step,
             )
             for i, s in enumerate(seeds)
         ],
@@ -421,7 +436,9 @@ def test_executor_explore_as_rollout_is_a_full_rollout(executor):
     """verl-omni-spot: a candidate that may become the rollout is run uncached, with the SDE
     window's latents and log-probs, bit-identical to a rollout of the same seed."""
     _, _, ref = _through_wire(*executor.run("w0", _leases("rollout", [61, 62]), _lease_tensors(2)).result)
-    out = executor.run("w0", _leases("explore", [61, 62], params={"as_rollout": True, "cache_threshold": 100.0}), _lease_tensors(2))
+    out = executor.run(
+        "w0", _leases("explore", [61, 62], params={"as_rollout": True, "cache_threshold": 100.0}), _lease_tensors(2)
+    )
     _, res, t = _through_wire(*out.result)
     assert all(it.computed_steps == EXEC_SAMPLER.num_steps for it in res.items)
     for name in ("images", "window_latents", "log_probs"):
@@ -435,7 +452,9 @@ def test_executor_mixed_fresh_and_resumed_items(executor):
     _, _, t_full = _through_wire(*full.result)
 
     calls = []
-    out = executor.run("w0", _leases("rollout", seeds), _lease_tensors(2), should_stop=lambda: bool(calls.append(1)) or len(calls) > 2)
+    out = executor.run(
+        "w0", _leases("rollout", seeds), _lease_tensors(2), should_stop=lambda: bool(calls.append(1)) or len(calls) > 2
+    )
     _, commit, state_t = _through_wire(*out.commit)
     assert [c.step for c in commit.items] == [2, 2]
 

@@ -11,8 +11,14 @@ import pytest
 from PIL import Image, ImageDraw
 
 from spotlight.config import RewardConfig
-from spotlight.rewards.server import GenevalShapesScorer, MultiScorer, ScorerError, build_multi_scorer, parse_scorer_spec
 from spotlight.rewards.reward_fn import RewardError, RewardFn
+from spotlight.rewards.server import (
+    GenevalShapesScorer,
+    MultiScorer,
+    ScorerError,
+    build_multi_scorer,
+    parse_scorer_spec,
+)
 from spotlight.tasks.shapes import geneval, world
 from tests.unit.test_reward_server import running
 
@@ -29,8 +35,10 @@ def _key(objects) -> list[tuple]:
 @pytest.fixture(scope="module")
 def rendered() -> dict[str, list[tuple[np.ndarray, list[world.PlacedObject]]]]:
     """Every world prompt × SEEDS renders, each with its own ``default_rng(seed)``."""
-    return {spec.prompt: [world.render(spec, np.random.default_rng(seed)) for seed in range(SEEDS)]
-            for spec in world.all_prompts()}
+    return {
+        spec.prompt: [world.render(spec, np.random.default_rng(seed)) for seed in range(SEEDS)]
+        for spec in world.all_prompts()
+    }
 
 
 def _draw(objects: list[tuple[str, str, int, int, int]], size: int = world.IMAGE_SIZE) -> np.ndarray:
@@ -72,7 +80,9 @@ def test_detected_features_of_rendered_shapes():
             for x0, y0 in ((0, 0), (3, 5), (32 - size, 32 - size)):
                 (obj,) = geneval.detect(_draw([(shape, "green", x0, y0, size)]))
                 assert (obj.shape, obj.color, obj.box) == (shape, "green", (x0, y0, x0 + size, y0 + size))
-                assert obj.area_px == int(np.sum(_draw([(shape, "green", x0, y0, size)]) != BG, axis=-1).astype(bool).sum())
+                assert obj.area_px == int(
+                    np.sum(_draw([(shape, "green", x0, y0, size)]) != BG, axis=-1).astype(bool).sum()
+                )
                 if shape == "square":
                     assert obj.fill == 1.0 and obj.taper == pytest.approx(0.0, abs=1e-9)
                     assert obj.centroid == (x0 + size / 2, y0 + size / 2)
@@ -91,7 +101,11 @@ def test_blobs_that_are_no_world_shape_are_unknown_and_match_no_clause():
     draw.rectangle([22, 16, 24, 26], fill=world.COLORS["green"])  # a plus: ragged, fill < 0.65
     draw.rectangle([18, 20, 28, 22], fill=world.COLORS["green"])
     objects = geneval.detect(np.asarray(img))
-    assert sorted((o.color, o.shape) for o in objects) == [("blue", "unknown"), ("green", "unknown"), ("red", "unknown")]
+    assert sorted((o.color, o.shape) for o in objects) == [
+        ("blue", "unknown"),
+        ("green", "unknown"),
+        ("red", "unknown"),
+    ]
     for prompt in ("a photo of a square", "a photo of a triangle", "a photo of a circle", "a photo of a red square"):
         assert geneval.verdict(geneval.parse_prompt(prompt), objects) == (False, 0.0)
 
@@ -111,10 +125,22 @@ def test_batch_single_and_score_agree(rendered):
 def test_classify_pixels_matches_the_documented_rule():
     """The lookup table against a direct float64 evaluation of the rule on random colours."""
     rng = np.random.default_rng(0)
-    x = np.concatenate([rng.integers(0, 256, (20_000, 3)),
-                        # blends of each colour with the background and with noise: the boundary region
-                        *[np.clip(np.array(world.BACKGROUND) + rng.uniform(0.3, 1.1, (4000, 1)) * (np.array(c) - world.BACKGROUND)
-                                  + rng.normal(0, 30, (4000, 3)), 0, 255).round() for c in world.COLORS.values()]]).astype(np.int64)
+    x = np.concatenate(
+        [
+            rng.integers(0, 256, (20_000, 3)),
+            # blends of each colour with the background and with noise: the boundary region
+            *[
+                np.clip(
+                    np.array(world.BACKGROUND)
+                    + rng.uniform(0.3, 1.1, (4000, 1)) * (np.array(c) - world.BACKGROUND)
+                    + rng.normal(0, 30, (4000, 3)),
+                    0,
+                    255,
+                ).round()
+                for c in world.COLORS.values()
+            ],
+        ]
+    ).astype(np.int64)
     bg = np.array(world.BACKGROUND, dtype=np.float64)
     best = np.full(len(x), np.inf)
     want = np.full(len(x), -1)
@@ -125,10 +151,12 @@ def test_classify_pixels_matches_the_documented_rule():
         dist2[share < geneval.BLEND_THRESHOLD] = np.inf
         closer = dist2 < best
         best[closer], want[closer] = dist2[closer], k
-    want[best > geneval.COLOR_DISTANCE_THRESHOLD ** 2] = -1
+    want[best > geneval.COLOR_DISTANCE_THRESHOLD**2] = -1
     got = geneval.classify_pixels(x.astype(np.uint8)[None])[0]
     assert (got != want).sum() <= 2  # only float rounding exactly on a boundary may differ
-    off_palette = np.array([[world.BACKGROUND, (0, 0, 0), (60, 60, 60), (255, 255, 255), (255, 0, 255)]], dtype=np.uint8)
+    off_palette = np.array(
+        [[world.BACKGROUND, (0, 0, 0), (60, 60, 60), (255, 255, 255), (255, 0, 255)]], dtype=np.uint8
+    )
     assert geneval.classify_pixels(off_palette).tolist() == [[-1] * 5]
     palette = np.array([list(world.COLORS.values())], dtype=np.uint8)
     assert geneval.classify_pixels(palette).tolist() == [list(range(5))]
@@ -139,7 +167,10 @@ def test_classify_pixels_matches_the_documented_rule():
 
 def _strict_and_partial(img: np.ndarray, prompt: str) -> tuple[float, float]:
     bchw = img.transpose(2, 0, 1)[None]
-    return (geneval.score(bchw, [prompt], partial_credit=False)[0], geneval.score(bchw, [prompt], partial_credit=True)[0])
+    return (
+        geneval.score(bchw, [prompt], partial_credit=False)[0],
+        geneval.score(bchw, [prompt], partial_credit=True)[0],
+    )
 
 
 def test_incompatible_prompts_score_0(rendered):
@@ -185,7 +216,10 @@ def test_relations_are_checked_between_different_objects():
     # Two circles, one left of the other: a relation between two objects of one shape holds.
     two = _draw([("circle", "red", 2, 10, 9), ("circle", "blue", 20, 10, 9)])
     assert _strict_and_partial(two, "a photo of a circle right of a circle") == (1.0, 1.0)
-    assert _strict_and_partial(_draw([("circle", "red", 2, 10, 9)]), "a photo of a circle right of a circle") == (0.0, pytest.approx(2 / 3))
+    assert _strict_and_partial(_draw([("circle", "red", 2, 10, 9)]), "a photo of a circle right of a circle") == (
+        0.0,
+        pytest.approx(2 / 3),
+    )
 
 
 # ------------------------------------------------------------------------------------ (c) parsing
@@ -203,22 +237,27 @@ def test_parse_prompt_round_trips_every_prompt_and_the_prompt_files():
 
 
 def test_parse_prompt_forgives_case_spacing_articles_and_a_full_stop():
-    want = world.make_prompt("color_attr", (world.ObjectClause("circle", color="red"), world.ObjectClause("triangle", color="blue")))
+    want = world.make_prompt(
+        "color_attr", (world.ObjectClause("circle", color="red"), world.ObjectClause("triangle", color="blue"))
+    )
     assert geneval.parse_prompt("  A photo of an red  circle and a BLUE triangle. ") == want
     assert geneval.parse_prompt("a photo of a red circle and a blue triangle").prompt == want.prompt
 
 
-@pytest.mark.parametrize("junk, why", [
-    ("", "no template matches"),
-    ("a photo of a dog", "no template matches"),
-    ("a photo of five circles", "no template matches"),
-    ("a photo of one circle", "no template matches"),
-    ("a photo of a pink square", "no template matches"),
-    ("a photo of a square below", "no template matches"),
-    ("a photo of a red circle and a square", "both objects take a colour or neither"),
-    ("a photo of a red circle left of a square", "position captions take no colours"),
-    ("a photo of a circle and a circle", "two different shapes"),
-])
+@pytest.mark.parametrize(
+    "junk, why",
+    [
+        ("", "no template matches"),
+        ("a photo of a dog", "no template matches"),
+        ("a photo of five circles", "no template matches"),
+        ("a photo of one circle", "no template matches"),
+        ("a photo of a pink square", "no template matches"),
+        ("a photo of a square below", "no template matches"),
+        ("a photo of a red circle and a square", "both objects take a colour or neither"),
+        ("a photo of a red circle left of a square", "position captions take no colours"),
+        ("a photo of a circle and a circle", "two different shapes"),
+    ],
+)
 def test_parse_prompt_rejects_junk_with_a_clear_message(junk, why):
     with pytest.raises(ValueError) as info:
         geneval.parse_prompt(junk)
@@ -285,9 +324,14 @@ def test_reward_server_geneval_scorers_match_the_built_in_reward(rendered):
     assert total == pytest.approx([s + 2 * p for s, p in zip(strict, partial)])
     # In process, with PIL images of two sizes (the 64×64 one is the 32×32 one upscaled).
     scorer = GenevalShapesScorer(partial_credit=True)
-    pil = [Image.fromarray(images[0].transpose(1, 2, 0)), Image.fromarray(images[0].transpose(1, 2, 0)).resize((64, 64), Image.NEAREST)]
+    pil = [
+        Image.fromarray(images[0].transpose(1, 2, 0)),
+        Image.fromarray(images[0].transpose(1, 2, 0)).resize((64, 64), Image.NEAREST),
+    ]
     assert scorer(pil, [specs[0].prompt] * 2) == [1.0, 1.0]
-    with pytest.raises(ScorerError, match=r"scorer 'geneval_shapes_partial' failed: ValueError: cannot parse 'a photo of a cat'"):
+    with pytest.raises(
+        ScorerError, match=r"scorer 'geneval_shapes_partial' failed: ValueError: cannot parse 'a photo of a cat'"
+    ):
         MultiScorer({"geneval_shapes_partial": (scorer, 1.0)}).score(pil[:1], ["a photo of a cat"])
 
 
@@ -321,7 +365,9 @@ def test_salt_noise_keeps_the_verdict(rendered):
             noisy[ys, xs] = rng.integers(0, 256, (8, 3))
             is_bg = (img == BG).all(axis=-1)
             padded = np.pad(is_bg, 1, constant_values=True)
-            free = np.argwhere(np.all([padded[1 + dy:33 + dy, 1 + dx:33 + dx] for dy in (-1, 0, 1) for dx in (-1, 0, 1)], axis=0))
+            free = np.argwhere(
+                np.all([padded[1 + dy : 33 + dy, 1 + dx : 33 + dx] for dy in (-1, 0, 1) for dx in (-1, 0, 1)], axis=0)
+            )
             for y, x in free[rng.choice(len(free), 6, replace=False)]:
                 noisy[y, x] = palette[rng.integers(0, 5)]
             objects = geneval.detect(noisy)
@@ -336,7 +382,10 @@ def test_soft_edges_keep_the_verdict(rendered):
     from PIL import ImageFilter
 
     for spec in world.all_prompts():
-        imgs = [np.asarray(Image.fromarray(img).filter(ImageFilter.GaussianBlur(0.8))) for img, _ in rendered[spec.prompt][:3]]
+        imgs = [
+            np.asarray(Image.fromarray(img).filter(ImageFilter.GaussianBlur(0.8)))
+            for img, _ in rendered[spec.prompt][:3]
+        ]
         for objects in geneval.detect_batch(np.stack(imgs)):
             assert geneval.verdict(spec, objects)[0], (spec.prompt, _key(objects))
 

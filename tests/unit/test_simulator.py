@@ -22,12 +22,16 @@ TRACE = REPO / "examples" / "traces" / "bamboo" / "p3-trace.csv"
 @pytest.fixture(scope="module")
 def profile():
     # the shipped profile at a smaller workload so each run takes well under a second
-    return dataclasses.replace(load_profile(), prompts_per_iteration=8, num_control_prompts=2, group_size=8, train_time_s=1200.0)
+    return dataclasses.replace(
+        load_profile(), prompts_per_iteration=8, num_control_prompts=2, group_size=8, train_time_s=1200.0
+    )
 
 
 def _churn(t_end: float, period: float = 300.0) -> list[ReplayAction]:
     """Two spot nodes of 2 GPUs; node 1 loses one GPU and gets it back every ``period`` s."""
-    acts = [ReplayAction(0.0, "start_node", a, 0, f"n{a}0") for a in range(2)] + [ReplayAction(0.0, "add_gpu", a, 1, f"n{a}1") for a in range(2)]
+    acts = [ReplayAction(0.0, "start_node", a, 0, f"n{a}0") for a in range(2)] + [
+        ReplayAction(0.0, "add_gpu", a, 1, f"n{a}1") for a in range(2)
+    ]
     t = period
     while t < t_end:
         acts.append(ReplayAction(t, "revoke_gpu", 1, 1, "n11"))
@@ -41,8 +45,12 @@ def test_every_policy_finishes_and_the_cost_is_every_gpu_second_times_its_price(
         r = simulate(profile, name, _churn(1e6), iterations=3)
         assert r.finished and r.iterations == 3, name
         reserved_gpus = profile.reserved_gpus if POLICIES[name].use_spot else profile.reserved_only_gpus
-        assert r.reserved_gpu_hours == pytest.approx(r.wall_s * reserved_gpus / 3600)  # held the whole run, trainers included
-        assert r.cost_usd == pytest.approx(r.spot_gpu_hours * profile.spot_usd_per_gpu_hour + r.reserved_gpu_hours * profile.reserved_usd_per_gpu_hour)
+        assert r.reserved_gpu_hours == pytest.approx(
+            r.wall_s * reserved_gpus / 3600
+        )  # held the whole run, trainers included
+        assert r.cost_usd == pytest.approx(
+            r.spot_gpu_hours * profile.spot_usd_per_gpu_hour + r.reserved_gpu_hours * profile.reserved_usd_per_gpu_hour
+        )
         assert r.cost_usd == pytest.approx(r.spot_cost_usd + r.reserved_cost_usd)
         if not POLICIES[name].use_spot:
             assert r.spot_gpu_hours == 0
@@ -67,7 +75,12 @@ def test_elastic_sp_and_live_migration_lose_less_than_restarts(profile):
     assert spot.work_lost_steps <= rlb.work_lost_steps
     assert spot.spot_utilisation > rlb.spot_utilisation
     # without live migration, revoked in-flight work is lost
-    nolm = simulate(profile, dataclasses.replace(POLICIES["spotlight"], name="spotlight-no-migration", live_migration=False), acts, iterations=3)
+    nolm = simulate(
+        profile,
+        dataclasses.replace(POLICIES["spotlight"], name="spotlight-no-migration", live_migration=False),
+        acts,
+        iterations=3,
+    )
     assert nolm.work_lost_steps > spot.work_lost_steps
 
 
@@ -109,7 +122,12 @@ def test_best_of_n_baseline_runs_n_generations_per_prompt_on_the_critical_path(p
 
 
 def test_pingpong_trace_is_continuous_at_every_turn():
-    ev = [TraceEvent(0.0, "add", "a"), TraceEvent(0.0, "add", "b"), TraceEvent(10.0, "remove", "a"), TraceEvent(20.0, "add", "c")]
+    ev = [
+        TraceEvent(0.0, "add", "a"),
+        TraceEvent(0.0, "add", "b"),
+        TraceEvent(10.0, "remove", "a"),
+        TraceEvent(20.0, "add", "c"),
+    ]
     out = pingpong_trace(ev, 200.0, period_s=30.0)
     alive, counts = set(), []
     for e in out:  # replaying must never add an alive node or remove a dead one
@@ -160,22 +178,46 @@ def test_profile_errors_name_the_field(tmp_path):
 def test_a_run_config_given_as_profile_is_named_as_not_a_profile(tmp_path):
     from spotlight.config import DEFAULT_CONFIG_PATH
 
-    with pytest.raises(ProfileError, match=r"not a simulation profile: unknown section\(s\) \[model\].*missing section\(s\) \[workload\], \[timing\].*a run config\?"):
+    with pytest.raises(
+        ProfileError,
+        match=r"not a simulation profile: unknown section\(s\) \[model\].*missing section\(s\) \[workload\], \[timing\].*a run config\?",
+    ):
         load_profile(DEFAULT_CONFIG_PATH)
     bad = tmp_path / "p.toml"
     bad.write_text(DEFAULT_PROFILE.read_text().replace("[prices]", "[pricez]"))
-    with pytest.raises(ProfileError, match=r"not a simulation profile: unknown section\(s\) \[pricez\]; missing section\(s\) \[prices\]$"):
+    with pytest.raises(
+        ProfileError,
+        match=r"not a simulation profile: unknown section\(s\) \[pricez\]; missing section\(s\) \[prices\]$",
+    ):
         load_profile(bad)
 
 
 def test_cli_prints_the_cost_to_target_table(tmp_path):
-    cmd = [sys.executable, "-m", "spotlight.cli", "simulate", "--trace", str(TRACE), "--iterations", "2", "--out", str(tmp_path), "--json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "spotlight.cli",
+        "simulate",
+        "--trace",
+        str(TRACE),
+        "--iterations",
+        "2",
+        "--out",
+        str(tmp_path),
+        "--json",
+    ]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     payload = json.loads(proc.stdout)
     assert [r["policy"] for r in payload["results"]] == ["spotlight", "rlboost", "verl-omni-spot", "reserved-only"]
     assert (tmp_path / "simulate.png").stat().st_size > 10_000
-    bad = subprocess.run([sys.executable, "-m", "spotlight.cli", "simulate", "--policy", "nope", "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [sys.executable, "-m", "spotlight.cli", "simulate", "--policy", "nope", "--out", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2 and "unknown policy 'nope'" in bad.stdout and "Traceback" not in bad.stderr
 
 

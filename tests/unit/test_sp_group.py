@@ -107,7 +107,9 @@ def _run(targets, timeout=TIMEOUT_S, *, dies: tuple[int, ...] = ()) -> dict:
                     pytest.fail(f"{key}: {value}")
             dead = [p for i, p in enumerate(procs) if i not in dies and p.exitcode not in (None, 0)]
             if dead and q.empty():
-                pytest.fail(f"a SP group process died (exit codes {[p.exitcode for p in procs]}); got so far: {sorted(out)}")
+                pytest.fail(
+                    f"a SP group process died (exit codes {[p.exitcode for p in procs]}); got so far: {sorted(out)}"
+                )
         for p in procs:
             p.join(timeout)
         assert [p.exitcode for p in procs] == [1 if i in dies else 0 for i in range(len(procs))], out
@@ -122,7 +124,7 @@ def _run(targets, timeout=TIMEOUT_S, *, dies: tuple[int, ...] = ()) -> dict:
 def _guard(q, name, fn):
     try:
         fn()
-    except BaseException as exc:  # report instead of dying silently
+    except BaseException:  # report instead of dying silently
         import traceback
 
         q.put((f"{name}.error", traceback.format_exc()))
@@ -255,7 +257,12 @@ def _t_hard_revoke(q, role, ports):
             with pytest.raises(SPGroupError, match="broke at step 2"):
                 run_group_batch(m, sampler, state, cond)
             # rolled back to the last completed step: nothing half-applied
-            q.put(("leader.broken_at", (state.step, len(state.window_latents), len(state.log_probs), state.computed_steps.tolist())))
+            q.put(
+                (
+                    "leader.broken_at",
+                    (state.step, len(state.window_latents), len(state.log_probs), state.computed_steps.tolist()),
+                )
+            )
             m.form(_spec(["w0"], ports[1], 2))
             q.put(("leader.source", m.weights_source))
             run_group_batch(m, sampler, state, cond)
@@ -293,8 +300,14 @@ def _cache_leases(kind: str, threshold: float):
         worker_id="w0",
         items=[
             P.LeaseItem(
-                lease_id=10 + i, request_id=f"r{i}", kind=kind, iteration=0, prompt_index=i,
-                seed=s, weight_version=3, params={"cache_threshold": threshold},
+                lease_id=10 + i,
+                request_id=f"r{i}",
+                kind=kind,
+                iteration=0,
+                prompt_index=i,
+                seed=s,
+                weight_version=3,
+                params={"cache_threshold": threshold},
             )
             for i, s in enumerate([51, 52])
         ],
@@ -315,7 +328,10 @@ def _cache_outcomes(executor) -> dict:
         from spotlight.store.tensor_wire import unpack_tensors
 
         _, body, payload = P.decode(P.encode(msg, frames))
-        out[(kind, thr)] = ([it.computed_steps for it in body.items], unpack_tensors(body.tensors, payload)["images"].numpy())
+        out[(kind, thr)] = (
+            [it.computed_steps for it in body.items],
+            unpack_tensors(body.tensors, payload)["images"].numpy(),
+        )
         out[("num_gpus", kind, thr)] = body.num_gpus
     return out
 
@@ -323,8 +339,8 @@ def _cache_outcomes(executor) -> dict:
 def _t_group_cache(q, role, ports):
     """An SP=2 group (GroupExecutor leader + group_worker.serve follower) runs CACHE_CASES."""
     _setup_child()
-    from spotlight.workers.sp.group_worker import GroupExecutor, serve
     from spotlight.workers.sp.group import release_followers
+    from spotlight.workers.sp.group_worker import GroupExecutor, serve
 
     def body():
         rank = 0 if role == "leader" else 1
@@ -521,8 +537,8 @@ def test_leader_alone_abandons_its_step_for_a_join_and_the_result_is_unchanged(m
     transformer blocks, the step restarts from its beginning in the new generation, and the
     request's result is the uninterrupted one."""
     from spotlight import protocol as P
-    from spotlight.workers.sp import group_worker as GW
     from spotlight.workers.rollout.worker import RolloutExecutor
+    from spotlight.workers.sp import group_worker as GW
 
     _setup_child()
     cfg, scfg = ModelConfig(), SamplerConfig()
@@ -548,7 +564,9 @@ def test_leader_alone_abandons_its_step_for_a_join_and_the_result_is_unchanged(m
 
     _, _, cond = _inputs()
     tensors = {"cond.embeds": cond.embeds[:1], "cond.mask": cond.mask[:1]}
-    item = P.LeaseItem(lease_id=1, request_id="r", kind="rollout", iteration=0, prompt_index=0, seed=SEEDS[0], weight_version=0)
+    item = P.LeaseItem(
+        lease_id=1, request_id="r", kind="rollout", iteration=0, prompt_index=0, seed=SEEDS[0], weight_version=0
+    )
     got = ex.run("w0", P.Leases(worker_id="w0", items=[item]), dict(tensors), should_stop=should_stop).result
     ref_ex = RolloutExecutor(cfg, scfg)
     ref_ex.add_version(0, weights)

@@ -41,7 +41,10 @@ def test_scheduler_records_uncommitted_leases_once():
     assert s.take_aborted() == [AbortedLease(0, 10.0, 18.0)]  # it ran from the grant to the last sign of life
     assert s.take_aborted() == []
     s.expire(now=60.0)  # w2 went silent (never renewed): its resumed lease loses the 4 committed steps too
-    assert sorted(s.take_aborted(), key=lambda a: a.resume_step) == [AbortedLease(0, 21.0, 21.0), AbortedLease(4, 21.0, 21.0)]  # last sign of life: the grant
+    assert sorted(s.take_aborted(), key=lambda a: a.resume_step) == [
+        AbortedLease(0, 21.0, 21.0),
+        AbortedLease(4, 21.0, 21.0),
+    ]  # last sign of life: the grant
 
 
 def test_lost_steps_estimate():

@@ -10,9 +10,23 @@ import numpy as np
 import pytest
 import torch
 
-from spotlight.config import ClusterConfig, DataConfig, ModelConfig, RunConfig, SamplerConfig, SpotlightConfig, dump_config
+from spotlight.config import (
+    ClusterConfig,
+    DataConfig,
+    ModelConfig,
+    RunConfig,
+    SamplerConfig,
+    SpotlightConfig,
+    dump_config,
+)
 from spotlight.studies.profiling import spearman
-from spotlight.studies.stale_ranking import group_spearman, plot_heatmap, rank_heatmap, rank_within_groups, run_stale_ranking
+from spotlight.studies.stale_ranking import (
+    group_spearman,
+    plot_heatmap,
+    rank_heatmap,
+    rank_within_groups,
+    run_stale_ranking,
+)
 
 TEXT_DIM = 16
 # 8x8 pixels, 3 steps: every transformer call is cheap on 2 cores.
@@ -84,7 +98,14 @@ def _two_versions():
 
     a = build_transformer(SMALL_MODEL, TEXT_DIM, seed=3).state_dict()
     g = torch.Generator().manual_seed(7)
-    b = {k: (v + 0.01 * v.std().nan_to_num() * torch.randn(v.shape, generator=g) if v.is_floating_point() and v.numel() > 1 else v.clone()) for k, v in a.items()}
+    b = {
+        k: (
+            v + 0.01 * v.std().nan_to_num() * torch.randn(v.shape, generator=g)
+            if v.is_floating_point() and v.numel() > 1
+            else v.clone()
+        )
+        for k, v in a.items()
+    }
     return a, b
 
 
@@ -138,17 +159,28 @@ def test_cli_on_fake_run_dir(tmp_path, monkeypatch):
     run = tmp_path / "run"
     (run / "tensor_store" / "weights").mkdir(parents=True)
     cfg = _cfg()
-    cfg = SpotlightConfig(**{f: getattr(cfg, f) for f in cfg.__struct_fields__ if f != "data"}, data=DataConfig(prompts_path=str(prompts), group_size=4, num_control_prompts=0, prompts_per_iteration=2))
+    cfg = SpotlightConfig(
+        **{f: getattr(cfg, f) for f in cfg.__struct_fields__ if f != "data"},
+        data=DataConfig(prompts_path=str(prompts), group_size=4, num_control_prompts=0, prompts_per_iteration=2),
+    )
     dump_config(cfg, run / "config.toml")
 
     runner = CliRunner()
     # fewer than two versions: a clear error, not a traceback
-    save_file({k: v.contiguous() for k, v in build_transformer(SMALL_MODEL, MINILM_DIM, seed=1).state_dict().items()}, run / "tensor_store" / "weights" / "v0.safetensors")
+    save_file(
+        {k: v.contiguous() for k, v in build_transformer(SMALL_MODEL, MINILM_DIM, seed=1).state_dict().items()},
+        run / "tensor_store" / "weights" / "v0.safetensors",
+    )
     res = runner.invoke(app, ["bench", "stale-ranking", "--run-dir", str(run)])
     assert res.exit_code == 2 and "need at least 2" in res.output
 
-    save_file({k: v.contiguous() for k, v in build_transformer(SMALL_MODEL, MINILM_DIM, seed=2).state_dict().items()}, run / "tensor_store" / "weights" / "v1.safetensors")
-    res = runner.invoke(app, ["bench", "stale-ranking", "--run-dir", str(run), "--num-prompts", "2", "--num-seeds", "5"])
+    save_file(
+        {k: v.contiguous() for k, v in build_transformer(SMALL_MODEL, MINILM_DIM, seed=2).state_dict().items()},
+        run / "tensor_store" / "weights" / "v1.safetensors",
+    )
+    res = runner.invoke(
+        app, ["bench", "stale-ranking", "--run-dir", str(run), "--num-prompts", "2", "--num-seeds", "5"]
+    )
     assert res.exit_code == 0, res.output
     assert "overall Spearman" in res.output
     data = json.loads((run / "bench" / "stale_ranking.json").read_text())

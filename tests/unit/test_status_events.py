@@ -14,7 +14,7 @@ import time
 import pytest
 
 from spotlight import protocol as P
-from tests.unit.test_weight_sync import _Run, _register
+from tests.unit.test_weight_sync import _register, _Run
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -34,14 +34,24 @@ def test_snapshot_events_and_status_file(tmp_path):
         assert snap["iteration"] == 1 and snap["iterations_done"] == 0  # 1-based, as on screen (was 0)
         assert snap["version"] == -1 and snap["eta_s"] is None  # no weights yet, no estimate yet
         session = _register(run)
-        hb = P.Heartbeat(node_id="spot-a", session=session, workers=[P.WorkerInfo(worker_id="spot-a/g0", gpus=[0, 1])], gpus=[0, 1])
+        hb = P.Heartbeat(
+            node_id="spot-a", session=session, workers=[P.WorkerInfo(worker_id="spot-a/g0", gpus=[0, 1])], gpus=[0, 1]
+        )
         run.agent.send_multipart(P.encode(hb))
         assert run.recv(run.agent)[0] == P.MsgType.HEARTBEAT
         snap = _ask_status(run)
         node = snap["nodes"][0]
         # the trainer's reserved GPU is billed from the start: it is counted too (it was not)
         assert node["num_gpus"] == 2 and snap["gpus"] == {"spot": 2, "reserved": 1, "train": 1, "reserved_rollout": 0}
-        notice = P.Notice(node_id="spot-a", session=session, source="gcp", scope="node", deadline_unix_s=time.time() + 30, key="k1", kind="preempt")
+        notice = P.Notice(
+            node_id="spot-a",
+            session=session,
+            source="gcp",
+            scope="node",
+            deadline_unix_s=time.time() + 30,
+            key="k1",
+            kind="preempt",
+        )
         run.agent.send_multipart(P.encode(notice))
         run.agent.send_multipart(P.encode(P.Bye(node_id="spot-a", session=session, reason="preempted: committed")))
         deadline = time.monotonic() + 20
@@ -70,9 +80,21 @@ def test_status_cli_shows_a_finished_run_from_its_directory(tmp_path):
     meta = json.loads((rd / "coordinator.json").read_text())
     meta["pid"] = 2**22 + 12345  # beyond pid_max on Linux: a process that cannot exist
     (rd / "coordinator.json").write_text(json.dumps(meta))
-    (rd / "metrics.jsonl").write_text(json.dumps({"iteration": 0, "reward/mean": 0.25}) + "\nnot json\n" + json.dumps({"iteration": 1, "reward/mean": 0.75}) + "\n")
+    (rd / "metrics.jsonl").write_text(
+        json.dumps({"iteration": 0, "reward/mean": 0.25})
+        + "\nnot json\n"
+        + json.dumps({"iteration": 1, "reward/mean": 0.75})
+        + "\n"
+    )
     env = dict(os.environ, PYTHONPATH=REPO, COLUMNS="200")
-    res = subprocess.run([sys.executable, "-m", "spotlight.cli", "status", "--run-dir", str(rd)], capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
+    res = subprocess.run(
+        [sys.executable, "-m", "spotlight.cli", "status", "--run-dir", str(rd)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=REPO,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     out = res.stdout
     assert "is not running" in out and "status.json" in out
@@ -80,11 +102,22 @@ def test_status_cli_shows_a_finished_run_from_its_directory(tmp_path):
     assert "stopped after 0/" in out
     assert "stopped at " in out and "(not running): 0/" in out and "nodes as last seen at" in out  # not shown as live
     assert "ETA" not in out and "GPUs now" not in out
-    res = subprocess.run([sys.executable, "-m", "spotlight.cli", "status", "--run-dir", str(rd), "--json"], capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
+    res = subprocess.run(
+        [sys.executable, "-m", "spotlight.cli", "status", "--run-dir", str(rd), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=REPO,
+    )
     assert res.returncode == 0, res.stderr
     snap = json.loads(res.stdout)
     assert snap["reward_curve"] == [0.25, 0.75] and snap["last_metrics"]["reward/mean"] == 0.75
-    assert snap["running"] is False and snap["eta_s"] is None and snap["saved_unix_s"] == snap["started_unix_s"] + snap["elapsed_s"]
+    assert (
+        snap["running"] is False
+        and snap["eta_s"] is None
+        and snap["saved_unix_s"] == snap["started_unix_s"] + snap["elapsed_s"]
+    )
 
 
 def test_eta_of_a_resumed_run_uses_the_earlier_iterations_until_one_of_its_own_ends(tmp_path):
@@ -111,10 +144,16 @@ def test_the_last_event_says_why_a_run_stopped_early(tmp_path):
     run.close()
     saved = json.loads((tmp_path / "run" / "status.json").read_text())
     assert saved["events"][-1]["kind"] == "finish"
-    assert saved["events"][-1]["detail"] == "stopped after 0/%d iterations (run did not finish within 40s (phase rollout, iteration 1))" % saved["iterations"]
+    assert (
+        saved["events"][-1]["detail"]
+        == "stopped after 0/%d iterations (run did not finish within 40s (phase rollout, iteration 1))"
+        % saved["iterations"]
+    )
 
 
-@pytest.mark.parametrize("coordinator", ["garbage", "tcp://host:abc", "127.0.0.1:99999", "127.0.0.1:0", "tcp://", ":5555"])
+@pytest.mark.parametrize(
+    "coordinator", ["garbage", "tcp://host:abc", "127.0.0.1:99999", "127.0.0.1:0", "tcp://", ":5555"]
+)
 def test_status_with_a_bad_coordinator_address_is_one_line(tmp_path, coordinator):
     """Was: a 37-line ZMQError traceback (garbage, host:abc) or a 3 s wait (port 99999)."""
     from typer.testing import CliRunner
@@ -123,7 +162,9 @@ def test_status_with_a_bad_coordinator_address_is_one_line(tmp_path, coordinator
 
     res = CliRunner().invoke(app, ["status", "--coordinator", coordinator, "--keys", str(tmp_path)])
     assert res.exit_code == 2, res.output
-    assert " ".join(res.output.split()) == f"error: --coordinator {coordinator}: expected HOST:PORT (port 1 to 65535)", res.output  # rich wraps at 80 columns
+    assert (
+        " ".join(res.output.split()) == f"error: --coordinator {coordinator}: expected HOST:PORT (port 1 to 65535)"
+    ), res.output  # rich wraps at 80 columns
 
 
 def test_status_of_a_missing_run_directory_says_so(tmp_path):
@@ -133,7 +174,9 @@ def test_status_of_a_missing_run_directory_says_so(tmp_path):
 
     res = CliRunner().invoke(app, ["status", str(tmp_path / "nonexistent")])
     assert res.exit_code == 2, res.output
-    assert " ".join(res.output.split()) == f"error: {tmp_path / 'nonexistent'}: no such directory", res.output  # rich wraps at 80 columns
+    assert " ".join(res.output.split()) == f"error: {tmp_path / 'nonexistent'}: no such directory", (
+        res.output
+    )  # rich wraps at 80 columns
     f = tmp_path / "file"
     f.write_text("")
     res = CliRunner().invoke(app, ["status", str(f)])

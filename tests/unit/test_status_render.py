@@ -11,12 +11,29 @@ NASTY = ["[/]", "[bold red]boom[/bold red]", "[link=http://x]y[/link]", "trailin
 
 
 def snapshot():
-    nodes = [{"node_id": nid, "status": "[/]alive", "spot": i % 2 == 0, "gpus": [0, 1], "workers": ["w"],
-              "detector_healthy": False, "detector_error": f"gcp: HTTP 503 on [/] {nid}", "last_seen_s_ago": 1.5}
-             for i, nid in enumerate(NASTY)]
-    return {"phase": "explore", "iteration": 0, "iterations": 3, "version": 1, "nodes": nodes,
-            "requests": {"[/]explore": {"[/]done": 2, "leased": 1}}, "reward_curve": [0.1, 0.2],
-            "last_metrics": {"reward/mean": 0.25}}
+    nodes = [
+        {
+            "node_id": nid,
+            "status": "[/]alive",
+            "spot": i % 2 == 0,
+            "gpus": [0, 1],
+            "workers": ["w"],
+            "detector_healthy": False,
+            "detector_error": f"gcp: HTTP 503 on [/] {nid}",
+            "last_seen_s_ago": 1.5,
+        }
+        for i, nid in enumerate(NASTY)
+    ]
+    return {
+        "phase": "explore",
+        "iteration": 0,
+        "iterations": 3,
+        "version": 1,
+        "nodes": nodes,
+        "requests": {"[/]explore": {"[/]done": 2, "leased": 1}},
+        "reward_curve": [0.1, 0.2],
+        "last_metrics": {"reward/mean": 0.25},
+    }
 
 
 def test_render_status_shows_markup_like_strings_verbatim():
@@ -40,26 +57,63 @@ def _text(snap, width=220) -> str:
 
 
 def _node(node_id, status="alive", spot=True, gpus=(0, 1, 2, 3), why="registered"):
-    return {"node_id": node_id, "status": status, "why": why, "spot": spot, "num_gpus": len(gpus), "gpus": list(gpus), "workers": [f"{node_id}/g0"],
-            "detector_healthy": True, "detector_error": "", "last_seen_s_ago": 0.4}
+    return {
+        "node_id": node_id,
+        "status": status,
+        "why": why,
+        "spot": spot,
+        "num_gpus": len(gpus),
+        "gpus": list(gpus),
+        "workers": [f"{node_id}/g0"],
+        "detector_healthy": True,
+        "detector_error": "",
+        "last_seen_s_ago": 0.4,
+    }
 
 
 def _cost(spot_h=2.0, res_h=1.0):
-    return {"spot_gpu_hours": spot_h, "reserved_gpu_hours": res_h, "spot_usd": spot_h * 2.87, "reserved_usd": res_h * 10.08,
-            "total_usd": spot_h * 2.87 + res_h * 10.08, "all_reserved_usd": (spot_h + res_h) * 10.08, "spot_usd_per_gpu_hour": 2.87, "reserved_usd_per_gpu_hour": 10.08}
+    return {
+        "spot_gpu_hours": spot_h,
+        "reserved_gpu_hours": res_h,
+        "spot_usd": spot_h * 2.87,
+        "reserved_usd": res_h * 10.08,
+        "total_usd": spot_h * 2.87 + res_h * 10.08,
+        "all_reserved_usd": (spot_h + res_h) * 10.08,
+        "spot_usd_per_gpu_hour": 2.87,
+        "reserved_usd_per_gpu_hour": 10.08,
+    }
 
 
 def start_snapshot():
     """As Coordinator.snapshot() reads before any iteration ended and before the first weights."""
-    return {"phase": "starting", "iteration": 1, "iterations_done": 0, "iterations": 10, "finished": False, "error": None, "version": None,
-            "started_unix_s": 1.7e9, "elapsed_s": 4.2, "eta_s": None, "gpus": {"spot": 0, "reserved": 1},
-            "cost": _cost(0.0, 0.001), "nodes": [_node("reserved-0", spot=False, gpus=[0])], "requests": {}, "last_metrics": {}, "reward_curve": [],
-            "events": [{"t_s": 1.0, "kind": "join", "node": "reserved-0", "detail": "1 reserved GPU"}]}
+    return {
+        "phase": "starting",
+        "iteration": 1,
+        "iterations_done": 0,
+        "iterations": 10,
+        "finished": False,
+        "error": None,
+        "version": None,
+        "started_unix_s": 1.7e9,
+        "elapsed_s": 4.2,
+        "eta_s": None,
+        "gpus": {"spot": 0, "reserved": 1},
+        "cost": _cost(0.0, 0.001),
+        "nodes": [_node("reserved-0", spot=False, gpus=[0])],
+        "requests": {},
+        "last_metrics": {},
+        "reward_curve": [],
+        "events": [{"t_s": 1.0, "kind": "join", "node": "reserved-0", "detail": "1 reserved GPU"}],
+    }
 
 
 def mid_snapshot():
-    nodes = [_node("reserved-0", spot=False, gpus=[0]), _node("spot-0"), _node("spot-1", gpus=[0, 1]),
-             _node("spot-2", status="dead", why="no heartbeat for 31.0s")]
+    nodes = [
+        _node("reserved-0", spot=False, gpus=[0]),
+        _node("spot-0"),
+        _node("spot-1", gpus=[0, 1]),
+        _node("spot-2", status="dead", why="no heartbeat for 31.0s"),
+    ]
     events = [
         {"t_s": 2.0, "kind": "join", "node": "spot-2", "detail": "4 spot GPUs"},
         {"t_s": 65.0, "kind": "notice", "node": "spot-1", "detail": "gcp preempt, deadline in 30s"},
@@ -68,10 +122,25 @@ def mid_snapshot():
         {"t_s": 75.0, "kind": "reform", "node": "spot-1", "detail": "1 worker: 2 GPUs"},
         {"t_s": 3725.0, "kind": "dead", "node": "spot-2", "detail": "no heartbeat for 31.0s"},
     ]
-    return {"phase": "rollout", "iteration": 4, "iterations_done": 3, "iterations": 10, "finished": False, "error": None, "version": 3,
-            "started_unix_s": 1.7e9, "elapsed_s": 3730.0, "eta_s": 8703.0, "gpus": {"spot": 6, "reserved": 1}, "cost": _cost(),
-            "nodes": nodes, "requests": {"rollout": {"done": 10, "leased": 2}}, "last_metrics": {"iteration": 2, "reward/mean": 0.5},
-            "reward_curve": [0.1, 0.25, 0.5], "events": events}
+    return {
+        "phase": "rollout",
+        "iteration": 4,
+        "iterations_done": 3,
+        "iterations": 10,
+        "finished": False,
+        "error": None,
+        "version": 3,
+        "started_unix_s": 1.7e9,
+        "elapsed_s": 3730.0,
+        "eta_s": 8703.0,
+        "gpus": {"spot": 6, "reserved": 1},
+        "cost": _cost(),
+        "nodes": nodes,
+        "requests": {"rollout": {"done": 10, "leased": 2}},
+        "last_metrics": {"iteration": 2, "reward/mean": 0.5},
+        "reward_curve": [0.1, 0.25, 0.5],
+        "events": events,
+    }
 
 
 @pytest.mark.parametrize("version", [-1, None])
@@ -104,7 +173,9 @@ def test_gpu_line_counts_the_trainers_gpus_like_the_cost():
     """The reserved GPUs on the line are those the cost bills: the Train Workers' too, a GPU
     shared by a trainer and a reserved Rollout Worker once."""
     snap = mid_snapshot() | {"gpus": {"spot": 6, "reserved": 3, "train": 2, "reserved_rollout": 2}}
-    assert "GPUs now: 9 (6 spot on 2 nodes, 3 reserved: 2 training + 2 rollout on 1 node, 1 shared by both)" in _text(snap)
+    assert "GPUs now: 9 (6 spot on 2 nodes, 3 reserved: 2 training + 2 rollout on 1 node, 1 shared by both)" in _text(
+        snap
+    )
     snap["gpus"] = {"spot": 6, "reserved": 5, "train": 4, "reserved_rollout": 1}  # trainers on a host of their own
     assert "GPUs now: 11 (6 spot on 2 nodes, 5 reserved: 4 training + 1 rollout on 1 node)" in _text(snap)
 
@@ -118,8 +189,14 @@ def test_dead_node_shows_why():
 
 
 def test_finished_run_from_files_says_so():
-    snap = mid_snapshot() | {"phase": "finished", "finished": True, "iteration": 10, "iterations_done": 10, "eta_s": 0.0,
-                             "source": "the coordinator (pid 123) is not running: the run has finished or stopped; showing runs/x/status.json"}
+    snap = mid_snapshot() | {
+        "phase": "finished",
+        "finished": True,
+        "iteration": 10,
+        "iterations_done": 10,
+        "eta_s": 0.0,
+        "source": "the coordinator (pid 123) is not running: the run has finished or stopped; showing runs/x/status.json",
+    }
     text = _text(snap)
     assert "finished: 10/10 iterations" in text and "ETA" not in text
     assert "is not running" in text and "status.json" in text
@@ -134,8 +211,12 @@ def test_event_details_are_not_markup():
 def test_unmeasured_metrics_render_as_dashes():
     """The last iteration (and every reserved-only one) has spot/busy_fraction = null:
     `spotlight status RUN_DIR` crashed on every finished run (new-user trial)."""
-    snap = mid_snapshot() | {"finished": True, "iterations_done": 10, "reward_curve": [0.1, None, float("nan"), 0.3],
-                             "last_metrics": {"reward/mean": None, "time/rollout_s": None, "spot/busy_fraction": None, "time/train_s": "x"}}
+    snap = mid_snapshot() | {
+        "finished": True,
+        "iterations_done": 10,
+        "reward_curve": [0.1, None, float("nan"), 0.3],
+        "last_metrics": {"reward/mean": None, "time/rollout_s": None, "spot/busy_fraction": None, "time/train_s": "x"},
+    }
     text = _text(snap)
     assert "spot busy -" in text and "reward -" in text and "train -" in text
     assert "min +0.1000" in text and "max +0.3000" in text
@@ -148,16 +229,43 @@ def test_stopped_run_from_files_is_not_shown_as_live():
 
     saved = 1.7e9 + 3730.0
     clock = _time.strftime("%Y-%m-%d %H:%M:%S", _time.localtime(saved))
-    stopped = mid_snapshot() | {"running": False, "saved_unix_s": saved, "eta_s": None,
-                                "source": "the coordinator (pid 123) is not running: the run has finished or stopped; showing runs/x/status.json"}
-    stopped["events"] = stopped["events"] + [{"t_s": 3730.0, "kind": "finish", "node": "", "detail": "stopped after 3/10 iterations (interrupted or timed out)"}]
+    stopped = mid_snapshot() | {
+        "running": False,
+        "saved_unix_s": saved,
+        "eta_s": None,
+        "source": "the coordinator (pid 123) is not running: the run has finished or stopped; showing runs/x/status.json",
+    }
+    stopped["events"] = stopped["events"] + [
+        {
+            "t_s": 3730.0,
+            "kind": "finish",
+            "node": "",
+            "detail": "stopped after 3/10 iterations (interrupted or timed out)",
+        }
+    ]
     text = _text(stopped)
     assert f"stopped at {clock} (not running): 3/10 iterations done" in text
     assert "ETA" not in text and "phase rollout" not in text and "elapsed" not in text and "ran 1:02:10" in text
-    assert f"nodes as last seen at {clock} (not running now)" in text and f"GPUs at {clock}: 7" in text and "GPUs now" not in text
+    assert (
+        f"nodes as last seen at {clock} (not running now)" in text
+        and f"GPUs at {clock}: 7" in text
+        and "GPUs now" not in text
+    )
     assert "0.4s before" in text and "s ago" not in text
-    timed_out = stopped | {"events": stopped["events"][:-1] + [{"t_s": 3730.0, "kind": "finish", "node": "", "detail": "stopped after 3/10 iterations (run did not finish within 40s)"}]}
-    assert _text(timed_out).splitlines()[2] == "stopped after 3/10 iterations (run did not finish within 40s)"  # why, under the head and source lines (new-user trial)
+    timed_out = stopped | {
+        "events": stopped["events"][:-1]
+        + [
+            {
+                "t_s": 3730.0,
+                "kind": "finish",
+                "node": "",
+                "detail": "stopped after 3/10 iterations (run did not finish within 40s)",
+            }
+        ]
+    }
+    assert (
+        _text(timed_out).splitlines()[2] == "stopped after 3/10 iterations (run did not finish within 40s)"
+    )  # why, under the head and source lines (new-user trial)
     killed = stopped | {"events": mid_snapshot()["events"]}  # kill -9: status.json of its last iteration, no "finish"
     assert f"stopped (not running; last saved at {clock}): 3/10 iterations done" in _text(killed)
     live = _text(mid_snapshot())  # a live coordinator's snapshot is unchanged

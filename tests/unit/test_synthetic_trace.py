@@ -2,8 +2,8 @@
 
 import pytest
 
-from spotlight.traces.synthetic import preemption_cycles
 from spotlight.traces.formats import fragmentation_timeline
+from spotlight.traces.synthetic import preemption_cycles
 
 
 def test_each_cycle_halves_the_pool_one_gpu_per_node_and_recovers():

@@ -14,8 +14,10 @@ import pytest
 from agent.main import EXIT_NODE_ID_IN_USE, EXIT_NODE_PREEMPTED, SHUTDOWN_BOUND_S
 
 UNITS = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "systemd"
-COORD_EXEC = ("/opt/spotlight/.venv/bin/spotlight up --config /etc/spotlight/run.toml --reserved 0.0.0.0:7400 "
-              "--keys /etc/spotlight/keys --run-dir /var/lib/spotlight/run --resume-existing")
+COORD_EXEC = (
+    "/opt/spotlight/.venv/bin/spotlight up --config /etc/spotlight/run.toml --reserved 0.0.0.0:7400 "
+    "--keys /etc/spotlight/keys --run-dir /var/lib/spotlight/run --resume-existing"
+)
 
 
 def parse_unit(path: pathlib.Path) -> dict[str, dict[str, list[str]]]:
@@ -48,9 +50,19 @@ def test_unit_is_unprivileged_and_hardened(name):
     svc = parse_unit(UNITS / name)["Service"]
     assert one(svc, "User") == "spotlight" and one(svc, "Group") == "spotlight"
     assert svc.get("DynamicUser", ["no"])[-1] == "no"
-    for key in ("NoNewPrivileges", "ProtectHome", "PrivateTmp", "RestrictNamespaces", "LockPersonality",
-                "ProtectKernelTunables", "ProtectKernelModules", "ProtectKernelLogs", "ProtectControlGroups",
-                "RestrictSUIDSGID", "RestrictRealtime"):
+    for key in (
+        "NoNewPrivileges",
+        "ProtectHome",
+        "PrivateTmp",
+        "RestrictNamespaces",
+        "LockPersonality",
+        "ProtectKernelTunables",
+        "ProtectKernelModules",
+        "ProtectKernelLogs",
+        "ProtectControlGroups",
+        "RestrictSUIDSGID",
+        "RestrictRealtime",
+    ):
         assert one(svc, key) == "yes", key
     assert one(svc, "ProtectSystem") == "strict"
     state = "/var/lib/spotlight-agent" if "agent" in name else "/var/lib/spotlight"
@@ -72,7 +84,9 @@ def test_agent_stop_time_fits_timeout_and_preempted_exit_is_not_restarted():
     timeout = float(one(svc, "TimeoutStopSec"))
     assert grace + SHUTDOWN_BOUND_S < timeout <= 30  # GCP: 30 s from soft-off to hard-off
     assert str(EXIT_NODE_PREEMPTED) in one(svc, "RestartPreventExitStatus").split()
-    assert str(EXIT_NODE_ID_IN_USE) in one(svc, "RestartPreventExitStatus").split()  # a second agent with a node id in use
+    assert (
+        str(EXIT_NODE_ID_IN_USE) in one(svc, "RestartPreventExitStatus").split()
+    )  # a second agent with a node id in use
     assert one(svc, "Restart") == "always" and one(svc, "KillMode") == "mixed"
 
 
@@ -85,8 +99,9 @@ def test_coordinator_resumes_its_run_dir():
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
 @pytest.mark.parametrize("name", ["spotlight-agent.service", "spotlight-coordinator.service"])
 def test_systemd_analyze_exposure_at_most_4(name):
-    out = subprocess.run(["systemd-analyze", "security", "--offline=yes", str(UNITS / name)],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        ["systemd-analyze", "security", "--offline=yes", str(UNITS / name)], capture_output=True, text=True, timeout=60
+    )
     m = re.search(r"Overall exposure level for \S+: ([0-9.]+)", out.stdout + out.stderr)
     if m is None and "--offline" in out.stderr:
         pytest.skip("this systemd-analyze has no --offline")

@@ -92,13 +92,18 @@ def test_slice_initial_population_and_rebase(p3):
     assert alive_at(p3, start) == 30
     for t, c in alive_counts(s):
         assert c == alive_at(p3, start + t)
-    rest = s[len(synthetic):]
+    rest = s[len(synthetic) :]
     assert [(e.t_s + start, e.action, e.node) for e in rest] == [(e.t_s, e.action, e.node) for e in window]
     assert all(0.0 <= e.t_s < dur for e in s)
 
 
 def test_slice_events_at_start_come_after_population():
-    evs = [TraceEvent(0.0, "add", "a"), TraceEvent(10.0, "add", "b"), TraceEvent(10.0, "remove", "a"), TraceEvent(30.0, "add", "c")]
+    evs = [
+        TraceEvent(0.0, "add", "a"),
+        TraceEvent(10.0, "add", "b"),
+        TraceEvent(10.0, "remove", "a"),
+        TraceEvent(30.0, "add", "c"),
+    ]
     s = slice_trace(evs, 10.0, 20.0)
     assert s == [TraceEvent(0.0, "add", "a"), TraceEvent(0.0, "add", "b"), TraceEvent(0.0, "remove", "a")]
     assert alive_counts(s) == [(0.0, 1)]
@@ -107,7 +112,12 @@ def test_slice_events_at_start_come_after_population():
 
 
 def test_alive_counts_collapses_timestamps():
-    evs = [TraceEvent(0.0, "add", "a"), TraceEvent(0.0, "add", "b"), TraceEvent(5.0, "remove", "a"), TraceEvent(7.0, "add", "c")]
+    evs = [
+        TraceEvent(0.0, "add", "a"),
+        TraceEvent(0.0, "add", "b"),
+        TraceEvent(5.0, "remove", "a"),
+        TraceEvent(7.0, "add", "c"),
+    ]
     assert alive_counts(evs) == [(0.0, 2), (5.0, 1), (7.0, 2)]
     assert alive_at(evs, -1.0) == 0 and alive_at(evs, 6.0) == 1 and alive_at(evs, 100.0) == 2
 
@@ -198,7 +208,9 @@ def test_time_scale_divides_times(p3):
     s = slice_trace(p3, 7200.0, 1800.0)
     base = TracePlacement(2, 2, seed=0).plan(s)
     fast = TracePlacement(2, 2, seed=0).plan(s, time_scale=10.0)
-    assert [(a.kind, a.agent, a.gpu, a.trace_node) for a in base] == [(a.kind, a.agent, a.gpu, a.trace_node) for a in fast]
+    assert [(a.kind, a.agent, a.gpu, a.trace_node) for a in base] == [
+        (a.kind, a.agent, a.gpu, a.trace_node) for a in fast
+    ]
     assert [a.t_s / 10.0 for a in base] == pytest.approx([a.t_s for a in fast])
     assert max(a.t_s for a in fast) < 180.0
     with pytest.raises(ValueError):
@@ -305,7 +317,11 @@ def _alive_steps(events):
 
 def test_events_from_counts_lifo_and_seeded():
     evs = events_from_counts([(100.0, 2), (160.0, 3), (220.0, 1), (280.0, 1)])
-    assert evs[:3] == [TraceEvent(0.0, "add", "node0"), TraceEvent(0.0, "add", "node1"), TraceEvent(60.0, "add", "node2")]
+    assert evs[:3] == [
+        TraceEvent(0.0, "add", "node0"),
+        TraceEvent(0.0, "add", "node1"),
+        TraceEvent(60.0, "add", "node2"),
+    ]
     # removals hit the most recently added nodes first
     assert evs[3:] == [TraceEvent(120.0, "remove", "node2"), TraceEvent(120.0, "remove", "node1")]
     seeded = events_from_counts([(0.0, 5), (60.0, 2)], seed=3)
@@ -328,12 +344,14 @@ def test_bamboo_gcp_count_log(tmp_path):
 def test_bamboo_aws_count_log_with_zones_and_header(tmp_path):
     # older AWS logs: timestamp, zone and instance count; counts are per zone
     f = tmp_path / "aws.log"
-    f.write_text("\ufefftime zone instances\n"
-                 "2021-06-01 12:00:00 us-east-1a 3\n"
-                 "2021-06-01 12:00:00 us-east-1b 2\n"
-                 "2021-06-01T12:01:00Z us-east-1a 1\n"
-                 "# a comment\n"
-                 "2021-06-01 12:02:00, us-east-1b, 4\n")
+    f.write_text(
+        "\ufefftime zone instances\n"
+        "2021-06-01 12:00:00 us-east-1a 3\n"
+        "2021-06-01 12:00:00 us-east-1b 2\n"
+        "2021-06-01T12:01:00Z us-east-1a 1\n"
+        "# a comment\n"
+        "2021-06-01 12:02:00, us-east-1b, 4\n"
+    )
     assert detect_trace_format(f) == "count-log"
     assert _alive_steps(load_trace(f)) == [(0.0, 5), (60.0, 3), (120.0, 5)]
 
@@ -454,7 +472,14 @@ def test_full_mode_says_how_many_agents_the_peak_needs(p3):
 
 
 def test_full_mode_deterministic_per_seed_and_relabels_a_name_still_in_use():
-    events = [TraceEvent(0.0, "add", "a"), TraceEvent(0.0, "add", "b"), TraceEvent(1.0, "remove", "a"), TraceEvent(2.0, "add", "a"), TraceEvent(3.0, "remove", "b"), TraceEvent(4.0, "remove", "a")]
+    events = [
+        TraceEvent(0.0, "add", "a"),
+        TraceEvent(0.0, "add", "b"),
+        TraceEvent(1.0, "remove", "a"),
+        TraceEvent(2.0, "add", "a"),
+        TraceEvent(3.0, "remove", "b"),
+        TraceEvent(4.0, "remove", "a"),
+    ]
     runs = [TracePlacement(2, 2, 7, full=True).plan(events) for _ in range(2)]
     assert runs[0] == runs[1]
     for seed in range(20):
@@ -480,7 +505,19 @@ def test_a_full_replay_too_big_for_one_agent_says_so_in_proper_plurals():
 
     trace = pathlib.Path(__file__).resolve().parents[2] / "examples" / "traces" / "bamboo" / "p3-trace.csv"
     with pytest.raises(ValueError) as info:
-        plan_local_replay(iterations=1, agents=1, gpus_per_agent=1, trace=trace, trace_mode="full", time_scale=None, trace_start_s=0, trace_duration_s=100,
-                          seed=0, preemption_cycles=None, cycle_down_s=5, cycle_iteration_s=30)
+        plan_local_replay(
+            iterations=1,
+            agents=1,
+            gpus_per_agent=1,
+            trace=trace,
+            trace_mode="full",
+            time_scale=None,
+            trace_start_s=0,
+            trace_duration_s=100,
+            seed=0,
+            preemption_cycles=None,
+            cycle_down_s=5,
+            cycle_iteration_s=30,
+        )
     msg = str(info.value)
     assert "but 1 agent x 1 GPU hold 1: a full replay needs at least 32 agents of 1 GPU " in msg, msg

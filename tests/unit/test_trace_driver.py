@@ -3,8 +3,8 @@ registered yet waits for it, and the agent's later actions keep their order behi
 
 from __future__ import annotations
 
-from spotlight.traces.formats import ReplayAction
 from spotlight.traces.driver import TraceDriver
+from spotlight.traces.formats import ReplayAction
 
 
 class RecordingDriver(TraceDriver):
@@ -21,8 +21,16 @@ class RecordingDriver(TraceDriver):
 
 def _driver(tmp_path, actions, registered):
     listing = {"agents": {}}
-    return RecordingDriver(actions, coordinator="tcp://127.0.0.1:1", keys_dir=tmp_path, cloud="aws", grace_s=5.0, listing=listing,
-                           listing_path=tmp_path / "local_agents.json", node_ready=lambda node: node in registered)
+    return RecordingDriver(
+        actions,
+        coordinator="tcp://127.0.0.1:1",
+        keys_dir=tmp_path,
+        cloud="aws",
+        grace_s=5.0,
+        listing=listing,
+        listing_path=tmp_path / "local_agents.json",
+        node_ready=lambda node: node in registered,
+    )
 
 
 def test_actions_wait_for_their_agent_to_register_and_keep_their_order(tmp_path):
@@ -47,7 +55,11 @@ def test_actions_wait_for_their_agent_to_register_and_keep_their_order(tmp_path)
 
 
 def test_without_node_ready_every_due_action_applies_at_once(tmp_path):
-    a = [ReplayAction(0.0, "start_node", 0, 0, "n0"), ReplayAction(1.0, "revoke_gpu", 0, 0, "n0"), ReplayAction(9.0, "add_gpu", 0, 0, "n0")]
+    a = [
+        ReplayAction(0.0, "start_node", 0, 0, "n0"),
+        ReplayAction(1.0, "revoke_gpu", 0, 0, "n0"),
+        ReplayAction(9.0, "add_gpu", 0, 0, "n0"),
+    ]
     d = _driver(tmp_path, a, set())
     d.node_ready = None
     d.step(1.0)

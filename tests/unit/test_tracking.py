@@ -26,7 +26,15 @@ def test_tensorboard_holds_scalars_image_and_config(tmp_path):
     grid = tmp_path / "grid.png"
     Image.fromarray(np.full((20, 30, 3), 200, dtype=np.uint8)).save(grid)
     rows = [
-        {"iteration": 0, "reward/mean": 0.25, "cost/usd": 0.5, "spot/busy_fraction": math.nan, "planner": {"arm": 3}, "note": "x", "flag": True},
+        {
+            "iteration": 0,
+            "reward/mean": 0.25,
+            "cost/usd": 0.5,
+            "spot/busy_fraction": math.nan,
+            "planner": {"arm": 3},
+            "note": "x",
+            "flag": True,
+        },
         {"iteration": 1, "reward/mean": 0.75, "cost/usd": 1.0, "spot/busy_fraction": 0.5},
     ]
     t = open_trackers(["tensorboard"], tmp_path, config_text="[run]\niterations = 2\n")
@@ -57,7 +65,11 @@ def test_resumed_tracker_replaces_the_repeated_iteration(tmp_path):
     again = open_trackers(["tensorboard"], tmp_path, first_step=3)
     again.log_metrics(3, {"reward/mean": 30.0})
     again.close()
-    assert [(e.step, e.value) for e in _events(tmp_path / "tensorboard").Scalars("reward/mean")] == [(1, 1.0), (2, 2.0), (3, 30.0)]
+    assert [(e.step, e.value) for e in _events(tmp_path / "tensorboard").Scalars("reward/mean")] == [
+        (1, 1.0),
+        (2, 2.0),
+        (3, 30.0),
+    ]
 
 
 def test_no_trackers_writes_nothing(tmp_path):

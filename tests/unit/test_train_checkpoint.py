@@ -12,8 +12,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from spotlight.store.checkpoint import prune_train_versions, train_version_path, train_versions
 from spotlight.config import SpotlightConfig, TrainConfig
+from spotlight.store.checkpoint import prune_train_versions, train_version_path, train_versions
 from spotlight.workers.train.train_worker import FlowGRPOTrainer
 from tests.unit.test_train_worker import ROLLOUT_MBS, TEXT_DIM, _select, make_rollout
 
@@ -56,12 +56,10 @@ def _scenario(cfg, rank, world, batch, mbs, ckpt: str) -> tuple[list[str], list[
     ref = _trainer_state(a)
     ref_rng = torch.get_rng_state()
     b = FlowGRPOTrainer(cfg, rank=rank, world_size=world, device=dev, text_dim=TEXT_DIM)
-    fresh = _trainer_state(b) if cfg.train.use_lora else None
     b.load_checkpoint(ckpt)
     loaded_diff = _diff(after_save, _trainer_state(b))
     torch.manual_seed(1234 + rank)
     b.train_step(batch, mbs, iteration=1)
-    changed = [] if fresh is None else [k for k in fresh if "lora_" in k and not torch.equal(fresh[k], _trainer_state(b)[k])]
     assert torch.equal(torch.get_rng_state(), ref_rng)
     return loaded_diff, _diff(ref, _trainer_state(b)), b.steps_done
 
@@ -107,7 +105,9 @@ def test_lora_checkpoint_holds_only_the_adapter(pg, rollout, tmp_path):
     assert model_keys and all("lora_" in k for k in model_keys)
     full = FlowGRPOTrainer(_cfg(), rank=0, world_size=1, device=torch.device("cpu"), text_dim=TEXT_DIM)
     full.save_checkpoint(tmp_path / "full")
-    with pytest.raises(RuntimeError, match="does not match"):  # a full fine-tuning checkpoint does not fit a LoRA trainer
+    with pytest.raises(
+        RuntimeError, match="does not match"
+    ):  # a full fine-tuning checkpoint does not fit a LoRA trainer
         tr.load_checkpoint(tmp_path / "full")
 
 
@@ -123,8 +123,10 @@ def test_save_replaces_and_missing_checkpoint_raises(pg, rollout, tmp_path):
     fresh = FlowGRPOTrainer(cfg, rank=0, world_size=1, device=torch.device("cpu"), text_dim=TEXT_DIM)
     fresh.load_checkpoint(path)
     assert _diff(_trainer_state(tr), _trainer_state(fresh)) == []
-    assert _diff({k: v for k, v in first.items() if k.startswith("param/")},
-                 {k: v for k, v in _trainer_state(fresh).items() if k.startswith("param/")})
+    assert _diff(
+        {k: v for k, v in first.items() if k.startswith("param/")},
+        {k: v for k, v in _trainer_state(fresh).items() if k.startswith("param/")},
+    )
     with pytest.raises(FileNotFoundError):
         fresh.load_checkpoint(tmp_path / "v000009")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["v000003"]
@@ -157,8 +159,7 @@ def _two_rank(rank: int, world: int, store_path: str, out_dir: str, batch: dict)
         for name in ("full", "lora"):
             ckpt = os.path.join(out_dir, name, "v000001")
             loaded_diff, diff, steps = _scenario(_cfg(**VARIANTS[name]), rank, world, _select(batch, rows), mbs, ckpt)
-            result[name] = {"loaded_diff": loaded_diff, "diff": diff, "steps": steps,
-                            "files": sorted(os.listdir(ckpt))}
+            result[name] = {"loaded_diff": loaded_diff, "diff": diff, "steps": steps, "files": sorted(os.listdir(ckpt))}
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
             json.dump(result, f)
         # Both ranks leave together: a rank tearing gloo down while its peer is still
@@ -189,11 +190,17 @@ def test_process_checkpoints_and_resumes(rollout, tmp_path):
     import zmq
 
     from spotlight import protocol as P
-    from spotlight.store import tensor_wire
     from spotlight.config import config_to_dict
+    from spotlight.net.security import (
+        Authenticator,
+        apply_server,
+        ephemeral_client,
+        init_keys,
+        load_server_keys,
+        write_client_file,
+    )
+    from spotlight.store import tensor_wire
     from tests.unit.test_train_worker import _free_port, recv_version
-
-    from spotlight.net.security import Authenticator, apply_server, ephemeral_client, init_keys, load_server_keys, write_client_file
 
     init_keys(tmp_path / "keys")
     ctx = zmq.Context()
@@ -211,9 +218,26 @@ def test_process_checkpoints_and_resumes(rollout, tmp_path):
 
     def start(*extra):
         cmd = [
-            sys.executable, "-m", "spotlight.workers.train.train_worker", "--coordinator", f"tcp://127.0.0.1:{port}",
-            "--keys-file", str(tmp_path / "trainer.json"), "--rank", "0", "--world-size", "1", "--config-json", json.dumps(config_to_dict(_cfg())),
-            "--master-port", str(_free_port()), "--text-dim", str(TEXT_DIM), "--checkpoint-dir", str(ckdir), *extra,
+            sys.executable,
+            "-m",
+            "spotlight.workers.train.train_worker",
+            "--coordinator",
+            f"tcp://127.0.0.1:{port}",
+            "--keys-file",
+            str(tmp_path / "trainer.json"),
+            "--rank",
+            "0",
+            "--world-size",
+            "1",
+            "--config-json",
+            json.dumps(config_to_dict(_cfg())),
+            "--master-port",
+            str(_free_port()),
+            "--text-dim",
+            str(TEXT_DIM),
+            "--checkpoint-dir",
+            str(ckdir),
+            *extra,
         ]
         return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
@@ -237,7 +261,12 @@ def test_process_checkpoints_and_resumes(rollout, tmp_path):
         assert mtype == P.MsgType.WEIGHTS and body.version == 0
         recv_version(lambda: recv(p1), body)
         metas, frames = tensor_wire.pack_tensors(rollout)
-        router.send_multipart([peer["id"], *P.encode(P.TrainBatch(iteration=0, version=0, micro_batches=ROLLOUT_MBS, tensors=metas), frames)])
+        router.send_multipart(
+            [
+                peer["id"],
+                *P.encode(P.TrainBatch(iteration=0, version=0, micro_batches=ROLLOUT_MBS, tensors=metas), frames),
+            ]
+        )
         mtype, body, payload = recv(p1)
         assert mtype == P.MsgType.WEIGHTS and body.version == 1
         v1 = recv_version(lambda: recv(p1), body)

@@ -12,7 +12,6 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 
 import pytest
 import torch
@@ -71,18 +70,6 @@ def _select(batch: dict[str, torch.Tensor], rows: list[int]) -> dict[str, torch.
 
 def _states_differ(a: dict, b: dict) -> bool:
     return any(not torch.equal(a[k], b[k]) for k in a)
-
-
-@pytest.fixture(scope="module")
-def pg():
-    """A real world-size-1 gloo process group in the test process."""
-    torch.set_num_threads(1)
-    fd, path = tempfile.mkstemp(prefix="spotlight-pg-")
-    os.close(fd)
-    os.unlink(path)
-    dist.init_process_group("gloo", store=dist.FileStore(path, 1), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")
@@ -196,7 +183,9 @@ def test_save_pretrained_roundtrip(pg, trained, tmp_path):
     from diffusers import QwenImageTransformer2DModel
 
     cfg = trained["cfg"]
-    tr = FlowGRPOTrainer(cfg, rank=0, world_size=1, device=torch.device("cpu"), text_dim=TEXT_DIM, initial_state_dict=trained["after"])
+    tr = FlowGRPOTrainer(
+        cfg, rank=0, world_size=1, device=torch.device("cpu"), text_dim=TEXT_DIM, initial_state_dict=trained["after"]
+    )
     tr.save_pretrained(tmp_path / "ckpt")
     loaded = QwenImageTransformer2DModel.from_pretrained(str(tmp_path / "ckpt")).float().eval()
     expected = build_transformer(cfg.model, TEXT_DIM)
@@ -232,7 +221,11 @@ def recv_version(recv, header) -> dict[str, torch.Tensor]:
     h, blob = new_hasher(algo), bytearray()
     for i in range(header.num_chunks):
         mtype, body, payload = recv()
-        assert mtype == P.MsgType.WEIGHTS_CHUNK and (body.version, body.index, body.offset) == (header.version, i, i * header.chunk_bytes)
+        assert mtype == P.MsgType.WEIGHTS_CHUNK and (body.version, body.index, body.offset) == (
+            header.version,
+            i,
+            i * header.chunk_bytes,
+        )
         assert len(payload[0]) == body.size_bytes <= header.chunk_bytes
         h.update(payload[0])
         blob += payload[0]
@@ -245,10 +238,16 @@ def test_process_protocol(trained, rollout, tmp_path):
     import zmq
 
     from spotlight import protocol as P
-    from spotlight.store import tensor_wire
     from spotlight.config import config_to_dict
-
-    from spotlight.net.security import Authenticator, apply_server, ephemeral_client, init_keys, load_server_keys, write_client_file
+    from spotlight.net.security import (
+        Authenticator,
+        apply_server,
+        ephemeral_client,
+        init_keys,
+        load_server_keys,
+        write_client_file,
+    )
+    from spotlight.store import tensor_wire
 
     init_keys(tmp_path / "keys")
     ctx = zmq.Context()
@@ -262,9 +261,25 @@ def test_process_protocol(trained, rollout, tmp_path):
     conf = config_to_dict(trained["cfg"])
     conf["cluster"]["weight_chunk_bytes"] = 64 * 1024  # several chunks per version
     cmd = [
-        sys.executable, "-m", "spotlight.workers.train.train_worker", "--coordinator", f"tcp://127.0.0.1:{port}",
-        "--keys-file", str(tmp_path / "trainer.json"), "--rank", "0", "--world-size", "1", "--config-json", json.dumps(conf),
-        "--master-port", str(_free_port()), "--text-dim", str(TEXT_DIM), "--spool-dir", str(tmp_path / "spool"),
+        sys.executable,
+        "-m",
+        "spotlight.workers.train.train_worker",
+        "--coordinator",
+        f"tcp://127.0.0.1:{port}",
+        "--keys-file",
+        str(tmp_path / "trainer.json"),
+        "--rank",
+        "0",
+        "--world-size",
+        "1",
+        "--config-json",
+        json.dumps(conf),
+        "--master-port",
+        str(_free_port()),
+        "--text-dim",
+        str(TEXT_DIM),
+        "--spool-dir",
+        str(tmp_path / "spool"),
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     poller = zmq.Poller()
@@ -305,7 +320,9 @@ def test_process_protocol(trained, rollout, tmp_path):
         # a rank that got no rollout batch receives only one padding row of conditioning
         pad = {"pad.cond.embeds": rollout["cond.embeds"][:1], "pad.cond.mask": rollout["cond.mask"][:1]}
         metas, frames = tensor_wire.pack_tensors(pad)
-        router.send_multipart([peer["id"], *P.encode(P.TrainBatch(iteration=4, version=1, micro_batches=[], tensors=metas), frames)])
+        router.send_multipart(
+            [peer["id"], *P.encode(P.TrainBatch(iteration=4, version=1, micro_batches=[], tensors=metas), frames)]
+        )
         mtype, body, payload = recv()
         assert mtype == P.MsgType.WEIGHTS and body.version == 2
         v2 = recv_version(recv, body)
@@ -337,7 +354,9 @@ def _two_rank_lora_worker(rank: int, world: int, store_path: str, out_dir: str, 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
     try:
-        tr = FlowGRPOTrainer(_cfg(lora_rank=4, kl_beta=0.1), rank=rank, world_size=world, device=torch.device("cpu"), text_dim=TEXT_DIM)
+        tr = FlowGRPOTrainer(
+            _cfg(lora_rank=4, kl_beta=0.1), rank=rank, world_size=world, device=torch.device("cpu"), text_dim=TEXT_DIM
+        )
         rows, mbs = ([0, 1, 2], [[0], [1], [2]]) if rank == 0 else ([3, 4, 5], [[0, 1, 2]])
         tr.train_step(_select(batch, rows), mbs, iteration=0)
         sd = tr.version_state_dict()  # collective: gathers the adapter shards
@@ -356,7 +375,9 @@ def _two_rank_lora_worker(rank: int, world: int, store_path: str, out_dir: str, 
 def test_lora_under_fsdp2_two_ranks_match_one_rank(pg, rollout, tmp_path):
     """LoRA on FSDP2 (frozen base and trainable adapter in the same sharded blocks): the
     published version is the adapter alone, and 2 ranks give the 1-rank update."""
-    tr = FlowGRPOTrainer(_cfg(lora_rank=4, kl_beta=0.1), rank=0, world_size=1, device=torch.device("cpu"), text_dim=TEXT_DIM)
+    tr = FlowGRPOTrainer(
+        _cfg(lora_rank=4, kl_beta=0.1), rank=0, world_size=1, device=torch.device("cpu"), text_dim=TEXT_DIM
+    )
     v0 = tr.version_state_dict()
     assert v0 and all("lora_" in k for k in v0)
     assert len(tr.params) == len(v0)  # the optimizer holds the adapter only

@@ -42,7 +42,9 @@ def test_a_bad_option_is_one_line_before_anything_is_written(tmp_path, flag, val
     rd = tmp_path / "run"
     res = _up("--local", "--config", TOY, "--run-dir", str(rd), flag, value)
     assert res.exit_code == 2, res.output
-    assert res.output.strip().splitlines() == [f"error: {expected}" + res.output.strip().split(expected, 1)[1]], res.output
+    assert res.output.strip().splitlines() == [f"error: {expected}" + res.output.strip().split(expected, 1)[1]], (
+        res.output
+    )
     assert "Traceback" not in res.output and not rd.exists()
 
 
@@ -66,7 +68,9 @@ def test_a_run_whose_coordinator_still_runs_points_to_status_not_resume(tmp_path
         for args in (["--config", TOY, "--run-dir", str(rd)], ["--resume", str(rd)]):
             res = _up("--local", *args)
             assert res.exit_code == 2, res.output
-            assert f"still running (coordinator pid {proc.pid})" in res.output and f"spotlight status {rd}" in res.output, res.output
+            assert (
+                f"still running (coordinator pid {proc.pid})" in res.output and f"spotlight status {rd}" in res.output
+            ), res.output
             assert "--resume" not in res.output
     finally:
         proc.kill()
@@ -91,19 +95,25 @@ def test_an_address_in_use_is_one_line_and_leaves_no_run_directory(tmp_path):
     rd = tmp_path / "run"
     port, res = _up_on_a_busy_port("--run-dir", str(rd))
     assert res.exit_code == 2, res.output
-    assert res.output.strip().splitlines()[-1] == f"error: cannot listen on 127.0.0.1:{port}: address already in use", res.output
+    assert res.output.strip().splitlines()[-1] == f"error: cannot listen on 127.0.0.1:{port}: address already in use", (
+        res.output
+    )
     assert "Traceback" not in res.output and not rd.exists()
 
 
 def test_reserved_only_says_once_that_agents_is_ignored(tmp_path):
-    _, res = _up_on_a_busy_port("--local", "--mode", "reserved-only", "--agents", "3", "--run-dir", str(tmp_path / "run"))
+    _, res = _up_on_a_busy_port(
+        "--local", "--mode", "reserved-only", "--agents", "3", "--run-dir", str(tmp_path / "run")
+    )
     assert res.output.count("--agents 3 is ignored") == 1, res.output
     _, res = _up_on_a_busy_port("--local", "--mode", "reserved-only", "--run-dir", str(tmp_path / "run"))
     assert "ignored" not in res.output, res.output
 
 
 def _snapshot_files(rd: pathlib.Path) -> dict:
-    return {str(p.relative_to(rd)): (p.stat().st_mtime_ns, p.read_bytes()) for p in sorted(rd.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(rd)): (p.stat().st_mtime_ns, p.read_bytes()) for p in sorted(rd.rglob("*")) if p.is_file()
+    }
 
 
 def test_resuming_a_finished_run_is_refused_and_leaves_it_untouched(tmp_path):
@@ -121,7 +131,10 @@ def test_resuming_a_finished_run_is_refused_and_leaves_it_untouched(tmp_path):
     res = _up("--local", "--resume", str(rd))
     assert res.exit_code == 2, res.output
     (line,) = res.output.strip().splitlines()
-    assert line.startswith(f"error: {rd} is finished (2/2 iterations): model in {rd / 'final'}") and "--iterations N (N > 2)" in line, line
+    assert (
+        line.startswith(f"error: {rd} is finished (2/2 iterations): model in {rd / 'final'}")
+        and "--iterations N (N > 2)" in line
+    ), line
     assert _snapshot_files(rd) == before
 
 
@@ -132,7 +145,10 @@ def test_a_resumed_run_keeps_the_earlier_run_time_and_events(tmp_path):
     from spotlight.coordinator.coordinator import Coordinator
     from spotlight.core.events import EventLog
 
-    earlier = [{"t_s": 1.0, "kind": "join", "node": "spot-0", "detail": "1 spot GPU"}, {"t_s": 40.0, "kind": "finish", "node": "", "detail": "interrupted"}]
+    earlier = [
+        {"t_s": 1.0, "kind": "join", "node": "spot-0", "detail": "1 spot GPU"},
+        {"t_s": 40.0, "kind": "finish", "node": "", "detail": "interrupted"},
+    ]
     coord = types.SimpleNamespace(run_dir=tmp_path)
     ckpt = {"elapsed_s": 30.0, "events": earlier[:1]}
     assert Coordinator._earlier_sessions(coord, ckpt) == (30.0, earlier[:1])  # no status.json: the checkpoint's
@@ -149,7 +165,19 @@ def test_the_stop_hint_of_a_replay_says_the_replay_does_not_continue():
     """Was: after Ctrl-C of `--preemption-cycles 1 --mock-cloud aws` the hint dropped both flags silently."""
     from spotlight.cli.up import replay_note, resume_command
 
-    layout = dict(local=True, agents=2, gpus_per_agent=1, mock_cloud="aws", grace_s=20.0, spot_nice=5, reserved="127.0.0.1:0", keys=None, verbose=False, log_level="WARNING", trackers=None)
+    layout = dict(
+        local=True,
+        agents=2,
+        gpus_per_agent=1,
+        mock_cloud="aws",
+        grace_s=20.0,
+        spot_nice=5,
+        reserved="127.0.0.1:0",
+        keys=None,
+        verbose=False,
+        log_level="WARNING",
+        trackers=None,
+    )
     cmd = resume_command("r", **layout)
     assert "--mock-cloud aws" in cmd
     note = replay_note("--preemption-cycles", cmd)
@@ -169,7 +197,10 @@ def test_a_further_ctrl_c_during_the_clean_up_is_answered_not_ignored():
     handler = patience_handler(lambda: next(alive), said.append)
     handler(signal.SIGINT, None)
     handler(signal.SIGINT, None)
-    assert said == ["still stopping agents, workers and trainers (3 processes), please wait", "still stopping agents, workers and trainers (1 process), please wait"]
+    assert said == [
+        "still stopping agents, workers and trainers (3 processes), please wait",
+        "still stopping agents, workers and trainers (1 process), please wait",
+    ]
 
 
 def test_resume_existing_of_a_finished_run_is_nothing_to_do_even_with_config(tmp_path):
@@ -185,7 +216,10 @@ def test_resume_existing_of_a_finished_run_is_nothing_to_do_even_with_config(tmp
     before = _snapshot_files(rd)
     res = _up("--config", TOY, "--run-dir", str(rd), "--resume-existing")
     assert res.exit_code == 0, res.output
-    assert res.output.strip() == f"{rd} is finished (2/2 iterations): model in {rd / 'final'}, metrics in {rd / 'metrics.jsonl'}: nothing to do", res.output
+    assert (
+        res.output.strip()
+        == f"{rd} is finished (2/2 iterations): model in {rd / 'final'}, metrics in {rd / 'metrics.jsonl'}: nothing to do"
+    ), res.output
     assert _snapshot_files(rd) == before
 
 
@@ -193,7 +227,10 @@ def test_a_run_dir_or_keys_that_is_a_file_is_one_line_before_anything_is_printed
     """Was: the run header and the prompts, then `error: keys: [Errno 20] Not a directory`."""
     f = tmp_path / "README.md"
     f.write_text("not a run\n")
-    for args, flag in ((["--run-dir", str(f)], "--run-dir"), (["--run-dir", str(tmp_path / "run"), "--keys", str(f)], "--keys")):
+    for args, flag in (
+        (["--run-dir", str(f)], "--run-dir"),
+        (["--run-dir", str(tmp_path / "run"), "--keys", str(f)], "--keys"),
+    ):
         res = _up("--local", "--config", TOY, *args)
         assert res.exit_code == 2, res.output
         assert res.output.strip().splitlines() == [f"error: {flag} {f}: not a directory"], res.output

@@ -23,7 +23,8 @@ from spotlight import protocol as P
 from spotlight.net.security import add_client, init_keys, load_client_keys
 from spotlight.workers.rollout.spare import EXIT_SPARE_UNUSABLE, cuda_driver_loaded
 
-FAKE_SPARE = """
+FAKE_SPARE = (
+    """
 import json, os, sys, time
 args = sys.argv[1:]
 out, behaviour = args[0], args[1]
@@ -39,7 +40,9 @@ with open(out, "a") as f:
 if behaviour == "refuse":
     sys.exit(%d)
 time.sleep(600)
-""" % EXIT_SPARE_UNUSABLE
+"""
+    % EXIT_SPARE_UNUSABLE
+)
 
 
 @pytest.fixture
@@ -51,7 +54,16 @@ def keys(tmp_path_factory):
 
 
 def _registered(**kw) -> P.Registered:
-    base = dict(node_id="n", heartbeat_interval_s=1.0, lease_timeout_s=10.0, worker_batch_size=1, torch_threads=1, model={}, sampler={}, latest_version=0)
+    base = dict(
+        node_id="n",
+        heartbeat_interval_s=1.0,
+        lease_timeout_s=10.0,
+        worker_batch_size=1,
+        torch_threads=1,
+        model={},
+        sampler={},
+        latest_version=0,
+    )
     return P.Registered(**{**base, **kw})
 
 
@@ -63,7 +75,14 @@ def daemon(tmp_path, monkeypatch, keys):
     script = tmp_path / "fake_spare.py"
     script.write_text(FAKE_SPARE)
     d.fake = {"out": tmp_path / "assigned.jsonl", "behaviour": "serve"}
-    d._spare_cmd = lambda conf, fd: [sys.executable, str(script), str(d.fake["out"]), d.fake["behaviour"], "--ready-fd", str(fd)]
+    d._spare_cmd = lambda conf, fd: [
+        sys.executable,
+        str(script),
+        str(d.fake["out"]),
+        d.fake["behaviour"],
+        "--ready-fd",
+        str(fd),
+    ]
     yield d
     d._stop_spare()
     for p in d.procs.values():
@@ -174,7 +193,10 @@ def test_revoked_follower_is_killed_once_the_survivor_serves_and_a_leader_after_
         d.sched.hello(slot.worker_id, 0)
         d.procs[slot.worker_id] = _sleeper()
         ids[gpus[0]] = slot.worker_id
-    d.groups = [{"members": [ids[0], ids[1]], "generation": 1, "formed": True}, {"members": [ids[2], ids[3]], "generation": 1, "formed": True}]
+    d.groups = [
+        {"members": [ids[0], ids[1]], "generation": 1, "formed": True},
+        {"members": [ids[2], ids[3]], "generation": 1, "formed": True},
+    ]
     # follower gpu1 revoked: it holds nothing; the survivor's GROUP_FORMED for generation 2 ends it
     d.revoke_gpus([1], grace_s=30)
     assert d.procs[ids[1]].poll() is None
@@ -186,8 +208,12 @@ def test_revoked_follower_is_killed_once_the_survivor_serves_and_a_leader_after_
     # leader gpu2 revoked: it must commit first; once its COMMIT is forwarded it is ended
     d.revoke_gpus([2], grace_s=30)
     assert d.procs[ids[2]].poll() is None
-    commit = P.Commit(worker_id=ids[2], items=[P.CommitItem(request_id="r1", lease_id=1, step=3, seed=7, weight_version=0)])
+    commit = P.Commit(
+        worker_id=ids[2], items=[P.CommitItem(request_id="r1", lease_id=1, step=3, seed=7, weight_version=0)]
+    )
     d.on_worker([ids[2].encode(), *P.encode(commit)])
     assert d.procs[ids[2]].wait(10) == -signal.SIGKILL
     d.check_workers()
-    assert ids[1] not in d._revoking and ids[2] not in d._revoking and d.sched.workers[ids[3]].status == WorkerStatus.READY
+    assert (
+        ids[1] not in d._revoking and ids[2] not in d._revoking and d.sched.workers[ids[3]].status == WorkerStatus.READY
+    )

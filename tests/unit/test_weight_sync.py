@@ -19,10 +19,26 @@ import zmq
 from agent.weight_cache import WeightCache
 from spotlight import protocol as P
 from spotlight.config import EXAMPLES_DIR, load_config
-from spotlight.net.security import add_client, apply_client, ephemeral_client, init_keys, load_client_keys, load_server_keys
+from spotlight.net.security import (
+    add_client,
+    apply_client,
+    ephemeral_client,
+    init_keys,
+    load_client_keys,
+    load_server_keys,
+)
 from spotlight.store.tensor_store import TensorStore
 from spotlight.store.tensor_wire import mmap_state_dict, save_version
-from spotlight.store.weight_sync import ChunkReceiver, ServedVersion, WeightSyncError, chunk_span, fetch_replies, file_digest, num_chunks, send_version
+from spotlight.store.weight_sync import (
+    ChunkReceiver,
+    ServedVersion,
+    WeightSyncError,
+    chunk_span,
+    fetch_replies,
+    file_digest,
+    num_chunks,
+    send_version,
+)
 
 CHUNK = 64 * 1024  # the smallest cluster.weight_chunk_bytes
 
@@ -88,7 +104,9 @@ def test_saved_version_round_trips_bit_identically_through_chunks_and_mmap(tmp_p
     sd = _state_dict(20_000)
     size, digest = save_version(sd, tmp_path / "src.safetensors")
     assert digest == file_digest(tmp_path / "src.safetensors") and size == os.path.getsize(tmp_path / "src.safetensors")
-    assert all(torch.equal(load_file(tmp_path / "src.safetensors")[k], v) for k, v in sd.items())  # safetensors reads it
+    assert all(
+        torch.equal(load_file(tmp_path / "src.safetensors")[k], v) for k, v in sd.items()
+    )  # safetensors reads it
     blob = (tmp_path / "src.safetensors").read_bytes()
     r = ChunkReceiver(tmp_path / "dst.safetensors", 1, size, CHUNK, digest)
     for i in reversed(range(r.num_chunks)):
@@ -142,7 +160,12 @@ def test_tensor_store_refused_chunks_change_nothing(tmp_path):
         store.put_weights_chunk(0, 0, 0, data[:CHUNK])
     store.begin_weights(0, len(data), CHUNK, _digest(data))
     store.put_weights_chunk(0, 0, 0, data[:CHUNK])
-    for args in ((1, 1, CHUNK, data[CHUNK : 2 * CHUNK]), (0, 3, 3 * CHUNK, b"x"), (0, 0, 0, data[:CHUNK]), (0, 1, CHUNK, data[:10])):
+    for args in (
+        (1, 1, CHUNK, data[CHUNK : 2 * CHUNK]),
+        (0, 3, 3 * CHUNK, b"x"),
+        (0, 0, 0, data[:CHUNK]),
+        (0, 1, CHUNK, data[:10]),
+    ):
         with pytest.raises(WeightSyncError):
             store.put_weights_chunk(*args)
         assert store.stats()["weights_upload"]["received_bytes"] == CHUNK and store.latest_version == -1
@@ -165,11 +188,30 @@ class _Run:
         keys_dir = tmp_path / "keys"
         init_keys(keys_dir)
         add_client(keys_dir, "agent", "spot-a")
-        cfg = load_config(EXAMPLES_DIR / "jpeg-toy" / "config.toml", overrides={"cluster.max_message_bytes": 1 << 20, "cluster.weight_chunk_bytes": CHUNK, "cluster.weight_memory_max_bytes": 0, **overrides})
+        cfg = load_config(
+            EXAMPLES_DIR / "jpeg-toy" / "config.toml",
+            overrides={
+                "cluster.max_message_bytes": 1 << 20,
+                "cluster.weight_chunk_bytes": CHUNK,
+                "cluster.weight_memory_max_bytes": 0,
+                **overrides,
+            },
+        )
         n = 4
-        self.coord = Coordinator(cfg, tmp_path / "run", bind="tcp://127.0.0.1:0", keys=load_server_keys(keys_dir), prompts=[f"p{i}" for i in range(n)], embeds=torch.zeros(n, 4, 384), mask=torch.ones(n, 4, dtype=torch.long), progress=lambda s: None)
+        self.coord = Coordinator(
+            cfg,
+            tmp_path / "run",
+            bind="tcp://127.0.0.1:0",
+            keys=load_server_keys(keys_dir),
+            prompts=[f"p{i}" for i in range(n)],
+            embeds=torch.zeros(n, 4, 384),
+            mask=torch.ones(n, 4, dtype=torch.long),
+            progress=lambda s: None,
+        )
         self.ctx = zmq.Context()
-        self.trainer = self._dealer(self.coord.server.trainer_endpoint, ephemeral_client(self.coord.keys, "trainer", "test"))
+        self.trainer = self._dealer(
+            self.coord.server.trainer_endpoint, ephemeral_client(self.coord.keys, "trainer", "test")
+        )
         self.agent = self._dealer(self.coord.endpoint, load_client_keys(keys_dir, role="agent"))
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._serve, daemon=True)
@@ -282,11 +324,19 @@ def _round_trip(run, tmp_path, chunk):
     assert cache.ready(0) == done and cache.fetch(0, time.monotonic()) == []  # cached: no second fetch
 
     # ranges: a window in the middle, clipped at the end; a first chunk past the end is an error
-    run.agent.send_multipart(P.encode(P.FetchWeights(node_id="spot-a", session=session, version=0, header=False, first_chunk=n - 2, num_chunks=5)))
+    run.agent.send_multipart(
+        P.encode(
+            P.FetchWeights(node_id="spot-a", session=session, version=0, header=False, first_chunk=n - 2, num_chunks=5)
+        )
+    )
     got = [run.recv(run.agent) for _ in range(2)]
     assert [(m, b.index) for m, b, _ in got] == [(P.MsgType.WEIGHTS_CHUNK, n - 2), (P.MsgType.WEIGHTS_CHUNK, n - 1)]
     assert bytes(got[1][2][0]) == cache.path(0).read_bytes()[(n - 1) * chunk :]
-    run.agent.send_multipart(P.encode(P.FetchWeights(node_id="spot-a", session=session, version=0, header=False, first_chunk=n, num_chunks=1)))
+    run.agent.send_multipart(
+        P.encode(
+            P.FetchWeights(node_id="spot-a", session=session, version=0, header=False, first_chunk=n, num_chunks=1)
+        )
+    )
     mtype, body, _ = run.recv(run.agent)
     assert mtype == P.MsgType.ERROR and body.code == "bad_request"
     run.agent.send_multipart(P.encode(P.FetchWeights(node_id="spot-a", session=session, version=5, num_chunks=4)))
@@ -310,17 +360,42 @@ def test_bad_chunks_are_rejected_with_one_error_and_change_nothing(run, tmp_path
     def chunk(i, *, version=0, data=None, offset=None):
         off, length = chunk_span(min(i, n - 1), size, CHUNK)
         data = blob[off : off + length] if data is None else data
-        return P.encode(P.WeightsChunk(version=version, index=i, offset=off if offset is None else offset, size_bytes=len(data)), [data])
+        return P.encode(
+            P.WeightsChunk(version=version, index=i, offset=off if offset is None else offset, size_bytes=len(data)),
+            [data],
+        )
 
     header = P.encode(P.Weights(version=0, size_bytes=size, chunk_bytes=CHUNK, num_chunks=n, digest=digest))
     _expect_error(run, header, "unknown_session")  # no TRAIN_READY on this connection yet
     run.trainer.send_multipart(P.encode(P.TrainReady(rank=0, world_size=1, version=0)))
     _expect_error(run, chunk(0), match="no upload")
-    _expect_error(run, P.encode(P.Weights(version=1, size_bytes=size, chunk_bytes=CHUNK, num_chunks=n, digest=digest)), match="announce version 0")
-    _expect_error(run, P.encode(P.Weights(version=0, size_bytes=size, chunk_bytes=2 * CHUNK, num_chunks=-(-size // (2 * CHUNK)), digest=digest)), match="chunks must be")
-    _expect_error(run, P.encode(P.Weights(version=0, size_bytes=size, chunk_bytes=CHUNK, num_chunks=n + 1, digest=digest)), match="cover the version")
-    _expect_error(run, P.encode(P.Weights(version=0, size_bytes=size, chunk_bytes=CHUNK, num_chunks=n, digest="sha256:xyz")), match="digest")
-    _expect_error(run, P.encode(P.Weights(version=0, size_bytes=3, num_chunks=1, chunk_bytes=3), [b"abc"]), match="WEIGHTS_CHUNK")  # the v2 one-frame form
+    _expect_error(
+        run,
+        P.encode(P.Weights(version=1, size_bytes=size, chunk_bytes=CHUNK, num_chunks=n, digest=digest)),
+        match="announce version 0",
+    )
+    _expect_error(
+        run,
+        P.encode(
+            P.Weights(
+                version=0, size_bytes=size, chunk_bytes=2 * CHUNK, num_chunks=-(-size // (2 * CHUNK)), digest=digest
+            )
+        ),
+        match="chunks must be",
+    )
+    _expect_error(
+        run,
+        P.encode(P.Weights(version=0, size_bytes=size, chunk_bytes=CHUNK, num_chunks=n + 1, digest=digest)),
+        match="cover the version",
+    )
+    _expect_error(
+        run,
+        P.encode(P.Weights(version=0, size_bytes=size, chunk_bytes=CHUNK, num_chunks=n, digest="sha256:xyz")),
+        match="digest",
+    )
+    _expect_error(
+        run, P.encode(P.Weights(version=0, size_bytes=3, num_chunks=1, chunk_bytes=3), [b"abc"]), match="WEIGHTS_CHUNK"
+    )  # the v2 one-frame form
     run.trainer.send_multipart(header)
     run.trainer.send_multipart(chunk(0))
     run.trainer.send_multipart(chunk(1))
@@ -332,11 +407,18 @@ def test_bad_chunks_are_rejected_with_one_error_and_change_nothing(run, tmp_path
     _expect_error(run, chunk(2, data=blob[2 * CHUNK : 3 * CHUNK] + b"x"), match="expected")  # oversized
     _expect_error(run, chunk(2, offset=0), match="expected")
     _expect_error(run, chunk(2, version=1), match="no upload of weight version 1")
-    _expect_error(run, P.encode(P.WeightsChunk(version=0, index=2, offset=2 * CHUNK, size_bytes=CHUNK)), match="one frame")
+    _expect_error(
+        run, P.encode(P.WeightsChunk(version=0, index=2, offset=2 * CHUNK, size_bytes=CHUNK)), match="one frame"
+    )
     assert store_state() == before
     # a chunk frame over the trainer socket's limit: libzmq drops the connection, nothing changes
     big = run._dealer(run.coord.server.trainer_endpoint, ephemeral_client(run.coord.keys, "trainer", "big"))
-    big.send_multipart(P.encode(P.WeightsChunk(version=0, index=2, offset=2 * CHUNK, size_bytes=2 * P.MAX_BODY_BYTES), [bytes(2 * P.MAX_BODY_BYTES)]))
+    big.send_multipart(
+        P.encode(
+            P.WeightsChunk(version=0, index=2, offset=2 * CHUNK, size_bytes=2 * P.MAX_BODY_BYTES),
+            [bytes(2 * P.MAX_BODY_BYTES)],
+        )
+    )
     time.sleep(0.5)
     big.close(0)
     assert store_state() == before
@@ -380,7 +462,11 @@ def test_served_version_answers_an_agent_cache(tmp_path):
                 done = done or got
             most_asked = max(most_asked, len(cache.downloads[3].asked) if 3 in cache.downloads else 0)
             pending += reqs
-    assert done is not None and (done.size_bytes, done.digest, done.num_chunks) == (size, digest, num_chunks(size, CHUNK)) and done.num_chunks >= 3
+    assert (
+        done is not None
+        and (done.size_bytes, done.digest, done.num_chunks) == (size, digest, num_chunks(size, CHUNK))
+        and done.num_chunks >= 3
+    )
     assert most_asked <= 2
     assert cache.path(3).read_bytes() == (tmp_path / "v3.safetensors").read_bytes()
     # another version: not found; a first chunk past the end: refused before anything is read
@@ -390,8 +476,18 @@ def test_served_version_answers_an_agent_cache(tmp_path):
         served.replies(P.FetchWeights(version=3, header=False, first_chunk=done.num_chunks, num_chunks=1))
     # a version pruned while being served: WEIGHTS(found=False) ends the stream
     reads = []
-    gone = fetch_replies(P.FetchWeights(version=3, header=True, num_chunks=3), size, CHUNK, digest, lambda off, n: reads.append(off) or (b"x" * n if off == 0 else None))
-    assert [(type(m).__name__, getattr(m, "found", None)) for m, _ in gone] == [("Weights", True), ("WeightsChunk", None), ("Weights", False)]
+    gone = fetch_replies(
+        P.FetchWeights(version=3, header=True, num_chunks=3),
+        size,
+        CHUNK,
+        digest,
+        lambda off, n: reads.append(off) or (b"x" * n if off == 0 else None),
+    )
+    assert [(type(m).__name__, getattr(m, "found", None)) for m, _ in gone] == [
+        ("Weights", True),
+        ("WeightsChunk", None),
+        ("Weights", False),
+    ]
     assert reads == [0, CHUNK]
 
 
@@ -424,7 +520,9 @@ def test_agent_cache_retries_and_restarts(tmp_path):
     assert cache.path(7).read_bytes() == data and cache.ready(7) == done
     # retries without any progress (a coordinator that refuses our ranges): back to the header
     cache.fetch(10, 7.0)
-    cache.on_weights(P.Weights(version=10, size_bytes=len(data), chunk_bytes=1000, num_chunks=5, digest=_digest(data)), 7.0)
+    cache.on_weights(
+        P.Weights(version=10, size_bytes=len(data), chunk_bytes=1000, num_chunks=5, digest=_digest(data)), 7.0
+    )
     for k in range(3):
         assert all(not q.header for q in cache.overdue(now=20.0 + 10 * k))
     [again] = cache.overdue(now=60.0)
@@ -432,7 +530,10 @@ def test_agent_cache_retries_and_restarts(tmp_path):
     del cache.downloads[10]
     # not found: the fetch is dropped and the waiters are to be told
     cache.fetch(8, 7.0)
-    assert cache.on_weights(P.Weights(version=8, size_bytes=0, found=False), 7.1) == ([], True) and 8 not in cache.downloads
+    assert (
+        cache.on_weights(P.Weights(version=8, size_bytes=0, found=False), 7.1) == ([], True)
+        and 8 not in cache.downloads
+    )
     # keep_versions=1: a newer version evicts v7's file
     small = b"abc"
     cache.fetch(9, 8.0)

@@ -125,14 +125,22 @@ class ModelFamily(abc.ABC):
         if index.is_file():
             pipeline = str(read_json(index).get("_class_name", ""))
             if pipeline and not pipeline.startswith(self.pipeline_class.removesuffix("Pipeline")):
-                raise ModelLoadError(f"{self.path} is a {pipeline} checkpoint (model_index.json), not {self.name} ({self.pipeline_class}); check model.family")
+                raise ModelLoadError(
+                    f"{self.path} is a {pipeline} checkpoint (model_index.json), not {self.name} ({self.pipeline_class}); check model.family"
+                )
         for name in self.components():
             d = self.component_dir(name)
             if not any(d.glob("*config*.json")):
                 raise ModelLoadError(f"{d}: no config file; the '{name}/' folder of the checkpoint is incomplete")
-        weights = [f for f in self.component_dir("transformer").iterdir() if f.suffix in (".safetensors", ".bin") or f.name.endswith(".index.json")]
+        weights = [
+            f
+            for f in self.component_dir("transformer").iterdir()
+            if f.suffix in (".safetensors", ".bin") or f.name.endswith(".index.json")
+        ]
         if not weights:
-            raise ModelLoadError(f"{self.path / 'transformer'}: no weight files (*.safetensors); the checkpoint is incomplete")
+            raise ModelLoadError(
+                f"{self.path / 'transformer'}: no weight files (*.safetensors); the checkpoint is incomplete"
+            )
 
     def check_lora_targets(self, targets: list[str]) -> None:
         """Every LoRA target module name matches a module of the transformer (checked on the
@@ -150,11 +158,19 @@ class ModelFamily(abc.ABC):
         names = [n for n, _ in model.named_modules()]
         unknown = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
         if unknown:
-            raise ModelLoadError(f"train.lora_target_modules: {unknown} match no module of {self.transformer_class} (e.g. {', '.join(self.default_lora_targets[:4])})")
+            raise ModelLoadError(
+                f"train.lora_target_modules: {unknown} match no module of {self.transformer_class} (e.g. {', '.join(self.default_lora_targets[:4])})"
+            )
 
     def identity(self) -> str:
         """Stable text naming the checkpoint and prompt settings (prompt-cache key)."""
-        parts = [self.name, str(self.path.resolve()) if self.cfg.pretrained_path else "", str(self.cfg.max_text_tokens), self.negative_prompt, str(self.guidance_scale > 1)]
+        parts = [
+            self.name,
+            str(self.path.resolve()) if self.cfg.pretrained_path else "",
+            str(self.cfg.max_text_tokens),
+            self.negative_prompt,
+            str(self.guidance_scale > 1),
+        ]
         idx = self.path / "model_index.json"
         if idx.is_file():
             parts.append(idx.read_text())
@@ -217,11 +233,16 @@ class ModelFamily(abc.ABC):
             tok = AutoTokenizer.from_pretrained(str(self.path / self.prompt_tokenizer_dir), local_files_only=True)
         except (OSError, ValueError, ImportError):
             return None
-        return [len(ids) for ids in tok(list(prompts), add_special_tokens=True, truncation=False, verbose=False)["input_ids"]]
+        return [
+            len(ids)
+            for ids in tok(list(prompts), add_special_tokens=True, truncation=False, verbose=False)["input_ids"]
+        ]
 
     # ------------------------------------------------------------------ velocity
     @abc.abstractmethod
-    def velocity(self, transformer: torch.nn.Module, latents: torch.Tensor, sigma: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+    def velocity(
+        self, transformer: torch.nn.Module, latents: torch.Tensor, sigma: torch.Tensor, cond: Conditioning
+    ) -> torch.Tensor:
         """Velocity ``v [B, *latent_shape] float32`` at noise level ``sigma [B]`` (1 = noise),
         with the family's guidance (true CFG / guidance embedding). Runs the transformer in
         its own dtype; ``latents`` and ``cond`` are on the transformer's device."""
@@ -244,7 +265,12 @@ class ModelFamily(abc.ABC):
         """Final latents ``[B, *latent_shape]`` → ``[B, 3, H, W] uint8`` images on the CPU."""
 
     # ------------------------------------------------------------------ LoRA / saving
-    def save_lora(self, directory: str | os.PathLike, lora_state_dict: dict[str, torch.Tensor], adapter_metadata: dict | None = None) -> None:
+    def save_lora(
+        self,
+        directory: str | os.PathLike,
+        lora_state_dict: dict[str, torch.Tensor],
+        adapter_metadata: dict | None = None,
+    ) -> None:
         """Write a LoRA adapter in diffusers format (``pytorch_lora_weights.safetensors``,
         loadable with ``pipeline.load_lora_weights`` / ``transformer.load_lora_adapter``),
         through the family pipeline's ``save_lora_weights``."""
@@ -254,7 +280,9 @@ class ModelFamily(abc.ABC):
         kwargs = {}
         if adapter_metadata is not None:
             kwargs["transformer_lora_adapter_metadata"] = adapter_metadata
-        pipe_cls.save_lora_weights(str(directory), transformer_lora_layers=lora_state_dict, safe_serialization=True, **kwargs)
+        pipe_cls.save_lora_weights(
+            str(directory), transformer_lora_layers=lora_state_dict, safe_serialization=True, **kwargs
+        )
 
 
 def prompt_cache_path(family: ModelFamily, prompts: list[str], cache_dir: pathlib.Path) -> pathlib.Path:
@@ -274,7 +302,11 @@ def cached_conditioning(family: ModelFamily, prompts: list[str], cache_dir: path
     cond = family.encode_prompts(prompts)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    save_file({k: v.contiguous() for k, v in cond.to_tensors().items()}, tmp, metadata={"prompts": str(len(prompts)), "family": family.name})
+    save_file(
+        {k: v.contiguous() for k, v in cond.to_tensors().items()},
+        tmp,
+        metadata={"prompts": str(len(prompts)), "family": family.name},
+    )
     os.replace(tmp, path)
     return cond
 

@@ -120,7 +120,9 @@ class QwenImageFamily(ModelFamily):
         """
         side = 2 * self.vae_scale_factor
         if self.cfg.image_size % side != 0:
-            raise ModelLoadError(f"model.image_size={self.cfg.image_size} must be a multiple of {side} for this Qwen-Image VAE (×{self.vae_scale_factor}, 2×2 packing)")
+            raise ModelLoadError(
+                f"model.image_size={self.cfg.image_size} must be a multiple of {side} for this Qwen-Image VAE (×{self.vae_scale_factor}, 2×2 packing)"
+            )
         return self.cfg.image_size // side, self.cfg.image_size // side
 
     def _check_class(self, component: str, expected: str) -> pathlib.Path:
@@ -146,7 +148,9 @@ class QwenImageFamily(ModelFamily):
             raise ModelLoadError(f"{self.path}/transformer: cannot load {self.transformer_class}: {exc}") from exc
         channels = self.latent_shape[1]
         if int(model.config.in_channels) != channels:
-            raise ModelLoadError(f"{self.path}: transformer in_channels={model.config.in_channels} but the VAE's packed latents have 4·z_dim={channels} channels")
+            raise ModelLoadError(
+                f"{self.path}: transformer in_channels={model.config.in_channels} but the VAE's packed latents have 4·z_dim={channels} channels"
+            )
         return model.eval()
 
     # ------------------------------------------------------------------ latents
@@ -214,7 +218,9 @@ class QwenImageFamily(ModelFamily):
         T = self.cfg.max_text_tokens
         # Encode uncut (the pipeline's own limit) so cut prompts can be reported; the text
         # encoder is causal, so the first T rows equal encode_prompt(max_sequence_length=T).
-        embeds, mask = pipe.encode_prompt(prompt=list(prompts), device=device, num_images_per_prompt=1, max_sequence_length=PIPELINE_MAX_TEXT_TOKENS)
+        embeds, mask = pipe.encode_prompt(
+            prompt=list(prompts), device=device, num_images_per_prompt=1, max_sequence_length=PIPELINE_MAX_TEXT_TOKENS
+        )
         if mask is None:  # the pipeline drops an all-ones mask
             mask = torch.ones(embeds.shape[:2], dtype=torch.int64, device=embeds.device)
         embeds = embeds.float().cpu()
@@ -239,7 +245,10 @@ class QwenImageFamily(ModelFamily):
         except (OSError, ValueError, ImportError):
             return None
         template, drop_idx = _pipeline_template()
-        return [len(ids) - drop_idx for ids in tok([template.format(p) for p in prompts], truncation=False, verbose=False)["input_ids"]]
+        return [
+            len(ids) - drop_idx
+            for ids in tok([template.format(p) for p in prompts], truncation=False, verbose=False)["input_ids"]
+        ]
 
     def _warn_cut(self, prompts: list[str], lengths: list[int], level: int = logging.WARNING) -> None:
         T = self.cfg.max_text_tokens
@@ -289,7 +298,9 @@ class QwenImageFamily(ModelFamily):
                     embeds.append(e)
                     masks.append(m)
                     lengths.extend(n)
-                self._warn_cut(prompts, lengths, logging.INFO)  # `spotlight up` reports the cut prompts once (prompt_token_counts)
+                self._warn_cut(
+                    prompts, lengths, logging.INFO
+                )  # `spotlight up` reports the cut prompts once (prompt_token_counts)
                 if embeds:
                     cond = Conditioning(torch.cat(embeds), torch.cat(masks))
                 else:
@@ -309,7 +320,9 @@ class QwenImageFamily(ModelFamily):
         return cond
 
     # ------------------------------------------------------------------ velocity
-    def velocity(self, transformer: torch.nn.Module, latents: torch.Tensor, sigma: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+    def velocity(
+        self, transformer: torch.nn.Module, latents: torch.Tensor, sigma: torch.Tensor, cond: Conditioning
+    ) -> torch.Tensor:
         """Velocity ``[B, L, C] float32`` of packed ``latents [B, L, C]`` at noise level
         ``sigma [B]`` (1 = noise; passed as the transformer's ``timestep``, which is what the
         pipeline's ``t / 1000`` is).
@@ -327,7 +340,10 @@ class QwenImageFamily(ModelFamily):
         scale = self.guidance_scale
         use_cfg = scale > 1 and "neg.embeds" in cond.extra
         if scale > 1 and not use_cfg and not self._warned_no_neg:
-            log.warning("qwen-image: guidance scale %.3g > 1 but the conditioning has no neg.* tensors; running without CFG", scale)
+            log.warning(
+                "qwen-image: guidance scale %.3g > 1 but the conditioning has no neg.* tensors; running without CFG",
+                scale,
+            )
             self._warned_no_neg = True
         x = latents.to(dtype)
         t = sigma.to(device=latents.device, dtype=dtype).reshape(-1).expand(batch)
@@ -350,7 +366,9 @@ class QwenImageFamily(ModelFamily):
             return out
         pos, neg = out[:batch], out[batch:]
         comb = neg + scale * (pos - neg)
-        return comb * (torch.linalg.vector_norm(pos, dim=-1, keepdim=True) / torch.linalg.vector_norm(comb, dim=-1, keepdim=True))
+        return comb * (
+            torch.linalg.vector_norm(pos, dim=-1, keepdim=True) / torch.linalg.vector_norm(comb, dim=-1, keepdim=True)
+        )
 
     # ------------------------------------------------------------------ images
     def load_decoder(self, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> None:
@@ -533,11 +551,15 @@ def build_tokenizer():
     for tok in QWEN_SPECIAL_TOKENS:
         vocab[tok] = len(vocab)
     tokenizer = Qwen2Tokenizer(vocab=vocab, merges=merges, model_max_length=32768)
-    tokenizer.add_tokens([AddedToken(t, special=True, normalized=False) for t in QWEN_SPECIAL_TOKENS], special_tokens=True)
+    tokenizer.add_tokens(
+        [AddedToken(t, special=True, normalized=False) for t in QWEN_SPECIAL_TOKENS], special_tokens=True
+    )
     prefix = template.split("{}")[0]
     n = len(tokenizer(prefix).input_ids)
     if n != drop_idx:
-        raise RuntimeError(f"the offline Qwen tokenizer splits the QwenImagePipeline template prefix into {n} tokens, the pipeline drops {drop_idx}")
+        raise RuntimeError(
+            f"the offline Qwen tokenizer splits the QwenImagePipeline template prefix into {n} tokens, the pipeline drops {drop_idx}"
+        )
     return tokenizer
 
 
@@ -586,7 +608,12 @@ def make_random_checkpoint(
         ValueError: ``image_size`` not a multiple of 16, or ``transformer_kwargs`` setting a
             derived field to a value that would not fit the VAE / text encoder.
     """
-    from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImagePipeline, QwenImageTransformer2DModel
+    from diffusers import (
+        AutoencoderKLQwenImage,
+        FlowMatchEulerDiscreteScheduler,
+        QwenImagePipeline,
+        QwenImageTransformer2DModel,
+    )
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
     vae_cfg = dict(TINY_VAE_CONFIG)
@@ -599,17 +626,26 @@ def make_random_checkpoint(
     tcfg = dict(TINY_TRANSFORMER_CONFIG)
     for key, value in (transformer_kwargs or {}).items():
         if key in derived and value != derived[key]:
-            raise ValueError(f"transformer_kwargs[{key!r}]={value} does not fit this checkpoint (needs {derived[key]}: VAE z_dim={z_dim}, text hidden={text_hidden})")
+            raise ValueError(
+                f"transformer_kwargs[{key!r}]={value} does not fit this checkpoint (needs {derived[key]}: VAE z_dim={z_dim}, text hidden={text_hidden})"
+            )
         tcfg[key] = value
     tcfg.update(derived)
     if sum(tcfg["axes_dims_rope"]) != tcfg["attention_head_dim"]:
-        raise ValueError(f"axes_dims_rope {tcfg['axes_dims_rope']} must sum to attention_head_dim={tcfg['attention_head_dim']}")
+        raise ValueError(
+            f"axes_dims_rope {tcfg['axes_dims_rope']} must sum to attention_head_dim={tcfg['attention_head_dim']}"
+        )
 
     tokenizer = build_tokenizer()
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_SPECIAL_TOKENS}
     text_cfg = dict(TINY_TEXT_CONFIG)
     text_cfg["rope_parameters"] = dict(text_cfg["rope_parameters"])
-    text_cfg.update(vocab_size=len(tokenizer), bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"])
+    text_cfg.update(
+        vocab_size=len(tokenizer),
+        bos_token_id=ids["<|endoftext|>"],
+        eos_token_id=ids["<|im_end|>"],
+        pad_token_id=ids["<|endoftext|>"],
+    )
     vision_cfg = dict(TINY_VISION_CONFIG, out_hidden_size=text_hidden)
     te_config = Qwen2_5_VLConfig(
         text_config=text_cfg,
@@ -625,7 +661,9 @@ def make_random_checkpoint(
         vae = AutoencoderKLQwenImage(**vae_cfg)
         text_encoder = Qwen2_5_VLForConditionalGeneration(te_config)
     scheduler = FlowMatchEulerDiscreteScheduler(**QWEN_IMAGE_SCHEDULER_CONFIG)
-    pipe = QwenImagePipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer)
+    pipe = QwenImagePipeline(
+        scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer
+    )
     if dtype != torch.float32:
         for module in (transformer, vae, text_encoder):
             module.to(dtype)

@@ -91,11 +91,17 @@ class VaeLatentFamily(ModelFamily):
         cfg = self.component_config("transformer")
         found = cfg.get("_class_name")
         if found is not None and found != self.transformer_class:
-            raise ModelLoadError(f"{self.path}/transformer holds a {found}, not a {self.transformer_class} ({self.name} family)")
+            raise ModelLoadError(
+                f"{self.path}/transformer holds a {found}, not a {self.transformer_class} ({self.name} family)"
+            )
         try:
-            model = self.transformer_cls().from_pretrained(os.fspath(self.path), subfolder="transformer", dtype=dtype, local_files_only=True)
+            model = self.transformer_cls().from_pretrained(
+                os.fspath(self.path), subfolder="transformer", dtype=dtype, local_files_only=True
+            )
         except (OSError, ValueError, RuntimeError, KeyError) as exc:
-            raise ModelLoadError(f"cannot load the {self.name} transformer from {self.path}/transformer: {exc}") from exc
+            raise ModelLoadError(
+                f"cannot load the {self.name} transformer from {self.path}/transformer: {exc}"
+            ) from exc
         return model.eval()
 
     # ------------------------------------------------------------------ text pipeline
@@ -118,12 +124,16 @@ class VaeLatentFamily(ModelFamily):
         if self._text_pipe is None or self._text_pipe_key != key:
             self._text_pipe = None
             if not (self.path / "model_index.json").is_file():
-                raise ModelLoadError(f"{self.path}: no model_index.json; a {self.name} checkpoint in diffusers layout is expected")
+                raise ModelLoadError(
+                    f"{self.path}: no model_index.json; a {self.name} checkpoint in diffusers layout is expected"
+                )
             for name in self.components():
                 if name.startswith(("text_encoder", "tokenizer")):
                     self.component_dir(name)
             try:
-                pipe = self._pipeline_cls().from_pretrained(os.fspath(self.path), transformer=None, vae=None, dtype=dtype, local_files_only=True)
+                pipe = self._pipeline_cls().from_pretrained(
+                    os.fspath(self.path), transformer=None, vae=None, dtype=dtype, local_files_only=True
+                )
             except (OSError, ValueError, RuntimeError, KeyError, TypeError) as exc:
                 raise ModelLoadError(f"cannot load the {self.name} text encoders from {self.path}: {exc}") from exc
             pipe.set_progress_bar_config(disable=True)
@@ -149,7 +159,9 @@ class VaeLatentFamily(ModelFamily):
 
         self.component_dir("vae")
         try:
-            vae = AutoencoderKL.from_pretrained(os.fspath(self.path), subfolder="vae", dtype=dtype, local_files_only=True)
+            vae = AutoencoderKL.from_pretrained(
+                os.fspath(self.path), subfolder="vae", dtype=dtype, local_files_only=True
+            )
         except (OSError, ValueError, RuntimeError, KeyError) as exc:
             raise ModelLoadError(f"cannot load the VAE from {self.path}/vae: {exc}") from exc
         vae.requires_grad_(False)
@@ -219,7 +231,9 @@ def tiny_vae(latent_channels: int, *, scaling_factor: float, shift_factor: float
     )
 
 
-def tiny_clip_text(hidden: int, *, with_projection: bool, projection_dim: int | None = None, hidden_act: str = "quick_gelu"):
+def tiny_clip_text(
+    hidden: int, *, with_projection: bool, projection_dim: int | None = None, hidden_act: str = "quick_gelu"
+):
     """A tiny random CLIP text tower over :mod:`spotlight.models.offline_tokenizers`' vocabulary:
     2 layers, 2 heads, ``hidden`` width, 77 positions, ``projection_dim`` (default ``hidden``).
 
@@ -444,7 +458,9 @@ class SD3Family(VaeLatentFamily):
         pooled = cond.extra["pooled"].to(dtype)
         w = self.guidance_scale
         if w <= 1:
-            out = transformer(hidden_states=x, timestep=t, encoder_hidden_states=embeds, pooled_projections=pooled, return_dict=False)[0]
+            out = transformer(
+                hidden_states=x, timestep=t, encoder_hidden_states=embeds, pooled_projections=pooled, return_dict=False
+            )[0]
             return out.float()
         if "neg.embeds" not in cond.extra or "neg.pooled" not in cond.extra:
             raise ValueError(

@@ -19,7 +19,20 @@ class TinyFamily(ModelFamily):
     name = "tiny"
     transformer_class = "QwenImageTransformer2DModel"
     pipeline_class = "QwenImagePipeline"
-    default_lora_targets = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out", "img_mlp.net.0.proj", "img_mlp.net.2", "txt_mlp.net.0.proj", "txt_mlp.net.2")
+    default_lora_targets = (
+        "to_q",
+        "to_k",
+        "to_v",
+        "to_out.0",
+        "add_q_proj",
+        "add_k_proj",
+        "add_v_proj",
+        "to_add_out",
+        "img_mlp.net.0.proj",
+        "img_mlp.net.2",
+        "txt_mlp.net.0.proj",
+        "txt_mlp.net.2",
+    )
     default_guidance_scale = 1.0
 
     def __init__(self, cfg, text_dim: int = TEXT_DIM):
@@ -35,7 +48,9 @@ class TinyFamily(ModelFamily):
         if not (self.path / "config.json").is_file():
             from spotlight.models.families.base import ModelLoadError
 
-            raise ModelLoadError(f"{self.path}: no config.json; model.source = 'pretrained' expects a QwenImageTransformer2DModel folder (save_pretrained)")
+            raise ModelLoadError(
+                f"{self.path}: no config.json; model.source = 'pretrained' expects a QwenImageTransformer2DModel folder (save_pretrained)"
+            )
         return self.path
 
     def check(self) -> None:
@@ -45,16 +60,28 @@ class TinyFamily(ModelFamily):
 
         config = read_json(self.component_dir("transformer") / "config.json")
         if config.get("_class_name") != self.transformer_class:
-            raise ModelLoadError(f"{self.path}: holds a {config.get('_class_name')}, not a {self.transformer_class} folder (model.source = 'pretrained' of the tiny family)")
+            raise ModelLoadError(
+                f"{self.path}: holds a {config.get('_class_name')}, not a {self.transformer_class} folder (model.source = 'pretrained' of the tiny family)"
+            )
         if not any(f.suffix in (".safetensors", ".bin") for f in self.path.iterdir()):
             raise ModelLoadError(f"{self.path}: no weight files (*.safetensors)")
         # the latent layout and the architecture come from the model section; they must be the checkpoint's
         want = dit.transformer_kwargs(self.cfg, self.text_dim)
-        fields = {"patch_size": "model.patch_size", "in_channels": "model.patch_size", "out_channels": "(pixel channels)", "joint_attention_dim": "(text encoder width)",
-                  "num_layers": "model.num_layers", "num_attention_heads": "model.num_attention_heads", "attention_head_dim": "model.attention_head_dim", "axes_dims_rope": "model.axes_dims_rope"}
+        fields = {
+            "patch_size": "model.patch_size",
+            "in_channels": "model.patch_size",
+            "out_channels": "(pixel channels)",
+            "joint_attention_dim": "(text encoder width)",
+            "num_layers": "model.num_layers",
+            "num_attention_heads": "model.num_attention_heads",
+            "attention_head_dim": "model.attention_head_dim",
+            "axes_dims_rope": "model.axes_dims_rope",
+        }
         for key, setting in fields.items():
             got = config.get(key)
-            if got is not None and (tuple(got) if isinstance(got, list) else got) != (tuple(want[key]) if isinstance(want[key], (list, tuple)) else want[key]):
+            if got is not None and (tuple(got) if isinstance(got, list) else got) != (
+                tuple(want[key]) if isinstance(want[key], (list, tuple)) else want[key]
+            ):
                 raise ModelLoadError(
                     f"{self.path}: the checkpoint has {key} = {got} but the config implies {want[key]} ({setting}); "
                     f"set the model section to the checkpoint's architecture (its config.json)"

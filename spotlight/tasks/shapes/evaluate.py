@@ -15,7 +15,6 @@ trajectory started from a seed the run sampled.
 from __future__ import annotations
 
 import dataclasses
-import json
 import pathlib
 from typing import Callable
 
@@ -44,10 +43,18 @@ class EvalResult:
     prompts: list[str]
 
     def to_json(self) -> dict:
-        return {"overall": self.overall, "per_task": self.per_task, "per_task_prompts": self.per_task_prompts, "partial_credit": self.partial, "num_images": self.num_images}
+        return {
+            "overall": self.overall,
+            "per_task": self.per_task,
+            "per_task_prompts": self.per_task_prompts,
+            "partial_credit": self.partial,
+            "num_images": self.num_images,
+        }
 
 
-def read_prompts(path: str | pathlib.Path = world.TEST_PROMPTS_PATH, *, source: str = "data.prompts_path") -> list[world.PromptSpec]:
+def read_prompts(
+    path: str | pathlib.Path = world.TEST_PROMPTS_PATH, *, source: str = "data.prompts_path"
+) -> list[world.PromptSpec]:
     """Prompt specs of shapes-world captions from any prompt file ``data.prompts_path`` reads
     (GenEval-metadata JSONL like ``spotlight/tasks/shapes/prompts/test.jsonl``, CSV/TSV with a header,
     plain text; :func:`spotlight.tasks.prompts.load_prompt_set`). ``source`` names where the path
@@ -67,7 +74,16 @@ def read_prompts(path: str | pathlib.Path = world.TEST_PROMPTS_PATH, *, source: 
 
 
 @torch.no_grad()
-def sample_ode(transformer, model_cfg: ModelConfig, sampler_cfg: SamplerConfig, prompts: list[str], seeds: list[int], *, batch_size: int = 64, progress: Callable[[int, int], None] | None = None) -> np.ndarray:
+def sample_ode(
+    transformer,
+    model_cfg: ModelConfig,
+    sampler_cfg: SamplerConfig,
+    prompts: list[str],
+    seeds: list[int],
+    *,
+    batch_size: int = 64,
+    progress: Callable[[int, int], None] | None = None,
+) -> np.ndarray:
     """Deterministic Euler sampling of the tiny family.
 
     Args:
@@ -100,7 +116,15 @@ def sample_ode(transformer, model_cfg: ModelConfig, sampler_cfg: SamplerConfig, 
     return np.concatenate(out)
 
 
-def evaluate(transformer, model_cfg: ModelConfig, sampler_cfg: SamplerConfig, specs: list[world.PromptSpec], *, num_seeds: int = 8, progress=None) -> EvalResult:
+def evaluate(
+    transformer,
+    model_cfg: ModelConfig,
+    sampler_cfg: SamplerConfig,
+    specs: list[world.PromptSpec],
+    *,
+    num_seeds: int = 8,
+    progress=None,
+) -> EvalResult:
     """Sample ``num_seeds`` images per spec and score them (see the module docstring)."""
     prompts = [s.prompt for s in specs for _ in range(num_seeds)]
     seeds = [EVAL_SEED_BASE + k for _ in specs for k in range(num_seeds)]
@@ -146,10 +170,14 @@ def load_transformer(model_cfg: ModelConfig, weights_dir: str | pathlib.Path | N
         from diffusers import QwenImageTransformer2DModel
 
         return QwenImageTransformer2DModel.from_pretrained(d, torch_dtype=torch.float32).eval()
-    raise FileNotFoundError(f"{d}: neither a transformer folder (config.json) nor LoRA weights (pytorch_lora_weights.safetensors)")
+    raise FileNotFoundError(
+        f"{d}: neither a transformer folder (config.json) nor LoRA weights (pytorch_lora_weights.safetensors)"
+    )
 
 
-def comparison_grid(results: dict[str, EvalResult], path: pathlib.Path, *, num_prompts: int = 12, num_seeds: int = 4) -> None:
+def comparison_grid(
+    results: dict[str, EvalResult], path: pathlib.Path, *, num_prompts: int = 12, num_seeds: int = 4
+) -> None:
     """One row per (test prompt, model): ``num_seeds`` samples with pass/fail under each."""
     from spotlight.util.plots import labelled_grid
 
@@ -170,7 +198,15 @@ def comparison_grid(results: dict[str, EvalResult], path: pathlib.Path, *, num_p
     for i in chosen:
         for name, res in results.items():
             idx = range(i * per_prompt, i * per_prompt + min(num_seeds, per_prompt))
-            rows.append((f"{name}: {prompts[i]}", [res.images[k] for k in idx], ["pass" if res.verdicts[k] else "fail" for k in idx]))
+            rows.append(
+                (
+                    f"{name}: {prompts[i]}",
+                    [res.images[k] for k in idx],
+                    ["pass" if res.verdicts[k] else "fail" for k in idx],
+                )
+            )
             colors.append([(0, 140, 0) if res.verdicts[k] else (200, 0, 0) for k in idx])
-    title = "test prompts (never trained on), ODE samples: " + ", ".join(f"{n} {r.overall:.3f}" for n, r in results.items())
+    title = "test prompts (never trained on), ODE samples: " + ", ".join(
+        f"{n} {r.overall:.3f}" for n, r in results.items()
+    )
     labelled_grid(rows, path, title=title, colors=colors)

@@ -136,8 +136,13 @@ class DetectedObject:
 def _check_images(images: np.ndarray, what: str, ndim: int | None) -> None:
     """Raise ValueError unless ``images`` is a uint8 array of ``ndim`` (any ≥ 2 if None) axes
     with 3 channels last."""
-    if not isinstance(images, np.ndarray) or images.ndim < 2 or (ndim is not None and images.ndim != ndim) \
-            or images.shape[-1] != 3 or images.dtype != np.uint8:
+    if (
+        not isinstance(images, np.ndarray)
+        or images.ndim < 2
+        or (ndim is not None and images.ndim != ndim)
+        or images.shape[-1] != 3
+        or images.dtype != np.uint8
+    ):
         got = f"{images.shape} {images.dtype}" if isinstance(images, np.ndarray) else type(images).__name__
         raise ValueError(f"expected {what} uint8 RGB images, got {got}")
 
@@ -148,10 +153,10 @@ def _build_color_lut() -> np.ndarray:
     0.3-0.6 s, 16 MiB)."""
     bg = np.array(world.BACKGROUND, dtype=np.float64)
     cols = _REFS[:_BACKGROUND_INDEX].astype(np.float64) - bg  # [5, 3]: colour - background
-    norm2 = (cols ** 2).sum(axis=1)
+    norm2 = (cols**2).sum(axis=1)
     v = np.arange(256, dtype=np.float64)
     gg, bb = np.meshgrid(v - bg[1], v - bg[2], indexing="ij")  # [256, 256]: (x - background) g, b
-    gb_sq = gg ** 2 + bb ** 2
+    gb_sq = gg**2 + bb**2
     gb_share = [(gg * c[1] + bb * c[2]) / n2 for c, n2 in zip(cols, norm2)]
     lut = np.empty((256, 256, 256), dtype=np.int8)
     share, t, d2, best = (np.empty((256, 256)) for _ in range(4))
@@ -176,7 +181,7 @@ def _build_color_lut() -> np.ndarray:
             np.less(d2, best, out=closer)  # strict: ties go to the earlier colour
             np.copyto(best, d2, where=closer)
             idx[closer] = k
-        idx[best > COLOR_DISTANCE_THRESHOLD ** 2] = -1
+        idx[best > COLOR_DISTANCE_THRESHOLD**2] = -1
     return lut.reshape(-1)
 
 
@@ -230,8 +235,9 @@ def _runs(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nd
     return rows, x0, x1, labels[rows, x0]
 
 
-def _touching_pairs(rows: np.ndarray, x0: np.ndarray, x1: np.ndarray, lab: np.ndarray,
-                    width: int) -> tuple[np.ndarray, np.ndarray]:
+def _touching_pairs(
+    rows: np.ndarray, x0: np.ndarray, x1: np.ndarray, lab: np.ndarray, width: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Pairs ``(i, j)`` of runs (as :func:`_runs` orders them) with ``rows[j] == rows[i] + 1``,
     equal labels, and column ranges that overlap or meet diagonally (8-connectivity).
 
@@ -278,8 +284,14 @@ def _row_spans(rows: np.ndarray, x0: np.ndarray, x1: np.ndarray, first: np.ndarr
     return rows[rseg], x0[rseg], x1[rlast], rseg
 
 
-def _shape_features(rows: np.ndarray, x0: np.ndarray, x1: np.ndarray, first: np.ndarray, comp: np.ndarray,
-                    box: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+def _shape_features(
+    rows: np.ndarray,
+    x0: np.ndarray,
+    x1: np.ndarray,
+    first: np.ndarray,
+    comp: np.ndarray,
+    box: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+) -> tuple[np.ndarray, np.ndarray]:
     """``(fill, taper)`` of each component from its runs (``rows``, ``x0``, ``x1``; sorted by
     component ``comp``, row-major within one; ``first`` marks each component's first run) and
     its ``box`` ``(x0, y0, x1, y1)`` arrays (end-exclusive).
@@ -377,10 +389,17 @@ def detect_batch(images_bhwc: np.ndarray) -> list[list[DetectedObject]]:
         bw, bh = int(bx1[k] - bx0[k]), int(by1[k] - by0[k])
         a = float(area[k])
         fk, tk = float(fill[k]), float(taper[k])
-        out[int(image[seg[k]])].append(DetectedObject(
-            shape=classify_shape(fk, tk, bw, bh), color=COLOR_NAMES[lab[seg[k]]], area_px=int(a),
-            box=(int(bx0[k]), int(by0[k]), int(bx1[k]), int(by1[k])),
-            centroid=(float(cx[k]) / a, float(cy[k]) / a), fill=fk, taper=tk))
+        out[int(image[seg[k]])].append(
+            DetectedObject(
+                shape=classify_shape(fk, tk, bw, bh),
+                color=COLOR_NAMES[lab[seg[k]]],
+                area_px=int(a),
+                box=(int(bx0[k]), int(by0[k]), int(bx1[k]), int(by1[k])),
+                centroid=(float(cx[k]) / a, float(cy[k]) / a),
+                fill=fk,
+                taper=tk,
+            )
+        )
     for objs in out:
         objs.sort(key=lambda o: (-o.area_px, o.box[1], o.box[0], o.color))
     return out
@@ -417,7 +436,7 @@ def detect_many(images_hwc: Sequence[np.ndarray]) -> list[list[DetectedObject]]:
     for (h, w, _), idx in by_size.items():
         chunk = max(1, _CHUNK_PIXELS // max(1, h * w))
         for lo in range(0, len(idx), chunk):
-            part = idx[lo:lo + chunk]
+            part = idx[lo : lo + chunk]
             for i, objects in zip(part, detect_batch(np.stack([images_hwc[i] for i in part]))):
                 out[i] = objects
     return out
@@ -449,7 +468,8 @@ def _reject(prompt: str, why: str) -> ValueError:
     return ValueError(
         f"cannot parse {prompt!r} as a shapes-world GenEval prompt ({why}); accepted templates: "
         + "; ".join(repr(t) for t in TEMPLATES)
-        + f" with shape in {list(world.SHAPES)}, color in {list(COLOR_NAMES)}")
+        + f" with shape in {list(world.SHAPES)}, color in {list(COLOR_NAMES)}"
+    )
 
 
 @functools.lru_cache(maxsize=4096)
@@ -564,14 +584,24 @@ def verdicts(images_bchw: np.ndarray, prompts: Sequence[str]) -> list[tuple[bool
         ValueError: images not ``[B, 3, H, W] uint8``, ``len(prompts) != B``, or a caption
             :func:`parse_prompt` rejects (its message).
     """
-    if not isinstance(images_bchw, np.ndarray) or images_bchw.ndim != 4 or images_bchw.shape[1] != 3 \
-            or images_bchw.dtype != np.uint8:
-        got = f"{images_bchw.shape} {images_bchw.dtype}" if isinstance(images_bchw, np.ndarray) else type(images_bchw).__name__
+    if (
+        not isinstance(images_bchw, np.ndarray)
+        or images_bchw.ndim != 4
+        or images_bchw.shape[1] != 3
+        or images_bchw.dtype != np.uint8
+    ):
+        got = (
+            f"{images_bchw.shape} {images_bchw.dtype}"
+            if isinstance(images_bchw, np.ndarray)
+            else type(images_bchw).__name__
+        )
         raise ValueError(f"expected [B, 3, H, W] uint8 images, got {got}")
     if len(prompts) != images_bchw.shape[0]:
         raise ValueError(f"{images_bchw.shape[0]} images but {len(prompts)} prompts")
     specs = [parse_prompt(p) for p in prompts]
-    return [verdict(spec, objects) for spec, objects in zip(specs, detect_many(list(images_bchw.transpose(0, 2, 3, 1))))]
+    return [
+        verdict(spec, objects) for spec, objects in zip(specs, detect_many(list(images_bchw.transpose(0, 2, 3, 1))))
+    ]
 
 
 def score(images_bchw: np.ndarray, prompts: Sequence[str], *, partial_credit: bool) -> list[float]:

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import math
 import pathlib
 import shlex as _shlex
 import sys
@@ -107,7 +106,10 @@ def train(args) -> pathlib.Path:
     side = world.IMAGE_SIZE // PATCH_SIZE
     log = (out / "train_log.jsonl").open("w")
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"pretraining {n_params / 1e6:.2f} M parameters on {len(train_specs)} train prompts, {args.steps} steps × batch {args.batch_size}", flush=True)
+    print(
+        f"pretraining {n_params / 1e6:.2f} M parameters on {len(train_specs)} train prompts, {args.steps} steps × batch {args.batch_size}",
+        flush=True,
+    )
     t0 = time.monotonic()
     running = None
     for step in range(1, args.steps + 1):
@@ -139,12 +141,19 @@ def train(args) -> pathlib.Path:
                 pe.lerp_(pm, 1.0 - args.ema)
         lv = float(loss.detach())
         running = lv if running is None else 0.98 * running + 0.02 * lv
-        log.write(json.dumps({"step": step, "loss": lv, "grad_norm": float(grad_norm), "elapsed_s": round(time.monotonic() - t0, 2)}) + "\n")
+        log.write(
+            json.dumps(
+                {"step": step, "loss": lv, "grad_norm": float(grad_norm), "elapsed_s": round(time.monotonic() - t0, 2)}
+            )
+            + "\n"
+        )
         if step % 50 == 0 or step == args.steps:
             log.flush()
             rate = step / (time.monotonic() - t0)
             eta = (args.steps - step) / rate
-            print(f"step {step}/{args.steps}  loss {running:.4f}  {rate:.2f} steps/s  eta {eta / 60:.1f} min", flush=True)
+            print(
+                f"step {step}/{args.steps}  loss {running:.4f}  {rate:.2f} steps/s  eta {eta / 60:.1f} min", flush=True
+            )
         if step % args.save_every == 0 or step == args.steps:
             ema.save_pretrained(out / f"step_{step:05d}")
     log.close()
@@ -173,14 +182,16 @@ def loss_curve(log_path: pathlib.Path, path: pathlib.Path, before: pathlib.Path 
     import matplotlib.pyplot as plt
 
     first = [json.loads(line) for line in before.read_text().splitlines()] if before is not None else []
-    rows = first + [dict(r, step=r["step"] + len(first)) for r in (json.loads(line) for line in log_path.read_text().splitlines())]
+    rows = first + [
+        dict(r, step=r["step"] + len(first)) for r in (json.loads(line) for line in log_path.read_text().splitlines())
+    ]
     steps = np.array([r["step"] for r in rows])
     loss = np.array([r["loss"] for r in rows])
     k = 50
     smooth = np.convolve(loss, np.ones(k) / k, mode="valid") if len(loss) >= k else loss
     fig, ax = plt.subplots(figsize=(6.5, 3.5))
     ax.plot(steps, loss, alpha=0.25, label="batch loss")
-    ax.plot(steps[len(steps) - len(smooth):], smooth, label=f"{k}-step average")
+    ax.plot(steps[len(steps) - len(smooth) :], smooth, label=f"{k}-step average")
     if first:
         ax.axvline(len(first), color="gray", linestyle="--", label="stage 2 starts")
     ax.set_yscale("log")
@@ -210,17 +221,25 @@ def ship(checkpoint: pathlib.Path, out: pathlib.Path, ship_dir: pathlib.Path, ar
     step = int(checkpoint.name.split("_")[-1]) if checkpoint.name.startswith("step_") else rows[-1]["step"]
     rows = rows[:step]
     stage1_log = pathlib.Path(args.init_from).parent / "train_log.jsonl" if args.init_from else None
-    stage1 = [json.loads(line) for line in stage1_log.read_text().splitlines()] if stage1_log and stage1_log.is_file() else []
+    stage1 = (
+        [json.loads(line) for line in stage1_log.read_text().splitlines()]
+        if stage1_log and stage1_log.is_file()
+        else []
+    )
     stage1_steps = len(stage1)
     stage1_min = stage1[-1]["elapsed_s"] / 60 if stage1 else 0.0
     loss_curve(log_path, ship_dir / "loss_curve.png", before=stage1_log if stage1 else None)
     shipped_by = "python -m spotlight.tasks.shapes.pretrain " + " ".join(_shlex.quote(a) for a in sys.argv[1:])
     this = f"{step} steps, lr {args.lr} after a {args.warmup}-step warm-up, {args.lr_schedule} schedule, seed {args.seed}; {rows[-1]['elapsed_s'] / 60:.1f} min"
     if stage1:
-        stages = (f"- Stage 1: {stage1_steps} steps from random weights, AdamW lr 1e-3 after a 200-step warm-up, constant; {stage1_min:.1f} min.\n"
-                  f"  Stage 2 (shipped): from stage 1's EMA weights with a fresh optimizer, {this}.")
+        stages = (
+            f"- Stage 1: {stage1_steps} steps from random weights, AdamW lr 1e-3 after a 200-step warm-up, constant; {stage1_min:.1f} min.\n"
+            f"  Stage 2 (shipped): from stage 1's EMA weights with a fresh optimizer, {this}."
+        )
     else:
-        stages = f"- One stage from {'the weights in ' + args.init_from if args.init_from else 'random weights'}: {this}."
+        stages = (
+            f"- One stage from {'the weights in ' + args.init_from if args.init_from else 'random weights'}: {this}."
+        )
     cfg = load_config(None)
     import msgspec
 
@@ -296,19 +315,44 @@ Apache-2.0, as the repository. The training data is procedural (no external imag
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="runs/pretrain-shapes", help="output folder: checkpoints step_NNNNN/ (EMA weights) and train_log.jsonl (default: %(default)s)")
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--out",
+        default="runs/pretrain-shapes",
+        help="output folder: checkpoints step_NNNNN/ (EMA weights) and train_log.jsonl (default: %(default)s)",
+    )
     ap.add_argument("--steps", type=int, default=2400, help="optimizer steps (default: %(default)s)")
-    ap.add_argument("--batch-size", type=int, default=64, help="rendered image-caption pairs per step (default: %(default)s)")
+    ap.add_argument(
+        "--batch-size", type=int, default=64, help="rendered image-caption pairs per step (default: %(default)s)"
+    )
     ap.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate after warm-up (default: %(default)s)")
     ap.add_argument("--warmup", type=int, default=200, help="linear warm-up steps (default: %(default)s)")
-    ap.add_argument("--lr-schedule", choices=("constant", "linear"), default="constant", help="after warm-up: constant, or linear decay to 0 at the last step (default: %(default)s)")
-    ap.add_argument("--ema", type=float, default=0.995, help="decay of the weight EMA that is saved (default: %(default)s)")
-    ap.add_argument("--seed", type=int, default=0, help="seed of the data stream, noise and initial weights (default: %(default)s)")
+    ap.add_argument(
+        "--lr-schedule",
+        choices=("constant", "linear"),
+        default="constant",
+        help="after warm-up: constant, or linear decay to 0 at the last step (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--ema", type=float, default=0.995, help="decay of the weight EMA that is saved (default: %(default)s)"
+    )
+    ap.add_argument(
+        "--seed", type=int, default=0, help="seed of the data stream, noise and initial weights (default: %(default)s)"
+    )
     ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default: %(default)s)")
     ap.add_argument("--save-every", type=int, default=400, help="checkpoint every N steps (default: %(default)s)")
-    ap.add_argument("--init-from", default="", help="start from these weights (a step_NNNNN folder) instead of random ones; fresh optimizer")
-    ap.add_argument("--ship-dir", default="", help="also copy the last checkpoint there with a model card (the shipped model lives in spotlight/tasks/shapes/base_model; default: do not ship)")
+    ap.add_argument(
+        "--init-from",
+        default="",
+        help="start from these weights (a step_NNNNN folder) instead of random ones; fresh optimizer",
+    )
+    ap.add_argument(
+        "--ship-dir",
+        default="",
+        help="also copy the last checkpoint there with a model card (the shipped model lives in spotlight/tasks/shapes/base_model; default: do not ship)",
+    )
     ap.add_argument("--ship-only", default="", help="skip training: ship this checkpoint folder (needs --ship-dir)")
     args = ap.parse_args(argv)
     if args.ship_only and not args.ship_dir:

@@ -269,7 +269,10 @@ def _place(rng: np.random.Generator, sizes: list[int], boxes: list[tuple[int, in
             x0 = int(rng.integers(1, IMAGE_SIZE - s))
             y0 = int(rng.integers(1, IMAGE_SIZE - s))
             box = (x0, y0, x0 + s, y0 + s)
-            if all(box[0] >= b[2] + gap or b[0] >= box[2] + gap or box[1] >= b[3] + gap or b[1] >= box[3] + gap for b in boxes + out):
+            if all(
+                box[0] >= b[2] + gap or b[0] >= box[2] + gap or box[1] >= b[3] + gap or b[1] >= box[3] + gap
+                for b in boxes + out
+            ):
                 out.append(box)
                 break
         else:

@@ -86,12 +86,12 @@ def warm_up(conf: dict):
     ``conf["sp_degree"] > 1`` (else None). Raises what the config validation raises
     (``msgspec.ValidationError``) for a bad ``conf``.
     """
+    import diffusers  # noqa: F401  (the import is the point)
     import msgspec
     import torch
-
-    import diffusers  # noqa: F401  (the import is the point)
     from diffusers import ContextParallelConfig, QwenImageTransformer2DModel  # noqa: F401
     from diffusers.hooks import FirstBlockCacheConfig  # noqa: F401
+
     from spotlight.config import ModelConfig
     from spotlight.models.families import get_family
     from spotlight.workers.rollout import worker  # noqa: F401  (warm: the assignment finds it imported)
@@ -116,11 +116,17 @@ def warm_up(conf: dict):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Spotlight warm spare Rollout Worker (started by spotlight-agent; becomes a worker when assigned on stdin)")
+    ap = argparse.ArgumentParser(
+        description="Spotlight warm spare Rollout Worker (started by spotlight-agent; becomes a worker when assigned on stdin)"
+    )
     ap.add_argument("--agent", required=True, help="agent endpoint the worker will connect to")
-    ap.add_argument("--config-json", required=True, help="the worker configuration (as the rollout worker's --config-json)")
+    ap.add_argument(
+        "--config-json", required=True, help="the worker configuration (as the rollout worker's --config-json)"
+    )
     ap.add_argument("--ready-fd", type=int, default=-1, help="pipe to write 'ready' to once warm")
-    ap.add_argument("--parent-pid", type=int, required=True, help="the agent's pid (the spare exits if it is not its parent)")
+    ap.add_argument(
+        "--parent-pid", type=int, required=True, help="the agent's pid (the spare exits if it is not its parent)"
+    )
     args = ap.parse_args(argv)
     die_with_parent(args.parent_pid)
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
@@ -148,7 +154,11 @@ def main(argv: list[str] | None = None) -> int:
 
     log = logging.getLogger("spotlight.worker")
     if cuda_driver_loaded() or torch.cuda.is_initialized():
-        log.error("spare: CUDA was initialised before the assignment; CUDA_VISIBLE_DEVICES would not apply: exiting (%d) so the agent starts %s cold", EXIT_SPARE_UNUSABLE, worker_id)
+        log.error(
+            "spare: CUDA was initialised before the assignment; CUDA_VISIBLE_DEVICES would not apply: exiting (%d) so the agent starts %s cold",
+            EXIT_SPARE_UNUSABLE,
+            worker_id,
+        )
         return EXIT_SPARE_UNUSABLE
     if job.get("cuda_visible_devices") is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(job["cuda_visible_devices"])

@@ -133,10 +133,20 @@ class RolloutExecutor:
         init_seed: seed of the LoRA adapter's initialisation (overwritten by every version).
     """
 
-    def __init__(self, model_cfg: ModelConfig, sampler_cfg: SamplerConfig, text_dim: int = 384, *, lora: dict | None = None, device: torch.device | str | None = None):
+    def __init__(
+        self,
+        model_cfg: ModelConfig,
+        sampler_cfg: SamplerConfig,
+        text_dim: int = 384,
+        *,
+        lora: dict | None = None,
+        device: torch.device | str | None = None,
+    ):
         self.model_cfg = model_cfg
         self.family = get_family(model_cfg, text_dim=text_dim)
-        self.sampler = Sampler(sampler_cfg, self.family.latent_shape, self.family.sigmas(sampler_cfg.num_steps, sampler_cfg.shift))
+        self.sampler = Sampler(
+            sampler_cfg, self.family.latent_shape, self.family.sigmas(sampler_cfg.num_steps, sampler_cfg.shift)
+        )
         self.text_dim = text_dim
         self.lora = dict(lora or {})
         self.device = torch.device(device) if device is not None else torch.device("cpu")
@@ -234,7 +244,11 @@ class RolloutExecutor:
                             [items[i].seed],
                             step0,
                             # committed per-row tensors carry no batch dim (see _commit): add it back
-                            {k[len(f"state.{i}.") :]: v.unsqueeze(0) for k, v in tensors.items() if k.startswith(f"state.{i}.")},
+                            {
+                                k[len(f"state.{i}.") :]: v.unsqueeze(0)
+                                for k, v in tensors.items()
+                                if k.startswith(f"state.{i}.")
+                            },
                         )
                         for i in rows
                     ]
@@ -276,7 +290,9 @@ class RolloutExecutor:
         self._use(version)
         self._set_cache(threshold)
 
-    def _denoise(self, sampler: Sampler, state: DenoiseState, cond: Conditioning, should_stop: Callable[[], bool]) -> DenoiseState:
+    def _denoise(
+        self, sampler: Sampler, state: DenoiseState, cond: Conditioning, should_stop: Callable[[], bool]
+    ) -> DenoiseState:
         """Advance ``state`` to the last step, or until ``should_stop()`` between steps."""
         velocity_fn = self.family.make_velocity_fn(self.transformer)
         events = events_enabled()
@@ -308,7 +324,13 @@ class RolloutExecutor:
             for name, t in st.tensors().items():
                 tensors[f"state.{i}.{name}"] = t[0]
             commit_items.append(
-                P.CommitItem(request_id=it.request_id, lease_id=it.lease_id, step=st.step, seed=it.seed, weight_version=it.weight_version)
+                P.CommitItem(
+                    request_id=it.request_id,
+                    lease_id=it.lease_id,
+                    step=st.step,
+                    seed=it.seed,
+                    weight_version=it.weight_version,
+                )
             )
         metas, frames = pack_tensors(tensors)
         return P.Commit(worker_id=worker_id, items=commit_items, tensors=metas), frames
@@ -357,7 +379,18 @@ class WorkerProcess:
             without a frame means ``<weights_dir>/v<version>.safetensors`` is complete there.
     """
 
-    def __init__(self, agent_endpoint: str, worker_id: str, gpus: list[int], model_cfg: ModelConfig, sampler_cfg: SamplerConfig, batch_size: int, *, lora: dict | None = None, weights_dir: str | None = None):
+    def __init__(
+        self,
+        agent_endpoint: str,
+        worker_id: str,
+        gpus: list[int],
+        model_cfg: ModelConfig,
+        sampler_cfg: SamplerConfig,
+        batch_size: int,
+        *,
+        lora: dict | None = None,
+        weights_dir: str | None = None,
+    ):
         self.worker_id = worker_id
         self.weights_dir = weights_dir
         self.gpus = gpus
@@ -387,7 +420,14 @@ class WorkerProcess:
 
     def give_back(self, leases: P.Leases, reason: str) -> None:
         """Return leased requests untouched (the coordinator re-enqueues them for full re-execution)."""
-        self.send(P.Fail(worker_id=self.worker_id, request_ids=[i.request_id for i in leases.items], lease_ids=[i.lease_id for i in leases.items], reason=reason))
+        self.send(
+            P.Fail(
+                worker_id=self.worker_id,
+                request_ids=[i.request_id for i in leases.items],
+                lease_ids=[i.lease_id for i in leases.items],
+                reason=reason,
+            )
+        )
 
     def _recv(self, timeout_ms: int):
         """Next message: a deferred one first, else from the socket (None on timeout)."""
@@ -411,7 +451,9 @@ class WorkerProcess:
         if self.stop_requested is not None:
             return True
         if not self.agent_alive():
-            log.error("worker %s: agent died; exiting without commit (the coordinator re-enqueues our leases)", self.worker_id)
+            log.error(
+                "worker %s: agent died; exiting without commit (the coordinator re-enqueues our leases)", self.worker_id
+            )
             os._exit(3)
         while self.sock.poll(0):
             frames = self.sock.recv_multipart()
@@ -475,11 +517,17 @@ class WorkerProcess:
         if payload:
             return bytes_to_state_dict(payload[0])
         if self.weights_dir is None:
-            raise RuntimeError("the agent answered with its weight cache, but this worker was not told where it is (weights_dir)")
+            raise RuntimeError(
+                "the agent answered with its weight cache, but this worker was not told where it is (weights_dir)"
+            )
         try:
             return mmap_state_dict(os.path.join(self.weights_dir, f"v{int(body.version)}.safetensors"))
         except FileNotFoundError:
-            log.warning("worker %s: weights v%d left the node cache before we mapped them; asking again", self.worker_id, body.version)
+            log.warning(
+                "worker %s: weights v%d left the node cache before we mapped them; asking again",
+                self.worker_id,
+                body.version,
+            )
             return None
 
     def run(self) -> int:
@@ -491,7 +539,11 @@ class WorkerProcess:
             if self.stop_requested is not None:
                 return 0
             if not pulled:
-                self.send(P.Pull(worker_id=self.worker_id, max_requests=self.batch_size, versions=sorted(self.executor.versions)))
+                self.send(
+                    P.Pull(
+                        worker_id=self.worker_id, max_requests=self.batch_size, versions=sorted(self.executor.versions)
+                    )
+                )
                 pulled, pulled_at = True, time.monotonic()
             got = self._recv(500)
             if got is None:
@@ -547,8 +599,26 @@ def make_worker(agent_endpoint: str, worker_id: str, gpus: list[int], conf: dict
     if int(conf.get("sp_degree", 1)) > 1:
         from spotlight.workers.sp.group_worker import GroupWorkerProcess
 
-        return GroupWorkerProcess(agent_endpoint, worker_id, gpus, model_cfg, sampler_cfg, int(conf.get("worker_batch_size", 8)), member=member, weights_dir=conf.get("weights_dir"))
-    return WorkerProcess(agent_endpoint, worker_id, gpus, model_cfg, sampler_cfg, int(conf.get("worker_batch_size", 8)), lora=conf.get("lora") or {}, weights_dir=conf.get("weights_dir"))
+        return GroupWorkerProcess(
+            agent_endpoint,
+            worker_id,
+            gpus,
+            model_cfg,
+            sampler_cfg,
+            int(conf.get("worker_batch_size", 8)),
+            member=member,
+            weights_dir=conf.get("weights_dir"),
+        )
+    return WorkerProcess(
+        agent_endpoint,
+        worker_id,
+        gpus,
+        model_cfg,
+        sampler_cfg,
+        int(conf.get("worker_batch_size", 8)),
+        lora=conf.get("lora") or {},
+        weights_dir=conf.get("weights_dir"),
+    )
 
 
 def setup_process(worker_id: str, conf: dict) -> None:
@@ -566,7 +636,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--agent", required=True, help="agent endpoint, e.g. ipc:///tmp/x or tcp://127.0.0.1:5555")
     ap.add_argument("--worker-id", required=True)
     ap.add_argument("--gpus", default="0", help="comma-separated GPU indices of this worker")
-    ap.add_argument("--config-json", required=True, help="JSON with 'model', 'sampler', 'worker_batch_size', 'torch_threads', 'sp_degree', 'lora', 'weights_dir'")
+    ap.add_argument(
+        "--config-json",
+        required=True,
+        help="JSON with 'model', 'sampler', 'worker_batch_size', 'torch_threads', 'sp_degree', 'lora', 'weights_dir'",
+    )
     args = ap.parse_args(argv)
     conf = json.loads(args.config_json)
     setup_process(args.worker_id, conf)

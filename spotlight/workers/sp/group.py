@@ -180,7 +180,9 @@ class _GroupCacheDecision:
         if prev is None:
             return True
         # float32 sums (bf16 sums of a large shard lose digits), float64 for the all-reduce
-        sums = torch.stack([(residual - prev).abs().sum(dtype=torch.float32), prev.abs().sum(dtype=torch.float32)]).to(torch.float64)
+        sums = torch.stack([(residual - prev).abs().sum(dtype=torch.float32), prev.abs().sum(dtype=torch.float32)]).to(
+            torch.float64
+        )
         if member.sp_degree > 1:
             sums = sums.to(member._comm_device)
             dist.all_reduce(sums)
@@ -319,7 +321,9 @@ def _views(flat: dict[torch.dtype, torch.Tensor], layout) -> dict[str, torch.Ten
     return {name: flat[dt][off : off + n].view(shape) for dt, _, items in layout for name, shape, off, n in items}
 
 
-def _as_flat(state_dict: dict[str, torch.Tensor]) -> tuple[dict[torch.dtype, torch.Tensor], dict[str, torch.Tensor], list]:
+def _as_flat(
+    state_dict: dict[str, torch.Tensor],
+) -> tuple[dict[torch.dtype, torch.Tensor], dict[str, torch.Tensor], list]:
     """``(flat buffers, views by name, layout)`` of ``state_dict`` on the CPU.
 
     Zero-copy when ``state_dict`` already consists of views laid out as :func:`_layout` says
@@ -368,7 +372,15 @@ class SPGroupMember:
         timeout_s: rendezvous / collective timeout of the process group.
     """
 
-    def __init__(self, model_cfg: ModelConfig, worker_id: str, device: torch.device, *, text_dim: int = 384, timeout_s: float = 120.0):
+    def __init__(
+        self,
+        model_cfg: ModelConfig,
+        worker_id: str,
+        device: torch.device,
+        *,
+        text_dim: int = 384,
+        timeout_s: float = 120.0,
+    ):
         self.model_cfg = model_cfg
         self.worker_id = worker_id
         self.device = torch.device(device)
@@ -494,7 +506,13 @@ class SPGroupMember:
 
             dist.init_process_group(
                 self.backend,
-                store=bound_store(spec.master_addr, spec.master_port, self.rank, spec.world_size, datetime.timedelta(seconds=self.timeout_s)),
+                store=bound_store(
+                    spec.master_addr,
+                    spec.master_port,
+                    self.rank,
+                    spec.world_size,
+                    datetime.timedelta(seconds=self.timeout_s),
+                ),
                 rank=self.rank,
                 world_size=spec.world_size,
                 timeout=datetime.timedelta(seconds=self.timeout_s),
@@ -515,7 +533,11 @@ class SPGroupMember:
         self.form_timings_s = {"teardown": t1 - t0, "rendezvous": t2 - t1, "weights": t3 - t2, "build": t4 - t3}
         log.info(
             "worker %s: formed generation %d, rank %d/%d, weights from %s",
-            self.worker_id, spec.generation, self.rank, spec.world_size, self._source,
+            self.worker_id,
+            spec.generation,
+            self.rank,
+            spec.world_size,
+            self._source,
         )
 
     def leave(self) -> None:
@@ -596,7 +618,9 @@ class SPGroupMember:
                     self._model_state()
                     buf = self._dev_flat[dt]
                 if buf.numel() != total:
-                    raise SPGroupError(f"worker {self.worker_id}: kept {dt} weights have {buf.numel()} elements, the layout {total}")
+                    raise SPGroupError(
+                        f"worker {self.worker_id}: kept {dt} weights have {buf.numel()} elements, the layout {total}"
+                    )
             dist.broadcast(buf, src=0)
             flat[dt] = buf
         self._recv_flat = None
@@ -630,7 +654,9 @@ class SPGroupMember:
         world = self.spec.world_size
         dev = self._comm_device
         have = self._state is not None
-        mine = torch.tensor([int(have), self.weights_version if self.weights_version is not None else -1], dtype=torch.int64, device=dev)
+        mine = torch.tensor(
+            [int(have), self.weights_version if self.weights_version is not None else -1], dtype=torch.int64, device=dev
+        )
         flags = [torch.zeros(2, dtype=torch.int64, device=dev) for _ in range(world)]
         dist.all_gather(flags, mine)
         flags = [tuple(int(x) for x in f.cpu()) for f in flags]
@@ -642,7 +668,11 @@ class SPGroupMember:
         # No pickle on the wire (DESIGN §9): every member derives the tensor layout from its own
         # copy of the architecture (names sorted, shapes and dtypes from a weightless
         # skeleton); only the version number and the raw flat buffers travel.
-        ver = torch.tensor([self.weights_version if (self.rank == 0 and self.weights_version is not None) else -1], dtype=torch.int64, device=dev)
+        ver = torch.tensor(
+            [self.weights_version if (self.rank == 0 and self.weights_version is not None) else -1],
+            dtype=torch.int64,
+            device=dev,
+        )
         dist.broadcast(ver, src=0)
         receiving = self.rank in receivers
         layout = self._flat_layout if (self.rank == 0 or not receiving) else _layout(self._skeleton_entries())
@@ -825,7 +855,9 @@ def serve_batch(member: SPGroupMember) -> bool:
     except SPGroupError:
         raise
     except RuntimeError as exc:  # dist.DistError is a RuntimeError
-        raise SPGroupError(f"SP group generation {member.spec.generation} broke on follower {member.worker_id}: {exc}") from exc
+        raise SPGroupError(
+            f"SP group generation {member.spec.generation} broke on follower {member.worker_id}: {exc}"
+        ) from exc
 
 
 def serve_until_released(member: SPGroupMember) -> int:
@@ -882,6 +914,7 @@ def run_group_batch(
     world = member.sp_degree
 
     if world > 1:
+
         def step_fn(latents, sigma, cond_):
             b, l, c = latents.shape
             _bcast_header(member, OP_STEP, b, l, c)
@@ -902,7 +935,13 @@ def run_group_batch(
             while state.step < end:
                 if should_stop is not None and should_stop(state):
                     break
-                snap = (state.step, state.latents, len(state.window_latents), len(state.log_probs), state.computed_steps.clone())
+                snap = (
+                    state.step,
+                    state.latents,
+                    len(state.window_latents),
+                    len(state.log_probs),
+                    state.computed_steps.clone(),
+                )
                 try:
                     skips = member.cache_skips
                     sampler.advance(state, step_fn, cond)
@@ -910,8 +949,8 @@ def run_group_batch(
                         state.computed_steps -= 1
                 except Exception:
                     state.step, state.latents = snap[0], snap[1]
-                    del state.window_latents[snap[2]:]
-                    del state.log_probs[snap[3]:]
+                    del state.window_latents[snap[2] :]
+                    del state.log_probs[snap[3] :]
                     state.computed_steps = snap[4]
                     raise
                 if on_step is not None:

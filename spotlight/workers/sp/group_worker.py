@@ -33,8 +33,14 @@ import torch
 from spotlight import protocol as P
 from spotlight.rl.sampler import Conditioning, DenoiseState
 from spotlight.store.tensor_wire import unpack_tensors
+from spotlight.workers.rollout.worker import (
+    PULL_TIMEOUT_S,
+    RolloutExecutor,
+    WorkerProcess,
+    events_enabled,
+    worker_event,
+)
 from spotlight.workers.sp import group as G
-from spotlight.workers.rollout.worker import PULL_TIMEOUT_S, RolloutExecutor, WorkerProcess, events_enabled, worker_event
 
 log = logging.getLogger("spotlight.worker")
 
@@ -94,14 +100,19 @@ class GroupExecutor(RolloutExecutor):
     def _denoise(self, sampler, state: DenoiseState, cond: Conditioning, should_stop) -> DenoiseState:
         on_step = None
         if events_enabled():
+
             def on_step(st):
                 worker_event("step", worker=self.member.worker_id, sp=self.member.sp_degree, step=st.step)
+
         while True:
             degree, t0 = self.member.sp_degree, time.monotonic()
             hooks = self._watch_blocks(should_stop) if degree == 1 else []
             try:
                 G.run_group_batch(
-                    self.member, sampler, state, cond,
+                    self.member,
+                    sampler,
+                    state,
+                    cond,
                     should_stop=lambda _s: should_stop() or self.pending_form is not None,
                     cache_threshold=self.batch_cache_threshold,
                     on_step=on_step,
@@ -180,7 +191,18 @@ def serve(member: G.SPGroupMember) -> None:
 class GroupWorkerProcess(WorkerProcess):
     """Socket loop of one member of an elastic SP group."""
 
-    def __init__(self, agent_endpoint, worker_id, gpus, model_cfg, sampler_cfg, batch_size, *, member: G.SPGroupMember | None = None, weights_dir: str | None = None):
+    def __init__(
+        self,
+        agent_endpoint,
+        worker_id,
+        gpus,
+        model_cfg,
+        sampler_cfg,
+        batch_size,
+        *,
+        member: G.SPGroupMember | None = None,
+        weights_dir: str | None = None,
+    ):
         """``member``: a prepared, unused member (a warm spare's, see
         :meth:`~spotlight.workers.sp.group.SPGroupMember.prewarm`); it is reassigned to this
         worker id and device. Default: a new one. ``weights_dir``: the agent's weight-version
@@ -222,8 +244,24 @@ class GroupWorkerProcess(WorkerProcess):
         self.member.form(spec, state_dict=sd, version=ver)
         took = time.monotonic() - t0
         timings = " ".join(f"{k} {v:.2f}" for k, v in self.member.form_timings_s.items())
-        log.info("worker %s: generation %d SP=%d formed in %.2fs (weights: %s; %s)", self.worker_id, spec.generation, spec.world_size, took, self.member.weights_source, timings)
-        worker_event("formed", worker=self.worker_id, generation=spec.generation, sp=spec.world_size, source=self.member.weights_source, took_s=took, timings_s=self.member.form_timings_s)
+        log.info(
+            "worker %s: generation %d SP=%d formed in %.2fs (weights: %s; %s)",
+            self.worker_id,
+            spec.generation,
+            spec.world_size,
+            took,
+            self.member.weights_source,
+            timings,
+        )
+        worker_event(
+            "formed",
+            worker=self.worker_id,
+            generation=spec.generation,
+            sp=spec.world_size,
+            source=self.member.weights_source,
+            took_s=took,
+            timings_s=self.member.form_timings_s,
+        )
         self.send(P.GroupFormed(worker_id=self.worker_id, generation=spec.generation, sp=spec.world_size, took_s=took))
         if self.member.weights_version is not None:
             # the member's flat copy is this version from now on (a copy given in is dropped)
@@ -298,7 +336,11 @@ class GroupWorkerProcess(WorkerProcess):
                 self.member.leave()
                 return form
             if not pulled:
-                self.send(P.Pull(worker_id=self.worker_id, max_requests=self.batch_size, versions=sorted(self.executor.versions)))
+                self.send(
+                    P.Pull(
+                        worker_id=self.worker_id, max_requests=self.batch_size, versions=sorted(self.executor.versions)
+                    )
+                )
                 pulled, pulled_at = True, time.monotonic()
             got = self._recv(200)
             if got is None:

@@ -17,7 +17,6 @@ import time
 
 import torch.distributed as dist
 
-
 PROBE_INTERVAL_S = 0.002
 
 

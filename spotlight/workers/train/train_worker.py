@@ -165,7 +165,9 @@ class FlowGRPOTrainer:
             betas=tuple(cfg.train.adam_betas),
             weight_decay=cfg.train.weight_decay,
         )
-        self.sampler = Sampler(cfg.sampler, self.family.latent_shape, self.family.sigmas(cfg.sampler.num_steps, cfg.sampler.shift))
+        self.sampler = Sampler(
+            cfg.sampler, self.family.latent_shape, self.family.sigmas(cfg.sampler.num_steps, cfg.sampler.shift)
+        )
         self.velocity_fn = self.family.make_velocity_fn(self.model)
         self.steps_done = 0
         self.steps_skipped = 0
@@ -198,11 +200,14 @@ class FlowGRPOTrainer:
             "log_probs": torch.zeros(1, w),
             "advantages": torch.zeros(1),
         }
-        pad = {k[len("pad."):]: v[:1] for k, v in batch.items() if k.startswith("pad.cond.")}
+        pad = {k[len("pad.") :]: v[:1] for k, v in batch.items() if k.startswith("pad.cond.")}
         if pad:
             out.update(pad)
         else:
-            t = max(int(batch["cond.embeds"].shape[1]) if "cond.embeds" in batch and batch["cond.embeds"].ndim == 3 else 1, 1)
+            t = max(
+                int(batch["cond.embeds"].shape[1]) if "cond.embeds" in batch and batch["cond.embeds"].ndim == 3 else 1,
+                1,
+            )
             out["cond.embeds"] = torch.zeros(1, t, self.text_dim)
             out["cond.mask"] = torch.ones(1, t, dtype=torch.int64)
         return out
@@ -224,14 +229,18 @@ class FlowGRPOTrainer:
                     ref_vf = self.family.make_velocity_fn(self.reference)
                     _, ref_results = sampler.window_log_probs(ref_vf, mb["window_latents"], cond)
             kl = sum(
-                kl_to_reference(r.mean, rr.mean.detach(), r.std_dev_t if self.cfg.train.kl_form == "flow_grpo" else r.std)
+                kl_to_reference(
+                    r.mean, rr.mean.detach(), r.std_dev_t if self.cfg.train.kl_form == "flow_grpo" else r.std
+                )
                 for r, rr in zip(results, ref_results)
             )
         return log_probs, kl
 
     # ------------------------------------------------------------------ training
 
-    def train_step(self, batch: dict[str, torch.Tensor], micro_batches: list[list[int]], *, iteration: int) -> dict[str, float]:
+    def train_step(
+        self, batch: dict[str, torch.Tensor], micro_batches: list[list[int]], *, iteration: int
+    ) -> dict[str, float]:
         """One iteration's update: ``train.steps_per_iteration`` optimizer steps over this rank's
         samples (collective: every rank calls it).
 
@@ -295,8 +304,11 @@ class FlowGRPOTrainer:
                         loss = loss + torch.nan_to_num(kl) * 0.0
                 else:
                     policy, stats = clipped_policy_loss(
-                        log_probs, mb["log_probs"], mb["advantages"],
-                        clip_range=self.cfg.train.clip_range, adv_clip_max=self.cfg.train.adv_clip_max,
+                        log_probs,
+                        mb["log_probs"],
+                        mb["advantages"],
+                        clip_range=self.cfg.train.clip_range,
+                        adv_clip_max=self.cfg.train.adv_clip_max,
                     )
                     loss = policy
                     if kl is not None:
@@ -320,7 +332,12 @@ class FlowGRPOTrainer:
                 grad_norms.append(grad_norm)
             else:
                 skipped += 1
-                log.error("iteration %d minibatch %d: gradient norm is %s; optimizer step skipped (weights unchanged)", iteration + 1, k, grad_norm)
+                log.error(
+                    "iteration %d minibatch %d: gradient norm is %s; optimizer step skipped (weights unchanged)",
+                    iteration + 1,
+                    k,
+                    grad_norm,
+                )
             self.optimizer.zero_grad(set_to_none=True)
             if steps + skipped == 1:
                 first_dev = dev_k
@@ -348,7 +365,14 @@ class FlowGRPOTrainer:
         }
         log.info(
             "iteration %d rank %d: %d local samples, %d optimizer steps (%d skipped), loss %.4g, ratio_max_dev %.3g, %.2fs",
-            iteration + 1, self.rank, n_local, steps, skipped, metrics["train/loss"], first_dev, time.perf_counter() - t0,
+            iteration + 1,
+            self.rank,
+            n_local,
+            steps,
+            skipped,
+            metrics["train/loss"],
+            first_dev,
+            time.perf_counter() - t0,
         )
         return metrics
 
@@ -555,7 +579,11 @@ class FlowGRPOTrainer:
         except dcp.api.CheckpointException as exc:  # a BaseException: make it an ordinary error
             raise RuntimeError(f"trainer checkpoint {path} does not match this trainer: {exc}") from exc
         result = set_state_dict(
-            self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=opts,
+            self.model,
+            self.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optim"],
+            options=opts,
         )
         trainable = {n for n, p in self.model.named_parameters() if p.requires_grad}
         bad = [k for k in result.missing_keys if k in trainable or not self.lora] + list(result.unexpected_keys)
@@ -581,24 +609,32 @@ def _load_cfg(text: str) -> SpotlightConfig:
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="spotlight.workers.train.train_worker")
     ap.add_argument("--coordinator", required=True, help="tcp://host:port of the coordinator's trainer socket")
-    ap.add_argument("--keys-file", required=True, help="0600 JSON file with this run's trainer CURVE keys (written by the coordinator)")
+    ap.add_argument(
+        "--keys-file",
+        required=True,
+        help="0600 JSON file with this run's trainer CURVE keys (written by the coordinator)",
+    )
     ap.add_argument("--rank", type=int, required=True)
     ap.add_argument("--world-size", type=int, required=True)
     ap.add_argument("--config-json", required=True, help="JSON text, a .json file or a .toml file")
     ap.add_argument("--master-port", type=int, required=True)
     ap.add_argument("--text-dim", type=int, default=384)
     ap.add_argument(
-        "--checkpoint-dir", default=None,
+        "--checkpoint-dir",
+        default=None,
         help="save the trainer state (DCP) for every new version v into DIR/v{v:06d}, keeping the newest 2 "
         "(default: no checkpoints); the coordinator passes RUN_DIR/checkpoints/train",
     )
     ap.add_argument(
-        "--spool-dir", default=None,
+        "--spool-dir",
+        default=None,
         help="directory where rank 0 writes each version's file before streaming it (default: the system temp "
         "directory); the coordinator passes RUN_DIR/tensor_store/spool",
     )
     ap.add_argument(
-        "--resume-version", type=int, default=None,
+        "--resume-version",
+        type=int,
+        default=None,
         help="load DIR/v{N:06d} from --checkpoint-dir before TRAIN_READY and publish weights v_N instead of v_0",
     )
     args = ap.parse_args(argv)
@@ -694,7 +730,15 @@ def main(argv: list[str] | None = None) -> int:
         try:
             size, digest = tensor_wire.save_version(sd, path)
             del sd
-            n = send_version(sock, ver, path, digest, cfg.cluster.weight_chunk_bytes, alive=lambda: os.getppid() == parent, unlink=True)
+            n = send_version(
+                sock,
+                ver,
+                path,
+                digest,
+                cfg.cluster.weight_chunk_bytes,
+                alive=lambda: os.getppid() == parent,
+                unlink=True,
+            )
         finally:
             path.unlink(missing_ok=True)
         log.info("published v%d: %d bytes in %d chunks (%.2fs)", ver, size, n, time.perf_counter() - t0)
@@ -728,13 +772,20 @@ def main(argv: list[str] | None = None) -> int:
                 version = body.version + 1
                 checkpoint(version)
                 publish(version)
-                sock.send_multipart(P.encode(P.TrainDone(
-                    rank=args.rank, iteration=body.iteration, new_version=version,
-                    metrics=metrics, train_s=time.perf_counter() - t0,
-                )))
+                sock.send_multipart(
+                    P.encode(
+                        P.TrainDone(
+                            rank=args.rank,
+                            iteration=body.iteration,
+                            new_version=version,
+                            metrics=metrics,
+                            train_s=time.perf_counter() - t0,
+                        )
+                    )
+                )
             elif mtype == P.MsgType.SHUTDOWN:
                 if body.reason.startswith("save:"):
-                    trainer.save_pretrained(body.reason[len("save:"):])
+                    trainer.save_pretrained(body.reason[len("save:") :])
                     sock.send_multipart(P.encode(P.TrainDone(rank=args.rank, iteration=-1, new_version=-1)))
                     continue
                 log.info("shutdown: %s", body.reason or "(no reason)")
