@@ -4,7 +4,7 @@ It registers with the coordinator over ZeroMQ (DEALER → ROUTER, identity = nod
 heartbeats, runs the node Scheduler, and spawns one Rollout Worker process per GPU
 (group). Workers talk only to the agent (a local ROUTER socket); the agent relays
 their pulls, results and commits to the coordinator and caches weight versions so a
-new worker gets them locally (paper §4.4, DESIGN §5): each version is pulled once per
+new worker gets them locally (paper §4.4, docs/architecture.md §5): each version is pulled once per
 node, in chunks, into a file (:mod:`agent.weight_cache`) that the workers map.
 
 The daemon never imports torch (``tests`` check it): GPU work happens in child
@@ -1265,7 +1265,7 @@ class AgentDaemon:
 
     def shutdown(self) -> None:
         self._detector_thread.stop_event.set()
-        for notice in self._pending_ack:  # Azure: approve the event only after the commit (preemption.md §3.3)
+        for notice in self._pending_ack:  # Azure: approve the event only after the commit (docs/preemption-notices.md §3.3)
             try:
                 self.detector.acknowledge(notice)
             except Exception as exc:

@@ -3,7 +3,7 @@
 Pure logic, no sockets or processes: the agent daemon (``agent/main.py``) feeds it what
 happened (worker hello/exit, leases granted, results, commits) and asks it what to do.
 Because it lives in the persistent agent, in-flight request state survives any change
-of the worker set (DESIGN §5 "Elastic SP").
+of the worker set (docs/architecture.md §5 "Elastic SP").
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 
 Each detector polls one source of "this VM is about to go away" and turns it into a
 :class:`PreemptionNotice` with an absolute wall-clock deadline.  The exact endpoints, headers,
-bodies and pitfalls follow ``shared/research/preemption.md`` (cited below as "preemption.md §N").
+bodies and pitfalls follow ``docs/preemption-notices.md`` (cited below as "docs/preemption-notices.md §N").
 
-Rules every detector follows (preemption.md §0):
+Rules every detector follows (docs/preemption-notices.md §0):
 
 * An error (401 after one token refresh, 400, 403, 429, 503, timeout, refused connection,
   malformed body) is reported as ``PollResult(healthy=False, error=...)``; it is never a silent
@@ -43,17 +43,17 @@ from spotlight.net.http_limits import DeadlineExceeded, ResponseTooLarge, bounde
 
 log = logging.getLogger(__name__)
 
-AWS_NOTICE_LEAD_S = 120.0  # preemption.md §1.2: notice ~2 min before `time`
-GCP_SHUTDOWN_S = 30.0  # preemption.md §2.2: 30 s best-effort shutdown after soft-off
-# preemption.md §2.3: TERMINATE_ON_HOST_MAINTENANCE comes "about 1 hour" ahead for GPU VMs, but
+AWS_NOTICE_LEAD_S = 120.0  # docs/preemption-notices.md §1.2: notice ~2 min before `time`
+GCP_SHUTDOWN_S = 30.0  # docs/preemption-notices.md §2.2: 30 s best-effort shutdown after soft-off
+# docs/preemption-notices.md §2.3: TERMINATE_ON_HOST_MAINTENANCE comes "about 1 hour" ahead for GPU VMs, but
 # only 60 s ahead for other VMs (and the event may start at once if the key was not read since
 # the last event).  The agent cannot tell which case it is in from the value alone, so it takes
 # the shortest documented advance time: 60 s.
 GCP_MAINTENANCE_NOTICE_S = 60.0
 GCP_MAINTENANCE_VALUES = ("NONE", "MIGRATE_ON_HOST_MAINTENANCE", "TERMINATE_ON_HOST_MAINTENANCE")
-AZURE_PREEMPT_MIN_NOTICE_S = 30.0  # preemption.md §3.2: Preempt minimum notice
-AZURE_API_VERSION = "2020-07-01"  # preemption.md §3.1
-AZURE_IMDS_API_VERSION = "2021-02-01"  # instance metadata (compute/name), preemption.md §3.1
+AZURE_PREEMPT_MIN_NOTICE_S = 30.0  # docs/preemption-notices.md §3.2: Preempt minimum notice
+AZURE_API_VERSION = "2020-07-01"  # docs/preemption-notices.md §3.1
+AZURE_IMDS_API_VERSION = "2021-02-01"  # instance metadata (compute/name), docs/preemption-notices.md §3.1
 _AZURE_VM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}")  # Azure VM naming rules, with slack
 METADATA_MAX_BYTES = 1 << 20  # largest metadata answer read (bytes); bigger = malformed
 AWS_TOKEN_HEADER = "X-aws-ec2-metadata-token"
@@ -66,7 +66,7 @@ class PreemptionNotice:
     """One upcoming loss of a node or of some of its GPUs.
 
     ``deadline_unix_s`` is absolute wall-clock time (seconds since the epoch) by which the
-    commit must be done, computed per preemption.md §0 item 3.  ``scope`` is ``"node"`` for a VM
+    commit must be done, computed per docs/preemption-notices.md §0 item 3.  ``scope`` is ``"node"`` for a VM
     notice or ``"gpu:0,1"`` for a per-GPU revocation (§6).  ``key`` is the dedup key (§0 item 4).
     ``is_hint`` marks advice (AWS rebalance recommendation, §1.3): stop taking new work, but it
     is not a deadline.
@@ -180,7 +180,7 @@ def _session(session: requests.Session | None) -> requests.Session:
     if session is not None:
         return session
     s = requests.Session()
-    s.trust_env = False  # bypass proxies for link-local metadata (preemption.md §2.1, §3.1)
+    s.trust_env = False  # bypass proxies for link-local metadata (docs/preemption-notices.md §2.1, §3.1)
     return s
 
 
@@ -220,7 +220,7 @@ def _http_error(cloud: str, resp: Any, what: str) -> _DetectorError:
 
 
 def _loads(text: str, cloud: str, what: str) -> Any:
-    """Lenient JSON (tabs, BOM, any Content-Type: preemption.md §1.2, §5.1 quirk 3)."""
+    """Lenient JSON (tabs, BOM, any Content-Type: docs/preemption-notices.md §1.2, §5.1 quirk 3)."""
     try:
         return json.loads(text.lstrip("\ufeff").strip())
     except ValueError:
@@ -228,7 +228,7 @@ def _loads(text: str, cloud: str, what: str) -> Any:
 
 
 def _parse_iso_utc(s: Any) -> float | None:
-    """``YYYY-MM-DDThh:mm:ssZ`` (AWS, preemption.md §1.2) to unix seconds; None if unparsable."""
+    """``YYYY-MM-DDThh:mm:ssZ`` (AWS, docs/preemption-notices.md §1.2) to unix seconds; None if unparsable."""
     try:
         t = _dt.datetime.fromisoformat(str(s).strip().replace("Z", "+00:00"))
     except ValueError:
@@ -280,11 +280,11 @@ class _Base:
         return True
 
     def acknowledge(self, notice: PreemptionNotice) -> None:
-        """No acknowledgement exists for this source (preemption.md §0 table, row "Ack")."""
+        """No acknowledgement exists for this source (docs/preemption-notices.md §0 table, row "Ack")."""
 
 
 class AwsImdsDetector(_Base):
-    """AWS EC2 Spot via IMDSv2 (preemption.md §1; AWS "Spot Instance interruption notices").
+    """AWS EC2 Spot via IMDSv2 (docs/preemption-notices.md §1; AWS "Spot Instance interruption notices").
 
     * Token: ``PUT /latest/api/token`` with ``X-aws-ec2-metadata-token-ttl-seconds``
       (``token_ttl_s``, 1..21600 s, else ``ValueError``); reused until 15 s (or a tenth of the
@@ -315,7 +315,7 @@ class AwsImdsDetector(_Base):
     ) -> None:
         super().__init__(ledger)
         if not 1 <= int(token_ttl_s) <= 21600:
-            raise ValueError(f"token_ttl_s must be 1..21600 s (preemption.md §1.1), got {token_ttl_s}")
+            raise ValueError(f"token_ttl_s must be 1..21600 s (docs/preemption-notices.md §1.1), got {token_ttl_s}")
         self.base_url = base_url.rstrip("/")
         self.timeout_s = float(timeout_s)
         self.token_ttl_s = int(token_ttl_s)
@@ -442,7 +442,7 @@ class AwsImdsDetector(_Base):
 
 class GcpMetadataDetector(_Base):
     """GCP Spot/preemptible VMs via ``instance/preempted`` and ``instance/maintenance-event``
-    (preemption.md §2.1-2.3; Google "Query the metadata server for maintenance event notices").
+    (docs/preemption-notices.md §2.1-2.3; Google "Query the metadata server for maintenance event notices").
 
     Sends ``Metadata-Flavor: Google`` and requires it back (a proxy or a non-GCE server answering
     is an error).  ``base_url=None`` uses ``$GCE_METADATA_HOST`` (``host[:port]``), else
@@ -573,7 +573,7 @@ class GcpMetadataDetector(_Base):
 
 
 class AzureScheduledEventsDetector(_Base):
-    """Azure Spot via Scheduled Events (preemption.md §3; Microsoft "Scheduled Events for Linux VMs").
+    """Azure Spot via Scheduled Events (docs/preemption-notices.md §3; Microsoft "Scheduled Events for Linux VMs").
 
     ``GET /metadata/scheduledevents?api-version=2020-07-01`` with ``Metadata: true``.  Events
     of type ``Preempt`` and ``Terminate`` become notices keyed by ``EventId`` (other types are
@@ -582,7 +582,7 @@ class AzureScheduledEventsDetector(_Base):
     (§3.2).  The name is ``vm_name`` if given, else learnt once from IMDS
     ``GET /metadata/instance/compute/name?api-version=2021-02-01&format=text`` (same
     ``Metadata: true`` header; Microsoft "Azure Instance Metadata Service", the ``compute``
-    category, preemption.md §3.1 sources).  Until the name is known every poll is unhealthy
+    category, docs/preemption-notices.md §3.1 sources).  Until the name is known every poll is unhealthy
     and reports no events (a neighbour's eviction must not drain this node).  Deadline: ``Preempt`` ``min(parse(NotBefore), received + 30 s)``;
     ``Terminate`` ``parse(NotBefore)``; ``EventStatus == "Started"`` or an empty/unparsable
     ``NotBefore`` means now.  :meth:`acknowledge` POSTs ``{"StartRequests":[{"EventId":...}]}``
@@ -754,7 +754,7 @@ def make_detector(
 
 
 def sigterm_notice(grace_s: float, now_unix_s: float, *, key: str | None = None) -> PreemptionNotice:
-    """SIGTERM to the agent (preemption.md §6): deadline ``now + grace_s`` (pod grace period or
+    """SIGTERM to the agent (docs/preemption-notices.md §6): deadline ``now + grace_s`` (pod grace period or
     Slurm GraceTime from config; the signal carries none). ``ValueError`` if ``grace_s < 0``."""
     if not grace_s >= 0:
         raise ValueError(f"grace_s must be >= 0, got {grace_s}")
@@ -769,7 +769,7 @@ def sigterm_notice(grace_s: float, now_unix_s: float, *, key: str | None = None)
 
 
 def revoke_notice(gpus: list[int], grace_s: float, now_unix_s: float, *, key: str | None = None) -> PreemptionNotice:
-    """Per-GPU revocation by a cluster scheduler (preemption.md §6): scope ``gpu:<ids>``
+    """Per-GPU revocation by a cluster scheduler (docs/preemption-notices.md §6): scope ``gpu:<ids>``
     (sorted, unique), deadline ``now + grace_s``. ``ValueError`` on no GPUs, a negative id or
     ``grace_s < 0``."""
     ids = sorted({int(g) for g in gpus})
@@ -800,7 +800,7 @@ def active_node_notice(
     A notice is active until ``stale_after_s`` seconds after its deadline: deadlines of
     "now" (AWS ``hibernate``, Azure ``Started``) must still count a moment later, while a
     deadline long past on a VM that still runs is stale (an AWS ``time`` that stays after a
-    failed termination, preemption.md §1.2; an action that did not happen).
+    failed termination, docs/preemption-notices.md §1.2; an action that did not happen).
     """
     for n in [*result.notices, *result.known]:
         if n.scope == "node" and not n.is_hint and now_unix_s <= n.deadline_unix_s + stale_after_s:

@@ -17,7 +17,7 @@ the real code:
   size between two processes: a raw TCP socket (``sendall``/``recv_into``, no framing), a
   ZeroMQ PUSH/PULL stream without encryption, and the same with CURVE (what the link
   costs once it is encrypted). The ratio is measured against the CURVE stream: the
-  coordinator's public socket is always encrypted (DESIGN §9);
+  coordinator's public socket is always encrypted (docs/architecture.md §9);
 * a **worker load** (``mmap_state_dict`` + ``load_state_dict`` into a model of the same size).
 
 Memory is sampled every 5 ms from ``/proc/<pid>/status`` of each process: ``RssAnon``

@@ -160,7 +160,7 @@ class ModelConfig(_Section):
 
 
 class SamplerConfig(_Section):
-    """Flow-GRPO SDE sampling (Liu et al. 2025; algorithms.md §1.2, §1.8)."""
+    """Flow-GRPO SDE sampling (Liu et al. 2025; docs/flow-grpo.md §1.2, §1.8)."""
 
     num_steps: int = 10
     """Denoising steps T of the flow-matching Euler schedule."""

@@ -9,7 +9,7 @@ the body (dtype name + shape); the receiver rebuilds them with ``torch.frombuffe
 (``spotlight/store/tensor_wire.py``). Nothing is ever unpickled: a body is decoded with a
 typed msgspec decoder for exactly the type its first frame names, so a malformed body,
 an unknown type byte or a missing tensor frame raises :class:`ProtocolError` and the
-caller drops the message without changing state (DESIGN §9).
+caller drops the message without changing state (docs/architecture.md §9).
 
 The module is torch-free so the agent daemon can import it. New fields must have
 defaults (checked by ``tests/unit/test_protocol.py``); bump :data:`PROTOCOL_VERSION`

@@ -1,7 +1,7 @@
 """``spotlight mock-metadata``: serve a mock cloud metadata endpoint on loopback.
 
 Serves :class:`spotlight.cloud.mock_metadata.MockMetadataServer` until Ctrl-C, for manual checks of
-``spotlight-agent`` and for trace replayers (shared/research/preemption.md §5.4).
+``spotlight-agent`` and for trace replayers (docs/preemption-notices.md §5.4).
 """
 
 import threading

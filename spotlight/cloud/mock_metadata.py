@@ -1,7 +1,7 @@
 """Loopback mock of the cloud metadata endpoints the agent polls for preemption notices.
 
 One server has one personality (``aws``, ``gcp`` or ``azure``) and speaks the real formats and
-header rules, following the contract in ``shared/research/preemption.md`` §5.4:
+header rules, following the contract in ``docs/preemption-notices.md`` §5.4:
 
 * AWS IMDSv2 (§1): ``PUT /latest/api/token`` needs ``X-aws-ec2-metadata-token-ttl-seconds`` in
   1..21600 (else 400; versioned path or ``X-Forwarded-For`` 403); GETs need a known token when
@@ -223,7 +223,7 @@ class MockMetadataServer:
 
     def set_maintenance(self, value: str = "TERMINATE_ON_HOST_MAINTENANCE") -> None:
         """GCP only: set ``instance/maintenance-event`` to ``value`` (one of
-        ``GCP_MAINTENANCE_VALUES``, preemption.md §2.3) with a new ETag if it changed.
+        ``GCP_MAINTENANCE_VALUES``, docs/preemption-notices.md §2.3) with a new ETag if it changed.
 
         Raises ``ValueError`` on another cloud or value.
         """

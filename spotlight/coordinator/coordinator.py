@@ -2,7 +2,7 @@
 
 This is the only place on the reserved side that owns sockets, processes and clocks;
 every decision is delegated to a pure core (Request Scheduler, Instance Manager, seed
-bank, Planner). One iteration (paper §4.2, DESIGN §3)::
+bank, Planner). One iteration (paper §4.2, docs/architecture.md §3)::
 
                      ┌──────────────────────── iteration n ─────────────────────────┐
     seed bank ──▶ ROLLOUT  batch n × K seeds, weights v_n, pulled by ALL workers
@@ -316,7 +316,7 @@ class Coordinator:
         self.resume_version: int | None = None
         self.t_start = time.monotonic()
         self.started_unix_s = time.time()
-        # honest accounting (issue 12): the Train Workers' reserved GPUs (rank r uses GPU r on
+        # accounting: the Train Workers' reserved GPUs (rank r uses GPU r on
         # this host) are billed for the whole run; a colocated reserved Rollout Worker on the
         # same GPU (a reserved agent of this host) shares it and is not billed twice
         self.instances.hold(
@@ -437,7 +437,7 @@ class Coordinator:
     def error_to(
         self, identity: bytes, code: str, message: str, channel: str = PUBLIC, *, retry_after_s: float = 0.0
     ) -> None:
-        """One log line and an ERROR reply; nothing else changes (DESIGN §9)."""
+        """One log line and an ERROR reply; nothing else changes (docs/architecture.md §9)."""
         self.rejected += 1
         peer = self.peers.get(identity)
         who = f"{peer.principal.id}" + (f" node {peer.node_id}" if peer and peer.node_id else "") if peer else "?"
@@ -1271,7 +1271,7 @@ class Coordinator:
                 "weights/version_bytes": float(getattr(self, "version_bytes", 0)),
             }
         )
-        # spot events since the previous row (issue 11): notices, GPUs revoked and added, and
+        # spot events since the previous row: notices, GPUs revoked and added, and
         # denoising steps lost with leases that ended uncommitted (spotlight.core.request_scheduler.lost_steps)
         row.update({f"spot/{k}": v for k, v in self.instances.take_spot_counts().items()})
         row["spot/work_lost_steps"] = lost_steps(

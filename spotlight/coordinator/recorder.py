@@ -3,7 +3,7 @@
 The coordinator's third part (with the server shell :mod:`spotlight.coordinator.server` and the
 iteration machine in :mod:`spotlight.coordinator.coordinator`): it owns every file the run writes
 about itself, so the iteration logic never opens files and a resumed run continues the
-same files without a gap (issue "coordinator crash and resume").
+same files without a gap (docs/architecture.md, "Crash and resume").
 
 * ``metrics.jsonl`` — one strict-JSON row per finished iteration (NaN → null). Its byte
   length after iteration n is recorded in iteration n's checkpoint; a resumed run cuts the

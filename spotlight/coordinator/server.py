@@ -5,7 +5,7 @@ the two ROUTER sockets and the ZAP authenticator; the coordinator receives
 :class:`Inbound` messages (already authenticated, size-checked and decoded) and sends
 replies through :meth:`ControlServer.send`, which never blocks.
 
-Sockets (both CURVE servers, DESIGN §9):
+Sockets (both CURVE servers, docs/architecture.md §9):
 
 * **public** — ``bind`` (e.g. ``tcp://0.0.0.0:7400``): agents and ``spotlight status``.
   ``ZMQ_MAXMSGSIZE`` (``max_message_bytes``) makes libzmq drop a connection that sends a

@@ -1,6 +1,6 @@
 """The run's event log: what happened to nodes, weights and iterations, with times.
 
-Pure (DESIGN §2): the coordinator appends with its own ``now``; nothing here reads a clock.
+Pure (docs/architecture.md §2): the coordinator appends with its own ``now``; nothing here reads a clock.
 ``spotlight status`` shows the tail of it, so a node shown ``dead`` has the event that says
 why (heartbeat timeout, goodbye, preemption notice) next to it.
 

@@ -1,6 +1,6 @@
 """Instance Manager: membership of agents (nodes) and their GPUs, liveness, cost.
 
-Pure logic (paper §4.1 Fig. 7; DESIGN §2): the coordinator feeds it registrations,
+Pure logic (paper §4.1 Fig. 7; docs/architecture.md §2): the coordinator feeds it registrations,
 heartbeats and notices with ``now`` and asks it who is dead; no sockets or clocks here.
 It also integrates the GPUs the run holds over time for the cost meter (cost = ∫ GPU
 count dt × hourly price, paper §6.2 / Appendix A): every live agent node's GPUs (spot and

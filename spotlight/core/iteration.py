@@ -1,4 +1,4 @@
-"""The iteration core: the coordinator's phase machine as pure logic (paper §4.2, DESIGN §3).
+"""The iteration core: the coordinator's phase machine as pure logic (paper §4.2, docs/architecture.md §3).
 
 One training iteration n, as decided here::
 
@@ -8,7 +8,7 @@ One training iteration n, as decided here::
               (d, s) for batch n+1 and d candidate seeds per explored prompt are queued on
               the stale v_n for spot workers; when the spot queue runs low, EXTRA candidates
               for the same prompts are streamed in so spot GPUs never idle while training
-              runs (issue 10 item 3)
+              runs
       ▼       the shell reports the update done → unfinished extras are cancelled (a worker
               still computing one finishes its batch, up to one batch time, and its result
               is refused as stale: workers are not interrupted)
@@ -67,11 +67,11 @@ class IterationSettings:
     prompts_per_iteration: prompt groups per batch (N).
     num_control_prompts: the last slots of a batch, never explored (the Planner's reference, §4.3.2).
     group_size: K samples per prompt.
-    run_seed: seeds of default and candidate noise derive from it (DESIGN §3).
+    run_seed: seeds of default and candidate noise derive from it (docs/architecture.md §3).
     num_steps: T denoising steps of a full rollout.
     explore_mode: "stale" (Spotlight), "critical_path" (best-of-N before the rollout) or "off".
     reuse_exploration: critical_path only: the selected candidates are the rollout (veRL-omni).
-    stream_extra: stale only: queue extra candidates while training runs (issue 10 item 3).
+    stream_extra: stale only: queue extra candidates while training runs.
     max_candidates_per_prompt: cap on planned + extra candidates of one prompt in one iteration.
     """
 
@@ -146,7 +146,7 @@ class BusyMeter:
 
     A worker is *alive* from the first time it is ``seen`` until ``gone``; it is *busy* from
     a lease grant (``start``) until its result, commit or failure (``end``). Pure: the shell
-    passes ``now`` (seconds). Feeds ``spot/busy_fraction`` (issue 10 item 3).
+    passes ``now`` (seconds). Feeds ``spot/busy_fraction``.
     """
 
     def __init__(self, *, keep_s: float = 600.0) -> None:
@@ -459,7 +459,7 @@ class IterationCore:
         return len(ids)
 
     def _stream_extra(self, now: float, obs: CoreObservation) -> None:
-        """Keep the spot queue from running dry while training runs (issue 10 item 3): when
+        """Keep the spot queue from running dry while training runs: when
         fewer exploration requests are queued than the spot workers can hold, queue extra
         candidates (the next candidate indices) of the explored prompts, round-robin, up to
         twice that many (so refills come in chunks, not one per pull)."""

@@ -1,4 +1,4 @@
-"""Preemption-aware, pull-based Request Scheduler (paper §4.5, §5; DESIGN §4).
+"""Preemption-aware, pull-based Request Scheduler (paper §4.5, §5; docs/architecture.md §4).
 
 Owns every rollout and exploration request of the run, from submission until it
 is Done or Cancelled, and decides which requests a Rollout Worker gets when it
@@ -40,12 +40,12 @@ Who calls it: the coordinator's ZeroMQ shell, single-threaded. It forwards
 worker pulls, results, commits, failures and heartbeats, calls ``expire(now)``
 on a timer, ``release_worker`` when the Instance Manager learns that a worker or
 its agent died, ``set_training_active`` around each training step (exploration
-goes only to spot workers while training runs, DESIGN §3-§4), and ``cancel`` /
+goes only to spot workers while training runs, docs/architecture.md §3-§4), and ``cancel`` /
 ``forget`` at iteration boundaries. This module is pure logic: no sockets,
 threads, clocks or torch; every method that needs time takes ``now`` (seconds,
 any monotonic origin, as long as the caller is consistent).
 
-"Done exactly once" (DESIGN §3): a result is accepted only with the request's
+"Done exactly once" (docs/architecture.md §3): a result is accepted only with the request's
 current lease id (and, when the caller passes ``worker_id``, only from the
 worker holding that lease). A presumed-dead worker that reports late holds a
 stale lease and is rejected, so each request is counted Done at most once;
@@ -211,7 +211,7 @@ class _Bucket:
     ``live`` counts the current codes (those in ``RequestScheduler._ready``);
     the rest are stale. Invariant: while ``live > 0`` each non-empty part's
     front is current, and the global heap ``head`` (0 ROLLOUT, 1 EXPLORE)
-    holds the smallest (``top()``). Source: issue 10 item 2 (indexed ready queue).
+    holds the smallest (``top()``).
     """
 
     __slots__ = ("key", "head", "fifo", "late", "live")
@@ -411,7 +411,7 @@ class RequestScheduler:
 
         Ids are ``f"{kind.value[0]}{iteration}-{n}"`` with ``n`` counting per
         (kind, iteration) from 0 and never reused. ``params`` is copied. Returns
-        the new ids in submission (= FIFO) order. Source: paper §4.5, DESIGN §4.
+        the new ids in submission (= FIFO) order. Source: paper §4.5, docs/architecture.md §4.
 
         Raises:
             ValueError: negative ``iteration`` or ``weight_version``.
@@ -497,11 +497,11 @@ class RequestScheduler:
 
     @property
     def training_active(self) -> bool:
-        """While True, EXPLORE requests go only to spot workers (DESIGN §3-§4)."""
+        """While True, EXPLORE requests go only to spot workers (docs/architecture.md §3-§4)."""
         return self._training_active
 
     def set_training_active(self, active: bool) -> None:
-        """Open (False) or close (True) exploration to reserved workers (paper §4.3.4, DESIGN §4)."""
+        """Open (False) or close (True) exploration to reserved workers (paper §4.3.4, docs/architecture.md §4)."""
         self._training_active = bool(active)
 
     # -------------------------------------------------------------------- pull
@@ -516,7 +516,7 @@ class RequestScheduler:
         filled from eligible requests with that key in the same order. RECOMPUTE
         leases carry ``resume_step`` / ``commit_key``. Each lease expires at
         ``now + lease_timeout_s`` (seconds). Returns ``[]`` when nothing is
-        eligible. Source: paper §4.5 (pull-based), DESIGN §4.
+        eligible. Source: paper §4.5 (pull-based), docs/architecture.md §4.
 
         Cost: O(max_requests * log n) amortized for n queued requests, whatever
         their kinds: the head is the smaller top of the ROLLOUT-kind heap and
@@ -650,7 +650,7 @@ class RequestScheduler:
         unknown/forgotten id, or -- when ``worker_id`` is given -- a reporter that
         is not the leaseholder: this is how "Done exactly once" holds when a
         presumed-dead worker reports late. ``worker_id=None`` skips the holder
-        check. Source: DESIGN §3-§4.
+        check. Source: docs/architecture.md §3-§4.
         """
         # = ``_current`` + ``_transition(req, DONE, ...)``, inlined: this runs once per result
         req = self._requests.get(request_id)
@@ -774,7 +774,7 @@ class RequestScheduler:
         """A worker or its agent is known dead: all its leases -> ABORTED -> PENDING.
 
         Same effect as early expiry (full re-execution). Returns affected ids
-        (empty for a worker holding nothing). Source: paper §4.5, DESIGN §4-§5.
+        (empty for a worker holding nothing). Source: paper §4.5, docs/architecture.md §4-§5.
         """
         rids = list(self._by_worker.get(worker_id, {}))
         for rid in rids:
@@ -788,7 +788,7 @@ class RequestScheduler:
 
         Leases of cancelled requests die with them, so their holders' later
         completions are rejected. Returns the affected ids in submission order.
-        Costs O(requests of ``iteration``). Source: DESIGN §3 (leftover exploration), §4.
+        Costs O(requests of ``iteration``). Source: docs/architecture.md §3 (leftover exploration), §4.
         """
         reqs = self._requests
         hit = [
@@ -803,7 +803,7 @@ class RequestScheduler:
     def cancel_requests(self, request_ids: Iterable[str], *, now: float, reason: str = "cancelled") -> list[str]:
         """Move the given non-terminal requests to CANCELLED (unknown or terminal ids are
         skipped). Their leases die with them, so late results are rejected as stale. Used to
-        abandon streamed extra exploration candidates when training ends (issue 10 item 3).
+        abandon streamed extra exploration candidates when training ends.
         Returns the ids cancelled, in the order given."""
         out = []
         for rid in request_ids:
@@ -840,7 +840,7 @@ class RequestScheduler:
         kind: RequestKind | None = None,
         status: RequestStatus | None = None,
     ) -> list[Request]:
-        """Requests matching every given filter, in submission order (DESIGN §4 status view).
+        """Requests matching every given filter, in submission order (docs/architecture.md §4 status view).
 
         Costs O(requests of ``iteration``) when it is given, else O(all requests).
         """
@@ -934,7 +934,7 @@ class RequestScheduler:
         gate; and the ``epoch`` of this process. ``params`` must be JSON-able.
         The configuration (``lease_timeout_s``, ``max_failures``) is recorded for
         reference only; ``load_state_dict`` keeps the new process's own.
-        Source: issue item 5 (coordinator crash and resume).
+        Source: docs/architecture.md, "Crash and resume".
         """
         return {
             "version": _STATE_VERSION,

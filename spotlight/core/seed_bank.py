@@ -13,7 +13,7 @@ rollout group is neither the action's result nor the control baseline.
 
 Seeds are derived deterministically from ``(run seed, iteration, prompt slot, index)``
 so a run is reproducible and a candidate seed explored under v_n is rolled out under
-v_{n+1} from the very same noise (DESIGN §3).
+v_{n+1} from the very same noise (docs/architecture.md §3).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ coordinator's allow-list, and the coordinator proves it holds the server secret 
 client expects. The handshake uses fresh ephemeral keys, so a captured handshake or
 message cannot be replayed, and every byte after it (all registration fields included)
 is authenticated and encrypted. Threat model and provisioning: README "Security model",
-DESIGN §9.
+docs/architecture.md §9.
 
 A keys directory (``spotlight keys init DIR``) holds::
 

@@ -1,7 +1,7 @@
 """Flow-GRPO objective: group advantages and the clipped policy-ratio loss.
 
 Follows Flow-GRPO (Liu et al. 2025; ``flow_grpo/stat_tracking.py`` and
-``scripts/train_sd3.py``; algorithms.md §1.4–§1.5):
+``scripts/train_sd3.py``; docs/flow-grpo.md §1.4–§1.5):
 
 * advantage ``A_i = (r_i − mean_g) / (σ + 1e-4)`` with the group mean of the sample's
   prompt group g and σ either the batch std (Flow-GRPO ``global_std``) or the group's

@@ -9,12 +9,12 @@ What this module owns:
     * the sigma schedule, taken from diffusers' ``FlowMatchEulerDiscreteScheduler``;
     * the Flow-GRPO "sde" step with its per-step Gaussian log-prob (Liu et al. 2025,
       Flow-GRPO, reference implementation ``flow_grpo/diffusers_patch/sd3_sde_with_logprob.py``;
-      maths in ``shared/research/algorithms.md`` §1.2), computed in float32;
+      maths in ``docs/flow-grpo.md`` §1.2), computed in float32;
     * the SDE window (Flow-GRPO-Fast): steps inside it use noise level η and record a
       log-prob, steps outside it are plain Euler (η = 0) and never produce a log-prob;
     * seed-keyed noise: the initial latent and every SDE draw come from a CPU
       ``torch.Generator`` keyed by ``(seed, step)``, so a seed gives bit-identical noise on
-      any worker, device, batch composition or resume point (DESIGN §3 "Seeds are the unit
+      any worker, device, batch composition or resume point (docs/architecture.md §3 "Seeds are the unit
       of exploration");
     * :class:`DenoiseState`, the resumable per-batch state that a worker commits to the
       Tensor Store on preemption (latent, step index, window tensors so far).

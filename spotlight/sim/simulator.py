@@ -25,7 +25,7 @@ What is simulated, and how (costs from a :class:`~spotlight.sim.profile.SimProfi
   which exploration on stale weights sees the same seed ranking up to a small noise
   (paper §3.2.1); it gives the Planner a real variance signal.
 
-Cost (issue 12 item 3): the reserved node's GPUs -- the Train Workers' GPUs, which also
+Cost: the reserved node's GPUs -- the Train Workers' GPUs, which also
 roll out between updates (colocated, paper §6.1) -- are billed from ``t = 0`` to the end,
 spot GPUs while they are held; rows carry the real coordinator's ``cost/*`` and
 ``throughput/requests_per_s`` columns (:func:`spotlight.core.instance_manager.cost_metrics`).

@@ -1,7 +1,7 @@
 """Run checkpoints of the coordinator: one consistent directory per finished iteration.
 
 Pure file logic (no torch, no sockets, no clocks); the coordinator decides what goes in.
-Layout (issue item 5, "coordinator crash and resume")::
+Layout (docs/architecture.md, "Crash and resume")::
 
     RUN_DIR/checkpoints/
         LATEST                 text "iter_000007\\n": the last complete checkpoint

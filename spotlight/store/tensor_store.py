@@ -1,6 +1,6 @@
 """Tensor Store: durable home of published weight versions and committed rollout state.
 
-Lives on the reserved node, owned by the coordinator (paper §4.1, §4.5; DESIGN §2).
+Lives on the reserved node, owned by the coordinator (paper §4.1, §4.5; docs/architecture.md §2).
 Two kinds of objects, mirrored to disk under ``root`` so a preempted worker's progress
 survives the worker:
 

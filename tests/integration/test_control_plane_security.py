@@ -5,7 +5,7 @@ tests speak to it over real CURVE-encrypted ZeroMQ sockets with keys from its ke
 directory: a ``victim`` agent that registers and holds leases, and attackers with their
 own (allow-listed) keys, no keys, or the wrong keys. After every attack the coordinator
 must be alive, must still serve the victim, and must not have changed the victim's state
-(DESIGN §9: no frame, from anyone, may stop, block or corrupt the run).
+(docs/architecture.md §9: no frame, from anyone, may stop, block or corrupt the run).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Fault injection against real `spotlight up` runs (DESIGN §9, paper §4.5).
+"""Fault injection against real `spotlight up` runs (docs/architecture.md §9, paper §4.5).
 
 Three scenarios, each one real process tree over loopback ZeroMQ:
 

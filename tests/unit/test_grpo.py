@@ -1,6 +1,6 @@
 """Flow-GRPO objective: group advantages, clipped policy loss, KL surrogate (hand numbers).
 
-Reference: shared/research/algorithms.md §1.4–§1.5 (Flow-GRPO stat_tracking / train_sd3).
+Reference: docs/flow-grpo.md §1.4–§1.5 (Flow-GRPO stat_tracking / train_sd3).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Preemption detectors (agent/preemption.py) against the loopback mock (spotlight/cloud/mock_metadata.py).
 
-Spec: shared/research/preemption.md §0-§5. No fixed sleeps; every server binds port 0.
+Spec: docs/preemption-notices.md §0-§5. No fixed sleeps; every server binds port 0.
 """
 
 from __future__ import annotations
@@ -384,7 +384,7 @@ def test_azure_errors_are_unhealthy(azure, kind, needle):
     assert len(poll_ok(det)) == 1  # the notice was not lost to the error
 
 
-# --- GCP maintenance-event (preemption.md §2.3) ----------------------------------------------
+# --- GCP maintenance-event (docs/preemption-notices.md §2.3) ----------------------------------------------
 def test_gcp_terminate_on_host_maintenance_is_a_node_notice(gcp, tmp_path):
     path = tmp_path / "ledger.json"
     det = GcpMetadataDetector(gcp.url, ledger=NoticeLedger(path))
@@ -436,7 +436,7 @@ def test_mock_gcp_maintenance_event_long_poll(gcp):
         gcp.set_maintenance("REBOOT")
 
 
-# --- Azure: events naming other VMs (preemption.md §3.2) -------------------------------------
+# --- Azure: events naming other VMs (docs/preemption-notices.md §3.2) -------------------------------------
 def test_azure_learns_its_name_and_ignores_other_vms(azure):
     det = AzureScheduledEventsDetector(azure.url, ledger=NoticeLedger(None))
     azure.issue_notice(event_id="NEIGHBOUR", resources=["spot-vm-1", "spot-vm-2"])
@@ -469,7 +469,7 @@ def test_mock_azure_compute_name_rules(azure):
     assert r.json() == "spot-vm-0"
 
 
-# --- restart with an active notice (preemption.md §0 item 4) ---------------------------------
+# --- restart with an active notice (docs/preemption-notices.md §0 item 4) ---------------------------------
 def test_known_notices_and_active_node_notice(aws, tmp_path):
     from agent.preemption import active_node_notice
 

@@ -1,4 +1,4 @@
-"""CPU tests for the Request Scheduler state machine and pull policy (paper §4.5, DESIGN §4)."""
+"""CPU tests for the Request Scheduler state machine and pull policy (paper §4.5, docs/architecture.md §4)."""
 
 import itertools
 import json

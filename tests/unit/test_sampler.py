@@ -1,6 +1,6 @@
 """Flow-GRPO SDE sampler: step maths, seeded noise, resumable state, executor.
 
-Maths reference: shared/research/algorithms.md §1.2 (the "sde" step of Flow-GRPO).
+Maths reference: docs/flow-grpo.md §1.2 (the "sde" step of Flow-GRPO).
 The transformer is the tiny pixel-space Qwen-Image DiT with seeded random weights.
 """
 
@@ -64,7 +64,7 @@ def _run(sampler: Sampler, velocity_fn, seeds, cond, **kw) -> DenoiseState:
 
 
 def _reference_mean_std(x, v, sigma, sigma_next, sigma1, eta):
-    """algorithms.md §1.2, written out independently of the product code."""
+    """docs/flow-grpo.md §1.2, written out independently of the product code."""
     dt = sigma_next - sigma
     s_tilde = sigma1 if sigma == 1.0 else sigma
     std_dev_t = eta * math.sqrt(sigma / (1.0 - s_tilde))

@@ -1,4 +1,4 @@
-"""The one small interface every model family implements (DESIGN §7).
+"""The one small interface every model family implements (docs/architecture.md §7).
 
 A *family* knows how to load one kind of diffusers checkpoint and drive it for
 Flow-GRPO: which transformer class it is, how prompts are encoded (its own text

@@ -21,7 +21,7 @@ only to it, over a ZeroMQ DEALER socket (identity = worker id)::
       ◀── STOP(commit)  → COMMIT (latent, step, window so far) ───▶ Tensor Store
 
 Rollout requests always run at full fidelity (no cache): their log-probs feed the
-policy gradient (DESIGN §3 "On-policy training"). Exploration requests may run with
+policy gradient (docs/architecture.md §3 "On-policy training"). Exploration requests may run with
 diffusers' First Block Cache at the threshold in their params; the number of steps
 whose transformer actually ran is reported per request.
 """

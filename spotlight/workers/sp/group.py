@@ -665,7 +665,7 @@ class SPGroupMember:
         receivers = [r for r in range(world) if flags[r] != flags[0]]
         if not receivers:
             return
-        # No pickle on the wire (DESIGN §9): every member derives the tensor layout from its own
+        # No pickle on the wire (docs/architecture.md §9): every member derives the tensor layout from its own
         # copy of the architecture (names sorted, shapes and dtypes from a weightless
         # skeleton); only the version number and the raw flat buffers travel.
         ver = torch.tensor(

@@ -1,4 +1,4 @@
-"""Rollout Worker in an elastic sequence-parallel group (paper §4.4; DESIGN §5–§6).
+"""Rollout Worker in an elastic sequence-parallel group (paper §4.4; docs/architecture.md §5–§6).
 
 Used when the node's ``sp_degree > 1``. Every GPU runs one of these processes; the
 agent's node Scheduler decides group membership and sends ``GROUP_FORM`` to the members

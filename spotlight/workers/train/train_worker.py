@@ -19,7 +19,7 @@ as soon as it is mapped. No whole-version byte string is ever built.
     ← SHUTDOWN                → exit
 
 One ``train_step`` is one optimizer step over the rank's samples (Flow-GRPO,
-algorithms.md §1.5): every micro-batch is recomputed with the *current* weights and the
+docs/flow-grpo.md §1.5): every micro-batch is recomputed with the *current* weights and the
 same batch composition as the rollout, so on fresh samples the policy ratio is exactly
 1 (the Flow-GRPO debug check, reported as ``train/ratio_max_dev == 0.0``).
 
