@@ -1,7 +1,8 @@
 """LoRA adapters (peft, through diffusers' ``PeftAdapterMixin``) and weight versions.
 
 In a LoRA run (``train.lora_rank > 0``) the transformer's base weights are frozen and a
-published weight version is the adapter alone (paper §4.2 weight sync): Rollout Workers keep one frozen base copy and swap adapter versions.
+published weight version is the adapter alone (paper §4.2 weight sync): Rollout Workers keep
+one frozen base copy and swap adapter versions.
 In a full fine-tuning run a version is the whole transformer state dict.
 
 Names: a version maps the transformer's own parameter names (``…to_q.lora_A.default.weight``
