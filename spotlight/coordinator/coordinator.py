@@ -1368,6 +1368,15 @@ class Coordinator:
             return sum(times) / len(times) * (total - done_n) if times else None
         return eta_s(session_elapsed_s, mine, total - self._iterations_before_start)
 
+    def start(self) -> "Coordinator":
+        """Bind the sockets and write the run's files (today the constructor still does both:
+        this is where they move). Returns self.
+
+        Raises:
+            SpotlightError, zmq.ZMQError: as the constructor does today.
+        """
+        return self
+
     def node_registered(self, node_id: str) -> bool:
         """True once agent ``node_id`` has registered with this coordinator (whatever its
         status since). Safe to call from another thread (one dict lookup)."""
