@@ -2,11 +2,10 @@
 
 Everything timed here is the real code path: a real ``spotlight-agent`` process (``python -m
 agent.main join``) with its real Rollout Worker processes (SP groups, diffusers context
-parallelism over gloo), talking ZeroMQ CURVE to a stand-in coordinator in this process that
-speaks the real protocol (REGISTER, HEARTBEAT, PULL → LEASES, FETCH_WEIGHTS → the WEIGHTS header
-and WEIGHTS_CHUNK replies of the safetensors file, served by the coordinator's own code:
-:class:`spotlight.store.weight_sync.ServedVersion`, ``cluster.weight_chunk_bytes`` chunks). The stand-in hands out rollout requests whenever a worker pulls, so the node
-denoises all the time. Reconfigurations go through the agent's control socket, exactly as
+parallelism over gloo), talking ZeroMQ CURVE to the coordinator's own control plane in this
+process, serving a run that never ends (:class:`spotlight.coordinator.fixed_run.FixedRun`: the
+weights in ``cluster.weight_chunk_bytes`` chunks, rollout requests whenever a worker pulls), so
+the node denoises all the time. Reconfigurations go through the agent's control socket, exactly as
 ``spotlight-agent revoke`` / ``add-gpu`` send them. Workers append timing events to a file
 (``SPOTLIGHT_WORKER_EVENTS``, spotlight/workers/rollout/worker.py): group formed (per member, with its
 phases), denoising step done.
@@ -72,94 +71,6 @@ SAMPLER = {"num_steps": 40, "sde_window_size": 8}
 WAIT_S = 600.0
 LIVE_NODES: list["Node"] = []
 """Agents started and not killed yet (killed if the benchmark is interrupted)."""
-
-
-class StubCoordinator(threading.Thread):
-    """The coordinator's side of the agent protocol, minus everything but what a node needs:
-    registration, heartbeat acks, one rollout request per pull (always), and the weights."""
-
-    def __init__(self, keys_dir: pathlib.Path, weights, model: dict, sampler: dict):
-        super().__init__(daemon=True, name="stub-coordinator")
-        import zmq
-
-        from spotlight.net.security import Authenticator, apply_server, load_server_keys
-
-        self.zmq = zmq
-        self.ctx = zmq.Context()
-        self.auth = Authenticator(self.ctx, load_server_keys(keys_dir))
-        self.auth.start()
-        self.sock = self.ctx.socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        apply_server(self.sock, self.auth.keys)
-        self.port = self.sock.bind_to_random_port("tcp://127.0.0.1")
-        self.weights, self.model, self.sampler = weights, model, sampler  # a ServedVersion
-        self.stop_event = threading.Event()
-        self.next_id = 0
-        self.results = 0
-
-    def run(self) -> None:
-        import torch
-
-        from spotlight import protocol as P
-        from spotlight.store.tensor_wire import pack_tensors
-        from spotlight.store.weight_sync import WeightSyncError
-
-        cond = {
-            "cond.embeds": torch.randn(1, BIG_MODEL["max_text_tokens"], 384),
-            "cond.mask": torch.ones(1, BIG_MODEL["max_text_tokens"], dtype=torch.int64),
-        }
-        cond_metas, cond_frames = pack_tensors(cond)
-        while not self.stop_event.is_set():
-            if not self.sock.poll(100):
-                continue
-            ident, *frames = self.sock.recv_multipart()
-            try:
-                mtype, body, _ = P.decode(frames)
-            except P.ProtocolError:
-                continue
-            if mtype == P.MsgType.REGISTER:
-                reply, extra = (
-                    P.Registered(
-                        node_id=body.node_id,
-                        heartbeat_interval_s=1.0,
-                        lease_timeout_s=600.0,
-                        worker_batch_size=1,
-                        torch_threads=1,
-                        sp_degree=2,
-                        model=self.model,
-                        sampler=self.sampler,
-                        latest_version=0,
-                        session="s",
-                    ),
-                    None,
-                )
-            elif mtype == P.MsgType.HEARTBEAT:
-                reply, extra = P.Heartbeat(node_id=body.node_id), None
-            elif mtype == P.MsgType.PULL:
-                self.next_id += 1
-                item = P.LeaseItem(
-                    lease_id=self.next_id,
-                    request_id=f"r{self.next_id}",
-                    kind="rollout",
-                    iteration=0,
-                    prompt_index=0,
-                    seed=self.next_id,
-                    weight_version=0,
-                )
-                reply, extra = P.Leases(worker_id=body.worker_id, items=[item], tensors=cond_metas), cond_frames
-            elif mtype == P.MsgType.FETCH_WEIGHTS:
-                try:
-                    for msg, chunk in self.weights.replies(body):
-                        self.sock.send_multipart([ident, *P.encode(msg, chunk or None)], copy=False)
-                except WeightSyncError as exc:
-                    self.sock.send_multipart([ident, *P.encode(P.ErrorMsg(code="bad_request", message=str(exc)))])
-                continue
-            else:
-                self.results += mtype == P.MsgType.RESULT
-                continue
-            self.sock.send_multipart([ident, *P.encode(reply, extra)], copy=False)
-        self.sock.close(0)
-        self.auth.stop()
 
 
 class Node:
@@ -375,30 +286,37 @@ def restart_round(tag: str, ctx: dict) -> dict:
 
 
 def measure(args) -> dict:
-    import msgspec
     import torch
 
-    from spotlight.config import ClusterConfig, ModelConfig, SamplerConfig
+    from spotlight.config import ClusterConfig, ModelConfig, SamplerConfig, SpotlightConfig
+    from spotlight.coordinator.fixed_run import FixedRun
     from spotlight.models.dit import build_transformer
-    from spotlight.net.security import add_client, init_keys
+    from spotlight.net.security import add_client, init_keys, load_server_keys
+    from spotlight.rl.sampler import Conditioning
     from spotlight.store.tensor_wire import save_version
-    from spotlight.store.weight_sync import ServedVersion
 
     torch.set_num_threads(1)
     cfg = ModelConfig(**dict(BIG_MODEL, num_layers=args.num_layers))
     model = build_transformer(cfg)
     n_params = sum(p.numel() for p in model.parameters())
     work = pathlib.Path(tempfile.mkdtemp(prefix="spotlight-reconfig-"))
-    size_bytes, digest = save_version(model.state_dict(), work / "v0.safetensors")
+    size_bytes, _ = save_version(model.state_dict(), work / "v0.safetensors")
     del model
     print(f"model: {n_params / 1e6:.1f} M parameters, {size_bytes / 1e6:.0f} MB fp32 weights", flush=True)
     os.environ["SPOTLIGHT_AGENT_STATE"] = str(work / "state")
     keys_dir = work / "keys"
     init_keys(keys_dir)
     add_client(keys_dir, "agent", "bench")
-    weights = ServedVersion(work / "v0.safetensors", 0, ClusterConfig().weight_chunk_bytes, digest=digest)
-    coord = StubCoordinator(keys_dir, weights, msgspec.to_builtins(cfg), msgspec.to_builtins(SamplerConfig(**SAMPLER)))
-    coord.start()
+    run_cfg = SpotlightConfig(
+        model=cfg,
+        sampler=SamplerConfig(**SAMPLER),
+        cluster=ClusterConfig(
+            sp_degree=2, heartbeat_interval_s=1.0, lease_timeout_s=600.0, worker_batch_size=1, torch_threads=1
+        ),
+    )
+    tokens = BIG_MODEL["max_text_tokens"]
+    cond = Conditioning(torch.randn(1, tokens, 384), torch.ones(1, tokens, dtype=torch.int64))
+    coord = FixedRun(run_cfg, work, keys=load_server_keys(keys_dir), weights=work / "v0.safetensors", cond=cond).start()
     ctx = {"port": coord.port, "keys_dir": keys_dir, "work": work}
     rows: dict[str, list[dict]] = {
         k: [] for k in ("elastic_revoke", "elastic_add", "cold_add", "restart_revoke", "restart_add")
@@ -421,12 +339,13 @@ def measure(args) -> dict:
                 flush=True,
             )
             print(
-                f"  grant phases: {e['add']['phases_s']}; spare used: {e['add']['spare_used']} (pid {e['add']['new_worker_pid']}, next spare {e['add'].get('next_spare_pid')})",
+                f"  grant phases: {e['add']['phases_s']}; spare used: {e['add']['spare_used']} "
+                f"(pid {e['add']['new_worker_pid']}, next spare {e['add'].get('next_spare_pid')})",
                 flush=True,
             )
             print(f"  revoke phases: {e['revoke']['phases_s']}", flush=True)
     finally:
-        coord.stop_event.set()
+        coord.stop()
     med = {
         k: {m: statistics.median(r[m] for r in v) for m in ("serve_s", "step_s", "stall_s")}
         for k, v in rows.items()
@@ -481,13 +400,16 @@ def main() -> None:
         if k in m:
             lines.append(f"  {label:32s}{m[k]['serve_s']:8.2f}{m[k]['step_s']:8.2f}{m[k]['stall_s']:8.2f}")
     lines.append(
-        f"  elastic revocation: the revoked worker's process ended {m['elastic_revoke']['released_s']:.2f}s after the event"
+        "  elastic revocation: the revoked worker's process ended "
+        f"{m['elastic_revoke']['released_s']:.2f}s after the event"
     )
     lines.append(
-        f"  restart / elastic, revocation:  serve {r['revoke_serve_s']:.1f}x  step {r['revoke_step_s']:.1f}x  stall {r['revoke_stall_s']:.1f}x"
+        f"  restart / elastic, revocation:  serve {r['revoke_serve_s']:.1f}x  step {r['revoke_step_s']:.1f}x"
+        f"  stall {r['revoke_stall_s']:.1f}x"
     )
     lines.append(
-        f"  restart / elastic, grant:       serve {r['add_serve_s']:.1f}x  step {r['add_step_s']:.1f}x  stall {r['add_stall_s']:.1f}x"
+        f"  restart / elastic, grant:       serve {r['add_serve_s']:.1f}x  step {r['add_step_s']:.1f}x"
+        f"  stall {r['add_stall_s']:.1f}x"
     )
     print("\n".join(lines))
     out = pathlib.Path(args.out)

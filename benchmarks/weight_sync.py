@@ -138,14 +138,13 @@ def coordinator_proc(conn, workdir: str, keys_dir: str, chunk_bytes: int, window
         embeds=torch.zeros(2, 4, 384),
         mask=torch.ones(2, 4, dtype=torch.long),
         progress=lambda s: None,
-    )
+    ).start()
     write_client_file(pathlib.Path(workdir) / "trainer.json", ephemeral_client(coord.keys, "trainer", "bench"))
     mem = MemSampler()
     cpu0, main0 = time.process_time(), time.thread_time()
     conn.send({"endpoint": coord.endpoint, "trainer_endpoint": coord.server.trainer_endpoint})
     while True:
-        for msg in coord.server.poll(5):
-            coord.handle(msg)
+        coord.control.serve_once(5)
         if conn.poll():
             cmd = conn.recv()
             if cmd == "reset":
@@ -159,7 +158,7 @@ def coordinator_proc(conn, workdir: str, keys_dir: str, chunk_bytes: int, window
                         "cpu_s": time.process_time() - cpu0,
                         "main_cpu_s": time.thread_time() - main0,
                         "latest_version": coord.store.latest_version,
-                        "rejected": coord.rejected,
+                        "rejected": coord.control.rejected,
                         "dropped_sends": coord.server.dropped_sends,
                         "in_memory": coord.store.stats()["weights_in_memory"],
                     }

@@ -674,6 +674,20 @@ class SpotlightConfig(_Section):
         pc = self.planner
         return pc.min_sequences or min_selective_sequences(self.data.group_size, pc.sequence_step, pc.max_sequences)
 
+    def planner_config(self):
+        """The Planner's own configuration (:class:`spotlight.core.planner.PlannerConfig`): every
+        field of the ``[planner]`` section it shares, by name, with ``min_sequences`` resolved
+        (:meth:`planner_min_sequences`) and ``group_size`` = ``data.group_size``. The two types
+        have the same defaults (checked by a test), so a field added to both cannot drift."""
+        import dataclasses
+
+        from spotlight.core.planner import PlannerConfig
+
+        shared = {f.name for f in dataclasses.fields(PlannerConfig)} & set(self.planner.__struct_fields__)
+        values = {name: getattr(self.planner, name) for name in shared}
+        values.update(min_sequences=self.planner_min_sequences, group_size=self.data.group_size)
+        return PlannerConfig(**values)
+
     @property
     def num_explored_prompts(self) -> int:
         """C: prompts per batch that are explored (all but the control prompts)."""

@@ -18,8 +18,8 @@ when an old peer could not understand a message.
 Who sends what::
 
     agent  → coordinator   REGISTER, HEARTBEAT, PULL, RESULT, COMMIT, FAIL, FETCH_WEIGHTS,
-                           FETCH_STATE, NOTICE, BYE
-    coordinator → agent    REGISTERED, LEASES, WEIGHTS, WEIGHTS_CHUNK, STATE, ERROR, SHUTDOWN
+                           NOTICE, BYE
+    coordinator → agent    REGISTERED, LEASES, WEIGHTS, WEIGHTS_CHUNK, ERROR, SHUTDOWN
     worker ↔ agent         WORKER_HELLO, PULL, LEASES, RESULT, COMMIT, FAIL, FETCH_WEIGHTS,
                            WEIGHTS, STOP (same structs, relayed without decoding tensors)
     trainer ↔ coordinator  TRAIN_READY, TRAIN_BATCH, TRAIN_DONE, WEIGHTS, WEIGHTS_CHUNK
@@ -90,8 +90,8 @@ class MsgType(enum.IntEnum):
     FAIL = 8
     FETCH_WEIGHTS = 9
     WEIGHTS = 10
-    FETCH_STATE = 11
-    STATE = 12
+    # 11 and 12 are retired (a state fetch, never served: committed state travels with the
+    # lease that resumes it); never reuse them, so an old peer's bytes cannot mean something new
     NOTICE = 13
     BYE = 14
     ERROR = 15
@@ -441,8 +441,6 @@ MESSAGE_TYPES: dict[MsgType, type[_Msg]] = {
     MsgType.FAIL: Fail,
     MsgType.FETCH_WEIGHTS: FetchWeights,
     MsgType.WEIGHTS: Weights,
-    MsgType.FETCH_STATE: FetchWeights,
-    MsgType.STATE: Weights,
     MsgType.NOTICE: Notice,
     MsgType.BYE: Bye,
     MsgType.ERROR: ErrorMsg,
@@ -458,7 +456,7 @@ MESSAGE_TYPES: dict[MsgType, type[_Msg]] = {
     MsgType.STATUS_REQUEST: StatusRequest,
     MsgType.STATUS: Status,
 }
-_TYPE_OF = {cls: t for t, cls in MESSAGE_TYPES.items() if t not in (MsgType.FETCH_STATE, MsgType.STATE)}
+_TYPE_OF = {cls: t for t, cls in MESSAGE_TYPES.items()}
 _ENCODER = msgspec.msgpack.Encoder()
 _DECODERS = {t: msgspec.msgpack.Decoder(cls) for t, cls in MESSAGE_TYPES.items()}
 
@@ -471,7 +469,7 @@ def encode(
     Args:
         msg: any message struct of this module.
         frames: raw payload frames, in the order of the body's ``tensors`` metas.
-        msg_type: override the type byte (FETCH_STATE/STATE share structs with weights).
+        msg_type: override the type byte (tests forge frames with it).
     """
     t = msg_type if msg_type is not None else _TYPE_OF[type(msg)]
     return [bytes([int(t)]), _ENCODER.encode(msg), *(frames or [])]

@@ -798,7 +798,7 @@ def register(app: typer.Typer) -> None:
                 progress=console.print,
                 resume=resume is not None,
                 trackers=cfg.run.trackers,
-            )
+            ).start()
         except (SpotlightError, zmq.ZMQError) as exc:
             why = (
                 f"cannot listen on {reserved}: {zmq.strerror(exc.errno).lower()}"
@@ -940,7 +940,7 @@ def register(app: typer.Typer) -> None:
                     lambda: (
                         sum(
                             p.poll() is None
-                            for p in [*procs, *coord.train_procs, *(driver.procs if driver is not None else [])]
+                            for p in [*procs, *coord.trainers.procs, *(driver.procs if driver is not None else [])]
                         )
                         + sum(p.is_running() for p in adopted)
                     ),
@@ -979,7 +979,7 @@ def register(app: typer.Typer) -> None:
                 for p in alive:
                     p.terminate()
                 psutil.wait_procs(alive, timeout=5)
-            for p in coord.train_procs:
+            for p in coord.trainers.procs:
                 if p.poll() is None:
                     try:
                         p.wait(timeout=10)

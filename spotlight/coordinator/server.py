@@ -32,6 +32,7 @@ from typing import Any
 import zmq
 
 from spotlight import protocol as P
+from spotlight.errors import SpotlightError
 from spotlight.net.security import Authenticator, Principal, ServerKeys, apply_server
 
 log = logging.getLogger("spotlight.coordinator.server")
@@ -39,6 +40,16 @@ log = logging.getLogger("spotlight.coordinator.server")
 PUBLIC, TRAINER = "public", "trainer"
 TRAINER_RCVHWM = 8
 """Messages queued from one trainer before ZeroMQ stops reading its connection."""
+
+
+class Rejected(SpotlightError):
+    """A message refused by validation or authorization: the handler raises it before it
+    changes anything, and it becomes one ERROR reply with ``code`` (and one log line)."""
+
+    def __init__(self, code: str, message: str, *, retry_after_s: float = 0.0):
+        super().__init__(message)
+        self.code = code
+        self.retry_after_s = retry_after_s
 
 
 @dataclasses.dataclass

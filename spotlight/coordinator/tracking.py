@@ -63,11 +63,13 @@ def check_trackers(kinds: Sequence[str]) -> None:
             raise TrackingError(f"unknown tracker {k!r}: expected one of {', '.join(KINDS)} (or none)")
         if k == "tensorboard" and importlib.util.find_spec("tensorboard") is None:
             raise TrackingError(
-                "tracker 'tensorboard' needs the tensorboard package: pip install tensorboard (or run.trackers = [] / --tracker none)"
+                "tracker 'tensorboard' needs the tensorboard package: pip install tensorboard "
+                "(or run.trackers = [] / --tracker none)"
             )
         if k == "wandb" and importlib.util.find_spec("wandb") is None:
             raise TrackingError(
-                "tracker 'wandb' needs the wandb package: pip install wandb (it logs offline into <run_dir>/wandb; `wandb sync` uploads later)"
+                "tracker 'wandb' needs the wandb package: pip install wandb "
+                "(it logs offline into <run_dir>/wandb; `wandb sync` uploads later)"
             )
 
 

@@ -47,6 +47,13 @@ class EventLog:
         """Record one event at ``now`` (same clock as ``start_s``; stored as seconds since it)."""
         self._events.append({"t_s": round(now - self.start_s, 3), "kind": kind, "node": node, "detail": detail})
 
+    def continue_from(self, start_s: float, earlier) -> None:
+        """Continue an earlier coordinator's log (a resumed run): replace what is here with
+        ``earlier`` (its ``to_list``) on a time line that starts at ``start_s``."""
+        self.start_s = start_s
+        self._events.clear()
+        self.extend(earlier)
+
     def extend(self, events) -> None:
         """Append events recorded earlier (``to_list`` dicts of an earlier coordinator of the same
         run, their ``t_s`` already on this log's time line); malformed entries are skipped."""

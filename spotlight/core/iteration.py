@@ -15,15 +15,20 @@ One training iteration n, as decided here::
     DRAIN     waits for the planned d candidates only (the critical path, §4.3.4)
       ▼       top-K/2 + bottom-K/2 seeds per prompt → seed bank → IterationDone(n, metrics)
 
-Mode "critical_path" (the veRL-omni(spot) best-of-N baseline) explores batch n on v_n
-*before* its rollout. With ``reuse_exploration`` the selected candidates ARE the rollout
-(N generations per prompt, not N + K): its exploration requests carry params
-``as_rollout``, so workers run them uncached and return their window latents and log-probs.
+The phases and their allowed moves are :data:`PHASE_TRANSITIONS` (any other move raises
+:class:`InvalidPhaseTransition`); SAVING → FINISHED, once the Train Workers saved the final
+model, is the core's too. Where exploration happens is the run's strategy
+(:mod:`spotlight.core.exploration`): mode "critical_path" (the veRL-omni(spot) best-of-N
+baseline) explores batch n on v_n *before* its rollout. With ``reuse_exploration`` the selected
+candidates ARE the rollout (N generations per prompt, not N + K): its exploration requests carry
+params ``as_rollout``, so workers run them uncached and return their window latents and log-probs.
 
 Who drives it: :class:`spotlight.coordinator.coordinator.Coordinator` (sockets, processes, rewards on a
 thread pool) and :mod:`spotlight.sim` (a virtual clock). Both own the same
 :class:`~spotlight.core.request_scheduler.RequestScheduler`, seed bank and Planner objects the
-core is built with, report what happened (``record_result``, ``record_reward``) and call
+core is built with (one factory, :func:`build_iteration_core`, builds it for both), report what
+happened (``record_result``, ``record_reward``, and the worker events ``worker_seen``,
+``worker_gone``, ``lease_started``, ``lease_ended``) and call
 ``advance(now, obs)``, which returns the decisions the shell must carry out. No sockets,
 threads, clocks or torch here: every method takes ``now`` (seconds, any monotonic origin).
 """
@@ -32,27 +37,90 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import enum
 import math
+import random
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 
-from spotlight.core.planner import Action, Planner, PlannerObservation, feedback_from_groups
+from spotlight.core.busy import BusyMeter
+from spotlight.core.exploration import STRATEGIES, ExplorationStrategy
+from spotlight.core.planner import Action, Planner, PlannerConfig, PlannerObservation, StepOption, feedback_from_groups
 from spotlight.core.request_scheduler import RequestKind, RequestScheduler, RequestStatus
 from spotlight.core.seed_bank import SeedBank, seed_from_text, seed_prefix
 
 __all__ = [
-    "BusyMeter",
+    "PHASE_TRANSITIONS",
     "CoreObservation",
+    "InvalidPhaseTransition",
     "IterationCore",
     "IterationDone",
     "IterationSettings",
+    "Phase",
     "StartSaving",
     "StartTraining",
+    "build_iteration_core",
 ]
 
 _STATE_VERSION = 1
+
+
+class Phase(str, enum.Enum):
+    """Where iteration ``IterationCore.iteration`` stands. A ``str`` enum: ``"train"`` in
+    ``status.json`` and in ``spotlight status`` is ``Phase.TRAIN``."""
+
+    STARTING = "starting"  # waiting for the Train Workers (and, to begin, one worker node)
+    EXPLORE_FIRST = "explore_first"  # critical_path: batch n's candidates before its rollout
+    ROLLOUT = "rollout"  # batch n on v_n, pulled by every worker, scored as it finishes
+    TRAIN = "train"  # v_n -> v_{n+1} on the Train Workers; stale: spot workers explore n+1
+    DRAIN = "drain"  # leftover planned exploration of n+1, pulled by every worker
+    ENDED = "ended"  # iteration n recorded; the shell checkpoints before n+1 begins
+    SAVING = "saving"  # every iteration done: the Train Workers save the final model
+    FINISHED = "finished"  # the final model is saved: the run is over (terminal)
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+PHASE_TRANSITIONS: dict[Phase, frozenset[Phase]] = {
+    Phase.STARTING: frozenset(
+        {
+            Phase.ROLLOUT,  # trainers ready and a node alive: iteration n begins (stale, off)
+            Phase.EXPLORE_FIRST,  # ... or begins with its own exploration (critical_path)
+            Phase.SAVING,  # resumed from the checkpoint of the last iteration: only the save is left
+        }
+    ),
+    Phase.EXPLORE_FIRST: frozenset(
+        {
+            Phase.ROLLOUT,  # every candidate scored: the rollout uses the selected seeds
+            Phase.TRAIN,  # reuse_exploration: the selected candidates are the rollout
+        }
+    ),
+    Phase.ROLLOUT: frozenset({Phase.TRAIN}),  # every rollout request Done and scored
+    Phase.TRAIN: frozenset({Phase.DRAIN}),  # TRAIN_DONE from every rank, v_{n+1} published
+    Phase.DRAIN: frozenset({Phase.ENDED}),  # the planned exploration of n+1 is scored
+    Phase.ENDED: frozenset(
+        {
+            Phase.ROLLOUT,  # the shell checkpointed iteration n: iteration n+1 begins
+            Phase.EXPLORE_FIRST,  # ... with its own exploration first (critical_path)
+            Phase.SAVING,  # n was the last iteration
+        }
+    ),
+    Phase.SAVING: frozenset({Phase.FINISHED}),  # every Train Worker reported the final model saved
+    Phase.FINISHED: frozenset(),  # terminal
+}
+"""The phase machine: every allowed move, with what causes it. Anything else is a bug in the
+core (or a shell trying to drive it) and raises :class:`InvalidPhaseTransition`."""
+
+
+class InvalidPhaseTransition(RuntimeError):
+    """A phase change that :data:`PHASE_TRANSITIONS` does not allow."""
+
 
 _TERMINAL = frozenset(s for s in RequestStatus if s.is_terminal())
 # enum members as globals: ``RequestKind.X`` goes through the enum metaclass's ``__getattr__`` hook
@@ -87,8 +155,10 @@ class IterationSettings:
     max_candidates_per_prompt: int = 256
 
     def __post_init__(self) -> None:
-        if self.explore_mode not in ("stale", "critical_path", "off"):
-            raise ValueError(f"explore_mode must be 'stale', 'critical_path' or 'off', got {self.explore_mode!r}")
+        if self.explore_mode not in STRATEGIES:
+            raise ValueError(
+                f"explore_mode must be one of {', '.join(map(repr, STRATEGIES))}, got {self.explore_mode!r}"
+            )
         if self.reuse_exploration and self.explore_mode != "critical_path":
             raise ValueError("reuse_exploration needs explore_mode='critical_path'")
         if self.max_candidates_per_prompt < 1:
@@ -106,6 +176,7 @@ class CoreObservation:
     trainers_ready: every Train Worker is up and the current weights are published.
     any_worker_node: at least one node is alive (an iteration may start).
     train_done: the update of the iteration in TRAIN finished and v_{n+1} is published.
+    final_saved: in SAVING, every Train Worker saved the final model.
     num_spot_gpus: live spot GPUs (the Planner's N_spot).
     step_time_s: t_step, GPU-seconds per sequence per computed step (None = unknown yet).
     spot_slots: requests the live spot workers can hold at once (workers × batch size);
@@ -115,6 +186,7 @@ class CoreObservation:
     trainers_ready: bool = True
     any_worker_node: bool = True
     train_done: bool = False
+    final_saved: bool = False
     num_spot_gpus: int = 0
     step_time_s: float | None = None
     spot_slots: int = 0
@@ -141,70 +213,6 @@ class StartSaving:
     """Every iteration is done: save the final model."""
 
 
-class BusyMeter:
-    """How busy workers were over a time window: lease-holding time over alive time.
-
-    A worker is *alive* from the first time it is ``seen`` until ``gone``; it is *busy* from
-    a lease grant (``start``) until its result, commit or failure (``end``). Pure: the shell
-    passes ``now`` (seconds). Feeds ``spot/busy_fraction``.
-    """
-
-    def __init__(self, *, keep_s: float = 600.0) -> None:
-        self.keep_s = keep_s
-        self.is_spot: dict[str, bool] = {}
-        self._alive: dict[str, list[list[float | None]]] = {}  # worker -> [[start, end|None], ...]
-        self._busy: dict[str, list[tuple[float, float]]] = collections.defaultdict(list)
-        self._open: dict[str, float] = {}
-
-    def seen(self, worker_id: str, is_spot: bool, now: float) -> None:
-        self.is_spot[worker_id] = is_spot
-        spans = self._alive.setdefault(worker_id, [])
-        if not spans or spans[-1][1] is not None:
-            spans.append([now, None])
-
-    def gone(self, worker_id: str, now: float) -> None:
-        self.end(worker_id, now)
-        spans = self._alive.get(worker_id)
-        if spans and spans[-1][1] is None:
-            spans[-1][1] = now
-
-    def start(self, worker_id: str, now: float) -> None:
-        if worker_id not in self._open:
-            self._open[worker_id] = now
-
-    def end(self, worker_id: str, now: float) -> None:
-        t0 = self._open.pop(worker_id, None)
-        if t0 is not None:
-            self._busy[worker_id].append((t0, now))
-
-    def holding(self, worker_id: str) -> bool:
-        return worker_id in self._open
-
-    def fraction(self, t0: float, t1: float, *, spot: bool = True) -> float:
-        """Busy worker-seconds / alive worker-seconds of spot (or reserved) workers in [t0, t1];
-        NaN when none was alive or the window is empty."""
-        if t1 <= t0:
-            return math.nan
-        alive = busy = 0.0
-        for w, spans in self._alive.items():
-            if self.is_spot.get(w) != spot:
-                continue
-            for a, b in spans:
-                alive += max(0.0, min(t1 if b is None else b, t1) - max(a, t0))
-            for a, b in self._busy.get(w, ()):
-                busy += max(0.0, min(b, t1) - max(a, t0))
-            if w in self._open:
-                busy += max(0.0, t1 - max(self._open[w], t0))
-        return min(1.0, busy / alive) if alive > 0 else math.nan
-
-    def forget(self, before: float) -> None:
-        """Drop busy intervals and closed alive spans that ended before ``before``."""
-        for w in list(self._busy):
-            self._busy[w] = [(a, b) for a, b in self._busy[w] if b >= before]
-        for w in list(self._alive):
-            self._alive[w] = [s for s in self._alive[w] if s[1] is None or s[1] >= before]
-
-
 @dataclass
 class _Exploration:
     """Bookkeeping of the exploration of one batch."""
@@ -227,6 +235,8 @@ class IterationCore:
         seed_bank: selected seeds per (iteration, slot).
         planner: the bandit Planner (§4.3), or None for a fixed action.
         fixed_action: the action when ``planner`` is None (and the critical-path baseline's).
+        strategy: where and when to explore; default: the one named by ``settings.explore_mode``
+            (:data:`spotlight.core.exploration.STRATEGIES`).
         prompt_order: prompt indices in epoch order; batch n takes ``prompts_per_iteration``
             consecutive entries, wrapping around.
         sampler_params: per-iteration request params (e.g. a drawn SDE window start).
@@ -241,6 +251,7 @@ class IterationCore:
         fixed_action: Action | None,
         prompt_order: list[int],
         sampler_params: Callable[[int], dict] = lambda n: {},
+        strategy: ExplorationStrategy | None = None,
     ) -> None:
         if not prompt_order:
             raise ValueError("prompt_order is empty")
@@ -251,7 +262,8 @@ class IterationCore:
         self.fixed_action = fixed_action
         self.prompt_order = list(prompt_order)
         self.sampler_params = sampler_params
-        self.phase = "starting"
+        self.strategy = strategy if strategy is not None else STRATEGIES[settings.explore_mode]
+        self.phase = Phase.STARTING
         self.iteration = 0
         self.done = False
         self.request_meta: dict[str, tuple[int, int]] = {}  # request id -> (slot, prompt index)
@@ -266,6 +278,7 @@ class IterationCore:
         self.plan_logs: dict[int, dict] = {}
         self.last_train_s: float | None = None
         self.busy = BusyMeter()
+        """Lease-holding time over alive time per worker; fed by the worker events below."""
         self.t: dict[str, float] = {}
         self._rollout_stats: dict[str, Any] = {}
         self._explore_stats: dict[str, Any] = {}
@@ -308,96 +321,134 @@ class IterationCore:
         """Every request of (iteration, kind) ended and each DONE one has its reward."""
         return self.sched.is_finished(iteration=iteration, kind=kind) and self._unscored.get((iteration, kind), 0) == 0
 
+    # ------------------------------------------------------------------ worker events from the shell
+    def worker_seen(self, worker_id: str, is_spot: bool, now: float) -> None:
+        """A worker is alive (it heartbeats or pulls); idle until a lease starts."""
+        self.busy.seen(worker_id, is_spot, now)
+
+    def worker_gone(self, worker_id: str, now: float) -> None:
+        """A worker left (its agent left, died or re-registered); its open lease time ends."""
+        self.busy.gone(worker_id, now)
+
+    def lease_started(self, worker_id: str, now: float) -> None:
+        """A worker was granted requests."""
+        self.busy.start(worker_id, now)
+
+    def lease_ended(self, worker_id: str, now: float) -> None:
+        """A worker returned its results, committed or gave its requests back."""
+        self.busy.end(worker_id, now)
+
     # ------------------------------------------------------------------ the machine
+    def _set_phase(self, phase: Phase) -> None:
+        if phase not in PHASE_TRANSITIONS[self.phase]:
+            raise InvalidPhaseTransition(f"iteration {self.iteration}: {self.phase.value} -> {phase.value}")
+        self.phase = phase
+
     def advance(self, now: float, obs: CoreObservation) -> list:
         """Move the phase machine as far as the observations allow; returns the decisions
         (:class:`StartTraining`, :class:`IterationDone`, :class:`StartSaving`) in order."""
         out: list = []
         while True:
             before = (self.phase, self.iteration)
-            self._advance_once(now, obs, out)
+            self._STEPS[self.phase](self, now, obs, out)
             if (self.phase, self.iteration) == before or (out and isinstance(out[-1], IterationDone)):
                 return out  # after IterationDone the shell checkpoints before the next batch starts
             obs = dataclasses.replace(obs, train_done=False)  # a new phase never inherits "done"
 
-    def _advance_once(self, now: float, obs: CoreObservation, out: list) -> None:
-        n, mode = self.iteration, self.settings.explore_mode
-        if self.phase == "starting":
-            if obs.trainers_ready:
-                if n >= self.settings.iterations:
-                    self.phase = "saving"
-                    out.append(StartSaving())
-                elif obs.any_worker_node:
-                    self.begin_iteration(n, now)
-        elif self.phase == "explore_first":
-            if self.scored(n, _EXPLORE):
-                self.t["explore_end"] = now
-                self._explore_stats = self.finish_exploration(n)
-                self.t["rollout_start"] = now
-                if self.settings.reuse_exploration:
-                    self.t["rollout_end"] = now
-                    self._start_training(n, self._selected_exploration(n), now, out, obs)
-                else:
-                    self.phase = "rollout"
-                    self.submit_rollout(n, now)
-        elif self.phase == "rollout":
-            if self.scored(n, _ROLLOUT):
-                self.t["rollout_end"] = now
-                self._start_training(n, list(self.rollout_done.get(n, [])), now, out, obs)
-        elif self.phase == "train":
-            if obs.train_done:
-                self.t["train_end"] = now
-                self.last_train_s = now - self.t["rollout_end"]
-                self.sched.set_training_active(False)
-                self._stop_streaming(now)
-                self.phase = "drain"
-            else:
-                self._stream_extra(now, obs)
-        elif self.phase == "drain":
-            m = self.explore_iter if mode == "stale" else None
-            if m is None or self.scored(m, _EXPLORE):
-                if m is not None:
-                    self.t["explore_end"] = now
-                    self._explore_stats = self.finish_exploration(m)
-                out.append(IterationDone(n, self._end_metrics(n, now)))
-                self._end_iteration(n, now)
-                self.phase = "ended"
-        elif self.phase == "ended":  # between iterations: nothing queued (the shell checkpointed)
-            if n >= self.settings.iterations:
-                self.phase = "saving"
-                out.append(StartSaving())
-            else:
-                self.begin_iteration(n, now)
+    def _from_starting(self, now: float, obs: CoreObservation, out: list) -> None:
+        if not obs.trainers_ready:
+            return
+        if self.iteration >= self.settings.iterations:
+            self._begin_saving(out)
+        elif obs.any_worker_node:
+            self.begin_iteration(self.iteration, now)
+
+    def _from_explore_first(self, now: float, obs: CoreObservation, out: list) -> None:
+        n = self.iteration
+        if not self.scored(n, _EXPLORE):
+            return
+        self.t["explore_end"] = now
+        self._explore_stats = self.finish_exploration(n)
+        self.t["rollout_start"] = now
+        if self.settings.reuse_exploration:
+            self.t["rollout_end"] = now
+            self._start_training(n, self._selected_exploration(n), now, out, obs)
+        else:
+            self._set_phase(Phase.ROLLOUT)
+            self.submit_rollout(n, now)
+
+    def _from_rollout(self, now: float, obs: CoreObservation, out: list) -> None:
+        n = self.iteration
+        if self.scored(n, _ROLLOUT):
+            self.t["rollout_end"] = now
+            self._start_training(n, list(self.rollout_done.get(n, [])), now, out, obs)
+
+    def _from_train(self, now: float, obs: CoreObservation, out: list) -> None:
+        if not obs.train_done:
+            self.strategy.while_training(self, now, obs)
+            return
+        self.t["train_end"] = now
+        self.last_train_s = now - self.t["rollout_end"]
+        self.sched.set_training_active(False)
+        self.strategy.training_ended(self, now)
+        self._set_phase(Phase.DRAIN)
+
+    def _from_drain(self, now: float, obs: CoreObservation, out: list) -> None:
+        n = self.iteration
+        m = self.strategy.drained_batch(self, n)
+        if m is not None and not self.scored(m, _EXPLORE):
+            return
+        if m is not None:
+            self.t["explore_end"] = now
+            self._explore_stats = self.finish_exploration(m)
+        out.append(IterationDone(n, self._end_metrics(n, now)))
+        self._end_iteration(n, now)
+        self._set_phase(Phase.ENDED)
+
+    def _from_ended(self, now: float, obs: CoreObservation, out: list) -> None:
+        # between iterations: nothing queued (the shell checkpointed)
+        if self.iteration >= self.settings.iterations:
+            self._begin_saving(out)
+        else:
+            self.begin_iteration(self.iteration, now)
+
+    def _from_saving(self, now: float, obs: CoreObservation, out: list) -> None:
+        if obs.final_saved:
+            self._set_phase(Phase.FINISHED)
+            self.done = True
+
+    def _stay(self, now: float, obs: CoreObservation, out: list) -> None:
+        """FINISHED: nothing moves any more."""
+
+    _STEPS = {
+        Phase.STARTING: _from_starting,
+        Phase.EXPLORE_FIRST: _from_explore_first,
+        Phase.ROLLOUT: _from_rollout,
+        Phase.TRAIN: _from_train,
+        Phase.DRAIN: _from_drain,
+        Phase.ENDED: _from_ended,
+        Phase.SAVING: _from_saving,
+        Phase.FINISHED: _stay,
+    }
+
+    def _begin_saving(self, out: list) -> None:
+        self._set_phase(Phase.SAVING)
+        out.append(StartSaving())
 
     def _start_training(self, n: int, request_ids: list[str], now: float, out: list, obs: CoreObservation) -> None:
         self._rollout_stats = self.rollout_stats(request_ids)
         self._planner_feedback(n, request_ids)
         out.append(StartTraining(n, request_ids))
         self.sched.set_training_active(True)
-        self.phase = "train"
-        if self.settings.explore_mode == "stale" and n + 1 < self.settings.iterations:
-            action = self.choose_action(n + 1, now, obs)
-            if action is not None:
-                self.submit_exploration(n + 1, n, action, now)
-            elif self.planner is not None and self.settings.stream_extra and obs.spot_slots > 0:
-                # no arm fits the window: plan nothing (nothing may reach the critical path) but
-                # still give the spot GPUs the cheapest arm's candidates to stream while it lasts
-                cheapest = min(
-                    self.planner.actions,
-                    key=lambda a: (a.num_sequences * (a.cost_steps or a.effective_steps), a.effective_steps),
-                )
-                self.submit_exploration(n + 1, n, cheapest, now, planned=False)
+        self._set_phase(Phase.TRAIN)
+        self.strategy.training_started(self, n, now, obs)
 
     def begin_iteration(self, n: int, now: float) -> None:
+        """Queue iteration ``n``'s first work (its rollout, or its exploration first)."""
         self.t = {"iter_start": now, "rollout_start": now}
         self.explore_iter = None
         self._explore_stats = {}
-        if self.settings.explore_mode == "critical_path":
-            self.phase = "explore_first"
-            self.submit_exploration(n, n, self.fixed_action, now)
-        else:
-            self.phase = "rollout"
-            self.submit_rollout(n, now)
+        self._set_phase(Phase(self.strategy.begin_iteration(self, n, now)))
 
     def _end_iteration(self, n: int, now: float) -> None:
         for rid in self.rollout_done.pop(n, []):
@@ -458,13 +509,13 @@ class IterationCore:
         ex.planned.update(ids)
         return len(ids)
 
-    def _stream_extra(self, now: float, obs: CoreObservation) -> None:
+    def stream_extra(self, now: float, obs: CoreObservation) -> None:
         """Keep the spot queue from running dry while training runs: when
         fewer exploration requests are queued than the spot workers can hold, queue extra
         candidates (the next candidate indices) of the explored prompts, round-robin, up to
         twice that many (so refills come in chunks, not one per pull)."""
         m = self.explore_iter
-        if not self.settings.stream_extra or self.settings.explore_mode != "stale" or m is None or obs.spot_slots <= 0:
+        if not self.settings.stream_extra or m is None or obs.spot_slots <= 0:
             return
         ex = self.explorations.get(m)
         if ex is None or not ex.next_index:
@@ -502,7 +553,7 @@ class IterationCore:
         ex.extra.update(ids)
         self.extra_submitted += len(ids)
 
-    def _stop_streaming(self, now: float) -> None:
+    def stop_streaming(self, now: float) -> None:
         """Training ended: cancel the extras that are not done (their late results are stale);
         the planned candidates are still waited for in DRAIN."""
         m = self.explore_iter
@@ -540,6 +591,14 @@ class IterationCore:
         }
         return plan.action
 
+    def cheapest_action(self) -> Action:
+        """The Planner's cheapest arm (by planned GPU steps): what spot GPUs stream, unplanned,
+        when no arm fits the training window."""
+        return min(
+            self.planner.actions,
+            key=lambda a: (a.num_sequences * (a.cost_steps or a.effective_steps), a.effective_steps),
+        )
+
     def _planner_feedback(self, n: int, request_ids: list[str]) -> None:
         """r = σ̄_all / σ̄_unc over iteration n's groups (§4.3.2) → the arm that was chosen.
 
@@ -564,7 +623,7 @@ class IterationCore:
         self._rollout_stats["planner/explored_groups"] = float(len(explored & by_slot.keys()))
         action = self.explore_action.pop(n, None)
         per_prompt = self._candidates_per_prompt.pop(n, None)
-        if self.planner is None or action is None or self.settings.explore_mode != "stale":
+        if self.planner is None or action is None or not self.strategy.credits_planner:
             return
         self._rollout_stats["planner/credited_num_sequences"] = action.num_sequences
         if per_prompt is not None:
@@ -635,21 +694,16 @@ class IterationCore:
         row: dict[str, Any] = {"iteration": n, "version": n}
         row.update(self._rollout_stats)
         row.update(self._explore_stats)
-        mode = self.settings.explore_mode
-        explored = self.explore_iter is not None or mode == "critical_path"
+        strategy = self.strategy
+        m = strategy.metrics_batch(self, n)
         train_end = t.get("train_end", now)
         explore_done = t.get("explore_last_result", t.get("explore_end", 0.0))
-        explore_s = max(0.0, explore_done - t["explore_start"]) if explored and "explore_start" in t else 0.0
-        if not explored or "explore_start" not in t:
-            critical = 0.0
-        elif mode == "critical_path":
-            critical = t["explore_end"] - t["explore_start"]
-        else:
-            critical = max(0.0, t["explore_end"] - train_end) if "explore_end" in t else 0.0
-        m = self.explore_iter if mode == "stale" else (n if mode == "critical_path" else None)
+        explored = m is not None and "explore_start" in t
+        explore_s = max(0.0, explore_done - t["explore_start"]) if explored else 0.0
+        critical = strategy.critical_path_s(t, train_end) if explored else 0.0
         action = self.explore_action.get(m) if m is not None else None
-        if action is None and mode == "critical_path":
-            action = self.fixed_action
+        if action is None:
+            action = strategy.fallback_action(self)
         if action is not None:
             row["explore/num_candidates"] = action.num_sequences
             row["explore/planned_steps"] = action.effective_steps
@@ -668,13 +722,25 @@ class IterationCore:
                 # the last iteration has no next batch to explore: spot idleness there is not
                 # a scheduling loss (a cluster would hand the spot GPUs back), so it is NaN
                 "spot/busy_fraction": self.busy.fraction(t["rollout_end"], train_end, spot=True)
-                if not (mode == "stale" and n + 1 >= self.settings.iterations)
+                if not (strategy.explores_next_batch and n + 1 >= self.settings.iterations)
                 else math.nan,
             }
         )
         return row
 
     # ------------------------------------------------------------------ persistence
+    def forget_requests(self, request_ids) -> None:
+        """Drop the prompt slots of requests the shell retired (written to the request log)."""
+        meta = self.request_meta
+        for rid in request_ids:
+            meta.pop(rid, None)
+
+    def adopt_restored_requests(self) -> None:
+        """Learn the prompt slots of requests the scheduler got back from a checkpoint (a
+        resumed run: pulls of resumed work and their results need them)."""
+        for r in self.sched.requests():
+            self.request_meta.setdefault(r.request_id, (r.group, r.prompt_index))
+
     def state_dict(self) -> dict[str, Any]:
         """JSON-able state kept between iterations (the scheduler, seed bank and Planner
         are saved by their owners)."""
@@ -707,4 +773,45 @@ class IterationCore:
         self.last_train_s = d["last_train_s"]
         self._explored_slots = {int(k): set(v) for k, v in d.get("explored_slots", {}).items()}
         self._candidates_per_prompt = {int(k): float(v) for k, v in d.get("candidates_per_prompt", {}).items()}
-        self.phase = "starting"
+        self.phase = Phase.STARTING
+
+
+def build_iteration_core(
+    settings: IterationSettings,
+    sched: RequestScheduler,
+    seed_bank: SeedBank,
+    prompt_order: list[int],
+    *,
+    planner_config: PlannerConfig | None,
+    step_options: list[StepOption],
+    planner_seed: int = 0,
+    fixed_action: Action | None = None,
+    sampler_params: Callable[[int], dict] = lambda n: {},
+) -> IterationCore:
+    """The iteration core of a run: one recipe for the coordinator and the simulator.
+
+    Args:
+        settings: the phase machine's settings; ``explore_mode`` picks the strategy.
+        sched, seed_bank, prompt_order, sampler_params: as :class:`IterationCore` takes them.
+        planner_config: the bandit Planner's configuration (paper §4.3), or None for a fixed
+            action. A Planner is built only when the run explores.
+        step_options: the profiled (cache threshold → effective steps, accuracy) arms.
+        planner_seed: seed of the Planner's tie-breaking RNG.
+        fixed_action: d and s when there is no Planner, and the best-of-N action of the
+            critical-path strategy (kept only where one of those applies).
+    """
+    explores = settings.explore_mode != "off"
+    planner = (
+        Planner(planner_config, step_options, random.Random(planner_seed)) if explores and planner_config else None
+    )
+    keep_fixed = explores and (planner is None or settings.explore_mode == "critical_path")
+    return IterationCore(
+        settings,
+        sched,
+        seed_bank,
+        planner,
+        fixed_action if keep_fixed else None,
+        prompt_order,
+        sampler_params,
+        STRATEGIES[settings.explore_mode],
+    )

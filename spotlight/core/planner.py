@@ -64,6 +64,7 @@ __all__ = [
     "min_selective_sequences",
     "selection_key",
     "step_time_gpu_s",
+    "StepTimes",
 ]
 
 _STATE_VERSION = 2  # 2: arm windows may hold None (a play without feedback); 1 still loads
@@ -145,6 +146,40 @@ def step_time_gpu_s(
     if not _is_real(elapsed_s) or not math.isfinite(elapsed_s) or not (0 < elapsed_s < max_elapsed_s):
         return None
     return float(elapsed_s) * num_gpus / computed_steps
+
+
+class StepTimes:
+    """Exponential moving averages of how long denoising steps take, from RESULT messages.
+
+    ``t_step_s``: GPU-seconds per (sequence × computed step) on spot workers, uncached batches
+    only (a cached batch also pays for its skipped steps, which the Planner prices by
+    ``cost_steps``): the Planner's t_step (:func:`step_time_gpu_s`). ``step_wall_s``: a batch's
+    wall seconds per computed step, on any worker (prices ``spot/work_lost_steps``). Both None
+    until measured; ``t_step_s`` may start from a profile.
+    """
+
+    def __init__(self, t_step_s: float | None = None):
+        self.t_step_s = t_step_s
+        self.step_wall_s: float | None = None
+
+    @staticmethod
+    def _ema(old: float | None, new: float) -> float:
+        return new if old is None else 0.7 * old + 0.3 * new
+
+    def observe(
+        self, elapsed_s: float, computed_steps: list[int], num_gpus: float, *, spot: bool, cached: bool
+    ) -> None:
+        """One batch: ``elapsed_s`` wall seconds, the steps each sequence computed, the GPUs of
+        the worker that ran it, whether it was a spot worker and ran with a step cache."""
+        if not computed_steps:
+            return
+        if elapsed_s > 0:
+            self.step_wall_s = self._ema(self.step_wall_s, elapsed_s / max(1, max(computed_steps)))
+        if not spot or cached:
+            return
+        est = step_time_gpu_s(elapsed_s, sum(max(1, s) for s in computed_steps), num_gpus)
+        if est is not None:
+            self.t_step_s = self._ema(self.t_step_s, est)
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,6 @@ import gc
 import heapq
 import itertools
 import math
-import random
 import time
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -51,14 +50,15 @@ import numpy as np
 from spotlight.core.instance_manager import InstanceManager, cost_metrics
 from spotlight.core.iteration import (
     CoreObservation,
-    IterationCore,
     IterationDone,
     IterationSettings,
+    Phase,
     StartSaving,
     StartTraining,
+    build_iteration_core,
 )
 from spotlight.core.modes import POLICIES, Policy
-from spotlight.core.planner import Action, Planner, PlannerConfig, min_selective_sequences
+from spotlight.core.planner import Action, PlannerConfig, min_selective_sequences
 from spotlight.core.request_scheduler import Lease, Request, RequestKind, RequestScheduler
 from spotlight.core.seed_bank import MASK64, SeedBank, splitmix64
 from spotlight.sim.profile import SimProfile
@@ -297,26 +297,8 @@ class Simulator:
         self.reward = SyntheticReward(seed)
         control = 0 if policy.reuse_exploration else p.num_control_prompts
         options = [dataclasses.replace(o, cost_steps=p.sequence_cost_steps(o.effective_steps)) for o in p.step_options]
-        planner = None
-        fixed = None
-        if policy.explore_mode != "off":
-            if policy.planner == "bandit":
-                planner = Planner(
-                    PlannerConfig(
-                        max_sequences=p.max_sequences,
-                        min_sequences=min_selective_sequences(p.group_size, p.sequence_step, p.max_sequences),
-                        group_size=p.group_size,
-                        sequence_step=p.sequence_step,
-                        min_effective_steps=p.min_effective_steps,
-                        min_exploration_accuracy=p.min_exploration_accuracy,
-                        beta=p.beta,
-                    ),
-                    options,
-                    random.Random(seed),
-                )
-            else:
-                fixed = Action(p.best_of_n, float(p.num_steps), 0.0, float(p.num_steps))
-        self.core = IterationCore(
+        bandit = policy.planner == "bandit"
+        self.core = build_iteration_core(
             IterationSettings(
                 iterations=iterations,
                 prompts_per_iteration=p.prompts_per_iteration,
@@ -331,9 +313,21 @@ class Simulator:
             ),
             self.sched,
             self.seed_bank,
-            planner,
-            fixed,
             list(range(max(p.prompts_per_iteration * 4, 128))),
+            planner_config=PlannerConfig(
+                max_sequences=p.max_sequences,
+                min_sequences=min_selective_sequences(p.group_size, p.sequence_step, p.max_sequences),
+                group_size=p.group_size,
+                sequence_step=p.sequence_step,
+                min_effective_steps=p.min_effective_steps,
+                min_exploration_accuracy=p.min_exploration_accuracy,
+                beta=p.beta,
+            )
+            if bandit
+            else None,
+            step_options=options,
+            planner_seed=seed,
+            fixed_action=None if bandit else Action(p.best_of_n, float(p.num_steps), 0.0, float(p.num_steps)),
         )
         self._options = {o.cache_threshold: o for o in options}
         self.nodes: dict[str, _Node] = {}
@@ -356,6 +350,7 @@ class Simulator:
         self._rewards_ahead: dict[str, float] = {}  # request id -> its reward, computed ahead (see _reward)
         self._meta_seen = 0  # request_meta entries whose rewards were computed ahead
         self._obs_key: tuple | None = None
+        self._final_saved = False
         self._obs: CoreObservation | None = None
 
     # ------------------------------------------------------------------ event queue
@@ -392,7 +387,7 @@ class Simulator:
         node.workers[wid] = w
         self.workers[wid] = w
         self._spot_workers += node.is_spot
-        self.core.busy.seen(wid, node.is_spot, self.now)  # alive (and idle) from its creation
+        self.core.worker_seen(wid, node.is_spot, self.now)  # alive (and idle) from its creation
         self.idle[wid] = None
         if ready_at > self.now:
             self._at(ready_at, "wake", wid)
@@ -405,7 +400,7 @@ class Simulator:
         w.node.workers.pop(w.wid, None)
         if self.workers.pop(w.wid, None) is not None:
             self._spot_workers -= w.node.is_spot
-        self.core.busy.gone(w.wid, self.now)
+        self.core.worker_gone(w.wid, self.now)
 
     def _interrupt(self, w: _Worker, *, commit: bool) -> None:
         now = self.now
@@ -428,7 +423,7 @@ class Simulator:
                 self.work_lost_steps += frac * cost
                 self._iter_counts["work_lost_steps"] += frac * cost
         self.sched.release_worker(w.wid, reason="preempted", now=now)  # anything not committed
-        self.core.busy.end(w.wid, now)
+        self.core.lease_ended(w.wid, now)
         w.leases = None
         w.token += 1
 
@@ -562,10 +557,11 @@ class Simulator:
         if sched.num_ready() == 0:
             return
         now = self.now
-        training = self.core.phase == "train"
+        training = self.core.phase is Phase.TRAIN
         p = self.profile
         bs = p.batch_size
-        workers, pull, busy = self.workers, sched.pull, self.core.busy
+        workers, pull = self.workers, sched.pull
+        worker_seen, lease_started = self.core.worker_seen, self.core.lease_started
         for wid in list(idle):
             w = workers.get(wid)
             if w is None or w.ready_at > now:
@@ -590,8 +586,8 @@ class Simulator:
             w.work_start = now + sync + restore
             w.end = w.work_start + sum(w.steps) * step_s
             w.token += 1
-            busy.seen(wid, is_spot, now)
-            busy.start(wid, now)
+            worker_seen(wid, is_spot, now)
+            lease_started(wid, now)
             self._at(w.end, "done", (wid, w.token))
             if sched.num_ready() == 0:
                 break
@@ -618,7 +614,7 @@ class Simulator:
                 record_reward(rid, reward)
         self.requests_done += done
         w.leases = None
-        core.busy.end(wid, now)
+        core.lease_ended(wid, now)
         self.idle[wid] = None
         if w.node.is_spot and self.policy.elastic and w.sp < self.profile.spot_sp:
             self._rebalance(w.node)  # an SP-1 survivor may merge with a GPU that joined
@@ -664,14 +660,15 @@ class Simulator:
         p = self.profile
         if self._spot_gpus is None:
             self._spot_gpus = self.instances.num_spot_gpus()
-        train_done = self.core.phase == "train" and self._train_done_iter == self.core.iteration
-        key = (train_done, self._spot_gpus, self._spot_workers)
+        train_done = self.core.phase is Phase.TRAIN and self._train_done_iter == self.core.iteration
+        key = (train_done, self._final_saved, self._spot_gpus, self._spot_workers)
         if key != self._obs_key:
             self._obs_key = key
             self._obs = CoreObservation(
                 trainers_ready=True,
                 any_worker_node=True,
                 train_done=train_done,
+                final_saved=self._final_saved,
                 num_spot_gpus=self._spot_gpus,
                 step_time_s=self._step_s(p.spot_sp) * p.spot_sp,
                 spot_slots=self._spot_workers * p.batch_size,
@@ -687,10 +684,10 @@ class Simulator:
                 elif isinstance(d, IterationDone):
                     self._record(d)
                 elif isinstance(d, StartSaving):
-                    self.core.phase = "finished"
-                    self.core.done = True
+                    self._final_saved = True  # the simulated trainers save the final model at once
+                    self.core.advance(self.now, self._observation())
             self._dispatch()
-            if self.core.done or (self.sched.num_ready() >= ready_before and self.core.phase != "ended"):
+            if self.core.done or (self.sched.num_ready() >= ready_before and self.core.phase is not Phase.ENDED):
                 break
 
     def _loop(self) -> bool:

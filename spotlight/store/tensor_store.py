@@ -66,7 +66,7 @@ class WeightsInfo:
 
 class TensorStore:
     """Args:
-    root: directory for the on-disk mirror (created).
+    root: directory for the on-disk mirror (created by :meth:`open`).
     keep_versions: weight versions kept as bytes in memory (those of at most
         ``memory_max_bytes``) and memory-mapped for serving.
     memory_max_bytes: largest version also kept in memory as bytes; larger ones are only
@@ -75,10 +75,6 @@ class TensorStore:
 
     def __init__(self, root: pathlib.Path, keep_versions: int = 3, *, memory_max_bytes: int = 64 << 20):
         self.root = pathlib.Path(root)
-        (self.root / "weights").mkdir(parents=True, exist_ok=True)
-        (self.root / "state").mkdir(parents=True, exist_ok=True)
-        for stale in (self.root / "weights").glob("*.part"):  # an upload cut by a crash
-            stale.unlink(missing_ok=True)
         self.keep_versions = keep_versions
         self.memory_max_bytes = int(memory_max_bytes)
         self._weights: dict[int, bytes] = {}
@@ -87,6 +83,15 @@ class TensorStore:
         self._upload: ChunkReceiver | None = None
         self._state: dict[str, tuple[list[TensorMeta], list[bytes]]] = {}
         self.latest_version: int = -1
+
+    def open(self) -> "TensorStore":
+        """Create the on-disk mirror (``weights/``, ``state/``) and drop an upload a crash cut
+        short (``*.part``); returns self. Call once before using the store."""
+        (self.root / "weights").mkdir(parents=True, exist_ok=True)
+        (self.root / "state").mkdir(parents=True, exist_ok=True)
+        for stale in (self.root / "weights").glob("*.part"):  # an upload cut by a crash
+            stale.unlink(missing_ok=True)
+        return self
 
     def _path(self, version: int) -> pathlib.Path:
         return self.root / "weights" / f"v{int(version)}.safetensors"

@@ -1,6 +1,9 @@
 """The coordinator's planning path: Instance Manager (live spot GPUs) + measured training
 time + profile → Planner → the exploration it submits. The chosen action must shrink
-when the training window or the spot GPU count shrinks, and must never overrun W."""
+when the training window or the spot GPU count shrinks, and must never overrun W.
+
+The coordinator is only built, never started: construction binds no socket and writes no file,
+so its planning path runs without a network or a run directory."""
 
 from __future__ import annotations
 
@@ -34,7 +37,7 @@ def _coordinator(tmp_path, monkeypatch):
         mask=mask,
         progress=lambda s: None,
     )
-    coord.t_step_s = 0.01
+    coord.step_times.t_step_s = 0.01
     return coord
 
 
@@ -53,12 +56,14 @@ def test_choice_shrinks_with_training_window_and_spot_gpus(tmp_path, monkeypatch
         _learn_bigger_is_better(coord, 0.0)
         C = coord.cfg.num_explored_prompts
 
+        assert coord.server is None and not (tmp_path / "run").exists()  # nothing bound, nothing written
+
         def chosen(train_s):
-            coord.last_train_s = train_s
-            a = coord.choose_action(1, now=1.0)
-            log = coord.plan_logs[1]
+            coord.core.last_train_s = train_s  # as the core measured it in the iteration before
+            a = coord.core.choose_action(1, 1.0, coord.observation())
+            log = coord.core.plan_logs[1]
             if a is not None:
-                assert a.num_sequences * C * a.effective_steps * coord.t_step_s <= log["budget_s"] + 1e-9
+                assert a.num_sequences * C * a.effective_steps * coord.step_times.t_step_s <= log["budget_s"] + 1e-9
             return a, log
 
         big, log_big = chosen(10.0)
@@ -76,7 +81,7 @@ def test_choice_shrinks_with_training_window_and_spot_gpus(tmp_path, monkeypatch
         none, log_none = chosen(0.05)
         assert none is None and "no action fits" in log_none["reason"]
         # the chosen action is what gets submitted
-        n = coord.submit_exploration(1, 0, fewer, now=3.0)
+        n = coord.core.submit_exploration(1, 0, fewer, 3.0)
         assert n == C * fewer.num_sequences
         assert len(coord.sched.requests(iteration=1, kind=RequestKind.EXPLORE)) == n
     finally:

@@ -1,10 +1,10 @@
 """Warm spare on a live node: a granted GPU is served by the pre-started spare process.
 
 A real ``spotlight-agent join`` (one GPU, ``sp_degree = 2`` from the coordinator, so its worker
-serves alone at SP 1) talks CURVE to a stand-in coordinator in this process that speaks the
-real protocol (weights in chunks, served by the coordinator's own code:
-:class:`spotlight.store.weight_sync.ServedVersion`) and hands out one rollout request per pull,
-forever. Then: ``add-gpu 1`` (the spare becomes the new worker, receives the weights from its
+serves alone at SP 1) talks CURVE to the real control plane in this process, which speaks the
+real protocol: the coordinator's own control plane serving a run that never ends
+(:class:`spotlight.coordinator.fixed_run.FixedRun`: weights in chunks, rollout requests with fresh
+seeds whenever a worker pulls). Then: ``add-gpu 1`` (the spare becomes the new worker, receives the weights from its
 peer and the group serves at SP 2; a new spare starts), ``revoke 1`` (SP 1 again), ``add-gpu 1``
 (the second spare is used), and finally ``kill -9`` of the agent, after which none of its
 processes may remain.
@@ -23,21 +23,20 @@ import pathlib
 import signal
 import subprocess
 import sys
-import threading
 import time
 
-import msgspec
 import psutil
 import pytest
 import torch
 import zmq
 
 from spotlight import protocol as P
-from spotlight.config import ModelConfig, SamplerConfig
+from spotlight.config import ClusterConfig, ModelConfig, SamplerConfig, SpotlightConfig
+from spotlight.coordinator.fixed_run import FixedRun
 from spotlight.models.dit import build_transformer
-from spotlight.net.security import Authenticator, add_client, apply_server, init_keys, load_server_keys
-from spotlight.store.tensor_wire import pack_tensors, save_version, unpack_tensors
-from spotlight.store.weight_sync import ServedVersion, WeightSyncError
+from spotlight.net.security import add_client, init_keys, load_server_keys
+from spotlight.rl.sampler import Conditioning
+from spotlight.store.tensor_wire import save_version, unpack_tensors
 from tests.integration.waiting import wait_until
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -46,81 +45,24 @@ SAMPLER = SamplerConfig(num_steps=30, sde_window_size=8)
 CHUNK_BYTES = 256 * 1024  # the version travels in many chunks, a window of 4 at a time
 
 
-class Coordinator(threading.Thread):
-    """Registration, heartbeat acks, weights v0, one rollout request (new seed) per pull."""
+def _config():
+    """SP 2 for spot nodes, one request per batch, the tiny default model, chunks of 256 KiB."""
+    return SpotlightConfig(
+        sampler=SAMPLER,
+        cluster=ClusterConfig(
+            sp_degree=2,
+            heartbeat_interval_s=1.0,
+            lease_timeout_s=600.0,
+            worker_batch_size=1,
+            torch_threads=1,
+            weight_chunk_bytes=CHUNK_BYTES,
+        ),
+    )
 
-    def __init__(self, keys_dir: pathlib.Path, weights: ServedVersion):
-        super().__init__(daemon=True)
-        self.ctx = zmq.Context()
-        self.auth = Authenticator(self.ctx, load_server_keys(keys_dir))
-        self.auth.start()
-        self.sock = self.ctx.socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        apply_server(self.sock, self.auth.keys)
-        self.port = self.sock.bind_to_random_port("tcp://127.0.0.1")
-        self.weights = weights
-        g = torch.Generator().manual_seed(5)
-        self.cond = {
-            "cond.embeds": torch.randn(1, 16, 384, generator=g),
-            "cond.mask": torch.ones(1, 16, dtype=torch.int64),
-        }
-        self.results: dict[int, dict[str, torch.Tensor]] = {}  # seed -> result tensors
-        self.chunks_served = 0
-        self.stop = threading.Event()
-        self.seed = 100
 
-    def run(self) -> None:
-        metas, frames = pack_tensors(self.cond)
-        seeds: dict[str, int] = {}
-        while not self.stop.is_set():
-            if not self.sock.poll(50):
-                continue
-            ident, *msg = self.sock.recv_multipart()
-            mtype, body, payload = P.decode(msg)
-            reply, extra, replies = None, None, []
-            if mtype == P.MsgType.REGISTER:
-                reply = P.Registered(
-                    node_id=body.node_id,
-                    heartbeat_interval_s=1.0,
-                    lease_timeout_s=600.0,
-                    worker_batch_size=1,
-                    torch_threads=1,
-                    sp_degree=2,
-                    model=msgspec.to_builtins(ModelConfig()),
-                    sampler=msgspec.to_builtins(SAMPLER),
-                    latest_version=0,
-                    session="s",
-                )
-            elif mtype == P.MsgType.HEARTBEAT:
-                reply = P.Heartbeat(node_id=body.node_id)
-            elif mtype == P.MsgType.PULL:
-                self.seed += 1
-                rid = f"r{self.seed}"
-                seeds[rid] = self.seed
-                item = P.LeaseItem(
-                    lease_id=self.seed,
-                    request_id=rid,
-                    kind="rollout",
-                    iteration=0,
-                    prompt_index=0,
-                    seed=self.seed,
-                    weight_version=0,
-                )
-                reply, extra = P.Leases(worker_id=body.worker_id, items=[item], tensors=metas), frames
-            elif mtype == P.MsgType.FETCH_WEIGHTS:
-                try:
-                    replies = self.weights.replies(body)
-                except WeightSyncError as exc:
-                    reply = P.ErrorMsg(code="bad_request", message=str(exc))
-                self.chunks_served += sum(isinstance(m, P.WeightsChunk) for m, _ in replies)
-            elif mtype == P.MsgType.RESULT:
-                self.results[seeds[body.items[0].request_id]] = unpack_tensors(body.tensors, payload)
-            if reply is not None:
-                replies = [(reply, extra)]
-            for out, out_frames in replies:
-                self.sock.send_multipart([ident, *P.encode(out, out_frames or None)], copy=False)
-        self.sock.close(0)
-        self.auth.stop()
+def _cond() -> Conditioning:
+    g = torch.Generator().manual_seed(5)
+    return Conditioning(torch.randn(1, 16, 384, generator=g), torch.ones(1, 16, dtype=torch.int64))
 
 
 def _control(node_id: str, request: dict) -> dict:
@@ -157,9 +99,8 @@ def run(tmp_path_factory):
     init_keys(keys)
     add_client(keys, "agent", "n")
     weights = build_transformer(ModelConfig()).state_dict()
-    size_bytes, digest = save_version(weights, tmp / "v0.safetensors")
-    coord = Coordinator(keys, ServedVersion(tmp / "v0.safetensors", 0, CHUNK_BYTES, digest=digest))
-    coord.start()
+    size_bytes, _ = save_version(weights, tmp / "v0.safetensors")
+    coord = FixedRun(_config(), tmp, keys=load_server_keys(keys), weights=tmp / "v0.safetensors", cond=_cond()).start()
     mp = pytest.MonkeyPatch()
     mp.setenv("SPOTLIGHT_AGENT_STATE", str(tmp / "state"))  # the agent's and _control's (agent_paths)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), SPOTLIGHT_WORKER_EVENTS=str(tmp / "events.jsonl"))
@@ -230,7 +171,7 @@ def run(tmp_path_factory):
             time.sleep(0.1)
         facts["left_after_kill"] = [p for p in facts["agent_children_at_kill"] if not _gone(p)]
         facts["results"] = dict(coord.results)
-        facts["chunks_served"], facts["version_chunks"] = coord.chunks_served, -(-size_bytes // CHUNK_BYTES)
+        facts["chunks_served"], facts["version_chunks"] = coord.weight_chunks_served, -(-size_bytes // CHUNK_BYTES)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -239,7 +180,7 @@ def run(tmp_path_factory):
                 psutil.Process(pid).kill()
             except psutil.NoSuchProcess:
                 pass
-        coord.stop.set()
+        coord.stop()
         log.close()
         mp.undo()
     facts["log"] = (tmp / "agent.log").read_text()
@@ -283,8 +224,7 @@ def test_results_across_joins_and_revocations_are_identical(run):
     cfg = ModelConfig()
     ex = RolloutExecutor(cfg, SAMPLER)
     ex.add_version(0, run["weights"])
-    g = torch.Generator().manual_seed(5)
-    tensors = {"cond.embeds": torch.randn(1, 16, 384, generator=g), "cond.mask": torch.ones(1, 16, dtype=torch.int64)}
+    tensors = _cond().to_tensors()
     for seed, got in sorted(results.items()):
         item = P.LeaseItem(
             lease_id=seed,

@@ -7,11 +7,9 @@ import os
 import signal
 import subprocess
 import sys
-import types
 
 from spotlight.cli.up import next_command, resume_command
-from spotlight.config import load_config
-from spotlight.coordinator.coordinator import Coordinator
+from spotlight.coordinator.recorder import format_progress
 from spotlight.store.checkpoint import write_checkpoint
 from spotlight.util.procs import LOG_DIR_ENV, LOG_ECHO_ENV, log_file_name, spawn_logged
 
@@ -30,8 +28,7 @@ ROW = {
 
 
 def _progress(row: dict, iterations: int) -> str:
-    coord = types.SimpleNamespace(cfg=load_config(overrides={"run.iterations": iterations}))
-    return Coordinator.format_progress(coord, row)
+    return format_progress(row, iterations)
 
 
 def test_progress_line_tells_the_iteration_story_in_100_columns():

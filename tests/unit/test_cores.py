@@ -161,7 +161,7 @@ def test_seed_bank_explored_needs_d_scored():
 
 
 def test_tensor_store_weights_memory_and_disk(tmp_path):
-    store = TensorStore(tmp_path, keep_versions=2)
+    store = TensorStore(tmp_path, keep_versions=2).open()
     blobs = {v: bytes([v]) * (10 + v) for v in range(1, 5)}
     for v, b in blobs.items():
         store.put_weights(v, b)
@@ -172,7 +172,7 @@ def test_tensor_store_weights_memory_and_disk(tmp_path):
     assert (tmp_path / "weights" / "v1.safetensors").read_bytes() == blobs[1]
     assert store.get_weights(99) is None
     # a new store on the same root still serves every version from disk
-    fresh = TensorStore(tmp_path, keep_versions=2)
+    fresh = TensorStore(tmp_path, keep_versions=2).open()
     assert fresh.get_weights(2) == blobs[2]
     store.prune_weights(keep_from=3)
     assert store.get_weights(1) is None and store.get_weights(2) is None
@@ -184,7 +184,7 @@ def test_tensor_store_weights_memory_and_disk(tmp_path):
 
 
 def test_tensor_store_state_put_get_delete(tmp_path):
-    store = TensorStore(tmp_path)
+    store = TensorStore(tmp_path).open()
     metas = [TensorMeta("latents", "float32", [2, 3]), TensorMeta("log_probs.0", "float32", [])]
     frames = [b"\x01" * 24, memoryview(b"\x02" * 4)]
     size = store.put_state("r1.L7", metas, frames)
@@ -193,7 +193,7 @@ def test_tensor_store_state_put_get_delete(tmp_path):
     assert got == (metas, [b"\x01" * 24, b"\x02" * 4])
     assert store.stats()["committed_states"] == 1 and store.stats()["state_bytes"] == 28
     # disk mirror: a fresh store (e.g. after a coordinator restart) reads it back
-    fresh = TensorStore(tmp_path)
+    fresh = TensorStore(tmp_path).open()
     assert fresh.get_state("r1.L7") == got
     assert store.get_state("missing") is None
     store.delete_state("r1.L7")

@@ -103,7 +103,7 @@ def test_first_minibatch_is_on_policy_later_ones_are_not(pg):
 
 
 def test_non_finite_sample_is_dropped_and_counted():
-    from spotlight.coordinator.coordinator import Sample, trainable_samples
+    from spotlight.rl.batch import Sample, trainable_samples
     from spotlight.core.request_scheduler import RequestKind
 
     def sample(i, reward=1.0, bad=False):
@@ -153,7 +153,7 @@ def test_non_finite_step_never_reaches_the_weights(pg):
 
 
 def test_zero_std_filter_drops_constant_groups():
-    from spotlight.coordinator.coordinator import zero_std_filter
+    from spotlight.rl.batch import zero_std_filter
 
     adv = np.array([0.0, 0.0, 1.0, -1.0, 0.0, 0.0])
     keep = zero_std_filter(adv, [0, 0, 1, 1, 2, 2])

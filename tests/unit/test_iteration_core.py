@@ -10,14 +10,19 @@ import random
 
 import pytest
 
+from spotlight.core.busy import BusyMeter
+from spotlight.core.exploration import STRATEGIES
 from spotlight.core.iteration import (
-    BusyMeter,
+    PHASE_TRANSITIONS,
     CoreObservation,
+    InvalidPhaseTransition,
     IterationCore,
     IterationDone,
     IterationSettings,
+    Phase,
     StartSaving,
     StartTraining,
+    build_iteration_core,
 )
 from spotlight.core.planner import Action, Planner, PlannerConfig, StepOption
 from spotlight.core.request_scheduler import RequestKind, RequestScheduler, RequestStatus
@@ -287,3 +292,80 @@ def test_when_no_arm_fits_spot_gpus_still_stream_candidates_but_nothing_is_plann
     _finish(core, "r/0", is_spot=False, now=3.0)
     core.advance(3.0, CoreObservation(num_spot_gpus=1, step_time_s=1.0))
     assert planner.total_updates == 0  # no arm was chosen, so none is credited
+
+
+# ---------------------------------------------------------------- the phase table
+def test_every_phase_has_its_edges_written_down_and_finished_is_terminal():
+    assert set(PHASE_TRANSITIONS) == set(Phase)
+    assert PHASE_TRANSITIONS[Phase.FINISHED] == frozenset()
+    reachable, todo = {Phase.STARTING}, [Phase.STARTING]
+    while todo:
+        for nxt in PHASE_TRANSITIONS[todo.pop()]:
+            if nxt not in reachable:
+                reachable.add(nxt)
+                todo.append(nxt)
+    assert reachable == set(Phase)  # every phase is reachable from the start, FINISHED included
+
+
+def test_a_move_the_table_does_not_allow_is_refused():
+    core = _core()
+    assert core.phase is Phase.STARTING
+    with pytest.raises(InvalidPhaseTransition):
+        core._set_phase(Phase.TRAIN)  # STARTING -> TRAIN skips the rollout
+    assert core.phase is Phase.STARTING  # unchanged
+
+
+def test_the_core_owns_saving_to_finished():
+    """The coordinator's and the simulator's saving tails were two copies that differed: the
+    core now ends the run once the shell observes the final model saved."""
+    core = _core(iterations=0)
+    assert core.advance(0.0, CoreObservation()) == [StartSaving()]
+    assert core.phase is Phase.SAVING and not core.done
+    assert core.advance(1.0, CoreObservation()) == [] and not core.done  # not saved yet
+    core.advance(2.0, CoreObservation(final_saved=True))
+    assert core.phase is Phase.FINISHED and core.done
+    assert core.advance(3.0, CoreObservation(final_saved=True)) == [] and core.phase is Phase.FINISHED
+
+
+def test_phase_is_its_string_in_messages_and_snapshots():
+    assert f"{Phase.TRAIN}" == str(Phase.TRAIN) == "train" and Phase.TRAIN == "train"
+
+
+def test_each_mode_names_its_strategy():
+    for mode, strategy in STRATEGIES.items():
+        assert _core(mode=mode, reuse=mode == "critical_path").strategy is strategy
+    assert STRATEGIES["stale"].credits_planner and not STRATEGIES["critical_path"].credits_planner
+
+
+def test_the_factory_builds_a_planner_only_where_the_run_explores():
+    sched, bank = RequestScheduler(1e9), SeedBank(7, 4)
+    settings = lambda mode: IterationSettings(  # noqa: E731
+        iterations=2,
+        prompts_per_iteration=4,
+        num_control_prompts=1,
+        group_size=4,
+        run_seed=7,
+        num_steps=T,
+        explore_mode=mode,
+    )
+    pc = PlannerConfig(max_sequences=16, min_sequences=8, sequence_step=4, group_size=4)
+    options = [StepOption(0.0, float(T), 1.0)]
+    fixed = Action(8, float(T), 0.0)
+    stale = build_iteration_core(
+        settings("stale"), sched, bank, [0, 1, 2, 3], planner_config=pc, step_options=options, fixed_action=fixed
+    )
+    assert stale.planner is not None and stale.fixed_action is None
+    off = build_iteration_core(
+        settings("off"), sched, bank, [0, 1, 2, 3], planner_config=pc, step_options=options, fixed_action=fixed
+    )
+    assert off.planner is None and off.fixed_action is None
+    best_of_n = build_iteration_core(
+        settings("critical_path"),
+        sched,
+        bank,
+        [0, 1, 2, 3],
+        planner_config=None,
+        step_options=options,
+        fixed_action=fixed,
+    )
+    assert best_of_n.planner is None and best_of_n.fixed_action == fixed

@@ -499,3 +499,22 @@ def test_feedback_from_groups_counts_only_fully_explored_and_control_groups():
     # the Planner method uses its config's bounds
     p = make_planner(feedback_std_floor=0.1, max_feedback=100.0)
     assert p.feedback({0: [0.0, 1.0], 1: [0.3, 0.3]}, {0}, {1}) == pytest.approx(2.5)
+
+
+def test_the_config_section_and_the_planner_config_agree():
+    """One set of defaults: the ``[planner]`` section and the Planner's own config used to be two
+    types with different defaults, copied field by field."""
+    import dataclasses
+
+    from spotlight.config import PlannerSection, SpotlightConfig, load_config
+
+    section, core = PlannerSection(), PlannerConfig()
+    shared = {f.name for f in dataclasses.fields(PlannerConfig)} & set(PlannerSection.__struct_fields__)
+    assert shared >= {"max_sequences", "sequence_step", "beta", "window", "feedback_std_floor", "max_feedback"}
+    for name in shared - {"min_sequences"}:  # 0 in the section: the first grid value above K
+        assert getattr(section, name) == getattr(core, name), name
+    cfg = load_config(overrides={"planner.beta": 0.25, "planner.window": 7})
+    pc = cfg.planner_config()
+    assert (pc.beta, pc.window, pc.group_size) == (0.25, 7, cfg.data.group_size)
+    assert pc.min_sequences == cfg.planner_min_sequences > cfg.data.group_size
+    assert isinstance(cfg, SpotlightConfig)

@@ -50,8 +50,9 @@ def test_tiles_are_apart(tmp_path):
 
 
 def test_coordinator_names_grids_by_the_1_based_iteration(tmp_path):
-    from spotlight.coordinator.coordinator import Sample
+    from spotlight.coordinator.recorder import write_sample_grid
     from spotlight.core.request_scheduler import RequestKind
+    from spotlight.rl.batch import Sample
     from tests.unit.test_weight_sync import _Run
 
     run = _Run(tmp_path)
@@ -62,7 +63,7 @@ def test_coordinator_names_grids_by_the_1_based_iteration(tmp_path):
             c.samples[f"r{i}"] = Sample(
                 f"r{i}", RequestKind.ROLLOUT, 0, 0, i, i, "b", torch.zeros(3, S, S, dtype=torch.uint8), reward=0.5
             )
-        c.write_sample_grid(0)  # the first iteration (index 0)
+        write_sample_grid(c.run_dir, 0, c.samples.values(), c.prompts, verdicts=False)  # the first iteration (index 0)
     finally:
         run.close()
     assert [p.name for p in (tmp_path / "run" / "samples").iterdir()] == ["iter_0001.png"]  # iter_0000.png before
@@ -72,8 +73,9 @@ def test_verl_omni_spot_grid_shows_the_candidates_reused_as_the_rollout(tmp_path
     """verl-omni-spot has no rollout-kind requests: its rollout is the exploration candidates
     (params ``as_rollout``) the seed bank selected. The grid (and the tracked image) was never
     written in that mode."""
-    from spotlight.coordinator.coordinator import Sample
+    from spotlight.coordinator.recorder import write_sample_grid
     from spotlight.core.request_scheduler import RequestKind
+    from spotlight.rl.batch import Sample
     from tests.unit.test_weight_sync import _Run
 
     run = _Run(tmp_path, **{"run.mode": "verl-omni-spot"})
@@ -94,9 +96,10 @@ def test_verl_omni_spot_grid_shows_the_candidates_reused_as_the_rollout(tmp_path
                 window_latents=torch.zeros(2, 4),
                 log_probs=torch.zeros(2),
             )
-        c.start_training(0, ["e0", "e1"], 0.0)
-        assert [s.request_id for s in c._pending_samples_for_grid(0)] == ["e0", "e1"]
-        assert c.write_sample_grid(0) == tmp_path / "run" / "samples" / "iter_0001.png"
+        c._start_training(0, ["e0", "e1"])
+        assert [s.request_id for s in c.samples.values() if s.in_rollout] == ["e0", "e1"]
+        grid = write_sample_grid(c.run_dir, 0, c.samples.values(), c.prompts, verdicts=False)
+        assert grid == tmp_path / "run" / "samples" / "iter_0001.png"
     finally:
         run.close()
     assert (tmp_path / "run" / "samples" / "iter_0001.png").is_file()

@@ -94,8 +94,6 @@ SAMPLES: dict[P.MsgType, P._Msg] = {
         digest="sha256:" + "0" * 64,
     ),
     P.MsgType.WEIGHTS_CHUNK: P.WeightsChunk(version=3, index=1, offset=1000, size_bytes=234),
-    P.MsgType.FETCH_STATE: P.FetchWeights(node_id="spot-0", worker_id="w", version=7),
-    P.MsgType.STATE: P.Weights(version=7, size_bytes=0, found=False),
     P.MsgType.NOTICE: P.Notice(
         node_id="spot-0",
         session="s1",

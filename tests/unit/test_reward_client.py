@@ -166,7 +166,7 @@ def test_nan_and_ints_are_numbers_and_nan_is_dropped_downstream():
     assert math.isnan(r[0]) and r[1] == 3.0 and type(r[1]) is float
     import torch
 
-    from spotlight.coordinator.coordinator import Sample, trainable_samples  # the coordinator's filter
+    from spotlight.rl.batch import Sample, trainable_samples  # the coordinator's filter
     from spotlight.core.request_scheduler import RequestKind
     from spotlight.rewards.reward_fn import finite_rewards
 

@@ -120,21 +120,18 @@ def test_status_cli_shows_a_finished_run_from_its_directory(tmp_path):
     )
 
 
-def test_eta_of_a_resumed_run_uses_the_earlier_iterations_until_one_of_its_own_ends(tmp_path):
+def test_eta_of_a_resumed_run_uses_the_earlier_iterations_until_one_of_its_own_ends():
     """A resumed run showed "ETA after the first iteration" although iterations were done
     (new-user trial): until this coordinator finishes one, the earlier ones' times count."""
-    run = _Run(tmp_path)
-    try:
-        c = run.coord
-        total = c.cfg.run.iterations
-        assert c._eta_s(5.0, 0, total) is None  # a fresh run: no estimate before an iteration ends
-        c.history = [{"reward/mean": 0.0, "time/iteration_s": t} for t in (10.0, float("nan"), 20.0)]
-        c._iterations_before_start = 3
-        assert c._eta_s(5.0, 3, total) == 15.0 * (total - 3)
-        assert c._eta_s(40.0, 4, total) == 40.0 * (total - 4)  # its own iteration took 40 s
-        assert c._eta_s(40.0, total, total) == 0.0
-    finally:
-        run.close()
+    from spotlight.coordinator.status import RunClock
+
+    total = 10
+    assert RunClock(0.0, 0.0).eta_s(5.0, [], total) is None  # a fresh run: no estimate before an iteration ends
+    history = [{"reward/mean": 0.0, "time/iteration_s": t} for t in (10.0, float("nan"), 20.0)]
+    clock = RunClock(0.0, 0.0, iterations_before_start=3)
+    assert clock.eta_s(5.0, history, total) == 15.0 * (total - 3)
+    assert clock.eta_s(40.0, history + [{}], total) == 40.0 * (total - 4)  # its own iteration took 40 s
+    assert clock.eta_s(40.0, [{}] * total, total) == 0.0
 
 
 def test_the_last_event_says_why_a_run_stopped_early(tmp_path):

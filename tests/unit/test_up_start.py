@@ -140,21 +140,18 @@ def test_resuming_a_finished_run_is_refused_and_leaves_it_untouched(tmp_path):
 
 def test_a_resumed_run_keeps_the_earlier_run_time_and_events(tmp_path):
     """Was: every resume restarted status.json's elapsed time and event log from zero."""
-    import types
-
-    from spotlight.coordinator.coordinator import Coordinator
+    from spotlight.coordinator.recorder import earlier_sessions
     from spotlight.core.events import EventLog
 
     earlier = [
         {"t_s": 1.0, "kind": "join", "node": "spot-0", "detail": "1 spot GPU"},
         {"t_s": 40.0, "kind": "finish", "node": "", "detail": "interrupted"},
     ]
-    coord = types.SimpleNamespace(run_dir=tmp_path)
     ckpt = {"elapsed_s": 30.0, "events": earlier[:1]}
-    assert Coordinator._earlier_sessions(coord, ckpt) == (30.0, earlier[:1])  # no status.json: the checkpoint's
+    assert earlier_sessions(tmp_path, ckpt) == (30.0, earlier[:1])  # no status.json: the checkpoint's
     (tmp_path / "status.json").write_text(json.dumps({"elapsed_s": 42.5, "events": earlier}))
-    assert Coordinator._earlier_sessions(coord, ckpt) == (42.5, earlier)  # the later snapshot wins
-    assert Coordinator._earlier_sessions(coord, {}) == (42.5, earlier)  # a checkpoint of an older version
+    assert earlier_sessions(tmp_path, ckpt) == (42.5, earlier)  # the later snapshot wins
+    assert earlier_sessions(tmp_path, {}) == (42.5, earlier)  # a checkpoint of an older version
     log = EventLog(start_s=1000.0 - 42.5)  # this coordinator started at 1000 s on its clock
     log.extend(earlier)
     log.append(1000.0, "resume", "", "after iteration 1/2")

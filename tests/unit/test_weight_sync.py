@@ -122,7 +122,7 @@ def test_saved_version_round_trips_bit_identically_through_chunks_and_mmap(tmp_p
 
 
 def test_tensor_store_never_holds_a_large_version_in_memory(tmp_path):
-    store = TensorStore(tmp_path, memory_max_bytes=4 * CHUNK)
+    store = TensorStore(tmp_path, memory_max_bytes=4 * CHUNK).open()
     data = os.urandom(10 * CHUNK + 5)
     store.begin_weights(0, len(data), CHUNK, _digest(data))
     n = num_chunks(len(data), CHUNK)
@@ -142,7 +142,7 @@ def test_tensor_store_never_holds_a_large_version_in_memory(tmp_path):
     store.put_weights(1, b"small")
     assert store.stats()["weights_in_memory"] == [1] and bytes(store.read_weights(1, 1, 3)) == b"mal"
     # a fresh store (coordinator restart) finds both with their digests
-    fresh = TensorStore(tmp_path, memory_max_bytes=0)
+    fresh = TensorStore(tmp_path, memory_max_bytes=0).open()
     assert fresh.weights_info(0).digest == _digest(data) and bytes(fresh.read_weights(1, 0, 5)) == b"small"
     assert fresh.weights_info(7) is None and fresh.read_weights(7, 0, 1) is None
     with pytest.raises(WeightSyncError):
@@ -152,7 +152,7 @@ def test_tensor_store_never_holds_a_large_version_in_memory(tmp_path):
 
 
 def test_tensor_store_refused_chunks_change_nothing(tmp_path):
-    store = TensorStore(tmp_path)
+    store = TensorStore(tmp_path).open()
     data = os.urandom(3 * CHUNK)
     with pytest.raises(WeightSyncError):
         store.begin_weights(0, len(data), CHUNK, "md5:abc")  # unknown digest algorithm
@@ -207,7 +207,7 @@ class _Run:
             embeds=torch.zeros(n, 4, 384),
             mask=torch.ones(n, 4, dtype=torch.long),
             progress=lambda s: None,
-        )
+        ).start()
         self.ctx = zmq.Context()
         self.trainer = self._dealer(
             self.coord.server.trainer_endpoint, ephemeral_client(self.coord.keys, "trainer", "test")
@@ -226,8 +226,7 @@ class _Run:
 
     def _serve(self):
         while not self.stop.is_set():
-            for msg in self.coord.server.poll(20):
-                self.coord.handle(msg)
+            self.coord.control.serve_once(20)
 
     def recv(self, sock, timeout_s=20.0):
         assert sock.poll(int(timeout_s * 1000)), "no reply from the coordinator"
@@ -310,7 +309,7 @@ def _round_trip(run, tmp_path, chunk):
     n = send_version(run.trainer, 0, tmp_path / "v0.safetensors", digest, chunk, unlink=True)
     assert n == num_chunks(size, chunk) >= 3 and not (tmp_path / "v0.safetensors").exists()
     _wait(lambda: run.coord.store.latest_version == 0)
-    assert run.coord.rejected == 0
+    assert run.coord.control.rejected == 0
     store = run.coord.store
     assert store.stats()["weights_in_memory"] == [] and store._upload is None  # never assembled in memory
     assert file_digest(run.coord.run_dir / "tensor_store" / "weights" / "v0.safetensors") == digest
@@ -345,11 +344,11 @@ def _round_trip(run, tmp_path, chunk):
 
 
 def _expect_error(run, frames, code="bad_request", match=""):
-    before = run.coord.rejected
+    before = run.coord.control.rejected
     run.trainer.send_multipart(frames)
     mtype, body, _ = run.recv(run.trainer)
     assert mtype == P.MsgType.ERROR and body.code == code and match in body.message, body
-    assert run.coord.rejected == before + 1
+    assert run.coord.control.rejected == before + 1
 
 
 def test_bad_chunks_are_rejected_with_one_error_and_change_nothing(run, tmp_path):
