@@ -529,23 +529,10 @@ class RequestScheduler:
         """
         if max_requests < 1:
             raise ValueError(f"max_requests must be >= 1, got {max_requests}")
-        # The head: the smallest current code of the ROLLOUT-kind heap and, if EXPLORE
-        # is eligible, of the EXPLORE-kind heap (stale tops popped). It is the smallest
-        # code of all eligible ready requests: every bucket's top is in its global heap
-        # (``_Bucket`` invariant) and every current code there is >= its bucket's top.
-        ready = self._ready
-        heads = self._heads[0]
-        while heads and heads[0] not in ready:
-            heappop(heads)
-        head = heads[0] if heads else None
-        if is_spot or not self._training_active:
-            heads = self._heads[1]
-            while heads and heads[0] not in ready:
-                heappop(heads)
-            if heads and (head is None or heads[0] < head):
-                head = heads[0]
+        head = self._head(is_spot)
         if head is None:
             return []
+        ready = self._ready
         # Lease the batch: the PENDING/RECOMPUTE -> IN_FLIGHT edge of ``_transition``
         # (and ``_ready_remove``) inlined for speed, with the same index and history
         # updates; the bucket's new top and the batch's expiry are recorded once.
@@ -610,26 +597,51 @@ class RequestScheduler:
             req.history.append((_IN_FLIGHT, now, detail))
             leases.append(lease)
         self._next_lease_id = first_id + n
+        self._leased_from(bucket, expires_at, leases)
+        return leases
+
+    def _head(self, is_spot: bool) -> int | None:
+        """The head of the queue for a pull: the smallest current code of the ROLLOUT-kind heap
+        and, if EXPLORE is eligible, of the EXPLORE-kind heap (stale tops popped). It is the
+        smallest code of all eligible ready requests: every bucket's top is in its global heap
+        (``_Bucket`` invariant) and every current code there is >= its bucket's top."""
+        ready = self._ready
+        heads = self._heads[0]
+        while heads and heads[0] not in ready:
+            heappop(heads)
+        head = heads[0] if heads else None
+        if is_spot or not self._training_active:
+            heads = self._heads[1]
+            while heads and heads[0] not in ready:
+                heappop(heads)
+            if heads and (head is None or heads[0] < head):
+                head = heads[0]
+        return head
+
+    def _leased_from(self, bucket: _Bucket, expires_at: float, leases: list[Lease]) -> None:
+        """After a batch was leased from ``bucket``: drop the bucket if it is empty, else publish
+        its new top; record the batch's expiry."""
+        ready, fifo, late = self._ready, bucket.fifo, bucket.late
         if not bucket.live:  # whatever is left in it is stale
             del self._buckets[bucket.key]
             self._num_buckets[bucket.head] -= 1
         else:
             # = bucket.drop_stale_fronts(ready) and bucket.top(), without the calls
             while fifo and fifo[0] not in ready:
-                popleft()
+                fifo.popleft()
             while late and late[0] not in ready:
                 heappop(late)
             top = late[0] if late and (not fifo or late[0] < fifo[0]) else fifo[0]
             # Publish the new top. The head is this bucket's old top and still the top of
             # its global heap (nothing pushed since it was found), now stale: replace it.
             heapreplace(self._heads[bucket.head], top)
-        if self._expiry_ids + n <= 2 * len(requests_in_flight) + _COMPACT_SLACK:
+        n = len(leases)
+        if self._expiry_ids + n <= 2 * len(self._in_flight) + _COMPACT_SLACK:
             self._expiry_tick += 1  # = _push_expiry, without the call
             heappush(self._expiry, (expires_at, self._expiry_tick, tuple(leases)))
             self._expiry_ids += n
         else:
             self._push_expiry(expires_at, tuple(leases))
-        return leases
 
     def _push_head(self, i: int, code: int) -> None:
         """Publish a bucket's top in global heap ``i``; rebuild it from the tops once mostly stale."""
