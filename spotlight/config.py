@@ -68,9 +68,6 @@ class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     pass
 
 
-FAMILIES = ("tiny", "qwen-image", "sd3", "flux")
-
-
 class ModelConfig(_Section):
     """The DiT that is post-trained, and its family (``spotlight/models/families/``).
 

@@ -568,22 +568,14 @@ class SPGroupMember:
         self._dev_state = None if dev_flat is None else _views(dev_flat, layout)
         self._plain = None
 
-    def set_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        """Keep ``state_dict`` as weight ``version`` and load it into the current model.
-
-        The previous weights are left untouched (the model takes the new tensors instead of
-        being overwritten in place), so a caller that still holds the previous
-        :meth:`state_dict` (an older version kept for stale-weight exploration) keeps it.
-        Local: use :meth:`broadcast_weights` to give the same version to a whole group.
-        """
-        self._keep(*_as_flat(state_dict), None, version=version)
-        self._load_into_model()
-
     def broadcast_weights(self, state_dict: dict[str, torch.Tensor] | None, version: int) -> None:
         """Collective over the formed group: rank 0 keeps ``state_dict`` as ``version`` and
         sends it; the others (``state_dict=None``) receive it into fresh buffers; every member
-        loads it into its model (see :meth:`set_weights`). Names are not sent: every member
-        derives the layout from its own weights' names, shapes and dtypes (same architecture).
+        loads it into its model. The previous weights are left untouched (the model takes the
+        new tensors instead of being overwritten in place), so a caller that still holds the
+        previous :meth:`state_dict` (an older version kept for stale-weight exploration) keeps
+        it. Names are not sent: every member derives the layout from its own weights' names,
+        shapes and dtypes (same architecture).
 
         Raises:
             SPGroupError: a collective failed, or rank 0 passed no weights.
