@@ -107,13 +107,15 @@ def main() -> None:
         }
         sim_rows.append(row)
         print(
-            f"{r.policy:>16} {r.iterations:>10} {row['wall_h']:9.1f} {r.cost_usd:9,.0f} {row['normalised']:15.2f} {row['vs_spotlight']:10.2f}x"
+            f"{r.policy:>16} {r.iterations:>10} {row['wall_h']:9.1f} {r.cost_usd:9,.0f} {row['normalised']:15.2f} "
+            f"{row['vs_spotlight']:10.2f}x"
         )
     local, target = local_runs(args)
     local_rows = []
     if local:
         print(
-            f"\nFig. 8 (real local runs, CPU 'GPUs'): cost until the 3-iteration average of reward/control_mean >= {target:.4f}"
+            "\nFig. 8 (real local runs, CPU 'GPUs'): cost until the 3-iteration average of reward/control_mean >= "
+            f"{target:.4f}"
         )
         print(f"{'mode':>32} {'reached':>7} {'iterations':>10} {'cost ($)':>9} {'x spotlight':>11}")
         means = {}

@@ -5,8 +5,9 @@ agent.main join``) with its real Rollout Worker processes (SP groups, diffusers 
 parallelism over gloo), talking ZeroMQ CURVE to a stand-in coordinator in this process that
 speaks the real protocol (REGISTER, HEARTBEAT, PULL → LEASES, FETCH_WEIGHTS → the WEIGHTS header
 and WEIGHTS_CHUNK replies of the safetensors file, served by the coordinator's own code:
-:class:`spotlight.store.weight_sync.ServedVersion`, ``cluster.weight_chunk_bytes`` chunks). The stand-in hands out rollout requests whenever a worker pulls, so the node
-denoises all the time. Reconfigurations go through the agent's control socket, exactly as
+:class:`spotlight.store.weight_sync.ServedVersion`, ``cluster.weight_chunk_bytes`` chunks).
+The stand-in hands out rollout requests whenever a worker pulls, so the node denoises all
+the time. Reconfigurations go through the agent's control socket, exactly as
 ``spotlight-agent revoke`` / ``add-gpu`` send them. Workers append timing events to a file
 (``SPOTLIGHT_WORKER_EVENTS``, spotlight/workers/rollout/worker.py): group formed (per member, with its
 phases), denoising step done.
@@ -421,7 +422,9 @@ def measure(args) -> dict:
                 flush=True,
             )
             print(
-                f"  grant phases: {e['add']['phases_s']}; spare used: {e['add']['spare_used']} (pid {e['add']['new_worker_pid']}, next spare {e['add'].get('next_spare_pid')})",
+                f"  grant phases: {e['add']['phases_s']}; spare used: "
+                f"{e['add']['spare_used']} (pid {e['add']['new_worker_pid']}, "
+                f"next spare {e['add'].get('next_spare_pid')})",
                 flush=True,
             )
             print(f"  revoke phases: {e['revoke']['phases_s']}", flush=True)
@@ -481,13 +484,16 @@ def main() -> None:
         if k in m:
             lines.append(f"  {label:32s}{m[k]['serve_s']:8.2f}{m[k]['step_s']:8.2f}{m[k]['stall_s']:8.2f}")
     lines.append(
-        f"  elastic revocation: the revoked worker's process ended {m['elastic_revoke']['released_s']:.2f}s after the event"
+        f"  elastic revocation: the revoked worker's process ended {m['elastic_revoke']['released_s']:.2f}s after the "
+        "event"
     )
     lines.append(
-        f"  restart / elastic, revocation:  serve {r['revoke_serve_s']:.1f}x  step {r['revoke_step_s']:.1f}x  stall {r['revoke_stall_s']:.1f}x"
+        f"  restart / elastic, revocation:  serve {r['revoke_serve_s']:.1f}x  step {r['revoke_step_s']:.1f}x  stall "
+        f"{r['revoke_stall_s']:.1f}x"
     )
     lines.append(
-        f"  restart / elastic, grant:       serve {r['add_serve_s']:.1f}x  step {r['add_step_s']:.1f}x  stall {r['add_stall_s']:.1f}x"
+        f"  restart / elastic, grant:       serve {r['add_serve_s']:.1f}x  step {r['add_step_s']:.1f}x  stall "
+        f"{r['add_stall_s']:.1f}x"
     )
     print("\n".join(lines))
     out = pathlib.Path(args.out)
