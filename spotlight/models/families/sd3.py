@@ -565,4 +565,5 @@ FAMILY = SD3Family
 
 
 make_random_checkpoint = SD3Family.make_random_checkpoint
-"""Module-level alias: every family module exposes ``make_random_checkpoint(path, *, seed, transformer_kwargs, image_size)``."""
+"""Module-level alias: every family module exposes
+``make_random_checkpoint(path, *, seed, transformer_kwargs, image_size)``."""
