@@ -131,7 +131,10 @@ def simulate_policies(
         actions = trace_actions(
             trace, spot_nodes=prof.spot_nodes, gpus_per_node=prof.gpus_per_spot_node, seed=trace_seed
         )
-        note = f"trace {pathlib.Path(trace).name} on {prof.spot_nodes}x{prof.gpus_per_spot_node} spot GPUs, {prof.reserved_gpus} reserved"
+        note = (
+            f"trace {pathlib.Path(trace).name} on {prof.spot_nodes}x{prof.gpus_per_spot_node} spot GPUs, "
+            f"{prof.reserved_gpus} reserved"
+        )
     return [simulate(prof, n, actions, iterations=iterations, seed=seed) for n in names], f"{prof.name}; {note}"
 
 

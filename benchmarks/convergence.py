@@ -226,17 +226,22 @@ def main() -> None:
     target, table = summarize(results)
     plot(results, target, out / "convergence.png")
     lines = [
-        f"Target: {target:.4f} = the lowest saturated control-prompt score (best 3-iteration average of the seed-mean curve) among the variants. "
-        f"{len(seeds)} run seeds per variant ({', '.join(map(str, seeds))}), {args.iterations} iterations, {args.agents} local spot agents; mean ± sample std over seeds.",
+        f"Target: {target:.4f} = the lowest saturated control-prompt score (best 3-iteration average of the seed-mean "
+        "curve) among the variants. "
+        f"{len(seeds)} run seeds per variant ({', '.join(map(str, seeds))}), {args.iterations} iterations, "
+        f"{args.agents} local spot agents; mean ± sample std over seeds.",
         "",
-        "| variant | reached target | iterations to target (runs that reached it) | wall time to target (s) | mean iteration (s) | exploration on critical path (share of iteration time) | test score of final/ (base "
+        "| variant | reached target | iterations to target (runs that reached it) | wall time to target (s) "
+        "| mean iteration (s) | exploration on critical path (share of iteration time) | test score of final/ (base "
         + f"{np.mean([t['test_score_base'] for t in table.values()]):.3f}) |",
         "|---|---|---|---|---|---|---|",
     ]
     for v, row in table.items():
         lines.append(
-            f"| {LABELS.get(v, v)} | {row['reached']}/{row['runs']} | {_ms(row['iterations_to_target'], '%.1f')} | {_ms(row['wall_s_to_target'], '%.0f')} "
-            f"| {row['mean_iteration_s']:.1f} | {100 * row['critical_path_share']:.1f} % | {_ms(row['test_score_final'], '%.3f')} |"
+            f"| {LABELS.get(v, v)} | {row['reached']}/{row['runs']} | {_ms(row['iterations_to_target'], '%.1f')} | "
+            f"{_ms(row['wall_s_to_target'], '%.0f')} "
+            f"| {row['mean_iteration_s']:.1f} | {100 * row['critical_path_share']:.1f} % | "
+            f"{_ms(row['test_score_final'], '%.3f')} |"
         )
     text = "\n".join(lines)
     (out / "convergence.md").write_text(text + "\n")

@@ -86,15 +86,18 @@ def main() -> None:
         table.append(row)
     base = table[0]
     print(
-        f"Fig. 3: phase times per iteration (mean of iterations 2..{args.iterations if not args.run_dir else 'n'}), exploration off"
+        f"Fig. 3: phase times per iteration (mean of iterations 2..{args.iterations if not args.run_dir else 'n'}), "
+        "exploration off"
     )
     print(
-        f"{'spot GPUs':>9} {'rollout (s)':>11} {'train (s)':>9} {'iteration (s)':>13} {'rollout speed-up':>16} {'rollout share':>13}"
+        f"{'spot GPUs':>9} {'rollout (s)':>11} {'train (s)':>9} {'iteration (s)':>13} {'rollout speed-up':>16} "
+        f"{'rollout share':>13}"
     )
     for row in table:
         row["rollout_speedup"] = base["rollout_s"] / row["rollout_s"]
         print(
-            f"{row['spot_gpus']:>9} {row['rollout_s']:11.1f} {row['train_s']:9.1f} {row['iteration_s']:13.1f} {row['rollout_speedup']:15.2f}x {100 * row['rollout_s'] / row['iteration_s']:12.0f}%"
+            f"{row['spot_gpus']:>9} {row['rollout_s']:11.1f} {row['train_s']:9.1f} {row['iteration_s']:13.1f} "
+            f"{row['rollout_speedup']:15.2f}x {100 * row['rollout_s'] / row['iteration_s']:12.0f}%"
         )
     print(provenance_line())
 

@@ -103,7 +103,8 @@ def main() -> None:
         return sum(vals) / len(vals), min(vals), max(vals)
 
     print(
-        f"Fig. 4: {pathlib.Path(args.trace).name}, {end_s / 3600:.1f} h, {args.nodes} nodes x {args.gpus_per_node} GPUs, SP={args.sp}, {args.mode}, {args.seeds} placement seeds"
+        f"Fig. 4: {pathlib.Path(args.trace).name}, {end_s / 3600:.1f} h, "
+        f"{args.nodes} nodes x {args.gpus_per_node} GPUs, SP={args.sp}, {args.mode}, {args.seeds} placement seeds"
     )
     print(f"{'metric':<52} {'mean':>7} {'min':>7} {'max':>7}   paper")
     paper = {

@@ -109,7 +109,8 @@ def main() -> None:
     mean_parts = {k: {p: sum(b[p] for b in v) / len(v) for p in PHASES} for k, v in parts.items()}
     med = data["median"]
     print(
-        f"Fig. 6/12: one node, 2 CPU 'GPUs', {data['weights_mb']:.0f} MB weights, {data['repeats']} repeat(s); seconds from the event (mean over repeats)"
+        f"Fig. 6/12: one node, 2 CPU 'GPUs', {data['weights_mb']:.0f} MB weights, {data['repeats']} repeat(s); "
+        "seconds from the event (mean over repeats)"
     )
     print(f"{'scenario':>32} {'serve':>7} {'stall':>7} " + " ".join(f"{p[:12]:>12}" for p in PHASES))
     for k, label in SCENARIOS.items():
@@ -120,14 +121,16 @@ def main() -> None:
             )
     r = data["ratios"]
     print(
-        f"restart / elastic: revocation serve {r['revoke_serve_s']:.0f}x, stall {r['revoke_stall_s']:.0f}x; addition serve {r['add_serve_s']:.0f}x, stall {r['add_stall_s']:.0f}x"
+        f"restart / elastic: revocation serve {r['revoke_serve_s']:.0f}x, stall {r['revoke_stall_s']:.0f}x; "
+        f"addition serve {r['add_serve_s']:.0f}x, stall {r['add_stall_s']:.0f}x"
     )
     for k in ("restart_revoke", "restart_add"):
         if k in mean_parts:
             b = mean_parts[k]
             tot = sum(b.values())
             print(
-                f"{SCENARIOS[k]}: start/import/register + weights = {100 * (b[PHASES[0]] + b['weights']) / tot:.0f}% of the restart (paper Fig. 6: scheduler init + remote weights 62%)"
+                f"{SCENARIOS[k]}: start/import/register + weights = {100 * (b[PHASES[0]] + b['weights']) / tot:.0f}% "
+                "of the restart (paper Fig. 6: scheduler init + remote weights 62%)"
             )
     prov = provenance()
     print(provenance_line())

@@ -72,6 +72,38 @@ def local_runs(args) -> tuple[dict[str, list[dict]], float | None]:
     return {label: [cost_to_target(p, target) for p in paths] for label, paths in runs.items()}, target
 
 
+def _plot_costs(sim_rows: list[dict], local_rows: list[dict]):
+    """The figure: simulated cost to target per mode (normalised to reserved-only), and beside it
+    the local runs' cost relative to Spotlight's when there are any."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ncol = 2 if local_rows else 1
+    fig, axes = plt.subplots(1, ncol, figsize=(5.2 * ncol, 3.8), squeeze=False)
+    ax = axes[0][0]
+    colors = [
+        "#bbbbbb" if r["mode"] == "reserved-only" else ("#d62728" if r["mode"] == "spotlight" else "#8fb3d9")
+        for r in sim_rows
+    ]
+    bars = ax.bar(range(len(sim_rows)), [r["normalised"] for r in sim_rows], color=colors, hatch=None)
+    bars[0].set_hatch("//")
+    ax.set_xticks(range(len(sim_rows)), [r["mode"] for r in sim_rows], rotation=20, fontsize=8)
+    ax.set_ylabel("cost to target / reserved-only")
+    ax.set_title("simulated (Bamboo trace, Qwen-Image profile)", fontsize=9)
+    if local_rows:
+        ax = axes[0][1]
+        ax.bar(range(len(local_rows)), [r["vs_spotlight"] for r in local_rows], color="#8fb3d9")
+        ax.set_xticks(range(len(local_rows)), [r["mode"] for r in local_rows], rotation=15, fontsize=8)
+        ax.set_ylabel("cost to target / Spotlight's")
+        ax.set_title("real local runs (shapes task, CPU)", fontsize=9)
+    for a in axes[0]:
+        a.grid(axis="y", alpha=0.3)
+    fig.suptitle("Fig. 8: cost to target", fontsize=10)
+    return fig
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trace", default=str(BAMBOO))
@@ -107,13 +139,15 @@ def main() -> None:
         }
         sim_rows.append(row)
         print(
-            f"{r.policy:>16} {r.iterations:>10} {row['wall_h']:9.1f} {r.cost_usd:9,.0f} {row['normalised']:15.2f} {row['vs_spotlight']:10.2f}x"
+            f"{r.policy:>16} {r.iterations:>10} {row['wall_h']:9.1f} {r.cost_usd:9,.0f} {row['normalised']:15.2f} "
+            f"{row['vs_spotlight']:10.2f}x"
         )
     local, target = local_runs(args)
     local_rows = []
     if local:
         print(
-            f"\nFig. 8 (real local runs, CPU 'GPUs'): cost until the 3-iteration average of reward/control_mean >= {target:.4f}"
+            "\nFig. 8 (real local runs, CPU 'GPUs'): cost until the 3-iteration average of reward/control_mean >= "
+            f"{target:.4f}"
         )
         print(f"{'mode':>32} {'reached':>7} {'iterations':>10} {'cost ($)':>9} {'x spotlight':>11}")
         means = {}
@@ -139,32 +173,7 @@ def main() -> None:
     prov = provenance()
     print(provenance_line())
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    ncol = 2 if local_rows else 1
-    fig, axes = plt.subplots(1, ncol, figsize=(5.2 * ncol, 3.8), squeeze=False)
-    ax = axes[0][0]
-    colors = [
-        "#bbbbbb" if r["mode"] == "reserved-only" else ("#d62728" if r["mode"] == "spotlight" else "#8fb3d9")
-        for r in sim_rows
-    ]
-    bars = ax.bar(range(len(sim_rows)), [r["normalised"] for r in sim_rows], color=colors, hatch=None)
-    bars[0].set_hatch("//")
-    ax.set_xticks(range(len(sim_rows)), [r["mode"] for r in sim_rows], rotation=20, fontsize=8)
-    ax.set_ylabel("cost to target / reserved-only")
-    ax.set_title("simulated (Bamboo trace, Qwen-Image profile)", fontsize=9)
-    if local_rows:
-        ax = axes[0][1]
-        ax.bar(range(len(local_rows)), [r["vs_spotlight"] for r in local_rows], color="#8fb3d9")
-        ax.set_xticks(range(len(local_rows)), [r["mode"] for r in local_rows], rotation=15, fontsize=8)
-        ax.set_ylabel("cost to target / Spotlight's")
-        ax.set_title("real local runs (shapes task, CPU)", fontsize=9)
-    for a in axes[0]:
-        a.grid(axis="y", alpha=0.3)
-    fig.suptitle("Fig. 8: cost to target", fontsize=10)
+    fig = _plot_costs(sim_rows, local_rows)
     out = save_result(
         fig,
         args.out,

@@ -121,7 +121,8 @@ def main() -> None:
             row = {"version": v, **cache[key]}
             results[label].append(row)
             print(
-                f"{label:>16} v{v:<3} score {row['score']:.3f}  partial {row['partial_credit']:.3f}  ({time.monotonic() - t0:.0f} s)",
+                f"{label:>16} v{v:<3} score {row['score']:.3f}  partial {row['partial_credit']:.3f}  "
+                f"({time.monotonic() - t0:.0f} s)",
                 flush=True,
             )
 

@@ -82,7 +82,8 @@ def main() -> None:
     summary = src / "convergence.json"
     if not summary.is_file():
         sys.exit(
-            f"error: {summary} not found; run `python benchmarks/convergence.py --out {src}` (or this script with --rerun)"
+            f"error: {summary} not found; run `python benchmarks/convergence.py --out {src}` (or this script with "
+            "--rerun)"
         )
     conv = json.loads(summary.read_text())
     target, table = conv["target"], conv["table"]
@@ -113,7 +114,8 @@ def main() -> None:
         f"Fig. 10/11 (shapes task, {len(conv['seeds'])} seeds x {conv['iterations']} iterations): target {target:.4f}"
     )
     print(
-        f"{'variant':>16} {'reached':>7} {'iters to target':>16} {'vs RLBoost':>10} {'wall to target':>15} {'iteration':>10} {'critical path':>13}"
+        f"{'variant':>16} {'reached':>7} {'iters to target':>16} {'vs RLBoost':>10} {'wall to target':>15} "
+        f"{'iteration':>10} {'critical path':>13}"
     )
     for v, r in rows.items():
         it = r["iterations_to_target"]
@@ -126,7 +128,9 @@ def main() -> None:
         r["iterations_vs_rlboost"] = ratio
         wall = f"{statistics.mean(r['wall_s_to_target']):.0f} s" if r["wall_s_to_target"] else "-"
         print(
-            f"{v:>16} {r['reached']}/{r['runs']:<5} {mean_it:16.1f} {ratio:9.2f}x {wall:>15} {statistics.mean(r['mean_iteration_s_per_run']):9.1f}s {100 * statistics.mean(r['critical_path_share_per_run']):12.1f}%"
+            f"{v:>16} {r['reached']}/{r['runs']:<5} {mean_it:16.1f} {ratio:9.2f}x {wall:>15} "
+            f"{statistics.mean(r['mean_iteration_s_per_run']):9.1f}s "
+            f"{100 * statistics.mean(r['critical_path_share_per_run']):12.1f}%"
         )
     print("(iterations to target counts only the runs that reached it; 'vs RLBoost' = RLBoost's mean / this mean)")
     print(provenance_line())

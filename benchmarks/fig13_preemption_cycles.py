@@ -50,10 +50,12 @@ def main() -> None:
     base = simulate(prof, on, static, iterations=args.iterations)
     iteration_s = statistics.mean(r["time/iteration_s"] for r in base.rows[1:])
     print(
-        f"Fig. 13: {prof.name}, 4 x 2 spot GPUs, {args.iterations} iterations; cycles spread over {iteration_s:.0f}s iterations, {args.down_s:g}s down"
+        f"Fig. 13: {prof.name}, 4 x 2 spot GPUs, {args.iterations} iterations; "
+        f"cycles spread over {iteration_s:.0f}s iterations, {args.down_s:g}s down"
     )
     print(
-        f"{'cycles/iter':>11} {'migration':>9} {'iteration (s)':>13} {'overhead':>9} {'lost steps':>10} {'revocations':>11}"
+        f"{'cycles/iter':>11} {'migration':>9} {'iteration (s)':>13} {'overhead':>9} {'lost steps':>10} "
+        f"{'revocations':>11}"
     )
     rows = []
     ref = {}
@@ -82,13 +84,15 @@ def main() -> None:
     for row in rows:
         row["overhead"] = row["iteration_s"] / base_it[row["migration"]] - 1
         print(
-            f"{row['cycles']:>11} {row['migration']:>9} {row['iteration_s']:>13.0f} {100 * row['overhead']:>8.2f}% {row['lost_steps']:>10.0f} {row['revocations']:>11}"
+            f"{row['cycles']:>11} {row['migration']:>9} {row['iteration_s']:>13.0f} {100 * row['overhead']:>8.2f}% "
+            f"{row['lost_steps']:>10.0f} {row['revocations']:>11}"
         )
     worst = max((r["cycles"] for r in rows))
     t_on = next(r["iteration_s"] for r in rows if r["cycles"] == worst and r["migration"] == "on")
     t_off = next(r["iteration_s"] for r in rows if r["cycles"] == worst and r["migration"] == "off")
     print(
-        f"at {worst} cycles per iteration live migration saves {100 * (1 - t_on / t_off):.2f}% of iteration time (paper: up to 4.6%)"
+        f"at {worst} cycles per iteration live migration saves {100 * (1 - t_on / t_off):.2f}% of iteration time "
+        "(paper: up to 4.6%)"
     )
     print(provenance_line())
 

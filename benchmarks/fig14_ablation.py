@@ -78,18 +78,23 @@ def main() -> None:
     }
     print(f"Fig. 14 (simulated, mean of {len(per_mode['spotlight'])} trace placements): {setup}")
     print(
-        f"{'mode':>16} {'spot util.':>10} {'iterations':>10} {'iteration (s)':>13} {'cost ($)':>9} {'x spotlight':>11} {'critical path':>13}"
+        f"{'mode':>16} {'spot util.':>10} {'iterations':>10} {'iteration (s)':>13} {'cost ($)':>9} {'x spotlight':>11} "
+        f"{'critical path':>13}"
     )
     for m, r in sim.items():
         r["cost_vs_spotlight"] = r["cost_usd"] / sim["spotlight"]["cost_usd"]
         print(
-            f"{m:>16} {100 * r['spot_utilisation']:9.1f}% {r['iterations']:10.0f} {r['iteration_s']:13.0f} {r['cost_usd']:9,.0f} {r['cost_vs_spotlight']:10.2f}x {100 * r['critical_path_share']:12.1f}%"
+            f"{m:>16} {100 * r['spot_utilisation']:9.1f}% {r['iterations']:10.0f} {r['iteration_s']:13.0f} "
+            f"{r['cost_usd']:9,.0f} {r['cost_vs_spotlight']:10.2f}x {100 * r['critical_path_share']:12.1f}%"
         )
     it_gain = 1 - sim["spotlight"]["iterations"] / sim["rlboost"]["iterations"]
     dur_gain = 1 - sim["spotlight"]["iteration_s"] / sim["rlboost+explore"]["iteration_s"]
     print(
-        f"exploration: {100 * it_gain:.0f}% fewer iterations than RLBoost (paper 39%); elastic SP: iteration {100 * dur_gain:.1f}% shorter than RLBoost+Exp (paper 15.7%), "
-        f"spot utilisation {100 * sim['rlboost+explore']['spot_utilisation']:.0f}% -> {100 * sim['spotlight']['spot_utilisation']:.0f}% (paper 93% -> 99%); cost RLBoost / Spotlight {sim['rlboost']['cost_vs_spotlight']:.2f}x (paper 1.7x)"
+        f"exploration: {100 * it_gain:.0f}% fewer iterations than RLBoost (paper 39%); elastic SP: "
+        f"iteration {100 * dur_gain:.1f}% shorter than RLBoost+Exp (paper 15.7%), "
+        f"spot utilisation {100 * sim['rlboost+explore']['spot_utilisation']:.0f}% -> "
+        f"{100 * sim['spotlight']['spot_utilisation']:.0f}% (paper 93% -> 99%); "
+        f"cost RLBoost / Spotlight {sim['rlboost']['cost_vs_spotlight']:.2f}x (paper 1.7x)"
     )
     local = {}
     if args.run_dir:
@@ -107,7 +112,8 @@ def main() -> None:
             }
             r = local[label]
             print(
-                f"local {label:>10} {100 * r['spot_utilisation']:9.1f}% {r['iterations']:10d}{'' if r['reached'] else '*'} {r['iteration_s']:13.1f} {r['cost_usd']:9.4f}"
+                f"local {label:>10} {100 * r['spot_utilisation']:9.1f}% "
+                f"{r['iterations']:10d}{'' if r['reached'] else '*'} {r['iteration_s']:13.1f} {r['cost_usd']:9.4f}"
             )
     prov = provenance()
     print(provenance_line())

@@ -51,7 +51,8 @@ def main() -> None:
         f"Fig. 15: {base.name}, {base.reserved_gpus} reserved GPUs, exploration uncapped, {args.iterations} iterations"
     )
     print(
-        f"{'spot GPUs':>9} {'req/s':>8} {'scaling':>8} {'$ / 1k req':>10} {'spot busy':>9} {'spot $/h':>9} {'reserved $/h':>12}"
+        f"{'spot GPUs':>9} {'req/s':>8} {'scaling':>8} {'$ / 1k req':>10} {'spot busy':>9} {'spot $/h':>9} "
+        f"{'reserved $/h':>12}"
     )
     for n in [int(x) for x in args.gpus.split(",")]:
         nodes, per = (n // 2, 2) if n <= 8 else (n // 8, 8)
@@ -72,12 +73,15 @@ def main() -> None:
         }
         rows.append(row)
         print(
-            f"{n:>9} {rps:>8.3f} {rps / rows[0]['req_per_s']:>7.1f}x {row['usd_per_1k_requests']:>10.2f} {r.spot_busy_training:>9.3f} {row['spot_usd_per_h']:>9.2f} {row['reserved_usd_per_h']:>12.2f}"
+            f"{n:>9} {rps:>8.3f} {rps / rows[0]['req_per_s']:>7.1f}x {row['usd_per_1k_requests']:>10.2f} "
+            f"{r.spot_busy_training:>9.3f} {row['spot_usd_per_h']:>9.2f} {row['reserved_usd_per_h']:>12.2f}"
         )
     first, at64 = rows[0], next((r for r in rows if r["spot_gpus"] == 64), rows[-1])
     print(
-        f"{first['spot_gpus']} -> {at64['spot_gpus']} spot GPUs: throughput x{at64['req_per_s'] / first['req_per_s']:.2f} "
-        f"(paper x7.7 for 8 -> 64), cost per request /{first['usd_per_1k_requests'] / at64['usd_per_1k_requests']:.2f} (paper /2.18)"
+        f"{first['spot_gpus']} -> {at64['spot_gpus']} spot GPUs: "
+        f"throughput x{at64['req_per_s'] / first['req_per_s']:.2f} "
+        f"(paper x7.7 for 8 -> 64), cost per request /{first['usd_per_1k_requests'] / at64['usd_per_1k_requests']:.2f} "
+        "(paper /2.18)"
     )
     print(provenance_line())
 

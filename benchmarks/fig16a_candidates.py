@@ -88,7 +88,8 @@ def main() -> None:
     ds = sorted({k} | {d for d in range(k, args.max_d + 1, max(1, k // 2))} | {args.max_d})
     rows = []
     print(
-        f"Fig. 16a: {pathlib.Path(args.config).name}, {weights_path.name}, {len(idx)} prompts x {args.max_d} seeds ({rewards.size} samples in {gen_s:.0f}s), K = {k}"
+        f"Fig. 16a: {pathlib.Path(args.config).name}, {weights_path.name}, "
+        f"{len(idx)} prompts x {args.max_d} seeds ({rewards.size} samples in {gen_s:.0f}s), K = {k}"
     )
     print(f"{'d':>4} {'selected std':>13} {'± s.e.':>8} {'vs d = K':>9}")
     for d in ds:
@@ -96,7 +97,8 @@ def main() -> None:
         rows.append({"d": d, "selected_std": m, "se": se})
         print(f"{d:>4} {m:>13.4f} {se:>8.4f} {m / rows[0]['selected_std']:>8.2f}x")
     print(
-        f"all-candidate reward mean {np.nanmean(rewards):.3f}, prompts with zero spread over all {args.max_d} seeds: {int((np.nanstd(rewards, axis=1) == 0).sum())}/{len(idx)}"
+        f"all-candidate reward mean {np.nanmean(rewards):.3f}, prompts with zero spread over all {args.max_d} seeds: "
+        f"{int((np.nanstd(rewards, axis=1) == 0).sum())}/{len(idx)}"
     )
     print("paper (Fig. 16a): the selected std grows with d and saturates around d = 32")
     print(provenance_line())

@@ -100,11 +100,14 @@ def main() -> None:
                 r = simulate(prof, policy, None, iterations=args.iterations, seed=seed)
                 series.setdefault(f"β={beta:g}", []).append(choices_from_rows(r.rows))
 
+    if args.runs:
+        source = "runs " + " ".join(args.runs)
+    else:
+        source = f"simulated ({args.iterations} iterations x {args.seeds} seeds, Qwen-Image/H100 profile)"
+    print(f"Fig. 17: planner choices, {source}")
     print(
-        f"Fig. 17: planner choices, {'runs ' + ' '.join(args.runs) if args.runs else f'simulated ({args.iterations} iterations x {args.seeds} seeds, Qwen-Image/H100 profile)'}"
-    )
-    print(
-        f"{'β':<8} {'mean d (last half)':>18} {'mean steps (last half)':>22} {'distinct arms':>13} {'settled by iteration':>21}"
+        f"{'β':<8} {'mean d (last half)':>18} {'mean steps (last half)':>22} {'distinct arms':>13} "
+        f"{'settled by iteration':>21}"
     )
     summary = {}
     for label, runs in series.items():
@@ -123,7 +126,8 @@ def main() -> None:
         }
         settle_txt = ", ".join("never" if x is None else str(x) for x in settle)
         print(
-            f"{label:<8} {summary[label]['mean_d_last_half']:>18.1f} {summary[label]['mean_steps_last_half']:>22.1f} {sum(arms) / len(arms):>13.1f} {settle_txt:>21}"
+            f"{label:<8} {summary[label]['mean_d_last_half']:>18.1f} {summary[label]['mean_steps_last_half']:>22.1f} "
+            f"{sum(arms) / len(arms):>13.1f} {settle_txt:>21}"
         )
     print("paper: β = 0.5 stabilises in about 20 steps (Fig. 17); β = 0 commits early, β = 1 keeps exploring")
     print(provenance_line())

@@ -128,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(
-        f"run-all: budget {args.budget_min:g} min; running {len(run)} of {len(figures)}: {', '.join(f.name for f in run) or '-'} (~{sum(f.est_min for f in run):.1f} min estimated)",
+        f"run-all: budget {args.budget_min:g} min; running {len(run)} of {len(figures)}: "
+        f"{', '.join(f.name for f in run) or '-'} (~{sum(f.est_min for f in run):.1f} min estimated)",
         flush=True,
     )
     done = []
@@ -152,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nrun-all summary ({(time.monotonic() - t_all) / 60:.1f} min):")
     for d in done:
         print(
-            f"  ran     {d['name']:<9} {d['minutes']:5.1f} min (est. {d['est_min']:g})  {'ok' if d['rc'] == 0 else 'FAILED rc=' + str(d['rc'])}"
+            f"  ran     {d['name']:<9} {d['minutes']:5.1f} min (est. {d['est_min']:g}) "
+            f" {'ok' if d['rc'] == 0 else 'FAILED rc=' + str(d['rc'])}"
         )
     for f, why in skipped:
         print(f"  skipped {f.name:<9} {why}")

@@ -129,7 +129,8 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|")
     for tag in world.TASKS:
         print(
-            f"| {tag} | {n[tag]} | {exact[tag] / n[tag]:.2%} | {strict[tag] / n[tag]:.2%} | {partial[tag] / n[tag]:.4f} |"
+            f"| {tag} | {n[tag]} | {exact[tag] / n[tag]:.2%} | {strict[tag] / n[tag]:.2%} | "
+            f"{partial[tag] / n[tag]:.4f} |"
         )
     print(
         f"| **all** | {total} | {sum(exact.values()) / total:.2%} | {sum(strict.values()) / total:.2%} | "

@@ -48,7 +48,8 @@ def main() -> None:
     base = load_profile()
     rows = []
     print(
-        f"{'spot GPUs':>9} {'nodes':>9} {'req/s':>8} {'scaling':>8} {'efficiency':>10} {'sim time':>10} {'real time':>9} {'× real':>9} {'spot busy':>9}"
+        f"{'spot GPUs':>9} {'nodes':>9} {'req/s':>8} {'scaling':>8} {'efficiency':>10} {'sim time':>10} "
+        f"{'real time':>9} {'× real':>9} {'spot busy':>9}"
     )
     first = None
     for n in [int(x) for x in args.gpus.split(",")]:
@@ -66,7 +67,8 @@ def main() -> None:
         eff = scale / (n / first[0])
         rows.append((n, rps, scale, eff))
         print(
-            f"{n:>9} {nodes:>4}x{per:<4} {rps:>8.2f} {scale:>7.1f}x {eff:>10.2f} {r.wall_s / 3600:>8.1f} h {real:>7.1f} s {r.wall_s / real:>8,.0f}x {r.spot_busy_training:>9.3f}"
+            f"{n:>9} {nodes:>4}x{per:<4} {rps:>8.2f} {scale:>7.1f}x {eff:>10.2f} {r.wall_s / 3600:>8.1f} h "
+            f"{real:>7.1f} s {r.wall_s / real:>8,.0f}x {r.spot_busy_training:>9.3f}"
         )
     if args.trace:
         from spotlight.traces.actions import trace_actions
@@ -77,9 +79,12 @@ def main() -> None:
         r = simulate(prof, "spotlight", actions, iterations=args.iterations, max_candidates_per_prompt=10**7)
         real = time.perf_counter() - t0
         print(
-            f"\ntrace-driven, 125 nodes x 8 GPUs (25 seeded placements of {pathlib.Path(args.trace).name}, peak {25 * 32} GPUs): "
-            f"{r.iterations} iterations, {r.wall_s / 3600:.1f} h simulated in {real:.1f} s = {r.wall_s / real:,.0f}x real time; "
-            f"{r.preemptions} revocations, {r.additions} additions, {r.requests_done:,} requests, spot utilisation {r.spot_utilisation:.3f}, "
+            f"\ntrace-driven, 125 nodes x 8 GPUs (25 seeded placements of {pathlib.Path(args.trace).name}, "
+            f"peak {25 * 32} GPUs): "
+            f"{r.iterations} iterations, {r.wall_s / 3600:.1f} h simulated in {real:.1f} s = {r.wall_s / real:,.0f}x "
+            "real time; "
+            f"{r.preemptions} revocations, {r.additions} additions, {r.requests_done:,} requests, "
+            f"spot utilisation {r.spot_utilisation:.3f}, "
             f"spot busy while training {r.spot_busy_training:.3f}, critical path {100 * r.critical_path_share:.2f}%"
         )
 

@@ -97,7 +97,8 @@ def measured() -> list[str]:
     from spotlight.store.tensor_wire import state_dict_to_bytes
 
     rows = [
-        "| family (tiny test checkpoint) | transformer params | full version | LoRA r=4 version | LoRA r=64 version | full / LoRA r=4 |",
+        "| family (tiny test checkpoint) | transformer params | full version | LoRA r=4 version | LoRA r=64 version | "
+        "full / LoRA r=4 |",
         "|---|---|---|---|---|---|",
     ]
     for name in ("tiny", "qwen-image", "sd3", "flux"):
@@ -124,7 +125,8 @@ def arithmetic() -> list[str]:
     import diffusers
 
     rows = [
-        "| model | transformer params | full version bf16 | LoRA rank | adapter params | LoRA version bf16 | full / LoRA |",
+        "| model | transformer params | full version bf16 | LoRA rank | adapter params | LoRA version bf16 | full / "
+        "LoRA |",
         "|---|---|---|---|---|---|---|",
     ]
     for name, (cls_name, label, rank, kwargs) in REAL.items():
@@ -134,7 +136,8 @@ def arithmetic() -> list[str]:
         n = sum(p.numel() for p in model.parameters())
         lora = sum(p.numel() for p in _lora_params(model, fam, rank).values())
         rows.append(
-            f"| {label} | {n / 1e9:.2f} B | {2 * n / 1e9:.1f} GB | {rank} | {lora / 1e6:.0f} M | {2 * lora / 1e9:.2f} GB | {n / lora:.0f}× |"
+            f"| {label} | {n / 1e9:.2f} B | {2 * n / 1e9:.1f} GB | {rank} | {lora / 1e6:.0f} M | {2 * lora / 1e9:.2f} "
+            f"GB | {n / lora:.0f}× |"
         )
     return rows
 

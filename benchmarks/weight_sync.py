@@ -442,7 +442,8 @@ def main(argv=None) -> int:
         size, digest = make_version(src, args.size_mib * MIB)
         results["size_bytes"] = size
         print(
-            f"version: {size:,} bytes ({digest[:23]}…), chunks of {chunk:,} B, window {args.window}, load avg {os.getloadavg()[0]:.1f}",
+            f"version: {size:,} bytes ({digest[:23]}…), chunks of {chunk:,} B, window {args.window}, "
+            f"load avg {os.getloadavg()[0]:.1f}",
             flush=True,
         )
         results["cpu"] = cpu_costs(str(src))
@@ -492,7 +493,8 @@ def main(argv=None) -> int:
             rep = ask("report")
             results["upload"].append({"seconds": up_s, "gbps": size / up_s / 1e9, "coordinator_mem": rep["mem"]})
             print(
-                f"  upload trainer→coordinator: {up_s:.2f}s {size / up_s / 1e9:.3f} GB/s; coordinator growth anon {rep['mem']['anon'] / MIB:.0f} MiB, rss {rep['mem']['rss'] / MIB:.0f} MiB",
+                f"  upload trainer→coordinator: {up_s:.2f}s {size / up_s / 1e9:.3f} GB/s; "
+                f"coordinator growth anon {rep['mem']['anon'] / MIB:.0f} MiB, rss {rep['mem']['rss'] / MIB:.0f} MiB",
                 flush=True,
             )
 
@@ -548,8 +550,14 @@ def main(argv=None) -> int:
                 }
                 results["fetch"][n].append(row)
                 print(
-                    f"  N={n}: {n * size:,} B in {span:.2f}s = {gbps:.3f} GB/s ({row['ratio']:.0%} of the CURVE stream, {row['ratio_file']:.0%} of it into a file); "
-                    f"CPU s/GB coordinator {row['coordinator_cpu_s_per_gb']:.1f} (main thread {row['coordinator_main_cpu_s_per_gb']:.1f}) agents {row['agent_cpu_s_per_gb']:.1f} (main threads {row['agent_main_cpu_s_per_gb']:.1f}); coordinator growth anon {rep['mem']['anon'] / MIB:.0f} MiB rss {rep['mem']['rss'] / MIB:.0f} MiB; agent growth anon ≤ {max(x['mem']['anon'] for x in res) / MIB:.0f} MiB rss ≤ {max(x['mem']['rss'] for x in res) / MIB:.0f} MiB",
+                    f"  N={n}: {n * size:,} B in {span:.2f}s = {gbps:.3f} GB/s ({row['ratio']:.0%} of the CURVE "
+                    f"stream, {row['ratio_file']:.0%} of it into a file); "
+                    f"CPU s/GB coordinator {row['coordinator_cpu_s_per_gb']:.1f} (main thread "
+                    f"{row['coordinator_main_cpu_s_per_gb']:.1f}) "
+                    f"agents {row['agent_cpu_s_per_gb']:.1f} (main threads {row['agent_main_cpu_s_per_gb']:.1f}); "
+                    f"coordinator growth anon {rep['mem']['anon'] / MIB:.0f} MiB rss {rep['mem']['rss'] / MIB:.0f} "
+                    f"MiB; agent growth anon ≤ {max(x['mem']['anon'] for x in res) / MIB:.0f} MiB rss ≤ "
+                    f"{max(x['mem']['rss'] for x in res) / MIB:.0f} MiB",
                     flush=True,
                 )
                 for i in range(n):
@@ -565,7 +573,8 @@ def main(argv=None) -> int:
         results["worker_load"] = worker_load(str(src))
         wl = results["worker_load"]
         print(
-            f"worker load (mmap + load_state_dict): {wl['seconds']:.2f}s, anon growth {wl['mem']['anon'] / MIB:.0f} MiB, rss growth {wl['mem']['rss'] / MIB:.0f} MiB",
+            f"worker load (mmap + load_state_dict): {wl['seconds']:.2f}s, "
+            f"anon growth {wl['mem']['anon'] / MIB:.0f} MiB, rss growth {wl['mem']['rss'] / MIB:.0f} MiB",
             flush=True,
         )
         results["load_avg_end"] = os.getloadavg()
@@ -596,7 +605,9 @@ def table(r: dict) -> str:
     size = r["size_bytes"]
     curve = r["loopback"]["curve"]
     lines = [
-        "| N agents | bytes delivered | seconds | achieved GB/s | loopback GB/s (CURVE stream) | ratio | ratio to the CURVE stream into a file | CPU s per GB: coordinator / agents | coordinator peak growth: anon / RSS | agent peak growth: anon / RSS |",
+        "| N agents | bytes delivered | seconds | achieved GB/s | loopback GB/s (CURVE stream) "
+        "| ratio | ratio to the CURVE stream into a file | CPU s per GB: "
+        "coordinator / agents | coordinator peak growth: anon / RSS | agent peak growth: anon / RSS |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for n, rows in r["fetch"].items():
@@ -606,8 +617,11 @@ def table(r: dict) -> str:
         aa = max(a["mem"]["anon"] for x in rows for a in x["agents"]) / MIB
         ar = max(a["mem"]["rss"] for x in rows for a in x["agents"]) / MIB
         lines.append(
-            f"| {n} | {n * size:,} | {_med([x['seconds'] for x in rows]):.2f} | {_med(g):.3f} [{min(g):.3f}–{max(g):.3f}] | {_med(curve):.3f} [{min(curve):.3f}–{max(curve):.3f}] "
-            f"| {_med([x['ratio'] for x in rows]):.0%} | {_med([x['ratio_file'] for x in rows]):.0%} | {_med([x['coordinator_cpu_s_per_gb'] for x in rows]):.1f} / {_med([x['agent_cpu_s_per_gb'] for x in rows]):.1f} "
+            f"| {n} | {n * size:,} | {_med([x['seconds'] for x in rows]):.2f} | {_med(g):.3f} "
+            f"[{min(g):.3f}–{max(g):.3f}] | {_med(curve):.3f} [{min(curve):.3f}–{max(curve):.3f}] "
+            f"| {_med([x['ratio'] for x in rows]):.0%} | {_med([x['ratio_file'] for x in rows]):.0%} | "
+            f"{_med([x['coordinator_cpu_s_per_gb'] for x in rows]):.1f} / "
+            f"{_med([x['agent_cpu_s_per_gb'] for x in rows]):.1f} "
             f"| {ca:.0f} / {cr:.0f} MiB | {aa:.0f} / {ar:.0f} MiB |"
         )
     up = r["upload"]
@@ -616,15 +630,24 @@ def table(r: dict) -> str:
         "",
         "| step | GB/s | notes |",
         "|---|---|---|",
-        f"| loopback: raw TCP socket | {_med(r['loopback']['tcp']):.3f} | `sendall` / `recv_into`, no framing, no encryption; {_cpu(r, 'tcp')} |",
-        f"| loopback: ZeroMQ PUSH/PULL, no CURVE | {_med(r['loopback']['zmq']):.3f} | zero-copy frames from the mmap; {_cpu(r, 'zmq')} |",
-        f"| loopback: ZeroMQ PUSH/PULL, CURVE | {_med(curve):.3f} | the link the coordinator's sockets use; {_cpu(r, 'curve')} |",
-        f"| loopback: ZeroMQ PUSH/PULL, CURVE, written to a new file | {_med(r['loopback']['curve_file']):.3f} | the least a receiver that keeps the version does (no digest); {_cpu(r, 'curve_file')} |",
-        f"| upload trainer → coordinator (1 version, CURVE) | {_med(ug):.3f} | {_med([x['seconds'] for x in up]):.2f} s; coordinator peak growth anon {max(x['coordinator_mem']['anon'] for x in up) / MIB:.0f} MiB, RSS {max(x['coordinator_mem']['rss'] for x in up) / MIB:.0f} MiB |",
+        f"| loopback: raw TCP socket | {_med(r['loopback']['tcp']):.3f} | `sendall` / `recv_into`, no framing, "
+        f"no encryption; {_cpu(r, 'tcp')} |",
+        f"| loopback: ZeroMQ PUSH/PULL, no CURVE | {_med(r['loopback']['zmq']):.3f} | zero-copy frames from the mmap; "
+        f"{_cpu(r, 'zmq')} |",
+        f"| loopback: ZeroMQ PUSH/PULL, CURVE | {_med(curve):.3f} | the link the coordinator's sockets use; "
+        f"{_cpu(r, 'curve')} |",
+        f"| loopback: ZeroMQ PUSH/PULL, CURVE, written to a new file | {_med(r['loopback']['curve_file']):.3f} | the "
+        f"least a receiver that keeps the version does (no digest); {_cpu(r, 'curve_file')} |",
+        "| upload trainer → coordinator (1 version, CURVE) "
+        f"| {_med(ug):.3f} | {_med([x['seconds'] for x in up]):.2f} s; "
+        f"coordinator peak growth anon {max(x['coordinator_mem']['anon'] for x in up) / MIB:.0f} MiB, "
+        f"RSS {max(x['coordinator_mem']['rss'] for x in up) / MIB:.0f} MiB |",
         f"| sha256, one core | {r['cpu']['sha256']:.2f} | the receiver's digest (default) |",
         f"| blake2b, one core | {r['cpu']['blake2b']:.2f} | the alternative digest |",
         f"| pwrite into the page cache, one core | {r['cpu']['pwrite']:.2f} | the receiver's file write (new pages) |",
-        f"| worker load: mmap + load_state_dict | {size / r['worker_load']['seconds'] / 1e9:.2f} | {r['worker_load']['seconds']:.2f} s; anon growth {r['worker_load']['mem']['anon'] / MIB:.0f} MiB (the model was allocated before), RSS {r['worker_load']['mem']['rss'] / MIB:.0f} MiB |",
+        f"| worker load: mmap + load_state_dict | {size / r['worker_load']['seconds'] / 1e9:.2f} | "
+        f"{r['worker_load']['seconds']:.2f} s; anon growth {r['worker_load']['mem']['anon'] / MIB:.0f} MiB (the model "
+        f"was allocated before), RSS {r['worker_load']['mem']['rss'] / MIB:.0f} MiB |",
     ]
     return "\n".join(lines)
 

@@ -143,7 +143,10 @@ PIP_DOWNLOAD = (
     "--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_26_x86_64 "
     "--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl"
 )
-PIP_INSTALL = "python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site"
+PIP_INSTALL = (
+    "python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "
+    ".whl/*.whl && export PYTHONPATH=/tmp/site"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -313,7 +316,8 @@ def environment(report: dict, want_cuda: bool) -> int:
             say(f"  {PIP_DOWNLOAD} {' '.join(bring)}")
         if other:
             say(
-                f"  (not expected to be missing on the GPU image; pin the version you need): {PIP_DOWNLOAD} {' '.join(other)}"
+                "  (not expected to be missing on the GPU image; pin the version you need): "
+                f"{PIP_DOWNLOAD} {' '.join(other)}"
             )
         say("Then start the GPU command with (device tool: carry ['.whl']):")
         say(f"  {PIP_INSTALL} || exit; PYTHONUNBUFFERED=1 bash scripts/gpu-check --out $OUT")
@@ -368,7 +372,8 @@ def build_checkpoint(report: dict, path: pathlib.Path, sz: Sizes, device, dtype)
         "build_s": build_s,
     }
     say(
-        f"  transformer: {sz.layers} blocks × {width} wide = {params / 1e9:.3f} B parameters, {nbytes / 2**30:.2f} GiB on disk ({dtype}); built on {device} in {build_s:.1f} s"
+        f"  transformer: {sz.layers} blocks × {width} wide = {params / 1e9:.3f} B parameters, "
+        f"{nbytes / 2**30:.2f} GiB on disk ({dtype}); built on {device} in {build_s:.1f} s"
     )
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -544,12 +549,16 @@ def benchmarks(report: dict, ckpt: pathlib.Path, sz: Sizes, device) -> None:
     bench["train_peak_memory_bytes"], bench["peak_memory_kind"] = _peak_memory(device)
     bench["peak_memory_bytes"] = max(bench["train_peak_memory_bytes"], bench["denoise_peak_memory_bytes"])
     say(
-        f"  train step (LoRA r={rank} α={alpha:g}, {B} rows × {SDE_WINDOW} SDE steps at {sz.image_size}², CFG, fwd+bwd+AdamW): "
-        f"{s:.3f} s; ratio_max_dev on fresh samples {devs[0]:.3g}; peak memory {bench['peak_memory_bytes'] / 2**30:.2f} GiB"
+        f"  train step (LoRA r={rank} α={alpha:g}, {B} rows × {SDE_WINDOW} SDE steps at {sz.image_size}², CFG, "
+        "fwd+bwd+AdamW): "
+        f"{s:.3f} s; ratio_max_dev on fresh samples {devs[0]:.3g}; "
+        f"peak memory {bench['peak_memory_bytes'] / 2**30:.2f} GiB"
     )
     say(
-        f"  adapter {n_adapter / 1e6:.1f} M params = {bench['adapter_bytes'] / 2**20:.1f} MiB per version in {bench['version_dtype']} "
-        f"({bench['adapter_bytes_fp32'] / 2**20:.1f} MiB fp32) vs full transformer {bench['full_bytes'] / 2**30:.2f} GiB "
+        f"  adapter {n_adapter / 1e6:.1f} M params = {bench['adapter_bytes'] / 2**20:.1f} MiB per version in "
+        f"{bench['version_dtype']} "
+        f"({bench['adapter_bytes_fp32'] / 2**20:.1f} MiB fp32) "
+        f"vs full transformer {bench['full_bytes'] / 2**30:.2f} GiB "
         f"({bench['full_bytes_fp32'] / 2**30:.2f} GiB fp32): {bench['adapter_fraction'] * 100:.2f} %"
     )
 
@@ -583,8 +592,10 @@ def benchmarks(report: dict, ckpt: pathlib.Path, sz: Sizes, device) -> None:
     best["bytes_per_s"] = best["bytes"] / max(best["total_s"], 1e-9)
     bench["sync"] = best
     say(
-        f"  weight sync of one adapter version ({best['bytes'] / 2**20:.1f} MiB): serialise {best['serialize_s'] * 1e3:.1f} ms, "
-        f"deserialise {best['deserialize_s'] * 1e3:.1f} ms, host→device {best['h2d_s'] * 1e3:.1f} ms = {best['bytes_per_s'] / 1e9:.2f} GB/s"
+        f"  weight sync of one adapter version ({best['bytes'] / 2**20:.1f} MiB): "
+        f"serialise {best['serialize_s'] * 1e3:.1f} ms, "
+        f"deserialise {best['deserialize_s'] * 1e3:.1f} ms, "
+        f"host→device {best['h2d_s'] * 1e3:.1f} ms = {best['bytes_per_s'] / 1e9:.2f} GB/s"
     )
 
 
@@ -757,7 +768,8 @@ def print_summary(report: dict) -> None:
         ("device", f"{env.get('device_name', '-')} (torch {env.get('torch', '-')})"),
         (
             "transformer",
-            f"{model.get('layers', '-')} blocks × {model.get('width', '-')} wide, {_fmt(model.get('transformer_params'), ' B', 1e-9)} params, build {_fmt(model.get('build_s'), ' s')}",
+            f"{model.get('layers', '-')} blocks × {model.get('width', '-')} wide, "
+            f"{_fmt(model.get('transformer_params'), ' B', 1e-9)} params, build {_fmt(model.get('build_s'), ' s')}",
         ),
     ]
     for d in bench.get("denoise", []):
@@ -770,7 +782,8 @@ def print_summary(report: dict) -> None:
     lines += [
         (
             "train step",
-            f"{_fmt(bench.get('train_step_s'), ' s')}  (LoRA r={bench.get('lora_rank', '-')}, {bench.get('train_batch', '-')} rows × {bench.get('train_window', '-')} SDE steps)",
+            f"{_fmt(bench.get('train_step_s'), ' s')}  (LoRA r={bench.get('lora_rank', '-')}, "
+            f"{bench.get('train_batch', '-')} rows × {bench.get('train_window', '-')} SDE steps)",
         ),
         (
             "peak memory",
@@ -778,7 +791,9 @@ def print_summary(report: dict) -> None:
         ),
         (
             "adapter / full",
-            f"{_fmt(bench.get('adapter_bytes'), ' MiB', 1 / 2**20)} / {_fmt(bench.get('full_bytes'), ' GiB', 1 / 2**30)} per version in {bench.get('version_dtype', '-')} ({_fmt(bench.get('adapter_fraction'), ' %', 100)})",
+            f"{_fmt(bench.get('adapter_bytes'), ' MiB', 1 / 2**20)} / "
+            f"{_fmt(bench.get('full_bytes'), ' GiB', 1 / 2**30)} per version in {bench.get('version_dtype', '-')} "
+            f"({_fmt(bench.get('adapter_fraction'), ' %', 100)})",
         ),
         (
             "weight sync",
@@ -789,7 +804,8 @@ def print_summary(report: dict) -> None:
         lines.append(
             (
                 f"run iteration {it['iteration']}",
-                f"rollout {_fmt(it['rollout_s'], ' s')}, train {_fmt(it['train_s'], ' s')}, ratio_max_dev {it['ratio_max_dev']}, "
+                f"rollout {_fmt(it['rollout_s'], ' s')}, train {_fmt(it['train_s'], ' s')}, "
+                f"ratio_max_dev {it['ratio_max_dev']}, "
                 f"version {_fmt(it['version_bytes'], ' MiB', 1 / 2**20)}, reward {_fmt(it['reward_mean'], '', 1.0, 4)}",
             )
         )
@@ -797,7 +813,9 @@ def print_summary(report: dict) -> None:
         lines.append(
             (
                 "run",
-                f"exit {run.get('returncode')}, {_fmt(run.get('wall_s'), ' s')}, final adapter {run.get('final_lora')}, {len(run.get('versions', []))} versions adapter-only {run.get('adapter_only_versions')}",
+                f"exit {run.get('returncode')}, {_fmt(run.get('wall_s'), ' s')}, "
+                f"final adapter {run.get('final_lora')}, {len(run.get('versions', []))} versions adapter-only "
+                f"{run.get('adapter_only_versions')}",
             )
         )
     lines.append(("phases", ", ".join(f"{k} {v:.1f} s" for k, v in report["phases_s"].items())))
@@ -833,7 +851,8 @@ def main(argv: list[str] | None = None) -> int:
         "--layers",
         type=int,
         default=None,
-        help=f"transformer blocks of the real-width model (default {GPU_SIZES.layers}: ~2.7 B parameters; dry run {DRY_SIZES.layers})",
+        help=f"transformer blocks of the real-width model (default {GPU_SIZES.layers}: ~2.7 B parameters; "
+        f"dry run {DRY_SIZES.layers})",
     )
     ap.add_argument(
         "--out",

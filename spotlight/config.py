@@ -68,9 +68,6 @@ class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     pass
 
 
-FAMILIES = ("tiny", "qwen-image", "sd3", "flux")
-
-
 class ModelConfig(_Section):
     """The DiT that is post-trained, and its family (``spotlight/models/families/``).
 
@@ -148,7 +145,8 @@ class ModelConfig(_Section):
         _check(
             not (self.family == "tiny" and self.source == "tiny" and self.pretrained_path),
             "model.pretrained_path",
-            "the tiny family builds its model from this config; set model.source = 'pretrained' to load a saved transformer folder, or set model.family",
+            "the tiny family builds its model from this config; "
+            "set model.source = 'pretrained' to load a saved transformer folder, or set model.family",
         )
         _check(
             self.family == "tiny" or self.image_size % 16 == 0,

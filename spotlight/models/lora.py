@@ -98,15 +98,6 @@ def load_version(transformer: torch.nn.Module, state_dict: dict[str, torch.Tenso
         raise WeightVersionError(f"weight version lacks {len(missing)} keys, e.g. {missing[:3]}")
 
 
-def adapter_state_dict(transformer: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The adapter in peft's naming (``…lora_A.weight``, no adapter name), for saving."""
-    from peft.utils import get_peft_model_state_dict
-
-    return {
-        k: v.detach().to("cpu", torch.float32).contiguous() for k, v in get_peft_model_state_dict(transformer).items()
-    }
-
-
 def adapter_metadata(transformer: torch.nn.Module) -> dict | None:
     """peft's ``LoraConfig`` of the default adapter as a dict (saved next to the weights)."""
     cfg = getattr(transformer, "peft_config", {}).get("default")

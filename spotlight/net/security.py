@@ -277,8 +277,10 @@ def load_client_keys(directory: str | os.PathLike, *, name: str | None = None, r
             how = f"create one with `spotlight keys add {d} {r} NAME` (it writes the secret here)"
         else:  # a client's: keys are made where the coordinator's keys live
             how = (
-                f"create one on the coordinator's machine with `spotlight keys add COORDINATOR_KEYS {r} NAME` (COORDINATOR_KEYS: the "
-                f"coordinator's keys directory, the one holding server.key_secret; it does not work on this one) and copy the {r}.NAME.key_secret it prints here"
+                f"create one on the coordinator's machine with `spotlight keys add COORDINATOR_KEYS {r} NAME` "
+                "(COORDINATOR_KEYS: the "
+                "coordinator's keys directory, the one holding server.key_secret; it does not work on this one) "
+                f"and copy the {r}.NAME.key_secret it prints here"
             )
         raise KeysError(f"{d} holds no client secret key{want}{hint} (<role>.<name>.key_secret): {how}")
     if len(cands) > 1:

@@ -135,7 +135,8 @@ class RewardFn:
                 continue
             if resp.status_code // 100 == 3:
                 raise RewardError(
-                    f"reward service {self.cfg.url} answered HTTP {resp.status_code} (redirect to {resp.headers.get('Location')!r}); "
+                    f"reward service {self.cfg.url} answered HTTP {resp.status_code} (redirect to "
+                    f"{resp.headers.get('Location')!r}); "
                     "redirects are not followed: set reward.url to the service's own address"
                 )
             if resp.status_code // 100 != 2:
@@ -170,7 +171,8 @@ def parse_rewards(body: bytes, n_images: int, url: str = "the reward service") -
     for i, r in enumerate(rewards):
         if type(r) not in (int, float):  # bool is an int subclass: refused too
             raise RewardError(
-                f"reward service {url} sent a malformed body: reward {i} is {type(r).__name__} {json.dumps(r)[:40]}, not a number"
+                f"reward service {url} sent a malformed body: reward {i} is {type(r).__name__} {json.dumps(r)[:40]}, "
+                "not a number"
             )
         try:
             out.append(float(r))

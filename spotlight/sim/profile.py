@@ -169,37 +169,10 @@ def load_profile(path: str | pathlib.Path = DEFAULT_PROFILE) -> SimProfile:
         if section in d and not isinstance(d[section], dict):
             raise ProfileError(f"{where}: [{section}] must be a table, got {type(d[section]).__name__}")
     _check_sections(d, where)
-    g = lambda s, k, kind=float, positive=True: _get(d, s, k, kind, where, positive=positive)  # noqa: E731
-    eff_raw = d.get("timing", {}).get("sp_efficiency")
-    if not isinstance(eff_raw, dict) or not eff_raw:
-        raise ProfileError(f"{where}: [timing] sp_efficiency must be a table like {{ 1 = 1.0, 2 = 0.9 }}")
-    try:
-        eff = {int(k): float(v) for k, v in eff_raw.items()}
-    except (TypeError, ValueError):
-        raise ProfileError(f"{where}: [timing] sp_efficiency keys must be SP degrees and values numbers") from None
-    if any(k < 1 or not (0 < v <= 1.0) for k, v in eff.items()):
-        raise ProfileError(f"{where}: [timing] sp_efficiency: degrees >= 1 and efficiencies in (0, 1]")
-    opts_raw = d.get("exploration", {}).get("step_options")
-    if not isinstance(opts_raw, list) or not opts_raw:
-        raise ProfileError(f"{where}: [exploration] step_options must be a non-empty list")
-    try:
-        opts = [
-            StepOption(float(o["cache_threshold"]), float(o["effective_steps"]), float(o["accuracy"])) for o in opts_raw
-        ]
-    except KeyError as exc:
-        raise ProfileError(
-            f"{where}: [exploration] step_options: every entry needs cache_threshold, effective_steps and accuracy (missing {exc})"
-        ) from None
-    except (TypeError, ValueError) as exc:
-        raise ProfileError(f"{where}: [exploration] step_options: each entry is a table of numbers ({exc})") from None
-    its_raw = d.get("iterations_to_target", {})
-    if not isinstance(its_raw, dict):
-        raise ProfileError(f"{where}: [iterations_to_target] must be a table policy = iterations")
-    its = {}
-    for k, v in its_raw.items():
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise ProfileError(f"{where}: [iterations_to_target] {k} must be an integer >= 1, got {v!r}")
-        its[k] = v
+    g = lambda s, k, kind=float, positive=True: _get(d, s, k, kind, where, positive=positive)
+    eff = _sp_efficiency(d, where)
+    opts = _step_options(d, where)
+    its = _iterations_to_target(d, where)
     p = SimProfile(
         name=str(d.get("name", path.stem)),
         prompts_per_iteration=g("workload", "prompts_per_iteration", int),
@@ -239,6 +212,58 @@ def load_profile(path: str | pathlib.Path = DEFAULT_PROFILE) -> SimProfile:
         iterations_to_target=its,
         source=where,
     )
+    _check_profile(p, where)
+    return p
+
+
+def _sp_efficiency(d: dict, where: str) -> dict[int, float]:
+    """``[timing] sp_efficiency``: SP degree → parallel efficiency in (0, 1]."""
+    eff_raw = d.get("timing", {}).get("sp_efficiency")
+    if not isinstance(eff_raw, dict) or not eff_raw:
+        raise ProfileError(f"{where}: [timing] sp_efficiency must be a table like {{ 1 = 1.0, 2 = 0.9 }}")
+    try:
+        eff = {int(k): float(v) for k, v in eff_raw.items()}
+    except (TypeError, ValueError):
+        raise ProfileError(f"{where}: [timing] sp_efficiency keys must be SP degrees and values numbers") from None
+    if any(k < 1 or not (0 < v <= 1.0) for k, v in eff.items()):
+        raise ProfileError(f"{where}: [timing] sp_efficiency: degrees >= 1 and efficiencies in (0, 1]")
+    return eff
+
+
+def _step_options(d: dict, where: str) -> list[StepOption]:
+    """``[exploration] step_options``: the Planner's cache thresholds, a non-empty list."""
+    opts_raw = d.get("exploration", {}).get("step_options")
+    if not isinstance(opts_raw, list) or not opts_raw:
+        raise ProfileError(f"{where}: [exploration] step_options must be a non-empty list")
+    try:
+        opts = [
+            StepOption(float(o["cache_threshold"]), float(o["effective_steps"]), float(o["accuracy"])) for o in opts_raw
+        ]
+    except KeyError as exc:
+        raise ProfileError(
+            f"{where}: [exploration] step_options: every entry needs cache_threshold, effective_steps "
+            f"and accuracy (missing {exc})"
+        ) from None
+    except (TypeError, ValueError) as exc:
+        raise ProfileError(f"{where}: [exploration] step_options: each entry is a table of numbers ({exc})") from None
+    return opts
+
+
+def _iterations_to_target(d: dict, where: str) -> dict[str, int]:
+    """``[iterations_to_target]``: policy → iterations (integers >= 1); may be absent."""
+    its_raw = d.get("iterations_to_target", {})
+    if not isinstance(its_raw, dict):
+        raise ProfileError(f"{where}: [iterations_to_target] must be a table policy = iterations")
+    its = {}
+    for k, v in its_raw.items():
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ProfileError(f"{where}: [iterations_to_target] {k} must be an integer >= 1, got {v!r}")
+        its[k] = v
+    return its
+
+
+def _check_profile(p: SimProfile, where: str) -> None:
+    """The checks that relate fields of a built profile to each other."""
     if p.num_control_prompts >= p.prompts_per_iteration:
         raise ProfileError(f"{where}: [workload] num_control_prompts must be < prompts_per_iteration")
     if p.group_size % 2:
@@ -258,7 +283,8 @@ def load_profile(path: str | pathlib.Path = DEFAULT_PROFILE) -> SimProfile:
         o.effective_steps >= p.min_effective_steps and o.accuracy >= p.min_exploration_accuracy for o in p.step_options
     ):
         raise ProfileError(
-            f"{where}: [exploration] no step option has effective_steps >= min_effective_steps and accuracy >= min_exploration_accuracy"
+            f"{where}: [exploration] no step option has effective_steps >= min_effective_steps "
+            "and accuracy >= min_exploration_accuracy"
         )
     if p.max_sequences <= p.group_size:
         raise ProfileError(f"{where}: [exploration] max_sequences must be > group_size (d <= K selects nothing)")
@@ -269,9 +295,9 @@ def load_profile(path: str | pathlib.Path = DEFAULT_PROFILE) -> SimProfile:
     unknown = sorted(set(p.iterations_to_target) - KNOWN_POLICIES)
     if unknown:
         raise ProfileError(
-            f"{where}: [iterations_to_target] unknown policy {', '.join(map(repr, unknown))}; known: {', '.join(sorted(KNOWN_POLICIES))}"
+            f"{where}: [iterations_to_target] unknown policy {', '.join(map(repr, unknown))}; "
+            f"known: {', '.join(sorted(KNOWN_POLICIES))}"
         )
-    return p
 
 
 def check_cluster(p: SimProfile) -> None:
@@ -282,5 +308,6 @@ def check_cluster(p: SimProfile) -> None:
     """
     if p.spot_sp > p.gpus_per_spot_node:
         raise ProfileError(
-            f"{p.source}: SP degree {p.spot_sp} needs at least {p.spot_sp} GPUs per spot node (got {p.gpus_per_spot_node})"
+            f"{p.source}: SP degree {p.spot_sp} needs at least {p.spot_sp} GPUs per spot node "
+            f"(got {p.gpus_per_spot_node})"
         )

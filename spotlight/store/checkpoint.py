@@ -72,14 +72,6 @@ def _iter_name(iteration: int) -> str:
     return f"iter_{iteration:06d}"
 
 
-def _fsync_file(path: pathlib.Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _fsync_dir(path: pathlib.Path) -> None:
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:

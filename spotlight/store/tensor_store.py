@@ -21,7 +21,6 @@ version is a safetensors file through ``validate``).
 from __future__ import annotations
 
 import dataclasses
-import json
 import pathlib
 import re
 from typing import Callable
@@ -327,6 +326,3 @@ class TensorStore:
             "committed_states": len(self._state),
             "state_bytes": sum(len(f) for _, fr in self._state.values() for f in fr),
         }
-
-    def describe(self) -> str:
-        return json.dumps(self.stats())

@@ -76,7 +76,8 @@ def unpack_tensors(metas: list[TensorMeta], frames: list) -> dict[str, torch.Ten
         itemsize = torch.empty((), dtype=dtype).element_size()
         if len(frame) != numel * itemsize:  # checked before anything is copied
             raise ProtocolError(
-                f"tensor {meta.name!r}: {len(frame)} bytes for shape {meta.shape} {meta.dtype} (expected {numel * itemsize})"
+                f"tensor {meta.name!r}: {len(frame)} bytes for shape {meta.shape} {meta.dtype} (expected "
+                f"{numel * itemsize})"
             )
         buf = bytearray(bytes(frame))
         if numel == 0:
@@ -181,7 +182,8 @@ def mmap_state_dict(path) -> dict[str, torch.Tensor]:
     other writers) are copied.
 
     Raises:
-        WeightSyncError: a malformed or inconsistent header (:func:`spotlight.store.weight_sync.read_safetensors_header`).
+        WeightSyncError: a malformed or inconsistent header
+            (:func:`spotlight.store.weight_sync.read_safetensors_header`).
         OSError: the file cannot be opened.
     """
     import mmap

@@ -300,7 +300,8 @@ class ChunkReceiver:
         view = memoryview(data).cast("B")
         if offset != want_off or len(view) != want_len:
             raise WeightSyncError(
-                f"version {self.version} chunk {index}: got {len(view)} bytes at offset {offset}, expected {want_len} at {want_off}"
+                f"version {self.version} chunk {index}: got {len(view)} bytes at offset {offset}, "
+                f"expected {want_len} at {want_off}"
             )
         if self._received[index]:
             raise WeightSyncError(f"version {self.version} chunk {index} arrived twice")
@@ -323,7 +324,8 @@ class ChunkReceiver:
         if got != self._expect_hex:
             self.abort()
             raise WeightSyncError(
-                f"version {self.version}: digest mismatch ({self.algorithm}:{got[:16]}… != {self.digest[:24]}…); upload discarded"
+                f"version {self.version}: digest mismatch ({self.algorithm}:{got[:16]}… != {self.digest[:24]}…); "
+                "upload discarded"
             )
         os.close(self._fd)
         self._fd = -1

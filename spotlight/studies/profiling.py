@@ -222,6 +222,156 @@ def profile_sp_t_step(cfg: SpotlightConfig, state_dict: dict, degree: int, *, re
     return float(result)
 
 
+class _ProfileRunner:
+    """One in-process :class:`RolloutExecutor` on the profiled weights, and the run's reward.
+
+    Args:
+        cfg: run config.
+        embeds, mask: ``[N, T, D]`` / ``[N, T]`` prompt embeddings.
+        state_dict: the weights (version 0).
+        prompts: prompt text per embedding row, or None (rewards score empty prompts).
+    """
+
+    def __init__(self, cfg: SpotlightConfig, embeds, mask, state_dict: dict, prompts: Sequence[str] | None):
+        from spotlight.rewards.reward_fn import RewardFn
+        from spotlight.workers.rollout.worker import RolloutExecutor
+
+        self.embeds = embeds
+        self.mask = mask
+        self.prompts = prompts
+        self.ex = RolloutExecutor(cfg.model, cfg.sampler, text_dim=embeds.shape[-1])
+        self.ex.add_version(0, state_dict)
+        self.reward_fn = RewardFn(cfg.reward)
+        self.bs = cfg.cluster.worker_batch_size
+
+    def run(self, prompt_idx: list[int], seeds: list[int], threshold: float):
+        """One batch at ``threshold`` (0: a full rollout): ``(images, computed steps per item, seconds)``."""
+        from spotlight import protocol as P
+        from spotlight.store.tensor_wire import unpack_tensors
+
+        kind = "explore" if threshold > 0 else "rollout"
+        items = [
+            P.LeaseItem(
+                lease_id=i,
+                request_id=f"p{i}",
+                kind=kind,
+                iteration=0,
+                prompt_index=p,
+                seed=s,
+                weight_version=0,
+                params={"cache_threshold": threshold},
+            )
+            for i, (p, s) in enumerate(zip(prompt_idx, seeds))
+        ]
+        tensors = {"cond.embeds": self.embeds[prompt_idx], "cond.mask": self.mask[prompt_idx]}
+        t0 = time.perf_counter()
+        out = self.ex.run("profile", P.Leases(worker_id="profile", items=items), tensors)
+        dt = time.perf_counter() - t0
+        msg, frames = out.result
+        got = unpack_tensors(msg.tensors, frames)
+        return got["images"].numpy(), [it.computed_steps for it in msg.items], dt
+
+    def rewards_for(self, pairs: list[tuple[int, int]], threshold: float):
+        """Rewards of ``(prompt, seed)`` pairs at ``threshold``, in worker batches:
+        ``(rewards, mean computed steps, seconds)``."""
+        import numpy as np
+
+        bs = self.bs
+        all_p = [p for p, _ in pairs]
+        all_s = [s for _, s in pairs]
+        rewards, steps, secs = [], [], 0.0
+        for i in range(0, len(pairs), bs):
+            imgs, comp, dt = self.run(all_p[i : i + bs], all_s[i : i + bs], threshold)
+            rewards += self.reward_fn(
+                imgs, [self.prompts[p] for p in all_p[i : i + bs]] if self.prompts is not None else [""] * len(imgs)
+            )
+            steps += comp
+            secs += dt
+        return np.array(rewards), float(np.mean(steps)), secs
+
+
+def _measure_t_steps(
+    runner: _ProfileRunner, cfg: SpotlightConfig, state_dict: dict, sp_degrees: Sequence[int], progress
+) -> dict[str, float]:
+    """``t_step_s`` per worker kind: the median of 3 full-fidelity worker batches (after one
+    warm-up) for SP 1, then a real SP group per degree > 1."""
+    import numpy as np
+    import torch
+
+    from spotlight.core.seed_bank import derive_seed
+
+    bs = runner.bs
+    T = cfg.sampler.num_steps
+    prompt_idx = [i % runner.embeds.shape[0] for i in range(bs)]
+    seeds = [derive_seed("profile-tstep", i) for i in range(bs)]
+    runner.run(prompt_idx, seeds, 0.0)
+    times = []
+    for _ in range(3):
+        _, _, dt = runner.run(prompt_idx, seeds, 0.0)
+        times.append(dt / (bs * T))
+    t_step = float(np.median(times))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    progress(f"t_step = {t_step * 1e3:.2f} ms per sequence-step ({device}, SP 1, batch {bs})")
+    t_steps = {f"{device}/sp1": t_step}
+    for k in sorted(set(int(d) for d in sp_degrees if int(d) > 1)):
+        t_steps[f"{device}/sp{k}"] = profile_sp_t_step(cfg, state_dict, k)
+        progress(
+            f"t_step = {t_steps[f'{device}/sp{k}'] * 1e3:.2f} ms per sequence-step "
+            f"({device}, SP {k} group of {k} processes, batch {bs})"
+        )
+    return t_steps
+
+
+def _accuracy_rows(
+    runner: _ProfileRunner, T: int, thresholds: Sequence[float], num_prompts: int, num_seeds: int, progress
+) -> list[dict]:
+    """The threshold table: the full rollout (threshold 0), then per threshold its effective
+    steps, measured cost and mean per-prompt Spearman accuracy against the full rollout."""
+    import numpy as np
+
+    from spotlight.core.seed_bank import derive_seed
+
+    pairs = [(p, derive_seed("profile", p, k)) for p in range(num_prompts) for k in range(num_seeds)]
+    full, _, full_s = runner.rewards_for(pairs, 0.0)
+    rows = [
+        {
+            "cache_threshold": 0.0,
+            "effective_steps": float(T),
+            "cost_steps": float(T),
+            "accuracy": 1.0,
+            "num_prompts": num_prompts,
+            "num_seeds": num_seeds,
+        }
+    ]
+    for thr in sorted(set(float(t) for t in thresholds if t > 0)):
+        cached, eff, secs = runner.rewards_for(pairs, thr)
+        rhos = [
+            spearman(cached[p * num_seeds : (p + 1) * num_seeds], full[p * num_seeds : (p + 1) * num_seeds])
+            for p in range(num_prompts)
+        ]
+        rhos = [r for r in rhos if r == r]
+        # no prompt with untied rewards: the ranking accuracy is unknown (JSON null, refused)
+        acc = float(np.mean(rhos)) if rhos else None
+        # a cached step still runs the head block + embeddings: measure its real cost
+        cost = float(T) * secs / full_s
+        rows.append(
+            {
+                "cache_threshold": thr,
+                "effective_steps": eff,
+                "cost_steps": max(cost, eff),
+                "accuracy": acc,
+                "num_prompts": num_prompts,
+                "num_seeds": num_seeds,
+            }
+        )
+        acc_txt = f"{acc:.3f}" if acc is not None else "unknown (every prompt's rewards tied; refused)"
+        progress(
+            f"threshold {thr:.3f}: {eff:.2f} effective steps of {T} "
+            f"(cost {cost:.2f} full-step equivalents), accuracy (Spearman) {acc_txt}"
+        )
+    return rows
+
+
 def run_profile(
     cfg: SpotlightConfig,
     embeds,
@@ -252,119 +402,13 @@ def run_profile(
     Returns:
         The JSON-able profile dict.
     """
-    import numpy as np
-    import torch
-
-    from spotlight import protocol as P
-    from spotlight.core.seed_bank import derive_seed
-    from spotlight.rewards.reward_fn import RewardFn
-    from spotlight.workers.rollout.worker import RolloutExecutor
-
-    ex = RolloutExecutor(cfg.model, cfg.sampler, text_dim=embeds.shape[-1])
     if state_dict is None:
         from spotlight.models.dit import build_transformer
 
         state_dict = build_transformer(cfg.model, embeds.shape[-1]).state_dict()
-    ex.add_version(0, state_dict)
-    reward_fn = RewardFn(cfg.reward)
-    bs = cfg.cluster.worker_batch_size
-    T = cfg.sampler.num_steps
-
-    def run(prompt_idx: list[int], seeds: list[int], threshold: float):
-        kind = "explore" if threshold > 0 else "rollout"
-        items = [
-            P.LeaseItem(
-                lease_id=i,
-                request_id=f"p{i}",
-                kind=kind,
-                iteration=0,
-                prompt_index=p,
-                seed=s,
-                weight_version=0,
-                params={"cache_threshold": threshold},
-            )
-            for i, (p, s) in enumerate(zip(prompt_idx, seeds))
-        ]
-        tensors = {"cond.embeds": embeds[prompt_idx], "cond.mask": mask[prompt_idx]}
-        t0 = time.perf_counter()
-        out = ex.run("profile", P.Leases(worker_id="profile", items=items), tensors)
-        dt = time.perf_counter() - t0
-        msg, frames = out.result
-        from spotlight.store.tensor_wire import unpack_tensors
-
-        got = unpack_tensors(msg.tensors, frames)
-        return got["images"].numpy(), [it.computed_steps for it in msg.items], dt
-
-    # t_step: full-fidelity batches at the worker batch size (after one warm-up batch)
-    prompt_idx = [i % embeds.shape[0] for i in range(bs)]
-    seeds = [derive_seed("profile-tstep", i) for i in range(bs)]
-    run(prompt_idx, seeds, 0.0)
-    times = []
-    for _ in range(3):
-        _, _, dt = run(prompt_idx, seeds, 0.0)
-        times.append(dt / (bs * T))
-    t_step = float(np.median(times))
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    progress(f"t_step = {t_step * 1e3:.2f} ms per sequence-step ({device}, SP 1, batch {bs})")
-    t_steps = {f"{device}/sp1": t_step}
-    for k in sorted(set(int(d) for d in sp_degrees if int(d) > 1)):
-        t_steps[f"{device}/sp{k}"] = profile_sp_t_step(cfg, state_dict, k)
-        progress(
-            f"t_step = {t_steps[f'{device}/sp{k}'] * 1e3:.2f} ms per sequence-step ({device}, SP {k} group of {k} processes, batch {bs})"
-        )
-
-    # accuracy table
-    pairs = [(p, derive_seed("profile", p, k)) for p in range(num_prompts) for k in range(num_seeds)]
-    all_p = [p for p, _ in pairs]
-    all_s = [s for _, s in pairs]
-
-    def rewards_for(threshold: float):
-        rewards, steps, secs = [], [], 0.0
-        for i in range(0, len(pairs), bs):
-            imgs, comp, dt = run(all_p[i : i + bs], all_s[i : i + bs], threshold)
-            rewards += reward_fn(
-                imgs, [prompts[p] for p in all_p[i : i + bs]] if prompts is not None else [""] * len(imgs)
-            )
-            steps += comp
-            secs += dt
-        return np.array(rewards), float(np.mean(steps)), secs
-
-    full, _, full_s = rewards_for(0.0)
-    rows = [
-        {
-            "cache_threshold": 0.0,
-            "effective_steps": float(T),
-            "cost_steps": float(T),
-            "accuracy": 1.0,
-            "num_prompts": num_prompts,
-            "num_seeds": num_seeds,
-        }
-    ]
-    for thr in sorted(set(float(t) for t in thresholds if t > 0)):
-        cached, eff, secs = rewards_for(thr)
-        rhos = [
-            spearman(cached[p * num_seeds : (p + 1) * num_seeds], full[p * num_seeds : (p + 1) * num_seeds])
-            for p in range(num_prompts)
-        ]
-        rhos = [r for r in rhos if r == r]
-        # no prompt with untied rewards: the ranking accuracy is unknown (JSON null, refused)
-        acc = float(np.mean(rhos)) if rhos else None
-        # a cached step still runs the head block + embeddings: measure its real cost
-        cost = float(T) * secs / full_s
-        rows.append(
-            {
-                "cache_threshold": thr,
-                "effective_steps": eff,
-                "cost_steps": max(cost, eff),
-                "accuracy": acc,
-                "num_prompts": num_prompts,
-                "num_seeds": num_seeds,
-            }
-        )
-        acc_txt = f"{acc:.3f}" if acc is not None else "unknown (every prompt's rewards tied; refused)"
-        progress(
-            f"threshold {thr:.3f}: {eff:.2f} effective steps of {T} (cost {cost:.2f} full-step equivalents), accuracy (Spearman) {acc_txt}"
-        )
+    runner = _ProfileRunner(cfg, embeds, mask, state_dict, prompts)
+    t_steps = _measure_t_steps(runner, cfg, state_dict, sp_degrees, progress)
+    rows = _accuracy_rows(runner, cfg.sampler.num_steps, thresholds, num_prompts, num_seeds, progress)
     return {
         "version": PROFILE_VERSION,
         "config_key": config_key(cfg),

@@ -202,7 +202,8 @@ def run_stale_ranking(
             cache[i] = generate_rewards(cfg, ex, labels[i], embeds, mask, prompt_indices, seeds, reward_fn, prompts)
             progress(
                 f"v{labels[i]}: {cache[i].size} samples in {time.perf_counter() - t0:.1f}s, "
-                f"reward mean {np.nanmean(cache[i]):.4f} (within-group std {np.nanmean(np.nanstd(cache[i], axis=1)):.4f})"
+                f"reward mean {np.nanmean(cache[i]):.4f} "
+                f"(within-group std {np.nanmean(np.nanstd(cache[i], axis=1)):.4f})"
             )
         return cache[i]
 
@@ -212,32 +213,15 @@ def run_stale_ranking(
     rows = []
     for a, b in pair_idx:
         ra, rb = rewards_of(a), rewards_of(b)
-        rhos = group_spearman(ra, rb)
-        heat = rank_heatmap(rank_within_groups(ra), rank_within_groups(rb), num_seeds)
+        row, rhos, heat = _compare_pair(ra, rb, seeds, group_size, num_seeds)
         pooled += heat
         all_rhos += list(rhos)
-        mean, std, n = _finite_stats(rhos)
-        i, j = np.indices(heat.shape)
-        near = float(heat[np.abs(i - j) <= 1].sum() / max(1, heat.sum()))
-        overlap = selection_overlap(ra, rb, seeds, group_size)
-        rows.append(
-            {
-                "stale_version": labels[a],
-                "updated_version": labels[b],
-                "rho_mean": mean,
-                "rho_std": std,
-                "num_valid_prompts": n,
-                "rho_per_prompt": [float(x) for x in rhos],
-                "near_diagonal_frac": near,
-                "selection_overlap": overlap,
-                "reward_mean_stale": float(np.nanmean(ra)),
-                "reward_mean_updated": float(np.nanmean(rb)),
-                "heatmap": heat.tolist(),
-            }
+        rows.append({"stale_version": labels[a], "updated_version": labels[b], **row})
+        progress(
+            f"v{labels[a]} -> v{labels[b]}: Spearman rho {row['rho_mean']:.3f} ± {row['rho_std']:.3f} "
+            f"over {row['num_valid_prompts']} prompts"
         )
-        progress(f"v{labels[a]} -> v{labels[b]}: Spearman rho {mean:.3f} ± {std:.3f} over {n} prompts")
     mean, std, n = _finite_stats(all_rhos)
-    i, j = np.indices(pooled.shape)
     return {
         "num_prompts": len(prompt_indices),
         "num_seeds": num_seeds,
@@ -248,11 +232,37 @@ def run_stale_ranking(
             "rho_mean": mean,
             "rho_std": std,
             "num_valid": n,
-            "near_diagonal_frac": float(pooled[np.abs(i - j) <= 1].sum() / max(1, pooled.sum())),
+            "near_diagonal_frac": _near_diagonal_frac(pooled),
             "selection_overlap": _finite_stats([r["selection_overlap"] for r in rows])[0],
         },
         "heatmap": pooled.tolist(),
     }
+
+
+def _near_diagonal_frac(counts: np.ndarray) -> float:
+    """Fraction of a rank heat map's seeds whose rank moved by at most one place."""
+    i, j = np.indices(counts.shape)
+    return float(counts[np.abs(i - j) <= 1].sum() / max(1, counts.sum()))
+
+
+def _compare_pair(ra: np.ndarray, rb: np.ndarray, seeds, group_size: int, num_seeds: int):
+    """One (stale, updated) pair of ``[P, S]`` rewards: ``(row, per-prompt rho, heat map)``;
+    ``row`` is the pair's result entry without its version labels."""
+    rhos = group_spearman(ra, rb)
+    heat = rank_heatmap(rank_within_groups(ra), rank_within_groups(rb), num_seeds)
+    mean, std, n = _finite_stats(rhos)
+    row = {
+        "rho_mean": mean,
+        "rho_std": std,
+        "num_valid_prompts": n,
+        "rho_per_prompt": [float(x) for x in rhos],
+        "near_diagonal_frac": _near_diagonal_frac(heat),
+        "selection_overlap": selection_overlap(ra, rb, seeds, group_size),
+        "reward_mean_stale": float(np.nanmean(ra)),
+        "reward_mean_updated": float(np.nanmean(rb)),
+        "heatmap": heat.tolist(),
+    }
+    return row, rhos, heat
 
 
 def plot_heatmap(counts, path: str | pathlib.Path, title: str = "") -> None:

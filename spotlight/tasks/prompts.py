@@ -120,22 +120,13 @@ def load_prompt_set(
             the message names the file (and line).
     """
     p = pathlib.Path(path)
-    try:
-        raw = p.read_bytes()
-    except FileNotFoundError:
-        raise ConfigError(f"{source}: file not found: {p}") from None
-    except OSError as exc:
-        raise ConfigError(f"{source}: cannot read {p}: {exc.strerror or exc}") from None
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise ConfigError(f"{p}:{line}: not UTF-8 text (byte {exc.start}); save the prompt file as UTF-8") from None
+    raw, text = _read_utf8(p, source)
     fmt = file_format(p)
     cats = tuple(str(c) for c in categories)
     if bool(cats) != bool(category_column):
         raise ConfigError(
-            "data.categories: set data.category_column and data.categories together (the column, and its values to keep)"
+            "data.categories: set data.category_column and data.categories together "
+            "(the column, and its values to keep)"
         )
     if fmt == "text":
         if prompt_column or category_column:
@@ -149,7 +140,44 @@ def load_prompt_set(
         rows, used_column = _jsonl_rows(p, text, prompt_column, category_column)
     else:
         rows, used_column = _table_rows(p, text, "\t" if fmt == "tsv" else ",", prompt_column, category_column)
-    # rows: (line, prompt, category or None)
+    kept, filtered, empty = _keep_prompts(p, rows, category_column, cats)
+    if not kept:
+        raise ConfigError(f"{p}: no prompts" + (f" ({empty} empty)" if empty else ""))
+    return PromptSet(
+        prompts=kept,
+        path=p,
+        sha256=hashlib.sha256(raw).hexdigest(),
+        format=fmt,
+        prompt_column=used_column,
+        category_column=category_column,
+        categories=cats,
+        num_skipped_empty=empty,
+        num_filtered_out=filtered,
+    )
+
+
+def _read_utf8(p: pathlib.Path, source: str) -> tuple[bytes, str]:
+    """The file's bytes and their UTF-8 text (a byte-order mark dropped)."""
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"{source}: file not found: {p}") from None
+    except OSError as exc:
+        raise ConfigError(f"{source}: cannot read {p}: {exc.strerror or exc}") from None
+    try:
+        return raw, raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ConfigError(f"{p}:{line}: not UTF-8 text (byte {exc.start}); save the prompt file as UTF-8") from None
+
+
+def _keep_prompts(
+    p: pathlib.Path, rows: list[tuple[int, str, str | None]], category_column: str, cats: tuple[str, ...]
+) -> tuple[list[str], int, int]:
+    """Apply the category filter and drop empty prompts: ``(kept, num filtered out, num empty)``.
+
+    ``rows`` are ``(line, prompt, category or None)``. Every one of ``cats`` must occur in
+    ``category_column``."""
     kept, filtered, empty = [], 0, 0
     seen_categories: dict[str, int] = {}
     for _line, prompt, category in rows:
@@ -170,21 +198,10 @@ def load_prompt_set(
                 f", … ({len(present)} values)" if len(present) > 12 else ""
             )
             raise ConfigError(
-                f"{p}: data.categories {missing} occur nowhere in column {category_column!r}; its values: {shown or '(none)'}"
+                f"{p}: data.categories {missing} occur nowhere in column {category_column!r}; "
+                f"its values: {shown or '(none)'}"
             )
-    if not kept:
-        raise ConfigError(f"{p}: no prompts" + (f" ({empty} empty)" if empty else ""))
-    return PromptSet(
-        prompts=kept,
-        path=p,
-        sha256=hashlib.sha256(raw).hexdigest(),
-        format=fmt,
-        prompt_column=used_column,
-        category_column=category_column,
-        categories=cats,
-        num_skipped_empty=empty,
-        num_filtered_out=filtered,
-    )
+    return kept, filtered, empty
 
 
 def prompt_set_from_config(data: DataConfig, config_path: str | pathlib.Path | None = None) -> PromptSet:
@@ -236,7 +253,8 @@ def _text_rows(p: pathlib.Path, text: str) -> list[tuple[int, str, None]]:
             named = [f for f in fields if f in PROMPT_COLUMN_NAMES]
             if len(fields) >= 2 and named:
                 raise ConfigError(
-                    f"{p}:{first[0]}: this looks like a {kind} header (a {named[0]!r} column), but a {p.suffix or 'suffix-less'} file is read as "
+                    f"{p}:{first[0]}: this looks like a {kind} header (a {named[0]!r} column), "
+                    f"but a {p.suffix or 'suffix-less'} file is read as "
                     f"plain text, one prompt per line; rename it to .{kind.lower()} to read it as a table"
                 )
     return [(n, line.strip(), None) for n, line in enumerate(lines, 1)]
@@ -275,12 +293,14 @@ def _table_rows(
             matches = [n for n in names if n.lower() in PROMPT_COLUMN_NAMES]
             if not matches:
                 raise ConfigError(
-                    f"{p}:{hline}: no prompt column in the header (looked for {', '.join(PROMPT_COLUMN_NAMES)}, any case); "
+                    f"{p}:{hline}: no prompt column in the header "
+                    f"(looked for {', '.join(PROMPT_COLUMN_NAMES)}, any case); "
                     f"columns: {', '.join(repr(n) for n in names)}; name one with data.prompt_column"
                 )
             if len(matches) > 1:
                 raise ConfigError(
-                    f"{p}:{hline}: more than one prompt column ({', '.join(repr(n) for n in matches)}); choose one with data.prompt_column"
+                    f"{p}:{hline}: more than one prompt column ({', '.join(repr(n) for n in matches)}); "
+                    "choose one with data.prompt_column"
                 )
             col = matches[0]
         cat = _pick_column(p, str(hline), names, category_column, "data.category_column") if category_column else ""
@@ -295,7 +315,8 @@ def _table_rows(
                 continue  # a blank line
             if len(record) != len(names):
                 raise ConfigError(
-                    f"{p}:{reader.line_num}: {len(record)} fields but the header has {len(names)}; quote fields that contain {'tabs' if delimiter == chr(9) else 'commas'}"
+                    f"{p}:{reader.line_num}: {len(record)} fields but the header has {len(names)}; "
+                    f"quote fields that contain {'tabs' if delimiter == chr(9) else 'commas'}"
                 )
             rows.append((reader.line_num, record[i_prompt].strip(), record[i_cat].strip() if cat else None))
     except csv.Error as exc:
@@ -321,7 +342,8 @@ def _jsonl_rows(
             key = next((k for k in PROMPT_COLUMN_NAMES if k in obj), "")
             if not key:
                 raise ConfigError(
-                    f"{p}:{n}: no prompt key (looked for {', '.join(PROMPT_COLUMN_NAMES)}); keys: {', '.join(repr(k) for k in obj)}; name one with data.prompt_column"
+                    f"{p}:{n}: no prompt key (looked for {', '.join(PROMPT_COLUMN_NAMES)}); "
+                    f"keys: {', '.join(repr(k) for k in obj)}; name one with data.prompt_column"
                 )
         if key not in obj:
             raise ConfigError(f"{p}:{n}: no {key!r} key; keys: {', '.join(repr(k) for k in obj)}")

@@ -644,8 +644,10 @@ class TracePlacement:
             if max_alive > self.capacity:
                 need = -(-max_alive // self.gpus_per_agent)
                 raise ValueError(
-                    f"the whole trace peaks at {plural(max_alive, 'alive GPU')} but {plural(self.num_agents, 'agent')} x {plural(self.gpus_per_agent, 'GPU')} hold "
-                    f"{self.capacity}: a full replay needs at least {plural(need, 'agent')} of {plural(self.gpus_per_agent, 'GPU')} (or slice the trace)"
+                    f"the whole trace peaks at {plural(max_alive, 'alive GPU')} but {plural(self.num_agents, 'agent')} "
+                    f"x {plural(self.gpus_per_agent, 'GPU')} hold "
+                    f"{self.capacity}: a full replay needs at least {plural(need, 'agent')} of "
+                    f"{plural(self.gpus_per_agent, 'GPU')} (or slice the trace)"
                 )
             self._plan_full(events)
         elif self.scale_to_capacity:

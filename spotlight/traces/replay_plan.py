@@ -28,7 +28,8 @@ __all__ = ["TRACE_MODES", "LocalReplay", "plan_local_replay"]
 
 TRACE_MODES: dict[str, str] = {
     "slice": "a slice of the trace, its GPU count scaled to the local agents' GPUs (proportional placement)",
-    "full": "the whole trace from t = 0, unscaled: the agents must hold its peak; removals hit a random node (paper §3.1/§6.1)",
+    "full": "the whole trace from t = 0, unscaled: the agents must hold its peak; removals hit a random node "
+    "(paper §3.1/§6.1)",
 }
 """``--trace-mode`` values -> one-line description."""
 
@@ -89,38 +90,8 @@ def plan_local_replay(
         raise ValueError("--trace needs at least one spot agent (--agents)")
     events = load_trace(trace, seed=seed)
     name = os.path.basename(os.fspath(trace))
-    if trace_mode == "slice":
-        end_s = events[-1].t_s if events else 0.0
-        if trace_start_s >= end_s:  # the slice would be the final population, constant: no replay at all
-            raise ValueError(
-                f"{os.fspath(trace)}: the trace ends at {end_s:.0f}s, before --trace-start-s {trace_start_s:.0f}s; "
-                f"choose --trace-start-s below {end_s:.0f} (e.g. 0) or --trace-mode full"
-            )
-        events = slice_trace(events, trace_start_s, trace_duration_s)
-        if not events:
-            raise ValueError(
-                f"{os.fspath(trace)}: no spot capacity in the slice [{trace_start_s:.0f}s, +{trace_duration_s:.0f}s) (choose --trace-start-s)"
-            )
-        span_s, what = trace_duration_s, f"slice [{trace_start_s:.0f}s, +{trace_duration_s:.0f}s)"
-    else:
-        if not events:
-            raise ValueError(f"{os.fspath(trace)}: the trace has no events")
-        span_s, what = max(events[-1].t_s, 1.0), f"whole trace ({events[-1].t_s:.0f}s, unscaled)"
-    notes = []
-    expected_run_s = iterations * EXPECTED_ITERATION_S
-    if time_scale is None:
-        time_scale = default_time_scale(span_s, iterations)
-        notes.append(
-            f"trace time scale {time_scale:.3g} (default): the {span_s:.0f}s {trace_mode} is stretched over ~{expected_run_s:.0f}s, "
-            f"the expected length of {plural(iterations, 'iteration')} at ~{EXPECTED_ITERATION_S:.0f}s each (the embedded default on CPU); set it with --time-scale"
-        )
-    elif not (time_scale > 0):
-        raise ValueError(f"--time-scale must be > 0, got {time_scale}")
-    elif span_s / time_scale < 0.5 * expected_run_s:
-        notes.append(
-            f"[yellow]warning:[/yellow] --time-scale {time_scale:g} replays the {span_s:.0f}s {trace_mode} in {span_s / time_scale:.0f}s, "
-            f"less than half the run's expected ~{expected_run_s:.0f}s: after it the spot pool stays as the trace ends"
-        )
+    events, span_s, what = _replayed_span(events, trace, trace_mode, trace_start_s, trace_duration_s)
+    time_scale, notes = _resolve_time_scale(time_scale, span_s, trace_mode, iterations)
     placement = TracePlacement(
         agents, gpus_per_agent, seed, scale_to_capacity=trace_mode == "slice", full=trace_mode == "full"
     )
@@ -133,6 +104,55 @@ def plan_local_replay(
         f"{count_kinds(actions)}, fragmentation at SP 2 {fragmentation(actions, 2, end_s=span_s / time_scale):.2f}"
     )
     return LocalReplay(actions, notes)
+
+
+def _replayed_span(
+    events: list, trace: str | os.PathLike[str], trace_mode: str, trace_start_s: float, trace_duration_s: float
+) -> tuple[list, float, str]:
+    """The events to replay, the trace seconds they span and a phrase naming them: the slice
+    ``[trace_start_s, +trace_duration_s)`` or, in ``full`` mode, the whole trace."""
+    if trace_mode == "slice":
+        end_s = events[-1].t_s if events else 0.0
+        if trace_start_s >= end_s:  # the slice would be the final population, constant: no replay at all
+            raise ValueError(
+                f"{os.fspath(trace)}: the trace ends at {end_s:.0f}s, before --trace-start-s {trace_start_s:.0f}s; "
+                f"choose --trace-start-s below {end_s:.0f} (e.g. 0) or --trace-mode full"
+            )
+        events = slice_trace(events, trace_start_s, trace_duration_s)
+        if not events:
+            raise ValueError(
+                f"{os.fspath(trace)}: no spot capacity in the slice [{trace_start_s:.0f}s, +{trace_duration_s:.0f}s) "
+                "(choose --trace-start-s)"
+            )
+        return events, trace_duration_s, f"slice [{trace_start_s:.0f}s, +{trace_duration_s:.0f}s)"
+    if not events:
+        raise ValueError(f"{os.fspath(trace)}: the trace has no events")
+    return events, max(events[-1].t_s, 1.0), f"whole trace ({events[-1].t_s:.0f}s, unscaled)"
+
+
+def _resolve_time_scale(
+    time_scale: float | None, span_s: float, trace_mode: str, iterations: int
+) -> tuple[float, list[str]]:
+    """``--time-scale`` or its default (the span stretched over the run's expected length),
+    with a note saying which, or warning that the replay ends long before the run."""
+    notes = []
+    expected_run_s = iterations * EXPECTED_ITERATION_S
+    if time_scale is None:
+        time_scale = default_time_scale(span_s, iterations)
+        notes.append(
+            f"trace time scale {time_scale:.3g} (default): the {span_s:.0f}s {trace_mode} is stretched over "
+            f"~{expected_run_s:.0f}s, the expected length of {plural(iterations, 'iteration')} at "
+            f"~{EXPECTED_ITERATION_S:.0f}s each (the embedded default on CPU); set it with --time-scale"
+        )
+    elif not (time_scale > 0):
+        raise ValueError(f"--time-scale must be > 0, got {time_scale}")
+    elif span_s / time_scale < 0.5 * expected_run_s:
+        notes.append(
+            f"[yellow]warning:[/yellow] --time-scale {time_scale:g} replays the {span_s:.0f}s {trace_mode} in "
+            f"{span_s / time_scale:.0f}s, less than half the run's expected ~{expected_run_s:.0f}s: after it the "
+            "spot pool stays as the trace ends"
+        )
+    return time_scale, notes
 
 
 def _plan_cycles(
@@ -149,7 +169,8 @@ def _plan_cycles(
 
     if time_scale is not None:
         raise ValueError(
-            "--time-scale applies to --trace; synthetic cycles are timed by --cycle-iteration-s and --cycle-down-s (wall seconds)"
+            "--time-scale applies to --trace; synthetic cycles are timed by --cycle-iteration-s and --cycle-down-s "
+            "(wall seconds)"
         )
     if agents < 1:
         raise ValueError("--preemption-cycles needs at least one spot agent (--agents)")
@@ -167,7 +188,8 @@ def _plan_cycles(
         raise ValueError(f"--preemption-cycles {cycles}: {exc}") from None
     pool = agents * gpus_per_agent
     note = (
-        f"synthetic preemption trace: {cycles} cycle{'s' if cycles != 1 else ''} per ~{iteration_s:g}s iteration for {plural(iterations, 'iteration')} on {agents}×{gpus_per_agent} spot GPUs, "
+        f"synthetic preemption trace: {cycles} cycle{'s' if cycles != 1 else ''} per ~{iteration_s:g}s iteration "
+        f"for {plural(iterations, 'iteration')} on {agents}×{gpus_per_agent} spot GPUs, "
         f"each taking {pool // 2} GPU{'s' if pool // 2 != 1 else ''} for {down_s:g}s: {count_kinds(actions)}"
     )
     return LocalReplay(actions, [note])

@@ -72,7 +72,8 @@ def preemption_cycles(
     spacing = iteration_s / cycles_per_iteration if cycles_per_iteration else iteration_s
     if cycles_per_iteration and down_s >= spacing:
         raise ValueError(
-            f"{cycles_per_iteration} cycles of {down_s}s per {iteration_s}s iteration overlap; lower down_s or the cycle count"
+            f"{cycles_per_iteration} cycles of {down_s}s per {iteration_s}s iteration overlap; "
+            "lower down_s or the cycle count"
         )
     rng = random.Random(seed)
     live = [list(range(gpus_per_agent)) for _ in range(num_agents)]

@@ -126,7 +126,8 @@ class ModelFamily(abc.ABC):
             pipeline = str(read_json(index).get("_class_name", ""))
             if pipeline and not pipeline.startswith(self.pipeline_class.removesuffix("Pipeline")):
                 raise ModelLoadError(
-                    f"{self.path} is a {pipeline} checkpoint (model_index.json), not {self.name} ({self.pipeline_class}); check model.family"
+                    f"{self.path} is a {pipeline} checkpoint (model_index.json), "
+                    f"not {self.name} ({self.pipeline_class}); check model.family"
                 )
         for name in self.components():
             d = self.component_dir(name)
@@ -159,7 +160,8 @@ class ModelFamily(abc.ABC):
         unknown = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
         if unknown:
             raise ModelLoadError(
-                f"train.lora_target_modules: {unknown} match no module of {self.transformer_class} (e.g. {', '.join(self.default_lora_targets[:4])})"
+                f"train.lora_target_modules: {unknown} match no module of {self.transformer_class} (e.g. "
+                f"{', '.join(self.default_lora_targets[:4])})"
             )
 
     def identity(self) -> str:

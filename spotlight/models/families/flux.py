@@ -293,4 +293,5 @@ FAMILY = FluxFamily
 
 
 make_random_checkpoint = FluxFamily.make_random_checkpoint
-"""Module-level alias: every family module exposes ``make_random_checkpoint(path, *, seed, transformer_kwargs, image_size)``."""
+"""Module-level alias: every family module exposes
+``make_random_checkpoint(path, *, seed, transformer_kwargs, image_size)``."""

@@ -121,7 +121,8 @@ class QwenImageFamily(ModelFamily):
         side = 2 * self.vae_scale_factor
         if self.cfg.image_size % side != 0:
             raise ModelLoadError(
-                f"model.image_size={self.cfg.image_size} must be a multiple of {side} for this Qwen-Image VAE (×{self.vae_scale_factor}, 2×2 packing)"
+                f"model.image_size={self.cfg.image_size} must be a multiple of {side} for this Qwen-Image VAE "
+                f"(×{self.vae_scale_factor}, 2×2 packing)"
             )
         return self.cfg.image_size // side, self.cfg.image_size // side
 
@@ -149,7 +150,8 @@ class QwenImageFamily(ModelFamily):
         channels = self.latent_shape[1]
         if int(model.config.in_channels) != channels:
             raise ModelLoadError(
-                f"{self.path}: transformer in_channels={model.config.in_channels} but the VAE's packed latents have 4·z_dim={channels} channels"
+                f"{self.path}: transformer in_channels={model.config.in_channels} but the VAE's packed latents have "
+                f"4·z_dim={channels} channels"
             )
         return model.eval()
 
@@ -558,7 +560,8 @@ def build_tokenizer():
     n = len(tokenizer(prefix).input_ids)
     if n != drop_idx:
         raise RuntimeError(
-            f"the offline Qwen tokenizer splits the QwenImagePipeline template prefix into {n} tokens, the pipeline drops {drop_idx}"
+            f"the offline Qwen tokenizer splits the QwenImagePipeline template prefix into {n} tokens, "
+            f"the pipeline drops {drop_idx}"
         )
     return tokenizer
 
@@ -627,7 +630,8 @@ def make_random_checkpoint(
     for key, value in (transformer_kwargs or {}).items():
         if key in derived and value != derived[key]:
             raise ValueError(
-                f"transformer_kwargs[{key!r}]={value} does not fit this checkpoint (needs {derived[key]}: VAE z_dim={z_dim}, text hidden={text_hidden})"
+                f"transformer_kwargs[{key!r}]={value} does not fit this checkpoint (needs {derived[key]}: "
+                f"VAE z_dim={z_dim}, text hidden={text_hidden})"
             )
         tcfg[key] = value
     tcfg.update(derived)

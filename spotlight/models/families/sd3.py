@@ -113,7 +113,7 @@ class VaeLatentFamily(ModelFamily):
     def text_pipeline(self, device: torch.device | str = "cpu"):
         """The family's diffusers pipeline with its text encoders and tokenizers only
         (``from_pretrained(path, transformer=None, vae=None)``), in ``model.dtype``, on
-        ``device``; loaded once and kept (see :meth:`release_text_encoders`).
+        ``device``; loaded once and kept.
 
         Raises:
             ModelLoadError: the checkpoint's text components cannot be loaded.
@@ -140,11 +140,6 @@ class VaeLatentFamily(ModelFamily):
             self._text_pipe = pipe.to(device)
             self._text_pipe_key = key
         return self._text_pipe
-
-    def release_text_encoders(self) -> None:
-        """Drop the text pipeline loaded by :meth:`text_pipeline` (frees its memory)."""
-        self._text_pipe = None
-        self._text_pipe_key = None
 
     # ------------------------------------------------------------------ VAE
     def load_decoder(self, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> None:
@@ -323,9 +318,6 @@ class SD3Family(VaeLatentFamily):
     default_lora_targets = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")
     default_guidance_scale = 4.5
     default_negative_prompt = ""
-
-    CLIP_TOKENS = 77
-    """CLIP tokens in front of the T5 tokens (the pipeline's ``tokenizer_max_length``)."""
 
     def components(self) -> tuple[str, ...]:
         return (
@@ -573,4 +565,5 @@ FAMILY = SD3Family
 
 
 make_random_checkpoint = SD3Family.make_random_checkpoint
-"""Module-level alias: every family module exposes ``make_random_checkpoint(path, *, seed, transformer_kwargs, image_size)``."""
+"""Module-level alias: every family module exposes
+``make_random_checkpoint(path, *, seed, transformer_kwargs, image_size)``."""

@@ -49,7 +49,8 @@ class TinyFamily(ModelFamily):
             from spotlight.models.families.base import ModelLoadError
 
             raise ModelLoadError(
-                f"{self.path}: no config.json; model.source = 'pretrained' expects a QwenImageTransformer2DModel folder (save_pretrained)"
+                f"{self.path}: no config.json; model.source = 'pretrained' expects a QwenImageTransformer2DModel "
+                "folder (save_pretrained)"
             )
         return self.path
 
@@ -61,7 +62,8 @@ class TinyFamily(ModelFamily):
         config = read_json(self.component_dir("transformer") / "config.json")
         if config.get("_class_name") != self.transformer_class:
             raise ModelLoadError(
-                f"{self.path}: holds a {config.get('_class_name')}, not a {self.transformer_class} folder (model.source = 'pretrained' of the tiny family)"
+                f"{self.path}: holds a {config.get('_class_name')}, "
+                f"not a {self.transformer_class} folder (model.source = 'pretrained' of the tiny family)"
             )
         if not any(f.suffix in (".safetensors", ".bin") for f in self.path.iterdir()):
             raise ModelLoadError(f"{self.path}: no weight files (*.safetensors)")

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import pathlib
 import shlex as _shlex
@@ -42,8 +43,11 @@ import torch
 from spotlight.tasks.shapes import world
 
 RECIPE = (
-    "python -m spotlight.tasks.shapes.pretrain --out runs/pretrain-shapes --steps 2400 --batch-size 64 --lr 1e-3 --warmup 200 --ema 0.995 --seed 0",
-    "python -m spotlight.tasks.shapes.pretrain --out runs/pretrain-shapes/stage2 --init-from runs/pretrain-shapes/step_02400 --steps 1000 --batch-size 64 --lr 3e-4 --warmup 50 --lr-schedule linear --ema 0.99 --seed 1 --ship-dir spotlight/tasks/shapes/base_model",
+    "python -m spotlight.tasks.shapes.pretrain --out runs/pretrain-shapes --steps 2400 --batch-size 64 --lr 1e-3 "
+    "--warmup 200 --ema 0.995 --seed 0",
+    "python -m spotlight.tasks.shapes.pretrain --out runs/pretrain-shapes/stage2 "
+    "--init-from runs/pretrain-shapes/step_02400 --steps 1000 --batch-size 64 --lr 3e-4 --warmup 50 "
+    "--lr-schedule linear --ema 0.99 --seed 1 --ship-dir spotlight/tasks/shapes/base_model",
 )
 """The two commands ``scripts/pretrain-shapes`` runs; the second ships its last checkpoint."""
 
@@ -107,7 +111,8 @@ def train(args) -> pathlib.Path:
     log = (out / "train_log.jsonl").open("w")
     n_params = sum(p.numel() for p in model.parameters())
     print(
-        f"pretraining {n_params / 1e6:.2f} M parameters on {len(train_specs)} train prompts, {args.steps} steps × batch {args.batch_size}",
+        f"pretraining {n_params / 1e6:.2f} M parameters on {len(train_specs)} train prompts, "
+        f"{args.steps} steps × batch {args.batch_size}",
         flush=True,
     )
     t0 = time.monotonic()
@@ -207,15 +212,40 @@ def loss_curve(log_path: pathlib.Path, path: pathlib.Path, before: pathlib.Path 
 def ship(checkpoint: pathlib.Path, out: pathlib.Path, ship_dir: pathlib.Path, args) -> None:
     """Copy ``checkpoint`` to ``ship_dir`` with a model card: command, data, loss curve, a
     sample grid of test prompts and the test-prompt GenEval-style score."""
-    import platform
     import shutil
-
-    from spotlight.config import load_config
-    from spotlight.tasks.shapes import evaluate as ev
 
     ship_dir.mkdir(parents=True, exist_ok=True)
     for name in ("config.json", "diffusion_pytorch_model.safetensors"):
         shutil.copyfile(checkpoint / name, ship_dir / name)
+    history = _training_history(checkpoint, out, args)
+    loss_curve(out / "train_log.jsonl", ship_dir / "loss_curve.png", before=history.stage1_log)
+    shipped_by = "python -m spotlight.tasks.shapes.pretrain " + " ".join(_shlex.quote(a) for a in sys.argv[1:])
+    stages = _stages_text(history, args)
+    shipped = _evaluate_shipped(ship_dir)
+    digest = sha256_file(ship_dir / "diffusion_pytorch_model.safetensors")
+    card = _model_card(
+        shipped, history, args, checkpoint=checkpoint, digest=digest, shipped_by=shipped_by, stages=stages
+    )
+    (ship_dir / "MODEL_CARD.md").write_text(card)
+    print(f"shipped {checkpoint} -> {ship_dir} (sha256 {digest[:16]}…); test score {shipped.res.overall:.3f}")
+
+
+@dataclasses.dataclass
+class _TrainingHistory:
+    """The training logs behind a shipped checkpoint."""
+
+    rows: list[dict]
+    """This run's ``train_log.jsonl`` rows up to the shipped step."""
+    step: int
+    """The shipped step."""
+    stage1: list[dict]
+    """The stage-1 run's log rows (``--init-from``'s folder), empty for a one-stage model."""
+    stage1_log: pathlib.Path | None
+    """That log's path, None when there is no stage-1 log."""
+
+
+def _training_history(checkpoint: pathlib.Path, out: pathlib.Path, args) -> _TrainingHistory:
+    """Read this run's log (cut at the shipped step) and the stage-1 log next to ``--init-from``."""
     log_path = out / "train_log.jsonl"
     rows = [json.loads(line) for line in log_path.read_text().splitlines()]
     step = int(checkpoint.name.split("_")[-1]) if checkpoint.name.startswith("step_") else rows[-1]["step"]
@@ -226,23 +256,46 @@ def ship(checkpoint: pathlib.Path, out: pathlib.Path, ship_dir: pathlib.Path, ar
         if stage1_log and stage1_log.is_file()
         else []
     )
-    stage1_steps = len(stage1)
-    stage1_min = stage1[-1]["elapsed_s"] / 60 if stage1 else 0.0
-    loss_curve(log_path, ship_dir / "loss_curve.png", before=stage1_log if stage1 else None)
-    shipped_by = "python -m spotlight.tasks.shapes.pretrain " + " ".join(_shlex.quote(a) for a in sys.argv[1:])
-    this = f"{step} steps, lr {args.lr} after a {args.warmup}-step warm-up, {args.lr_schedule} schedule, seed {args.seed}; {rows[-1]['elapsed_s'] / 60:.1f} min"
-    if stage1:
-        stages = (
-            f"- Stage 1: {stage1_steps} steps from random weights, AdamW lr 1e-3 after a 200-step warm-up, constant; {stage1_min:.1f} min.\n"
+    return _TrainingHistory(rows, step, stage1, stage1_log if stage1 else None)
+
+
+def _stages_text(history: _TrainingHistory, args) -> str:
+    """The model card's bullet on how the weights were trained (one stage or two)."""
+    this = (
+        f"{history.step} steps, lr {args.lr} after a {args.warmup}-step warm-up, {args.lr_schedule} schedule, "
+        f"seed {args.seed}; {history.rows[-1]['elapsed_s'] / 60:.1f} min"
+    )
+    if history.stage1:
+        stage1_min = history.stage1[-1]["elapsed_s"] / 60
+        return (
+            f"- Stage 1: {len(history.stage1)} steps from random weights, AdamW lr 1e-3 after a 200-step warm-up, "
+            f"constant; {stage1_min:.1f} min.\n"
             f"  Stage 2 (shipped): from stage 1's EMA weights with a fresh optimizer, {this}."
         )
-    else:
-        stages = (
-            f"- One stage from {'the weights in ' + args.init_from if args.init_from else 'random weights'}: {this}."
-        )
-    cfg = load_config(None)
+    return f"- One stage from {'the weights in ' + args.init_from if args.init_from else 'random weights'}: {this}."
+
+
+@dataclasses.dataclass
+class _ShippedEvaluation:
+    """The shipped weights' scores (``spotlight.tasks.shapes.evaluate``)."""
+
+    n_params: int
+    res: object
+    """Test prompts, 8 seeds each."""
+    res_train: object
+    """Train prompts, 2 seeds each."""
+    num_train_prompts: int
+
+
+def _evaluate_shipped(ship_dir: pathlib.Path) -> _ShippedEvaluation:
+    """Load the weights in ``ship_dir`` as the default config's model, score them on the test and
+    train prompts and draw ``samples.png``."""
     import msgspec
 
+    from spotlight.config import load_config
+    from spotlight.tasks.shapes import evaluate as ev
+
+    cfg = load_config(None)
     model_cfg = msgspec.structs.replace(cfg.model, pretrained_path=str(ship_dir))
     model = ev.load_transformer(model_cfg)
     specs = ev.read_prompts()
@@ -251,11 +304,25 @@ def ship(checkpoint: pathlib.Path, out: pathlib.Path, ship_dir: pathlib.Path, ar
     res_train = ev.evaluate(model, model_cfg, cfg.sampler, train_specs, num_seeds=2)
     ev.comparison_grid({"base": res}, ship_dir / "samples.png", num_prompts=12, num_seeds=8)
     n_params = sum(p.numel() for p in model.parameters())
-    digest = sha256_file(ship_dir / "diffusion_pytorch_model.safetensors")
-    table = "\n".join(f"| {t} | {res.per_task[t]:.3f} | {res_train.per_task[t]:.3f} |" for t in res.per_task)
-    import torch as _torch
+    return _ShippedEvaluation(n_params, res, res_train, len(train_specs))
 
-    card = f"""# Shapes-world base model (Spotlight's embedded default)
+
+def _model_card(
+    shipped: _ShippedEvaluation,
+    history: _TrainingHistory,
+    args,
+    *,
+    checkpoint: pathlib.Path,
+    digest: str,
+    shipped_by: str,
+    stages: str,
+) -> str:
+    """``MODEL_CARD.md`` of the shipped base model."""
+    import platform
+
+    n_params, res, res_train, rows = shipped.n_params, shipped.res, shipped.res_train, history.rows
+    table = "\n".join(f"| {t} | {res.per_task[t]:.3f} | {res_train.per_task[t]:.3f} |" for t in res.per_task)
+    return f"""# Shapes-world base model (Spotlight's embedded default)
 
 A pixel-space diffusers `QwenImageTransformer2DModel` ({n_params / 1e6:.2f} M parameters: 4 blocks,
 4 heads × 32, 4×4-pixel patches, 32×32 RGB images → 64 tokens × 48 channels) conditioned on
@@ -281,10 +348,10 @@ often, which leaves Flow-GRPO room: it is the starting point of the embedded def
 {stages}
   Batch {args.batch_size}, gradient clipping 1.0, σ ~ logit-normal(0, 1); the shipped weights are the EMA
   (decay {args.ema}) at the last step (`{checkpoint.name}`).
-- Data: {len(train_specs)} *train* prompts of the shapes world (task kind uniform, then prompt uniform), a
+- Data: {shipped.num_train_prompts} *train* prompts of the shapes world (task kind uniform, then prompt uniform), a
   freshly rendered image per sample, from `numpy.random.default_rng(seed)`; the 46 test prompts
   (`spotlight/tasks/shapes/prompts/test.jsonl`) were never seen.
-- Machine: {platform.machine()} CPU, {args.threads} threads, torch {_torch.__version__}.
+- Machine: {platform.machine()} CPU, {args.threads} threads, torch {torch.__version__}.
   Deterministic on a given machine and thread count.
 - Final loss (mean of the last 100 steps): {np.mean([r["loss"] for r in rows[-100:]]):.4f}.
 
@@ -310,8 +377,6 @@ Reproduce the test column with `spotlight eval` (its "base" column).
 
 Apache-2.0, as the repository. The training data is procedural (no external images).
 """
-    (ship_dir / "MODEL_CARD.md").write_text(card)
-    print(f"shipped {checkpoint} -> {ship_dir} (sha256 {digest[:16]}…); test score {res.overall:.3f}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -351,7 +416,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--ship-dir",
         default="",
-        help="also copy the last checkpoint there with a model card (the shipped model lives in spotlight/tasks/shapes/base_model; default: do not ship)",
+        help="also copy the last checkpoint there with a model card (the shipped model lives in "
+        "spotlight/tasks/shapes/base_model; default: do not ship)",
     )
     ap.add_argument("--ship-only", default="", help="skip training: ship this checkpoint folder (needs --ship-dir)")
     args = ap.parse_args(argv)

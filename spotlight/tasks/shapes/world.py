@@ -317,9 +317,3 @@ def render(spec: PromptSpec, rng: np.random.Generator) -> tuple[np.ndarray, list
         draw_object(draw, shape, color, box[0], box[1], box[2] - box[0])
         placed.append(PlacedObject(shape, color, box))
     return np.asarray(img, dtype=np.uint8).copy(), placed
-
-
-def render_batch(specs: list[PromptSpec], seed: int) -> np.ndarray:
-    """``[B, 3, H, W] uint8`` renderings of ``specs``, deterministic from ``seed``."""
-    rng = np.random.default_rng(seed)
-    return np.stack([render(s, rng)[0].transpose(2, 0, 1) for s in specs])

@@ -117,7 +117,8 @@ def warm_up(conf: dict):
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        description="Spotlight warm spare Rollout Worker (started by spotlight-agent; becomes a worker when assigned on stdin)"
+        description="Spotlight warm spare Rollout Worker (started by spotlight-agent; "
+        "becomes a worker when assigned on stdin)"
     )
     ap.add_argument("--agent", required=True, help="agent endpoint the worker will connect to")
     ap.add_argument(
@@ -155,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     log = logging.getLogger("spotlight.worker")
     if cuda_driver_loaded() or torch.cuda.is_initialized():
         log.error(
-            "spare: CUDA was initialised before the assignment; CUDA_VISIBLE_DEVICES would not apply: exiting (%d) so the agent starts %s cold",
+            "spare: CUDA was initialised before the assignment; CUDA_VISIBLE_DEVICES would not apply: exiting (%d) "
+            "so the agent starts %s cold",
             EXIT_SPARE_UNUSABLE,
             worker_id,
         )

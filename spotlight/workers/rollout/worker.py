@@ -235,24 +235,7 @@ class RolloutExecutor:
         stopped: dict[int, DenoiseState] = {}
         for step0 in sorted(starts):
             rows = starts[step0]
-            if step0 == 0:
-                state = sampler.initial_state([items[i].seed for i in rows])
-            else:
-                state = DenoiseState.concat(
-                    [
-                        DenoiseState.from_tensors(
-                            [items[i].seed],
-                            step0,
-                            # committed per-row tensors carry no batch dim (see _commit): add it back
-                            {
-                                k[len(f"state.{i}.") :]: v.unsqueeze(0)
-                                for k, v in tensors.items()
-                                if k.startswith(f"state.{i}.")
-                            },
-                        )
-                        for i in rows
-                    ]
-                )
+            state = _starting_state(sampler, items, rows, step0, tensors)
             state = self._denoise(sampler, _to_device(state, self.device), cond_all.index(rows), should_stop)
             state = _to_device(state, torch.device("cpu"))
             for k, i in enumerate(rows):
@@ -261,6 +244,18 @@ class RolloutExecutor:
 
         if stopped:
             return BatchOutcome(commit=self._commit(worker_id, items, finished, stopped))
+        return BatchOutcome(result=self._result(worker_id, items, finished, as_rollout, elapsed))
+
+    def _result(
+        self,
+        worker_id: str,
+        items: list[P.LeaseItem],
+        finished: dict[int, DenoiseState],
+        as_rollout: bool,
+        elapsed: float,
+    ) -> tuple[P.Result, list]:
+        """The RESULT of a batch whose every row finished: decoded images and computed steps,
+        plus the SDE window trajectories and log-probs of a rollout."""
         order = list(range(len(items)))
         full = DenoiseState.concat([finished[i] for i in order])
         out = {"images": self.decode(full.latents), "computed_steps": full.computed_steps}
@@ -279,7 +274,7 @@ class RolloutExecutor:
             elapsed_s=elapsed,
             num_gpus=self._batch_num_gpus(),
         )
-        return BatchOutcome(result=(msg, frames))
+        return msg, frames
 
     def _batch_num_gpus(self) -> float:
         """GPUs the last batch occupied (``Result.num_gpus``): one for this executor."""
@@ -334,6 +329,26 @@ class RolloutExecutor:
             )
         metas, frames = pack_tensors(tensors)
         return P.Commit(worker_id=worker_id, items=commit_items, tensors=metas), frames
+
+
+def _starting_state(
+    sampler: Sampler, items: list[P.LeaseItem], rows: list[int], step0: int, tensors: dict[str, torch.Tensor]
+) -> DenoiseState:
+    """The state that ``rows`` of a batch start from: fresh noise from their seeds at step 0,
+    else their committed ``state.<row>.*`` tensors resumed at ``step0``."""
+    if step0 == 0:
+        return sampler.initial_state([items[i].seed for i in rows])
+    return DenoiseState.concat(
+        [
+            DenoiseState.from_tensors(
+                [items[i].seed],
+                step0,
+                # committed per-row tensors carry no batch dim (see _commit): add it back
+                {k[len(f"state.{i}.") :]: v.unsqueeze(0) for k, v in tensors.items() if k.startswith(f"state.{i}.")},
+            )
+            for i in rows
+        ]
+    )
 
 
 def _to_device(state: DenoiseState, device: torch.device) -> DenoiseState:

@@ -502,21 +502,7 @@ class SPGroupMember:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         if spec.world_size > 1:
-            from spotlight.workers.sp.rendezvous import bound_store  # the store listens on master_addr only
-
-            dist.init_process_group(
-                self.backend,
-                store=bound_store(
-                    spec.master_addr,
-                    spec.master_port,
-                    self.rank,
-                    spec.world_size,
-                    datetime.timedelta(seconds=self.timeout_s),
-                ),
-                rank=self.rank,
-                world_size=spec.world_size,
-                timeout=datetime.timedelta(seconds=self.timeout_s),
-            )
+            self._init_process_group(spec)
         self.spec = spec
         t2 = time.perf_counter()
         try:
@@ -538,6 +524,25 @@ class SPGroupMember:
             self.rank,
             spec.world_size,
             self._source,
+        )
+
+    def _init_process_group(self, spec: GroupSpec) -> None:
+        """Join ``spec``'s process group as ``self.rank`` (the rendezvous store listens on
+        ``spec.master_addr`` only)."""
+        from spotlight.workers.sp.rendezvous import bound_store
+
+        dist.init_process_group(
+            self.backend,
+            store=bound_store(
+                spec.master_addr,
+                spec.master_port,
+                self.rank,
+                spec.world_size,
+                datetime.timedelta(seconds=self.timeout_s),
+            ),
+            rank=self.rank,
+            world_size=spec.world_size,
+            timeout=datetime.timedelta(seconds=self.timeout_s),
         )
 
     def leave(self) -> None:
@@ -563,22 +568,14 @@ class SPGroupMember:
         self._dev_state = None if dev_flat is None else _views(dev_flat, layout)
         self._plain = None
 
-    def set_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        """Keep ``state_dict`` as weight ``version`` and load it into the current model.
-
-        The previous weights are left untouched (the model takes the new tensors instead of
-        being overwritten in place), so a caller that still holds the previous
-        :meth:`state_dict` (an older version kept for stale-weight exploration) keeps it.
-        Local: use :meth:`broadcast_weights` to give the same version to a whole group.
-        """
-        self._keep(*_as_flat(state_dict), None, version=version)
-        self._load_into_model()
-
     def broadcast_weights(self, state_dict: dict[str, torch.Tensor] | None, version: int) -> None:
         """Collective over the formed group: rank 0 keeps ``state_dict`` as ``version`` and
         sends it; the others (``state_dict=None``) receive it into fresh buffers; every member
-        loads it into its model (see :meth:`set_weights`). Names are not sent: every member
-        derives the layout from its own weights' names, shapes and dtypes (same architecture).
+        loads it into its model. The previous weights are left untouched (the model takes the
+        new tensors instead of being overwritten in place), so a caller that still holds the
+        previous :meth:`state_dict` (an older version kept for stale-weight exploration) keeps
+        it. Names are not sent: every member derives the layout from its own weights' names,
+        shapes and dtypes (same architecture).
 
         Raises:
             SPGroupError: a collective failed, or rank 0 passed no weights.
@@ -913,46 +910,15 @@ def run_group_batch(
     vfn = member.velocity_fn()
     world = member.sp_degree
 
-    if world > 1:
-
-        def step_fn(latents, sigma, cond_):
-            b, l, c = latents.shape
-            _bcast_header(member, OP_STEP, b, l, c)
-            _bcast(member, latents.float())
-            _bcast(member, sigma.float())
-            return vfn(latents, sigma, cond_)
-    else:
-        step_fn = vfn
-
+    step_fn = _broadcasting_step_fn(member, vfn) if world > 1 else vfn
     try:
         if world > 1:
-            b, t, d = cond.embeds.shape
-            _bcast_header(member, OP_BATCH, b, t, d, _threshold_to_int(member.cache_threshold))
-            _bcast(member, cond.embeds.float())
-            mask = cond.mask if cond.mask is not None else torch.ones((b, t), dtype=torch.long)
-            _bcast(member, mask.long())
+            _bcast_batch(member, cond)
         with torch.no_grad():
             while state.step < end:
                 if should_stop is not None and should_stop(state):
                     break
-                snap = (
-                    state.step,
-                    state.latents,
-                    len(state.window_latents),
-                    len(state.log_probs),
-                    state.computed_steps.clone(),
-                )
-                try:
-                    skips = member.cache_skips
-                    sampler.advance(state, step_fn, cond)
-                    if member.cache_skips != skips:  # the cache skipped the tail blocks
-                        state.computed_steps -= 1
-                except Exception:
-                    state.step, state.latents = snap[0], snap[1]
-                    del state.window_latents[snap[2] :]
-                    del state.log_probs[snap[3] :]
-                    state.computed_steps = snap[4]
-                    raise
+                _advance_or_roll_back(member, sampler, state, step_fn, cond)
                 if on_step is not None:
                     on_step(state)
         if world > 1:
@@ -962,3 +928,53 @@ def run_group_batch(
             raise
         raise SPGroupError(f"SP group generation {member.spec.generation} broke at step {state.step}: {exc}") from exc
     return state
+
+
+def _broadcasting_step_fn(member: SPGroupMember, vfn: Callable) -> Callable:
+    """The leader's velocity function for a group of several: each call first broadcasts an
+    OP_STEP header and the step's latents and sigma so that followers join the forward."""
+
+    def step_fn(latents, sigma, cond_):
+        b, l, c = latents.shape
+        _bcast_header(member, OP_STEP, b, l, c)
+        _bcast(member, latents.float())
+        _bcast(member, sigma.float())
+        return vfn(latents, sigma, cond_)
+
+    return step_fn
+
+
+def _bcast_batch(member: SPGroupMember, cond: Conditioning) -> None:
+    """Leader: open a batch on the followers (OP_BATCH header with the cache threshold, then
+    the text embeddings and mask)."""
+    b, t, d = cond.embeds.shape
+    _bcast_header(member, OP_BATCH, b, t, d, _threshold_to_int(member.cache_threshold))
+    _bcast(member, cond.embeds.float())
+    mask = cond.mask if cond.mask is not None else torch.ones((b, t), dtype=torch.long)
+    _bcast(member, mask.long())
+
+
+def _advance_or_roll_back(
+    member: SPGroupMember, sampler: Sampler, state: DenoiseState, step_fn: Callable, cond: Conditioning
+) -> None:
+    """One denoising step of ``state``; a step whose tail blocks the cache skipped is not
+    counted in ``state.computed_steps``. If the step raises, ``state`` is restored to the
+    last completed step before the exception propagates."""
+    snap = (
+        state.step,
+        state.latents,
+        len(state.window_latents),
+        len(state.log_probs),
+        state.computed_steps.clone(),
+    )
+    try:
+        skips = member.cache_skips
+        sampler.advance(state, step_fn, cond)
+        if member.cache_skips != skips:  # the cache skipped the tail blocks
+            state.computed_steps -= 1
+    except Exception:
+        state.step, state.latents = snap[0], snap[1]
+        del state.window_latents[snap[2] :]
+        del state.log_probs[snap[3] :]
+        state.computed_steps = snap[4]
+        raise

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import logging
 import math
@@ -90,6 +91,38 @@ def _minibatches(micro_batches: list[list[int]], steps: int) -> list[list[list[i
     n = len(micro_batches)
     bounds = [round(i * n / steps) for i in range(steps + 1)]
     return [micro_batches[bounds[i] : bounds[i + 1]] for i in range(steps)]
+
+
+@dataclasses.dataclass
+class _StepTally:
+    """This rank's running totals over the minibatches of one :meth:`FlowGRPOTrainer.train_step`."""
+
+    sums: dict[str, float] = dataclasses.field(
+        default_factory=lambda: {
+            "loss": 0.0,
+            "ratio_sum": 0.0,
+            "clipped": 0.0,
+            "approx_kl": 0.0,
+            "kl": 0.0,
+            "count": 0.0,
+        }
+    )
+    """Loss and ratio statistics summed over samples × window steps (``count`` is their number)."""
+    first_dev: float = 0.0
+    """Max ``|ratio - 1|`` of the first optimizer step (on-policy: 0 on fresh samples)."""
+    later_dev: float = 0.0
+    """Max ``|ratio - 1|`` of the later, slightly off-policy steps."""
+    grad_norms: list[float] = dataclasses.field(default_factory=list)
+    """Gradient norm of every step taken."""
+    steps: int = 0
+    skipped: int = 0
+
+    def record_ratio_dev(self, dev: float) -> None:
+        """File the ratio deviation of the minibatch just stepped (or skipped) as first or later."""
+        if self.steps + self.skipped == 1:
+            self.first_dev = dev
+        else:
+            self.later_dev = max(self.later_dev, dev)
 
 
 class FlowGRPOTrainer:
@@ -261,11 +294,7 @@ class FlowGRPOTrainer:
             Metrics reduced over all ranks (sums over all samples × window steps / count).
         """
         t0 = time.perf_counter()
-        dev = self.device
-        tensors = {k: v.to(dev) for k, v in batch.items() if not k.startswith("pad.")}
-        for k in ("window_latents", "log_probs", "advantages"):
-            if k in tensors:
-                tensors[k] = tensors[k].float()
+        tensors = self._device_tensors(batch)
         micro_batches = [list(mb) for mb in micro_batches if len(mb) > 0]
         w = self.cfg.sampler.sde_window_size
         n_local = sum(len(mb) for mb in micro_batches)
@@ -274,10 +303,7 @@ class FlowGRPOTrainer:
             log.warning("iteration %d: empty update on every rank; skipping the optimizer step", iteration + 1)
             return {"train/num_samples": 0.0, "train/skipped_steps": 0.0, "train/optimizer_steps": 0.0}
         dummy = None
-        sums = {"loss": 0.0, "ratio_sum": 0.0, "clipped": 0.0, "approx_kl": 0.0, "kl": 0.0, "count": 0.0}
-        first_dev, later_dev = 0.0, 0.0
-        grad_norms: list[float] = []
-        steps = skipped = 0
+        tally = _StepTally()
         for k, chunk in enumerate(_minibatches(micro_batches, self.cfg.train.steps_per_iteration)):
             local_count = sum(len(mb) for mb in chunk) * w
             (total_count,) = self._all_reduce([float(local_count)])
@@ -289,68 +315,107 @@ class FlowGRPOTrainer:
                 real = [{key: v[torch.as_tensor(mb, device=v.device)] for key, v in tensors.items()} for mb in chunk]
             else:
                 if dummy is None:
-                    dummy = {key: v.to(dev) for key, v in self._dummy_batch(batch).items()}
+                    dummy = {key: v.to(self.device) for key, v in self._dummy_batch(batch).items()}
                 real = [dummy]
             self.optimizer.zero_grad(set_to_none=True)
-            dev_k = 0.0
-            for i in range(int(max_mbs)):
-                padding = i >= len(chunk)
-                mb = real[0] if padding else real[i]
-                log_probs, kl = self._forward(mb)
-                if padding:
-                    # Same collectives as a real pass, zero gradient (NaN-safe: no exp of garbage).
-                    loss = torch.nan_to_num(log_probs).sum() * 0.0
-                    if kl is not None:
-                        loss = loss + torch.nan_to_num(kl) * 0.0
-                else:
-                    policy, stats = clipped_policy_loss(
-                        log_probs,
-                        mb["log_probs"],
-                        mb["advantages"],
-                        clip_range=self.cfg.train.clip_range,
-                        adv_clip_max=self.cfg.train.adv_clip_max,
-                    )
-                    loss = policy
-                    if kl is not None:
-                        loss = loss + self.cfg.train.kl_beta * kl
-                        sums["kl"] += float(kl.detach())
-                    sums["loss"] += float(loss.detach())
-                    sums["ratio_sum"] += float(stats["ratio_sum"])
-                    sums["clipped"] += float(stats["clipped"])
-                    sums["approx_kl"] += float(stats["approx_kl"])
-                    sums["count"] += float(stats["count"])
-                    dev_k = max(dev_k, float(stats["ratio_max_dev"]))
-                (loss * scale).backward()
-            max_norm = self.cfg.train.max_grad_norm if self.cfg.train.max_grad_norm > 0 else float("inf")
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
-            if hasattr(grad_norm, "full_tensor"):
-                grad_norm = grad_norm.full_tensor()
-            grad_norm = float(grad_norm)
-            if math.isfinite(grad_norm):
-                self.optimizer.step()
-                steps += 1
-                grad_norms.append(grad_norm)
-            else:
-                skipped += 1
-                log.error(
-                    "iteration %d minibatch %d: gradient norm is %s; optimizer step skipped (weights unchanged)",
-                    iteration + 1,
-                    k,
-                    grad_norm,
-                )
-            self.optimizer.zero_grad(set_to_none=True)
-            if steps + skipped == 1:
-                first_dev = dev_k
-            else:
-                later_dev = max(later_dev, dev_k)
-        self.steps_done += steps
-        self.steps_skipped += skipped
+            dev_k = self._forward_backward(real, len(chunk), int(max_mbs), scale, tally.sums)
+            self._optimizer_step(tally, iteration=iteration, minibatch=k)
+            tally.record_ratio_dev(dev_k)
+        self.steps_done += tally.steps
+        self.steps_skipped += tally.skipped
+        metrics = self._reduce_metrics(tally, total_samples)
+        log.info(
+            "iteration %d rank %d: %d local samples, %d optimizer steps (%d skipped), loss %.4g, "
+            "ratio_max_dev %.3g, %.2fs",
+            iteration + 1,
+            self.rank,
+            n_local,
+            tally.steps,
+            tally.skipped,
+            metrics["train/loss"],
+            metrics["train/ratio_max_dev"],
+            time.perf_counter() - t0,
+        )
+        return metrics
 
-        keys = list(sums)
-        reduced = dict(zip(keys, self._all_reduce([sums[k] for k in keys])))
-        first_dev, later_dev = self._all_reduce([first_dev, later_dev], op=dist.ReduceOp.MAX)
+    def _device_tensors(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The batch's rows on the training device (``pad.*`` dropped), trajectories and advantages in float32."""
+        tensors = {k: v.to(self.device) for k, v in batch.items() if not k.startswith("pad.")}
+        for k in ("window_latents", "log_probs", "advantages"):
+            if k in tensors:
+                tensors[k] = tensors[k].float()
+        return tensors
+
+    def _forward_backward(
+        self, real: list[dict[str, torch.Tensor]], n_real: int, n_passes: int, scale: float, sums: dict[str, float]
+    ) -> float:
+        """Forward, loss and backward of one minibatch's micro-batches; returns their max ratio deviation.
+
+        Runs ``n_passes`` passes (the MAX over ranks of the micro-batch count): the first
+        ``n_real`` are the micro-batches in ``real``; the rest repeat ``real[0]`` with a zero
+        loss so that every rank issues the same FSDP2 collectives. Gradients accumulate
+        (scaled by ``scale``); the local loss and ratio statistics are added into ``sums``.
+        """
+        dev_k = 0.0
+        for i in range(n_passes):
+            padding = i >= n_real
+            mb = real[0] if padding else real[i]
+            log_probs, kl = self._forward(mb)
+            if padding:
+                # Same collectives as a real pass, zero gradient (NaN-safe: no exp of garbage).
+                loss = torch.nan_to_num(log_probs).sum() * 0.0
+                if kl is not None:
+                    loss = loss + torch.nan_to_num(kl) * 0.0
+            else:
+                policy, stats = clipped_policy_loss(
+                    log_probs,
+                    mb["log_probs"],
+                    mb["advantages"],
+                    clip_range=self.cfg.train.clip_range,
+                    adv_clip_max=self.cfg.train.adv_clip_max,
+                )
+                loss = policy
+                if kl is not None:
+                    loss = loss + self.cfg.train.kl_beta * kl
+                    sums["kl"] += float(kl.detach())
+                sums["loss"] += float(loss.detach())
+                sums["ratio_sum"] += float(stats["ratio_sum"])
+                sums["clipped"] += float(stats["clipped"])
+                sums["approx_kl"] += float(stats["approx_kl"])
+                sums["count"] += float(stats["count"])
+                dev_k = max(dev_k, float(stats["ratio_max_dev"]))
+            (loss * scale).backward()
+        return dev_k
+
+    def _optimizer_step(self, tally: _StepTally, *, iteration: int, minibatch: int) -> None:
+        """Clip the accumulated gradient and step, or skip the step if its norm is not finite; clear the gradient."""
+        max_norm = self.cfg.train.max_grad_norm if self.cfg.train.max_grad_norm > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
+        if hasattr(grad_norm, "full_tensor"):
+            grad_norm = grad_norm.full_tensor()
+        grad_norm = float(grad_norm)
+        if math.isfinite(grad_norm):
+            self.optimizer.step()
+            tally.steps += 1
+            tally.grad_norms.append(grad_norm)
+        else:
+            tally.skipped += 1
+            log.error(
+                "iteration %d minibatch %d: gradient norm is %s; optimizer step skipped (weights unchanged)",
+                iteration + 1,
+                minibatch,
+                grad_norm,
+            )
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _reduce_metrics(self, tally: _StepTally, total_samples: float) -> dict[str, float]:
+        """The step's metrics: local sums all-reduced (SUM, ratio deviations MAX) and divided by the count."""
+        keys = list(tally.sums)
+        reduced = dict(zip(keys, self._all_reduce([tally.sums[k] for k in keys])))
+        first_dev, later_dev = self._all_reduce([tally.first_dev, tally.later_dev], op=dist.ReduceOp.MAX)
         count = max(reduced["count"], 1.0)
-        metrics = {
+        grad_norms = tally.grad_norms
+        return {
             "train/loss": reduced["loss"] / count,
             "train/ratio_mean": reduced["ratio_sum"] / count,
             "train/ratio_max_dev": first_dev,
@@ -360,21 +425,9 @@ class FlowGRPOTrainer:
             "train/grad_norm": float(sum(grad_norms) / len(grad_norms)) if grad_norms else float("nan"),
             "train/kl": reduced["kl"] / count,
             "train/num_samples": total_samples,
-            "train/optimizer_steps": float(steps),
-            "train/skipped_steps": float(skipped),
+            "train/optimizer_steps": float(tally.steps),
+            "train/skipped_steps": float(tally.skipped),
         }
-        log.info(
-            "iteration %d rank %d: %d local samples, %d optimizer steps (%d skipped), loss %.4g, ratio_max_dev %.3g, %.2fs",
-            iteration + 1,
-            self.rank,
-            n_local,
-            steps,
-            skipped,
-            metrics["train/loss"],
-            first_dev,
-            time.perf_counter() - t0,
-        )
-        return metrics
 
     # ------------------------------------------------------------------ weights
 
@@ -662,11 +715,173 @@ def _leave_together(timeout_s: float = 10.0) -> None:
         log.info("ranks did not all reach shutdown together: %s", exc)
 
 
+def _init_process_group(args: argparse.Namespace) -> torch.device:
+    """Pick this rank's device (``cuda:<rank mod GPUs>``, else the CPU) and join the process group.
+
+    NCCL on CUDA, gloo on the CPU; rank 0's TCP store listens on 127.0.0.1 only.
+    """
+    from spotlight.workers.sp.rendezvous import bound_store
+
+    use_cuda = torch.cuda.is_available()
+    if use_cuda:
+        local = args.rank % torch.cuda.device_count()
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group(
+        backend="nccl" if use_cuda else "gloo",
+        store=bound_store("127.0.0.1", args.master_port, args.rank, args.world_size, dist.constants.default_pg_timeout),
+        rank=args.rank,
+        world_size=args.world_size,
+    )
+    return device
+
+
+class _TrainerProcess:
+    """The shell around one rank's :class:`FlowGRPOTrainer`: the coordinator's DEALER socket,
+    the trainer checkpoints and the published versions (the exchange in the module docstring).
+
+    Args:
+        args: the parsed command line.
+        cfg: the run config.
+        trainer: this rank's trainer, already built (and resumed).
+        sock: a DEALER connected to the coordinator's trainer socket.
+    """
+
+    def __init__(self, args: argparse.Namespace, cfg: SpotlightConfig, trainer: FlowGRPOTrainer, sock):
+        self.args = args
+        self.cfg = cfg
+        self.trainer = trainer
+        self.sock = sock
+        self.spool = pathlib.Path(args.spool_dir) if args.spool_dir else pathlib.Path(tempfile.gettempdir())
+        self.parent = os.getppid()
+
+    def _parent_alive(self) -> bool:
+        return os.getppid() == self.parent
+
+    def checkpoint(self, ver: int) -> None:
+        """Trainer state for weights v_ver, before TRAIN_DONE: a run checkpoint naming v_ver finds it."""
+        from spotlight.store.checkpoint import prune_train_versions, train_version_path
+
+        if self.args.checkpoint_dir is None:
+            return
+        self.trainer.save_checkpoint(train_version_path(self.args.checkpoint_dir, ver))
+        if self.args.rank == 0:
+            prune_train_versions(self.args.checkpoint_dir, keep=2, protect=ver)
+
+    def publish(self, ver: int) -> None:
+        """Rank 0: write version ``ver`` to a spool file and stream it in chunks (module docstring)."""
+        sd = self.trainer.version_state_dict()
+        if self.args.rank != 0:
+            return
+        from spotlight.store import tensor_wire
+        from spotlight.store.weight_sync import send_version
+
+        self.spool.mkdir(parents=True, exist_ok=True)
+        path = self.spool / f"v{ver}-{os.getpid()}.safetensors"
+        t0 = time.perf_counter()
+        try:
+            size, digest = tensor_wire.save_version(sd, path)
+            del sd
+            n = send_version(
+                self.sock,
+                ver,
+                path,
+                digest,
+                self.cfg.cluster.weight_chunk_bytes,
+                alive=self._parent_alive,
+                unlink=True,
+            )
+        finally:
+            path.unlink(missing_ok=True)
+        log.info("published v%d: %d bytes in %d chunks (%.2fs)", ver, size, n, time.perf_counter() - t0)
+
+    def start(self, version: int) -> None:
+        """TRAIN_READY, then publish the starting weights ``version``."""
+        from spotlight import protocol as P
+
+        args = self.args
+        self.sock.send_multipart(P.encode(P.TrainReady(rank=args.rank, world_size=args.world_size, version=version)))
+        self.publish(version)
+        log.info("ready (world %d, device %s)", args.world_size, self.trainer.device)
+
+    def serve(self) -> int:
+        """Answer the coordinator until SHUTDOWN (returns 0) or until it dies (returns 3)."""
+        from spotlight import protocol as P
+
+        while True:
+            if not self.sock.poll(1000):
+                if not self._parent_alive():  # the coordinator died: nothing will ever come
+                    log.error("coordinator process is gone; train worker exiting")
+                    return 3
+                continue
+            message = self._receive()
+            if message is None:
+                continue
+            mtype, body, tensors = message
+            if mtype == P.MsgType.TRAIN_BATCH:
+                self._train(body, tensors)
+            elif mtype == P.MsgType.SHUTDOWN:
+                if body.reason.startswith("save:"):
+                    self.trainer.save_pretrained(body.reason[len("save:") :])
+                    self.sock.send_multipart(P.encode(P.TrainDone(rank=self.args.rank, iteration=-1, new_version=-1)))
+                    continue
+                log.info("shutdown: %s", body.reason or "(no reason)")
+                _leave_together()
+                return 0
+            elif mtype == P.MsgType.ERROR:
+                log.error("coordinator refused a message: %s: %s", body.code, body.message)
+            else:
+                log.warning("ignoring unexpected %s", mtype.name)
+
+    def _receive(self):
+        """The next message as ``(type, body, tensors)`` (tensors of a TRAIN_BATCH, else None);
+        None for a malformed one, which is logged and dropped."""
+        from spotlight import protocol as P
+        from spotlight.store import tensor_wire
+
+        frames = self.sock.recv_multipart(copy=True)
+        tensors = None
+        try:
+            mtype, body, payload = P.decode(frames)
+            if mtype == P.MsgType.TRAIN_BATCH:
+                tensors = tensor_wire.unpack_tensors(body.tensors, payload)
+                # a rank that got no rollout batch (fewer batches than ranks) has only pad.cond.*
+                has_rows = any(len(mb) for mb in body.micro_batches)
+                missing = [k for k in BATCH_KEYS if k not in tensors] if has_rows else []
+                if missing:
+                    raise P.ProtocolError(f"TRAIN_BATCH lacks tensors {missing}")
+        except P.ProtocolError as exc:
+            log.warning("dropping malformed message: %s", exc)
+            return None
+        return mtype, body, tensors
+
+    def _train(self, body, tensors: dict[str, torch.Tensor]) -> None:
+        """TRAIN_BATCH: one train step, then checkpoint and publish v+1, then TRAIN_DONE."""
+        from spotlight import protocol as P
+
+        t0 = time.perf_counter()
+        metrics = self.trainer.train_step(tensors, body.micro_batches, iteration=body.iteration)
+        version = body.version + 1
+        self.checkpoint(version)
+        self.publish(version)
+        done = P.TrainDone(
+            rank=self.args.rank,
+            iteration=body.iteration,
+            new_version=version,
+            metrics=metrics,
+            train_s=time.perf_counter() - t0,
+        )
+        self.sock.send_multipart(P.encode(done))
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The train worker process: join the process group, build (or resume) the trainer, serve the coordinator."""
     import zmq
 
-    from spotlight import protocol as P
-    from spotlight.store import tensor_wire
+    from spotlight.net.security import apply_client, read_client_file
+    from spotlight.store.checkpoint import train_version_path
 
     args = _parse(argv)
     if not logging.getLogger().handlers:
@@ -675,132 +890,27 @@ def main(argv: list[str] | None = None) -> int:
         configure_logging(f"trainer-{args.rank}", f"trainer-{args.rank}")
     cfg = _load_cfg(args.config_json)
     torch.set_num_threads(max(1, cfg.cluster.torch_threads))
-    use_cuda = torch.cuda.is_available()
-    if use_cuda:
-        local = args.rank % torch.cuda.device_count()
-        torch.cuda.set_device(local)
-        device = torch.device("cuda", local)
-    else:
-        device = torch.device("cpu")
-    from spotlight.workers.sp.rendezvous import bound_store  # rank 0's store listens on 127.0.0.1 only
-
-    dist.init_process_group(
-        backend="nccl" if use_cuda else "gloo",
-        store=bound_store("127.0.0.1", args.master_port, args.rank, args.world_size, dist.constants.default_pg_timeout),
-        rank=args.rank,
-        world_size=args.world_size,
-    )
-    from spotlight.store.checkpoint import prune_train_versions, train_version_path
-
+    device = _init_process_group(args)
     trainer = FlowGRPOTrainer(cfg, rank=args.rank, world_size=args.world_size, device=device, text_dim=args.text_dim)
-    from spotlight.net.security import apply_client, read_client_file
-
     version = 0
     if args.resume_version is not None:
         trainer.load_checkpoint(train_version_path(args.checkpoint_dir, args.resume_version))
         version = args.resume_version
-
-    def checkpoint(ver: int) -> None:
-        """Trainer state for weights v_ver, before TRAIN_DONE: a run checkpoint naming v_ver finds it."""
-        if args.checkpoint_dir is None:
-            return
-        trainer.save_checkpoint(train_version_path(args.checkpoint_dir, ver))
-        if args.rank == 0:
-            prune_train_versions(args.checkpoint_dir, keep=2, protect=ver)
 
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 10_000)
     apply_client(sock, read_client_file(args.keys_file))
     sock.connect(args.coordinator)
-
-    spool = pathlib.Path(args.spool_dir) if args.spool_dir else pathlib.Path(tempfile.gettempdir())
-    parent = os.getppid()
-
-    def publish(ver: int) -> None:
-        """Rank 0: write version ``ver`` to a spool file and stream it in chunks (module docstring)."""
-        sd = trainer.version_state_dict()
-        if args.rank != 0:
-            return
-        from spotlight.store.weight_sync import send_version
-
-        spool.mkdir(parents=True, exist_ok=True)
-        path = spool / f"v{ver}-{os.getpid()}.safetensors"
-        t0 = time.perf_counter()
-        try:
-            size, digest = tensor_wire.save_version(sd, path)
-            del sd
-            n = send_version(
-                sock,
-                ver,
-                path,
-                digest,
-                cfg.cluster.weight_chunk_bytes,
-                alive=lambda: os.getppid() == parent,
-                unlink=True,
-            )
-        finally:
-            path.unlink(missing_ok=True)
-        log.info("published v%d: %d bytes in %d chunks (%.2fs)", ver, size, n, time.perf_counter() - t0)
-
-    sock.send_multipart(P.encode(P.TrainReady(rank=args.rank, world_size=args.world_size, version=version)))
-    publish(version)
-    log.info("ready (world %d, device %s)", args.world_size, device)
+    process = _TrainerProcess(args, cfg, trainer, sock)
+    process.start(version)
     try:
-        while True:
-            if not sock.poll(1000):
-                if os.getppid() != parent:  # the coordinator died: nothing will ever come
-                    log.error("coordinator process is gone; train worker exiting")
-                    return 3
-                continue
-            frames = sock.recv_multipart(copy=True)
-            try:
-                mtype, body, payload = P.decode(frames)
-                if mtype == P.MsgType.TRAIN_BATCH:
-                    tensors = tensor_wire.unpack_tensors(body.tensors, payload)
-                    # a rank that got no rollout batch (fewer batches than ranks) has only pad.cond.*
-                    has_rows = any(len(mb) for mb in body.micro_batches)
-                    missing = [k for k in BATCH_KEYS if k not in tensors] if has_rows else []
-                    if missing:
-                        raise P.ProtocolError(f"TRAIN_BATCH lacks tensors {missing}")
-            except P.ProtocolError as exc:
-                log.warning("dropping malformed message: %s", exc)
-                continue
-            if mtype == P.MsgType.TRAIN_BATCH:
-                t0 = time.perf_counter()
-                metrics = trainer.train_step(tensors, body.micro_batches, iteration=body.iteration)
-                version = body.version + 1
-                checkpoint(version)
-                publish(version)
-                sock.send_multipart(
-                    P.encode(
-                        P.TrainDone(
-                            rank=args.rank,
-                            iteration=body.iteration,
-                            new_version=version,
-                            metrics=metrics,
-                            train_s=time.perf_counter() - t0,
-                        )
-                    )
-                )
-            elif mtype == P.MsgType.SHUTDOWN:
-                if body.reason.startswith("save:"):
-                    trainer.save_pretrained(body.reason[len("save:") :])
-                    sock.send_multipart(P.encode(P.TrainDone(rank=args.rank, iteration=-1, new_version=-1)))
-                    continue
-                log.info("shutdown: %s", body.reason or "(no reason)")
-                _leave_together()
-                break
-            elif mtype == P.MsgType.ERROR:
-                log.error("coordinator refused a message: %s: %s", body.code, body.message)
-            else:
-                log.warning("ignoring unexpected %s", mtype.name)
+        return process.serve()
     finally:
         sock.close()
         ctx.term()
         if dist.is_initialized():
             dist.destroy_process_group()
-    return 0
 
 
 if __name__ == "__main__":
