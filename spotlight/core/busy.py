@@ -49,9 +49,6 @@ class BusyMeter:
         if t0 is not None:
             self._busy[worker_id].append((t0, now))
 
-    def holding(self, worker_id: str) -> bool:
-        return worker_id in self._open
-
     def fraction(self, t0: float, t1: float, *, spot: bool = True) -> float:
         """Busy worker-seconds / alive worker-seconds of spot (or reserved) workers in [t0, t1];
         NaN when none was alive or the window is empty."""

@@ -282,7 +282,6 @@ class IterationCore:
         self.t: dict[str, float] = {}
         self._rollout_stats: dict[str, Any] = {}
         self._explore_stats: dict[str, Any] = {}
-        self.extra_submitted = 0
         self._explored_slots: dict[int, set[int]] = {}  # batch -> slots with >= d scored candidates
         self._candidates_per_prompt: dict[int, float] = {}  # batch -> median candidates per explored prompt
 
@@ -551,7 +550,6 @@ class IterationCore:
         for rid, (pidx, _, slot) in zip(ids, items):
             meta[rid] = (slot, pidx)
         ex.extra.update(ids)
-        self.extra_submitted += len(ids)
 
     def stop_streaming(self, now: float) -> None:
         """Training ended: cancel the extras that are not done (their late results are stale);
