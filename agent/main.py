@@ -267,11 +267,9 @@ class AgentDaemon:
         self._last_coord_msg = time.monotonic()
         self.coordinator_timeout_s = coordinator_timeout_s
         self.exit_code = 0
-        self.workers_sock = self.ctx.socket(zmq.ROUTER)
-        self.workers_sock.setsockopt(zmq.LINGER, 0)
         self._ipc_dir = tempfile.mkdtemp(prefix="spotlight-agent-")
         self.worker_endpoint = f"ipc://{self._ipc_dir}/workers.sock"
-        self.workers_sock.bind(self.worker_endpoint)
+        self.workers_sock = self._workers_socket()
         self.procs: dict[str, subprocess.Popen] = {}
         self.wcache = WeightCache(
             weights_dir or state_dir(self.node_id) / "weights", keep_versions=MAX_CACHED_WEIGHTS, clear=False
@@ -289,7 +287,15 @@ class AgentDaemon:
         self.control = self.ctx.socket(zmq.REP)
         self.control.setsockopt(zmq.LINGER, 0)
 
+    def _workers_socket(self) -> zmq.Socket:
+        """The local ROUTER the node's workers connect to (identity = worker id)."""
+        sock = self.ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.bind(self.worker_endpoint)
+        return sock
+
     def _coordinator_socket(self) -> zmq.Socket:
+        """The DEALER to the coordinator (CURVE client); connected by :meth:`register`."""
         sock = self.ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 1000)
         sock.setsockopt(zmq.SNDHWM, 1000)
@@ -1411,15 +1417,7 @@ def join(
     heartbeats would have timed out, if that is within --register-timeout-s (so a crashed agent
     restarted by systemd gets in then).
     """
-    try:
-        configure_logging(
-            f"agent[{node_id}]" if node_id else "agent",
-            f"agent-{node_id}" if node_id else None,
-            level=log_level,
-            log_file=str(log_file) if log_file else None,
-        )
-    except (ValueError, OSError) as exc:
-        raise typer.BadParameter(str(exc), param_hint="--log-level/--log-file") from None
+    _setup_logging(node_id, log_level, log_file)
     coordinator = _checked_endpoint(coordinator)
     client_keys = _checked_keys(keys, key, reserved)
     nid = node_id or f"{socket.gethostname()}-{os.getpid()}"
@@ -1444,6 +1442,18 @@ def join(
         weights_dir=weights_dir,
     )
     raise typer.Exit(_run_daemon(daemon, grace_s))
+
+
+def _setup_logging(node_id: str | None, level: str, log_file: pathlib.Path | None) -> None:
+    try:
+        configure_logging(
+            f"agent[{node_id}]" if node_id else "agent",
+            f"agent-{node_id}" if node_id else None,
+            level=level,
+            log_file=str(log_file) if log_file else None,
+        )
+    except (ValueError, OSError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="--log-level/--log-file") from None
 
 
 def _checked_endpoint(coordinator: str) -> str:

@@ -328,7 +328,8 @@ class NodeScheduler:
         node_id: the node's id (prefix of worker ids).
         gpus: GPU indices of this node that Spotlight may use.
         grace_s: seconds a stopped worker gets to commit when the event names no deadline (a GPU
-            added in restart mode, a drain without one), and the most a notice's deadline gives.
+            added in restart mode, a drain without one); a notice's workers get at most this
+            much, less when its deadline is nearer.
         warm_spare: keep one pre-started spare worker process (:class:`SpareBook`).
         spare_timing: when spares start and are given up.
     """
@@ -411,13 +412,16 @@ class NodeScheduler:
         slot.status = status
 
     def hello(self, worker_id: str, pid: int) -> bool:
-        """A starting worker said hello: it is ready. False (nothing changes) for an unknown
-        worker or one that is already ready, stopping or gone (a hello cannot undo a stop)."""
+        """A worker said hello (its process is ``pid``). True when that made a starting worker
+        ready; False for an unknown or gone worker, a repeated hello, or a worker stopped before
+        its hello (a hello cannot undo a stop; its pid is still recorded)."""
         slot = self.workers.get(worker_id)
-        if slot is None or slot.status is not WorkerStatus.STARTING:
+        if slot is None or slot.status is WorkerStatus.EXITED:
+            return False
+        slot.pid = pid
+        if slot.status is not WorkerStatus.STARTING:
             return False
         self._set(slot, WorkerStatus.READY)
-        slot.pid = pid
         return True
 
     def leased(self, worker_id: str, items: list[tuple[str, int]], now: float) -> None:

@@ -103,6 +103,7 @@ def test_an_exited_worker_cannot_come_back_and_a_hello_does_not_undo_a_stop():
     ns.revoke([1], grace_s=10.0, now=1.0)  # n/gpu1 stopped before its hello
     assert ns.worker_hello("n/gpu1", pid=7, now=2.0) == []  # no group join, no GROUP_FORM
     assert ns.workers["n/gpu1"].status is WorkerStatus.STOPPING and ns.groups[0].members == ["n/gpu0"]
+    assert ns.workers["n/gpu1"].pid == 7  # agent-status still shows its process
     ns.worker_exited("n/gpu1", 0, now=3.0)
     with pytest.raises(InvalidTransition, match="exited -> ready"):
         ns._set(ns.workers["n/gpu1"], WorkerStatus.READY)
