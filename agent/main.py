@@ -1,11 +1,17 @@
 """``spotlight-agent``: the persistent per-node daemon on a spot (or reserved) node.
 
 It registers with the coordinator over ZeroMQ (DEALER → ROUTER, identity = node id),
-heartbeats, runs the node Scheduler, and spawns one Rollout Worker process per GPU
-(group). Workers talk only to the agent (a local ROUTER socket); the agent relays
-their pulls, results and commits to the coordinator and caches weight versions so a
-new worker gets them locally (paper §4.4, docs/architecture.md §5): each version is pulled once per
-node, in chunks, into a file (:mod:`agent.weight_cache`) that the workers map.
+heartbeats, and spawns one Rollout Worker process per GPU. Workers talk only to the agent (a
+local ROUTER socket); the agent relays their pulls, results and commits to the coordinator and
+caches weight versions so a new worker gets them locally (paper §4.4, docs/architecture.md §5):
+each version is pulled once per node, in chunks, into a file (:mod:`agent.weight_cache`) that the
+workers map.
+
+Every decision -- SP groups, what a revoked or added GPU does, live migration, the drain, the
+warm spare -- is the node Scheduler's (:mod:`agent.node_scheduler`, pure). :class:`AgentDaemon` is
+its thin shell: it owns the sockets, the worker and spare processes, the detector thread and the
+control socket, feeds the scheduler each event and carries out the actions it returns
+(:meth:`AgentDaemon._execute`).
 
 The daemon never imports torch (``tests`` check it): GPU work happens in child
 processes; tensor frames are relayed as opaque bytes.
@@ -27,17 +33,34 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Optional
+from typing import Annotated, Optional
 
 import msgspec
 import typer
 import zmq
 
-from agent.node_scheduler import NodeScheduler, WorkerStatus
+from agent.node_scheduler import (
+    Action,
+    DeliverLeases,
+    Drain,
+    FormGroup,
+    GroupServing,
+    KillWorker,
+    NodeScheduler,
+    ReportGpus,
+    ReportNotice,
+    RestartNode,
+    ReturnLeases,
+    SpawnWorker,
+    StartSpare,
+    StopSpare,
+    StopWorker,
+)
 from agent.preemption import (
     Detector,
     NoticeLedger,
     NullDetector,
+    PollResult,
     PreemptionNotice,
     active_node_notice,
     make_detector,
@@ -69,6 +92,8 @@ EXIT_NODE_PREEMPTED = 75
 # a configuration error (two agents started with the same --node-id) that a restart cannot fix,
 # so the systemd unit lists it in RestartPreventExitStatus too.
 EXIT_NODE_ID_IN_USE = 78
+# Exit status of an agent that heard nothing from the coordinator for --coordinator-timeout-s.
+EXIT_COORDINATOR_LOST = 4
 # shutdown(): after the drain, workers get SIGTERM and together at most SHUTDOWN_TERM_WAIT_S to
 # exit, then SIGKILL and at most SHUTDOWN_KILL_WAIT_S to be reaped, whatever their number.
 SHUTDOWN_TERM_WAIT_S = 4.0
@@ -77,17 +102,9 @@ SHUTDOWN_KILL_WAIT_S = 1.0
 # that with spotlight.net.http_limits) + both waits + 1 s ZeroMQ linger for the Bye.  The systemd
 # unit's TimeoutStopSec must exceed --grace-s + this (tests/unit/test_systemd_units.py).
 SHUTDOWN_BOUND_S = 2 * 2.0 + SHUTDOWN_TERM_WAIT_S + SHUTDOWN_KILL_WAIT_S + 1.0
-# Warm spare (spotlight/workers/rollout/spare.py): the first one starts once the initial workers said
-# hello (or after SPARE_FIRST_WAIT_S), so its imports do not slow the node's cold start; a taken
-# spare is replaced as soon as the worker it became is serving (its group reported
-# GROUP_FORMED; at SP 1 its hello), at the latest SPARE_REPLACE_MAX_WAIT_S after the take, so the
-# replacement's imports do not compete with the join for CPU; a spare that dies unused is
-# restarted after SPARE_RETRY_S × failures, and spares are given up after SPARE_MAX_FAILURES
-# such deaths in a row.
-SPARE_FIRST_WAIT_S = 120.0
-SPARE_REPLACE_MAX_WAIT_S = 60.0
-SPARE_RETRY_S = 5.0
-SPARE_MAX_FAILURES = 3
+# Seconds a draining agent gives its workers when the coordinator is lost, the node id was taken,
+# or the coordinator sent SHUTDOWN.
+SHORT_STOP_S = 5.0
 
 
 class _ExitWithLine(SystemExit):
@@ -178,15 +195,13 @@ class DetectorThread(threading.Thread):
             try:
                 res = self.detector.poll(time.time())
             except Exception as exc:  # a detector bug must not look like "no notice"
-                from agent.preemption import PollResult
-
                 res = PollResult([], False, f"detector crashed: {type(exc).__name__}: {exc}")
             self.out.put(res)
             self.stop_event.wait(self.interval_s)
 
 
 class AgentDaemon:
-    """One node's agent.
+    """One node's agent: the I/O shell around its :class:`agent.node_scheduler.NodeScheduler`.
 
     Args:
         coordinator: ``HOST:PORT`` or a ZeroMQ endpoint of the coordinator.
@@ -197,6 +212,7 @@ class AgentDaemon:
             (:func:`spotlight.net.security.load_client_keys`); every byte to the coordinator is
             encrypted and authenticated with them.
         register_timeout_s: give up if the coordinator does not answer the first REGISTER.
+        grace_s: seconds workers get to commit in-flight state on a notice or SIGTERM.
         coordinator_timeout_s: after this long without a word from the coordinator, stop the
             workers and exit (code 4). Before that, a silent coordinator (or one that forgot
             this node's session, e.g. after a crash and ``--resume``) is re-registered with
@@ -228,74 +244,130 @@ class AgentDaemon:
         weights_dir: pathlib.Path | None = None,
     ):
         self.endpoint = coordinator if "://" in coordinator else f"tcp://{coordinator}"
-        self.gpus = list(gpus)
         self.node_id = node_id or f"{socket.gethostname()}-{os.getpid()}"
         self.is_spot = is_spot
         self.keys = keys
         self.register_timeout_s = register_timeout_s
         self.grace_s = grace_s
         self.nice = nice
+        self.sched = NodeScheduler(self.node_id, gpus, grace_s=grace_s, warm_spare=warm_spare)
+        self._registered: P.Registered | None = None
         self.ctx = zmq.Context.instance()
-        self.coord = self.ctx.socket(zmq.DEALER)
-        self.coord.setsockopt(zmq.LINGER, 1000)
-        self.coord.setsockopt(zmq.SNDHWM, 1000)
-        self.coord.setsockopt(zmq.RECONNECT_IVL_MAX, 5000)
-        # queue nothing while the coordinator is unreachable: stale heartbeats and pulls would
-        # arrive in a burst after it restarts; a re-registration follows instead
-        self.coord.setsockopt(zmq.IMMEDIATE, 1)
-        apply_client(self.coord, keys)
+        self.coord = self._coordinator_socket()
         # drawn once per process: a re-registration of this process (coordinator restart, lost
         # connection) is the same agent; another process with the same node id is not
         self.instance_id = secrets.token_hex(8)
+        self.session = ""
         self.reconnecting = False
         self._next_register = 0.0
         self._register_backoff_s = 1.0
         self.reconnect_after_s = 5.0
         self.dropped_to_coord = 0
-        self.workers_sock = self.ctx.socket(zmq.ROUTER)
-        self.workers_sock.setsockopt(zmq.LINGER, 0)
+        self._last_heartbeat = 0.0
+        self._last_coord_msg = time.monotonic()
+        self.coordinator_timeout_s = coordinator_timeout_s
+        self.exit_code = 0
         self._ipc_dir = tempfile.mkdtemp(prefix="spotlight-agent-")
         self.worker_endpoint = f"ipc://{self._ipc_dir}/workers.sock"
-        self.workers_sock.bind(self.worker_endpoint)
-        self.sched = NodeScheduler(self.node_id)
+        self.workers_sock = self._workers_socket()
         self.procs: dict[str, subprocess.Popen] = {}
         self.wcache = WeightCache(
             weights_dir or state_dir(self.node_id) / "weights", keep_versions=MAX_CACHED_WEIGHTS, clear=False
         )  # emptied once registered
-        self.warm_spare = warm_spare
-        self.spare: Spare | None = None
-        self.spares_used = 0
-        self._spare_due: float | None = None  # monotonic time to start the next spare
-        self._spare_first_deadline: float | None = None
-        self._spare_failures = 0
-        self._replace_after: tuple[str, float] | None = (
-            None  # (worker id a spare became, deadline): its join starts the next spare
-        )
         self.weight_waiters: dict[int, list[str]] = {}
-        self.registered: P.Registered | None = None
-        self.session = ""
-        self.draining = False
-        self.stop_reason = ""
-        self._stop_deadline: float | None = None
-        self._last_heartbeat = 0.0
-        self._last_coord_msg = time.monotonic()
-        self.coordinator_timeout_s = coordinator_timeout_s
+        self.spare: Spare | None = None
+        self._spares_started = 0  # names the spares' logs until one becomes a worker
         self.detector = detector or NullDetector()
         self.detector_healthy = True
         self.detector_error = ""
         self._detector_q: queue.Queue = queue.Queue()
         self._detector_thread = DetectorThread(self.detector, self._detector_q, poll_interval_s)
         self._pending_ack: list[PreemptionNotice] = []
-        self.groups: list[
-            dict
-        ] = []  # elastic SP groups: {"members": [worker ids, leader first], "generation", "formed" (GROUP_FORM sent), "serving" (every member reported GROUP_FORMED), "formed_by", "reform_s", "form_sent"}
-        self._revoking: dict[str, float] = {}  # worker id -> deadline (monotonic)
-        self._done_when_serving: dict[str, dict] = {}  # revoked follower -> the group that re-forms without it
         self._signal_notices: queue.Queue = queue.Queue()
-        self._restart_pending = False  # restart reconfiguration: start fresh workers once every old one exited
-        self.restarts = 0  # node restarts (restart reconfiguration)
         self.control = self.ctx.socket(zmq.REP)
         self.control.setsockopt(zmq.LINGER, 0)
+
+    def _workers_socket(self) -> zmq.Socket:
+        """The local ROUTER the node's workers connect to (identity = worker id)."""
+        sock = self.ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.bind(self.worker_endpoint)
+        return sock
+
+    def _coordinator_socket(self) -> zmq.Socket:
+        """The DEALER to the coordinator (CURVE client); connected by :meth:`register`."""
+        sock = self.ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 1000)
+        sock.setsockopt(zmq.SNDHWM, 1000)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 5000)
+        # queue nothing while the coordinator is unreachable: stale heartbeats and pulls would
+        # arrive in a burst after it restarts; a re-registration follows instead
+        sock.setsockopt(zmq.IMMEDIATE, 1)
+        apply_client(sock, self.keys)
+        return sock
+
+    # ------------------------------------------------------------ the scheduler's state
+    @property
+    def registered(self) -> P.Registered | None:
+        """The coordinator's REGISTERED reply (None before); setting it configures the scheduler."""
+        return self._registered
+
+    @registered.setter
+    def registered(self, reg: P.Registered | None) -> None:
+        self._registered = reg
+        if reg is not None:
+            self.sched.configure(
+                sp_degree=reg.sp_degree, reconfiguration=reg.reconfiguration, live_migration=reg.live_migration
+            )
+
+    @property
+    def gpus(self) -> list[int]:
+        """The node's GPUs now (after revocations and additions)."""
+        return self.sched.gpus
+
+    @gpus.setter
+    def gpus(self, gpus: list[int]) -> None:
+        self.sched.gpus = list(gpus)
+
+    @property
+    def sp_degree(self) -> int:
+        return self.sched.sp_degree
+
+    @property
+    def restart_mode(self) -> bool:
+        """True when the coordinator asked for restart reconfiguration (``cluster.reconfiguration``)."""
+        return self.sched.restart_mode
+
+    @property
+    def live_migration(self) -> bool:
+        """False when stopped workers must give their requests back instead of committing them."""
+        return self.sched.live_migration
+
+    @property
+    def draining(self) -> bool:
+        return self.sched.draining
+
+    @property
+    def stop_reason(self) -> str:
+        return self.sched.stop_reason
+
+    @property
+    def restarts(self) -> int:
+        """Node restarts (restart reconfiguration) so far."""
+        return self.sched.restarts
+
+    @property
+    def warm_spare(self) -> bool:
+        """The node keeps a warm spare (off for good once spares were given up)."""
+        return self.sched.spare.enabled
+
+    @warm_spare.setter
+    def warm_spare(self, on: bool) -> None:
+        self.sched.spare.enabled = on
+
+    @property
+    def spares_used(self) -> int:
+        return self.sched.spare.used
 
     def _take_node_state(self) -> None:
         """Once registered: empty the node's weight cache and bind its control socket. Not
@@ -345,7 +417,7 @@ class AgentDaemon:
     def _to_worker(self, worker_id: str, msg, frames=None) -> None:
         self.workers_sock.send_multipart([worker_id.encode(), *P.encode(msg, frames)], copy=False)
 
-    # ------------------------------------------------------------ lifecycle
+    # ------------------------------------------------------------ registration
     def register(self) -> P.Registered:
         """Handshake; raises SystemExit with a clear message on refusal or timeout."""
         try:
@@ -358,6 +430,13 @@ class AgentDaemon:
             self.keys.principal.id,
             self.register_timeout_s,
         )
+        deadline = time.monotonic() + self.register_timeout_s
+        self._await_first_reply(deadline)
+        return self._await_registered(deadline)
+
+    def _await_first_reply(self, deadline: float) -> None:
+        """Send REGISTER until the connection is up and the coordinator answers; a refused CURVE
+        key raises at once, a failing handshake is named in the timeout's message."""
         monitor = self.coord.get_monitor_socket(
             zmq.EVENT_HANDSHAKE_FAILED_AUTH
             | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
@@ -366,7 +445,6 @@ class AgentDaemon:
         )
         sent = self._to_coord(self._register_msg())  # fails (dropped) until the connection is up
         started = time.monotonic()
-        deadline = started + self.register_timeout_s
         next_progress, attempt = started + REGISTER_PROGRESS_S, 1
         handshake_error = ""
         try:
@@ -384,26 +462,35 @@ class AgentDaemon:
                     )
                 if not sent:
                     sent = self._to_coord(self._register_msg())
-                while monitor.poll(0):
-                    from zmq.utils.monitor import recv_monitor_message
-
-                    ev = recv_monitor_message(monitor)
-                    if ev["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-                        raise SystemExit(
-                            f"coordinator at {self.endpoint} refused this node's key {self.keys.principal.id}: it is not on the coordinator's allow-list (add it with `spotlight keys add`)"
-                        )
-                    if ev["event"] in (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
-                        handshake_error = " (encrypted handshake failing: is server.key the coordinator's public key?)"
-                if not self.coord.poll(200):
-                    continue
-                break
-            else:
-                raise SystemExit(
-                    f"no answer from coordinator at {self.endpoint} within {self.register_timeout_s:g}s{handshake_error}"
-                )
+                handshake_error = self._handshake_error(monitor) or handshake_error
+                if self.coord.poll(200):
+                    return
         finally:
             self.coord.disable_monitor()
             monitor.close(linger=0)
+        raise SystemExit(
+            f"no answer from coordinator at {self.endpoint} within {self.register_timeout_s:g}s{handshake_error}"
+        )
+
+    def _handshake_error(self, monitor: zmq.Socket) -> str:
+        """The CURVE handshake's failures so far: raises SystemExit if the coordinator refused this
+        node's key; returns a hint for the timeout message if the handshake keeps failing."""
+        from zmq.utils.monitor import recv_monitor_message
+
+        hint = ""
+        while monitor.poll(0):
+            ev = recv_monitor_message(monitor)
+            if ev["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                raise SystemExit(
+                    f"coordinator at {self.endpoint} refused this node's key {self.keys.principal.id}: it is not "
+                    "on the coordinator's allow-list (add it with `spotlight keys add`)"
+                )
+            if ev["event"] in (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
+                hint = " (encrypted handshake failing: is server.key the coordinator's public key?)"
+        return hint
+
+    def _await_registered(self, deadline: float) -> P.Registered:
+        """Read the coordinator's answers to REGISTER until REGISTERED, a refusal or ``deadline``."""
         waited_for_holder = False
         while time.monotonic() < deadline:
             self._check_stop_while_waiting()
@@ -428,27 +515,30 @@ class AgentDaemon:
                 return body
             if mtype == P.MsgType.ERROR and body.code == "node_id_in_use":
                 if 0 < body.retry_after_s < deadline - time.monotonic() and not waited_for_holder:
-                    # the holder may be this node's crashed agent (systemd restarted us): once it
-                    # has been silent past the heartbeat timeout the node id is free; a live
-                    # holder heartbeats meanwhile and the second REGISTER is refused too. (A wait
-                    # past --register-timeout-s is not made: the agent exits at once.)
                     waited_for_holder = True
-                    log.warning(
-                        "node id %s is in use by another agent (%s); trying once more in %.1fs in case that agent has died",
-                        self.node_id,
-                        body.message,
-                        body.retry_after_s,
-                    )
-                    until = time.monotonic() + body.retry_after_s
-                    while time.monotonic() < until:
-                        self._check_stop_while_waiting()
-                        time.sleep(min(0.2, max(0.0, until - time.monotonic())))
-                    self._to_coord(self._register_msg())
+                    self._retry_after_holder(body)
                     continue
                 raise NodeIdInUse(node_id_in_use_line(self.node_id, body.message))  # join() prints it
             if mtype == P.MsgType.ERROR:
                 raise SystemExit(f"coordinator refused registration: {body.code}: {body.message}")
         raise SystemExit(f"no answer from coordinator at {self.endpoint} within {self.register_timeout_s:g}s")
+
+    def _retry_after_holder(self, refusal: P.ErrorMsg) -> None:
+        """The node id is in use: the holder may be this node's crashed agent (systemd restarted
+        us). Once it has been silent past the heartbeat timeout the node id is free, so REGISTER
+        once more then; a live holder heartbeats meanwhile and the second REGISTER is refused too.
+        (A wait past --register-timeout-s is not made: the agent exits at once.)"""
+        log.warning(
+            "node id %s is in use by another agent (%s); trying once more in %.1fs in case that agent has died",
+            self.node_id,
+            refusal.message,
+            refusal.retry_after_s,
+        )
+        until = time.monotonic() + refusal.retry_after_s
+        while time.monotonic() < until:
+            self._check_stop_while_waiting()
+            time.sleep(min(0.2, max(0.0, until - time.monotonic())))
+        self._to_coord(self._register_msg())
 
     def _check_stop_while_waiting(self) -> None:
         """Raise :class:`StoppedWaiting` if SIGTERM arrived (``join`` queues it as a notice)."""
@@ -458,6 +548,108 @@ class AgentDaemon:
                 128 + signal.SIGTERM,
             )
 
+    # ------------------------------------------------------------ carrying out the scheduler's actions
+    def _execute(self, actions: list[Action]) -> None:
+        """Carry out the node Scheduler's actions, in order."""
+        restarted = sorted({g for a in actions if isinstance(a, SpawnWorker) and a.cause == "restart" for g in a.gpus})
+        if restarted:
+            log.info("restart reconfiguration: starting fresh workers on GPUs %s", restarted)
+        for action in actions:
+            match action:
+                case SpawnWorker():
+                    self._spawn(action)
+                case StopWorker(worker_id=wid, commit=commit, reason=reason):
+                    self._to_worker(wid, P.Stop(commit=commit, reason=reason))
+                case KillWorker(worker_id=wid, reason=reason):
+                    proc = self.procs.get(wid)
+                    if proc is not None and proc.poll() is None:
+                        log.info("worker %s: %s: killing it", wid, reason)
+                        proc.kill()
+                case FormGroup():
+                    self._send_form(action)
+                case GroupServing(members=members, generation=gen, after_s=after_s):
+                    log.info(
+                        "SP group %s: generation %d serving at SP=%d (%.2fs after GROUP_FORM)",
+                        members[0],
+                        gen,
+                        len(members),
+                        after_s,
+                    )
+                case RestartNode(reason=reason, gpus=gpus):
+                    log.info(
+                        "restart reconfiguration (%s): stopping every worker of the node; restarting on GPUs %s",
+                        reason,
+                        list(gpus),
+                    )
+                case Drain(reason=reason):
+                    log.info("draining: %s", reason)
+                case ReportGpus():
+                    self._report_gpus(action, [a.worker_id for a in actions if isinstance(a, StopWorker)])
+                case ReportNotice():
+                    self._report_notice(action)
+                case ReturnLeases():
+                    self._return_leases(action)
+                case StartSpare():
+                    self.start_spare()
+                case StopSpare(give_up=give_up):
+                    if give_up:
+                        log.error("%s: no more spares on this node", give_up)
+                    self._stop_spare()
+                case DeliverLeases():  # carried out by _on_leases, which holds the frames
+                    raise AssertionError("DeliverLeases outside _on_leases")
+
+    def _report_gpus(self, action: ReportGpus, stopped: list[str]) -> None:
+        if action.revoked and not self.restart_mode:
+            log.info("revoked GPUs %s: stopping %s; node keeps GPUs %s", list(action.revoked), stopped, self.gpus)
+        self.heartbeat(time.monotonic())
+
+    def _report_notice(self, action: ReportNotice) -> None:
+        notice = action.notice
+        self._to_coord(
+            P.Notice(
+                node_id=self.node_id,
+                session=self.session,
+                source=notice.source,
+                scope=notice.scope,
+                deadline_unix_s=notice.deadline_unix_s,
+                key=notice.key,
+                kind=notice.kind,
+                is_hint=notice.is_hint,
+            )
+        )
+        if action.acknowledge:
+            self._pending_ack.append(notice)
+
+    def _return_leases(self, action: ReturnLeases) -> None:
+        self._to_coord(
+            P.Fail(
+                node_id=self.node_id,
+                session=self.session,
+                worker_id=action.worker_id,
+                request_ids=list(action.request_ids),
+                lease_ids=list(action.lease_ids),
+                reason=action.reason,
+            )
+        )
+
+    def _send_form(self, action: FormGroup) -> None:
+        """Tell every member to (re)form generation ``action.generation`` at a fresh rendezvous port."""
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        latest = self.wcache.latest()
+        form = P.GroupForm(
+            members=list(action.members),
+            master_addr="127.0.0.1",
+            master_port=port,
+            generation=action.generation,
+            version=latest if latest is not None else self.registered.latest_version,
+        )
+        for m in action.members:
+            self._to_worker(m, form)
+        log.info("SP group %s: generation %d, SP=%d", action.members[0], action.generation, len(action.members))
+
+    # ------------------------------------------------------------ worker processes
     def _worker_conf_json(self) -> str:
         reg = self.registered
         conf = {
@@ -475,32 +667,37 @@ class AgentDaemon:
         nice = self.nice
         return (lambda: os.nice(nice)) if nice else None
 
+    def start_workers(self) -> None:
+        """The node's first workers (SP groups form once all their members said hello)."""
+        if self.restart_mode and self.warm_spare:
+            log.info("restart reconfiguration: no warm spare (workers restart cold)")
+        self._execute(self.sched.start(time.monotonic()))
+
     def spawn_worker(self, gpus: list[int]) -> str:
-        """Start the worker of ``gpus``: the warm spare becomes it when there is one of the
-        current configuration (even one still warming up has a head start), else a fresh
-        process starts. Returns the worker id."""
-        slot = self.sched.add_worker(gpus)
+        """Start a worker on ``gpus`` now (the warm spare becomes it if there is one); returns
+        its worker id."""
+        action = self.sched.spawn(gpus)
+        self._spawn(action)
+        return action.worker_id
+
+    def _spawn(self, action: SpawnWorker) -> None:
+        """Start ``action``'s worker: the warm spare becomes it when it can (even one still warming
+        up has a head start), else a fresh process starts."""
+        wid, gpus = action.worker_id, list(action.gpus)
         env = scrubbed_env()  # workers never authenticate: no credentials in their environment
         env.setdefault("CUDA_VISIBLE_DEVICES", ",".join(map(str, gpus)))
-        spare = self._take_spare()
-        if spare is not None:
-            job = {"worker_id": slot.worker_id, "gpus": list(gpus), "cuda_visible_devices": env["CUDA_VISIBLE_DEVICES"]}
-            try:
-                spare.proc.stdin.write(json.dumps(job).encode() + b"\n")
-                spare.proc.stdin.close()
-            except OSError as exc:  # it died just now: start the worker cold
-                log.warning(
-                    "warm spare (pid %d) could not take %s (%s): starting it cold", spare.proc.pid, slot.worker_id, exc
-                )
-                spare.proc.kill()
-                spare = None
-        if spare is not None:
-            self.procs[slot.worker_id] = spare.proc
-            slot.spare_pid = spare.proc.pid
-            self.spares_used += 1
-            self._replace_after = (slot.worker_id, time.monotonic() + SPARE_REPLACE_MAX_WAIT_S)
-            log.info("worker %s: the warm spare (pid %d) takes GPUs %s", slot.worker_id, spare.proc.pid, gpus)
-            return slot.worker_id
+        proc = self._hand_to_spare(wid, gpus, env) if action.from_spare else None
+        spare_pid = proc.pid if proc is not None else 0
+        if proc is not None:
+            log.info("worker %s: the warm spare (pid %d) takes GPUs %s", wid, proc.pid, gpus)
+        else:
+            proc = self._launch(wid, gpus, env)
+            log.info("spawned worker %s (pid %d)", wid, proc.pid)
+        self.procs[wid] = proc
+        self.sched.worker_spawned(wid, spare_pid, time.monotonic())
+
+    def _launch(self, worker_id: str, gpus: list[int], env: dict[str, str]) -> subprocess.Popen:
+        """A fresh Rollout Worker process."""
         cmd = [
             sys.executable,
             "-m",
@@ -508,15 +705,47 @@ class AgentDaemon:
             "--agent",
             self.worker_endpoint,
             "--worker-id",
-            slot.worker_id,
+            worker_id,
             "--gpus",
             ",".join(map(str, gpus)),
             "--config-json",
             self._worker_conf_json(),
         ]
-        self.procs[slot.worker_id] = spawn_logged(cmd, f"worker-{slot.worker_id}", env=env, preexec_fn=self._preexec())
-        log.info("spawned worker %s (pid %d)", slot.worker_id, self.procs[slot.worker_id].pid)
-        return slot.worker_id
+        return spawn_logged(cmd, f"worker-{worker_id}", env=env, preexec_fn=self._preexec())
+
+    def _hand_to_spare(self, worker_id: str, gpus: list[int], env: dict[str, str]) -> subprocess.Popen | None:
+        """Send the warm spare its assignment; its process, or None if it cannot take it."""
+        spare = self._take_spare()
+        if spare is None:
+            return None
+        job = {"worker_id": worker_id, "gpus": gpus, "cuda_visible_devices": env["CUDA_VISIBLE_DEVICES"]}
+        try:
+            spare.proc.stdin.write(json.dumps(job).encode() + b"\n")
+            spare.proc.stdin.close()
+        except OSError as exc:  # it died just now: start the worker cold
+            log.warning("warm spare (pid %d) could not take %s (%s): starting it cold", spare.proc.pid, worker_id, exc)
+            spare.proc.kill()
+            return None
+        return spare.proc
+
+    def check_workers(self) -> None:
+        """Main-loop housekeeping: reap exited workers (the scheduler decides what follows), tend
+        the warm spare, kill stopped workers past their deadline."""
+        now = time.monotonic()
+        for wid, proc in list(self.procs.items()):
+            rc = proc.poll()
+            if rc is None:
+                continue
+            del self.procs[wid]
+            revoked = wid in self.sched.revoking
+            actions = self.sched.worker_exited(wid, rc, now, spare_refused=rc == EXIT_SPARE_UNUSABLE)
+            if revoked:
+                log.info("worker %s left after revocation (code %s)", wid, rc)
+            elif any(isinstance(a, SpawnWorker) and a.cause == "replace" for a in actions):
+                log.error("worker %s exited with code %s; restarting it", wid, rc)
+            self._execute(actions)
+        self.check_spare()
+        self._execute(self.sched.overdue(now))
 
     # ------------------------------------------------------------ warm spare
     def start_spare(self) -> None:
@@ -530,7 +759,7 @@ class AgentDaemon:
         conf = self._worker_conf_json()
         cmd = self._spare_cmd(conf, write_fd)
         try:
-            self._spares_started = getattr(self, "_spares_started", 0) + 1  # its log until it becomes a worker
+            self._spares_started += 1
             proc = spawn_logged(
                 cmd,
                 f"worker-{self.node_id}-spare{self._spares_started}",
@@ -547,6 +776,7 @@ class AgentDaemon:
             os.close(write_fd)
         os.set_blocking(read_fd, False)
         self.spare = Spare(proc, read_fd, conf, time.monotonic())
+        self.sched.spare_started()
         log.info("started warm spare (pid %d)", proc.pid)
 
     def _spare_cmd(self, conf_json: str, ready_fd: int) -> list[str]:
@@ -572,7 +802,7 @@ class AgentDaemon:
             return None
         if spare.proc.poll() is not None or spare.conf_json != self._worker_conf_json():
             self._stop_spare()
-            self._spare_due = time.monotonic()
+            self.sched.spare_unusable(time.monotonic())
             return None
         self.spare = None
         os.close(spare.ready_fd)
@@ -598,59 +828,34 @@ class AgentDaemon:
             spare.proc.stdin.close()
 
     def check_spare(self) -> None:
-        """Main-loop housekeeping: note when the spare is ready, restart one that died unused
-        (with backoff; give up after :data:`SPARE_MAX_FAILURES`), start one when it is due."""
+        """Main-loop housekeeping: note when the spare is ready, report one that died unused (the
+        scheduler restarts it with backoff, or gives spares up), start one when it is due."""
         now = time.monotonic()
         spare = self.spare
-        if spare is not None:
-            if not spare.ready:
-                try:
-                    if os.read(spare.ready_fd, 64):
-                        spare.ready = True
-                        self._spare_failures = 0
-                        log.info("warm spare (pid %d) ready after %.1fs", spare.proc.pid, now - spare.started_at)
-                except BlockingIOError:
-                    pass
-            rc = spare.proc.poll()
-            if rc is not None:
-                self._stop_spare()
-                self._spare_failures += 1
-                if self._spare_failures >= SPARE_MAX_FAILURES:
-                    log.error(
-                        "warm spare exited with code %s before it was needed (%d times in a row): no more spares on this node",
-                        rc,
-                        self._spare_failures,
-                    )
-                    self.warm_spare = False
-                else:
-                    log.error(
-                        "warm spare exited with code %s before it was needed: restarting it in %.0fs",
-                        rc,
-                        SPARE_RETRY_S * self._spare_failures,
-                    )
-                    self._spare_due = now + SPARE_RETRY_S * self._spare_failures
+        if spare is None:
+            self._execute(self.sched.spare_tick(now))
             return
-        if not self.warm_spare or self.registered is None or self.draining:
+        if not spare.ready:
+            try:
+                if os.read(spare.ready_fd, 64):
+                    spare.ready = True
+                    self.sched.spare_ready()
+                    log.info("warm spare (pid %d) ready after %.1fs", spare.proc.pid, now - spare.started_at)
+            except BlockingIOError:
+                pass
+        rc = spare.proc.poll()
+        if rc is None:
             return
-        if self._replace_after is not None:
-            # replace a taken spare once the worker it became serves (or died, or it took too long)
-            wid, deadline = self._replace_after
-            slot = self.sched.workers.get(wid)
-            serving = (
-                slot is not None and slot.status == WorkerStatus.READY and (self.sp_degree == 1 or self._serving(wid))
+        self._stop_spare()
+        retry_in_s = self.sched.spare_died(now)
+        if retry_in_s is None:
+            log.error(
+                "warm spare exited with code %s before it was needed (%d times in a row): no more spares on this node",
+                rc,
+                self.sched.spare.failures,
             )
-            if slot is None or slot.status in (WorkerStatus.EXITED, WorkerStatus.STOPPING) or serving or now > deadline:
-                self._replace_after = None
-                self._spare_due = now
-        if self._spare_due is None and self._spare_first_deadline is not None:
-            # the first spare: once every initial worker said hello (its imports would slow them)
-            starting = any(s.status == WorkerStatus.STARTING for s in self.sched.live_workers())
-            if not starting or now > self._spare_first_deadline:
-                self._spare_first_deadline = None
-                self._spare_due = now
-        if self._spare_due is not None and now >= self._spare_due:
-            self._spare_due = None
-            self.start_spare()
+        else:
+            log.error("warm spare exited with code %s before it was needed: restarting it in %.0fs", rc, retry_in_s)
 
     def spare_status(self) -> dict | None:
         """``{"pid", "ready"}`` of the current spare, or None."""
@@ -677,17 +882,12 @@ class AgentDaemon:
         )
         self._last_heartbeat = now
 
-    # ------------------------------------------------------------ preemption
+    # ------------------------------------------------------------ preemption and GPU changes
     def on_notice(self, notice: PreemptionNotice) -> None:
-        """A notice from any source: tell the coordinator, then act on its scope."""
+        """A notice from any source: the scheduler reports it and acts on its scope."""
         left = notice.deadline_unix_s - time.time()
-        if (
-            notice.source == "sigterm"
-            and self.draining
-            and self.stop_reason
-            and not self.stop_reason.startswith("sigterm")
-        ):
-            # `spotlight up` stopping a slow agent after the coordinator's SHUTDOWN: not a preemption
+        actions = self.sched.notice(notice, remaining_s=left, now=time.monotonic())
+        if not actions:  # `spotlight up` stopping a slow agent after the coordinator's SHUTDOWN
             log.info("SIGTERM while stopping (%s): finishing the stop", self.stop_reason)
             return
         if notice.kind == "revoke":  # expected events on a spot node: INFO
@@ -701,249 +901,25 @@ class AgentDaemon:
                 notice.scope,
                 left,
             )
-        self._to_coord(
-            P.Notice(
-                node_id=self.node_id,
-                session=self.session,
-                source=notice.source,
-                scope=notice.scope,
-                deadline_unix_s=notice.deadline_unix_s,
-                key=notice.key,
-                kind=notice.kind,
-                is_hint=notice.is_hint,
-            )
-        )
-        if notice.is_hint:
-            return
-        grace = max(0.5, min(self.grace_s, left - 1.0))
-        if notice.scope == "node":
-            self._pending_ack.append(notice)
-            self.begin_drain(f"{notice.source} {notice.kind}", grace_s=grace)
-        elif notice.scope.startswith("gpu:"):
-            self.revoke_gpus([int(g) for g in notice.scope[4:].split(",") if g], grace_s=grace)
-
-    # ------------------------------------------------------------ elastic SP groups
-    @property
-    def sp_degree(self) -> int:
-        return self.registered.sp_degree if self.registered is not None else 1
-
-    @property
-    def restart_mode(self) -> bool:
-        """True when the coordinator asked for restart reconfiguration (``cluster.reconfiguration``)."""
-        return self.registered is not None and self.registered.reconfiguration == "restart"
-
-    @property
-    def live_migration(self) -> bool:
-        """False when stopped workers must give their requests back instead of committing them."""
-        return self.registered is None or self.registered.live_migration
-
-    def _start_workers(self, gpus: list[int]) -> None:
-        """One worker per GPU; with SP > 1 they are grouped into SP groups of ``sp_degree``,
-        each formed once all its members said hello."""
-        by_gpu = {group[0]: self.spawn_worker(group) for group in self.sched.plan_workers(gpus, 1)}
-        if self.sp_degree > 1:
-            for group in self.sched.plan_workers(gpus, self.sp_degree):
-                self.groups.append({"members": [by_gpu[g] for g in group], "generation": 0, "formed": False})
-
-    def _restart_node(self, reason: str, grace_s: float) -> None:
-        """Restart reconfiguration (the RLBoost / veRL-omni baselines): every worker of the node
-        stops (committing its batch when live migration is on, else giving it back) and, once
-        all have exited, fresh workers start cold on the GPUs the node has then
-        (:meth:`check_workers`); they load the weights as any fresh worker does."""
-        deadline = time.monotonic() + grace_s
-        for slot in self.sched.live_workers():
-            self._to_worker(slot.worker_id, P.Stop(commit=self.live_migration, reason=reason))
-            slot.status = WorkerStatus.STOPPING
-            self._revoking[slot.worker_id] = min(self._revoking.get(slot.worker_id, deadline), deadline)
-        self.groups = []
-        self._done_when_serving.clear()
-        self._restart_pending = True
-        self.restarts += 1
-        log.info(
-            "restart reconfiguration (%s): stopping every worker of the node; restarting on GPUs %s", reason, self.gpus
-        )
-
-    def _group_of(self, wid: str) -> dict | None:
-        return next((g for g in self.groups if wid in g["members"]), None)
-
-    def _serving(self, wid: str) -> bool:
-        """True when ``wid``'s SP group has formed its current generation on every member."""
-        group = self._group_of(wid)
-        return group is not None and group.get("serving", False)
-
-    def _group_formed(self, wid: str, body: P.GroupFormed) -> None:
-        """A member reports it formed ``body.generation``; the group serves once all did."""
-        group = self._group_of(wid)
-        if group is None or body.generation != group["generation"]:
-            return  # a late report of an older generation
-        group.setdefault("formed_by", set()).add(wid)
-        group["reform_s"] = max(group.get("reform_s", 0.0), float(body.took_s))
-        if group["formed_by"] >= set(group["members"]) and not group.get("serving"):
-            group["serving"] = True
-            log.info(
-                "SP group %s: generation %d serving at SP=%d (%.2fs after GROUP_FORM)",
-                group["members"][0],
-                group["generation"],
-                len(group["members"]),
-                time.monotonic() - group["form_sent"],
-            )
-            for revoked, left in list(self._done_when_serving.items()):
-                if left is group:
-                    self._end_revoked(revoked, "its group re-formed without it")
-
-    def _end_revoked(self, wid: str, why: str) -> None:
-        """SIGKILL a revoked worker whose part is provably over (its commit reached the agent,
-        or the survivors re-formed without it), instead of waiting for its own teardown: the
-        revoked GPU is free at once."""
-        self._done_when_serving.pop(wid, None)
-        proc = self.procs.get(wid)
-        if wid in self._revoking and proc is not None and proc.poll() is None:
-            log.info("worker %s: revoked and done (%s): killing it", wid, why)
-            proc.kill()
-
-    def _send_form(self, group: dict) -> None:
-        """Tell every member of ``group`` to (re)form: new generation, fresh rendezvous port."""
-        group["generation"] += 1
-        group["formed_by"], group["serving"], group["reform_s"], group["form_sent"] = (
-            set(),
-            False,
-            0.0,
-            time.monotonic(),
-        )
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        form = P.GroupForm(
-            members=list(group["members"]),
-            master_addr="127.0.0.1",
-            master_port=port,
-            generation=group["generation"],
-            version=self.wcache.latest() if self.wcache.latest() is not None else self.registered.latest_version,
-        )
-        for m in group["members"]:
-            self._to_worker(m, form)
-        group["formed"] = True
-        log.info("SP group %s: generation %d, SP=%d", group["members"][0], group["generation"], len(group["members"]))
-
-    def _group_hello(self, wid: str) -> None:
-        group = self._group_of(wid)
-        if group is None:  # a new GPU: join a group that lost a member, else start one
-            group = next((g for g in self.groups if len(g["members"]) < self.sp_degree), None)
-            if group is None:
-                group = {"members": [], "generation": 0, "formed": False}
-                self.groups.append(group)
-            group["members"].append(wid)
-        ready = {s.worker_id for s in self.sched.workers.values() if s.status == WorkerStatus.READY}
-        if all(m in ready for m in group["members"]):
-            self._send_form(group)
-
-    def _group_leave(self, wid: str, *, commit: bool) -> None:
-        """A member goes (revoked or died): survivors re-form at a lower degree."""
-        group = self._group_of(wid)
-        if group is None:
-            return
-        group["members"].remove(wid)
-        if not group["members"]:
-            self.groups.remove(group)
-            return
-        # a surviving member leads next (it keeps its weights in memory): re-form now; a
-        # blocked follower reads this after the old leader releases it
-        self._send_form(group)
+        self._execute(actions)
 
     def revoke_gpus(self, gpus: list[int], *, grace_s: float) -> list[str]:
-        """Per-GPU revocation: only the workers using those GPUs commit and exit; the node stays.
-
-        With SP groups the survivors of the affected group re-form at a lower degree from
-        the weights in their memory (paper §4.4); a revoked leader commits its batch first.
-        """
-        victims = [s for s in self.sched.live_workers() if set(s.gpus) & set(gpus)]
-        if self.restart_mode:
-            self.gpus = [g for g in self.gpus if g not in gpus]
-            self._restart_node(f"GPUs {gpus} revoked", grace_s)
-            self.heartbeat(time.monotonic())
-            return [v.worker_id for v in victims]
-        for slot in victims:
-            group = self._group_of(slot.worker_id) if self.sp_degree > 1 else None
-            is_leader = group is None or group["members"][0] == slot.worker_id
-            self._to_worker(slot.worker_id, P.Stop(commit=is_leader and self.live_migration, reason="gpu revoked"))
-            slot.status = WorkerStatus.STOPPING
-            self._revoking[slot.worker_id] = time.monotonic() + grace_s
-            if group is not None:
-                if not is_leader:  # holds nothing: done once the survivors re-formed without it
-                    self._done_when_serving[slot.worker_id] = group
-                self._group_leave(slot.worker_id, commit=is_leader)
-        self.gpus = [g for g in self.gpus if g not in gpus]
-        log.info("revoked GPUs %s: stopping %s; node keeps GPUs %s", gpus, [v.worker_id for v in victims], self.gpus)
-        self.heartbeat(time.monotonic())
-        return [v.worker_id for v in victims]
+        """Per-GPU revocation (:meth:`agent.node_scheduler.NodeScheduler.revoke`); returns the ids
+        of the workers told to stop."""
+        actions = self.sched.revoke(gpus, grace_s, time.monotonic())
+        self._execute(actions)
+        return [a.worker_id for a in actions if isinstance(a, StopWorker)]
 
     def add_gpus(self, gpus: list[int]) -> list[str]:
-        """GPUs granted to this node: start workers on them."""
-        new = [g for g in gpus if g not in self.gpus]
-        self.gpus = sorted(self.gpus + new)
-        started = []
-        if self.restart_mode and new:
-            self._restart_node(f"GPUs {new} added", self.grace_s)
-            self.heartbeat(time.monotonic())
-            return started
-        for group in self.sched.plan_workers(new, 1):
-            started.append(self.spawn_worker(group))
-        self.heartbeat(time.monotonic())
-        return started
+        """GPUs granted to this node (:meth:`agent.node_scheduler.NodeScheduler.add`); returns the
+        ids of the workers started on them (none in restart mode: the node restarts)."""
+        actions = self.sched.add(gpus, time.monotonic())
+        self._execute(actions)
+        return [a.worker_id for a in actions if isinstance(a, SpawnWorker)]
 
-    def on_control(self) -> None:
-        """Local control commands (JSON): revoke, add, status."""
-        try:
-            req = json.loads(self.control.recv())
-            cmd = req.get("cmd")
-            if cmd in ("revoke", "add") and (bad := control_gpus_error(cmd, [int(g) for g in req["gpus"]], self.gpus)):
-                reply = {"ok": False, "error": bad, "gpus": self.gpus}  # nothing changed, nothing told the coordinator
-            elif cmd == "revoke":
-                grace = float(req.get("grace_s", self.grace_s))
-                notice = revoke_notice([int(g) for g in req["gpus"]], grace, time.time())
-                self.on_notice(notice)
-                reply = {"ok": True, "gpus": self.gpus}
-            elif cmd == "add":
-                reply = {"ok": True, "started": self.add_gpus([int(g) for g in req["gpus"]]), "gpus": self.gpus}
-            elif cmd == "preempt":
-                self.on_notice(
-                    sigterm_notice(float(req.get("grace_s", self.grace_s)), time.time(), key=f"control-{time.time()}")
-                )
-                reply = {"ok": True}
-            elif cmd == "status":
-                reply = {
-                    "ok": True,
-                    "node_id": self.node_id,
-                    "gpus": self.gpus,
-                    "workers": {s.worker_id: s.status.value for s in self.sched.workers.values()},
-                    "in_flight": self.sched.in_flight(),
-                    "detector_healthy": self.detector_healthy,
-                    "detector_error": self.detector_error,
-                    "draining": self.draining,
-                    "sp_degree": self.sp_degree,
-                    "groups": [
-                        {
-                            "members": g["members"],
-                            "generation": g["generation"],
-                            "serving": g.get("serving", False),
-                            "reform_s": round(g.get("reform_s", 0.0), 3),
-                        }
-                        for g in self.groups
-                    ],
-                    "worker_pids": {s.worker_id: s.pid for s in self.sched.workers.values()},
-                    "from_spare": {s.worker_id: s.spare_pid for s in self.sched.workers.values() if s.spare_pid},
-                    "warm_spare": self.warm_spare,
-                    "spare": self.spare_status(),
-                    "spares_used": self.spares_used,
-                    "reconfiguration": "restart" if self.restart_mode else "elastic",
-                    "live_migration": self.live_migration,
-                    "restarts": self.restarts,
-                }
-            else:
-                reply = {"ok": False, "error": f"unknown command {cmd!r}"}
-        except (ValueError, KeyError, TypeError) as exc:
-            reply = {"ok": False, "error": f"bad control request: {exc}"}
-        self.control.send(json.dumps(reply).encode())
+    def begin_drain(self, reason: str, grace_s: float | None = None) -> None:
+        """Stop pulling; ask every worker to commit in-flight state and exit."""
+        self._execute(self.sched.drain(reason, grace_s, time.monotonic()))
 
     def poll_detector(self) -> None:
         while True:
@@ -964,20 +940,59 @@ class AgentDaemon:
             except queue.Empty:
                 break
 
-    def begin_drain(self, reason: str, grace_s: float | None = None) -> None:
-        """Stop pulling; ask every worker to commit in-flight state and exit."""
-        if self.draining:
-            return
-        self.draining = True
-        self.stop_reason = reason
-        self._stop_deadline = time.monotonic() + (self.grace_s if grace_s is None else grace_s)
-        log.info("draining: %s", reason)
-        self._stop_spare()  # no worker will be started any more
-        for slot in self.sched.live_workers():
-            self._to_worker(slot.worker_id, P.Stop(commit=self.live_migration, reason=reason))
-            slot.status = WorkerStatus.STOPPING
+    # ------------------------------------------------------------ control socket
+    def on_control(self) -> None:
+        """Local control commands (JSON): revoke, add, preempt, status."""
+        try:
+            req = json.loads(self.control.recv())
+            cmd = req.get("cmd")
+            if cmd in ("revoke", "add") and (bad := control_gpus_error(cmd, [int(g) for g in req["gpus"]], self.gpus)):
+                reply = {"ok": False, "error": bad, "gpus": self.gpus}  # nothing changed, nothing told the coordinator
+            elif cmd == "revoke":
+                grace = float(req.get("grace_s", self.grace_s))
+                notice = revoke_notice([int(g) for g in req["gpus"]], grace, time.time())
+                self.on_notice(notice)
+                reply = {"ok": True, "gpus": self.gpus}
+            elif cmd == "add":
+                reply = {"ok": True, "started": self.add_gpus([int(g) for g in req["gpus"]]), "gpus": self.gpus}
+            elif cmd == "preempt":
+                grace = float(req.get("grace_s", self.grace_s))
+                self.on_notice(sigterm_notice(grace, time.time(), key=f"control-{time.time()}"))
+                reply = {"ok": True}
+            elif cmd == "status":
+                reply = self.status()
+            else:
+                reply = {"ok": False, "error": f"unknown command {cmd!r}"}
+        except (ValueError, KeyError, TypeError) as exc:
+            reply = {"ok": False, "error": f"bad control request: {exc}"}
+        self.control.send(json.dumps(reply).encode())
 
-    # ------------------------------------------------------------ message handling
+    def status(self) -> dict:
+        """The ``status`` control reply (``spotlight-agent agent-status``; tests and benchmarks
+        read its keys)."""
+        workers = self.sched.workers.values()
+        return {
+            "ok": True,
+            "node_id": self.node_id,
+            "gpus": self.gpus,
+            "workers": {s.worker_id: s.status.value for s in workers},
+            "in_flight": self.sched.in_flight(),
+            "detector_healthy": self.detector_healthy,
+            "detector_error": self.detector_error,
+            "draining": self.draining,
+            "sp_degree": self.sp_degree,
+            "groups": [g.status() for g in self.sched.groups],
+            "worker_pids": {s.worker_id: s.pid for s in workers},
+            "from_spare": {s.worker_id: s.spare_pid for s in workers if s.spare_pid},
+            "warm_spare": self.warm_spare,
+            "spare": self.spare_status(),
+            "spares_used": self.spares_used,
+            "reconfiguration": "restart" if self.restart_mode else "elastic",
+            "live_migration": self.live_migration,
+            "restarts": self.restarts,
+        }
+
+    # ------------------------------------------------------------ messages from workers
     def on_worker(self, frames: list) -> None:
         wid = bytes(frames[0]).decode(errors="replace")
         try:
@@ -985,40 +1000,45 @@ class AgentDaemon:
         except P.ProtocolError as exc:
             log.error("worker %s sent a malformed frame: %s", wid, exc)
             return
+        now = time.monotonic()
         if mtype == P.MsgType.WORKER_HELLO:
-            self.sched.hello(wid, body.pid)
-            if self.sp_degree > 1:
-                self._group_hello(wid)
+            self._execute(self.sched.worker_hello(wid, body.pid, now))
         elif mtype == P.MsgType.PULL:
-            if self.draining or self.reconnecting or wid not in self.sched.workers:
-                self._to_worker(wid, P.Leases(worker_id=wid))
-                return
-            body.node_id, body.session, body.worker_id = self.node_id, self.session, wid
-            if not self._to_coord(body):  # coordinator unreachable: the worker asks again later
-                self._to_worker(wid, P.Leases(worker_id=wid))
+            self._on_pull(wid, body)
         elif mtype in (P.MsgType.RESULT, P.MsgType.COMMIT, P.MsgType.FAIL):
             body.node_id, body.session, body.worker_id = self.node_id, self.session, wid
             ids = [it.request_id for it in body.items] if mtype != P.MsgType.FAIL else list(body.request_ids)
-            self.sched.finished(wid, ids)
+            actions = self.sched.work_finished(wid, ids, committed=mtype == P.MsgType.COMMIT)
             self._to_coord(body, payload)
-            if mtype == P.MsgType.COMMIT and wid in self._revoking:
-                self._end_revoked(wid, "its commit was forwarded")
+            self._execute(actions)  # a revoked worker is ended only once its commit went out
         elif mtype == P.MsgType.GROUP_FORMED:
-            if self.sp_degree > 1:
-                self._group_formed(wid, body)
+            self._execute(self.sched.group_formed(wid, body.generation, body.took_s, now))
         elif mtype == P.MsgType.FETCH_WEIGHTS:
-            hdr = self.wcache.ready(body.version)
-            if hdr is not None:  # the worker maps <weights_dir>/v<version>.safetensors itself
-                self._to_worker(wid, hdr)
-                return
-            waiters = self.weight_waiters.setdefault(body.version, [])
-            if wid not in waiters:
-                waiters.append(wid)
-            # one fetch per version and node, whatever the number of workers asking
-            self._fetch_weights(self.wcache.fetch(body.version, time.monotonic()))
+            self._on_fetch_weights(wid, body, now)
         else:
             log.warning("worker %s sent unexpected %s", wid, mtype.name)
 
+    def _on_pull(self, wid: str, body: P.Pull) -> None:
+        """Relay a worker's PULL; answer it with no leases when no work may go to it now."""
+        if self.reconnecting or not self.sched.may_pull(wid):
+            self._to_worker(wid, P.Leases(worker_id=wid))
+            return
+        body.node_id, body.session, body.worker_id = self.node_id, self.session, wid
+        if not self._to_coord(body):  # coordinator unreachable: the worker asks again later
+            self._to_worker(wid, P.Leases(worker_id=wid))
+
+    def _on_fetch_weights(self, wid: str, body: P.FetchWeights, now: float) -> None:
+        hdr = self.wcache.ready(body.version)
+        if hdr is not None:  # the worker maps <weights_dir>/v<version>.safetensors itself
+            self._to_worker(wid, hdr)
+            return
+        waiters = self.weight_waiters.setdefault(body.version, [])
+        if wid not in waiters:
+            waiters.append(wid)
+        # one fetch per version and node, whatever the number of workers asking
+        self._fetch_weights(self.wcache.fetch(body.version, now))
+
+    # ------------------------------------------------------------ messages from the coordinator
     def on_coordinator(self, frames: list) -> None:
         self._last_coord_msg = time.monotonic()
         try:
@@ -1026,145 +1046,88 @@ class AgentDaemon:
         except P.ProtocolError as exc:
             log.error("coordinator sent a malformed frame: %s", exc)
             return
-        if mtype == P.MsgType.LEASES:
-            slot = self.sched.workers.get(body.worker_id)
-            if body.items and (slot is None or slot.status in (WorkerStatus.STARTING, WorkerStatus.EXITED)):
-                # The worker that pulled died before the answer (a respawned one has not said
-                # hello yet): nobody will run these, and heartbeats would renew them forever.
-                self._to_coord(
-                    P.Fail(
-                        node_id=self.node_id,
-                        session=self.session,
-                        worker_id=body.worker_id,
-                        request_ids=[i.request_id for i in body.items],
-                        lease_ids=[i.lease_id for i in body.items],
-                        reason="worker exited before its leases arrived",
-                    )
-                )
-                return
-            if slot is not None:
-                self.sched.leased(body.worker_id, [(i.request_id, i.lease_id) for i in body.items], time.monotonic())
-            self._to_worker(body.worker_id, body, payload)
-        elif mtype == P.MsgType.WEIGHTS:
-            requests, not_found = self.wcache.on_weights(body, time.monotonic())
-            self._fetch_weights(requests)
-            if not_found:
-                for wid in self.weight_waiters.pop(body.version, []):
-                    self._to_worker(wid, P.Weights(version=body.version, size_bytes=0, found=False))
-        elif mtype == P.MsgType.WEIGHTS_CHUNK:
-            if not payload:
-                log.error("coordinator sent WEIGHTS_CHUNK v%d #%d without its frame", body.version, body.index)
-                return
-            requests, done = self.wcache.on_chunk(body, payload[0], time.monotonic())
-            self._fetch_weights(requests)
-            if done is not None:
-                for wid in self.weight_waiters.pop(body.version, []):
-                    self._to_worker(wid, done)
-        elif mtype == P.MsgType.HEARTBEAT:
-            pass  # coordinator's ack; any message refreshes _last_coord_msg
-        elif mtype == P.MsgType.REGISTERED:
-            if body.node_id == self.node_id:  # the latest registration is the coordinator's current session
-                self.session = body.session
-                self.registered.latest_version = body.latest_version
-                if self.reconnecting:
-                    self.reconnecting = False
-                    self._register_backoff_s = 1.0
-                    log.warning(
-                        "re-registered with the coordinator (new session); %d workers kept running",
-                        len(self.sched.live_workers()),
-                    )
-                    self._fetch_weights(
-                        self.wcache.restart_all(time.monotonic())
-                    )  # requests lost with the old coordinator
-                self.heartbeat(time.monotonic())
-        elif mtype == P.MsgType.SHUTDOWN:
-            log.info("coordinator asked to shut down: %s", body.reason)
-            self.stop_reason = body.reason or "shutdown"
-            for slot in self.sched.live_workers():
-                self._to_worker(slot.worker_id, P.Stop(commit=False, reason="shutdown"))
-            self.draining = True
-            self._stop_deadline = time.monotonic() + 5.0
-            self._stop_spare()
-        elif mtype == P.MsgType.ERROR:
-            log.error("coordinator error %s: %s", body.code, body.message)
-            if body.code == "node_id_in_use" and not self.draining:
-                # this agent was silent past the heartbeat timeout and another agent process took
-                # the node id meanwhile: it owns the node now, so this one stops (no re-register loop)
-                log.error(
-                    "%s: stopping this agent's workers and exiting with status %d",
-                    node_id_in_use_line(self.node_id, body.message),
-                    EXIT_NODE_ID_IN_USE,
-                )
-                self.exit_code = EXIT_NODE_ID_IN_USE
-                self.reconnecting = False
-                self.begin_drain("node id taken by another agent", grace_s=5.0)
-            elif body.code in ("unknown_session", "not_registered") and not self.draining:
-                # the coordinator restarted (or declared this node dead): re-register, keep workers
-                if not self.reconnecting:
-                    log.warning(
-                        "coordinator does not know this session (restarted?): re-registering; workers keep running"
-                    )
-                    self.reconnecting = True
-                    self._next_register = (
-                        min(self._next_register, time.monotonic()) if self._next_register else time.monotonic()
-                    )
-        else:
+        handler = {
+            P.MsgType.LEASES: self._on_leases,
+            P.MsgType.WEIGHTS: self._on_weights,
+            P.MsgType.WEIGHTS_CHUNK: self._on_weights_chunk,
+            P.MsgType.HEARTBEAT: lambda body, payload: None,  # the ack; any message refreshes _last_coord_msg
+            P.MsgType.REGISTERED: self._on_registered,
+            P.MsgType.SHUTDOWN: self._on_shutdown,
+            P.MsgType.ERROR: self._on_error,
+        }.get(mtype)
+        if handler is None:
             log.warning("coordinator sent unexpected %s", mtype.name)
+            return
+        handler(body, payload)
 
-    def check_workers(self) -> None:
-        for wid, proc in list(self.procs.items()):
-            rc = proc.poll()
-            if rc is None:
-                continue
-            held = self.sched.exited(wid)
-            del self.procs[wid]
-            if (
-                self.sp_degree > 1
-                and not self.draining
-                and wid not in self._revoking
-                and self._group_of(wid) is not None
-            ):
-                self._group_leave(wid, commit=False)
-            if held:
-                self._to_coord(
-                    P.Fail(
-                        node_id=self.node_id,
-                        session=self.session,
-                        worker_id=wid,
-                        request_ids=[r for r, _ in held],
-                        lease_ids=[l for _, l in held],
-                        reason=f"worker exited with code {rc}",
-                    )
-                )
-            if rc == EXIT_SPARE_UNUSABLE and self.sched.workers[wid].spare_pid and self.warm_spare:
-                log.error(
-                    "the warm spare that was to become %s had initialised CUDA early: no more spares on this node", wid
-                )
-                self.warm_spare = False
-                self._stop_spare()
-            if wid in self._revoking:
-                del self._revoking[wid]
-                self._done_when_serving.pop(wid, None)
-                log.info("worker %s left after revocation (code %s)", wid, rc)
-            elif not self.draining:
-                log.error("worker %s exited with code %s; restarting it", wid, rc)
-                self.spawn_worker(self.sched.workers[wid].gpus)
-        if self._restart_pending and not self.draining and not any(p.poll() is None for p in self.procs.values()):
-            self._restart_pending = False
-            if self.gpus:
-                log.info("restart reconfiguration: starting fresh workers on GPUs %s", self.gpus)
-                self._start_workers(self.gpus)
-        self.check_spare()
-        now = time.monotonic()
-        for wid, deadline in list(self._revoking.items()):
-            proc = self.procs.get(wid)
-            if proc is not None and now > deadline and proc.poll() is None:
-                log.info(
-                    "worker %s still running at its commit deadline: killing it (the coordinator re-runs what it had not committed)",
-                    wid,
-                )
-                proc.kill()
+    def _on_leases(self, body: P.Leases, payload) -> None:
+        items = [(i.request_id, i.lease_id) for i in body.items]
+        for action in self.sched.leases_granted(body.worker_id, items, time.monotonic()):
+            if isinstance(action, DeliverLeases):
+                self._to_worker(action.worker_id, body, payload)
+            else:
+                self._execute([action])
 
+    def _on_weights(self, body: P.Weights, payload) -> None:
+        requests, not_found = self.wcache.on_weights(body, time.monotonic())
+        self._fetch_weights(requests)
+        if not_found:
+            for wid in self.weight_waiters.pop(body.version, []):
+                self._to_worker(wid, P.Weights(version=body.version, size_bytes=0, found=False))
+
+    def _on_weights_chunk(self, body: P.WeightsChunk, payload) -> None:
+        if not payload:
+            log.error("coordinator sent WEIGHTS_CHUNK v%d #%d without its frame", body.version, body.index)
+            return
+        requests, done = self.wcache.on_chunk(body, payload[0], time.monotonic())
+        self._fetch_weights(requests)
+        if done is not None:
+            for wid in self.weight_waiters.pop(body.version, []):
+                self._to_worker(wid, done)
+
+    def _on_registered(self, body: P.Registered, payload) -> None:
+        if body.node_id != self.node_id:
+            return
+        # the latest registration is the coordinator's current session
+        self.session = body.session
+        self.registered.latest_version = body.latest_version
+        if self.reconnecting:
+            self.reconnecting = False
+            self._register_backoff_s = 1.0
+            log.warning(
+                "re-registered with the coordinator (new session); %d workers kept running",
+                len(self.sched.live_workers()),
+            )
+            self._fetch_weights(self.wcache.restart_all(time.monotonic()))  # requests lost with the old coordinator
+        self.heartbeat(time.monotonic())
+
+    def _on_shutdown(self, body: P.Shutdown, payload) -> None:
+        log.info("coordinator asked to shut down: %s", body.reason)
+        self._execute(self.sched.shutdown(body.reason, time.monotonic(), grace_s=SHORT_STOP_S))
+
+    def _on_error(self, body: P.ErrorMsg, payload) -> None:
+        log.error("coordinator error %s: %s", body.code, body.message)
+        if self.draining:
+            return
+        if body.code == "node_id_in_use":
+            # this agent was silent past the heartbeat timeout and another agent process took
+            # the node id meanwhile: it owns the node now, so this one stops (no re-register loop)
+            log.error(
+                "%s: stopping this agent's workers and exiting with status %d",
+                node_id_in_use_line(self.node_id, body.message),
+                EXIT_NODE_ID_IN_USE,
+            )
+            self.exit_code = EXIT_NODE_ID_IN_USE
+            self.reconnecting = False
+            self.begin_drain("node id taken by another agent", grace_s=SHORT_STOP_S)
+        elif body.code in ("unknown_session", "not_registered") and not self.reconnecting:
+            # the coordinator restarted (or declared this node dead): re-register, keep workers
+            log.warning("coordinator does not know this session (restarted?): re-registering; workers keep running")
+            self.reconnecting = True
+            now = time.monotonic()
+            self._next_register = min(self._next_register, now) if self._next_register else now
+
+    # ------------------------------------------------------------ startup, main loop, shutdown
     def check_not_preempted(self) -> None:
         """Startup check (spot agents): poll the detector once before joining.
 
@@ -1185,12 +1148,14 @@ class AgentDaemon:
             handled = "already handled" if notice in res.known else "new"
             msg = (
                 f"not joining: this VM has an active {notice.source} {notice.kind} notice ({handled}, deadline in "
-                f"{notice.deadline_unix_s - time.time():.0f}s: {notice.detail}); exiting with status {EXIT_NODE_PREEMPTED} so a supervisor does not restart it"
+                f"{notice.deadline_unix_s - time.time():.0f}s: {notice.detail}); exiting with status "
+                f"{EXIT_NODE_PREEMPTED} so a supervisor does not restart it"
             )
             log.warning("%s", msg)
             raise NodePreempted(msg)
 
     def run(self) -> int:
+        """Join, serve until told to stop, shut down; returns the exit status."""
         self.check_not_preempted()
         try:
             self.register()
@@ -1200,102 +1165,81 @@ class AgentDaemon:
                 128 + signal.SIGINT,
             ) from None
         self._take_node_state()
-        if self.restart_mode and self.warm_spare:
-            log.info("restart reconfiguration: no warm spare (workers restart cold)")
-            self.warm_spare = False
-        self._start_workers(self.gpus)  # initial SP groups form once all their members said hello
-        self._spare_first_deadline = time.monotonic() + SPARE_FIRST_WAIT_S  # check_spare starts it
-        poller = zmq.Poller()
-        poller.register(self.coord, zmq.POLLIN)
-        poller.register(self.workers_sock, zmq.POLLIN)
-        poller.register(self.control, zmq.POLLIN)
+        self.start_workers()  # the first warm spare follows once they said hello (check_spare)
         self._detector_thread.start()
-        interval = self.registered.heartbeat_interval_s
         try:
-            while True:
-                events = dict(poller.poll(100))
-                if self.workers_sock in events:
-                    for _ in range(64):
-                        try:
-                            self.on_worker(self.workers_sock.recv_multipart(zmq.NOBLOCK))
-                        except zmq.Again:
-                            break
-                if self.coord in events:
-                    for _ in range(64):
-                        try:
-                            self.on_coordinator(
-                                self.coord.recv_multipart(zmq.NOBLOCK, copy=False)
-                            )  # weight chunks: no extra copy
-                        except zmq.Again:
-                            break
-                if self.control in events:
-                    self.on_control()
-                self.poll_detector()
-                now = time.monotonic()
-                self.check_workers()
-                if self.wcache.downloads and not self.reconnecting:
-                    self._fetch_weights(self.wcache.overdue(now))
-                if now - self._last_heartbeat >= interval:
-                    self.heartbeat(now)
-                silent_s = now - self._last_coord_msg
-                if not self.draining and not self.reconnecting and silent_s > max(self.reconnect_after_s, 3 * interval):
-                    log.warning(
-                        "coordinator silent for %.0fs: re-registering with backoff; workers keep running", silent_s
-                    )
-                    self.reconnecting = True
-                    self._next_register = now
-                if self.reconnecting and not self.draining and now >= self._next_register:
-                    self._to_coord(self._register_msg())
-                    self._next_register = now + self._register_backoff_s
-                    self._register_backoff_s = min(30.0, self._register_backoff_s * 2)
-                if not self.draining and silent_s > self.coordinator_timeout_s:
-                    log.error(
-                        "coordinator silent for %.0fs: stopping workers and exiting (a supervisor restarts and re-registers)",
-                        now - self._last_coord_msg,
-                    )
-                    self.exit_code = 4
-                    self.begin_drain("coordinator lost", grace_s=5.0)
-                if self.draining and (
-                    not self.procs or (self._stop_deadline is not None and now > self._stop_deadline)
-                ):
-                    break
+            self._serve()
         finally:
             self.shutdown()
-        return getattr(self, "exit_code", 0)
+        return self.exit_code
+
+    def _serve(self) -> None:
+        """The main loop: relay messages, act on notices and exits, keep the coordinator link."""
+        poller = zmq.Poller()
+        for sock in (self.coord, self.workers_sock, self.control):
+            poller.register(sock, zmq.POLLIN)
+        while True:
+            events = dict(poller.poll(100))
+            if self.workers_sock in events:
+                self._recv_all(self.workers_sock, self.on_worker)
+            if self.coord in events:
+                self._recv_all(self.coord, self.on_coordinator, copy=False)  # weight chunks: no extra copy
+            if self.control in events:
+                self.on_control()
+            self.poll_detector()
+            now = time.monotonic()
+            self.check_workers()
+            self._tend_coordinator(now)
+            stop_deadline = self.sched.stop_deadline
+            if self.draining and (not self.procs or (stop_deadline is not None and now > stop_deadline)):
+                return
+
+    @staticmethod
+    def _recv_all(sock: zmq.Socket, handle, copy: bool = True, batch: int = 64) -> None:
+        """Hand up to ``batch`` waiting messages of ``sock`` to ``handle``."""
+        for _ in range(batch):
+            try:
+                handle(sock.recv_multipart(zmq.NOBLOCK, copy=copy))
+            except zmq.Again:
+                return
+
+    def _tend_coordinator(self, now: float) -> None:
+        """Weight fetches past due, heartbeats, re-registration with backoff while the coordinator
+        is silent or has forgotten this node, and the exit once it has been silent too long."""
+        interval = self.registered.heartbeat_interval_s
+        if self.wcache.downloads and not self.reconnecting:
+            self._fetch_weights(self.wcache.overdue(now))
+        if now - self._last_heartbeat >= interval:
+            self.heartbeat(now)
+        silent_s = now - self._last_coord_msg
+        if not self.draining and not self.reconnecting and silent_s > max(self.reconnect_after_s, 3 * interval):
+            log.warning("coordinator silent for %.0fs: re-registering with backoff; workers keep running", silent_s)
+            self.reconnecting = True
+            self._next_register = now
+        if self.reconnecting and not self.draining and now >= self._next_register:
+            self._to_coord(self._register_msg())
+            self._next_register = now + self._register_backoff_s
+            self._register_backoff_s = min(30.0, self._register_backoff_s * 2)
+        if not self.draining and silent_s > self.coordinator_timeout_s:
+            log.error(
+                "coordinator silent for %.0fs: stopping workers and exiting (a supervisor restarts and re-registers)",
+                silent_s,
+            )
+            self.exit_code = EXIT_COORDINATOR_LOST
+            self.begin_drain("coordinator lost", grace_s=SHORT_STOP_S)
 
     def shutdown(self) -> None:
+        """After the drain: acknowledge notices that wait for it, stop the processes within one
+        deadline, say goodbye, close the sockets and empty the weight cache."""
         self._detector_thread.stop_event.set()
-        for notice in self._pending_ack:  # Azure: approve the event only after the commit (docs/preemption-notices.md §3.3)
+        # Azure: approve the event only after the commit (docs/preemption-notices.md §3.3)
+        for notice in self._pending_ack:
             try:
                 self.detector.acknowledge(notice)
             except Exception as exc:
                 log.warning("could not acknowledge notice %s: %s", notice.key, exc)
         self._stop_spare()  # idle: nothing to commit
-        # one deadline for all workers, so the stop time does not grow with the GPU count:
-        # at most SHUTDOWN_TERM_WAIT_S + SHUTDOWN_KILL_WAIT_S after the drain
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.terminate()
-        for wait_s, last in ((SHUTDOWN_TERM_WAIT_S, False), (SHUTDOWN_KILL_WAIT_S, True)):
-            deadline = time.monotonic() + wait_s
-            for proc in self.procs.values():
-                try:
-                    proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    pass
-            alive = [p for p in self.procs.values() if p.poll() is None]
-            if not alive:
-                break
-            if last:
-                log.warning(
-                    "workers %s still exiting %.0fs after SIGKILL (a loaded kernel is slow to free their memory)",
-                    [p.pid for p in alive],
-                    wait_s,
-                )
-            else:
-                log.error("workers %s ignored SIGTERM for %.0fs: killing them", [p.pid for p in alive], wait_s)
-                for p in alive:
-                    p.kill()
+        self._stop_workers()
         try:
             self._to_coord(P.Bye(node_id=self.node_id, session=self.session, reason=self.stop_reason or "exit"))
         except zmq.ZMQError:
@@ -1310,6 +1254,34 @@ class AgentDaemon:
         except OSError:
             pass
 
+    def _stop_workers(self) -> None:
+        """SIGTERM every worker, SIGKILL those left after :data:`SHUTDOWN_TERM_WAIT_S`: one deadline
+        for all, so the stop time does not grow with the GPU count (at most
+        SHUTDOWN_TERM_WAIT_S + SHUTDOWN_KILL_WAIT_S)."""
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+        for wait_s, last in ((SHUTDOWN_TERM_WAIT_S, False), (SHUTDOWN_KILL_WAIT_S, True)):
+            deadline = time.monotonic() + wait_s
+            for proc in self.procs.values():
+                try:
+                    proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
+            alive = [p for p in self.procs.values() if p.poll() is None]
+            if not alive:
+                return
+            if last:
+                log.warning(
+                    "workers %s still exiting %.0fs after SIGKILL (a loaded kernel is slow to free their memory)",
+                    [p.pid for p in alive],
+                    wait_s,
+                )
+            else:
+                log.error("workers %s ignored SIGTERM for %.0fs: killing them", [p.pid for p in alive], wait_s)
+                for p in alive:
+                    p.kill()
+
 
 def _parse_gpus(text: str) -> list[int]:
     try:
@@ -1321,71 +1293,119 @@ def _parse_gpus(text: str) -> list[int]:
     return gpus
 
 
-@app.command()
-def join(
-    coordinator: str = typer.Option(
-        ..., "--coordinator", "-c", help="Coordinator address HOST:PORT (or a tcp:// endpoint)."
-    ),
-    gpus: str = typer.Option("0", "--gpus", help="Comma-separated GPU indices this agent may use, e.g. 0,1."),
-    node_id: Optional[str] = typer.Option(None, "--node-id", help="Unique node id (default: hostname-pid)."),
-    reserved: bool = typer.Option(
-        False, "--reserved", help="This is the reserved node's own rollout agent (not preemptible)."
-    ),
-    cloud: str = typer.Option("none", "--cloud", help="Preemption notice source: aws, gcp, azure or none."),
-    metadata_url: Optional[str] = typer.Option(
-        None, "--metadata-url", help="Override the cloud metadata base URL (e.g. a mock server)."
-    ),
-    config: Optional[pathlib.Path] = typer.Option(None, "--config", help="Agent TOML config (optional)."),
-    keys: Optional[pathlib.Path] = typer.Option(
-        None,
+# ---------------------------------------------------------------- `join` options
+_Coordinator = Annotated[
+    str, typer.Option("--coordinator", "-c", help="Coordinator address HOST:PORT (or a tcp:// endpoint).")
+]
+_Gpus = Annotated[str, typer.Option("--gpus", help="Comma-separated GPU indices this agent may use, e.g. 0,1.")]
+_NodeId = Annotated[Optional[str], typer.Option("--node-id", help="Unique node id (default: hostname-pid).")]
+_Reserved = Annotated[
+    bool, typer.Option("--reserved", help="This is the reserved node's own rollout agent (not preemptible).")
+]
+_Cloud = Annotated[str, typer.Option("--cloud", help="Preemption notice source: aws, gcp, azure or none.")]
+_MetadataUrl = Annotated[
+    Optional[str], typer.Option("--metadata-url", help="Override the cloud metadata base URL (e.g. a mock server).")
+]
+_Config = Annotated[Optional[pathlib.Path], typer.Option("--config", help="Agent TOML config (optional).")]
+_Keys = Annotated[
+    Optional[pathlib.Path],
+    typer.Option(
         "--keys",
         envvar="SPOTLIGHT_KEYS",
-        help="Directory with the coordinator's public key (server.key) and this node's secret key (<role>.<name>.key_secret); see README 'Security model'.",
+        help="Directory with the coordinator's public key (server.key) and this node's secret key "
+        "(<role>.<name>.key_secret); see README 'Security model'.",
     ),
-    key: Optional[str] = typer.Option(
-        None, "--key", help="Which client key in --keys to use (its name), when there are several."
+]
+_Key = Annotated[
+    Optional[str], typer.Option("--key", help="Which client key in --keys to use (its name), when there are several.")
+]
+_GraceS = Annotated[
+    float,
+    typer.Option("--grace-s", min=0.0, help="Seconds workers get to commit in-flight state on a notice or SIGTERM."),
+]
+_PollIntervalS = Annotated[
+    float,
+    typer.Option(
+        "--poll-interval-s",
+        min=0.05,
+        help="Seconds between cloud metadata polls (AWS recommends 5, Azure 1).",
     ),
-    grace_s: float = typer.Option(
-        20.0, "--grace-s", min=0.0, help="Seconds workers get to commit in-flight state on a notice or SIGTERM."
-    ),
-    poll_interval_s: float = typer.Option(
-        1.0, "--poll-interval-s", min=0.05, help="Seconds between cloud metadata polls (AWS recommends 5, Azure 1)."
-    ),
-    register_timeout_s: float = typer.Option(
-        60.0,
+]
+_RegisterTimeoutS = Annotated[
+    float,
+    typer.Option(
         "--register-timeout-s",
         min=0.1,
-        help="Give up (exit 1) if the coordinator does not answer the first registration within this many seconds; raise it when the agent may start long before the coordinator.",
+        help="Give up (exit 1) if the coordinator does not answer the first registration within this many "
+        "seconds; raise it when the agent may start long before the coordinator.",
     ),
-    coordinator_timeout_s: float = typer.Option(
-        600.0,
+]
+_CoordinatorTimeoutS = Annotated[
+    float,
+    typer.Option(
         "--coordinator-timeout-s",
         min=1.0,
-        help="Exit (code 4) after hearing nothing from the coordinator for this long; before that the agent re-registers with backoff and keeps its workers (a coordinator restarted with --resume finds them).",
+        help="Exit (code 4) after hearing nothing from the coordinator for this long; before that the agent "
+        "re-registers with backoff and keeps its workers (a coordinator restarted with --resume finds them).",
     ),
-    weights_dir: Optional[pathlib.Path] = typer.Option(
-        None,
+]
+_WeightsDir = Annotated[
+    Optional[pathlib.Path],
+    typer.Option(
         "--weights-dir",
-        help="Directory of the node's weight-version cache (a local disk with room for 3 versions; emptied at start). Default: <state dir>/weights.",
+        help="Directory of the node's weight-version cache (a local disk with room for 3 versions; emptied at "
+        "start). Default: <state dir>/weights.",
     ),
-    nice: int = typer.Option(
-        0,
+]
+_Nice = Annotated[
+    int,
+    typer.Option(
         "--nice",
         min=0,
         max=19,
-        help="CPU niceness of the worker processes (local mode runs simulated spot GPUs at 5 so they slow the trainer less on shared CPU cores).",
+        help="CPU niceness of the worker processes (local mode runs simulated spot GPUs at 5 so they slow the "
+        "trainer less on shared CPU cores).",
     ),
-    warm_spare: Optional[bool] = typer.Option(
-        None,
+]
+_WarmSpare = Annotated[
+    Optional[bool],
+    typer.Option(
         "--warm-spare/--no-warm-spare",
-        help="Keep one pre-started spare worker process that becomes the next worker when a GPU is granted (joins without a process start). Default: on for spot nodes, off with --reserved (its GPUs do not come and go).",
+        help="Keep one pre-started spare worker process that becomes the next worker when a GPU is granted "
+        "(joins without a process start). Default: on for spot nodes, off with --reserved (its GPUs do not "
+        "come and go).",
     ),
-    log_level: str = typer.Option(
-        "INFO", "--log-level", envvar="SPOTLIGHT_LOG_LEVEL", help="Logging level (DEBUG, INFO, WARNING, ERROR)."
-    ),
-    log_file: Optional[pathlib.Path] = typer.Option(
-        None, "--log-file", help="Also append the log to this file (the console keeps it too)."
-    ),
+]
+_LogLevel = Annotated[
+    str,
+    typer.Option("--log-level", envvar="SPOTLIGHT_LOG_LEVEL", help="Logging level (DEBUG, INFO, WARNING, ERROR)."),
+]
+_LogFile = Annotated[
+    Optional[pathlib.Path],
+    typer.Option("--log-file", help="Also append the log to this file (the console keeps it too)."),
+]
+
+
+@app.command()
+def join(
+    coordinator: _Coordinator,
+    gpus: _Gpus = "0",
+    node_id: _NodeId = None,
+    reserved: _Reserved = False,
+    cloud: _Cloud = "none",
+    metadata_url: _MetadataUrl = None,
+    config: _Config = None,
+    keys: _Keys = None,
+    key: _Key = None,
+    grace_s: _GraceS = 20.0,
+    poll_interval_s: _PollIntervalS = 1.0,
+    register_timeout_s: _RegisterTimeoutS = 60.0,
+    coordinator_timeout_s: _CoordinatorTimeoutS = 600.0,
+    weights_dir: _WeightsDir = None,
+    nice: _Nice = 0,
+    warm_spare: _WarmSpare = None,
+    log_level: _LogLevel = "INFO",
+    log_file: _LogFile = None,
 ) -> None:
     """Register this node with a coordinator and serve Rollout Workers until told to stop.
 
@@ -1397,33 +1417,9 @@ def join(
     heartbeats would have timed out, if that is within --register-timeout-s (so a crashed agent
     restarted by systemd gets in then).
     """
-    try:
-        configure_logging(
-            f"agent[{node_id}]" if node_id else "agent",
-            f"agent-{node_id}" if node_id else None,
-            level=log_level,
-            log_file=str(log_file) if log_file else None,
-        )
-    except (ValueError, OSError) as exc:
-        raise typer.BadParameter(str(exc), param_hint="--log-level/--log-file") from None
-    from spotlight.net.endpoints import tcp_endpoint
-
-    try:  # checked before anything connects: one line, exit status 2
-        coordinator = tcp_endpoint(coordinator)
-    except ValueError as exc:
-        _fail(str(exc))
-    if keys is None:  # checked before anything connects: one line, exit status 2
-        _fail(
-            "no keys: pass --keys DIR (or set SPOTLIGHT_KEYS) holding the coordinator's server.key and this node's <role>.<name>.key_secret (README 'Security model')"
-        )
-    if not keys.is_dir():
-        _fail(
-            f"--keys {keys}: no such directory (it must hold the coordinator's server.key and this node's <role>.<name>.key_secret)"
-        )
-    try:
-        client_keys = load_client_keys(keys, name=key, role="reserved" if reserved else "agent")
-    except KeysError as exc:
-        _fail(f"--keys: {exc}")
+    _setup_logging(node_id, log_level, log_file)
+    coordinator = _checked_endpoint(coordinator)
+    client_keys = _checked_keys(keys, key, reserved)
     nid = node_id or f"{socket.gethostname()}-{os.getpid()}"
     ledger = NoticeLedger(state_dir(nid) / "handled-notices.json")
     try:
@@ -1445,26 +1441,70 @@ def join(
         warm_spare=(not reserved) if warm_spare is None else warm_spare,
         weights_dir=weights_dir,
     )
-    # SIGTERM is one more preemption source: same commit path, deadline = now + grace
+    raise typer.Exit(_run_daemon(daemon, grace_s))
+
+
+def _setup_logging(node_id: str | None, level: str, log_file: pathlib.Path | None) -> None:
+    try:
+        configure_logging(
+            f"agent[{node_id}]" if node_id else "agent",
+            f"agent-{node_id}" if node_id else None,
+            level=level,
+            log_file=str(log_file) if log_file else None,
+        )
+    except (ValueError, OSError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="--log-level/--log-file") from None
+
+
+def _checked_endpoint(coordinator: str) -> str:
+    """``--coordinator`` as a tcp:// endpoint; checked before anything connects: one line, exit 2."""
+    from spotlight.net.endpoints import tcp_endpoint
+
+    try:
+        return tcp_endpoint(coordinator)
+    except ValueError as exc:
+        _fail(str(exc))
+
+
+def _checked_keys(keys: pathlib.Path | None, name: str | None, reserved: bool) -> ClientKeys:
+    """This node's CURVE keys from ``--keys``; checked before anything connects: one line, exit 2."""
+    if keys is None:
+        _fail(
+            "no keys: pass --keys DIR (or set SPOTLIGHT_KEYS) holding the coordinator's server.key and this "
+            "node's <role>.<name>.key_secret (README 'Security model')"
+        )
+    if not keys.is_dir():
+        _fail(
+            f"--keys {keys}: no such directory (it must hold the coordinator's server.key and this node's "
+            "<role>.<name>.key_secret)"
+        )
+    try:
+        return load_client_keys(keys, name=name, role="reserved" if reserved else "agent")
+    except KeysError as exc:
+        _fail(f"--keys: {exc}")
+
+
+def _run_daemon(daemon: AgentDaemon, grace_s: float) -> int:
+    """Run ``daemon`` to its end; its exit status. SIGTERM is one more preemption source (same
+    commit path, deadline = now + grace); the daemon's one-line reasons go to stderr."""
     signal.signal(signal.SIGTERM, lambda *_: daemon._signal_notices.put(sigterm_notice(grace_s, time.time())))
     try:
-        rc = daemon.run()
+        return daemon.run()
     except StoppedWaiting as exc:
         typer.echo(f"spotlight-agent: {exc}", err=True)
-        rc = exc.code
+        return exc.code
     except NodeIdInUse as exc:
         typer.echo(f"spotlight-agent: error: {exc}", err=True)
-        rc = exc.code
+        return exc.code
     except SystemExit as exc:  # the daemon's one-line reasons (no answer, refused key): the CLI's error style
         if not isinstance(exc.code, str):
             raise
         typer.echo(f"spotlight-agent: error: {exc.code}", err=True)
-        rc = 1
+        return 1
     finally:
         import shutil
 
         shutil.rmtree(daemon._ipc_dir, ignore_errors=True)
-    raise typer.Exit(rc)
 
 
 def gpu_ids_error(gpus: list[int]) -> str | None:
@@ -1506,7 +1546,10 @@ def _fail(message: str) -> None:
     raise typer.Exit(2)
 
 
-_STATE_DIR_HELP = "Agent state directory (default $SPOTLIGHT_AGENT_STATE or ~/.local/state/spotlight-agent; a local run's agents live in <run_dir>/agents)."
+_STATE_DIR_HELP = (
+    "Agent state directory (default $SPOTLIGHT_AGENT_STATE or ~/.local/state/spotlight-agent; a local run's "
+    "agents live in <run_dir>/agents)."
+)
 
 
 def _control(node_id: str, request: dict, timeout_s: float = 5.0, state_dir_opt: Optional[pathlib.Path] = None) -> dict:
@@ -1532,7 +1575,8 @@ def _control(node_id: str, request: dict, timeout_s: float = 5.0, state_dir_opt:
         sock.send(json.dumps(request).encode())
         if not sock.poll(int(timeout_s * 1000)):
             typer.echo(
-                f"spotlight-agent: error: agent {node_id!r} did not answer on {endpoint} (is it running on this machine?)",
+                f"spotlight-agent: error: agent {node_id!r} did not answer on {endpoint} "
+                "(is it running on this machine?)",
                 err=True,
             )
             raise typer.Exit(1)
@@ -1559,7 +1603,8 @@ def revoke(
     ),
     state_dir_opt: Optional[pathlib.Path] = typer.Option(None, "--state-dir", help=_STATE_DIR_HELP),
 ) -> None:
-    """Per-GPU revocation by a cluster scheduler: the worker on that GPU commits and exits; the rest of the node keeps running."""
+    """Per-GPU revocation by a cluster scheduler: the worker on that GPU commits and exits; the rest
+    of the node keeps running."""
     if (bad := gpu_ids_error(gpu)) is not None:
         _fail(f"--gpu: {bad}")
     _reply(_control(node_id, {"cmd": "revoke", "gpus": gpu, "grace_s": grace_s}, state_dir_opt=state_dir_opt))

@@ -1,4 +1,4 @@
-"""Preemption detectors for ``spotlight-agent`` (DESIGN.md §5).
+"""Preemption detectors for ``spotlight-agent`` (docs/architecture.md §5).
 
 Each detector polls one source of "this VM is about to go away" and turns it into a
 :class:`PreemptionNotice` with an absolute wall-clock deadline.  The exact endpoints, headers,
@@ -583,7 +583,8 @@ class AzureScheduledEventsDetector(_Base):
     ``GET /metadata/instance/compute/name?api-version=2021-02-01&format=text`` (same
     ``Metadata: true`` header; Microsoft "Azure Instance Metadata Service", the ``compute``
     category, docs/preemption-notices.md §3.1 sources).  Until the name is known every poll is unhealthy
-    and reports no events (a neighbour's eviction must not drain this node).  Deadline: ``Preempt`` ``min(parse(NotBefore), received + 30 s)``;
+    and reports no events (a neighbour's eviction must not drain this node).  Deadline: ``Preempt``
+    ``min(parse(NotBefore), received + 30 s)``;
     ``Terminate`` ``parse(NotBefore)``; ``EventStatus == "Started"`` or an empty/unparsable
     ``NotBefore`` means now.  :meth:`acknowledge` POSTs ``{"StartRequests":[{"EventId":...}]}``
     (§3.3); call it only after the commit.

@@ -70,7 +70,7 @@ def _join(mock_url: str, cloud: str, state_dir, keys_dir, node_id: str = "spot-a
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
 
 
-# --- item 3: an agent restarted on a VM with an active notice does not rejoin ----------------
+# --- an agent restarted on a VM with an active notice does not rejoin -------------------------
 def test_agent_restarted_on_preempted_vm_exits_75_and_does_not_drain_twice(state, keys_dir):
     with MockMetadataServer("gcp") as gcp:
         gcp.issue_notice()
@@ -143,7 +143,7 @@ def test_startup_check_handled_notice_blocks_stale_and_cancelled_do_not(state, k
         _close(d)
 
 
-# --- item 8: rollout workers do not inherit the secret ---------------------------------------
+# --- rollout workers do not inherit the secret ------------------------------------------------
 def test_spawned_worker_environment_has_no_secrets(state, monkeypatch, keys):
     secret = "s3cret-" + os.urandom(8).hex()
     monkeypatch.setenv("SPOTLIGHT_SECRET", secret)
@@ -180,8 +180,11 @@ def test_spawned_worker_environment_has_no_secrets(state, monkeypatch, keys):
     assert secret not in "".join(env.values())
 
 
-# --- item 9: one stop deadline whatever the GPU count ----------------------------------------
-STUBBORN = "import signal, sys, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\ntime.sleep(600)\n"
+# --- one stop deadline whatever the GPU count -------------------------------------------------
+STUBBORN = (
+    "import signal, sys, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\n"
+    "time.sleep(600)\n"
+)
 
 
 def test_shutdown_kills_sigterm_ignoring_workers_within_one_deadline(state, keys):
@@ -239,7 +242,7 @@ def test_shutdown_terminates_cooperative_workers_without_kill(state, keys):
     assert [p.returncode for p in procs] == [-signal.SIGTERM] * 2
 
 
-# --- issue 11 item 7: start-up -----------------------------------------------------------------
+# --- start-up ----------------------------------------------------------------------------------
 def _unused_port() -> int:
     import socket
 

@@ -103,9 +103,9 @@ def test_refused_twice_exits_78_with_one_line(coordinator):
     assert (make.state / "weights" / "v3.safetensors").read_bytes() == b"w"  # the refused agent left them alone
     assert (make.state / "control.sock").exists()
     assert exc.value.code == EXIT_NODE_ID_IN_USE == 78 and len(seen) == 2
-    assert (
-        str(exc.value)
-        == "node id n is in use by another live agent (registered since 12:00:00 UTC, 30s; last heard from 0.4s ago); pick another --node-id"
+    assert str(exc.value) == (
+        "node id n is in use by another live agent (registered since 12:00:00 UTC, 30s; last heard from 0.4s ago); "
+        "pick another --node-id"
     )
 
 

@@ -1,4 +1,4 @@
-"""Restart reconfiguration and the live-migration switch of the agent (issue 12 items 1-2).
+"""Restart reconfiguration and the live-migration switch of the agent.
 
 A real :class:`agent.main.AgentDaemon` with real worker processes on its real ipc socket;
 the worker processes are stand-ins that speak the worker protocol (hello, then wait for
@@ -47,14 +47,10 @@ def daemon(tmp_path, monkeypatch):
     out = tmp_path / "stops.jsonl"
     out.touch()
 
-    def spawn(gpus):
-        slot = d.sched.add_worker(gpus)
-        d.procs[slot.worker_id] = subprocess.Popen(
-            [sys.executable, "-c", STANDIN, d.worker_endpoint, slot.worker_id, str(out)]
-        )
-        return slot.worker_id
+    def launch(worker_id, gpus, env):  # a cold start of a stand-in instead of a rollout worker
+        return subprocess.Popen([sys.executable, "-c", STANDIN, d.worker_endpoint, worker_id, str(out)])
 
-    d.spawn_worker = spawn
+    d._launch = launch
     d.heartbeat = lambda now: None  # no coordinator here
     yield d, out
     for p in d.procs.values():
@@ -99,7 +95,7 @@ def _stops(out) -> list[dict]:
 def test_restart_reconfiguration_stops_every_worker_and_starts_fresh_ones(daemon):
     d, out = daemon
     _register(d, reconfiguration="restart", live_migration=False)
-    d._start_workers(d.gpus)
+    d.start_workers()
     _pump(d, lambda: len(_ready(d)) == 3)
     first = set(_ready(d))
     d.revoke_gpus([1], grace_s=30.0)
@@ -118,7 +114,7 @@ def test_restart_reconfiguration_stops_every_worker_and_starts_fresh_ones(daemon
 def test_elastic_revocation_stops_only_the_revoked_worker_and_commits(daemon):
     d, out = daemon
     _register(d)  # defaults: elastic, live migration on
-    d._start_workers(d.gpus)
+    d.start_workers()
     _pump(d, lambda: len(_ready(d)) == 3)
     d.revoke_gpus([1], grace_s=30.0)
     _pump(d, lambda: len(_stops(out)) == 1 and len(d.procs) == 2)
@@ -129,7 +125,7 @@ def test_elastic_revocation_stops_only_the_revoked_worker_and_commits(daemon):
 def test_without_live_migration_an_elastic_revocation_does_not_commit(daemon):
     d, out = daemon
     _register(d, live_migration=False)
-    d._start_workers(d.gpus)
+    d.start_workers()
     _pump(d, lambda: len(_ready(d)) == 3)
     d.revoke_gpus([1], grace_s=30.0)
     _pump(d, lambda: len(_stops(out)) == 1)

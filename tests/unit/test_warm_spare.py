@@ -16,9 +16,8 @@ import time
 import psutil
 import pytest
 
-import agent.main as agent_main
 from agent.main import AgentDaemon
-from agent.node_scheduler import WorkerStatus
+from agent.node_scheduler import SpareTiming, SPGroup, WorkerStatus
 from spotlight import protocol as P
 from spotlight.net.security import add_client, init_keys, load_client_keys
 from spotlight.workers.rollout.spare import EXIT_SPARE_UNUSABLE, cuda_driver_loaded
@@ -140,18 +139,18 @@ def test_spare_of_an_old_configuration_is_not_used(daemon):
     d.registered = _registered(worker_batch_size=4)  # e.g. a re-registration changed the config
     assert d._take_spare() is None
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    assert d._spare_due is not None  # a spare of the new configuration follows
+    assert d.sched.spare.due_at is not None  # a spare of the new configuration follows
 
 
 def test_spare_that_dies_unused_is_restarted_then_given_up(daemon, monkeypatch):
     d = daemon
-    monkeypatch.setattr(agent_main, "SPARE_RETRY_S", 0.0)
+    monkeypatch.setattr(d.sched, "spare_timing", SpareTiming(retry_s=0.0))
     d.fake["behaviour"] = "die-unused"
     d.start_spare()
-    for _ in range(agent_main.SPARE_MAX_FAILURES):
+    for _ in range(d.sched.spare_timing.max_failures):
         _until(lambda: (d.check_spare(), d.spare is None)[1], "the spare's death noticed")
-        d._spare_first_deadline = None
-        d.check_spare()  # due again at once (SPARE_RETRY_S = 0): restarted
+        d.sched.spare.first_deadline = None
+        d.check_spare()  # due again at once (retry_s = 0): restarted
     assert d.warm_spare is False and d.spare is None
 
 
@@ -160,14 +159,14 @@ def test_spare_that_initialised_cuda_falls_back_to_a_cold_worker(daemon, monkeyp
     d.fake["behaviour"] = "refuse"
     _ready_spare(d)
     spawned = []
-    cold = d.spawn_worker
-    monkeypatch.setattr(d, "spawn_worker", lambda gpus: spawned.append(gpus) or "cold")
-    wid = cold([1])
+    wid = d.spawn_worker([1])
+    monkeypatch.setattr(d, "_spawn", lambda action: spawned.append(action))
     _until(lambda: d.procs[wid].poll() is not None, "the spare's refusal")
     assert d.procs[wid].returncode == EXIT_SPARE_UNUSABLE
     d.check_workers()
     assert d.warm_spare is False and d.spare is None
-    assert spawned == [[1]]  # restarted cold (the real method would start the rollout worker)
+    # restarted cold (the real method would start the rollout worker)
+    assert [(list(a.gpus), a.from_spare) for a in spawned] == [([1], False)]
     assert d.sched.workers[wid].status == WorkerStatus.EXITED
 
 
@@ -193,16 +192,20 @@ def test_revoked_follower_is_killed_once_the_survivor_serves_and_a_leader_after_
         d.sched.hello(slot.worker_id, 0)
         d.procs[slot.worker_id] = _sleeper()
         ids[gpus[0]] = slot.worker_id
-    d.groups = [
-        {"members": [ids[0], ids[1]], "generation": 1, "formed": True},
-        {"members": [ids[2], ids[3]], "generation": 1, "formed": True},
+    d.sched.groups = [
+        SPGroup([ids[0], ids[1]], generation=1, formed=True),
+        SPGroup([ids[2], ids[3]], generation=1, formed=True),
     ]
+
+    def formed(generation: int, sp: int) -> None:
+        d.on_worker([ids[0].encode(), *P.encode(P.GroupFormed(worker_id=ids[0], generation=generation, sp=sp))])
+
     # follower gpu1 revoked: it holds nothing; the survivor's GROUP_FORMED for generation 2 ends it
     d.revoke_gpus([1], grace_s=30)
     assert d.procs[ids[1]].poll() is None
-    d._group_formed(ids[0], P.GroupFormed(worker_id=ids[0], generation=1, sp=2))  # a late report of the old generation
+    formed(generation=1, sp=2)  # a late report of the old generation
     assert d.procs[ids[1]].poll() is None
-    d._group_formed(ids[0], P.GroupFormed(worker_id=ids[0], generation=2, sp=1))
+    formed(generation=2, sp=1)
     assert d.procs[ids[1]].wait(10) == -signal.SIGKILL
     assert d.procs[ids[0]].poll() is None  # the survivor is untouched
     # leader gpu2 revoked: it must commit first; once its COMMIT is forwarded it is ended
@@ -215,5 +218,7 @@ def test_revoked_follower_is_killed_once_the_survivor_serves_and_a_leader_after_
     assert d.procs[ids[2]].wait(10) == -signal.SIGKILL
     d.check_workers()
     assert (
-        ids[1] not in d._revoking and ids[2] not in d._revoking and d.sched.workers[ids[3]].status == WorkerStatus.READY
+        ids[1] not in d.sched.revoking
+        and ids[2] not in d.sched.revoking
+        and d.sched.workers[ids[3]].status == WorkerStatus.READY
     )
