@@ -190,7 +190,7 @@ def test_a_further_ctrl_c_during_the_clean_up_is_answered_not_ignored():
     """Was: SIG_IGN, so the ~17 s of clean-up after Ctrl-C looked like a hang."""
     import signal
 
-    from spotlight.cli.up import patience_handler
+    from spotlight.cli.up_local import patience_handler
 
     said: list[str] = []
     alive = iter([3, 1])
@@ -218,7 +218,8 @@ def test_resume_existing_of_a_finished_run_is_nothing_to_do_even_with_config(tmp
     assert res.exit_code == 0, res.output
     assert (
         res.output.strip()
-        == f"{rd} is finished (2/2 iterations): model in {rd / 'final'}, metrics in {rd / 'metrics.jsonl'}: nothing to do"
+        == f"{rd} is finished (2/2 iterations): model in {rd / 'final'}, metrics in {rd / 'metrics.jsonl'}: "
+        "nothing to do"
     ), res.output
     assert _snapshot_files(rd) == before
 
@@ -238,9 +239,9 @@ def test_a_run_dir_or_keys_that_is_a_file_is_one_line_before_anything_is_printed
 
 
 def test_a_tcp_reserved_address_is_accepted_as_the_agents_form_is():
-    from spotlight.cli.up import _check_options
+    from spotlight.cli.up_preflight import check_options
 
-    assert _check_options(mock_cloud="none", reserved="tcp://127.0.0.1:5555", trace_mode="slice") == []
+    assert check_options(mock_cloud="none", reserved="tcp://127.0.0.1:5555", trace_mode="slice") == []
 
 
 def test_a_plain_start_on_a_finished_run_suggests_a_command_that_extends_it(tmp_path):
