@@ -21,7 +21,14 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from spotlight.cli.up_preflight import Stop, UpRun, _checkpointed_iterations, preflight, resolve_options
+from spotlight.cli.up_preflight import (
+    DEFAULT_RESERVED,
+    Stop,
+    UpRun,
+    _checkpointed_iterations,
+    preflight,
+    resolve_options,
+)
 
 console = Console(emoji=False, soft_wrap=True)
 
@@ -134,7 +141,7 @@ def register(app: typer.Typer) -> None:
         iterations: Optional[int] = typer.Option(None, "--iterations", min=1, help=HELP["iterations"]),
         config: Optional[pathlib.Path] = typer.Option(None, "--config", help=HELP["config"]),
         run_dir: Optional[pathlib.Path] = typer.Option(None, "--run-dir", help=HELP["run_dir"]),
-        reserved: str = typer.Option("127.0.0.1:0", "--reserved", help=HELP["reserved"]),
+        reserved: str = typer.Option(DEFAULT_RESERVED, "--reserved", help=HELP["reserved"]),
         timeout_s: Optional[float] = typer.Option(None, "--timeout-s", help=HELP["timeout_s"]),
         log_level: str = typer.Option("WARNING", "--log-level", help=HELP["log_level"]),
         verbose: bool = typer.Option(False, "--verbose", "-v", help=HELP["verbose"]),

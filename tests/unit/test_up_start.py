@@ -203,6 +203,65 @@ def test_a_further_ctrl_c_during_the_clean_up_is_answered_not_ignored():
     ]
 
 
+def test_the_local_cluster_stops_the_agents_before_the_coordinator_closes():
+    """On exit the replay stops, agents and trainers are told why and waited for, the
+    coordinator closes (its last status is then final), then the trace driver's agents and
+    the mock metadata servers stop; a Ctrl-C meanwhile is answered."""
+    import signal
+    import types
+
+    from spotlight.cli.up_local import LocalCluster
+
+    events, said = [], []
+
+    class Proc:
+        def __init__(self, name):
+            self.name = name
+
+        def poll(self):
+            return None
+
+        def wait(self, timeout=None):
+            events.append(f"wait {self.name}")
+
+        def terminate(self):
+            events.append(f"terminate {self.name}")
+
+    coord = types.SimpleNamespace(
+        train_procs=[Proc("trainer")],
+        shutdown_agents=lambda reason: events.append(f"shutdown ({reason})"),
+        close=lambda: events.append("coordinator close"),
+    )
+    driver = types.SimpleNamespace(
+        stop_event=types.SimpleNamespace(set=lambda: events.append("replay stops")),
+        close=lambda: events.append("driver close"),
+        procs=[],
+    )
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    try:
+        with LocalCluster(types.SimpleNamespace(), coord, say=said.append) as cluster:
+            cluster.procs.append(Proc("agent"))
+            cluster.driver = driver
+            cluster.mocks.append(types.SimpleNamespace(stop=lambda: events.append("mock stop")))
+            cluster.interrupt()
+            signal.getsignal(signal.SIGINT)(signal.SIGINT, None)
+            assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before[0])
+        signal.signal(signal.SIGTERM, before[1])
+    assert events == [
+        "replay stops",
+        "shutdown (interrupted)",
+        "wait agent",
+        "wait agent",
+        "wait trainer",
+        "coordinator close",
+        "driver close",
+        "mock stop",
+    ]
+    assert said == ["still stopping agents, workers and trainers (2 processes), please wait"]
+
+
 def test_resume_existing_of_a_finished_run_is_nothing_to_do_even_with_config(tmp_path):
     """The systemd unit passes --config and --resume-existing: a finished run must neither be
     re-run nor fail (Restart=on-failure would loop), and --config must not be refused."""
