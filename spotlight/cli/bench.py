@@ -47,7 +47,8 @@ def choose_pairs(
     """
     if len(available) < 2:
         raise ValueError(
-            f"the run directory holds {len(available)} weight version(s); need at least 2 (tensor_store/weights/v<N>.safetensors)"
+            f"the run directory holds {len(available)} weight version(s); need at least 2 "
+            "(tensor_store/weights/v<N>.safetensors)"
         )
     if versions:
         wanted = [int(v) for v in versions.split(",") if v.strip()]

@@ -157,78 +157,132 @@ def register(app: typer.Typer) -> None:
 
         Example: `spotlight init > run.toml && spotlight up --local --config run.toml`.
         """
-        from spotlight.config import ConfigError, config_from_dict, config_to_dict, load_config
-
         family = FAMILY_ALIASES.get(family, family)
         if family not in FAMILY_EXAMPLES:
             console.print(
-                f"[red]error:[/red] --family {escape(family)!r}: choose one of {', '.join(FAMILY_EXAMPLES)} (tiny = shapes)"
+                f"[red]error:[/red] --family {escape(family)!r}: choose one of {', '.join(FAMILY_EXAMPLES)} "
+                "(tiny = shapes)"
             )
             raise typer.Exit(2)
         example = FAMILY_EXAMPLES[family]
-        try:
-            rollout_gpus = (
-                [int(g) for g in reserved_rollout_gpus.split(",") if g.strip()]
-                if reserved_rollout_gpus is not None
-                else None
-            )
-        except ValueError:
-            console.print(
-                f"[red]error:[/red] --reserved-rollout-gpus {escape(reserved_rollout_gpus or '')!r}: expected comma-separated GPU indices, e.g. 0,1"
-            )
-            raise typer.Exit(2)
-        try:
-            data = config_to_dict(
-                load_config(
-                    example, {"model.pretrained_path": pretrained_path} if pretrained_path is not None else None
-                )
-            )
-            if train_gpus is not None:
-                data["train"]["num_train_workers"] = train_gpus
-            if rollout_gpus is not None:
-                data["cluster"]["reserved_rollout_gpus"] = rollout_gpus
-            if sp_degree is not None:
-                data["cluster"]["sp_degree"] = sp_degree
-            given = {
-                "train.num_train_workers": ("--train-gpus", train_gpus),
-                "cluster.reserved_rollout_gpus": ("--reserved-rollout-gpus", rollout_gpus),
-                "cluster.sp_degree": ("--sp-degree", sp_degree),
-            }
-            try:
-                cfg = config_from_dict(data)
-            except ConfigError as exc:  # a value this command set: name its flag, as load_config does
-                flag, value = given.get(exc.field or "", (None, None))
-                raise ConfigError(f"{flag}: {exc}" if value is not None else f"{example}: {exc}", exc.field) from None
-        except ConfigError as exc:
-            console.print(f"[red]error:[/red] {escape(str(exc))}")
-            raise typer.Exit(2)
-        gpus = ",".join(str(g) for g in range(gpus_per_node))
-        cfg_name = str(out) if out is not None else "run.toml"
-        header = [
-            f"Spotlight run config: {family} (from {example.relative_to(EXAMPLES_DIR.parent)}), written by `spotlight init --family {family}`.",
-            "Every field is listed with its documentation (spotlight/config.py); a file only needs the keys",
-            "it changes (the rest come from the embedded default), so delete what you keep as it is.",
-            "",
-            *_example_header(example),
-            "",
-            f"Layout: {cfg.train.num_train_workers} training GPU(s) and rollout GPUs {list(cfg.cluster.reserved_rollout_gpus)} on the reserved node,",
-            f"{spot_nodes} spot node(s) x {gpus_per_node} GPU(s). Start it:",
-            f"  on one machine (CPU 'GPUs'):  spotlight up --local --agents {spot_nodes} --gpus-per-agent {gpus_per_node} --config {cfg_name}",
-            f"  on the reserved node:         spotlight up --config {cfg_name} --reserved 0.0.0.0:5555",
-            f"  on each spot node:            spotlight-agent join --coordinator RESERVED_HOST:5555 --gpus {gpus} --keys KEYS_DIR",
-        ]
+        cfg = _layout_config(
+            example,
+            pretrained_path=pretrained_path,
+            train_gpus=train_gpus,
+            rollout_gpus=_gpu_list(reserved_rollout_gpus),
+            sp_degree=sp_degree,
+        )
+        header = _header(family, example, cfg, spot_nodes=spot_nodes, gpus_per_node=gpus_per_node, out=out)
         text = annotated_config(cfg, header)
         if out is None:
             typer.echo(text, nl=False)
             return
-        if out.exists():
-            console.print(f"[red]error:[/red] {escape(str(out))} exists; choose another --out or remove it")
-            raise typer.Exit(2)
-        try:
-            out.write_text(text)
-        except OSError as exc:
-            console.print(f"[red]error:[/red] cannot write {escape(str(out))}: {escape(exc.strerror or str(exc))}")
-            raise typer.Exit(2)
+        _write(out, text)
+
+
+def _gpu_list(reserved_rollout_gpus: Optional[str]) -> Optional[list[int]]:
+    """``--reserved-rollout-gpus`` as GPU indices (None: not given).
+
+    Raises:
+        typer.Exit: 2 with one line: not comma-separated integers.
+    """
+    if reserved_rollout_gpus is None:
+        return None
+    try:
+        return [int(g) for g in reserved_rollout_gpus.split(",") if g.strip()]
+    except ValueError:
         console.print(
-            f"wrote {escape(str(out))}; start with [cyan]spotlight up --local --config {escape(str(out))}[/cyan]"
+            f"[red]error:[/red] --reserved-rollout-gpus {escape(reserved_rollout_gpus or '')!r}: "
+            "expected comma-separated GPU indices, e.g. 0,1"
         )
+        raise typer.Exit(2)
+
+
+def _layout_config(
+    example: pathlib.Path,
+    *,
+    pretrained_path: Optional[str],
+    train_gpus: Optional[int],
+    rollout_gpus: Optional[list[int]],
+    sp_degree: Optional[int],
+) -> SpotlightConfig:
+    """The config of ``example`` with the layout flags applied (each None: as the example has it).
+
+    Raises:
+        typer.Exit: 2 with one line: the result is not a valid config (a value a flag set is
+            named by its flag, as :func:`spotlight.config.load_config` names a file's key).
+    """
+    from spotlight.config import ConfigError, config_from_dict, config_to_dict, load_config
+
+    try:
+        data = config_to_dict(
+            load_config(example, {"model.pretrained_path": pretrained_path} if pretrained_path is not None else None)
+        )
+        if train_gpus is not None:
+            data["train"]["num_train_workers"] = train_gpus
+        if rollout_gpus is not None:
+            data["cluster"]["reserved_rollout_gpus"] = rollout_gpus
+        if sp_degree is not None:
+            data["cluster"]["sp_degree"] = sp_degree
+        given = {
+            "train.num_train_workers": ("--train-gpus", train_gpus),
+            "cluster.reserved_rollout_gpus": ("--reserved-rollout-gpus", rollout_gpus),
+            "cluster.sp_degree": ("--sp-degree", sp_degree),
+        }
+        try:
+            return config_from_dict(data)
+        except ConfigError as exc:  # a value this command set: name its flag, as load_config does
+            flag, value = given.get(exc.field or "", (None, None))
+            raise ConfigError(f"{flag}: {exc}" if value is not None else f"{example}: {exc}", exc.field) from None
+    except ConfigError as exc:
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
+        raise typer.Exit(2)
+
+
+def _header(
+    family: str,
+    example: pathlib.Path,
+    cfg: SpotlightConfig,
+    *,
+    spot_nodes: int,
+    gpus_per_node: int,
+    out: Optional[pathlib.Path],
+) -> list[str]:
+    """The file's leading comment: where it came from, how to use it, the example's own
+    description, the layout and the commands that start it."""
+    gpus = ",".join(str(g) for g in range(gpus_per_node))
+    cfg_name = str(out) if out is not None else "run.toml"
+    return [
+        f"Spotlight run config: {family} (from {example.relative_to(EXAMPLES_DIR.parent)}), "
+        f"written by `spotlight init --family {family}`.",
+        "Every field is listed with its documentation (spotlight/config.py); a file only needs the keys",
+        "it changes (the rest come from the embedded default), so delete what you keep as it is.",
+        "",
+        *_example_header(example),
+        "",
+        f"Layout: {cfg.train.num_train_workers} training GPU(s) and rollout GPUs "
+        f"{list(cfg.cluster.reserved_rollout_gpus)} on the reserved node,",
+        f"{spot_nodes} spot node(s) x {gpus_per_node} GPU(s). Start it:",
+        "  on one machine (CPU 'GPUs'):  spotlight up --local "
+        f"--agents {spot_nodes} --gpus-per-agent {gpus_per_node} --config {cfg_name}",
+        f"  on the reserved node:         spotlight up --config {cfg_name} --reserved 0.0.0.0:5555",
+        f"  on each spot node:            spotlight-agent join --coordinator RESERVED_HOST:5555 --gpus {gpus} "
+        "--keys KEYS_DIR",
+    ]
+
+
+def _write(out: pathlib.Path, text: str) -> None:
+    """Write ``text`` to a new file ``out`` and say how to start it.
+
+    Raises:
+        typer.Exit: 2 with one line: ``out`` exists or cannot be written.
+    """
+    if out.exists():
+        console.print(f"[red]error:[/red] {escape(str(out))} exists; choose another --out or remove it")
+        raise typer.Exit(2)
+    try:
+        out.write_text(text)
+    except OSError as exc:
+        console.print(f"[red]error:[/red] cannot write {escape(str(out))}: {escape(exc.strerror or str(exc))}")
+        raise typer.Exit(2)
+    console.print(f"wrote {escape(str(out))}; start with [cyan]spotlight up --local --config {escape(str(out))}[/cyan]")

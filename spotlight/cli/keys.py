@@ -41,10 +41,12 @@ def init(
     except (KeysError, OSError) as exc:
         _fail(exc)
     console.print(
-        f"coordinator key created: public [cyan]{pub}[/cyan] (give it to every client), secret {directory / 'server.key_secret'} (keep it on the reserved node)"
+        f"coordinator key created: public [cyan]{pub}[/cyan] (give it to every client), "
+        f"secret {directory / 'server.key_secret'} (keep it on the reserved node)"
     )
     console.print(
-        f"next: [cyan]spotlight keys add {directory} agent NODE[/cyan] for each spot node (or one shared name for a pool)"
+        f"next: [cyan]spotlight keys add {directory} agent NODE[/cyan] for each spot node "
+        "(or one shared name for a pool)"
     )
 
 
@@ -65,7 +67,8 @@ def add(
         _fail(exc)
     console.print(f"allow-listed [bold]{role}.{name}[/bold] (a running coordinator picks it up within a second)")
     console.print(
-        f"copy to the client's keys directory (mode 0600, readable by the service user only):\n  {directory / 'server.key'}\n  {secret}"
+        "copy to the client's keys directory (mode 0600, readable by the service user only):\n"
+        f"  {directory / 'server.key'}\n  {secret}"
     )
     console.print(f"then remove {secret} from this directory if the client runs elsewhere")
 

@@ -9,11 +9,19 @@ from typing import Annotated, Optional
 
 import typer
 
+MOCK_METADATA_HELP = (
+    "Serve a mock AWS/GCP/Azure metadata server (real formats) until Ctrl-C.\n\n"
+    'Drive it with POST <control>/notice, /maintenance {"value"} (gcp), /cancel, /fault {"kind","count"}, '
+    "GET <control>/state."
+)
+"""``spotlight mock-metadata --help``'s text (its second paragraph is one line: typer keeps a
+help text's line breaks)."""
+
 
 def register(app: "typer.Typer") -> None:
     """Add the ``mock-metadata`` command to ``app``."""
 
-    @app.command("mock-metadata")
+    @app.command("mock-metadata", help=MOCK_METADATA_HELP)
     def mock_metadata(
         cloud: Annotated[str, typer.Option(help="Personality: aws | gcp | azure.")] = "aws",
         host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
@@ -30,10 +38,7 @@ def register(app: "typer.Typer") -> None:
             str, typer.Option(help="Azure VM name: listed in event Resources and served at instance/compute/name.")
         ] = "spot-vm-0",
     ) -> None:
-        """Serve a mock AWS/GCP/Azure metadata server (real formats) until Ctrl-C.
-
-        Drive it with POST <control>/notice, /maintenance {"value"} (gcp), /cancel, /fault {"kind","count"}, GET <control>/state.
-        """
+        """:data:`MOCK_METADATA_HELP`: a :class:`~spotlight.cloud.mock_metadata.MockMetadataServer` until Ctrl-C."""
         from spotlight.cloud.mock_metadata import CLOUDS, MockMetadataServer
 
         if cloud not in CLOUDS:

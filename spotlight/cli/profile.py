@@ -11,9 +11,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+PROFILE_HELP = (
+    "Measure t_step, effective steps per cache threshold, and exploration accuracy (Spearman ρ vs full rollout)."
+)
+"""``spotlight profile --help``'s text (one line: typer keeps a help text's line breaks)."""
+
 
 def register(app: typer.Typer) -> None:
-    @app.command()
+    @app.command(help=PROFILE_HELP)
     def profile(
         config: Optional[pathlib.Path] = typer.Option(
             None, "--config", help="Run config TOML (default: the embedded example)."
@@ -26,7 +31,8 @@ def register(app: typer.Typer) -> None:
         weights: Optional[pathlib.Path] = typer.Option(
             None,
             "--weights",
-            help="Profile these weights (a safetensors file, e.g. a version in the run's tensor_store/weights/) instead of the initial ones.",
+            help="Profile these weights (a safetensors file, e.g. a version in the run's tensor_store/weights/) "
+            "instead of the initial ones.",
         ),
         thresholds: str = typer.Option(
             "0.3,0.5,0.7,1.0,1.5", "--thresholds", help="Comma-separated First-Block-Cache thresholds to profile."
@@ -36,10 +42,12 @@ def register(app: typer.Typer) -> None:
         sp_degrees: str = typer.Option(
             "1,2",
             "--sp-degrees",
-            help="Comma-separated SP degrees whose t_step to measure (each > 1 runs a real context-parallel group of that many processes).",
+            help="Comma-separated SP degrees whose t_step to measure "
+            "(each > 1 runs a real context-parallel group of that many processes).",
         ),
     ) -> None:
-        """Measure t_step, effective steps per cache threshold, and exploration accuracy (Spearman ρ vs full rollout)."""
+        """:data:`PROFILE_HELP`; the result is written as JSON to ``--out`` (default: the config's
+        :func:`~spotlight.studies.profiling.default_profile_path`) and shown as a table."""
         console = Console(emoji=False, soft_wrap=True)
         from spotlight.cli.up import _cache_dir, load_prompts
         from spotlight.config import load_config
@@ -52,7 +60,9 @@ def register(app: typer.Typer) -> None:
             degrees = [int(d) for d in sp_degrees.split(",") if d.strip()]
             if cfg.model.family != "tiny":
                 raise ValueError(
-                    f"`spotlight profile` measures the tiny family only so far (model.family = {cfg.model.family!r}); the planner falls back to uncached full-step exploration without a profile"
+                    "`spotlight profile` measures the tiny family only so far "
+                    f"(model.family = {cfg.model.family!r}); the planner falls back to uncached full-step "
+                    "exploration without a profile"
                 )
         except (SpotlightError, ValueError) as exc:
             console.print(f"[red]error:[/red] {escape(str(exc))}")

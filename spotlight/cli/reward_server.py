@@ -62,56 +62,104 @@ def register(app: "typer.Typer") -> None:
         or: spotlight reward-server --scorer geneval_shapes_partial
         """
         from rich.console import Console
-        from rich.markup import escape
-
-        from spotlight.errors import SpotlightError
 
         console = Console(emoji=False)
-
-        def fail(message: str) -> NoReturn:
-            console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
-            raise typer.Exit(2)
-
         level = getattr(logging, log_level.upper(), None)
         if not isinstance(level, int):
-            fail(f"unknown --log-level {log_level!r}")
+            _fail(console, f"unknown --log-level {log_level!r}")
         if not (math.isfinite(max_body_mb) and max_body_mb > 0):
-            fail("--max-body-mb must be a finite number > 0")
-        from spotlight.rewards.server import build_multi_scorer, parse_scorer_specs, serve
-
-        try:
-            weights = parse_scorer_specs(scorer)
-        except SpotlightError as exc:
-            fail(str(exc))
-        uses_clip = any(name in ("clip", "pickscore") for name in weights)
-        if uses_clip and clip_path is None:
-            fail("the clip/pickscore scorer needs --clip-path DIR (a local CLIPModel checkpoint)")
-        if not uses_clip and (clip_path is not None or clip_processor_path is not None):
-            console.print("[yellow]note:[/yellow] --clip-path is ignored: no clip/pickscore scorer selected")
+            _fail(console, "--max-body-mb must be a finite number > 0")
+        weights = _scorer_weights(console, scorer, clip_path=clip_path, clip_processor_path=clip_processor_path)
         logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-        try:
-            if uses_clip:
-                with console.status(f"loading CLIP from {clip_path}…"):
-                    multi = build_multi_scorer(
-                        weights, clip_path=clip_path, clip_processor_path=clip_processor_path, device=device
-                    )
-            else:
-                multi = build_multi_scorer(weights)
-        except SpotlightError as exc:
-            fail(str(exc))
+        multi = _build(console, weights, clip_path=clip_path, clip_processor_path=clip_processor_path, device=device)
+        from spotlight.rewards.server import serve
 
-        def ready(server) -> None:
-            console.print(
-                f"[bold]reward server[/bold] listening on [cyan]{server.url}[/cyan]  (POST / or /score, GET /health)",
-                highlight=False,
+        try:
+            serve(
+                multi,
+                host,
+                port,
+                on_ready=_on_ready(console, multi, host),
+                max_body_bytes=int(max_body_mb * 1024 * 1024),
+                max_batch=max_batch,
             )
-            for name, weight in multi.weights.items():
-                console.print(f"  scorer {name:<24} weight {weight:g}", highlight=False)
-            if host not in ("127.0.0.1", "localhost", "::1"):
-                console.print("[yellow]note:[/yellow] no authentication: keep this port on a private network")
-
-        try:
-            serve(multi, host, port, on_ready=ready, max_body_bytes=int(max_body_mb * 1024 * 1024), max_batch=max_batch)
         except OSError as exc:
-            fail(f"cannot listen on {host}:{port}: {exc}")
+            _fail(console, f"cannot listen on {host}:{port}: {exc}")
         console.print("stopped")
+
+
+def _fail(console, message: str) -> NoReturn:
+    """Print ``error: message`` (plain text) and exit 2."""
+    from rich.markup import escape
+
+    console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def _scorer_weights(
+    console, scorer: list[str], *, clip_path: Optional[pathlib.Path], clip_processor_path: Optional[pathlib.Path]
+) -> dict[str, float]:
+    """The ``--scorer`` specs as ``{name: weight}``; the clip scorer needs ``--clip-path``, and
+    a ``--clip-path`` without it is noted as ignored.
+
+    Raises:
+        typer.Exit: 2 with one line: a bad spec, or clip without ``--clip-path``.
+    """
+    from spotlight.errors import SpotlightError
+    from spotlight.rewards.server import parse_scorer_specs
+
+    try:
+        weights = parse_scorer_specs(scorer)
+    except SpotlightError as exc:
+        _fail(console, str(exc))
+    uses_clip = any(name in ("clip", "pickscore") for name in weights)
+    if uses_clip and clip_path is None:
+        _fail(console, "the clip/pickscore scorer needs --clip-path DIR (a local CLIPModel checkpoint)")
+    if not uses_clip and (clip_path is not None or clip_processor_path is not None):
+        console.print("[yellow]note:[/yellow] --clip-path is ignored: no clip/pickscore scorer selected")
+    return weights
+
+
+def _build(
+    console,
+    weights: dict[str, float],
+    *,
+    clip_path: Optional[pathlib.Path],
+    clip_processor_path: Optional[pathlib.Path],
+    device: Optional[str],
+):
+    """The weighted scorer of ``weights`` (:func:`spotlight.rewards.server.build_multi_scorer`;
+    CLIP loads under a spinner).
+
+    Raises:
+        typer.Exit: 2 with one line: a scorer cannot be built.
+    """
+    from spotlight.errors import SpotlightError
+    from spotlight.rewards.server import build_multi_scorer
+
+    try:
+        if any(name in ("clip", "pickscore") for name in weights):
+            with console.status(f"loading CLIP from {clip_path}…"):
+                return build_multi_scorer(
+                    weights, clip_path=clip_path, clip_processor_path=clip_processor_path, device=device
+                )
+        return build_multi_scorer(weights)
+    except SpotlightError as exc:
+        _fail(console, str(exc))
+
+
+def _on_ready(console, multi, host: str):
+    """The ``on_ready(server)`` callback of :func:`spotlight.rewards.server.serve`: the address,
+    each scorer's weight, and a note when the address is not a loopback one."""
+
+    def ready(server) -> None:
+        console.print(
+            f"[bold]reward server[/bold] listening on [cyan]{server.url}[/cyan]  (POST / or /score, GET /health)",
+            highlight=False,
+        )
+        for name, weight in multi.weights.items():
+            console.print(f"  scorer {name:<24} weight {weight:g}", highlight=False)
+        if host not in ("127.0.0.1", "localhost", "::1"):
+            console.print("[yellow]note:[/yellow] no authentication: keep this port on a private network")
+
+    return ready

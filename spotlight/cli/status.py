@@ -102,14 +102,31 @@ def render_status(snap: dict, *, max_events: int = EVENT_ROWS):
     details) is agent- or coordinator-controlled text: it is escaped (``rich.markup.escape``)
     or placed in a ``Text``, never parsed as markup, so ``[/]`` in a node id shows as ``[/]``.
     """
-    e = lambda v: escape(str(v))  # noqa: E731
-    total = snap["iterations"]
-    done_n = snap.get("iterations_done", snap["iteration"])
+    gone = snap.get("running") is False  # read from the run directory: no coordinator behind it
+    saved_at = _clock(snap.get("saved_unix_s"))
+    parts = [_headline(snap, gone, saved_at), *_notes(snap, gone), _gpu_line(snap, gone, saved_at)]
+    if snap.get("cost"):
+        parts.append(_cost_line(snap["cost"]))
+    parts += [_nodes_table(snap["nodes"], gone, saved_at), _requests_table(snap["requests"])]
+    parts.append(_reward_lines(snap))
+    events = snap.get("events") or []
+    if events:
+        parts.append(_events_table(events, max_events))
+    return Group(*parts)
+
+
+def _done(snap: dict) -> int:
+    """Iterations done (an older snapshot has only ``iteration``)."""
+    return snap.get("iterations_done", snap["iteration"])
+
+
+def _headline(snap: dict, gone: bool, saved_at: str) -> Text:
+    """The first line: where the run is (iteration, finished or stopped), its weights
+    version, the time it ran and its ETA."""
+    total, done_n = snap["iterations"], _done(snap)
     it = min(snap["iteration"], total)  # 1-based, the iteration under way (or the last)
     version = snap.get("version")
     weights = "no weights yet" if version is None or version < 0 else f"weights v{version}"
-    gone = snap.get("running") is False  # read from the run directory: no coordinator behind it
-    saved_at = _clock(snap.get("saved_unix_s"))
     if snap.get("finished"):
         where = f"finished: {done_n}/{total} iterations" + (f" (at {saved_at})" if gone and saved_at else "")
     elif gone:
@@ -137,17 +154,27 @@ def render_status(snap: dict, *, max_events: int = EVENT_ROWS):
         head.append(f"  {'ran' if gone else 'elapsed'} {hms(snap['elapsed_s'])}")
         if not snap.get("finished") and not gone:
             head.append(f"  ETA {hms(eta)}" if eta is not None else "  ETA after the first iteration")
-    parts = [head]
+    return head
+
+
+def _notes(snap: dict, gone: bool) -> list[Text]:
+    """Where a snapshot read from files came from, and the run's error or why it stopped."""
+    notes = []
     if snap.get("source"):
-        parts.append(Text(str(snap["source"]), style="yellow"))
+        notes.append(Text(str(snap["source"]), style="yellow"))
     if snap.get("error"):
-        parts.append(Text(f"error: {snap['error']}", style="red"))
+        notes.append(Text(f"error: {snap['error']}", style="red"))
     elif gone and not snap.get("finished") and _saved_at_exit(snap):
         last = (snap.get("events") or [{}])[-1]
         if (
             isinstance(last, dict) and last.get("kind") == "finish" and last.get("detail")
         ):  # why it stopped (close() saved it)
-            parts.append(Text(str(last["detail"]), style="yellow"))
+            notes.append(Text(str(last["detail"]), style="yellow"))
+    return notes
+
+
+def _gpu_line(snap: dict, gone: bool, saved_at: str) -> Text:
+    """The GPUs held (now, or when the snapshot was saved): spot and reserved, on how many nodes."""
     nodes_list = snap["nodes"]
     gpus = snap.get("gpus")
     if gpus is None:  # older snapshot: count the GPUs of nodes that are not dead
@@ -159,21 +186,27 @@ def render_status(snap: dict, *, max_events: int = EVENT_ROWS):
     n_spot = sum(1 for n in nodes_list if n["spot"] and n["status"] != "dead")
     n_res = sum(1 for n in nodes_list if not n["spot"] and n["status"] != "dead")
     when = (f"at {saved_at}" if saved_at else "last seen") if gone else "now"
-    parts.append(
-        Text(
-            f"GPUs {when}: {gpus['spot'] + gpus['reserved']} ({gpus['spot']} spot on {_plural(n_spot, 'node')}, {_reserved_gpus(gpus, n_res)})"
-        )
+    return Text(
+        f"GPUs {when}: {gpus['spot'] + gpus['reserved']} ({gpus['spot']} spot on {_plural(n_spot, 'node')}, "
+        f"{_reserved_gpus(gpus, n_res)})"
     )
-    cost = snap.get("cost")
-    if cost:
-        line = (
-            f"cost so far ${cost['total_usd']:.2f}: spot {cost['spot_gpu_hours']:.2f} GPU-h × ${cost['spot_usd_per_gpu_hour']:.2f}"
-            f" + reserved {cost['reserved_gpu_hours']:.2f} GPU-h × ${cost['reserved_usd_per_gpu_hour']:.2f}"
-            f";  the same GPU-hours all on reserved: ${cost['all_reserved_usd']:.2f}"
-        )
-        if cost["all_reserved_usd"] > 0:
-            line += f" (spot saves {100 * (1 - cost['total_usd'] / cost['all_reserved_usd']):.0f}%)"
-        parts.append(Text(line))
+
+
+def _cost_line(cost: dict) -> Text:
+    """The cost so far by GPU kind, against the same GPU-hours all on reserved GPUs."""
+    line = (
+        f"cost so far ${cost['total_usd']:.2f}: spot {cost['spot_gpu_hours']:.2f} GPU-h × "
+        f"${cost['spot_usd_per_gpu_hour']:.2f}"
+        f" + reserved {cost['reserved_gpu_hours']:.2f} GPU-h × ${cost['reserved_usd_per_gpu_hour']:.2f}"
+        f";  the same GPU-hours all on reserved: ${cost['all_reserved_usd']:.2f}"
+    )
+    if cost["all_reserved_usd"] > 0:
+        line += f" (spot saves {100 * (1 - cost['total_usd'] / cost['all_reserved_usd']):.0f}%)"
+    return Text(line)
+
+
+def _nodes_table(nodes_list: list[dict], gone: bool, saved_at: str) -> Table:
+    """One row per node: status, kind, GPUs, workers, detector health, last seen, why."""
     nodes = Table(
         title=f"nodes as last seen{f' at {saved_at}' if saved_at else ''} (not running now)" if gone else "nodes",
         expand=True,
@@ -196,44 +229,57 @@ def render_status(snap: dict, *, max_events: int = EVENT_ROWS):
             Text(f"{n['last_seen_s_ago']}s {'before' if gone else 'ago'}"),
             Text(str(why)),
         )
+    return nodes
+
+
+def _requests_table(requests: dict) -> Table:
+    """Request counts by kind (rows) and status (columns)."""
     reqs = Table(title="requests", expand=True)
-    statuses = sorted({s for c in snap["requests"].values() for s in c})
+    statuses = sorted({s for c in requests.values() for s in c})
     reqs.add_column("kind")
     for s in statuses:
-        reqs.add_column(e(s))
-    for kind, counts in snap["requests"].items():
-        reqs.add_row(e(kind), *[e(counts.get(s, 0)) for s in statuses])
-    parts += [nodes, reqs]
+        reqs.add_column(escape(str(s)))
+    for kind, counts in requests.items():
+        reqs.add_row(escape(str(kind)), *[escape(str(counts.get(s, 0))) for s in statuses])
+    return reqs
+
+
+def _reward_lines(snap: dict) -> Text:
+    """The reward curve as a sparkline, and the last iteration's reward and phase times."""
     curve = [x for v in snap.get("reward_curve", []) if (x := _real(v)) is not None]
     m = snap.get("last_metrics") or {}
     lines = []
     if curve:
         lines.append(
-            f"reward {sparkline(curve)}  min {min(curve):+.4f}  max {max(curve):+.4f}  last {curve[-1]:+.4f}  ({_plural(len(curve), 'iteration')})"
+            f"reward {sparkline(curve)}  min {min(curve):+.4f}  max {max(curve):+.4f}  last {curve[-1]:+.4f}  "
+            f"({_plural(len(curve), 'iteration')})"
         )
     else:
         lines.append("reward: no iteration finished yet")
     if m:
         lines.append(
-            f"iteration {done_n}: reward {_fmt(m.get('reward/mean'), '+.4f')}  rollout {_fmt(m.get('time/rollout_s'), '.1f', unit='s')}  "
-            f"train {_fmt(m.get('time/train_s'), '.1f', unit='s')}  explore critical {_fmt(m.get('time/explore_critical_path_s'), '.1f', unit='s')}  "
+            f"iteration {_done(snap)}: reward {_fmt(m.get('reward/mean'), '+.4f')}  "
+            f"rollout {_fmt(m.get('time/rollout_s'), '.1f', unit='s')}  "
+            f"train {_fmt(m.get('time/train_s'), '.1f', unit='s')}  "
+            f"explore critical {_fmt(m.get('time/explore_critical_path_s'), '.1f', unit='s')}  "
             f"spot busy {_fmt(m.get('spot/busy_fraction'), '.0f', scale=100, unit='%')}"
         )
-    parts.append(Text("\n".join(lines)))
-    events = snap.get("events") or []
-    if events:
-        ev = Table(title=f"events (newest {min(max_events, len(events))} of {len(events)})", expand=True)
-        for col in ("time", "event", "node", "detail"):
-            ev.add_column(col)
-        for x in events[-max_events:]:
-            ev.add_row(
-                hms(x.get("t_s")),
-                Text(str(x.get("kind", ""))),
-                Text(str(x.get("node", ""))),
-                Text(str(x.get("detail", ""))),
-            )
-        parts.append(ev)
-    return Group(*parts)
+    return Text("\n".join(lines))
+
+
+def _events_table(events: list[dict], max_events: int) -> Table:
+    """The newest ``max_events`` events: time, kind, node, detail."""
+    ev = Table(title=f"events (newest {min(max_events, len(events))} of {len(events)})", expand=True)
+    for col in ("time", "event", "node", "detail"):
+        ev.add_column(col)
+    for x in events[-max_events:]:
+        ev.add_row(
+            hms(x.get("t_s")),
+            Text(str(x.get("kind", ""))),
+            Text(str(x.get("node", ""))),
+            Text(str(x.get("detail", ""))),
+        )
+    return ev
 
 
 def fetch_snapshot(endpoint: str, keys, timeout_s: float = 3.0) -> dict:
@@ -285,7 +331,8 @@ def snapshot_from_run_dir(run_dir: pathlib.Path, note: str, *, running: bool = F
     path = pathlib.Path(run_dir) / "status.json"
     if not path.is_file():
         raise FileNotFoundError(
-            f"{path} not found: the run saved no status (it ended before its first iteration, or an older Spotlight ran it)"
+            f"{path} not found: the run saved no status (it ended before its first iteration, "
+            "or an older Spotlight ran it)"
         )
     try:
         snap = json.loads(path.read_text())
@@ -334,8 +381,15 @@ def _pid_running(pid) -> bool:
         return False
 
 
+STATUS_HELP = (
+    "Show a job: progress and ETA, nodes and GPUs, cost, events, reward curve "
+    "(a running job, or a finished one from its run directory)."
+)
+"""``spotlight status --help``'s text (one line: typer keeps a help text's line breaks)."""
+
+
 def register(app: typer.Typer) -> None:
-    @app.command()
+    @app.command(help=STATUS_HELP)
     def status(
         run_dir_arg: Optional[pathlib.Path] = typer.Argument(
             None, metavar="RUN_DIR", help="Run directory (same as --run-dir)."
@@ -346,7 +400,8 @@ def register(app: typer.Typer) -> None:
         run_dir: Optional[pathlib.Path] = typer.Option(
             None,
             "--run-dir",
-            help="Run directory (its coordinator.json names the endpoint; a finished run is shown from its status.json); default: newest under runs/.",
+            help="Run directory (its coordinator.json names the endpoint; a finished run is shown from its "
+            "status.json); default: newest under runs/.",
         ),
         watch: bool = typer.Option(False, "--watch", "-w", help="Refresh continuously (live TUI); Ctrl-C exits."),
         as_json: bool = typer.Option(False, "--json", help="Print the raw snapshot as JSON."),
@@ -361,7 +416,7 @@ def register(app: typer.Typer) -> None:
             None, "--key", help="Which client key in --keys to use (default: the only status key)."
         ),
     ) -> None:
-        """Show a job: progress and ETA, nodes and GPUs, cost, events, reward curve (a running job, or a finished one from its run directory)."""
+        """:data:`STATUS_HELP`: one snapshot (or ``--watch``), from the coordinator or the run directory."""
         console = Console(emoji=False)
         if coordinator is not None:  # checked before anything connects: one line, not a ZeroMQ error
             from spotlight.net.endpoints import tcp_endpoint
@@ -371,93 +426,142 @@ def register(app: typer.Typer) -> None:
             except ValueError as exc:
                 console.print(f"[red]error:[/red] {escape(str(exc))}")
                 raise typer.Exit(2)
-        endpoint = coordinator
         rd = run_dir or run_dir_arg
-        pid = None
+        endpoint, pid = coordinator, None
         if endpoint is None:
-            if rd is None:
-                runs = sorted(pathlib.Path("runs").glob("*/coordinator.json"), key=lambda p: p.stat().st_mtime)
-                if not runs:
-                    console.print("[red]error:[/red] no --coordinator given and no runs/*/coordinator.json found")
-                    raise typer.Exit(2)
-                rd = runs[-1].parent
-            meta = pathlib.Path(rd) / "coordinator.json"
-            if not pathlib.Path(rd).is_dir():
-                console.print(
-                    f"[red]error:[/red] {escape(str(rd))}: {'not a directory' if pathlib.Path(rd).exists() else 'no such directory'}"
-                )
-                raise typer.Exit(2)
-            if not meta.is_file():
-                console.print(f"[red]error:[/red] {escape(str(meta))} not found: not a Spotlight run directory")
-                raise typer.Exit(2)
-            try:
-                info = json.loads(meta.read_text())
-                endpoint = info["endpoint"]
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                console.print(f"[red]error:[/red] {escape(str(meta))}: not readable ({escape(str(exc))})")
-                raise typer.Exit(2)
+            rd, endpoint, info = _run_dir_info(console, rd)
             pid = info.get("pid")
             if keys is None and info.get("keys_dir"):
                 keys = pathlib.Path(info["keys_dir"])
-
-        def show(snap: dict) -> None:
-            console.print_json(json.dumps(snap)) if as_json else console.print(render_status(snap))
-
-        def from_files(note: str, running: bool = False) -> dict:
-            try:
-                return snapshot_from_run_dir(pathlib.Path(rd), note, running=running)
-            except (FileNotFoundError, ValueError) as exc:
-                console.print(f"[red]error:[/red] {escape(str(exc))}")
-                raise typer.Exit(1)
-
+        view = _View(console, rd, as_json=as_json, watch=watch, interval_s=interval_s)
         if rd is not None and coordinator is None and not _pid_running(pid):
-            note = f"the coordinator (pid {pid}) is not running: the run has finished or stopped"
-            if not watch:
-                show(from_files(note))
-                return
-            from rich.live import Live
-
-            try:
-                with Live(render_status(from_files(note)), console=console, refresh_per_second=4) as live:
-                    while True:
-                        time.sleep(interval_s)
-                        live.update(render_status(from_files(note)))
-            except KeyboardInterrupt:
-                return
+            view.saved(f"the coordinator (pid {pid}) is not running: the run has finished or stopped")
+            return
         if "://" not in endpoint:
             endpoint = f"tcp://{endpoint}"
-        from spotlight.net.security import KeysError, load_client_keys
+        view.live(endpoint, _client_keys(console, keys, rd, key), pid)
 
-        keys_dir = keys or (pathlib.Path(rd) / "keys" if rd is not None else None)
-        if keys_dir is None:
-            console.print(
-                "[red]error:[/red] --coordinator needs --keys DIR (server.key and a client key; README 'Security model')"
-            )
-            raise typer.Exit(2)
-        try:
-            client = load_client_keys(keys_dir, name=key, role=None if key else "status")
-        except KeysError as exc:
-            console.print(f"[red]error:[/red] {exc}")
-            raise typer.Exit(2)
-        try:
-            if not watch:
-                show(fetch_snapshot(endpoint, client))
-                return
-            from rich.live import Live
 
-            with Live(render_status(fetch_snapshot(endpoint, client)), console=console, refresh_per_second=4) as live:
+def _run_dir_info(console: Console, rd: Optional[pathlib.Path]) -> tuple[pathlib.Path, str, dict]:
+    """``(run directory, its coordinator's endpoint, its coordinator.json)``; without ``rd``
+    the newest run under ``runs/``.
+
+    Raises:
+        typer.Exit: 2 with one line: no run found, not a run directory, or an unreadable
+            ``coordinator.json``.
+    """
+    if rd is None:
+        runs = sorted(pathlib.Path("runs").glob("*/coordinator.json"), key=lambda p: p.stat().st_mtime)
+        if not runs:
+            console.print("[red]error:[/red] no --coordinator given and no runs/*/coordinator.json found")
+            raise typer.Exit(2)
+        rd = runs[-1].parent
+    meta = pathlib.Path(rd) / "coordinator.json"
+    if not pathlib.Path(rd).is_dir():
+        why = "not a directory" if pathlib.Path(rd).exists() else "no such directory"
+        console.print(f"[red]error:[/red] {escape(str(rd))}: {why}")
+        raise typer.Exit(2)
+    if not meta.is_file():
+        console.print(f"[red]error:[/red] {escape(str(meta))} not found: not a Spotlight run directory")
+        raise typer.Exit(2)
+    try:
+        info = json.loads(meta.read_text())
+        endpoint = info["endpoint"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        console.print(f"[red]error:[/red] {escape(str(meta))}: not readable ({escape(str(exc))})")
+        raise typer.Exit(2)
+    return rd, endpoint, info
+
+
+def _client_keys(console: Console, keys: Optional[pathlib.Path], rd: Optional[pathlib.Path], key: Optional[str]):
+    """The client keys ``status`` asks with: ``key`` (default: the only status key) in ``keys``
+    (default: the run directory's ``keys/``).
+
+    Raises:
+        typer.Exit: 2 with one line: no keys directory, or no usable key in it.
+    """
+    from spotlight.net.security import KeysError, load_client_keys
+
+    keys_dir = keys or (pathlib.Path(rd) / "keys" if rd is not None else None)
+    if keys_dir is None:
+        console.print(
+            "[red]error:[/red] --coordinator needs --keys DIR (server.key and a client key; README 'Security model')"
+        )
+        raise typer.Exit(2)
+    try:
+        return load_client_keys(keys_dir, name=key, role=None if key else "status")
+    except KeysError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2)
+
+
+class _View:
+    """How ``status`` shows snapshots: once (``--json`` prints the raw snapshot) or, with
+    ``--watch``, refreshed every ``interval_s`` in a ``rich.live.Live`` until Ctrl-C."""
+
+    def __init__(self, console: Console, rd: Optional[pathlib.Path], *, as_json: bool, watch: bool, interval_s: float):
+        self.console, self.rd = console, rd
+        self.as_json, self.watch, self.interval_s = as_json, watch, interval_s
+
+    def show(self, snap: dict) -> None:
+        if self.as_json:
+            self.console.print_json(json.dumps(snap))
+        else:
+            self.console.print(render_status(snap))
+
+    def from_files(self, note: str, running: bool = False) -> dict:
+        """:func:`snapshot_from_run_dir` of the run directory.
+
+        Raises:
+            typer.Exit: 1 with one line: it saved no readable status.
+        """
+        try:
+            return snapshot_from_run_dir(pathlib.Path(self.rd), note, running=running)
+        except (FileNotFoundError, ValueError) as exc:
+            self.console.print(f"[red]error:[/red] {escape(str(exc))}")
+            raise typer.Exit(1)
+
+    def _watch(self, snapshot) -> None:
+        """Render ``snapshot()`` in a live view, refreshed every ``interval_s``; returns on Ctrl-C."""
+        from rich.live import Live
+
+        try:
+            with Live(render_status(snapshot()), console=self.console, refresh_per_second=4) as live:
                 while True:
-                    time.sleep(interval_s)
-                    live.update(render_status(fetch_snapshot(endpoint, client)))
+                    time.sleep(self.interval_s)
+                    live.update(render_status(snapshot()))
+        except KeyboardInterrupt:
+            return
+
+    def saved(self, note: str) -> None:
+        """The run as its coordinator last saved it (the coordinator is not running)."""
+        if self.watch:
+            self._watch(lambda: self.from_files(note))
+        else:
+            self.show(self.from_files(note))
+
+    def live(self, endpoint: str, client, pid) -> None:
+        """The running coordinator's snapshots over CURVE; one that does not answer falls back
+        to the run directory's saved status (exit 1).
+
+        Raises:
+            typer.Exit: 1 when the coordinator did not answer.
+        """
+        try:
+            if not self.watch:
+                self.show(fetch_snapshot(endpoint, client))
+                return
+            self._watch(lambda: fetch_snapshot(endpoint, client))
         except TimeoutError as exc:
-            if rd is not None and (pathlib.Path(rd) / "status.json").is_file():
-                show(from_files(f"the coordinator (pid {pid}) is running but did not answer: {exc}", running=True))
+            if self.rd is not None and (pathlib.Path(self.rd) / "status.json").is_file():
+                note = f"the coordinator (pid {pid}) is running but did not answer: {exc}"
+                self.show(self.from_files(note, running=True))
                 raise typer.Exit(1)
             msg = f"{exc} (the run has finished, or its coordinator is not reachable)"
-            if as_json:
+            if self.as_json:
                 print(json.dumps({"error": msg}))
             else:
-                console.print(f"[red]error:[/red] {escape(msg)}")
+                self.console.print(f"[red]error:[/red] {escape(msg)}")
             raise typer.Exit(1)
         except KeyboardInterrupt:
             return

@@ -139,7 +139,6 @@ class Coordinator:
         profile = load_profile(cfg)
         self.step_times = StepTimes(profile.t_step_s if profile else None)
         self.core = build_core(cfg, self.sched, self.seed_bank, profile, num_prompts=len(prompts))
-        self.planner = self.core.planner
         self.scorer = RewardScorer(RewardFn(cfg.reward), cfg.reward)
         core = self.core
         self.trainers = TrainerGroup(
@@ -178,28 +177,33 @@ class Coordinator:
         self.server = ControlServer(
             self.bind, self.keys, max_message_bytes=cluster.max_message_bytes, trainer_max_message_bytes=trainer_frame
         )
+        try:
+            self._open(time.monotonic())
+        except BaseException:  # a half-started coordinator leaves no socket behind
+            self.server.close(linger_ms=0)
+            self.server = None
+            raise
+        return self
+
+    def _open(self, now: float) -> None:
         self.endpoint = self.server.endpoint
         self.control.keys = self.keys
         self.control.attach(self.server)
         self.store.open()
         self.recorder.open()
-        now = time.monotonic()
         self.clock = RunClock(t_start=now, started_unix_s=time.time())
         self.events.continue_from(now, [])
-        # the Train Workers' reserved GPUs (rank r uses GPU r on this host) are billed for the
-        # whole run; a reserved Rollout Worker of this host on the same GPU is not billed twice
+        # the Train Workers' GPUs (rank r: GPU r of this host) are billed for the whole run, once
         self.instances.hold("trainers", list(range(self.cfg.train.num_train_workers)), now, host=socket.gethostname())
         if self.resume:
             resume.restore(self, now)
         else:
             self.sched.start_epoch(self.recorder.epoch)
-        self.clock.iterations_before_start = len(self.history)
         config_text = (self.run_dir / "config.toml").read_text()
         first = self.core.iteration + 1
         self.tracker = open_trackers(self.tracker_kinds, self.run_dir, config_text=config_text, first_step=first)
         keys_dir = str(self.keys.directory) if self.keys.directory else None
         recorder.write_coordinator_json(self.run_dir, self.endpoint, self.server.trainer_endpoint, keys_dir)
-        return self
 
     def start_trainers(self) -> None:
         """Start the Train Worker processes (:meth:`.TrainerGroup.start`)."""
@@ -218,11 +222,7 @@ class Coordinator:
 
     def on_results(self, body: P.Result, completed: list, tensors: dict, now: float) -> None:
         """Keep the samples of a RESULT's completed requests, tell the core, and score them."""
-        node = self.instances.nodes.get(body.node_id)
-        cached = bool(completed) and float(completed[0][1].params.get("cache_threshold", 0.0)) > 0
-        spot = node is not None and node.is_spot
-        steps = [it.computed_steps for it in body.items]
-        self.step_times.observe(body.elapsed_s, steps, body.num_gpus, spot=spot, cached=cached)
+        observe_step_times(self.step_times, self.instances.nodes.get(body.node_id), body, completed)
         ids, images, prompts = [], [], []
         for i, req in completed:
             slot, pidx = self.core.request_meta[req.request_id]
@@ -388,6 +388,15 @@ class Coordinator:
         self.trainers.wait(timeout_s=10)
         if self.server is not None:
             self.server.close(linger_ms=500)
+
+
+def observe_step_times(step_times: StepTimes, node, body: P.Result, completed: list) -> None:
+    """Feed a RESULT's timing to the step-time averages (the Planner's t_step counts uncached
+    batches of spot workers only, :class:`spotlight.core.planner.StepTimes`)."""
+    cached = bool(completed) and float(completed[0][1].params.get("cache_threshold", 0.0)) > 0
+    spot = node is not None and node.is_spot
+    steps = [it.computed_steps for it in body.items]
+    step_times.observe(body.elapsed_s, steps, body.num_gpus, spot=spot, cached=cached)
 
 
 def _conditioning(embeds: torch.Tensor | None, mask: torch.Tensor | None) -> Conditioning:

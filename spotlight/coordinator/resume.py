@@ -84,6 +84,7 @@ def restore(coord, now: float) -> None:
     coord.step_times.t_step_s = st["t_step_s"]
     coord.trainers.version_bytes = st["version_bytes"]
     coord.history = recorder.truncate_metrics(int(st["metrics_bytes"]))
+    coord.clock.iterations_before_start = len(coord.history)  # done by earlier coordinators: not in the ETA
     # checkpoints from before requests were retired hold every request: start the log empty
     recorder.truncate_requests(int(st.get("requests_bytes", 0)))
     version = int(st["version"])

@@ -43,8 +43,8 @@ def _coordinator(tmp_path, monkeypatch):
 
 def _learn_bigger_is_better(coord, now):
     """Feedback proportional to d·s so the bandit prefers the most expensive arms that fit."""
-    for a in coord.planner.actions:
-        coord.planner.update(a, a.num_sequences * a.effective_steps)
+    for a in coord.core.planner.actions:
+        coord.core.planner.update(a, a.num_sequences * a.effective_steps)
 
 
 def test_choice_shrinks_with_training_window_and_spot_gpus(tmp_path, monkeypatch):

@@ -168,7 +168,10 @@ def _run_child(tmp_path, echo: bool) -> tuple[str, str]:
 
 def test_child_logs_go_to_its_file_not_the_console(tmp_path):
     assert log_file_name("spot-0/gpu0+1.r2") == "spot-0-gpu0+1.r2.log"
-    code = "import sys; from spotlight.util.procs import configure_logging; configure_logging('t', 'worker-n/gpu0'); import logging; logging.getLogger().info('hello from the child'); print('printed')"
+    code = (
+        "import sys; from spotlight.util.procs import configure_logging; configure_logging('t', 'worker-n/gpu0'); "
+        "import logging; logging.getLogger().info('hello from the child'); print('printed')"
+    )
     env = dict(os.environ, **{LOG_DIR_ENV: str(tmp_path / "logs"), LOG_ECHO_ENV: "0", "PYTHONPATH": os.getcwd()})
     env.pop("SPOTLIGHT_LOG_LEVEL", None)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)

@@ -195,7 +195,8 @@ def test_finished_run_from_files_says_so():
         "iteration": 10,
         "iterations_done": 10,
         "eta_s": 0.0,
-        "source": "the coordinator (pid 123) is not running: the run has finished or stopped; showing runs/x/status.json",
+        "source": "the coordinator (pid 123) is not running: the run has finished or stopped; "
+        "showing runs/x/status.json",
     }
     text = _text(snap)
     assert "finished: 10/10 iterations" in text and "ETA" not in text
@@ -233,7 +234,8 @@ def test_stopped_run_from_files_is_not_shown_as_live():
         "running": False,
         "saved_unix_s": saved,
         "eta_s": None,
-        "source": "the coordinator (pid 123) is not running: the run has finished or stopped; showing runs/x/status.json",
+        "source": "the coordinator (pid 123) is not running: the run has finished or stopped; "
+        "showing runs/x/status.json",
     }
     stopped["events"] = stopped["events"] + [
         {

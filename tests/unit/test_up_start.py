@@ -187,7 +187,7 @@ def test_a_further_ctrl_c_during_the_clean_up_is_answered_not_ignored():
     """Was: SIG_IGN, so the ~17 s of clean-up after Ctrl-C looked like a hang."""
     import signal
 
-    from spotlight.cli.up import patience_handler
+    from spotlight.cli.up_local import patience_handler
 
     said: list[str] = []
     alive = iter([3, 1])
@@ -198,6 +198,65 @@ def test_a_further_ctrl_c_during_the_clean_up_is_answered_not_ignored():
         "still stopping agents, workers and trainers (3 processes), please wait",
         "still stopping agents, workers and trainers (1 process), please wait",
     ]
+
+
+def test_the_local_cluster_stops_the_agents_before_the_coordinator_closes():
+    """On exit the replay stops, agents and trainers are told why and waited for, the
+    coordinator closes (its last status is then final), then the trace driver's agents and
+    the mock metadata servers stop; a Ctrl-C meanwhile is answered."""
+    import signal
+    import types
+
+    from spotlight.cli.up_local import LocalCluster
+
+    events, said = [], []
+
+    class Proc:
+        def __init__(self, name):
+            self.name = name
+
+        def poll(self):
+            return None
+
+        def wait(self, timeout=None):
+            events.append(f"wait {self.name}")
+
+        def terminate(self):
+            events.append(f"terminate {self.name}")
+
+    coord = types.SimpleNamespace(
+        train_procs=[Proc("trainer")],
+        shutdown_agents=lambda reason: events.append(f"shutdown ({reason})"),
+        close=lambda: events.append("coordinator close"),
+    )
+    driver = types.SimpleNamespace(
+        stop_event=types.SimpleNamespace(set=lambda: events.append("replay stops")),
+        close=lambda: events.append("driver close"),
+        procs=[],
+    )
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    try:
+        with LocalCluster(types.SimpleNamespace(), coord, say=said.append) as cluster:
+            cluster.procs.append(Proc("agent"))
+            cluster.driver = driver
+            cluster.mocks.append(types.SimpleNamespace(stop=lambda: events.append("mock stop")))
+            cluster.interrupt()
+            signal.getsignal(signal.SIGINT)(signal.SIGINT, None)
+            assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before[0])
+        signal.signal(signal.SIGTERM, before[1])
+    assert events == [
+        "replay stops",
+        "shutdown (interrupted)",
+        "wait agent",
+        "wait agent",
+        "wait trainer",
+        "coordinator close",
+        "driver close",
+        "mock stop",
+    ]
+    assert said == ["still stopping agents, workers and trainers (2 processes), please wait"]
 
 
 def test_resume_existing_of_a_finished_run_is_nothing_to_do_even_with_config(tmp_path):
@@ -215,7 +274,8 @@ def test_resume_existing_of_a_finished_run_is_nothing_to_do_even_with_config(tmp
     assert res.exit_code == 0, res.output
     assert (
         res.output.strip()
-        == f"{rd} is finished (2/2 iterations): model in {rd / 'final'}, metrics in {rd / 'metrics.jsonl'}: nothing to do"
+        == f"{rd} is finished (2/2 iterations): model in {rd / 'final'}, metrics in {rd / 'metrics.jsonl'}: "
+        "nothing to do"
     ), res.output
     assert _snapshot_files(rd) == before
 
@@ -235,9 +295,9 @@ def test_a_run_dir_or_keys_that_is_a_file_is_one_line_before_anything_is_printed
 
 
 def test_a_tcp_reserved_address_is_accepted_as_the_agents_form_is():
-    from spotlight.cli.up import _check_options
+    from spotlight.cli.up_preflight import check_options
 
-    assert _check_options(mock_cloud="none", reserved="tcp://127.0.0.1:5555", trace_mode="slice") == []
+    assert check_options(mock_cloud="none", reserved="tcp://127.0.0.1:5555", trace_mode="slice") == []
 
 
 def test_a_plain_start_on_a_finished_run_suggests_a_command_that_extends_it(tmp_path):

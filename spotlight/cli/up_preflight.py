@@ -1,0 +1,480 @@
+"""``spotlight up`` before anything is written or started: its options resolved into an
+:class:`UpRun` (:func:`resolve_options`), then every check that can still refuse the start
+(:func:`preflight`). Nothing here prints: a refusal is a :class:`Stop` that carries its one
+line and the exit status, and the command prints it."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import logging
+import os
+import pathlib
+import secrets
+from typing import TYPE_CHECKING
+
+from rich.markup import escape
+
+if TYPE_CHECKING:
+    from spotlight.cli.up import UpOptions
+    from spotlight.config import SpotlightConfig
+    from spotlight.tasks.prompts import PromptSet
+    from spotlight.traces.replay_plan import LocalReplay
+
+UNCAPPED_CANDIDATES = 1_000_000
+"""``explore.max_candidates_per_prompt`` of ``--uncapped-exploration``: more candidates than
+any training window can explore, i.e. no cap (paper §6.7 Fig. 15 measures peak throughput so)."""
+
+DEFAULT_RESERVED = "127.0.0.1:0"
+"""``--reserved`` when not given: a resumed run then listens where its coordinator did."""
+
+
+class Stop(Exception):
+    """``spotlight up`` stops before its run started: ``line`` (rich markup) is printed and the
+    command exits with ``code`` (2: the start is refused; 0: there is nothing to do)."""
+
+    def __init__(self, line: str, code: int = 2):
+        super().__init__(line)
+        self.line = line
+        self.code = code
+
+
+def refuse(message: str) -> Stop:
+    """The :class:`Stop` of a refusal: ``error: message`` (``message`` is plain text), exit 2."""
+    return Stop(f"[red]error:[/red] {escape(message)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class UpRun:
+    """What ``spotlight up``'s options resolve to (:func:`resolve_options`).
+
+    Attributes:
+        opts: the options as given.
+        cfg: the run's config, with ``--iterations``, ``--mode``, ``--tracker`` and
+            ``--uncapped-exploration`` applied (a resumed run's own ``config.toml``).
+        prompt_set: the prompts of ``cfg.data``.
+        run_dir: the run directory (``--run-dir``, ``--resume``, or a new ``runs/<timestamp>``).
+        fresh: this start creates the run directory (or found it empty): a start that fails
+            before its coordinator runs removes it again.
+        resuming: the run continues from its checkpoint (``--resume``, or ``--resume-existing``
+            on a directory that holds a run).
+        reserved: ``HOST:PORT`` the coordinator binds (``tcp://`` stripped; a resumed run
+            keeps its earlier address unless ``--reserved`` names one).
+        agents: local spot agents (``--agents``, default 2).
+        replay: the ``--trace`` or ``--preemption-cycles`` replay, planned by :func:`preflight`
+            (None: no replay).
+    """
+
+    opts: UpOptions
+    cfg: SpotlightConfig
+    prompt_set: PromptSet
+    run_dir: pathlib.Path
+    fresh: bool
+    resuming: bool
+    reserved: str
+    agents: int
+    replay: LocalReplay | None = None
+
+    @property
+    def prompts(self) -> list[str]:
+        return self.prompt_set.prompts
+
+    @property
+    def keys_dir(self) -> pathlib.Path:
+        """The coordinator's keys directory: ``--keys``, else ``RUN_DIR/keys``."""
+        return (self.opts.keys or self.run_dir / "keys").resolve()
+
+    @property
+    def replay_flag(self) -> str | None:
+        """The option that asks for a replay (``--trace`` or ``--preemption-cycles``), or None."""
+        if self.opts.trace is not None:
+            return "--trace"
+        return "--preemption-cycles" if self.opts.preemption_cycles is not None else None
+
+    @property
+    def mock_cloud(self) -> str:
+        """The cloud of the local spot agents' mock metadata servers ("none": no server); a
+        replay needs one, so it picks aws unless ``--mock-cloud`` names another."""
+        if self.replay is not None and self.opts.mock_cloud == "none":
+            return "aws"
+        return self.opts.mock_cloud
+
+    @property
+    def layout(self) -> dict:
+        """The keyword arguments of :func:`spotlight.cli.up.resume_command` that repeat this
+        start's local layout (``--mock-cloud`` as given, not as a replay picked it)."""
+        o = self.opts
+        return dict(
+            local=o.local,
+            agents=self.agents,
+            gpus_per_agent=o.gpus_per_agent,
+            mock_cloud=o.mock_cloud,
+            grace_s=o.grace_s,
+            spot_nice=o.spot_nice,
+            reserved=self.reserved,
+            keys=o.keys,
+            verbose=o.verbose,
+            log_level=o.log_level,
+            trackers=o.tracker,
+            spot=self.cfg.cluster.use_spot,
+        )
+
+
+def check_options(
+    *,
+    mock_cloud: str,
+    reserved: str,
+    trace_mode: str,
+    local: bool = True,
+    agents: int | None = None,
+    timeout_s: float | None = None,
+    grace_s: float = 20.0,
+    cycle_down_s: float = 5.0,
+    cycle_iteration_s: float | None = None,
+    tracker: list[str] | None = None,
+    dirs: tuple[tuple[str, pathlib.Path | None], ...] = (),
+) -> list[str]:
+    """One-line problems with ``spotlight up``'s plain options, found before anything starts
+    or is written (an empty list: none). ``dirs``: ``(flag, path)`` of options naming a
+    directory (``--run-dir``, ``--keys``): one that exists as something else is refused."""
+    from spotlight.cloud.mock_metadata import CLOUDS
+    from spotlight.coordinator.tracking import KINDS
+    from spotlight.net.endpoints import parse_host_port
+    from spotlight.traces.replay_plan import TRACE_MODES
+
+    problems = []
+    if not local:  # options that only mean something for local agents are refused, not ignored
+        problems += [
+            f"{flag} needs --local"
+            for flag, given in (("--agents", agents is not None), ("--mock-cloud", mock_cloud != "none"))
+            if given
+        ]
+    for flag, value, zero_ok in (
+        ("--timeout-s", timeout_s, False),
+        ("--grace-s", grace_s, True),
+        ("--cycle-down-s", cycle_down_s, False),
+        ("--cycle-iteration-s", cycle_iteration_s, False),
+    ):
+        if value is not None and not (value >= 0 if zero_ok else value > 0):  # NaN fails both
+            problems.append(f"{flag} {value:g}: must be {'>=' if zero_ok else '>'} 0 seconds")
+    if mock_cloud not in (*CLOUDS, "none"):
+        problems.append(f"--mock-cloud {mock_cloud}: choose from {', '.join(CLOUDS)}, none")
+    try:
+        parse_host_port(reserved, flag="--reserved", any_port=True)
+    except ValueError as exc:
+        problems.append(str(exc))
+    if trace_mode not in TRACE_MODES:
+        problems.append(f"--trace-mode {trace_mode}: choose from {', '.join(TRACE_MODES)}")
+    problems += [
+        f"--tracker {t}: choose from {', '.join(KINDS)}, none" for t in tracker or [] if t not in (*KINDS, "none")
+    ]
+    problems += [
+        f"{flag} {path}: not a directory"
+        for flag, path in dirs
+        if path is not None and path.exists() and not path.is_dir()
+    ]
+    return problems
+
+
+def resolve_options(opts: UpOptions) -> UpRun:
+    """``opts`` resolved: the config loaded with the options' overrides, the run directory
+    chosen, a resumed run's config and address found.
+
+    Raises:
+        Stop: a bad option (the first one found), a ``--resume`` that names no run or
+            contradicts ``--run-dir``/``--config``, or a config, prompt file or tracker that
+            cannot be used.
+    """
+    if not isinstance(logging.getLevelName(opts.log_level.upper()), int):
+        raise refuse(f"--log-level {opts.log_level}: expected DEBUG, INFO, WARNING or ERROR")
+    for problem in check_options(
+        mock_cloud=opts.mock_cloud,
+        reserved=opts.reserved,
+        trace_mode=opts.trace_mode,
+        local=opts.local,
+        agents=opts.agents,
+        timeout_s=opts.timeout_s,
+        grace_s=opts.grace_s,
+        cycle_down_s=opts.cycle_down_s,
+        cycle_iteration_s=opts.cycle_iteration_s,
+        tracker=opts.tracker,
+        dirs=(("--run-dir", opts.run_dir), ("--resume", opts.resume), ("--keys", opts.keys)),
+    ):
+        raise refuse(problem)
+    logging.basicConfig(level=opts.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from spotlight.config import load_config
+    from spotlight.coordinator.tracking import TrackingError, check_trackers
+    from spotlight.errors import SpotlightError
+    from spotlight.tasks.prompts import prompt_set_from_config
+
+    overrides = _config_overrides(opts)
+    resume, config, run_dir = _resume_target(opts)
+    try:
+        cfg = load_config(config, overrides)
+        prompt_set = prompt_set_from_config(cfg.data, config)
+    except SpotlightError as exc:
+        raise refuse(str(exc)) from None
+    try:
+        check_trackers(cfg.run.trackers)
+    except TrackingError as exc:
+        raise refuse(str(exc)) from None
+    rd = run_dir or pathlib.Path("runs") / f"{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+    reserved = opts.reserved.removeprefix("tcp://")  # the coordinator binds tcp://HOST:PORT
+    if resume is not None and reserved == DEFAULT_RESERVED:
+        reserved = _earlier_address(rd) or reserved  # the same address: agents reconnect by themselves
+    return UpRun(
+        opts=opts,
+        cfg=cfg,
+        prompt_set=prompt_set,
+        run_dir=rd,
+        fresh=resume is None and (not rd.exists() or (rd.is_dir() and not any(rd.iterdir()))),
+        resuming=resume is not None,
+        reserved=reserved,
+        agents=2 if opts.agents is None else opts.agents,
+    )
+
+
+def _config_overrides(opts: UpOptions) -> dict:
+    """The config keys ``--iterations``, ``--mode``, ``--tracker`` and ``--uncapped-exploration`` set.
+
+    Raises:
+        Stop: an unknown ``--mode``.
+    """
+    overrides = {"run.iterations": opts.iterations} if opts.iterations else {}
+    if opts.mode is not None:
+        from spotlight.core.modes import MODE_NAMES
+
+        if opts.mode not in MODE_NAMES:
+            raise refuse(f"--mode {opts.mode}: choose from {', '.join(MODE_NAMES)}")
+        overrides["run.mode"] = opts.mode
+    if opts.tracker:
+        overrides["run.trackers"] = [] if opts.tracker == ["none"] else opts.tracker
+    if opts.uncapped_exploration:
+        overrides.update({"explore.max_candidates_per_prompt": UNCAPPED_CANDIDATES, "explore.stream_extra": True})
+    return overrides
+
+
+def _resume_target(opts: UpOptions) -> tuple[pathlib.Path | None, pathlib.Path | None, pathlib.Path | None]:
+    """``(resume, config, run_dir)``: the run directory to resume (None: a new run), the
+    config file to load (a resumed run's own ``config.toml``; None: the embedded default) and
+    the run directory (None: a new ``runs/<timestamp>``). ``--resume-existing`` resumes its
+    ``--run-dir`` when that holds a run.
+
+    Raises:
+        Stop: ``--resume`` with another ``--run-dir`` or with ``--config``, or on a directory
+            without ``config.toml``; ``--resume-existing`` without ``--run-dir``.
+    """
+    resume, config, run_dir = opts.resume, opts.config, opts.run_dir
+    if resume is not None and run_dir is not None and pathlib.Path(run_dir).resolve() != pathlib.Path(resume).resolve():
+        raise refuse("--resume names the run directory; do not pass a different --run-dir")
+    if resume is None and opts.resume_existing:
+        if run_dir is None:
+            raise refuse("--resume-existing needs --run-dir")
+        rd = pathlib.Path(run_dir)
+        if (rd / "config.toml").is_file() and (rd / "coordinator.json").is_file():
+            resume, config = rd, None  # the run's own config.toml, as with --resume
+    if resume is None:
+        return None, config, run_dir
+    if not (pathlib.Path(resume) / "config.toml").is_file():
+        raise Stop(f"[red]error:[/red] --resume {resume}: no config.toml there; not a Spotlight run directory")
+    if config is not None:
+        raise refuse("--resume uses the run's own config.toml; drop --config")
+    return pathlib.Path(resume), pathlib.Path(resume) / "config.toml", pathlib.Path(resume)
+
+
+def _earlier_address(run_dir: pathlib.Path) -> str | None:
+    """``HOST:PORT`` the earlier coordinator of ``run_dir`` listened on (its ``coordinator.json``), or None."""
+    try:
+        endpoint = json.loads((run_dir / "coordinator.json").read_text()).get("endpoint")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return endpoint.removeprefix("tcp://") if endpoint else None
+
+
+def preflight(run: UpRun) -> UpRun:
+    """Every check that can refuse ``run`` before anything is written or started, in order:
+    the run directory (:func:`check_run_dir`), the model checkpoint, the reward against the
+    prompts, the replay. Returns ``run`` with its replay planned (reading the trace is the
+    replay's check).
+
+    Raises:
+        Stop: the first refusal (exit 2), or ``--resume-existing`` of a finished run (exit 0).
+    """
+    check_run_dir(run)
+    _check_model(run.cfg)
+    _check_reward(run)
+    return dataclasses.replace(run, replay=_plan_replay(run))
+
+
+def check_run_dir(run: UpRun) -> None:
+    """Refuse a run directory whose coordinator still runs, a plain start on a directory that
+    already holds a run, and the resumption of a finished run.
+
+    Raises:
+        Stop: as above; ``--resume-existing`` of a finished run stops with exit 0 (a
+            supervisor's restart: nothing to do, and no failure to restart on).
+    """
+    rd = run.run_dir
+    if (running := _running_coordinator(rd)) is not None:  # before --resume is suggested: it would be refused
+        raise Stop(
+            f"[red]error:[/red] the run in {rd} is still running (coordinator pid {running}); watch it with "
+            f"[cyan]spotlight status {rd}[/cyan] (stop it with Ctrl-C in its terminal or kill {running})"
+        )
+    if not run.resuming and (rd / "metrics.jsonl").is_file() and (rd / "metrics.jsonl").stat().st_size > 0:
+        raise Stop(
+            f"[red]error:[/red] {rd} already holds a run (metrics.jsonl); {escape(_continue_hint(rd))} "
+            "or choose another --run-dir"
+        )
+    if run.resuming and (why := _finished(rd, run.cfg.run.iterations)) is not None:
+        if run.opts.resume_existing:
+            raise Stop(f"{escape(why.split(';')[0])}: nothing to do", code=0)
+        raise refuse(why)
+
+
+def _check_model(cfg: SpotlightConfig) -> None:
+    """Refuse a missing or incomplete checkpoint, or LoRA targets it lacks (no weights load).
+
+    Raises:
+        Stop: as above.
+    """
+    from spotlight.models.families import ModelLoadError, get_family
+
+    try:
+        family = get_family(cfg.model)
+        family.check()
+        if cfg.train.use_lora and cfg.train.lora_target_modules:
+            family.check_lora_targets(list(cfg.train.lora_target_modules))
+    except ModelLoadError as exc:
+        raise refuse(str(exc)) from None
+
+
+def _check_reward(run: UpRun) -> None:
+    """Refuse prompts the shapes-world reward cannot score, and an unreachable reward service.
+
+    Raises:
+        Stop: as above.
+    """
+    cfg = run.cfg
+    if cfg.reward.kind == "geneval_shapes":  # every prompt must be a shapes-world caption
+        from spotlight.rewards.reward_fn import RewardError, RewardFn
+
+        try:
+            RewardFn(cfg.reward).check_prompts(run.prompts)
+        except RewardError as exc:
+            source = cfg.data.prompts_path or "the GenEval set (examples/default/prompts)"
+            raise Stop(
+                f"[red]error:[/red] reward.kind = 'geneval_shapes' cannot score the prompts of {source}: "
+                f"{escape(str(exc))}"
+            ) from None
+    if cfg.reward.kind == "http":  # fail fast on an unreachable reward service
+        import numpy as np
+
+        from spotlight.rewards.reward_fn import RewardError, RewardFn
+
+        try:
+            RewardFn(cfg.reward)(
+                np.zeros((1, 3, cfg.model.image_size, cfg.model.image_size), dtype=np.uint8), [run.prompts[0]]
+            )
+        except RewardError as exc:
+            raise refuse(f"reward service check failed: {exc}") from None
+
+
+def _plan_replay(run: UpRun) -> LocalReplay | None:
+    """The ``--trace`` or ``--preemption-cycles`` replay onto the local spot agents
+    (:func:`spotlight.traces.replay_plan.plan_local_replay`), or None without either.
+
+    Raises:
+        Stop: a replay without ``--local``, on resume, or in a run without spot GPUs; a trace
+            that cannot be read or replayed so.
+    """
+    opts, cfg, flag = run.opts, run.cfg, run.replay_flag
+    if flag is None:
+        return None
+    if not opts.local:
+        raise refuse(f"{flag} needs --local")
+    if run.resuming:
+        raise refuse(f"--resume cannot replay a {flag} (the trace driver's state is not checkpointed)")
+    if not cfg.cluster.use_spot:
+        raise refuse(f"{flag} replays spot capacity, but run.mode = {cfg.run.mode!r} uses no spot GPUs")
+    from spotlight.traces.formats import EXPECTED_ITERATION_S
+    from spotlight.traces.replay_plan import plan_local_replay
+
+    try:
+        return plan_local_replay(
+            iterations=cfg.run.iterations,
+            agents=run.agents,
+            gpus_per_agent=opts.gpus_per_agent,
+            trace=opts.trace,
+            trace_mode=opts.trace_mode,
+            time_scale=opts.time_scale,
+            trace_start_s=opts.trace_start_s,
+            trace_duration_s=opts.trace_duration_s,
+            seed=opts.trace_seed,
+            preemption_cycles=opts.preemption_cycles,
+            cycle_down_s=opts.cycle_down_s,
+            cycle_iteration_s=opts.cycle_iteration_s if opts.cycle_iteration_s is not None else EXPECTED_ITERATION_S,
+        )
+    except OSError as exc:
+        raise refuse(f"--trace {opts.trace}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise refuse(str(exc)) from None
+
+
+def _checkpointed_iterations(run_dir: pathlib.Path) -> int | None:
+    """Iterations held by ``run_dir``'s latest complete checkpoint
+    (:func:`spotlight.store.checkpoint.latest_checkpoint`), or None without one."""
+    from spotlight.store.checkpoint import latest_checkpoint
+
+    try:
+        got = latest_checkpoint(run_dir, cleanup=False)
+    except OSError:
+        return None
+    return None if got is None else got[0] + 1
+
+
+def _running_coordinator(run_dir: pathlib.Path) -> int | None:
+    """The pid of the coordinator of ``run_dir`` (its ``coordinator.json``) if that process
+    is still alive and a Spotlight process, else None."""
+    from spotlight.cli.up_local import live_process
+
+    try:
+        pid = json.loads((pathlib.Path(run_dir) / "coordinator.json").read_text()).get("pid")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(pid, int) or pid == os.getpid():
+        return None
+    return pid if live_process(pid, "spotlight") is not None else None
+
+
+def _finished(run_dir: pathlib.Path, iterations: int) -> str | None:
+    """Why ``--resume run_dir`` must not start: its checkpoints already hold ``iterations``
+    iterations (the run finished; resuming would re-run the last one's save and rewrite its
+    results), else None. ``iterations``: the run's, with ``--iterations`` applied."""
+    done = _checkpointed_iterations(run_dir) or 0
+    if done < iterations:
+        return None
+    rd = pathlib.Path(run_dir)
+    return (
+        f"{run_dir} is finished ({done}/{done} iterations): model in {rd / 'final'}, "
+        f"metrics in {rd / 'metrics.jsonl'}; to train it further, resume with --iterations N (N > {done})"
+    )
+
+
+def _continue_hint(run_dir: pathlib.Path) -> str:
+    """How to continue the run already in ``run_dir``: ``--resume`` -- and, for a finished run
+    (its checkpoints hold all of its config's iterations, which ``--resume`` alone refuses:
+    :func:`_finished`), ``--resume … --iterations N`` to train it further."""
+    import shlex
+
+    from spotlight.config import ConfigError, load_config
+
+    command = f"spotlight up --resume {shlex.quote(str(run_dir))}"
+    try:
+        iterations = load_config(pathlib.Path(run_dir) / "config.toml").run.iterations
+    except ConfigError:
+        iterations = None
+    done = _checkpointed_iterations(run_dir)
+    if iterations is not None and done is not None and done >= iterations:
+        return f"it is finished ({done}/{done} iterations); train it further with {command} --iterations N (N > {done})"
+    return f"continue it with {command}"
