@@ -225,7 +225,7 @@ def test_the_local_cluster_stops_the_agents_before_the_coordinator_closes():
             events.append(f"terminate {self.name}")
 
     coord = types.SimpleNamespace(
-        train_procs=[Proc("trainer")],
+        trainers=types.SimpleNamespace(procs=[Proc("trainer")]),
         shutdown_agents=lambda reason: events.append(f"shutdown ({reason})"),
         close=lambda: events.append("coordinator close"),
     )
