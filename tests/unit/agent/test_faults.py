@@ -22,7 +22,7 @@ from spotlight import protocol as P
 from spotlight.cloud.mock_metadata import MockMetadataServer
 from spotlight.net.security import add_client, init_keys, load_client_keys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 @pytest.fixture

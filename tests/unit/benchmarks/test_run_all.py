@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-BENCH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
+BENCH = pathlib.Path(__file__).resolve().parents[3] / "benchmarks"
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from spotlight.cli import app
 
-TOY = str(pathlib.Path(__file__).resolve().parents[2] / "examples" / "jpeg-toy" / "config.toml")
+TOY = str(pathlib.Path(__file__).resolve().parents[3] / "examples" / "jpeg-toy" / "config.toml")
 
 
 def _up(*args: str):

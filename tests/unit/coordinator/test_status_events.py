@@ -14,9 +14,9 @@ import time
 import pytest
 
 from spotlight import protocol as P
-from tests.unit.test_weight_sync import _register, _Run
+from tests.unit.store.test_weight_sync import _register, _Run
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def _ask_status(run) -> dict:

@@ -13,7 +13,7 @@ import pytest
 
 from agent.main import EXIT_NODE_ID_IN_USE, EXIT_NODE_PREEMPTED, SHUTDOWN_BOUND_S
 
-UNITS = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "systemd"
+UNITS = pathlib.Path(__file__).resolve().parents[3] / "scripts" / "systemd"
 COORD_EXEC = (
     "/opt/spotlight/.venv/bin/spotlight up --config /etc/spotlight/run.toml --reserved 0.0.0.0:7400 "
     "--keys /etc/spotlight/keys --run-dir /var/lib/spotlight/run --resume-existing"

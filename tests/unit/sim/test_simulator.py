@@ -15,7 +15,7 @@ from spotlight.sim.profile import DEFAULT_PROFILE, ProfileError, load_profile
 from spotlight.sim.simulator import POLICIES, Simulator, simulate
 from spotlight.traces.formats import ReplayAction, TraceEvent, load_bamboo_trace, pingpong_trace
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
+REPO = pathlib.Path(__file__).resolve().parents[3]
 TRACE = REPO / "examples" / "traces" / "bamboo" / "p3-trace.csv"
 
 

@@ -11,7 +11,7 @@ import pytest
 from spotlight.traces import actions as ta
 from spotlight.traces.formats import TracePlacement, load_trace, pingpong_trace
 
-P3 = pathlib.Path(__file__).resolve().parents[2] / "examples" / "traces" / "bamboo" / "p3-trace.csv"
+P3 = pathlib.Path(__file__).resolve().parents[3] / "examples" / "traces" / "bamboo" / "p3-trace.csv"
 DAY = 86400.0
 
 

@@ -22,7 +22,7 @@ from spotlight.traces.formats import (
     slice_trace,
 )
 
-P3 = Path(__file__).resolve().parents[2] / "examples" / "traces" / "bamboo" / "p3-trace.csv"
+P3 = Path(__file__).resolve().parents[3] / "examples" / "traces" / "bamboo" / "p3-trace.csv"
 
 
 @pytest.fixture(scope="module")
@@ -503,7 +503,7 @@ def test_a_full_replay_too_big_for_one_agent_says_so_in_proper_plurals():
 
     from spotlight.traces.replay_plan import plan_local_replay
 
-    trace = pathlib.Path(__file__).resolve().parents[2] / "examples" / "traces" / "bamboo" / "p3-trace.csv"
+    trace = pathlib.Path(__file__).resolve().parents[3] / "examples" / "traces" / "bamboo" / "p3-trace.csv"
     with pytest.raises(ValueError) as info:
         plan_local_replay(
             iterations=1,

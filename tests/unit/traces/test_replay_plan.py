@@ -18,7 +18,7 @@ from spotlight.traces.formats import (
 from spotlight.traces.replay_plan import plan_local_replay
 from spotlight.traces.synthetic import preemption_cycles
 
-P3 = Path(__file__).resolve().parents[2] / "examples" / "traces" / "bamboo" / "p3-trace.csv"
+P3 = Path(__file__).resolve().parents[3] / "examples" / "traces" / "bamboo" / "p3-trace.csv"
 
 
 def test_preemption_cycles_option_gives_n_cycles_per_iteration():

@@ -52,7 +52,7 @@ def test_tiles_are_apart(tmp_path):
 def test_coordinator_names_grids_by_the_1_based_iteration(tmp_path):
     from spotlight.coordinator.coordinator import Sample
     from spotlight.core.request_scheduler import RequestKind
-    from tests.unit.test_weight_sync import _Run
+    from tests.unit.store.test_weight_sync import _Run
 
     run = _Run(tmp_path)
     try:
@@ -74,7 +74,7 @@ def test_verl_omni_spot_grid_shows_the_candidates_reused_as_the_rollout(tmp_path
     written in that mode."""
     from spotlight.coordinator.coordinator import Sample
     from spotlight.core.request_scheduler import RequestKind
-    from tests.unit.test_weight_sync import _Run
+    from tests.unit.store.test_weight_sync import _Run
 
     run = _Run(tmp_path, **{"run.mode": "verl-omni-spot"})
     try:

@@ -20,7 +20,7 @@ from spotlight.rewards.server import (
     parse_scorer_spec,
 )
 from spotlight.tasks.shapes import geneval, world
-from tests.unit.test_reward_server import running
+from tests.unit.rewards.test_server import running
 
 pytestmark = pytest.mark.timeout(120)
 

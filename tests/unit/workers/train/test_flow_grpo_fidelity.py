@@ -15,7 +15,7 @@ from spotlight.config import SamplerConfig, SpotlightConfig, TrainConfig
 from spotlight.rl.grpo import kl_to_reference
 from spotlight.rl.sampler import Sampler, make_sigmas, sde_step
 from spotlight.workers.train.train_worker import FlowGRPOTrainer, _minibatches
-from tests.unit.test_train_worker import ROLLOUT_MBS, TEXT_DIM, _states_differ, make_rollout
+from tests.unit.workers.train.test_train_worker import ROLLOUT_MBS, TEXT_DIM, _states_differ, make_rollout
 
 pytestmark = pytest.mark.filterwarnings("ignore:FSDP2-wrapped module")
 

@@ -15,7 +15,7 @@ import torch.multiprocessing as mp
 from spotlight.config import SpotlightConfig, TrainConfig
 from spotlight.store.checkpoint import prune_train_versions, train_version_path, train_versions
 from spotlight.workers.train.train_worker import FlowGRPOTrainer
-from tests.unit.test_train_worker import ROLLOUT_MBS, TEXT_DIM, _select, make_rollout
+from tests.unit.workers.train.test_train_worker import ROLLOUT_MBS, TEXT_DIM, _select, make_rollout
 
 pytestmark = pytest.mark.filterwarnings("ignore:FSDP2-wrapped module")
 
@@ -200,7 +200,7 @@ def test_process_checkpoints_and_resumes(rollout, tmp_path):
         write_client_file,
     )
     from spotlight.store import tensor_wire
-    from tests.unit.test_train_worker import _free_port, recv_version
+    from tests.unit.workers.train.test_train_worker import _free_port, recv_version
 
     init_keys(tmp_path / "keys")
     ctx = zmq.Context()
