@@ -10,7 +10,7 @@
   - ``e2e``: everything under ``tests/integration/``, applied here;
   - ``procs``: a test that starts processes or a process group (``subprocess``, ``mp.spawn``,
     agent or worker processes, gloo ``init_process_group``). Marked in the test module
-    (``pytestmark``/decorator) or, for the modules listed in :data:`PROCS_MODULES`, here. The
+    (``pytestmark``/decorator) or, for the tests in :data:`PROCS_MODULES`/:data:`PROCS_TESTS`, here. The
     guard below fails any test outside ``procs``/``e2e`` that starts a process or a
     process group, so the fast lane stays in-process;
   - ``gpu``: needs CUDA; skipped where ``torch.cuda.is_available()`` is false.
@@ -34,9 +34,53 @@ TESTS = pathlib.Path(__file__).resolve().parent
 
 # Modules whose every test is ``procs``, marked here rather than in the module: their owners
 # edit them in parallel (move the mark into the module's ``pytestmark`` when convenient).
-PROCS_MODULES: set[str] = set()
-# Single tests of such modules (the rest of the module stays in the fast lane).
-PROCS_TESTS: set[str] = set()
+PROCS_MODULES = {
+    "unit/agent/test_restart.py",
+    "unit/workers/train/test_train_checkpoint.py",
+    "unit/workers/train/test_train_worker.py",
+}
+# Single tests of modules edited in parallel (parameters left out; the rest of the module stays fast).
+PROCS_TESTS = (
+    {
+        "unit/agent/test_faults.py::" + name
+        for name in (
+            "test_agent_restarted_on_preempted_vm_exits_75_and_does_not_drain_twice",
+            "test_spawned_worker_environment_has_no_secrets",
+            "test_shutdown_kills_sigterm_ignoring_workers_within_one_deadline",
+            "test_shutdown_terminates_cooperative_workers_without_kill",
+            "test_join_without_keys_is_one_line_before_connecting",
+            "test_join_to_nothing_shows_progress_and_obeys_sigterm",
+            "test_first_registration_timeout_is_an_option",
+            "test_join_with_a_bad_coordinator_address_is_one_line_before_connecting",
+            "test_join_help_fits_80_columns",
+        )
+    }
+    | {
+        "unit/agent/test_warm_spare.py::" + name
+        for name in (
+            "test_grant_hands_the_ready_spare_over_and_the_next_spare_follows",
+            "test_spare_of_an_old_configuration_is_not_used",
+            "test_spare_that_dies_unused_is_restarted_then_given_up",
+            "test_spare_that_initialised_cuda_falls_back_to_a_cold_worker",
+            "test_revoked_follower_is_killed_once_the_survivor_serves_and_a_leader_after_its_commit",
+        )
+    }
+    | {
+        "unit/cli/test_console.py::" + name
+        for name in (
+            "test_child_logs_go_to_its_file_not_the_console",
+            "test_verbose_echoes_child_logs_and_keeps_the_file",
+            "test_children_ignore_ctrl_c_the_parent_stops_them",
+        )
+    }
+    | {
+        "unit/cli/test_help.py::test_help_fits_80_columns",
+        "unit/cli/test_up.py::test_a_run_whose_coordinator_still_runs_points_to_status_not_resume",
+        "unit/coordinator/test_status_events.py::test_status_cli_shows_a_finished_run_from_its_directory",
+        "unit/core/test_cores.py::test_derive_seed_is_stable",
+        "unit/sim/test_simulator.py::test_cli_prints_the_cost_to_target_table",
+    }
+)
 
 
 @pytest.fixture(autouse=True)

@@ -56,6 +56,7 @@ def poll_ok(det, now=None):
 
 
 # --- module basics ---------------------------------------------------------------------------
+@pytest.mark.procs
 def test_import_does_not_pull_torch():
     code = "import agent.preemption, spotlight.cloud.mock_metadata, sys; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -64,6 +64,7 @@ def test_every_figure_script_exists_and_names_are_unique(run_all):
         assert (BENCH / f.script).is_file(), f.script
 
 
+@pytest.mark.procs
 def test_run_all_dry_run_reports_skips(tmp_path):
     env = {**os.environ, "PATH": f"{pathlib.Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     out = subprocess.run(

@@ -96,6 +96,7 @@ def test_coordinator_resumes_its_run_dir():
     assert one(svc, "Restart") == "on-failure"
 
 
+@pytest.mark.procs
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
 @pytest.mark.parametrize("name", ["spotlight-agent.service", "spotlight-coordinator.service"])
 def test_systemd_analyze_exposure_at_most_4(name):

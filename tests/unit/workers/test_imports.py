@@ -11,11 +11,14 @@ import ast
 import subprocess
 import sys
 
+import pytest
+
 from spotlight.config import REPO_ROOT
 
 GROUP, ROLLOUT = "spotlight.workers.sp.group_worker", "spotlight.workers.rollout.worker"
 
 
+@pytest.mark.procs
 def test_the_rollout_worker_imports_without_the_group_worker():
     code = (
         "import importlib, sys\n"

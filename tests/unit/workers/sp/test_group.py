@@ -363,6 +363,7 @@ def _t_group_cache(q, role, ports):
 # ---------------------------------------------------------------- tests
 
 
+@pytest.mark.procs
 def test_sp_group_exploration_honours_first_block_cache_like_a_single_worker():
     """Issue 10 item 4.2: exploration on an SP group ran every step whatever its cache
     threshold (GroupExecutor ignored it). Now the group caches with a group-wide decision
@@ -391,6 +392,7 @@ def test_sp_group_exploration_honours_first_block_cache_like_a_single_worker():
     assert all(single[("num_gpus", *case)] == 1.0 for case in CACHE_CASES)
 
 
+@pytest.mark.procs
 def test_sp2_matches_sp1_and_reform_builds_a_fresh_model():
     ports = _free_ports(2)
     out = _run([(_t_match, (r, ports)) for r in range(2)])
@@ -405,6 +407,7 @@ def test_sp2_matches_sp1_and_reform_builds_a_fresh_model():
         np.testing.assert_allclose(out[f"r{r}.v_odd_text"], _reference(text_tokens=15), atol=1e-5, rtol=0)
 
 
+@pytest.mark.procs
 def test_shrink_2_to_1_reuses_weights_in_memory():
     ports = _free_ports(2)
     out = _run([(_t_shrink, (r, ports)) for r in range(2)])
@@ -416,6 +419,7 @@ def test_shrink_2_to_1_reuses_weights_in_memory():
     assert "r1.done" in out
 
 
+@pytest.mark.procs
 def test_grow_1_to_2_broadcasts_weights_from_peer():
     ports = _free_ports(2)
     out = _run([(_t_grow, ("old", ports)), (_t_grow, ("new", ports))])
@@ -432,6 +436,7 @@ def test_grow_1_to_2_broadcasts_weights_from_peer():
     np.testing.assert_allclose(out["new.v_sp2"], ref, atol=1e-5, rtol=0)
 
 
+@pytest.mark.procs
 def test_trajectory_survives_sp_2_1_2():
     ports = _free_ports(3)
     out = _run([(_t_trajectory, (role, ports)) for role in ("leader", "follower", "joiner")])
@@ -464,6 +469,7 @@ def test_bad_sp_degree_raises_before_any_collective():
     assert m.sp_degree == 0 and m.model is None
 
 
+@pytest.mark.procs
 def test_hard_revoke_mid_batch_rolls_back_and_continues_alone():
     ports = _free_ports(2)
     out = _run([(_t_hard_revoke, ("leader", ports)), (_t_hard_revoke, ("follower", ports))], dies=(1,))

@@ -61,6 +61,7 @@ def test_exact_kl_divides_by_the_step_variance():
     )
 
 
+@pytest.mark.procs
 def test_trainer_uses_the_configured_kl_form(pg):
     """Two optimizer steps (KL = 0 on the first: μ = μ_ref, and its gradient is 0, so both
     trainers hold identical weights for the second): the KL of the second differs by 1/|dt|."""
@@ -89,6 +90,7 @@ def test_minibatch_split_is_consecutive_and_complete():
     assert _minibatches([[0]], 2) == [[], [[0]]]
 
 
+@pytest.mark.procs
 def test_first_minibatch_is_on_policy_later_ones_are_not(pg):
     batch = make_rollout(SpotlightConfig(sampler=SamplerConfig(sde_window_size=1)))
     tr = _trainer(steps_per_iteration=2, clip_range=1e-6)
@@ -129,6 +131,7 @@ def test_non_finite_sample_is_dropped_and_counted():
     assert counts == {"nonfinite_reward": 1, "nonfinite_latents": 1}
 
 
+@pytest.mark.procs
 def test_non_finite_step_never_reaches_the_weights(pg):
     """One overflowed latent in the batch: the gradient norm is not finite, so the optimizer
     step is skipped (weights and optimizer state untouched) and counted."""
