@@ -132,9 +132,41 @@ def _record(what: str) -> None:
         _started.append(what[:300])
 
 
+def _process_group_up() -> bool:
+    dist = sys.modules.get("torch.distributed")
+    is_initialized = getattr(dist, "is_initialized", None)  # None: not loaded, or still loading
+    return bool(is_initialized is not None and dist.is_available() and is_initialized())
+
+
+_dist_wrapped = False
+
+
+def _wrap_init_process_group() -> None:
+    """Record ``torch.distributed.init_process_group`` calls (once torch.distributed is loaded)."""
+    global _dist_wrapped
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not hasattr(dist, "init_process_group"):  # not loaded, or still loading
+        return
+    _dist_wrapped = True
+    if getattr(dist.init_process_group, "_spotlight_recorded", False):
+        return
+    original = dist.init_process_group
+
+    def init_process_group(*args, **kwargs):
+        _record(f"torch.distributed.init_process_group {args[:1]!r}")
+        return original(*args, **kwargs)
+
+    init_process_group._spotlight_recorded = True
+    dist.init_process_group = init_process_group
+
+
 def _audit(event: str, args: tuple) -> None:
-    if _started is not None and event in _SPAWN_EVENTS:
+    if _started is None:
+        return
+    if event in _SPAWN_EVENTS:
         _record(f"{event} {args[:2]!r}")
+    elif not _dist_wrapped and "torch.distributed" in sys.modules:  # first imported by this test
+        _wrap_init_process_group()
 
 
 sys.addaudithook(_audit)
@@ -148,26 +180,6 @@ def _recorded_process_start(self):
 
 
 multiprocessing.process.BaseProcess.start = _recorded_process_start
-
-
-def _process_group_up() -> bool:
-    dist = sys.modules.get("torch.distributed")
-    return bool(dist is not None and dist.is_available() and dist.is_initialized())
-
-
-def _wrap_init_process_group() -> None:
-    """Record ``torch.distributed.init_process_group`` calls (once torch.distributed is loaded)."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is None or getattr(dist.init_process_group, "_spotlight_recorded", False):
-        return
-    original = dist.init_process_group
-
-    def init_process_group(*args, **kwargs):
-        _record(f"torch.distributed.init_process_group {args[:1]!r}")
-        return original(*args, **kwargs)
-
-    init_process_group._spotlight_recorded = True
-    dist.init_process_group = init_process_group
 
 
 def _may_start_processes(item) -> bool:
