@@ -107,8 +107,14 @@ def test_rlboost_restarts_the_node_on_a_revocation_without_live_migration(tmp_pa
     GPU left; nothing is lost, every request ends once, the run completes."""
     from spotlight.config import dump_config, load_config
     from tests.integration.accounting import assert_each_request_ended_once
-    from tests.integration.test_elastic_sp import _agent, _wait
-    from tests.integration.test_faults import _env, _freeze_mid_denoising_holding_training, _hold_training, _thaw
+    from tests.integration.runs import (
+        agent_ctl,
+        freeze_mid_denoising_holding_training,
+        hold_training,
+        thaw,
+        up_env,
+        wait_on,
+    )
     from tests.integration.waiting import wait_until
 
     cfg = load_config(
@@ -139,32 +145,32 @@ def test_rlboost_restarts_the_node_on_a_revocation_without_live_migration(tmp_pa
         "900",
     ]
     proc = subprocess.Popen(
-        cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=_env(SPOTLIGHT_WORKER_EVENTS=str(events))
+        cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=up_env(SPOTLIGHT_WORKER_EVENTS=str(events))
     )
     frozen, trainers = [], []
     try:
-        listing = _wait(
+        listing = wait_on(
             lambda: (rd / "local_agents.json").is_file() and json.loads((rd / "local_agents.json").read_text()),
             120,
             "local_agents.json",
             proc,
         )
-        status = lambda: _agent(listing["state_dir"], "agent-status", "--node-id", "spot-0")  # noqa: E731
+        status = lambda: agent_ctl(listing["state_dir"], "agent-status", "--node-id", "spot-0")  # noqa: E731
         # training is held (Train Worker frozen after publishing v0) until both spot workers
         # serve: on a loaded machine they can take longer to start than the whole run
-        trainers = _hold_training(rd, proc.pid, alive=lambda: proc.poll() is None)
-        _wait(
+        trainers = hold_training(rd, proc.pid, alive=lambda: proc.poll() is None)
+        wait_on(
             lambda: list(status().get("workers", {}).values()) == ["ready", "ready"],
             600,
             "both spot workers ready",
             proc,
         )
-        _thaw(trainers)
+        thaw(trainers)
         # the revocation lands while the node's workers are frozen (SIGSTOP) with one inside a
         # request's denoising loop, and the Train Worker stays frozen until the restart is
         # seen, so the run cannot end first
         trainers, frozen, _ = wait_until(
-            lambda: _freeze_mid_denoising_holding_training(
+            lambda: freeze_mid_denoising_holding_training(
                 proc.pid,
                 listing["agents"]["spot-0"]["pid"],
                 events,
@@ -182,22 +188,22 @@ def test_rlboost_restarts_the_node_on_a_revocation_without_live_migration(tmp_pa
         assert (
             first["reconfiguration"] == "restart" and first["live_migration"] is False and first["warm_spare"] is False
         )
-        assert _agent(listing["state_dir"], "revoke", "--gpu", "1", "--node-id", "spot-0", "--grace-s", "5")["ok"]
-        _thaw(frozen)
+        assert agent_ctl(listing["state_dir"], "revoke", "--gpu", "1", "--node-id", "spot-0", "--grace-s", "5")["ok"]
+        thaw(frozen)
         frozen = []
         # every old worker stops (not only GPU 1's); a fresh one is started on GPU 0
-        s = _wait(
+        s = wait_on(
             lambda: (s := status()).get("restarts") == 1 and "spot-0/gpu0.r1" in s.get("workers", {}) and s,
             120,
             "a fresh worker after the restart",
             proc,
         )
         assert s["gpus"] == [0] and s["workers"]["spot-0/gpu0"] == "exited" and s["workers"]["spot-0/gpu1"] == "exited"
-        _thaw(trainers)
+        thaw(trainers)
         trainers = []
         assert proc.wait(timeout=960) == 0
     finally:
-        _thaw(frozen + trainers)
+        thaw(frozen + trainers)
         if proc.poll() is None:
             proc.kill()
         log.close()
