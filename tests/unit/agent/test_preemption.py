@@ -27,6 +27,7 @@ from agent.preemption import (
     sigterm_notice,
 )
 from spotlight.cloud.mock_metadata import MockMetadataServer, control
+from tests.fakes import FakeClock
 
 FAST = 0.5  # client timeout for fault tests (s); the mock's "hang" lasts until stop()
 
@@ -191,8 +192,7 @@ def test_aws_deadline_capped_at_120s_and_hibernate_is_now(aws):
 
 
 def test_aws_unpinned_time_is_deduped_by_notice(aws):
-    ticks = iter(range(0, 10_000, 7))
-    aws.clock = lambda: 1.7e9 + next(ticks)  # each request sees a later "now" (no sleeping)
+    aws.clock = FakeClock(1.7e9, step=7.0)  # each request sees a later "now" (no sleeping)
     aws.issue_notice(lead_time_s=120, pinned=False)  # `time` recomputed per request (AEMM quirk 1)
     det = AwsImdsDetector(aws.url, ledger=NoticeLedger(None), check_rebalance=False)
     s = requests.Session()

@@ -15,7 +15,6 @@ from spotlight import protocol as P
 from spotlight.config import ModelConfig, SamplerConfig
 from spotlight.models.dit import build_transformer, make_velocity_fn, token_shape
 from spotlight.rl.sampler import (
-    Conditioning,
     DenoiseState,
     Sampler,
     make_sigmas,
@@ -25,23 +24,14 @@ from spotlight.rl.sampler import (
 )
 from spotlight.store.tensor_wire import pack_tensors, unpack_tensors
 from spotlight.workers.rollout.worker import RolloutExecutor
+from tests.factories import cond_tensors, make_conditioning, make_leases
 
-TEXT_DIM = 16
-T_TOKENS = 5
+TEXT_DIM = 16  # the width of tests.factories.make_conditioning's embeddings (5 tokens)
 # 8x8 pixels -> 16 tokens x 12 channels: keeps every transformer call cheap on 2 cores.
 SMALL_MODEL = ModelConfig(image_size=8)
 # 5 steps, SDE on steps 1..2 (steps 0, 3, 4 are Euler): exercises both step kinds.
 SAMPLER_CFG = SamplerConfig(num_steps=5, sde_window_start=1, sde_window_size=2, noise_level=0.8)
 SEEDS = [101, 7, 123456789, 2**40 + 3]
-
-
-def _cond(batch: int, seed: int = 0) -> Conditioning:
-    g = torch.Generator().manual_seed(seed)
-    embeds = torch.randn(batch, T_TOKENS, TEXT_DIM, generator=g)
-    mask = torch.ones(batch, T_TOKENS, dtype=torch.int64)
-    if batch > 1:
-        mask[1, 3:] = 0  # one padded prompt
-    return Conditioning(embeds, mask)
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +123,7 @@ def test_eta_zero_is_exactly_euler():
 
 
 def test_advance_outside_window_records_nothing_and_full_run_fills_window(sampler, velocity_fn):
-    cond = _cond(2)
+    cond = make_conditioning(2)
     state = sampler.initial_state(SEEDS[:2])
     window = window_steps(SAMPLER_CFG)
     assert list(window) == [1, 2]
@@ -198,7 +188,7 @@ def test_seeded_noise_differs_across_seed_and_step():
 
 
 def test_trajectory_alone_matches_its_row_in_a_batch(sampler, velocity_fn):
-    cond = _cond(len(SEEDS))
+    cond = make_conditioning(len(SEEDS))
     batched = _run(sampler, velocity_fn, SEEDS, cond)
     diffs = []
     for i, s in enumerate(SEEDS):
@@ -215,7 +205,7 @@ def test_trajectory_alone_matches_its_row_in_a_batch(sampler, velocity_fn):
 
 
 def test_denoise_state_select_concat_tensors_round_trip(sampler, velocity_fn):
-    cond = _cond(3)
+    cond = make_conditioning(3)
     steps = iter(range(100))
     state = _run(sampler, velocity_fn, SEEDS[:3], cond, should_stop=lambda st: next(steps) >= 3)
     assert state.step == 3 and len(state.log_probs) == 2
@@ -269,7 +259,7 @@ def test_denoise_state_select_concat_tensors_round_trip(sampler, velocity_fn):
 @pytest.mark.parametrize("stop_at", [1, 2, 4])
 def test_resume_from_committed_state_is_bit_identical(sampler, velocity_fn, stop_at):
     seeds = SEEDS[:3]
-    cond = _cond(3)
+    cond = make_conditioning(3)
     full = _run(sampler, velocity_fn, seeds, cond)
 
     calls = iter(range(100))
@@ -294,7 +284,7 @@ def test_resume_from_committed_state_is_bit_identical(sampler, velocity_fn, stop
 
 
 def test_resume_single_row_matches_single_row_run(sampler, velocity_fn):
-    cond = _cond(1)
+    cond = make_conditioning(1)
     full = _run(sampler, velocity_fn, [SEEDS[3]], cond)
     calls = iter(range(100))
     part = _run(sampler, velocity_fn, [SEEDS[3]], cond, should_stop=lambda st: next(calls) >= 2)
@@ -306,7 +296,7 @@ def test_resume_single_row_matches_single_row_run(sampler, velocity_fn):
 
 def test_window_log_probs_reproduce_sampled_log_probs(sampler, velocity_fn):
     seeds = SEEDS[:3]
-    cond = _cond(3)
+    cond = make_conditioning(3)
     state = _run(sampler, velocity_fn, seeds, cond)
     window = torch.stack(state.window_latents, dim=1)
     old = torch.stack(state.log_probs, dim=1)
@@ -339,29 +329,8 @@ def executor() -> RolloutExecutor:
     return ex
 
 
-def _leases(kind: str, seeds, *, params=None, resume_step=None) -> P.Leases:
-    return P.Leases(
-        worker_id="w0",
-        items=[
-            P.LeaseItem(
-                lease_id=10 + i,
-                request_id=f"r{i}",
-                kind=kind,
-                iteration=0,
-                prompt_index=i,
-                seed=s,
-                weight_version=3,
-                params=dict(params or {}),
-                resume_step=resume_step,
-            )
-            for i, s in enumerate(seeds)
-        ],
-    )
-
-
 def _lease_tensors(batch: int) -> dict[str, torch.Tensor]:
-    cond = _cond(batch, seed=5)
-    return {"cond.embeds": cond.embeds, "cond.mask": cond.mask}
+    return cond_tensors(make_conditioning(batch, seed=5))
 
 
 def _through_wire(msg, frames):
@@ -375,7 +344,7 @@ def test_executor_rollout_result_and_commit_resume(executor):
     L, C = token_shape(EXEC_MODEL)
     W = EXEC_SAMPLER.sde_window_size
 
-    out = executor.run("w0", _leases("rollout", seeds), _lease_tensors(2))
+    out = executor.run("w0", make_leases("rollout", seeds), _lease_tensors(2))
     assert out.commit is None and out.result is not None
     mtype, res, t = _through_wire(*out.result)
     assert mtype == P.MsgType.RESULT
@@ -393,7 +362,7 @@ def test_executor_rollout_result_and_commit_resume(executor):
         calls.append(1)
         return len(calls) > 3
 
-    out2 = executor.run("w0", _leases("rollout", seeds), _lease_tensors(2), should_stop=should_stop)
+    out2 = executor.run("w0", make_leases("rollout", seeds), _lease_tensors(2), should_stop=should_stop)
     assert out2.result is None and out2.commit is not None
     mtype, commit, state_t = _through_wire(*out2.commit)
     assert mtype == P.MsgType.COMMIT
@@ -404,7 +373,7 @@ def test_executor_rollout_result_and_commit_resume(executor):
     assert all(k.startswith("state.0.") or k.startswith("state.1.") for k in state_t)
 
     # resume (the coordinator relays the committed tensors unchanged) on the same batch
-    resume = _leases("rollout", seeds, resume_step=3)
+    resume = make_leases("rollout", seeds, resume_step=3)
     out3 = executor.run("w0", resume, {**_lease_tensors(2), **state_t})
     assert out3.result is not None
     _, res3, t3 = _through_wire(*out3.result)
@@ -415,7 +384,7 @@ def test_executor_rollout_result_and_commit_resume(executor):
 
 
 def test_executor_explore_with_cache_reports_computed_steps(executor):
-    out = executor.run("w0", _leases("explore", [51, 52], params={"cache_threshold": 0.5}), _lease_tensors(2))
+    out = executor.run("w0", make_leases("explore", [51, 52], params={"cache_threshold": 0.5}), _lease_tensors(2))
     assert out.result is not None
     _, res, t = _through_wire(*out.result)
     assert t["images"].shape == (2, 3, 32, 32) and t["images"].dtype == torch.uint8
@@ -423,11 +392,11 @@ def test_executor_explore_with_cache_reports_computed_steps(executor):
     for it in res.items:
         assert 1 <= it.computed_steps <= EXEC_SAMPLER.num_steps
     # a threshold no step can beat: only the first forward runs its tail blocks
-    out_hi = executor.run("w0", _leases("explore", [51, 52], params={"cache_threshold": 100.0}), _lease_tensors(2))
+    out_hi = executor.run("w0", make_leases("explore", [51, 52], params={"cache_threshold": 100.0}), _lease_tensors(2))
     _, res_hi, _ = _through_wire(*out_hi.result)
     assert all(1 <= it.computed_steps < EXEC_SAMPLER.num_steps for it in res_hi.items)
     # back to a rollout (cache disabled): full fidelity again
-    out2 = executor.run("w0", _leases("rollout", [51]), _lease_tensors(1))
+    out2 = executor.run("w0", make_leases("rollout", [51]), _lease_tensors(1))
     _, res2, _ = _through_wire(*out2.result)
     assert res2.items[0].computed_steps == EXEC_SAMPLER.num_steps
 
@@ -435,9 +404,9 @@ def test_executor_explore_with_cache_reports_computed_steps(executor):
 def test_executor_explore_as_rollout_is_a_full_rollout(executor):
     """verl-omni-spot: a candidate that may become the rollout is run uncached, with the SDE
     window's latents and log-probs, bit-identical to a rollout of the same seed."""
-    _, _, ref = _through_wire(*executor.run("w0", _leases("rollout", [61, 62]), _lease_tensors(2)).result)
+    _, _, ref = _through_wire(*executor.run("w0", make_leases("rollout", [61, 62]), _lease_tensors(2)).result)
     out = executor.run(
-        "w0", _leases("explore", [61, 62], params={"as_rollout": True, "cache_threshold": 100.0}), _lease_tensors(2)
+        "w0", make_leases("explore", [61, 62], params={"as_rollout": True, "cache_threshold": 100.0}), _lease_tensors(2)
     )
     _, res, t = _through_wire(*out.result)
     assert all(it.computed_steps == EXEC_SAMPLER.num_steps for it in res.items)
@@ -448,17 +417,20 @@ def test_executor_explore_as_rollout_is_a_full_rollout(executor):
 def test_executor_mixed_fresh_and_resumed_items(executor):
     """One resumed item and one fresh item in the same lease batch keep their order."""
     seeds = [61, 62]
-    full = executor.run("w0", _leases("rollout", seeds), _lease_tensors(2))
+    full = executor.run("w0", make_leases("rollout", seeds), _lease_tensors(2))
     _, _, t_full = _through_wire(*full.result)
 
     calls = []
     out = executor.run(
-        "w0", _leases("rollout", seeds), _lease_tensors(2), should_stop=lambda: bool(calls.append(1)) or len(calls) > 2
+        "w0",
+        make_leases("rollout", seeds),
+        _lease_tensors(2),
+        should_stop=lambda: bool(calls.append(1)) or len(calls) > 2,
     )
     _, commit, state_t = _through_wire(*out.commit)
     assert [c.step for c in commit.items] == [2, 2]
 
-    leases = _leases("rollout", seeds)
+    leases = make_leases("rollout", seeds)
     leases.items[1].resume_step = 2  # item 0 starts over, item 1 resumes
     only_row1 = {k: v for k, v in state_t.items() if k.startswith("state.1.")}
     res = executor.run("w0", leases, {**_lease_tensors(2), **only_row1})

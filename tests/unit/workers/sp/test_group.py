@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import queue
-import socket
 import time
 from multiprocessing.connection import wait
 
@@ -23,22 +22,11 @@ from spotlight.config import ModelConfig, SamplerConfig
 from spotlight.models.dit import build_transformer, make_velocity_fn, token_shape
 from spotlight.rl.sampler import Conditioning, Sampler
 from spotlight.workers.sp.group import GroupSpec, SPGroupMember, check_sp_degree
+from tests.factories import cond_tensors, free_ports, make_lease_item, make_leases
 
 TEXT_DIM = 384
 TIMEOUT_S = 240  # stall detection only; a scenario takes ~10-20 s on 2 idle cores
 SEEDS = [11, 12]
-
-
-def _free_ports(n: int) -> list[int]:
-    socks, ports = [], []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-        ports.append(s.getsockname()[1])
-    for s in socks:
-        s.close()
-    return ports
 
 
 def _spec(members, port, gen) -> GroupSpec:
@@ -293,37 +281,17 @@ EXPLORE_SAMPLER = SamplerConfig(num_steps=10, sde_window_start=0, sde_window_siz
 CACHE_CASES = [("explore", 0.5), ("explore", 100.0), ("rollout", 100.0), ("explore", 0.0)]
 
 
-def _cache_leases(kind: str, threshold: float):
-    from spotlight import protocol as P
-
-    return P.Leases(
-        worker_id="w0",
-        items=[
-            P.LeaseItem(
-                lease_id=10 + i,
-                request_id=f"r{i}",
-                kind=kind,
-                iteration=0,
-                prompt_index=i,
-                seed=s,
-                weight_version=3,
-                params={"cache_threshold": threshold},
-            )
-            for i, s in enumerate([51, 52])
-        ],
-    )
-
-
 def _cache_tensors() -> dict:
-    _, _, cond = _inputs()
-    return {"cond.embeds": cond.embeds, "cond.mask": cond.mask}
+    return cond_tensors(_inputs()[2])
 
 
 def _cache_outcomes(executor) -> dict:
     """(computed steps, images) per CACHE_CASES entry, run one after the other on ``executor``."""
     out = {}
     for kind, thr in CACHE_CASES:
-        msg, frames = executor.run("w0", _cache_leases(kind, thr), _cache_tensors()).result
+        msg, frames = executor.run(
+            "w0", make_leases(kind, [51, 52], params={"cache_threshold": thr}), _cache_tensors()
+        ).result
         from spotlight import protocol as P
         from spotlight.store.tensor_wire import unpack_tensors
 
@@ -371,7 +339,7 @@ def test_sp_group_exploration_honours_first_block_cache_like_a_single_worker():
     stay at full fidelity."""
     from spotlight.workers.rollout.worker import RolloutExecutor
 
-    ports = _free_ports(1)
+    ports = free_ports(1)
     out = _run([(_t_group_cache, ("leader", ports)), (_t_group_cache, ("follower", ports))])
     group = out["leader.outcomes"]
     assert out["leader.degree"] == 2
@@ -394,7 +362,7 @@ def test_sp_group_exploration_honours_first_block_cache_like_a_single_worker():
 
 @pytest.mark.procs
 def test_sp2_matches_sp1_and_reform_builds_a_fresh_model():
-    ports = _free_ports(2)
+    ports = free_ports(2)
     out = _run([(_t_match, (r, ports)) for r in range(2)])
     ref = _reference()
     assert out["r0.source1"] == "given" and out["r1.source1"] == "broadcast"
@@ -409,7 +377,7 @@ def test_sp2_matches_sp1_and_reform_builds_a_fresh_model():
 
 @pytest.mark.procs
 def test_shrink_2_to_1_reuses_weights_in_memory():
-    ports = _free_ports(2)
+    ports = free_ports(2)
     out = _run([(_t_shrink, (r, ports)) for r in range(2)])
     ref = _reference()
     np.testing.assert_allclose(out["r0.v_sp2"], ref, atol=1e-5, rtol=0)
@@ -421,7 +389,7 @@ def test_shrink_2_to_1_reuses_weights_in_memory():
 
 @pytest.mark.procs
 def test_grow_1_to_2_broadcasts_weights_from_peer():
-    ports = _free_ports(2)
+    ports = free_ports(2)
     out = _run([(_t_grow, ("old", ports)), (_t_grow, ("new", ports))])
     ref = _reference()
     assert out["old.source"] == "memory"
@@ -438,7 +406,7 @@ def test_grow_1_to_2_broadcasts_weights_from_peer():
 
 @pytest.mark.procs
 def test_trajectory_survives_sp_2_1_2():
-    ports = _free_ports(3)
+    ports = free_ports(3)
     out = _run([(_t_trajectory, (role, ports)) for role in ("leader", "follower", "joiner")])
     sampler, cond = _trajectory_inputs()
     cfg = ModelConfig()
@@ -471,7 +439,7 @@ def test_bad_sp_degree_raises_before_any_collective():
 
 @pytest.mark.procs
 def test_hard_revoke_mid_batch_rolls_back_and_continues_alone():
-    ports = _free_ports(2)
+    ports = free_ports(2)
     out = _run([(_t_hard_revoke, ("leader", ports)), (_t_hard_revoke, ("follower", ports))], dies=(1,))
     sampler, cond = _trajectory_inputs()
     cfg = ModelConfig()
@@ -569,10 +537,8 @@ def test_leader_alone_abandons_its_step_for_a_join_and_the_result_is_unchanged(m
         return False
 
     _, _, cond = _inputs()
-    tensors = {"cond.embeds": cond.embeds[:1], "cond.mask": cond.mask[:1]}
-    item = P.LeaseItem(
-        lease_id=1, request_id="r", kind="rollout", iteration=0, prompt_index=0, seed=SEEDS[0], weight_version=0
-    )
+    tensors = cond_tensors(cond, slice(0, 1))
+    item = make_lease_item("r", lease_id=1, seed=SEEDS[0])
     got = ex.run("w0", P.Leases(worker_id="w0", items=[item]), dict(tensors), should_stop=should_stop).result
     ref_ex = RolloutExecutor(cfg, scfg)
     ref_ex.add_version(0, weights)

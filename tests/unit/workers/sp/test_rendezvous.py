@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import datetime
-import socket
 import threading
 
 import psutil
@@ -15,14 +14,9 @@ from spotlight.config import ModelConfig
 from spotlight.models.dit import build_transformer
 from spotlight.workers.sp.group import GroupSpec, SPGroupMember
 from spotlight.workers.sp.rendezvous import bound_store
+from tests.factories import free_port
 
 TIMEOUT = datetime.timedelta(seconds=60)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _listening(port: int) -> set[str]:
@@ -35,7 +29,7 @@ def _listening(port: int) -> set[str]:
 
 def test_plain_tcpstore_listens_on_every_interface():
     """Why bound_store exists: torch binds the wildcard address whatever host_name says."""
-    port = _free_port()
+    port = free_port()
     store = dist.TCPStore("127.0.0.1", port, 1, True, timeout=TIMEOUT)
     try:
         assert _listening(port) & {"::", "0.0.0.0"}, _listening(port)
@@ -44,7 +38,7 @@ def test_plain_tcpstore_listens_on_every_interface():
 
 
 def test_bound_store_listens_on_loopback_only_and_serves_other_ranks():
-    port = _free_port()
+    port = free_port()
     box = {}
     th = threading.Thread(target=lambda: box.update(master=bound_store("127.0.0.1", port, 0, 2, TIMEOUT)))
     th.start()  # rank 0 waits for rank 1 to connect
@@ -62,7 +56,7 @@ def test_sp_group_rendezvous_listens_on_loopback_only(monkeypatch):
 
     import spotlight.workers.sp.rendezvous as R
 
-    port = _free_port()
+    port = free_port()
     seen = {}
 
     class Seen(Exception):
@@ -93,7 +87,7 @@ def test_sp_group_rendezvous_listens_on_loopback_only(monkeypatch):
 
 
 def test_group_of_one_opens_no_rendezvous():
-    port = _free_port()
+    port = free_port()
     m = SPGroupMember(ModelConfig(), "w0", torch.device("cpu"), timeout_s=60)
     try:
         m.form(
