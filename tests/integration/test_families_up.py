@@ -185,27 +185,3 @@ def test_lora_versions_are_smaller_than_full_versions(root, family):
     lora = _rows(_run(family, "lora", root))[0]["weights/version_bytes"]
     full = _rows(_run(family, "full", root))[0]["weights/version_bytes"]
     assert 0 < lora < full
-
-
-def test_incomplete_checkpoint_is_a_clear_error_before_anything_starts(root, tmp_path):
-    import shutil
-
-    import tomli_w
-
-    partial = tmp_path / "partial"
-    shutil.copytree(pathlib.Path(root) / "ckpt-sd3" / "transformer", partial / "transformer") if (
-        pathlib.Path(root) / "ckpt-sd3"
-    ).exists() else (partial / "transformer").mkdir(parents=True)
-    conf = tmp_path / "c.toml"
-    conf.write_text(tomli_w.dumps(_config("sd3", "lora", partial)))
-    rd = tmp_path / "run"
-    proc = subprocess.run(
-        [sys.executable, "-m", "spotlight.cli", "up", "--local", "--config", str(conf), "--run-dir", str(rd)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 2
-    assert "no 'vae/' folder" in proc.stdout + proc.stderr
-    assert not rd.exists()  # nothing half-made
