@@ -94,7 +94,8 @@ def test_no_fit_message_says_what_it_means_and_what_happens():
     assert log["cheapest_s"] == 80.0
     assert no_fit_message(log, streams=True) == (
         "no exploration arm fits this iteration's training window (the cheapest needs 80.0 GPU-s, the spot GPUs "
-        "have 79.0 GPU-s while training runs): spot GPUs stream the cheapest arm's candidates instead (nothing waits for them)"
+        "have 79.0 GPU-s while training runs): spot GPUs stream the cheapest arm's candidates instead "
+        "(nothing waits for them)"
     )
     assert no_fit_message(log, streams=False).endswith(
         ": the next batch is not explored (its rollouts use default seeds)"

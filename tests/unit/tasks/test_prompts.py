@@ -21,7 +21,8 @@ def _write(path, text: str, encoding="utf-8"):
 def test_csv_with_bom_header_and_quoted_fields(tmp_path):
     text = (
         BOM
-        + 'Prompt,Category\r\n"a cat, sitting on a mat",animals\r\n"the sign reads ""OPEN""",text\r\nplain dog,animals\r\n'
+        + 'Prompt,Category\r\n"a cat, sitting on a mat",animals\r\n'
+        + '"the sign reads ""OPEN""",text\r\nplain dog,animals\r\n'
     )
     f = _write(tmp_path / "bench.csv", text)
     ps = load_prompt_set(f)
