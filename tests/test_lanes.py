@@ -109,14 +109,24 @@ def test_process_group(tmp_path):
 @pytest.mark.procs
 def test_marked():
     subprocess.run([sys.executable, "-c", "pass"], check=True)
+
+
+@pytest.mark.gpu
+def test_needs_cuda():
+    import torch
+
+    assert torch.cuda.is_available()
 """
 
 
 @pytest.mark.procs
 def test_the_guard_fails_unmarked_tests_that_start_processes(tmp_path):
     """A small suite under this conftest in a fresh pytest: each unmarked way of starting a
-    process or process group fails its test, naming it; the marked and the plain tests pass."""
+    process or process group fails its test, naming it; the marked and the plain tests pass;
+    the `gpu` test is skipped where CUDA is not available."""
     import subprocess
+
+    import torch
 
     suite = tmp_path / "tests"
     (suite / "unit").mkdir(parents=True)
@@ -137,6 +147,6 @@ def test_the_guard_fails_unmarked_tests_that_start_processes(tmp_path):
     out = proc.stdout + proc.stderr
     failed = {line.split("::")[1].split(" ")[0] for line in out.splitlines() if line.startswith("FAILED ")}
     assert failed == {"test_subprocess", "test_multiprocessing", "test_fork", "test_process_group"}, out[-4000:]
-    assert "2 passed" in out, out[-4000:]
+    assert ("3 passed" if torch.cuda.is_available() else "2 passed, 1 skipped") in out, out[-4000:]
     for what in ("subprocess.Popen", "multiprocessing start", "os.fork", "init_process_group"):
         assert what in out, (what, out[-4000:])
