@@ -1,4 +1,4 @@
-"""Provenance of a benchmark result: commit, machine, command, date (issue 12 item 5).
+"""Provenance of a benchmark result: commit, machine, command, date.
 
 Every figure script under ``benchmarks/`` prints :func:`provenance_line` and stores
 :func:`provenance` next to its numbers, so a result can be traced to the code and the

@@ -1,4 +1,4 @@
-"""Reading finished ``spotlight up`` run directories for the figure scripts (issue 12 item 4).
+"""Reading finished ``spotlight up`` run directories for the figure scripts.
 
 A run directory holds ``metrics.jsonl`` (one JSON object per iteration, written by the
 coordinator: ``reward/control_mean``, ``time/*_s``, cumulative ``cost/usd`` …),

@@ -1,5 +1,4 @@
-"""``benchmarks/run-all --budget-min N``: run the paper-figure scripts that fit in N minutes
-(issue 12 item 5).
+"""``benchmarks/run-all --budget-min N``: run the paper-figure scripts that fit in N minutes.
 
 Each figure script has an estimated toy-scale run time on a 2-core CPU machine
 (:data:`FIGURES`). :func:`select` — pure: figures, budget and what is missing in, decisions

@@ -1,7 +1,7 @@
 """Request Scheduler pulls per second vs queue length: indexed ready queue vs the old linear scan.
 
 Pure core (``spotlight.core.request_scheduler``, no sockets, one thread). Workload, per
-queue length N (issue 10 item 2):
+queue length N:
 
 - training is active; N EXPLORE requests are queued (one batch key) and kept at N:
   every completed exploration is replaced by a new submission;

@@ -1,5 +1,5 @@
 """Cluster-scale simulation: throughput and its scaling efficiency from 8 to 1,000 spot
-GPUs, and how much faster than real time the simulator runs (issue 10 item 2; paper §6.6,
+GPUs, and how much faster than real time the simulator runs (paper §6.6,
 Fig. 15: 7.7× throughput for 8× spot GPUs).
 
 Every run drives the real pure cores (iteration core, Request Scheduler, Planner, Instance

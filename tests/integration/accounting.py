@@ -5,7 +5,7 @@ from __future__ import annotations
 
 def assert_each_request_ended_once(reqs: list[dict]) -> None:
     """Every request ended exactly once: DONE, or -- only an exploration candidate streamed
-    while training ran -- CANCELLED when the update ended (issue 10 item 3); its history has
+    while training ran -- CANCELLED when the update ended; its history has
     exactly one terminal entry, the last one, equal to its final status. Rollouts are DONE."""
     assert reqs
     for r in reqs:

@@ -11,7 +11,6 @@ must be alive, must still serve the victim, and must not have changed the victim
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import random
 import signal
@@ -24,16 +23,14 @@ import pytest
 import zmq
 
 from spotlight import protocol as P
-from spotlight.net.security import ClientKeys, add_client, apply_client, init_keys, load_client_keys, read_client_file
+from spotlight.net.security import ClientKeys, apply_client, load_client_keys, read_client_file
+from tests.factories import make_keys, write_config
+from tests.integration.runs import up_command, up_env
 from tests.integration.waiting import wait_until
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 WAIT_S = 120.0
 SEND_TIMEOUT_S = WAIT_S  # a send that finds no peer for this long fails instead of hanging
-
-
-def _env() -> dict:
-    return dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1")
 
 
 class Client:
@@ -84,40 +81,31 @@ class Client:
 
 class Run:
     def __init__(self, tmp: pathlib.Path):
-        from spotlight.config import EXAMPLES_DIR, dump_config, load_config
-
         self.rd = tmp / "run"
-        self.keys = self.rd / "keys"
-        init_keys(self.keys)
-        for name in ("victim", "attacker", "attacker2", "restarter", "holder", "fuzz"):
-            add_client(self.keys, "agent", name)
-        add_client(self.keys, "status", "local")
-        cfg = tmp / "config.toml"
-        dump_config(
-            load_config(
-                EXAMPLES_DIR / "jpeg-toy" / "config.toml",
-                {
-                    "run.iterations": 2,
-                    "data.prompts_per_iteration": 4,
-                    "data.num_control_prompts": 2,
-                    "explore.planner": "fixed",
-                    "explore.num_candidates": 8,
-                    "run.sample_grid_every": 0,
-                    "cluster.heartbeat_timeout_s": 3600.0,
-                    "cluster.lease_timeout_s": 3600.0,
-                    "cluster.max_message_bytes": 4 << 20,
-                },
-            ),
-            cfg,
+        self.keys = make_keys(
+            self.rd / "keys",
+            agents=("victim", "attacker", "attacker2", "restarter", "holder", "fuzz"),
+            status=["local"],
+        )
+        cfg = write_config(
+            tmp / "config.toml",
+            "jpeg-toy",
+            {
+                "run.iterations": 2,
+                "data.prompts_per_iteration": 4,
+                "data.num_control_prompts": 2,
+                "explore.planner": "fixed",
+                "explore.num_candidates": 8,
+                "run.sample_grid_every": 0,
+                "cluster.heartbeat_timeout_s": 3600.0,
+                "cluster.lease_timeout_s": 3600.0,
+                "cluster.max_message_bytes": 4 << 20,
+            },
         )
         self.err_path = tmp / "up.stderr"
         self.err = open(self.err_path, "w")
         self.out = open(tmp / "up.stdout", "w")
-        cmd = [
-            sys.executable,
-            "-m",
-            "spotlight.cli",
-            "up",
+        cmd = up_command(
             "--config",
             str(cfg),
             "--run-dir",
@@ -128,8 +116,8 @@ class Run:
             "INFO",
             "--timeout-s",
             "1800",
-        ]
-        self.proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=self.out, stderr=self.err)
+        )
+        self.proc = subprocess.Popen(cmd, cwd=REPO, env=up_env(), stdout=self.out, stderr=self.err)
         self.status = None
         try:
             self._wait_started()
@@ -340,7 +328,11 @@ def test_pathological_frames_get_errors(run, victim):
         _expect_error(c, [bytes([int(P.MsgType.STATUS)]), deep], "malformed")
         _expect_error(c, [bytes([int(P.MsgType.HEARTBEAT)]), b"\x80" * (P.MAX_BODY_BYTES + 1)], "malformed")
         # type 11 was a state fetch that was never served: now an unknown type
-        _expect_error(c, [bytes([11]), P.encode(P.FetchWeights(node_id="attacker2", session=c.session, version=0))[1]], "malformed")
+        _expect_error(
+            c,
+            [bytes([11]), P.encode(P.FetchWeights(node_id="attacker2", session=c.session, version=0))[1]],
+            "malformed",
+        )
         rss0 = psutil.Process(run.proc.pid).memory_info().rss
         big = Client(run.endpoint, run.key("attacker2"))
         big.send(
@@ -555,7 +547,7 @@ def test_a_second_live_agent_is_refused_the_node_id_and_the_first_keeps_it(run, 
             assert body.retry_after_s > 0
             mtype, body, _ = first.ask(P.Heartbeat(node_id="holder", session=session))
             assert mtype == P.MsgType.HEARTBEAT, body
-        env = _env() | {"SPOTLIGHT_AGENT_STATE": str(tmp_path / "agent-state")}
+        env = up_env(SPOTLIGHT_AGENT_STATE=str(tmp_path / "agent-state"))
         held = tmp_path / "agent-state" / "holder"  # the live agent's files, were it on this host
         (held / "weights").mkdir(parents=True)
         (held / "weights" / "v0.safetensors").write_bytes(b"w")

@@ -10,38 +10,31 @@ every request ends Done exactly once and the iteration completes.
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import subprocess
-import sys
 
-from spotlight.config import EXAMPLES_DIR, dump_config, load_config
+from spotlight.config import dump_config
+from tests.factories import example_config
 from tests.integration.accounting import assert_each_request_ended_once
-from tests.integration.test_faults import _env, _freeze_mid_denoising_holding_training, _hold_training, _thaw
+from tests.integration.runs import (
+    agent_ctl,
+    freeze_mid_denoising_holding_training,
+    hold_training,
+    read_jsonl,
+    thaw,
+    up_command,
+    up_env,
+    wait_on,
+)
 from tests.integration.waiting import wait_until
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
-def _agent(state_dir: str, *args: str) -> dict:
-    env = dict(os.environ, SPOTLIGHT_AGENT_STATE=state_dir)
-    out = subprocess.run(
-        [sys.executable, "-m", "agent.main", *args], env=env, capture_output=True, text=True, timeout=60
-    )
-    return json.loads(out.stdout) if out.stdout.strip().startswith("{") else {"ok": False, "stderr": out.stderr}
-
-
-def _wait(pred, timeout_s: float, what: str, proc=None):
-    """:func:`wait_until` on ``pred``, failing early if the run ``proc`` exits."""
-    return wait_until(
-        pred, what, timeout_s=timeout_s, interval_s=0.3, alive=None if proc is None else lambda: proc.poll() is None
-    )
-
-
 def test_sp_2_to_1_to_2_loses_nothing(tmp_path):
-    cfg = load_config(
-        EXAMPLES_DIR / "jpeg-toy" / "config.toml",
-        overrides={
+    cfg = example_config(
+        "jpeg-toy",
+        {
             "cluster.sp_degree": 2,
             "run.iterations": 5,
             "data.prompts_per_iteration": 6,
@@ -57,11 +50,7 @@ def test_sp_2_to_1_to_2_loses_nothing(tmp_path):
     events = tmp_path / "events.jsonl"
     log = open(tmp_path / "up.log", "w")
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "spotlight.cli",
-            "up",
+        up_command(
             "--local",
             "--agents",
             "1",
@@ -75,37 +64,37 @@ def test_sp_2_to_1_to_2_loses_nothing(tmp_path):
             "900",
             "--log-level",
             "INFO",
-        ],
+        ),
         cwd=REPO,
         stdout=log,
         stderr=subprocess.STDOUT,
-        env=_env(SPOTLIGHT_WORKER_EVENTS=str(events)),
+        env=up_env(SPOTLIGHT_WORKER_EVENTS=str(events)),
     )
     frozen, trainers = [], []
     try:
-        listing = _wait(
+        listing = wait_on(
             lambda: (rd / "local_agents.json").is_file() and json.loads((rd / "local_agents.json").read_text()),
             120,
             "local_agents.json",
             proc,
         )
         state = listing["state_dir"]
-        status = lambda: _agent(state, "agent-status", "--node-id", "spot-0")  # noqa: E731
+        status = lambda: agent_ctl(state, "agent-status", "--node-id", "spot-0")  # noqa: E731
         # training is held (Train Worker frozen after publishing v0) until the SP=2 group
         # serves: on a loaded machine its workers took 2 minutes to start, most of the run
-        trainers = _hold_training(rd, proc.pid, alive=lambda: proc.poll() is None)
-        _wait(
+        trainers = hold_training(rd, proc.pid, alive=lambda: proc.poll() is None)
+        wait_on(
             lambda: (s := status()).get("groups") and len(s["groups"][0]["members"]) == 2 and s["groups"][0]["serving"],
             600,
             "SP=2 group serving",
             proc,
         )
-        _thaw(trainers)
+        thaw(trainers)
         # the revocation lands while the group's processes are frozen (SIGSTOP) with its leader
         # inside a request's denoising loop, and the Train Worker stays frozen until SP=2 is
         # back, so the run cannot end first (it had nearly ended by then on a loaded machine)
         trainers, frozen, _ = wait_until(
-            lambda: _freeze_mid_denoising_holding_training(
+            lambda: freeze_mid_denoising_holding_training(
                 proc.pid,
                 listing["agents"]["spot-0"]["pid"],
                 events,
@@ -118,13 +107,13 @@ def test_sp_2_to_1_to_2_loses_nothing(tmp_path):
             interval_s=0.0,
             alive=lambda: proc.poll() is None,
         )
-        assert _agent(state, "revoke", "--gpu", "1", "--node-id", "spot-0", "--grace-s", "20")["ok"]
-        s = _wait(lambda: (s := status()).get("gpus") == [0] and s, 60, "revocation", proc)
+        assert agent_ctl(state, "revoke", "--gpu", "1", "--node-id", "spot-0", "--grace-s", "20")["ok"]
+        s = wait_on(lambda: (s := status()).get("gpus") == [0] and s, 60, "revocation", proc)
         assert [len(g["members"]) for g in s["groups"]] == [1]
-        _thaw(frozen)
+        thaw(frozen)
         frozen = []
-        assert _agent(state, "add-gpu", "--gpu", "1", "--node-id", "spot-0")["ok"]
-        _wait(
+        assert agent_ctl(state, "add-gpu", "--gpu", "1", "--node-id", "spot-0")["ok"]
+        wait_on(
             lambda: (
                 (s := status()).get("groups")
                 and len(s["groups"][0]["members"]) == 2
@@ -134,11 +123,11 @@ def test_sp_2_to_1_to_2_loses_nothing(tmp_path):
             "SP=2 again after the GPU came back",
             proc,
         )
-        _thaw(trainers)
+        thaw(trainers)
         trainers = []
         assert proc.wait(timeout=960) == 0
     finally:
-        _thaw(frozen + trainers)
+        thaw(frozen + trainers)
         if proc.poll() is None:
             proc.kill()
         log.close()
@@ -148,6 +137,6 @@ def test_sp_2_to_1_to_2_loses_nothing(tmp_path):
     )
     assert "weights from memory" in text  # the survivor re-formed without reloading
     assert "weights from broadcast" in text  # the new worker got its weights from the peer
-    reqs = [json.loads(line) for line in (rd / "requests.jsonl").read_text().splitlines()]
+    reqs = read_jsonl(rd / "requests.jsonl")
     assert_each_request_ended_once(reqs)
     assert len((rd / "metrics.jsonl").read_text().splitlines()) == 5

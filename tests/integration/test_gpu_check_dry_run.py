@@ -35,7 +35,8 @@ def summary(tmp_path_factory) -> dict:
         timeout=900,
     )
     assert proc.returncode == 0, (
-        f"gpu-check --cpu-dry-run failed ({proc.returncode}):\nSTDOUT\n{proc.stdout[-5000:]}\nSTDERR\n{proc.stderr[-3000:]}"
+        f"gpu-check --cpu-dry-run failed ({proc.returncode}):\n"
+        f"STDOUT\n{proc.stdout[-5000:]}\nSTDERR\n{proc.stderr[-3000:]}"
     )
     assert (out / "metrics.jsonl").is_file() and (out / "up.log").is_file()
     return json.loads((out / "summary.json").read_text())

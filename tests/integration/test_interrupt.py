@@ -1,4 +1,4 @@
-"""Ctrl-C on `spotlight up --local` (issue 11 item 4): every process ends, no traceback, and
+"""Ctrl-C on `spotlight up --local`: every process ends, no traceback, and
 the command that continues the run is printed.
 
 A terminal's Ctrl-C sends SIGINT to the whole foreground process group: the run is started
@@ -11,27 +11,22 @@ import os
 import pathlib
 import signal
 import subprocess
-import sys
 
 import psutil
 import pytest
 
-from tests.integration.test_faults import WAIT_S, _env, _write_config
+from tests.integration.runs import WAIT_S, toy_config, up_command, up_env
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 def test_ctrl_c_stops_every_process_and_prints_how_to_continue(tmp_path):
-    cfg = _write_config(tmp_path / "config.toml", **{"run.iterations": 50})
+    cfg = toy_config(tmp_path / "config.toml", **{"run.iterations": 50})
     rd = tmp_path / "run"
     out_path, err_path = tmp_path / "up.stdout", tmp_path / "up.stderr"
     with open(out_path, "w") as out, open(err_path, "w") as err:
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "spotlight.cli",
-                "up",
+            up_command(
                 "--local",
                 "--agents",
                 "1",
@@ -41,9 +36,9 @@ def test_ctrl_c_stops_every_process_and_prints_how_to_continue(tmp_path):
                 str(rd),
                 "--timeout-s",
                 "900",
-            ],
+            ),
             cwd=REPO,
-            env=_env(),
+            env=up_env(),
             stdout=out,
             stderr=err,
             start_new_session=True,
@@ -78,7 +73,8 @@ def test_ctrl_c_stops_every_process_and_prints_how_to_continue(tmp_path):
             )
             alive_now = [" ".join(p.cmdline()) for p in leader.children(recursive=True) if p.is_running()]
             pytest.fail(
-                f"spotlight up still running 240 s after Ctrl-C; children {alive_now}\nstdout:\n{out_path.read_text()[-2000:]}\nstderr:\n{err_path.read_text()[-3000:]}{logs}"
+                f"spotlight up still running 240 s after Ctrl-C; children {alive_now}\n"
+                f"stdout:\n{out_path.read_text()[-2000:]}\nstderr:\n{err_path.read_text()[-3000:]}{logs}"
             )
         gone, alive = psutil.wait_procs(children, timeout=60)  # a loaded machine: orphaned workers notice slowly
     finally:

@@ -1,5 +1,15 @@
-"""End to end: `spotlight up --local --mode NAME` for Spotlight and every paper baseline
-(issue 12 item 1), each a configuration of the same code, 2 iterations at toy scale.
+"""End to end: `spotlight up --local --mode NAME` for the paper baselines whose behaviour only a
+real run shows, each a configuration of the same code, at toy scale.
+
+* ``reserved-only``: the one local layout without spot agents (reserved GPUs do everything);
+* ``verl-omni-spot``: best-of-N on the critical path, the selected candidates trained on as
+  the rollout (exploration results carrying log-probs through the coordinator and trainer);
+* ``rlboost``: restart reconfiguration of a node whose GPU is revoked mid-request.
+
+What the other modes change is proven without a run: the mode table against the config
+(tests/unit/core/test_modes.py) and the simulator's policies (tests/unit/sim/); Spotlight's own
+mode is the default every other end-to-end run uses (tests/integration/test_up_local.py),
+and ``rlboost+explore`` combines stale exploration (those runs) with the restart below.
 
 Real processes (coordinator, train worker, reserved + spot agents, rollout workers) over
 real ZeroMQ sockets; the request log (``requests.jsonl``) says what each mode generated.
@@ -11,11 +21,11 @@ import collections
 import json
 import pathlib
 import subprocess
-import sys
 
 import pytest
 
-from spotlight.core.modes import MODE_NAMES
+from tests.factories import write_config
+from tests.integration.runs import read_jsonl, up_command
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -35,16 +45,9 @@ OVERRIDES = {
 
 
 def _run(tmp: pathlib.Path, mode: str) -> pathlib.Path:
-    from spotlight.config import dump_config, load_config
-
     rd = tmp / mode.replace("+", "_")
-    conf = tmp / f"{mode}.toml"
-    dump_config(load_config(overrides=OVERRIDES), conf)
-    cmd = [
-        sys.executable,
-        "-m",
-        "spotlight.cli",
-        "up",
+    conf = write_config(tmp / f"{mode}.toml", None, OVERRIDES)
+    cmd = up_command(
         "--local",
         "--agents",
         "1",
@@ -58,7 +61,7 @@ def _run(tmp: pathlib.Path, mode: str) -> pathlib.Path:
         str(rd),
         "--timeout-s",
         "900",
-    ]
+    )
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1000)
     assert proc.returncode == 0, (
         f"spotlight up --mode {mode} failed:\nSTDOUT\n{proc.stdout[-3000:]}\nSTDERR\n{proc.stderr[-3000:]}"
@@ -67,13 +70,13 @@ def _run(tmp: pathlib.Path, mode: str) -> pathlib.Path:
 
 
 def _requests(rd: pathlib.Path) -> list[dict]:
-    return [json.loads(line) for line in (rd / "requests.jsonl").read_text().splitlines()]
+    return read_jsonl(rd / "requests.jsonl")
 
 
-@pytest.mark.parametrize("mode", MODE_NAMES)
+@pytest.mark.parametrize("mode", ["reserved-only", "verl-omni-spot"])
 def test_mode_runs_end_to_end(tmp_path, mode):
     rd = _run(tmp_path, mode)
-    rows = [json.loads(line) for line in (rd / "metrics.jsonl").read_text().splitlines()]
+    rows = read_jsonl(rd / "metrics.jsonl")
     assert [r["iteration"] for r in rows] == [0, 1]
     from spotlight.config import load_config
 
@@ -107,8 +110,14 @@ def test_rlboost_restarts_the_node_on_a_revocation_without_live_migration(tmp_pa
     GPU left; nothing is lost, every request ends once, the run completes."""
     from spotlight.config import dump_config, load_config
     from tests.integration.accounting import assert_each_request_ended_once
-    from tests.integration.test_elastic_sp import _agent, _wait
-    from tests.integration.test_faults import _env, _freeze_mid_denoising_holding_training, _hold_training, _thaw
+    from tests.integration.runs import (
+        agent_ctl,
+        freeze_mid_denoising_holding_training,
+        hold_training,
+        thaw,
+        up_env,
+        wait_on,
+    )
     from tests.integration.waiting import wait_until
 
     cfg = load_config(
@@ -119,11 +128,7 @@ def test_rlboost_restarts_the_node_on_a_revocation_without_live_migration(tmp_pa
     rd = tmp_path / "run"
     events = tmp_path / "events.jsonl"
     log = open(tmp_path / "up.log", "w")
-    cmd = [
-        sys.executable,
-        "-m",
-        "spotlight.cli",
-        "up",
+    cmd = up_command(
         "--local",
         "--agents",
         "1",
@@ -137,34 +142,34 @@ def test_rlboost_restarts_the_node_on_a_revocation_without_live_migration(tmp_pa
         str(rd),
         "--timeout-s",
         "900",
-    ]
+    )
     proc = subprocess.Popen(
-        cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=_env(SPOTLIGHT_WORKER_EVENTS=str(events))
+        cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=up_env(SPOTLIGHT_WORKER_EVENTS=str(events))
     )
     frozen, trainers = [], []
     try:
-        listing = _wait(
+        listing = wait_on(
             lambda: (rd / "local_agents.json").is_file() and json.loads((rd / "local_agents.json").read_text()),
             120,
             "local_agents.json",
             proc,
         )
-        status = lambda: _agent(listing["state_dir"], "agent-status", "--node-id", "spot-0")  # noqa: E731
+        status = lambda: agent_ctl(listing["state_dir"], "agent-status", "--node-id", "spot-0")  # noqa: E731
         # training is held (Train Worker frozen after publishing v0) until both spot workers
         # serve: on a loaded machine they can take longer to start than the whole run
-        trainers = _hold_training(rd, proc.pid, alive=lambda: proc.poll() is None)
-        _wait(
+        trainers = hold_training(rd, proc.pid, alive=lambda: proc.poll() is None)
+        wait_on(
             lambda: list(status().get("workers", {}).values()) == ["ready", "ready"],
             600,
             "both spot workers ready",
             proc,
         )
-        _thaw(trainers)
+        thaw(trainers)
         # the revocation lands while the node's workers are frozen (SIGSTOP) with one inside a
         # request's denoising loop, and the Train Worker stays frozen until the restart is
         # seen, so the run cannot end first
         trainers, frozen, _ = wait_until(
-            lambda: _freeze_mid_denoising_holding_training(
+            lambda: freeze_mid_denoising_holding_training(
                 proc.pid,
                 listing["agents"]["spot-0"]["pid"],
                 events,
@@ -182,27 +187,33 @@ def test_rlboost_restarts_the_node_on_a_revocation_without_live_migration(tmp_pa
         assert (
             first["reconfiguration"] == "restart" and first["live_migration"] is False and first["warm_spare"] is False
         )
-        assert _agent(listing["state_dir"], "revoke", "--gpu", "1", "--node-id", "spot-0", "--grace-s", "5")["ok"]
-        _thaw(frozen)
+        assert agent_ctl(listing["state_dir"], "revoke", "--gpu", "1", "--node-id", "spot-0", "--grace-s", "5")["ok"]
+        thaw(frozen)
         frozen = []
         # every old worker stops (not only GPU 1's); a fresh one is started on GPU 0
-        s = _wait(
+        s = wait_on(
             lambda: (s := status()).get("restarts") == 1 and "spot-0/gpu0.r1" in s.get("workers", {}) and s,
             120,
             "a fresh worker after the restart",
             proc,
         )
         assert s["gpus"] == [0] and s["workers"]["spot-0/gpu0"] == "exited" and s["workers"]["spot-0/gpu1"] == "exited"
-        _thaw(trainers)
+        thaw(trainers)
         trainers = []
         assert proc.wait(timeout=960) == 0
     finally:
-        _thaw(frozen + trainers)
+        thaw(frozen + trainers)
         if proc.poll() is None:
             proc.kill()
         log.close()
     reqs = _requests(rd)
     assert_each_request_ended_once(reqs)
+    # what `--mode rlboost` means for the whole run (the mode runs' checks, for this mode)
+    assert load_config(rd / "config.toml").run.mode == "rlboost"
+    assert any(a["spot"] for a in listing["agents"].values())
+    assert collections.Counter(r["iteration"] for r in reqs if r["kind"] == "rollout") == {
+        n: P_ * K for n in range(cfg.run.iterations)
+    }
     assert not any(r["kind"] == "explore" for r in reqs)
     assert not any(h[0] == "recompute" for r in reqs for h in r["history"])  # nothing committed: no live migration
     # what the frozen worker was denoising at the revocation was given back and re-run from scratch

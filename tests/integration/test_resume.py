@@ -17,11 +17,10 @@ import os
 import pathlib
 import signal
 import subprocess
-import sys
 
 import psutil
 
-from tests.integration.test_faults import Up, _env, _freeze, _gone, _write_config
+from tests.integration.runs import Up, freeze, gone, read_jsonl, toy_config, up_command, up_env
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -30,7 +29,7 @@ def test_sigkill_mid_iteration_then_resume(tmp_path):
     from spotlight.cli.status import fetch_snapshot
     from spotlight.net.security import load_client_keys
 
-    cfg = _write_config(tmp_path / "config.toml", **{"run.iterations": 4, "explore.mode": "stale"})
+    cfg = toy_config(tmp_path / "config.toml", **{"run.iterations": 4, "explore.mode": "stale"})
     rd = tmp_path / "run"
     up = Up(rd, ["--config", str(cfg), "--local", "--agents", "1", "--log-level", "INFO"])
     agents_before: dict = {}
@@ -55,29 +54,25 @@ def test_sigkill_mid_iteration_then_resume(tmp_path):
         trainers = [p for p in up.ps.children(recursive=True) if "train_worker" in " ".join(p.cmdline())]
         # freeze the coordinator, then read what it checkpointed: an iteration that ended
         # since the snapshot above cannot make the count stale before the kill
-        _freeze([up.ps])
+        freeze([up.ps])
         from spotlight.cli.up import _checkpointed_iterations
 
         killed_at = _checkpointed_iterations(rd)  # = 0-based index of the iteration under way
         os.kill(up.proc.pid, signal.SIGKILL)
         up.proc.wait(timeout=30)
         for name, a in agents_before.items():
-            assert not _gone(a["pid"]), f"agent {name} died with the coordinator"
+            assert not gone(a["pid"]), f"agent {name} died with the coordinator"
         psutil.wait_procs(trainers, timeout=60)  # orphaned trainers notice and exit
     finally:
         up.out.close()
         up.err.close()
-    metrics_before = [json.loads(l) for l in (rd / "metrics.jsonl").read_text().splitlines()]
+    metrics_before = read_jsonl(rd / "metrics.jsonl")
     assert [m["iteration"] for m in metrics_before] in ([*range(killed_at)], [*range(killed_at + 1)])
 
     err = open(tmp_path / "resume.stderr", "w")
     try:
         res = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "spotlight.cli",
-                "up",
+            up_command(
                 "--resume",
                 str(rd),
                 "--local",
@@ -87,9 +82,9 @@ def test_sigkill_mid_iteration_then_resume(tmp_path):
                 "900",
                 "--log-level",
                 "INFO",
-            ],
+            ),
             cwd=REPO,
-            env=_env(),
+            env=up_env(),
             stdout=subprocess.PIPE,
             stderr=err,
             text=True,
@@ -117,9 +112,9 @@ def test_sigkill_mid_iteration_then_resume(tmp_path):
     )  # agents log to <run-dir>/logs/
     assert agent_logs.count("re-registered with the coordinator") >= 2, logs + agent_logs[-3000:]
 
-    metrics = [json.loads(l) for l in (rd / "metrics.jsonl").read_text().splitlines()]
+    metrics = read_jsonl(rd / "metrics.jsonl")
     assert [m["iteration"] for m in metrics] == [0, 1, 2, 3]
-    reqs = [json.loads(l) for l in (rd / "requests.jsonl").read_text().splitlines()]
+    reqs = read_jsonl(rd / "requests.jsonl")
     ids = [r["request_id"] for r in reqs]
     assert len(ids) == len(set(ids))
     rollouts = [r for r in reqs if r["kind"] == "rollout"]

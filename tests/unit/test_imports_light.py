@@ -5,7 +5,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from spotlight.config import REPO_ROOT
+
+pytestmark = pytest.mark.procs  # each check imports in a fresh interpreter
 
 MODULES = [
     "agent.main",

@@ -264,6 +264,7 @@ def test_unknown_fields_are_ignored_for_forward_compatibility():
     assert decoded == SAMPLES[P.MsgType.BYE]
 
 
+@pytest.mark.procs
 def test_protocol_module_does_not_import_torch():
     code = "import spotlight.protocol, sys; assert 'torch' not in sys.modules, 'torch imported'"
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True)

@@ -1,0 +1,90 @@
+"""Test doubles shared by several tests. The fake cloud (the mock metadata server) and the fake run
+of the control plane ship in the package; these are test-only.
+
+* :class:`FakeClock`: a clock the test moves (``now``), or one that moves on every reading
+  (``step``), for code that takes a ``clock`` callable;
+* :class:`CoordinatorSocket`: the coordinator's side of the control plane as an agent sees it:
+  a CURVE ROUTER on a random loopback port, allow-listing the keys directory's clients, that
+  the test reads and answers frame by frame.
+
+The real control plane against a run that never ends (one weight version, fresh rollout requests
+whenever a worker pulls) is :class:`spotlight.coordinator.fixed_run.FixedRun`, in the package because
+the reconfiguration benchmark uses it too.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import zmq
+
+from spotlight import protocol as P
+from spotlight.net.security import Authenticator, apply_server, load_server_keys
+
+
+class FakeClock:
+    """A clock that only moves when told to.
+
+    ``clock()`` returns the current time and then adds ``step`` (0: reading never moves it);
+    ``advance(dt)`` (or ``sleep(dt)``, for code that takes a sleep function) moves it by ``dt``.
+
+    >>> c = FakeClock(100.0, step=7.0)
+    >>> c(), c(), c.now
+    (100.0, 107.0, 114.0)
+    """
+
+    def __init__(self, start: float = 0.0, *, step: float = 0.0):
+        self.now = float(start)
+        self.step = float(step)
+
+    def __call__(self) -> float:
+        t = self.now
+        self.now += self.step
+        return t
+
+    def advance(self, dt: float) -> float:
+        assert dt >= 0, "a clock does not go back"
+        self.now += dt
+        return self.now
+
+    sleep = advance
+
+
+class CoordinatorSocket:
+    """A CURVE ROUTER bound to ``127.0.0.1:<random port>`` with the coordinator's keys from
+    ``keys_dir`` (``spotlight keys init``): only the directory's allow-listed clients connect.
+
+    ``endpoint`` is the ``HOST:PORT`` an agent joins; ``recv()`` returns ``(identity, mtype,
+    body, payload)``; ``send(identity, msg)`` answers one peer. Use as a context manager or
+    call ``close()``.
+    """
+
+    def __init__(self, keys_dir: pathlib.Path):
+        self.ctx = zmq.Context()
+        self.auth = Authenticator(self.ctx, load_server_keys(keys_dir))
+        self.auth.start()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        apply_server(self.sock, self.auth.keys)
+        self.port = self.sock.bind_to_random_port("tcp://127.0.0.1")
+        self.endpoint = f"127.0.0.1:{self.port}"
+
+    def recv(self, timeout_s: float = 10.0):
+        """The next message: ``(identity, mtype, body, payload)``; AssertionError after ``timeout_s``."""
+        assert self.sock.poll(int(timeout_s * 1000)), f"nothing arrived within {timeout_s} s"
+        ident, *frames = self.sock.recv_multipart()
+        return (ident, *P.decode(frames))
+
+    def send(self, ident: bytes, msg, frames=None) -> None:
+        self.sock.send_multipart([ident, *P.encode(msg, frames)])
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+        self.auth.stop()
+        self.ctx.term()
+
+    def __enter__(self) -> CoordinatorSocket:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

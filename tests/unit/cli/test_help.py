@@ -1,0 +1,72 @@
+"""Every ``spotlight`` and ``spotlight-agent`` command's ``--help`` reads whole in an 80-column terminal: no option
+name or help text is cut short with "…" (rich truncates unbreakable words wider than its
+help column), and no line is wider than the terminal."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+COMMANDS = [
+    [],
+    ["init"],
+    ["up"],
+    ["status"],
+    ["eval"],
+    ["profile"],
+    ["simulate"],
+    ["mock-metadata"],
+    ["reward-server"],
+    ["keys"],
+    ["keys", "init"],
+    ["keys", "add"],
+    ["bench"],
+]
+AGENT_COMMANDS = [[], ["join"], ["revoke"], ["add-gpu"], ["agent-status"]]
+
+
+@pytest.mark.parametrize(
+    "module, command",
+    [("spotlight", c) for c in COMMANDS] + [("agent.main", c) for c in AGENT_COMMANDS],
+    ids=lambda v: v if isinstance(v, str) else " ".join(v),
+)
+def test_help_fits_80_columns(module, command):
+    env = dict(os.environ, COLUMNS="80", PYTHONPATH=str(ROOT), TERM="dumb")
+    out = subprocess.run(
+        [sys.executable, "-m", module, *command, "--help"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip(), "empty help"
+    assert "…" not in out.stdout, [line for line in out.stdout.splitlines() if "…" in line]
+    assert max(len(line) for line in out.stdout.splitlines()) <= 80
+
+
+def _walk(command, path=()):
+    import click
+
+    yield path, command
+    if isinstance(command, click.Group):
+        for name, sub in command.commands.items():
+            yield from _walk(sub, path + (name,))
+
+
+def test_no_help_text_is_eaten_as_rich_markup():
+    """Rich reads ``[word]`` in a help string as a style tag and drops it (``(in [explore]: …``
+    printed as ``(in : …``); every help text must print as written."""
+    import re
+
+    import typer
+
+    from spotlight.cli import app
+
+    tag = re.compile(r"(?<!\\)\[/?[A-Za-z_#@][^\]\n]*\]")
+    found = []
+    for path, command in _walk(typer.main.get_command(app)):
+        texts = [command.help or ""] + [getattr(p, "help", None) or "" for p in command.params]
+        found += [(" ".join(path), m.group(0)) for t in texts for m in tag.finditer(t)]
+    assert not found, found

@@ -1,0 +1,320 @@
+"""`spotlight up`'s start-up checks: bad options and busy run directories are one-line errors
+found before anything starts or is written (new-user trial findings)."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from spotlight.cli import app
+
+TOY = str(pathlib.Path(__file__).resolve().parents[3] / "examples" / "jpeg-toy" / "config.toml")
+
+
+def _up(*args: str):
+    return CliRunner().invoke(app, ["up", *args])
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "expected"),
+    [
+        ("--mock-cloud", "ibm", "--mock-cloud ibm: choose from aws, gcp, azure, none"),
+        ("--reserved", "7400", "--reserved 7400: expected HOST:PORT"),
+        ("--reserved", "127.0.0.1:99999", "--reserved 127.0.0.1:99999: expected HOST:PORT"),
+        ("--trace-mode", "half", "--trace-mode half: choose from slice, full"),
+        ("--timeout-s", "-5", "--timeout-s -5: must be > 0 seconds"),
+        ("--timeout-s", "0", "--timeout-s 0: must be > 0 seconds"),
+        ("--grace-s", "-1", "--grace-s -1: must be >= 0 seconds"),
+        ("--grace-s", "nan", "--grace-s nan: must be >= 0 seconds"),
+        ("--cycle-down-s", "-2", "--cycle-down-s -2: must be > 0 seconds"),
+        ("--cycle-iteration-s", "0", "--cycle-iteration-s 0: must be > 0 seconds"),
+        ("--reserved", "127.0.0.1:abc", "--reserved 127.0.0.1:abc: expected HOST:PORT"),
+        ("--reserved", "garbage", "--reserved garbage: expected HOST:PORT"),
+        ("--tracker", "mlflow", "--tracker mlflow: choose from tensorboard, wandb, none"),
+    ],
+)
+def test_a_bad_option_is_one_line_before_anything_is_written(tmp_path, flag, value, expected):
+    rd = tmp_path / "run"
+    res = _up("--local", "--config", TOY, "--run-dir", str(rd), flag, value)
+    assert res.exit_code == 2, res.output
+    assert res.output.strip().splitlines() == [f"error: {expected}" + res.output.strip().split(expected, 1)[1]], (
+        res.output
+    )
+    assert "Traceback" not in res.output and not rd.exists()
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--agents", "3"), ("--mock-cloud", "aws")])
+def test_a_local_only_option_without_local_is_refused_not_ignored(tmp_path, flag, value):
+    rd = tmp_path / "run"
+    res = _up("--config", TOY, "--run-dir", str(rd), flag, value)
+    assert res.exit_code == 2, res.output
+    assert res.output.strip().startswith(f"error: {flag} needs --local"), res.output
+    assert "Traceback" not in res.output and not rd.exists()
+
+
+def test_a_run_whose_coordinator_still_runs_points_to_status_not_resume(tmp_path):
+    rd = tmp_path / "run"
+    rd.mkdir()
+    (rd / "metrics.jsonl").write_text('{"iteration": 0}\n')
+    (rd / "config.toml").write_text(pathlib.Path(TOY).read_text())
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "spotlight"])
+    try:
+        (rd / "coordinator.json").write_text(json.dumps({"pid": proc.pid, "endpoint": "tcp://127.0.0.1:1"}))
+        for args in (["--config", TOY, "--run-dir", str(rd)], ["--resume", str(rd)]):
+            res = _up("--local", *args)
+            assert res.exit_code == 2, res.output
+            assert (
+                f"still running (coordinator pid {proc.pid})" in res.output and f"spotlight status {rd}" in res.output
+            ), res.output
+            assert "--resume" not in res.output
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _up_on_a_busy_port(*args: str):
+    import socket
+
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    port = busy.getsockname()[1]
+    try:
+        return port, _up("--config", TOY, "--reserved", f"127.0.0.1:{port}", *args)
+    finally:
+        busy.close()
+
+
+def test_an_address_in_use_is_one_line_and_leaves_no_run_directory(tmp_path):
+    """Was: a ZMQError traceback, exit 1, and a run directory with config.toml, keys/ and logs/."""
+    rd = tmp_path / "run"
+    port, res = _up_on_a_busy_port("--run-dir", str(rd))
+    assert res.exit_code == 2, res.output
+    assert res.output.strip().splitlines()[-1] == f"error: cannot listen on 127.0.0.1:{port}: address already in use", (
+        res.output
+    )
+    assert "Traceback" not in res.output and not rd.exists()
+
+
+def test_reserved_only_says_once_that_agents_is_ignored(tmp_path):
+    _, res = _up_on_a_busy_port(
+        "--local", "--mode", "reserved-only", "--agents", "3", "--run-dir", str(tmp_path / "run")
+    )
+    assert res.output.count("--agents 3 is ignored") == 1, res.output
+    _, res = _up_on_a_busy_port("--local", "--mode", "reserved-only", "--run-dir", str(tmp_path / "run"))
+    assert "ignored" not in res.output, res.output
+
+
+def _snapshot_files(rd: pathlib.Path) -> dict:
+    return {
+        str(p.relative_to(rd)): (p.stat().st_mtime_ns, p.read_bytes()) for p in sorted(rd.rglob("*")) if p.is_file()
+    }
+
+
+def test_resuming_a_finished_run_is_refused_and_leaves_it_untouched(tmp_path):
+    """Was: "resumed … after iteration 20/20: continuing with iteration 21", then final/,
+    status.json and the cost rewritten."""
+    from spotlight.store.checkpoint import write_checkpoint
+
+    rd = tmp_path / "run"
+    rd.mkdir()
+    (rd / "config.toml").write_text(pathlib.Path(TOY).read_text().replace("\niterations = 20\n", "\niterations = 2\n"))
+    (rd / "metrics.jsonl").write_text('{"iteration": 0}\n{"iteration": 1}\n')
+    (rd / "status.json").write_text('{"finished": true}')
+    write_checkpoint(rd, 1, {"iteration": 2}, keep=2)
+    before = _snapshot_files(rd)
+    res = _up("--local", "--resume", str(rd))
+    assert res.exit_code == 2, res.output
+    (line,) = res.output.strip().splitlines()
+    assert (
+        line.startswith(f"error: {rd} is finished (2/2 iterations): model in {rd / 'final'}")
+        and "--iterations N (N > 2)" in line
+    ), line
+    assert _snapshot_files(rd) == before
+
+
+def test_a_resumed_run_keeps_the_earlier_run_time_and_events(tmp_path):
+    """Was: every resume restarted status.json's elapsed time and event log from zero."""
+    from spotlight.coordinator.recorder import earlier_sessions
+    from spotlight.core.events import EventLog
+
+    earlier = [
+        {"t_s": 1.0, "kind": "join", "node": "spot-0", "detail": "1 spot GPU"},
+        {"t_s": 40.0, "kind": "finish", "node": "", "detail": "interrupted"},
+    ]
+    ckpt = {"elapsed_s": 30.0, "events": earlier[:1]}
+    assert earlier_sessions(tmp_path, ckpt) == (30.0, earlier[:1])  # no status.json: the checkpoint's
+    (tmp_path / "status.json").write_text(json.dumps({"elapsed_s": 42.5, "events": earlier}))
+    assert earlier_sessions(tmp_path, ckpt) == (42.5, earlier)  # the later snapshot wins
+    assert earlier_sessions(tmp_path, {}) == (42.5, earlier)  # a checkpoint of an older version
+    log = EventLog(start_s=1000.0 - 42.5)  # this coordinator started at 1000 s on its clock
+    log.extend(earlier)
+    log.append(1000.0, "resume", "", "after iteration 1/2")
+    assert [(e["t_s"], e["kind"]) for e in log.to_list()] == [(1.0, "join"), (40.0, "finish"), (42.5, "resume")]
+
+
+def test_the_stop_hint_of_a_replay_says_the_replay_does_not_continue():
+    """Was: after Ctrl-C of `--preemption-cycles 1 --mock-cloud aws` the hint dropped both flags silently."""
+    from spotlight.cli.up import replay_note, resume_command
+
+    layout = dict(
+        local=True,
+        agents=2,
+        gpus_per_agent=1,
+        mock_cloud="aws",
+        grace_s=20.0,
+        spot_nice=5,
+        reserved="127.0.0.1:0",
+        keys=None,
+        verbose=False,
+        log_level="WARNING",
+        trackers=None,
+    )
+    cmd = resume_command("r", **layout)
+    assert "--mock-cloud aws" in cmd
+    note = replay_note("--preemption-cycles", cmd)
+    assert note.startswith("note: the --preemption-cycles replay does not continue on resume") and "\n" not in note
+    assert "add the --trace options again" in replay_note("--trace", resume_command("r", **layout, restart=True))
+    assert replay_note(None, cmd) is None
+
+
+def test_a_further_ctrl_c_during_the_clean_up_is_answered_not_ignored():
+    """Was: SIG_IGN, so the ~17 s of clean-up after Ctrl-C looked like a hang."""
+    import signal
+
+    from spotlight.cli.up_local import patience_handler
+
+    said: list[str] = []
+    alive = iter([3, 1])
+    handler = patience_handler(lambda: next(alive), said.append)
+    handler(signal.SIGINT, None)
+    handler(signal.SIGINT, None)
+    assert said == [
+        "still stopping agents, workers and trainers (3 processes), please wait",
+        "still stopping agents, workers and trainers (1 process), please wait",
+    ]
+
+
+def test_the_local_cluster_stops_the_agents_before_the_coordinator_closes():
+    """On exit the replay stops, agents and trainers are told why and waited for, the
+    coordinator closes (its last status is then final), then the trace driver's agents and
+    the mock metadata servers stop; a Ctrl-C meanwhile is answered."""
+    import signal
+    import types
+
+    from spotlight.cli.up_local import LocalCluster
+
+    events, said = [], []
+
+    class Proc:
+        def __init__(self, name):
+            self.name = name
+
+        def poll(self):
+            return None
+
+        def wait(self, timeout=None):
+            events.append(f"wait {self.name}")
+
+        def terminate(self):
+            events.append(f"terminate {self.name}")
+
+    coord = types.SimpleNamespace(
+        trainers=types.SimpleNamespace(procs=[Proc("trainer")]),
+        shutdown_agents=lambda reason: events.append(f"shutdown ({reason})"),
+        close=lambda: events.append("coordinator close"),
+    )
+    driver = types.SimpleNamespace(
+        stop_event=types.SimpleNamespace(set=lambda: events.append("replay stops")),
+        close=lambda: events.append("driver close"),
+        procs=[],
+    )
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    try:
+        with LocalCluster(types.SimpleNamespace(), coord, say=said.append) as cluster:
+            cluster.procs.append(Proc("agent"))
+            cluster.driver = driver
+            cluster.mocks.append(types.SimpleNamespace(stop=lambda: events.append("mock stop")))
+            cluster.interrupt()
+            signal.getsignal(signal.SIGINT)(signal.SIGINT, None)
+            assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before[0])
+        signal.signal(signal.SIGTERM, before[1])
+    assert events == [
+        "replay stops",
+        "shutdown (interrupted)",
+        "wait agent",
+        "wait agent",
+        "wait trainer",
+        "coordinator close",
+        "driver close",
+        "mock stop",
+    ]
+    assert said == ["still stopping agents, workers and trainers (2 processes), please wait"]
+
+
+def test_resume_existing_of_a_finished_run_is_nothing_to_do_even_with_config(tmp_path):
+    """The systemd unit passes --config and --resume-existing: a finished run must neither be
+    re-run nor fail (Restart=on-failure would loop), and --config must not be refused."""
+    from spotlight.store.checkpoint import write_checkpoint
+
+    rd = tmp_path / "run"
+    rd.mkdir()
+    (rd / "config.toml").write_text(pathlib.Path(TOY).read_text().replace("\niterations = 20\n", "\niterations = 2\n"))
+    (rd / "coordinator.json").write_text(json.dumps({"pid": 999999999, "endpoint": "tcp://127.0.0.1:1"}))
+    write_checkpoint(rd, 1, {"iteration": 2}, keep=2)
+    before = _snapshot_files(rd)
+    res = _up("--config", TOY, "--run-dir", str(rd), "--resume-existing")
+    assert res.exit_code == 0, res.output
+    assert (
+        res.output.strip()
+        == f"{rd} is finished (2/2 iterations): model in {rd / 'final'}, metrics in {rd / 'metrics.jsonl'}: "
+        "nothing to do"
+    ), res.output
+    assert _snapshot_files(rd) == before
+
+
+def test_a_run_dir_or_keys_that_is_a_file_is_one_line_before_anything_is_printed(tmp_path):
+    """Was: the run header and the prompts, then `error: keys: [Errno 20] Not a directory`."""
+    f = tmp_path / "README.md"
+    f.write_text("not a run\n")
+    for args, flag in (
+        (["--run-dir", str(f)], "--run-dir"),
+        (["--run-dir", str(tmp_path / "run"), "--keys", str(f)], "--keys"),
+    ):
+        res = _up("--local", "--config", TOY, *args)
+        assert res.exit_code == 2, res.output
+        assert res.output.strip().splitlines() == [f"error: {flag} {f}: not a directory"], res.output
+        assert f.read_text() == "not a run\n" and not (tmp_path / "run").exists()
+
+
+def test_a_tcp_reserved_address_is_accepted_as_the_agents_form_is():
+    from spotlight.cli.up_preflight import check_options
+
+    assert check_options(mock_cloud="none", reserved="tcp://127.0.0.1:5555", trace_mode="slice") == []
+
+
+def test_a_plain_start_on_a_finished_run_suggests_a_command_that_extends_it(tmp_path):
+    """Was: "continue it with spotlight up --resume RUN", which a finished run refuses."""
+    from spotlight.store.checkpoint import write_checkpoint
+
+    rd = tmp_path / "run"
+    rd.mkdir()
+    (rd / "config.toml").write_text(pathlib.Path(TOY).read_text().replace("\niterations = 20\n", "\niterations = 2\n"))
+    (rd / "metrics.jsonl").write_text('{"iteration": 0}\n{"iteration": 1}\n')
+    write_checkpoint(rd, 1, {"iteration": 2}, keep=2)
+    res = _up("--local", "--config", TOY, "--run-dir", str(rd))
+    assert res.exit_code == 2, res.output
+    (line,) = res.output.strip().splitlines()
+    assert f"spotlight up --resume {rd} --iterations N (N > 2)" in line, line
+    assert "continue it with" not in line
+    # an unfinished run still gets the plain --resume
+    (rd / "config.toml").write_text(pathlib.Path(TOY).read_text().replace("\niterations = 20\n", "\niterations = 5\n"))
+    res = _up("--local", "--config", TOY, "--run-dir", str(rd))
+    assert f"continue it with spotlight up --resume {rd} or" in res.output, res.output
