@@ -34,7 +34,7 @@ from agent.node_scheduler import (
 )
 from agent.preemption import PreemptionNotice
 
-CORE = pathlib.Path(__file__).resolve().parents[2] / "agent" / "node_scheduler.py"
+CORE = pathlib.Path(__file__).resolve().parents[3] / "agent" / "node_scheduler.py"
 FORBIDDEN = {"socket", "zmq", "threading", "subprocess", "time", "torch", "os", "signal", "multiprocessing", "asyncio"}
 OVERDUE = "still running at its commit deadline (the coordinator re-runs what it had not committed)"
 
