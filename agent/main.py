@@ -100,7 +100,7 @@ SHUTDOWN_TERM_WAIT_S = 4.0
 SHUTDOWN_KILL_WAIT_S = 1.0
 # Upper bound of shutdown() (seconds): Azure acknowledgement (detector timeout 2 s, at most twice
 # that with spotlight.net.http_limits) + both waits + 1 s ZeroMQ linger for the Bye.  The systemd
-# unit's TimeoutStopSec must exceed --grace-s + this (tests/unit/test_systemd_units.py).
+# unit's TimeoutStopSec must exceed --grace-s + this (tests/unit/scripts/test_systemd_units.py).
 SHUTDOWN_BOUND_S = 2 * 2.0 + SHUTDOWN_TERM_WAIT_S + SHUTDOWN_KILL_WAIT_S + 1.0
 # Seconds a draining agent gives its workers when the coordinator is lost, the node id was taken,
 # or the coordinator sent SHUTDOWN.

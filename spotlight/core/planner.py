@@ -626,7 +626,7 @@ def feedback_ratio(
       4K (order statistics of a normal), and sigma_all also averages in the control
       groups, so real ratios stay well below 5; the cap only bounds outliers. It
       bounds one iteration's pull on its arm's window mean to (cap - mu) / W_b. In a
-      simulation (tests/unit/test_planner.py,
+      simulation (tests/unit/core/test_planner.py,
       test_degenerate_control_iteration_does_not_pin_its_arm) a single degenerate
       iteration kept a worse arm chosen for the 10 next iterations unbounded, 7 with a
       cap of 10, 3 with 5.
