@@ -283,7 +283,9 @@ class ExploreConfig(_Section):
     cache_threshold: float = 0.0
     """First-Block-Cache threshold for the fixed planner (0 = cache off)."""
     profile_path: str = ""
-    """JSON written by ``spotlight profile``; "" = the profile cached for this model config, if any."""
+    """JSON written by ``spotlight profile --out`` that the Planner uses (t_step, cache threshold →
+    effective steps and accuracy); "" = the run directory's ``profile.json`` if it has one, else
+    none (t_step measured online, exploration uncached). ``spotlight up`` says which it uses."""
     stream_extra: bool = True
     """mode "stale": while training runs and the planned candidates are all handed out, keep
     the spot workers busy with extra candidate seeds of the same prompts (cancelled when the
