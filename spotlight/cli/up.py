@@ -404,7 +404,7 @@ def _serve_to_the_end(run: UpRun, coord, cluster, received: dict) -> int:
         else:
             console.print(_waiting_line(run, coord))
         t0 = time.monotonic()
-        coord.serve(timeout_s=run.opts.timeout_s)
+        coord.serve(timeout_s=run.opts.timeout_s, on_tick=cluster.check)
         rd = run.run_dir
         console.print(
             f"[green]done[/green] in {time.monotonic() - t0:.0f}s: metrics {rd / 'metrics.jsonl'}, "

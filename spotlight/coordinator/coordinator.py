@@ -259,11 +259,14 @@ class Coordinator:
             spot_slots=spot_workers * self.cfg.cluster.worker_batch_size,
         )
 
-    def serve(self, timeout_s: float | None = None) -> None:
-        """Run until the job finishes (or ``timeout_s`` passes, or a part fails).
+    def serve(self, timeout_s: float | None = None, *, on_tick: Callable[[], None] | None = None) -> None:
+        """Run until the job finishes (or ``timeout_s`` passes, or a part fails). ``on_tick`` is
+        called with the housekeeping, every half second (``spotlight up`` watches its local
+        agents there).
 
         Raises:
-            RuntimeError: a train worker died, reward scoring gave up, or the timeout passed.
+            RuntimeError: a train worker died (the message: one line, then the last lines of its
+                log), reward scoring gave up, or the timeout passed.
         """
         t_start = last_house = time.monotonic()
         while not self.done:
@@ -276,8 +279,14 @@ class Coordinator:
             self.step(now)
             if now - last_house > 0.5:
                 self.control.housekeeping(now)
+                if on_tick is not None:
+                    on_tick()
                 last_house = now
-            self.error = self.error or self.scorer.error or (None if self.done else self.trainers.exit_error())
+            failed = None if self.error or self.done else self.trainers.failed()
+            if failed is not None:
+                self.error = failed.summary  # one line for status.json; the console gets its log's tail too
+                raise RuntimeError(failed.report())
+            self.error = self.error or self.scorer.error
             if self.error:
                 raise RuntimeError(self.error)
             if timeout_s is not None and now - t_start > timeout_s:
