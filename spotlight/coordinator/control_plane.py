@@ -165,8 +165,9 @@ class ControlPlane:
             return f"train worker rank {rank}"
         key = peer.principal if peer is not None else principal
         who = key.id if key is not None else "an unauthenticated peer"
-        if claimed_node:
-            return f"{who} for node {claimed_node} (not its current session)"
+        if claimed_node:  # the sender's word, not checked yet: quoted unless it is a valid node id
+            node = claimed_node if NODE_ID.match(claimed_node) else repr(claimed_node[:64])
+            return f"{who} for node {node} (not its current session)"
         return f"{who} (no registered node)"
 
     def serve_once(self, timeout_ms: int = 50) -> int:

@@ -236,6 +236,8 @@ def test_a_stale_session_is_info_and_names_the_node_not_the_routing_id(control, 
     ]
     assert all("b'" not in text and "\\x" not in text for _, text in lines)
     assert control.server.describe_peer(ROUTE) == "node spot-0 (agent.local)"  # the server's log lines too
+    forged = control.peer_name(b"x", principal=agent, claimed_node="a\nFAKE LOG LINE")
+    assert forged == "agent.local for node 'a\\nFAKE LOG LINE' (not its current session)"  # quoted, one line
 
 
 def test_a_silent_spot_node_is_info_a_silent_reserved_node_a_warning(control, caplog):
