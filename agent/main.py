@@ -71,7 +71,7 @@ from agent.weight_cache import WeightCache
 from spotlight import protocol as P
 from spotlight.net.agent_paths import control_endpoint, state_dir
 from spotlight.net.security import ClientKeys, KeysError, apply_client, load_client_keys
-from spotlight.util.procs import configure_logging, scrubbed_env, spawn_logged
+from spotlight.util.procs import ChildExit, LogMark, configure_logging, log_mark, scrubbed_env, spawn_logged
 from spotlight.workers.rollout.spare import EXIT_SPARE_UNUSABLE
 
 log = logging.getLogger("spotlight.agent")
@@ -271,6 +271,8 @@ class AgentDaemon:
         self.worker_endpoint = f"ipc://{self._ipc_dir}/workers.sock"
         self.workers_sock = self._workers_socket()
         self.procs: dict[str, subprocess.Popen] = {}
+        self.worker_logs: dict[str, LogMark | None] = {}  # where each worker's output goes
+        self._spare_log: LogMark | None = None  # the current warm spare's
         self.wcache = WeightCache(
             weights_dir or state_dir(self.node_id) / "weights", keep_versions=MAX_CACHED_WEIGHTS, clear=False
         )  # emptied once registered
@@ -686,6 +688,7 @@ class AgentDaemon:
         wid, gpus = action.worker_id, list(action.gpus)
         env = scrubbed_env()  # workers never authenticate: no credentials in their environment
         env.setdefault("CUDA_VISIBLE_DEVICES", ",".join(map(str, gpus)))
+        self.worker_logs[wid] = log_mark(f"worker-{wid}", env)
         proc = self._hand_to_spare(wid, gpus, env) if action.from_spare else None
         spare_pid = proc.pid if proc is not None else 0
         if proc is not None:
@@ -739,10 +742,14 @@ class AgentDaemon:
             del self.procs[wid]
             revoked = wid in self.sched.revoking
             actions = self.sched.worker_exited(wid, rc, now, spare_refused=rc == EXIT_SPARE_UNUSABLE)
+            failed = ChildExit.of(f"worker {wid}", rc, self.worker_logs.pop(wid, None))
             if revoked:
                 log.info("worker %s left after revocation (code %s)", wid, rc)
-            elif any(isinstance(a, SpawnWorker) and a.cause == "replace" for a in actions):
-                log.error("worker %s exited with code %s; restarting it", wid, rc)
+            elif rc != 0 and rc != EXIT_SPARE_UNUSABLE:
+                restart = any(isinstance(a, SpawnWorker) and a.cause == "replace" for a in actions)
+                log.error("%s", failed.report("; restarting it" if restart else ""))
+                # the leases it gives back carry its cause to the coordinator's console
+                actions = [_with_cause(a, failed.cause) for a in actions]
             self._execute(actions)
         self.check_spare()
         self._execute(self.sched.overdue(now))
@@ -760,6 +767,7 @@ class AgentDaemon:
         cmd = self._spare_cmd(conf, write_fd)
         try:
             self._spares_started += 1
+            self._spare_log = log_mark(f"worker-{self.node_id}-spare{self._spares_started}", env)
             proc = spawn_logged(
                 cmd,
                 f"worker-{self.node_id}-spare{self._spares_started}",
@@ -848,14 +856,12 @@ class AgentDaemon:
             return
         self._stop_spare()
         retry_in_s = self.sched.spare_died(now)
-        if retry_in_s is None:
-            log.error(
-                "warm spare exited with code %s before it was needed (%d times in a row): no more spares on this node",
-                rc,
-                self.sched.spare.failures,
-            )
-        else:
-            log.error("warm spare exited with code %s before it was needed: restarting it in %.0fs", rc, retry_in_s)
+        then = (
+            f"no more spares on this node ({self.sched.spare.failures} failures in a row)"
+            if retry_in_s is None
+            else f"restarting it in {retry_in_s:.0f}s"
+        )
+        log.error("%s", ChildExit.of("warm spare", rc, self._spare_log).report(f" before it was needed; {then}"))
 
     def spare_status(self) -> dict | None:
         """``{"pid", "ready"}`` of the current spare, or None."""
@@ -1106,7 +1112,10 @@ class AgentDaemon:
         self._execute(self.sched.shutdown(body.reason, time.monotonic(), grace_s=SHORT_STOP_S))
 
     def _on_error(self, body: P.ErrorMsg, payload) -> None:
-        log.error("coordinator error %s: %s", body.code, body.message)
+        # a coordinator that restarted (resume) or declared this node dead does not know its
+        # session: expected, and answered by re-registering, so INFO; anything else is an error
+        routine = body.code in ("unknown_session", "not_registered")
+        log.log(logging.INFO if routine else logging.ERROR, "coordinator error %s: %s", body.code, body.message)
         if self.draining:
             return
         if body.code == "node_id_in_use":
@@ -1122,7 +1131,7 @@ class AgentDaemon:
             self.begin_drain("node id taken by another agent", grace_s=SHORT_STOP_S)
         elif body.code in ("unknown_session", "not_registered") and not self.reconnecting:
             # the coordinator restarted (or declared this node dead): re-register, keep workers
-            log.warning("coordinator does not know this session (restarted?): re-registering; workers keep running")
+            log.info("coordinator does not know this session (restarted?): re-registering; workers keep running")
             self.reconnecting = True
             now = time.monotonic()
             self._next_register = min(self._next_register, now) if self._next_register else now
@@ -1281,6 +1290,14 @@ class AgentDaemon:
                 log.error("workers %s ignored SIGTERM for %.0fs: killing them", [p.pid for p in alive], wait_s)
                 for p in alive:
                     p.kill()
+
+
+def _with_cause(action, cause: str):
+    """``action`` with a worker's ``cause`` (its exception line) added to the reason of leases it
+    gives back (:class:`ReturnLeases`: the coordinator logs that reason); other actions as they are."""
+    if not cause or not isinstance(action, ReturnLeases):
+        return action
+    return dataclasses.replace(action, reason=f"{action.reason}: {cause}"[:1000])
 
 
 def _parse_gpus(text: str) -> list[int]:

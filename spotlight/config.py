@@ -5,7 +5,8 @@ them. :func:`load_config` is the only TOML reader. This module never imports tor
 the agent daemon and the CLI can load it cheaply.
 
 Unknown keys, wrong types and out-of-range values raise :class:`ConfigError` naming the
-offending field (``train.learning_rate``; an invalid enum value lists the valid choices),
+offending field (``train.learning_rate``; an invalid enum value lists the valid choices, an
+unknown key the key it was probably meant to be: ``model.lora_rank`` → ``train.lora_rank``),
 and the file or, for a value set on the command line, the flag, so a typo never silently
 falls back to a default.
 """
@@ -282,7 +283,9 @@ class ExploreConfig(_Section):
     cache_threshold: float = 0.0
     """First-Block-Cache threshold for the fixed planner (0 = cache off)."""
     profile_path: str = ""
-    """JSON written by ``spotlight profile``; "" = the profile cached for this model config, if any."""
+    """JSON written by ``spotlight profile --out`` that the Planner uses (t_step, cache threshold →
+    effective steps and accuracy); "" = the run directory's ``profile.json`` if it has one, else
+    none (t_step measured online, exploration uncached). ``spotlight up`` says which it uses."""
     stream_extra: bool = True
     """mode "stale": while training runs and the planned candidates are all handed out, keep
     the spot workers busy with extra candidate seeds of the same prompts (cancelled when the
@@ -487,7 +490,8 @@ class ClusterConfig(_Section):
     one: their GPUs do not come and go); a remote ``spotlight-agent join`` decides with its
     own ``--warm-spare/--no-warm-spare``."""
     reserved_rollout_gpus: list[int] = msgspec.field(default_factory=lambda: [0])
-    """GPUs of the reserved node that also run Rollout Workers (colocated with training)."""
+    """GPUs of the reserved node that also run Rollout Workers (colocated with training):
+    distinct indices >= 0 ([] = none)."""
     torch_threads: int = 1
     """Intra-op threads per worker process (CPU runs)."""
     max_message_bytes: int = 256 * 1024 * 1024
@@ -546,6 +550,10 @@ class ClusterConfig(_Section):
             "must be >= 0 (0 = serve every version from disk)",
         )
         _check(self.sp_degree >= 1, "cluster.sp_degree", "must be >= 1")
+        gpus = list(self.reserved_rollout_gpus)
+        twice = sorted({g for g in gpus if gpus.count(g) > 1})
+        _check(not twice, "cluster.reserved_rollout_gpus", f"GPU {', '.join(map(str, twice))} listed twice: {gpus}")
+        _check(min(gpus, default=0) >= 0, "cluster.reserved_rollout_gpus", f"GPU indices must be >= 0: {gpus}")
         _check(self.reserved_sp_degree >= 1, "cluster.reserved_sp_degree", "must be >= 1")
         _check(
             self.heartbeat_timeout_s > self.heartbeat_interval_s,
@@ -707,7 +715,11 @@ def config_from_dict(data: dict[str, Any]) -> SpotlightConfig:
 
 def _validation_error(message: str) -> ConfigError:
     """msgspec's ``<what> - at `$.section.key`'' as a ConfigError naming the dotted field;
-    an invalid enum value lists the valid choices."""
+    an invalid enum value lists the valid choices, an unknown key the key it was probably
+    meant to be (:func:`unknown_key_error`)."""
+    unknown = re.fullmatch(r"Object contains unknown field `([^`]*)`(?: - at `\$\.([\w.]+)`)?", message)
+    if unknown is not None:
+        return unknown_key_error(unknown.group(2) or "", unknown.group(1))
     m = re.fullmatch(r"(.*) - at `\$\.([\w.]+)((?:\[\d+\])*)`", message)
     if m is None:
         return ConfigError(f"invalid config: {message}")
@@ -716,6 +728,42 @@ def _validation_error(message: str) -> ConfigError:
     if choices and (bad := re.fullmatch(r"Invalid enum value (.*)", what)):
         what = f"invalid value {bad.group(1)}; choose from {', '.join(repr(c) for c in choices)}"
     return ConfigError(f"{field}{index}: {what}", field)
+
+
+def _section_keys() -> dict[str, tuple[str, ...]]:
+    """Every section of :class:`SpotlightConfig` and its keys."""
+    hints = typing.get_type_hints(SpotlightConfig)
+    return {name: hints[name].__struct_fields__ for name in SpotlightConfig.__struct_fields__}
+
+
+def unknown_key_error(section: str, key: str) -> ConfigError:
+    """The error for ``key``, which ``section`` ("" = the top level) does not have: it names the
+    dotted key and, when one is near, the key that was probably meant -- the same name in the
+    section that has it (``model.lora_rank`` → ``train.lora_rank``), else a close spelling in
+    this section, else in any (``difflib``)."""
+    import difflib
+
+    sections = _section_keys()
+    field = f"{section}.{key}" if section else key
+    if not section:
+        owners = [s for s, names in sections.items() if key in names]
+        if owners:
+            return ConfigError(f"{key}: unknown top-level key; {key} belongs in [{owners[0]}]", field)
+        near = difflib.get_close_matches(key, list(sections), n=1, cutoff=0.6)
+        hint = f"did you mean [{near[0]}]?" if near else f"the sections are {', '.join(f'[{s}]' for s in sections)}"
+        return ConfigError(f"[{key}]: unknown section; {hint}", field)
+    own = sections.get(section, ())
+    elsewhere = [s for s, names in sections.items() if key in names and s != section]
+    if elsewhere:
+        hint = f"; {key} belongs in [{elsewhere[0]}]: did you mean {elsewhere[0]}.{key}?"
+    elif near := difflib.get_close_matches(key, list(own), n=1, cutoff=0.6):
+        hint = f"; did you mean {section}.{near[0]}?"
+    else:
+        dotted = [f"{s}.{k}" for s, names in sections.items() for k in names]
+        near = difflib.get_close_matches(key, [d.split(".", 1)[1] for d in dotted], n=1, cutoff=0.75)
+        match = next((d for d in dotted if near and d.endswith("." + near[0])), None)
+        hint = f"; did you mean {match}?" if match else " (`spotlight init` prints every key with its documentation)"
+    return ConfigError(f"{field}: unknown key{hint}", field)
 
 
 def _literal_choices(field: str) -> tuple[Any, ...]:

@@ -26,7 +26,14 @@ def register(app: typer.Typer) -> None:
         out: Optional[pathlib.Path] = typer.Option(
             None,
             "--out",
-            help="Where to write the profile JSON (default: the cache the coordinator reads for this config).",
+            help="Where to write the profile JSON (default: profile.json here). A run uses it when its config "
+            "names it (explore.profile_path) or it is the run directory's profile.json.",
+        ),
+        run_dir: Optional[pathlib.Path] = typer.Option(
+            None,
+            "--run-dir",
+            help="Write the profile as RUN_DIR/profile.json, which the run in that directory uses "
+            "(a new `spotlight up --run-dir RUN_DIR`, or --resume) unless its config names another.",
         ),
         weights: Optional[pathlib.Path] = typer.Option(
             None,
@@ -46,66 +53,120 @@ def register(app: typer.Typer) -> None:
             "(each > 1 runs a real context-parallel group of that many processes).",
         ),
     ) -> None:
-        """:data:`PROFILE_HELP`; the result is written as JSON to ``--out`` (default: the config's
-        :func:`~spotlight.studies.profiling.default_profile_path`) and shown as a table."""
+        """:data:`PROFILE_HELP`; the result is written as JSON to ``--out`` (default ``profile.json``)
+        or ``--run-dir``'s ``profile.json``, shown as a table, with how a run uses it."""
         console = Console(emoji=False, soft_wrap=True)
-        from spotlight.cli.up import _cache_dir, load_prompts
-        from spotlight.config import load_config
-        from spotlight.errors import SpotlightError
-
-        try:
-            cfg = load_config(config)
-            prompts = load_prompts(cfg.data, config)
-            ths = [float(t) for t in thresholds.split(",") if t.strip()]
-            degrees = [int(d) for d in sp_degrees.split(",") if d.strip()]
-            if cfg.model.family != "tiny":
-                raise ValueError(
-                    "`spotlight profile` measures the tiny family only so far "
-                    f"(model.family = {cfg.model.family!r}); the planner falls back to uncached full-step "
-                    "exploration without a profile"
-                )
-        except (SpotlightError, ValueError) as exc:
-            console.print(f"[red]error:[/red] {escape(str(exc))}")
+        if out is not None and run_dir is not None:
+            console.print("[red]error:[/red] give --out or --run-dir, not both")
             raise typer.Exit(2)
-        import torch
+        cfg, prompts, ths, degrees = _inputs(console, config, thresholds, sp_degrees)
+        result = _measure(cfg, prompts, weights, ths, degrees, num_prompts, num_seeds, console)
+        path = _write(console, result, run_dir, out)
+        _show(console, cfg, result)
+        console.print(escape(_how_to_use(path, run_dir is not None)))
 
-        torch.set_num_threads(max(1, cfg.cluster.torch_threads))
-        from spotlight.models.text_encoder import cached_prompt_embeddings
-        from spotlight.studies.profiling import default_profile_path, run_profile
 
-        embeds, mask = cached_prompt_embeddings(prompts, _cache_dir(), cfg.model.max_text_tokens)
-        sd = None
-        if weights is not None:
-            from safetensors.torch import load_file
+def _inputs(console: Console, config, thresholds: str, sp_degrees: str):
+    """``(config, prompts, thresholds, SP degrees)`` of the command line.
 
-            sd = load_file(str(weights))
-        result = run_profile(
-            cfg,
-            embeds,
-            mask,
-            thresholds=ths,
-            num_prompts=num_prompts,
-            num_seeds=num_seeds,
-            state_dict=sd,
-            sp_degrees=degrees,
-            progress=console.print,
-            prompts=prompts,
-        )
-        path = out or default_profile_path(cfg)
+    Raises:
+        typer.Exit: 2 with one line: a bad config, prompt file or list, or a family not profiled yet.
+    """
+    from spotlight.cli.up import load_prompts
+    from spotlight.config import load_config
+    from spotlight.errors import SpotlightError
+
+    try:
+        cfg = load_config(config)
+        prompts = load_prompts(cfg.data, config)
+        ths = [float(t) for t in thresholds.split(",") if t.strip()]
+        degrees = [int(d) for d in sp_degrees.split(",") if d.strip()]
+        if cfg.model.family != "tiny":
+            raise ValueError(
+                "`spotlight profile` measures the tiny family only so far "
+                f"(model.family = {cfg.model.family!r}); the planner falls back to uncached full-step "
+                "exploration without a profile"
+            )
+    except (SpotlightError, ValueError) as exc:
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
+        raise typer.Exit(2)
+    return cfg, prompts, ths, degrees
+
+
+def _measure(cfg, prompts, weights, ths, degrees, num_prompts: int, num_seeds: int, console: Console) -> dict:
+    """:func:`spotlight.studies.profiling.run_profile` of the initial weights or ``weights``."""
+    import torch
+
+    from spotlight.cli.up import _cache_dir
+    from spotlight.models.text_encoder import cached_prompt_embeddings
+    from spotlight.studies.profiling import run_profile
+
+    torch.set_num_threads(max(1, cfg.cluster.torch_threads))
+    embeds, mask = cached_prompt_embeddings(prompts, _cache_dir(), cfg.model.max_text_tokens)
+    sd = None
+    if weights is not None:
+        from safetensors.torch import load_file
+
+        sd = load_file(str(weights))
+    return run_profile(
+        cfg,
+        embeds,
+        mask,
+        thresholds=ths,
+        num_prompts=num_prompts,
+        num_seeds=num_seeds,
+        state_dict=sd,
+        sp_degrees=degrees,
+        progress=console.print,
+        prompts=prompts,
+    )
+
+
+def _write(console: Console, result: dict, run_dir, out) -> pathlib.Path:
+    """Write ``result`` to ``run_dir/profile.json``, else ``out``, else ``profile.json``; its path.
+
+    Raises:
+        typer.Exit: 1 with one line: the file cannot be written.
+    """
+    from spotlight.studies.profiling import RUN_DIR_PROFILE
+
+    path = run_dir / RUN_DIR_PROFILE if run_dir is not None else out or pathlib.Path("profile.json")
+    try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(result, indent=2))
-        table = Table(title=f"profile ({path})")
-        for col in ("threshold", "effective steps", "cost (full-step equiv.)", "accuracy (Spearman)", "eligible"):
-            table.add_column(col)
-        for row in result["steps"]:
-            acc = row["accuracy"]
-            ok = acc is not None and acc >= cfg.planner.min_exploration_accuracy
-            table.add_row(
-                f"{row['cache_threshold']:.3f}",
-                f"{row['effective_steps']:.2f}",
-                f"{row.get('cost_steps', row['effective_steps']):.2f}",
-                "unknown (tied rewards)" if acc is None else f"{acc:.3f}",
-                "yes" if ok else "[red]no (accuracy)[/red]",
-            )
-        console.print(table)
-        console.print(f"t_step: {json.dumps(result['t_step_s'])}")
+    except OSError as exc:
+        console.print(f"[red]error:[/red] cannot write {escape(str(path))}: {escape(exc.strerror or str(exc))}")
+        raise typer.Exit(1)
+    return path
+
+
+def _show(console: Console, cfg, result: dict) -> None:
+    """The table: per threshold its effective steps, cost, accuracy and whether the Planner may use it."""
+    table = Table(title="profile")
+    for col in ("threshold", "effective steps", "cost (full-step equiv.)", "accuracy (Spearman)", "eligible"):
+        table.add_column(col)
+    for row in result["steps"]:
+        acc = row["accuracy"]
+        ok = acc is not None and acc >= cfg.planner.min_exploration_accuracy
+        table.add_row(
+            f"{row['cache_threshold']:.3f}",
+            f"{row['effective_steps']:.2f}",
+            f"{row.get('cost_steps', row['effective_steps']):.2f}",
+            "unknown (tied rewards)" if acc is None else f"{acc:.3f}",
+            "yes" if ok else "[red]no (accuracy)[/red]",
+        )
+    console.print(table)
+    console.print(f"t_step: {json.dumps(result['t_step_s'])}")
+
+
+def _how_to_use(path: pathlib.Path, in_run_dir: bool) -> str:
+    """The line after a profile is written: which runs use it (none but those told to)."""
+    if in_run_dir:
+        return (
+            f"wrote {path}: the run in {path.parent} uses it (`spotlight up --run-dir {path.parent}` or "
+            "--resume), unless its config sets explore.profile_path"
+        )
+    return (
+        f'wrote {path}: a run uses it when its config says so: [explore] profile_path = "{path.resolve()}" '
+        "(or copy it into the run directory as profile.json)"
+    )

@@ -104,7 +104,12 @@ def render_status(snap: dict, *, max_events: int = EVENT_ROWS):
     """
     gone = snap.get("running") is False  # read from the run directory: no coordinator behind it
     saved_at = _clock(snap.get("saved_unix_s"))
-    parts = [_headline(snap, gone, saved_at), *_notes(snap, gone), _gpu_line(snap, gone, saved_at)]
+    parts = [
+        _headline(snap, gone, saved_at),
+        *_run_dir_line(snap),
+        *_notes(snap, gone),
+        _gpu_line(snap, gone, saved_at),
+    ]
     if snap.get("cost"):
         parts.append(_cost_line(snap["cost"]))
     parts += [_nodes_table(snap["nodes"], gone, saved_at), _requests_table(snap["requests"])]
@@ -155,6 +160,15 @@ def _headline(snap: dict, gone: bool, saved_at: str) -> Text:
         if not snap.get("finished") and not gone:
             head.append(f"  ETA {hms(eta)}" if eta is not None else "  ETA after the first iteration")
     return head
+
+
+def _run_dir_line(snap: dict) -> list[Text]:
+    """Which run this is: its directory (``run_dir``, from the coordinator or this CLI) and, when
+    ``status`` chose it (no RUN_DIR given), why that one (``run_dir_note``)."""
+    if not snap.get("run_dir"):
+        return []
+    note = f"  ({snap['run_dir_note']})" if snap.get("run_dir_note") else ""
+    return [Text(f"run dir {snap['run_dir']}{note}")]
 
 
 def _notes(snap: dict, gone: bool) -> list[Text]:
@@ -401,7 +415,8 @@ def register(app: typer.Typer) -> None:
             None,
             "--run-dir",
             help="Run directory (its coordinator.json names the endpoint; a finished run is shown from its "
-            "status.json); default: newest under runs/.",
+            "status.json); default: the run under runs/ whose coordinator is running (with several running, "
+            "name one), else the newest.",
         ),
         watch: bool = typer.Option(False, "--watch", "-w", help="Refresh continuously (live TUI); Ctrl-C exits."),
         as_json: bool = typer.Option(False, "--json", help="Print the raw snapshot as JSON."),
@@ -427,13 +442,13 @@ def register(app: typer.Typer) -> None:
                 console.print(f"[red]error:[/red] {escape(str(exc))}")
                 raise typer.Exit(2)
         rd = run_dir or run_dir_arg
-        endpoint, pid = coordinator, None
+        endpoint, pid, why = coordinator, None, ""
         if endpoint is None:
-            rd, endpoint, info = _run_dir_info(console, rd)
+            rd, endpoint, info, why = _run_dir_info(console, rd)
             pid = info.get("pid")
             if keys is None and info.get("keys_dir"):
                 keys = pathlib.Path(info["keys_dir"])
-        view = _View(console, rd, as_json=as_json, watch=watch, interval_s=interval_s)
+        view = _View(console, rd, as_json=as_json, watch=watch, interval_s=interval_s, why=why)
         if rd is not None and coordinator is None and not _pid_running(pid):
             view.saved(f"the coordinator (pid {pid}) is not running: the run has finished or stopped")
             return
@@ -442,24 +457,22 @@ def register(app: typer.Typer) -> None:
         view.live(endpoint, _client_keys(console, keys, rd, key), pid)
 
 
-def _run_dir_info(console: Console, rd: Optional[pathlib.Path]) -> tuple[pathlib.Path, str, dict]:
-    """``(run directory, its coordinator's endpoint, its coordinator.json)``; without ``rd``
-    the newest run under ``runs/``.
+def _run_dir_info(console: Console, rd: Optional[pathlib.Path]) -> tuple[pathlib.Path, str, dict, str]:
+    """``(run directory, its coordinator's endpoint, its coordinator.json, why this run)``;
+    without ``rd`` the run under ``runs/`` that :func:`pick_run` picks ("why" is then its
+    reason, else "").
 
     Raises:
-        typer.Exit: 2 with one line: no run found, not a run directory, or an unreadable
-            ``coordinator.json``.
+        typer.Exit: 2 with one line: no run found, several running, not a run directory, or an
+            unreadable ``coordinator.json``.
     """
+    why = ""
     if rd is None:
-        runs = sorted(pathlib.Path("runs").glob("*/coordinator.json"), key=lambda p: p.stat().st_mtime)
-        if not runs:
-            console.print("[red]error:[/red] no --coordinator given and no runs/*/coordinator.json found")
-            raise typer.Exit(2)
-        rd = runs[-1].parent
+        rd, why = pick_run(console, pathlib.Path("runs"))
     meta = pathlib.Path(rd) / "coordinator.json"
     if not pathlib.Path(rd).is_dir():
-        why = "not a directory" if pathlib.Path(rd).exists() else "no such directory"
-        console.print(f"[red]error:[/red] {escape(str(rd))}: {why}")
+        what = "not a directory" if pathlib.Path(rd).exists() else "no such directory"
+        console.print(f"[red]error:[/red] {escape(str(rd))}: {what}")
         raise typer.Exit(2)
     if not meta.is_file():
         console.print(f"[red]error:[/red] {escape(str(meta))} not found: not a Spotlight run directory")
@@ -470,7 +483,40 @@ def _run_dir_info(console: Console, rd: Optional[pathlib.Path]) -> tuple[pathlib
     except (OSError, ValueError, KeyError, TypeError) as exc:
         console.print(f"[red]error:[/red] {escape(str(meta))}: not readable ({escape(str(exc))})")
         raise typer.Exit(2)
-    return rd, endpoint, info
+    return rd, endpoint, info, why
+
+
+def _coordinator_pid(run_dir: pathlib.Path):
+    try:
+        return json.loads((run_dir / "coordinator.json").read_text()).get("pid")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def pick_run(console: Console, runs: pathlib.Path) -> tuple[pathlib.Path, str]:
+    """The run ``status`` shows when it is given none: the one whose coordinator is running, or,
+    with none running, the newest (by its ``coordinator.json``); and the reason, for the screen.
+
+    Raises:
+        typer.Exit: 2 with one line: no run under ``runs``, or several running (which to show is
+            the user's choice: the line names them).
+    """
+    found = sorted(runs.glob("*/coordinator.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    if not found:
+        console.print(f"[red]error:[/red] no --coordinator or RUN_DIR given and no {runs}/*/coordinator.json found")
+        raise typer.Exit(2)
+    running = [p.parent for p in found if _pid_running(_coordinator_pid(p.parent))]
+    if len(running) > 1:
+        names = ", ".join(escape(str(d)) for d in running)
+        console.print(
+            f"[red]error:[/red] {len(running)} runs are running ({names}): name one, "
+            f"e.g. [cyan]spotlight status {escape(str(running[0]))}[/cyan]"
+        )
+        raise typer.Exit(2)
+    if running:
+        return running[0], f"the only running run under {runs}/"
+    others = f" of {len(found)}" if len(found) > 1 else ""
+    return found[0].parent, f"the newest run{others} under {runs}/; none is running"
 
 
 def _client_keys(console: Console, keys: Optional[pathlib.Path], rd: Optional[pathlib.Path], key: Optional[str]):
@@ -499,11 +545,30 @@ class _View:
     """How ``status`` shows snapshots: once (``--json`` prints the raw snapshot) or, with
     ``--watch``, refreshed every ``interval_s`` in a ``rich.live.Live`` until Ctrl-C."""
 
-    def __init__(self, console: Console, rd: Optional[pathlib.Path], *, as_json: bool, watch: bool, interval_s: float):
-        self.console, self.rd = console, rd
+    def __init__(
+        self,
+        console: Console,
+        rd: Optional[pathlib.Path],
+        *,
+        as_json: bool,
+        watch: bool,
+        interval_s: float,
+        why: str = "",
+    ):
+        self.console, self.rd, self.why = console, rd, why
         self.as_json, self.watch, self.interval_s = as_json, watch, interval_s
 
+    def named(self, snap: dict) -> dict:
+        """``snap`` with the run directory it is of (``run_dir``: the coordinator's own, else the
+        one this command read) and why ``status`` chose it (``run_dir_note``)."""
+        if self.rd is not None and not snap.get("run_dir"):
+            snap["run_dir"] = str(self.rd)
+        if self.why:
+            snap["run_dir_note"] = self.why
+        return snap
+
     def show(self, snap: dict) -> None:
+        snap = self.named(snap)
         if self.as_json:
             self.console.print_json(json.dumps(snap))
         else:
@@ -526,10 +591,10 @@ class _View:
         from rich.live import Live
 
         try:
-            with Live(render_status(snapshot()), console=self.console, refresh_per_second=4) as live:
+            with Live(render_status(self.named(snapshot())), console=self.console, refresh_per_second=4) as live:
                 while True:
                     time.sleep(self.interval_s)
-                    live.update(render_status(snapshot()))
+                    live.update(render_status(self.named(snapshot())))
         except KeyboardInterrupt:
             return
 

@@ -336,7 +336,27 @@ def start_coordinator(run: UpRun, cond, token_counts: list[int] | None):
         raise
     _record_prompts(rd, run.prompt_set, token_counts, run.cfg.model.max_text_tokens)
     console.print(f"coordinator listening on [cyan]{coord.endpoint}[/cyan]")
+    _announce_profile(run, coord.profile)
     return coord
+
+
+def _announce_profile(run: UpRun, profile) -> None:
+    """Say which Planner profile the run uses and why (:func:`spotlight.studies.profiling.load_profile`),
+    whether it was measured for another config, and, when it uses none, that a profile an earlier
+    ``spotlight profile`` cached for this config is no longer read."""
+    from spotlight.studies.profiling import legacy_cache_path, profile_mismatch
+
+    if profile is not None:
+        console.print(escape(profile.describe()))
+        if (why := profile_mismatch(profile, run.cfg)) is not None:
+            console.print(f"[yellow]warning:[/yellow] {escape(why)}")
+        return
+    old = legacy_cache_path(run.cfg)
+    if old.is_file():
+        console.print(
+            f"note: {escape(str(old))} (cached by an earlier `spotlight profile`) is not read any more: "
+            f'set explore.profile_path = "{escape(str(old))}" to use it'
+        )
 
 
 def serve(run: UpRun, coord) -> None:
@@ -384,7 +404,7 @@ def _serve_to_the_end(run: UpRun, coord, cluster, received: dict) -> int:
         else:
             console.print(_waiting_line(run, coord))
         t0 = time.monotonic()
-        coord.serve(timeout_s=run.opts.timeout_s)
+        coord.serve(timeout_s=run.opts.timeout_s, on_tick=cluster.check)
         rd = run.run_dir
         console.print(
             f"[green]done[/green] in {time.monotonic() - t0:.0f}s: metrics {rd / 'metrics.jsonl'}, "

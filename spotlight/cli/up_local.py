@@ -12,6 +12,8 @@ import sys
 import time
 from typing import TYPE_CHECKING, Callable
 
+from rich.markup import escape
+
 if TYPE_CHECKING:
     from spotlight.cli.up_preflight import UpRun
 
@@ -133,6 +135,8 @@ class LocalCluster:
         self.coord = coord
         self.say = say
         self.procs: list[subprocess.Popen] = []  # the agents started here
+        self.agent_logs: dict[int, tuple[str, object]] = {}  # pid -> (node id, its LogMark or None)
+        self._reported: set[int] = set()  # pids of agents whose failure was reported
         self.adopted: list = []  # local agents of a crashed coordinator that survived it (psutil.Process)
         self.mocks: list = []
         self.driver = None
@@ -184,9 +188,7 @@ class LocalCluster:
             node_id = f"reserved-{i}"
             if self._adopted(node_id, listing, previous):
                 continue
-            self.procs.append(
-                _spawn_agent(self.coord.endpoint, gpus, node_id, reserved=True, keys_dir=self.run.keys_dir)
-            )
+            self._spawn(node_id, gpus, reserved=True)
             listing[node_id] = {"pid": self.procs[-1].pid, "spot": False, "gpus": gpus}
 
     def _start_spot_agents(self, listing: dict, previous: dict) -> None:
@@ -213,11 +215,35 @@ class LocalCluster:
                 self.mocks.append(mock)
                 extra += ["--cloud", run.mock_cloud, "--metadata-url", mock.url, "--poll-interval-s", "0.5"]
                 entry.update(cloud=run.mock_cloud, metadata_url=mock.url, control_url=mock.control_url)
-            self.procs.append(
-                _spawn_agent(self.coord.endpoint, gpus, node_id, reserved=False, keys_dir=run.keys_dir, extra=extra)
-            )
+            self._spawn(node_id, gpus, reserved=False, extra=extra)
             entry["pid"] = self.procs[-1].pid
             listing[node_id] = entry
+
+    def _spawn(self, node_id: str, gpus: list[int], *, reserved: bool, extra: list[str] | None = None) -> None:
+        from spotlight.util.procs import log_mark
+
+        mark = log_mark(f"agent-{node_id}")
+        proc = _spawn_agent(
+            self.coord.endpoint, gpus, node_id, reserved=reserved, keys_dir=self.run.keys_dir, extra=extra
+        )
+        self.procs.append(proc)
+        self.agent_logs[proc.pid] = (node_id, mark)
+
+    def check(self) -> None:
+        """While the run goes on: an agent started here that exited on its own with an error
+        (not a preemption's exit status) is reported once, with the last lines of its log; the
+        run goes on without it (its requests are re-enqueued when its heartbeats stop)."""
+        from agent.main import EXIT_NODE_PREEMPTED
+        from spotlight.util.procs import ChildExit
+
+        for proc in self.procs:
+            rc = proc.poll()
+            if rc in (None, 0, EXIT_NODE_PREEMPTED) or proc.pid in self._reported:
+                continue
+            self._reported.add(proc.pid)
+            node_id, mark = self.agent_logs.get(proc.pid, ("?", None))
+            failed = ChildExit.of(f"local agent {node_id}", rc, mark)
+            self.say(f"[yellow]warning:[/yellow] {escape(failed.report(' (the run goes on without it)'))}")
 
     def _start_driver(self, listing_doc: dict) -> None:
         from spotlight.traces.driver import TraceDriver

@@ -150,6 +150,25 @@ class ControlPlane:
     def attach(self, server: ControlServer) -> None:
         """Serve on ``server``'s sockets (the coordinator's start)."""
         self.server = server
+        server.describe_peer = self.peer_name
+
+    def peer_name(self, identity: bytes, *, principal: Principal | None = None, claimed_node: str = "") -> str:
+        """The peer behind a connection as a log line names it: by node id and key (``node spot-0
+        (agent.local)``), a train worker by rank, else by key and the node it claims; never by
+        its ZeroMQ routing id, which means nothing to a person."""
+        peer = self.peers.get(identity)
+        if peer is not None and peer.node_id:
+            return f"node {peer.node_id} ({peer.principal.id})"
+        ranks = getattr(self.trainers, "ids", {})
+        rank = next((r for r, i in ranks.items() if i == identity), None)
+        if rank is not None:
+            return f"train worker rank {rank}"
+        key = peer.principal if peer is not None else principal
+        who = key.id if key is not None else "an unauthenticated peer"
+        if claimed_node:  # the sender's word, not checked yet: quoted unless it is a valid node id
+            node = claimed_node if NODE_ID.match(claimed_node) else repr(claimed_node[:64])
+            return f"{who} for node {node} (not its current session)"
+        return f"{who} (no registered node)"
 
     def serve_once(self, timeout_ms: int = 50) -> int:
         """Handle whatever arrives within ``timeout_ms``; returns how many messages."""
@@ -163,36 +182,47 @@ class ControlPlane:
         return self.server.send(PUBLIC, identity, msg, frames)
 
     def error_to(
-        self, identity: bytes, code: str, message: str, channel: str = PUBLIC, *, retry_after_s: float = 0.0
+        self,
+        identity: bytes,
+        code: str,
+        message: str,
+        channel: str = PUBLIC,
+        *,
+        retry_after_s: float = 0.0,
+        principal: Principal | None = None,
+        claimed_node: str = "",
     ) -> None:
-        """One log line and an ERROR reply; nothing else changes (docs/architecture.md §9)."""
+        """One log line and an ERROR reply; nothing else changes (docs/architecture.md §9).
+        ``principal`` and ``claimed_node`` (the message's key and ``node_id``) name a peer that
+        has no registered node on this connection (:meth:`peer_name`)."""
         self.rejected += 1
-        peer = self.peers.get(identity)
-        who = (f"{peer.principal.id}" + (f" node {peer.node_id}" if peer.node_id else "")) if peer else "?"
+        who = self.peer_name(identity, principal=principal, claimed_node=claimed_node)
         # an agent of an earlier coordinator (resume) or a forgotten session heartbeats until it
         # re-registers, which the ERROR reply makes it do: expected, so INFO; the rest is ERROR
         # node_id_in_use: on_register logs each clash once at WARNING, not each refused REGISTER
         level = logging.INFO if code in ("unknown_session", "node_id_in_use") else logging.ERROR
-        log.log(level, "rejected message from %r (%s): %s: %s", identity, who, code, message[:300])
+        log.log(level, "rejected message from %s: %s: %s", who, code, message[:300])
         self.server.send(channel, identity, P.ErrorMsg(code=code, message=message[:1000], retry_after_s=retry_after_s))
 
     # ------------------------------------------------------------ dispatch
     def handle(self, msg: Inbound) -> None:
         """Authorize and dispatch one inbound message; a refusal is one ERROR reply."""
         rid = msg.routing_id
+        claimed = getattr(msg.body, "node_id", "")
+        named = {"principal": msg.principal, "claimed_node": claimed if isinstance(claimed, str) else ""}
         if msg.error is not None:
-            self.error_to(rid, "malformed", msg.error, msg.channel)
+            self.error_to(rid, "malformed", msg.error, msg.channel, **named)
             return
         try:
             self._dispatch(msg, time.monotonic())
         except Rejected as exc:
-            self.error_to(rid, exc.code, str(exc), msg.channel, retry_after_s=exc.retry_after_s)
+            self.error_to(rid, exc.code, str(exc), msg.channel, retry_after_s=exc.retry_after_s, **named)
         except Exception as exc:  # a handler bug must not stop the run: report and carry on
             self.handler_errors += 1
             log.error(
-                "internal error handling %s from %r: %s: %s",
+                "internal error handling %s from %s: %s: %s",
                 msg.mtype.name,
-                rid,
+                self.peer_name(rid, **named),
                 type(exc).__name__,
                 exc,
                 exc_info=self.handler_errors <= 3,
@@ -594,7 +624,15 @@ class ControlPlane:
         their heartbeats, and expire overdue leases."""
         self._reload_allow_list()
         for node_id, workers in self.instances.reap(now).items():
-            log.error("agent %s missed heartbeats: re-enqueueing its requests", node_id)
+            # a spot node that goes silent is what spot capacity does (preempted without a
+            # notice, or its agent stopped): expected, INFO; a reserved node should not
+            node = self.instances.nodes[node_id]
+            (log.info if node.is_spot else log.warning)(
+                "%s node %s missed heartbeats for %.0fs: re-enqueueing its requests",
+                "spot" if node.is_spot else "reserved",
+                node_id,
+                self.instances.heartbeat_timeout_s,
+            )
             self.events.append(now, "dead", node_id, self.instances.nodes[node_id].history[-1][2])
             self.release_node(node_id, workers, "agent dead", now)
         for rid in self.sched.expire(now):

@@ -107,7 +107,8 @@ class Coordinator:
     Construction has no side effects; :meth:`start` binds the sockets and writes the files.
 
     Raises:
-        SpotlightError: ``explore.num_steps`` asks for cached exploration without a profile.
+        SpotlightError: ``explore.num_steps`` asks for cached exploration without a profile, or
+            ``explore.profile_path`` names a missing or malformed file.
     """
 
     def __init__(
@@ -136,7 +137,9 @@ class Coordinator:
         self.store = TensorStore(self.run_dir / "tensor_store", memory_max_bytes=cfg.cluster.weight_memory_max_bytes)
         self.seed_bank = SeedBank(cfg.run.seed, cfg.data.group_size)
         self.events = EventLog()
-        profile = load_profile(cfg)
+        profile = self.profile = load_profile(cfg, self.run_dir)  # None: t_step measured online, no cache
+        if profile is not None:
+            log.info("%s", profile.describe())
         self.step_times = StepTimes(profile.t_step_s if profile else None)
         self.core = build_core(cfg, self.sched, self.seed_bank, profile, num_prompts=len(prompts))
         self.scorer = RewardScorer(RewardFn(cfg.reward), cfg.reward)
@@ -256,11 +259,14 @@ class Coordinator:
             spot_slots=spot_workers * self.cfg.cluster.worker_batch_size,
         )
 
-    def serve(self, timeout_s: float | None = None) -> None:
-        """Run until the job finishes (or ``timeout_s`` passes, or a part fails).
+    def serve(self, timeout_s: float | None = None, *, on_tick: Callable[[], None] | None = None) -> None:
+        """Run until the job finishes (or ``timeout_s`` passes, or a part fails). ``on_tick`` is
+        called with the housekeeping, every half second (``spotlight up`` watches its local
+        agents there).
 
         Raises:
-            RuntimeError: a train worker died, reward scoring gave up, or the timeout passed.
+            RuntimeError: a train worker died (the message: one line, then the last lines of its
+                log), reward scoring gave up, or the timeout passed.
         """
         t_start = last_house = time.monotonic()
         while not self.done:
@@ -273,8 +279,14 @@ class Coordinator:
             self.step(now)
             if now - last_house > 0.5:
                 self.control.housekeeping(now)
+                if on_tick is not None:
+                    on_tick()
                 last_house = now
-            self.error = self.error or self.scorer.error or (None if self.done else self.trainers.exit_error())
+            failed = None if self.error or self.done else self.trainers.failed()
+            if failed is not None:
+                self.error = failed.summary  # one line for status.json; the console gets its log's tail too
+                raise RuntimeError(failed.report())
+            self.error = self.error or self.scorer.error
             if self.error:
                 raise RuntimeError(self.error)
             if timeout_s is not None and now - t_start > timeout_s:
@@ -521,7 +533,11 @@ def fixed_action(cfg: SpotlightConfig, profile) -> Action:
     ex, T = cfg.explore, float(cfg.sampler.num_steps)
     if ex.num_steps and ex.num_steps < T:
         if profile is None:
-            raise SpotlightError("explore.num_steps < sampler.num_steps needs a profile: run `spotlight profile` first")
+            raise SpotlightError(
+                f"explore.num_steps = {ex.num_steps} (< sampler.num_steps = {cfg.sampler.num_steps}) picks its cache "
+                "threshold from a profile, and this run has none: write one with `spotlight profile --config CONFIG "
+                "--out PATH` and set explore.profile_path = PATH (or put it in the run directory as profile.json)"
+            )
         opt = min(profile.step_options(), key=lambda o: abs(o.effective_steps - ex.num_steps))
         return Action(ex.num_candidates, opt.effective_steps, opt.cache_threshold)
     return Action(ex.num_candidates, T, ex.cache_threshold)

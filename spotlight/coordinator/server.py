@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any
+from typing import Any, Callable
 
 import zmq
 
@@ -100,6 +100,8 @@ class ControlServer:
         self.auth.start()
         self.max_message_bytes = int(max_message_bytes)
         self.dropped_sends = 0
+        self.describe_peer: Callable[[bytes], str] | None = None
+        """Names a peer by its routing id for log lines (set by the control plane: node ids)."""
         self.public = self._router(send_hwm, self.max_message_bytes)
         try:
             if bind.endswith(":0"):
@@ -180,7 +182,7 @@ class ControlServer:
                     "dropped %s to %s peer %s: %s (%d dropped so far)",
                     type(msg).__name__,
                     channel,
-                    routing_id.hex(),
+                    self.describe_peer(routing_id) if self.describe_peer is not None else "(unnamed)",
                     exc.strerror,
                     self.dropped_sends,
                 )

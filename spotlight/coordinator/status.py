@@ -87,6 +87,7 @@ def snapshot(coord, now: float) -> dict:
         cfg.cost.reserved_usd_per_gpu_hour,
     )
     return {
+        "run_dir": str(coord.run_dir.resolve()),
         "phase": coord.core.phase.value,
         "iteration": min(done_n + 1, total),
         "iterations_done": done_n,

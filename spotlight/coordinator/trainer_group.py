@@ -38,7 +38,7 @@ from spotlight.store.checkpoint import train_checkpoint_dir
 from spotlight.store.tensor_store import TensorStore
 from spotlight.store.tensor_wire import pack_tensors
 from spotlight.store.weight_sync import WeightSyncError, check_safetensors_file
-from spotlight.util.procs import scrubbed_env, spawn_logged
+from spotlight.util.procs import ChildExit, LogMark, log_mark, scrubbed_env, spawn_logged
 
 log = logging.getLogger("spotlight.coordinator")
 
@@ -75,6 +75,7 @@ class TrainerGroup:
         self.done: dict[int, P.TrainDone] = {}
         self.ids: dict[int, bytes] = {}  # rank -> routing id of its connection
         self.procs: list[subprocess.Popen] = []
+        self.logs: list[LogMark | None] = []  # where each rank's output goes (what it said when it failed)
         self.version = -1  # the newest version a trainer published through this coordinator
         self.version_bytes = 0  # its size
         self.resume_version: int | None = None
@@ -100,13 +101,15 @@ class TrainerGroup:
             cmd += ["--spool-dir", str(self.run_dir / "tensor_store" / "spool")]
             if self.resume_version is not None:
                 cmd += ["--resume-version", str(self.resume_version)]
+            self.logs.append(log_mark(f"trainer-{rank}", env))
             self.procs.append(spawn_logged(cmd, f"trainer-{rank}", env=env))
 
-    def exit_error(self) -> str | None:
-        """Why the run must stop: a rank that exited with a non-zero code (None: all fine)."""
+    def failed(self) -> ChildExit | None:
+        """Why the run must stop: the first rank that exited with a non-zero code, with the last
+        lines of its log (None: all fine)."""
         for rank, proc in enumerate(self.procs):
             if proc.poll() not in (None, 0):
-                return f"train worker rank {rank} exited with code {proc.returncode}"
+                return ChildExit.of(f"train worker rank {rank}", proc.returncode, self.logs[rank])
         return None
 
     def num_alive(self) -> int:

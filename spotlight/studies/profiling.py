@@ -10,9 +10,14 @@
   exploration and of the full rollout for the same prompts and seeds (averaged over
   prompts).
 
-The table is written as JSON; the coordinator reads it (``explore.profile_path``, or the
-cached profile for this model/sampler config) and the Planner refuses thresholds whose
-accuracy is below ``planner.min_exploration_accuracy``.
+The table is written as JSON (``spotlight profile --out PATH`` or ``--run-dir DIR``). A run uses
+a profile only where it is told to, and says so on its console (:func:`load_profile`): the file
+``explore.profile_path`` names, else ``RUN_DIR/profile.json``; with neither it measures t_step
+online and explores without a cache. (Earlier versions also read a cache under
+``~/.cache/spotlight`` that ``spotlight profile`` wrote by default, so one profiling run changed
+the Planner of every later run of that config without a word; such a file is now only pointed
+out: :func:`legacy_cache_path`.) The Planner refuses thresholds whose accuracy is below
+``planner.min_exploration_accuracy``.
 """
 
 from __future__ import annotations
@@ -28,10 +33,12 @@ from typing import Sequence
 
 import msgspec
 
-from spotlight.config import SpotlightConfig
+from spotlight.config import SpotlightConfig, resolve_path
 from spotlight.core.planner import StepOption
 
 PROFILE_VERSION = 1
+RUN_DIR_PROFILE = "profile.json"
+"""The profile a run directory may hold (used when ``explore.profile_path`` is not set)."""
 
 
 @dataclasses.dataclass
@@ -44,6 +51,25 @@ class Profile:
     steps: list[dict]
     """Rows ``{"cache_threshold", "effective_steps", "accuracy", "num_prompts", "num_seeds"}``."""
     path: str = ""
+    source: str = ""
+    """Why this file: ``"explore.profile_path"`` or ``"the run directory"``."""
+    config_key: str = ""
+    """:func:`config_key` of the config it was measured for ("" = not recorded)."""
+    created_unix_s: float | None = None
+
+    def describe(self) -> str:
+        """One console line: which profile the Planner uses, why, and what it says."""
+        when = (
+            time.strftime(" %Y-%m-%d %H:%M", time.localtime(self.created_unix_s))
+            if self.created_unix_s is not None
+            else ""
+        )
+        kind = next((k for k in ("cpu/sp1", "cuda/sp1") if k in self.t_step_by_kind), "")
+        on = f" on {kind}" if kind else ""
+        return (
+            f"planner profile {self.path} (from {self.source}; measured{when}: t_step "
+            f"{self.t_step_s * 1e3:.3g} ms per sequence-step{on}, {len(self.steps)} cache thresholds)"
+        )
 
     def step_options(self) -> list[StepOption]:
         """The Planner's step options. A threshold whose accuracy could not be measured
@@ -78,36 +104,70 @@ def config_key(cfg: SpotlightConfig) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def default_profile_path(cfg: SpotlightConfig) -> pathlib.Path:
+def profile_mismatch(profile: Profile, cfg: SpotlightConfig) -> str | None:
+    """Why ``profile`` may not describe a run of ``cfg`` (measured for another model, sampler,
+    reward or worker batch size: :func:`config_key`), or None."""
+    key = config_key(cfg)
+    if not profile.config_key or profile.config_key == key:
+        return None
+    return (
+        f"{profile.path} was measured for another model, sampler, reward or worker batch size "
+        f"(config key {profile.config_key}; this run's is {key}): its step times and cache accuracies may not hold"
+    )
+
+
+def legacy_cache_path(cfg: SpotlightConfig) -> pathlib.Path:
+    """Where ``spotlight profile`` of earlier versions wrote its profile by default (read by
+    every later run of the same config, silently). No run reads it any more."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return pathlib.Path(base) / "spotlight" / f"profile-{config_key(cfg)}.json"
 
 
-def load_profile(cfg: SpotlightConfig) -> Profile | None:
-    """The profile named by ``explore.profile_path``, else the cached one for this config.
+def profile_source(cfg: SpotlightConfig, run_dir: pathlib.Path | None) -> tuple[pathlib.Path, str] | None:
+    """``(file, why)`` of the profile a run of ``cfg`` in ``run_dir`` uses: the file
+    ``explore.profile_path`` names (``~`` expanded; relative to the working directory, else to
+    the repository), else ``run_dir/profile.json`` if it exists, else None (no profile)."""
+    if cfg.explore.profile_path:
+        return resolve_path(cfg.explore.profile_path), "explore.profile_path"
+    if run_dir is not None and (pathlib.Path(run_dir) / RUN_DIR_PROFILE).is_file():
+        return pathlib.Path(run_dir) / RUN_DIR_PROFILE, "the run directory"
+    return None
 
-    Returns None when neither exists (the coordinator then measures t_step online and
-    explores without a cache).
+
+def load_profile(cfg: SpotlightConfig, run_dir: pathlib.Path | None = None) -> Profile | None:
+    """The profile a run of ``cfg`` in ``run_dir`` uses (:func:`profile_source`), or None when it
+    has none (the coordinator then measures t_step online and explores without a cache).
 
     Raises:
-        SpotlightError: ``explore.profile_path`` is set but missing or malformed.
+        SpotlightError: ``explore.profile_path`` names a missing file, or the file is not a profile.
     """
     from spotlight.errors import SpotlightError
 
-    explicit = cfg.explore.profile_path
-    path = pathlib.Path(explicit) if explicit else default_profile_path(cfg)
-    if not path.is_file():
-        if explicit:
-            raise SpotlightError(f"explore.profile_path: file not found: {path} (run `spotlight profile --out {path}`)")
+    found = profile_source(cfg, run_dir)
+    if found is None:
         return None
+    path, source = found
+    if not path.is_file():
+        raise SpotlightError(
+            f"explore.profile_path: file not found: {path} (write it with `spotlight profile --out {path}`)"
+        )
     try:
         data = json.loads(path.read_text())
         kinds = {str(k): float(v) for k, v in data["t_step_s"].items()}
         steps = list(data["steps"])
         default = kinds.get("cpu/sp1") or kinds.get("cuda/sp1") or next(iter(kinds.values()))
-    except (ValueError, KeyError, TypeError, StopIteration) as exc:
+        created = data.get("created_unix_s")
+    except (ValueError, KeyError, TypeError, AttributeError, StopIteration) as exc:
         raise SpotlightError(f"{path}: not a Spotlight profile ({exc})") from None
-    return Profile(default, kinds, steps, str(path))
+    return Profile(
+        default,
+        kinds,
+        steps,
+        str(path),
+        source=source,
+        config_key=str(data.get("config_key") or ""),
+        created_unix_s=float(created) if isinstance(created, (int, float)) else None,
+    )
 
 
 def spearman(a: Sequence[float], b: Sequence[float]) -> float:

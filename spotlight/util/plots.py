@@ -9,15 +9,7 @@ from typing import Sequence
 import numpy as np
 from PIL import Image, ImageDraw
 
-
-def _font(size: int):
-    from PIL import ImageFont
-
-    try:
-        return ImageFont.load_default(size=size)
-    except TypeError:  # Pillow < 10.1: fixed bitmap font
-        return ImageFont.load_default()
-
+from spotlight.util.fonts import TextFont, text_font
 
 GRID_GAP_PX = 8
 """Gap between tiles (and around the grid), in pixels of the written PNG."""
@@ -25,11 +17,10 @@ GRID_BACKGROUND = (236, 236, 236)
 """Light grey, so tiles with white backgrounds still show their edges."""
 
 
-def wrap_to_width(text: str, font, width_px: float) -> list[str]:
+def wrap_to_width(text: str, font: TextFont, width_px: float) -> list[str]:
     """``text`` broken at spaces into lines at most ``width_px`` wide in ``font`` (a word wider
     than that is cut by characters); at least one line."""
-    draw = ImageDraw.Draw(Image.new("RGB", (1, 1)))
-    fits = lambda t: draw.textlength(t, font=font) <= width_px  # noqa: E731
+    fits = lambda t: font.width(t) <= width_px  # noqa: E731
     lines: list[str] = []
     cur = ""
     for word in text.split():
@@ -72,7 +63,7 @@ def labelled_grid(
     if not rows:
         return
     h, w = np.asarray(rows[0][1][0]).shape[1:]
-    font, small = _font(13), _font(11)
+    font, small = text_font(13), text_font(11)  # any script: spotlight.util.fonts
     tw, th = w * scale, h * scale
     gap, line_h, cap_h = GRID_GAP_PX, 16, 15
     ncol = max(len(r[1]) for r in rows)
@@ -83,11 +74,11 @@ def labelled_grid(
     canvas = Image.new("RGB", (width, height), GRID_BACKGROUND)
     draw = ImageDraw.Draw(canvas)
     if title:
-        draw.text((gap, 4), title, fill="black", font=font)
+        font.draw(draw, (gap, 4), title, fill="black")
     y = title_h + gap
     for r, (_, images, captions) in enumerate(rows):
         for line in labels[r]:
-            draw.text((gap, y), line, fill=(20, 20, 120), font=font)
+            font.draw(draw, (gap, y), line, fill=(20, 20, 120))
             y += line_h
         y += 2
         for c, img in enumerate(images):
@@ -96,7 +87,7 @@ def labelled_grid(
             canvas.paste(Image.fromarray(arr).resize((tw, th), Image.NEAREST), (x, y))
             color = colors[r][c] if colors is not None else "black"
             if c < len(captions):
-                draw.text((x + 1, y + th + 1), captions[c], fill=color, font=small)
+                small.draw(draw, (x + 1, y + th + 1), captions[c], fill=color)
         y += th + cap_h + gap
     path.parent.mkdir(parents=True, exist_ok=True)
     canvas.save(path)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 
 SECRET_ENV = ("SPOTLIGHT_SECRET", "SPOTLIGHT_KEYS")
 """Environment variables that name or hold credentials; children that do not need them never see them."""
@@ -34,8 +36,6 @@ LOG_FORMAT = "%(asctime)s {tag} %(levelname)s %(message)s"
 def log_file_name(name: str) -> str:
     """``name`` (a node or worker id such as ``spot-0/gpu0``) as a log file name: every
     character other than letters, digits, ``.``, ``_``, ``+`` and ``-`` becomes ``-``."""
-    import re
-
     return re.sub(r"[^A-Za-z0-9._+-]", "-", name) + ".log"
 
 
@@ -134,3 +134,126 @@ def configure_logging(
     for h in handlers:
         h.setFormatter(fmt)
     logging.basicConfig(level=lvl, handlers=handlers, force=True)
+
+
+# ---------------------------------------------------------------- why a child stopped
+
+TAIL_LINES = 12
+"""Lines of a failed child's log shown on the console."""
+_TAIL_BYTES = 64 * 1024
+"""How much of the end of a log is read for its tail."""
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ")
+_ERROR_LINE = re.compile(r"(^|\s)error:", re.IGNORECASE)
+
+
+@dataclasses.dataclass(frozen=True)
+class LogMark:
+    """Where a child's output goes: its log file and that file's size when the child started
+    (what it wrote is what follows ``offset``)."""
+
+    path: str
+    offset: int
+
+
+def log_mark(name: str, env: dict[str, str] | None = None) -> LogMark | None:
+    """The :class:`LogMark` of child ``name`` started now with ``env`` (default
+    ``os.environ``) by :func:`spawn_logged` (or a warm spare that becomes ``name``); None when
+    its output is not in a log file: no ``$SPOTLIGHT_LOG_DIR``, or echo, where the terminal has
+    its traceback already."""
+    env = os.environ if env is None else env
+    path = log_path(name, env)
+    if path is None or env.get(LOG_ECHO_ENV) == "1":
+        return None
+    try:
+        return LogMark(path, os.path.getsize(path))
+    except OSError:
+        return LogMark(path, 0)
+
+
+def log_tail(mark: LogMark, max_lines: int = TAIL_LINES) -> list[str]:
+    """The lines that say why a child stopped: what it wrote to its log since ``mark``, from the
+    last Python traceback's header to its exception line (a long one shortened in the middle),
+    else its last ``max_lines`` non-empty lines. [] when the log cannot be read."""
+    try:
+        with open(mark.path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(mark.offset, size - _TAIL_BYTES) if size >= mark.offset else 0)
+            text = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return []
+    # torch.distributed prefixes a rank's traceback lines with "[rank0]: "
+    lines = [_RANK_PREFIX.sub("", line.rstrip(), count=1) for line in text.splitlines() if line.strip()]
+    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")]
+    if not starts:
+        return lines[-max_lines:]
+    block = lines[starts[-1] :]
+    end = next((i for i, line in enumerate(block) if i > 0 and not line.startswith((" ", "\t"))), len(block) - 1)
+    block = block[: end + 1]
+    if len(block) > max_lines:  # keep the innermost frames, cut at a frame's first line
+        rest = block[-(max_lines - 2) :]
+        while len(rest) > 2 and not rest[0].startswith("  File "):
+            rest = rest[1:]
+        block = [block[0], "  …", *rest]
+    return block
+
+
+def exit_description(returncode: int) -> str:
+    """``exited with code N``, or for a signal ``was killed by SIGKILL`` (a negative code)."""
+    if returncode < 0:
+        import signal
+
+        try:
+            return f"was killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"was killed by signal {-returncode}"
+    return f"exited with code {returncode}"
+
+
+@dataclasses.dataclass(frozen=True)
+class ChildExit:
+    """A child process that stopped when it should not have: which, how, and its log's last words.
+
+    Args:
+        what: the child as a person calls it (``train worker rank 0``, ``agent spot-0``).
+        returncode: its exit status (negative: the signal that killed it).
+        log: its :class:`LogMark` (None: its output went to the terminal).
+        tail: :func:`log_tail` of its log.
+    """
+
+    what: str
+    returncode: int
+    log: LogMark | None = None
+    tail: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, what: str, returncode: int, log: LogMark | None) -> ChildExit:
+        return cls(what, returncode, log, tuple(log_tail(log)) if log is not None else ())
+
+    @property
+    def cause(self) -> str:
+        """The exception line of its traceback (``OSError: [Errno 28] No space left on device``),
+        else its last ERROR record's message, else its last line if that is an ``error:`` line
+        (a command's refusal), else ""."""
+        if self.tail and self.tail[0].startswith("Traceback"):
+            return self.tail[-1].strip()
+        for line in reversed(self.tail):
+            for level in (" ERROR ", " CRITICAL "):
+                if level in line:
+                    return line.split(level, 1)[1].strip()
+        return self.tail[-1].strip() if self.tail and _ERROR_LINE.search(self.tail[-1]) else ""
+
+    @property
+    def summary(self) -> str:
+        """One line: ``train worker rank 0 exited with code 1: OSError: …``."""
+        cause = self.cause
+        return f"{self.what} {exit_description(self.returncode)}" + (f": {cause}" if cause else "")
+
+    def report(self, then: str = "") -> str:
+        """:attr:`summary` and ``then`` (what follows, e.g. ``"; restarting it"``), then the last
+        lines of its log (indented) and where the log is."""
+        head = self.summary + then
+        if self.log is None:
+            return head
+        if not self.tail:
+            return f"{head} (its log {self.log.path} says nothing more)"
+        return "\n".join([head, f"  last lines of {self.log.path}:", *(f"    {line}" for line in self.tail)])

@@ -1,0 +1,75 @@
+"""``spotlight status`` without a run directory: it shows the run whose coordinator is running and
+names its directory; with several running it names them and asks for one, instead of picking
+one of them silently. Real coordinators (``test_weight_sync._Run``) in this process."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from typer.testing import CliRunner
+
+from spotlight.cli import app
+from spotlight.net.security import add_client, reload_allow_list
+from tests.unit.test_weight_sync import _Run
+
+DEAD_PID = 2**22 + 12345  # beyond pid_max on Linux: a process that cannot exist
+
+
+def _start(tmp_path, name: str) -> _Run:
+    """A live run at ``tmp_path/runs/<name>`` (a link to the coordinator's run directory)."""
+    run = _Run(tmp_path / name)
+    add_client(tmp_path / name / "keys", "status", "local")
+    reload_allow_list(run.coord.keys)  # the key `spotlight up` creates for status
+    (tmp_path / "runs").mkdir(exist_ok=True)
+    (tmp_path / "runs" / name).symlink_to(tmp_path / name / "run")
+    return run
+
+
+def _stopped(tmp_path, run: _Run, name: str) -> None:
+    run.close()
+    meta = tmp_path / name / "run" / "coordinator.json"
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "pid": DEAD_PID}))
+
+
+def _status(*args) -> tuple[int, str]:
+    res = CliRunner().invoke(app, ["status", *args], env={"COLUMNS": "300"})
+    return res.exit_code, res.output
+
+
+@pytest.fixture
+def two_runs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    runs = {name: _start(tmp_path, name) for name in ("a", "b")}
+    os.utime(tmp_path / "a" / "run" / "coordinator.json", (1, 1))  # b is the newer
+    yield runs
+    for run in runs.values():
+        if not run.stop.is_set():
+            run.close()
+
+
+def test_two_running_runs_are_named_not_picked(tmp_path, two_runs):
+    code, out = _status()
+    assert code == 2, out
+    assert " ".join(out.split()) == "error: 2 runs are running (runs/b, runs/a): name one, e.g. spotlight status runs/b"
+
+
+def test_the_only_running_run_is_shown_with_its_directory(tmp_path, two_runs):
+    _stopped(tmp_path, two_runs["b"], "b")  # the newer run has stopped: the running one is shown
+    code, out = _status()
+    assert code == 0, out
+    assert f"run dir {(tmp_path / 'a' / 'run').resolve()}  (the only running run under runs/)" in out, out
+    assert "phase starting" in out  # live, from the coordinator
+    code, out = _status("--json")
+    snap = json.loads(out)
+    assert snap["run_dir"] == str((tmp_path / "a" / "run").resolve()) and "running" not in snap
+
+
+def test_with_none_running_the_newest_is_shown_and_named(tmp_path, two_runs):
+    _stopped(tmp_path, two_runs["a"], "a")
+    _stopped(tmp_path, two_runs["b"], "b")
+    code, out = _status()
+    assert code == 0, out
+    assert "(the newest run of 2 under runs/; none is running)" in out and "run dir " in out, out
+    assert str((tmp_path / "b" / "run").resolve()) in out and "not running" in out
