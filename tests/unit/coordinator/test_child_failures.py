@@ -26,6 +26,8 @@ import zmq
 from spotlight import protocol as P
 from spotlight.util.procs import LOG_DIR_ENV, ChildExit, log_mark, spawn_logged
 
+pytestmark = pytest.mark.procs  # real agent, worker and trainer processes that fail
+
 NO_SPACE = "import errno, os\nraise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), '/runs/x/tensor_store')\n"
 
 

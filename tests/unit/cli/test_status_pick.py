@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from spotlight.cli import app
 from spotlight.net.security import add_client, reload_allow_list
-from tests.unit.test_weight_sync import _Run
+from tests.unit.store.test_weight_sync import _Run
 
 DEAD_PID = 2**22 + 12345  # beyond pid_max on Linux: a process that cannot exist
 

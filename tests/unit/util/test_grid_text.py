@@ -12,6 +12,8 @@ from PIL import Image
 from spotlight.util import fonts
 from spotlight.util.plots import sample_grid
 
+pytestmark = pytest.mark.procs  # font lookup runs fc-list (fontconfig) for characters the shipped fonts lack
+
 LATIN_1 = [chr(c) for c in range(0xA1, 0x100) if c != 0xAD]  # printable Latin-1 (0xAD: the soft hyphen)
 OTHER_SCRIPTS = list("ЖжДдЯяЁёΩωλ€—…✓✗") + ["😀", "🐱", "🚀", "❤"]
 
