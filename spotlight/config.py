@@ -439,10 +439,13 @@ class TrainConfig(_Section):
 class RewardConfig(_Section):
     """Reward scoring (asynchronous, on the coordinator or over HTTP)."""
 
-    kind: Literal["jpeg_compressibility", "jpeg_incompressibility", "geneval_shapes", "http"] = "jpeg_compressibility"
+    kind: Literal["jpeg_compressibility", "jpeg_incompressibility", "geneval_shapes", "ocr", "http"] = (
+        "jpeg_compressibility"
+    )
     """``geneval_shapes``: the rule-based GenEval of the shapes world
     (``spotlight/tasks/shapes/geneval.py``), computed in-process; prompts must be shapes-world
-    captions."""
+    captions. ``ocr``: Flow-GRPO's OCR reward (``spotlight/rewards/ocr.py``), in-process; every
+    prompt must quote its target text."""
     jpeg_quality: int = 95
     partial_credit: bool = True
     """``kind = "geneval_shapes"``: reward = fraction of the prompt's GenEval clauses that hold
@@ -460,6 +463,14 @@ class RewardConfig(_Section):
 
     def __post_init__(self) -> None:
         _check(self.kind != "http" or bool(self.url), "reward.url", "required when kind = 'http'")
+        if self.kind == "ocr":
+            import importlib.util
+
+            _check(
+                importlib.util.find_spec("rapidocr_onnxruntime") is not None,
+                "reward.kind",
+                "'ocr' needs RapidOCR: pip install 'spotlight-rl[ocr]' (its ONNX models ship inside the wheel)",
+            )
         _check(self.max_retries >= 1, "reward.max_retries", "must be >= 1")
         _check(self.num_threads >= 1, "reward.num_threads", "must be >= 1")
         _check(self.timeout_s > 0, "reward.timeout_s", "must be > 0")

@@ -1,4 +1,4 @@
-"""Reward scoring: built-in rewards (DDPO JPEG, shapes-world GenEval) and a client for an
+"""Reward scoring: built-in rewards (DDPO JPEG, shapes-world GenEval, OCR) and a client for an
 HTTP reward service.
 
 Built-ins (Black et al. 2023, DDPO; Flow-GRPO ``rewards.py``):
@@ -8,6 +8,8 @@ Built-ins (Black et al. 2023, DDPO; Flow-GRPO ``rewards.py``):
       the rule-based detector of :mod:`spotlight.tasks.shapes.geneval` (shapes-world captions
       only): with ``partial_credit`` (the default, for training) the fraction of the
       prompt's clauses that hold, in [0, 1]; without it the strict 0/1 verdict. Never NaN.
+    * ``ocr``                    = Flow-GRPO's OCR reward, 1 − normalised edit distance between
+      the prompt's quoted text and the text RapidOCR reads (:mod:`spotlight.rewards.ocr`).
 
 HTTP reward service protocol (JSON only — never pickle; Flow-GRPO's reward server uses
 pickle, which is remote code execution for whoever can reach it)::
@@ -71,6 +73,7 @@ class RewardFn:
     def __init__(self, cfg: RewardConfig, session=None):
         self.cfg = cfg
         self._session = session
+        self._ocr = None  # the OCR engine, built on first use (kind = "ocr")
 
     def __call__(self, images_bchw: np.ndarray, prompts: list[str]) -> list[float]:
         """Rewards for ``[B, 3, H, W] uint8`` images, in input order.
@@ -90,6 +93,19 @@ class RewardFn:
                 return geneval.score(images_bchw, prompts, partial_credit=self.cfg.partial_credit)
             except ValueError as exc:
                 raise RewardError(str(exc)) from None
+        if self.cfg.kind == "ocr":
+            from PIL import Image
+
+            if len(prompts) != len(hwc):
+                raise RewardError(f"{len(hwc)} images but {len(prompts)} prompts")
+            if self._ocr is None:
+                from spotlight.rewards.ocr import OcrScorer
+
+                self._ocr = OcrScorer()
+            try:
+                return self._ocr([Image.fromarray(im) for im in hwc], prompts)
+            except ValueError as exc:
+                raise RewardError(str(exc)) from None
         if self.cfg.kind == "jpeg_compressibility":
             return [-jpeg_size_kb(im, self.cfg.jpeg_quality) for im in hwc]
         if self.cfg.kind == "jpeg_incompressibility":
@@ -103,6 +119,14 @@ class RewardFn:
         Raises:
             RewardError: the first bad prompt, with the parser's message.
         """
+        if self.cfg.kind == "ocr":
+            from spotlight.rewards.ocr import prompt_target
+
+            for p in prompts:
+                try:
+                    prompt_target(p)
+                except ValueError as exc:
+                    raise RewardError(str(exc)) from None
         if self.cfg.kind == "geneval_shapes":
             from spotlight.tasks.shapes import geneval
 

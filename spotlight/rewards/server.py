@@ -47,6 +47,10 @@ Scorers (registry :data:`SCORER_NAMES`):
   float32, from a local ``transformers`` ``CLIPModel`` checkpoint + its processor
   (``yuvalkirstain/PickScore_v1`` with the processor of ``laion/CLIP-ViT-H-14-laion2B-s32B-b79K``
   for real PickScore).
+* ``ocr``: Flow-GRPO's OCR reward, ``1 - normalised edit distance`` between the prompt's
+  quoted text and the text RapidOCR reads in the image (:mod:`spotlight.rewards.ocr`;
+  ONNX models inside the ``rapidocr_onnxruntime`` wheel, offline). A prompt without a
+  quoted target fails the request (500, naming the scorer and quoting the prompt).
 """
 
 from __future__ import annotations
@@ -87,6 +91,7 @@ SCORER_NAMES = (
     "geneval_shapes_partial",
     "clip",
     "pickscore",
+    "ocr",
 )
 _DRAIN_MAX_BYTES = 64 * 1024 * 1024
 _DRAIN_MAX_S = 2.0
@@ -345,6 +350,10 @@ def build_scorer(
         return GenevalShapesScorer(partial_credit=False)
     if name == "geneval_shapes_partial":
         return GenevalShapesScorer(partial_credit=True)
+    if name == "ocr":
+        from spotlight.rewards.ocr import OcrScorer
+
+        return OcrScorer()
     if name in ("clip", "pickscore"):
         return ClipScorer(clip_path, clip_processor_path, device=device, batch_size=clip_batch_size)
     raise SpotlightError(f"unknown scorer {name!r}; known: {', '.join(SCORER_NAMES)}")
