@@ -626,6 +626,38 @@ class CostConfig(_Section):
             )
 
 
+class GuardConfig(_Section):
+    """Collapse guard (``spotlight/core/collapse_guard.py``, docs/collapse-guard.md): alerts when
+    image statistics drift from the first iterations', KL or the clip fraction runs away, or
+    the held-out score falls below its best while the training reward rises."""
+
+    enabled: bool = True
+    action: Literal["warn", "stop"] = "warn"
+    """``warn``: console, event log and ``spotlight status``; ``stop``: also stop the run (resumable
+    from the last checkpoint with ``--resume-existing``)."""
+    baseline_iterations: int = 2
+    """Iterations whose image statistics are the baseline."""
+    patience: int = 2
+    """Consecutive iterations a bound must be crossed before an image, KL or clip-fraction alert."""
+    heldout_drop: float = 0.1
+    speckle_rise: float = 0.10
+    """``image/speckle`` (share of near-white pixels with chroma > 15) allowed above the baseline."""
+    hf_energy_ratio: float = 2.0
+    saturation_ratio: float = 2.0
+    kl_max: float = 0.5
+    clipfrac_max: float = 0.5
+
+    def __post_init__(self) -> None:
+        _check(self.baseline_iterations >= 1, "guard.baseline_iterations", "must be >= 1")
+        _check(self.patience >= 1, "guard.patience", "must be >= 1")
+        for name in ("heldout_drop", "speckle_rise", "kl_max", "clipfrac_max"):
+            v = getattr(self, name)
+            _check(math.isfinite(v) and v > 0, f"guard.{name}", "must be a finite number > 0")
+        for name in ("hf_energy_ratio", "saturation_ratio"):
+            v = getattr(self, name)
+            _check(math.isfinite(v) and v > 1, f"guard.{name}", "must be a finite number > 1")
+
+
 class SpotlightConfig(_Section):
     """Root configuration of a run."""
 
@@ -639,6 +671,7 @@ class SpotlightConfig(_Section):
     cluster: ClusterConfig = msgspec.field(default_factory=ClusterConfig)
     run: RunConfig = msgspec.field(default_factory=RunConfig)
     cost: CostConfig = msgspec.field(default_factory=CostConfig)
+    guard: GuardConfig = msgspec.field(default_factory=GuardConfig)
 
     def __post_init__(self) -> None:
         if self.explore.active and self.explore.planner == "fixed":

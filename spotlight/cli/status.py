@@ -22,6 +22,7 @@ from rich.text import Text
 
 SPARK = "▁▂▃▄▅▆▇█"
 EVENT_ROWS = 15
+GUARD_ROWS = 3  # newest collapse-guard alerts shown above the tables
 """Events shown (the newest); ``--json`` has all the snapshot keeps."""
 
 
@@ -176,6 +177,11 @@ def _notes(snap: dict, gone: bool) -> list[Text]:
     notes = []
     if snap.get("source"):
         notes.append(Text(str(snap["source"]), style="yellow"))
+    for a in (snap.get("guard_alerts") or [])[-GUARD_ROWS:]:
+        if isinstance(a, dict):
+            notes.append(
+                Text(f"collapse guard, iteration {a.get('iteration')}: {a.get('message')}", style="bold yellow")
+            )
     if snap.get("error"):
         notes.append(Text(f"error: {snap['error']}", style="red"))
     elif gone and not snap.get("finished") and _saved_at_exit(snap):

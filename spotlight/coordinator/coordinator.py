@@ -37,6 +37,7 @@ serve loop and carries out the core's decisions.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import pathlib
@@ -58,6 +59,7 @@ from spotlight.coordinator.server import ControlServer
 from spotlight.coordinator.status import RunClock, snapshot
 from spotlight.coordinator.tracking import Trackers, open_trackers
 from spotlight.coordinator.trainer_group import TrainerGroup
+from spotlight.core.collapse_guard import Alert, GuardSettings, check, cleared, image_stats
 from spotlight.core.events import EventLog
 from spotlight.core.instance_manager import InstanceManager, cost_metrics
 from spotlight.core.iteration import (
@@ -161,6 +163,8 @@ class Coordinator:
         self._train_stats: dict[str, float] = {}
         self._requests_at_row = 0
         self._warned_steps = False
+        self.guard_alerts: list[Alert] = []  # every alert of this coordinator (status shows them)
+        self._guard_live: list[Alert] = []  # alerts whose condition still holds (not repeated)
 
     def start(self) -> Coordinator:
         """Write the run's config and keys, bind the sockets, open the run's files, restore a
@@ -347,10 +351,12 @@ class Coordinator:
         row = dict(metrics) | self._train_stats
         row |= cluster_metrics(self, in_iteration, iteration_s=float(metrics.get("time/iteration_s", 0.0)), now=now)
         row |= self.trainers.metrics()
+        row |= image_stats([s.image.numpy() for s in self.samples.values() if s.iteration == n and s.in_rollout])
         self.history.append(row)
         self.recorder.append_metrics(row)
         total = self.cfg.run.iterations
         self.progress(format_progress(row, total))
+        self._guard(now)
         self.events.append(
             now, "iteration", "", f"{n + 1}/{total} done: reward {row.get('reward/mean', math.nan):+.4f}"
         )
@@ -366,6 +372,23 @@ class Coordinator:
                 del self.samples[rid]
         resume.write_run_checkpoint(self, n)
         self.write_status(now)
+
+    def _guard(self, now: float) -> None:
+        """The collapse guard's alerts for the row just written: console, event log, status;
+        with ``guard.action = "stop"`` the run stops (its checkpoint is already written)."""
+        g = self.cfg.guard
+        if not g.enabled:
+            return
+        settings = GuardSettings(**{f.name: getattr(g, f.name) for f in dataclasses.fields(GuardSettings)})
+        for a in cleared(self.history, self._guard_live, settings):
+            self._guard_live.remove(a)
+        for a in check(self.history, settings, already=self._guard_live):
+            self._guard_live.append(a)
+            self.guard_alerts.append(a)
+            log.warning("collapse guard (%s), iteration %d: %s", a.kind, a.iteration + 1, a.message)
+            self.events.append(now, "guard", "", f"{a.kind}: {a.message}"[:300])
+            if g.action == "stop":
+                self.error = self.error or f"collapse guard stopped the run at iteration {a.iteration + 1}: {a.message}"
 
     # ------------------------------------------------------------ status & shutdown
     def node_registered(self, node_id: str) -> bool:

@@ -107,4 +107,8 @@ def snapshot(coord, now: float) -> dict:
         "reward_curve": [h["reward/mean"] for h in history],
         "tensor_store": coord.store.stats(),
         "events": coord.events.to_list(),
+        "guard_alerts": [  # the collapse guard's alerts (docs/collapse-guard.md), oldest first
+            {"kind": a.kind, "iteration": a.iteration + 1, "metric": a.metric, "message": a.message}
+            for a in getattr(coord, "guard_alerts", [])
+        ],
     }
