@@ -626,6 +626,42 @@ class CostConfig(_Section):
             )
 
 
+class EvalConfig(_Section):
+    """Held-out evaluation during training (``spotlight/workers/eval/``, docs/evaluation.md):
+    every ``every`` iterations the newest weight version samples a fixed panel (the first
+    ``num_prompts`` prompts of ``prompts_path`` × ``num_seeds`` fixed seeds, ODE sampling) in a
+    separate process on the reserved side while training goes on; scores land in ``eval.jsonl``,
+    as ``eval/*`` in the next ``metrics.jsonl`` row and TensorBoard, with a grid per evaluation
+    (``eval/iter_NNNN.png``, comparable across iterations), and the best version is kept in
+    ``best/`` beside ``final/``."""
+
+    every: int = 0
+    """Iterations between evaluations (0 = off); the last iteration and the base model (v0) are
+    always evaluated when on."""
+    prompts_path: str = ""
+    """Held-out prompt file (formats as ``data.prompts_path``); "" = the shapes task's 46 test
+    prompts with ``reward.kind = "geneval_shapes"``, else required."""
+    num_prompts: int = 16
+    """The first this many prompts of the file (the panel is fixed for the whole run)."""
+    num_seeds: int = 2
+    """Seeds per prompt (the same seeds at every evaluation)."""
+    keep_best: bool = True
+    """Keep the best-scoring version in ``best/`` (``best/best.json`` says which; one copy)."""
+    device: str = "auto"
+    """``auto``: CUDA (the first reserved rollout GPU) when available, else the CPU; or a torch device."""
+    batch_size: int = 16
+    """Panel images sampled together."""
+    timeout_s: float = 1800.0
+    """At the end of the run, how long the coordinator waits for the last evaluations."""
+
+    def __post_init__(self) -> None:
+        _check(self.every >= 0, "eval.every", "must be >= 0 (0 = off)")
+        _check(math.isfinite(self.timeout_s) and self.timeout_s > 0, "eval.timeout_s", "must be > 0")
+        _check(self.num_prompts >= 1, "eval.num_prompts", "must be >= 1")
+        _check(self.num_seeds >= 1, "eval.num_seeds", "must be >= 1")
+        _check(self.batch_size >= 1, "eval.batch_size", "must be >= 1")
+
+
 class GuardConfig(_Section):
     """Collapse guard (``spotlight/core/collapse_guard.py``, docs/collapse-guard.md): alerts when
     image statistics drift from the first iterations', KL or the clip fraction runs away, or
@@ -671,6 +707,7 @@ class SpotlightConfig(_Section):
     cluster: ClusterConfig = msgspec.field(default_factory=ClusterConfig)
     run: RunConfig = msgspec.field(default_factory=RunConfig)
     cost: CostConfig = msgspec.field(default_factory=CostConfig)
+    eval: EvalConfig = msgspec.field(default_factory=EvalConfig)
     guard: GuardConfig = msgspec.field(default_factory=GuardConfig)
 
     def __post_init__(self) -> None:
@@ -713,6 +750,12 @@ class SpotlightConfig(_Section):
             self.explore.num_steps <= self.sampler.num_steps,
             "explore.num_steps",
             f"must be <= sampler.num_steps={self.sampler.num_steps}",
+        )
+        _check(
+            self.eval.every == 0 or bool(self.eval.prompts_path) or self.reward.kind == "geneval_shapes",
+            "eval.prompts_path",
+            "required with eval.every > 0 (the held-out prompts; only the shapes task has a default): "
+            "set it, or eval.every = 0",
         )
 
     @property

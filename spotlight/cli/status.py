@@ -284,6 +284,16 @@ def _reward_lines(snap: dict) -> Text:
             f"explore critical {_fmt(m.get('time/explore_critical_path_s'), '.1f', unit='s')}  "
             f"spot busy {_fmt(m.get('spot/busy_fraction'), '.0f', scale=100, unit='%')}"
         )
+    evals = snap.get("eval_results") or []
+    evals = [e for e in evals if isinstance(e, dict) and _real(e.get("eval/score")) is not None]
+    if evals:
+        scores = [float(e["eval/score"]) for e in evals]
+        best = max(evals, key=lambda e: float(e["eval/score"]))
+        last = evals[-1]
+        lines.append(
+            f"held-out {sparkline(scores)}  last {scores[-1]:.3f} (v{last.get('version')})  "
+            f"best {float(best['eval/score']):.3f} (v{best.get('version')})  ({_plural(len(evals), 'evaluation')})"
+        )
     return Text("\n".join(lines))
 
 

@@ -454,8 +454,9 @@ def _print_stop_hint(run: UpRun, *, interrupted: bool) -> None:
 
 
 def _cache_dir() -> pathlib.Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return pathlib.Path(base) / "spotlight"
+    from spotlight.coordinator.evaluation import cache_dir
+
+    return cache_dir()
 
 
 def load_prompts(data, config_path=None) -> list[str]:

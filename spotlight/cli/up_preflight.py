@@ -304,6 +304,7 @@ def preflight(run: UpRun) -> UpRun:
     check_run_dir(run)
     _check_model(run.cfg)
     _check_reward(run)
+    _check_eval(run.cfg)
     return dataclasses.replace(run, replay=_plan_replay(run))
 
 
@@ -347,6 +348,24 @@ def _check_model(cfg: SpotlightConfig) -> None:
             family.check_lora_targets(list(cfg.train.lora_target_modules))
     except ModelLoadError as exc:
         raise refuse(str(exc)) from None
+
+
+def _check_eval(cfg: SpotlightConfig) -> None:
+    """With ``eval.every > 0``: refuse a held-out prompt file that cannot be read, or (shapes
+    task) prompts its reward cannot score, before minutes of training find it out.
+
+    Raises:
+        Stop: as above.
+    """
+    if not cfg.eval.every:
+        return
+    from spotlight.errors import SpotlightError
+    from spotlight.workers.eval.eval_worker import build_panel
+
+    try:
+        build_panel(cfg)
+    except (SpotlightError, ValueError, OSError) as exc:
+        raise refuse(f"eval.prompts_path: {exc}") from None
 
 
 def _check_reward(run: UpRun) -> None:

@@ -38,6 +38,7 @@ serve loop and carries out the core's decisions.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 import pathlib
@@ -51,7 +52,7 @@ import torch
 
 from spotlight import protocol as P
 from spotlight.config import SpotlightConfig, dump_config
-from spotlight.coordinator import recorder, resume
+from spotlight.coordinator import evaluation, recorder, resume
 from spotlight.coordinator.control_plane import ControlPlane
 from spotlight.coordinator.recorder import RunRecorder, format_progress
 from spotlight.coordinator.reward_scorer import RewardScorer
@@ -163,6 +164,8 @@ class Coordinator:
         self._train_stats: dict[str, float] = {}
         self._requests_at_row = 0
         self._warned_steps = False
+        self.evals = evaluation.Evaluations(self.run_dir, evaluation.cache_dir()) if cfg.eval.every else None
+        self.eval_results: list[dict] = []  # this coordinator's finished held-out evaluations
         self.guard_alerts: list[Alert] = []  # every alert of this coordinator (status shows them)
         self._guard_live: list[Alert] = []  # alerts whose condition still holds (not repeated)
 
@@ -296,6 +299,11 @@ class Coordinator:
             if timeout_s is not None and now - t_start > timeout_s:
                 where = f"phase {self.core.phase}, iteration {self.core.iteration + 1}"
                 raise RuntimeError(f"run did not finish within {timeout_s:.0f}s ({where})")
+        if self.evals is not None and self.evals.busy:
+            self.progress("waiting for the last held-out evaluation…")
+            self._poll_evals(self.evals.wait(self.cfg.eval.timeout_s))
+        if self.evals is not None:
+            evaluation.first_vs_last(self.run_dir)
         self.recorder.append_requests(self.sched.requests())  # the ones not retired yet: the run ended
         from spotlight.util.plots import reward_curve
 
@@ -352,6 +360,7 @@ class Coordinator:
         row |= cluster_metrics(self, in_iteration, iteration_s=float(metrics.get("time/iteration_s", 0.0)), now=now)
         row |= self.trainers.metrics()
         row |= image_stats([s.image.numpy() for s in self.samples.values() if s.iteration == n and s.in_rollout])
+        row |= self._poll_evals()
         self.history.append(row)
         self.recorder.append_metrics(row)
         total = self.cfg.run.iterations
@@ -370,8 +379,33 @@ class Coordinator:
         for rid, s in list(self.samples.items()):  # trained on; explored for the next batch
             if s.iteration <= n or (s.kind == RequestKind.EXPLORE and s.iteration == n + 1):
                 del self.samples[rid]
+        if self.evals is not None and evaluation.due(n, self.cfg.eval.every, total):
+            if not self.eval_results and not self.history[:-1]:
+                self.evals.request(-1, 0)  # the base model, for comparison
+            self.evals.request(n, self.store.latest_version)
         resume.write_run_checkpoint(self, n)
         self.write_status(now)
+
+    def _poll_evals(self, results: list[dict] | None = None) -> dict:
+        """Record finished held-out evaluations (``eval.jsonl``, TensorBoard at their own
+        iteration, the panel grid); the newest one's ``eval/*`` scores for the metrics row."""
+        if self.evals is None:
+            return {}
+        results = self.evals.poll() if results is None else results
+        for r in results:
+            self.eval_results.append(r)
+            with (self.run_dir / "eval.jsonl").open("a") as f:
+                f.write(json.dumps(r) + "\n")
+            step = int(r["iteration"]) + 1
+            self.tracker.log_metrics(step, {k: v for k, v in r.items() if k.startswith("eval/")})
+            grid = evaluation.result_path(self.run_dir, int(r["iteration"])).with_suffix(".png")
+            if grid.is_file():
+                self.tracker.log_image(step, "eval", grid)
+            log.info("held-out evaluation of v%d: score %.3f", r["version"], r["eval/score"])
+        if not results:
+            return {}
+        last = results[-1]
+        return {k: v for k, v in last.items() if k.startswith("eval/")} | {"eval/iteration": last["iteration"] + 1}
 
     def _guard(self, now: float) -> None:
         """The collapse guard's alerts for the row just written: console, event log, status;
@@ -418,6 +452,8 @@ class Coordinator:
         if self.server is not None:
             self.write_status(now)  # the GPUs held when it stopped, the trainers' included
         self.instances.release("trainers", now)  # billed up to here
+        if self.evals is not None:
+            self.evals.close()
         self.tracker.close()
         self.scorer.close()
         self.trainers.wait(timeout_s=10)

@@ -285,3 +285,11 @@ def test_collapse_guard_alerts_show_newest_first_lines():
     assert "collapse guard, iteration 5: speckle [/] 5" in text
     assert "iteration 3:" in text and "iteration 2:" not in text  # the newest three
     assert "collapse guard" not in _text(snapshot())
+
+
+def test_held_out_scores_show_as_a_sparkline_with_the_best():
+    evals = [{"iteration": i - 1, "version": i, "eval/score": v} for i, v in enumerate([0.0, 0.5, 0.4])]
+    text = _text(snapshot() | {"eval_results": evals})
+    assert "held-out" in text and "last 0.400 (v2)" in text and "best 0.500 (v1)" in text
+    assert "(3 evaluations)" in text  # a score of 0 is a score
+    assert "held-out" not in _text(snapshot())
