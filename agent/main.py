@@ -67,6 +67,7 @@ from agent.preemption import (
     revoke_notice,
     sigterm_notice,
 )
+from agent.visibility import visibility_error, worker_visible_devices
 from agent.weight_cache import WeightCache
 from spotlight import protocol as P
 from spotlight.net.agent_paths import control_endpoint, state_dir
@@ -224,6 +225,9 @@ class AgentDaemon:
         weights_dir: the node's weight-version cache (one file per version, emptied at start;
             default ``<state dir>/weights``): a local disk with room for
             :data:`MAX_CACHED_WEIGHTS` versions.
+        visible_devices: the agent's own ``CUDA_VISIBLE_DEVICES`` (default: read from its
+            environment); ``gpus`` are indices into it, and each worker gets its own device
+            (:mod:`agent.visibility`).
     """
 
     def __init__(
@@ -242,7 +246,9 @@ class AgentDaemon:
         coordinator_timeout_s: float = 600.0,
         warm_spare: bool = True,
         weights_dir: pathlib.Path | None = None,
+        visible_devices: str | None = None,
     ):
+        self.visible_devices = os.environ.get("CUDA_VISIBLE_DEVICES") if visible_devices is None else visible_devices
         self.endpoint = coordinator if "://" in coordinator else f"tcp://{coordinator}"
         self.node_id = node_id or f"{socket.gethostname()}-{os.getpid()}"
         self.is_spot = is_spot
@@ -687,7 +693,8 @@ class AgentDaemon:
         up has a head start), else a fresh process starts."""
         wid, gpus = action.worker_id, list(action.gpus)
         env = scrubbed_env()  # workers never authenticate: no credentials in their environment
-        env.setdefault("CUDA_VISIBLE_DEVICES", ",".join(map(str, gpus)))
+        # its own device only, whatever the agent sees (Slurm and container runtimes set the agent's)
+        env["CUDA_VISIBLE_DEVICES"] = worker_visible_devices(gpus, self.visible_devices)
         self.worker_logs[wid] = log_mark(f"worker-{wid}", env)
         proc = self._hand_to_spare(wid, gpus, env) if action.from_spare else None
         spare_pid = proc.pid if proc is not None else 0
@@ -952,7 +959,9 @@ class AgentDaemon:
         try:
             req = json.loads(self.control.recv())
             cmd = req.get("cmd")
-            if cmd in ("revoke", "add") and (bad := control_gpus_error(cmd, [int(g) for g in req["gpus"]], self.gpus)):
+            if cmd in ("revoke", "add") and (
+                bad := control_gpus_error(cmd, [int(g) for g in req["gpus"]], self.gpus, self.visible_devices)
+            ):
                 reply = {"ok": False, "error": bad, "gpus": self.gpus}  # nothing changed, nothing told the coordinator
             elif cmd == "revoke":
                 grace = float(req.get("grace_s", self.grace_s))
@@ -1443,9 +1452,12 @@ def join(
         detector = make_detector(cloud, metadata_url, ledger=ledger)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
+    gpu_list = _parse_gpus(gpus)
+    if (outside := visibility_error(gpu_list, os.environ.get("CUDA_VISIBLE_DEVICES"))) is not None:
+        _fail(f"--gpus: {outside}")
     daemon = AgentDaemon(
         coordinator,
-        _parse_gpus(gpus),
+        gpu_list,
         node_id=nid,
         is_spot=not reserved,
         keys=client_keys,
@@ -1537,8 +1549,11 @@ def gpu_ids_error(gpus: list[int]) -> str | None:
     return None
 
 
-def control_gpus_error(cmd: str, gpus: list[int], node_gpus: list[int]) -> str | None:
-    """Why a local `revoke` / `add` of `gpus` on a node holding `node_gpus` is refused, or None.
+def control_gpus_error(
+    cmd: str, gpus: list[int], node_gpus: list[int], visible_devices: str | None = None
+) -> str | None:
+    """Why a local `revoke` / `add` of `gpus` on a node holding `node_gpus` is refused, or None
+    (an added GPU must also be in the agent's ``CUDA_VISIBLE_DEVICES``, ``visible_devices``).
 
     Checked before anything changes: a bad request must neither stop a worker nor reach the
     coordinator's event log as a revocation or an addition."""
@@ -1554,6 +1569,8 @@ def control_gpus_error(cmd: str, gpus: list[int], node_gpus: list[int]) -> str |
         present = sorted(g for g in gpus if g in node_gpus)
         if present:
             return f"GPU(s) {present} already on this node ({held}): nothing added"
+        if (outside := visibility_error(gpus, visible_devices)) is not None:
+            return f"{outside}: nothing added"
     return None
 
 
