@@ -292,6 +292,8 @@ class AgentDaemon:
         self._detector_thread = DetectorThread(self.detector, self._detector_q, poll_interval_s)
         self._pending_ack: list[PreemptionNotice] = []
         self._signal_notices: queue.Queue = queue.Queue()
+        self.shutting_down = False  # in shutdown(): a second SIGTERM changes nothing then
+        self.stopped_by = 0  # the signal that stopped the agent at once (a second SIGTERM), if any
         self.control = self.ctx.socket(zmq.REP)
         self.control.setsockopt(zmq.LINGER, 0)
 
@@ -1249,6 +1251,7 @@ class AgentDaemon:
     def shutdown(self) -> None:
         """After the drain: acknowledge notices that wait for it, stop the processes within one
         deadline, say goodbye, close the sockets and empty the weight cache."""
+        self.shutting_down = True
         self._detector_thread.stop_event.set()
         # Azure: approve the event only after the commit (docs/preemption-notices.md §3.3)
         for notice in self._pending_ack:
@@ -1513,12 +1516,43 @@ def _checked_keys(keys: pathlib.Path | None, name: str | None, reserved: bool) -
         _fail(f"--keys: {exc}")
 
 
+def sigterm_handler(daemon: AgentDaemon, grace_s: float):
+    """The agent's SIGTERM handler. The first SIGTERM is a node preemption notice (Kubernetes'
+    pod termination, Slurm's ``--signal=TERM@<grace>``, systemd's stop): it is queued for the main
+    loop, which reports it to the coordinator with the deadline ``now + grace_s`` and drains (the
+    workers commit, then the agent exits 0). A second SIGTERM stops at once, as SIGINT does: it
+    raises ``KeyboardInterrupt`` in the main loop, whose shutdown stops the workers without
+    waiting for their commits (unless the agent is already in that shutdown)."""
+    received = 0
+
+    def handler(signum, frame) -> None:
+        nonlocal received
+        received += 1
+        if received == 1:
+            daemon._signal_notices.put(sigterm_notice(grace_s, time.time()))
+        elif not daemon.shutting_down:
+            log.warning("second SIGTERM: stopping at once, without waiting for the workers' commits")
+            daemon.stopped_by = signal.SIGTERM
+            raise KeyboardInterrupt
+
+    return handler
+
+
 def _run_daemon(daemon: AgentDaemon, grace_s: float) -> int:
     """Run ``daemon`` to its end; its exit status. SIGTERM is one more preemption source (same
-    commit path, deadline = now + grace); the daemon's one-line reasons go to stderr."""
-    signal.signal(signal.SIGTERM, lambda *_: daemon._signal_notices.put(sigterm_notice(grace_s, time.time())))
+    commit path, deadline = now + grace; a second one stops at once, :func:`sigterm_handler`);
+    the daemon's one-line reasons go to stderr."""
+    signal.signal(signal.SIGTERM, sigterm_handler(daemon, grace_s))
     try:
         return daemon.run()
+    except KeyboardInterrupt:  # SIGINT or a second SIGTERM while serving: the workers were stopped at once
+        signum = daemon.stopped_by or signal.SIGINT
+        typer.echo(
+            f"spotlight-agent: stopped at once by {signal.Signals(signum).name}: workers stopped without "
+            "waiting for their commits (their leases run again elsewhere)",
+            err=True,
+        )
+        return 128 + signum
     except StoppedWaiting as exc:
         typer.echo(f"spotlight-agent: {exc}", err=True)
         return exc.code
