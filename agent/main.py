@@ -67,6 +67,7 @@ from agent.preemption import (
     revoke_notice,
     sigterm_notice,
 )
+from agent.revocations import revocation_changes
 from agent.visibility import visibility_error, worker_visible_devices
 from agent.weight_cache import WeightCache
 from spotlight import protocol as P
@@ -225,6 +226,8 @@ class AgentDaemon:
         weights_dir: the node's weight-version cache (one file per version, emptied at start;
             default ``<state dir>/weights``): a local disk with room for
             :data:`MAX_CACHED_WEIGHTS` versions.
+        revoked_gpus_file: the scheduler's revoked-GPUs file, read on SIGUSR1
+            (:mod:`agent.revocations`; default ``<state dir>/revoked-gpus``).
         visible_devices: the agent's own ``CUDA_VISIBLE_DEVICES`` (default: read from its
             environment); ``gpus`` are indices into it, and each worker gets its own device
             (:mod:`agent.visibility`).
@@ -247,6 +250,7 @@ class AgentDaemon:
         warm_spare: bool = True,
         weights_dir: pathlib.Path | None = None,
         visible_devices: str | None = None,
+        revoked_gpus_file: pathlib.Path | None = None,
     ):
         self.visible_devices = os.environ.get("CUDA_VISIBLE_DEVICES") if visible_devices is None else visible_devices
         self.endpoint = coordinator if "://" in coordinator else f"tcp://{coordinator}"
@@ -294,6 +298,9 @@ class AgentDaemon:
         self._signal_notices: queue.Queue = queue.Queue()
         self.shutting_down = False  # in shutdown(): a second SIGTERM changes nothing then
         self.stopped_by = 0  # the signal that stopped the agent at once (a second SIGTERM), if any
+        self.revoked_gpus_file = revoked_gpus_file or state_dir(self.node_id, create=False) / "revoked-gpus"
+        self.revocations_due = threading.Event()  # set by SIGUSR1: read revoked_gpus_file
+        self._file_revoked: set[int] = set()  # GPUs taken back through that file
         self.control = self.ctx.socket(zmq.REP)
         self.control.setsockopt(zmq.LINGER, 0)
 
@@ -954,6 +961,32 @@ class AgentDaemon:
                 self.on_notice(self._signal_notices.get_nowait())
             except queue.Empty:
                 break
+        if self.revocations_due.is_set() and not self.draining:
+            self.revocations_due.clear()
+            self.apply_revoked_gpus_file()
+
+    def apply_revoked_gpus_file(self) -> None:
+        """SIGUSR1: revoke the GPUs the scheduler's file lists, give back those no longer listed
+        (:mod:`agent.revocations`); an unreadable file is one error line and changes nothing."""
+        path = self.revoked_gpus_file
+        try:
+            text = path.read_text() if path.exists() else ""
+        except OSError as exc:
+            log.error("SIGUSR1: cannot read the revoked-GPUs file %s: %s; nothing changed", path, exc)
+            return
+        ch = revocation_changes(text, self.gpus, self._file_revoked)
+        if ch.error:
+            log.error("SIGUSR1: revoked-GPUs file %s: %s; nothing changed", path, ch.error)
+            return
+        if ch.unknown:
+            log.warning("SIGUSR1: %s lists GPUs %s, which this node does not hold: ignored", path, list(ch.unknown))
+        log.info("SIGUSR1: %s: revoking GPUs %s, giving back GPUs %s", path, list(ch.revoke), list(ch.give_back))
+        if ch.revoke:
+            self.on_notice(revoke_notice(list(ch.revoke), self.grace_s, time.time()))
+            self._file_revoked |= set(ch.revoke)
+        if ch.give_back:
+            self._file_revoked -= set(ch.give_back)
+            self.add_gpus(list(ch.give_back))
 
     # ------------------------------------------------------------ control socket
     def on_control(self) -> None:
@@ -1007,6 +1040,7 @@ class AgentDaemon:
             "reconfiguration": "restart" if self.restart_mode else "elastic",
             "live_migration": self.live_migration,
             "restarts": self.restarts,
+            "revoked_gpus_file": str(self.revoked_gpus_file),
         }
 
     # ------------------------------------------------------------ messages from workers
@@ -1405,6 +1439,15 @@ _WarmSpare = Annotated[
         "come and go).",
     ),
 ]
+_RevokedGpusFile = Annotated[
+    Optional[pathlib.Path],
+    typer.Option(
+        "--revoked-gpus-file",
+        help="File in which a cluster scheduler lists the GPUs it took back (indices as in --gpus); the agent "
+        "reads it on SIGUSR1, revokes those and gives back those no longer listed. Default: "
+        "<state dir>/<node id>/revoked-gpus.",
+    ),
+]
 _LogLevel = Annotated[
     str,
     typer.Option("--log-level", envvar="SPOTLIGHT_LOG_LEVEL", help="Logging level (DEBUG, INFO, WARNING, ERROR)."),
@@ -1433,6 +1476,7 @@ def join(
     weights_dir: _WeightsDir = None,
     nice: _Nice = 0,
     warm_spare: _WarmSpare = None,
+    revoked_gpus_file: _RevokedGpusFile = None,
     log_level: _LogLevel = "INFO",
     log_file: _LogFile = None,
 ) -> None:
@@ -1472,6 +1516,7 @@ def join(
         coordinator_timeout_s=coordinator_timeout_s,
         warm_spare=(not reserved) if warm_spare is None else warm_spare,
         weights_dir=weights_dir,
+        revoked_gpus_file=revoked_gpus_file,
     )
     raise typer.Exit(_run_daemon(daemon, grace_s))
 
@@ -1543,6 +1588,7 @@ def _run_daemon(daemon: AgentDaemon, grace_s: float) -> int:
     commit path, deadline = now + grace; a second one stops at once, :func:`sigterm_handler`);
     the daemon's one-line reasons go to stderr."""
     signal.signal(signal.SIGTERM, sigterm_handler(daemon, grace_s))
+    signal.signal(signal.SIGUSR1, lambda *_: daemon.revocations_due.set())  # a scheduler's per-GPU revocation
     try:
         return daemon.run()
     except KeyboardInterrupt:  # SIGINT or a second SIGTERM while serving: the workers were stopped at once

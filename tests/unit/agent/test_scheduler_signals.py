@@ -1,8 +1,11 @@
-"""SIGTERM as a node preemption notice (Kubernetes pod termination, Slurm ``--signal=TERM@<grace>``):
-a real ``spotlight-agent join`` process serving the coordinator's real control plane
-(:class:`spotlight.coordinator.fixed_run.FixedRun`) gets SIGTERM while a worker denoises. The
-coordinator sees a notice with the agent's deadline, the worker commits its request (nothing is
-re-run from scratch) and the agent exits 0; a second SIGTERM stops at once.
+"""Signals from a cluster scheduler, to a real ``spotlight-agent join`` process serving the
+coordinator's real control plane (:class:`spotlight.coordinator.fixed_run.FixedRun`).
+
+SIGTERM is a node preemption notice (Kubernetes pod termination, Slurm ``--signal=TERM@<grace>``):
+sent while a worker denoises, the coordinator sees a notice with the agent's deadline, the worker
+commits its request (nothing is re-run from scratch) and the agent exits 0; a second SIGTERM stops
+at once. SIGUSR1 with the revoked-GPUs file (agent/revocations.py) revokes one GPU of a running
+node and gives it back.
 
 No timing is asserted: the agent's processes are frozen (SIGSTOP) at a moment their worker events
 (``$SPOTLIGHT_WORKER_EVENTS``) show a request mid-denoising, the signal is sent while they are
@@ -53,9 +56,9 @@ def _cond() -> Conditioning:
 
 
 class Node:
-    """A FixedRun coordinator and one real agent process ``n`` (one GPU, no warm spare)."""
+    """A FixedRun coordinator and one real agent process ``n`` (no warm spare)."""
 
-    def __init__(self, tmp: pathlib.Path, weights: pathlib.Path, grace_s: float):
+    def __init__(self, tmp: pathlib.Path, weights: pathlib.Path, grace_s: float, gpus: str = "0"):
         keys = tmp / "keys"
         init_keys(keys)
         add_client(keys, "agent", "n")
@@ -76,7 +79,8 @@ class Node:
         )
         self.log_path = tmp / "agent.log"
         cmd = [sys.executable, "-m", "agent.main", "join", "--coordinator", f"127.0.0.1:{self.run.port}"]
-        cmd += ["--gpus", "0", "--node-id", "n", "--keys", str(keys), "--key", "n", "--no-warm-spare"]
+        self.state = tmp / "state"
+        cmd += ["--gpus", gpus, "--node-id", "n", "--keys", str(keys), "--key", "n", "--no-warm-spare"]
         cmd += ["--grace-s", str(grace_s)]
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -149,4 +153,58 @@ def test_a_second_sigterm_stops_at_once(tmp_path, weights):
         node.wait(lambda: node.run.instances.nodes["n"].status.value == "dead", "the agent's goodbye", 60)
     finally:
         thaw(frozen)
+        node.close()
+
+
+def test_revocation_file_changes():
+    from agent.revocations import revocation_changes
+
+    ch = revocation_changes("1\n", [0, 1, 2], set())
+    assert ch.revoke == (1,) and ch.give_back == () and not ch.error
+    ch = revocation_changes("1, 2 7", [0, 2], {1})  # 1 already taken, 7 never on this node
+    assert ch.revoke == (2,) and ch.give_back == () and ch.unknown == (7,)
+    ch = revocation_changes("", [0], {1, 2})  # the scheduler gave everything back
+    assert ch.revoke == () and ch.give_back == (1, 2)
+    ch = revocation_changes("gpu1", [0, 1], {2})
+    assert ch.error and ch.revoke == () and ch.give_back == ()
+
+
+def _agent_status(node: Node) -> dict:
+    import json
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "agent.main", "agent-status", "--node-id", "n", "--state-dir", str(node.state)],
+        cwd=REPO,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return json.loads(proc.stdout) if proc.returncode == 0 else {}
+
+
+def test_sigusr1_with_the_revoked_gpus_file_revokes_and_gives_back_one_gpu(tmp_path, weights):
+    node = Node(tmp_path, weights, grace_s=30.0, gpus="0,1")
+    try:
+        node.wait(
+            lambda: len(node.run.instances.nodes.get("n").gpus if "n" in node.run.instances.nodes else []) == 2,
+            "the node to register with 2 GPUs",
+        )
+        st = node.wait(lambda: (s := _agent_status(node)) and len(s["workers"]) == 2 and s, "two workers")
+        path = pathlib.Path(st["revoked_gpus_file"])
+        assert path == node.state / "n" / "revoked-gpus"
+        path.write_text("1\n")
+        node.proc.send_signal(signal.SIGUSR1)
+        node.wait(lambda: _agent_status(node).get("gpus") == [0], "GPU 1 to be revoked")
+        (notice,) = node.run.instances.nodes["n"].notices
+        assert notice["source"] == "revoke" and notice["scope"] == "gpu:1"
+        node.wait(lambda: node.run.instances.nodes["n"].gpus == [0], "the coordinator to see GPU 1 gone")
+        node.proc.send_signal(signal.SIGUSR1)  # the same file again: nothing changes
+        path.write_text("")
+        node.proc.send_signal(signal.SIGUSR1)
+        node.wait(lambda: _agent_status(node).get("gpus") == [0, 1], "GPU 1 to be given back")
+        node.wait(lambda: node.run.instances.nodes["n"].gpus == [0, 1], "the coordinator to see GPU 1 again")
+        assert len(node.run.instances.nodes["n"].notices) == 1
+        assert node.proc.poll() is None  # the node kept running throughout
+    finally:
         node.close()
