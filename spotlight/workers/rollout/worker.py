@@ -377,7 +377,9 @@ def exit_fast(rc: int):
 
 
 def worker_device(gpus: list[int]) -> torch.device:
-    """``cuda:<first gpu>`` when CUDA is available, else the CPU (local mode's "GPUs")."""
+    """``cuda:<first gpu>`` when CUDA is available, else the CPU (local mode's "GPUs"). The agent gives
+    each worker exactly its own device as ``CUDA_VISIBLE_DEVICES`` (``agent/visibility.py``), so this is
+    ``cuda:0`` there."""
     if torch.cuda.is_available() and gpus:
         return torch.device("cuda", gpus[0] % torch.cuda.device_count())
     return torch.device("cpu")
