@@ -220,9 +220,11 @@ class DataConfig(_Section):
 
     prompts_path: str = ""
     """Prompt file, format by suffix (``spotlight/tasks/prompts.py``): ``.jsonl`` GenEval-style
-    (``{"prompt": ...}`` per line; else a ``text`` or ``caption`` key), ``.csv`` / ``.tsv``
-    with a header row (the ``prompt``, ``text`` or ``caption`` column, any case; quoting and
-    a byte-order mark are handled), anything else one prompt per line. Empty = the 553
+    (``{"prompt": ...}`` per line; else a ``text`` or ``caption`` key), ``.json`` (one array of
+    strings or of such objects), ``.csv`` / ``.tsv`` with a header row (the ``prompt``, ``text``
+    or ``caption`` column, any case; CSV quoting, TSV without quoting as IANA defines it, a
+    byte-order mark), anything else one prompt per line; a record's other fields are the
+    prompt's metadata, passed to the reward. Empty = the 553
     GenEval prompts in ``examples/default/prompts/``. Relative paths: working directory,
     then the repository root. The run directory's ``prompts.json`` records the file, its
     SHA-256 and the number of prompts."""
