@@ -525,7 +525,11 @@ class RequestScheduler:
         filled from eligible requests with that key in the same order. RECOMPUTE
         leases carry ``resume_step`` / ``commit_key``. Each lease expires at
         ``now + lease_timeout_s`` (seconds). Returns ``[]`` when nothing is
-        eligible. Source: paper §4.5 (pull-based), docs/architecture.md §4.
+        eligible. A head request that failed before (``failures > 0``) is leased
+        alone: the requests of a batch that raised all count a failure, and
+        re-running them one by one (they keep their places, ahead of the rest of
+        their key) lets only the one that makes workers fail reach ``max_failures``.
+        Source: paper §4.5 (pull-based), docs/architecture.md §4.
 
         Cost: O(max_requests * log n) amortized for n queued requests, whatever
         their kinds: the head is the smaller top of the ROLLOUT-kind heap and
@@ -559,6 +563,8 @@ class RequestScheduler:
         n = bucket.live
         if n > max_requests:
             n = max_requests
+        if ready[head].failures:  # a suspect is leased alone, so its failures are its own
+            n = 1
         bucket.live -= n
         # Every lease of the batch differs from this one only in lease_id and request_id
         # (and, resuming committed work, resume_step / commit_key): copying a 7-entry dict

@@ -167,9 +167,18 @@ def test_requeued_request_keeps_its_submission_place():
     sched = make()
     a, b, c = submit(sched, n=3)
     (la,) = sched.pull("w", is_spot=False, max_requests=1, now=1.0)
-    sched.fail(a, la.lease_id, reason="x", now=2.0)
+    sched.fail(a, la.lease_id, reason="worker stopping", now=2.0, counts=False)
     leases = sched.pull("w", is_spot=False, max_requests=3, now=3.0)
     assert [l.request_id for l in leases] == [a, b, c]
+
+
+def test_a_request_that_failed_keeps_its_place_and_is_leased_alone():
+    sched = make()
+    a, b, c = submit(sched, n=3)
+    (la,) = sched.pull("w", is_spot=False, max_requests=1, now=1.0)
+    sched.fail(a, la.lease_id, reason="RuntimeError: x", now=2.0)
+    assert [l.request_id for l in sched.pull("w", is_spot=False, max_requests=3, now=3.0)] == [a]
+    assert [l.request_id for l in sched.pull("w", is_spot=False, max_requests=3, now=3.0)] == [b, c]
 
 
 def test_pull_batches_only_same_key_and_respects_max_requests():
@@ -297,7 +306,7 @@ def test_fail_and_expire_clear_commit_info():
         sched.commit(l.request_id, l.lease_id, committed_step=3, commit_key=f"k{l.request_id}", now=1.0)
     la, lb = sched.pull("v", is_spot=True, max_requests=2, now=2.0)
     assert (la.resume_step, lb.resume_step) == (3, 3)
-    sched.fail(a, la.lease_id, reason="nccl", now=3.0)
+    sched.fail(a, la.lease_id, reason="nccl", now=3.0, counts=False)
     assert sched.expire(now=100.0) == [b]
     for rid in (a, b):
         req = sched.get(rid)
@@ -801,3 +810,29 @@ def test_fail_that_is_not_the_requests_fault_never_parks():
         assert sched.fail(rid, l.lease_id, reason="worker stopping", now=float(k), counts=False)
     req = sched.get(rid)
     assert req.status is S.PENDING and req.failures == 0 and req.error == ""
+
+
+def test_a_batch_that_raised_is_rerun_one_by_one_so_only_the_culprit_is_parked():
+    """Every request of a batch that raised counts a failure; its requests then run alone, so
+    its innocent members complete and only the request that makes workers fail is parked."""
+    sched = make(max_failures=3)
+    ids = submit(sched, n=6)
+    bad = ids[2]
+    batch = sched.pull("w0", is_spot=True, max_requests=4, now=0.0)
+    assert [l.request_id for l in batch] == ids[:4]
+    for l in batch:
+        sched.fail(l.request_id, l.lease_id, reason="RuntimeError: boom", now=0.0)
+    k = 1
+    while True:
+        got = sched.pull(f"w{k % 3}", is_spot=True, max_requests=4, now=float(k))
+        if not got:
+            break
+        if any(l.request_id == bad for l in got):
+            assert len(got) == 1
+            sched.fail(bad, got[0].lease_id, reason="RuntimeError: boom", now=float(k))
+        else:
+            for l in got:
+                sched.complete(l.request_id, l.lease_id, float(k))
+        k += 1
+    st = {r: sched.get(r).status for r in ids}
+    assert st == {r: (S.PARKED if r == bad else S.DONE) for r in ids}
