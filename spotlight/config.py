@@ -220,9 +220,11 @@ class DataConfig(_Section):
 
     prompts_path: str = ""
     """Prompt file, format by suffix (``spotlight/tasks/prompts.py``): ``.jsonl`` GenEval-style
-    (``{"prompt": ...}`` per line; else a ``text`` or ``caption`` key), ``.csv`` / ``.tsv``
-    with a header row (the ``prompt``, ``text`` or ``caption`` column, any case; quoting and
-    a byte-order mark are handled), anything else one prompt per line. Empty = the 553
+    (``{"prompt": ...}`` per line; else a ``text`` or ``caption`` key), ``.json`` (one array of
+    strings or of such objects), ``.csv`` / ``.tsv`` with a header row (the ``prompt``, ``text``
+    or ``caption`` column, any case; CSV quoting, TSV without quoting as IANA defines it, a
+    byte-order mark), anything else one prompt per line; a record's other fields are the
+    prompt's metadata, passed to the reward. Empty = the 553
     GenEval prompts in ``examples/default/prompts/``. Relative paths: working directory,
     then the repository root. The run directory's ``prompts.json`` records the file, its
     SHA-256 and the number of prompts."""
@@ -484,6 +486,10 @@ class ClusterConfig(_Section):
     worker_batch_size: int = 8
     """Most requests a Rollout Worker pulls (and denoises together) at once."""
     lease_timeout_s: float = 120.0
+    max_request_failures: int = 3
+    """A request given back with an error by this many workers is parked (never run again):
+    an exploration request is dropped, a rollout request stops the run with its error
+    (docs/architecture.md §4). Preemptions and expired leases do not count."""
     heartbeat_interval_s: float = 1.0
     heartbeat_timeout_s: float = 10.0
     """An agent silent for this long is marked dead; its leased requests are re-enqueued."""
@@ -546,6 +552,7 @@ class ClusterConfig(_Section):
     def __post_init__(self) -> None:
         _check(self.worker_batch_size >= 1, "cluster.worker_batch_size", "must be >= 1")
         _check(self.lease_timeout_s > 0, "cluster.lease_timeout_s", "must be > 0")
+        _check(self.max_request_failures >= 1, "cluster.max_request_failures", "must be >= 1")
         _check(self.heartbeat_interval_s > 0, "cluster.heartbeat_interval_s", "must be > 0")
         _check(self.torch_threads >= 1, "cluster.torch_threads", "must be >= 1")
         _check(self.max_message_bytes >= 1 << 20, "cluster.max_message_bytes", "must be >= 1 MiB")

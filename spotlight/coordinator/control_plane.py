@@ -36,7 +36,7 @@ from spotlight.config import SpotlightConfig
 from spotlight.coordinator.server import PUBLIC, TRAINER, ControlServer, Inbound, Rejected
 from spotlight.core.events import EventLog
 from spotlight.core.instance_manager import InstanceManager
-from spotlight.core.request_scheduler import RequestScheduler
+from spotlight.core.request_scheduler import RequestScheduler, RequestStatus
 from spotlight.errors import SpotlightError
 from spotlight.models.lora import lora_spec
 from spotlight.net.security import Principal, ServerKeys, reload_allow_list
@@ -142,6 +142,7 @@ class ControlPlane:
         self.rejected = 0
         self.handler_errors = 0
         self.requests_done = 0  # rollout + exploration requests completed
+        self.requests_parked = 0  # requests parked after cluster.max_request_failures reported failures
         self.weight_chunks_served = 0
         self._clashes: set[tuple[str, str, str]] = set()  # (node, holder's, claimant's instance id) refused
         self._allow_list_mtime = 0.0
@@ -573,8 +574,13 @@ class ControlPlane:
         self._check_unique(list(body.request_ids))
         mine = [(r, lid) for r, lid in zip(body.request_ids, body.lease_ids) if self._held(body.worker_id, r, lid)]
         self.workers.lease_ended(body.worker_id, now)
+        parked = []
         for rid, lid in mine:
-            self.sched.fail(rid, lid, reason=body.reason, now=now)
+            # only a batch that raised counts toward cluster.max_request_failures (Fail.consecutive_failures)
+            if self.sched.fail(rid, lid, reason=body.reason, now=now, counts=body.consecutive_failures > 0):
+                req = self.sched.get(rid)
+                if req.status is RequestStatus.PARKED:
+                    parked.append(req)
         node = self.instances.nodes.get(body.node_id)
         preempted = node is not None and (
             node.status.value != "alive" or any(n.get("deadline_unix_s", 0.0) > time.time() - 120 for n in node.notices)
@@ -586,6 +592,19 @@ class ControlPlane:
             body.reason,
             " (preempted)" if preempted else "",
         )
+        if body.unhealthy:
+            self.events.append(
+                now,
+                "unhealthy",
+                body.node_id,
+                f"{body.worker_id}: {body.consecutive_failures} batches in a row failed, backing off; "
+                f"last: {body.reason}"[:300],
+            )
+        for req in parked:
+            self.requests_parked += 1
+            detail = f"{req.request_id} ({req.kind.value}) after {req.failures} failures, last on {req.worker_id}"
+            self.events.append(now, "parked", body.node_id, f"{detail}: {req.error}"[:300])
+            log.warning("request %s parked: %s", detail, req.error)
 
     def on_fetch_weights(self, identity, body: P.FetchWeights, payload, now) -> None:
         """Serve a version in chunks: its WEIGHTS header (if asked) and the WEIGHTS_CHUNK

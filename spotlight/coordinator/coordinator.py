@@ -68,6 +68,7 @@ from spotlight.core.iteration import (
     IterationDone,
     IterationSettings,
     Phase,
+    RolloutParked,
     StartSaving,
     StartTraining,
     build_iteration_core,
@@ -135,7 +136,7 @@ class Coordinator:
         self.cfg, self.run_dir, self.bind, self.keys = cfg, pathlib.Path(run_dir), bind, keys
         self.prompts, self.cond, self.progress, self.resume = prompts, cond, progress, resume
         self.tracker_kinds = tuple(trackers)
-        self.sched = RequestScheduler(cfg.cluster.lease_timeout_s)
+        self.sched = RequestScheduler(cfg.cluster.lease_timeout_s, max_failures=cfg.cluster.max_request_failures)
         self.instances = InstanceManager(cfg.cluster.heartbeat_timeout_s)
         self.store = TensorStore(self.run_dir / "tensor_store", memory_max_bytes=cfg.cluster.weight_memory_max_bytes)
         self.seed_bank = SeedBank(cfg.run.seed, cfg.data.group_size)
@@ -163,6 +164,7 @@ class Coordinator:
         self.tracker: Trackers = Trackers()
         self._train_stats: dict[str, float] = {}
         self._requests_at_row = 0
+        self._parked_at_row = 0
         self._warned_steps = False
         self.evals = evaluation.Evaluations(self.run_dir, evaluation.cache_dir()) if cfg.eval.every else None
         self.eval_results: list[dict] = []  # this coordinator's finished held-out evaluations
@@ -318,6 +320,8 @@ class Coordinator:
                 self._end_iteration(d.iteration, d.metrics, now)
             elif isinstance(d, StartSaving):
                 self.trainers.save_final(self.run_dir / "final")
+            elif isinstance(d, RolloutParked):
+                self.error = self.error or parked_message(self.sched, d, self.prompts)
         self.done = self.core.done
 
     def _start_training(self, n: int, request_ids: list[str]) -> None:
@@ -361,6 +365,8 @@ class Coordinator:
         row |= self.trainers.metrics()
         row |= image_stats([s.image.numpy() for s in self.samples.values() if s.iteration == n and s.in_rollout])
         row |= self._poll_evals()
+        parked, self._parked_at_row = self.control.requests_parked - self._parked_at_row, self.control.requests_parked
+        row["requests/parked"] = parked
         self.history.append(row)
         self.recorder.append_metrics(row)
         total = self.cfg.run.iterations
@@ -474,6 +480,19 @@ def _conditioning(embeds: torch.Tensor | None, mask: torch.Tensor | None) -> Con
     if embeds is None or mask is None:
         raise ValueError("Coordinator needs `cond` (or `embeds` and `mask`)")
     return Conditioning(embeds.float(), mask)
+
+
+def parked_message(sched: RequestScheduler, d: RolloutParked, prompts: Sequence[str]) -> str:
+    """The one line a run stopped by parked rollout requests ends with: the first request,
+    its prompt, the worker it last failed on and its error (docs/architecture.md §4)."""
+    req = sched.get(d.request_ids[0])
+    prompt = prompts[req.prompt_index] if 0 <= req.prompt_index < len(prompts) else "?"
+    more = f" (and {len(d.request_ids) - 1} more)" if len(d.request_ids) > 1 else ""
+    return (
+        f"iteration {d.iteration + 1}: rollout request {req.request_id}{more} (prompt {req.prompt_index} "
+        f"{prompt[:80]!r}, seed {req.seed}) failed on {req.failures} workers (cluster.max_request_failures), "
+        f"last on {req.worker_id}: {req.error}; the update needs every rollout sample, so the run stops"
+    )
 
 
 def report_update(n: int, num_samples: int, batches) -> str | None:
