@@ -385,10 +385,11 @@ class Coordinator:
         for rid, s in list(self.samples.items()):  # trained on; explored for the next batch
             if s.iteration <= n or (s.kind == RequestKind.EXPLORE and s.iteration == n + 1):
                 del self.samples[rid]
-        if self.evals is not None and evaluation.due(n, self.cfg.eval.every, total):
-            if not self.eval_results and not self.history[:-1]:
-                self.evals.request(-1, 0)  # the base model, for comparison
-            self.evals.request(n, self.store.latest_version)
+        if self.evals is not None:
+            if n == 0:
+                self.evals.request(-1, 0)  # the base model, for comparison (skipped when its result exists)
+            if evaluation.due(n, self.cfg.eval.every, total):
+                self.evals.request(n, self.store.latest_version)
         resume.write_run_checkpoint(self, n)
         self.write_status(now)
 

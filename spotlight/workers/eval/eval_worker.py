@@ -228,13 +228,13 @@ def evaluate_version(run_dir: pathlib.Path, version: int, iteration: int, *, cac
     out = run_dir / "eval"
     out.mkdir(exist_ok=True)
     name = f"iter_{iteration + 1:04d}" if iteration >= 0 else "iter_0000"
-    what = "base model" if iteration < 0 else f"after iteration {iteration + 1}"
+    what = "base model" if iteration < 0 else f"iteration {iteration + 1}"
     write_grid(
         out / f"{name}.png",
         images,
         panel,
         rewards,
-        title=f"held-out panel, {what} (v{version}): score {result['eval/score']:.3f} (fixed prompts and seeds)",
+        title=f"held-out, {what} (v{version}): {result['eval/score']:.3f}",
     )
     if cfg.eval.keep_best:
         result["eval/is_best"] = float(keep_best(run_dir, family, transformer, cfg, result, state_dict))
