@@ -47,6 +47,11 @@ Scorers (registry :data:`SCORER_NAMES`):
   float32, from a local ``transformers`` ``CLIPModel`` checkpoint + its processor
   (``yuvalkirstain/PickScore_v1`` with the processor of ``laion/CLIP-ViT-H-14-laion2B-s32B-b79K``
   for real PickScore).
+* ``geneval`` / ``geneval_partial``: GenEval's strict verdict (0/1) or the fraction of its
+  clauses that hold, on real images: a local ``transformers`` object detector
+  (``--detector-path``, COCO class names) and CLIP colour classification (``--clip-path``),
+  each prompt's GenEval record from ``--geneval-metadata`` JSONL files
+  (:mod:`spotlight.rewards.geneval`).
 * ``ocr``: Flow-GRPO's OCR reward, ``1 - normalised edit distance`` between the prompt's
   quoted text and the text RapidOCR reads in the image (:mod:`spotlight.rewards.ocr`;
   ONNX models inside the ``rapidocr_onnxruntime`` wheel, offline). A prompt without a
@@ -92,6 +97,8 @@ SCORER_NAMES = (
     "clip",
     "pickscore",
     "ocr",
+    "geneval",
+    "geneval_partial",
 )
 _DRAIN_MAX_BYTES = 64 * 1024 * 1024
 _DRAIN_MAX_S = 2.0
@@ -336,6 +343,8 @@ def build_scorer(
     device: str | None = None,
     jpeg_quality: int = 95,
     clip_batch_size: int = 32,
+    detector_path: str | pathlib.Path | None = None,
+    geneval_metadata: Sequence[str | pathlib.Path] = (),
 ) -> Scorer:
     """One scorer of the registry by name (see :data:`SCORER_NAMES`).
 
@@ -354,6 +363,18 @@ def build_scorer(
         from spotlight.rewards.ocr import OcrScorer
 
         return OcrScorer()
+    if name in ("geneval", "geneval_partial"):
+        from spotlight.rewards.geneval import GenEvalScorer, load_metadata
+
+        if detector_path is None:
+            raise SpotlightError(f"the {name} scorer needs --detector-path DIR (a local transformers detector)")
+        return GenEvalScorer(
+            detector_path,
+            clip_path,
+            load_metadata(geneval_metadata),
+            partial_credit=name == "geneval_partial",
+            device=device,
+        )
     if name in ("clip", "pickscore"):
         return ClipScorer(clip_path, clip_processor_path, device=device, batch_size=clip_batch_size)
     raise SpotlightError(f"unknown scorer {name!r}; known: {', '.join(SCORER_NAMES)}")
