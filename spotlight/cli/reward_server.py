@@ -27,7 +27,7 @@ def register(app: "typer.Typer") -> None:
                 "geneval_shapes (strict 0/1 GenEval verdict on shapes-world captions), "
                 "geneval_shapes_partial (fraction of GenEval clauses that hold), geneval and geneval_partial "
                 "(GenEval's rules on real images: --detector-path, --clip-path for colours, --geneval-metadata), "
-                "ocr (Flow-GRPO's OCR reward, RapidOCR), "
+                "ocr (Flow-GRPO's OCR reward, RapidOCR), aesthetic (LAION predictor: --aesthetic-head), "
                 "jpeg_compressibility and jpeg_incompressibility (its negative).",
             ),
         ] = [],  # noqa: B006 - typer needs a list default
@@ -49,19 +49,29 @@ def register(app: "typer.Typer") -> None:
             Optional[pathlib.Path],
             typer.Option(
                 "--detector-path",
-                help="Local transformers object-detection model (COCO class names, e.g. a DETR download) "
-                "for geneval/geneval_partial; colours are classified with --clip-path.",
+                help="Local transformers object detector (COCO class names, e.g. DETR) for the geneval "
+                "scorers; colours are classified with --clip-path.",
             ),
         ] = None,
         geneval_metadata: Annotated[
             list[pathlib.Path],
             typer.Option(
                 "--geneval-metadata",
-                help="GenEval JSONL (tag/include/exclude per prompt) for geneval scorers; repeatable "
-                "(e.g. examples/default/prompts/evaluation_metadata.jsonl, "
-                "examples/prompts/geneval/train_metadata.jsonl).",
+                help="GenEval records (tag, include, exclude) per prompt, a JSONL file; repeatable "
+                "(the README names the shipped ones).",
             ),
         ] = [],  # noqa: B006 - typer needs a list default
+        aesthetic_head: Annotated[
+            Optional[pathlib.Path],
+            typer.Option(
+                "--aesthetic-head",
+                help="Weights of the LAION aesthetic predictor head (.pth or .safetensors).",
+            ),
+        ] = None,
+        aesthetic_clip_path: Annotated[
+            Optional[pathlib.Path],
+            typer.Option("--aesthetic-clip-path", help="CLIP ViT-L/14 directory for aesthetic (default: --clip-path)."),
+        ] = None,
         device: Annotated[
             Optional[str], typer.Option(help="Torch device for CLIP (default: cuda if available).")
         ] = None,
@@ -103,6 +113,8 @@ def register(app: "typer.Typer") -> None:
             device=device,
             detector_path=detector_path,
             geneval_metadata=geneval_metadata,
+            aesthetic_head=aesthetic_head,
+            aesthetic_clip_path=aesthetic_clip_path,
         )
         from spotlight.rewards.server import serve
 
@@ -147,7 +159,7 @@ def _scorer_weights(
     uses_clip = any(name in ("clip", "pickscore") for name in weights)
     if uses_clip and clip_path is None:
         _fail(console, "the clip/pickscore scorer needs --clip-path DIR (a local CLIPModel checkpoint)")
-    colours = any(name in ("geneval", "geneval_partial") for name in weights)  # CLIP classifies colours
+    colours = any(name in ("geneval", "geneval_partial", "aesthetic") for name in weights)  # they use CLIP too
     if not uses_clip and not colours and (clip_path is not None or clip_processor_path is not None):
         console.print("[yellow]note:[/yellow] --clip-path is ignored: no clip/pickscore/geneval scorer selected")
     return weights
@@ -162,6 +174,8 @@ def _build(
     device: Optional[str],
     detector_path: Optional[pathlib.Path] = None,
     geneval_metadata: list[pathlib.Path] = (),
+    aesthetic_head: Optional[pathlib.Path] = None,
+    aesthetic_clip_path: Optional[pathlib.Path] = None,
 ):
     """The weighted scorer of ``weights`` (:func:`spotlight.rewards.server.build_multi_scorer`;
     CLIP loads under a spinner).
@@ -178,14 +192,16 @@ def _build(
                 return build_multi_scorer(
                     weights, clip_path=clip_path, clip_processor_path=clip_processor_path, device=device
                 )
-        if detector_path is not None:
-            with console.status(f"loading the detector from {detector_path}…"):
+        if detector_path is not None or "aesthetic" in weights:
+            with console.status("loading the scorers' models…"):
                 return build_multi_scorer(
                     weights,
                     clip_path=clip_path,
                     device=device,
                     detector_path=detector_path,
                     geneval_metadata=geneval_metadata,
+                    aesthetic_head=aesthetic_head,
+                    aesthetic_clip_path=aesthetic_clip_path,
                 )
         return build_multi_scorer(weights)
     except SpotlightError as exc:

@@ -52,6 +52,9 @@ Scorers (registry :data:`SCORER_NAMES`):
   (``--detector-path``, COCO class names) and CLIP colour classification (``--clip-path``),
   each prompt's GenEval record from ``--geneval-metadata`` JSONL files
   (:mod:`spotlight.rewards.geneval`).
+* ``aesthetic``: the LAION aesthetic predictor's 1-10 rating (Flow-GRPO's ``aesthetic``): an MLP
+  head (``--aesthetic-head``) over CLIP ViT-L/14 image embeddings (``--aesthetic-clip-path``,
+  default ``--clip-path``); :mod:`spotlight.rewards.aesthetic`.
 * ``ocr``: Flow-GRPO's OCR reward, ``1 - normalised edit distance`` between the prompt's
   quoted text and the text RapidOCR reads in the image (:mod:`spotlight.rewards.ocr`;
   ONNX models inside the ``rapidocr_onnxruntime`` wheel, offline). A prompt without a
@@ -99,6 +102,7 @@ SCORER_NAMES = (
     "ocr",
     "geneval",
     "geneval_partial",
+    "aesthetic",
 )
 _DRAIN_MAX_BYTES = 64 * 1024 * 1024
 _DRAIN_MAX_S = 2.0
@@ -345,6 +349,8 @@ def build_scorer(
     clip_batch_size: int = 32,
     detector_path: str | pathlib.Path | None = None,
     geneval_metadata: Sequence[str | pathlib.Path] = (),
+    aesthetic_head: str | pathlib.Path | None = None,
+    aesthetic_clip_path: str | pathlib.Path | None = None,
 ) -> Scorer:
     """One scorer of the registry by name (see :data:`SCORER_NAMES`).
 
@@ -363,6 +369,15 @@ def build_scorer(
         from spotlight.rewards.ocr import OcrScorer
 
         return OcrScorer()
+    if name == "aesthetic":
+        from spotlight.rewards.aesthetic import AestheticScorer
+
+        if aesthetic_head is None:
+            raise SpotlightError("the aesthetic scorer needs --aesthetic-head FILE (the predictor's weights)")
+        clip_dir = aesthetic_clip_path or clip_path
+        if clip_dir is None:
+            raise SpotlightError("the aesthetic scorer needs --aesthetic-clip-path DIR (CLIP ViT-L/14) or --clip-path")
+        return AestheticScorer(clip_dir, aesthetic_head, device=device, batch_size=clip_batch_size)
     if name in ("geneval", "geneval_partial"):
         from spotlight.rewards.geneval import GenEvalScorer, load_metadata
 

@@ -313,7 +313,8 @@ def test_parse_scorer_spec():
 @pytest.mark.parametrize(
     "args, fragment",
     [
-        (["--scorer", "aesthetic"], "unknown scorer 'aesthetic'"),
+        (["--scorer", "imagereward"], "unknown scorer 'imagereward'"),
+        (["--scorer", "aesthetic"], "needs --aesthetic-head"),
         (["--scorer", "clip:heavy"], "bad weight 'heavy'"),
         (["--scorer", "jpeg_compressibility:nan"], "must be finite"),
         (["--scorer", "clip"], "needs --clip-path"),
