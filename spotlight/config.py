@@ -542,6 +542,9 @@ class ClusterConfig(_Section):
     use_spot: bool = True
     """False (the ``reserved-only`` baseline): ``spotlight up --local`` starts no spot agents
     and the coordinator refuses spot nodes; all rollouts run on the reserved GPUs."""
+    gpu_memory_gib: float | None = None
+    """Memory of one GPU (GiB): ``spotlight up`` refuses a config whose trainer or rollout GPUs
+    cannot hold it (``spotlight plan`` prints the estimate, docs/planning.md); None = no check."""
 
     def __post_init__(self) -> None:
         _check(self.worker_batch_size >= 1, "cluster.worker_batch_size", "must be >= 1")
@@ -566,6 +569,8 @@ class ClusterConfig(_Section):
         _check(not twice, "cluster.reserved_rollout_gpus", f"GPU {', '.join(map(str, twice))} listed twice: {gpus}")
         _check(min(gpus, default=0) >= 0, "cluster.reserved_rollout_gpus", f"GPU indices must be >= 0: {gpus}")
         _check(self.reserved_sp_degree >= 1, "cluster.reserved_sp_degree", "must be >= 1")
+        g = self.gpu_memory_gib
+        _check(g is None or (math.isfinite(g) and g > 0), "cluster.gpu_memory_gib", "must be a number > 0 (or unset)")
         _check(
             self.heartbeat_timeout_s > self.heartbeat_interval_s,
             "cluster.heartbeat_timeout_s",
@@ -894,8 +899,12 @@ def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 def config_to_dict(cfg: SpotlightConfig) -> dict[str, Any]:
-    """Plain dict (tuples as lists) suitable for TOML or JSON."""
-    return msgspec.to_builtins(cfg)
+    """Plain dict (tuples as lists) suitable for TOML or JSON; unset optional fields (None) are
+    left out (TOML has no null, and leaving them out reads back as None)."""
+    return {
+        name: {k: v for k, v in section.items() if v is not None} if isinstance(section, dict) else section
+        for name, section in msgspec.to_builtins(cfg).items()
+    }
 
 
 def dump_config(cfg: SpotlightConfig, path: str | pathlib.Path) -> None:
