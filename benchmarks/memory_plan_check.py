@@ -7,7 +7,12 @@ resident set (``ru_maxrss``) after the step. The growth is compared with the pla
 GPU" total for the same config on ``device = "cpu"`` (on the CPU the trainer's GPU memory is
 host memory).
 
-Usage: ``python benchmarks/memory_plan_check.py [--rows 8 --rows 32]`` (about a minute on 2 cores).
+``--table`` prints instead the plan of the Qwen-Image 20 B preset for the paper's Table 2 configs
+(``examples/paper/*.toml``), LoRA as configured and full fine-tuning, micro-batches of the whole
+rank batch and of one row, against 80 GB GPUs (no train step runs).
+
+Usage: ``python benchmarks/memory_plan_check.py [--rows 8 --rows 32]`` (one child per size; 8 min on
+2 shared cores), ``python benchmarks/memory_plan_check.py --table`` (under a minute).
 """
 
 from __future__ import annotations
@@ -70,11 +75,7 @@ def estimate(rows: int) -> dict:
     from spotlight.models.param_count import count_model
 
     cfg = _cfg()
-    train = types.SimpleNamespace(
-        **{f: getattr(cfg.train, f) for f in cfg.train.__struct_fields__}, micro_batch_size=rows
-    )
-    view = types.SimpleNamespace(**{f: getattr(cfg, f) for f in cfg.__struct_fields__} | {"train": train})
-    plan = plan_memory(view, count_model(cfg), device="cpu")
+    plan = plan_memory(_view(cfg, micro_batch_size=rows), count_model(cfg), device="cpu")
     lines = {line.name: line.bytes for line in plan.trainer_gpu if line.name != "rollout worker"}
     return lines | {
         "total": MemoryPlan.total(tuple(plan.trainer_gpu))
@@ -83,11 +84,56 @@ def estimate(rows: int) -> dict:
     }
 
 
+def _view(cfg, **train):
+    """``cfg`` with train fields it may not have yet (``micro_batch_size``), as the plan reads them."""
+    t = types.SimpleNamespace(**{f: getattr(cfg.train, f) for f in cfg.train.__struct_fields__} | train)
+    return types.SimpleNamespace(**{f: getattr(cfg, f) for f in cfg.__struct_fields__} | {"train": t})
+
+
+def table() -> None:
+    """The Table 2 plans (module docstring)."""
+    import pathlib
+
+    from spotlight.config import EXAMPLES_DIR, load_config
+    from spotlight.core.memory_plan import GIB, plan_memory
+    from spotlight.models.param_count import count_model
+
+    def g(x: int) -> str:
+        return f"{x / GIB:.1f}"
+
+    print(
+        "| config | rows | trainer GPU: params / grads / Adam / gathered blocks / activations / rollout copy "
+        "| trainer GPU | rollout GPU | fits 80 GB | disk: versions / trainer ckpts / final |"
+    )
+    print("|---|---:|---|---:|---:|---|---|")
+    for path in sorted(pathlib.Path(EXAMPLES_DIR / "paper").glob("*.toml")):
+        for lora in (None, 0):
+            over = {"cluster.gpu_memory_gib": 80e9 / GIB} | ({} if lora is None else {"train.lora_rank": lora})
+            cfg = load_config(path, over)
+            size = count_model(cfg, "qwen-image-20b")
+            for rows in (None, 1):
+                p = plan_memory(_view(cfg, micro_batch_size=rows), size)
+                t = {line.name: line.bytes for line in p.trainer_gpu}
+                d = [line.bytes for line in p.disk]
+                kind = f"LoRA r{cfg.train.lora_rank}" if cfg.train.lora_rank else "full FT"
+                parts = [t[k] for k in ("parameters", "gradients", "Adam state", "gathered blocks", "activations")]
+                parts.append(t.get("rollout worker", 0))
+                print(
+                    f"| {path.stem} {kind} | {p.rows_per_micro_batch} | {' / '.join(map(g, parts))} "
+                    f"| {g(p.trainer_gpu_bytes)} | {g(p.rollout_gpu_bytes)} | {'no' if p.problems() else 'yes'} "
+                    f"| {' / '.join(map(g, d))} |"
+                )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, action="append", help="micro-batch rows (repeatable; default 8 and 32)")
+    ap.add_argument("--table", action="store_true", help="print the Table 2 plans instead (no train step)")
     ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.table:
+        table()
+        return
     if args.child is not None:
         print(json.dumps(child(args.child)))
         return
@@ -106,8 +152,8 @@ def main() -> None:
         state = est["total"] - est["activations"]
         err = (est["total"] - measured) / measured
         print(
-            f"| {rows} | {est['tokens']} | {est['total'] / mib:.0f} ({state / mib:.0f} + {est['activations'] / mib:.0f})"
-            f" | {measured / mib:.0f} | {err:+.0%} |"
+            f"| {rows} | {est['tokens']} | {est['total'] / mib:.0f} ({state / mib:.0f} + "
+            f"{est['activations'] / mib:.0f}) | {measured / mib:.0f} | {err:+.0%} |"
         )
 
 
