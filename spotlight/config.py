@@ -596,6 +596,10 @@ class RunConfig(_Section):
     """Retention of published weight versions in the Tensor Store on disk: keep the newest N
     (>= 2: exploration reads v_n while v_n+1 is published); 0 = keep every version (a full
     Qwen-Image version is ~41 GB in bf16, a rank-64 LoRA version ~0.85 GB)."""
+    checkpoint_every: int = 1
+    """Write the run checkpoint and the Train Workers' DCP checkpoint after every N-th iteration
+    (and the last); a resume continues from the last one written, re-running up to N
+    iterations. A full Qwen-Image trainer checkpoint is ~228 GiB (docs/planning.md)."""
     save_rollouts: bool = False
     """Write every iteration's rollout samples (images, window latents, log-probs, rewards) to
     ``rollouts/iter_NNNN.safetensors`` (for audits and tests)."""
@@ -606,6 +610,7 @@ class RunConfig(_Section):
 
     def __post_init__(self) -> None:
         _check(self.iterations >= 1, "run.iterations", "must be >= 1")
+        _check(self.checkpoint_every >= 1, "run.checkpoint_every", "must be >= 1 (iterations)")
         _check(self.sample_grid_every >= 0, "run.sample_grid_every", "must be >= 0 (0 = no sample grids)")
         bad = sorted(set(self.trackers) - {"tensorboard", "wandb"})
         _check(not bad, "run.trackers", f"unknown tracker(s) {bad}: expected 'tensorboard' and/or 'wandb' ([] = none)")

@@ -34,7 +34,7 @@ from spotlight.coordinator.server import TRAINER, ControlServer, Rejected
 from spotlight.core.events import EventLog
 from spotlight.net.security import ServerKeys, ephemeral_client, write_client_file
 from spotlight.rl.batch import TrainingBatches
-from spotlight.store.checkpoint import train_checkpoint_dir
+from spotlight.store.checkpoint import is_checkpoint_iteration, train_checkpoint_dir
 from spotlight.store.tensor_store import TensorStore
 from spotlight.store.tensor_wire import pack_tensors
 from spotlight.store.weight_sync import WeightSyncError, check_safetensors_file
@@ -147,11 +147,14 @@ class TrainerGroup:
         return ident is not None and self.server is not None and self.server.send(TRAINER, ident, msg, frames)
 
     def train(self, n: int, batches: TrainingBatches) -> None:
-        """Send iteration ``n``'s update (one :class:`~spotlight.rl.batch.RankBatch` per rank)."""
+        """Send iteration ``n``'s update (one :class:`~spotlight.rl.batch.RankBatch` per rank); the
+        ranks save their checkpoint of v_{n+1} only on a checkpointed iteration (``run.checkpoint_every``)."""
         self.done.clear()
+        save = is_checkpoint_iteration(n, self.cfg.run.checkpoint_every, self.cfg.run.iterations)
         for rank, rb in enumerate(batches.ranks):
             metas, frames = pack_tensors(rb.tensors)
-            self.send(rank, P.TrainBatch(iteration=n, version=n, micro_batches=rb.micro_batches, tensors=metas), frames)
+            msg = P.TrainBatch(iteration=n, version=n, micro_batches=rb.micro_batches, tensors=metas, checkpoint=save)
+            self.send(rank, msg, frames)
 
     def save_final(self, final_dir: pathlib.Path) -> None:
         """Ask every rank to save the final model to ``final_dir`` and exit (TRAIN_DONE(-1) each)."""

@@ -864,7 +864,8 @@ class _TrainerProcess:
         t0 = time.perf_counter()
         metrics = self.trainer.train_step(tensors, body.micro_batches, iteration=body.iteration)
         version = body.version + 1
-        self.checkpoint(version)
+        if body.checkpoint:  # run.checkpoint_every: no wait on a save the run does not need
+            self.checkpoint(version)
         self.publish(version)
         done = P.TrainDone(
             rank=self.args.rank,
