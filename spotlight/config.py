@@ -592,10 +592,11 @@ class RunConfig(_Section):
     """Base of the default (unexplored) seeds."""
     sample_grid_every: int = 5
     """Write a PNG grid of rollout samples every N iterations (0 = never)."""
-    keep_weight_versions: int = 0
+    keep_weight_versions: int = 3
     """Retention of published weight versions in the Tensor Store on disk: keep the newest N
-    (>= 2: exploration reads v_n while v_n+1 is published); 0 = keep every version (a full
-    Qwen-Image version is ~41 GB in bf16, a rank-64 LoRA version ~0.85 GB)."""
+    (>= 2: exploration reads v_n while v_n+1 is published) and any older one a live worker
+    holds, an unfinished request needs or the last checkpoint names; 0 = keep every version
+    (a full Qwen-Image version is ~41 GB in bf16, a rank-64 LoRA version ~0.85 GB)."""
     checkpoint_every: int = 1
     """Write the run checkpoint and the Train Workers' DCP checkpoint after every N-th iteration
     (and the last); a resume continues from the last one written, re-running up to N

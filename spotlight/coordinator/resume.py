@@ -56,7 +56,9 @@ def write_run_checkpoint(coord, n: int) -> bool:
     run = coord.cfg.run
     if not is_checkpoint_iteration(n, run.checkpoint_every, run.iterations):
         return False
-    coord.recorder.checkpoint(n, checkpoint_state(coord))
+    state = checkpoint_state(coord)
+    coord.recorder.checkpoint(n, state)
+    coord.checkpoint_version = int(state["version"])
     return True
 
 
@@ -98,6 +100,7 @@ def restore(coord, now: float) -> None:
     recorder.truncate_requests(int(st.get("requests_bytes", 0)))
     version = int(st["version"])
     coord.store.latest_version = version
+    coord.checkpoint_version = version
     coord.trainers.resume_version = version
     # status keeps the whole run's time and events
     coord.clock.elapsed_before_s, earlier = earlier_sessions(coord.run_dir, st)

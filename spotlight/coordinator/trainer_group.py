@@ -32,6 +32,7 @@ from spotlight import protocol as P
 from spotlight.config import SpotlightConfig
 from spotlight.coordinator.server import TRAINER, ControlServer, Rejected
 from spotlight.core.events import EventLog
+from spotlight.core.retention import versions_to_delete
 from spotlight.net.security import ServerKeys, ephemeral_client, write_client_file
 from spotlight.rl.batch import TrainingBatches
 from spotlight.store.checkpoint import is_checkpoint_iteration, train_checkpoint_dir
@@ -67,8 +68,11 @@ class TrainerGroup:
         *,
         phase: Callable[[], str],
         iteration: Callable[[], int],
+        needed_versions: Callable[[], set[int]] = set,
     ):
         self.cfg, self.run_dir, self.store, self.events = cfg, pathlib.Path(run_dir), store, events
+        self.needed_versions = needed_versions
+        """Versions the retention must keep whatever their age (workers, unfinished requests, checkpoint)."""
         self._phase, self._iteration = phase, iteration
         self.world = cfg.train.num_train_workers
         self.ready: set[int] = set()
@@ -109,7 +113,7 @@ class TrainerGroup:
         lines of its log (None: all fine)."""
         for rank, proc in enumerate(self.procs):
             if proc.poll() not in (None, 0):
-                return ChildExit.of(f"train worker rank {rank}", proc.returncode, self.logs[rank])
+                return ChildExit.of(f"train worker rank {rank}", proc.returncode, self.logs[rank], disk=self.run_dir)
         return None
 
     def num_alive(self) -> int:
@@ -235,9 +239,16 @@ class TrainerGroup:
         if published:
             info = self.store.weights_info(body.version)
             self.version_bytes = info.size_bytes
-            keep = self.cfg.run.keep_weight_versions
-            if keep:
-                self.store.prune_weights(body.version - keep + 1)
+            drop = versions_to_delete(
+                self.store.weight_versions(),
+                newest=body.version,
+                keep=self.cfg.run.keep_weight_versions,
+                needed=self.needed_versions() if self.cfg.run.keep_weight_versions else (),
+            )
+            for v in drop:
+                self.store.delete_weights(v)
+            if drop:
+                log.info("deleted weight versions %s (run.keep_weight_versions)", ", ".join(f"v{v}" for v in drop))
             self.version = max(self.version, body.version)
             log.info("published weights v%d (%d bytes, %s)", body.version, info.size_bytes, info.digest[:23])
             self.events.append(now, "weights", "", f"v{body.version} published ({info.size_bytes / 1e6:.1f} MB)")
