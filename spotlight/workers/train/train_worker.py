@@ -474,10 +474,9 @@ class FlowGRPOTrainer:
         """
         from spotlight.util.disk import ensure_free_space
 
-        counted = self.params if self.lora else list(self.model.parameters())  # saved in fp32
-        ensure_free_space(
-            path, 4 * sum(p.numel() for p in counted), "the final model"
-        )  # every rank, before collectives
+        # saved in fp32; every rank checks, before any collective
+        counted = self.params if self.lora else list(self.model.parameters())
+        ensure_free_space(path, 4 * sum(p.numel() for p in counted), "the final model")
         if self.lora:
             sd = self.version_state_dict()
             if self.rank == 0:
