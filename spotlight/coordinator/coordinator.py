@@ -293,7 +293,7 @@ class Coordinator:
             if failed is not None:
                 self.error = failed.summary  # one line for status.json; the console gets its log's tail too
                 raise RuntimeError(failed.report())
-            self.error = self.error or self.scorer.error
+            self.error = self.error or self.scorer.error or self.trainers.fatal
             if self.error:
                 raise RuntimeError(self.error)
             if timeout_s is not None and now - t_start > timeout_s:

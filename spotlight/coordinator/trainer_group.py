@@ -39,6 +39,7 @@ from spotlight.store.checkpoint import is_checkpoint_iteration, train_checkpoint
 from spotlight.store.tensor_store import TensorStore
 from spotlight.store.tensor_wire import pack_tensors
 from spotlight.store.weight_sync import WeightSyncError, check_safetensors_file
+from spotlight.util.disk import free_bytes, space_problem
 from spotlight.util.procs import ChildExit, LogMark, log_mark, scrubbed_env, spawn_logged
 
 log = logging.getLogger("spotlight.coordinator")
@@ -85,6 +86,8 @@ class TrainerGroup:
         self.resume_version: int | None = None
         """The version a resumed run's trainers load (set by the coordinator's restore)."""
         self.server: ControlServer | None = None
+        self.fatal: str | None = None
+        """Why the run must stop though every rank lives (a version that does not fit the disk)."""
 
     # ------------------------------------------------------------ processes
     def start(self, server: ControlServer, keys: ServerKeys) -> None:
@@ -219,6 +222,11 @@ class TrainerGroup:
                 f"WEIGHTS v{body.version}: {body.size_bytes} bytes in {body.num_chunks} chunks of {body.chunk_bytes} "
                 f"(chunks must be 1..{max_chunk} bytes and cover the version exactly)",
             )
+        weights_dir = self.store.root / "weights"
+        full = space_problem(weights_dir, body.size_bytes, free_bytes(weights_dir), f"weight version v{body.version}")
+        if full is not None:  # the run cannot go on without the version: stop it, naming the disk
+            self.fatal = full
+            raise Rejected("bad_request", full)
         try:
             self.store.begin_weights(
                 body.version, body.size_bytes, body.chunk_bytes, body.digest, validate=check_safetensors_file

@@ -1,10 +1,13 @@
-"""The weight versions the retention keeps for live workers: what each worker said it holds in
-its last PULL, for as long as its node is not dead (``ControlPlane.versions_in_use``)."""
+"""The coordinator's side of disk retention: the weight versions kept for live workers (what each
+worker said it holds in its last PULL, while its node is not dead: ``ControlPlane.versions_in_use``),
+and an upload that cannot fit the disk stopping the run with the numbers (``TrainerGroup.fatal``)."""
 
 from __future__ import annotations
 
 import time
 import types
+
+import pytest
 
 from spotlight import protocol as P
 from spotlight.config import load_config
@@ -66,3 +69,25 @@ def test_versions_held_by_live_workers_only(tmp_path):
     assert cp.versions_in_use() == {4}  # its last word
     cp.housekeeping(time.monotonic() + 3600)  # the node missed its heartbeats: dead
     assert cp.versions_in_use() == set()
+
+
+def test_a_version_upload_that_cannot_fit_stops_the_run_naming_the_disk(tmp_path, monkeypatch):
+    from spotlight import protocol as P
+    from spotlight.config import load_config
+    from spotlight.coordinator import trainer_group
+    from spotlight.coordinator.server import Rejected
+    from spotlight.core.events import EventLog
+    from spotlight.store.tensor_store import TensorStore
+
+    store = TensorStore(tmp_path / "tensor_store").open()
+    group = trainer_group.TrainerGroup(
+        load_config(), tmp_path, store, EventLog(), phase=lambda: "train", iteration=lambda: 0
+    )
+    monkeypatch.setattr(trainer_group, "free_bytes", lambda path: 999)
+    header = P.Weights(version=0, size_bytes=1000, chunk_bytes=1000, num_chunks=1, digest="sha256:" + "0" * 64)
+    with pytest.raises(Rejected):
+        group._on_weights(header, [])
+    assert group.fatal == (
+        f"disk full at {store.root / 'weights'}: 1000 bytes (0.00 GiB) needed for weight version v0, "
+        "999 bytes (0.00 GiB) free"
+    )
