@@ -548,6 +548,9 @@ class ClusterConfig(_Section):
     use_spot: bool = True
     """False (the ``reserved-only`` baseline): ``spotlight up --local`` starts no spot agents
     and the coordinator refuses spot nodes; all rollouts run on the reserved GPUs."""
+    gpu_memory_gib: float | None = None
+    """Memory of one GPU (GiB): ``spotlight up`` refuses a config whose trainer or rollout GPUs
+    cannot hold it (``spotlight plan`` prints the estimate, docs/planning.md); None = no check."""
 
     def __post_init__(self) -> None:
         _check(self.worker_batch_size >= 1, "cluster.worker_batch_size", "must be >= 1")
@@ -573,6 +576,8 @@ class ClusterConfig(_Section):
         _check(not twice, "cluster.reserved_rollout_gpus", f"GPU {', '.join(map(str, twice))} listed twice: {gpus}")
         _check(min(gpus, default=0) >= 0, "cluster.reserved_rollout_gpus", f"GPU indices must be >= 0: {gpus}")
         _check(self.reserved_sp_degree >= 1, "cluster.reserved_sp_degree", "must be >= 1")
+        g = self.gpu_memory_gib
+        _check(g is None or (math.isfinite(g) and g > 0), "cluster.gpu_memory_gib", "must be a number > 0 (or unset)")
         _check(
             self.heartbeat_timeout_s > self.heartbeat_interval_s,
             "cluster.heartbeat_timeout_s",
@@ -594,10 +599,15 @@ class RunConfig(_Section):
     """Base of the default (unexplored) seeds."""
     sample_grid_every: int = 5
     """Write a PNG grid of rollout samples every N iterations (0 = never)."""
-    keep_weight_versions: int = 0
+    keep_weight_versions: int = 3
     """Retention of published weight versions in the Tensor Store on disk: keep the newest N
-    (>= 2: exploration reads v_n while v_n+1 is published); 0 = keep every version (a full
-    Qwen-Image version is ~41 GB in bf16, a rank-64 LoRA version ~0.85 GB)."""
+    (>= 2: exploration reads v_n while v_n+1 is published) and any older one a live worker
+    holds, an unfinished request needs or the last checkpoint names; 0 = keep every version
+    (a full Qwen-Image version is ~41 GB in bf16, a rank-64 LoRA version ~0.85 GB)."""
+    checkpoint_every: int = 1
+    """Write the run checkpoint and the Train Workers' DCP checkpoint after every N-th iteration
+    (and the last); a resume continues from the last one written, re-running up to N
+    iterations. A full Qwen-Image trainer checkpoint is ~228 GiB (docs/planning.md)."""
     save_rollouts: bool = False
     """Write every iteration's rollout samples (images, window latents, log-probs, rewards) to
     ``rollouts/iter_NNNN.safetensors`` (for audits and tests)."""
@@ -608,6 +618,7 @@ class RunConfig(_Section):
 
     def __post_init__(self) -> None:
         _check(self.iterations >= 1, "run.iterations", "must be >= 1")
+        _check(self.checkpoint_every >= 1, "run.checkpoint_every", "must be >= 1 (iterations)")
         _check(self.sample_grid_every >= 0, "run.sample_grid_every", "must be >= 0 (0 = no sample grids)")
         bad = sorted(set(self.trackers) - {"tensorboard", "wandb"})
         _check(not bad, "run.trackers", f"unknown tracker(s) {bad}: expected 'tensorboard' and/or 'wandb' ([] = none)")
@@ -977,8 +988,12 @@ def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 def config_to_dict(cfg: SpotlightConfig) -> dict[str, Any]:
-    """Plain dict (tuples as lists) suitable for TOML or JSON."""
-    return msgspec.to_builtins(cfg)
+    """Plain dict (tuples as lists) suitable for TOML or JSON; unset optional fields (None) are
+    left out (TOML has no null, and leaving them out reads back as None)."""
+    return {
+        name: {k: v for k, v in section.items() if v is not None} if isinstance(section, dict) else section
+        for name, section in msgspec.to_builtins(cfg).items()
+    }
 
 
 def dump_config(cfg: SpotlightConfig, path: str | pathlib.Path) -> None:

@@ -422,6 +422,8 @@ class TrainBatch(_Msg, kw_only=True):
     version: int
     micro_batches: list[list[int]]
     tensors: list[TensorMeta] = []
+    checkpoint: bool = True
+    """Save the trainer checkpoint of the new version (``run.checkpoint_every``)."""
 
 
 class TrainDone(_Msg, kw_only=True):

@@ -76,6 +76,8 @@ def _comment(text: str) -> list[str]:
 
 def _toml_value(key: str, value) -> str:
     """``key = value`` on one line, the values as tomli-w writes them (arrays inline)."""
+    if value is None:  # TOML has no null: an unset optional field stays a comment
+        return f"# {key} = (unset)"
     if isinstance(value, (list, tuple)):
         return f"{key} = [" + ", ".join(_toml_value("x", v).split(" = ", 1)[1] for v in value) + "]"
     return tomli_w.dumps({key: value}).strip()

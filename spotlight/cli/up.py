@@ -275,10 +275,13 @@ def encode_prompts(run: UpRun) -> tuple:
         torch.set_num_threads(max(1, cfg.cluster.torch_threads))
         importlib.import_module("spotlight.coordinator.coordinator")  # it imports torch: under the spinner
         from spotlight.models.families import ModelLoadError, cached_conditioning, get_family
+        from spotlight.util.disk import DiskSpaceError
 
         try:
             token_counts = get_family(cfg.model).prompt_token_counts(run.prompts)
             cond = cached_conditioning(get_family(cfg.model), run.prompts, _cache_dir())
+        except DiskSpaceError as exc:
+            raise Stop(f"[red]error:[/red] {escape(str(exc))}") from None
         except (ModelLoadError, OSError, ValueError) as exc:
             raise Stop(
                 f"[red]error:[/red] cannot encode prompts with model.family = {cfg.model.family!r} from "

@@ -294,8 +294,9 @@ def _earlier_address(run_dir: pathlib.Path) -> str | None:
 
 def preflight(run: UpRun) -> UpRun:
     """Every check that can refuse ``run`` before anything is written or started, in order:
-    the run directory (:func:`check_run_dir`), the model checkpoint, the reward against the
-    prompts, the replay. Returns ``run`` with its replay planned (reading the trace is the
+    the run directory (:func:`check_run_dir`), the model checkpoint, the GPU memory
+    (``cluster.gpu_memory_gib``), the reward against the prompts, the replay. Returns ``run``
+    with its replay planned (reading the trace is the
     replay's check).
 
     Raises:
@@ -303,6 +304,7 @@ def preflight(run: UpRun) -> UpRun:
     """
     check_run_dir(run)
     _check_model(run.cfg)
+    _check_memory(run.cfg)
     _check_reward(run)
     _check_eval(run.cfg)
     return dataclasses.replace(run, replay=_plan_replay(run))
@@ -366,6 +368,31 @@ def _check_eval(cfg: SpotlightConfig) -> None:
         build_panel(cfg)
     except (SpotlightError, ValueError, OSError) as exc:
         raise refuse(f"eval.prompts_path: {exc}") from None
+
+
+def _check_memory(cfg: SpotlightConfig) -> None:
+    """Refuse a config whose trainer or rollout GPUs cannot hold it (``cluster.gpu_memory_gib``;
+    :mod:`spotlight.core.memory_plan`, parameters counted on the meta device).
+
+    Raises:
+        Stop: as above, with the plan's numbers.
+    """
+    if cfg.cluster.gpu_memory_gib is None:
+        return
+    from spotlight.cli.plan import make_plan
+    from spotlight.errors import SpotlightError
+
+    try:
+        plan, _ = make_plan(cfg)
+    except SpotlightError as exc:
+        raise refuse(f"memory check (cluster.gpu_memory_gib): {exc}") from None
+    problems = plan.problems()
+    if problems:
+        raise refuse(
+            f"the run does not fit its GPUs: {problems[0]}; `spotlight plan CONFIG` prints the whole estimate "
+            "(docs/planning.md: lower train.micro_batch_size, turn on train.activation_checkpointing, use LoRA "
+            "or more trainer GPUs)"
+        )
 
 
 def _check_reward(run: UpRun) -> None:

@@ -144,6 +144,7 @@ class ControlPlane:
         self.requests_done = 0  # rollout + exploration requests completed
         self.requests_parked = 0  # requests parked after cluster.max_request_failures reported failures
         self.weight_chunks_served = 0
+        self.worker_versions: dict[str, tuple[int, ...]] = {}  # worker id → versions it holds (its last PULL)
         self._clashes: set[tuple[str, str, str]] = set()  # (node, holder's, claimant's instance id) refused
         self._allow_list_mtime = 0.0
 
@@ -446,9 +447,20 @@ class ControlPlane:
         self.release_node(body.node_id, gone, f"agent left: {body.reason}", now)
 
     # ------------------------------------------------------------ requests
+    def versions_in_use(self) -> set[int]:
+        """Weight versions the workers of live (not dead) nodes said they hold in their last PULL."""
+        nodes = self.instances.nodes
+        return {
+            v
+            for wid, versions in self.worker_versions.items()
+            if (node := nodes.get(self.worker_node.get(wid, ""))) is not None and node.status.value != "dead"
+            for v in versions
+        }
+
     def on_pull(self, identity, body: P.Pull, payload, now) -> None:
         node = self.instances.nodes[body.node_id]
         self.worker_node[body.worker_id] = body.node_id
+        self.worker_versions[body.worker_id] = tuple(body.versions)
         self.workers.worker_seen(body.worker_id, node.is_spot, now)
         leases = []
         if self.run.accepts_pulls() and node.status.value == "alive":

@@ -149,8 +149,15 @@ class Coordinator:
         self.scorer = RewardScorer(RewardFn(cfg.reward), cfg.reward)
         core = self.core
         self.trainers = TrainerGroup(
-            cfg, self.run_dir, self.store, self.events, phase=lambda: core.phase, iteration=lambda: core.iteration
+            cfg,
+            self.run_dir,
+            self.store,
+            self.events,
+            phase=lambda: core.phase,
+            iteration=lambda: core.iteration,
+            needed_versions=self.needed_versions,
         )
+        self.checkpoint_version: int | None = None  # the weights the last run checkpoint names
         self.recorder = RunRecorder(self.run_dir, resume=resume)
         parts = (self.sched, self.instances, self.store, self.events)
         self.control = ControlPlane(cfg, *parts, run=self, workers=core, trainers=self.trainers)
@@ -295,7 +302,7 @@ class Coordinator:
             if failed is not None:
                 self.error = failed.summary  # one line for status.json; the console gets its log's tail too
                 raise RuntimeError(failed.report())
-            self.error = self.error or self.scorer.error
+            self.error = self.error or self.scorer.error or self.trainers.fatal
             if self.error:
                 raise RuntimeError(self.error)
             if timeout_s is not None and now - t_start > timeout_s:
@@ -432,6 +439,13 @@ class Coordinator:
                 self.error = self.error or f"collapse guard stopped the run at iteration {a.iteration + 1}: {a.message}"
 
     # ------------------------------------------------------------ status & shutdown
+    def needed_versions(self) -> set[int]:
+        """Weight versions the Tensor Store must keep (:func:`spotlight.core.retention.versions_to_delete`):
+        those live workers hold, those unfinished requests must run with, the last checkpoint's."""
+        unfinished = {r.weight_version for r in self.sched.requests() if not r.status.is_terminal()}
+        mine = set() if self.checkpoint_version is None else {self.checkpoint_version}
+        return self.control.versions_in_use() | unfinished | mine
+
     def node_registered(self, node_id: str) -> bool:
         """True once agent ``node_id`` has registered with this coordinator (whatever its
         status since). Safe to call from another thread (one dict lookup)."""
