@@ -96,6 +96,17 @@ class TinyFamily(ModelFamily):
         model = dit.build_transformer(self.cfg, self.text_dim)
         return model if dtype == torch.float32 else model.to(dtype)
 
+    def transformer_config(self) -> dict:
+        """The checkpoint's ``config.json`` (``model.source = "pretrained"``), else the constructor
+        arguments from the model section."""
+        if self.cfg.source == "pretrained":
+            return super().transformer_config()
+        return dit.transformer_kwargs(self.cfg, self.text_dim)
+
+    def transformer_weight_files(self):
+        """The pretrained folder's safetensors; none for a model built from config (seeded init)."""
+        return super().transformer_weight_files() if self.cfg.source == "pretrained" else []
+
     @property
     def latent_shape(self) -> tuple[int, int]:
         return dit.token_shape(self.cfg)

@@ -39,7 +39,6 @@ forward/backward, so every rank must run the same number of them):
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 import json
 import logging
@@ -84,6 +83,28 @@ def _shard(model: torch.nn.Module, mesh, block_names: tuple[str, ...], mp_policy
             fully_shard(block, **kw)
     fully_shard(model, **kw)
     return model
+
+
+def _is_meta(t: torch.Tensor) -> bool:
+    return (t.to_local() if hasattr(t, "to_local") else t).is_meta
+
+
+def _cast_params(model: torch.nn.Module, dtype_of) -> None:
+    """Give each (meta) parameter the dtype ``dtype_of(name)`` (buffers untouched)."""
+    for name, p in model.named_parameters():
+        p.data = p.data.to(dtype_of(name))
+
+
+def _set_full_state(model: torch.nn.Module, state_dict: dict[str, torch.Tensor]) -> None:
+    """``set_model_state_dict`` of rank 0's full tensors (``{}`` elsewhere) into ``model``'s shards. Collective."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
+    with warnings.catch_warnings():
+        # all-meta parameters make torch ask the process group for its device (its own deprecated call)
+        warnings.filterwarnings("ignore", message=r"`_get_pg_default_device` will be deprecated")
+        warnings.filterwarnings("ignore", message=r"Multiple backends are registered with this ProcessGroup")
+        set_model_state_dict(model, state_dict, options=opts)
 
 
 def _minibatches(micro_batches: list[list[int]], steps: int) -> list[list[list[int]]]:
@@ -136,13 +157,23 @@ class FlowGRPOTrainer:
             from their checkpoint).
         initial_state_dict: weights to start from instead of the family's (full fine-tuning).
 
+    Build (the torchtitan way, docs/memory.md): the transformer is built from its config with
+    every parameter on ``meta`` (:meth:`~spotlight.models.families.base.ModelFamily.build_empty_transformer`),
+    LoRA is added to it, ``fully_shard`` wraps each transformer block then the root, and only
+    then do the weights arrive, each rank receiving its own shards (:meth:`_load_weights`:
+    rank 0 reads the checkpoint file by file and ``set_model_state_dict`` broadcasts it with
+    ``broadcast_from_rank0``). No rank ever holds the whole model on its device.
+
     Precision: the master weights and optimizer state are float32. On CUDA (``train.mixed_precision``
     auto/bf16) FSDP2's ``MixedPrecisionPolicy`` runs forward/backward in bfloat16 with float32
     gradient reduction. Log-probs, ratios, advantages, KL and the loss are float32 (the sampler
     casts inside each step).
 
-    LoRA (``train.lora_rank > 0``): the base transformer is frozen, only the adapter trains and
-    is published; the KL reference is the same model with the adapter disabled (Flow-GRPO).
+    LoRA (``train.lora_rank > 0``): the base transformer is frozen (in the compute dtype: bf16
+    on CUDA), only the adapter trains (float32) and is published; the KL reference is the same
+    model with the adapter disabled (Flow-GRPO), no copy. Full fine-tuning with ``kl_beta > 0``:
+    the reference is a second meta-built model, sharded and loaded the same way, frozen, in
+    the compute dtype.
 
     The transformer stays in ``eval()`` mode (it has no dropout; this keeps the training
     forward bit-identical to the rollout forward).
@@ -168,15 +199,7 @@ class FlowGRPOTrainer:
         self.device = torch.device(device)
         self.text_dim = text_dim
         self.family = get_family(cfg.model, text_dim=text_dim)
-        model = self.family.build_transformer(torch.float32)
-        if initial_state_dict is not None:
-            model.load_state_dict(initial_state_dict)
-        self._diffusers_config = dict(model.config)
         self.lora = lora_spec(cfg.train)
-        if self.lora:
-            n = add_lora(model, self.lora, self.family.default_lora_targets, seed=cfg.model.init_seed)
-            log.info("LoRA r=%d α=%g: %d trainable parameters", self.lora["rank"], self.lora["alpha"], n)
-        model.to(self.device)
         self.compute_dtype = self._compute_dtype()
         mp_policy = None
         if self.compute_dtype != torch.float32:
@@ -186,11 +209,26 @@ class FlowGRPOTrainer:
         # Explicit mesh: on a GPU host FSDP2 would otherwise move CPU params to CUDA (pytorch#132471).
         self.mesh = init_device_mesh(self.device.type, (world_size,))
         blocks = self.family.block_names
+        # Build on meta, shard, then load the shards (class docstring): no rank ever holds
+        # the whole model in device memory, only rank 0 one checkpoint file at a time on the host.
+        model = self.family.build_empty_transformer()
+        self._diffusers_config = dict(model.config)
+        if self.lora:
+            n = add_lora(model, self.lora, self.family.default_lora_targets, seed=cfg.model.init_seed)
+            log.info("LoRA r=%d α=%g: %d trainable parameters", self.lora["rank"], self.lora["alpha"], n)
+            # the frozen base in the compute dtype (bf16 on CUDA), the adapter in fp32
+            _cast_params(model, lambda name: torch.float32 if "lora_" in name else self.compute_dtype)
         self.reference = None
+        targets = [(model, None)]
         if cfg.train.kl_beta > 0 and not self.lora:
-            ref = copy.deepcopy(model).requires_grad_(False)
+            ref = self.family.build_empty_transformer().requires_grad_(False)
+            _cast_params(ref, lambda name: self.compute_dtype)  # frozen: the compute dtype is enough
             self.reference = _shard(ref, self.mesh, blocks, mp_policy)
+            targets.append((self.reference, self.compute_dtype))
         self.model = _shard(model, self.mesh, blocks, mp_policy)
+        self.was_meta_before_load = all(_is_meta(p) for p in self.model.parameters())
+        """Every parameter was on ``meta`` until :meth:`_load_weights` (tests check it)."""
+        self._load_weights(targets, initial_state_dict)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             self.params,
@@ -204,6 +242,90 @@ class FlowGRPOTrainer:
         self.velocity_fn = self.family.make_velocity_fn(self.model)
         self.steps_done = 0
         self.steps_skipped = 0
+
+    # ------------------------------------------------------------------ weights in
+    def _weight_chunks(self, initial_state_dict: dict[str, torch.Tensor] | None) -> list:
+        """Rank 0: loaders of the starting weights, one full (unsharded) CPU state dict each:
+        ``initial_state_dict``, else one per safetensors file of the checkpoint (a sharded
+        checkpoint never has to fit in memory at once), else the family's own
+        :meth:`~spotlight.models.families.base.ModelFamily.build_transformer` (the tiny family
+        built from config: seeded init; ``.bin`` weights). Each loader comes with its key names."""
+        from safetensors import safe_open
+        from safetensors.torch import load_file
+
+        if initial_state_dict is not None:
+            return [(lambda: initial_state_dict, set(initial_state_dict))]
+        files = self.family.transformer_weight_files()
+        if files:
+            chunks = []
+            for f in files:
+                with safe_open(str(f), framework="pt") as fh:
+                    keys = set(fh.keys())
+                chunks.append((lambda f=f: load_file(str(f)), keys))
+            return chunks
+        sd = self.family.build_transformer(torch.float32).state_dict()
+        return [(lambda: sd, set(sd))]
+
+    def _load_weights(self, targets: list, initial_state_dict: dict[str, torch.Tensor] | None) -> None:
+        """Fill the meta-built, already sharded ``targets`` (``(model, dtype or None)``: None =
+        the model's own parameter dtypes) with the starting weights. Collective.
+
+        Rank 0 reads the checkpoint, one safetensors file at a time, and
+        ``set_model_state_dict(..., StateDictOptions(full_state_dict=True,
+        broadcast_from_rank0=True))`` broadcasts it tensor by tensor; every rank keeps only its
+        own slice (other ranks pass ``{}``). Chosen over each rank reading its slices with
+        ``safe_open``: it needs no file system shared by the ranks, handles any sharding of the
+        checkpoint into files and any placement FSDP2 picks (uneven, padded shards), and the
+        key check and dtype cast happen once, on rank 0. Its cost is one full tensor at a time
+        in flight per rank, and one checkpoint file in rank 0's host memory.
+
+        LoRA: the adapter's initial weights (:func:`spotlight.models.lora.initial_adapter_state`:
+        seeded ``lora_A``, zero ``lora_B``) go the same way, so they are identical on every rank
+        and after a restart with the same ``model.init_seed``.
+
+        Raises:
+            ModelLoadError: the checkpoint's keys are not the transformer's (on every rank), or a
+                parameter is still unloaded afterwards.
+        """
+        from spotlight.models.families import ModelLoadError
+        from spotlight.models.lora import initial_adapter_state
+
+        model = self.model
+        names = list(model.state_dict())
+        # peft renames an adapted Linear's weight to ``….base_layer.weight``; checkpoints have ``….weight``
+        rename = {k.replace(".base_layer", ""): k for k in names if ".base_layer." in k}
+        dtypes = {k: v.dtype for k, v in model.state_dict().items()}
+        chunks, problem = [], ""
+        if self.rank == 0:
+            chunks = self._weight_chunks(initial_state_dict)
+            have = set().union(*(keys for _, keys in chunks))
+            want = {k.replace(".base_layer", "") for k in names if "lora_" not in k}
+            missing, unknown = sorted(want - have), sorted(have - want)
+            if missing or unknown:
+                problem = (
+                    f"{self.family.path}: the transformer's weights do not fit its config: "
+                    f"{len(missing)} missing (e.g. {missing[:3]}), {len(unknown)} unknown (e.g. {unknown[:3]})"
+                )
+        info = [len(chunks), problem]
+        dist.broadcast_object_list(info, src=0)
+        if info[1]:
+            raise ModelLoadError(info[1])
+        for i in range(int(info[0])):
+            sd = chunks[i][0]() if self.rank == 0 else {}
+            for target, dtype in targets:
+                part = {}
+                if self.rank == 0:
+                    for k, v in sd.items():
+                        key = rename.get(k, k) if target is model else k
+                        part[key] = v.to(dtype or dtypes[key])
+                _set_full_state(target, part)
+            del sd
+        if self.lora:
+            adapter = initial_adapter_state(model, self.lora, seed=self.cfg.model.init_seed) if self.rank == 0 else {}
+            _set_full_state(model, adapter)
+        unloaded = [n for target, _ in targets for n, p in target.named_parameters() if _is_meta(p)]
+        if unloaded:
+            raise ModelLoadError(f"{len(unloaded)} transformer parameters were not loaded, e.g. {unloaded[:3]}")
 
     # ------------------------------------------------------------------ helpers
     def _compute_dtype(self) -> torch.dtype:
