@@ -418,6 +418,9 @@ class TrainConfig(_Section):
     mixed_precision: Literal["auto", "bf16", "fp32"] = "auto"
     """FSDP2 ``MixedPrecisionPolicy``: auto = bf16 parameters and compute with fp32 gradient
     reduction on CUDA, fp32 on the CPU."""
+    activation_checkpointing: bool | None = None
+    """Recompute each transformer block's activations in the backward instead of keeping them
+    (docs/memory.md); None = on for qwen-image, flux and sd3, off for the tiny family."""
 
     def __post_init__(self) -> None:
         _check(self.learning_rate > 0, "train.learning_rate", "must be > 0")

@@ -75,6 +75,8 @@ class ModelFamily(abc.ABC):
     default_lora_targets: ClassVar[tuple[str, ...]] = ()
     default_guidance_scale: ClassVar[float] = 1.0
     default_negative_prompt: ClassVar[str] = ""
+    activation_checkpointing: ClassVar[bool] = True
+    """Default of ``train.activation_checkpointing`` (None) for this family."""
 
     def __init__(self, cfg: ModelConfig):
         self.cfg = cfg

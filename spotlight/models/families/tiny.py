@@ -34,6 +34,7 @@ class TinyFamily(ModelFamily):
         "txt_mlp.net.2",
     )
     default_guidance_scale = 1.0
+    activation_checkpointing = False  # a few MB of activations: recomputing them only costs time
 
     def __init__(self, cfg, text_dim: int = TEXT_DIM):
         super().__init__(cfg)

@@ -89,6 +89,26 @@ def _is_meta(t: torch.Tensor) -> bool:
     return (t.to_local() if hasattr(t, "to_local") else t).is_meta
 
 
+def _checkpoint_blocks(model: torch.nn.Module, block_names: tuple[str, ...]) -> None:
+    """Activation checkpointing per transformer block: each block's ``forward`` runs under
+    ``torch.utils.checkpoint.checkpoint(use_reentrant=False)``, so the backward recomputes the
+    block's activations from its inputs instead of keeping them (docs/memory.md).
+
+    Applied before ``fully_shard`` (the torchtitan order): FSDP2's hooks stay outside the
+    checkpointed region, so the recompute runs on the parameters FSDP2 unshards for the
+    block's backward. The block's ``forward`` is wrapped in place rather than the block in a
+    ``CheckpointWrapper``: parameter names (state dicts, published versions, DCP checkpoints)
+    stay those of the diffusers model.
+    """
+    import functools
+
+    from torch.utils.checkpoint import checkpoint
+
+    for name in block_names:
+        for block in getattr(model, name, []):
+            block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
+
+
 def _cast_params(model: torch.nn.Module, dtype_of) -> None:
     """Give each (meta) parameter the dtype ``dtype_of(name)`` (buffers untouched)."""
     for name, p in model.named_parameters():
@@ -218,6 +238,10 @@ class FlowGRPOTrainer:
             log.info("LoRA r=%d α=%g: %d trainable parameters", self.lora["rank"], self.lora["alpha"], n)
             # the frozen base in the compute dtype (bf16 on CUDA), the adapter in fp32
             _cast_params(model, lambda name: torch.float32 if "lora_" in name else self.compute_dtype)
+        ac = cfg.train.activation_checkpointing
+        self.activation_checkpointing = self.family.activation_checkpointing if ac is None else ac
+        if self.activation_checkpointing:
+            _checkpoint_blocks(model, blocks)
         self.reference = None
         targets = [(model, None)]
         if cfg.train.kl_beta > 0 and not self.lora:
