@@ -26,8 +26,13 @@ same batch composition as the rollout, so on fresh samples the policy ratio is e
 Collective rules (FSDP2 issues one all-gather / reduce-scatter per block per
 forward/backward, so every rank must run the same number of them):
 
-* the local micro-batch count is all-reduced with MAX; a rank with fewer runs extra
-  forward/backward passes on its first micro-batch with the loss multiplied by 0;
+* a micro-batch is a rollout batch, cut into pieces of at most ``train.micro_batch_size``
+  rows; each runs one forward/backward pass per SDE window step (backward of step j before
+  the forward of step j + 1, as Flow-GRPO does), so a rank runs micro-batches × window steps
+  passes, with gradients accumulated into the minibatch's one optimizer step;
+* the local micro-batch count is all-reduced with MAX (the window size is the same on every
+  rank); a rank with fewer runs extra passes on its first micro-batch with the loss
+  multiplied by 0;
 * a rank with ZERO samples runs the same number of passes on a one-row dummy
   micro-batch of zeros (text mask of ones so attention stays finite) with weight 0;
 * the loss of every rank is divided by the element count (samples × window steps) of
@@ -83,6 +88,16 @@ def _shard(model: torch.nn.Module, mesh, block_names: tuple[str, ...], mp_policy
             fully_shard(block, **kw)
     fully_shard(model, **kw)
     return model
+
+
+def _split_micro_batches(micro_batches: list[list[int]], size: int | None) -> list[list[int]]:
+    """Cut every micro-batch longer than ``size`` rows into consecutive pieces of ``size``
+    (the last may be shorter); None keeps the rollout micro-batches as they are. Rollout
+    micro-batches are never merged: a forward of the rollout's own batch reproduces its
+    log-probs bit for bit."""
+    if size is None:
+        return micro_batches
+    return [mb[i : i + size] for mb in micro_batches for i in range(0, len(mb), size)]
 
 
 def _is_meta(t: torch.Tensor) -> bool:
@@ -391,28 +406,26 @@ class FlowGRPOTrainer:
             out["cond.mask"] = torch.ones(1, t, dtype=torch.int64)
         return out
 
-    def _forward(self, mb: dict[str, torch.Tensor]):
+    def _forward(self, mb: dict[str, torch.Tensor], pos: int):
+        """Log-probs ``[B, 1]`` of SDE window step ``pos`` under the current weights (with grad)
+        and, with ``kl_beta > 0``, the step's KL to the reference (scalar, summed over B)."""
         cond = Conditioning.from_tensors(mb).to(self.device)
         sampler = self.sampler.with_window(int(mb["window_start"][0]) if "window_start" in mb else None)
-        log_probs, results = sampler.window_log_probs(self.velocity_fn, mb["window_latents"], cond)
-        kl = None
-        if self.cfg.train.kl_beta > 0:
-            with torch.no_grad():
-                if self.lora:
-                    self.model.disable_adapters()
-                    try:
-                        _, ref_results = sampler.window_log_probs(self.velocity_fn, mb["window_latents"], cond)
-                    finally:
-                        self.model.enable_adapters()
-                else:
-                    ref_vf = self.family.make_velocity_fn(self.reference)
-                    _, ref_results = sampler.window_log_probs(ref_vf, mb["window_latents"], cond)
-            kl = sum(
-                kl_to_reference(
-                    r.mean, rr.mean.detach(), r.std_dev_t if self.cfg.train.kl_form == "flow_grpo" else r.std
-                )
-                for r, rr in zip(results, ref_results)
-            )
+        log_probs, results = sampler.window_log_probs(self.velocity_fn, mb["window_latents"], cond, [pos])
+        if self.cfg.train.kl_beta <= 0:
+            return log_probs, None
+        with torch.no_grad():
+            if self.lora:  # the reference is the policy without its adapter (no copy)
+                self.model.disable_adapters()
+                try:
+                    _, ref_results = sampler.window_log_probs(self.velocity_fn, mb["window_latents"], cond, [pos])
+                finally:
+                    self.model.enable_adapters()
+            else:
+                ref_vf = self.family.make_velocity_fn(self.reference)
+                _, ref_results = sampler.window_log_probs(ref_vf, mb["window_latents"], cond, [pos])
+        r, rr = results[0], ref_results[0]
+        kl = kl_to_reference(r.mean, rr.mean.detach(), r.std_dev_t if self.cfg.train.kl_form == "flow_grpo" else r.std)
         return log_probs, kl
 
     # ------------------------------------------------------------------ training
@@ -451,6 +464,7 @@ class FlowGRPOTrainer:
         dummy = None
         tally = _StepTally()
         for k, chunk in enumerate(_minibatches(micro_batches, self.cfg.train.steps_per_iteration)):
+            chunk = _split_micro_batches(chunk, self.cfg.train.micro_batch_size)
             local_count = sum(len(mb) for mb in chunk) * w
             (total_count,) = self._all_reduce([float(local_count)])
             (max_mbs,) = self._all_reduce([float(len(chunk))], op=dist.ReduceOp.MAX)
@@ -497,40 +511,46 @@ class FlowGRPOTrainer:
     ) -> float:
         """Forward, loss and backward of one minibatch's micro-batches; returns their max ratio deviation.
 
-        Runs ``n_passes`` passes (the MAX over ranks of the micro-batch count): the first
-        ``n_real`` are the micro-batches in ``real``; the rest repeat ``real[0]`` with a zero
-        loss so that every rank issues the same FSDP2 collectives. Gradients accumulate
-        (scaled by ``scale``); the local loss and ratio statistics are added into ``sums``.
+        Runs ``n_passes`` micro-batches (the MAX over ranks of the micro-batch count): the
+        first ``n_real`` are those in ``real``; the rest repeat ``real[0]`` with a zero loss so
+        that every rank issues the same FSDP2 collectives. Each micro-batch goes one SDE window
+        step at a time, as Flow-GRPO does: forward of step j, its loss, backward, the graph
+        freed, then step j + 1 (so activations of one step of one micro-batch are alive at
+        once; docs/memory.md). Every rank runs ``n_passes × sde_window_size`` forward/backward
+        passes. Gradients accumulate (scaled by ``scale``) until the caller's optimizer step;
+        the local loss and ratio statistics are added into ``sums``.
         """
         dev_k = 0.0
         for i in range(n_passes):
             padding = i >= n_real
             mb = real[0] if padding else real[i]
-            log_probs, kl = self._forward(mb)
-            if padding:
-                # Same collectives as a real pass, zero gradient (NaN-safe: no exp of garbage).
-                loss = torch.nan_to_num(log_probs).sum() * 0.0
-                if kl is not None:
-                    loss = loss + torch.nan_to_num(kl) * 0.0
-            else:
-                policy, stats = clipped_policy_loss(
-                    log_probs,
-                    mb["log_probs"],
-                    mb["advantages"],
-                    clip_range=self.cfg.train.clip_range,
-                    adv_clip_max=self.cfg.train.adv_clip_max,
-                )
-                loss = policy
-                if kl is not None:
-                    loss = loss + self.cfg.train.kl_beta * kl
-                    sums["kl"] += float(kl.detach())
-                sums["loss"] += float(loss.detach())
-                sums["ratio_sum"] += float(stats["ratio_sum"])
-                sums["clipped"] += float(stats["clipped"])
-                sums["approx_kl"] += float(stats["approx_kl"])
-                sums["count"] += float(stats["count"])
-                dev_k = max(dev_k, float(stats["ratio_max_dev"]))
-            (loss * scale).backward()
+            for pos in range(self.cfg.sampler.sde_window_size):
+                log_probs, kl = self._forward(mb, pos)
+                if padding:
+                    # Same collectives as a real pass, zero gradient (NaN-safe: no exp of garbage).
+                    loss = torch.nan_to_num(log_probs).sum() * 0.0
+                    if kl is not None:
+                        loss = loss + torch.nan_to_num(kl) * 0.0
+                else:
+                    policy, stats = clipped_policy_loss(
+                        log_probs,
+                        mb["log_probs"][:, pos : pos + 1],
+                        mb["advantages"],
+                        clip_range=self.cfg.train.clip_range,
+                        adv_clip_max=self.cfg.train.adv_clip_max,
+                    )
+                    loss = policy
+                    if kl is not None:
+                        loss = loss + self.cfg.train.kl_beta * kl
+                        sums["kl"] += float(kl.detach())
+                    sums["loss"] += float(loss.detach())
+                    sums["ratio_sum"] += float(stats["ratio_sum"])
+                    sums["clipped"] += float(stats["clipped"])
+                    sums["approx_kl"] += float(stats["approx_kl"])
+                    sums["count"] += float(stats["count"])
+                    dev_k = max(dev_k, float(stats["ratio_max_dev"]))
+                (loss * scale).backward()
+                del loss, log_probs, kl
         return dev_k
 
     def _optimizer_step(self, tally: _StepTally, *, iteration: int, minibatch: int) -> None:
@@ -864,7 +884,9 @@ def _leave_together(timeout_s: float = 10.0) -> None:
 def _init_process_group(args: argparse.Namespace) -> torch.device:
     """Pick this rank's device (``cuda:<rank mod GPUs>``, else the CPU) and join the process group.
 
-    NCCL on CUDA, gloo on the CPU; rank 0's TCP store listens on 127.0.0.1 only.
+    NCCL on CUDA, gloo on the CPU; rank 0's TCP store listens on 127.0.0.1 only. On CUDA the
+    group is bound to this rank's GPU (``device_id``): NCCL then creates its communicator on
+    that device at once instead of guessing one at the first collective.
     """
     from spotlight.workers.sp.rendezvous import bound_store
 
@@ -880,6 +902,7 @@ def _init_process_group(args: argparse.Namespace) -> torch.device:
         store=bound_store("127.0.0.1", args.master_port, args.rank, args.world_size, dist.constants.default_pg_timeout),
         rank=args.rank,
         world_size=args.world_size,
+        device_id=device if use_cuda else None,
     )
     return device
 

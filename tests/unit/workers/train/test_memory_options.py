@@ -66,3 +66,37 @@ def test_activation_checkpointing_default_follows_the_family(pg):
     assert tr.activation_checkpointing is False  # tiny: off
     for module in ("qwen_image", "flux", "sd3"):
         assert importlib.import_module(f"spotlight.models.families.{module}").FAMILY.activation_checkpointing is True
+
+
+def _count_backwards(monkeypatch) -> list[int]:
+    calls = [0]
+    backward = torch.Tensor.backward
+
+    def counting(self, *args, **kwargs):
+        calls[0] += 1
+        return backward(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "backward", counting)
+    return calls
+
+
+def test_micro_batches_accumulate_the_one_big_batch_gradient_and_stay_on_policy(pg, rollout, monkeypatch):
+    cfg = _cfg(micro_batch_size=1)
+    window = cfg.sampler.sde_window_size
+    big = _step(_cfg(), rollout, [list(range(6))])  # the whole rank batch in one forward per window step
+    backwards = _count_backwards(monkeypatch)
+    small = _step(cfg, rollout, ROLLOUT_MBS)  # 6 forwards of one sample per window step
+    # one backward per window step of every micro-batch: [3, 4, 5] was cut into three
+    assert backwards[0] == 6 * window
+    # the weights only change at the single optimizer step: every sample is on-policy
+    assert small["metrics"]["train/ratio_max_dev"] == 0.0
+    assert small["metrics"]["train/optimizer_steps"] == 1.0
+    assert _worst(small["grads"], big["grads"]) < 1e-6
+    assert small["metrics"]["train/loss"] == pytest.approx(big["metrics"]["train/loss"], abs=1e-7)
+
+
+def test_micro_batch_size_must_be_positive():
+    from spotlight.config import ConfigError
+
+    with pytest.raises(ConfigError, match="train.micro_batch_size"):
+        TrainConfig(micro_batch_size=0)
