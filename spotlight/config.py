@@ -902,8 +902,13 @@ def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 def config_to_dict(cfg: SpotlightConfig) -> dict[str, Any]:
-    """Plain dict (tuples as lists) suitable for TOML or JSON."""
-    return msgspec.to_builtins(cfg)
+    """Plain dict (tuples as lists) suitable for TOML or JSON. A field that is None (unset,
+    where None is its default) is left out: TOML has no null, and a missing field loads as its
+    default."""
+    return {
+        section: {k: v for k, v in fields.items() if v is not None} if isinstance(fields, dict) else fields
+        for section, fields in msgspec.to_builtins(cfg).items()
+    }
 
 
 def dump_config(cfg: SpotlightConfig, path: str | pathlib.Path) -> None:

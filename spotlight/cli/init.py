@@ -75,7 +75,10 @@ def _comment(text: str) -> list[str]:
 
 
 def _toml_value(key: str, value) -> str:
-    """``key = value`` on one line, the values as tomli-w writes them (arrays inline)."""
+    """``key = value`` on one line, the values as tomli-w writes them (arrays inline); a None
+    (unset) field as a comment, since TOML has no null and a missing field loads as None."""
+    if value is None:
+        return f"# {key} = (unset)"
     if isinstance(value, (list, tuple)):
         return f"{key} = [" + ", ".join(_toml_value("x", v).split(" = ", 1)[1] for v in value) + "]"
     return tomli_w.dumps({key: value}).strip()
@@ -105,7 +108,8 @@ def annotated_config(cfg: SpotlightConfig, header: list[str] | None = None) -> s
         for name in cls.__struct_fields__:
             doc = docs.get((cls.__name__, name), "")
             if values[name] != defaults[name]:
-                doc = (doc + "\n" if doc else "") + f"(default: {_toml_value(name, defaults[name]).split(' = ', 1)[1]})"
+                default = _toml_value(name, defaults[name]).split(" = ", 1)[1]
+                doc = (doc + "\n" if doc else "") + f"(default: {default})"
             out += ([""] + _comment(doc)) if doc else []
             out.append(_toml_value(name, values[name]))
         out.append("")

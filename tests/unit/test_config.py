@@ -333,3 +333,14 @@ def test_a_missing_prompt_file_names_the_config_file(tmp_path):
     with pytest.raises(ConfigError) as info:
         prompt_set_from_config(load_config(cfg).data, cfg)
     assert str(info.value) == f"{cfg}: data.prompts_path: file not found: {tmp_path / 'nope.txt'}", str(info.value)
+
+
+def test_unset_fields_round_trip_through_toml(tmp_path):
+    """A None field (unset: train.activation_checkpointing, train.micro_batch_size) is left out of
+    the TOML, which has no null, and loads back as None; a set one keeps its value."""
+    from spotlight.config import SpotlightConfig, TrainConfig, dump_config, load_config
+
+    for train in (TrainConfig(), TrainConfig(activation_checkpointing=False, micro_batch_size=3)):
+        cfg = SpotlightConfig(train=train)
+        dump_config(cfg, tmp_path / "c.toml")
+        assert load_config(tmp_path / "c.toml").train == train
