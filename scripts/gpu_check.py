@@ -52,8 +52,9 @@ The numbers in ``summary.json`` (seconds are wall-clock, bytes are bytes):
   (``serialize_s``), ``bytes_to_state_dict`` (``deserialize_s``) and a host→device copy
   (``h2d_s``); ``bytes_per_s`` = ``bytes`` / their sum (best of 3);
 * ``run.iterations[i]``: ``rollout_s``, ``train_s``, ``explore_s``, ``iteration_s``
-  (seconds, from the run's ``metrics.jsonl``), ``ratio_max_dev`` (must be exactly 0 on
-  iteration 0), ``version_bytes`` (bytes of the published version), ``reward_mean``;
+  (seconds, from the run's ``metrics.jsonl``), ``ratio_max_dev`` (on iteration 0 at most
+  ``run.ratio_tolerance``: :data:`BF16_RATIO_TOLERANCE` on CUDA, exactly 0 in the fp32 dry
+  run), ``version_bytes`` (bytes of the published version), ``reward_mean``;
   ``run.versions``: each ``tensor_store/weights/v<N>.safetensors`` with its size and
   whether every tensor is a LoRA tensor; ``run.wall_s``: seconds of ``spotlight up``;
 * ``phases_s``: seconds per phase; ``total_s``: seconds of the whole check.
@@ -228,6 +229,12 @@ SDE_WINDOW = 2
 NOISE_LEVEL = 1.2
 CLIP_RANGE = 1e-4
 ADV_CLIP_MAX = 5.0
+BF16_RATIO_TOLERANCE = 2**-6
+"""Largest first-iteration ``train/ratio_max_dev`` the run check accepts on CUDA (bf16): the
+trainer's recompute may take other kernels than the rollout, and bf16's 8-bit significand
+rounds each op by up to 2^-8 relative; four such roundings through a step of gain below 1
+bound |ratio − 1| by 2^-6 (derivation in docs/memory.md). To be confirmed by measurement on a
+GPU. The CPU dry run (fp32) still needs exactly 0."""
 KILL_GRACE_S = 30.0
 """Seconds ``spotlight up`` gets past its own ``--timeout-s`` before this script ends it."""
 
@@ -715,10 +722,13 @@ def distributed_run(report: dict, tmp: pathlib.Path, ckpt: pathlib.Path, sz: Siz
     )
     if rows:
         dev0 = rows[0].get("train/ratio_max_dev")
+        tol = 0.0 if report.get("mode") == "cpu-dry-run" else BF16_RATIO_TOLERANCE  # fp32 on the CPU: exact
+        run["ratio_tolerance"] = tol
         check(
             report,
-            dev0 == 0.0,
-            f"run: train/ratio_max_dev on iteration 0 is {dev0}, expected exactly 0 (on-policy ratio 1)",
+            dev0 is not None and 0.0 <= dev0 <= tol,
+            f"run: train/ratio_max_dev on iteration 0 is {dev0}, expected at most {tol:.3g} "
+            "(on-policy ratio 1 up to bf16 rounding: docs/memory.md)",
         )
         vb = rows[-1].get("weights/version_bytes") or 0
         check(report, vb > 0, "run: weights/version_bytes is 0")
@@ -805,7 +815,13 @@ def print_summary(report: dict) -> None:
             (
                 f"run iteration {it['iteration']}",
                 f"rollout {_fmt(it['rollout_s'], ' s')}, train {_fmt(it['train_s'], ' s')}, "
-                f"ratio_max_dev {it['ratio_max_dev']}, "
+                f"ratio_max_dev {it['ratio_max_dev']}"
+                + (
+                    f" (tolerance {run['ratio_tolerance']:.3g})"
+                    if it["iteration"] == 0 and "ratio_tolerance" in run
+                    else ""
+                )
+                + ", "
                 f"version {_fmt(it['version_bytes'], ' MiB', 1 / 2**20)}, reward {_fmt(it['reward_mean'], '', 1.0, 4)}",
             )
         )

@@ -420,6 +420,13 @@ class TrainConfig(_Section):
     mixed_precision: Literal["auto", "bf16", "fp32"] = "auto"
     """FSDP2 ``MixedPrecisionPolicy``: auto = bf16 parameters and compute with fp32 gradient
     reduction on CUDA, fp32 on the CPU."""
+    activation_checkpointing: bool | None = None
+    """Recompute each transformer block's activations in the backward instead of keeping them
+    (docs/memory.md); None = on for qwen-image, flux and sd3, off for the tiny family."""
+    micro_batch_size: int | None = None
+    """Most samples per training forward: a rollout batch larger than this is cut into pieces
+    whose gradients accumulate into the one optimizer step (docs/memory.md); None = one
+    forward per rollout batch."""
 
     def __post_init__(self) -> None:
         _check(self.learning_rate > 0, "train.learning_rate", "must be > 0")
@@ -432,6 +439,7 @@ class TrainConfig(_Section):
         _check(self.steps_per_iteration >= 1, "train.steps_per_iteration", "must be >= 1")
         _check(self.lora_rank >= 0, "train.lora_rank", "must be >= 0 (0 = full fine-tuning)")
         _check(self.lora_alpha >= 0, "train.lora_alpha", "must be >= 0 (0 = 2·lora_rank)")
+        _check(self.micro_batch_size is None or self.micro_batch_size >= 1, "train.micro_batch_size", "must be >= 1")
 
     @property
     def use_lora(self) -> bool:

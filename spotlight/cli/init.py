@@ -107,7 +107,8 @@ def annotated_config(cfg: SpotlightConfig, header: list[str] | None = None) -> s
         for name in cls.__struct_fields__:
             doc = docs.get((cls.__name__, name), "")
             if values[name] != defaults[name]:
-                doc = (doc + "\n" if doc else "") + f"(default: {_toml_value(name, defaults[name]).split(' = ', 1)[1]})"
+                default = _toml_value(name, defaults[name]).split(" = ", 1)[1]
+                doc = (doc + "\n" if doc else "") + f"(default: {default})"
             out += ([""] + _comment(doc)) if doc else []
             out.append(_toml_value(name, values[name]))
         out.append("")

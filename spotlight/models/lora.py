@@ -75,6 +75,33 @@ def add_lora(transformer: torch.nn.Module, spec: dict[str, Any], default_targets
     return n
 
 
+def initial_adapter_state(transformer: torch.nn.Module, spec: dict[str, Any], *, seed: int) -> dict[str, torch.Tensor]:
+    """The adapter's initial weights, full size, on the CPU, float32: peft's ``"gaussian"`` init
+    (``lora_A ~ N(0, 1/r)``, ``lora_B = 0``, so v0 is the base model) drawn from a generator
+    seeded with ``seed``, parameter by parameter in ``named_parameters`` order.
+
+    The values depend on nothing but ``seed`` and the adapter's names and shapes, so they are
+    the same on every rank, after a restart, and whether the adapter was added to a real or a
+    ``meta`` transformer (the Train Worker adds it to a meta one and loads these).
+
+    Raises:
+        SpotlightError: an adapter parameter that is neither ``lora_A`` nor ``lora_B``.
+    """
+    g = torch.Generator().manual_seed(seed)
+    std = 1.0 / float(spec["rank"])
+    out = {}
+    for name, p in transformer.named_parameters():
+        if "lora_" not in name:
+            continue
+        if ".lora_A." in name:
+            out[name] = torch.empty(tuple(p.shape)).normal_(0.0, std, generator=g)
+        elif ".lora_B." in name:
+            out[name] = torch.zeros(tuple(p.shape))
+        else:
+            raise SpotlightError(f"LoRA: unexpected adapter parameter {name}")
+    return out
+
+
 def is_lora(transformer: torch.nn.Module) -> bool:
     return any("lora_" in n for n, _ in transformer.named_parameters())
 

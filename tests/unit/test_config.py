@@ -345,3 +345,14 @@ def test_unset_optional_field_round_trips_through_toml(tmp_path):
     set_ = load_config(tmp_path / "a.toml", {"cluster.gpu_memory_gib": 80.0})
     dump_config(set_, tmp_path / "b.toml")
     assert load_config(tmp_path / "b.toml").cluster.gpu_memory_gib == 80.0
+
+
+def test_unset_fields_round_trip_through_toml(tmp_path):
+    """A None field (unset: train.activation_checkpointing, train.micro_batch_size) is left out of
+    the TOML, which has no null, and loads back as None; a set one keeps its value."""
+    from spotlight.config import SpotlightConfig, TrainConfig, dump_config, load_config
+
+    for train in (TrainConfig(), TrainConfig(activation_checkpointing=False, micro_batch_size=3)):
+        cfg = SpotlightConfig(train=train)
+        dump_config(cfg, tmp_path / "c.toml")
+        assert load_config(tmp_path / "c.toml").train == train

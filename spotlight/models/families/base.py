@@ -75,6 +75,8 @@ class ModelFamily(abc.ABC):
     default_lora_targets: ClassVar[tuple[str, ...]] = ()
     default_guidance_scale: ClassVar[float] = 1.0
     default_negative_prompt: ClassVar[str] = ""
+    activation_checkpointing: ClassVar[bool] = True
+    """Default of ``train.activation_checkpointing`` (None) for this family."""
 
     def __init__(self, cfg: ModelConfig):
         self.cfg = cfg
@@ -191,6 +193,46 @@ class ModelFamily(abc.ABC):
         import diffusers
 
         return getattr(diffusers, self.transformer_class)
+
+    def transformer_config(self) -> dict:
+        """The transformer's diffusers config (``transformer/config.json``; no weights load).
+
+        Raises:
+            ModelLoadError: no ``transformer/`` folder, an unreadable config, or a transformer of
+                another class.
+        """
+        d = self.component_dir("transformer")
+        config = read_json(d / "config.json")
+        found = config.get("_class_name")
+        if found is not None and found != self.transformer_class:
+            raise ModelLoadError(f"{d} holds a {found}, not a {self.transformer_class} ({self.name} family)")
+        return config
+
+    def transformer_weight_files(self) -> list[pathlib.Path]:
+        """The transformer's ``*.safetensors`` files (every shard of a sharded checkpoint), or
+        ``[]`` when it has none (a model built from config, or ``.bin`` weights: then only
+        :meth:`build_transformer` can load it)."""
+        return sorted(self.component_dir("transformer").glob("*.safetensors"))
+
+    def build_empty_transformer(self) -> torch.nn.Module:
+        """The transformer from its config with every parameter on the ``meta`` device (no
+        memory, no init), eval mode: what a Train Worker shards before it loads its shards.
+
+        Buffers and the plain tensors a module computes in ``__init__`` (diffusers keeps
+        Qwen-Image's RoPE tables that way, not as buffers, so no checkpoint holds them) stay
+        real, on the CPU: accelerate's ``init_empty_weights(include_buffers=False)``, the
+        context diffusers' own ``low_cpu_mem_usage`` loading uses. Under a bare
+        ``torch.device("meta")`` those tables would be meta too and nothing could fill them.
+
+        Raises:
+            ModelLoadError: as :meth:`transformer_config`.
+        """
+        from accelerate import init_empty_weights
+
+        config = self.transformer_config()
+        with init_empty_weights(include_buffers=False):
+            model = self.transformer_cls().from_config(config)
+        return model.eval()
 
     # ------------------------------------------------------------------ latents
     @property

@@ -155,6 +155,22 @@ class QwenImageFamily(ModelFamily):
             )
         return model.eval()
 
+    def transformer_config(self) -> dict:
+        """``transformer/config.json``, checked against the VAE (``in_channels = 4·z_dim``).
+
+        Raises:
+            ModelLoadError: as :meth:`build_transformer`, before any weight loads.
+        """
+        self._check_class("transformer", self.transformer_class)
+        config = super().transformer_config()
+        channels = self.latent_shape[1]
+        if int(config.get("in_channels", channels)) != channels:
+            raise ModelLoadError(
+                f"{self.path}: transformer in_channels={config.get('in_channels')} but the VAE's packed latents have "
+                f"4·z_dim={channels} channels"
+            )
+        return config
+
     # ------------------------------------------------------------------ latents
     @property
     def latent_shape(self) -> tuple[int, int]:

@@ -34,6 +34,7 @@ class TinyFamily(ModelFamily):
         "txt_mlp.net.2",
     )
     default_guidance_scale = 1.0
+    activation_checkpointing = False  # a few MB of activations: recomputing them only costs time
 
     def __init__(self, cfg, text_dim: int = TEXT_DIM):
         super().__init__(cfg)
@@ -95,6 +96,17 @@ class TinyFamily(ModelFamily):
     def build_transformer(self, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
         model = dit.build_transformer(self.cfg, self.text_dim)
         return model if dtype == torch.float32 else model.to(dtype)
+
+    def transformer_config(self) -> dict:
+        """The checkpoint's ``config.json`` (``model.source = "pretrained"``), else the constructor
+        arguments from the model section."""
+        if self.cfg.source == "pretrained":
+            return super().transformer_config()
+        return dit.transformer_kwargs(self.cfg, self.text_dim)
+
+    def transformer_weight_files(self):
+        """The pretrained folder's safetensors; none for a model built from config (seeded init)."""
+        return super().transformer_weight_files() if self.cfg.source == "pretrained" else []
 
     @property
     def latent_shape(self) -> tuple[int, int]:

@@ -528,8 +528,13 @@ class SPGroupMember:
 
     def _init_process_group(self, spec: GroupSpec) -> None:
         """Join ``spec``'s process group as ``self.rank`` (the rendezvous store listens on
-        ``spec.master_addr`` only)."""
+        ``spec.master_addr`` only); an NCCL group is bound to this worker's GPU (``device_id``)."""
         from spotlight.workers.sp.rendezvous import bound_store
+
+        device_id = None
+        if self.backend == "nccl":
+            index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+            device_id = torch.device("cuda", index)
 
         dist.init_process_group(
             self.backend,
@@ -543,6 +548,7 @@ class SPGroupMember:
             rank=self.rank,
             world_size=spec.world_size,
             timeout=datetime.timedelta(seconds=self.timeout_s),
+            device_id=device_id,
         )
 
     def leave(self) -> None:

@@ -26,8 +26,13 @@ same batch composition as the rollout, so on fresh samples the policy ratio is e
 Collective rules (FSDP2 issues one all-gather / reduce-scatter per block per
 forward/backward, so every rank must run the same number of them):
 
-* the local micro-batch count is all-reduced with MAX; a rank with fewer runs extra
-  forward/backward passes on its first micro-batch with the loss multiplied by 0;
+* a micro-batch is a rollout batch, cut into pieces of at most ``train.micro_batch_size``
+  rows; each runs one forward/backward pass per SDE window step (backward of step j before
+  the forward of step j + 1, as Flow-GRPO does), so a rank runs micro-batches × window steps
+  passes, with gradients accumulated into the minibatch's one optimizer step;
+* the local micro-batch count is all-reduced with MAX (the window size is the same on every
+  rank); a rank with fewer runs extra passes on its first micro-batch with the loss
+  multiplied by 0;
 * a rank with ZERO samples runs the same number of passes on a one-row dummy
   micro-batch of zeros (text mask of ones so attention stays finite) with weight 0;
 * the loss of every rank is divided by the element count (samples × window steps) of
@@ -39,7 +44,6 @@ forward/backward, so every rank must run the same number of them):
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 import json
 import logging
@@ -84,6 +88,58 @@ def _shard(model: torch.nn.Module, mesh, block_names: tuple[str, ...], mp_policy
             fully_shard(block, **kw)
     fully_shard(model, **kw)
     return model
+
+
+def _split_micro_batches(micro_batches: list[list[int]], size: int | None) -> list[list[int]]:
+    """Cut every micro-batch longer than ``size`` rows into consecutive pieces of ``size``
+    (the last may be shorter); None keeps the rollout micro-batches as they are. Rollout
+    micro-batches are never merged: a forward of the rollout's own batch reproduces its
+    log-probs bit for bit."""
+    if size is None:
+        return micro_batches
+    return [mb[i : i + size] for mb in micro_batches for i in range(0, len(mb), size)]
+
+
+def _is_meta(t: torch.Tensor) -> bool:
+    return (t.to_local() if hasattr(t, "to_local") else t).is_meta
+
+
+def _checkpoint_blocks(model: torch.nn.Module, block_names: tuple[str, ...]) -> None:
+    """Activation checkpointing per transformer block: each block's ``forward`` runs under
+    ``torch.utils.checkpoint.checkpoint(use_reentrant=False)``, so the backward recomputes the
+    block's activations from its inputs instead of keeping them (docs/memory.md).
+
+    Applied before ``fully_shard`` (the torchtitan order): FSDP2's hooks stay outside the
+    checkpointed region, so the recompute runs on the parameters FSDP2 unshards for the
+    block's backward. The block's ``forward`` is wrapped in place rather than the block in a
+    ``CheckpointWrapper``: parameter names (state dicts, published versions, DCP checkpoints)
+    stay those of the diffusers model.
+    """
+    import functools
+
+    from torch.utils.checkpoint import checkpoint
+
+    for name in block_names:
+        for block in getattr(model, name, []):
+            block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
+
+
+def _cast_params(model: torch.nn.Module, dtype_of) -> None:
+    """Give each (meta) parameter the dtype ``dtype_of(name)`` (buffers untouched)."""
+    for name, p in model.named_parameters():
+        p.data = p.data.to(dtype_of(name))
+
+
+def _set_full_state(model: torch.nn.Module, state_dict: dict[str, torch.Tensor]) -> None:
+    """``set_model_state_dict`` of rank 0's full tensors (``{}`` elsewhere) into ``model``'s shards. Collective."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
+    with warnings.catch_warnings():
+        # all-meta parameters make torch ask the process group for its device (its own deprecated call)
+        warnings.filterwarnings("ignore", message=r"`_get_pg_default_device` will be deprecated")
+        warnings.filterwarnings("ignore", message=r"Multiple backends are registered with this ProcessGroup")
+        set_model_state_dict(model, state_dict, options=opts)
 
 
 def _minibatches(micro_batches: list[list[int]], steps: int) -> list[list[list[int]]]:
@@ -136,13 +192,23 @@ class FlowGRPOTrainer:
             from their checkpoint).
         initial_state_dict: weights to start from instead of the family's (full fine-tuning).
 
+    Build (the torchtitan way, docs/memory.md): the transformer is built from its config with
+    every parameter on ``meta`` (:meth:`~spotlight.models.families.base.ModelFamily.build_empty_transformer`),
+    LoRA is added to it, ``fully_shard`` wraps each transformer block then the root, and only
+    then do the weights arrive, each rank receiving its own shards (:meth:`_load_weights`:
+    rank 0 reads the checkpoint file by file and ``set_model_state_dict`` broadcasts it with
+    ``broadcast_from_rank0``). No rank ever holds the whole model on its device.
+
     Precision: the master weights and optimizer state are float32. On CUDA (``train.mixed_precision``
     auto/bf16) FSDP2's ``MixedPrecisionPolicy`` runs forward/backward in bfloat16 with float32
     gradient reduction. Log-probs, ratios, advantages, KL and the loss are float32 (the sampler
     casts inside each step).
 
-    LoRA (``train.lora_rank > 0``): the base transformer is frozen, only the adapter trains and
-    is published; the KL reference is the same model with the adapter disabled (Flow-GRPO).
+    LoRA (``train.lora_rank > 0``): the base transformer is frozen (in the compute dtype: bf16
+    on CUDA), only the adapter trains (float32) and is published; the KL reference is the same
+    model with the adapter disabled (Flow-GRPO), no copy. Full fine-tuning with ``kl_beta > 0``:
+    the reference is a second meta-built model, sharded and loaded the same way, frozen, in
+    the compute dtype.
 
     The transformer stays in ``eval()`` mode (it has no dropout; this keeps the training
     forward bit-identical to the rollout forward).
@@ -168,15 +234,7 @@ class FlowGRPOTrainer:
         self.device = torch.device(device)
         self.text_dim = text_dim
         self.family = get_family(cfg.model, text_dim=text_dim)
-        model = self.family.build_transformer(torch.float32)
-        if initial_state_dict is not None:
-            model.load_state_dict(initial_state_dict)
-        self._diffusers_config = dict(model.config)
         self.lora = lora_spec(cfg.train)
-        if self.lora:
-            n = add_lora(model, self.lora, self.family.default_lora_targets, seed=cfg.model.init_seed)
-            log.info("LoRA r=%d α=%g: %d trainable parameters", self.lora["rank"], self.lora["alpha"], n)
-        model.to(self.device)
         self.compute_dtype = self._compute_dtype()
         mp_policy = None
         if self.compute_dtype != torch.float32:
@@ -186,11 +244,30 @@ class FlowGRPOTrainer:
         # Explicit mesh: on a GPU host FSDP2 would otherwise move CPU params to CUDA (pytorch#132471).
         self.mesh = init_device_mesh(self.device.type, (world_size,))
         blocks = self.family.block_names
+        # Build on meta, shard, then load the shards (class docstring): no rank ever holds
+        # the whole model in device memory, only rank 0 one checkpoint file at a time on the host.
+        model = self.family.build_empty_transformer()
+        self._diffusers_config = dict(model.config)
+        if self.lora:
+            n = add_lora(model, self.lora, self.family.default_lora_targets, seed=cfg.model.init_seed)
+            log.info("LoRA r=%d α=%g: %d trainable parameters", self.lora["rank"], self.lora["alpha"], n)
+            # the frozen base in the compute dtype (bf16 on CUDA), the adapter in fp32
+            _cast_params(model, lambda name: torch.float32 if "lora_" in name else self.compute_dtype)
+        ac = cfg.train.activation_checkpointing
+        self.activation_checkpointing = self.family.activation_checkpointing if ac is None else ac
+        if self.activation_checkpointing:
+            _checkpoint_blocks(model, blocks)
         self.reference = None
+        targets = [(model, None)]
         if cfg.train.kl_beta > 0 and not self.lora:
-            ref = copy.deepcopy(model).requires_grad_(False)
+            ref = self.family.build_empty_transformer().requires_grad_(False)
+            _cast_params(ref, lambda name: self.compute_dtype)  # frozen: the compute dtype is enough
             self.reference = _shard(ref, self.mesh, blocks, mp_policy)
+            targets.append((self.reference, self.compute_dtype))
         self.model = _shard(model, self.mesh, blocks, mp_policy)
+        self.was_meta_before_load = all(_is_meta(p) for p in self.model.parameters())
+        """Every parameter was on ``meta`` until :meth:`_load_weights` (tests check it)."""
+        self._load_weights(targets, initial_state_dict)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             self.params,
@@ -204,6 +281,90 @@ class FlowGRPOTrainer:
         self.velocity_fn = self.family.make_velocity_fn(self.model)
         self.steps_done = 0
         self.steps_skipped = 0
+
+    # ------------------------------------------------------------------ weights in
+    def _weight_chunks(self, initial_state_dict: dict[str, torch.Tensor] | None) -> list:
+        """Rank 0: loaders of the starting weights, one full (unsharded) CPU state dict each:
+        ``initial_state_dict``, else one per safetensors file of the checkpoint (a sharded
+        checkpoint never has to fit in memory at once), else the family's own
+        :meth:`~spotlight.models.families.base.ModelFamily.build_transformer` (the tiny family
+        built from config: seeded init; ``.bin`` weights). Each loader comes with its key names."""
+        from safetensors import safe_open
+        from safetensors.torch import load_file
+
+        if initial_state_dict is not None:
+            return [(lambda: initial_state_dict, set(initial_state_dict))]
+        files = self.family.transformer_weight_files()
+        if files:
+            chunks = []
+            for f in files:
+                with safe_open(str(f), framework="pt") as fh:
+                    keys = set(fh.keys())
+                chunks.append((lambda f=f: load_file(str(f)), keys))
+            return chunks
+        sd = self.family.build_transformer(torch.float32).state_dict()
+        return [(lambda: sd, set(sd))]
+
+    def _load_weights(self, targets: list, initial_state_dict: dict[str, torch.Tensor] | None) -> None:
+        """Fill the meta-built, already sharded ``targets`` (``(model, dtype or None)``: None =
+        the model's own parameter dtypes) with the starting weights. Collective.
+
+        Rank 0 reads the checkpoint, one safetensors file at a time, and
+        ``set_model_state_dict(..., StateDictOptions(full_state_dict=True,
+        broadcast_from_rank0=True))`` broadcasts it tensor by tensor; every rank keeps only its
+        own slice (other ranks pass ``{}``). Chosen over each rank reading its slices with
+        ``safe_open``: it needs no file system shared by the ranks, handles any sharding of the
+        checkpoint into files and any placement FSDP2 picks (uneven, padded shards), and the
+        key check and dtype cast happen once, on rank 0. Its cost is one full tensor at a time
+        in flight per rank, and one checkpoint file in rank 0's host memory.
+
+        LoRA: the adapter's initial weights (:func:`spotlight.models.lora.initial_adapter_state`:
+        seeded ``lora_A``, zero ``lora_B``) go the same way, so they are identical on every rank
+        and after a restart with the same ``model.init_seed``.
+
+        Raises:
+            ModelLoadError: the checkpoint's keys are not the transformer's (on every rank), or a
+                parameter is still unloaded afterwards.
+        """
+        from spotlight.models.families import ModelLoadError
+        from spotlight.models.lora import initial_adapter_state
+
+        model = self.model
+        names = list(model.state_dict())
+        # peft renames an adapted Linear's weight to ``….base_layer.weight``; checkpoints have ``….weight``
+        rename = {k.replace(".base_layer", ""): k for k in names if ".base_layer." in k}
+        dtypes = {k: v.dtype for k, v in model.state_dict().items()}
+        chunks, problem = [], ""
+        if self.rank == 0:
+            chunks = self._weight_chunks(initial_state_dict)
+            have = set().union(*(keys for _, keys in chunks))
+            want = {k.replace(".base_layer", "") for k in names if "lora_" not in k}
+            missing, unknown = sorted(want - have), sorted(have - want)
+            if missing or unknown:
+                problem = (
+                    f"{self.family.path}: the transformer's weights do not fit its config: "
+                    f"{len(missing)} missing (e.g. {missing[:3]}), {len(unknown)} unknown (e.g. {unknown[:3]})"
+                )
+        info = [len(chunks), problem]
+        dist.broadcast_object_list(info, src=0)
+        if info[1]:
+            raise ModelLoadError(info[1])
+        for i in range(int(info[0])):
+            sd = chunks[i][0]() if self.rank == 0 else {}
+            for target, dtype in targets:
+                part = {}
+                if self.rank == 0:
+                    for k, v in sd.items():
+                        key = rename.get(k, k) if target is model else k
+                        part[key] = v.to(dtype or dtypes[key])
+                _set_full_state(target, part)
+            del sd
+        if self.lora:
+            adapter = initial_adapter_state(model, self.lora, seed=self.cfg.model.init_seed) if self.rank == 0 else {}
+            _set_full_state(model, adapter)
+        unloaded = [n for target, _ in targets for n, p in target.named_parameters() if _is_meta(p)]
+        if unloaded:
+            raise ModelLoadError(f"{len(unloaded)} transformer parameters were not loaded, e.g. {unloaded[:3]}")
 
     # ------------------------------------------------------------------ helpers
     def _compute_dtype(self) -> torch.dtype:
@@ -245,28 +406,26 @@ class FlowGRPOTrainer:
             out["cond.mask"] = torch.ones(1, t, dtype=torch.int64)
         return out
 
-    def _forward(self, mb: dict[str, torch.Tensor]):
+    def _forward(self, mb: dict[str, torch.Tensor], pos: int):
+        """Log-probs ``[B, 1]`` of SDE window step ``pos`` under the current weights (with grad)
+        and, with ``kl_beta > 0``, the step's KL to the reference (scalar, summed over B)."""
         cond = Conditioning.from_tensors(mb).to(self.device)
         sampler = self.sampler.with_window(int(mb["window_start"][0]) if "window_start" in mb else None)
-        log_probs, results = sampler.window_log_probs(self.velocity_fn, mb["window_latents"], cond)
-        kl = None
-        if self.cfg.train.kl_beta > 0:
-            with torch.no_grad():
-                if self.lora:
-                    self.model.disable_adapters()
-                    try:
-                        _, ref_results = sampler.window_log_probs(self.velocity_fn, mb["window_latents"], cond)
-                    finally:
-                        self.model.enable_adapters()
-                else:
-                    ref_vf = self.family.make_velocity_fn(self.reference)
-                    _, ref_results = sampler.window_log_probs(ref_vf, mb["window_latents"], cond)
-            kl = sum(
-                kl_to_reference(
-                    r.mean, rr.mean.detach(), r.std_dev_t if self.cfg.train.kl_form == "flow_grpo" else r.std
-                )
-                for r, rr in zip(results, ref_results)
-            )
+        log_probs, results = sampler.window_log_probs(self.velocity_fn, mb["window_latents"], cond, [pos])
+        if self.cfg.train.kl_beta <= 0:
+            return log_probs, None
+        with torch.no_grad():
+            if self.lora:  # the reference is the policy without its adapter (no copy)
+                self.model.disable_adapters()
+                try:
+                    _, ref_results = sampler.window_log_probs(self.velocity_fn, mb["window_latents"], cond, [pos])
+                finally:
+                    self.model.enable_adapters()
+            else:
+                ref_vf = self.family.make_velocity_fn(self.reference)
+                _, ref_results = sampler.window_log_probs(ref_vf, mb["window_latents"], cond, [pos])
+        r, rr = results[0], ref_results[0]
+        kl = kl_to_reference(r.mean, rr.mean.detach(), r.std_dev_t if self.cfg.train.kl_form == "flow_grpo" else r.std)
         return log_probs, kl
 
     # ------------------------------------------------------------------ training
@@ -305,6 +464,7 @@ class FlowGRPOTrainer:
         dummy = None
         tally = _StepTally()
         for k, chunk in enumerate(_minibatches(micro_batches, self.cfg.train.steps_per_iteration)):
+            chunk = _split_micro_batches(chunk, self.cfg.train.micro_batch_size)
             local_count = sum(len(mb) for mb in chunk) * w
             (total_count,) = self._all_reduce([float(local_count)])
             (max_mbs,) = self._all_reduce([float(len(chunk))], op=dist.ReduceOp.MAX)
@@ -351,40 +511,46 @@ class FlowGRPOTrainer:
     ) -> float:
         """Forward, loss and backward of one minibatch's micro-batches; returns their max ratio deviation.
 
-        Runs ``n_passes`` passes (the MAX over ranks of the micro-batch count): the first
-        ``n_real`` are the micro-batches in ``real``; the rest repeat ``real[0]`` with a zero
-        loss so that every rank issues the same FSDP2 collectives. Gradients accumulate
-        (scaled by ``scale``); the local loss and ratio statistics are added into ``sums``.
+        Runs ``n_passes`` micro-batches (the MAX over ranks of the micro-batch count): the
+        first ``n_real`` are those in ``real``; the rest repeat ``real[0]`` with a zero loss so
+        that every rank issues the same FSDP2 collectives. Each micro-batch goes one SDE window
+        step at a time, as Flow-GRPO does: forward of step j, its loss, backward, the graph
+        freed, then step j + 1 (so activations of one step of one micro-batch are alive at
+        once; docs/memory.md). Every rank runs ``n_passes × sde_window_size`` forward/backward
+        passes. Gradients accumulate (scaled by ``scale``) until the caller's optimizer step;
+        the local loss and ratio statistics are added into ``sums``.
         """
         dev_k = 0.0
         for i in range(n_passes):
             padding = i >= n_real
             mb = real[0] if padding else real[i]
-            log_probs, kl = self._forward(mb)
-            if padding:
-                # Same collectives as a real pass, zero gradient (NaN-safe: no exp of garbage).
-                loss = torch.nan_to_num(log_probs).sum() * 0.0
-                if kl is not None:
-                    loss = loss + torch.nan_to_num(kl) * 0.0
-            else:
-                policy, stats = clipped_policy_loss(
-                    log_probs,
-                    mb["log_probs"],
-                    mb["advantages"],
-                    clip_range=self.cfg.train.clip_range,
-                    adv_clip_max=self.cfg.train.adv_clip_max,
-                )
-                loss = policy
-                if kl is not None:
-                    loss = loss + self.cfg.train.kl_beta * kl
-                    sums["kl"] += float(kl.detach())
-                sums["loss"] += float(loss.detach())
-                sums["ratio_sum"] += float(stats["ratio_sum"])
-                sums["clipped"] += float(stats["clipped"])
-                sums["approx_kl"] += float(stats["approx_kl"])
-                sums["count"] += float(stats["count"])
-                dev_k = max(dev_k, float(stats["ratio_max_dev"]))
-            (loss * scale).backward()
+            for pos in range(self.cfg.sampler.sde_window_size):
+                log_probs, kl = self._forward(mb, pos)
+                if padding:
+                    # Same collectives as a real pass, zero gradient (NaN-safe: no exp of garbage).
+                    loss = torch.nan_to_num(log_probs).sum() * 0.0
+                    if kl is not None:
+                        loss = loss + torch.nan_to_num(kl) * 0.0
+                else:
+                    policy, stats = clipped_policy_loss(
+                        log_probs,
+                        mb["log_probs"][:, pos : pos + 1],
+                        mb["advantages"],
+                        clip_range=self.cfg.train.clip_range,
+                        adv_clip_max=self.cfg.train.adv_clip_max,
+                    )
+                    loss = policy
+                    if kl is not None:
+                        loss = loss + self.cfg.train.kl_beta * kl
+                        sums["kl"] += float(kl.detach())
+                    sums["loss"] += float(loss.detach())
+                    sums["ratio_sum"] += float(stats["ratio_sum"])
+                    sums["clipped"] += float(stats["clipped"])
+                    sums["approx_kl"] += float(stats["approx_kl"])
+                    sums["count"] += float(stats["count"])
+                    dev_k = max(dev_k, float(stats["ratio_max_dev"]))
+                (loss * scale).backward()
+                del loss, log_probs, kl
         return dev_k
 
     def _optimizer_step(self, tally: _StepTally, *, iteration: int, minibatch: int) -> None:
@@ -723,7 +889,9 @@ def _leave_together(timeout_s: float = 10.0) -> None:
 def _init_process_group(args: argparse.Namespace) -> torch.device:
     """Pick this rank's device (``cuda:<rank mod GPUs>``, else the CPU) and join the process group.
 
-    NCCL on CUDA, gloo on the CPU; rank 0's TCP store listens on 127.0.0.1 only.
+    NCCL on CUDA, gloo on the CPU; rank 0's TCP store listens on 127.0.0.1 only. On CUDA the
+    group is bound to this rank's GPU (``device_id``): NCCL then creates its communicator on
+    that device at once instead of guessing one at the first collective.
     """
     from spotlight.workers.sp.rendezvous import bound_store
 
@@ -739,6 +907,7 @@ def _init_process_group(args: argparse.Namespace) -> torch.device:
         store=bound_store("127.0.0.1", args.master_port, args.rank, args.world_size, dist.constants.default_pg_timeout),
         rank=args.rank,
         world_size=args.world_size,
+        device_id=device if use_cuda else None,
     )
     return device
 
