@@ -431,8 +431,9 @@ def parked_message(sched: RequestScheduler, d: RolloutParked, prompts: Sequence[
     more = f" (and {len(d.request_ids) - 1} more)" if len(d.request_ids) > 1 else ""
     return (
         f"iteration {d.iteration + 1}: rollout request {req.request_id}{more} (prompt {req.prompt_index} "
-        f"{prompt[:80]!r}, seed {req.seed}) failed on {req.failures} workers (cluster.max_request_failures), "
-        f"last on {req.worker_id}: {req.error}; the update needs every rollout sample, so the run stops"
+        f"{prompt[:80]!r}, seed {req.seed}) failed {req.failures} times on {len(req.failed_on)} workers "
+        f"(cluster.max_request_failures), last on {req.worker_id}: {req.error}; "
+        "the update needs every rollout sample, so the run stops"
     )
 
 
