@@ -49,7 +49,7 @@ import numpy as np
 import torch
 
 from spotlight import protocol as P
-from spotlight.config import SpotlightConfig, dump_config
+from spotlight.config import STEP_CACHE_FAMILIES, SpotlightConfig, dump_config
 from spotlight.coordinator import recorder, resume
 from spotlight.coordinator.control_plane import ControlPlane
 from spotlight.coordinator.recorder import RunRecorder, format_progress
@@ -518,6 +518,8 @@ def build_core(cfg: SpotlightConfig, sched: RequestScheduler, seed_bank: SeedBan
     random.Random(cfg.data.shuffle_seed).shuffle(prompt_order)
     T = float(cfg.sampler.num_steps)
     options = profile.step_options() if profile else [StepOption(0.0, T, 1.0)]
+    if cfg.model.family not in STEP_CACHE_FAMILIES:  # a profile's cached arms cannot run (sd3: no First Block Cache)
+        options = [o for o in options if o.cache_threshold == 0] or [StepOption(0.0, T, 1.0)]
     bandit = mode != "off" and cfg.explore.planner == "bandit"
     return build_iteration_core(
         IterationSettings(
