@@ -345,6 +345,7 @@ def start_coordinator(run: UpRun, cond, token_counts: list[int] | None):
             bind=f"tcp://{run.reserved}",
             keys=server_keys,
             prompts=run.prompts,
+            prompt_metadata=run.prompt_set.metadata,
             cond=cond,
             progress=console.print,
             resume=run.resuming,

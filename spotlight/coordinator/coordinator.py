@@ -98,6 +98,8 @@ class Coordinator:
         bind: ZeroMQ endpoint to listen on for agents and ``spotlight status`` (CURVE).
         keys: the coordinator's keys and allow-list; None creates them in ``run_dir/keys``.
         prompts: the prompt set (N prompts).
+        prompt_metadata: each prompt's record fields (:attr:`spotlight.tasks.prompts.PromptSet.metadata`),
+            passed to the reward with its images; None = ``{}`` for every prompt.
         cond: its text conditioning from the model family (every tensor ``[N, …]``: ``embeds
             [N, T, D] float32``, ``mask [N, T]``, family extras such as pooled projections and
             the negative prompt for CFG); ``embeds`` and ``mask`` alone do for callers without.
@@ -120,6 +122,7 @@ class Coordinator:
         bind: str,
         keys: ServerKeys | None = None,
         prompts: list[str],
+        prompt_metadata: Sequence[dict] | None = None,
         cond: Conditioning | None = None,
         embeds: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
@@ -132,6 +135,9 @@ class Coordinator:
             raise ValueError(f"conditioning has {len(cond)} rows for {len(prompts)} prompts")
         self.cfg, self.run_dir, self.bind, self.keys = cfg, pathlib.Path(run_dir), bind, keys
         self.prompts, self.cond, self.progress, self.resume = prompts, cond, progress, resume
+        self.prompt_metadata = list(prompt_metadata) if prompt_metadata is not None else [{} for _ in prompts]
+        if len(self.prompt_metadata) != len(prompts):
+            raise ValueError(f"{len(self.prompt_metadata)} metadata records for {len(prompts)} prompts")
         self.tracker_kinds = tuple(trackers)
         self.sched = RequestScheduler(cfg.cluster.lease_timeout_s, max_failures=cfg.cluster.max_request_failures)
         self.instances = InstanceManager(cfg.cluster.heartbeat_timeout_s)
@@ -228,7 +234,7 @@ class Coordinator:
     def on_results(self, body: P.Result, completed: list, tensors: dict, now: float) -> None:
         """Keep the samples of a RESULT's completed requests, tell the core, and score them."""
         observe_step_times(self.step_times, self.instances.nodes.get(body.node_id), body, completed)
-        ids, images, prompts = [], [], []
+        ids, images, prompts, metadata = [], [], [], []
         for i, req in completed:
             slot, pidx = self.core.request_meta[req.request_id]
             s = Sample(
@@ -243,8 +249,9 @@ class Coordinator:
             ids.append(req.request_id)
             images.append(s.image.numpy())
             prompts.append(self.prompts[pidx])
+            metadata.append(self.prompt_metadata[pidx])
         if ids:
-            self.scorer.submit(ids, np.stack(images), prompts)
+            self.scorer.submit(ids, np.stack(images), prompts, metadata)
 
     # ------------------------------------------------------------ the serve loop
     def observation(self) -> CoreObservation:
