@@ -60,6 +60,14 @@ def resolve_path(path: str) -> pathlib.Path:
     return p
 
 
+STEP_CACHE_FAMILIES = frozenset({"tiny", "qwen-image", "flux"})
+"""Families whose transformer runs diffusers' First Block Cache (a ``CacheMixin`` whose blocks
+the hook handles): sd3's ``SD3Transformer2DModel`` is no ``CacheMixin`` and its last block is
+``context_pre_only``, so sd3 explores at full fidelity (tests check this against diffusers)."""
+TRUE_CFG_FAMILIES = frozenset({"qwen-image", "sd3"})
+"""Families with true classifier-free guidance, the only ones a negative prompt means anything to."""
+
+
 def _check(cond: bool, field: str, msg: str) -> None:
     if not cond:
         raise ConfigError(f"{field}: {msg}", field)
@@ -495,9 +503,9 @@ class ClusterConfig(_Section):
     """Most requests a Rollout Worker pulls (and denoises together) at once."""
     lease_timeout_s: float = 120.0
     max_request_failures: int = 3
-    """A request given back with an error by this many workers is parked (never run again):
-    an exploration request is dropped, a rollout request stops the run with its error
-    (docs/architecture.md §4). Preemptions and expired leases do not count."""
+    """A request given back with an error by this many workers (or twice as many times) is
+    parked, not run again: an exploration request is dropped, a rollout request stops the run
+    with its error (docs/architecture.md §4). Preemptions and expired leases do not count."""
     heartbeat_interval_s: float = 1.0
     heartbeat_timeout_s: float = 10.0
     """An agent silent for this long is marked dead; its leased requests are re-enqueued."""
@@ -782,6 +790,33 @@ class SpotlightConfig(_Section):
             "eval.prompts_path",
             "required with eval.every > 0 (the held-out prompts; only the shapes task has a default): "
             "set it, or eval.every = 0",
+        )
+        self._check_family_features()
+
+    def _check_family_features(self) -> None:
+        """Refuse the family x feature combinations the workers cannot run (docs/architecture.md §7)."""
+        fam, m, ex = self.model.family, self.model, self.explore
+        no_cache = f"family = '{fam}' has no First Block Cache (SD3Transformer2DModel is no CacheMixin"
+        no_cache += " and its last block is context_pre_only): exploration runs at full fidelity; use 0"
+        if fam not in STEP_CACHE_FAMILIES:
+            _check(ex.cache_threshold == 0, "explore.cache_threshold", no_cache)
+            _check(ex.num_steps in (0, self.sampler.num_steps), "explore.num_steps", no_cache)
+        if fam not in TRUE_CFG_FAMILIES:
+            _check(
+                not m.negative_prompt,
+                "model.negative_prompt",
+                f"family = '{fam}' has no true classifier-free guidance, so no negative prompt; leave it empty",
+            )
+        else:
+            _check(
+                not m.negative_prompt or m.guidance_scale != 1,
+                "model.negative_prompt",
+                "guidance_scale = 1 turns classifier-free guidance off, so the negative prompt would not be used",
+            )
+        _check(
+            fam != "tiny" or m.guidance_scale in (0, 1),
+            "model.guidance_scale",
+            "the tiny family has no classifier-free guidance; use 0 or 1",
         )
 
     @property

@@ -279,6 +279,7 @@ def encode_prompts(run: UpRun) -> tuple:
 
         try:
             token_counts = get_family(cfg.model).prompt_token_counts(run.prompts)
+            check_encodings(run, get_family(cfg.model), token_counts)
             cond = cached_conditioning(get_family(cfg.model), run.prompts, _cache_dir())
         except DiskSpaceError as exc:
             raise Stop(f"[red]error:[/red] {escape(str(exc))}") from None
@@ -288,6 +289,33 @@ def encode_prompts(run: UpRun) -> tuple:
                 f"{cfg.model.pretrained_path or '(built in)'}: {escape(str(exc))}"
             ) from None
     return cond, token_counts
+
+
+def check_encodings(run: UpRun, family, token_counts: list[int] | None) -> None:
+    """Refuse a prompt, or the negative prompt of true CFG, that the family's tokenizer encodes
+    to no tokens (the pipeline would fail on an empty sequence): one line naming the prompt
+    file's line, or ``model.negative_prompt``.
+
+    Raises:
+        Stop: as above.
+    """
+    from spotlight.config import TRUE_CFG_FAMILIES
+    from spotlight.tasks.prompts import empty_encoding_report
+
+    cfg = run.cfg
+    if token_counts is not None:
+        message = empty_encoding_report(run.prompt_set, token_counts, cfg.model.family)
+        if message:
+            raise Stop(f"[red]error:[/red] {escape(message)}")
+    if cfg.model.family in TRUE_CFG_FAMILIES and family.guidance_scale > 1:
+        (n,) = family.prompt_token_counts([family.negative_prompt]) or [1]
+        if n <= 0:
+            shown = "the default " if not cfg.model.negative_prompt else ""
+            raise Stop(
+                f"[red]error:[/red] model.negative_prompt: {shown}{family.negative_prompt!r} encodes to no tokens with "
+                f"the {cfg.model.family} checkpoint's tokenizer (classifier-free guidance encodes it for every "
+                'sample); set a negative prompt that has words, e.g. negative_prompt = "blurry, low quality"'
+            )
 
 
 def start_coordinator(run: UpRun, cond, token_counts: list[int] | None):
@@ -320,6 +348,7 @@ def start_coordinator(run: UpRun, cond, token_counts: list[int] | None):
             bind=f"tcp://{run.reserved}",
             keys=server_keys,
             prompts=run.prompts,
+            prompt_metadata=run.prompt_set.metadata,
             cond=cond,
             progress=console.print,
             resume=run.resuming,

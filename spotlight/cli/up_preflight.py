@@ -406,7 +406,7 @@ def _check_reward(run: UpRun) -> None:
         from spotlight.rewards.reward_fn import RewardError, RewardFn
 
         try:
-            RewardFn(cfg.reward).check_prompts(run.prompts)
+            RewardFn(cfg.reward).check_prompts(run.prompts, run.prompt_set.metadata)
         except RewardError as exc:
             source = cfg.data.prompts_path or "the GenEval set (examples/default/prompts)"
             raise Stop(

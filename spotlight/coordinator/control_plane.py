@@ -614,7 +614,10 @@ class ControlPlane:
             )
         for req in parked:
             self.requests_parked += 1
-            detail = f"{req.request_id} ({req.kind.value}) after {req.failures} failures, last on {req.worker_id}"
+            detail = (
+                f"{req.request_id} ({req.kind.value}) after {req.failures} failures on "
+                f"{len(req.failed_on)} workers, last on {req.worker_id}"
+            )
             self.events.append(now, "parked", body.node_id, f"{detail}: {req.error}"[:300])
             log.warning("request %s parked: %s", detail, req.error)
 

@@ -51,7 +51,7 @@ import numpy as np
 import torch
 
 from spotlight import protocol as P
-from spotlight.config import SpotlightConfig, dump_config
+from spotlight.config import STEP_CACHE_FAMILIES, SpotlightConfig, dump_config
 from spotlight.coordinator import evaluation, recorder, resume
 from spotlight.coordinator.control_plane import ControlPlane
 from spotlight.coordinator.recorder import RunRecorder, format_progress
@@ -101,6 +101,8 @@ class Coordinator:
         bind: ZeroMQ endpoint to listen on for agents and ``spotlight status`` (CURVE).
         keys: the coordinator's keys and allow-list; None creates them in ``run_dir/keys``.
         prompts: the prompt set (N prompts).
+        prompt_metadata: each prompt's record fields (:attr:`spotlight.tasks.prompts.PromptSet.metadata`),
+            passed to the reward with its images; None = ``{}`` for every prompt.
         cond: its text conditioning from the model family (every tensor ``[N, …]``: ``embeds
             [N, T, D] float32``, ``mask [N, T]``, family extras such as pooled projections and
             the negative prompt for CFG); ``embeds`` and ``mask`` alone do for callers without.
@@ -123,6 +125,7 @@ class Coordinator:
         bind: str,
         keys: ServerKeys | None = None,
         prompts: list[str],
+        prompt_metadata: Sequence[dict] | None = None,
         cond: Conditioning | None = None,
         embeds: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
@@ -135,6 +138,9 @@ class Coordinator:
             raise ValueError(f"conditioning has {len(cond)} rows for {len(prompts)} prompts")
         self.cfg, self.run_dir, self.bind, self.keys = cfg, pathlib.Path(run_dir), bind, keys
         self.prompts, self.cond, self.progress, self.resume = prompts, cond, progress, resume
+        self.prompt_metadata = list(prompt_metadata) if prompt_metadata is not None else [{} for _ in prompts]
+        if len(self.prompt_metadata) != len(prompts):
+            raise ValueError(f"{len(self.prompt_metadata)} metadata records for {len(prompts)} prompts")
         self.tracker_kinds = tuple(trackers)
         self.sched = RequestScheduler(cfg.cluster.lease_timeout_s, max_failures=cfg.cluster.max_request_failures)
         self.instances = InstanceManager(cfg.cluster.heartbeat_timeout_s)
@@ -242,7 +248,7 @@ class Coordinator:
     def on_results(self, body: P.Result, completed: list, tensors: dict, now: float) -> None:
         """Keep the samples of a RESULT's completed requests, tell the core, and score them."""
         observe_step_times(self.step_times, self.instances.nodes.get(body.node_id), body, completed)
-        ids, images, prompts = [], [], []
+        ids, images, prompts, metadata = [], [], [], []
         for i, req in completed:
             slot, pidx = self.core.request_meta[req.request_id]
             s = Sample(
@@ -257,8 +263,9 @@ class Coordinator:
             ids.append(req.request_id)
             images.append(s.image.numpy())
             prompts.append(self.prompts[pidx])
+            metadata.append(self.prompt_metadata[pidx])
         if ids:
-            self.scorer.submit(ids, np.stack(images), prompts)
+            self.scorer.submit(ids, np.stack(images), prompts, metadata)
 
     # ------------------------------------------------------------ the serve loop
     def observation(self) -> CoreObservation:
@@ -505,8 +512,9 @@ def parked_message(sched: RequestScheduler, d: RolloutParked, prompts: Sequence[
     more = f" (and {len(d.request_ids) - 1} more)" if len(d.request_ids) > 1 else ""
     return (
         f"iteration {d.iteration + 1}: rollout request {req.request_id}{more} (prompt {req.prompt_index} "
-        f"{prompt[:80]!r}, seed {req.seed}) failed on {req.failures} workers (cluster.max_request_failures), "
-        f"last on {req.worker_id}: {req.error}; the update needs every rollout sample, so the run stops"
+        f"{prompt[:80]!r}, seed {req.seed}) failed {req.failures} times on {len(req.failed_on)} workers "
+        f"(cluster.max_request_failures), last on {req.worker_id}: {req.error}; "
+        "the update needs every rollout sample, so the run stops"
     )
 
 
@@ -591,6 +599,8 @@ def build_core(cfg: SpotlightConfig, sched: RequestScheduler, seed_bank: SeedBan
     random.Random(cfg.data.shuffle_seed).shuffle(prompt_order)
     T = float(cfg.sampler.num_steps)
     options = profile.step_options() if profile else [StepOption(0.0, T, 1.0)]
+    if cfg.model.family not in STEP_CACHE_FAMILIES:  # a profile's cached arms cannot run (sd3: no First Block Cache)
+        options = [o for o in options if o.cache_threshold == 0] or [StepOption(0.0, T, 1.0)]
     bandit = mode != "off" and cfg.explore.planner == "bandit"
     return build_iteration_core(
         IterationSettings(

@@ -315,6 +315,7 @@ class Request:
     worker_id: str | None = None  # last/current leaseholder
     seq: int = 0  # submission order across the scheduler (FIFO tie-break)
     error: str = ""  # the reason of the last fail() (a worker's exception line)
+    failed_on: list[str] = field(default_factory=list)  # the distinct workers whose fail() counted
 
     @property
     def batch_key(self) -> tuple:
@@ -346,6 +347,7 @@ _REQUEST_FIELDS = (
     "worker_id",
     "seq",
     "error",
+    "failed_on",
 )
 assert tuple(f.name for f in dataclasses.fields(Request)) == _REQUEST_FIELDS
 
@@ -356,9 +358,11 @@ class RequestScheduler:
     Args:
         lease_timeout_s: seconds a lease lives without a ``renew``; a worker
             silent for longer is presumed dead and its requests re-run.
-        max_failures: after this many ``fail()`` reports for one request it is
-            PARKED (terminal, not re-enqueued) so a request that crashes every
-            worker cannot keep the fleet busy failing (``cluster.max_request_failures``).
+        max_failures: once this many distinct workers reported a ``fail()`` for one
+            request (or it failed ``2 * max_failures`` times, for a run with fewer
+            workers) it is PARKED (terminal, not re-enqueued), so a request that
+            crashes every worker cannot keep the fleet busy failing, while one broken
+            worker cannot park the requests it fails on (``cluster.max_request_failures``).
             ``None`` (default) re-enqueues forever. Expiry and worker release
             never count: preemption is not the request's fault.
     """
@@ -764,10 +768,14 @@ class RequestScheduler:
             return True
         req.failures += 1
         req.error = reason
-        park = self.max_failures is not None and req.failures >= self.max_failures
+        if req.worker_id not in req.failed_on:
+            req.failed_on.append(req.worker_id)
+        limit = self.max_failures
+        park = limit is not None and (len(req.failed_on) >= limit or req.failures >= 2 * limit)
         self._abort(req, now, f"failed on {req.worker_id}: {reason}", requeue=not park)
         if park:
-            self._transition(req, _PARKED, now, f"parked: failed on {req.failures} leases (max_failures)")
+            detail = f"parked: failed {req.failures} times on {len(req.failed_on)} workers (max_failures)"
+            self._transition(req, _PARKED, now, detail)
         return True
 
     def renew(self, worker_id: str, now: float) -> int:
@@ -1270,6 +1278,7 @@ def _request_to_json(r: Request) -> dict[str, Any]:
         "attempts": r.attempts,
         "failures": r.failures,
         "error": r.error,
+        "failed_on": list(r.failed_on),
         "committed_step": r.committed_step,
         "commit_key": r.commit_key,
         "worker_id": r.worker_id,
@@ -1295,6 +1304,7 @@ def _request_from_json(d: dict[str, Any]) -> Request:
         attempts=int(d["attempts"]),
         failures=int(d["failures"]),
         error=str(d.get("error", "")),
+        failed_on=[str(w) for w in d.get("failed_on", [])],
         committed_step=None if d["committed_step"] is None else int(d["committed_step"]),
         commit_key=d["commit_key"],
         worker_id=d["worker_id"],

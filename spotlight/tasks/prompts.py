@@ -279,6 +279,26 @@ def truncation_report(lengths: Sequence[int], max_tokens: int) -> tuple[int, str
     )
 
 
+def empty_encoding_report(prompt_set: PromptSet, lengths: Sequence[int], family: str) -> str:
+    """One line naming the first prompt the text encoder sees as no tokens at all, or "".
+
+    Args:
+        lengths: tokens of each prompt of ``prompt_set`` as the family's encoder counts them
+            (:meth:`~spotlight.models.families.base.ModelFamily.prompt_token_counts`, the template's
+            dropped prefix not counted): 0 or less means the pipeline would get an empty sequence.
+        family: ``model.family``, named by the message.
+    """
+    empty = [i for i, n in enumerate(lengths) if n <= 0]
+    if not empty:
+        return ""
+    i = empty[0]
+    more = f" ({len(empty) - 1} more prompts likewise)" if len(empty) > 1 else ""
+    return (
+        f"{prompt_set.path}:{prompt_set.lines[i]}: prompt {prompt_set.prompts[i][:80]!r} encodes to no tokens with "
+        f"the {family} checkpoint's tokenizer{more}; reword it or remove it"
+    )
+
+
 def _text_rows(p: pathlib.Path, text: str) -> list[_Row]:
     lines = text.splitlines()
     first = next(((n, line) for n, line in enumerate(lines, 1) if line.strip()), None)

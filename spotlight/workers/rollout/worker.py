@@ -82,8 +82,8 @@ def events_enabled() -> bool:
 
 
 FAIL_PROMPTS_ENV = "SPOTLIGHT_TEST_FAIL_PROMPTS"
-"""Test hook: comma-separated prompt indices, each optionally ``rollout:`` or ``explore:``
-prefixed; a batch holding a request of such a prompt (and kind) raises ``RuntimeError`` before
+"""Test hook: comma-separated prompt indices (``*``: every prompt), each optionally ``rollout:``
+or ``explore:`` prefixed; a batch holding a request of such a prompt (and kind) raises ``RuntimeError`` before
 it denoises. Unset (always, outside tests) = no planted failures."""
 
 
@@ -99,9 +99,9 @@ def planted_failure(items: list[P.LeaseItem], spec: str | None = None) -> None:
     wanted = set()
     for part in spec.split(","):
         kind, _, index = part.strip().rpartition(":")
-        wanted.add((kind or "*", int(index)))
+        wanted.add((kind or "*", index if index == "*" else int(index)))
     for it in items:
-        if ("*", it.prompt_index) in wanted or (it.kind, it.prompt_index) in wanted:
+        if {(k, i) for k in ("*", it.kind) for i in ("*", it.prompt_index)} & wanted:
             raise RuntimeError(f"planted failure for prompt {it.prompt_index} ({FAIL_PROMPTS_ENV})")
 
 
@@ -113,7 +113,7 @@ class FailureStreak:
     from ``base_s`` up to ``max_s``), instead of failing as fast as it can pull. A batch that
     succeeds ends the streak. Pure: the process loop sleeps."""
 
-    def __init__(self, unhealthy_after: int = 3, base_s: float = 1.0, max_s: float = 30.0):
+    def __init__(self, unhealthy_after: int = 3, base_s: float = 0.5, max_s: float = 5.0):
         self.unhealthy_after, self.base_s, self.max_s = unhealthy_after, base_s, max_s
         self.count = 0
 

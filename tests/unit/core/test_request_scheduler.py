@@ -332,10 +332,11 @@ def test_max_failures_counts_only_reported_failures():
     (l,) = sched.pull("w", is_spot=True, max_requests=1, now=6.0)
     sched.fail(rid, l.lease_id, reason="x", now=6.5)
     assert sched.get(rid).status is S.PENDING
-    (l,) = sched.pull("w", is_spot=True, max_requests=1, now=7.0)
+    (l,) = sched.pull("v", is_spot=True, max_requests=1, now=7.0)
     sched.fail(rid, l.lease_id, reason="y", now=7.5)
     req = sched.get(rid)
-    assert req.status is S.PARKED and req.failures == 2 and req.error == "y" and req.worker_id == "w"
+    assert req.status is S.PARKED and req.failures == 2 and req.error == "y" and req.worker_id == "v"
+    assert req.failed_on == ["w", "v"]
     assert sched.is_finished(iteration=0, kind=R) and sched.num_outstanding() == 0
     assert sched.counts(iteration=0)[S.PARKED] == 1
 
@@ -836,3 +837,21 @@ def test_a_batch_that_raised_is_rerun_one_by_one_so_only_the_culprit_is_parked()
         k += 1
     st = {r: sched.get(r).status for r in ids}
     assert st == {r: (S.PARKED if r == bad else S.DONE) for r in ids}
+
+
+def test_one_broken_worker_does_not_park_what_it_fails_on():
+    """max_failures counts distinct workers: a request one worker fails on again and again runs
+    on another; only 2 * max_failures failures park it without that many workers."""
+    sched = make(max_failures=3)
+    (a, b) = submit(sched, n=2)
+    for k in range(5):
+        (l,) = sched.pull("broken", is_spot=True, max_requests=1, now=float(k))
+        assert l.request_id == a
+        sched.fail(a, l.lease_id, reason="CUDA error", now=float(k))
+    assert sched.get(a).status is S.PENDING and sched.get(a).failed_on == ["broken"]
+    (l,) = sched.pull("good", is_spot=True, max_requests=1, now=9.0)
+    assert l.request_id == a and sched.complete(a, l.lease_id, 9.5)
+    for k in range(6):  # a run with one worker: the loop still ends, at 2 * max_failures
+        (l,) = sched.pull("only", is_spot=True, max_requests=1, now=10.0 + k)
+        sched.fail(b, l.lease_id, reason="boom", now=10.0 + k)
+    assert sched.get(b).status is S.PARKED and sched.get(b).failures == 6

@@ -29,6 +29,9 @@ def test_planted_failure_matches_prompt_and_kind():
     planted_failure([_item(0, 3, "rollout")], "explore:3")
     with pytest.raises(RuntimeError):
         planted_failure([_item(0, 3, "explore")], "explore:3, 7")
+    planted_failure([_item(0, 3, "rollout")], "explore:*")
+    with pytest.raises(RuntimeError):
+        planted_failure([_item(0, 9, "explore")], "explore:*")
 
 
 def test_failure_streak_backs_off_doubling_and_resets():
