@@ -78,7 +78,8 @@ class Rehearsal:
         self.facts: dict = {"recipe": recipe, "port": self.port, "nodes": [], "preempted": None}
         self.env = dict(os.environ, HOME=str(self.home), PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
         self.env["PATH"] = f"{work / 'bin'}:{pathlib.Path(sys.executable).parent}:{self.env.get('PATH', '')}"
-        self.env.pop("CUDA_VISIBLE_DEVICES", None)
+        for name in ("CUDA_VISIBLE_DEVICES", "SPOTLIGHT_AGENT_STATE", "SPOTLIGHT_KEYS", "SPOTLIGHT_VENV"):
+            self.env.pop(name, None)
         self.state = self.home / ".local" / "state" / "spotlight-agent"  # the agents' default state dir
         self.config = work / "run.toml"
         self.config.write_text(f"[run]\niterations = {iterations}\nsample_grid_every = 0\ntrackers = []\n")
@@ -270,9 +271,36 @@ class Rehearsal:
                 pass
         return out
 
+    KEY = {
+        "spotlight up": "coordinator",
+        "train_worker": "trainer",
+        "agent.main": "agent",
+        "spotlight-agent": "agent",
+        "rollout.worker": "worker",
+    }
+
+    def key_processes_except(self, victim: str) -> dict[int, str]:
+        """The coordinator, Train Worker, agent and Rollout Worker processes (pid: what) of every
+        started process but ``victim``."""
+        import psutil
+
+        out = {}
+        for name, proc in self.procs.items():
+            if name == victim:
+                continue
+            try:
+                root = psutil.Process(proc.pid)
+                for p in [root, *root.children(recursive=True)]:
+                    cmd = " ".join(p.cmdline())
+                    what = next((w for k, w in self.KEY.items() if k in cmd), None)
+                    if what and p.status() != psutil.STATUS_ZOMBIE:
+                        out[p.pid] = what
+            except psutil.Error:
+                pass
+        return out
+
     def preempt(self, index: int) -> None:
         """Take spot node ``index`` away the recipe's way and start its replacement."""
-        import psutil
 
         victim = self.facts["nodes"][index]
         rd = self._run_dir()
@@ -281,7 +309,7 @@ class Rehearsal:
         trainers = _wait(self.trainers, "the Train Workers")
         for pid in trainers:
             os.kill(pid, signal.SIGSTOP)  # hold the run: it cannot end while the node is swapped
-        others = {n: self.procs[n].pid for n in self.procs if n != f"agent-{index}"}
+        others = self.key_processes_except(f"agent-{index}")
         try:
             if self.recipe == "skypilot":
                 from spotlight.cloud.mock_metadata import control
@@ -298,12 +326,9 @@ class Rehearsal:
             new = self.start_agent(index, restart=1)
             _wait(lambda: self.serving(new), f"the replacement {new} to serve")
             self.facts["preempted"]["replacement"] = new
-            alive = [pid for pid in [*trainers, *others.values()] if psutil.pid_exists(pid)]
-            self.facts["kept_running"] = {
-                "processes": others,
-                "trainers": trainers,
-                "all_alive": len(alive) == len(trainers) + len(others),
-            }
+            now = self.key_processes_except(f"agent-{index}")
+            gone = {pid: what for pid, what in others.items() if pid not in now}
+            self.facts["kept_running"] = {"processes": others, "gone": gone, "all_alive": not gone and bool(others)}
         finally:
             for pid in trainers:
                 try:
