@@ -271,12 +271,12 @@ class Rehearsal:
                 pass
         return out
 
-    KEY = {
-        "spotlight up": "coordinator",
+    KEY = {  # first match wins: a worker's command line names its agent's socket directory
+        "rollout.worker": "worker",
         "train_worker": "trainer",
+        "spotlight up": "coordinator",
         "agent.main": "agent",
         "spotlight-agent": "agent",
-        "rollout.worker": "worker",
     }
 
     def key_processes_except(self, victim: str) -> dict[int, str]:
