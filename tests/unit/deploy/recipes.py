@@ -17,7 +17,7 @@ RECIPE_FILES = sorted(
 PROGRAMS = ("spotlight", "spotlight-agent")
 
 _START = re.compile(r"(?:^|(?<=[\s;&|(\"'\[]))(spotlight(?:-agent)?)\s+(?=[a-z])")
-_END = re.compile(r";|\s(?:&&|\|\||[&|])|\s*&$|\)\s*[:.,]?\s*$|`")
+_END = re.compile(r";|\s(?:&&|\|\||[&|<>])|\s*&$|\)\s*[:.,]?\s*$|`")
 
 
 def _substitute(text: str, env: dict[str, str] | None = None) -> str:
@@ -30,6 +30,7 @@ def _substitute(text: str, env: dict[str, str] | None = None) -> str:
         prev = text
         text = re.sub(r"\$\(\(([^()]*)\)\)", "1", text)
         text = re.sub(r"\$\(([^()]*)\)", "0", text)
+    text = re.sub(r"\$\{[A-Za-z_][A-Za-z0-9_]*:\+[^}]*\}", "", text)  # ${X:+word}: X unset
     text = re.sub(r"\$\{[A-Za-z_][A-Za-z0-9_]*:-([^}]*)\}", lambda m: m.group(1) or "1", text)
     text = re.sub(r"\$\{[^}]*\}", "1", text)
     return re.sub(r"\$[A-Za-z_][A-Za-z0-9_]*", "1", text)
