@@ -52,14 +52,17 @@ class Panel:
     prompts: list[str]
     seeds: list[int]
     tags: list[str]
+    metadata: list[dict] = dataclasses.field(default_factory=list)
+    """Per row, its prompt's record fields from the prompt file (sent to the reward with each image)."""
 
     @property
     def unique_prompts(self) -> list[str]:
         return list(dict.fromkeys(self.prompts))
 
 
-def eval_prompts(cfg: SpotlightConfig) -> list[str]:
-    """The first ``eval.num_prompts`` prompts of ``eval.prompts_path`` (or the shapes test set).
+def eval_prompts(cfg: SpotlightConfig) -> tuple[list[str], list[dict]]:
+    """The first ``eval.num_prompts`` prompts of ``eval.prompts_path`` (or the shapes test set),
+    and their records' other fields.
 
     Raises:
         ConfigError: the file is missing, malformed or empty.
@@ -68,14 +71,16 @@ def eval_prompts(cfg: SpotlightConfig) -> list[str]:
     from spotlight.tasks.shapes import world
 
     path = resolve_path(cfg.eval.prompts_path) if cfg.eval.prompts_path else world.TEST_PROMPTS_PATH
-    return load_prompt_set(path, source="eval.prompts_path").prompts[: cfg.eval.num_prompts]
+    ps = load_prompt_set(path, source="eval.prompts_path")
+    n = cfg.eval.num_prompts
+    return ps.prompts[:n], [dict(m) for m in ps.metadata[:n]]
 
 
 def build_panel(cfg: SpotlightConfig) -> Panel:
     """:class:`Panel` of ``cfg`` (see the module docstring)."""
     from spotlight.tasks.shapes.evaluate import EVAL_SEED_BASE
 
-    prompts = eval_prompts(cfg)
+    prompts, meta = eval_prompts(cfg)
     tags = [""] * len(prompts)
     if cfg.reward.kind == "geneval_shapes":
         from spotlight.tasks.shapes import geneval
@@ -86,6 +91,7 @@ def build_panel(cfg: SpotlightConfig) -> Panel:
         prompts=[p for p in prompts for _ in range(k)],
         seeds=[EVAL_SEED_BASE + j for _ in prompts for j in range(k)],
         tags=[t for t in tags for _ in range(k)],
+        metadata=[m for m in meta for _ in range(k)],
     )
 
 
@@ -146,7 +152,7 @@ def score_panel(cfg: SpotlightConfig, images: np.ndarray, panel: Panel) -> tuple
     ``eval/strict/<kind>`` and ``eval/partial``."""
     from spotlight.rewards.reward_fn import RewardFn
 
-    rewards = RewardFn(cfg.reward)(images, panel.prompts)
+    rewards = RewardFn(cfg.reward)(images, panel.prompts, panel.metadata or None)
     out = {"eval/score": float(np.mean(rewards)), "eval/num_images": float(len(panel.prompts))}
     if cfg.reward.kind == "geneval_shapes":
         from spotlight.tasks.shapes import geneval

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import types
-
 import pytest
 
 from spotlight.config import config_from_dict
@@ -58,15 +56,11 @@ def test_full_fine_tuning_by_hand():
 
 
 def test_lora_micro_batch_without_checkpointing_and_a_shared_rollout_gpu():
-    cfg = _cfg(train={"lora_rank": 8}, cluster={"reserved_rollout_gpus": [0]})
-    # micro_batch_size and activation_checkpointing are read when the config has them
-    train = types.SimpleNamespace(
-        **{f: getattr(cfg.train, f) for f in cfg.train.__struct_fields__},
-        micro_batch_size=1,
-        activation_checkpointing=False,
+    cfg = _cfg(
+        train={"lora_rank": 8, "micro_batch_size": 1, "activation_checkpointing": False},
+        cluster={"reserved_rollout_gpus": [0]},
     )
-    view = types.SimpleNamespace(**{f: getattr(cfg, f) for f in cfg.__struct_fields__} | {"train": train})
-    plan = plan_memory(view, SIZE)
+    plan = plan_memory(cfg, SIZE)
     T = SIZE.lora_params
     tokens = 1 * 2 * 2 * 32
     assert plan.tokens_per_micro_batch == tokens and not plan.activation_checkpointing

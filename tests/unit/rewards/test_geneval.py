@@ -150,12 +150,27 @@ def test_scorer_on_a_real_server_with_a_tiny_detector_and_clip(tiny_detector, tm
     rng = np.random.default_rng(0)
     images = [b64(rng.integers(0, 255, (64, 64, 3), dtype=np.uint8)) for _ in range(2)]
     with running(multi) as server:
-        r = requests.post(server.url, json={"images": images, "prompts": ["a dog", "a red car"]}, timeout=60)
+        r = requests.post(
+            server.url,
+            json={"version": 2, "images": images, "prompts": ["a dog", "a red car"], "metadata": [{}, {}]},
+            timeout=60,
+        )
         assert r.status_code == 200, r.text
         rewards = r.json()["rewards"]
         assert len(rewards) == 2 and all(0.0 <= v <= 1.0 for v in rewards)
-        r = requests.post(server.url, json={"images": images[:1], "prompts": ["nobody described this"]}, timeout=60)
+        r = requests.post(
+            server.url,
+            json={"version": 2, "images": images[:1], "prompts": ["nobody described this"], "metadata": [{}]},
+            timeout=60,
+        )
         assert r.status_code == 500 and "no GenEval metadata" in r.json()["error"]
+        meta = SINGLE | {"prompt": "nobody described this"}  # the record on the wire is used first
+        r = requests.post(
+            server.url,
+            json={"version": 2, "images": images[:1], "prompts": ["nobody described this"], "metadata": [meta]},
+            timeout=60,
+        )
+        assert r.status_code == 200, r.text
 
 
 def test_missing_detector_is_one_clear_error(tmp_path):
