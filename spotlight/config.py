@@ -705,8 +705,9 @@ class GuardConfig(_Section):
     action: Literal["warn", "stop"] = "warn"
     """``warn``: console, event log and ``spotlight status``; ``stop``: also stop the run (resumable
     from the last checkpoint with ``--resume-existing``)."""
-    baseline_iterations: int = 2
-    """Iterations whose image statistics are the baseline."""
+    baseline_iterations: int = 1
+    """Iterations whose image statistics are the baseline (1: iteration 1's rollouts, sampled by
+    the base model's weights v0; a later iteration's samples already come from trained weights)."""
     patience: int = 2
     """Consecutive iterations a bound must be crossed before an image, KL or clip-fraction alert."""
     heldout_drop: float = 0.1

@@ -36,7 +36,7 @@ IMAGE_STATS = ("image/speckle", "image/hf_energy", "image/saturation", "image/co
 class GuardSettings:
     """Bounds of the guard (the ``[guard]`` config section carries the same fields)."""
 
-    baseline_iterations: int = 2
+    baseline_iterations: int = 1
     patience: int = 2
     heldout_drop: float = 0.1
     speckle_rise: float = 0.10

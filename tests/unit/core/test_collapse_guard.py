@@ -116,3 +116,16 @@ def test_config_fields_are_the_core_settings():
     cfg = GuardConfig()
     for f in dataclasses.fields(GuardSettings):
         assert getattr(cfg, f.name) == f.default
+
+
+# measured: `python benchmarks/collapse_guard.py --iterations 12 --eval-every 2` (benchmarks/RESULTS.md)
+SPECKLE_LR3E4_NO_KL = [0.016, 0.358, 0.623, 0.73, 0.787, 0.83, 0.854, 0.87, 0.88, 0.89, 0.894, 0.901]
+SPECKLE_DEFAULT = [0.016, 0.032, 0.094, 0.177, 0.238, 0.279, 0.305, 0.319, 0.341, 0.34, 0.357, 0.365]
+
+
+def test_the_measured_collapse_fires_by_iteration_3_with_the_base_model_as_baseline():
+    got = _run(_rows(image__speckle=SPECKLE_LR3E4_NO_KL), GuardSettings())
+    assert [(a.kind, a.iteration + 1) for a in got] == [("image_drift", 3)]
+    # the default recipe's images degrade too, more slowly: the guard says so two iterations later
+    got = _run(_rows(image__speckle=SPECKLE_DEFAULT), GuardSettings())
+    assert [(a.kind, a.iteration + 1) for a in got] == [("image_drift", 5)]
