@@ -67,6 +67,8 @@ from agent.preemption import (
     revoke_notice,
     sigterm_notice,
 )
+from agent.revocations import revocation_changes
+from agent.visibility import visibility_error, worker_visible_devices
 from agent.weight_cache import WeightCache
 from spotlight import protocol as P
 from spotlight.net.agent_paths import control_endpoint, state_dir
@@ -224,6 +226,11 @@ class AgentDaemon:
         weights_dir: the node's weight-version cache (one file per version, emptied at start;
             default ``<state dir>/weights``): a local disk with room for
             :data:`MAX_CACHED_WEIGHTS` versions.
+        revoked_gpus_file: the scheduler's revoked-GPUs file, read on SIGUSR1
+            (:mod:`agent.revocations`; default ``<state dir>/revoked-gpus``).
+        visible_devices: the agent's own ``CUDA_VISIBLE_DEVICES`` (default: read from its
+            environment); ``gpus`` are indices into it, and each worker gets its own device
+            (:mod:`agent.visibility`).
     """
 
     def __init__(
@@ -242,7 +249,10 @@ class AgentDaemon:
         coordinator_timeout_s: float = 600.0,
         warm_spare: bool = True,
         weights_dir: pathlib.Path | None = None,
+        visible_devices: str | None = None,
+        revoked_gpus_file: pathlib.Path | None = None,
     ):
+        self.visible_devices = os.environ.get("CUDA_VISIBLE_DEVICES") if visible_devices is None else visible_devices
         self.endpoint = coordinator if "://" in coordinator else f"tcp://{coordinator}"
         self.node_id = node_id or f"{socket.gethostname()}-{os.getpid()}"
         self.is_spot = is_spot
@@ -286,6 +296,11 @@ class AgentDaemon:
         self._detector_thread = DetectorThread(self.detector, self._detector_q, poll_interval_s)
         self._pending_ack: list[PreemptionNotice] = []
         self._signal_notices: queue.Queue = queue.Queue()
+        self.shutting_down = False  # in shutdown(): a second SIGTERM changes nothing then
+        self.stopped_by = 0  # the signal that stopped the agent at once (a second SIGTERM), if any
+        self.revoked_gpus_file = revoked_gpus_file or state_dir(self.node_id, create=False) / "revoked-gpus"
+        self.revocations_due = threading.Event()  # set by SIGUSR1: read revoked_gpus_file
+        self._file_revoked: set[int] = set()  # GPUs taken back through that file
         self.control = self.ctx.socket(zmq.REP)
         self.control.setsockopt(zmq.LINGER, 0)
 
@@ -687,7 +702,8 @@ class AgentDaemon:
         up has a head start), else a fresh process starts."""
         wid, gpus = action.worker_id, list(action.gpus)
         env = scrubbed_env()  # workers never authenticate: no credentials in their environment
-        env.setdefault("CUDA_VISIBLE_DEVICES", ",".join(map(str, gpus)))
+        # its own device only, whatever the agent sees (Slurm and container runtimes set the agent's)
+        env["CUDA_VISIBLE_DEVICES"] = worker_visible_devices(gpus, self.visible_devices)
         self.worker_logs[wid] = log_mark(f"worker-{wid}", env)
         proc = self._hand_to_spare(wid, gpus, env) if action.from_spare else None
         spare_pid = proc.pid if proc is not None else 0
@@ -945,6 +961,32 @@ class AgentDaemon:
                 self.on_notice(self._signal_notices.get_nowait())
             except queue.Empty:
                 break
+        if self.revocations_due.is_set() and not self.draining:
+            self.revocations_due.clear()
+            self.apply_revoked_gpus_file()
+
+    def apply_revoked_gpus_file(self) -> None:
+        """SIGUSR1: revoke the GPUs the scheduler's file lists, give back those no longer listed
+        (:mod:`agent.revocations`); an unreadable file is one error line and changes nothing."""
+        path = self.revoked_gpus_file
+        try:
+            text = path.read_text() if path.exists() else ""
+        except OSError as exc:
+            log.error("SIGUSR1: cannot read the revoked-GPUs file %s: %s; nothing changed", path, exc)
+            return
+        ch = revocation_changes(text, self.gpus, self._file_revoked)
+        if ch.error:
+            log.error("SIGUSR1: revoked-GPUs file %s: %s; nothing changed", path, ch.error)
+            return
+        if ch.unknown:
+            log.warning("SIGUSR1: %s lists GPUs %s, which this node does not hold: ignored", path, list(ch.unknown))
+        log.info("SIGUSR1: %s: revoking GPUs %s, giving back GPUs %s", path, list(ch.revoke), list(ch.give_back))
+        if ch.revoke:
+            self.on_notice(revoke_notice(list(ch.revoke), self.grace_s, time.time()))
+            self._file_revoked |= set(ch.revoke)
+        if ch.give_back:
+            self._file_revoked -= set(ch.give_back)
+            self.add_gpus(list(ch.give_back))
 
     # ------------------------------------------------------------ control socket
     def on_control(self) -> None:
@@ -952,7 +994,9 @@ class AgentDaemon:
         try:
             req = json.loads(self.control.recv())
             cmd = req.get("cmd")
-            if cmd in ("revoke", "add") and (bad := control_gpus_error(cmd, [int(g) for g in req["gpus"]], self.gpus)):
+            if cmd in ("revoke", "add") and (
+                bad := control_gpus_error(cmd, [int(g) for g in req["gpus"]], self.gpus, self.visible_devices)
+            ):
                 reply = {"ok": False, "error": bad, "gpus": self.gpus}  # nothing changed, nothing told the coordinator
             elif cmd == "revoke":
                 grace = float(req.get("grace_s", self.grace_s))
@@ -996,6 +1040,7 @@ class AgentDaemon:
             "reconfiguration": "restart" if self.restart_mode else "elastic",
             "live_migration": self.live_migration,
             "restarts": self.restarts,
+            "revoked_gpus_file": str(self.revoked_gpus_file),
         }
 
     # ------------------------------------------------------------ messages from workers
@@ -1240,6 +1285,7 @@ class AgentDaemon:
     def shutdown(self) -> None:
         """After the drain: acknowledge notices that wait for it, stop the processes within one
         deadline, say goodbye, close the sockets and empty the weight cache."""
+        self.shutting_down = True
         self._detector_thread.stop_event.set()
         # Azure: approve the event only after the commit (docs/preemption-notices.md §3.3)
         for notice in self._pending_ack:
@@ -1393,6 +1439,15 @@ _WarmSpare = Annotated[
         "come and go).",
     ),
 ]
+_RevokedGpusFile = Annotated[
+    Optional[pathlib.Path],
+    typer.Option(
+        "--revoked-gpus-file",
+        help="File in which a cluster scheduler lists the GPUs it took back (indices as in --gpus); the agent "
+        "reads it on SIGUSR1, revokes those and gives back those no longer listed. Default: "
+        "<state dir>/<node id>/revoked-gpus.",
+    ),
+]
 _LogLevel = Annotated[
     str,
     typer.Option("--log-level", envvar="SPOTLIGHT_LOG_LEVEL", help="Logging level (DEBUG, INFO, WARNING, ERROR)."),
@@ -1421,6 +1476,7 @@ def join(
     weights_dir: _WeightsDir = None,
     nice: _Nice = 0,
     warm_spare: _WarmSpare = None,
+    revoked_gpus_file: _RevokedGpusFile = None,
     log_level: _LogLevel = "INFO",
     log_file: _LogFile = None,
 ) -> None:
@@ -1443,9 +1499,12 @@ def join(
         detector = make_detector(cloud, metadata_url, ledger=ledger)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
+    gpu_list = _parse_gpus(gpus)
+    if (outside := visibility_error(gpu_list, os.environ.get("CUDA_VISIBLE_DEVICES"))) is not None:
+        _fail(f"--gpus: {outside}")
     daemon = AgentDaemon(
         coordinator,
-        _parse_gpus(gpus),
+        gpu_list,
         node_id=nid,
         is_spot=not reserved,
         keys=client_keys,
@@ -1457,6 +1516,7 @@ def join(
         coordinator_timeout_s=coordinator_timeout_s,
         warm_spare=(not reserved) if warm_spare is None else warm_spare,
         weights_dir=weights_dir,
+        revoked_gpus_file=revoked_gpus_file,
     )
     raise typer.Exit(_run_daemon(daemon, grace_s))
 
@@ -1501,12 +1561,44 @@ def _checked_keys(keys: pathlib.Path | None, name: str | None, reserved: bool) -
         _fail(f"--keys: {exc}")
 
 
+def sigterm_handler(daemon: AgentDaemon, grace_s: float):
+    """The agent's SIGTERM handler. The first SIGTERM is a node preemption notice (Kubernetes'
+    pod termination, Slurm's ``--signal=TERM@<grace>``, systemd's stop): it is queued for the main
+    loop, which reports it to the coordinator with the deadline ``now + grace_s`` and drains (the
+    workers commit, then the agent exits 0). A second SIGTERM stops at once, as SIGINT does: it
+    raises ``KeyboardInterrupt`` in the main loop, whose shutdown stops the workers without
+    waiting for their commits (unless the agent is already in that shutdown)."""
+    received = 0
+
+    def handler(signum, frame) -> None:
+        nonlocal received
+        received += 1
+        if received == 1:
+            daemon._signal_notices.put(sigterm_notice(grace_s, time.time()))
+        elif not daemon.shutting_down:
+            log.warning("second SIGTERM: stopping at once, without waiting for the workers' commits")
+            daemon.stopped_by = signal.SIGTERM
+            raise KeyboardInterrupt
+
+    return handler
+
+
 def _run_daemon(daemon: AgentDaemon, grace_s: float) -> int:
     """Run ``daemon`` to its end; its exit status. SIGTERM is one more preemption source (same
-    commit path, deadline = now + grace); the daemon's one-line reasons go to stderr."""
-    signal.signal(signal.SIGTERM, lambda *_: daemon._signal_notices.put(sigterm_notice(grace_s, time.time())))
+    commit path, deadline = now + grace; a second one stops at once, :func:`sigterm_handler`);
+    the daemon's one-line reasons go to stderr."""
+    signal.signal(signal.SIGTERM, sigterm_handler(daemon, grace_s))
+    signal.signal(signal.SIGUSR1, lambda *_: daemon.revocations_due.set())  # a scheduler's per-GPU revocation
     try:
         return daemon.run()
+    except KeyboardInterrupt:  # SIGINT or a second SIGTERM while serving: the workers were stopped at once
+        signum = daemon.stopped_by or signal.SIGINT
+        typer.echo(
+            f"spotlight-agent: stopped at once by {signal.Signals(signum).name}: workers stopped without "
+            "waiting for their commits (their leases run again elsewhere)",
+            err=True,
+        )
+        return 128 + signum
     except StoppedWaiting as exc:
         typer.echo(f"spotlight-agent: {exc}", err=True)
         return exc.code
@@ -1537,8 +1629,11 @@ def gpu_ids_error(gpus: list[int]) -> str | None:
     return None
 
 
-def control_gpus_error(cmd: str, gpus: list[int], node_gpus: list[int]) -> str | None:
-    """Why a local `revoke` / `add` of `gpus` on a node holding `node_gpus` is refused, or None.
+def control_gpus_error(
+    cmd: str, gpus: list[int], node_gpus: list[int], visible_devices: str | None = None
+) -> str | None:
+    """Why a local `revoke` / `add` of `gpus` on a node holding `node_gpus` is refused, or None
+    (an added GPU must also be in the agent's ``CUDA_VISIBLE_DEVICES``, ``visible_devices``).
 
     Checked before anything changes: a bad request must neither stop a worker nor reach the
     coordinator's event log as a revocation or an addition."""
@@ -1554,6 +1649,8 @@ def control_gpus_error(cmd: str, gpus: list[int], node_gpus: list[int]) -> str |
         present = sorted(g for g in gpus if g in node_gpus)
         if present:
             return f"GPU(s) {present} already on this node ({held}): nothing added"
+        if (outside := visibility_error(gpus, visible_devices)) is not None:
+            return f"{outside}: nothing added"
     return None
 
 

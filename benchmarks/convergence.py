@@ -71,6 +71,7 @@ def run_one(variant: str, seed: int, args, out_dir: pathlib.Path) -> dict:
     if not (args.reuse and done):
         overrides = {
             "run.iterations": args.iterations,
+            "run.keep_weight_versions": 0,  # fig09 scores every version of these runs
             "run.sample_grid_every": 5,
             "run.seed": seed,
             "data.shuffle_seed": seed,

@@ -87,7 +87,12 @@ def main() -> None:
     if not runs:
         rd = REPO / "benchmarks" / "out" / "fig09" / "local-run"
         if not versions(rd):
-            spotlight_cli("up", "--local", "--iterations", "4", "--agents", "2", "--run-dir", str(rd))
+            conf = rd.parent / "keep-every-version.toml"  # every version is scored: none pruned
+            conf.parent.mkdir(parents=True, exist_ok=True)
+            conf.write_text("[run]\nkeep_weight_versions = 0\n")
+            spotlight_cli(
+                "up", "--local", "--iterations", "4", "--agents", "2", "--config", str(conf), "--run-dir", str(rd)
+            )
         runs = {"spotlight (4-iteration local run)": rd}
     torch.set_num_threads(max(1, torch.get_num_threads()))
     specs = ev.read_prompts()

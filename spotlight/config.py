@@ -60,6 +60,14 @@ def resolve_path(path: str) -> pathlib.Path:
     return p
 
 
+STEP_CACHE_FAMILIES = frozenset({"tiny", "qwen-image", "flux"})
+"""Families whose transformer runs diffusers' First Block Cache (a ``CacheMixin`` whose blocks
+the hook handles): sd3's ``SD3Transformer2DModel`` is no ``CacheMixin`` and its last block is
+``context_pre_only``, so sd3 explores at full fidelity (tests check this against diffusers)."""
+TRUE_CFG_FAMILIES = frozenset({"qwen-image", "sd3"})
+"""Families with true classifier-free guidance, the only ones a negative prompt means anything to."""
+
+
 def _check(cond: bool, field: str, msg: str) -> None:
     if not cond:
         raise ConfigError(f"{field}: {msg}", field)
@@ -220,9 +228,11 @@ class DataConfig(_Section):
 
     prompts_path: str = ""
     """Prompt file, format by suffix (``spotlight/tasks/prompts.py``): ``.jsonl`` GenEval-style
-    (``{"prompt": ...}`` per line; else a ``text`` or ``caption`` key), ``.csv`` / ``.tsv``
-    with a header row (the ``prompt``, ``text`` or ``caption`` column, any case; quoting and
-    a byte-order mark are handled), anything else one prompt per line. Empty = the 553
+    (``{"prompt": ...}`` per line; else a ``text`` or ``caption`` key), ``.json`` (one array of
+    strings or of such objects), ``.csv`` / ``.tsv`` with a header row (the ``prompt``, ``text``
+    or ``caption`` column, any case; CSV quoting, TSV without quoting as IANA defines it, a
+    byte-order mark), anything else one prompt per line; a record's other fields are the
+    prompt's metadata, passed to the reward. Empty = the 553
     GenEval prompts in ``examples/default/prompts/``. Relative paths: working directory,
     then the repository root. The run directory's ``prompts.json`` records the file, its
     SHA-256 and the number of prompts."""
@@ -492,6 +502,10 @@ class ClusterConfig(_Section):
     worker_batch_size: int = 8
     """Most requests a Rollout Worker pulls (and denoises together) at once."""
     lease_timeout_s: float = 120.0
+    max_request_failures: int = 3
+    """A request given back with an error by this many workers (or twice as many times) is
+    parked, not run again: an exploration request is dropped, a rollout request stops the run
+    with its error (docs/architecture.md §4). Preemptions and expired leases do not count."""
     heartbeat_interval_s: float = 1.0
     heartbeat_timeout_s: float = 10.0
     """An agent silent for this long is marked dead; its leased requests are re-enqueued."""
@@ -550,10 +564,14 @@ class ClusterConfig(_Section):
     use_spot: bool = True
     """False (the ``reserved-only`` baseline): ``spotlight up --local`` starts no spot agents
     and the coordinator refuses spot nodes; all rollouts run on the reserved GPUs."""
+    gpu_memory_gib: float | None = None
+    """Memory of one GPU (GiB): ``spotlight up`` refuses a config whose trainer or rollout GPUs
+    cannot hold it (``spotlight plan`` prints the estimate, docs/planning.md); None = no check."""
 
     def __post_init__(self) -> None:
         _check(self.worker_batch_size >= 1, "cluster.worker_batch_size", "must be >= 1")
         _check(self.lease_timeout_s > 0, "cluster.lease_timeout_s", "must be > 0")
+        _check(self.max_request_failures >= 1, "cluster.max_request_failures", "must be >= 1")
         _check(self.heartbeat_interval_s > 0, "cluster.heartbeat_interval_s", "must be > 0")
         _check(self.torch_threads >= 1, "cluster.torch_threads", "must be >= 1")
         _check(self.max_message_bytes >= 1 << 20, "cluster.max_message_bytes", "must be >= 1 MiB")
@@ -574,6 +592,8 @@ class ClusterConfig(_Section):
         _check(not twice, "cluster.reserved_rollout_gpus", f"GPU {', '.join(map(str, twice))} listed twice: {gpus}")
         _check(min(gpus, default=0) >= 0, "cluster.reserved_rollout_gpus", f"GPU indices must be >= 0: {gpus}")
         _check(self.reserved_sp_degree >= 1, "cluster.reserved_sp_degree", "must be >= 1")
+        g = self.gpu_memory_gib
+        _check(g is None or (math.isfinite(g) and g > 0), "cluster.gpu_memory_gib", "must be a number > 0 (or unset)")
         _check(
             self.heartbeat_timeout_s > self.heartbeat_interval_s,
             "cluster.heartbeat_timeout_s",
@@ -595,10 +615,15 @@ class RunConfig(_Section):
     """Base of the default (unexplored) seeds."""
     sample_grid_every: int = 5
     """Write a PNG grid of rollout samples every N iterations (0 = never)."""
-    keep_weight_versions: int = 0
+    keep_weight_versions: int = 3
     """Retention of published weight versions in the Tensor Store on disk: keep the newest N
-    (>= 2: exploration reads v_n while v_n+1 is published); 0 = keep every version (a full
-    Qwen-Image version is ~41 GB in bf16, a rank-64 LoRA version ~0.85 GB)."""
+    (>= 2: exploration reads v_n while v_n+1 is published) and any older one a live worker
+    holds, an unfinished request needs or the last checkpoint names; 0 = keep every version
+    (a full Qwen-Image version is ~41 GB in bf16, a rank-64 LoRA version ~0.85 GB)."""
+    checkpoint_every: int = 1
+    """Write the run checkpoint and the Train Workers' DCP checkpoint after every N-th iteration
+    (and the last); a resume continues from the last one written, re-running up to N
+    iterations. A full Qwen-Image trainer checkpoint is ~228 GiB (docs/planning.md)."""
     save_rollouts: bool = False
     """Write every iteration's rollout samples (images, window latents, log-probs, rewards) to
     ``rollouts/iter_NNNN.safetensors`` (for audits and tests)."""
@@ -609,6 +634,7 @@ class RunConfig(_Section):
 
     def __post_init__(self) -> None:
         _check(self.iterations >= 1, "run.iterations", "must be >= 1")
+        _check(self.checkpoint_every >= 1, "run.checkpoint_every", "must be >= 1 (iterations)")
         _check(self.sample_grid_every >= 0, "run.sample_grid_every", "must be >= 0 (0 = no sample grids)")
         bad = sorted(set(self.trackers) - {"tensorboard", "wandb"})
         _check(not bad, "run.trackers", f"unknown tracker(s) {bad}: expected 'tensorboard' and/or 'wandb' ([] = none)")
@@ -634,6 +660,74 @@ class CostConfig(_Section):
             )
 
 
+class EvalConfig(_Section):
+    """Held-out evaluation during training (``spotlight/workers/eval/``, docs/evaluation.md):
+    every ``every`` iterations the newest weight version samples a fixed panel (the first
+    ``num_prompts`` prompts of ``prompts_path`` × ``num_seeds`` fixed seeds, ODE sampling) in a
+    separate process on the reserved side while training goes on; scores land in ``eval.jsonl``,
+    as ``eval/*`` in the next ``metrics.jsonl`` row and TensorBoard, with a grid per evaluation
+    (``eval/iter_NNNN.png``, comparable across iterations), and the best version is kept in
+    ``best/`` beside ``final/``."""
+
+    every: int = 0
+    """Iterations between evaluations (0 = off); the last iteration and the base model (v0) are
+    always evaluated when on."""
+    prompts_path: str = ""
+    """Held-out prompt file (formats as ``data.prompts_path``); "" = the shapes task's 46 test
+    prompts with ``reward.kind = "geneval_shapes"``, else required."""
+    num_prompts: int = 16
+    """The first this many prompts of the file (the panel is fixed for the whole run)."""
+    num_seeds: int = 2
+    """Seeds per prompt (the same seeds at every evaluation)."""
+    keep_best: bool = True
+    """Keep the best-scoring version in ``best/`` (``best/best.json`` says which; one copy)."""
+    device: str = "auto"
+    """``auto``: CUDA (the first reserved rollout GPU) when available, else the CPU; or a torch device."""
+    batch_size: int = 16
+    """Panel images sampled together."""
+    timeout_s: float = 1800.0
+    """At the end of the run, how long the coordinator waits for the last evaluations."""
+
+    def __post_init__(self) -> None:
+        _check(self.every >= 0, "eval.every", "must be >= 0 (0 = off)")
+        _check(math.isfinite(self.timeout_s) and self.timeout_s > 0, "eval.timeout_s", "must be > 0")
+        _check(self.num_prompts >= 1, "eval.num_prompts", "must be >= 1")
+        _check(self.num_seeds >= 1, "eval.num_seeds", "must be >= 1")
+        _check(self.batch_size >= 1, "eval.batch_size", "must be >= 1")
+
+
+class GuardConfig(_Section):
+    """Collapse guard (``spotlight/core/collapse_guard.py``, docs/collapse-guard.md): alerts when
+    image statistics drift from the first iterations', KL or the clip fraction runs away, or
+    the held-out score falls below its best while the training reward rises."""
+
+    enabled: bool = True
+    action: Literal["warn", "stop"] = "warn"
+    """``warn``: console, event log and ``spotlight status``; ``stop``: also stop the run (resumable
+    from the last checkpoint with ``--resume-existing``)."""
+    baseline_iterations: int = 2
+    """Iterations whose image statistics are the baseline."""
+    patience: int = 2
+    """Consecutive iterations a bound must be crossed before an image, KL or clip-fraction alert."""
+    heldout_drop: float = 0.1
+    speckle_rise: float = 0.10
+    """``image/speckle`` (share of near-white pixels with chroma > 15) allowed above the baseline."""
+    hf_energy_ratio: float = 2.0
+    saturation_ratio: float = 2.0
+    kl_max: float = 0.5
+    clipfrac_max: float = 0.5
+
+    def __post_init__(self) -> None:
+        _check(self.baseline_iterations >= 1, "guard.baseline_iterations", "must be >= 1")
+        _check(self.patience >= 1, "guard.patience", "must be >= 1")
+        for name in ("heldout_drop", "speckle_rise", "kl_max", "clipfrac_max"):
+            v = getattr(self, name)
+            _check(math.isfinite(v) and v > 0, f"guard.{name}", "must be a finite number > 0")
+        for name in ("hf_energy_ratio", "saturation_ratio"):
+            v = getattr(self, name)
+            _check(math.isfinite(v) and v > 1, f"guard.{name}", "must be a finite number > 1")
+
+
 class SpotlightConfig(_Section):
     """Root configuration of a run."""
 
@@ -647,6 +741,8 @@ class SpotlightConfig(_Section):
     cluster: ClusterConfig = msgspec.field(default_factory=ClusterConfig)
     run: RunConfig = msgspec.field(default_factory=RunConfig)
     cost: CostConfig = msgspec.field(default_factory=CostConfig)
+    eval: EvalConfig = msgspec.field(default_factory=EvalConfig)
+    guard: GuardConfig = msgspec.field(default_factory=GuardConfig)
 
     def __post_init__(self) -> None:
         if self.explore.active and self.explore.planner == "fixed":
@@ -688,6 +784,39 @@ class SpotlightConfig(_Section):
             self.explore.num_steps <= self.sampler.num_steps,
             "explore.num_steps",
             f"must be <= sampler.num_steps={self.sampler.num_steps}",
+        )
+        _check(
+            self.eval.every == 0 or bool(self.eval.prompts_path) or self.reward.kind == "geneval_shapes",
+            "eval.prompts_path",
+            "required with eval.every > 0 (the held-out prompts; only the shapes task has a default): "
+            "set it, or eval.every = 0",
+        )
+        self._check_family_features()
+
+    def _check_family_features(self) -> None:
+        """Refuse the family x feature combinations the workers cannot run (docs/architecture.md §7)."""
+        fam, m, ex = self.model.family, self.model, self.explore
+        no_cache = f"family = '{fam}' has no First Block Cache (SD3Transformer2DModel is no CacheMixin"
+        no_cache += " and its last block is context_pre_only): exploration runs at full fidelity; use 0"
+        if fam not in STEP_CACHE_FAMILIES:
+            _check(ex.cache_threshold == 0, "explore.cache_threshold", no_cache)
+            _check(ex.num_steps in (0, self.sampler.num_steps), "explore.num_steps", no_cache)
+        if fam not in TRUE_CFG_FAMILIES:
+            _check(
+                not m.negative_prompt,
+                "model.negative_prompt",
+                f"family = '{fam}' has no true classifier-free guidance, so no negative prompt; leave it empty",
+            )
+        else:
+            _check(
+                not m.negative_prompt or m.guidance_scale != 1,
+                "model.negative_prompt",
+                "guidance_scale = 1 turns classifier-free guidance off, so the negative prompt would not be used",
+            )
+        _check(
+            fam != "tiny" or m.guidance_scale in (0, 1),
+            "model.guidance_scale",
+            "the tiny family has no classifier-free guidance; use 0 or 1",
         )
 
     @property
@@ -902,12 +1031,11 @@ def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 def config_to_dict(cfg: SpotlightConfig) -> dict[str, Any]:
-    """Plain dict (tuples as lists) suitable for TOML or JSON. A field that is None (unset,
-    where None is its default) is left out: TOML has no null, and a missing field loads as its
-    default."""
+    """Plain dict (tuples as lists) suitable for TOML or JSON; unset optional fields (None) are
+    left out (TOML has no null, and leaving them out reads back as None)."""
     return {
-        section: {k: v for k, v in fields.items() if v is not None} if isinstance(fields, dict) else fields
-        for section, fields in msgspec.to_builtins(cfg).items()
+        name: {k: v for k, v in section.items() if v is not None} if isinstance(section, dict) else section
+        for name, section in msgspec.to_builtins(cfg).items()
     }
 
 

@@ -302,12 +302,25 @@ class Commit(_Msg, kw_only=True):
 
 
 class Fail(_Msg, kw_only=True):
+    """Leases given back unfinished. ``reason``: why, for a failed batch the worker's exception
+    line (``Type: message``, cut to :data:`MAX_REASON_CHARS`; the coordinator keeps it as the
+    request's error and counts it toward ``cluster.max_request_failures``).
+    ``consecutive_failures``: the worker's batches in a row that failed, this one included
+    (0: not a failure of the batch, e.g. a stop); ``unhealthy``: the worker backs off before
+    its next pull because of them."""
+
     node_id: Text = ""
     session: Text = ""
     worker_id: Id
     request_ids: IdList
     lease_ids: LeaseIdList
     reason: Text
+    consecutive_failures: Count = 0
+    unhealthy: bool = False
+
+
+MAX_REASON_CHARS = 1000
+"""Longest ``Fail.reason`` a worker sends (an exception message can be any length; ``Text`` allows 4096)."""
 
 
 class FetchWeights(_Msg, kw_only=True):
@@ -409,6 +422,8 @@ class TrainBatch(_Msg, kw_only=True):
     version: int
     micro_batches: list[list[int]]
     tensors: list[TensorMeta] = []
+    checkpoint: bool = True
+    """Save the trainer checkpoint of the new version (``run.checkpoint_every``)."""
 
 
 class TrainDone(_Msg, kw_only=True):

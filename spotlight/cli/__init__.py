@@ -20,6 +20,7 @@ def _register_all() -> None:
         init,
         keys,
         mock_metadata,
+        plan,
         profile,
         reward_server,
         simulate,
@@ -30,7 +31,7 @@ def _register_all() -> None:
         eval as eval_cmd,
     )
 
-    for module in (init, up, status, keys, eval_cmd, profile, simulate, mock_metadata, bench, reward_server):
+    for module in (init, up, status, keys, eval_cmd, profile, simulate, mock_metadata, bench, reward_server, plan):
         module.register(app)
 
 

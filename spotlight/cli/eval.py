@@ -1,4 +1,5 @@
-"""``spotlight eval``: the shapes task's GenEval-style test score, base model vs ``final/``."""
+"""``spotlight eval``: held-out score, base model vs ``final/``: the shapes task's GenEval-style score per task
+kind, or for any family and task the run's reward on its held-out panel (docs/evaluation.md)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-EVAL_HELP = "Sample every test prompt with the ODE sampler and report the strict GenEval-style score per task kind."
+EVAL_HELP = (
+    "Sample held-out prompts with the ODE sampler and score the base model against trained weights: "
+    "the shapes task per task kind (strict GenEval-style verdict), any other task and family by its "
+    "reward on its held-out panel (eval.prompts_path or --prompts)."
+)
 """``spotlight eval --help``'s text (one line: typer keeps a help text's line breaks)."""
 
 
@@ -54,6 +59,9 @@ def register(app: typer.Typer) -> None:
         if out_dir.exists() and not out_dir.is_dir():  # found before minutes of sampling, not after
             console.print(f"[red]error:[/red] --out {escape(str(out_dir))}: not a directory")
             raise typer.Exit(2)
+        if specs is None:  # another task than the shapes world: the run's held-out panel, any family
+            _eval_panel(console, cfg, weights, prompts, num_seeds, out_dir)
+            return
         loaded = _load_models(console, cfg, weights)
         results = {}
         for name, model in loaded.items():
@@ -99,10 +107,12 @@ def _inputs(
     else:
         cfg = load_config(config)
     if cfg.reward.kind != "geneval_shapes" or cfg.model.family != "tiny":
-        raise ConfigError(
-            "`spotlight eval` scores the shapes task (reward.kind = 'geneval_shapes', model.family = 'tiny'); "
-            "this config is another task"
-        )
+        if prompts is None and not cfg.eval.prompts_path:
+            raise ConfigError(
+                "this config is not the shapes task: give its held-out prompts with --prompts FILE "
+                "(or set eval.prompts_path in the config)"
+            )
+        return cfg, weights, None
     from spotlight.tasks.shapes import evaluate as ev
 
     specs = ev.read_prompts(prompts, source="--prompts") if prompts is not None else ev.read_prompts()
@@ -168,3 +178,83 @@ def _write_report(
         report["weights"] = str(weights)
     (out_dir / "eval.json").write_text(json.dumps(report, indent=2) + "\n")
     ev.comparison_grid(results, out_dir / "eval_grid.png")
+
+
+def load_weights(cfg, weights: Optional[pathlib.Path], device):
+    """The family's transformer: the base model, or with ``weights`` a ``final/`` or ``best/``
+    folder (a diffusers transformer folder, or ``pytorch_lora_weights.safetensors`` over the base).
+
+    Raises:
+        FileNotFoundError: ``weights`` holds neither.
+    """
+    from spotlight.models.families import get_family
+    from spotlight.models.families.base import torch_dtype
+
+    family = get_family(cfg.model)
+    dtype = torch_dtype(cfg.model.dtype, device)
+    if weights is not None and (weights / "config.json").is_file():
+        model = family.transformer_cls().from_pretrained(str(weights), torch_dtype=dtype)
+    else:
+        model = family.build_transformer(dtype)
+        if weights is not None:
+            if not (weights / "pytorch_lora_weights.safetensors").is_file():
+                raise FileNotFoundError(
+                    f"{weights}: neither a transformer folder (config.json) nor LoRA weights "
+                    "(pytorch_lora_weights.safetensors)"
+                )
+            model.load_lora_adapter(str(weights), prefix="transformer", weight_name="pytorch_lora_weights.safetensors")
+    return family, model.to(device).eval()
+
+
+def _eval_panel(console: Console, cfg, weights, prompts, num_seeds: int, out_dir: pathlib.Path) -> None:
+    """Any family and task: the held-out panel (``--prompts`` or ``eval.prompts_path``, the first
+    ``eval.num_prompts``, ``--num-seeds`` seeds each) sampled with the ODE by the base model and
+    by ``weights``, scored by the run's reward (docs/evaluation.md); ``eval.json`` and one panel
+    grid per model."""
+    import msgspec
+
+    from spotlight.errors import SpotlightError
+    from spotlight.models.families import cached_conditioning
+    from spotlight.workers.eval import eval_worker as ew
+
+    if prompts is not None:
+        cfg = msgspec.structs.replace(cfg, eval=msgspec.structs.replace(cfg.eval, prompts_path=str(prompts)))
+    cfg = msgspec.structs.replace(cfg, eval=msgspec.structs.replace(cfg.eval, num_seeds=num_seeds))
+    try:
+        panel = ew.build_panel(cfg)
+    except (SpotlightError, ValueError, OSError) as exc:
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
+        raise typer.Exit(2)
+    device = ew.eval_device(cfg)
+    models = {"base": None} | ({"final": weights} if weights is not None else {})
+    report = {}
+    from spotlight.cli.up import _cache_dir
+
+    for name, w in models.items():
+        try:
+            family, model = load_weights(cfg, w, device)
+        except (OSError, ValueError, SpotlightError) as exc:
+            console.print(f"[red]error:[/red] cannot load {name} weights: {escape(str(exc))}")
+            raise typer.Exit(2)
+        with console.status(f"sampling {len(panel.prompts)} panel images with the {name} model…"):
+            cond = cached_conditioning(family, panel.unique_prompts, _cache_dir())
+            images = ew.sample_panel(family, model, cfg, cond, panel, device)
+            scores, rewards = ew.score_panel(cfg, images, panel)
+        report[name] = scores
+        out_dir.mkdir(parents=True, exist_ok=True)
+        ew.write_grid(out_dir / f"eval_{name}.png", images, panel, rewards, title=f"{name}: {scores['eval/score']:.3f}")
+    table = Table(
+        title=f"held-out score ({cfg.reward.kind}) on {len(panel.unique_prompts)} prompts × {num_seeds} seeds, ODE"
+    )
+    table.add_column("model")
+    table.add_column("score", justify="right")
+    for name, scores in report.items():
+        table.add_row(name, f"{scores['eval/score']:.4f}")
+    console.print(table)
+    report |= {
+        "num_prompts": len(panel.unique_prompts),
+        "num_seeds": num_seeds,
+        "weights": str(weights) if weights else None,
+    }
+    (out_dir / "eval.json").write_text(json.dumps(report, indent=2) + "\n")
+    console.print(f"wrote {out_dir / 'eval.json'} and the panel grids eval_*.png")

@@ -75,9 +75,8 @@ def _comment(text: str) -> list[str]:
 
 
 def _toml_value(key: str, value) -> str:
-    """``key = value`` on one line, the values as tomli-w writes them (arrays inline); a None
-    (unset) field as a comment, since TOML has no null and a missing field loads as None."""
-    if value is None:
+    """``key = value`` on one line, the values as tomli-w writes them (arrays inline)."""
+    if value is None:  # TOML has no null: an unset optional field stays a comment
         return f"# {key} = (unset)"
     if isinstance(value, (list, tuple)):
         return f"{key} = [" + ", ".join(_toml_value("x", v).split(" = ", 1)[1] for v in value) + "]"
@@ -269,9 +268,31 @@ def _header(
         f"{spot_nodes} spot node(s) x {gpus_per_node} GPU(s). Start it:",
         "  on one machine (CPU 'GPUs'):  spotlight up --local "
         f"--agents {spot_nodes} --gpus-per-agent {gpus_per_node} --config {cfg_name}",
-        f"  on the reserved node:         spotlight up --config {cfg_name} --reserved 0.0.0.0:5555",
-        f"  on each spot node:            spotlight-agent join --coordinator RESERVED_HOST:5555 --gpus {gpus} "
-        "--keys KEYS_DIR",
+        *(f"  {line}" for line in cluster_commands(cfg_name, cfg, gpus)),
+        "  (README 'On real machines'; recipes for SkyPilot, Kubernetes, Slurm, a container: deploy/, docs/deploy/)",
+    ]
+
+
+PORT = 7400
+"""The coordinator's port in the README, docs/deploy/ and every recipe under deploy/."""
+KEYS_DIR = "/etc/spotlight/keys"
+"""The keys directory in the README and the recipes (the container mounts the keys there)."""
+
+
+def cluster_commands(cfg_name: str, cfg: SpotlightConfig, gpus: str) -> list[str]:
+    """The commands that start ``cfg_name`` on real machines, as the README's 'On real machines'
+    gives them (``tests/unit/cli/test_init.py`` checks that the README holds each one)."""
+    reserved = ",".join(str(g) for g in cfg.cluster.reserved_rollout_gpus)
+    return [
+        f"reserved node, once:   spotlight keys init {KEYS_DIR}",
+        f"                       spotlight keys add {KEYS_DIR} agent spot-7",
+        f"                       spotlight keys add {KEYS_DIR} reserved reserved-0",
+        f"reserved node:         spotlight up --config {cfg_name} --reserved 0.0.0.0:{PORT} --keys {KEYS_DIR} "
+        "--run-dir /var/lib/spotlight/run",
+        f"reserved node, beside: spotlight-agent join --reserved --coordinator 127.0.0.1:{PORT} --keys {KEYS_DIR} "
+        f"--gpus {reserved}",
+        f"each spot node:        spotlight-agent join --coordinator reserved-host:{PORT} --keys {KEYS_DIR} "
+        f"--gpus {gpus} --cloud aws",
     ]
 
 

@@ -25,7 +25,9 @@ def register(app: "typer.Typer") -> None:
                 "-s",
                 help="NAME[:WEIGHT], repeatable; reward = Σ weight·score. Names: clip, pickscore (= clip), "
                 "geneval_shapes (strict 0/1 GenEval verdict on shapes-world captions), "
-                "geneval_shapes_partial (fraction of GenEval clauses that hold), "
+                "geneval_shapes_partial (fraction of GenEval clauses that hold), geneval and geneval_partial "
+                "(GenEval's rules on real images: --detector-path, --clip-path for colours, --geneval-metadata), "
+                "ocr (Flow-GRPO's OCR reward, RapidOCR), aesthetic (LAION predictor: --aesthetic-head), "
                 "jpeg_compressibility and jpeg_incompressibility (its negative).",
             ),
         ] = [],  # noqa: B006 - typer needs a list default
@@ -42,6 +44,33 @@ def register(app: "typer.Typer") -> None:
                 help="Processor (image processor + tokenizer) directory when it is not --clip-path "
                 "(PickScore_v1 uses the processor of LAION's CLIP ViT-H-14 laion2B model).",
             ),
+        ] = None,
+        detector_path: Annotated[
+            Optional[pathlib.Path],
+            typer.Option(
+                "--detector-path",
+                help="Local transformers object detector (COCO class names, e.g. DETR) for the geneval "
+                "scorers; colours are classified with --clip-path.",
+            ),
+        ] = None,
+        geneval_metadata: Annotated[
+            list[pathlib.Path],
+            typer.Option(
+                "--geneval-metadata",
+                help="GenEval records (tag, include, exclude) per prompt, a JSONL file; repeatable "
+                "(the README names the shipped ones).",
+            ),
+        ] = [],  # noqa: B006 - typer needs a list default
+        aesthetic_head: Annotated[
+            Optional[pathlib.Path],
+            typer.Option(
+                "--aesthetic-head",
+                help="Weights of the LAION aesthetic predictor head (.pth or .safetensors).",
+            ),
+        ] = None,
+        aesthetic_clip_path: Annotated[
+            Optional[pathlib.Path],
+            typer.Option("--aesthetic-clip-path", help="CLIP ViT-L/14 directory for aesthetic (default: --clip-path)."),
         ] = None,
         device: Annotated[
             Optional[str], typer.Option(help="Torch device for CLIP (default: cuda if available).")
@@ -71,7 +100,22 @@ def register(app: "typer.Typer") -> None:
             _fail(console, "--max-body-mb must be a finite number > 0")
         weights = _scorer_weights(console, scorer, clip_path=clip_path, clip_processor_path=clip_processor_path)
         logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-        multi = _build(console, weights, clip_path=clip_path, clip_processor_path=clip_processor_path, device=device)
+        if any(n.startswith("geneval") and n not in ("geneval_shapes", "geneval_shapes_partial") for n in weights):
+            if detector_path is None:
+                _fail(console, "the geneval scorers need --detector-path DIR (a local transformers object detector)")
+            if not geneval_metadata:
+                console.print("[yellow]note:[/yellow] no --geneval-metadata: prompts must carry GenEval metadata")
+        multi = _build(
+            console,
+            weights,
+            clip_path=clip_path,
+            clip_processor_path=clip_processor_path,
+            device=device,
+            detector_path=detector_path,
+            geneval_metadata=geneval_metadata,
+            aesthetic_head=aesthetic_head,
+            aesthetic_clip_path=aesthetic_clip_path,
+        )
         from spotlight.rewards.server import serve
 
         try:
@@ -115,8 +159,9 @@ def _scorer_weights(
     uses_clip = any(name in ("clip", "pickscore") for name in weights)
     if uses_clip and clip_path is None:
         _fail(console, "the clip/pickscore scorer needs --clip-path DIR (a local CLIPModel checkpoint)")
-    if not uses_clip and (clip_path is not None or clip_processor_path is not None):
-        console.print("[yellow]note:[/yellow] --clip-path is ignored: no clip/pickscore scorer selected")
+    colours = any(name in ("geneval", "geneval_partial", "aesthetic") for name in weights)  # they use CLIP too
+    if not uses_clip and not colours and (clip_path is not None or clip_processor_path is not None):
+        console.print("[yellow]note:[/yellow] --clip-path is ignored: no clip/pickscore/geneval scorer selected")
     return weights
 
 
@@ -127,6 +172,10 @@ def _build(
     clip_path: Optional[pathlib.Path],
     clip_processor_path: Optional[pathlib.Path],
     device: Optional[str],
+    detector_path: Optional[pathlib.Path] = None,
+    geneval_metadata: list[pathlib.Path] = (),
+    aesthetic_head: Optional[pathlib.Path] = None,
+    aesthetic_clip_path: Optional[pathlib.Path] = None,
 ):
     """The weighted scorer of ``weights`` (:func:`spotlight.rewards.server.build_multi_scorer`;
     CLIP loads under a spinner).
@@ -142,6 +191,17 @@ def _build(
             with console.status(f"loading CLIP from {clip_path}…"):
                 return build_multi_scorer(
                     weights, clip_path=clip_path, clip_processor_path=clip_processor_path, device=device
+                )
+        if detector_path is not None or "aesthetic" in weights:
+            with console.status("loading the scorers' models…"):
+                return build_multi_scorer(
+                    weights,
+                    clip_path=clip_path,
+                    device=device,
+                    detector_path=detector_path,
+                    geneval_metadata=geneval_metadata,
+                    aesthetic_head=aesthetic_head,
+                    aesthetic_clip_path=aesthetic_clip_path,
                 )
         return build_multi_scorer(weights)
     except SpotlightError as exc:

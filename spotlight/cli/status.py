@@ -22,6 +22,7 @@ from rich.text import Text
 
 SPARK = "▁▂▃▄▅▆▇█"
 EVENT_ROWS = 15
+GUARD_ROWS = 3  # newest collapse-guard alerts shown above the tables
 """Events shown (the newest); ``--json`` has all the snapshot keeps."""
 
 
@@ -176,6 +177,11 @@ def _notes(snap: dict, gone: bool) -> list[Text]:
     notes = []
     if snap.get("source"):
         notes.append(Text(str(snap["source"]), style="yellow"))
+    for a in (snap.get("guard_alerts") or [])[-GUARD_ROWS:]:
+        if isinstance(a, dict):
+            notes.append(
+                Text(f"collapse guard, iteration {a.get('iteration')}: {a.get('message')}", style="bold yellow")
+            )
     if snap.get("error"):
         notes.append(Text(f"error: {snap['error']}", style="red"))
     elif gone and not snap.get("finished") and _saved_at_exit(snap):
@@ -277,6 +283,16 @@ def _reward_lines(snap: dict) -> Text:
             f"train {_fmt(m.get('time/train_s'), '.1f', unit='s')}  "
             f"explore critical {_fmt(m.get('time/explore_critical_path_s'), '.1f', unit='s')}  "
             f"spot busy {_fmt(m.get('spot/busy_fraction'), '.0f', scale=100, unit='%')}"
+        )
+    evals = snap.get("eval_results") or []
+    evals = [e for e in evals if isinstance(e, dict) and _real(e.get("eval/score")) is not None]
+    if evals:
+        scores = [float(e["eval/score"]) for e in evals]
+        best = max(evals, key=lambda e: float(e["eval/score"]))
+        last = evals[-1]
+        lines.append(
+            f"held-out {sparkline(scores)}  last {scores[-1]:.3f} (v{last.get('version')})  "
+            f"best {float(best['eval/score']):.3f} (v{best.get('version')})  ({_plural(len(evals), 'evaluation')})"
         )
     return Text("\n".join(lines))
 

@@ -275,16 +275,47 @@ def encode_prompts(run: UpRun) -> tuple:
         torch.set_num_threads(max(1, cfg.cluster.torch_threads))
         importlib.import_module("spotlight.coordinator.coordinator")  # it imports torch: under the spinner
         from spotlight.models.families import ModelLoadError, cached_conditioning, get_family
+        from spotlight.util.disk import DiskSpaceError
 
         try:
             token_counts = get_family(cfg.model).prompt_token_counts(run.prompts)
+            check_encodings(run, get_family(cfg.model), token_counts)
             cond = cached_conditioning(get_family(cfg.model), run.prompts, _cache_dir())
+        except DiskSpaceError as exc:
+            raise Stop(f"[red]error:[/red] {escape(str(exc))}") from None
         except (ModelLoadError, OSError, ValueError) as exc:
             raise Stop(
                 f"[red]error:[/red] cannot encode prompts with model.family = {cfg.model.family!r} from "
                 f"{cfg.model.pretrained_path or '(built in)'}: {escape(str(exc))}"
             ) from None
     return cond, token_counts
+
+
+def check_encodings(run: UpRun, family, token_counts: list[int] | None) -> None:
+    """Refuse a prompt, or the negative prompt of true CFG, that the family's tokenizer encodes
+    to no tokens (the pipeline would fail on an empty sequence): one line naming the prompt
+    file's line, or ``model.negative_prompt``.
+
+    Raises:
+        Stop: as above.
+    """
+    from spotlight.config import TRUE_CFG_FAMILIES
+    from spotlight.tasks.prompts import empty_encoding_report
+
+    cfg = run.cfg
+    if token_counts is not None:
+        message = empty_encoding_report(run.prompt_set, token_counts, cfg.model.family)
+        if message:
+            raise Stop(f"[red]error:[/red] {escape(message)}")
+    if cfg.model.family in TRUE_CFG_FAMILIES and family.guidance_scale > 1:
+        (n,) = family.prompt_token_counts([family.negative_prompt]) or [1]
+        if n <= 0:
+            shown = "the default " if not cfg.model.negative_prompt else ""
+            raise Stop(
+                f"[red]error:[/red] model.negative_prompt: {shown}{family.negative_prompt!r} encodes to no tokens with "
+                f"the {cfg.model.family} checkpoint's tokenizer (classifier-free guidance encodes it for every "
+                'sample); set a negative prompt that has words, e.g. negative_prompt = "blurry, low quality"'
+            )
 
 
 def start_coordinator(run: UpRun, cond, token_counts: list[int] | None):
@@ -317,6 +348,7 @@ def start_coordinator(run: UpRun, cond, token_counts: list[int] | None):
             bind=f"tcp://{run.reserved}",
             keys=server_keys,
             prompts=run.prompts,
+            prompt_metadata=run.prompt_set.metadata,
             cond=cond,
             progress=console.print,
             resume=run.resuming,
@@ -454,8 +486,9 @@ def _print_stop_hint(run: UpRun, *, interrupted: bool) -> None:
 
 
 def _cache_dir() -> pathlib.Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return pathlib.Path(base) / "spotlight"
+    from spotlight.coordinator.evaluation import cache_dir
+
+    return cache_dir()
 
 
 def load_prompts(data, config_path=None) -> list[str]:

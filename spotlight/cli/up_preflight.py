@@ -294,8 +294,9 @@ def _earlier_address(run_dir: pathlib.Path) -> str | None:
 
 def preflight(run: UpRun) -> UpRun:
     """Every check that can refuse ``run`` before anything is written or started, in order:
-    the run directory (:func:`check_run_dir`), the model checkpoint, the reward against the
-    prompts, the replay. Returns ``run`` with its replay planned (reading the trace is the
+    the run directory (:func:`check_run_dir`), the model checkpoint, the GPU memory
+    (``cluster.gpu_memory_gib``), the reward against the prompts, the replay. Returns ``run``
+    with its replay planned (reading the trace is the
     replay's check).
 
     Raises:
@@ -303,7 +304,9 @@ def preflight(run: UpRun) -> UpRun:
     """
     check_run_dir(run)
     _check_model(run.cfg)
+    _check_memory(run.cfg)
     _check_reward(run)
+    _check_eval(run.cfg)
     return dataclasses.replace(run, replay=_plan_replay(run))
 
 
@@ -349,6 +352,49 @@ def _check_model(cfg: SpotlightConfig) -> None:
         raise refuse(str(exc)) from None
 
 
+def _check_eval(cfg: SpotlightConfig) -> None:
+    """With ``eval.every > 0``: refuse a held-out prompt file that cannot be read, or (shapes
+    task) prompts its reward cannot score, before minutes of training find it out.
+
+    Raises:
+        Stop: as above.
+    """
+    if not cfg.eval.every:
+        return
+    from spotlight.errors import SpotlightError
+    from spotlight.workers.eval.eval_worker import build_panel
+
+    try:
+        build_panel(cfg)
+    except (SpotlightError, ValueError, OSError) as exc:
+        raise refuse(f"eval.prompts_path: {exc}") from None
+
+
+def _check_memory(cfg: SpotlightConfig) -> None:
+    """Refuse a config whose trainer or rollout GPUs cannot hold it (``cluster.gpu_memory_gib``;
+    :mod:`spotlight.core.memory_plan`, parameters counted on the meta device).
+
+    Raises:
+        Stop: as above, with the plan's numbers.
+    """
+    if cfg.cluster.gpu_memory_gib is None:
+        return
+    from spotlight.cli.plan import make_plan
+    from spotlight.errors import SpotlightError
+
+    try:
+        plan, _ = make_plan(cfg)
+    except SpotlightError as exc:
+        raise refuse(f"memory check (cluster.gpu_memory_gib): {exc}") from None
+    problems = plan.problems()
+    if problems:
+        raise refuse(
+            f"the run does not fit its GPUs: {problems[0]}; `spotlight plan CONFIG` prints the whole estimate "
+            "(docs/planning.md: lower train.micro_batch_size, turn on train.activation_checkpointing, use LoRA "
+            "or more trainer GPUs)"
+        )
+
+
 def _check_reward(run: UpRun) -> None:
     """Refuse prompts the shapes-world reward cannot score, and an unreachable reward service.
 
@@ -360,7 +406,7 @@ def _check_reward(run: UpRun) -> None:
         from spotlight.rewards.reward_fn import RewardError, RewardFn
 
         try:
-            RewardFn(cfg.reward).check_prompts(run.prompts)
+            RewardFn(cfg.reward).check_prompts(run.prompts, run.prompt_set.metadata)
         except RewardError as exc:
             source = cfg.data.prompts_path or "the GenEval set (examples/default/prompts)"
             raise Stop(

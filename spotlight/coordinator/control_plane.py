@@ -36,7 +36,7 @@ from spotlight.config import SpotlightConfig
 from spotlight.coordinator.server import PUBLIC, TRAINER, ControlServer, Inbound, Rejected
 from spotlight.core.events import EventLog
 from spotlight.core.instance_manager import InstanceManager
-from spotlight.core.request_scheduler import RequestScheduler
+from spotlight.core.request_scheduler import RequestScheduler, RequestStatus
 from spotlight.errors import SpotlightError
 from spotlight.models.lora import lora_spec
 from spotlight.net.security import Principal, ServerKeys, reload_allow_list
@@ -142,7 +142,9 @@ class ControlPlane:
         self.rejected = 0
         self.handler_errors = 0
         self.requests_done = 0  # rollout + exploration requests completed
+        self.requests_parked = 0  # requests parked after cluster.max_request_failures reported failures
         self.weight_chunks_served = 0
+        self.worker_versions: dict[str, tuple[int, ...]] = {}  # worker id → versions it holds (its last PULL)
         self._clashes: set[tuple[str, str, str]] = set()  # (node, holder's, claimant's instance id) refused
         self._allow_list_mtime = 0.0
 
@@ -445,9 +447,20 @@ class ControlPlane:
         self.release_node(body.node_id, gone, f"agent left: {body.reason}", now)
 
     # ------------------------------------------------------------ requests
+    def versions_in_use(self) -> set[int]:
+        """Weight versions the workers of live (not dead) nodes said they hold in their last PULL."""
+        nodes = self.instances.nodes
+        return {
+            v
+            for wid, versions in self.worker_versions.items()
+            if (node := nodes.get(self.worker_node.get(wid, ""))) is not None and node.status.value != "dead"
+            for v in versions
+        }
+
     def on_pull(self, identity, body: P.Pull, payload, now) -> None:
         node = self.instances.nodes[body.node_id]
         self.worker_node[body.worker_id] = body.node_id
+        self.worker_versions[body.worker_id] = tuple(body.versions)
         self.workers.worker_seen(body.worker_id, node.is_spot, now)
         leases = []
         if self.run.accepts_pulls() and node.status.value == "alive":
@@ -573,8 +586,13 @@ class ControlPlane:
         self._check_unique(list(body.request_ids))
         mine = [(r, lid) for r, lid in zip(body.request_ids, body.lease_ids) if self._held(body.worker_id, r, lid)]
         self.workers.lease_ended(body.worker_id, now)
+        parked = []
         for rid, lid in mine:
-            self.sched.fail(rid, lid, reason=body.reason, now=now)
+            # only a batch that raised counts toward cluster.max_request_failures (Fail.consecutive_failures)
+            if self.sched.fail(rid, lid, reason=body.reason, now=now, counts=body.consecutive_failures > 0):
+                req = self.sched.get(rid)
+                if req.status is RequestStatus.PARKED:
+                    parked.append(req)
         node = self.instances.nodes.get(body.node_id)
         preempted = node is not None and (
             node.status.value != "alive" or any(n.get("deadline_unix_s", 0.0) > time.time() - 120 for n in node.notices)
@@ -586,6 +604,22 @@ class ControlPlane:
             body.reason,
             " (preempted)" if preempted else "",
         )
+        if body.unhealthy:
+            self.events.append(
+                now,
+                "unhealthy",
+                body.node_id,
+                f"{body.worker_id}: {body.consecutive_failures} batches in a row failed, backing off; "
+                f"last: {body.reason}"[:300],
+            )
+        for req in parked:
+            self.requests_parked += 1
+            detail = (
+                f"{req.request_id} ({req.kind.value}) after {req.failures} failures on "
+                f"{len(req.failed_on)} workers, last on {req.worker_id}"
+            )
+            self.events.append(now, "parked", body.node_id, f"{detail}: {req.error}"[:300])
+            log.warning("request %s parked: %s", detail, req.error)
 
     def on_fetch_weights(self, identity, body: P.FetchWeights, payload, now) -> None:
         """Serve a version in chunks: its WEIGHTS header (if asked) and the WEIGHTS_CHUNK

@@ -37,6 +37,8 @@ serve loop and carries out the core's decisions.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import math
 import pathlib
@@ -49,8 +51,8 @@ import numpy as np
 import torch
 
 from spotlight import protocol as P
-from spotlight.config import SpotlightConfig, dump_config
-from spotlight.coordinator import recorder, resume
+from spotlight.config import STEP_CACHE_FAMILIES, SpotlightConfig, dump_config
+from spotlight.coordinator import evaluation, recorder, resume
 from spotlight.coordinator.control_plane import ControlPlane
 from spotlight.coordinator.recorder import RunRecorder, format_progress
 from spotlight.coordinator.reward_scorer import RewardScorer
@@ -58,6 +60,7 @@ from spotlight.coordinator.server import ControlServer
 from spotlight.coordinator.status import RunClock, snapshot
 from spotlight.coordinator.tracking import Trackers, open_trackers
 from spotlight.coordinator.trainer_group import TrainerGroup
+from spotlight.core.collapse_guard import Alert, GuardSettings, check, cleared, image_stats
 from spotlight.core.events import EventLog
 from spotlight.core.instance_manager import InstanceManager, cost_metrics
 from spotlight.core.iteration import (
@@ -65,6 +68,7 @@ from spotlight.core.iteration import (
     IterationDone,
     IterationSettings,
     Phase,
+    RolloutParked,
     StartSaving,
     StartTraining,
     build_iteration_core,
@@ -97,6 +101,8 @@ class Coordinator:
         bind: ZeroMQ endpoint to listen on for agents and ``spotlight status`` (CURVE).
         keys: the coordinator's keys and allow-list; None creates them in ``run_dir/keys``.
         prompts: the prompt set (N prompts).
+        prompt_metadata: each prompt's record fields (:attr:`spotlight.tasks.prompts.PromptSet.metadata`),
+            passed to the reward with its images; None = ``{}`` for every prompt.
         cond: its text conditioning from the model family (every tensor ``[N, …]``: ``embeds
             [N, T, D] float32``, ``mask [N, T]``, family extras such as pooled projections and
             the negative prompt for CFG); ``embeds`` and ``mask`` alone do for callers without.
@@ -119,6 +125,7 @@ class Coordinator:
         bind: str,
         keys: ServerKeys | None = None,
         prompts: list[str],
+        prompt_metadata: Sequence[dict] | None = None,
         cond: Conditioning | None = None,
         embeds: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
@@ -131,8 +138,11 @@ class Coordinator:
             raise ValueError(f"conditioning has {len(cond)} rows for {len(prompts)} prompts")
         self.cfg, self.run_dir, self.bind, self.keys = cfg, pathlib.Path(run_dir), bind, keys
         self.prompts, self.cond, self.progress, self.resume = prompts, cond, progress, resume
+        self.prompt_metadata = list(prompt_metadata) if prompt_metadata is not None else [{} for _ in prompts]
+        if len(self.prompt_metadata) != len(prompts):
+            raise ValueError(f"{len(self.prompt_metadata)} metadata records for {len(prompts)} prompts")
         self.tracker_kinds = tuple(trackers)
-        self.sched = RequestScheduler(cfg.cluster.lease_timeout_s)
+        self.sched = RequestScheduler(cfg.cluster.lease_timeout_s, max_failures=cfg.cluster.max_request_failures)
         self.instances = InstanceManager(cfg.cluster.heartbeat_timeout_s)
         self.store = TensorStore(self.run_dir / "tensor_store", memory_max_bytes=cfg.cluster.weight_memory_max_bytes)
         self.seed_bank = SeedBank(cfg.run.seed, cfg.data.group_size)
@@ -145,8 +155,15 @@ class Coordinator:
         self.scorer = RewardScorer(RewardFn(cfg.reward), cfg.reward)
         core = self.core
         self.trainers = TrainerGroup(
-            cfg, self.run_dir, self.store, self.events, phase=lambda: core.phase, iteration=lambda: core.iteration
+            cfg,
+            self.run_dir,
+            self.store,
+            self.events,
+            phase=lambda: core.phase,
+            iteration=lambda: core.iteration,
+            needed_versions=self.needed_versions,
         )
+        self.checkpoint_version: int | None = None  # the weights the last run checkpoint names
         self.recorder = RunRecorder(self.run_dir, resume=resume)
         parts = (self.sched, self.instances, self.store, self.events)
         self.control = ControlPlane(cfg, *parts, run=self, workers=core, trainers=self.trainers)
@@ -160,7 +177,12 @@ class Coordinator:
         self.tracker: Trackers = Trackers()
         self._train_stats: dict[str, float] = {}
         self._requests_at_row = 0
+        self._parked_at_row = 0
         self._warned_steps = False
+        self.evals = evaluation.Evaluations(self.run_dir, evaluation.cache_dir()) if cfg.eval.every else None
+        self.eval_results: list[dict] = []  # this coordinator's finished held-out evaluations
+        self.guard_alerts: list[Alert] = []  # every alert of this coordinator (status shows them)
+        self._guard_live: list[Alert] = []  # alerts whose condition still holds (not repeated)
 
     def start(self) -> Coordinator:
         """Write the run's config and keys, bind the sockets, open the run's files, restore a
@@ -226,7 +248,7 @@ class Coordinator:
     def on_results(self, body: P.Result, completed: list, tensors: dict, now: float) -> None:
         """Keep the samples of a RESULT's completed requests, tell the core, and score them."""
         observe_step_times(self.step_times, self.instances.nodes.get(body.node_id), body, completed)
-        ids, images, prompts = [], [], []
+        ids, images, prompts, metadata = [], [], [], []
         for i, req in completed:
             slot, pidx = self.core.request_meta[req.request_id]
             s = Sample(
@@ -241,8 +263,9 @@ class Coordinator:
             ids.append(req.request_id)
             images.append(s.image.numpy())
             prompts.append(self.prompts[pidx])
+            metadata.append(self.prompt_metadata[pidx])
         if ids:
-            self.scorer.submit(ids, np.stack(images), prompts)
+            self.scorer.submit(ids, np.stack(images), prompts, metadata)
 
     # ------------------------------------------------------------ the serve loop
     def observation(self) -> CoreObservation:
@@ -286,12 +309,17 @@ class Coordinator:
             if failed is not None:
                 self.error = failed.summary  # one line for status.json; the console gets its log's tail too
                 raise RuntimeError(failed.report())
-            self.error = self.error or self.scorer.error
+            self.error = self.error or self.scorer.error or self.trainers.fatal
             if self.error:
                 raise RuntimeError(self.error)
             if timeout_s is not None and now - t_start > timeout_s:
                 where = f"phase {self.core.phase}, iteration {self.core.iteration + 1}"
                 raise RuntimeError(f"run did not finish within {timeout_s:.0f}s ({where})")
+        if self.evals is not None and self.evals.busy:
+            self.progress("waiting for the last held-out evaluation…")
+            self._poll_evals(self.evals.wait(self.cfg.eval.timeout_s))
+        if self.evals is not None:
+            evaluation.first_vs_last(self.run_dir)
         self.recorder.append_requests(self.sched.requests())  # the ones not retired yet: the run ended
         from spotlight.util.plots import reward_curve
 
@@ -306,6 +334,8 @@ class Coordinator:
                 self._end_iteration(d.iteration, d.metrics, now)
             elif isinstance(d, StartSaving):
                 self.trainers.save_final(self.run_dir / "final")
+            elif isinstance(d, RolloutParked):
+                self.error = self.error or parked_message(self.sched, d, self.prompts)
         self.done = self.core.done
 
     def _start_training(self, n: int, request_ids: list[str]) -> None:
@@ -347,10 +377,15 @@ class Coordinator:
         row = dict(metrics) | self._train_stats
         row |= cluster_metrics(self, in_iteration, iteration_s=float(metrics.get("time/iteration_s", 0.0)), now=now)
         row |= self.trainers.metrics()
+        row |= image_stats([s.image.numpy() for s in self.samples.values() if s.iteration == n and s.in_rollout])
+        row |= self._poll_evals()
+        parked, self._parked_at_row = self.control.requests_parked - self._parked_at_row, self.control.requests_parked
+        row["requests/parked"] = parked
         self.history.append(row)
         self.recorder.append_metrics(row)
         total = self.cfg.run.iterations
         self.progress(format_progress(row, total))
+        self._guard(now)
         self.events.append(
             now, "iteration", "", f"{n + 1}/{total} done: reward {row.get('reward/mean', math.nan):+.4f}"
         )
@@ -364,10 +399,60 @@ class Coordinator:
         for rid, s in list(self.samples.items()):  # trained on; explored for the next batch
             if s.iteration <= n or (s.kind == RequestKind.EXPLORE and s.iteration == n + 1):
                 del self.samples[rid]
+        if self.evals is not None:
+            if n == 0:
+                self.evals.request(-1, 0)  # the base model, for comparison (skipped when its result exists)
+            if evaluation.due(n, self.cfg.eval.every, total):
+                self.evals.request(n, self.store.latest_version)
         resume.write_run_checkpoint(self, n)
         self.write_status(now)
 
+    def _poll_evals(self, results: list[dict] | None = None) -> dict:
+        """Record finished held-out evaluations (``eval.jsonl``, TensorBoard at their own
+        iteration, the panel grid); the newest one's ``eval/*`` scores for the metrics row."""
+        if self.evals is None:
+            return {}
+        results = self.evals.poll() if results is None else results
+        for r in results:
+            self.eval_results.append(r)
+            with (self.run_dir / "eval.jsonl").open("a") as f:
+                f.write(json.dumps(r) + "\n")
+            step = int(r["iteration"]) + 1
+            self.tracker.log_metrics(step, {k: v for k, v in r.items() if k.startswith("eval/")})
+            grid = evaluation.result_path(self.run_dir, int(r["iteration"])).with_suffix(".png")
+            if grid.is_file():
+                self.tracker.log_image(step, "eval", grid)
+            log.info("held-out evaluation of v%d: score %.3f", r["version"], r["eval/score"])
+        if not results:
+            return {}
+        last = results[-1]
+        return {k: v for k, v in last.items() if k.startswith("eval/")} | {"eval/iteration": last["iteration"] + 1}
+
+    def _guard(self, now: float) -> None:
+        """The collapse guard's alerts for the row just written: console, event log, status;
+        with ``guard.action = "stop"`` the run stops (its checkpoint is already written)."""
+        g = self.cfg.guard
+        if not g.enabled:
+            return
+        settings = GuardSettings(**{f.name: getattr(g, f.name) for f in dataclasses.fields(GuardSettings)})
+        for a in cleared(self.history, self._guard_live, settings):
+            self._guard_live.remove(a)
+        for a in check(self.history, settings, already=self._guard_live):
+            self._guard_live.append(a)
+            self.guard_alerts.append(a)
+            log.warning("collapse guard (%s), iteration %d: %s", a.kind, a.iteration + 1, a.message)
+            self.events.append(now, "guard", "", f"{a.kind}: {a.message}"[:300])
+            if g.action == "stop":
+                self.error = self.error or f"collapse guard stopped the run at iteration {a.iteration + 1}: {a.message}"
+
     # ------------------------------------------------------------ status & shutdown
+    def needed_versions(self) -> set[int]:
+        """Weight versions the Tensor Store must keep (:func:`spotlight.core.retention.versions_to_delete`):
+        those live workers hold, those unfinished requests must run with, the last checkpoint's."""
+        unfinished = {r.weight_version for r in self.sched.requests() if not r.status.is_terminal()}
+        mine = set() if self.checkpoint_version is None else {self.checkpoint_version}
+        return self.control.versions_in_use() | unfinished | mine
+
     def node_registered(self, node_id: str) -> bool:
         """True once agent ``node_id`` has registered with this coordinator (whatever its
         status since). Safe to call from another thread (one dict lookup)."""
@@ -395,6 +480,8 @@ class Coordinator:
         if self.server is not None:
             self.write_status(now)  # the GPUs held when it stopped, the trainers' included
         self.instances.release("trainers", now)  # billed up to here
+        if self.evals is not None:
+            self.evals.close()
         self.tracker.close()
         self.scorer.close()
         self.trainers.wait(timeout_s=10)
@@ -415,6 +502,20 @@ def _conditioning(embeds: torch.Tensor | None, mask: torch.Tensor | None) -> Con
     if embeds is None or mask is None:
         raise ValueError("Coordinator needs `cond` (or `embeds` and `mask`)")
     return Conditioning(embeds.float(), mask)
+
+
+def parked_message(sched: RequestScheduler, d: RolloutParked, prompts: Sequence[str]) -> str:
+    """The one line a run stopped by parked rollout requests ends with: the first request,
+    its prompt, the worker it last failed on and its error (docs/architecture.md §4)."""
+    req = sched.get(d.request_ids[0])
+    prompt = prompts[req.prompt_index] if 0 <= req.prompt_index < len(prompts) else "?"
+    more = f" (and {len(d.request_ids) - 1} more)" if len(d.request_ids) > 1 else ""
+    return (
+        f"iteration {d.iteration + 1}: rollout request {req.request_id}{more} (prompt {req.prompt_index} "
+        f"{prompt[:80]!r}, seed {req.seed}) failed {req.failures} times on {len(req.failed_on)} workers "
+        f"(cluster.max_request_failures), last on {req.worker_id}: {req.error}; "
+        "the update needs every rollout sample, so the run stops"
+    )
 
 
 def report_update(n: int, num_samples: int, batches) -> str | None:
@@ -498,6 +599,8 @@ def build_core(cfg: SpotlightConfig, sched: RequestScheduler, seed_bank: SeedBan
     random.Random(cfg.data.shuffle_seed).shuffle(prompt_order)
     T = float(cfg.sampler.num_steps)
     options = profile.step_options() if profile else [StepOption(0.0, T, 1.0)]
+    if cfg.model.family not in STEP_CACHE_FAMILIES:  # a profile's cached arms cannot run (sd3: no First Block Cache)
+        options = [o for o in options if o.cache_threshold == 0] or [StepOption(0.0, T, 1.0)]
     bandit = mode != "off" and cfg.explore.planner == "bandit"
     return build_iteration_core(
         IterationSettings(

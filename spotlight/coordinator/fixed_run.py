@@ -58,7 +58,7 @@ class FixedRun:
         bind: str = "tcp://127.0.0.1:0",
     ):
         self.cfg, self.keys, self.weights, self.cond, self.bind = cfg, keys, pathlib.Path(weights), cond, bind
-        self.sched = RequestScheduler(cfg.cluster.lease_timeout_s)
+        self.sched = RequestScheduler(cfg.cluster.lease_timeout_s, max_failures=cfg.cluster.max_request_failures)
         self.sched.start_epoch(0)
         self.instances = InstanceManager(cfg.cluster.heartbeat_timeout_s)
         self.store = TensorStore(pathlib.Path(work_dir) / "tensor_store", memory_max_bytes=0)

@@ -106,6 +106,8 @@ class RunRecorder:
                             "prompt_index": r.prompt_index,
                             "status": r.status.value,
                             "attempts": r.attempts,
+                            "failures": r.failures,
+                            "error": r.error,
                             "history": [(s.value, round(t, 4), d) for s, t, d in r.history],
                         }
                     )

@@ -41,14 +41,25 @@ def checkpoint_state(coord) -> dict:
     }
 
 
-def write_run_checkpoint(coord, n: int) -> None:
-    """Iteration ``n``'s run checkpoint. The terminal requests of iterations before ``n`` first
-    move out of memory (the Request Scheduler, the prompt-slot map) into ``requests.jsonl``: a
-    long run's memory and checkpoints then hold about two iterations of requests."""
+def write_run_checkpoint(coord, n: int) -> bool:
+    """Iteration ``n``'s run checkpoint, if ``run.checkpoint_every`` asks for one (returns whether
+    it was written). The terminal requests of iterations before ``n`` first move out of memory
+    (the Request Scheduler, the prompt-slot map) into ``requests.jsonl``, every iteration: a
+    long run's memory and checkpoints then hold about two iterations of requests (a resume cuts
+    the log back to the length its checkpoint recorded, so a request retired after it is not
+    logged twice)."""
+    from spotlight.store.checkpoint import is_checkpoint_iteration
+
     dropped = coord.sched.take_terminal(before_iteration=n)
     coord.recorder.append_requests(dropped)
     coord.core.forget_requests(r.request_id for r in dropped)
-    coord.recorder.checkpoint(n, checkpoint_state(coord))
+    run = coord.cfg.run
+    if not is_checkpoint_iteration(n, run.checkpoint_every, run.iterations):
+        return False
+    state = checkpoint_state(coord)
+    coord.recorder.checkpoint(n, state)
+    coord.checkpoint_version = int(state["version"])
+    return True
 
 
 def restore(coord, now: float) -> None:
@@ -89,6 +100,7 @@ def restore(coord, now: float) -> None:
     recorder.truncate_requests(int(st.get("requests_bytes", 0)))
     version = int(st["version"])
     coord.store.latest_version = version
+    coord.checkpoint_version = version
     coord.trainers.resume_version = version
     # status keeps the whole run's time and events
     coord.clock.elapsed_before_s, earlier = earlier_sessions(coord.run_dir, st)

@@ -28,12 +28,14 @@ class _Job:
     ids: list[str]
     images: np.ndarray  # [B, 3, S, S] uint8
     prompts: list[str]
+    metadata: list[dict] | None = None  # per image, its prompt's record fields (None: none)
     future: concurrent.futures.Future | None = None  # None: waiting for its retry time
     retry_at: float = 0.0
 
 
 class RewardScorer:
-    """Scores batches of images with ``reward_fn(images, prompts) -> rewards`` on a pool.
+    """Scores batches of images with ``reward_fn(images, prompts[, metadata]) -> rewards`` on a pool
+    (``metadata``: each image's prompt's record fields, passed only when given).
 
     Args:
         reward_fn: the run's reward (:class:`spotlight.rewards.reward_fn.RewardFn`).
@@ -55,11 +57,17 @@ class RewardScorer:
             self._pool = concurrent.futures.ThreadPoolExecutor(
                 max_workers=self.cfg.num_threads, thread_name_prefix="reward"
             )
-        job.future = self._pool.submit(self.reward_fn, job.images, job.prompts)
+        if job.metadata is None:
+            job.future = self._pool.submit(self.reward_fn, job.images, job.prompts)
+        else:
+            job.future = self._pool.submit(self.reward_fn, job.images, job.prompts, job.metadata)
 
-    def submit(self, ids: list[str], images: np.ndarray, prompts: list[str]) -> None:
-        """Score ``images`` ``[B, 3, S, S] uint8`` (request ``ids``, their ``prompts``)."""
-        job = _Job(list(ids), images, list(prompts))
+    def submit(
+        self, ids: list[str], images: np.ndarray, prompts: list[str], metadata: list[dict] | None = None
+    ) -> None:
+        """Score ``images`` ``[B, 3, S, S] uint8`` (request ``ids``, their ``prompts`` and the
+        prompts' ``metadata``, one dict each)."""
+        job = _Job(list(ids), images, list(prompts), None if metadata is None else list(metadata))
         self._submit(job)
         self._jobs.append(job)
 

@@ -107,4 +107,12 @@ def snapshot(coord, now: float) -> dict:
         "reward_curve": [h["reward/mean"] for h in history],
         "tensor_store": coord.store.stats(),
         "events": coord.events.to_list(),
+        "eval_results": [  # held-out evaluations of this coordinator (docs/evaluation.md)
+            {k: v for k, v in e.items() if k in ("iteration", "version", "eval/score", "eval/strict")}
+            for e in getattr(coord, "eval_results", [])
+        ],
+        "guard_alerts": [  # the collapse guard's alerts (docs/collapse-guard.md), oldest first
+            {"kind": a.kind, "iteration": a.iteration + 1, "metric": a.metric, "message": a.message}
+            for a in getattr(coord, "guard_alerts", [])
+        ],
     }

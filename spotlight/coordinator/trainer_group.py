@@ -32,12 +32,14 @@ from spotlight import protocol as P
 from spotlight.config import SpotlightConfig
 from spotlight.coordinator.server import TRAINER, ControlServer, Rejected
 from spotlight.core.events import EventLog
+from spotlight.core.retention import versions_to_delete
 from spotlight.net.security import ServerKeys, ephemeral_client, write_client_file
 from spotlight.rl.batch import TrainingBatches
-from spotlight.store.checkpoint import train_checkpoint_dir
+from spotlight.store.checkpoint import is_checkpoint_iteration, train_checkpoint_dir
 from spotlight.store.tensor_store import TensorStore
 from spotlight.store.tensor_wire import pack_tensors
 from spotlight.store.weight_sync import WeightSyncError, check_safetensors_file
+from spotlight.util.disk import free_bytes, space_problem
 from spotlight.util.procs import ChildExit, LogMark, log_mark, scrubbed_env, spawn_logged
 
 log = logging.getLogger("spotlight.coordinator")
@@ -67,8 +69,11 @@ class TrainerGroup:
         *,
         phase: Callable[[], str],
         iteration: Callable[[], int],
+        needed_versions: Callable[[], set[int]] = set,
     ):
         self.cfg, self.run_dir, self.store, self.events = cfg, pathlib.Path(run_dir), store, events
+        self.needed_versions = needed_versions
+        """Versions the retention must keep whatever their age (workers, unfinished requests, checkpoint)."""
         self._phase, self._iteration = phase, iteration
         self.world = cfg.train.num_train_workers
         self.ready: set[int] = set()
@@ -81,6 +86,8 @@ class TrainerGroup:
         self.resume_version: int | None = None
         """The version a resumed run's trainers load (set by the coordinator's restore)."""
         self.server: ControlServer | None = None
+        self.fatal: str | None = None
+        """Why the run must stop though every rank lives (a version that does not fit the disk)."""
 
     # ------------------------------------------------------------ processes
     def start(self, server: ControlServer, keys: ServerKeys) -> None:
@@ -109,7 +116,7 @@ class TrainerGroup:
         lines of its log (None: all fine)."""
         for rank, proc in enumerate(self.procs):
             if proc.poll() not in (None, 0):
-                return ChildExit.of(f"train worker rank {rank}", proc.returncode, self.logs[rank])
+                return ChildExit.of(f"train worker rank {rank}", proc.returncode, self.logs[rank], disk=self.run_dir)
         return None
 
     def num_alive(self) -> int:
@@ -147,11 +154,14 @@ class TrainerGroup:
         return ident is not None and self.server is not None and self.server.send(TRAINER, ident, msg, frames)
 
     def train(self, n: int, batches: TrainingBatches) -> None:
-        """Send iteration ``n``'s update (one :class:`~spotlight.rl.batch.RankBatch` per rank)."""
+        """Send iteration ``n``'s update (one :class:`~spotlight.rl.batch.RankBatch` per rank); the
+        ranks save their checkpoint of v_{n+1} only on a checkpointed iteration (``run.checkpoint_every``)."""
         self.done.clear()
+        save = is_checkpoint_iteration(n, self.cfg.run.checkpoint_every, self.cfg.run.iterations)
         for rank, rb in enumerate(batches.ranks):
             metas, frames = pack_tensors(rb.tensors)
-            self.send(rank, P.TrainBatch(iteration=n, version=n, micro_batches=rb.micro_batches, tensors=metas), frames)
+            msg = P.TrainBatch(iteration=n, version=n, micro_batches=rb.micro_batches, tensors=metas, checkpoint=save)
+            self.send(rank, msg, frames)
 
     def save_final(self, final_dir: pathlib.Path) -> None:
         """Ask every rank to save the final model to ``final_dir`` and exit (TRAIN_DONE(-1) each)."""
@@ -212,6 +222,11 @@ class TrainerGroup:
                 f"WEIGHTS v{body.version}: {body.size_bytes} bytes in {body.num_chunks} chunks of {body.chunk_bytes} "
                 f"(chunks must be 1..{max_chunk} bytes and cover the version exactly)",
             )
+        weights_dir = self.store.root / "weights"
+        full = space_problem(weights_dir, body.size_bytes, free_bytes(weights_dir), f"weight version v{body.version}")
+        if full is not None:  # the run cannot go on without the version: stop it, naming the disk
+            self.fatal = full
+            raise Rejected("bad_request", full)
         try:
             self.store.begin_weights(
                 body.version, body.size_bytes, body.chunk_bytes, body.digest, validate=check_safetensors_file
@@ -232,9 +247,16 @@ class TrainerGroup:
         if published:
             info = self.store.weights_info(body.version)
             self.version_bytes = info.size_bytes
-            keep = self.cfg.run.keep_weight_versions
-            if keep:
-                self.store.prune_weights(body.version - keep + 1)
+            drop = versions_to_delete(
+                self.store.weight_versions(),
+                newest=body.version,
+                keep=self.cfg.run.keep_weight_versions,
+                needed=self.needed_versions() if self.cfg.run.keep_weight_versions else (),
+            )
+            for v in drop:
+                self.store.delete_weights(v)
+            if drop:
+                log.info("deleted weight versions %s (run.keep_weight_versions)", ", ".join(f"v{v}" for v in drop))
             self.version = max(self.version, body.version)
             log.info("published weights v%d (%d bytes, %s)", body.version, info.size_bytes, info.digest[:23])
             self.events.append(now, "weights", "", f"v{body.version} published ({info.size_bytes / 1e6:.1f} MB)")

@@ -16,6 +16,8 @@ Event kinds (``EventLog.append``'s ``kind``):
     reform     a node's workers changed (an SP group re-formed; detail: worker → GPUs)
     commit     a draining worker committed partial work (detail: requests, steps)
     detector   a node's preemption detector turned unhealthy or recovered (detail: its error)
+    unhealthy  a Rollout Worker whose consecutive batches all failed backs off (detail: its last error)
+    parked     a request failed on cluster.max_request_failures leases and is not run again (detail: error)
     weights    a weight version was published (detail: version, size)
     iteration  an iteration ended (detail: 1-based number, reward)
     resume     the coordinator continued a run from its checkpoint

@@ -125,6 +125,7 @@ class InvalidPhaseTransition(RuntimeError):
 _TERMINAL = frozenset(s for s in RequestStatus if s.is_terminal())
 # enum members as globals: ``RequestKind.X`` goes through the enum metaclass's ``__getattr__`` hook
 _ROLLOUT, _EXPLORE = RequestKind.ROLLOUT, RequestKind.EXPLORE
+_PARKED = RequestStatus.PARKED
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -209,6 +210,16 @@ class IterationDone:
 
 
 @dataclass(frozen=True)
+class RolloutParked:
+    """Rollout requests of ``iteration`` were parked (``cluster.max_request_failures`` workers
+    gave each back with an error): the update cannot be built without them, so the run stops
+    (docs/architecture.md §4). Emitted once; the phase stays ROLLOUT."""
+
+    iteration: int
+    request_ids: list[str]
+
+
+@dataclass(frozen=True)
 class StartSaving:
     """Every iteration is done: save the final model."""
 
@@ -266,6 +277,7 @@ class IterationCore:
         self.phase = Phase.STARTING
         self.iteration = 0
         self.done = False
+        self.stopped = False  # a RolloutParked was emitted: nothing more moves
         self.request_meta: dict[str, tuple[int, int]] = {}  # request id -> (slot, prompt index)
         self.rewards: dict[str, float | None] = {}  # DONE request id -> reward (None = not scored yet)
         self.rollout_done: dict[int, list[str]] = collections.defaultdict(list)
@@ -378,7 +390,14 @@ class IterationCore:
 
     def _from_rollout(self, now: float, obs: CoreObservation, out: list) -> None:
         n = self.iteration
+        if self.stopped:
+            return
         if self.scored(n, _ROLLOUT):
+            parked = [r.request_id for r in self.sched.requests(iteration=n, kind=_ROLLOUT, status=_PARKED)]
+            if parked:
+                self.stopped = True
+                out.append(RolloutParked(n, parked))
+                return
             self.t["rollout_end"] = now
             self._start_training(n, list(self.rollout_done.get(n, [])), now, out, obs)
 

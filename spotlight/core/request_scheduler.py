@@ -32,9 +32,13 @@ Request lifecycle (``VALID_TRANSITIONS`` below is the single source of truth)::
 
     PENDING --pull--> IN_FLIGHT --complete--> DONE
        ^                 |  \\--commit--> RECOMPUTE --pull--> IN_FLIGHT (resume)
-       |                 |--fail / expire / release_worker--> ABORTED
+       |                 |--fail / expire / release_worker--> ABORTED --(max_failures fail()s)--> PARKED
        +-----------re-enqueue (full re-execution)-------------/
     any non-terminal --cancel--> CANCELLED
+
+PARKED is terminal: a request that ``max_failures`` workers gave back with an error is
+not run again (it would make every worker fail in turn, forever); it keeps its last error
+(``Request.error``) and its last worker for the shell to report.
 
 Who calls it: the coordinator's ZeroMQ shell, single-threaded. It forwards
 worker pulls, results, commits, failures and heartbeats, calls ``expire(now)``
@@ -99,10 +103,11 @@ class RequestStatus(str, enum.Enum):
     ABORTED = "aborted"
     DONE = "done"
     CANCELLED = "cancelled"
+    PARKED = "parked"  # given back with an error by max_failures workers: never run again
 
     def is_terminal(self) -> bool:
-        """True for DONE and CANCELLED: no outgoing edges."""
-        return self is _DONE or self is _CANCELLED
+        """True for DONE, CANCELLED and PARKED: no outgoing edges."""
+        return self is _DONE or self is _CANCELLED or self is _PARKED
 
 
 _S = RequestStatus
@@ -130,11 +135,12 @@ VALID_TRANSITIONS: dict[RequestStatus, frozenset[RequestStatus]] = {
     _S.ABORTED: frozenset(
         {
             _S.PENDING,  # re-enqueued for full re-execution
-            _S.CANCELLED,  # cancelled while parked after too many reported failures
+            _S.PARKED,  # its max_failures-th reported failure: it makes workers fail, not run again
         }
     ),
     _S.DONE: frozenset(),  # terminal
     _S.CANCELLED: frozenset(),  # terminal
+    _S.PARKED: frozenset(),  # terminal
 }
 del _S
 
@@ -193,6 +199,7 @@ _SEQ_BITS = 48  # room for 2.8e14 submissions
 _ROLLOUT, _EXPLORE = RequestKind.ROLLOUT, RequestKind.EXPLORE
 _PENDING, _IN_FLIGHT, _RECOMPUTE = RequestStatus.PENDING, RequestStatus.IN_FLIGHT, RequestStatus.RECOMPUTE
 _ABORTED, _DONE, _CANCELLED = RequestStatus.ABORTED, RequestStatus.DONE, RequestStatus.CANCELLED
+_PARKED = RequestStatus.PARKED
 # ``pull`` moves ready requests to IN_FLIGHT and ``complete`` moves IN_FLIGHT requests to
 # DONE inline (not through ``_transition``).
 assert all(_IN_FLIGHT in VALID_TRANSITIONS[s] for s in (RequestStatus.PENDING, RequestStatus.RECOMPUTE))
@@ -302,11 +309,13 @@ class Request:
     history: list[tuple[RequestStatus, float, str]] = field(default_factory=list)
     lease: Lease | None = None
     attempts: int = 0  # number of leases granted
-    failures: int = 0  # failures reported by workers via fail() (expiry/release not counted)
+    failures: int = 0  # failures reported by workers via fail(counts=True) (expiry/release not counted)
     committed_step: int | None = None  # denoising step index of the committed state
     commit_key: str | None = None  # Tensor Store key of that state
     worker_id: str | None = None  # last/current leaseholder
     seq: int = 0  # submission order across the scheduler (FIFO tie-break)
+    error: str = ""  # the reason of the last fail() (a worker's exception line)
+    failed_on: list[str] = field(default_factory=list)  # the distinct workers whose fail() counted
 
     @property
     def batch_key(self) -> tuple:
@@ -337,6 +346,8 @@ _REQUEST_FIELDS = (
     "commit_key",
     "worker_id",
     "seq",
+    "error",
+    "failed_on",
 )
 assert tuple(f.name for f in dataclasses.fields(Request)) == _REQUEST_FIELDS
 
@@ -347,9 +358,11 @@ class RequestScheduler:
     Args:
         lease_timeout_s: seconds a lease lives without a ``renew``; a worker
             silent for longer is presumed dead and its requests re-run.
-        max_failures: after this many ``fail()`` reports for one request it is
-            parked in ABORTED (not re-enqueued) so a request that crashes every
-            worker cannot take the fleet down; only ``cancel`` moves it on.
+        max_failures: once this many distinct workers reported a ``fail()`` for one
+            request (or it failed ``2 * max_failures`` times, for a run with fewer
+            workers) it is PARKED (terminal, not re-enqueued), so a request that
+            crashes every worker cannot keep the fleet busy failing, while one broken
+            worker cannot park the requests it fails on (``cluster.max_request_failures``).
             ``None`` (default) re-enqueues forever. Expiry and worker release
             never count: preemption is not the request's fault.
     """
@@ -516,7 +529,11 @@ class RequestScheduler:
         filled from eligible requests with that key in the same order. RECOMPUTE
         leases carry ``resume_step`` / ``commit_key``. Each lease expires at
         ``now + lease_timeout_s`` (seconds). Returns ``[]`` when nothing is
-        eligible. Source: paper §4.5 (pull-based), docs/architecture.md §4.
+        eligible. A head request that failed before (``failures > 0``) is leased
+        alone: the requests of a batch that raised all count a failure, and
+        re-running them one by one (they keep their places, ahead of the rest of
+        their key) lets only the one that makes workers fail reach ``max_failures``.
+        Source: paper §4.5 (pull-based), docs/architecture.md §4.
 
         Cost: O(max_requests * log n) amortized for n queued requests, whatever
         their kinds: the head is the smaller top of the ROLLOUT-kind heap and
@@ -550,6 +567,8 @@ class RequestScheduler:
         n = bucket.live
         if n > max_requests:
             n = max_requests
+        if ready[head].failures:  # a suspect is leased alone, so its failures are its own
+            n = 1
         bucket.live -= n
         # Every lease of the batch differs from this one only in lease_id and request_id
         # (and, resuming committed work, resume_step / commit_key): copying a 7-entry dict
@@ -722,20 +741,41 @@ class RequestScheduler:
         )
         return True
 
-    def fail(self, request_id: str, lease_id: int, *, reason: str, now: float, worker_id: str | None = None) -> bool:
+    def fail(
+        self,
+        request_id: str,
+        lease_id: int,
+        *,
+        reason: str,
+        now: float,
+        worker_id: str | None = None,
+        counts: bool = True,
+    ) -> bool:
         """The leaseholder reports failure: IN_FLIGHT -> ABORTED -> PENDING.
 
-        Commit info is cleared, so the request re-runs from scratch. With
-        ``max_failures`` set, a request that reached it stays ABORTED (parked)
-        instead. Returns False (no change) on a stale lease or a ``worker_id``
-        that does not hold it. Source: paper §4.5.
+        Commit info is cleared, so the request re-runs from scratch; ``reason`` is kept as
+        ``Request.error``. With ``max_failures`` set, a request that reached it goes
+        ABORTED -> PARKED (terminal) instead. ``counts=False``: the leases come back for a
+        reason that is not the request's (its worker was stopped or its process died): it is
+        re-enqueued and neither ``failures`` nor ``error`` changes. Returns False (no change)
+        on a stale lease or a ``worker_id`` that does not hold it. Source: paper §4.5.
         """
         req = self._current(request_id, lease_id, worker_id)
         if req is None:
             return False
+        if not counts:
+            self._abort(req, now, f"given back by {req.worker_id}: {reason}", requeue=True)
+            return True
         req.failures += 1
-        park = self.max_failures is not None and req.failures >= self.max_failures
+        req.error = reason
+        if req.worker_id not in req.failed_on:
+            req.failed_on.append(req.worker_id)
+        limit = self.max_failures
+        park = limit is not None and (len(req.failed_on) >= limit or req.failures >= 2 * limit)
         self._abort(req, now, f"failed on {req.worker_id}: {reason}", requeue=not park)
+        if park:
+            detail = f"parked: failed {req.failures} times on {len(req.failed_on)} workers (max_failures)"
+            self._transition(req, _PARKED, now, detail)
         return True
 
     def renew(self, worker_id: str, now: float) -> int:
@@ -885,7 +925,7 @@ class RequestScheduler:
         return out
 
     def is_finished(self, *, iteration: int, kind: RequestKind) -> bool:
-        """True when every request of ``iteration`` and ``kind`` is DONE or CANCELLED (or none exist)."""
+        """True when every request of ``iteration`` and ``kind`` is DONE, CANCELLED or PARKED (or none exist)."""
         if kind.__class__ is not RequestKind:
             kind = RequestKind(kind)
         return self._outstanding.get((iteration, kind), 0) == 0
@@ -906,7 +946,7 @@ class RequestScheduler:
         return len(self.take_terminal(before_iteration=before_iteration))
 
     def take_terminal(self, *, before_iteration: int) -> list[Request]:
-        """Drop the terminal (DONE or CANCELLED) requests of iterations ``< before_iteration``
+        """Drop the terminal (DONE, CANCELLED or PARKED) requests of iterations ``< before_iteration``
         and return them, in submission order within each iteration (for a log that keeps
         them; the coordinator appends them to ``requests.jsonl``).
 
@@ -997,9 +1037,9 @@ class RequestScheduler:
         each request IN_FLIGHT in the snapshot goes IN_FLIGHT -> ABORTED -> PENDING
         (history detail "coordinator restarted", commit info cleared, ``failures``
         unchanged), like an expiry. RECOMPUTE requests stay RECOMPUTE with their
-        commit (the Tensor Store is on disk); PENDING, ABORTED (parked), DONE and
-        CANCELLED requests are restored as they were. The ready queue and indexes
-        are rebuilt. Request ids keep counting from the saved counters. ``now`` is
+        commit (the Tensor Store is on disk); PENDING, DONE, CANCELLED and PARKED requests
+        are restored as they were (an ABORTED one, parked by an older version, as PARKED).
+        The ready queue and indexes are rebuilt. Request ids keep counting from the saved counters. ``now`` is
         the timestamp of the new history entries (seconds).
 
         Returns:
@@ -1031,6 +1071,10 @@ class RequestScheduler:
                 raise ValueError(f"malformed request scheduler state: {r.request_id} has seq/lease beyond the counters")
         if len({r.request_id for r in reqs}) != len(reqs):
             raise ValueError("malformed request scheduler state: duplicate request ids")
+        for r in reqs:  # a snapshot from before PARKED existed kept parked requests in ABORTED
+            if r.status is _ABORTED:
+                r.status = _PARKED
+                r.history.append((_PARKED, now, "parked (restored from an ABORTED snapshot)"))
         self._requests = {r.request_id: r for r in reqs}
         self._reset_indexes()
         for r in reqs:
@@ -1210,7 +1254,7 @@ class RequestScheduler:
                 held = self._by_worker[lease.worker_id] = {}
             held[req.request_id] = None
             self._push_expiry(lease.expires_at, (lease,))
-        elif new_status is _DONE or new_status is _CANCELLED:
+        elif new_status is _DONE or new_status is _CANCELLED or new_status is _PARKED:
             self._outstanding[(req.iteration, req.kind)] -= 1
             self._outstanding_kind[req.kind] -= 1
             del self._keys[req.request_id]
@@ -1233,6 +1277,8 @@ def _request_to_json(r: Request) -> dict[str, Any]:
         "lease": None if r.lease is None else dataclasses.asdict(r.lease),
         "attempts": r.attempts,
         "failures": r.failures,
+        "error": r.error,
+        "failed_on": list(r.failed_on),
         "committed_step": r.committed_step,
         "commit_key": r.commit_key,
         "worker_id": r.worker_id,
@@ -1257,6 +1303,8 @@ def _request_from_json(d: dict[str, Any]) -> Request:
         lease=None if lease is None else Lease(**lease),
         attempts=int(d["attempts"]),
         failures=int(d["failures"]),
+        error=str(d.get("error", "")),
+        failed_on=[str(w) for w in d.get("failed_on", [])],
         committed_step=None if d["committed_step"] is None else int(d["committed_step"]),
         commit_key=d["commit_key"],
         worker_id=d["worker_id"],

@@ -126,8 +126,9 @@ def render_text_image(
     seed: int = 0,
 ):
     """An RGB PIL image of ``text`` centred on a light background (checks and benchmarks of
-    the reward). ``font`` is a file name in matplotlib's bundled fonts (DejaVu, STIX, …) or a
-    path; ``blur_px`` a Gaussian blur radius; ``noise_std`` Gaussian pixel noise (0-255 scale).
+    the reward); a text wider than the canvas at ``font_px`` is drawn smaller, to fit.
+    ``font`` is a file name in matplotlib's bundled fonts (DejaVu, STIX, …) or a path;
+    ``blur_px`` a Gaussian blur radius; ``noise_std`` Gaussian pixel noise (0-255 scale).
     """
     import pathlib
 
@@ -139,10 +140,14 @@ def render_text_image(
         import matplotlib
 
         path = pathlib.Path(matplotlib.get_data_path()) / "fonts" / "ttf" / font
-    face = ImageFont.truetype(str(path), font_px)
     im = Image.new("RGB", (size_px, size_px), (236, 228, 214))
     draw = ImageDraw.Draw(im)
-    left, top, right, bottom = draw.textbbox((0, 0), text, font=face)
+    while True:  # shrink a text wider than 92 % of the canvas until it fits
+        face = ImageFont.truetype(str(path), font_px)
+        left, top, right, bottom = draw.textbbox((0, 0), text, font=face)
+        if right - left <= 0.92 * size_px or font_px <= 8:
+            break
+        font_px = max(8, int(font_px * 0.9))
     xy = ((size_px - (right - left)) / 2 - left, (size_px - (bottom - top)) / 2 - top)
     draw.text(xy, text, fill=(24, 24, 28), font=face)
     if blur_px > 0:

@@ -15,8 +15,14 @@ HTTP reward service protocol (JSON only — never pickle; Flow-GRPO's reward ser
 pickle, which is remote code execution for whoever can reach it)::
 
     POST <url>            Content-Type: application/json
-    {"images": ["<base64 PNG>", ...], "prompts": ["...", ...]}
+    {"version": 2, "images": ["<base64 PNG>", ...], "prompts": ["...", ...],
+     "metadata": [{...}, ...]}
     200 → {"rewards": [float, ...]}     (same length and order)
+
+``metadata`` is one JSON object per image: its prompt's record fields as the prompt file has
+them (GenEval's ``tag`` / ``include`` / ``exclude``, an ``ocr_target``, a CSV/TSV row's other
+columns; ``{}`` for a plain-text prompt). ``version`` is :data:`REWARD_PROTOCOL_VERSION`;
+version 1 had no ``version`` key and no ``metadata``.
 
 Each reward is a JSON number (``NaN``/``Infinity`` are accepted: the coordinator's
 ``trainable_samples`` drops samples with a non-finite reward and counts them); a string, a
@@ -42,6 +48,9 @@ from PIL import Image
 
 from spotlight.config import RewardConfig
 from spotlight.errors import SpotlightError
+
+REWARD_PROTOCOL_VERSION = 2
+"""Version of the reward service's JSON request (2: per-image ``metadata``; 1: none, no ``version`` key)."""
 
 
 class RewardError(SpotlightError):
@@ -75,8 +84,10 @@ class RewardFn:
         self._session = session
         self._ocr = None  # the OCR engine, built on first use (kind = "ocr")
 
-    def __call__(self, images_bchw: np.ndarray, prompts: list[str]) -> list[float]:
-        """Rewards for ``[B, 3, H, W] uint8`` images, in input order.
+    def __call__(self, images_bchw: np.ndarray, prompts: list[str], metadata: list[dict] | None = None) -> list[float]:
+        """Rewards for ``[B, 3, H, W] uint8`` images, in input order. ``metadata``: one dict per
+        image, its prompt's record fields (``ocr`` reads ``ocr_target``; the HTTP service gets
+        them all); None = ``{}`` each.
 
         Raises:
             RewardError: bad input (``geneval_shapes``: also a prompt that is no shapes-world
@@ -84,6 +95,9 @@ class RewardFn:
                 ``max_retries`` times.
         """
         hwc = _to_hwc(images_bchw)
+        metadata = [{} for _ in hwc] if metadata is None else list(metadata)
+        if len(metadata) != len(hwc):
+            raise RewardError(f"{len(hwc)} images but {len(metadata)} metadata records")
         if self.cfg.kind == "geneval_shapes":
             from spotlight.tasks.shapes import geneval
 
@@ -103,18 +117,19 @@ class RewardFn:
 
                 self._ocr = OcrScorer()
             try:
-                return self._ocr([Image.fromarray(im) for im in hwc], prompts)
+                return self._ocr([Image.fromarray(im) for im in hwc], prompts, metadata)
             except ValueError as exc:
                 raise RewardError(str(exc)) from None
         if self.cfg.kind == "jpeg_compressibility":
             return [-jpeg_size_kb(im, self.cfg.jpeg_quality) for im in hwc]
         if self.cfg.kind == "jpeg_incompressibility":
             return [jpeg_size_kb(im, self.cfg.jpeg_quality) for im in hwc]
-        return self._http(hwc, prompts)
+        return self._http(hwc, prompts, metadata)
 
-    def check_prompts(self, prompts: list[str]) -> None:
+    def check_prompts(self, prompts: list[str], metadata: list[dict] | None = None) -> None:
         """Fail fast on prompts this reward cannot score (``geneval_shapes``: prompts that are
-        no shapes-world caption); other kinds accept any prompt.
+        no shapes-world caption; ``ocr``: prompts without a quoted target, unless their
+        ``metadata`` has an ``ocr_target``); other kinds accept any prompt.
 
         Raises:
             RewardError: the first bad prompt, with the parser's message.
@@ -122,7 +137,9 @@ class RewardFn:
         if self.cfg.kind == "ocr":
             from spotlight.rewards.ocr import prompt_target
 
-            for p in prompts:
+            for i, p in enumerate(prompts):
+                if metadata is not None and i < len(metadata) and metadata[i].get("ocr_target"):
+                    continue
                 try:
                     prompt_target(p)
                 except ValueError as exc:
@@ -136,11 +153,16 @@ class RewardFn:
                 except ValueError as exc:
                     raise RewardError(str(exc)) from None
 
-    def _http(self, hwc: list[np.ndarray], prompts: list[str]) -> list[float]:
+    def _http(self, hwc: list[np.ndarray], prompts: list[str], metadata: list[dict]) -> list[float]:
         import requests
 
         session = self._session or requests.Session()
-        payload = {"images": [_png_b64(im) for im in hwc], "prompts": list(prompts)}
+        payload = {
+            "version": REWARD_PROTOCOL_VERSION,
+            "images": [_png_b64(im) for im in hwc],
+            "prompts": list(prompts),
+            "metadata": metadata,
+        }
         from spotlight.net.http_limits import bounded_request
 
         last = "no attempt"

@@ -8,7 +8,8 @@ This is the server side of the HTTP protocol that :class:`spotlight.rewards.rewa
 Protocol::
 
     POST /   or   POST /score          Content-Type: application/json
-    {"images": ["<base64 PNG or JPEG>", ...], "prompts": ["...", ...]}
+    {"version": 2, "images": ["<base64 PNG or JPEG>", ...], "prompts": ["...", ...],
+     "metadata": [{...}, ...]}                            # one JSON object per image
     200 → {"rewards": [float, ...],                    # Σ_k w_k · score_k, input order
            "scores": {"<scorer>": [float, ...], ...}}   # each scorer's unweighted scores
 
@@ -16,7 +17,9 @@ Protocol::
     200 → {"status": "ok", "scorers": {"<scorer>": weight, ...}}
 
     Errors → {"error": "<message>"} with
-      400  malformed JSON / fields, len(images) != len(prompts), batch over the limit,
+      400  a request of another protocol version (version 1 had no "version" key and no
+           "metadata"; the message says so), malformed JSON / fields, len(images) !=
+           len(prompts) or len(metadata), a metadata item that is no object, batch over the limit,
            an image that is not base64 or not a PNG/JPEG that Pillow decodes, an image over
            the pixel limit, a bad Content-Length
       404  unknown path
@@ -26,6 +29,11 @@ Protocol::
       415  Content-Type is not application/json
       500  a scorer raised, or returned a non-finite score (JSON has no NaN/Infinity) —
            the message names the scorer
+
+``metadata`` carries each prompt's record fields from the prompt file (GenEval's ``tag`` /
+``include`` / ``exclude``, an ``ocr_target``, a CSV/TSV row's other columns; ``{}`` for plain
+text). A scorer whose ``__call__`` has a ``metadata`` parameter receives it (one dict per
+image); others are called with images and prompts alone.
 
 Composition follows Flow-GRPO ``flow_grpo/rewards.py: multi_score``: ``reward_fn`` is a
 ``{name: weight}`` dict and the reward is the weighted sum of each scorer's scores.
@@ -47,6 +55,14 @@ Scorers (registry :data:`SCORER_NAMES`):
   float32, from a local ``transformers`` ``CLIPModel`` checkpoint + its processor
   (``yuvalkirstain/PickScore_v1`` with the processor of ``laion/CLIP-ViT-H-14-laion2B-s32B-b79K``
   for real PickScore).
+* ``geneval`` / ``geneval_partial``: GenEval's strict verdict (0/1) or the fraction of its
+  clauses that hold, on real images: a local ``transformers`` object detector
+  (``--detector-path``, COCO class names) and CLIP colour classification (``--clip-path``),
+  each prompt's GenEval record from ``--geneval-metadata`` JSONL files
+  (:mod:`spotlight.rewards.geneval`).
+* ``aesthetic``: the LAION aesthetic predictor's 1-10 rating (Flow-GRPO's ``aesthetic``): an MLP
+  head (``--aesthetic-head``) over CLIP ViT-L/14 image embeddings (``--aesthetic-clip-path``,
+  default ``--clip-path``); :mod:`spotlight.rewards.aesthetic`.
 * ``ocr``: Flow-GRPO's OCR reward, ``1 - normalised edit distance`` between the prompt's
   quoted text and the text RapidOCR reads in the image (:mod:`spotlight.rewards.ocr`;
   ONNX models inside the ``rapidocr_onnxruntime`` wheel, offline). A prompt without a
@@ -73,6 +89,7 @@ from urllib.parse import urlsplit
 from PIL import Image
 
 from spotlight.errors import SpotlightError
+from spotlight.rewards.reward_fn import REWARD_PROTOCOL_VERSION
 
 logger = logging.getLogger("spotlight.rewards.server")
 
@@ -92,6 +109,9 @@ SCORER_NAMES = (
     "clip",
     "pickscore",
     "ocr",
+    "geneval",
+    "geneval_partial",
+    "aesthetic",
 )
 _DRAIN_MAX_BYTES = 64 * 1024 * 1024
 _DRAIN_MAX_S = 2.0
@@ -160,7 +180,10 @@ class GenevalShapesScorer:
         self.partial_credit = bool(partial_credit)
         geneval.classify_pixels(np.zeros((1, 1, 3), dtype=np.uint8))  # build the colour table now
 
-    def __call__(self, images: Sequence[Image.Image], prompts: Sequence[str]) -> list[float]:
+    def __call__(
+        self, images: Sequence[Image.Image], prompts: Sequence[str], metadata: Sequence[dict] | None = None
+    ) -> list[float]:
+        """``metadata`` is accepted and not needed: a shapes-world caption is its own spec."""
         import numpy as np
 
         from spotlight.tasks.shapes import geneval
@@ -336,6 +359,10 @@ def build_scorer(
     device: str | None = None,
     jpeg_quality: int = 95,
     clip_batch_size: int = 32,
+    detector_path: str | pathlib.Path | None = None,
+    geneval_metadata: Sequence[str | pathlib.Path] = (),
+    aesthetic_head: str | pathlib.Path | None = None,
+    aesthetic_clip_path: str | pathlib.Path | None = None,
 ) -> Scorer:
     """One scorer of the registry by name (see :data:`SCORER_NAMES`).
 
@@ -354,6 +381,27 @@ def build_scorer(
         from spotlight.rewards.ocr import OcrScorer
 
         return OcrScorer()
+    if name == "aesthetic":
+        from spotlight.rewards.aesthetic import AestheticScorer
+
+        if aesthetic_head is None:
+            raise SpotlightError("the aesthetic scorer needs --aesthetic-head FILE (the predictor's weights)")
+        clip_dir = aesthetic_clip_path or clip_path
+        if clip_dir is None:
+            raise SpotlightError("the aesthetic scorer needs --aesthetic-clip-path DIR (CLIP ViT-L/14) or --clip-path")
+        return AestheticScorer(clip_dir, aesthetic_head, device=device, batch_size=clip_batch_size)
+    if name in ("geneval", "geneval_partial"):
+        from spotlight.rewards.geneval import GenEvalScorer, load_metadata
+
+        if detector_path is None:
+            raise SpotlightError(f"the {name} scorer needs --detector-path DIR (a local transformers detector)")
+        return GenEvalScorer(
+            detector_path,
+            clip_path,
+            load_metadata(geneval_metadata),
+            partial_credit=name == "geneval_partial",
+            device=device,
+        )
     if name in ("clip", "pickscore"):
         return ClipScorer(clip_path, clip_processor_path, device=device, batch_size=clip_batch_size)
     raise SpotlightError(f"unknown scorer {name!r}; known: {', '.join(SCORER_NAMES)}")
@@ -392,11 +440,14 @@ class MultiScorer:
             raise SpotlightError("MultiScorer needs at least one scorer")
         self._scorers: dict[str, tuple[Scorer, float]] = {}
         self._locks: dict[int, threading.Lock] = {}
+        self._with_metadata: set[str] = set()  # scorers whose __call__ takes metadata
         for name, (scorer, weight) in scorers.items():
             w = float(weight)
             if not math.isfinite(w):
                 raise SpotlightError(f"weight of scorer {name!r} must be finite, got {weight!r}")
             self._scorers[name] = (scorer, w)
+            if _takes_metadata(scorer):
+                self._with_metadata.add(name)
             if not getattr(scorer, "thread_safe", False):
                 self._locks.setdefault(id(scorer), threading.Lock())
 
@@ -406,9 +457,10 @@ class MultiScorer:
         return {name: w for name, (_, w) in self._scorers.items()}
 
     def score(
-        self, images: Sequence[Image.Image], prompts: Sequence[str]
+        self, images: Sequence[Image.Image], prompts: Sequence[str], metadata: Sequence[dict] | None = None
     ) -> tuple[list[float], dict[str, list[float]]]:
-        """Total and per-scorer scores of ``B`` (image, prompt) pairs.
+        """Total and per-scorer scores of ``B`` (image, prompt) pairs; ``metadata`` (one dict per
+        image, None = ``{}`` each) goes to the scorers that take it.
 
         Raises:
             ScorerError: a scorer raised, returned the wrong number of scores, or a
@@ -417,6 +469,9 @@ class MultiScorer:
         n = len(images)
         if n != len(prompts):
             raise ScorerError(f"{n} images but {len(prompts)} prompts")
+        metadata = [{} for _ in range(n)] if metadata is None else list(metadata)
+        if n != len(metadata):
+            raise ScorerError(f"{n} images but {len(metadata)} metadata records")
         per: dict[str, list[float]] = {}
         total = [0.0] * n
         for name, (scorer, weight) in self._scorers.items():
@@ -424,12 +479,13 @@ class MultiScorer:
                 per[name] = []
                 continue
             lock = self._locks.get(id(scorer))
+            args = (images, prompts, metadata) if name in self._with_metadata else (images, prompts)
             try:
                 if lock is None:
-                    raw = scorer(images, prompts)
+                    raw = scorer(*args)
                 else:
                     with lock:
-                        raw = scorer(images, prompts)
+                        raw = scorer(*args)
                 values = [float(v) for v in raw]
             except Exception as exc:  # noqa: BLE001 - any scorer failure is a 500 naming the scorer
                 raise ScorerError(f"scorer {name!r} failed: {type(exc).__name__}: {exc}") from exc
@@ -484,30 +540,57 @@ def _decode_image(item: Any, index: int, max_pixels: int) -> Image.Image:
         ) from None
 
 
+def _takes_metadata(scorer: Any) -> bool:
+    """The scorer's ``__call__`` has a ``metadata`` parameter."""
+    import inspect
+
+    try:
+        return "metadata" in inspect.signature(scorer).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def parse_request(
     body: bytes, max_batch: int = DEFAULT_MAX_BATCH, max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
-) -> tuple[list[Image.Image], list[str]]:
-    """Validate a request body → (RGB PIL images, prompts). Raises ``_RequestError`` (HTTP 400)."""
+) -> tuple[list[Image.Image], list[str], list[dict]]:
+    """Validate a request body → (RGB PIL images, prompts, metadata). Raises ``_RequestError`` (HTTP 400)."""
     try:
         payload = json.loads(body)
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise _RequestError(400, f"malformed JSON body: {exc}") from None
     if not isinstance(payload, dict):
-        raise _RequestError(400, 'body must be a JSON object {"images": [...], "prompts": [...]}')
-    for key in ("images", "prompts"):
+        raise _RequestError(
+            400, 'body must be a JSON object {"version": 2, "images": [...], "prompts": [...], "metadata": [...]}'
+        )
+    version = payload.get("version", 1)
+    if version != REWARD_PROTOCOL_VERSION:
+        old = " (no 'version' key: version 1, without per-image metadata)" if "version" not in payload else ""
+        raise _RequestError(
+            400,
+            f"reward protocol version {version!r}{old} is not served; this server speaks version "
+            f'{REWARD_PROTOCOL_VERSION}: {{"version": {REWARD_PROTOCOL_VERSION}, "images": [...], "prompts": [...], '
+            '"metadata": [{...}, ...]} (one object per image); update the client',
+        )
+    for key in ("images", "prompts", "metadata"):
         if key not in payload:
             raise _RequestError(400, f"missing key {key!r}")
         if not isinstance(payload[key], list):
             raise _RequestError(400, f"{key!r} must be a list, got {type(payload[key]).__name__}")
-    images, prompts = payload["images"], payload["prompts"]
+    images, prompts, metadata = payload["images"], payload["prompts"], payload["metadata"]
     if len(images) != len(prompts):
         raise _RequestError(400, f"len(images) = {len(images)} != len(prompts) = {len(prompts)}")
+    if len(images) != len(metadata):
+        raise _RequestError(400, f"len(images) = {len(images)} != len(metadata) = {len(metadata)}")
+    for i, m in enumerate(metadata):
+        if not isinstance(m, dict):
+            raise _RequestError(400, f"metadata[{i}] is a {type(m).__name__}, expected a JSON object")
     if len(images) > max_batch:
         raise _RequestError(400, f"batch of {len(images)} images is over the limit {max_batch}; split it")
     for i, p in enumerate(prompts):
         if not isinstance(p, str):
             raise _RequestError(400, f"prompts[{i}] is a {type(p).__name__}, expected a string")
-    return [_decode_image(item, i, max_image_pixels) for i, item in enumerate(images)], list(prompts)
+    decoded = [_decode_image(item, i, max_image_pixels) for i, item in enumerate(images)]
+    return decoded, list(prompts), list(metadata)
 
 
 # ------------------------------------------------------------------------------------ the server
@@ -639,7 +722,7 @@ class _Handler(BaseHTTPRequestHandler):
             ctype = (self.headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
             if ctype != "application/json":
                 raise _RequestError(415, f"Content-Type must be application/json, got {ctype or 'none'!r}")
-            images, prompts = parse_request(body, self.server.max_batch, self.server.max_image_pixels)
+            images, prompts, metadata = parse_request(body, self.server.max_batch, self.server.max_image_pixels)
         except _RequestError as exc:
             self._send_error_json(exc.status, exc.message, exc.body_unread, declared)
             return
@@ -648,7 +731,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_error_json(500, f"internal error while reading the request: {type(exc).__name__}: {exc}")
             return
         try:
-            total, per = self.server.scorer.score(images, prompts)
+            total, per = self.server.scorer.score(images, prompts, metadata)
         except ScorerError as exc:
             self._send_error_json(500, str(exc))
             return

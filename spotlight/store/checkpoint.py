@@ -39,6 +39,7 @@ __all__ = [
     "CheckpointError",
     "checkpoint_dir",
     "complete_checkpoints",
+    "is_checkpoint_iteration",
     "latest_checkpoint",
     "load_checkpoint",
     "next_epoch",
@@ -91,6 +92,12 @@ def _check_name(name: str) -> None:
     p = pathlib.PurePosixPath(name)
     if not name or p.is_absolute() or ".." in p.parts or name == STATE_FILE or name.startswith(_TMP_PREFIX):
         raise ValueError(f"invalid checkpoint file name {name!r}")
+
+
+def is_checkpoint_iteration(iteration: int, every: int, iterations: int) -> bool:
+    """Whether 0-based ``iteration`` of a run of ``iterations`` is checkpointed
+    (``run.checkpoint_every = every``): every ``every``-th iteration counted from 1, and the last."""
+    return (iteration + 1) % every == 0 or iteration + 1 >= iterations
 
 
 def write_checkpoint(

@@ -258,21 +258,29 @@ class TensorStore:
                 blob = path.read_bytes()
         return blob
 
+    def weight_versions(self) -> list[int]:
+        """Versions with a file on disk (published or with a leftover digest), ascending."""
+        out = set()
+        for path in (self.root / "weights").glob("v*"):
+            head = path.name[1:].split(".", 1)[0]
+            if head.isdigit() and path.name.endswith((".safetensors", ".digest")):
+                out.add(int(head))
+        return sorted(out)
+
+    def delete_weights(self, version: int) -> None:
+        """Delete ``version``'s file and digest (a map still sending keeps its file alive until done)."""
+        self._path(version).unlink(missing_ok=True)
+        self._digest_path(version).unlink(missing_ok=True)
+        self._weights.pop(version, None)
+        self._maps.pop(version, None)
+        self._info.pop(version, None)
+
     def prune_weights(self, keep_from: int) -> None:
         """Delete on-disk versions older than ``keep_from`` (a map still sending keeps its file
         alive until it is done)."""
-        for path in list((self.root / "weights").glob("v*.safetensors")) + list(
-            (self.root / "weights").glob("v*.digest")
-        ):
-            try:
-                v = int(path.name[1:].split(".", 1)[0])
-            except ValueError:
-                continue
+        for v in self.weight_versions():
             if v < keep_from:
-                path.unlink(missing_ok=True)
-                self._weights.pop(v, None)
-                self._maps.pop(v, None)
-                self._info.pop(v, None)
+                self.delete_weights(v)
 
     # ------------------------------------------------------------ rollout state
     def put_state(self, key: str, metas: list[TensorMeta], frames: list[bytes]) -> int:

@@ -6,6 +6,8 @@ without importing this module (it imports torch).
 
 from __future__ import annotations
 
+import pathlib
+
 import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
@@ -136,6 +138,7 @@ def save_version(state_dict: dict[str, torch.Tensor], path, *, digest: str = "sh
     Raises:
         ValueError: a dtype safetensors cannot hold here (complex, float8, …).
         OSError: the file cannot be written.
+        DiskSpaceError: the file would not fit (checked before writing).
     """
     import json as _json
 
@@ -155,6 +158,9 @@ def save_version(state_dict: dict[str, torch.Tensor], path, *, digest: str = "sh
     header["__metadata__"] = {"format": "pt"}
     raw = _json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-(8 + len(raw)) % 8)  # data starts 8-byte aligned
+    from spotlight.util.disk import ensure_free_space
+
+    ensure_free_space(pathlib.Path(path).parent, 8 + len(raw) + pos, f"weight version {pathlib.Path(path).name}")
     h = new_hasher(digest)
     with open(path, "wb") as f:
         for piece in (len(raw).to_bytes(8, "little"), raw):

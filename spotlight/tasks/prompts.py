@@ -4,11 +4,20 @@
 
 * ``.jsonl`` — GenEval-style metadata, one JSON object per line; the prompt is under
   ``prompt`` (else ``text``, else ``caption``, else the key ``prompt_column`` names);
-* ``.csv`` / ``.tsv`` — a header row, then one record per prompt (read by the ``csv``
-  module: quoted fields with commas, quotes and line breaks, a UTF-8 byte-order mark);
-  the prompt column is the one named ``prompt``, ``text`` or ``caption`` (any case) or
-  the one ``prompt_column`` names;
+* ``.json`` — one JSON array: of prompt strings, or of objects with the key a JSONL record
+  would have (anything else is refused with a hint to use ``.jsonl``);
+* ``.csv`` / ``.tsv`` — a header row, then one record per prompt; the prompt column is the
+  one named ``prompt``, ``text`` or ``caption`` (any case) or the one ``prompt_column``
+  names. CSV is read by the ``csv`` module (RFC 4180: quoted fields with commas, quotes and
+  line breaks); TSV as IANA text/tab-separated-values defines it: one record per line,
+  fields split at tabs, no quoting (a field may begin or end with ``"``, kept as it is);
+  both drop a UTF-8 byte-order mark;
 * anything else — plain text, one prompt per line.
+
+Every prompt keeps its record's other fields as its metadata (:attr:`PromptSet.metadata`:
+a JSONL/JSON object's other keys, a CSV/TSV row's other columns as text; ``{}`` for plain
+text), which travels with the prompt's requests to the reward (GenEval's ``tag`` /
+``include`` / ``exclude``, an OCR target), and its line in the file (:attr:`PromptSet.lines`).
 
 An optional filter keeps the prompts whose ``category_column`` value is one of
 ``categories`` (CSV, TSV and JSONL). Empty prompts are skipped and counted. Anything
@@ -50,6 +59,8 @@ class PromptSet:
         categories: the values of ``category_column`` kept.
         num_skipped_empty: records (or lines) whose prompt was empty.
         num_filtered_out: records the category filter dropped.
+        metadata: per prompt (same order), its record's other fields (``{}`` for plain text).
+        lines: per prompt, its line in the file (1-based; a JSON array's: the line its item starts on).
     """
 
     prompts: list[str]
@@ -61,6 +72,14 @@ class PromptSet:
     categories: tuple[str, ...] = ()
     num_skipped_empty: int = 0
     num_filtered_out: int = 0
+    metadata: list[dict] = dataclasses.field(default_factory=list)
+    lines: list[int] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self):
+        if not self.metadata:
+            object.__setattr__(self, "metadata", [{} for _ in self.prompts])
+        if not self.lines:
+            object.__setattr__(self, "lines", list(range(1, len(self.prompts) + 1)))
 
     def to_json(self) -> dict:
         """What a run directory records (``prompts.json``): a JSON-ready dict."""
@@ -90,8 +109,9 @@ class PromptSet:
 
 
 def file_format(path: str | pathlib.Path) -> str:
-    """``"jsonl"``, ``"csv"``, ``"tsv"`` or ``"text"``, from the file name's suffix (any case)."""
-    return {".jsonl": "jsonl", ".csv": "csv", ".tsv": "tsv"}.get(pathlib.Path(path).suffix.lower(), "text")
+    """``"jsonl"``, ``"json"``, ``"csv"``, ``"tsv"`` or ``"text"``, from the file name's suffix (any case)."""
+    formats = {".jsonl": "jsonl", ".json": "json", ".csv": "csv", ".tsv": "tsv"}
+    return formats.get(pathlib.Path(path).suffix.lower(), "text")
 
 
 def load_prompt_set(
@@ -138,13 +158,19 @@ def load_prompt_set(
         used_column = ""
     elif fmt == "jsonl":
         rows, used_column = _jsonl_rows(p, text, prompt_column, category_column)
+    elif fmt == "json":
+        rows, used_column = _json_rows(p, text, prompt_column, category_column)
+    elif fmt == "tsv":
+        rows, used_column = _tsv_rows(p, text, prompt_column, category_column)
     else:
-        rows, used_column = _table_rows(p, text, "\t" if fmt == "tsv" else ",", prompt_column, category_column)
+        rows, used_column = _table_rows(p, text, prompt_column, category_column)
     kept, filtered, empty = _keep_prompts(p, rows, category_column, cats)
     if not kept:
         raise ConfigError(f"{p}: no prompts" + (f" ({empty} empty)" if empty else ""))
     return PromptSet(
-        prompts=kept,
+        prompts=[r.prompt for r in kept],
+        metadata=[r.metadata for r in kept],
+        lines=[r.line for r in kept],
         path=p,
         sha256=hashlib.sha256(raw).hexdigest(),
         format=fmt,
@@ -171,25 +197,34 @@ def _read_utf8(p: pathlib.Path, source: str) -> tuple[bytes, str]:
         raise ConfigError(f"{p}:{line}: not UTF-8 text (byte {exc.start}); save the prompt file as UTF-8") from None
 
 
-def _keep_prompts(
-    p: pathlib.Path, rows: list[tuple[int, str, str | None]], category_column: str, cats: tuple[str, ...]
-) -> tuple[list[str], int, int]:
-    """Apply the category filter and drop empty prompts: ``(kept, num filtered out, num empty)``.
+@dataclasses.dataclass(frozen=True)
+class _Row:
+    """One record of a prompt file: its line, prompt, category (None: no filter) and other fields."""
 
-    ``rows`` are ``(line, prompt, category or None)``. Every one of ``cats`` must occur in
-    ``category_column``."""
+    line: int
+    prompt: str
+    category: str | None = None
+    metadata: dict = dataclasses.field(default_factory=dict)
+
+
+def _keep_prompts(
+    p: pathlib.Path, rows: list[_Row], category_column: str, cats: tuple[str, ...]
+) -> tuple[list[_Row], int, int]:
+    """Apply the category filter and drop empty prompts: ``(kept, num filtered out, num empty)``.
+    Every one of ``cats`` must occur in ``category_column``."""
     kept, filtered, empty = [], 0, 0
     seen_categories: dict[str, int] = {}
-    for _line, prompt, category in rows:
+    for row in rows:
         if category_column:
+            category = row.category
             seen_categories[category] = seen_categories.get(category, 0) + 1
             if category not in cats:
                 filtered += 1
                 continue
-        if not prompt:
+        if not row.prompt:
             empty += 1
             continue
-        kept.append(prompt)
+        kept.append(row)
     if category_column:
         missing = [c for c in cats if c not in seen_categories]
         if missing:
@@ -244,7 +279,27 @@ def truncation_report(lengths: Sequence[int], max_tokens: int) -> tuple[int, str
     )
 
 
-def _text_rows(p: pathlib.Path, text: str) -> list[tuple[int, str, None]]:
+def empty_encoding_report(prompt_set: PromptSet, lengths: Sequence[int], family: str) -> str:
+    """One line naming the first prompt the text encoder sees as no tokens at all, or "".
+
+    Args:
+        lengths: tokens of each prompt of ``prompt_set`` as the family's encoder counts them
+            (:meth:`~spotlight.models.families.base.ModelFamily.prompt_token_counts`, the template's
+            dropped prefix not counted): 0 or less means the pipeline would get an empty sequence.
+        family: ``model.family``, named by the message.
+    """
+    empty = [i for i, n in enumerate(lengths) if n <= 0]
+    if not empty:
+        return ""
+    i = empty[0]
+    more = f" ({len(empty) - 1} more prompts likewise)" if len(empty) > 1 else ""
+    return (
+        f"{prompt_set.path}:{prompt_set.lines[i]}: prompt {prompt_set.prompts[i][:80]!r} encodes to no tokens with "
+        f"the {family} checkpoint's tokenizer{more}; reword it or remove it"
+    )
+
+
+def _text_rows(p: pathlib.Path, text: str) -> list[_Row]:
     lines = text.splitlines()
     first = next(((n, line) for n, line in enumerate(lines, 1) if line.strip()), None)
     if first is not None:
@@ -257,7 +312,7 @@ def _text_rows(p: pathlib.Path, text: str) -> list[tuple[int, str, None]]:
                     f"but a {p.suffix or 'suffix-less'} file is read as "
                     f"plain text, one prompt per line; rename it to .{kind.lower()} to read it as a table"
                 )
-    return [(n, line.strip(), None) for n, line in enumerate(lines, 1)]
+    return [_Row(n, line.strip()) for n, line in enumerate(lines, 1)]
 
 
 def _pick_column(p: pathlib.Path, where: str, names: list[str], wanted: str, setting: str) -> str:
@@ -272,61 +327,158 @@ def _pick_column(p: pathlib.Path, where: str, names: list[str], wanted: str, set
     )
 
 
-def _table_rows(
-    p: pathlib.Path, text: str, delimiter: str, prompt_column: str, category_column: str
-) -> tuple[list[tuple[int, str, str | None]], str]:
-    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=True)
-    kind = "TSV" if delimiter == "\t" else "CSV"
+def _header_columns(
+    p: pathlib.Path, kind: str, hline: int, names: list[str], prompt_column: str, category_column: str
+) -> tuple[str, str]:
+    """The prompt column and the category column ("" = none) of a CSV/TSV header."""
+    if prompt_column:
+        col = _pick_column(p, str(hline), names, prompt_column, "data.prompt_column")
+    else:
+        matches = [n for n in names if n.lower() in PROMPT_COLUMN_NAMES]
+        if not matches:
+            raise ConfigError(
+                f"{p}:{hline}: no prompt column in the header "
+                f"(looked for {', '.join(PROMPT_COLUMN_NAMES)}, any case); "
+                f"columns: {', '.join(repr(n) for n in names)}; name one with data.prompt_column"
+            )
+        if len(matches) > 1:
+            raise ConfigError(
+                f"{p}:{hline}: more than one prompt column ({', '.join(repr(n) for n in matches)}); "
+                "choose one with data.prompt_column"
+            )
+        col = matches[0]
+    cat = _pick_column(p, str(hline), names, category_column, "data.category_column") if category_column else ""
+    if names.count(col) > 1 or (cat and names.count(cat) > 1):
+        raise ConfigError(f"{p}:{hline}: column {col if names.count(col) > 1 else cat!r} appears twice in the header")
+    return col, cat
+
+
+def _record_row(line: int, names: list[str], record: list[str], col: str, cat: str) -> _Row:
+    """A CSV/TSV record as a row: the prompt column's text, the category's, the other columns as metadata."""
+    i_prompt = names.index(col)
+    meta = {n: v.strip() for j, (n, v) in enumerate(zip(names, record)) if j != i_prompt and n}
+    return _Row(line, record[i_prompt].strip(), record[names.index(cat)].strip() if cat else None, meta)
+
+
+def _empty_table(p: pathlib.Path, kind: str) -> ConfigError:
+    return ConfigError(
+        f"{p}: empty {kind} file; expected a header row with a prompt column ({', '.join(PROMPT_COLUMN_NAMES)})"
+    )
+
+
+def _tsv_rows(p: pathlib.Path, text: str, prompt_column: str, category_column: str) -> tuple[list[_Row], str]:
+    """IANA text/tab-separated-values: one record per line, fields split at tabs, no quoting."""
+    lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+    if not lines:
+        raise _empty_table(p, "TSV")
+    hline, header = lines[0]
+    names = [h.strip() for h in header.split("\t")]
+    col, cat = _header_columns(p, "TSV", hline, names, prompt_column, category_column)
+    rows = []
+    for n, line in lines[1:]:
+        record = line.split("\t")
+        if len(record) != len(names):
+            raise ConfigError(
+                f"{p}:{n}: {len(record)} fields but the header has {len(names)}; "
+                "a TSV field cannot hold a tab (TSV has no quoting: use .csv for that)"
+            )
+        rows.append(_record_row(n, names, record, col, cat))
+    return rows, col
+
+
+def _table_rows(p: pathlib.Path, text: str, prompt_column: str, category_column: str) -> tuple[list[_Row], str]:
+    """CSV (RFC 4180, through the ``csv`` module: quoting, embedded commas and line breaks)."""
+    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
     try:
         header = next(reader, None)
         while header is not None and not any(h.strip() for h in header):
             header = next(reader, None)
         if header is None:
-            raise ConfigError(
-                f"{p}: empty {kind} file; expected a header row with a prompt column ({', '.join(PROMPT_COLUMN_NAMES)})"
-            )
+            raise _empty_table(p, "CSV")
         names = [h.strip() for h in header]
-        hline = reader.line_num
-        if prompt_column:
-            col = _pick_column(p, str(hline), names, prompt_column, "data.prompt_column")
-        else:
-            matches = [n for n in names if n.lower() in PROMPT_COLUMN_NAMES]
-            if not matches:
-                raise ConfigError(
-                    f"{p}:{hline}: no prompt column in the header "
-                    f"(looked for {', '.join(PROMPT_COLUMN_NAMES)}, any case); "
-                    f"columns: {', '.join(repr(n) for n in names)}; name one with data.prompt_column"
-                )
-            if len(matches) > 1:
-                raise ConfigError(
-                    f"{p}:{hline}: more than one prompt column ({', '.join(repr(n) for n in matches)}); "
-                    "choose one with data.prompt_column"
-                )
-            col = matches[0]
-        cat = _pick_column(p, str(hline), names, category_column, "data.category_column") if category_column else ""
-        if names.count(col) > 1 or (cat and names.count(cat) > 1):
-            raise ConfigError(
-                f"{p}:{hline}: column {col if names.count(col) > 1 else cat!r} appears twice in the header"
-            )
-        i_prompt, i_cat = names.index(col), (names.index(cat) if cat else -1)
+        col, cat = _header_columns(p, "CSV", reader.line_num, names, prompt_column, category_column)
         rows = []
+        start = reader.line_num + 1
         for record in reader:
             if not record or (len(record) == 1 and not record[0].strip()):
+                start = reader.line_num + 1
                 continue  # a blank line
             if len(record) != len(names):
                 raise ConfigError(
                     f"{p}:{reader.line_num}: {len(record)} fields but the header has {len(names)}; "
-                    f"quote fields that contain {'tabs' if delimiter == chr(9) else 'commas'}"
+                    "quote fields that contain commas"
                 )
-            rows.append((reader.line_num, record[i_prompt].strip(), record[i_cat].strip() if cat else None))
+            rows.append(_record_row(start, names, record, col, cat))
+            start = reader.line_num + 1
     except csv.Error as exc:
-        raise ConfigError(f"{p}:{reader.line_num}: not valid {kind}: {exc}") from None
+        raise ConfigError(f"{p}:{reader.line_num}: not valid CSV: {exc}") from None
     return rows, col
 
 
-def _jsonl_rows(
-    p: pathlib.Path, text: str, prompt_column: str, category_column: str
-) -> tuple[list[tuple[int, str, str | None]], str]:
+def _object_row(p: pathlib.Path, line: int, where: str, obj, key: str, category_column: str) -> tuple[_Row, str]:
+    """A JSON object's row (``key`` found on the first object when ""); returns ``(row, key)``.
+    ``where`` is what errors name after the file (its line, and for a JSON array the item)."""
+    if not isinstance(obj, dict):
+        raise ConfigError(f"{p}:{where}: expected a JSON object with a 'prompt' key, got {type(obj).__name__}")
+    if not key:
+        key = next((k for k in PROMPT_COLUMN_NAMES if k in obj), "")
+        if not key:
+            raise ConfigError(
+                f"{p}:{where}: no prompt key (looked for {', '.join(PROMPT_COLUMN_NAMES)}); "
+                f"keys: {', '.join(repr(k) for k in obj)}; name one with data.prompt_column"
+            )
+    if key not in obj:
+        raise ConfigError(f"{p}:{where}: no {key!r} key; keys: {', '.join(repr(k) for k in obj)}")
+    if category_column and category_column not in obj:
+        raise ConfigError(
+            f"{p}:{where}: no {category_column!r} key (data.category_column); keys: {', '.join(repr(k) for k in obj)}"
+        )
+    value = obj[key]
+    if not isinstance(value, str):
+        raise ConfigError(f"{p}:{where}: {key!r} is a {type(value).__name__}, not text")
+    meta = {k: v for k, v in obj.items() if k != key}
+    return _Row(line, value.strip(), str(obj[category_column]) if category_column else None, meta), key
+
+
+def _json_rows(p: pathlib.Path, text: str, prompt_column: str, category_column: str) -> tuple[list[_Row], str]:
+    """A ``.json`` file: one array of prompt strings or of prompt objects."""
+    hint = "for one JSON object per line, name the file .jsonl"
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"{p}:{exc.lineno}: not one JSON array ({exc.msg}); {hint}") from None
+    if not isinstance(data, list):
+        raise ConfigError(
+            f"{p}:1: a .json prompt file is one JSON array (of strings, or of objects with a 'prompt' key), "
+            f"got a {type(data).__name__}; {hint}"
+        )
+    starts = _array_item_lines(text, len(data))
+    rows, key = [], prompt_column
+    kinds = {type(x) for x in data}
+    if kinds == {str} and not prompt_column and not category_column:
+        return [_Row(starts[i], x.strip()) for i, x in enumerate(data)], ""
+    for i, obj in enumerate(data):
+        if isinstance(obj, str):
+            raise ConfigError(f"{p}:{starts[i]}: item {i} is a string among objects; use one kind of item")
+        row, key = _object_row(p, starts[i], f"{starts[i]}: item {i}", obj, key, category_column)
+        rows.append(row)
+    return rows, key
+
+
+def _array_item_lines(text: str, count: int) -> list[int]:
+    """The 1-based line each top-level item of a JSON array starts on (for error messages)."""
+    dec = json.JSONDecoder()
+    out, i = [], text.index("[") + 1
+    ws = " \t\r\n,"
+    for _ in range(count):
+        while text[i] in ws:
+            i += 1
+        out.append(text.count("\n", 0, i) + 1)
+        _, i = dec.raw_decode(text, i)
+    return out
+
+
+def _jsonl_rows(p: pathlib.Path, text: str, prompt_column: str, category_column: str) -> tuple[list[_Row], str]:
     rows = []
     key = prompt_column
     for n, line in enumerate(text.splitlines(), 1):
@@ -336,23 +488,6 @@ def _jsonl_rows(
             obj = json.loads(line)
         except ValueError as exc:
             raise ConfigError(f"{p}:{n}: not a JSON object: {exc}") from None
-        if not isinstance(obj, dict):
-            raise ConfigError(f"{p}:{n}: expected a JSON object with a 'prompt' key, got {type(obj).__name__}")
-        if not key:
-            key = next((k for k in PROMPT_COLUMN_NAMES if k in obj), "")
-            if not key:
-                raise ConfigError(
-                    f"{p}:{n}: no prompt key (looked for {', '.join(PROMPT_COLUMN_NAMES)}); "
-                    f"keys: {', '.join(repr(k) for k in obj)}; name one with data.prompt_column"
-                )
-        if key not in obj:
-            raise ConfigError(f"{p}:{n}: no {key!r} key; keys: {', '.join(repr(k) for k in obj)}")
-        if category_column and category_column not in obj:
-            raise ConfigError(
-                f"{p}:{n}: no {category_column!r} key (data.category_column); keys: {', '.join(repr(k) for k in obj)}"
-            )
-        value = obj[key]
-        if not isinstance(value, str):
-            raise ConfigError(f"{p}:{n}: {key!r} is a {type(value).__name__}, not text")
-        rows.append((n, value.strip(), str(obj[category_column]) if category_column else None))
+        row, key = _object_row(p, n, str(n), obj, key, category_column)
+        rows.append(row)
     return rows, key

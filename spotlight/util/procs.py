@@ -144,6 +144,7 @@ _TAIL_BYTES = 64 * 1024
 """How much of the end of a log is read for its tail."""
 _RANK_PREFIX = re.compile(r"^\[rank\d+\]: ")
 _ERROR_LINE = re.compile(r"(^|\s)error:", re.IGNORECASE)
+_ENOSPC_PATH = re.compile(r"No space left on device: '([^']+)'")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,10 +225,22 @@ class ChildExit:
     returncode: int
     log: LogMark | None = None
     tail: tuple[str, ...] = ()
+    disk: str = ""
+    """Where the child writes (its run directory), named when its log says the disk is full without a path."""
 
     @classmethod
-    def of(cls, what: str, returncode: int, log: LogMark | None) -> ChildExit:
-        return cls(what, returncode, log, tuple(log_tail(log)) if log is not None else ())
+    def of(cls, what: str, returncode: int, log: LogMark | None, *, disk: str | os.PathLike = "") -> ChildExit:
+        return cls(what, returncode, log, tuple(log_tail(log)) if log is not None else (), str(disk))
+
+    @property
+    def disk_full(self) -> str | None:
+        """The path of a ``No space left on device`` in its log's last lines (the file the line
+        names, else :attr:`disk`, else ""); None when the log says no such thing."""
+        for line in reversed(self.tail):
+            if "No space left on device" in line:
+                named = _ENOSPC_PATH.search(line)
+                return named.group(1) if named else self.disk
+        return None
 
     @property
     def cause(self) -> str:
@@ -244,8 +257,12 @@ class ChildExit:
 
     @property
     def summary(self) -> str:
-        """One line: ``train worker rank 0 exited with code 1: OSError: …``."""
+        """One line: ``train worker rank 0 exited with code 1: OSError: …``; with ``disk full at
+        PATH: `` before the cause when its log says ``No space left on device``."""
         cause = self.cause
+        full = self.disk_full
+        if full is not None and "disk full" not in cause:
+            cause = (f"disk full at {full}" if full else "disk full") + (f": {cause}" if cause else "")
         return f"{self.what} {exit_description(self.returncode)}" + (f": {cause}" if cause else "")
 
     def report(self, then: str = "") -> str:

@@ -72,6 +72,8 @@ def _config(family: str, mode: str, ckpt: pathlib.Path) -> dict:
         "explore": {"planner": "fixed", "num_candidates": 4},
         "train": train,
         "cluster": {"worker_batch_size": 4},
+        # held-out evaluation during training (docs/evaluation.md) on a 2-prompt panel
+        "eval": {"every": 1, "prompts_path": "examples/default/prompts/evaluation_metadata.jsonl", "num_prompts": 2},
     }
     # every key written out (the built-in defaults: JPEG reward, GenEval prompts, the tiny
     # architecture the checkpoint above was built with), so the embedded default's shapes
@@ -179,6 +181,37 @@ def test_family_runs_two_iterations(root, family, mode):
         final_sd = model.state_dict()
         assert set(final_sd) == set(v0)
         assert sum(not torch.equal(final_sd[k], v0[k]) for k in v0) > len(v0) // 2
+
+
+@pytest.mark.parametrize("family,mode", CASES)
+def test_held_out_evaluation_during_training_for_every_family(root, family, mode):
+    rd = _run(family, mode, root)
+    evals = sorted(
+        (json.loads(line) for line in (rd / "eval.jsonl").read_text().splitlines()), key=lambda e: e["iteration"]
+    )
+    assert [(e["iteration"], e["version"]) for e in evals] == [(-1, 0), (0, 1), (1, 2)]
+    assert all(e["eval/num_images"] == 4 and e["eval/score"] < 0 for e in evals)  # JPEG reward: -kB
+    assert all((rd / "eval" / f"iter_{i:04d}.png").is_file() for i in range(3))
+    assert any("eval/score" in r for r in _rows(rd))
+    layout = "pytorch_lora_weights.safetensors" if mode == "lora" else "config.json"
+    assert (rd / "best" / layout).is_file()
+
+
+@pytest.mark.parametrize("family,mode", [("qwen-image", "lora"), ("flux", "lora")])
+def test_spotlight_eval_scores_any_family(root, family, mode):
+    rd = _run(family, mode, root)
+    proc = subprocess.run(
+        [sys.executable, "-m", "spotlight.cli", "eval", "--run-dir", str(rd), "--num-seeds", "1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((rd / "eval.json").read_text())
+    assert report["num_prompts"] == 2 and {"base", "final"} <= set(report)
+    assert (rd / "eval_base.png").is_file() and (rd / "eval_final.png").is_file()
+    assert "held-out score" in proc.stdout
 
 
 @pytest.mark.parametrize("family", ["qwen-image"])  # SD3.5, FLUX: unit/workers/train/test_family_versions.py

@@ -166,7 +166,13 @@ def notice_run(tmp_path_factory):
     # resumed result is then compared bit for bit (exploration uses the same commit path)
     cfg = toy_config(
         tmp / "config.toml",
-        **{"cluster.worker_batch_size": 1, "run.save_rollouts": True, "explore.enabled": False, "run.iterations": 3},
+        **{
+            "cluster.worker_batch_size": 1,
+            "run.save_rollouts": True,
+            "explore.enabled": False,
+            "run.iterations": 3,
+            "run.keep_weight_versions": 0,  # every rollout is checked against its version
+        },
     )
     from spotlight.config import load_config
 

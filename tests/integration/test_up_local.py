@@ -26,6 +26,9 @@ OVERRIDES = {
     "data.num_control_prompts": 4,
     "explore.planner": "fixed",
     "explore.num_candidates": 16,
+    "eval.every": 1,  # held-out evaluation during training (docs/evaluation.md), on a small panel
+    "eval.num_prompts": 6,
+    "eval.num_seeds": 2,
 }
 
 
@@ -200,6 +203,23 @@ def test_eval_reports_base_and_final_per_task_kind(run_dir):
     assert report["num_prompts"] == 46 and report["num_seeds"] == 1
     assert (run_dir / "eval_grid.png").is_file()
     assert "overall" in proc.stdout
+
+
+def test_held_out_evaluation_during_training(run_dir):
+    """The base model and every version are evaluated on the same panel, recorded in
+    eval.jsonl and in the metrics rows, with a comparable grid each; best/ is kept."""
+    evals = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
+    assert sorted((e["iteration"], e["version"]) for e in evals) == [(-1, 0), (0, 1), (1, 2)]
+    for e in evals:
+        assert 0.0 <= e["eval/score"] <= 1.0 and 0.0 <= e["eval/strict"] <= 1.0 and e["eval/num_images"] == 12
+    for name in ("iter_0000", "iter_0001", "iter_0002"):
+        assert (run_dir / "eval" / f"{name}.png").is_file() and (run_dir / "eval" / f"{name}.json").is_file()
+    assert (run_dir / "eval" / "first_vs_last.png").is_file()
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert any("eval/score" in r for r in rows)  # the newest finished evaluation, in the next row
+    best = json.loads((run_dir / "best" / "best.json").read_text())
+    assert best["eval/score"] == max(e["eval/score"] for e in evals)
+    assert (run_dir / "best" / "config.json").is_file()  # final/'s layout: a diffusers transformer folder
 
 
 def test_status_shows_the_finished_run(run_dir):

@@ -335,6 +335,18 @@ def test_a_missing_prompt_file_names_the_config_file(tmp_path):
     assert str(info.value) == f"{cfg}: data.prompts_path: file not found: {tmp_path / 'nope.txt'}", str(info.value)
 
 
+def test_unset_optional_field_round_trips_through_toml(tmp_path):
+    from spotlight.config import SpotlightConfig, config_to_dict, dump_config, load_config
+
+    cfg = SpotlightConfig()
+    assert cfg.cluster.gpu_memory_gib is None and "gpu_memory_gib" not in config_to_dict(cfg)["cluster"]
+    dump_config(cfg, tmp_path / "a.toml")  # TOML has no null: it used to fail on None
+    assert load_config(tmp_path / "a.toml").cluster.gpu_memory_gib is None
+    set_ = load_config(tmp_path / "a.toml", {"cluster.gpu_memory_gib": 80.0})
+    dump_config(set_, tmp_path / "b.toml")
+    assert load_config(tmp_path / "b.toml").cluster.gpu_memory_gib == 80.0
+
+
 def test_unset_fields_round_trip_through_toml(tmp_path):
     """A None field (unset: train.activation_checkpointing, train.micro_batch_size) is left out of
     the TOML, which has no null, and loads back as None; a set one keeps its value."""

@@ -337,17 +337,24 @@ def prompt_cache_path(family: ModelFamily, prompts: list[str], cache_dir: pathli
 
 def cached_conditioning(family: ModelFamily, prompts: list[str], cache_dir: pathlib.Path) -> Conditioning:
     """:meth:`ModelFamily.encode_prompts` once per (prompt set, checkpoint, settings), cached
-    as safetensors in ``cache_dir`` (text encoders are only loaded on a cache miss)."""
+    as safetensors in ``cache_dir`` (text encoders are only loaded on a cache miss).
+
+    Raises:
+        DiskSpaceError: the cache file would not fit in ``cache_dir``."""
     from safetensors.torch import load_file, save_file
 
     path = prompt_cache_path(family, prompts, cache_dir)
     if path.is_file():
         return Conditioning.from_tensors(load_file(path))
+    from spotlight.util.disk import ensure_free_space
+
     cond = family.encode_prompts(prompts)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
+    tensors = {k: v.contiguous() for k, v in cond.to_tensors().items()}
+    ensure_free_space(path.parent, sum(t.numel() * t.element_size() for t in tensors.values()), "the prompt cache")
     save_file(
-        {k: v.contiguous() for k, v in cond.to_tensors().items()},
+        tensors,
         tmp,
         metadata={"prompts": str(len(prompts)), "family": family.name},
     )

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from spotlight.errors import SpotlightError
 from spotlight.models.families.base import ModelFamily, ModelLoadError, read_json, torch_dtype
 from spotlight.rl.sampler import Conditioning
 
@@ -234,6 +235,14 @@ class QwenImageFamily(ModelFamily):
         """One ``encode_prompt`` call → ``([n, T, D] float32, [n, T] int64, token counts)`` on
         the CPU, zero-padded / cut to ``T = model.max_text_tokens``."""
         T = self.cfg.max_text_tokens
+        template, drop_idx = pipe.prompt_template_encode, int(pipe.prompt_template_encode_start_idx)
+        ids = pipe.tokenizer([template.format(p) for p in prompts], truncation=False, verbose=False)["input_ids"]
+        empty = [p for p, row in zip(prompts, ids) if len(row) <= drop_idx]
+        if empty:  # the pipeline would fail inside on an empty sequence: say which prompt instead
+            raise EmptyEncodingError(
+                f"qwen-image: {empty[0]!r} encodes to no tokens with {self.path}/tokenizer once the pipeline "
+                f"drops its {drop_idx}-token template prefix"
+            )
         # Encode uncut (the pipeline's own limit) so cut prompts can be reported; the text
         # encoder is causal, so the first T rows equal encode_prompt(max_sequence_length=T).
         embeds, mask = pipe.encode_prompt(
@@ -534,6 +543,10 @@ def _byte_symbols() -> list[str]:
             symbols.append(chr(spare))
             spare += 1
     return symbols
+
+
+class EmptyEncodingError(SpotlightError, ValueError):
+    """A prompt (or the negative prompt) the checkpoint's tokenizer encodes to no tokens."""
 
 
 def build_tokenizer():

@@ -81,6 +81,61 @@ def events_enabled() -> bool:
     return bool(os.environ.get(EVENTS_ENV))
 
 
+FAIL_PROMPTS_ENV = "SPOTLIGHT_TEST_FAIL_PROMPTS"
+"""Test hook: comma-separated prompt indices (``*``: every prompt), each optionally ``rollout:``
+or ``explore:`` prefixed; a batch holding a request of such a prompt (and kind) raises ``RuntimeError`` before
+it denoises. Unset (always, outside tests) = no planted failures."""
+
+
+def planted_failure(items: list[P.LeaseItem], spec: str | None = None) -> None:
+    """Raise the failure :data:`FAIL_PROMPTS_ENV` plants for one of ``items`` (no-op when unset).
+
+    Raises:
+        RuntimeError: an item's prompt index (and kind) is listed.
+    """
+    spec = os.environ.get(FAIL_PROMPTS_ENV, "") if spec is None else spec
+    if not spec:
+        return
+    wanted = set()
+    for part in spec.split(","):
+        kind, _, index = part.strip().rpartition(":")
+        wanted.add((kind or "*", index if index == "*" else int(index)))
+    for it in items:
+        if {(k, i) for k in ("*", it.kind) for i in ("*", it.prompt_index)} & wanted:
+            raise RuntimeError(f"planted failure for prompt {it.prompt_index} ({FAIL_PROMPTS_ENV})")
+
+
+class FailureStreak:
+    """A worker's batches in a row that failed, and how long it backs off after them.
+
+    After :attr:`unhealthy_after` failed batches in a row the worker is unhealthy: it says so
+    in its FAIL (``Fail.unhealthy``) and waits :meth:`backoff_s` before it pulls again (doubling
+    from ``base_s`` up to ``max_s``), instead of failing as fast as it can pull. A batch that
+    succeeds ends the streak. Pure: the process loop sleeps."""
+
+    def __init__(self, unhealthy_after: int = 3, base_s: float = 0.5, max_s: float = 5.0):
+        self.unhealthy_after, self.base_s, self.max_s = unhealthy_after, base_s, max_s
+        self.count = 0
+
+    def failed(self) -> int:
+        """One more failed batch; returns the streak's length."""
+        self.count += 1
+        return self.count
+
+    def succeeded(self) -> None:
+        self.count = 0
+
+    @property
+    def unhealthy(self) -> bool:
+        return self.count >= self.unhealthy_after
+
+    def backoff_s(self) -> float:
+        """Seconds to wait before the next pull (0 while healthy)."""
+        if not self.unhealthy:
+            return 0.0
+        return min(self.max_s, self.base_s * 2.0 ** (self.count - self.unhealthy_after))
+
+
 PULL_TIMEOUT_S = 30.0
 """Pull again when a PULL got no LEASES for this long (lost while the coordinator restarted);
 a late answer to the first pull is still served when it arrives."""
@@ -217,6 +272,7 @@ class RolloutExecutor:
             KeyError: the needed weight version was never added.
         """
         items = leases.items
+        planted_failure(items)
         kind = items[0].kind
         version = items[0].weight_version
         as_rollout = kind == "rollout" or bool(items[0].params.get("as_rollout"))  # verl-omni-spot reuses candidates
@@ -377,7 +433,9 @@ def exit_fast(rc: int):
 
 
 def worker_device(gpus: list[int]) -> torch.device:
-    """``cuda:<first gpu>`` when CUDA is available, else the CPU (local mode's "GPUs")."""
+    """``cuda:<first gpu>`` when CUDA is available, else the CPU (local mode's "GPUs"). The agent gives
+    each worker exactly its own device as ``CUDA_VISIBLE_DEVICES`` (``agent/visibility.py``), so this is
+    ``cuda:0`` there."""
     if torch.cuda.is_available() and gpus:
         return torch.device("cuda", gpus[0] % torch.cuda.device_count())
     return torch.device("cpu")
@@ -419,6 +477,7 @@ class WorkerProcess:
         self.stop_requested: P.Stop | None = None
         self._backlog: list[tuple[P.MsgType, object, list]] = []
         self._parent = os.getppid()
+        self.streak = FailureStreak()
 
     def agent_alive(self) -> bool:
         """False once the agent that spawned us died (we were re-parented)."""
@@ -433,16 +492,37 @@ class WorkerProcess:
     def send(self, msg, frames=None, msg_type=None):
         self.sock.send_multipart(P.encode(msg, frames, msg_type=msg_type), copy=False)
 
-    def give_back(self, leases: P.Leases, reason: str) -> None:
-        """Return leased requests untouched (the coordinator re-enqueues them for full re-execution)."""
+    def give_back(self, leases: P.Leases, reason: str, *, failed: bool = False) -> None:
+        """Return leased requests untouched (the coordinator re-enqueues them for full re-execution).
+        ``failed``: the batch raised (``reason`` is its exception line): the streak grows and the
+        FAIL says how long it is and whether this worker is now unhealthy."""
+        n = self.streak.failed() if failed else 0
         self.send(
             P.Fail(
                 worker_id=self.worker_id,
                 request_ids=[i.request_id for i in leases.items],
                 lease_ids=[i.lease_id for i in leases.items],
-                reason=reason,
+                reason=reason[: P.MAX_REASON_CHARS],
+                consecutive_failures=n,
+                unhealthy=failed and self.streak.unhealthy,
             )
         )
+
+    def _back_off(self) -> None:
+        """While unhealthy, wait :meth:`FailureStreak.backoff_s` before the next pull (a STOP or
+        the agent's death ends the wait)."""
+        wait_s = self.streak.backoff_s()
+        if wait_s <= 0:
+            return
+        log.warning(
+            "worker %s: %d batches in a row failed; unhealthy, waiting %.0f s before the next pull",
+            self.worker_id,
+            self.streak.count,
+            wait_s,
+        )
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and not self._check_stop():
+            time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
 
     def _recv(self, timeout_ms: int):
         """Next message: a deferred one first, else from the socket (None on timeout)."""
@@ -588,10 +668,12 @@ class WorkerProcess:
                 return 0
             try:
                 outcome = self.executor.run(self.worker_id, body, tensors, should_stop=self._check_stop)
-            except Exception as exc:  # report, keep serving
+            except Exception as exc:  # report, keep serving (after a back-off once unhealthy)
                 log.exception("worker %s: batch failed", self.worker_id)
-                self.give_back(body, f"{type(exc).__name__}: {exc}")
+                self.give_back(body, f"{type(exc).__name__}: {exc}", failed=True)
+                self._back_off()
                 continue
+            self.streak.succeeded()
             if outcome.commit is not None:
                 if self.stop_requested is not None and not self.stop_requested.commit:
                     self.give_back(body, "stopped without live migration (cluster.live_migration = false)")

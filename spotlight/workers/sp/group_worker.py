@@ -371,7 +371,7 @@ class GroupWorkerProcess(WorkerProcess):
                 outcome = self.executor.run(self.worker_id, body, tensors, should_stop=self._check_stop)
             except (G.SPGroupError, RuntimeError) as exc:
                 log.exception("worker %s: batch failed on the group", self.worker_id)
-                self.give_back(body, f"{type(exc).__name__}: {exc}")
+                self.give_back(body, f"{type(exc).__name__}: {exc}", failed=True)
                 G.release_followers(self.member)
                 return False
             if outcome.commit is not None:
@@ -382,5 +382,6 @@ class GroupWorkerProcess(WorkerProcess):
                     self.send(*outcome.commit)
                 return False
             self.send(*outcome.result)
+            self.streak.succeeded()
             if not self.member.is_leader:  # demoted by a re-form during the batch
                 return None

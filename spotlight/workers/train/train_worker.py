@@ -638,6 +638,11 @@ class FlowGRPOTrainer:
         ``pipeline.load_lora_weights(path)`` or ``transformer.load_lora_adapter(path,
         prefix="transformer")``).
         """
+        from spotlight.util.disk import ensure_free_space
+
+        # saved in fp32; every rank checks, before any collective
+        counted = self.params if self.lora else list(self.model.parameters())
+        ensure_free_space(path, 4 * sum(p.numel() for p in counted), "the final model")
         if self.lora:
             sd = self.version_state_dict()
             if self.rank == 0:
@@ -935,6 +940,11 @@ class _TrainerProcess:
 
         if self.args.checkpoint_dir is None:
             return
+        from spotlight.util.disk import ensure_free_space
+
+        # fp32 weights and two fp32 Adam moments of what trains (docs/planning.md); every rank checks
+        need = 12 * sum(p.numel() for p in self.trainer.params)
+        ensure_free_space(self.args.checkpoint_dir, need, f"the trainer checkpoint of v{ver}")
         self.trainer.save_checkpoint(train_version_path(self.args.checkpoint_dir, ver))
         if self.args.rank == 0:
             prune_train_versions(self.args.checkpoint_dir, keep=2, protect=ver)
@@ -1033,7 +1043,8 @@ class _TrainerProcess:
         t0 = time.perf_counter()
         metrics = self.trainer.train_step(tensors, body.micro_batches, iteration=body.iteration)
         version = body.version + 1
-        self.checkpoint(version)
+        if body.checkpoint:  # run.checkpoint_every: no wait on a save the run does not need
+            self.checkpoint(version)
         self.publish(version)
         done = P.TrainDone(
             rank=self.args.rank,

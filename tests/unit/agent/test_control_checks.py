@@ -51,9 +51,10 @@ class _FakeSocket:
 class _FakeAgent:
     """What AgentDaemon.on_control touches, recording whatever would change state."""
 
-    def __init__(self, request: dict, gpus: list[int]):
+    def __init__(self, request: dict, gpus: list[int], visible_devices: str | None = None):
         self.control = _FakeSocket(request)
         self.gpus = list(gpus)
+        self.visible_devices = visible_devices
         self.grace_s = 10.0
         self.notices: list = []
         self.added: list = []
@@ -88,6 +89,9 @@ def test_on_control_refuses_adding_a_present_gpu():
     fake = _FakeAgent({"cmd": "add", "gpus": [-1]}, [0])
     AgentDaemon.on_control(fake)
     assert fake.control.sent[0]["ok"] is False and fake.added == []
+    fake = _FakeAgent({"cmd": "add", "gpus": [2]}, [0], visible_devices="4,5")  # the agent sees two GPUs
+    AgentDaemon.on_control(fake)
+    assert fake.control.sent[0]["ok"] is False and "outside" in fake.control.sent[0]["error"] and fake.added == []
 
 
 def _cli(*args: str):

@@ -42,13 +42,11 @@ def test_default_is_the_embedded_default_with_every_field_documented(tmp_path):
         assert f"\n[{section}]\n" in text
         body = "\n" + text.split(f"\n[{section}]\n")[1].split("\n[")[0]
         for name in cls.__struct_fields__:
-            # a field that is None (unset) is written commented out: TOML has no null
-            line = f"# {name} = " if getattr(getattr(cfg, section), name) is None else f"{name} = "
-            assert re.search(rf"^{re.escape(line)}", body, re.M), name
+            assert re.search(rf"^(# )?{name} = ", body, re.M), name  # an unset optional field is a comment
             doc = docs.get((cls.__name__, name))
             if doc:  # its first line, as a comment right above (after other comment lines)
                 first = doc.splitlines()[0].replace("``", "`")
-                block = body.split(f"\n{line}")[0].rsplit("\n\n", 1)[-1]
+                block = re.split(rf"\n(?:# )?{name} = ", body)[0].rsplit("\n\n", 1)[-1]
                 assert ("# " + first).rstrip() in block, name
     # a value that differs from the field's default says what the default is
     assert '# (default: "tiny")\nsource = "pretrained"' in text
@@ -111,3 +109,30 @@ def test_an_invalid_value_from_a_flag_names_the_flag():
     out = " ".join(res.output.split())
     assert "error: --sp-degree: cluster.sp_degree:" in out, res.output
     assert "sd3.toml" not in out
+
+
+def _normalised(cmd: str) -> str:
+    cmd = re.split(r"\s+#", cmd.strip())[0]
+    cmd = re.sub(r"--gpus \S+", "--gpus G", cmd)
+    return re.sub(r"--config \S+", "--config C", cmd)
+
+
+def test_the_cluster_commands_are_the_readmes():
+    """The commands, port and --keys that `spotlight init` prints for real machines are the ones the
+    README's 'On real machines' gives (GPU lists and the config's name aside)."""
+    from spotlight.config import REPO_ROOT
+
+    res = _init("--spot-nodes", "3", "--gpus-per-node", "2")
+    assert res.exit_code == 0, res.output
+    header = [line[1:].strip() for line in res.stdout.split("Start it:", 1)[1].split("(README", 1)[0].splitlines()]
+    printed = [
+        _normalised(line[line.index("spotlight") :]) for line in header if re.search(r"\bspotlight(-agent)? ", line)
+    ]
+    printed = [c for c in printed if "--local" not in c]
+    readme = (REPO_ROOT / "README.md").read_text().split("## On real machines", 1)[1].split("\n## ", 1)[0]
+    documented = {_normalised(line) for line in readme.splitlines() if line.startswith("spotlight")}
+    assert len(printed) >= 5 and all(":7400" in c for c in printed if "--reserved " in c or "--coordinator" in c)
+    assert all("--keys /etc/spotlight/keys" in c for c in printed if c.startswith(("spotlight up", "spotlight-agent")))
+    missing = [c for c in printed if c not in documented]
+    assert not missing, f"printed by `spotlight init` but not in the README: {missing}"
+    assert "--gpus 0,1 --cloud aws" in res.stdout  # the layout's GPUs per spot node

@@ -272,3 +272,24 @@ def test_stopped_run_from_files_is_not_shown_as_live():
     assert f"stopped (not running; last saved at {clock}): 3/10 iterations done" in _text(killed)
     live = _text(mid_snapshot())  # a live coordinator's snapshot is unchanged
     assert "phase rollout" in live and "ETA 2:25:03" in live and "GPUs now" in live and "not running" not in live
+
+
+def test_collapse_guard_alerts_show_newest_first_lines():
+    snap = snapshot() | {
+        "guard_alerts": [
+            {"kind": "image_drift", "iteration": i, "metric": "image/speckle", "message": f"speckle [/] {i}"}
+            for i in range(1, 6)
+        ]
+    }
+    text = _text(snap, width=400)
+    assert "collapse guard, iteration 5: speckle [/] 5" in text
+    assert "iteration 3:" in text and "iteration 2:" not in text  # the newest three
+    assert "collapse guard" not in _text(snapshot())
+
+
+def test_held_out_scores_show_as_a_sparkline_with_the_best():
+    evals = [{"iteration": i - 1, "version": i, "eval/score": v} for i, v in enumerate([0.0, 0.5, 0.4])]
+    text = _text(snapshot() | {"eval_results": evals})
+    assert "held-out" in text and "last 0.400 (v2)" in text and "best 0.500 (v1)" in text
+    assert "(3 evaluations)" in text  # a score of 0 is a score
+    assert "held-out" not in _text(snapshot())

@@ -268,7 +268,9 @@ def test_a_ranks_prefixed_traceback_is_read_like_any_other(tmp_path):
     from spotlight.util.procs import LogMark
 
     failed = ChildExit.of("train worker rank 0", 1, LogMark(str(log), 0))
-    assert failed.summary == "train worker rank 0 exited with code 1: OSError: [Errno 28] No space left on device"
+    assert failed.summary == (
+        "train worker rank 0 exited with code 1: disk full: OSError: [Errno 28] No space left on device"
+    )
     assert failed.tail == (
         "Traceback (most recent call last):",
         '  File "x.py", line 1, in <module>',

@@ -20,6 +20,7 @@ from spotlight.core.iteration import (
     IterationDone,
     IterationSettings,
     Phase,
+    RolloutParked,
     StartSaving,
     StartTraining,
     build_iteration_core,
@@ -369,3 +370,42 @@ def test_the_factory_builds_a_planner_only_where_the_run_explores():
         fixed_action=fixed,
     )
     assert best_of_n.planner is None and best_of_n.fixed_action == fixed
+
+
+def test_a_parked_rollout_request_stops_the_iteration_once_and_nothing_trains():
+    """docs/architecture.md §4: the update needs every rollout sample, so a rollout request
+    parked after cluster.max_request_failures is a RolloutParked decision, not a smaller batch."""
+    core = _core()
+    core.sched.max_failures = 2
+    core.advance(0.0, CoreObservation())
+    bad = core.sched.requests(iteration=0, kind=RequestKind.ROLLOUT)[3].request_id
+    for w in ("r/0", "r/1"):
+        for lease in core.sched.pull(w, is_spot=False, max_requests=100, now=1.0):
+            if lease.request_id == bad:
+                core.sched.fail(bad, lease.lease_id, reason="RuntimeError: boom", now=1.0)
+            else:
+                core.sched.complete(lease.request_id, lease.lease_id, 1.0)
+                core.record_result(lease.request_id, 1.0)
+                core.record_reward(lease.request_id, 0.5)
+    assert core.sched.get(bad).status is RequestStatus.PARKED
+    out = core.advance(2.0, CoreObservation())
+    assert out == [RolloutParked(0, [bad])] and core.phase == "rollout"
+    assert core.advance(3.0, CoreObservation()) == [] and core.phase == "rollout"
+
+
+def test_a_parked_exploration_request_is_dropped_and_the_iteration_ends():
+    core = _core(iterations=2)
+    core.sched.max_failures = 1
+    _to_training(core)
+    leases = core.sched.pull("s/0", is_spot=True, max_requests=100, now=3.0)
+    bad = leases[0]
+    assert core.sched.fail(bad.request_id, bad.lease_id, reason="AttributeError: no enable_cache", now=3.0)
+    for lease in leases[1:]:
+        core.sched.complete(lease.request_id, lease.lease_id, 3.0)
+        core.record_result(lease.request_id, 3.0)
+        core.record_reward(lease.request_id, 0.1)
+    out = core.advance(4.0, CoreObservation(train_done=True))
+    _finish(core, "s/0", is_spot=True, now=5.0)
+    out += core.advance(6.0, CoreObservation())
+    assert core.sched.get(bad.request_id).status is RequestStatus.PARKED
+    assert [type(d) for d in out] == [IterationDone]

@@ -40,12 +40,13 @@ def test_transition_table_is_exactly_the_documented_graph():
         S.PENDING: {S.IN_FLIGHT, S.CANCELLED},
         S.IN_FLIGHT: {S.DONE, S.RECOMPUTE, S.ABORTED, S.CANCELLED},
         S.RECOMPUTE: {S.IN_FLIGHT, S.CANCELLED},
-        S.ABORTED: {S.PENDING, S.CANCELLED},
+        S.ABORTED: {S.PENDING, S.PARKED},
         S.DONE: set(),
         S.CANCELLED: set(),
+        S.PARKED: set(),
     }
     assert set(VALID_TRANSITIONS) == set(RequestStatus)
-    assert {s for s in RequestStatus if s.is_terminal()} == {S.DONE, S.CANCELLED}
+    assert {s for s in RequestStatus if s.is_terminal()} == {S.DONE, S.CANCELLED, S.PARKED}
     assert all(not VALID_TRANSITIONS[s] for s in RequestStatus if s.is_terminal())
 
 
@@ -129,15 +130,15 @@ def test_legal_edges_through_public_api():
     assert statuses(sched, rid) == [S.PENDING, S.IN_FLIGHT, S.ABORTED, S.PENDING, S.IN_FLIGHT, S.CANCELLED]
     note(rid, sched)
 
-    # ABORTED -> CANCELLED: a request parked after max_failures
+    # ABORTED -> PARKED: a request given back with an error max_failures times
     sched = make(max_failures=1)
     (rid,) = submit(sched)
     lease = _walk_pending_to_in_flight(sched, rid)
-    assert sched.fail(rid, lease.lease_id, reason="bad prompt", now=2.0)
-    assert sched.get(rid).status is S.ABORTED
+    assert sched.fail(rid, lease.lease_id, reason="ValueError: bad prompt", now=2.0)
+    assert sched.get(rid).status is S.PARKED and sched.get(rid).error == "ValueError: bad prompt"
     assert sched.pull("w", is_spot=True, max_requests=1, now=2.5) == []
-    sched.cancel(iteration=0, now=3.0)
-    assert statuses(sched, rid) == [S.PENDING, S.IN_FLIGHT, S.ABORTED, S.CANCELLED]
+    assert sched.cancel(iteration=0, now=3.0) == []  # terminal: cancel leaves it
+    assert statuses(sched, rid) == [S.PENDING, S.IN_FLIGHT, S.ABORTED, S.PARKED]
     note(rid, sched)
 
     legal = {(a, b) for a, outs in VALID_TRANSITIONS.items() for b in outs}
@@ -166,9 +167,18 @@ def test_requeued_request_keeps_its_submission_place():
     sched = make()
     a, b, c = submit(sched, n=3)
     (la,) = sched.pull("w", is_spot=False, max_requests=1, now=1.0)
-    sched.fail(a, la.lease_id, reason="x", now=2.0)
+    sched.fail(a, la.lease_id, reason="worker stopping", now=2.0, counts=False)
     leases = sched.pull("w", is_spot=False, max_requests=3, now=3.0)
     assert [l.request_id for l in leases] == [a, b, c]
+
+
+def test_a_request_that_failed_keeps_its_place_and_is_leased_alone():
+    sched = make()
+    a, b, c = submit(sched, n=3)
+    (la,) = sched.pull("w", is_spot=False, max_requests=1, now=1.0)
+    sched.fail(a, la.lease_id, reason="RuntimeError: x", now=2.0)
+    assert [l.request_id for l in sched.pull("w", is_spot=False, max_requests=3, now=3.0)] == [a]
+    assert [l.request_id for l in sched.pull("w", is_spot=False, max_requests=3, now=3.0)] == [b, c]
 
 
 def test_pull_batches_only_same_key_and_respects_max_requests():
@@ -296,7 +306,7 @@ def test_fail_and_expire_clear_commit_info():
         sched.commit(l.request_id, l.lease_id, committed_step=3, commit_key=f"k{l.request_id}", now=1.0)
     la, lb = sched.pull("v", is_spot=True, max_requests=2, now=2.0)
     assert (la.resume_step, lb.resume_step) == (3, 3)
-    sched.fail(a, la.lease_id, reason="nccl", now=3.0)
+    sched.fail(a, la.lease_id, reason="nccl", now=3.0, counts=False)
     assert sched.expire(now=100.0) == [b]
     for rid in (a, b):
         req = sched.get(rid)
@@ -322,10 +332,41 @@ def test_max_failures_counts_only_reported_failures():
     (l,) = sched.pull("w", is_spot=True, max_requests=1, now=6.0)
     sched.fail(rid, l.lease_id, reason="x", now=6.5)
     assert sched.get(rid).status is S.PENDING
-    (l,) = sched.pull("w", is_spot=True, max_requests=1, now=7.0)
-    sched.fail(rid, l.lease_id, reason="x", now=7.5)
-    assert sched.get(rid).status is S.ABORTED and sched.get(rid).failures == 2
-    assert not sched.is_finished(iteration=0, kind=R)
+    (l,) = sched.pull("v", is_spot=True, max_requests=1, now=7.0)
+    sched.fail(rid, l.lease_id, reason="y", now=7.5)
+    req = sched.get(rid)
+    assert req.status is S.PARKED and req.failures == 2 and req.error == "y" and req.worker_id == "v"
+    assert req.failed_on == ["w", "v"]
+    assert sched.is_finished(iteration=0, kind=R) and sched.num_outstanding() == 0
+    assert sched.counts(iteration=0)[S.PARKED] == 1
+
+
+def test_parked_request_ends_the_loop_of_an_always_failing_request():
+    """The loop this guards against: a request every worker fails on is re-enqueued forever
+    (the sd3 + First Block Cache case gave 37,975 give-backs in 90 s). With max_failures = 3
+    it is leased exactly 3 times, to 3 different workers, then parked."""
+    sched = make(max_failures=3)
+    (bad,) = submit(sched, E, n=1)
+    pulls = 0
+    for k in range(1000):
+        got = sched.pull(f"w{k % 4}", is_spot=True, max_requests=1, now=float(k))
+        if not got:
+            break
+        pulls += 1
+        sched.fail(bad, got[0].lease_id, reason=f"RuntimeError: boom on w{k % 4}", now=float(k))
+    assert pulls == 3 and sched.get(bad).status is S.PARKED
+    assert sched.get(bad).error == "RuntimeError: boom on w2" and sched.get(bad).worker_id == "w2"
+    assert sched.is_finished(iteration=0, kind=E)
+
+
+def test_parked_requests_are_retired_and_counted_after_they_leave_memory():
+    sched = make(max_failures=1)
+    a, b = submit(sched, n=2)
+    (la, lb) = sched.pull("w", is_spot=True, max_requests=2, now=0.0)
+    sched.fail(a, la.lease_id, reason="x", now=1.0)
+    sched.complete(b, lb.lease_id, 1.0)
+    assert [r.request_id for r in sched.take_terminal(before_iteration=1)] == [a, b]
+    assert sched.counts()[S.PARKED] == 1 and sched.counts()[S.DONE] == 1
 
 
 # ----------------------------------------------- release / renew / cancel
@@ -570,7 +611,7 @@ def _busy_scheduler():
     leases = {l.request_id: l for l in sched.pull("w1", is_spot=True, max_requests=6, now=1.0)}
     sched.complete(rids[0], leases[rids[0]].lease_id, 2.0)  # DONE
     sched.commit(rids[1], leases[rids[1]].lease_id, committed_step=2, commit_key="c1", now=2.0)  # RECOMPUTE
-    sched.fail(rids[2], leases[rids[2]].lease_id, reason="oom", now=2.0)  # parked ABORTED (max_failures=1)
+    sched.fail(rids[2], leases[rids[2]].lease_id, reason="oom", now=2.0)  # PARKED (max_failures=1)
     (l1,) = sched.pull("w2", is_spot=True, max_requests=1, now=2.5)  # resumes rids[1] from the commit
     assert l1.request_id == rids[1] and l1.resume_step == 2
     sched.cancel(iteration=1, kind=E, now=3.0)  # CANCELLED
@@ -610,7 +651,7 @@ def test_load_voids_in_flight_leases_and_keeps_everything_else():
     assert st == {
         rids[0]: S.DONE,
         rids[1]: S.PENDING,
-        rids[2]: S.ABORTED,
+        rids[2]: S.PARKED,
         rids[3]: S.PENDING,
         rids[4]: S.PENDING,
         rids[5]: S.PENDING,
@@ -628,7 +669,8 @@ def test_load_voids_in_flight_leases_and_keeps_everything_else():
     assert fresh.get(rids[2]).failures == 1
     assert fresh.leases("w1") == [] and fresh.leases("w2") == []
     assert fresh.training_active is True
-    assert fresh.num_outstanding() == 5  # 4 re-enqueued + 1 parked
+    assert fresh.num_outstanding() == 4  # 4 re-enqueued (the parked one is terminal)
+    assert fresh.get(rids[2]).error == "oom"
     assert not fresh.is_finished(iteration=0, kind=R) and fresh.is_finished(iteration=1, kind=E)
     # every old lease is stale now
     assert not fresh.complete(rids[3], leases[rids[3]].lease_id, 101.0)
@@ -743,3 +785,73 @@ def test_submit_with_a_malformed_item_keeps_what_came_before_it():
     assert sched.submit(E, 0, [(5, 5, 0)], weight_version=0, params={"a": 1}, now=2.0) == ["e0-3"]
     assert [l.request_id for l in sched.pull("w", is_spot=True, max_requests=10, now=3.0)] == ["r1-0"]
     assert [l.request_id for l in sched.pull("w", is_spot=True, max_requests=10, now=3.0)] == ["e0-0", "e0-1", "e0-3"]
+
+
+def test_load_of_a_snapshot_that_parked_in_aborted_restores_parked():
+    """Snapshots written before PARKED existed kept parked requests in ABORTED."""
+    sched, state, rids, *_ = _busy_scheduler()
+    for r in state["requests"]:
+        if r["request_id"] == rids[2]:
+            r["status"] = "aborted"
+            r["history"] = r["history"][:-1]
+            del r["error"]
+    fresh = make(max_failures=1)
+    fresh.load_state_dict(state, epoch=1, now=50.0)
+    assert fresh.get(rids[2]).status is S.PARKED and fresh.get(rids[2]).history[-1][1] == 50.0
+    assert fresh.num_outstanding() == 4
+
+
+def test_fail_that_is_not_the_requests_fault_never_parks():
+    """A worker that was stopped (or whose process died) gives its leases back with
+    counts=False: re-enqueued every time, failures and error untouched."""
+    sched = make(max_failures=1)
+    (rid,) = submit(sched)
+    for k in range(5):
+        (l,) = sched.pull("w", is_spot=True, max_requests=1, now=float(k))
+        assert sched.fail(rid, l.lease_id, reason="worker stopping", now=float(k), counts=False)
+    req = sched.get(rid)
+    assert req.status is S.PENDING and req.failures == 0 and req.error == ""
+
+
+def test_a_batch_that_raised_is_rerun_one_by_one_so_only_the_culprit_is_parked():
+    """Every request of a batch that raised counts a failure; its requests then run alone, so
+    its innocent members complete and only the request that makes workers fail is parked."""
+    sched = make(max_failures=3)
+    ids = submit(sched, n=6)
+    bad = ids[2]
+    batch = sched.pull("w0", is_spot=True, max_requests=4, now=0.0)
+    assert [l.request_id for l in batch] == ids[:4]
+    for l in batch:
+        sched.fail(l.request_id, l.lease_id, reason="RuntimeError: boom", now=0.0)
+    k = 1
+    while True:
+        got = sched.pull(f"w{k % 3}", is_spot=True, max_requests=4, now=float(k))
+        if not got:
+            break
+        if any(l.request_id == bad for l in got):
+            assert len(got) == 1
+            sched.fail(bad, got[0].lease_id, reason="RuntimeError: boom", now=float(k))
+        else:
+            for l in got:
+                sched.complete(l.request_id, l.lease_id, float(k))
+        k += 1
+    st = {r: sched.get(r).status for r in ids}
+    assert st == {r: (S.PARKED if r == bad else S.DONE) for r in ids}
+
+
+def test_one_broken_worker_does_not_park_what_it_fails_on():
+    """max_failures counts distinct workers: a request one worker fails on again and again runs
+    on another; only 2 * max_failures failures park it without that many workers."""
+    sched = make(max_failures=3)
+    (a, b) = submit(sched, n=2)
+    for k in range(5):
+        (l,) = sched.pull("broken", is_spot=True, max_requests=1, now=float(k))
+        assert l.request_id == a
+        sched.fail(a, l.lease_id, reason="CUDA error", now=float(k))
+    assert sched.get(a).status is S.PENDING and sched.get(a).failed_on == ["broken"]
+    (l,) = sched.pull("good", is_spot=True, max_requests=1, now=9.0)
+    assert l.request_id == a and sched.complete(a, l.lease_id, 9.5)
+    for k in range(6):  # a run with one worker: the loop still ends, at 2 * max_failures
+        (l,) = sched.pull("only", is_spot=True, max_requests=1, now=10.0 + k)
+        sched.fail(b, l.lease_id, reason="boom", now=10.0 + k)
+    assert sched.get(b).status is S.PARKED and sched.get(b).failures == 6

@@ -41,7 +41,7 @@ class LinearScan(RequestScheduler):
             elif req.batch_key != key:
                 continue
             picked.append(req)
-            if len(picked) == max_requests:
+            if len(picked) == max_requests or picked[0].failures:  # a suspect is leased alone
                 break
         leases = []
         for req in picked:

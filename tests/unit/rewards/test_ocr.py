@@ -101,8 +101,10 @@ def test_reward_server_scorer_ocr_over_http():
 
     images = [render_text_image("Spring Collection 2024"), render_text_image("Winter Clearance")]
     with running(multi) as server:
-        body = requests.post(server.url, json={"images": [png(i) for i in images], "prompts": [SIGN, SIGN]}).json()
-        bad = requests.post(server.url, json={"images": [png(images[0])], "prompts": ["no quotes"]})
+        both = {"version": 2, "images": [png(i) for i in images], "prompts": [SIGN, SIGN], "metadata": [{}, {}]}
+        body = requests.post(server.url, json=both).json()
+        one = {"version": 2, "images": [png(images[0])], "prompts": ["no quotes"], "metadata": [{}]}
+        bad = requests.post(server.url, json=one)
     assert body["rewards"][0] >= 0.95
     assert body["rewards"][1] <= 0.5
     assert bad.status_code == 500 and "ocr" in bad.json()["error"]

@@ -22,7 +22,7 @@ import requests
 from PIL import Image
 
 from spotlight.config import RewardConfig
-from spotlight.rewards.reward_fn import RewardFn, jpeg_size_kb
+from spotlight.rewards.reward_fn import RewardError, RewardFn, jpeg_size_kb
 from spotlight.rewards.server import (
     PICKSCORE_SCALE,
     ClipScorer,
@@ -72,8 +72,16 @@ def hwc(images: np.ndarray) -> list[np.ndarray]:
     return [np.ascontiguousarray(im.transpose(1, 2, 0)) for im in images]
 
 
+def v2(payload: dict) -> dict:
+    """``payload`` as a version-2 request: ``version`` and one ``{}`` of metadata per image added."""
+    out = {"version": 2, **payload}
+    if isinstance(payload.get("images"), list):
+        out.setdefault("metadata", [{} for _ in payload["images"]])
+    return out
+
+
 def good_payload(n: int = 2) -> dict:
-    return {"images": [b64(im) for im in hwc(images_bchw(n))], "prompts": [f"prompt {i}" for i in range(n)]}
+    return v2({"images": [b64(im) for im in hwc(images_bchw(n))], "prompts": [f"prompt {i}" for i in range(n)]})
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +134,7 @@ def test_weighted_sum_equals_weighted_per_scorer_values(jpeg_server):
 
 def test_jpeg_and_data_url_images_are_accepted(jpeg_server):
     im = hwc(images_bchw(1))[0]
-    payload = {"images": [b64(im, "JPEG"), "data:image/png;base64," + b64(im)], "prompts": ["x", "y"]}
+    payload = v2({"images": [b64(im, "JPEG"), "data:image/png;base64," + b64(im)], "prompts": ["x", "y"]})
     resp = requests.post(jpeg_server.url, json=payload, timeout=30)
     assert resp.status_code == 200, resp.text
     assert resp.json()["scores"]["jpeg_incompressibility"][1] == jpeg_size_kb(im)
@@ -174,6 +182,22 @@ BAD_REQUESTS = {
         415,
         "application/json",
     ),
+    "version_1": (
+        dict(json={"images": [b64(np.zeros((8, 8, 3), np.uint8))], "prompts": ["a"]}, raw=True),
+        400,
+        "reward protocol version 1 (no 'version' key: version 1, without per-image metadata) is not served",
+    ),
+    "version_3": (dict(json={"version": 3, "images": [], "prompts": [], "metadata": []}, raw=True), 400, "version 3"),
+    "metadata_not_object": (
+        dict(json={"images": [b64(np.zeros((8, 8, 3), np.uint8))], "prompts": ["a"], "metadata": ["tag"]}),
+        400,
+        "metadata[0] is a str",
+    ),
+    "wrong_metadata_length": (
+        dict(json={"images": [b64(np.zeros((8, 8, 3), np.uint8))], "prompts": ["a"], "metadata": []}),
+        400,
+        "len(images) = 1 != len(metadata) = 0",
+    ),
     "oversize_body": (
         dict(data=b"x" * (2 * MAX_BODY), headers={"Content-Type": "application/json"}),
         413,
@@ -185,6 +209,10 @@ BAD_REQUESTS = {
 @pytest.mark.parametrize("case", sorted(BAD_REQUESTS))
 def test_bad_request_gets_json_error_and_server_keeps_serving(jpeg_server, case):
     kwargs, status, fragment = BAD_REQUESTS[case]
+    kwargs = dict(kwargs)
+    if isinstance(kwargs.get("json"), dict) and not kwargs.pop("raw", False):
+        kwargs["json"] = v2(kwargs["json"])
+    kwargs.pop("raw", None)
     with requests.Session() as session:
         resp = session.post(jpeg_server.url, timeout=30, **kwargs)
         assert resp.status_code == status, resp.text
@@ -313,7 +341,8 @@ def test_parse_scorer_spec():
 @pytest.mark.parametrize(
     "args, fragment",
     [
-        (["--scorer", "aesthetic"], "unknown scorer 'aesthetic'"),
+        (["--scorer", "imagereward"], "unknown scorer 'imagereward'"),
+        (["--scorer", "aesthetic"], "needs --aesthetic-head"),
         (["--scorer", "clip:heavy"], "bad weight 'heavy'"),
         (["--scorer", "jpeg_compressibility:nan"], "must be finite"),
         (["--scorer", "clip"], "needs --clip-path"),
@@ -330,3 +359,77 @@ def test_cli_rejects_bad_arguments(args, fragment):
     assert result.exit_code == 2, result.output
     assert fragment in result.output
     assert "Traceback" not in result.output
+
+
+class _MetadataRecorder:
+    """A custom scorer that takes ``metadata``: it records what it is given and scores each
+    image by its prompt's ``count`` field."""
+
+    thread_safe = False
+
+    def __init__(self):
+        self.seen: list[tuple[str, dict]] = []
+
+    def __call__(self, images, prompts, metadata):
+        self.seen += list(zip(prompts, metadata))
+        return [float(m.get("count", 0)) for m in metadata]
+
+
+class _PromptsOnly:
+    thread_safe = True
+
+    def __call__(self, images, prompts):
+        return [1.0] * len(images)
+
+
+def test_custom_scorer_sees_each_prompt_s_metadata_from_the_prompt_file(tmp_path):
+    """Prompt file → prompt set → the coordinator's reward scorer → RewardFn (HTTP, protocol
+    version 2) → a real reward server → a custom scorer: each image arrives with its prompt's
+    record fields; a scorer without a ``metadata`` parameter is called as before."""
+    import time
+
+    from spotlight.coordinator.reward_scorer import RewardScorer
+    from spotlight.tasks.prompts import load_prompt_set
+
+    rows = [
+        {"tag": "counting", "include": [{"class": "cow", "count": 2}], "count": 2, "prompt": "two cows"},
+        {"tag": "ocr", "ocr_target": "OPEN", "count": 0, "prompt": 'a sign that reads "OPEN"'},
+        {"tag": "counting", "count": 3, "prompt": "three cats"},
+    ]
+    f = tmp_path / "meta.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ps = load_prompt_set(f)
+    recorder = _MetadataRecorder()
+    multi = MultiScorer({"meta": (recorder, 1.0), "plain": (_PromptsOnly(), 0.5)})
+    with running(multi) as server:
+        cfg = RewardConfig(kind="http", url=server.url, max_retries=1)
+        scorer = RewardScorer(RewardFn(cfg), cfg)
+        order = [2, 0, 1, 0]  # prompt indices of the four samples
+        scorer.submit(
+            [f"r{i}" for i in range(4)],
+            images_bchw(4, size=16),
+            [ps.prompts[i] for i in order],
+            [ps.metadata[i] for i in order],
+        )
+        got: dict[str, float] = {}
+        deadline = time.monotonic() + 60
+        while len(got) < 4 and time.monotonic() < deadline and scorer.error is None:
+            got.update(scorer.poll(time.monotonic()))
+            time.sleep(0.01)
+        scorer.close()
+    assert scorer.error is None and got == {"r0": 3.5, "r1": 2.5, "r2": 0.5, "r3": 2.5}
+    expected = [(rows[i]["prompt"], {k: v for k, v in rows[i].items() if k != "prompt"}) for i in order]
+    assert recorder.seen == expected
+    assert recorder.seen[2][1]["ocr_target"] == "OPEN" and recorder.seen[1][1]["include"][0]["class"] == "cow"
+
+
+def test_builtin_reward_passes_metadata_to_the_ocr_scorer():
+    from spotlight.rewards.ocr import render_text_image
+
+    img = np.asarray(render_text_image("OPEN").convert("RGB")).transpose(2, 0, 1)[None]
+    fn = RewardFn(RewardConfig(kind="ocr"))
+    # the prompt has no quoted target: metadata's ocr_target is what it is scored against
+    (r,) = fn(img, ["a shop sign"], [{"ocr_target": "OPEN"}])
+    assert r > 0.5
+    with pytest.raises(RewardError, match="1 images but 2 metadata records"):
+        fn(img, ["a shop sign"], [{}, {}])

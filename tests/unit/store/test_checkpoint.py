@@ -167,3 +167,11 @@ def test_next_epoch_counts_starts_durably(tmp_path):
     (checkpoint_dir(tmp_path) / "EPOCH").write_text("x")
     with pytest.raises(CheckpointError, match="not a non-negative integer"):
         next_epoch(tmp_path)
+
+
+def test_checkpoint_cadence_is_every_nth_iteration_and_the_last():
+    from spotlight.store.checkpoint import is_checkpoint_iteration
+
+    assert [n for n in range(7) if is_checkpoint_iteration(n, 2, 7)] == [1, 3, 5, 6]
+    assert [n for n in range(4) if is_checkpoint_iteration(n, 1, 4)] == [0, 1, 2, 3]
+    assert [n for n in range(5) if is_checkpoint_iteration(n, 10, 5)] == [4]

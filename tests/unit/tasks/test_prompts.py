@@ -176,3 +176,71 @@ def test_run_records_prompts_json_and_reports_the_cut_once(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.count("1 of 2 prompts are longer than model.max_text_tokens = 16") == 1
     assert ps.summary().startswith(f"2 prompts loaded from {f} (csv, column 'prompt', sha256 {rec['sha256'][:12]}")
+
+
+def test_tsv_has_no_quoting_fields_begin_or_end_with_quotes(tmp_path):
+    """IANA text/tab-separated-values has no quoting: a published prompt that begins with a
+    quoted word (the CSV reader refused it: ' ' expected after '"') is kept as written."""
+    text = (
+        "id\tprompt\tocr_target\n"
+        '1\t"G I G G L E" painted in bold letters\tG I G G L E\n'
+        '2\ta sign that reads "OPEN"\tOPEN\n'
+        '3\t"quoted whole"\t"x"\n'
+        "4\tit's 5\" tall\tno\n"
+    )
+    ps = load_prompt_set(_write(tmp_path / "ocr.tsv", text))
+    assert ps.prompts == [
+        '"G I G G L E" painted in bold letters',
+        'a sign that reads "OPEN"',
+        '"quoted whole"',
+        "it's 5\" tall",
+    ]
+    assert ps.metadata[0] == {"id": "1", "ocr_target": "G I G G L E"} and ps.metadata[2]["ocr_target"] == '"x"'
+    assert ps.lines == [2, 3, 4, 5]
+
+
+def test_tsv_ragged_row_says_tsv_cannot_hold_a_tab(tmp_path):
+    f = _write(tmp_path / "p.tsv", "prompt\tk\na\tb\tc\n")
+    with pytest.raises(ConfigError, match=r"p\.tsv:2: 3 fields but the header has 2; a TSV field cannot hold a tab"):
+        load_prompt_set(f)
+
+
+def test_csv_still_reads_quotes_and_keeps_other_columns_as_metadata(tmp_path):
+    f = _write(tmp_path / "p.csv", 'prompt,tag\n"""G I G G L E"" painted",ocr\n"two, cats",counting\n')
+    ps = load_prompt_set(f)
+    assert ps.prompts == ['"G I G G L E" painted', "two, cats"]
+    assert ps.metadata == [{"tag": "ocr"}, {"tag": "counting"}] and ps.lines == [2, 3]
+
+
+def test_jsonl_keeps_geneval_fields_as_metadata(tmp_path):
+    rows = [
+        {"tag": "counting", "include": [{"class": "cow", "count": 2}], "prompt": "two cows"},
+        {"tag": "single_object", "include": [{"class": "bench", "count": 1}], "prompt": "a bench"},
+    ]
+    f = _write(tmp_path / "meta.jsonl", "\n".join(json.dumps(r) for r in rows) + "\n")
+    ps = load_prompt_set(f)
+    assert ps.metadata == [{k: v for k, v in r.items() if k != "prompt"} for r in rows]
+    assert load_prompt_set(f, category_column="tag", categories=["single_object"]).metadata == [
+        {"tag": "single_object", "include": [{"class": "bench", "count": 1}]}
+    ]
+
+
+def test_json_array_of_strings_or_objects(tmp_path):
+    f = _write(tmp_path / "p.json", '[\n  "a red cube",\n  "two dogs"\n]\n')
+    ps = load_prompt_set(f)
+    assert ps.prompts == ["a red cube", "two dogs"] and ps.format == "json" and ps.lines == [2, 3]
+    g = _write(tmp_path / "q.json", json.dumps([{"prompt": "a cat", "ocr_target": "CAT"}, {"prompt": "b"}]))
+    ps = load_prompt_set(g)
+    assert ps.prompts == ["a cat", "b"] and ps.metadata == [{"ocr_target": "CAT"}, {}]
+
+
+def test_json_that_is_not_one_array_is_refused_with_a_jsonl_hint(tmp_path):
+    jsonl_named_json = _write(tmp_path / "p.json", '{"prompt": "a"}\n{"prompt": "b"}\n')
+    with pytest.raises(ConfigError, match=r"p\.json:2: not one JSON array .*name the file \.jsonl"):
+        load_prompt_set(jsonl_named_json)
+    one_object = _write(tmp_path / "o.json", '{"prompt": "a"}')
+    with pytest.raises(ConfigError, match=r"o\.json:1: .*got a dict; .*\.jsonl"):
+        load_prompt_set(one_object)
+    bad_item = _write(tmp_path / "b.json", '[{"prompt": "a"},\n {"text": "b"}]')
+    with pytest.raises(ConfigError, match=r"b\.json:2: item 1: no 'prompt' key"):
+        load_prompt_set(bad_item)

@@ -1,0 +1,135 @@
+"""``spotlight plan``: the memory and disk a config needs, per GPU, per host and on disk.
+
+The numbers are :func:`spotlight.core.memory_plan.plan_memory`'s, for parameters counted on
+the meta device (:mod:`spotlight.models.param_count`): the config's checkpoint, or
+``--preset`` for a published architecture when the weights are not at hand. Formulas in
+docs/planning.md.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+PLAN_HELP = (
+    "Memory per trainer and rollout GPU, host memory and disk of a config; with cluster.gpu_memory_gib, "
+    "whether it fits (exit 1 when it does not)."
+)
+"""``spotlight plan --help``'s text (one line: typer keeps a help text's line breaks)."""
+
+
+def plan_table(plan, title: str) -> Table:
+    """The rich table of ``plan`` (a :class:`~spotlight.core.memory_plan.MemoryPlan`)."""
+    from spotlight.core.memory_plan import MemoryPlan, gib
+
+    table = Table(title=title, show_lines=False)
+    for col, kw in (("where", {}), ("item", {}), ("GiB", {"justify": "right"}), ("formula", {})):
+        table.add_column(col, **kw)
+    limit = plan.gpu_limit_bytes
+    for where, lines in (
+        ("trainer GPU", plan.trainer_gpu),
+        ("rollout GPU", plan.rollout_gpu),
+        ("reserved host", plan.reserved_host),
+        ("spot host", plan.spot_host),
+        ("disk", plan.disk),
+    ):
+        for i, line in enumerate(lines):
+            table.add_row(where if i == 0 else "", line.name, f"{line.bytes / (1 << 30):.2f}", escape(line.formula))
+        total = MemoryPlan.total(lines)
+        over = where.endswith("GPU") and limit is not None and total > limit
+        mark = f" [red](over {gib(limit)})[/red]" if over else ""
+        table.add_row("", "[bold]total[/bold]", f"[bold]{total / (1 << 30):.2f}[/bold]", mark, end_section=True)
+    return table
+
+
+def plan_dict(plan) -> dict:
+    """``plan`` as JSON-able data (bytes per line and totals)."""
+    from spotlight.core.memory_plan import MemoryPlan
+
+    out = {}
+    for where in ("trainer_gpu", "rollout_gpu", "reserved_host", "spot_host", "disk"):
+        lines = getattr(plan, where)
+        out[where] = {line.name: line.bytes for line in lines} | {"total": MemoryPlan.total(lines)}
+    out |= {
+        "gpu_limit_bytes": plan.gpu_limit_bytes,
+        "tokens_per_micro_batch": plan.tokens_per_micro_batch,
+        "rows_per_micro_batch": plan.rows_per_micro_batch,
+        "activation_checkpointing": plan.activation_checkpointing,
+        "problems": plan.problems(),
+    }
+    return out
+
+
+def make_plan(cfg, preset: str | None = None, device: str = "cuda"):
+    """``(plan, size)`` of ``cfg`` (parameters of its transformer, or of ``preset``).
+
+    Raises:
+        SpotlightError: the transformer cannot be counted (:class:`~spotlight.models.param_count.PlanError`).
+    """
+    from spotlight.core.memory_plan import plan_memory
+    from spotlight.models.param_count import count_model
+
+    size = count_model(cfg, preset)
+    return plan_memory(cfg, size, device=device), size
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("plan", help=PLAN_HELP)
+    def plan(
+        config: Optional[pathlib.Path] = typer.Argument(None, help="Config file (default: the embedded default)."),
+        preset: Optional[str] = typer.Option(
+            None,
+            "--preset",
+            help="Count a published architecture instead of the config's checkpoint: qwen-image-20b, flux-12b, "
+            "sd3.5-large.",
+        ),
+        device: str = typer.Option("cuda", "--device", help="cuda (bf16 where model.dtype = auto) or cpu (fp32)."),
+        gpu_memory_gib: Optional[float] = typer.Option(
+            None, "--gpu-memory-gib", help="Check against this GPU size (default: cluster.gpu_memory_gib)."
+        ),
+        as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
+    ) -> None:
+        """:data:`PLAN_HELP`"""
+        import sys
+
+        from spotlight.config import load_config
+        from spotlight.core.memory_plan import gib
+        from spotlight.errors import SpotlightError
+
+        console = Console(emoji=False, soft_wrap=True, width=None if sys.stdout.isatty() else 150)
+        if device not in ("cuda", "cpu"):
+            console.print(f"[red]error:[/red] --device {escape(device)}: choose cuda or cpu")
+            raise typer.Exit(2)
+        overrides = {} if gpu_memory_gib is None else {"cluster.gpu_memory_gib": gpu_memory_gib}
+        try:
+            cfg = load_config(config, overrides)
+            result, size = make_plan(cfg, preset, device)
+        except SpotlightError as exc:
+            console.print(f"[red]error:[/red] {escape(str(exc))}")
+            raise typer.Exit(2)
+        if as_json:
+            print(json.dumps(plan_dict(result) | {"params": size.params, "lora_params": size.lora_params}, indent=2))
+        else:
+            t = cfg.train
+            title = (
+                f"{preset or cfg.model.family}: {size.params / 1e9:.2f} B parameters"
+                + (f", LoRA r={t.lora_rank} {size.lora_params / 1e6:.0f} M" if t.lora_rank else ", full fine-tuning")
+                + f", {t.num_train_workers} trainer GPUs, {cfg.model.image_size} px, "
+                f"{result.rows_per_micro_batch} rows × {cfg.sampler.sde_window_size} window steps per micro-batch "
+                f"({result.tokens_per_micro_batch} tokens), activation checkpointing "
+                f"{'on' if result.activation_checkpointing else 'off'}"
+            )
+            console.print(plan_table(result, title))
+        problems = result.problems()
+        for line in problems:
+            console.print(f"[red]does not fit:[/red] {escape(line)}", highlight=False)
+        if not problems and result.gpu_limit_bytes is not None and not as_json:
+            console.print(f"fits: every GPU within {gib(result.gpu_limit_bytes)}")
+        if problems:
+            raise typer.Exit(1)

@@ -1,0 +1,153 @@
+"""Held-out evaluation during training, as the coordinator runs it (docs/evaluation.md).
+
+:func:`due` decides (pure) which iterations are evaluated; :class:`Evaluations` is the shell
+that starts one Eval Worker process at a time (``python -m spotlight.workers.eval``) on a
+published version, queues the others, and hands back each finished evaluation's scores
+(``eval/iter_NNNN.json``). A failed evaluation is logged with the last lines of its log and
+the run goes on: evaluation never stops training.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import pathlib
+import subprocess
+import sys
+
+from spotlight.util.procs import log_mark, log_tail, scrubbed_env, spawn_logged
+
+log = logging.getLogger("spotlight.coordinator")
+
+
+def due(n: int, every: int, total: int) -> bool:
+    """True when the version trained by iteration ``n`` (0-based) is evaluated: every
+    ``every`` iterations and the last (``every`` = 0: never)."""
+    return every > 0 and ((n + 1) % every == 0 or n + 1 == total)
+
+
+def cache_dir() -> pathlib.Path:
+    """The prompt-embedding cache: ``$XDG_CACHE_HOME/spotlight`` (default ``~/.cache/spotlight``)."""
+    import os
+
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return pathlib.Path(base) / "spotlight"
+
+
+def result_path(run_dir: pathlib.Path, iteration: int) -> pathlib.Path:
+    """``eval/iter_NNNN.json`` of 0-based ``iteration`` (numbered from 1; the base model is 0000)."""
+    return pathlib.Path(run_dir) / "eval" / f"iter_{max(iteration + 1, 0):04d}.json"
+
+
+class Evaluations:
+    """The run's Eval Worker processes, one at a time, in request order.
+
+    Args:
+        run_dir: the run directory (its ``config.toml``, Tensor Store and ``eval/``).
+        cache_dir: the prompt-embedding cache (the coordinator's).
+        env: the child's environment (default: this process's, without credentials).
+    """
+
+    def __init__(self, run_dir: pathlib.Path, cache_dir: pathlib.Path, env: dict[str, str] | None = None):
+        self.run_dir = pathlib.Path(run_dir)
+        self.cache_dir = pathlib.Path(cache_dir)
+        self.env = env if env is not None else scrubbed_env()
+        self.queue: list[tuple[int, int]] = []  # (iteration, version) not started yet
+        self.proc: subprocess.Popen | None = None
+        self.running: tuple[int, int] | None = None
+        self._mark = None
+
+    @property
+    def busy(self) -> bool:
+        return self.proc is not None or bool(self.queue)
+
+    def request(self, iteration: int, version: int) -> None:
+        """Evaluate ``version`` as the result of 0-based ``iteration`` (-1: the base model),
+        unless its result is already written (a resumed run)."""
+        if result_path(self.run_dir, iteration).is_file() or (iteration, version) in self.queue:
+            return
+        self.queue.append((iteration, version))
+        self._start_next()
+
+    def _start_next(self) -> None:
+        if self.proc is not None or not self.queue:
+            return
+        iteration, version = self.queue.pop(0)
+        cmd = [
+            sys.executable,
+            "-m",
+            "spotlight.workers.eval",
+            "--run-dir",
+            str(self.run_dir),
+            "--version",
+            str(version),
+            "--iteration",
+            str(iteration),
+            "--cache-dir",
+            str(self.cache_dir),
+        ]
+        self._mark = log_mark("eval", self.env)
+        self.proc = spawn_logged(cmd, "eval", env=self.env)
+        self.running = (iteration, version)
+        log.info("evaluating v%d (held-out panel) in process %d", version, self.proc.pid)
+
+    def poll(self) -> list[dict]:
+        """The scores of every evaluation finished since the last call (then the next queued one starts)."""
+        out = []
+        while self.proc is not None and self.proc.poll() is not None:
+            rc, (iteration, version) = self.proc.returncode, self.running
+            self.proc = self.running = None
+            path = result_path(self.run_dir, iteration)
+            try:
+                out.append(json.loads(path.read_text()))
+            except (OSError, ValueError) as exc:
+                tail = "\n".join(log_tail(self._mark)) if self._mark is not None else ""
+                why = f":\n{tail}" if tail else ""
+                log.warning("evaluation of v%d failed (exit code %s, %s)%s", version, rc, exc, why)
+            self._start_next()
+        return out
+
+    def wait(self, timeout_s: float) -> list[dict]:
+        """Finish the running and queued evaluations (up to ``timeout_s`` in all); their scores."""
+        import time
+
+        deadline, out = time.monotonic() + timeout_s, []
+        while self.busy and time.monotonic() < deadline:
+            if self.proc is not None:
+                try:
+                    self.proc.wait(timeout=max(0.1, min(1.0, deadline - time.monotonic())))
+                except subprocess.TimeoutExpired:
+                    pass
+            out += self.poll()
+        if self.busy:
+            log.warning("held-out evaluation did not finish within %.0f s; stopped", timeout_s)
+        return out
+
+    def close(self) -> None:
+        """Stop a running evaluation (the run is stopping) and drop the queue."""
+        self.queue.clear()
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.proc = self.running = None
+
+
+def first_vs_last(run_dir: pathlib.Path) -> pathlib.Path | None:
+    """``eval/first_vs_last.png``: the base model's panel grid and the last evaluation's side
+    by side (same prompts, same seeds); None when fewer than two grids exist."""
+    from PIL import Image
+
+    grids = sorted((pathlib.Path(run_dir) / "eval").glob("iter_*.png"))
+    if len(grids) < 2:
+        return None
+    first, last = Image.open(grids[0]).convert("RGB"), Image.open(grids[-1]).convert("RGB")
+    gap = 12
+    out = Image.new("RGB", (first.width + gap + last.width, max(first.height, last.height)), (235, 235, 235))
+    out.paste(first, (0, 0))
+    out.paste(last, (first.width + gap, 0))
+    path = pathlib.Path(run_dir) / "eval" / "first_vs_last.png"
+    out.save(path)
+    return path

@@ -1,0 +1,262 @@
+"""Memory and disk plan of a run: bytes per GPU, per host and on disk, from parameter counts
+and the config (docs/planning.md has the formulas, the presets and a worked 20 B table).
+
+Pure: no torch, no I/O. A shell counts the parameters (:mod:`spotlight.models.param_count`,
+from the transformer's config on the meta device) and calls :func:`plan_memory`; ``spotlight
+plan`` prints the result, ``spotlight up`` refuses a config whose GPUs cannot hold it
+(``cluster.gpu_memory_gib``).
+
+Per trainer GPU (FSDP2 over ``W = train.num_train_workers`` ranks, ``P`` transformer
+parameters, ``T`` trainable ones: ``P`` for full fine-tuning, the LoRA adapter's otherwise):
+
+* parameters: full fine-tuning ``4·P/W`` (fp32 master); LoRA ``b·P/W + 4·T/W`` (frozen base
+  in the compute dtype, ``b`` = 2 for bf16, plus the fp32 adapter);
+* gradients ``4·T/W``; Adam state ``8·T/W`` (two fp32 moments);
+* gathered blocks: FSDP2 all-gathers one block's parameters in the compute dtype, and
+  prefetches the next: ``2 · b · P/blocks``;
+* activations of one training micro-batch: ``tokens = rows · window · cfg · (image + text
+  tokens)`` (``rows`` = ``train.micro_batch_size``, or the whole rank batch per optimizer step;
+  ``window`` = ``sampler.sde_window_size``, every window step stays alive until the backward;
+  ``cfg`` = 2 with true CFG, whose negative rows run in the same forward). Without activation
+  checkpointing ``tokens · blocks · a``; with it ``tokens · blocks · hidden · b`` (the block
+  inputs) ``+ tokens · a`` (one block recomputed). ``a`` = :data:`BLOCK_ACT_BYTES_PER_TOKEN`
+  (91 KiB per token per Qwen-Image block in bf16, measured on CPU) scaled by ``hidden / 3072``
+  and by ``b / 2``;
+* the reserved Rollout Worker's model copy, if it shares the GPU
+  (``cluster.reserved_rollout_gpus`` ∩ the trainer ranks): ``b·P`` (+ ``b·T`` for the adapter)
+  plus its inference activations (one block of ``worker_batch_size · cfg · tokens``);
+* the KL reference of full fine-tuning (``train.kl_beta > 0``): ``4·P/W`` more;
+* a CUDA context reserve (:data:`CUDA_RESERVE_BYTES`; none on the CPU).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+GIB = 1 << 30
+
+BLOCK_ACT_BYTES_PER_TOKEN = 91 * 1024
+"""Activation bytes a Qwen-Image transformer block keeps for the backward, per token, in bf16
+(hidden size :data:`REFERENCE_HIDDEN`; measured on CPU, docs/planning.md). Other widths scale
+linearly by hidden size, fp32 by 2."""
+
+REFERENCE_HIDDEN = 3072
+"""Hidden size at which :data:`BLOCK_ACT_BYTES_PER_TOKEN` was measured (Qwen-Image: 24 × 128)."""
+
+CUDA_RESERVE_BYTES = 1 * GIB
+"""CUDA context, NCCL buffers and allocator slack per GPU (not on the CPU)."""
+
+TRAIN_CHECKPOINTS_KEPT = 2
+"""Trainer DCP checkpoints kept (``checkpoints/train/``)."""
+
+COORDINATOR_MEMORY_VERSIONS = 3
+"""Weight versions of at most ``cluster.weight_memory_max_bytes`` the coordinator also keeps in memory."""
+
+AGENT_CACHED_VERSIONS = 2
+"""Weight versions a spot node holds (v_n for exploration while v_n+1 arrives), memory-mapped."""
+
+# families: classifier-free guidance run as doubled rows, and text tokens beyond max_text_tokens
+DEFAULT_GUIDANCE = {"tiny": 1.0, "qwen-image": 4.0, "sd3": 4.5, "flux": 3.5}
+"""``model.guidance_scale = 0`` resolves to these (the families' defaults)."""
+TRUE_CFG = {"tiny": True, "qwen-image": True, "sd3": True, "flux": False}
+"""Families whose guidance runs the negative rows through the transformer (FLUX embeds it)."""
+EXTRA_TEXT_TOKENS = {"sd3": 77}
+"""Text tokens a family adds to ``model.max_text_tokens`` (SD3: CLIP's 77 before T5's)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSize:
+    """What the plan needs of the transformer.
+
+    Attributes:
+        family: ``model.family`` the numbers are of.
+        params: every transformer parameter (P).
+        lora_params: parameters of the LoRA adapter the config would add (0 without LoRA).
+        hidden_size: heads × head dim.
+        num_blocks: transformer blocks (FLUX: double + single).
+    """
+
+    family: str
+    params: int
+    lora_params: int
+    hidden_size: int
+    num_blocks: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Line:
+    """One row of the plan: ``name``, its bytes and how they were computed."""
+
+    name: str
+    bytes: int
+    formula: str
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPlan:
+    """Bytes per trainer GPU, per rollout GPU, on the reserved host, on a spot host and on disk."""
+
+    trainer_gpu: tuple[Line, ...]
+    rollout_gpu: tuple[Line, ...]
+    reserved_host: tuple[Line, ...]
+    spot_host: tuple[Line, ...]
+    disk: tuple[Line, ...]
+    gpu_limit_bytes: int | None
+    tokens_per_micro_batch: int
+    rows_per_micro_batch: int
+    activation_checkpointing: bool
+    version_bytes: int
+    train_checkpoint_bytes: int
+    final_bytes: int
+
+    @staticmethod
+    def total(lines: tuple[Line, ...]) -> int:
+        return sum(line.bytes for line in lines)
+
+    @property
+    def trainer_gpu_bytes(self) -> int:
+        return self.total(self.trainer_gpu)
+
+    @property
+    def rollout_gpu_bytes(self) -> int:
+        return self.total(self.rollout_gpu)
+
+    def problems(self) -> list[str]:
+        """One line per GPU kind that exceeds ``gpu_limit_bytes`` (none without a limit)."""
+        if self.gpu_limit_bytes is None:
+            return []
+        out = []
+        for kind, lines in (("trainer GPU", self.trainer_gpu), ("rollout GPU", self.rollout_gpu)):
+            need = self.total(lines)
+            if need > self.gpu_limit_bytes:
+                parts = ", ".join(f"{line.name} {gib(line.bytes)}" for line in lines if line.bytes)
+                out.append(
+                    f"a {kind} needs {gib(need)} but cluster.gpu_memory_gib = {self.gpu_limit_bytes / GIB:g} ({parts})"
+                )
+        return out
+
+
+def gib(n: int | float) -> str:
+    """``n`` bytes as ``12.3 GiB``."""
+    return f"{n / GIB:.1f} GiB"
+
+
+def image_tokens(family: str, image_size: int, patch_size: int) -> int:
+    """Image tokens per sample: tiny ``(H/patch)²``; the VAE families ``(H/16)²`` (VAE ×8, 2×2 patches)."""
+    side = image_size // (patch_size if family == "tiny" else 16)
+    return side * side
+
+
+def uses_true_cfg(family: str, guidance_scale: float) -> bool:
+    """Whether the negative rows run through the transformer beside the positive ones."""
+    scale = guidance_scale if guidance_scale > 0 else DEFAULT_GUIDANCE.get(family, 1.0)
+    return TRUE_CFG.get(family, False) and scale > 1
+
+
+def block_act_bytes_per_token(hidden_size: int, dtype_bytes: int) -> float:
+    """``a``: activation bytes per token per block, scaled from the Qwen-Image measurement."""
+    return BLOCK_ACT_BYTES_PER_TOKEN * hidden_size / REFERENCE_HIDDEN * dtype_bytes / 2
+
+
+def plan_memory(cfg, size: ModelSize, *, device: str = "cuda") -> MemoryPlan:
+    """The memory and disk plan of ``cfg`` (a :class:`~spotlight.config.SpotlightConfig`) for a
+    transformer of ``size``; ``device`` "cuda" (bf16 compute and rollouts where the config says
+    ``auto``) or "cpu" (everything fp32).
+
+    ``train.micro_batch_size`` (None: the rank's whole batch per optimizer step) and
+    ``train.activation_checkpointing`` (None: on for every family but tiny) are read when the
+    config has them.
+    """
+    t, m, s, c = cfg.train, cfg.model, cfg.sampler, cfg.cluster
+    w = t.num_train_workers
+    lora = t.lora_rank > 0
+    p, trainable = size.params, (size.lora_params if t.lora_rank > 0 else size.params)
+    cuda = device == "cuda"
+    model_b = 2 if cuda and m.dtype in ("auto", "bfloat16") else 4
+    compute_b = 4 if not cuda or t.mixed_precision == "fp32" else (2 if t.mixed_precision == "bf16" else model_b)
+
+    rows = getattr(t, "micro_batch_size", None) or math.ceil(
+        cfg.data.prompts_per_iteration * cfg.data.group_size / (w * t.steps_per_iteration)
+    )
+    ckpt = getattr(t, "activation_checkpointing", None)
+    ckpt = size.family != "tiny" if ckpt is None else bool(ckpt)
+    cfg_rows = 2 if uses_true_cfg(size.family, m.guidance_scale) else 1
+    seq = (
+        image_tokens(size.family, m.image_size, m.patch_size)
+        + m.max_text_tokens
+        + EXTRA_TEXT_TOKENS.get(size.family, 0)
+    )
+    tokens = rows * s.sde_window_size * cfg_rows * seq
+    a = block_act_bytes_per_token(size.hidden_size, compute_b)
+    blocks = size.num_blocks
+
+    trainer: list[Line] = []
+    if lora:
+        trainer.append(Line("parameters", _ceil(compute_b * p / w + 4 * trainable / w), f"{compute_b}·P/W + 4·T/W"))
+    else:
+        trainer.append(Line("parameters", _ceil(4 * p / w), "4·P/W (fp32 master)"))
+    trainer.append(Line("gradients", _ceil(4 * trainable / w), "4·T/W"))
+    trainer.append(Line("Adam state", _ceil(8 * trainable / w), "8·T/W"))
+    if t.kl_beta > 0 and not lora:
+        trainer.append(Line("KL reference", _ceil(4 * p / w), "4·P/W"))
+    trainer.append(Line("gathered blocks", _ceil(2 * compute_b * p / blocks), f"2·{compute_b}·P/blocks"))
+    if ckpt:
+        act = tokens * blocks * size.hidden_size * compute_b + tokens * a
+        formula = f"tokens·blocks·hidden·{compute_b} + tokens·a (checkpointed)"
+    else:
+        act = tokens * blocks * a
+        formula = "tokens·blocks·a"
+    trainer.append(Line("activations", _ceil(act), formula))
+
+    worker_model = model_b * (p + (trainable if lora else 0))
+    worker_act = _ceil(c.worker_batch_size * cfg_rows * seq * block_act_bytes_per_token(size.hidden_size, model_b))
+    rollout = [
+        Line("model copy", worker_model, f"{model_b}·P" + (f" + {model_b}·T" if lora else "")),
+        Line("inference activations", worker_act, "worker_batch·cfg·seq·a (one block)"),
+    ]
+    if set(c.reserved_rollout_gpus) & set(range(w)):
+        trainer.append(Line("rollout worker", worker_model + worker_act, "model copy + inference activations"))
+    if cuda:
+        trainer.append(Line("CUDA reserve", CUDA_RESERVE_BYTES, "context, NCCL, allocator"))
+        rollout.append(Line("CUDA reserve", CUDA_RESERVE_BYTES, "context, NCCL, allocator"))
+
+    version = model_b * (trainable if lora else p)
+    publish = version if lora else 4 * p + (version if model_b != 4 else 0)
+    coord_mem = COORDINATOR_MEMORY_VERSIONS * version if version <= c.weight_memory_max_bytes else 0
+    reserved_host = (
+        Line("trainer rank 0: version gather", publish, f"{model_b}·T" if lora else f"4·P + {model_b}·P"),
+        Line("coordinator: versions in memory", coord_mem, f"{COORDINATOR_MEMORY_VERSIONS} versions if small"),
+    )
+    spot_host = (Line("agent: cached versions (mmap)", AGENT_CACHED_VERSIONS * version, "2 versions"),)
+    keep = cfg.run.keep_weight_versions
+    ckpt_bytes = 12 * trainable  # fp32 weights + two fp32 Adam moments (LoRA: the adapter's)
+    final = 4 * (trainable if lora else p)
+    disk = (
+        Line(
+            "tensor store versions",
+            version * (keep or cfg.run.iterations + 1),
+            f"{keep or 'every'} × version ({gib(version)})",
+        ),
+        Line("trainer checkpoints", TRAIN_CHECKPOINTS_KEPT * ckpt_bytes, f"2 × 12·T ({gib(ckpt_bytes)})"),
+        Line("final model", final, "4·T" if lora else "4·P (fp32)"),
+    )
+    limit = getattr(c, "gpu_memory_gib", None)
+    return MemoryPlan(
+        trainer_gpu=tuple(trainer),
+        rollout_gpu=tuple(rollout),
+        reserved_host=reserved_host,
+        spot_host=spot_host,
+        disk=disk,
+        gpu_limit_bytes=None if limit is None else int(limit * GIB),
+        tokens_per_micro_batch=tokens,
+        rows_per_micro_batch=rows,
+        activation_checkpointing=ckpt,
+        version_bytes=version,
+        train_checkpoint_bytes=ckpt_bytes,
+        final_bytes=final,
+    )
+
+
+def _ceil(x: float) -> int:
+    return int(math.ceil(x))

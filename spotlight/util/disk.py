@@ -1,0 +1,48 @@
+"""Free-space checks before large writes (weight versions, trainer checkpoints, the final model,
+the prompt-embedding cache): one clear error naming the path, the bytes needed and the bytes
+free, instead of a write that fails half-way with ``No space left on device``."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+
+from spotlight.errors import SpotlightError
+
+ENOSPC_TEXT = "No space left on device"
+"""What the OS says when a write finds the disk full (errno 28)."""
+
+
+class DiskSpaceError(SpotlightError):
+    """A write would not fit on its file system."""
+
+
+def space_problem(path: str | os.PathLike, need_bytes: int, free_bytes: int, what: str = "") -> str | None:
+    """The error line when ``need_bytes`` do not fit in ``free_bytes`` at ``path``, else None. Pure."""
+    if need_bytes <= free_bytes:
+        return None
+    what = f" for {what}" if what else ""
+    return (
+        f"disk full at {path}: {need_bytes} bytes ({need_bytes / (1 << 30):.2f} GiB) needed{what}, "
+        f"{free_bytes} bytes ({free_bytes / (1 << 30):.2f} GiB) free"
+    )
+
+
+def free_bytes(path: str | os.PathLike) -> int:
+    """Free bytes (for this user) on the file system of ``path``, or of its nearest existing parent."""
+    p = pathlib.Path(path).absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return shutil.disk_usage(p).free
+
+
+def ensure_free_space(path: str | os.PathLike, need_bytes: int, what: str = "") -> None:
+    """Raise :class:`DiskSpaceError` if ``need_bytes`` will not fit at ``path``.
+
+    Raises:
+        DiskSpaceError: ``disk full at PATH: N bytes needed …, M bytes free``.
+    """
+    problem = space_problem(path, int(need_bytes), free_bytes(path), what)
+    if problem is not None:
+        raise DiskSpaceError(problem)

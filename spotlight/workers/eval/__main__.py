@@ -1,0 +1,5 @@
+import sys
+
+from spotlight.workers.eval.eval_worker import main
+
+sys.exit(main())

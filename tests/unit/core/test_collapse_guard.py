@@ -1,0 +1,118 @@
+"""The collapse guard (``spotlight/core/collapse_guard.py``, docs/collapse-guard.md)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from spotlight.config import ConfigError, GuardConfig
+from spotlight.core.collapse_guard import GuardSettings, check, cleared, image_stats
+
+S = GuardSettings(baseline_iterations=2, patience=2)
+
+
+def _rows(**series) -> list[dict]:
+    n = len(next(iter(series.values())))
+    return [{"iteration": i} | {k.replace("__", "/"): v[i] for k, v in series.items()} for i in range(n)]
+
+
+def _run(rows, settings=S):
+    """Feed rows one by one as the coordinator does; every alert raised, with its row index."""
+    live, got = [], []
+    for i in range(1, len(rows) + 1):
+        for a in cleared(rows[:i], live, settings):
+            live.remove(a)
+        new = check(rows[:i], settings, already=live)
+        live += new
+        got += new
+    return got
+
+
+def test_flat_rows_raise_nothing():
+    rows = _rows(
+        image__speckle=[0.02] * 8,
+        image__hf_energy=[0.01] * 8,
+        image__saturation=[0.3] * 8,
+        train__approx_kl=[0.01] * 8,
+        train__clipfrac=[0.1] * 8,
+        reward__mean=[0.1 * i for i in range(8)],
+    )
+    assert _run(rows) == []
+
+
+def test_rising_speckle_fires_once_after_patience():
+    speckle = [0.02, 0.03, 0.05, 0.20, 0.25, 0.30, 0.35]
+    got = _run(_rows(image__speckle=speckle))
+    assert [(a.kind, a.metric, a.iteration) for a in got] == [("image_drift", "image/speckle", 4)]
+    assert got[0].value == pytest.approx(0.25) and got[0].bound == pytest.approx(0.025 + 0.10)
+
+
+def test_one_spike_is_not_sustained():
+    assert _run(_rows(image__speckle=[0.02, 0.02, 0.5, 0.02, 0.5, 0.02])) == []
+
+
+def test_alert_rearms_after_its_condition_clears():
+    got = _run(_rows(image__hf_energy=[0.01, 0.01, 0.05, 0.05, 0.01, 0.05, 0.05]))
+    assert [a.iteration for a in got] == [3, 6]
+
+
+def test_saturation_collapse_either_way():
+    up = _run(_rows(image__saturation=[0.2, 0.2, 0.5, 0.5]))
+    down = _run(_rows(image__saturation=[0.2, 0.2, 0.05, 0.05]))
+    assert [a.kind for a in up] == ["image_drift"] and [a.kind for a in down] == ["image_drift"]
+
+
+def test_heldout_drop_while_reward_rises_is_reward_hacking():
+    rows = _rows(eval__score=[0.5, 0.6, 0.55, 0.45], reward__mean=[0.1, 0.2, 0.3, 0.4])
+    got = _run(rows)
+    assert [(a.kind, a.iteration) for a in got] == [("heldout_drop", 3)]
+    assert "reward hacking" in got[0].message
+
+
+def test_heldout_drop_with_falling_reward_is_not_hacking():
+    rows = _rows(eval__score=[0.5, 0.6, 0.55, 0.45], reward__mean=[0.1, 0.4, 0.3, 0.2])
+    assert _run(rows) == []
+
+
+def test_kl_and_clipfrac_runaway():
+    rows = _rows(train__approx_kl=[0.01, 0.9, 1.2, 2.0], train__clipfrac=[0.1, 0.1, 0.6, 0.7])
+    got = _run(rows)
+    assert sorted((a.kind, a.iteration) for a in got) == [("clipfrac_runaway", 3), ("kl_runaway", 2)]
+
+
+def test_missing_and_non_finite_values_are_ignored():
+    rows = _rows(image__speckle=[0.02, float("nan"), None, float("inf"), 0.03])
+    assert _run(rows) == []
+
+
+def test_image_stats_see_speckle_and_high_frequency_noise():
+    rng = np.random.default_rng(0)
+    clean = np.full((3, 64, 64), 240, np.uint8)
+    clean[:, 20:40, 20:40] = 40  # a dark square on a light background
+    speckled = clean.copy()
+    mask = rng.random((64, 64)) < 0.3
+    speckled[0][mask & (clean[0] == 240)] = 255
+    speckled[2][mask & (clean[0] == 240)] = 200  # near-white pixels with visible colour
+    a, b = image_stats([clean]), image_stats([speckled])
+    assert a["image/speckle"] == 0.0 and b["image/speckle"] > 0.2
+    assert b["image/hf_energy"] > 1.4 * a["image/hf_energy"]
+    assert set(a) == {"image/speckle", "image/hf_energy", "image/saturation", "image/color_entropy"}
+    hwc = image_stats([speckled.transpose(1, 2, 0)])
+    assert hwc == pytest.approx(b)
+    assert image_stats([]) == {}
+
+
+@pytest.mark.parametrize(
+    "field,value", [("patience", 0), ("baseline_iterations", 0), ("kl_max", 0.0), ("hf_energy_ratio", 1.0)]
+)
+def test_config_refuses_bounds_that_cannot_work(field, value):
+    with pytest.raises(ConfigError, match=f"guard.{field}"):
+        GuardConfig(**{field: value})
+
+
+def test_config_fields_are_the_core_settings():
+    import dataclasses
+
+    cfg = GuardConfig()
+    for f in dataclasses.fields(GuardSettings):
+        assert getattr(cfg, f.name) == f.default

@@ -1,0 +1,108 @@
+"""The memory plan's numbers for a config small enough to compute by hand (docs/planning.md)."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from spotlight.config import config_from_dict
+from spotlight.core.memory_plan import CUDA_RESERVE_BYTES, GIB, ModelSize, plan_memory
+
+P = 1_000_000_000  # parameters
+A = 91 * 1024  # activation bytes per token per block at hidden 3072, bf16
+SIZE = ModelSize(family="qwen-image", params=P, lora_params=10_000_000, hidden_size=3072, num_blocks=10)
+
+
+def _cfg(**sections):
+    base = {
+        "model": {"family": "qwen-image", "pretrained_path": "/nowhere", "image_size": 64, "max_text_tokens": 16},
+        "sampler": {"sde_window_size": 2},
+        "data": {"prompts_per_iteration": 8, "group_size": 4, "num_control_prompts": 0},
+        "train": {"num_train_workers": 2, "steps_per_iteration": 2},
+        "cluster": {"reserved_rollout_gpus": [], "worker_batch_size": 2},
+        "run": {"keep_weight_versions": 3, "iterations": 5},
+    }
+    for name, fields in sections.items():
+        base[name] = base.get(name, {}) | fields
+    return config_from_dict(base)
+
+
+def _lines(lines) -> dict[str, int]:
+    return {line.name: line.bytes for line in lines}
+
+
+def test_full_fine_tuning_by_hand():
+    plan = plan_memory(_cfg(), SIZE)
+    # rows = 8 prompts × 4 / (2 ranks × 2 steps) = 8; tokens = 8 rows × 2 window × 2 (true CFG) × (16 image + 16 text)
+    assert plan.rows_per_micro_batch == 8 and plan.tokens_per_micro_batch == 1024
+    assert plan.activation_checkpointing  # None = on for qwen-image
+    assert _lines(plan.trainer_gpu) == {
+        "parameters": 4 * P // 2,  # fp32 master, sharded over 2
+        "gradients": 4 * P // 2,
+        "Adam state": 8 * P // 2,
+        "gathered blocks": 2 * 2 * P // 10,  # two bf16 blocks unsharded
+        "activations": 1024 * 10 * 3072 * 2 + 1024 * A,  # block inputs + one block recomputed
+        "CUDA reserve": CUDA_RESERVE_BYTES,
+    }
+    assert _lines(plan.rollout_gpu) == {
+        "model copy": 2 * P,
+        "inference activations": 2 * 2 * 32 * A,
+        "CUDA reserve": CUDA_RESERVE_BYTES,
+    }
+    assert plan.version_bytes == 2 * P
+    disk = {"tensor store versions": 3 * 2 * P, "trainer checkpoints": 2 * 12 * P, "final model": 4 * P}
+    assert _lines(plan.disk) == disk
+    assert _lines(plan.reserved_host)["trainer rank 0: version gather"] == 4 * P + 2 * P
+    assert _lines(plan.spot_host) == {"agent: cached versions (mmap)": 2 * 2 * P}
+
+
+def test_lora_micro_batch_without_checkpointing_and_a_shared_rollout_gpu():
+    cfg = _cfg(train={"lora_rank": 8}, cluster={"reserved_rollout_gpus": [0]})
+    # micro_batch_size and activation_checkpointing are read when the config has them
+    train = types.SimpleNamespace(
+        **{f: getattr(cfg.train, f) for f in cfg.train.__struct_fields__},
+        micro_batch_size=1,
+        activation_checkpointing=False,
+    )
+    view = types.SimpleNamespace(**{f: getattr(cfg, f) for f in cfg.__struct_fields__} | {"train": train})
+    plan = plan_memory(view, SIZE)
+    T = SIZE.lora_params
+    tokens = 1 * 2 * 2 * 32
+    assert plan.tokens_per_micro_batch == tokens and not plan.activation_checkpointing
+    got = _lines(plan.trainer_gpu)
+    assert got["parameters"] == 2 * P // 2 + 4 * T // 2  # bf16 frozen base + fp32 adapter
+    assert got["gradients"] == 4 * T // 2 and got["Adam state"] == 8 * T // 2
+    assert got["activations"] == tokens * 10 * A
+    worker = 2 * (P + T)
+    assert got["rollout worker"] == worker + 2 * 2 * 32 * A
+    assert plan.version_bytes == 2 * T and plan.train_checkpoint_bytes == 12 * T
+
+
+def test_cpu_is_fp32_and_a_wider_model_scales_the_coefficient():
+    wide = ModelSize(family="qwen-image", params=P, lora_params=0, hidden_size=6144, num_blocks=10)
+    plan = plan_memory(_cfg(), wide, device="cpu")
+    got = _lines(plan.trainer_gpu)
+    assert "CUDA reserve" not in got
+    assert got["gathered blocks"] == 2 * 4 * P // 10
+    # a = 91 KiB × (6144 / 3072) × (4 / 2)
+    assert got["activations"] == 1024 * 10 * 6144 * 4 + 1024 * A * 4
+    assert plan.version_bytes == 4 * P
+
+
+def test_limit_refusal_names_the_numbers():
+    fits = plan_memory(_cfg(cluster={"gpu_memory_gib": 10.0}), SIZE)
+    assert fits.trainer_gpu_bytes < 10 * GIB and fits.problems() == []
+    tight = plan_memory(_cfg(cluster={"gpu_memory_gib": 8.0}), SIZE)
+    (problem,) = tight.problems()
+    assert problem.startswith("a trainer GPU needs 9.0 GiB but cluster.gpu_memory_gib = 8 (")
+    assert "Adam state 3.7 GiB" in problem and "activations 0.1 GiB" in problem
+    assert plan_memory(_cfg(), SIZE).problems() == []  # no limit, no check
+
+
+def test_gpu_memory_field_is_validated():
+    from spotlight.config import ConfigError
+
+    for bad in (0, -1.0, float("nan")):
+        with pytest.raises(ConfigError, match="cluster.gpu_memory_gib"):
+            _cfg(cluster={"gpu_memory_gib": bad})

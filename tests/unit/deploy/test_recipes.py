@@ -1,0 +1,167 @@
+"""The deployment recipes (deploy/): SkyPilot tasks, Kubernetes manifests and Slurm batch scripts
+check out offline, with the fields Spotlight relies on.
+
+Kubernetes manifests go through the kubernetes client's typed models (unknown fields, wrong types
+and missing required fields fail; the round trip must give the manifest back, so a misspelt field
+cannot be dropped silently). SkyPilot tasks go through SkyPilot's own loader when it is installed
+(``pip install skypilot``: it works without cloud credentials, but it is not in the test extra,
+too large to install quickly), and always through the structural checks here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import yaml
+
+from agent.main import SHUTDOWN_BOUND_S
+from tests.unit.deploy.recipes import DEPLOY, manifest_commands, shell_commands
+
+PORT = 7400
+
+
+def _opt(argv: list[str], name: str) -> str | None:
+    return argv[argv.index(name) + 1] if name in argv else None
+
+
+# ---------------------------------------------------------------- Kubernetes
+def _deserialize(doc: dict):
+    from kubernetes import client
+
+    api = client.ApiClient()
+    kind = "V1" + doc["kind"]
+    try:  # kubernetes >= 35: (text, type, content type)
+        obj = api.deserialize(json.dumps(doc), kind, "application/json")
+    except TypeError:  # older: a response object with .data
+
+        class _Response:
+            data = json.dumps(doc)
+
+        obj = api.deserialize(_Response(), kind)
+    return api.sanitize_for_serialization(obj)
+
+
+def _docs(name: str) -> list[dict]:
+    return list(yaml.safe_load_all((DEPLOY / "kubernetes" / name).read_text()))
+
+
+@pytest.mark.parametrize("name", ["coordinator.yaml", "agents.yaml"])
+def test_kubernetes_manifests_are_valid_objects(name):
+    pytest.importorskip("kubernetes")
+    for doc in _docs(name):
+        assert _deserialize(doc) == doc, f"{name}: {doc['kind']} has fields the API does not know"
+
+
+def test_kubernetes_model_check_is_not_vacuous():
+    pytest.importorskip("kubernetes")
+    doc = _docs("agents.yaml")[0]
+    doc["spec"]["template"]["spec"]["terminationGracePeriodSecond"] = 30  # misspelt
+    assert _deserialize(doc) != doc
+    del doc["spec"]["selector"]  # required
+    with pytest.raises(Exception):
+        _deserialize(doc)
+
+
+def _pod(docs: list[dict], kind: str) -> dict:
+    (obj,) = [d for d in docs if d["kind"] == kind]
+    return obj["spec"]["template"]["spec"]
+
+
+def test_kubernetes_coordinator_keeps_its_run_directory_and_opens_its_port():
+    docs = _docs("coordinator.yaml")
+    pod = _pod(docs, "StatefulSet")
+    (svc,) = [d for d in docs if d["kind"] == "Service"]
+    (pvc,) = [d for d in docs if d["kind"] == "PersistentVolumeClaim"]
+    up = next(c for c in pod["containers"] if c["args"][:2] == ["spotlight", "up"])
+    assert "--resume-existing" in up["args"] and _opt(up["args"], "--reserved") == f"0.0.0.0:{PORT}"
+    run_dir = _opt(up["args"], "--run-dir")
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in up["volumeMounts"]}
+    run_mount = next(p for p in mounts if run_dir.startswith(p + "/"))
+    assert volumes[mounts[run_mount]]["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]
+    assert [p["port"] for p in svc["spec"]["ports"]] == [PORT]
+    assert up["ports"][0]["containerPort"] == PORT
+    assert int(up["resources"]["limits"]["nvidia.com/gpu"]) >= 1
+    keys = _opt(up["args"], "--keys")
+    assert "secret" in volumes[mounts[keys]]
+    agent = next(c for c in pod["containers"] if c["args"][:2] == ["spotlight-agent", "join"])
+    assert len(_opt(agent["args"], "--gpus").split(",")) == int(agent["resources"]["limits"]["nvidia.com/gpu"])
+
+
+def test_kubernetes_agents_drain_within_the_pod_grace_period():
+    docs = _docs("agents.yaml")
+    pod = _pod(docs, "Deployment")
+    (argv,) = manifest_commands(docs)
+    (c,) = pod["containers"]
+    grace_s = float(_opt(argv, "--grace-s"))
+    assert pod["terminationGracePeriodSeconds"] >= grace_s + SHUTDOWN_BOUND_S
+    assert len(_opt(argv, "--gpus").split(",")) == int(c["resources"]["limits"]["nvidia.com/gpu"])
+    assert _opt(argv, "--coordinator") == f"spotlight-coordinator:{PORT}"  # the Service
+    assert _opt(argv, "--node-id") == "0"  # $(POD_NAME): a replacement pod is a new node
+    assert c["env"][0]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    keys = next(m for m in c["volumeMounts"] if m["mountPath"] == _opt(argv, "--keys"))
+    assert "secret" in volumes[keys["name"]] and keys["readOnly"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+
+
+# ---------------------------------------------------------------- SkyPilot
+def _task(name: str) -> dict:
+    return yaml.safe_load((DEPLOY / "skypilot" / name).read_text())
+
+
+@pytest.mark.parametrize("name", ["reserved.yaml", "agents.yaml"])
+def test_skypilot_tasks_load_with_skypilots_own_loader(name):
+    sky = pytest.importorskip("sky", reason="skypilot is not installed (pip install skypilot)")
+    task = sky.Task.from_yaml(str(DEPLOY / "skypilot" / name))
+    assert task.run and task.setup
+
+
+def test_skypilot_reserved_opens_the_port_and_mounts_the_keys():
+    t = _task("reserved.yaml")
+    assert str(t["resources"]["ports"]) == str(PORT) and t["resources"]["use_spot"] is False
+    cmds = shell_commands(t["run"], t["envs"])
+    (up,) = [a for a in cmds if a[:2] == ["spotlight", "up"]]
+    assert _opt(up, "--reserved") == f"0.0.0.0:{PORT}" and "--resume-existing" in up
+    assert _opt(up, "--keys") in t["file_mounts"]
+
+
+def test_skypilot_agents_are_a_spot_job_that_rejoins_and_waits_out_a_preempted_vm():
+    t = _task("agents.yaml")
+    assert t["resources"]["use_spot"] is True and t["resources"]["job_recovery"]["strategy"]
+    (join,) = shell_commands(t["run"], t["envs"])
+    assert join[:2] == ["spotlight-agent", "join"] and _opt(join, "--keys") in t["file_mounts"]
+    assert _opt(join, "--cloud") in ("aws", "gcp", "azure")
+    # exit 75 (the VM has an active notice) waits for the VM to go, so SkyPilot recovers the job
+    assert re.search(r"75\)[^;]*;\s*sleep infinity", t["run"])
+
+
+# ---------------------------------------------------------------- Slurm
+def _directives(name: str) -> dict[str, str]:
+    out = {}
+    for line in (DEPLOY / "slurm" / name).read_text().splitlines():
+        if line.startswith("#SBATCH "):
+            key, _, value = line[len("#SBATCH ") :].partition("=")
+            out[key.strip()] = value.strip()
+    return out
+
+
+def test_slurm_agents_get_sigterm_in_time_and_are_requeued():
+    d = _directives("agents.sbatch")
+    text = (DEPLOY / "slurm" / "agents.sbatch").read_text()
+    m = re.fullmatch(r"B:TERM@(\d+)", d["--signal"])
+    assert m, d["--signal"]  # B: the batch shell, which is the agent (exec): not its workers
+    grace_s = float(re.search(r"GRACE_S=\$\{GRACE_S:-(\d+)\}", text).group(1))
+    assert int(m.group(1)) >= grace_s + SHUTDOWN_BOUND_S
+    assert "--requeue" in d and d["--partition"] and d["--gres"].startswith("gpu:")
+    (join,) = shell_commands(text)
+    assert re.search(r"^exec spotlight-agent join", text, re.M)
+
+
+def test_slurm_reserved_runs_the_coordinator_and_its_trainers_under_srun():
+    text = (DEPLOY / "slurm" / "reserved.sbatch").read_text()
+    assert re.search(r"^srun .* spotlight up ", text, re.M) and re.search(r"^srun .* spotlight-agent join ", text, re.M)
+    d = _directives("reserved.sbatch")
+    assert "--requeue" not in d and d["--gres"].startswith("gpu:")
