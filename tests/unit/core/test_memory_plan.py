@@ -61,9 +61,8 @@ def test_lora_micro_batch_without_checkpointing_and_a_shared_rollout_gpu():
     cfg = _cfg(train={"lora_rank": 8}, cluster={"reserved_rollout_gpus": [0]})
     # micro_batch_size and activation_checkpointing are read when the config has them
     train = types.SimpleNamespace(
-        **{f: getattr(cfg.train, f) for f in cfg.train.__struct_fields__},
-        micro_batch_size=1,
-        activation_checkpointing=False,
+        **{f: getattr(cfg.train, f) for f in cfg.train.__struct_fields__}
+        | {"micro_batch_size": 1, "activation_checkpointing": False}
     )
     view = types.SimpleNamespace(**{f: getattr(cfg, f) for f in cfg.__struct_fields__} | {"train": train})
     plan = plan_memory(view, SIZE)
