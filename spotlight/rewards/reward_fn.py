@@ -104,7 +104,7 @@ class RewardFn:
             if len(prompts) != len(hwc):
                 raise RewardError(f"{len(hwc)} images but {len(prompts)} prompts")
             try:
-                return geneval.score(images_bchw, prompts, partial_credit=self.cfg.partial_credit)
+                return geneval.score(images_bchw, prompts, partial_credit=self.cfg.partial_credit, metadata=metadata)
             except ValueError as exc:
                 raise RewardError(str(exc)) from None
         if self.cfg.kind == "ocr":

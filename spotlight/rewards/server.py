@@ -183,14 +183,16 @@ class GenevalShapesScorer:
     def __call__(
         self, images: Sequence[Image.Image], prompts: Sequence[str], metadata: Sequence[dict] | None = None
     ) -> list[float]:
-        """``metadata`` is accepted and not needed: a shapes-world caption is its own spec."""
+        """A prompt whose ``metadata`` is a GenEval record (``tag``, ``include``) is judged by it
+        (:func:`spotlight.tasks.shapes.geneval.spec_from_metadata`), the others by their caption."""
         import numpy as np
 
         from spotlight.tasks.shapes import geneval
 
         if len(images) != len(prompts):
             raise ValueError(f"{len(images)} images but {len(prompts)} prompts")
-        specs = [geneval.parse_prompt(p) for p in prompts]
+        metadata = metadata if metadata is not None else [None] * len(prompts)
+        specs = [geneval.spec_from_metadata(p, m) or geneval.parse_prompt(p) for p, m in zip(prompts, metadata)]
         detected = geneval.detect_many([np.asarray(im.convert("RGB")) for im in images])
         scores = []
         for spec, objects in zip(specs, detected):

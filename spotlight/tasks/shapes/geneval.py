@@ -576,9 +576,38 @@ def verdict(spec: world.PromptSpec, objects: Sequence[DetectedObject]) -> tuple[
     return n_ok == len(checked), n_ok / len(checked)
 
 
-def verdicts(images_bchw: np.ndarray, prompts: Sequence[str]) -> list[tuple[bool, float]]:
+def spec_from_metadata(prompt: str, metadata: dict | None) -> world.PromptSpec | None:
+    """The :class:`world.PromptSpec` a prompt's GenEval record states (``tag`` and ``include``:
+    ``class`` a world shape, ``count``, optional ``color`` and ``position = [relation, index]``),
+    or None when ``metadata`` is not such a record (the caller then parses the caption)."""
+    if not isinstance(metadata, dict) or not isinstance(metadata.get("tag"), str):
+        return None
+    include = metadata.get("include")
+    if not isinstance(include, list) or not include:
+        return None
+    clauses = []
+    for c in include:
+        if not isinstance(c, dict) or c.get("class") not in world.SHAPES:
+            return None
+        count, color, pos = c.get("count", 1), c.get("color"), c.get("position")
+        if type(count) is not int or count < 1 or (color is not None and color not in world.COLORS):
+            return None
+        if pos is not None:
+            ok = isinstance(pos, list) and len(pos) == 2 and pos[0] in world.RELATIONS and type(pos[1]) is int
+            if not ok or not 0 <= pos[1] < len(include):
+                return None
+            pos = (pos[0], pos[1])
+        clauses.append(world.ObjectClause(c["class"], count, color, pos))
+    return world.PromptSpec(metadata["tag"], tuple(clauses), prompt)
+
+
+def verdicts(
+    images_bchw: np.ndarray, prompts: Sequence[str], metadata: Sequence[dict] | None = None
+) -> list[tuple[bool, float]]:
     """``(strict, partial credit)`` of :func:`verdict` for ``[B, 3, H, W] uint8`` RGB images
-    and their captions, in input order (one detection pass for both).
+    and their captions, in input order (one detection pass for both). A prompt whose
+    ``metadata`` is a GenEval record is judged by it (:func:`spec_from_metadata`), the others
+    by their parsed caption.
 
     Raises:
         ValueError: images not ``[B, 3, H, W] uint8``, ``len(prompts) != B``, or a caption
@@ -598,13 +627,16 @@ def verdicts(images_bchw: np.ndarray, prompts: Sequence[str]) -> list[tuple[bool
         raise ValueError(f"expected [B, 3, H, W] uint8 images, got {got}")
     if len(prompts) != images_bchw.shape[0]:
         raise ValueError(f"{images_bchw.shape[0]} images but {len(prompts)} prompts")
-    specs = [parse_prompt(p) for p in prompts]
+    metadata = metadata if metadata is not None else [None] * len(prompts)
+    specs = [spec_from_metadata(p, m) or parse_prompt(p) for p, m in zip(prompts, metadata)]
     return [
         verdict(spec, objects) for spec, objects in zip(specs, detect_many(list(images_bchw.transpose(0, 2, 3, 1))))
     ]
 
 
-def score(images_bchw: np.ndarray, prompts: Sequence[str], *, partial_credit: bool) -> list[float]:
+def score(
+    images_bchw: np.ndarray, prompts: Sequence[str], *, partial_credit: bool, metadata: Sequence[dict] | None = None
+) -> list[float]:
     """Rewards of ``[B, 3, H, W] uint8`` RGB images for their captions, in input order.
 
     Each reward is the partial credit of :func:`verdict` (fraction of clauses that hold,
@@ -614,4 +646,5 @@ def score(images_bchw: np.ndarray, prompts: Sequence[str], *, partial_credit: bo
     Raises:
         ValueError: as :func:`verdicts`.
     """
-    return [float(partial) if partial_credit else float(correct) for correct, partial in verdicts(images_bchw, prompts)]
+    judged = verdicts(images_bchw, prompts, metadata)
+    return [float(partial) if partial_credit else float(correct) for correct, partial in judged]

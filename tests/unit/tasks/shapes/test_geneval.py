@@ -397,3 +397,25 @@ def test_detect_rejects_bad_input():
         geneval.detect(np.zeros((32, 32), dtype=np.uint8))
     with pytest.raises(ValueError, match=r"\[B, 3, H, W\] uint8"):
         geneval.score(np.zeros((1, 32, 32, 3), dtype=np.uint8), ["a photo of a circle"], partial_credit=True)
+
+
+def test_a_prompt_s_geneval_record_states_the_same_spec_its_caption_does():
+    """The scorers judge by a prompt's metadata (its GenEval record) when present: for every
+    caption of the world the record gives the parsed spec; something else falls back to parsing."""
+    from spotlight.tasks.shapes.geneval import spec_from_metadata
+
+    for spec in world.all_prompts():
+        meta = {k: v for k, v in spec.to_json().items() if k != "prompt"}
+        assert spec_from_metadata(spec.prompt, meta) == geneval.parse_prompt(spec.prompt)
+    assert spec_from_metadata("a photo of a bench", {"tag": "single_object", "include": [{"class": "bench"}]}) is None
+    assert spec_from_metadata("x", {}) is None and spec_from_metadata("x", None) is None
+
+
+def test_metadata_decides_over_an_unparseable_caption(rendered):
+    spec = world.all_prompts()[0]
+    image = rendered[spec.prompt][0][0].transpose(2, 0, 1)[None]
+    meta = {k: v for k, v in spec.to_json().items() if k != "prompt"}
+    fn = RewardFn(RewardConfig(kind="geneval_shapes", partial_credit=False))
+    with pytest.raises(RewardError):
+        fn(image, ["a caption the parser does not know"])
+    assert fn(image, ["a caption the parser does not know"], [meta]) == fn(image, [spec.prompt])
