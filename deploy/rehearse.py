@@ -70,8 +70,11 @@ def _wait(pred, what: str, timeout_s: float = WAIT_S, alive=None):
 class Rehearsal:
     def __init__(self, recipe: str, work: pathlib.Path, iterations: int, agents: int):
         self.recipe, self.work, self.iterations, self.agents = recipe, work, iterations, agents
-        self.home = work / "home"
-        self.home.mkdir(parents=True, exist_ok=True)
+        # a short $HOME: the agents' control sockets live under it, and a Unix socket path has at most
+        # 107 characters (work/home links to it)
+        self.home = pathlib.Path(tempfile.mkdtemp(prefix="sl-home-"))
+        (work / "home").unlink(missing_ok=True)
+        (work / "home").symlink_to(self.home)
         self.port = _free_port()
         self.procs: dict[str, subprocess.Popen] = {}
         self.mocks: dict[str, object] = {}
