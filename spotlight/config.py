@@ -676,7 +676,7 @@ class EvalConfig(_Section):
     """Held-out prompt file (formats as ``data.prompts_path``); "" = the shapes task's 46 test
     prompts with ``reward.kind = "geneval_shapes"``, else required."""
     num_prompts: int = 16
-    """The first this many prompts of the file (the panel is fixed for the whole run)."""
+    """This many prompts, evenly spaced through the file (the panel is fixed for the whole run)."""
     num_seeds: int = 2
     """Seeds per prompt (the same seeds at every evaluation)."""
     keep_best: bool = True

@@ -70,9 +70,13 @@ def register(app: typer.Typer) -> None:
         console.print(score_table(results, num_prompts=len(specs), num_seeds=num_seeds))
         _write_report(results, out_dir, num_prompts=len(specs), num_seeds=num_seeds, weights=weights)
         n_img = len(specs) * num_seeds
+        per_kind = next(iter(results.values())).per_task_prompts
+        # overall = mean over K kinds of a mean of n_k verdicts (each of variance <= 1/4):
+        # its standard error is at most sqrt(sum_k 1/(4 n_k)) / K
+        se = (sum(0.25 / (n * num_seeds) for n in per_kind.values()) ** 0.5) / max(1, len(per_kind))
         console.print(
-            f"{n_img} images per model: a score's standard error is about ±{0.5 / max(1, n_img) ** 0.5:.3f} overall, "
-            "more for kinds with few prompts"
+            f"{n_img} images per model: the overall score's standard error is up to ±{se:.3f} (a mean over "
+            f"{len(per_kind)} task kinds, some with few prompts; more seeds narrow it)"
         )
         console.print(f"wrote {out_dir / 'eval.json'} and {out_dir / 'eval_grid.png'}")
 

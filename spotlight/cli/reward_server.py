@@ -85,7 +85,8 @@ def register(app: "typer.Typer") -> None:
     ) -> None:
         """Serve reward scorers over JSON HTTP until Ctrl-C.
 
-        POST / {"images": [<base64 PNG>, ...], "prompts": [...]} → {"rewards": [...], "scores": {name: [...]}};
+        POST / {"version": 2, "images": [<base64 PNG>, ...], "prompts": [...], "metadata": [{...}, ...]}
+        → {"rewards": [...], "scores": {name: [...]}};
         GET /health → {"status": "ok", "scorers": {name: weight}}.
         Example: spotlight reward-server --scorer clip:1.0 --scorer jpeg_compressibility:0.1 --clip-path ./PickScore_v1
         or: spotlight reward-server --scorer geneval_shapes_partial

@@ -317,13 +317,31 @@ class Coordinator:
                 raise RuntimeError(f"run did not finish within {timeout_s:.0f}s ({where})")
         if self.evals is not None and self.evals.busy:
             self.progress("waiting for the last held-out evaluation…")
-            self._poll_evals(self.evals.wait(self.cfg.eval.timeout_s))
+            self._serve_until_evaluated(self.cfg.eval.timeout_s, on_tick)
         if self.evals is not None:
             evaluation.first_vs_last(self.run_dir)
         self.recorder.append_requests(self.sched.requests())  # the ones not retired yet: the run ended
         from spotlight.util.plots import reward_curve
 
         reward_curve(self.history, self.run_dir / "reward_curve.png")
+
+    def _serve_until_evaluated(self, timeout_s: float, on_tick: Callable[[], None] | None) -> None:
+        """Keep answering agents and trainers (heartbeats, goodbyes) while the last held-out
+        evaluations finish, up to ``timeout_s``; then stop any still running."""
+        deadline = last_house = time.monotonic()
+        deadline += timeout_s
+        while self.evals.busy and time.monotonic() < deadline:
+            self.control.serve_once(200)
+            now = time.monotonic()
+            if now - last_house > 0.5:
+                self.control.housekeeping(now)
+                if on_tick is not None:
+                    on_tick()
+                last_house = now
+            self._poll_evals()
+        if self.evals.busy:
+            log.warning("held-out evaluation did not finish within %.0f s; stopped", timeout_s)
+            self.evals.close()
 
     def step(self, now: float) -> None:
         """Advance the iteration core; this shell carries its decisions out."""

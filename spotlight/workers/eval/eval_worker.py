@@ -4,8 +4,8 @@ Started by the coordinator (``python -m spotlight.workers.eval --run-dir RUN --v
 --iteration I``) every ``eval.every`` iterations, on the reserved side, while the next
 iteration trains. It
 
-1. reads the run's ``config.toml`` and builds the panel: the first ``eval.num_prompts`` prompts
-   of ``eval.prompts_path`` × ``eval.num_seeds`` seeds from
+1. reads the run's ``config.toml`` and builds the panel: ``eval.num_prompts`` prompts evenly spaced through
+   ``eval.prompts_path`` × ``eval.num_seeds`` seeds from
    :data:`~spotlight.tasks.shapes.evaluate.EVAL_SEED_BASE` (far from every training seed), the
    same at every evaluation of the run;
 2. encodes the panel's prompts with the family's text encoder (cached like the training
@@ -61,8 +61,8 @@ class Panel:
 
 
 def eval_prompts(cfg: SpotlightConfig) -> tuple[list[str], list[dict]]:
-    """The first ``eval.num_prompts`` prompts of ``eval.prompts_path`` (or the shapes test set),
-    and their records' other fields.
+    """``eval.num_prompts`` prompts evenly spaced through ``eval.prompts_path`` (or the shapes
+    test set; all of them when it has fewer), and their records' other fields.
 
     Raises:
         ConfigError: the file is missing, malformed or empty.
@@ -72,8 +72,10 @@ def eval_prompts(cfg: SpotlightConfig) -> tuple[list[str], list[dict]]:
 
     path = resolve_path(cfg.eval.prompts_path) if cfg.eval.prompts_path else world.TEST_PROMPTS_PATH
     ps = load_prompt_set(path, source="eval.prompts_path")
-    n = cfg.eval.num_prompts
-    return ps.prompts[:n], [dict(m) for m in ps.metadata[:n]]
+    total = len(ps.prompts)
+    n = min(cfg.eval.num_prompts, total)
+    picks = [i * total // n for i in range(n)]  # evenly spaced through the file: every part of it
+    return [ps.prompts[i] for i in picks], [dict(ps.metadata[i]) for i in picks]
 
 
 def build_panel(cfg: SpotlightConfig) -> Panel:

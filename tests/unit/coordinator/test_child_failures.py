@@ -46,7 +46,8 @@ def test_a_failed_child_is_reported_with_its_exception_and_its_log(tmp_path):
     rc, mark = _run_child(env, "print('loading the model', flush=True)\n" + NO_SPACE)
     failed = ChildExit.of("train worker rank 0", rc, mark)
     assert failed.summary == (
-        "train worker rank 0 exited with code 1: OSError: [Errno 28] No space left on device: '/runs/x/tensor_store'"
+        "train worker rank 0 exited with code 1: disk full at /runs/x/tensor_store: "
+        "OSError: [Errno 28] No space left on device: '/runs/x/tensor_store'"
     )
     lines = failed.report().splitlines()
     assert lines[0] == failed.summary
