@@ -86,10 +86,7 @@ app = typer.Typer(
 )  # plain help: readable at 80 columns
 
 MAX_CACHED_WEIGHTS = 3
-# Exit status of an agent that will not (re)join because its VM has an active preemption notice
-# (EX_TEMPFAIL).  The systemd unit lists it in RestartPreventExitStatus: restarting the agent on
-# a VM that is going away cannot help; the replacement VM starts a fresh agent.
-EXIT_NODE_PREEMPTED = 75
+EXIT_NODE_PREEMPTED = P.EXIT_NODE_PREEMPTED  # (spotlight/protocol.py: the reserved side reads it too)
 # Exit status of an agent refused because another live agent holds its node id (EX_CONFIG):
 # a configuration error (two agents started with the same --node-id) that a restart cannot fix,
 # so the systemd unit lists it in RestartPreventExitStatus too.

@@ -22,22 +22,15 @@ import tempfile
 
 import torch
 
+from spotlight.models.param_count import PRESETS  # the published architectures, one place
+
 REAL = {
     # published transformer configs (diffusers-format config.json of each release)
     "qwen-image": (
         "QwenImageTransformer2DModel",
         "Qwen-Image (20 B)",
         64,
-        dict(
-            patch_size=2,
-            in_channels=64,
-            out_channels=16,
-            num_layers=60,
-            attention_head_dim=128,
-            num_attention_heads=24,
-            joint_attention_dim=3584,
-            axes_dims_rope=(16, 56, 56),
-        ),
+        PRESETS["qwen-image-20b"][2],
     ),
     "sd3": (
         "SD3Transformer2DModel",

@@ -530,3 +530,10 @@ def decode(frames: list[bytes] | list[Any], *, max_body_bytes: int = MAX_BODY_BY
     if metas is not None and len(payload) < len(metas):
         raise ProtocolError(f"{mtype.name} declares {len(metas)} tensors but carries {len(payload)} frames")
     return mtype, body, payload
+
+
+# Exit status of an agent that will not (re)join because its VM has an active preemption notice
+# (EX_TEMPFAIL). The systemd unit lists it in RestartPreventExitStatus: restarting the agent on
+# a VM that is going away cannot help; the replacement VM starts a fresh agent. `spotlight up
+# --local` reads it too, so it lives here rather than in the agent daemon.
+EXIT_NODE_PREEMPTED = 75

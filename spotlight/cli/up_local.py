@@ -233,7 +233,7 @@ class LocalCluster:
         """While the run goes on: an agent started here that exited on its own with an error
         (not a preemption's exit status) is reported once, with the last lines of its log; the
         run goes on without it (its requests are re-enqueued when its heartbeats stop)."""
-        from agent.main import EXIT_NODE_PREEMPTED
+        from spotlight.protocol import EXIT_NODE_PREEMPTED
         from spotlight.util.procs import ChildExit
 
         for proc in self.procs:
