@@ -674,6 +674,7 @@ class AgentDaemon:
             "sp_degree": reg.sp_degree,
             "lora": reg.lora,
             "weights_dir": str(self.wcache.dir),
+            "offload_rollout_while_training": reg.offload_rollout_while_training,
         }
         return msgspec.json.encode(conf).decode()
 

@@ -525,6 +525,17 @@ class ClusterConfig(_Section):
     reserved_rollout_gpus: list[int] = msgspec.field(default_factory=lambda: [0])
     """GPUs of the reserved node that also run Rollout Workers (colocated with training):
     distinct indices >= 0 ([] = none)."""
+    offload_rollout_while_training: bool | None = None
+    """A reserved Rollout Worker on a GPU that a Train Worker also uses (one of
+    ``reserved_rollout_gpus`` below ``train.num_train_workers``) moves its model weights to
+    pinned host memory while the update trains there, and back before its next batch; the
+    update waits for the release (docs/memory.md, "A GPU shared by rollout and training").
+    Costs a copy each way per iteration (``time/offload_s``, ``time/reload_s`` in
+    metrics.jsonl) and one host copy of the weights on the reserved node; ``spotlight plan``
+    then counts the copy on that GPU only where it exceeds the training's own transient
+    memory. None = on for CUDA workers of the real families (qwen-image, flux, sd3), off for
+    the tiny model and on the CPU; true = always (on the CPU nothing moves, the same steps run);
+    false = never. SP groups (``reserved_sp_degree > 1``) keep their copy."""
     torch_threads: int = 1
     """Intra-op threads per worker process (CPU runs)."""
     max_message_bytes: int = 256 * 1024 * 1024

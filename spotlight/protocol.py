@@ -52,7 +52,10 @@ from spotlight.errors import SpotlightError
 
 PROTOCOL_VERSION = 3
 """Sent in REGISTER; the coordinator refuses any other version (2: CURVE transport, no HMAC;
-3: weight versions in chunks, WEIGHTS_CHUNK and ranged FETCH_WEIGHTS)."""
+3: weight versions in chunks, WEIGHTS_CHUNK and ranged FETCH_WEIGHTS). Fields an older peer
+ignores safely need no new version: ``Leases.device``, ``Pull.residency`` / ``Pull.moves`` and
+``Registered.offload_rollout_while_training`` (an older worker never releases its device and
+reports no residency, so the coordinator never waits for it)."""
 
 MAX_BODY_BYTES = 1 << 20
 """Largest msgpack body :func:`decode` accepts (tensors travel in their own frames)."""
@@ -169,6 +172,9 @@ class Registered(_Msg, kw_only=True):
     or stop every worker of the node and start fresh ones (the baselines' engine restart)."""
     live_migration: bool = True
     """``cluster.live_migration``: stopped workers commit in-flight state (else give it back)."""
+    offload_rollout_while_training: bool | None = None
+    """``cluster.offload_rollout_while_training``: whether the node's workers give their device
+    memory back when told (``Leases.device``); None = on CUDA with a real family."""
 
 
 class WorkerInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -226,6 +232,17 @@ class Shutdown(_Msg, kw_only=True):
 # ---------------------------------------------------------------- requests
 
 
+class DeviceMove(msgspec.Struct, kw_only=True, frozen=True):
+    """One move of a Rollout Worker's model weights between its device and host memory
+    (``spotlight/core/offload.py``): ``kind`` "offload" (device → host, its device memory freed
+    for a Train Worker) or "reload" (host → device), ``seconds`` it took, ``size_bytes`` moved
+    (0 on the CPU, where nothing moves)."""
+
+    kind: Literal["offload", "reload"]
+    seconds: Annotated[float, Meta(ge=0.0, le=1e6)]
+    size_bytes: ByteCount = 0
+
+
 class Pull(_Msg, kw_only=True):
     """Worker → agent → coordinator: "I am idle, give me up to N requests"."""
 
@@ -235,6 +252,14 @@ class Pull(_Msg, kw_only=True):
     max_requests: Annotated[int, Meta(ge=0, le=4096)]
     versions: Annotated[list[Version], Meta(max_length=64)] = []
     """Weight versions the worker already holds (a hint)."""
+    residency: Literal["", "resident", "released"] = ""
+    """Where the worker's model weights are: "resident" on its device, "released" to host
+    memory (it answered ``Leases.device = "release"``); "" = a worker that never releases its
+    device (``cluster.offload_rollout_while_training`` off for it, an SP group, an older worker):
+    the coordinator never waits for it."""
+    moves: Annotated[list[DeviceMove], Meta(max_length=16)] = []
+    """The moves of its weights since its previous PULL (their cost goes to ``time/offload_s``
+    and ``time/reload_s`` in metrics.jsonl)."""
 
 
 class LeaseItem(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -256,6 +281,12 @@ class Leases(_Msg, kw_only=True):
     worker_id: str
     items: list[LeaseItem] = []
     tensors: list[TensorMeta] = []
+    device: Literal["", "release", "reclaim"] = ""
+    """The coordinator's word on the worker's device memory, for a worker of the reserved node
+    on a GPU a Train Worker also uses (``spotlight/core/offload.py``): "release" (no items: the
+    update trains on your GPU now, move your weights to host memory), "reclaim" (training there
+    is over: have your weights on the device before the next batch); "" = keep them where they
+    are (every other worker, an agent's own reply, an older coordinator)."""
 
 
 class ResultItem(msgspec.Struct, kw_only=True, omit_defaults=True):

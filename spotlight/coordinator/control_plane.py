@@ -36,6 +36,7 @@ from spotlight.config import SpotlightConfig
 from spotlight.coordinator.server import PUBLIC, TRAINER, ControlServer, Inbound, Rejected
 from spotlight.core.events import EventLog
 from spotlight.core.instance_manager import InstanceManager
+from spotlight.core.offload import OffloadMeter, Residency, device_word, shares_trainer_gpu, trainer_gpus
 from spotlight.core.request_scheduler import RequestScheduler, RequestStatus
 from spotlight.errors import SpotlightError
 from spotlight.models.lora import lora_spec
@@ -145,6 +146,10 @@ class ControlPlane:
         self.requests_parked = 0  # requests parked after cluster.max_request_failures reported failures
         self.weight_chunks_served = 0
         self.worker_versions: dict[str, tuple[int, ...]] = {}  # worker id → versions it holds (its last PULL)
+        self.residency: dict[str, Residency] = {}  # worker id → where its weights are (its last PULL)
+        self.offload = OffloadMeter()
+        """What giving device memory back to the Train Workers cost (``spotlight/core/offload.py``)."""
+        self._train_gpus = trainer_gpus(cfg.train.num_train_workers)
         self._clashes: set[tuple[str, str, str]] = set()  # (node, holder's, claimant's instance id) refused
         self._allow_list_mtime = 0.0
 
@@ -373,6 +378,7 @@ class ControlPlane:
             sp_degree=c.sp_degree if body.is_spot else c.reserved_sp_degree,
             reconfiguration=c.reconfiguration,
             live_migration=c.live_migration,
+            offload_rollout_while_training=c.offload_rollout_while_training,
             model=msgspec.to_builtins(self.cfg.model),
             sampler=msgspec.to_builtins(self.cfg.sampler),
             lora=lora_spec(self.cfg.train),
@@ -457,15 +463,47 @@ class ControlPlane:
             for v in versions
         }
 
+    def shares_trainer_gpu(self, worker_id: str) -> bool:
+        """True for a worker of a reserved node on a GPU a Train Worker also uses (its GPUs as its
+        node's last heartbeat listed them, else the node's)."""
+        node = self.instances.nodes.get(self.worker_node.get(worker_id, ""))
+        if node is None:
+            return False
+        gpus = node.workers.get(worker_id, node.gpus)
+        return shares_trainer_gpu(is_spot=node.is_spot, worker_gpus=gpus, train_gpus=self._train_gpus)
+
+    def awaited_release(self) -> dict[str, Residency]:
+        """The workers an update waits for before it trains (``spotlight/core/offload.py``):
+        alive, sharing a Train Worker's GPU and managing where their weights are; each with its
+        last reported residency."""
+        out = {}
+        for wid, residency in self.residency.items():
+            node = self.instances.nodes.get(self.worker_node.get(wid, ""))
+            if residency is Residency.UNMANAGED or node is None or node.status.value != "alive":
+                continue
+            if wid in node.workers or not node.workers:  # a worker its node no longer lists is gone
+                if self.shares_trainer_gpu(wid):
+                    out[wid] = residency
+        return out
+
     def on_pull(self, identity, body: P.Pull, payload, now) -> None:
         node = self.instances.nodes[body.node_id]
         self.worker_node[body.worker_id] = body.node_id
         self.worker_versions[body.worker_id] = tuple(body.versions)
+        self.residency[body.worker_id] = Residency(body.residency)
+        for move in body.moves:
+            self.offload.moved(body.worker_id, move.kind, move.seconds)
         self.workers.worker_seen(body.worker_id, node.is_spot, now)
         leases = []
         if self.run.accepts_pulls() and node.status.value == "alive":
             most = max(1, min(body.max_requests, self.cfg.cluster.worker_batch_size * 4))
             leases = self.sched.pull(body.worker_id, is_spot=node.is_spot, max_requests=most, now=now)
+        word = device_word(
+            enabled=self.cfg.cluster.offload_rollout_while_training is not False,
+            shares_gpu=not node.is_spot and self.shares_trainer_gpu(body.worker_id),
+            training_active=self.sched.training_active,
+            leased=bool(leases),
+        )
         items, tensors, prompt_indices = [], {}, []
         for i, lease in enumerate(leases):
             req = self.sched.get(lease.request_id)
@@ -491,7 +529,7 @@ class ControlPlane:
             tensors.update(self.run.conditioning(prompt_indices))
             self.workers.lease_started(body.worker_id, now)
         metas, frames = pack_tensors(tensors) if tensors else ([], [])
-        self.send(identity, P.Leases(worker_id=body.worker_id, items=items, tensors=metas), frames)
+        self.send(identity, P.Leases(worker_id=body.worker_id, items=items, tensors=metas, device=word.value), frames)
 
     def _held(self, worker_id: str, request_id: str, lease_id: int) -> bool:
         """True iff ``worker_id`` holds the current lease ``lease_id`` of ``request_id``."""

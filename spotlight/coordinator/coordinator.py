@@ -73,6 +73,7 @@ from spotlight.core.iteration import (
     StartTraining,
     build_iteration_core,
 )
+from spotlight.core.offload import RELEASE_TIMEOUT_S, release_wait_over
 from spotlight.core.planner import Action, StepOption, StepTimes, no_fit_message
 from spotlight.core.request_scheduler import RequestKind, RequestScheduler, lost_steps
 from spotlight.core.seed_bank import SeedBank
@@ -176,6 +177,9 @@ class Coordinator:
         self.endpoint: str | None = None
         self.tracker: Trackers = Trackers()
         self._train_stats: dict[str, float] = {}
+        self._held_update: tuple[int, object, float] | None = None
+        """(iteration, its TrainingBatches, when it was ready): an update waiting for the
+        Rollout Workers on the trainers' GPUs to release their device memory."""
         self._requests_at_row = 0
         self._parked_at_row = 0
         self._warned_steps = False
@@ -347,18 +351,42 @@ class Coordinator:
         """Advance the iteration core; this shell carries its decisions out."""
         for d in self.core.advance(now, self.observation()):
             if isinstance(d, StartTraining):
-                self._start_training(d.iteration, d.request_ids)
+                self._start_training(d.iteration, d.request_ids, now)
             elif isinstance(d, IterationDone):
                 self._end_iteration(d.iteration, d.metrics, now)
             elif isinstance(d, StartSaving):
                 self.trainers.save_final(self.run_dir / "final")
             elif isinstance(d, RolloutParked):
                 self.error = self.error or parked_message(self.sched, d, self.prompts)
+        self._send_update_once_released(now)
         self.done = self.core.done
 
-    def _start_training(self, n: int, request_ids: list[str]) -> None:
-        """Send iteration ``n``'s update: the DONE rollout requests the core chose, filtered
-        (non-finite, zero-std groups), with group advantages (:mod:`spotlight.rl.batch`)."""
+    def _send_update_once_released(self, now: float) -> None:
+        """Send the held update to the Train Workers once every Rollout Worker sharing their
+        GPUs has moved its weights to host memory (``spotlight/core/offload.py``), or after
+        :data:`~spotlight.core.offload.RELEASE_TIMEOUT_S`; the wait goes to ``time/offload_wait_s``."""
+        if self._held_update is None:
+            return
+        n, batches, ready_at = self._held_update
+        awaited = self.control.awaited_release()
+        if not release_wait_over(awaited, started_at=ready_at, now=now):
+            return
+        pending = sorted(w for w, r in awaited.items() if r.value != "released")
+        if pending:
+            log.warning(
+                "iteration %d: %s still hold their GPU memory after %.0f s; training starts anyway",
+                n + 1,
+                ", ".join(pending),
+                RELEASE_TIMEOUT_S,
+            )
+        self._held_update = None
+        self.control.offload.waited(now - ready_at)
+        self.trainers.train(n, batches)
+
+    def _start_training(self, n: int, request_ids: list[str], now: float | None = None) -> None:
+        """Build iteration ``n``'s update: the DONE rollout requests the core chose, filtered
+        (non-finite, zero-std groups), with group advantages (:mod:`spotlight.rl.batch`). It goes
+        to the Train Workers from :meth:`step` (:meth:`_send_update_once_released`)."""
         samples = [self.samples[rid] for rid in request_ids]
         for s in samples:  # verl-omni-spot: the selected exploration candidates are the rollout
             s.reused_as_rollout = s.kind == RequestKind.EXPLORE
@@ -382,7 +410,8 @@ class Coordinator:
                 batches.num_micro_batches,
             )
         self._train_stats = batches.metrics()
-        self.trainers.train(n, batches)
+        # sent by step(), at once unless a Rollout Worker on a trainer GPU must first release it
+        self._held_update = (n, batches, time.monotonic() if now is None else now)
         if self.cfg.run.save_rollouts:
             recorder.save_rollouts(self.run_dir, n, samples)
         log_plan(self.core.plan_logs.get(n + 1), n + 1, stream_extra=self.cfg.explore.stream_extra)
@@ -395,6 +424,7 @@ class Coordinator:
         row = dict(metrics) | self._train_stats
         row |= cluster_metrics(self, in_iteration, iteration_s=float(metrics.get("time/iteration_s", 0.0)), now=now)
         row |= self.trainers.metrics()
+        row |= self.control.offload.take()
         row |= image_stats([s.image.numpy() for s in self.samples.values() if s.iteration == n and s.in_rollout])
         row |= self._poll_evals()
         parked, self._parked_at_row = self.control.requests_parked - self._parked_at_row, self.control.requests_parked

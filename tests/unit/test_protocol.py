@@ -30,6 +30,7 @@ SAMPLES: dict[P.MsgType, P._Msg] = {
         sampler={"num_steps": 10, "noise_level": 1.0},
         latest_version=3,
         session="s1",
+        offload_rollout_while_training=True,
     ),
     P.MsgType.HEARTBEAT: P.Heartbeat(
         node_id="spot-0",
@@ -40,7 +41,15 @@ SAMPLES: dict[P.MsgType, P._Msg] = {
         detector_error="boom",
         draining=True,
     ),
-    P.MsgType.PULL: P.Pull(node_id="spot-0", session="s1", worker_id="spot-0/gpu0", max_requests=4, versions=[3]),
+    P.MsgType.PULL: P.Pull(
+        node_id="spot-0",
+        session="s1",
+        worker_id="spot-0/gpu0",
+        max_requests=4,
+        versions=[3],
+        residency="released",
+        moves=[P.DeviceMove(kind="offload", seconds=1.25, size_bytes=41 << 30)],
+    ),
     P.MsgType.LEASES: P.Leases(
         worker_id="spot-0/gpu0",
         items=[
@@ -60,6 +69,7 @@ SAMPLES: dict[P.MsgType, P._Msg] = {
             ),
         ],
         tensors=[META, P.TensorMeta("cond.mask", "int64", [2, 3])],
+        device="reclaim",
     ),
     P.MsgType.RESULT: P.Result(
         node_id="spot-0",
@@ -184,6 +194,7 @@ def test_fields_with_defaults_are_optional(mtype, field):
         SAMPLES[P.MsgType.LEASES].items[1],
         SAMPLES[P.MsgType.RESULT].items[0],
         SAMPLES[P.MsgType.COMMIT].items[0],
+        SAMPLES[P.MsgType.PULL].moves[0],
     ],
     ids=lambda it: type(it).__name__,
 )

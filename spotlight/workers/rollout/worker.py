@@ -44,11 +44,13 @@ import zmq
 
 from spotlight import protocol as P
 from spotlight.config import ModelConfig, SamplerConfig
+from spotlight.core.offload import Move, Residency, next_move, offload_enabled
 from spotlight.models.families import get_family, torch_dtype
 from spotlight.models.lora import add_lora, load_version
 from spotlight.rl.sampler import Conditioning, DenoiseState, Sampler
 from spotlight.store.tensor_wire import bytes_to_state_dict, mmap_state_dict, pack_tensors, unpack_tensors
 from spotlight.util.procs import configure_logging
+from spotlight.workers.rollout.offload import ModelOffloader, MoveStats
 
 EVENTS_ENV = "SPOTLIGHT_WORKER_EVENTS"
 """Environment variable naming a file to which workers append timing events (one JSON object
@@ -63,7 +65,8 @@ def worker_event(event: str, **fields) -> None:
 
     Events: ``spare_ready`` (a warm spare finished importing), ``assigned`` (a spare became
     worker ``worker``), ``hello``, ``formed`` (``generation``, ``sp``, ``source``,
-    ``timings_s``), ``step`` (a denoising step finished: ``sp``, ``step``). One ``write`` of
+    ``timings_s``), ``step`` (a denoising step finished: ``sp``, ``step``), ``offload`` /
+    ``reload`` (the weights moved off / back onto the device: ``seconds``, ``size_bytes``). One ``write`` of
     one line to a file opened with ``O_APPEND``, so lines of concurrent workers do not mix.
     """
     global _events_fd
@@ -212,6 +215,29 @@ class RolloutExecutor:
         self._counter: StepCounter | None = None
         self._cache_threshold: float = 0.0
         self._decoder_ready = False
+        self.offloader = ModelOffloader(self.device)
+        """Moves the transformer to host memory while a Train Worker uses this GPU (``offload.py``)."""
+
+    # ------------------------------------------------------------ device memory
+    @property
+    def released(self) -> bool:
+        """True while the transformer's weights are in host memory (:meth:`release_device`)."""
+        return self.offloader.offloaded
+
+    def release_device(self) -> MoveStats:
+        """Move the transformer's weights to host memory and give its device memory back (a
+        model not built yet moves nothing). The decoder (a VAE of a few hundred MB) stays."""
+        if self.transformer is None:
+            self.offloader.offloaded = True
+            return MoveStats(0, 0.0)
+        return self.offloader.offload(self.transformer)
+
+    def reclaim_device(self) -> MoveStats:
+        """Bring the transformer's weights back onto the device (:meth:`release_device` undone)."""
+        if self.transformer is None:
+            self.offloader.offloaded = False
+            return MoveStats(0, 0.0)
+        return self.offloader.reload(self.transformer)
 
     # ------------------------------------------------------------ weights
     def add_version(self, version: int, state_dict: dict[str, torch.Tensor]) -> None:
@@ -222,6 +248,8 @@ class RolloutExecutor:
                 del self.versions[v]
 
     def _use(self, version: int) -> None:
+        if self.released:  # never denoise from host memory (the process loop reloads first)
+            self.reclaim_device()
         if self.transformer is None:
             model = self.family.build_transformer(self.dtype)
             if self.lora:
@@ -463,12 +491,19 @@ class WorkerProcess:
         *,
         lora: dict | None = None,
         weights_dir: str | None = None,
+        offload_while_training: bool | None = None,
     ):
         self.worker_id = worker_id
         self.weights_dir = weights_dir
         self.gpus = gpus
         self.batch_size = batch_size
         self.executor = RolloutExecutor(model_cfg, sampler_cfg, lora=lora, device=worker_device(gpus))
+        self.manages_residency = offload_enabled(
+            offload_while_training, device_type=self.executor.device.type, family=model_cfg.family
+        )
+        """Whether this worker gives its device memory back when the coordinator says so
+        (``cluster.offload_rollout_while_training``, ``spotlight/core/offload.py``)."""
+        self._moves: list[P.DeviceMove] = []  # moves not reported yet (the next PULL carries them)
         self.ctx = zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.IDENTITY, worker_id.encode())
@@ -478,6 +513,43 @@ class WorkerProcess:
         self._backlog: list[tuple[P.MsgType, object, list]] = []
         self._parent = os.getppid()
         self.streak = FailureStreak()
+
+    @property
+    def residency(self) -> Residency:
+        """Where the weights are, as this worker's PULL reports it."""
+        if not self.manages_residency:
+            return Residency.UNMANAGED
+        return Residency.RELEASED if self.executor.released else Residency.RESIDENT
+
+    def follow_device_word(self, word: str, *, has_work: bool) -> Move | None:
+        """Carry out the move :func:`spotlight.core.offload.next_move` decides for a LEASES reply
+        (``Leases.device``, whether it carries work); the move is reported in the next PULL."""
+        move = next_move(self.residency, word, has_work=has_work)
+        if move is None:
+            return None
+        stats = self.executor.release_device() if move is Move.OFFLOAD else self.executor.reclaim_device()
+        self._moves.append(P.DeviceMove(kind=move.value, seconds=stats.seconds, size_bytes=stats.size_bytes))
+        log.info(
+            "worker %s: weights %s (%.2f GiB in %.2f s%s)",
+            self.worker_id,
+            "to host memory while a Train Worker uses this GPU" if move is Move.OFFLOAD else "back on the device",
+            stats.size_bytes / 2**30,
+            stats.seconds,
+            "; nothing moves on the CPU" if self.executor.device.type == "cpu" else "",
+        )
+        worker_event(move.value, worker=self.worker_id, seconds=stats.seconds, size_bytes=stats.size_bytes)
+        return move
+
+    def _pull(self) -> P.Pull:
+        """The next PULL: the versions held, where the weights are and the moves made since the last one."""
+        moves, self._moves = self._moves, []
+        return P.Pull(
+            worker_id=self.worker_id,
+            max_requests=self.batch_size,
+            versions=sorted(self.executor.versions),
+            residency=self.residency.value,
+            moves=moves,
+        )
 
     def agent_alive(self) -> bool:
         """False once the agent that spawned us died (we were re-parented)."""
@@ -634,11 +706,7 @@ class WorkerProcess:
             if self.stop_requested is not None:
                 return 0
             if not pulled:
-                self.send(
-                    P.Pull(
-                        worker_id=self.worker_id, max_requests=self.batch_size, versions=sorted(self.executor.versions)
-                    )
-                )
+                self.send(self._pull())
                 pulled, pulled_at = True, time.monotonic()
             got = self._recv(500)
             if got is None:
@@ -655,6 +723,8 @@ class WorkerProcess:
                 log.warning("worker %s: unexpected %s while idle", self.worker_id, mtype.name)
                 continue
             pulled = False
+            if self.follow_device_word(body.device, has_work=bool(body.items)) is Move.OFFLOAD:
+                idle_wait_ms = 20  # report the release at once: an update waits for it
             if not body.items:
                 time.sleep(idle_wait_ms / 1000.0)
                 idle_wait_ms = min(200, idle_wait_ms * 2)
@@ -715,6 +785,7 @@ def make_worker(agent_endpoint: str, worker_id: str, gpus: list[int], conf: dict
         int(conf.get("worker_batch_size", 8)),
         lora=conf.get("lora") or {},
         weights_dir=conf.get("weights_dir"),
+        offload_while_training=conf.get("offload_rollout_while_training"),
     )
 
 
@@ -736,7 +807,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--config-json",
         required=True,
-        help="JSON with 'model', 'sampler', 'worker_batch_size', 'torch_threads', 'sp_degree', 'lora', 'weights_dir'",
+        help="JSON with 'model', 'sampler', 'worker_batch_size', 'torch_threads', 'sp_degree', 'lora', 'weights_dir', "
+        "'offload_rollout_while_training'",
     )
     args = ap.parse_args(argv)
     conf = json.loads(args.config_json)

@@ -1,0 +1,139 @@
+"""Moving a Rollout Worker's model between its device and host memory (the shell of
+``spotlight/core/offload.py``, which decides when).
+
+A reserved Rollout Worker on a GPU a Train Worker also uses gives the GPU its model's memory
+back while the update trains there (docs/memory.md, "A GPU shared by rollout and training"):
+every parameter and buffer is copied into a host buffer (pinned on CUDA, so the copy runs at
+the link's speed and asynchronously) and the module points at it; the device memory goes back
+to the driver (``torch.cuda.empty_cache``). The reload copies them into fresh device tensors.
+The host buffers are allocated by the first offload and kept for the next ones (allocating
+41 GB of pinned memory costs seconds each time), so the reserved host holds one copy of the
+worker's weights for as long as the worker lives. Parameter objects stay the same (only their
+``.data`` moves), so LoRA adapters, hooks and optimizers that hold them keep working.
+
+On the CPU there is no device memory to give back: the move is a no-op by default (the same
+states, messages and accounting run, which is what the CPU tests exercise); ``copy_on_cpu``
+makes it a real host-to-host copy so the swapping itself can be tested.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import torch
+
+__all__ = ["ModelOffloader", "MoveStats"]
+
+
+@dataclasses.dataclass(frozen=True)
+class MoveStats:
+    """One move: the bytes of the weights (moved, or held where the move is a no-op) and its
+    wall-clock seconds (the device synchronised)."""
+
+    size_bytes: int
+    seconds: float
+
+
+class ModelOffloader:
+    """Offloads and reloads one module's parameters and buffers.
+
+    Args:
+        device: the module's device when resident.
+        pin_memory: page-lock the host buffers (default: on CUDA).
+        copy_on_cpu: on a CPU device, really copy to separate host buffers (tests) instead of
+            leaving the tensors where they are.
+    """
+
+    def __init__(self, device: torch.device | str, *, pin_memory: bool | None = None, copy_on_cpu: bool = False):
+        self.device = torch.device(device)
+        self.pin_memory = (self.device.type == "cuda") if pin_memory is None else bool(pin_memory)
+        self.copy_on_cpu = copy_on_cpu
+        self.offloaded = False
+        self._host: dict[tuple[int, str, str], torch.Tensor] = {}
+
+    @property
+    def host_bytes(self) -> int:
+        """Bytes of host buffers this offloader keeps (0 before the first real move)."""
+        return sum(t.numel() * t.element_size() for t in self._host.values())
+
+    def _moves(self) -> bool:
+        return self.device.type != "cpu" or self.copy_on_cpu
+
+    @staticmethod
+    def _slots(module: torch.nn.Module):
+        """``(owner, "param" | "buffer", name, tensor)`` for every parameter (each once, even when
+        tied) and buffer of ``module``."""
+        seen: set[int] = set()
+        for owner in module.modules():
+            for name, p in owner._parameters.items():
+                if p is not None and id(p) not in seen:
+                    seen.add(id(p))
+                    yield owner, "param", name, p
+            for name, b in owner._buffers.items():
+                if b is not None:
+                    yield owner, "buffer", name, b
+
+    @staticmethod
+    def _point(owner: torch.nn.Module, kind: str, name: str, tensor, new: torch.Tensor) -> None:
+        if kind == "param":
+            tensor.data = new
+        else:
+            owner._buffers[name] = new
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def offload(self, module: torch.nn.Module) -> MoveStats:
+        """Move ``module``'s tensors to host memory and free their device memory.
+
+        Raises:
+            RuntimeError: it is offloaded already.
+        """
+        if self.offloaded:
+            raise RuntimeError("the model is in host memory already")
+        t0 = time.perf_counter()
+        size = 0
+        moving = self._moves()
+        with torch.no_grad():
+            for owner, kind, name, t in list(self._slots(module)):
+                size += t.numel() * t.element_size()
+                if not moving:
+                    continue
+                key = (id(owner), kind, name)
+                host = self._host.get(key)
+                if host is None or host.shape != t.shape or host.dtype != t.dtype:
+                    host = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=self.pin_memory)
+                    self._host[key] = host
+                host.copy_(t.detach(), non_blocking=self.pin_memory)
+                self._point(owner, kind, name, t, host)
+        self._sync()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.offloaded = True
+        return MoveStats(size, time.perf_counter() - t0)
+
+    def reload(self, module: torch.nn.Module) -> MoveStats:
+        """Move ``module``'s tensors back onto the device (the host buffers are kept for the next
+        offload).
+
+        Raises:
+            RuntimeError: it is not offloaded.
+        """
+        if not self.offloaded:
+            raise RuntimeError("the model is on its device already")
+        t0 = time.perf_counter()
+        size = 0
+        moving = self._moves()
+        with torch.no_grad():
+            for owner, kind, name, t in list(self._slots(module)):
+                size += t.numel() * t.element_size()
+                if not moving:
+                    continue
+                dev = torch.empty(t.shape, dtype=t.dtype, device=self.device)
+                dev.copy_(t.detach(), non_blocking=self.pin_memory)
+                self._point(owner, kind, name, t, dev)
+        self._sync()
+        self.offloaded = False
+        return MoveStats(size, time.perf_counter() - t0)

@@ -1,0 +1,163 @@
+"""The coordinator's side of a reserved GPU shared by a Rollout Worker and a Train Worker
+(spotlight/core/offload.py): the control plane tells the shared worker to release its device
+while training runs and to reclaim it afterwards, records where its weights are and what the
+moves cost; the update is held until the worker released (or the timeout)."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from spotlight import protocol as P
+from spotlight.config import load_config
+from spotlight.coordinator.control_plane import ControlPlane
+from spotlight.coordinator.coordinator import Coordinator
+from spotlight.coordinator.server import PUBLIC, Inbound
+from spotlight.core.events import EventLog
+from spotlight.core.instance_manager import InstanceManager
+from spotlight.core.offload import RELEASE_TIMEOUT_S, Residency
+from spotlight.core.request_scheduler import RequestScheduler
+from spotlight.net.security import Principal
+from spotlight.store.tensor_store import TensorStore
+
+
+class _Server:
+    def __init__(self):
+        self.sent = []
+
+    def send(self, channel, identity, msg, frames=None):
+        self.sent.append((identity, msg))
+        return True
+
+
+class _Run:
+    def accepts_pulls(self):
+        return True
+
+    def conditioning(self, prompt_indices):
+        return {}
+
+
+def _plane(tmp_path, **overrides):
+    cfg = load_config(overrides={"train.num_train_workers": 1, **overrides})
+    workers = types.SimpleNamespace(worker_seen=lambda *a: None, lease_started=lambda *a: None)
+    cp = ControlPlane(
+        cfg,
+        RequestScheduler(cfg.cluster.lease_timeout_s),
+        InstanceManager(cfg.cluster.heartbeat_timeout_s),
+        TensorStore(tmp_path / "store", memory_max_bytes=0),
+        EventLog(),
+        run=_Run(),
+        workers=workers,
+    )
+    cp.attach(_Server())
+    return cp
+
+
+def _handle(cp, identity, principal, msg):
+    cp.handle(Inbound(PUBLIC, identity, principal, P.MsgType[type(msg).__name__.upper()], msg, []))
+    return cp.server.sent[-1][1]
+
+
+def _join(cp, node_id, gpus, *, reserved):
+    principal = Principal("reserved" if reserved else "agent", node_id)
+    reg = P.Register(protocol_version=P.PROTOCOL_VERSION, node_id=node_id, gpus=gpus, is_spot=not reserved)
+    session = _handle(cp, node_id.encode(), principal, reg).session
+    return principal, session
+
+
+def _pull(cp, node_id, principal, session, worker, residency="resident", moves=()):
+    body = P.Pull(
+        node_id=node_id,
+        session=session,
+        worker_id=worker,
+        max_requests=4,
+        residency=residency,
+        moves=list(moves),
+    )
+    return _handle(cp, node_id.encode(), principal, body)
+
+
+def test_registered_carries_the_setting(tmp_path):
+    cp = _plane(tmp_path, **{"cluster.offload_rollout_while_training": True})
+    principal = Principal("reserved", "r")
+    reg = P.Register(protocol_version=P.PROTOCOL_VERSION, node_id="reserved-0", gpus=[0], is_spot=False)
+    assert _handle(cp, b"r", principal, reg).offload_rollout_while_training is True
+
+
+def test_only_the_shared_worker_is_told_to_release_while_training_and_to_reclaim_after(tmp_path):
+    cp = _plane(tmp_path)
+    res, rs = _join(cp, "reserved-0", [0, 1], reserved=True)
+    spot, ss = _join(cp, "spot-0", [0], reserved=False)
+    cp.instances.heartbeat("reserved-0", 0.0, workers={"reserved-0/gpu0": [0], "reserved-0/gpu1": [1]})
+    assert _pull(cp, "reserved-0", res, rs, "reserved-0/gpu0").device == "reclaim"  # not training: keep it
+    cp.sched.set_training_active(True)
+    assert _pull(cp, "reserved-0", res, rs, "reserved-0/gpu0").device == "release"
+    assert _pull(cp, "reserved-0", res, rs, "reserved-0/gpu1").device == ""  # GPU 1 trains nothing
+    assert _pull(cp, "spot-0", spot, ss, "spot-0/gpu0").device == ""  # another machine's GPU 0
+    cp.sched.set_training_active(False)
+    assert _pull(cp, "reserved-0", res, rs, "reserved-0/gpu0", residency="released").device == "reclaim"
+
+
+def test_turned_off_nobody_is_told_anything(tmp_path):
+    cp = _plane(tmp_path, **{"cluster.offload_rollout_while_training": False})
+    res, rs = _join(cp, "reserved-0", [0], reserved=True)
+    cp.sched.set_training_active(True)
+    assert _pull(cp, "reserved-0", res, rs, "reserved-0/gpu0").device == ""
+
+
+def test_residency_and_moves_are_recorded_and_only_managing_shared_workers_are_awaited(tmp_path):
+    cp = _plane(tmp_path, **{"train.num_train_workers": 2})
+    res, rs = _join(cp, "reserved-0", [0, 1, 2], reserved=True)
+    cp.instances.heartbeat(
+        "reserved-0", 0.0, workers={"reserved-0/gpu0": [0], "reserved-0/gpu1": [1], "reserved-0/gpu2": [2]}
+    )
+    _pull(cp, "reserved-0", res, rs, "reserved-0/gpu0")
+    _pull(cp, "reserved-0", res, rs, "reserved-0/gpu1", residency="")  # never releases (an older worker)
+    _pull(cp, "reserved-0", res, rs, "reserved-0/gpu2")  # GPU 2 trains nothing
+    assert cp.awaited_release() == {"reserved-0/gpu0": Residency.RESIDENT}
+    move = P.DeviceMove(kind="offload", seconds=1.5, size_bytes=1 << 30)
+    _pull(cp, "reserved-0", res, rs, "reserved-0/gpu0", residency="released", moves=[move])
+    assert cp.awaited_release() == {"reserved-0/gpu0": Residency.RELEASED}
+    row = cp.offload.take()
+    assert row["time/offload_s"] == 1.5 and row["device/offloads"] == 1.0
+    cp.instances.heartbeat("reserved-0", 1.0, workers={"reserved-0/gpu1": [1]})  # gpu0's worker is gone
+    assert cp.awaited_release() == {}
+
+
+@pytest.fixture
+def held(tmp_path):
+    """A coordinator's update, held for the release (the real control plane; the Train Workers
+    record what they are sent)."""
+    cp = _plane(tmp_path)
+    res, rs = _join(cp, "reserved-0", [0], reserved=True)
+    cp.instances.heartbeat("reserved-0", 0.0, workers={"reserved-0/gpu0": [0]})
+    _pull(cp, "reserved-0", res, rs, "reserved-0/gpu0")
+    sent = []
+    coord = types.SimpleNamespace(
+        control=cp,
+        trainers=types.SimpleNamespace(train=lambda n, batches: sent.append((n, batches))),
+        _held_update=(4, "batches", 100.0),
+    )
+    pull = lambda **kw: _pull(cp, "reserved-0", res, rs, "reserved-0/gpu0", **kw)  # noqa: E731
+    return coord, sent, pull
+
+
+def test_the_update_waits_for_the_release(held):
+    coord, sent, pull = held
+    Coordinator._send_update_once_released(coord, 101.0)
+    assert sent == [] and coord._held_update is not None
+    pull(residency="released", moves=[P.DeviceMove(kind="offload", seconds=0.5)])
+    Coordinator._send_update_once_released(coord, 102.5)
+    assert sent == [(4, "batches")] and coord._held_update is None
+    assert coord.control.offload.take()["time/offload_wait_s"] == 2.5
+
+
+def test_the_update_goes_anyway_after_the_timeout(held, caplog):
+    coord, sent, _ = held
+    Coordinator._send_update_once_released(coord, 100.0 + RELEASE_TIMEOUT_S - 1)
+    assert sent == []
+    Coordinator._send_update_once_released(coord, 100.0 + RELEASE_TIMEOUT_S)
+    assert sent == [(4, "batches")]
+    assert "reserved-0/gpu0 still hold their GPU memory" in caplog.text
