@@ -24,7 +24,12 @@ parameters, ``T`` trainable ones: ``P`` for full fine-tuning, the LoRA adapter's
   and by ``b / 2``;
 * the reserved Rollout Worker's model copy, if it shares the GPU
   (``cluster.reserved_rollout_gpus`` ∩ the trainer ranks): ``b·P`` (+ ``b·T`` for the adapter)
-  plus its inference activations (one block of ``worker_batch_size · cfg · tokens``);
+  plus its inference activations (one block of ``worker_batch_size · cfg · tokens``). With
+  ``cluster.offload_rollout_while_training`` (None: on CUDA for every family but tiny) the
+  worker holds it only while the trainer does not train, so the GPU's peak is the trainer's
+  resident state plus the larger of its training transients (gradients, gathered blocks,
+  activations) and the worker's copy: the line counts only what the copy exceeds them by,
+  ``max(0, copy − transients)``, and the reserved host holds the released copy (pinned);
 * the KL reference of full fine-tuning (``train.kl_beta > 0``): ``4·P/W`` more;
 * a CUDA context reserve (:data:`CUDA_RESERVE_BYTES`; none on the CPU).
 """
@@ -33,6 +38,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+
+from spotlight.core.offload import offload_enabled
 
 GIB = 1 << 30
 
@@ -215,7 +222,20 @@ def plan_memory(cfg, size: ModelSize, *, device: str = "cuda") -> MemoryPlan:
         Line("model copy", worker_model, f"{model_b}·P" + (f" + {model_b}·T" if lora else "")),
         Line("inference activations", worker_act, "worker_batch·cfg·seq·a (one block)"),
     ]
-    if set(c.reserved_rollout_gpus) & set(range(w)):
+    shared = bool(set(c.reserved_rollout_gpus) & set(range(w)))
+    setting = getattr(c, "offload_rollout_while_training", None)
+    offload = shared and cuda and offload_enabled(setting, device_type=device, family=size.family)
+    if offload:  # released while the trainer trains: only what the copy exceeds the training transients by
+        transients = sum(line.bytes for line in trainer if line.name in ("gradients", "gathered blocks", "activations"))
+        trainer.append(
+            Line(
+                "rollout worker",
+                max(0, worker_model + worker_act - transients),
+                "max(0, model copy + inference activations − gradients − gathered blocks − activations): "
+                "released while training",
+            )
+        )
+    elif shared:
         trainer.append(Line("rollout worker", worker_model + worker_act, "model copy + inference activations"))
     if cuda:
         trainer.append(Line("CUDA reserve", CUDA_RESERVE_BYTES, "context, NCCL, allocator"))
@@ -228,6 +248,8 @@ def plan_memory(cfg, size: ModelSize, *, device: str = "cuda") -> MemoryPlan:
         Line("trainer rank 0: version gather", publish, f"{model_b}·T" if lora else f"4·P + {model_b}·P"),
         Line("coordinator: versions in memory", coord_mem, f"{COORDINATOR_MEMORY_VERSIONS} versions if small"),
     )
+    if offload:
+        reserved_host += (Line("rollout worker: released copy (pinned)", worker_model, "model copy"),)
     spot_host = (Line("agent: cached versions (mmap)", AGENT_CACHED_VERSIONS * version, "2 versions"),)
     keep = cfg.run.keep_weight_versions
     ckpt_bytes = 12 * trainable  # fp32 weights + two fp32 Adam moments (LoRA: the adapter's)

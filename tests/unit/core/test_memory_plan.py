@@ -58,7 +58,7 @@ def test_full_fine_tuning_by_hand():
 def test_lora_micro_batch_without_checkpointing_and_a_shared_rollout_gpu():
     cfg = _cfg(
         train={"lora_rank": 8, "micro_batch_size": 1, "activation_checkpointing": False},
-        cluster={"reserved_rollout_gpus": [0]},
+        cluster={"reserved_rollout_gpus": [0], "offload_rollout_while_training": False},
     )
     plan = plan_memory(cfg, SIZE)
     T = SIZE.lora_params
@@ -71,6 +71,44 @@ def test_lora_micro_batch_without_checkpointing_and_a_shared_rollout_gpu():
     worker = 2 * (P + T)
     assert got["rollout worker"] == worker + 2 * 2 * 32 * A
     assert plan.version_bytes == 2 * T and plan.train_checkpoint_bytes == 12 * T
+
+
+def test_an_offloading_rollout_worker_counts_only_what_its_copy_exceeds_the_training_transients_by():
+    lora = {"lora_rank": 8, "micro_batch_size": 1, "activation_checkpointing": False}
+    cfg = _cfg(train=lora, cluster={"reserved_rollout_gpus": [0]})  # None: on CUDA, qwen-image
+    plan = plan_memory(cfg, SIZE)
+    T = SIZE.lora_params
+    got = _lines(plan.trainer_gpu)
+    copy = 2 * (P + T) + 2 * 2 * 32 * A
+    transients = got["gradients"] + got["gathered blocks"] + got["activations"]
+    assert got["rollout worker"] == copy - transients > 0
+    # the GPU's peak: resident state + the larger of the training transients and the worker's copy
+    resident = got["parameters"] + got["Adam state"] + got["CUDA reserve"]
+    assert plan.trainer_gpu_bytes == resident + max(transients, copy)
+    assert _lines(plan.reserved_host)["rollout worker: released copy (pinned)"] == 2 * (P + T)
+    never = plan_memory(
+        _cfg(train=lora, cluster={"reserved_rollout_gpus": [0], "offload_rollout_while_training": False}), SIZE
+    )
+    assert never.trainer_gpu_bytes - plan.trainer_gpu_bytes == transients
+    assert "rollout worker: released copy (pinned)" not in _lines(never.reserved_host)
+    # huge activations: the copy fits inside them, and the line is 0
+    big = plan_memory(
+        _cfg(
+            model={"image_size": 512}, train=lora | {"micro_batch_size": None}, cluster={"reserved_rollout_gpus": [0]}
+        ),
+        SIZE,
+    )
+    assert _lines(big.trainer_gpu)["activations"] > copy and _lines(big.trainer_gpu)["rollout worker"] == 0
+    # the CPU gives nothing back, whatever the setting; tiny never offloads by default
+    cpu = plan_memory(
+        _cfg(train=lora, cluster={"reserved_rollout_gpus": [0], "offload_rollout_while_training": True}),
+        SIZE,
+        device="cpu",
+    )
+    assert _lines(cpu.trainer_gpu)["rollout worker"] == 4 * (P + T) + 2 * 2 * 32 * (2 * A)  # fp32
+    tiny = ModelSize(family="tiny", params=P, lora_params=T, hidden_size=3072, num_blocks=10)
+    off = _cfg(train=lora, cluster={"reserved_rollout_gpus": [0], "offload_rollout_while_training": False})
+    assert plan_memory(cfg, tiny).trainer_gpu == plan_memory(off, tiny).trainer_gpu
 
 
 def test_cpu_is_fp32_and_a_wider_model_scales_the_coefficient():
