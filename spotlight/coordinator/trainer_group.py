@@ -142,11 +142,13 @@ class TrainerGroup:
 
     def metrics(self) -> dict[str, float]:
         """The ranks' TRAIN_DONE metrics of the last update, averaged over ranks (NaN where a
-        rank did not report a key)."""
+        rank did not report a key); the slowest rank's ``train/step_s`` and the largest
+        ``train/peak_memory_bytes`` (what must fit one GPU)."""
         rows = [d.metrics for d in self.done.values()]
         if not rows:
             return {}
-        return {k: float(np.mean([m.get(k, float("nan")) for m in rows])) for k in rows[0]}
+        worst = {"train/step_s", "train/peak_memory_bytes"}
+        return {k: float((np.max if k in worst else np.mean)([m.get(k, float("nan")) for m in rows])) for k in rows[0]}
 
     # ------------------------------------------------------------ outbound
     def send(self, rank: int, msg, frames=None) -> bool:

@@ -1041,7 +1041,9 @@ class _TrainerProcess:
         from spotlight import protocol as P
 
         t0 = time.perf_counter()
+        _reset_peak_memory(self.trainer.device)
         metrics = self.trainer.train_step(tensors, body.micro_batches, iteration=body.iteration)
+        metrics.update(_step_memory_metrics(self.trainer.device, time.perf_counter() - t0))
         version = body.version + 1
         if body.checkpoint:  # run.checkpoint_every: no wait on a save the run does not need
             self.checkpoint(version)
@@ -1054,6 +1056,28 @@ class _TrainerProcess:
             train_s=time.perf_counter() - t0,
         )
         self.sock.send_multipart(P.encode(done))
+
+
+def _reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _step_memory_metrics(device: torch.device, step_s: float) -> dict[str, float]:
+    """``train/step_s`` (seconds of the update's optimizer steps, before checkpoint and publish)
+    and ``train/peak_memory_bytes``: on CUDA ``torch.cuda.max_memory_allocated`` during the update
+    (what ``spotlight plan`` estimates per trainer GPU, its CUDA reserve aside), on the CPU the
+    process's resident-set high-water mark since it started. On CUDA the allocator's cached
+    blocks are then given back, so a Rollout Worker sharing the GPU can take its weights back
+    while this rank waits for the next update (docs/memory.md)."""
+    if device.type == "cuda":
+        peak = float(torch.cuda.max_memory_allocated(device))
+        torch.cuda.empty_cache()
+    else:
+        import resource
+
+        peak = float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    return {"train/step_s": float(step_s), "train/peak_memory_bytes": peak}
 
 
 def main(argv: list[str] | None = None) -> int:

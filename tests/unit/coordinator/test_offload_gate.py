@@ -161,3 +161,22 @@ def test_the_update_goes_anyway_after_the_timeout(held, caplog):
     Coordinator._send_update_once_released(coord, 100.0 + RELEASE_TIMEOUT_S)
     assert sent == [(4, "batches")]
     assert "reserved-0/gpu0 still hold their GPU memory" in caplog.text
+
+
+def test_the_row_gets_the_largest_peak_and_the_slowest_step_of_the_ranks(tmp_path):
+    from spotlight.coordinator.trainer_group import TrainerGroup
+
+    group = TrainerGroup(load_config(), tmp_path, None, EventLog(), phase=lambda: "train", iteration=lambda: 0)
+    for rank, (peak, step, loss) in enumerate([(4e9, 2.0, 1.0), (6e9, 1.0, 3.0)]):
+        metrics = {"train/peak_memory_bytes": peak, "train/step_s": step, "train/loss": loss}
+        group.done[rank] = P.TrainDone(rank=rank, iteration=0, new_version=1, metrics=metrics)
+    assert group.metrics() == {"train/peak_memory_bytes": 6e9, "train/step_s": 2.0, "train/loss": 2.0}
+
+
+def test_a_cpu_trainer_reports_its_resident_high_water_mark():
+    import torch
+
+    from spotlight.workers.train.train_worker import _step_memory_metrics
+
+    got = _step_memory_metrics(torch.device("cpu"), 1.25)
+    assert got["train/step_s"] == 1.25 and got["train/peak_memory_bytes"] > 50e6  # torch alone is more
