@@ -6,6 +6,8 @@ without importing this module (it imports torch).
 
 from __future__ import annotations
 
+import json
+import math
 import pathlib
 
 import torch
@@ -116,6 +118,85 @@ _ST_NAMES = {
 _ST_DTYPES = {v: k for k, v in _ST_NAMES.items()}
 
 
+def safetensors_header(
+    specs: list[tuple[str, torch.dtype, tuple[int, ...]]], metadata: dict[str, str] | None = None
+) -> tuple[bytes, int]:
+    """The JSON header of a safetensors file holding ``specs`` (name, dtype, shape) in this order,
+    padded so the data starts 8-byte aligned, and the size of its data section. The tensors'
+    bytes follow the 8-byte little-endian header length and the header, back to back.
+
+    Raises:
+        ValueError: a dtype safetensors cannot hold here, or a name given twice.
+    """
+    header, pos = {}, 0
+    for name, dtype, shape in specs:
+        if dtype not in _ST_NAMES:
+            raise ValueError(f"tensor {name!r}: dtype {dtype} cannot be written to a safetensors file here")
+        if name in header:
+            raise ValueError(f"tensor {name!r} is listed twice")
+        n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        header[name] = {"dtype": _ST_NAMES[dtype], "shape": list(shape), "data_offsets": [pos, pos + n]}
+        pos += n
+    header["__metadata__"] = {"format": "pt", **(metadata or {})}
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-(8 + len(raw)) % 8)  # data starts 8-byte aligned
+    return raw, pos
+
+
+class SafetensorsStream:
+    """Writes one safetensors file tensor by tensor, its header first (from ``specs``, known
+    before any tensor exists), so a file of any size is written holding one tensor at a time.
+    ``safetensors.safe_open`` / ``load_file`` and diffusers read the result.
+
+    Tensors must come in the order of ``specs``, each with its spec's dtype and shape;
+    :meth:`close` checks that every one came.
+
+    Raises:
+        ValueError: (``write``) a tensor out of order or of another dtype or shape; (``close``)
+            tensors missing; (constructor) as :func:`safetensors_header`.
+        OSError: the file cannot be written.
+    """
+
+    def __init__(self, path: str | pathlib.Path, specs: list[tuple[str, torch.dtype, tuple[int, ...]]]):
+        self.path = pathlib.Path(path)
+        self.specs = list(specs)
+        raw, self.data_bytes = safetensors_header(self.specs)
+        self.size_bytes = 8 + len(raw) + self.data_bytes
+        self._next = 0
+        self._f = open(self.path, "wb")
+        self._f.write(len(raw).to_bytes(8, "little"))
+        self._f.write(raw)
+
+    def write(self, name: str, tensor: torch.Tensor) -> None:
+        if self._next >= len(self.specs):
+            raise ValueError(f"{self.path.name}: {name!r} is one tensor too many")
+        want, dtype, shape = self.specs[self._next]
+        if name != want or tensor.dtype != dtype or tuple(tensor.shape) != tuple(shape):
+            raise ValueError(
+                f"{self.path.name}: expected {want!r} {dtype} {list(shape)} next, got {name!r} {tensor.dtype} "
+                f"{list(tensor.shape)}"
+            )
+        if tensor.numel():
+            flat = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy()
+            self._f.write(memoryview(flat))
+        self._next += 1
+
+    def close(self) -> None:
+        self._f.close()
+        if self._next != len(self.specs):
+            missing = [name for name, _, _ in self.specs[self._next :]]
+            raise ValueError(f"{self.path.name}: {len(missing)} tensors never written, e.g. {missing[:3]}")
+
+    def __enter__(self) -> SafetensorsStream:
+        return self
+
+    def __exit__(self, exc_type, *_) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self._f.close()
+
+
 def save_version(state_dict: dict[str, torch.Tensor], path, *, digest: str = "sha256") -> tuple[int, str]:
     """Write a state dict as a safetensors file, streaming one tensor at a time, and digest it
     on the way (no second pass over the file, no whole-file buffer: unlike
@@ -140,8 +221,6 @@ def save_version(state_dict: dict[str, torch.Tensor], path, *, digest: str = "sh
         OSError: the file cannot be written.
         DiskSpaceError: the file would not fit (checked before writing).
     """
-    import json as _json
-
     from spotlight.store.weight_sync import new_hasher
 
     entries = []
@@ -150,14 +229,7 @@ def save_version(state_dict: dict[str, torch.Tensor], path, *, digest: str = "sh
             raise ValueError(f"tensor {name!r}: dtype {t.dtype} cannot be written to a weight version")
         entries.append((name, t))
     entries.sort(key=lambda kv: (-kv[1].element_size(), kv[0]))
-    header, pos = {}, 0
-    for name, t in entries:
-        n = t.numel() * t.element_size()
-        header[name] = {"dtype": _ST_NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [pos, pos + n]}
-        pos += n
-    header["__metadata__"] = {"format": "pt"}
-    raw = _json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-(8 + len(raw)) % 8)  # data starts 8-byte aligned
+    raw, pos = safetensors_header([(name, t.dtype, tuple(t.shape)) for name, t in entries])
     from spotlight.util.disk import ensure_free_space
 
     ensure_free_space(pathlib.Path(path).parent, 8 + len(raw) + pos, f"weight version {pathlib.Path(path).name}")

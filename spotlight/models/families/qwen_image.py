@@ -27,6 +27,7 @@ GPU smoke check; its tokenizer is built offline.
 from __future__ import annotations
 
 import gc
+import json
 import logging
 import os
 import pathlib
@@ -604,56 +605,33 @@ def _pipeline_template() -> tuple[str, int]:
     return pipe.prompt_template_encode, int(pipe.prompt_template_encode_start_idx)
 
 
-def make_random_checkpoint(
-    path: str | os.PathLike,
-    *,
-    seed: int = 0,
-    transformer_kwargs: dict[str, Any] | None = None,
-    image_size: int = 32,
-    dtype: torch.dtype = torch.float32,
-) -> pathlib.Path:
-    """Write a tiny random-weight Qwen-Image checkpoint of the real classes, in diffusers
-    layout (``QwenImagePipeline(...).save_pretrained(path)``): ``transformer/``, ``vae/``,
-    ``scheduler/``, ``text_encoder/``, ``tokenizer/``, ``model_index.json``.
-
-    Components (configs in :data:`TINY_TRANSFORMER_CONFIG`, :data:`TINY_VAE_CONFIG`,
-    :data:`TINY_TEXT_CONFIG`, :data:`TINY_VISION_CONFIG`, :data:`QWEN_IMAGE_SCHEDULER_CONFIG`):
-    ``QwenImageTransformer2DModel``, ``AutoencoderKLQwenImage`` (z = 4, ×8),
-    ``Qwen2_5_VLForConditionalGeneration`` (text hidden 32), ``FlowMatchEulerDiscreteScheduler``
-    with Qwen-Image's scheduler config and the offline :func:`build_tokenizer`.
-
-    Args:
-        path: output folder (created; existing files are overwritten).
-        seed: torch seed for all weights; the caller's CPU RNG state is restored afterwards.
-        transformer_kwargs: overrides of :data:`TINY_TRANSFORMER_CONFIG` (e.g. a real-width
-            ``num_attention_heads=24, attention_head_dim=128, axes_dims_rope=(16, 56, 56)``).
-            ``in_channels`` / ``out_channels`` / ``joint_attention_dim`` follow the VAE and
-            text encoder and may only be given with those values.
-        image_size: the image side the checkpoint is meant for; must be a multiple of 16
-            (VAE ×8 and 2×2 packing). The saved files do not depend on it.
-        dtype: dtype of the saved weights (all components).
-
-    Returns:
-        ``pathlib.Path(path)``.
+def _random_parts(
+    seed: int,
+    transformer_kwargs: dict[str, Any] | None,
+    image_size: int,
+    text_kwargs: dict[str, Any] | None,
+    vae_kwargs: dict[str, Any] | None,
+) -> tuple[dict[str, Any], dict[str, Any], Any, Any]:
+    """``(transformer config, VAE config, text encoder config, tokenizer)`` of a random
+    checkpoint, the transformer's derived fields (``in_channels``, ``out_channels``,
+    ``joint_attention_dim``) checked against the VAE and text encoder.
 
     Raises:
-        ValueError: ``image_size`` not a multiple of 16, or ``transformer_kwargs`` setting a
-            derived field to a value that would not fit the VAE / text encoder.
+        ValueError: as :func:`make_random_checkpoint`.
     """
-    from diffusers import (
-        AutoencoderKLQwenImage,
-        FlowMatchEulerDiscreteScheduler,
-        QwenImagePipeline,
-        QwenImageTransformer2DModel,
-    )
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+    from transformers import Qwen2_5_VLConfig
 
-    vae_cfg = dict(TINY_VAE_CONFIG)
+    vae_cfg = dict(TINY_VAE_CONFIG, **(vae_kwargs or {}))
+    z_dim = int(vae_cfg["z_dim"])
+    for key, value in (("latents_mean", 0.0), ("latents_std", 1.0)):
+        if len(vae_cfg[key]) != z_dim:  # a z_dim override without its own statistics: neutral ones
+            vae_cfg[key] = [value] * z_dim
     scale = 2 ** len(vae_cfg["temperal_downsample"])
     if image_size % (2 * scale) != 0:
         raise ValueError(f"image_size={image_size} must be a multiple of {2 * scale}")
-    z_dim = vae_cfg["z_dim"]
-    text_hidden = TINY_TEXT_CONFIG["hidden_size"]
+    text_cfg = dict(TINY_TEXT_CONFIG, **(text_kwargs or {}))
+    text_cfg["rope_parameters"] = dict(text_cfg["rope_parameters"])
+    text_hidden = int(text_cfg["hidden_size"])
     derived = {"in_channels": 4 * z_dim, "out_channels": z_dim, "joint_attention_dim": text_hidden}
     tcfg = dict(TINY_TRANSFORMER_CONFIG)
     for key, value in (transformer_kwargs or {}).items():
@@ -671,8 +649,6 @@ def make_random_checkpoint(
 
     tokenizer = build_tokenizer()
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_SPECIAL_TOKENS}
-    text_cfg = dict(TINY_TEXT_CONFIG)
-    text_cfg["rope_parameters"] = dict(text_cfg["rope_parameters"])
     text_cfg.update(
         vocab_size=len(tokenizer),
         bos_token_id=ids["<|endoftext|>"],
@@ -688,22 +664,243 @@ def make_random_checkpoint(
         vision_start_token_id=ids["<|vision_start|>"],
         vision_end_token_id=ids["<|vision_end|>"],
     )
+    return tcfg, vae_cfg, te_config, tokenizer
+
+
+def make_random_checkpoint(
+    path: str | os.PathLike,
+    *,
+    seed: int = 0,
+    transformer_kwargs: dict[str, Any] | None = None,
+    image_size: int = 32,
+    dtype: torch.dtype = torch.float32,
+    text_kwargs: dict[str, Any] | None = None,
+    vae_kwargs: dict[str, Any] | None = None,
+) -> pathlib.Path:
+    """Write a tiny random-weight Qwen-Image checkpoint of the real classes, in diffusers
+    layout (``QwenImagePipeline(...).save_pretrained(path)``): ``transformer/``, ``vae/``,
+    ``scheduler/``, ``text_encoder/``, ``tokenizer/``, ``model_index.json``.
+
+    Components (configs in :data:`TINY_TRANSFORMER_CONFIG`, :data:`TINY_VAE_CONFIG`,
+    :data:`TINY_TEXT_CONFIG`, :data:`TINY_VISION_CONFIG`, :data:`QWEN_IMAGE_SCHEDULER_CONFIG`):
+    ``QwenImageTransformer2DModel``, ``AutoencoderKLQwenImage`` (z = 4, ×8),
+    ``Qwen2_5_VLForConditionalGeneration`` (text hidden 32), ``FlowMatchEulerDiscreteScheduler``
+    with Qwen-Image's scheduler config and the offline :func:`build_tokenizer`. The whole
+    transformer is built in memory: for real sizes, :func:`make_streamed_checkpoint`.
+
+    Args:
+        path: output folder (created; existing files are overwritten).
+        seed: torch seed for all weights; the caller's CPU RNG state is restored afterwards.
+        transformer_kwargs: overrides of :data:`TINY_TRANSFORMER_CONFIG` (e.g. a real-width
+            ``num_attention_heads=24, attention_head_dim=128, axes_dims_rope=(16, 56, 56)``).
+            ``in_channels`` / ``out_channels`` / ``joint_attention_dim`` follow the VAE and
+            text encoder and may only be given with those values.
+        image_size: the image side the checkpoint is meant for; must be a multiple of 16
+            (VAE ×8 and 2×2 packing). The saved files do not depend on it.
+        dtype: dtype of the saved weights (all components).
+        text_kwargs: overrides of :data:`TINY_TEXT_CONFIG` (:data:`QWEN_IMAGE_TEXT_WIDTH`: the
+            real text width, so the transformer's ``txt_in`` has its real shape).
+        vae_kwargs: overrides of :data:`TINY_VAE_CONFIG` (``z_dim=16``: the real latent
+            channels; latent statistics default to mean 0, std 1 for another ``z_dim``).
+
+    Returns:
+        ``pathlib.Path(path)``.
+
+    Raises:
+        ValueError: ``image_size`` not a multiple of 16, or ``transformer_kwargs`` setting a
+            derived field to a value that would not fit the VAE / text encoder.
+    """
+    from diffusers import QwenImageTransformer2DModel
+
+    tcfg, _, _, _ = _random_parts(seed, transformer_kwargs, image_size, text_kwargs, vae_kwargs)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         transformer = QwenImageTransformer2DModel(**tcfg)
+        pipe = _random_pipeline(
+            seed, transformer, image_size, text_kwargs, vae_kwargs, transformer_kwargs, seeded=False
+        )
+    return _save_pipeline(pipe, path, dtype)
+
+
+def _random_pipeline(seed, transformer, image_size, text_kwargs, vae_kwargs, transformer_kwargs, *, seeded=True):
+    """A ``QwenImagePipeline`` of random components around ``transformer`` (None: none)."""
+    from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImagePipeline
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    _, vae_cfg, te_config, tokenizer = _random_parts(seed, transformer_kwargs, image_size, text_kwargs, vae_kwargs)
+    with torch.random.fork_rng(devices=[]):
+        if seeded:
+            torch.manual_seed(seed)
         vae = AutoencoderKLQwenImage(**vae_cfg)
         text_encoder = Qwen2_5_VLForConditionalGeneration(te_config)
     scheduler = FlowMatchEulerDiscreteScheduler(**QWEN_IMAGE_SCHEDULER_CONFIG)
-    pipe = QwenImagePipeline(
+    return QwenImagePipeline(
         scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer
     )
+
+
+def _save_pipeline(pipe, path, dtype: torch.dtype) -> pathlib.Path:
     if dtype != torch.float32:
-        for module in (transformer, vae, text_encoder):
-            module.to(dtype)
+        for module in (pipe.transformer, pipe.vae, pipe.text_encoder):
+            if module is not None:
+                module.to(dtype)
     out = pathlib.Path(path)
     out.mkdir(parents=True, exist_ok=True)
     pipe.save_pretrained(str(out), safe_serialization=True)
     return out
 
 
-__all__ = ["FAMILY", "QwenImageFamily", "build_tokenizer", "make_random_checkpoint"]
+QWEN_IMAGE_TEXT_WIDTH: dict[str, Any] = {
+    "hidden_size": 3584,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]},
+}
+"""``text_kwargs`` giving the random text encoder Qwen2.5-VL-7B's width (3584 = 28 heads × 128,
+4 KV heads, M-RoPE sections (16, 24, 24)) on :data:`TINY_TEXT_CONFIG`'s 2 layers and small MLP:
+the transformer's ``joint_attention_dim`` (its ``txt_in``) is then the real one, 3584."""
+
+
+def write_random_transformer(
+    folder: str | os.PathLike,
+    config: dict[str, Any],
+    *,
+    seed: int = 0,
+    dtype: torch.dtype = torch.bfloat16,
+    device: torch.device | str = "cpu",
+    max_shard_bytes: int = 5 << 30,
+    progress=None,
+):
+    """Write a random ``QwenImageTransformer2DModel`` of ``config`` (its ``config.json`` included)
+    to ``folder`` without ever holding it whole: its weights are made one block at a time on
+    ``device`` (fast on a GPU; a 3072-wide block takes ~10 s on 2 CPU cores), cast to ``dtype``,
+    copied to the host and streamed into sharded safetensors files
+    (:func:`spotlight.models.random_weights.write_sharded_safetensors`). Group 0 is everything
+    outside ``transformer_blocks`` (the model built with 0 layers: embedders, ``txt_in``,
+    ``norm_out``, ``proj_out``), group i + 1 is block i, each built by its own class with its own
+    seed. Loads with ``QwenImageTransformer2DModel.from_pretrained`` and the Train Workers'
+    sharded load.
+
+    Returns:
+        the :class:`~spotlight.models.random_weights.StreamedWrite` (files, parameters, the host
+        bytes it held at most).
+
+    Raises:
+        ValueError: a block class whose tensors differ from the model's (a diffusers change).
+    """
+    from accelerate import init_empty_weights
+    from diffusers import QwenImageTransformer2DModel
+
+    from spotlight.models.random_weights import Group, write_sharded_safetensors
+
+    folder = pathlib.Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    device = torch.device(device)
+    with init_empty_weights(include_buffers=False):
+        meta = QwenImageTransformer2DModel.from_config(config)
+    meta.save_config(str(folder))
+    cast = lambda t: dtype if t.is_floating_point() else t.dtype  # noqa: E731
+    specs = {name: (cast(t), tuple(t.shape)) for name, t in meta.state_dict().items()}
+    blocks = "transformer_blocks."
+    rest = tuple(n for n in specs if not n.startswith(blocks))
+    block_cls = type(meta.transformer_blocks[0]) if len(meta.transformer_blocks) else None
+    c = meta.config
+    block_kwargs = dict(
+        dim=int(c.num_attention_heads) * int(c.attention_head_dim),
+        num_attention_heads=int(c.num_attention_heads),
+        attention_head_dim=int(c.attention_head_dim),
+        zero_cond_t=bool(getattr(c, "zero_cond_t", False)),
+    )
+    del meta
+
+    def made(module: torch.nn.Module, prefix: str) -> tuple[dict[str, torch.Tensor], int]:
+        sd = module.state_dict()
+        on_host = sum(t.numel() * t.element_size() for t in sd.values()) if device.type == "cpu" else 0
+        out = {prefix + k: v.detach().to("cpu", cast(v), copy=True) for k, v in sd.items()}
+        return out, on_host
+
+    def seeded(index: int):
+        ctx = torch.random.fork_rng(devices=[device] if device.type == "cuda" else [])
+        ctx.__enter__()
+        torch.manual_seed(seed * 1_000_003 + index)
+        return ctx
+
+    def make_rest() -> tuple[dict[str, torch.Tensor], int]:
+        ctx = seeded(0)
+        try:
+            with torch.device(device):
+                module = QwenImageTransformer2DModel.from_config({**dict(config), "num_layers": 0})
+            return made(module, "")
+        finally:
+            ctx.__exit__(None, None, None)
+
+    def make_block(i: int) -> tuple[dict[str, torch.Tensor], int]:
+        ctx = seeded(i + 1)
+        try:
+            with torch.device(device):
+                module = block_cls(**block_kwargs)
+            return made(module, f"{blocks}{i}.")
+        finally:
+            ctx.__exit__(None, None, None)
+
+    groups = [Group("embedders and output layers", rest, make_rest)]
+    for i in range(int(config.get("num_layers", 0))):
+        names = tuple(n for n in specs if n.startswith(f"{blocks}{i}."))
+        groups.append(Group(f"block {i}", names, lambda i=i: make_block(i)))
+    return write_sharded_safetensors(folder, specs, groups, max_shard_bytes=max_shard_bytes, progress=progress)
+
+
+def make_streamed_checkpoint(
+    path: str | os.PathLike,
+    *,
+    seed: int = 0,
+    transformer_kwargs: dict[str, Any] | None = None,
+    image_size: int = 32,
+    dtype: torch.dtype = torch.bfloat16,
+    text_kwargs: dict[str, Any] | None = None,
+    vae_kwargs: dict[str, Any] | None = None,
+    device: torch.device | str = "cpu",
+    max_shard_bytes: int = 5 << 30,
+    progress=None,
+):
+    """:func:`make_random_checkpoint`'s layout and components, with the transformer written by
+    :func:`write_random_transformer` (one block at a time, sharded files with diffusers'
+    index): a random checkpoint of any size, e.g. Qwen-Image's real 20 B architecture
+    (:data:`spotlight.models.param_count.PRESETS` ``"qwen-image-20b"`` with
+    :data:`QWEN_IMAGE_TEXT_WIDTH` and ``vae_kwargs={"z_dim": 16}``), 41 GB in bf16, with about
+    one block (0.7 GB) in host memory at a time.
+
+    Returns:
+        the transformer's :class:`~spotlight.models.random_weights.StreamedWrite`.
+
+    Raises:
+        ValueError: as :func:`make_random_checkpoint`.
+    """
+    tcfg, _, _, _ = _random_parts(seed, transformer_kwargs, image_size, text_kwargs, vae_kwargs)
+    out = pathlib.Path(path)
+    pipe = _random_pipeline(seed, None, image_size, text_kwargs, vae_kwargs, transformer_kwargs)
+    _save_pipeline(pipe, out, dtype)
+    index_path = out / "model_index.json"
+    index = json.loads(index_path.read_text())
+    index["transformer"] = ["diffusers", "QwenImageTransformer2DModel"]
+    index_path.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    return write_random_transformer(
+        out / "transformer",
+        tcfg,
+        seed=seed,
+        dtype=dtype,
+        device=device,
+        max_shard_bytes=max_shard_bytes,
+        progress=progress,
+    )
+
+
+__all__ = [
+    "FAMILY",
+    "QWEN_IMAGE_TEXT_WIDTH",
+    "QwenImageFamily",
+    "build_tokenizer",
+    "make_random_checkpoint",
+    "make_streamed_checkpoint",
+    "write_random_transformer",
+]
