@@ -8,7 +8,10 @@ the link's speed and asynchronously) and the module points at it; the device mem
 to the driver (``torch.cuda.empty_cache``). The reload copies them into fresh device tensors.
 The host buffers are allocated by the first offload and kept for the next ones (allocating
 41 GB of pinned memory costs seconds each time), so the reserved host holds one copy of the
-worker's weights for as long as the worker lives. Parameter objects stay the same (only their
+worker's weights for as long as the worker lives. They are views into pinned chunks of
+:data:`HOST_CHUNK_BYTES` (a power of two): torch's pinned allocator rounds every allocation up
+to a power of two, which would cost up to twice the weights' size if each tensor were
+allocated on its own. Parameter objects stay the same (only their
 ``.data`` moves), so LoRA adapters, hooks and optimizers that hold them keep working.
 
 On the CPU there is no device memory to give back: the move is a no-op by default (the same
@@ -23,7 +26,12 @@ import time
 
 import torch
 
-__all__ = ["ModelOffloader", "MoveStats"]
+__all__ = ["HOST_CHUNK_BYTES", "ModelOffloader", "MoveStats"]
+
+HOST_CHUNK_BYTES = 1 << 30
+"""Size of the pinned host chunks the offloaded tensors are carved from (a power of two, so the
+pinned allocator's rounding wastes nothing; larger tensors get an allocation of their own)."""
+_ALIGN = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,17 +53,44 @@ class ModelOffloader:
             leaving the tensors where they are.
     """
 
-    def __init__(self, device: torch.device | str, *, pin_memory: bool | None = None, copy_on_cpu: bool = False):
+    def __init__(
+        self,
+        device: torch.device | str,
+        *,
+        pin_memory: bool | None = None,
+        copy_on_cpu: bool = False,
+        chunk_bytes: int = HOST_CHUNK_BYTES,
+    ):
         self.device = torch.device(device)
         self.pin_memory = (self.device.type == "cuda") if pin_memory is None else bool(pin_memory)
         self.copy_on_cpu = copy_on_cpu
+        self.chunk_bytes = int(chunk_bytes)
         self.offloaded = False
         self._host: dict[tuple[int, str, str], torch.Tensor] = {}
+        self._chunks: list[torch.Tensor] = []
 
     @property
     def host_bytes(self) -> int:
-        """Bytes of host buffers this offloader keeps (0 before the first real move)."""
-        return sum(t.numel() * t.element_size() for t in self._host.values())
+        """Bytes of host memory this offloader keeps (its chunks; 0 before the first real move)."""
+        return sum(c.numel() for c in self._chunks)
+
+    def _carve(self, slots: list) -> None:
+        """Host buffers for every slot, carved from chunks of :attr:`chunk_bytes` in order (each
+        tensor at a 64-byte boundary), a tensor larger than a chunk in one of its own."""
+        self._host, self._chunks = {}, []
+        used = self.chunk_bytes  # no chunk yet
+        for owner, kind, name, t in slots:
+            n = t.numel() * t.element_size()
+            start = -(-used // _ALIGN) * _ALIGN
+            if n > self.chunk_bytes:
+                chunk, start = torch.empty(n, dtype=torch.uint8, pin_memory=self.pin_memory), 0
+                self._chunks.insert(0, chunk)  # the open chunk stays last
+            else:
+                if start + n > self.chunk_bytes:
+                    self._chunks.append(torch.empty(self.chunk_bytes, dtype=torch.uint8, pin_memory=self.pin_memory))
+                    start = 0
+                chunk, used = self._chunks[-1], start + n
+            self._host[(id(owner), kind, name)] = chunk[start : start + n].view(t.dtype).view(t.shape)
 
     def _moves(self) -> bool:
         return self.device.type != "cpu" or self.copy_on_cpu
@@ -85,6 +120,13 @@ class ModelOffloader:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
+    def _fits(self, slots: list) -> bool:
+        """The host buffers carved before are for exactly these tensors."""
+        keys = {(id(owner), kind, name): t for owner, kind, name, t in slots}
+        return keys.keys() == self._host.keys() and all(
+            self._host[k].shape == t.shape and self._host[k].dtype == t.dtype for k, t in keys.items()
+        )
+
     def offload(self, module: torch.nn.Module) -> MoveStats:
         """Move ``module``'s tensors to host memory and free their device memory.
 
@@ -96,16 +138,15 @@ class ModelOffloader:
         t0 = time.perf_counter()
         size = 0
         moving = self._moves()
+        slots = list(self._slots(module))
+        if moving and not self._fits(slots):
+            self._carve(slots)
         with torch.no_grad():
-            for owner, kind, name, t in list(self._slots(module)):
+            for owner, kind, name, t in slots:
                 size += t.numel() * t.element_size()
                 if not moving:
                     continue
-                key = (id(owner), kind, name)
-                host = self._host.get(key)
-                if host is None or host.shape != t.shape or host.dtype != t.dtype:
-                    host = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=self.pin_memory)
-                    self._host[key] = host
+                host = self._host[(id(owner), kind, name)]
                 host.copy_(t.detach(), non_blocking=self.pin_memory)
                 self._point(owner, kind, name, t, host)
         self._sync()

@@ -47,10 +47,11 @@ def test_offload_and_reload_restore_the_weights_and_keep_the_parameter_objects()
     want = m(x)
     params = dict(m.named_parameters())
     ptrs = {n: p.data_ptr() for n, p in params.items()}
-    off = ModelOffloader("cpu", copy_on_cpu=True)
+    off = ModelOffloader("cpu", copy_on_cpu=True, chunk_bytes=128)
     stats = off.offload(m)
     assert off.offloaded and stats.size_bytes == _bytes(m) and stats.seconds >= 0
-    assert off.host_bytes == _bytes(m)
+    # carved from 128-byte chunks at 64-byte boundaries: a.weight 48 + a.bias 12 | b.weight 48 + b.bias 16 | scale 12
+    assert off.host_bytes == 3 * 128
     host_ptrs = {n: p.data_ptr() for n, p in m.named_parameters()}
     assert all(host_ptrs[n] != ptrs[n] for n in ptrs)  # now in the host buffers
     assert m.c.weight is m.a.weight  # still tied
@@ -65,7 +66,17 @@ def test_offload_and_reload_restore_the_weights_and_keep_the_parameter_objects()
         off.reload(m)
     off.offload(m)  # the host buffers are reused, not allocated again
     assert {n: p.data_ptr() for n, p in m.named_parameters()} == host_ptrs
-    assert off.host_bytes == _bytes(m)
+    assert off.host_bytes == 3 * 128
+
+
+def test_a_tensor_larger_than_a_chunk_gets_its_own():
+    m = torch.nn.Linear(16, 16)
+    want = {k: v.clone() for k, v in m.state_dict().items()}
+    off = ModelOffloader("cpu", copy_on_cpu=True, chunk_bytes=256)  # the weight is 1 KiB, the bias 64 B
+    off.offload(m)
+    assert off.host_bytes == 1024 + 256
+    off.reload(m)
+    assert all(torch.equal(m.state_dict()[k], v) for k, v in want.items())
 
 
 def test_on_the_cpu_nothing_moves_but_the_state_and_bytes_are_kept():
@@ -106,7 +117,7 @@ def test_a_worker_releases_when_told_and_reloads_before_work(tmp_path):
         endpoint, "reserved-0/gpu0", [0], model_cfg, sampler_cfg, batch_size=2, offload_while_training=True
     )
     worker.agent_alive = lambda: True
-    worker.executor.offloader = ModelOffloader("cpu", copy_on_cpu=True)  # really copy, to see the weights return
+    worker.executor.offloader = ModelOffloader("cpu", copy_on_cpu=True, chunk_bytes=1 << 20)  # really copy
     replies = [
         P.Leases(worker_id="reserved-0/gpu0", items=_items(1), tensors=metas, device="reclaim"),
         P.Leases(worker_id="reserved-0/gpu0", device="release"),  # training on its GPU began
