@@ -1,9 +1,12 @@
 """``scripts/gpu-check --cpu-dry-run``: the GPU check's whole path at tiny sizes on the CPU.
 
-Runs the wrapper as a user would (with this interpreter as ``PYTHON``): random-weight
-Qwen-Image checkpoint, in-process micro-benchmarks through the family API, then
-``spotlight up --local --agents 1`` for 2 iterations (FSDP2 trainer on gloo, reserved + 1 spot
-agent), and reads the ``summary.json`` it writes.
+Runs the wrapper as a user would (with this interpreter as ``PYTHON``): a random-weight
+Qwen-Image checkpoint written block by block into several shards (the streamed writer),
+in-process micro-benchmarks through the family API, then ``spotlight up --local --agents 1`` for
+2 iterations (FSDP2 trainer on gloo sharing "GPU 0" with the reserved rollout worker, which
+releases it for every update: on the CPU the same states and messages, nothing moves; 1 spot
+agent), and reads the ``summary.json`` it writes: training step time and peak memory from the
+trainer, the memory plan's estimate beside it, the offload's moves and timings.
 """
 
 from __future__ import annotations
@@ -58,6 +61,9 @@ def test_environment_and_model(summary):
     assert model["transformer_params"] > 0 and model["transformer_file_bytes"] > 0
     assert model["layers"] >= 1 and model["width"] == model["heads"] * model["head_dim"]
     assert model["build_s"] > 0
+    # streamed: several shard files, never more than a block (fp32 here, built beside its copy) held
+    assert model["files"] >= 2
+    assert 0 < model["writer_peak_host_bytes"] <= 2 * model["largest_group_bytes"]
 
 
 def test_benchmarks(summary):
@@ -67,9 +73,7 @@ def test_benchmarks(summary):
     for d in bench["denoise"]:
         assert d["s_per_step"] > 0 and d["tokens"] == (d["image_size"] // 16) ** 2
     assert bench["cfg"] is True  # true CFG: positive and negative rows in one forward
-    assert bench["train_step_s"] > 0 and bench["train_window"] == 2 and bench["train_batch"] >= 1
-    assert bench["train_ratio_max_dev_first"] == 0.0
-    assert bench["peak_memory_bytes"] > 0
+    assert bench["load_s"] > 0 and bench["peak_memory_bytes"] > 0
     assert 0 < bench["adapter_bytes"] < bench["full_bytes"]
     assert bench["adapter_fraction"] == pytest.approx(bench["adapter_bytes"] / bench["full_bytes"])
     assert bench["adapter_bytes_fp32"] >= bench["adapter_bytes"] and bench["full_bytes_fp32"] >= bench["full_bytes"]
@@ -85,6 +89,16 @@ def test_distributed_run(summary):
     assert 2 <= len(its) <= 3 and [it["iteration"] for it in its] == list(range(len(its)))
     for it in its:
         assert it["rollout_s"] > 0 and it["train_s"] > 0 and it["version_bytes"] > 0
+        assert it["train_step_s"] > 0 and it["peak_memory_bytes"] > 0
+        # the reserved worker shares "GPU 0" with trainer rank 0: it released it before the update
+        assert it["offloads"] >= 1 and 0 <= it["offload_wait_s"] < 60
+        assert it["offload_s"] >= 0 and it["reload_s"] >= 0
+    assert run["offloads"] == len(its) and run["reloads"] >= len(its) - 1
+    assert run["train_step_s"] > 0 and run["peak_memory_bytes"] == max(it["peak_memory_bytes"] for it in its)
+    # the preflight's estimate for the same config, beside the measured peak (not compared on the CPU)
+    plan = run["plan"]
+    assert plan["trainer_bytes"] > 0 and "activations" in plan["lines"] and "rollout worker" in plan["lines"]
+    assert run["peak_vs_plan"] == pytest.approx(run["peak_memory_bytes"] / plan["trainer_bytes"])
     # fresh samples, rollout weights: the policy ratio is exactly 1 (Flow-GRPO's debug check)
     assert its[0]["ratio_max_dev"] == 0.0
     assert run["final_lora"] is True

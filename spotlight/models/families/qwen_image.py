@@ -879,7 +879,13 @@ def make_streamed_checkpoint(
     tcfg, _, _, _ = _random_parts(seed, transformer_kwargs, image_size, text_kwargs, vae_kwargs)
     out = pathlib.Path(path)
     pipe = _random_pipeline(seed, None, image_size, text_kwargs, vae_kwargs, transformer_kwargs)
-    _save_pipeline(pipe, out, dtype)
+    quiet = logging.getLogger("diffusers.pipelines.pipeline_utils")  # "transformer=None cannot be saved": it is next
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        _save_pipeline(pipe, out, dtype)
+    finally:
+        quiet.setLevel(level)
     index_path = out / "model_index.json"
     index = json.loads(index_path.read_text())
     index["transformer"] = ["diffusers", "QwenImageTransformer2DModel"]
