@@ -231,8 +231,7 @@ def plan_memory(cfg, size: ModelSize, *, device: str = "cuda") -> MemoryPlan:
             Line(
                 "rollout worker",
                 max(0, worker_model + worker_act - transients),
-                "max(0, model copy + inference activations − gradients − gathered blocks − activations): "
-                "released while training",
+                "copy + inference act. − transients, ≥ 0 (offloaded while training)",
             )
         )
     elif shared:
