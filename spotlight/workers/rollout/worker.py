@@ -516,10 +516,12 @@ class WorkerProcess:
 
     @property
     def residency(self) -> Residency:
-        """Where the weights are, as this worker's PULL reports it."""
-        if not self.manages_residency:
+        """Where the weights are, as this worker's PULL reports it (an executor that cannot
+        release its device, an SP group's, is unmanaged)."""
+        released = getattr(self.executor, "released", None)
+        if not self.manages_residency or released is None:
             return Residency.UNMANAGED
-        return Residency.RELEASED if self.executor.released else Residency.RESIDENT
+        return Residency.RELEASED if released else Residency.RESIDENT
 
     def follow_device_word(self, word: str, *, has_work: bool) -> Move | None:
         """Carry out the move :func:`spotlight.core.offload.next_move` decides for a LEASES reply
