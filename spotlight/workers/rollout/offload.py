@@ -128,10 +128,11 @@ class ModelOffloader:
         )
 
     def offload(self, module: torch.nn.Module) -> MoveStats:
-        """Move ``module``'s tensors to host memory and free their device memory.
+        """Move ``module``'s tensors to host memory and free their device memory. The host
+        buffers are allocated before anything moves: when that fails the module is untouched.
 
         Raises:
-            RuntimeError: it is offloaded already.
+            RuntimeError: it is offloaded already (or the host memory cannot be allocated).
         """
         if self.offloaded:
             raise RuntimeError("the model is in host memory already")
@@ -157,24 +158,25 @@ class ModelOffloader:
 
     def reload(self, module: torch.nn.Module) -> MoveStats:
         """Move ``module``'s tensors back onto the device (the host buffers are kept for the next
-        offload).
+        offload). The device tensors are allocated before anything moves: out of device memory
+        (a Train Worker still holding it) leaves the module in host memory, to try again.
 
         Raises:
-            RuntimeError: it is not offloaded.
+            RuntimeError: it is not offloaded (or the device is out of memory).
         """
         if not self.offloaded:
             raise RuntimeError("the model is on its device already")
         t0 = time.perf_counter()
-        size = 0
-        moving = self._moves()
-        with torch.no_grad():
-            for owner, kind, name, t in list(self._slots(module)):
-                size += t.numel() * t.element_size()
-                if not moving:
-                    continue
-                dev = torch.empty(t.shape, dtype=t.dtype, device=self.device)
-                dev.copy_(t.detach(), non_blocking=self.pin_memory)
-                self._point(owner, kind, name, t, dev)
+        slots = list(self._slots(module))
+        size = sum(t.numel() * t.element_size() for *_, t in slots)
+        if self._moves():
+            # every device tensor first: out of memory here leaves the model whole in host memory
+            devs = [torch.empty(t.shape, dtype=t.dtype, device=self.device) for *_, t in slots]
+            with torch.no_grad():
+                for (owner, kind, name, t), dev in zip(slots, devs):
+                    dev.copy_(t.detach(), non_blocking=self.pin_memory)
+                    self._point(owner, kind, name, t, dev)
+            del devs
         self._sync()
         self.offloaded = False
         return MoveStats(size, time.perf_counter() - t0)

@@ -529,7 +529,18 @@ class WorkerProcess:
         move = next_move(self.residency, word, has_work=has_work)
         if move is None:
             return None
-        stats = self.executor.release_device() if move is Move.OFFLOAD else self.executor.reclaim_device()
+        try:
+            stats = self.executor.release_device() if move is Move.OFFLOAD else self.executor.reclaim_device()
+        except Exception:
+            if move is Move.OFFLOAD:  # no host memory for the copy: keep it on the device from now on
+                self.manages_residency = False
+                log.exception(
+                    "worker %s: cannot move the weights to host memory; they stay on the device (the update "
+                    "no longer waits for this worker)",
+                    self.worker_id,
+                )
+                return None
+            raise  # the caller gives the work back (the device is still busy) and tries again later
         self._moves.append(P.DeviceMove(kind=move.value, seconds=stats.seconds, size_bytes=stats.size_bytes))
         log.info(
             "worker %s: weights %s (%.2f GiB in %.2f s%s)",
@@ -725,8 +736,18 @@ class WorkerProcess:
                 log.warning("worker %s: unexpected %s while idle", self.worker_id, mtype.name)
                 continue
             pulled = False
-            if self.follow_device_word(body.device, has_work=bool(body.items)) is Move.OFFLOAD:
-                idle_wait_ms = 20  # report the release at once: an update waits for it
+            try:
+                if self.follow_device_word(body.device, has_work=bool(body.items)) is Move.OFFLOAD:
+                    idle_wait_ms = 20  # report the release at once: an update waits for it
+            except Exception as exc:  # the weights could not come back onto the device (yet)
+                log.exception("worker %s: cannot bring the weights back onto the device", self.worker_id)
+                if body.items:
+                    self.give_back(body, f"{type(exc).__name__}: {exc}", failed=True)
+                    self._back_off()
+                else:
+                    time.sleep(idle_wait_ms / 1000.0)
+                    idle_wait_ms = min(200, idle_wait_ms * 2)
+                continue
             if not body.items:
                 time.sleep(idle_wait_ms / 1000.0)
                 idle_wait_ms = min(200, idle_wait_ms * 2)

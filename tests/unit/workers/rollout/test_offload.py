@@ -160,3 +160,61 @@ def test_a_worker_releases_when_told_and_reloads_before_work(tmp_path):
     # the same seeds after the round trip through host memory: the same images and log-probs
     assert torch.equal(results[0]["images"], results[1]["images"])
     assert torch.equal(results[0]["log_probs"], results[1]["log_probs"])
+
+
+def test_a_reload_out_of_memory_leaves_the_model_in_host_memory():
+    m = _Tied()
+    want = {k: v.clone() for k, v in m.state_dict().items()}
+    off = ModelOffloader("cpu", copy_on_cpu=True, chunk_bytes=1024)
+    off.offload(m)
+    host = {n: p.data_ptr() for n, p in m.named_parameters()}
+    real_empty, calls = torch.empty, []
+
+    def empty(*args, **kw):  # the third device tensor does not fit
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("CUDA out of memory (planted)")
+        return real_empty(*args, **kw)
+
+    torch.empty = empty
+    try:
+        with pytest.raises(RuntimeError, match="out of memory"):
+            off.reload(m)
+    finally:
+        torch.empty = real_empty
+    assert off.offloaded and {n: p.data_ptr() for n, p in m.named_parameters()} == host  # nothing moved
+    off.reload(m)
+    assert all(torch.equal(m.state_dict()[k], v) for k, v in want.items())
+
+
+def _worker(tmp_path, **kw):
+    w = WorkerProcess(
+        f"ipc://{tmp_path}/none.sock", "reserved-0/gpu0", [0], ModelConfig(family="tiny"), SamplerConfig(),
+        batch_size=2, offload_while_training=True, **kw,
+    )  # fmt: skip
+    w.executor.transformer = torch.nn.Linear(4, 4)
+    return w
+
+
+def test_a_worker_that_cannot_offload_keeps_its_weights_and_stops_managing(tmp_path, monkeypatch):
+    w = _worker(tmp_path)
+    try:
+        monkeypatch.setattr(w.executor, "release_device", lambda: (_ for _ in ()).throw(RuntimeError("pinned")))
+        assert w.residency.value == "resident"
+        assert w.follow_device_word("release", has_work=False) is None
+        assert w.residency.value == "" and w._pull().residency == ""  # the update no longer waits for it
+    finally:
+        w.close(0)
+
+
+def test_a_failed_reload_is_raised_and_nothing_is_reported(tmp_path, monkeypatch):
+    w = _worker(tmp_path)
+    try:
+        assert w.follow_device_word("release", has_work=False).value == "offload"
+        monkeypatch.setattr(w.executor, "reclaim_device", lambda: (_ for _ in ()).throw(RuntimeError("OOM")))
+        with pytest.raises(RuntimeError, match="OOM"):
+            w.follow_device_word("reclaim", has_work=True)
+        pull = w._pull()
+        assert pull.residency == "released" and [m.kind for m in pull.moves] == ["offload"]
+    finally:
+        w.close(0)
