@@ -561,7 +561,7 @@ class WorkerProcess:
             max_requests=self.batch_size,
             versions=sorted(self.executor.versions),
             residency=self.residency.value,
-            moves=moves,
+            moves=moves[-16:],  # at most one per PULL in practice; the wire takes 16
         )
 
     def agent_alive(self) -> bool:
