@@ -124,7 +124,7 @@ class PeerWatch:
         self._thread: threading.Thread | None = None
 
     def _key(self, rank: int) -> str:
-        return f"spotlight/peer_watch/alive/{rank}"
+        return f"peer_watch/alive/{rank}"
 
     def start(self) -> PeerWatch:
         if self.world_size > 1 and self._thread is None:
