@@ -175,6 +175,7 @@ class Rehearsal:
         for argv in (
             ["init", str(keys)],
             ["add", str(keys), "reserved", "reserved-0"],
+            ["add", str(keys), "trainer", "reserved"],  # Slurm's trainer ranks (deploy/slurm/reserved.sbatch)
             ["add", str(keys), "agent", "pool"],
         ):
             subprocess.run(["spotlight", "keys", *argv], env=self.env, check=True, capture_output=True)

@@ -277,3 +277,26 @@ def test_ranks_the_coordinator_starts_get_the_nccl_watchdog_settings(tmp_path, m
     for env in spawned:
         assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == NCCL_ENV["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "2"
         assert env["TORCH_NCCL_ENABLE_MONITORING"] == "1"
+
+
+def test_a_rank_notices_that_the_coordinator_is_gone():
+    """The rank's connection monitor: alive while connected, and once the coordinator's socket has
+    been gone for the timeout, not (the rank then exits with status 3)."""
+    from tests.integration.waiting import wait_until
+
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    link = CoordinatorLink(dealer, timeout_s=0.5)
+    dealer.connect(f"tcp://127.0.0.1:{port}")
+    try:
+        wait_until(lambda: link.alive() and link.connected, "the connection", timeout_s=60)
+        router.close(linger=0)
+        wait_until(lambda: not link.alive(), "the rank to give the coordinator up", timeout_s=60)
+        assert link.ever_connected and not link.auth_failed
+    finally:
+        link.close()
+        dealer.close(linger=0)
+        ctx.term()
