@@ -363,11 +363,10 @@ class FlowGRPOTrainer:
                     f"{self.family.path}: the transformer's weights do not fit its config: "
                     f"{len(missing)} missing (e.g. {missing[:3]}), {len(unknown)} unknown (e.g. {unknown[:3]})"
                 )
-        info = [len(chunks), problem]
-        dist.broadcast_object_list(info, src=0)
-        if info[1]:
-            raise ModelLoadError(info[1])
-        for i in range(int(info[0])):
+        num_chunks, problem = self._broadcast_from_rank0(len(chunks), problem)
+        if problem:
+            raise ModelLoadError(problem)
+        for i in range(num_chunks):
             sd = chunks[i][0]() if self.rank == 0 else {}
             for target, dtype in targets:
                 part = {}
@@ -385,6 +384,19 @@ class FlowGRPOTrainer:
             raise ModelLoadError(f"{len(unloaded)} transformer parameters were not loaded, e.g. {unloaded[:3]}")
 
     # ------------------------------------------------------------------ helpers
+    def _broadcast_from_rank0(self, count: int, text: str) -> tuple[int, str]:
+        """Rank 0's ``count`` and ``text`` on every rank, as tensors (no pickle crosses the
+        process group: across nodes its transport is the network). Collective."""
+        data = text.encode()
+        head = torch.tensor([count, len(data)], dtype=torch.int64, device=self._comm_device())
+        dist.broadcast(head, src=0)
+        body = torch.zeros(int(head[1]), dtype=torch.uint8, device=self._comm_device())
+        if self.rank == 0 and data:
+            body.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+        if body.numel():
+            dist.broadcast(body, src=0)
+        return int(head[0]), bytes(body.cpu().tolist()).decode(errors="replace")
+
     def _compute_dtype(self) -> torch.dtype:
         """bfloat16 on CUDA (``train.mixed_precision`` auto follows ``model.dtype``), float32 on the CPU."""
         mp = self.cfg.train.mixed_precision

@@ -107,3 +107,36 @@ def test_a_killed_peer_makes_the_survivors_collective_fail_as_a_lost_peer(tmp_pa
     assert procs[1].exitcode == -signal.SIGKILL and procs[0].exitcode == 0
     verdict = json.loads((tmp_path / "survivor.json").read_text())
     assert verdict["raised"] and verdict["peer_failure"], verdict
+
+
+def _mismatched_rank(rank: int, world: int, store_path: str, out_dir: str) -> None:
+    """Rank 0 starts from weights with one key too many: every rank refuses them with rank 0's words."""
+    from spotlight.models.families import ModelLoadError
+
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
+    try:
+        bogus = {"not.a.parameter": torch.zeros(1)}
+        try:
+            FlowGRPOTrainer(
+                _cfg(),
+                rank=rank,
+                world_size=world,
+                device=torch.device("cpu"),
+                text_dim=TEXT_DIM,
+                initial_state_dict=bogus,
+            )
+            said = "loaded"
+        except ModelLoadError as exc:
+            said = str(exc)
+        with open(os.path.join(out_dir, f"rank{rank}.txt"), "w") as f:
+            f.write(said)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_checkpoint_that_does_not_fit_is_refused_on_every_rank_in_rank0s_words(tmp_path):
+    """The refusal travels from rank 0 as tensors (no pickle over the process group's transport)."""
+    mp.spawn(_mismatched_rank, args=(2, str(tmp_path / "store"), str(tmp_path)), nprocs=2, join=True)
+    said = [(tmp_path / f"rank{r}.txt").read_text() for r in range(2)]
+    assert said[0] == said[1] and "do not fit its config" in said[0] and "'not.a.parameter'" in said[0]
