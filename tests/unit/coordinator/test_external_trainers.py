@@ -300,3 +300,21 @@ def test_a_rank_notices_that_the_coordinator_is_gone():
         link.close()
         dealer.close(linger=0)
         ctx.term()
+
+
+def test_the_rank_that_died_is_reported_before_the_peer_that_stopped_because_of_it(tmp_path):
+    from spotlight.workers.train.peer_watch import EXIT_PEER_LOST
+
+    class Exited:
+        def __init__(self, code):
+            self.returncode = code
+
+        def poll(self):
+            return self.returncode
+
+    cfg = example_config("jpeg-toy", {"train.num_train_workers": 2})
+    group = TrainerGroup(cfg, tmp_path, TensorStore(tmp_path / "ts"), EventLog(), phase=str, iteration=int)
+    group.procs, group.logs = [Exited(EXIT_PEER_LOST), Exited(-9)], [None, None]
+    assert group.failed(0.0).summary == "train worker rank 1 was killed by SIGKILL"
+    group.procs = [Exited(EXIT_PEER_LOST), Exited(EXIT_PEER_LOST)]
+    assert group.failed(0.0).summary.startswith("train worker rank 0 exited with code 4")
