@@ -6,8 +6,10 @@
 them, with only what a laptop lacks swapped in: ``$HOME`` is ``DIR/home`` (keys made there by the
 recipe's own ``spotlight keys`` commands), the coordinator's port is a free loopback port instead
 of 7400 (bound on 127.0.0.1, not 0.0.0.0), GPUs are CPU slots (one per agent), Slurm's ``srun`` is
-a shim that runs its command, SkyPilot's ``setup`` is skipped (this checkout's virtual environment
-is used) and each SkyPilot spot node polls its own mock cloud metadata server
+a shim that runs its command once per task with Slurm's task variables (``scontrol`` one that
+names the job's nodes; the reserved job spans two "nodes", both localhost, so its Train Workers
+are two ranks of the multi-node entry point on a 2-D HSDP mesh), SkyPilot's ``setup`` is skipped
+(this checkout's virtual environment is used) and each SkyPilot spot node polls its own mock cloud metadata server
 (``spotlight/cloud/mock_metadata.py``). The run is the embedded default (the shapes task) for
 ``--iterations`` iterations.
 
@@ -41,6 +43,38 @@ import time
 import yaml
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+SRUN_SHIM = r"""#!/bin/bash
+# srun for the rehearsal: run the command once per task (--ntasks, or --nodes x --ntasks-per-node),
+# each with the task variables Slurm gives it; the other options (all --name=value) are dropped
+nodes=1 ntasks="" per_node=""
+while [[ "$1" == -* ]]; do
+  case "$1" in
+    --nodes=*) nodes="${1#*=}" ;;
+    --ntasks=*) ntasks="${1#*=}" ;;
+    --ntasks-per-node=*) per_node="${1#*=}" ;;
+  esac
+  shift
+done
+ntasks=${ntasks:-$(( ${per_node:-1} * nodes ))}
+per_node=${per_node:-$(( ntasks / nodes ))}
+export SLURM_NTASKS=$ntasks SLURM_NNODES=$nodes SLURM_STEP_TASKS_PER_NODE="$per_node(x$nodes)"
+if [ "$ntasks" -eq 1 ]; then
+  SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_NODEID=0 exec "$@"
+fi
+pids=()
+for ((i = 0; i < ntasks; i++)); do
+  SLURM_PROCID=$i SLURM_LOCALID=$((i % per_node)) SLURM_NODEID=$((i / per_node)) "$@" &
+  pids+=($!)
+done
+rc=0
+for pid in "${pids[@]}"; do wait "$pid" || rc=$?; done
+exit $rc
+"""
+SCONTROL_SHIM = r"""#!/bin/bash
+# scontrol for the rehearsal: only `scontrol show hostnames LIST` (LIST comma-separated)
+[ "$1 $2" = "show hostnames" ] || { echo "scontrol shim: only 'show hostnames'" >&2; exit 2; }
+tr ',' '\n' <<< "$3"
+"""
 DEPLOY = REPO / "deploy"
 WAIT_S = 900.0
 
@@ -141,6 +175,7 @@ class Rehearsal:
         for argv in (
             ["init", str(keys)],
             ["add", str(keys), "reserved", "reserved-0"],
+            ["add", str(keys), "trainer", "reserved"],  # Slurm's trainer ranks (deploy/slurm/reserved.sbatch)
             ["add", str(keys), "agent", "pool"],
         ):
             subprocess.run(["spotlight", "keys", *argv], env=self.env, check=True, capture_output=True)
@@ -171,17 +206,26 @@ class Rehearsal:
             "kubernetes": self.work / "run",
         }[self.recipe]
 
-    # Slurm: the batch scripts themselves, with an srun shim
+    # Slurm: the batch scripts themselves, with srun and scontrol shims; the reserved job spans 2
+    # "nodes" (localhost twice), so its Train Workers are two ranks of the multi-node entry point
+    SLURM_TRAIN_NODES = 2
+
     def _reserved_slurm(self) -> None:
-        shim = self.work / "bin" / "srun"
-        shim.parent.mkdir(exist_ok=True)
-        shim.write_text(
-            '#!/bin/bash\n# srun for the rehearsal: drop its options, run the command\nwhile [[ "$1" == -* ]]; '
-            'do shift; done\nexec "$@"\n'
-        )
-        shim.chmod(0o755)
+        bin_dir = self.work / "bin"
+        bin_dir.mkdir(exist_ok=True)
+        for name, text in (("srun", SRUN_SHIM), ("scontrol", SCONTROL_SHIM)):
+            (bin_dir / name).write_text(text)
+            (bin_dir / name).chmod(0o755)
+        nodes = self.SLURM_TRAIN_NODES
+        with self.config.open("a") as f:  # nodes × TRAIN_GPUS_PER_NODE (1) ranks
+            f.write(f"\n[train]\nnum_train_workers = {nodes}\n")
+        trainer_port, master_port = _free_port(), _free_port()
         env = {"CONFIG": str(self.config), "RUN_DIR": str(self._run_dir()), "PORT": str(self.port)}
-        env |= {"TRAIN_GPUS": "1", "ROLLOUT_GPUS": "1", "ADDRESS_FILE": str(self.work / "coordinator-address")}
+        env |= {"TRAINER_PORT": str(trainer_port), "MASTER_PORT": str(master_port), "BIND": "127.0.0.1"}
+        env |= {"TRAIN_GPUS_PER_NODE": "1", "ROLLOUT_GPUS": "1", "ADDRESS_FILE": str(self.work / "coordinator-address")}
+        env |= {"SLURM_JOB_NUM_NODES": str(nodes), "SLURM_JOB_NODELIST": ",".join(["127.0.0.1"] * nodes)}
+        env |= {"SLURM_JOB_ID": "999"}
+        self.facts["trainer_ranks"] = nodes
         self.start("reserved", ["bash", str(DEPLOY / "slurm" / "reserved.sbatch")], env)
 
     def _agent_slurm(self, index: int, restart: int) -> str:
@@ -268,7 +312,8 @@ class Rehearsal:
         out = []
         for p in psutil.Process(self.coordinator().pid).children(recursive=True):
             try:
-                if "spotlight.workers.train.train_worker" in " ".join(p.cmdline()):
+                cmd = " ".join(p.cmdline())
+                if "spotlight.workers.train.train_worker" in cmd or "spotlight.workers.train.launch" in cmd:
                     out.append(p.pid)
             except psutil.Error:
                 pass
@@ -277,6 +322,7 @@ class Rehearsal:
     KEY = {  # first match wins: a worker's command line names its agent's socket directory
         "rollout.worker": "worker",
         "train_worker": "trainer",
+        "spotlight.workers.train.launch": "trainer",
         "spotlight up": "coordinator",
         "agent.main": "agent",
         "spotlight-agent": "agent",

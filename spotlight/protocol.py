@@ -22,7 +22,9 @@ Who sends what::
     coordinator → agent    REGISTERED, LEASES, WEIGHTS, WEIGHTS_CHUNK, ERROR, SHUTDOWN
     worker ↔ agent         WORKER_HELLO, PULL, LEASES, RESULT, COMMIT, FAIL, FETCH_WEIGHTS,
                            WEIGHTS, STOP (same structs, relayed without decoding tensors)
-    trainer ↔ coordinator  TRAIN_READY, TRAIN_BATCH, TRAIN_DONE, WEIGHTS, WEIGHTS_CHUNK
+    trainer ↔ coordinator  TRAIN_READY, TRAIN_BATCH, TRAIN_DONE, WEIGHTS, WEIGHTS_CHUNK; a rank
+                           started by torchrun or srun first TRAIN_HELLO → TRAIN_SETUP, and
+                           TRAIN_HEARTBEAT from its own thread and connection
     CLI → coordinator      STATUS_REQUEST → STATUS
 
 A weight version (one safetensors file, up to tens of GB) never travels as one frame: a
@@ -107,6 +109,9 @@ class MsgType(enum.IntEnum):
     TRAIN_READY = 30
     TRAIN_BATCH = 31
     TRAIN_DONE = 32
+    TRAIN_HELLO = 33
+    TRAIN_SETUP = 34
+    TRAIN_HEARTBEAT = 35
     STATUS_REQUEST = 40
     STATUS = 41
 
@@ -437,9 +442,56 @@ class Stop(_Msg, kw_only=True):
 # ---------------------------------------------------------------- training
 
 
+Rank = Annotated[int, Meta(ge=0, lt=65536)]
+WorldSize = Annotated[int, Meta(ge=1, le=65536)]
+ConfigText = Annotated[str, Meta(max_length=256 * 1024)]
+
+
+class TrainHello(_Msg, kw_only=True):
+    """Trainer → coordinator, first message of a rank the coordinator did not start (torchrun,
+    srun: ``python -m spotlight.workers.train.launch``). ``host`` and ``gpu`` (the rank's GPU on
+    that host) bill the rank's GPU per node; the coordinator answers TRAIN_SETUP or an ERROR."""
+
+    protocol_version: int
+    rank: Rank
+    world_size: WorldSize
+    local_rank: Rank = 0
+    local_world_size: WorldSize = 1
+    num_nodes: WorldSize = 1
+    host: Annotated[str, Meta(max_length=255)] = ""
+    gpu: Annotated[int, Meta(ge=-1, lt=4096)] = -1
+    """The GPU's index on ``host`` (-1: none, the CPU)."""
+    pid: Count = 0
+
+
+class TrainSetup(_Msg, kw_only=True):
+    """Coordinator → trainer, the answer to TRAIN_HELLO: what the coordinator would have put on
+    the command line of a rank it started, and the session its heartbeats name. ``config_toml`` is the run's config
+    (``RUN_DIR/config.toml``); ``resume_version`` the trainer checkpoint a resumed run loads (-1:
+    none); ``checkpoint_dir`` where trainer checkpoints go ("" = none), a path on the
+    coordinator's host that every rank must see (a shared file system) unless the rank was
+    given its own."""
+
+    config_toml: ConfigText
+    session: Id
+    """Names this rank's connection in its TRAIN_HEARTBEATs."""
+    resume_version: Version = -1
+    checkpoint_dir: Text = ""
+    heartbeat_interval_s: Annotated[float, Meta(gt=0, le=3600)] = 2.0
+
+
+class TrainHeartbeat(_Msg, kw_only=True):
+    """Trainer → coordinator every ``heartbeat_interval_s`` from a thread of a rank the
+    coordinator did not start, on a connection of its own (the rank's main thread may be busy
+    in a step for minutes): a rank silent for the coordinator's timeout is lost."""
+
+    rank: Rank
+    session: Id
+
+
 class TrainReady(_Msg, kw_only=True):
-    rank: Annotated[int, Meta(ge=0, lt=65536)]
-    world_size: Annotated[int, Meta(ge=1, le=65536)]
+    rank: Rank
+    world_size: WorldSize
     version: Version
 
 
@@ -499,6 +551,9 @@ MESSAGE_TYPES: dict[MsgType, type[_Msg]] = {
     MsgType.TRAIN_READY: TrainReady,
     MsgType.TRAIN_BATCH: TrainBatch,
     MsgType.TRAIN_DONE: TrainDone,
+    MsgType.TRAIN_HELLO: TrainHello,
+    MsgType.TRAIN_SETUP: TrainSetup,
+    MsgType.TRAIN_HEARTBEAT: TrainHeartbeat,
     MsgType.STATUS_REQUEST: StatusRequest,
     MsgType.STATUS: Status,
 }

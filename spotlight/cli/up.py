@@ -118,6 +118,16 @@ class UpOptions:
         "With --run-dir: resume it if it already holds a run, else start a new one there "
         "(for supervisors such as systemd)."
     )
+    external_trainers: bool = _option(
+        "Start no Train Workers: wait for the ranks that torchrun or srun launch on the reserved nodes "
+        "(README 'Multi-node training'). They connect to --trainer-port with a trainer key of --keys; "
+        "the config's num_train_workers says how many."
+    )
+    trainer_port: Optional[int] = _option(
+        "With --external-trainers: the trainer socket's port, on --reserved's host "
+        "(default: the --reserved port + 1; 0 = any free port)."
+    )
+    trainer_timeout_s: float = _option("With --external-trainers: seconds to wait for every trainer rank to connect.")
 
 
 HELP = {f.name: f.metadata["help"] for f in dataclasses.fields(UpOptions)}
@@ -165,6 +175,9 @@ def register(app: typer.Typer) -> None:
         resume: Optional[pathlib.Path] = typer.Option(None, "--resume", help=HELP["resume"]),
         mode: Optional[str] = typer.Option(None, "--mode", help=HELP["mode"]),
         resume_existing: bool = typer.Option(False, "--resume-existing", help=HELP["resume_existing"]),
+        external_trainers: bool = typer.Option(False, "--external-trainers", help=HELP["external_trainers"]),
+        trainer_port: Optional[int] = typer.Option(None, "--trainer-port", min=0, max=65535, help=HELP["trainer_port"]),
+        trainer_timeout_s: float = typer.Option(900.0, "--trainer-timeout-s", help=HELP["trainer_timeout_s"]),
     ) -> None:
         """:data:`UP_HELP`: the options collected into :class:`UpOptions` for :func:`run_up`."""
         run_up(
@@ -197,6 +210,9 @@ def register(app: typer.Typer) -> None:
                 resume=resume,
                 mode=mode,
                 resume_existing=resume_existing,
+                external_trainers=external_trainers,
+                trainer_port=trainer_port,
+                trainer_timeout_s=trainer_timeout_s,
             )
         )
 
@@ -330,6 +346,7 @@ def start_coordinator(run: UpRun, cond, token_counts: list[int] | None):
     import zmq
 
     from spotlight.coordinator.coordinator import Coordinator
+    from spotlight.coordinator.trainer_group import ExternalTrainers
     from spotlight.errors import SpotlightError
     from spotlight.net.security import KeysError, load_server_keys
 
@@ -353,11 +370,19 @@ def start_coordinator(run: UpRun, cond, token_counts: list[int] | None):
             progress=console.print,
             resume=run.resuming,
             trackers=run.cfg.run.trackers,
+            external_trainers=(
+                ExternalTrainers(
+                    bind=f"tcp://{run.trainer_bind}", timeout_s=opts.trainer_timeout_s, keys_dir=str(run.keys_dir)
+                )
+                if opts.external_trainers
+                else None
+            ),
         )
         coord.start()
     except (SpotlightError, zmq.ZMQError) as exc:
+        where = f"{run.reserved} (or the trainer port {run.trainer_bind})" if opts.external_trainers else run.reserved
         why = (
-            f"cannot listen on {run.reserved}: {zmq.strerror(exc.errno).lower()}"
+            f"cannot listen on {where}: {zmq.strerror(exc.errno).lower()}"
             if isinstance(exc, zmq.ZMQError)
             else str(exc)
         )
@@ -431,6 +456,8 @@ def _serve_to_the_end(run: UpRun, coord, cluster, received: dict) -> int:
     (Ctrl-C, SIGTERM, SIGHUP), 1 failed (the coordinator's RuntimeError)."""
     try:
         coord.start_trainers()
+        if run.opts.external_trainers:
+            console.print(_waiting_trainers_line(run, coord))
         if run.opts.local:
             cluster.start()
         else:
@@ -473,6 +500,20 @@ def _waiting_line(run: UpRun, coord) -> str:
         + f"[cyan]spotlight keys add {keys_dir} agent NODE[/cyan], copy "
         f"[cyan]{keys_dir}/server.key[/cyan] and [cyan]{keys_dir}/agent.NODE.key_secret[/cyan] to the node's keys "
         f"directory, then run [cyan]spotlight-agent join --coordinator <this-host>:{port} --keys DIR --gpus 0[/cyan]"
+    )
+
+
+def _waiting_trainers_line(run: UpRun, coord) -> str:
+    """What a run with ``--external-trainers`` prints as it starts: the command that launches its
+    ranks on each reserved node (README "Multi-node training")."""
+    world = run.cfg.train.num_train_workers
+    address = coord.trainers.advertised_endpoint()
+    return (
+        f"waiting for {world} train worker rank{'s' if world != 1 else ''} (up to {run.opts.trainer_timeout_s:g} s). "
+        f"On each reserved node run [cyan]torchrun --nnodes NODES --nproc-per-node GPUS --node-rank N "
+        f"--master-addr FIRST_NODE --master-port 29500 -m spotlight.workers.train.launch --coordinator {address} "
+        f"--keys DIR[/cyan] (NODES × GPUS = {world}; DIR holds {run.keys_dir}/server.key and a "
+        f"trainer.NAME.key_secret from [cyan]spotlight keys add {run.keys_dir} trainer NAME[/cyan])"
     )
 
 
@@ -562,6 +603,8 @@ def resume_command(
     trackers: list[str] | None,
     spot: bool = True,
     restart: bool = False,
+    external_trainers: bool = False,
+    trainer_port: int | None = None,
 ) -> str:
     """The ``spotlight up --resume RUN_DIR …`` command line that continues an interrupted run
     with the same local layout (the run's own config.toml holds everything else).
@@ -595,6 +638,10 @@ def resume_command(
         cmd += ["--reserved", reserved]
     if keys is not None:
         cmd += ["--keys", str(keys)]
+    if external_trainers:
+        cmd.append("--external-trainers")
+        if trainer_port is not None:
+            cmd += ["--trainer-port", str(trainer_port)]
     for t in trackers or []:
         cmd += ["--tracker", t]
     if verbose:

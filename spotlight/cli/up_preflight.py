@@ -118,7 +118,18 @@ class UpRun:
             log_level=o.log_level,
             trackers=o.tracker,
             spot=self.cfg.cluster.use_spot,
+            external_trainers=o.external_trainers,
+            trainer_port=o.trainer_port,
         )
+
+    @property
+    def trainer_bind(self) -> str:
+        """``HOST:PORT`` of the trainer socket with ``--external-trainers``: ``--reserved``'s host,
+        ``--trainer-port`` (default: the ``--reserved`` port + 1; port 0 stays 0, any free port)."""
+        host, _, port = self.reserved.rpartition(":")
+        if self.opts.trainer_port is not None:
+            return f"{host}:{self.opts.trainer_port}"
+        return f"{host}:{int(port) + 1 if int(port) else 0}"
 
 
 def check_options(
@@ -134,6 +145,9 @@ def check_options(
     cycle_iteration_s: float | None = None,
     tracker: list[str] | None = None,
     dirs: tuple[tuple[str, pathlib.Path | None], ...] = (),
+    external_trainers: bool = False,
+    trainer_port: int | None = None,
+    trainer_timeout_s: float = 900.0,
 ) -> list[str]:
     """One-line problems with ``spotlight up``'s plain options, found before anything starts
     or is written (an empty list: none). ``dirs``: ``(flag, path)`` of options naming a
@@ -150,7 +164,17 @@ def check_options(
             for flag, given in (("--agents", agents is not None), ("--mock-cloud", mock_cloud != "none"))
             if given
         ]
+    if not external_trainers:
+        problems += [
+            f"{flag} needs --external-trainers"
+            for flag, given in (
+                ("--trainer-port", trainer_port is not None),
+                ("--trainer-timeout-s", trainer_timeout_s != 900.0),
+            )
+            if given
+        ]
     for flag, value, zero_ok in (
+        ("--trainer-timeout-s", trainer_timeout_s, False),
         ("--timeout-s", timeout_s, False),
         ("--grace-s", grace_s, True),
         ("--cycle-down-s", cycle_down_s, False),
@@ -161,9 +185,14 @@ def check_options(
     if mock_cloud not in (*CLOUDS, "none"):
         problems.append(f"--mock-cloud {mock_cloud}: choose from {', '.join(CLOUDS)}, none")
     try:
-        parse_host_port(reserved, flag="--reserved", any_port=True)
+        _, port = parse_host_port(reserved, flag="--reserved", any_port=True)
     except ValueError as exc:
         problems.append(str(exc))
+    else:
+        if external_trainers and trainer_port is None and port == 65535:
+            problems.append("--reserved port 65535 leaves no port for the trainers (default --trainer-port: PORT + 1)")
+        if external_trainers and trainer_port is not None and trainer_port and trainer_port == port:
+            problems.append(f"--trainer-port {trainer_port} is the --reserved port: give the trainers another one")
     if trace_mode not in TRACE_MODES:
         problems.append(f"--trace-mode {trace_mode}: choose from {', '.join(TRACE_MODES)}")
     problems += [
@@ -200,6 +229,9 @@ def resolve_options(opts: UpOptions) -> UpRun:
         cycle_iteration_s=opts.cycle_iteration_s,
         tracker=opts.tracker,
         dirs=(("--run-dir", opts.run_dir), ("--resume", opts.resume), ("--keys", opts.keys)),
+        external_trainers=opts.external_trainers,
+        trainer_port=opts.trainer_port,
+        trainer_timeout_s=opts.trainer_timeout_s,
     ):
         raise refuse(problem)
     logging.basicConfig(level=opts.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -303,6 +335,7 @@ def preflight(run: UpRun) -> UpRun:
         Stop: the first refusal (exit 2), or ``--resume-existing`` of a finished run (exit 0).
     """
     check_run_dir(run)
+    _check_trainer_keys(run)
     _check_model(run.cfg)
     _check_memory(run.cfg)
     _check_reward(run)
@@ -333,6 +366,30 @@ def check_run_dir(run: UpRun) -> None:
         if run.opts.resume_existing:
             raise Stop(f"{escape(why.split(';')[0])}: nothing to do", code=0)
         raise refuse(why)
+
+
+def _check_trainer_keys(run: UpRun) -> None:
+    """With ``--external-trainers``: refuse a keys directory whose allow-list holds no trainer key
+    (the ranks could not connect: the coordinator serves no other key on its trainer socket).
+
+    Raises:
+        Stop: as above, with the commands that make one.
+    """
+    if not run.opts.external_trainers:
+        return
+    from spotlight.net.security import KeysError, list_keys
+
+    d = run.keys_dir
+    try:
+        trainers = [k for k in list_keys(d) if k["role"] == "trainer"] if (d / "clients").is_dir() else []
+    except KeysError as exc:
+        raise refuse(f"--keys {d}: {exc}") from None
+    if not trainers:
+        raise refuse(
+            f"--external-trainers: the allow-list of {d} holds no trainer key, so no rank could connect; make one "
+            f"first (spotlight keys init {d}; spotlight keys add {d} trainer NAME), pass --keys {d}, and give each "
+            "reserved node server.key and trainer.NAME.key_secret"
+        )
 
 
 def _check_model(cfg: SpotlightConfig) -> None:

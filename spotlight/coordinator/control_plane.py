@@ -64,7 +64,16 @@ AGENT_MESSAGES = frozenset(
     }
 )
 """What an ``agent`` / ``reserved`` key may send (besides STATUS_REQUEST, open to every role)."""
-TRAINER_MESSAGES = frozenset({P.MsgType.TRAIN_READY, P.MsgType.TRAIN_DONE, P.MsgType.WEIGHTS, P.MsgType.WEIGHTS_CHUNK})
+TRAINER_MESSAGES = frozenset(
+    {
+        P.MsgType.TRAIN_HELLO,
+        P.MsgType.TRAIN_HEARTBEAT,
+        P.MsgType.TRAIN_READY,
+        P.MsgType.TRAIN_DONE,
+        P.MsgType.WEIGHTS,
+        P.MsgType.WEIGHTS_CHUNK,
+    }
+)
 NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 STATE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 MAX_GPUS_PER_NODE = 64

@@ -59,7 +59,7 @@ from spotlight.coordinator.reward_scorer import RewardScorer
 from spotlight.coordinator.server import ControlServer
 from spotlight.coordinator.status import RunClock, snapshot
 from spotlight.coordinator.tracking import Trackers, open_trackers
-from spotlight.coordinator.trainer_group import TrainerGroup
+from spotlight.coordinator.trainer_group import ExternalTrainers, TrainerGroup
 from spotlight.core.collapse_guard import Alert, GuardSettings, check, cleared, image_stats
 from spotlight.core.events import EventLog
 from spotlight.core.instance_manager import InstanceManager, cost_metrics
@@ -110,6 +110,8 @@ class Coordinator:
         progress: called with one line per iteration (:func:`.recorder.format_progress`).
         trackers: experiment trackers: ``"tensorboard"``, ``"wandb"``; empty = none.
         resume: continue the run in ``run_dir`` from its last complete checkpoint.
+        external_trainers: the Train Worker ranks are launched by torchrun or srun and connect
+            (:class:`~.trainer_group.ExternalTrainers`); None = the coordinator starts them.
 
     Construction has no side effects; :meth:`start` binds the sockets and writes the files.
 
@@ -133,6 +135,7 @@ class Coordinator:
         progress: Callable[[str], None] = print,
         resume: bool = False,
         trackers: Sequence[str] = (),
+        external_trainers: ExternalTrainers | None = None,
     ):
         cond = cond if cond is not None else _conditioning(embeds, mask)
         if len(cond) != len(prompts):
@@ -163,6 +166,9 @@ class Coordinator:
             phase=lambda: core.phase,
             iteration=lambda: core.iteration,
             needed_versions=self.needed_versions,
+            external=external_trainers,
+            instances=self.instances,
+            say=progress,
         )
         self.checkpoint_version: int | None = None  # the weights the last run checkpoint names
         self.recorder = RunRecorder(self.run_dir, resume=resume)
@@ -203,8 +209,13 @@ class Coordinator:
             self.keys = load_server_keys(self.run_dir / "keys")
         cluster = self.cfg.cluster
         trainer_frame = max(cluster.weight_chunk_bytes, P.MAX_BODY_BYTES) + FRAME_OVERHEAD_BYTES
+        external = self.trainers.external
         self.server = ControlServer(
-            self.bind, self.keys, max_message_bytes=cluster.max_message_bytes, trainer_max_message_bytes=trainer_frame
+            self.bind,
+            self.keys,
+            max_message_bytes=cluster.max_message_bytes,
+            trainer_max_message_bytes=trainer_frame,
+            trainer_bind=external.bind if external is not None else None,
         )
         try:
             self._open(time.monotonic())
@@ -222,8 +233,12 @@ class Coordinator:
         self.recorder.open()
         self.clock = RunClock(t_start=now, started_unix_s=time.time())
         self.events.continue_from(now, [])
-        # the Train Workers' GPUs (rank r: GPU r of this host) are billed for the whole run, once
-        self.instances.hold("trainers", list(range(self.cfg.train.num_train_workers)), now, host=socket.gethostname())
+        # the Train Workers' GPUs (rank r: GPU r of this host) are billed for the whole run, once;
+        # external ranks are billed per host from their TRAIN_HELLO (TrainerGroup)
+        if self.trainers.external is None:
+            self.instances.hold(
+                "trainers", list(range(self.cfg.train.num_train_workers)), now, host=socket.gethostname()
+            )
         if self.resume:
             resume.restore(self, now)
         else:
@@ -235,8 +250,8 @@ class Coordinator:
         recorder.write_coordinator_json(self.run_dir, self.endpoint, self.server.trainer_endpoint, keys_dir)
 
     def start_trainers(self) -> None:
-        """Start the Train Worker processes (:meth:`.TrainerGroup.start`)."""
-        self.trainers.start(self.server, self.keys)
+        """Start the Train Worker processes, or wait for external ranks (:meth:`.TrainerGroup.start`)."""
+        self.trainers.start(self.server, self.keys, time.monotonic())
 
     # ------------------------------------------------------------ the run, as the control plane sees it
     def accepts_pulls(self) -> bool:
@@ -306,10 +321,11 @@ class Coordinator:
             self.step(now)
             if now - last_house > 0.5:
                 self.control.housekeeping(now)
+                self.trainers.housekeeping(now)
                 if on_tick is not None:
                     on_tick()
                 last_house = now
-            failed = None if self.error or self.done else self.trainers.failed()
+            failed = None if self.error or self.done else self.trainers.failed(now)
             if failed is not None:
                 self.error = failed.summary  # one line for status.json; the console gets its log's tail too
                 raise RuntimeError(failed.report())
@@ -339,6 +355,7 @@ class Coordinator:
             now = time.monotonic()
             if now - last_house > 0.5:
                 self.control.housekeeping(now)
+                self.trainers.housekeeping(now)
                 if on_tick is not None:
                     on_tick()
                 last_house = now
@@ -528,6 +545,7 @@ class Coordinator:
         if self.server is not None:
             self.write_status(now)  # the GPUs held when it stopped, the trainers' included
         self.instances.release("trainers", now)  # billed up to here
+        self.trainers.release_holds(now)
         if self.evals is not None:
             self.evals.close()
         self.tracker.close()

@@ -12,10 +12,12 @@ Sockets (both CURVE servers, docs/architecture.md §9):
   larger frame before the frame is allocated; the msgpack body is bounded again by
   :data:`spotlight.protocol.MAX_BODY_BYTES` before it is parsed.
 * **trainer** — loopback ``tcp://127.0.0.1:<random>``: the run's own Train Workers (only
-  ``trainer`` keys are served on it). A weight version arrives on it in WEIGHTS_CHUNK frames
-  of at most ``trainer_max_message_bytes``; its receive queue holds only
-  :data:`TRAINER_RCVHWM` messages, so a trainer streaming a 40 GB version faster than the
-  coordinator writes it is held back by TCP instead of filling the coordinator's memory.
+  ``trainer`` keys are served on it); with ``trainer_bind`` (``spotlight up --external-trainers``)
+  a routable address instead, with ZeroMQ heartbeats, for ranks that torchrun or srun started
+  on other nodes. A weight version arrives on it in WEIGHTS_CHUNK frames of at most
+  ``trainer_max_message_bytes``; its receive queue holds only :data:`TRAINER_RCVHWM` messages,
+  so a trainer streaming a 40 GB version faster than the coordinator writes it is held back by
+  TCP instead of filling the coordinator's memory.
 
 Peers are addressed by the routing id libzmq assigns to each connection (clients never
 choose their identity), so a client cannot take over another's replies, and a restarted
@@ -40,6 +42,17 @@ log = logging.getLogger("spotlight.coordinator.server")
 PUBLIC, TRAINER = "public", "trainer"
 TRAINER_RCVHWM = 8
 """Messages queued from one trainer before ZeroMQ stops reading its connection."""
+HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS = 2000, 30000
+"""ZeroMQ (ZMTP) heartbeats of the connections between the coordinator and trainers on other
+nodes: a peer that answers no ping for the timeout is disconnected (a host that vanished
+without closing its sockets), which a rank's connection monitor sees (the coordinator lost)."""
+
+
+def set_heartbeats(sock: zmq.Socket) -> None:
+    """ZMTP heartbeats on ``sock`` (before connect or bind): :data:`HEARTBEAT_IVL_MS`, :data:`HEARTBEAT_TIMEOUT_MS`."""
+    sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+    sock.setsockopt(zmq.HEARTBEAT_TTL, HEARTBEAT_TIMEOUT_MS)
 
 
 class Rejected(SpotlightError):
@@ -80,6 +93,8 @@ class ControlServer:
         send_hwm: messages queued per peer before further replies to it are dropped.
         trainer_max_message_bytes: largest frame a trainer may send (bytes; -1 = no limit);
             the coordinator passes its weight chunk size.
+        trainer_bind: where the trainer socket listens (``tcp://HOST:PORT``, port 0 = any free
+            port) for ranks on other hosts; None = loopback, for the ranks the coordinator starts.
 
     Raises:
         zmq.ZMQError: the endpoint cannot be bound.
@@ -93,6 +108,7 @@ class ControlServer:
         max_message_bytes: int = 256 << 20,
         send_hwm: int = 256,
         trainer_max_message_bytes: int = -1,
+        trainer_bind: str | None = None,
     ):
         self.keys = keys
         self.ctx = zmq.Context()
@@ -117,11 +133,30 @@ class ControlServer:
             raise
         self.trainer = self._router(16, int(trainer_max_message_bytes))
         self.trainer.setsockopt(zmq.RCVHWM, TRAINER_RCVHWM)
-        port = self.trainer.bind_to_random_port("tcp://127.0.0.1")
-        self.trainer_endpoint = f"tcp://127.0.0.1:{port}"
+        try:
+            self.trainer_endpoint = self._bind_trainer(trainer_bind)
+        except zmq.ZMQError:
+            self.trainer.close(linger=0)
+            self.public.close(linger=0)
+            self.auth.stop()
+            self.ctx.term()
+            raise
         self.poller = zmq.Poller()
         self.poller.register(self.public, zmq.POLLIN)
         self.poller.register(self.trainer, zmq.POLLIN)
+
+    def _bind_trainer(self, bind: str | None) -> str:
+        """Bind the trainer socket: loopback on a free port, or ``bind`` with ZeroMQ heartbeats
+        (ranks on other hosts; a vanished host's connection is dropped). Returns its endpoint."""
+        if bind is None:
+            port = self.trainer.bind_to_random_port("tcp://127.0.0.1")
+            return f"tcp://127.0.0.1:{port}"
+        set_heartbeats(self.trainer)
+        host, _, port = bind.rpartition(":")
+        if port == "0":
+            return f"{host}:{self.trainer.bind_to_random_port(host)}"
+        self.trainer.bind(bind)
+        return bind
 
     def _router(self, hwm: int, maxmsg: int) -> zmq.Socket:
         s = self.ctx.socket(zmq.ROUTER)

@@ -12,15 +12,37 @@ that exists only in the coordinator and a 0600 file in the run directory
     ...
     coord  ── SHUTDOWN("save:<run>/final") ─▶ every rank ── TRAIN_DONE(-1) ─▶  (the final save)
 
+**External ranks** (``spotlight up --external-trainers``, :class:`ExternalTrainers`): the ranks are
+started by torch's own launcher (``torchrun``) or Slurm's ``srun`` on one or more reserved nodes
+(``python -m spotlight.workers.train.launch``), not by the coordinator. They connect to the
+trainer socket, bound on a routable address, with a ``trainer`` key of the coordinator's
+allow-list (ZeroMQ CURVE + ZAP, like the agents: the coordinator never serves an unauthenticated
+trainer), and open with a handshake that gives them what a spawned rank gets on its command line::
+
+    rank r ── TRAIN_HELLO(rank, world, local rank, host, GPU) ─▶
+    coord  ── TRAIN_SETUP(config, resume version, checkpoint dir, session) ─▶ rank r ── TRAIN_READY ─▶ …
+    rank r's heartbeat thread ── TRAIN_HEARTBEAT(rank, session) ─▶ every heartbeat_interval_s
+
+Each rank's GPU is billed from its TRAIN_HELLO to the end of the run, per host (``trainers@<host>``
+holds of the Instance Manager, so a GPU shared with a reserved agent on that host is billed
+once). Until every rank said hello the coordinator waits, saying who is missing, for at most
+``timeout_s``. A rank silent for ``heartbeat_timeout_s`` (its process died, its host is gone) is
+forgotten while the group is incomplete, and stops the run once it was complete, as a dead
+child process does. (A heartbeat of its own, not the end of its connection: the libzmq here
+has no disconnect notification for ROUTER sockets, and a rank's main thread may be inside a
+step for minutes.)
+
 Every message is validated before anything changes; a refusal raises
 :class:`~spotlight.coordinator.server.Rejected` (one ERROR reply).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import pathlib
+import secrets
 import socket
 import subprocess
 import sys
@@ -32,6 +54,7 @@ from spotlight import protocol as P
 from spotlight.config import SpotlightConfig
 from spotlight.coordinator.server import TRAINER, ControlServer, Rejected
 from spotlight.core.events import EventLog
+from spotlight.core.instance_manager import InstanceManager
 from spotlight.core.retention import versions_to_delete
 from spotlight.net.security import ServerKeys, ephemeral_client, write_client_file
 from spotlight.rl.batch import TrainingBatches
@@ -41,10 +64,47 @@ from spotlight.store.tensor_wire import pack_tensors
 from spotlight.store.weight_sync import WeightSyncError, check_safetensors_file
 from spotlight.util.disk import free_bytes, space_problem
 from spotlight.util.procs import ChildExit, LogMark, log_mark, scrubbed_env, spawn_logged
+from spotlight.workers.train.launch_env import nccl_env
+from spotlight.workers.train.peer_watch import EXIT_PEER_LOST
 
 log = logging.getLogger("spotlight.coordinator")
 
-__all__ = ["TrainerGroup"]
+__all__ = ["ExternalTrainers", "LostRank", "TrainerGroup"]
+
+WAIT_REMINDER_S = 60.0
+"""While external ranks are missing, how often the coordinator says so again."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ExternalTrainers:
+    """The run's Train Worker ranks are started by torchrun or srun, not by the coordinator.
+
+    Attributes:
+        bind: where the trainer socket listens (``tcp://HOST:PORT``; port 0 = any free port).
+        timeout_s: how long the coordinator waits for every rank's TRAIN_HELLO.
+        keys_dir: the coordinator's keys directory (named in the waiting lines).
+        heartbeat_interval_s, heartbeat_timeout_s: each rank's TRAIN_HEARTBEAT period, and the
+            silence after which it is lost.
+    """
+
+    bind: str
+    timeout_s: float = 900.0
+    keys_dir: str = ""
+    heartbeat_interval_s: float = 2.0
+    heartbeat_timeout_s: float = 60.0
+    """A rank's heartbeat thread needs Python's lock, which a long call that holds it delays."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LostRank:
+    """Why the run must stop that no child process's exit tells: an external rank's connection
+    ended, or the ranks did not all connect in time (the interface of :class:`ChildExit` the
+    coordinator uses)."""
+
+    summary: str
+
+    def report(self, then: str = "") -> str:
+        return self.summary + then
 
 
 class TrainerGroup:
@@ -70,8 +130,20 @@ class TrainerGroup:
         phase: Callable[[], str],
         iteration: Callable[[], int],
         needed_versions: Callable[[], set[int]] = set,
+        external: ExternalTrainers | None = None,
+        instances: InstanceManager | None = None,
+        say: Callable[[str], None] = lambda line: None,
     ):
         self.cfg, self.run_dir, self.store, self.events = cfg, pathlib.Path(run_dir), store, events
+        self.external, self.instances, self.say = external, instances, say
+        self.hellos: dict[int, P.TrainHello] = {}  # external ranks: rank -> its TRAIN_HELLO
+        self.sessions: dict[int, str] = {}  # external ranks: rank -> the session its heartbeats name
+        self.heard: dict[int, float] = {}  # external ranks: rank -> when its last heartbeat arrived
+        self.waiting_since: float | None = None  # external: when the coordinator began to wait
+        self._reminded_at = 0.0
+        self.complete = False  # external: every rank was ready once (a lost rank then stops the run)
+        self.stopping = False  # SHUTDOWN sent: ranks leaving now is expected
+        self.lost: str | None = None  # external: why the group broke (a rank's connection ended, a timeout)
         self.needed_versions = needed_versions
         """Versions the retention must keep whatever their age (workers, unfinished requests, checkpoint)."""
         self._phase, self._iteration = phase, iteration
@@ -90,16 +162,21 @@ class TrainerGroup:
         """Why the run must stop though every rank lives (a version that does not fit the disk)."""
 
     # ------------------------------------------------------------ processes
-    def start(self, server: ControlServer, keys: ServerKeys) -> None:
+    def start(self, server: ControlServer, keys: ServerKeys, now: float | None = None) -> None:
         """Spawn every rank (rank r uses GPU r of this host), connected to ``server``'s
-        trainer socket with a fresh per-run trainer key."""
+        trainer socket with a fresh per-run trainer key; with external ranks, start waiting
+        for them instead."""
         self.server = server
+        if self.external is not None:
+            self.waiting_since = self._reminded_at = now if now is not None else _monotonic()
+            return
         conf_path = self.run_dir / "config.toml"
         key_file = self.run_dir / "keys" / "trainer.json"
         key_file.parent.mkdir(parents=True, exist_ok=True)
         write_client_file(key_file, ephemeral_client(keys, "trainer", f"run-{os.getpid()}"))
         master_port = _free_port()
         env = scrubbed_env()
+        env.update(nccl_env(env)[0])  # a dead peer is aborted, never a survivor's process
         for rank in range(self.world):
             cmd = [sys.executable, "-m", "spotlight.workers.train.train_worker", "--coordinator"]
             cmd += [server.trainer_endpoint, "--keys-file", str(key_file), "--rank", str(rank)]
@@ -111,13 +188,95 @@ class TrainerGroup:
             self.logs.append(log_mark(f"trainer-{rank}", env))
             self.procs.append(spawn_logged(cmd, f"trainer-{rank}", env=env))
 
-    def failed(self) -> ChildExit | None:
+    def failed(self, now: float | None = None) -> ChildExit | LostRank | None:
         """Why the run must stop: the first rank that exited with a non-zero code, with the last
-        lines of its log (None: all fine)."""
-        for rank, proc in enumerate(self.procs):
-            if proc.poll() not in (None, 0):
-                return ChildExit.of(f"train worker rank {rank}", proc.returncode, self.logs[rank], disk=self.run_dir)
+        lines of its log (a rank that died before one that stopped because it lost a peer,
+        :data:`~spotlight.workers.train.peer_watch.EXIT_PEER_LOST`); with external ranks, one
+        whose connection ended, or ranks that did not connect within the timeout (None: all fine)."""
+        exited = [(r, p.returncode) for r, p in enumerate(self.procs) if p.poll() not in (None, 0)]
+        exited.sort(key=lambda rc: rc[1] == EXIT_PEER_LOST)
+        if exited:
+            rank, code = exited[0]
+            return ChildExit.of(f"train worker rank {rank}", code, self.logs[rank], disk=self.run_dir)
+        now = now if now is not None else _monotonic()
+        self._check_heartbeats(now)
+        if self.lost is not None:
+            return LostRank(self.lost)
+        if self.external is not None and self.waiting_since is not None and not self.complete:
+            if len(self.hellos) < self.world and now - self.waiting_since > self.external.timeout_s:
+                self.lost = (
+                    f"{len(self.hellos)} of {self.world} train worker ranks connected within "
+                    f"{self.external.timeout_s:g} s (missing: {self._missing()}); start them with torchrun or srun "
+                    f'(README "Multi-node training") with --coordinator {self.advertised_endpoint()} and a trainer key '
+                    f"of {self.external.keys_dir or 'the coordinator'}, or raise --trainer-timeout-s"
+                )
+                return LostRank(self.lost)
         return None
+
+    # ------------------------------------------------------------ external ranks
+    def advertised_endpoint(self) -> str:
+        """``HOST:PORT`` the external ranks connect to (this host's name when bound to all interfaces)."""
+        ep = self.server.trainer_endpoint if self.server is not None else (self.external.bind if self.external else "")
+        host, _, port = ep.removeprefix("tcp://").rpartition(":")
+        if host in ("0.0.0.0", "*", "[::]", "::"):
+            host = socket.gethostname()
+        return f"{host}:{port}"
+
+    def _missing(self) -> str:
+        missing = [r for r in range(self.world) if r not in self.hellos]
+        shown = ", ".join(map(str, missing[:16])) + (" …" if len(missing) > 16 else "")
+        return f"rank {shown}" if len(missing) == 1 else f"ranks {shown}"
+
+    def housekeeping(self, now: float) -> None:
+        """External ranks still missing: say so again every :data:`WAIT_REMINDER_S`."""
+        if self.external is None or self.waiting_since is None or len(self.hellos) == self.world:
+            return
+        if now - self._reminded_at >= WAIT_REMINDER_S:
+            self._reminded_at = now
+            waited = now - self.waiting_since
+            self.say(
+                f"still waiting for train worker {self._missing()} ({len(self.hellos)} of {self.world} connected, "
+                f"{waited:.0f} s of {self.external.timeout_s:g} s)"
+            )
+
+    def _hold_host(self, host: str, now: float) -> None:
+        """Bill the GPUs of the external ranks on ``host`` (none left: release its hold)."""
+        if self.instances is None:
+            return
+        # a rank without a GPU (the CPU) counts as "GPU <rank>", as the ranks the coordinator starts do
+        gpus = sorted({h.gpu if h.gpu >= 0 else h.rank for h in self.hellos.values() if h.host == host})
+        if gpus:
+            self.instances.hold(f"trainers@{host}", gpus, now, host=host)
+        else:
+            self.instances.release(f"trainers@{host}", now)
+
+    def release_holds(self, now: float) -> None:
+        """End the billing of every external rank's GPU (the run ended)."""
+        if self.instances is not None:
+            for host in {h.host for h in self.hellos.values()}:
+                self.instances.release(f"trainers@{host}", now)
+
+    def _check_heartbeats(self, now: float) -> None:
+        """External ranks silent for ``heartbeat_timeout_s``: forgotten while the group is
+        incomplete; once it was complete, the run must stop (:meth:`failed`)."""
+        if self.external is None or self.stopping or self.lost is not None:
+            return
+        timeout = self.external.heartbeat_timeout_s
+        for rank in sorted(r for r, t in self.heard.items() if now - t > timeout):
+            hello = self.hellos.get(rank)
+            where = f" on {hello.host}" if hello is not None and hello.host else ""
+            if self.complete:
+                self.lost = (
+                    f"train worker rank {rank}{where} sent no heartbeat for {timeout:g} s: its process died or its "
+                    "host is unreachable (the other ranks stop too)"
+                )
+                return
+            for table in (self.ids, self.hellos, self.sessions, self.heard):
+                table.pop(rank, None)
+            self.ready.discard(rank)
+            if hello is not None:
+                self._hold_host(hello.host, now)
+            self.say(f"train worker rank {rank}{where} went silent before every rank was ready; waiting for it again")
 
     def num_alive(self) -> int:
         return sum(p.poll() is None for p in self.procs)
@@ -172,17 +331,26 @@ class TrainerGroup:
             self.send(rank, P.Shutdown(reason=f"save:{final_dir}"))
 
     def shutdown(self, reason: str) -> None:
+        self.stopping = True
         for rank in list(self.ids):
             self.send(rank, P.Shutdown(reason=reason))
 
     # ------------------------------------------------------------ inbound
     def handle(self, identity: bytes, mtype: P.MsgType, body, payload: list, now: float) -> None:
         """One message from a trainer connection (already authenticated as a ``trainer`` key)."""
+        if mtype == P.MsgType.TRAIN_HELLO:
+            self._on_hello(identity, body, now)
+            return
+        if mtype == P.MsgType.TRAIN_HEARTBEAT:
+            if self.sessions.get(body.rank) != body.session:
+                raise Rejected("unknown_session", f"TRAIN_HEARTBEAT for rank {body.rank} names another session")
+            self.heard[body.rank] = now
+            return
         if mtype == P.MsgType.TRAIN_READY:
             self._on_ready(identity, body)
             return
         rank = next((r for r, i in self.ids.items() if i == identity), None)
-        if rank is None:
+        if rank is None or (self.external is not None and rank not in self.ready):
             raise Rejected("unknown_session", f"{mtype.name} from a trainer that sent no TRAIN_READY")
         if mtype in (P.MsgType.WEIGHTS, P.MsgType.WEIGHTS_CHUNK) and rank != 0:
             raise Rejected("forbidden", f"only rank 0 publishes weights (got {mtype.name} from rank {rank})")
@@ -193,15 +361,81 @@ class TrainerGroup:
         elif mtype == P.MsgType.TRAIN_DONE:
             self._on_done(rank, body)
 
-    def _on_ready(self, identity: bytes, body: P.TrainReady) -> None:
-        if body.world_size != self.world or body.rank >= self.world:
+    def _check_world(self, rank: int, world_size: int) -> None:
+        if world_size != self.world or rank >= self.world:
             raise Rejected(
-                "bad_request", f"rank {body.rank} of {body.world_size}: this run has {self.world} train workers"
+                "bad_request",
+                f"rank {rank} of {world_size}: this run has {self.world} train workers (train.num_train_workers); "
+                f"launch {self.world} ranks in all",
             )
+
+    def _on_hello(self, identity: bytes, body: P.TrainHello, now: float) -> None:
+        """An external rank introduces itself: checked, billed, answered with TRAIN_SETUP."""
+        if self.external is None:
+            raise Rejected(
+                "forbidden",
+                "this coordinator starts its own train workers; ranks launched by torchrun or srun need "
+                "`spotlight up --external-trainers`",
+            )
+        if body.protocol_version != P.PROTOCOL_VERSION:
+            raise Rejected(
+                "protocol",
+                f"trainer speaks protocol {body.protocol_version}, this coordinator {P.PROTOCOL_VERSION}: "
+                "install the same Spotlight version on every node",
+            )
+        self._check_world(body.rank, body.world_size)
+        if body.num_nodes * body.local_world_size != body.world_size or body.local_rank >= body.local_world_size:
+            raise Rejected(
+                "bad_request",
+                f"rank {body.rank}: {body.num_nodes} nodes × {body.local_world_size} ranks per node is not "
+                f"{body.world_size} ranks (local rank {body.local_rank})",
+            )
+        held = self.ids.get(body.rank)
+        if held is not None and held != identity:
+            other = self.hellos.get(body.rank)
+            raise Rejected(
+                "forbidden",
+                f"train rank {body.rank} is already connected (from {other.host if other else '?'}): "
+                "two launchers started the same rank?",
+            )
+        if self.complete:
+            raise Rejected("forbidden", f"train rank {body.rank}: the trainer group is complete and running")
+        session = secrets.token_hex(8)
+        setup = P.TrainSetup(
+            config_toml=(self.run_dir / "config.toml").read_text(),
+            session=session,
+            resume_version=-1 if self.resume_version is None else self.resume_version,
+            checkpoint_dir=str(train_checkpoint_dir(self.run_dir)),
+            heartbeat_interval_s=self.external.heartbeat_interval_s,
+        )
+        self.ids[body.rank] = identity
+        self.hellos[body.rank] = body
+        self.sessions[body.rank] = session
+        self.heard[body.rank] = now
+        self._hold_host(body.host, now)
+        self.send(body.rank, setup)
+        where = f" on {body.host}" if body.host else ""
+        device = f"GPU {body.gpu}" if body.gpu >= 0 else "CPU"
+        log.info("train worker rank %d of %d connected%s (%s, pid %d)", body.rank, self.world, where, device, body.pid)
+        if len(self.hellos) == self.world:
+            nodes = len({h.host for h in self.hellos.values()})
+            self.say(
+                f"all {self.world} train worker ranks connected ({body.num_nodes} × {body.local_world_size} "
+                f"ranks, {nodes} host{'s' if nodes != 1 else ''}); they load the model"
+            )
+        else:
+            self.say(f"train worker rank {body.rank}{where} connected ({len(self.hellos)} of {self.world})")
+
+    def _on_ready(self, identity: bytes, body: P.TrainReady) -> None:
+        self._check_world(body.rank, body.world_size)
+        if self.external is not None and self.ids.get(body.rank) != identity:
+            raise Rejected("unknown_session", f"TRAIN_READY from rank {body.rank} before its TRAIN_HELLO")
         if body.rank in self.ids and self.ids[body.rank] != identity:
             raise Rejected("forbidden", f"train rank {body.rank} is already connected")
         self.ready.add(body.rank)
         self.ids[body.rank] = identity
+        if self.external is not None and self.all_ready:
+            self.complete = True
 
     def _on_weights(self, body: P.Weights, payload: list) -> None:
         """The header of a version upload: its chunks follow on this connection."""
@@ -272,6 +506,12 @@ class TrainerGroup:
         ):
             raise Rejected("bad_request", f"unexpected TRAIN_DONE for iteration {body.iteration} in phase {phase}")
         self.done[body.rank] = body
+
+
+def _monotonic() -> float:
+    import time
+
+    return time.monotonic()
 
 
 def _free_port() -> int:

@@ -2,13 +2,14 @@
 each recipe's own commands start the coordinator and the agents on localhost and run 2 iterations
 of the embedded default.
 
-Slurm: the batch scripts as they are (``srun`` a shim). SkyPilot, with ``--preempt``: a mock AWS
-spot notice to one spot node's metadata server while the run's Train Workers are held; that agent
-drains and exits, joining again on the same "VM" exits 75 and the job waits for the VM to go; the
-rehearsal takes it away and launches the replacement job, which joins with a new node id. No
-request is lost (each ends exactly once, and the preempted node's in-flight work was committed or
-re-run), the coordinator, the other agents and the Train Workers kept running, and the run ends
-with both iterations.
+Slurm: the batch scripts as they are (``srun`` a shim that runs one process per task, so the
+reserved job's Train Workers are two ranks of the multi-node entry point on two localhost "nodes").
+SkyPilot, with ``--preempt``: a mock AWS spot notice to one spot node's metadata server while the
+run's Train Workers are held; that agent drains and exits, joining again on the same "VM" exits 75
+and the job waits for the VM to go; the rehearsal takes it away and launches the replacement job,
+which joins with a new node id. No request is lost (each ends exactly once, and the preempted node's
+in-flight work was committed or re-run), the coordinator, the other agents and the Train Workers
+kept running, and the run ends with both iterations.
 """
 
 from __future__ import annotations
@@ -47,9 +48,17 @@ def _check_run(facts: dict) -> list[dict]:
 
 
 def test_slurm_rehearsal(tmp_path):
+    """The reserved job spans two "nodes": its trainer is two srun tasks of the multi-node entry
+    point (ranks from Slurm's task variables, a 2-D HSDP mesh), connected with the trainer key."""
     facts = _rehearse("slurm", tmp_path)
     _check_run(facts)
     assert facts["nodes"] == ["spot-1000-0-r0", "spot-1000-1-r0"]
+    assert facts["trainer_ranks"] == 2
+    log = (tmp_path / "reserved.log").read_text(errors="replace")
+    for rank in (0, 1):
+        assert f"rank {rank} of 2 (node {rank} of 2, local rank 0, cpu, srun) connecting to" in log
+    assert log.count("HSDP mesh: 2 nodes × 1 ranks per node") == 2 and "as trainer.reserved" in log
+    assert "all 2 train worker ranks connected (2 × 1 ranks" in log
 
 
 def test_skypilot_rehearsal_with_a_preempted_spot_node(tmp_path):

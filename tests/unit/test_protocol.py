@@ -128,6 +128,25 @@ SAMPLES: dict[P.MsgType, P._Msg] = {
         iteration=1, version=1, micro_batches=[[0, 1], [2]], tensors=[P.TensorMeta("advantages", "float32", [3])]
     ),
     P.MsgType.TRAIN_DONE: P.TrainDone(rank=0, iteration=1, new_version=2, metrics={"train/loss": -0.5}, train_s=3.0),
+    P.MsgType.TRAIN_HELLO: P.TrainHello(
+        protocol_version=P.PROTOCOL_VERSION,
+        rank=3,
+        world_size=4,
+        local_rank=1,
+        local_world_size=2,
+        num_nodes=2,
+        host="node-b",
+        gpu=1,
+        pid=7,
+    ),
+    P.MsgType.TRAIN_SETUP: P.TrainSetup(
+        config_toml="[run]\niterations = 2\n",
+        session="s1",
+        resume_version=3,
+        checkpoint_dir="/r",
+        heartbeat_interval_s=1.0,
+    ),
+    P.MsgType.TRAIN_HEARTBEAT: P.TrainHeartbeat(rank=1, session="s1"),
     P.MsgType.STATUS_REQUEST: P.StatusRequest(),
     P.MsgType.STATUS: P.Status(snapshot={"phase": "rollout", "nodes": [{"id": "spot-0", "gpus": 2}], "cost": 1.5}),
 }

@@ -188,6 +188,10 @@ class FlowGRPOTrainer:
         cfg: the run config (``model``, ``sampler``, ``train`` sections are used).
         rank, world_size: this process's place in the (already initialised) process group.
         device: ``cpu`` (gloo) or ``cuda:<i>`` (nccl).
+        num_nodes: nodes the group spans (ranks laid out node by node). 1: FSDP2 over every
+            rank (a 1-D mesh); more: HSDP, a 2-D mesh ``(num_nodes, ranks per node)`` named
+            ``("replicate", "shard")``: parameters sharded over each node's GPUs, replicated
+            across nodes (:func:`spotlight.workers.train.launch_env.mesh_shape`).
         text_dim: width D of the text embeddings (tiny family only; other families read it
             from their checkpoint).
         initial_state_dict: weights to start from instead of the family's (full fine-tuning).
@@ -198,6 +202,12 @@ class FlowGRPOTrainer:
     then do the weights arrive, each rank receiving its own shards (:meth:`_load_weights`:
     rank 0 reads the checkpoint file by file and ``set_model_state_dict`` broadcasts it with
     ``broadcast_from_rank0``). No rank ever holds the whole model on its device.
+
+    Gradient scale under HSDP: FSDP2 reduce-scatters (averages) each gradient over the ``shard``
+    group and then all-reduces (averages) it over the ``replicate`` group, i.e. it averages over
+    all ``world_size`` ranks exactly as the 1-D mesh does, so the loss scaling of
+    :meth:`train_step` (× ``world_size`` / the global element count) gives the one-big-batch
+    gradient on either mesh.
 
     Precision: the master weights and optimizer state are float32. On CUDA (``train.mixed_precision``
     auto/bf16) FSDP2's ``MixedPrecisionPolicy`` runs forward/backward in bfloat16 with float32
@@ -223,8 +233,11 @@ class FlowGRPOTrainer:
         device: torch.device,
         text_dim: int = 384,
         initial_state_dict: dict[str, torch.Tensor] | None = None,
+        num_nodes: int = 1,
     ):
         from torch.distributed.device_mesh import init_device_mesh
+
+        from spotlight.workers.train.launch_env import MESH_DIM_NAMES, mesh_shape
 
         if not dist.is_initialized():
             raise RuntimeError("FlowGRPOTrainer needs torch.distributed initialised by the caller")
@@ -242,7 +255,12 @@ class FlowGRPOTrainer:
 
             mp_policy = MixedPrecisionPolicy(param_dtype=self.compute_dtype, reduce_dtype=torch.float32)
         # Explicit mesh: on a GPU host FSDP2 would otherwise move CPU params to CUDA (pytorch#132471).
-        self.mesh = init_device_mesh(self.device.type, (world_size,))
+        shape = mesh_shape(world_size, num_nodes)
+        names = MESH_DIM_NAMES if len(shape) == 2 else None
+        self.mesh = init_device_mesh(self.device.type, shape, mesh_dim_names=names)
+        self.num_nodes = num_nodes
+        if names is not None:
+            log.info("HSDP mesh: %d nodes × %d ranks per node %s", shape[0], shape[1], names)
         blocks = self.family.block_names
         # Build on meta, shard, then load the shards (class docstring): no rank ever holds
         # the whole model in device memory, only rank 0 one checkpoint file at a time on the host.
@@ -345,11 +363,10 @@ class FlowGRPOTrainer:
                     f"{self.family.path}: the transformer's weights do not fit its config: "
                     f"{len(missing)} missing (e.g. {missing[:3]}), {len(unknown)} unknown (e.g. {unknown[:3]})"
                 )
-        info = [len(chunks), problem]
-        dist.broadcast_object_list(info, src=0)
-        if info[1]:
-            raise ModelLoadError(info[1])
-        for i in range(int(info[0])):
+        num_chunks, problem = self._broadcast_from_rank0(len(chunks), problem)
+        if problem:
+            raise ModelLoadError(problem)
+        for i in range(num_chunks):
             sd = chunks[i][0]() if self.rank == 0 else {}
             for target, dtype in targets:
                 part = {}
@@ -367,6 +384,19 @@ class FlowGRPOTrainer:
             raise ModelLoadError(f"{len(unloaded)} transformer parameters were not loaded, e.g. {unloaded[:3]}")
 
     # ------------------------------------------------------------------ helpers
+    def _broadcast_from_rank0(self, count: int, text: str) -> tuple[int, str]:
+        """Rank 0's ``count`` and ``text`` on every rank, as tensors (no pickle crosses the
+        process group: across nodes its transport is the network). Collective."""
+        data = text.encode()
+        head = torch.tensor([count, len(data)], dtype=torch.int64, device=self._comm_device())
+        dist.broadcast(head, src=0)
+        body = torch.zeros(int(head[1]), dtype=torch.uint8, device=self._comm_device())
+        if self.rank == 0 and data:
+            body.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+        if body.numel():
+            dist.broadcast(body, src=0)
+        return int(head[0]), bytes(body.cpu().tolist()).decode(errors="replace")
+
     def _compute_dtype(self) -> torch.dtype:
         """bfloat16 on CUDA (``train.mixed_precision`` auto follows ``model.dtype``), float32 on the CPU."""
         mp = self.cfg.train.mixed_precision
@@ -830,6 +860,12 @@ def _load_cfg(text: str) -> SpotlightConfig:
     return config_from_dict(json.loads(p.read_text()))
 
 
+PEER_TIMEOUT_S = 60.0
+"""Default seconds without a heartbeat after which a rank's peers take it as dead
+(:mod:`spotlight.workers.train.peer_watch`): long enough for a rank's longest pause that holds
+Python's lock (a host starved of CPU), far shorter than a collective's timeout."""
+
+
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="spotlight.workers.train.train_worker")
     ap.add_argument("--coordinator", required=True, help="tcp://host:port of the coordinator's trainer socket")
@@ -861,6 +897,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="load DIR/v{N:06d} from --checkpoint-dir before TRAIN_READY and publish weights v_N instead of v_0",
     )
+    ap.add_argument(
+        "--peer-timeout-s",
+        type=float,
+        default=PEER_TIMEOUT_S,
+        help="a rank silent this long is taken as dead: the others abort their communicator and exit",
+    )
     args = ap.parse_args(argv)
     if args.resume_version is not None and (args.checkpoint_dir is None or args.resume_version < 0):
         ap.error("--resume-version needs --checkpoint-dir and a version >= 0")
@@ -891,7 +933,9 @@ def _init_process_group(args: argparse.Namespace) -> torch.device:
 
     NCCL on CUDA, gloo on the CPU; rank 0's TCP store listens on 127.0.0.1 only. On CUDA the
     group is bound to this rank's GPU (``device_id``): NCCL then creates its communicator on
-    that device at once instead of guessing one at the first collective.
+    that device at once instead of guessing one at the first collective. The NCCL watchdog
+    settings of :data:`~spotlight.workers.train.launch_env.NCCL_ENV` are the spawning
+    coordinator's (``TrainerGroup.start``).
     """
     from spotlight.workers.sp.rendezvous import bound_store
 
@@ -912,27 +956,86 @@ def _init_process_group(args: argparse.Namespace) -> torch.device:
     return device
 
 
+def start_peer_watch(host: str, port: int, rank: int, world_size: int, timeout_s: float):
+    """This rank's :class:`~spotlight.workers.train.peer_watch.PeerWatch` on its own client of the
+    group's rendezvous store at ``host:port`` (None for a group of one rank)."""
+    import datetime
+
+    from spotlight.workers.train.peer_watch import PeerWatch
+
+    if world_size <= 1:
+        return None
+    store = dist.TCPStore(
+        host, port, world_size, False, timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False
+    )
+    return PeerWatch(dist.PrefixStore("spotlight", store), rank, world_size, timeout_s=timeout_s).start()
+
+
+def is_peer_failure(exc: BaseException) -> bool:
+    """True for the error a collective raises when a peer of the group is gone: torch's
+    distributed errors (an aborted NCCL communicator, a closed store) and gloo's closed pairs."""
+    if isinstance(exc, getattr(dist, "DistError", ())):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and any(
+        m in text for m in ("Connection closed by peer", "Connection reset by peer", "NCCL communicator was aborted")
+    )
+
+
 class _TrainerProcess:
     """The shell around one rank's :class:`FlowGRPOTrainer`: the coordinator's DEALER socket,
     the trainer checkpoints and the published versions (the exchange in the module docstring).
 
     Args:
-        args: the parsed command line.
+        args: the rank's settings (``rank``, ``world_size``, ``checkpoint_dir``, ``spool_dir``).
         cfg: the run config.
         trainer: this rank's trainer, already built (and resumed).
         sock: a DEALER connected to the coordinator's trainer socket.
+        alive: whether the coordinator can still be reached (default: the parent process that
+            spawned this rank is still this rank's parent).
+        watch: this rank's :class:`~spotlight.workers.train.peer_watch.PeerWatch` (None: a group
+            of one rank).
     """
 
-    def __init__(self, args: argparse.Namespace, cfg: SpotlightConfig, trainer: FlowGRPOTrainer, sock):
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        cfg: SpotlightConfig,
+        trainer: FlowGRPOTrainer,
+        sock,
+        *,
+        alive=None,
+        watch=None,
+    ):
         self.args = args
         self.cfg = cfg
         self.trainer = trainer
         self.sock = sock
         self.spool = pathlib.Path(args.spool_dir) if args.spool_dir else pathlib.Path(tempfile.gettempdir())
         self.parent = os.getppid()
+        self.alive = alive if alive is not None else self._parent_alive
+        self.watch = watch
 
     def _parent_alive(self) -> bool:
         return os.getppid() == self.parent
+
+    def _peer_lost(self, exc: BaseException | None = None) -> int:
+        """Another rank of the group is gone: say why (one ERROR line, which the coordinator
+        shows), unless a SHUTDOWN is already waiting (the run ended and a peer left first), and
+        return the exit status (:data:`~spotlight.workers.train.peer_watch.EXIT_PEER_LOST`, or 0)."""
+        from spotlight import protocol as P
+        from spotlight.workers.train.peer_watch import EXIT_PEER_LOST
+
+        if exc is None and self.sock.poll(2000):  # the coordinator's SHUTDOWN to every rank may be queued
+            message = self._receive()
+            if message is not None and message[0] == P.MsgType.SHUTDOWN and not message[1].reason.startswith("save:"):
+                log.info("shutdown: %s", message[1].reason or "(no reason)")
+                return 0
+        reason = self.watch.lost if self.watch is not None and self.watch.lost else None
+        if reason is None and exc is not None:
+            reason = f"a collective failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        log.error("rank %d stops: another rank of the trainer group is gone (%s)", self.args.rank, reason)
+        return EXIT_PEER_LOST
 
     def checkpoint(self, ver: int) -> None:
         """Trainer state for weights v_ver, before TRAIN_DONE: a run checkpoint naming v_ver finds it."""
@@ -969,7 +1072,7 @@ class _TrainerProcess:
                 path,
                 digest,
                 self.cfg.cluster.weight_chunk_bytes,
-                alive=self._parent_alive,
+                alive=self.alive,
                 unlink=True,
             )
         finally:
@@ -990,28 +1093,38 @@ class _TrainerProcess:
         from spotlight import protocol as P
 
         while True:
+            if self.watch is not None and self.watch.lost:  # a peer died while this rank was idle
+                return self._peer_lost()
             if not self.sock.poll(1000):
-                if not self._parent_alive():  # the coordinator died: nothing will ever come
-                    log.error("coordinator process is gone; train worker exiting")
+                if not self.alive():  # the coordinator died: nothing will ever come
+                    log.error("coordinator is gone; train worker exiting")
                     return 3
                 continue
             message = self._receive()
             if message is None:
                 continue
             mtype, body, tensors = message
-            if mtype == P.MsgType.TRAIN_BATCH:
-                self._train(body, tensors)
-            elif mtype == P.MsgType.SHUTDOWN:
-                if body.reason.startswith("save:"):
+            try:
+                if mtype == P.MsgType.TRAIN_BATCH:
+                    self._train(body, tensors)
+                elif mtype == P.MsgType.SHUTDOWN and body.reason.startswith("save:"):
                     self.trainer.save_pretrained(body.reason[len("save:") :])
                     self.sock.send_multipart(P.encode(P.TrainDone(rank=self.args.rank, iteration=-1, new_version=-1)))
                     continue
+            except Exception as exc:
+                if (self.watch is not None and self.watch.lost) or is_peer_failure(exc):
+                    log.debug("collective failed", exc_info=True)
+                    return self._peer_lost(exc)
+                raise
+            if mtype == P.MsgType.SHUTDOWN:
                 log.info("shutdown: %s", body.reason or "(no reason)")
+                if self.watch is not None:
+                    self.watch.stop()  # peers leave from here on
                 _leave_together()
                 return 0
             elif mtype == P.MsgType.ERROR:
                 log.error("coordinator refused a message: %s: %s", body.code, body.message)
-            else:
+            elif mtype != P.MsgType.TRAIN_BATCH:
                 log.warning("ignoring unexpected %s", mtype.name)
 
     def _receive(self):
@@ -1085,7 +1198,6 @@ def main(argv: list[str] | None = None) -> int:
     import zmq
 
     from spotlight.net.security import apply_client, read_client_file
-    from spotlight.store.checkpoint import train_version_path
 
     args = _parse(argv)
     if not logging.getLogger().handlers:
@@ -1095,26 +1207,63 @@ def main(argv: list[str] | None = None) -> int:
     cfg = _load_cfg(args.config_json)
     torch.set_num_threads(max(1, cfg.cluster.torch_threads))
     device = _init_process_group(args)
-    trainer = FlowGRPOTrainer(cfg, rank=args.rank, world_size=args.world_size, device=device, text_dim=args.text_dim)
-    version = 0
-    if args.resume_version is not None:
-        trainer.load_checkpoint(train_version_path(args.checkpoint_dir, args.resume_version))
-        version = args.resume_version
-
+    watch = start_peer_watch("127.0.0.1", args.master_port, args.rank, args.world_size, args.peer_timeout_s)
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 10_000)
     apply_client(sock, read_client_file(args.keys_file))
     sock.connect(args.coordinator)
-    process = _TrainerProcess(args, cfg, trainer, sock)
-    process.start(version)
     try:
-        return process.serve()
+        return run_rank(args, cfg, device, sock, watch=watch)
     finally:
+        if watch is not None:
+            watch.stop()
         sock.close()
         ctx.term()
-        if dist.is_initialized():
+        destroy_process_group()
+
+
+def run_rank(args: argparse.Namespace, cfg: SpotlightConfig, device: torch.device, sock, *, watch=None, alive=None):
+    """Build (or resume) this rank's trainer in the joined process group and serve the
+    coordinator on ``sock`` until SHUTDOWN; returns the exit status. A peer lost while the
+    trainer is built (a collective of the sharded load raises) is :data:`EXIT_PEER_LOST`.
+
+    ``args``: ``rank``, ``world_size``, ``text_dim``, ``checkpoint_dir``, ``resume_version``,
+    ``spool_dir`` and ``num_nodes`` (1 if absent)."""
+    from spotlight.store.checkpoint import train_version_path
+
+    try:
+        trainer = FlowGRPOTrainer(
+            cfg,
+            rank=args.rank,
+            world_size=args.world_size,
+            device=device,
+            text_dim=args.text_dim,
+            num_nodes=getattr(args, "num_nodes", 1),
+        )
+        version = 0
+        if args.resume_version is not None:
+            trainer.load_checkpoint(train_version_path(args.checkpoint_dir, args.resume_version))
+            version = args.resume_version
+    except Exception as exc:
+        if (watch is not None and watch.lost) or is_peer_failure(exc):
+            log.error("rank %d stops while loading: another rank of the trainer group is gone (%s)", args.rank, exc)
+            from spotlight.workers.train.peer_watch import EXIT_PEER_LOST
+
+            return EXIT_PEER_LOST
+        raise
+    process = _TrainerProcess(args, cfg, trainer, sock, alive=alive, watch=watch)
+    process.start(version)
+    return process.serve()
+
+
+def destroy_process_group() -> None:
+    """Leave the process group; after an abort (a lost peer) there may be nothing left to destroy."""
+    if dist.is_initialized():
+        try:
             dist.destroy_process_group()
+        except Exception as exc:
+            log.info("process group teardown: %s: %s", type(exc).__name__, exc)
 
 
 if __name__ == "__main__":

@@ -318,3 +318,65 @@ def test_a_plain_start_on_a_finished_run_suggests_a_command_that_extends_it(tmp_
     (rd / "config.toml").write_text(pathlib.Path(TOY).read_text().replace("\niterations = 20\n", "\niterations = 5\n"))
     res = _up("--local", "--config", TOY, "--run-dir", str(rd))
     assert f"continue it with spotlight up --resume {rd} or" in res.output, res.output
+
+
+# ---------------------------------------------------------------- --external-trainers
+
+
+@pytest.mark.parametrize("flag", [("--trainer-port", "7401"), ("--trainer-timeout-s", "60")])
+def test_trainer_options_without_external_trainers_are_refused(tmp_path, flag):
+    rd = tmp_path / "run"
+    res = _up("--config", TOY, "--run-dir", str(rd), *flag)
+    assert res.exit_code == 2 and res.output.strip() == f"error: {flag[0]} needs --external-trainers", res.output
+    assert not rd.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (("--reserved", "127.0.0.1:7400", "--trainer-port", "7400"), "--trainer-port 7400 is the --reserved port"),
+        (("--reserved", "127.0.0.1:65535"), "--reserved port 65535 leaves no port for the trainers"),
+        (("--trainer-timeout-s", "0"), "--trainer-timeout-s 0: must be > 0 seconds"),
+    ],
+)
+def test_bad_trainer_addresses_are_one_line(tmp_path, args, expected):
+    rd = tmp_path / "run"
+    res = _up("--config", TOY, "--run-dir", str(rd), "--external-trainers", *args)
+    assert res.exit_code == 2 and res.output.strip().startswith(f"error: {expected}"), res.output
+    assert not rd.exists()
+
+
+def test_external_trainers_need_a_trainer_key_on_the_allow_list(tmp_path):
+    from spotlight.net.security import add_client
+    from tests.factories import make_keys
+
+    keys = make_keys(tmp_path / "keys", agents=["pool"])
+    rd = tmp_path / "run"
+    res = _up("--config", TOY, "--run-dir", str(rd), "--keys", str(keys), "--external-trainers")
+    assert res.exit_code == 2, res.output
+    assert f"error: --external-trainers: the allow-list of {keys} holds no trainer key" in " ".join(res.output.split())
+    assert f"spotlight keys add {keys} trainer NAME" in " ".join(res.output.split()) and not rd.exists()
+    add_client(keys, "trainer", "pool")
+    port, res = _up_on_a_busy_port("--run-dir", str(rd), "--keys", str(keys), "--external-trainers")
+    assert res.exit_code == 2 and "trainer key" not in res.output  # the key check passed: it got to binding
+    assert f"error: cannot listen on 127.0.0.1:{port} (or the trainer port 127.0.0.1:{port + 1})" in res.output
+
+
+def test_the_trainer_port_is_the_reserved_port_plus_one_unless_given():
+    from spotlight.cli.up import UpOptions, resume_command
+    from spotlight.cli.up_preflight import UpRun
+
+    def bind(reserved, port=None):
+        opts = UpOptions.__new__(UpOptions)
+        object.__setattr__(opts, "trainer_port", port)
+        run = UpRun(opts=opts, cfg=None, prompt_set=None, run_dir=pathlib.Path("r"), fresh=True, resuming=False,
+                    reserved=reserved, agents=0)  # fmt: skip
+        return run.trainer_bind
+
+    assert bind("0.0.0.0:7400") == "0.0.0.0:7401"
+    assert bind("127.0.0.1:0") == "127.0.0.1:0"
+    assert bind("0.0.0.0:7400", 9000) == "0.0.0.0:9000"
+    layout = dict(local=False, agents=0, gpus_per_agent=1, mock_cloud="none", grace_s=20.0, spot_nice=5,
+                  reserved="0.0.0.0:7400", keys=None, verbose=False, log_level="WARNING", trackers=None)  # fmt: skip
+    cmd = resume_command("r", **layout, external_trainers=True, trainer_port=9000)
+    assert cmd == "spotlight up --resume r --reserved 0.0.0.0:7400 --external-trainers --trainer-port 9000"

@@ -58,6 +58,26 @@ def shell_commands(text: str, env: dict[str, str] | None = None) -> list[list[st
     return out
 
 
+LAUNCHER = "spotlight.workers.train.launch"
+"""The multi-node trainer entry point (``python -m`` / ``torchrun -m``)."""
+_LAUNCH = re.compile(r"-m\s+spotlight\.workers\.train\.launch(?=\s|$)")
+
+
+def launcher_commands(text: str, env: dict[str, str] | None = None) -> list[list[str]]:
+    """The arguments of every ``-m spotlight.workers.train.launch …`` (under ``python`` or
+    ``torchrun``) in shell-like ``text``, as argv lists (what follows the module name) with sample
+    values for expansions."""
+    out = []
+    for raw in text.replace("\\\n", " ").splitlines():
+        line = re.sub(r"^\s*#+\s?", "", raw)
+        for m in _LAUNCH.finditer(line):
+            rest = line[m.end() :]
+            end = _END.search(rest)
+            cmd = re.split(r"\s+#\s", rest[: end.start()] if end else rest)[0]
+            out.append(shlex.split(_substitute(cmd, env)))
+    return out
+
+
 def manifest_commands(docs: list[dict]) -> list[list[str]]:
     """The ``args`` (or ``command``) of every container of Kubernetes ``docs`` that run one of our
     programs, ``$(VAR)`` expanded to a sample value."""

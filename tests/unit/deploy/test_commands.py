@@ -9,7 +9,7 @@ import typer
 import yaml
 
 from spotlight.config import REPO_ROOT
-from tests.unit.deploy.recipes import DEPLOY, RECIPE_FILES, manifest_commands, shell_commands
+from tests.unit.deploy.recipes import DEPLOY, RECIPE_FILES, launcher_commands, manifest_commands, shell_commands
 
 
 def _group(program: str):
@@ -98,3 +98,35 @@ def test_extraction_handles_shell_forms():
         ["spotlight", "keys", "init", "~/.spotlight/keys"],
         ["spotlight-agent", "join", "--gpus", "0", "--grace-s", "20", "--cloud", "none"],
     ]
+
+
+LAUNCH_FILES = [
+    *RECIPE_FILES,
+    *sorted((REPO_ROOT / "docs" / "deploy").glob("*.md")),
+    REPO_ROOT / "README.md",
+    REPO_ROOT / "docs" / "architecture.md",
+    *sorted((REPO_ROOT / "examples" / "deploy").glob("*.sh")),
+]
+LAUNCHES = [
+    (str(p.relative_to(REPO_ROOT)), argv)
+    for p in LAUNCH_FILES
+    if p.is_file()
+    for argv in launcher_commands(p.read_text())
+]
+
+
+@pytest.mark.parametrize(("where", "argv"), LAUNCHES, ids=[f"{w}:{i}" for i, (w, _) in enumerate(LAUNCHES)])
+def test_every_trainer_launch_parses(where, argv):
+    """``-m spotlight.workers.train.launch ARGS`` in a recipe or a doc: ARGS are ones the entry point accepts."""
+    from spotlight.workers.train.launch import _parse
+
+    _parse(argv)
+
+
+def test_the_trainer_launches_are_found():
+    where = {w for w, _ in LAUNCHES}
+    assert {"deploy/slurm/reserved.sbatch", "examples/deploy/two-node-trainer-local.sh", "README.md"} <= where, where
+    with pytest.raises(SystemExit):  # not vacuous: the entry point's parser refuses a bad line
+        from spotlight.workers.train.launch import _parse
+
+        _parse(["--coordinator", "h:1", "--keys", "k", "--peer-timeout-s", "0"])

@@ -160,8 +160,19 @@ def test_slurm_agents_get_sigterm_in_time_and_are_requeued():
     assert re.search(r"^exec spotlight-agent join", text, re.M)
 
 
-def test_slurm_reserved_runs_the_coordinator_and_its_trainers_under_srun():
+def test_slurm_reserved_runs_the_coordinator_and_trainer_ranks_across_nodes_under_srun():
+    """The coordinator waits for external trainers; the trainer step spans every node of the job,
+    one rank per GPU, with the multi-node entry point, connecting to the coordinator's trainer port
+    with a trainer key; the env:// rendezvous is exported on the first node."""
     text = (DEPLOY / "slurm" / "reserved.sbatch").read_text()
-    assert re.search(r"^srun .* spotlight up ", text, re.M) and re.search(r"^srun .* spotlight-agent join ", text, re.M)
     d = _directives("reserved.sbatch")
-    assert "--requeue" not in d and d["--gres"].startswith("gpu:")
+    assert "--requeue" not in d and d["--gres"].startswith("gpu:") and int(d["--nodes"]) >= 2
+    (up,) = [a for a in shell_commands(text) if a[:2] == ["spotlight", "up"]]
+    assert "--external-trainers" in up and "--trainer-port" in up and "--resume-existing" in up
+    (trainers,) = re.findall(r"^srun (.*) python -m spotlight\.workers\.train\.launch (.*) &$", text, re.M)
+    srun_opts, launch_args = trainers
+    assert '--nodes="$TRAIN_NODES"' in srun_opts and '--ntasks-per-node="$TRAIN_GPUS_PER_NODE"' in srun_opts
+    assert '--gres=gpu:"$TRAIN_GPUS_PER_NODE"' in srun_opts
+    assert '--coordinator "$HEAD:$TRAINER_PORT"' in launch_args and "--keys" in launch_args
+    assert re.search(r"^export MASTER_ADDR=\$HEAD MASTER_PORT=", text, re.M)
+    assert re.search(r"^srun .* spotlight-agent join ", text, re.M)

@@ -41,3 +41,26 @@ def test_train_worker_on_the_cpu_has_no_device_id(monkeypatch):
     assert _init_process_group(argparse.Namespace(rank=0, world_size=2, master_port=1234)) == torch.device("cpu")
     ((_, kwargs),) = calls
     assert kwargs["backend"] == "gloo" and kwargs["device_id"] is None
+
+
+def test_a_rank_under_torchrun_binds_nccl_to_its_local_rank_with_the_env_rendezvous(monkeypatch):
+    from spotlight.workers.train.launch import join_process_group, pick_device
+    from spotlight.workers.train.launch_env import LaunchEnv
+
+    calls = []
+    _fake_cuda(monkeypatch, calls)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    env = LaunchEnv(rank=6, world_size=8, local_rank=2, local_world_size=4, num_nodes=2, master_addr="a",
+                    master_port=1, launcher="torchrun")  # fmt: skip
+    device, gpu = pick_device(env)
+    assert device == torch.device("cuda", 2) and gpu == 6  # the host's GPU 6, billed as such
+    join_process_group(env, device)
+    ((_, kwargs),) = calls
+    assert kwargs == {
+        "backend": "nccl",
+        "init_method": "env://",
+        "rank": 6,
+        "world_size": 8,
+        "device_id": torch.device("cuda", 2),
+    }
