@@ -1171,18 +1171,20 @@ class _TrainerProcess:
         self.sock.send_multipart(P.encode(done))
 
 
-def _reset_peak_memory(device: torch.device) -> None:
+def _reset_peak_memory(device: torch.device | str) -> None:
+    device = torch.device(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def _step_memory_metrics(device: torch.device, step_s: float) -> dict[str, float]:
+def _step_memory_metrics(device: torch.device | str, step_s: float) -> dict[str, float]:
     """``train/step_s`` (seconds of the update's optimizer steps, before checkpoint and publish)
     and ``train/peak_memory_bytes``: on CUDA ``torch.cuda.max_memory_allocated`` during the update
     (what ``spotlight plan`` estimates per trainer GPU, its CUDA reserve aside), on the CPU the
     process's resident-set high-water mark since it started. On CUDA the allocator's cached
     blocks are then given back, so a Rollout Worker sharing the GPU can take its weights back
     while this rank waits for the next update (docs/memory.md)."""
+    device = torch.device(device)
     if device.type == "cuda":
         peak = float(torch.cuda.max_memory_allocated(device))
         torch.cuda.empty_cache()
