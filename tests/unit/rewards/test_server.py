@@ -31,6 +31,7 @@ from spotlight.rewards.server import (
     build_multi_scorer,
     make_server,
     parse_scorer_spec,
+    parse_scorer_specs,
 )
 
 pytestmark = pytest.mark.timeout(120)
@@ -267,6 +268,20 @@ def test_scorer_failure_is_500_naming_the_scorer(bad, fragment):
         assert resp.status_code == 500
         assert "'flaky'" in resp.json()["error"] and fragment in resp.json()["error"]
         assert requests.get(server.url + "health", timeout=10).status_code == 200
+
+
+def test_a_prompt_a_scorer_refuses_is_400_naming_scorer_and_prompt():
+    """A caption the shapes scorer cannot parse is the client's error (400, one line), not a
+    server failure; the server keeps serving."""
+    multi = build_multi_scorer(parse_scorer_specs(["geneval_shapes"]))
+    with running(multi) as server:
+        payload = good_payload(1) | {"prompts": ["a photo of a dragon"]}
+        resp = requests.post(server.url, json=payload, timeout=30)
+        assert resp.status_code == 400, resp.text
+        error = resp.json()["error"]
+        assert "'geneval_shapes'" in error and "a photo of a dragon" in error and "\n" not in error
+        ok = good_payload(1) | {"prompts": ["a photo of a red circle"]}
+        assert requests.post(server.url, json=ok, timeout=30).status_code == 200
 
 
 # ------------------------------------------------------------------------------------------ CLIP
