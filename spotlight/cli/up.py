@@ -425,6 +425,24 @@ def _stop_on_signals() -> dict:
     return received
 
 
+def next_steps(rd: pathlib.Path, cfg) -> str:
+    """The finished run's ``next:`` line (rich markup). It suggests ``spotlight eval`` as is only
+    when eval accepts the run (:func:`spotlight.cli.eval.refusal`); otherwise it says what eval
+    needs (held-out prompts)."""
+    from spotlight.cli.eval import refusal
+
+    status = f"[cyan]spotlight status {rd}[/cyan] shows the run's summary"
+    if refusal(cfg) is None:
+        return (
+            f"next: [cyan]spotlight eval --run-dir {rd}[/cyan] scores the base and the trained model on held-out "
+            f"prompts; {status}"
+        )
+    return (
+        f"next: {status}; [cyan]spotlight eval --run-dir {rd} --prompts FILE[/cyan] scores the base and the "
+        "trained model on your held-out prompts (this config has no eval.prompts_path)"
+    )
+
+
 def _serve_to_the_end(run: UpRun, coord, cluster, received: dict) -> int:
     """Start the Train Workers and the local agents (or say how agents join), serve the run
     and print its done and next lines. Returns the exit status: 0 done, 130 interrupted
@@ -442,10 +460,7 @@ def _serve_to_the_end(run: UpRun, coord, cluster, received: dict) -> int:
             f"[green]done[/green] in {time.monotonic() - t0:.0f}s: metrics {rd / 'metrics.jsonl'}, "
             f"model {rd / 'final'}, curve {rd / 'reward_curve.png'}"
         )
-        console.print(
-            f"next: [cyan]spotlight eval --run-dir {rd}[/cyan] scores the base and the trained model on held-out "
-            f"prompts; [cyan]spotlight status {rd}[/cyan] shows the run's summary"
-        )
+        console.print(next_steps(rd, run.cfg))
         return 0
     except KeyboardInterrupt:
         cluster.interrupt()  # a second Ctrl-C must not cut the clean-up short, but it gets an answer
