@@ -47,6 +47,7 @@ CLI_FLAGS = {
     "explore.max_candidates_per_prompt": "--uncapped-exploration",
     "explore.stream_extra": "--uncapped-exploration",
     "model.pretrained_path": "--pretrained-path",
+    "cluster.min_spot_nodes": "--min-spot-nodes",
 }
 
 
@@ -564,6 +565,12 @@ class ClusterConfig(_Section):
     use_spot: bool = True
     """False (the ``reserved-only`` baseline): ``spotlight up --local`` starts no spot agents
     and the coordinator refuses spot nodes; all rollouts run on the reserved GPUs."""
+    min_spot_nodes: int = 0
+    """Iteration 1 starts only once this many spot nodes (agents) are alive, so training starts
+    with the spot capacity it was planned for; meanwhile the console and ``spotlight status`` say
+    how many have joined. Nodes that leave later do not stop the run (spot capacity comes and
+    goes); a resumed run past iteration 1 does not wait. 0 = start as soon as any node is alive.
+    ``spotlight up --min-spot-nodes N`` sets it."""
     gpu_memory_gib: float | None = None
     """Memory of one GPU (GiB): ``spotlight up`` refuses a config whose trainer or rollout GPUs
     cannot hold it (``spotlight plan`` prints the estimate, docs/planning.md); None = no check."""
@@ -587,6 +594,12 @@ class ClusterConfig(_Section):
             "must be >= 0 (0 = serve every version from disk)",
         )
         _check(self.sp_degree >= 1, "cluster.sp_degree", "must be >= 1")
+        _check(self.min_spot_nodes >= 0, "cluster.min_spot_nodes", "must be >= 0 (0 = do not wait)")
+        _check(
+            self.use_spot or self.min_spot_nodes == 0,
+            "cluster.min_spot_nodes",
+            f"is {self.min_spot_nodes} but cluster.use_spot = false (no spot node may join): set it to 0",
+        )
         gpus = list(self.reserved_rollout_gpus)
         twice = sorted({g for g in gpus if gpus.count(g) > 1})
         _check(not twice, "cluster.reserved_rollout_gpus", f"GPU {', '.join(map(str, twice))} listed twice: {gpus}")

@@ -118,6 +118,10 @@ class UpOptions:
         "With --run-dir: resume it if it already holds a run, else start a new one there "
         "(for supervisors such as systemd)."
     )
+    min_spot_nodes: Optional[int] = _option(
+        "Start iteration 1 only once this many spot agents are alive (overrides the config's "
+        "min_spot_nodes in [cluster]); nodes that leave later do not stop the run."
+    )
 
 
 HELP = {f.name: f.metadata["help"] for f in dataclasses.fields(UpOptions)}
@@ -165,6 +169,7 @@ def register(app: typer.Typer) -> None:
         resume: Optional[pathlib.Path] = typer.Option(None, "--resume", help=HELP["resume"]),
         mode: Optional[str] = typer.Option(None, "--mode", help=HELP["mode"]),
         resume_existing: bool = typer.Option(False, "--resume-existing", help=HELP["resume_existing"]),
+        min_spot_nodes: Optional[int] = typer.Option(None, "--min-spot-nodes", min=0, help=HELP["min_spot_nodes"]),
     ) -> None:
         """:data:`UP_HELP`: the options collected into :class:`UpOptions` for :func:`run_up`."""
         run_up(
@@ -197,6 +202,7 @@ def register(app: typer.Typer) -> None:
                 resume=resume,
                 mode=mode,
                 resume_existing=resume_existing,
+                min_spot_nodes=min_spot_nodes,
             )
         )
 

@@ -72,6 +72,7 @@ from spotlight.core.iteration import (
     StartSaving,
     StartTraining,
     build_iteration_core,
+    spot_nodes_missing,
 )
 from spotlight.core.planner import Action, StepOption, StepTimes, no_fit_message
 from spotlight.core.request_scheduler import RequestKind, RequestScheduler, lost_steps
@@ -181,6 +182,7 @@ class Coordinator:
         self._warned_steps = False
         self.evals = evaluation.Evaluations(self.run_dir, evaluation.cache_dir()) if cfg.eval.every else None
         self.eval_results: list[dict] = []  # this coordinator's finished held-out evaluations
+        self._waiting_said: str | None = None  # the last "waiting for spot nodes" line printed
         self.guard_alerts: list[Alert] = []  # every alert of this coordinator (status shows them)
         self._guard_live: list[Alert] = []  # alerts whose condition still holds (not repeated)
 
@@ -280,6 +282,22 @@ class Coordinator:
             num_spot_gpus=self.instances.num_spot_gpus(),
             step_time_s=self.step_times.t_step_s,
             spot_slots=spot_workers * self.cfg.cluster.worker_batch_size,
+            num_spot_nodes=len(self.instances.live(spot=True)),
+        )
+
+    def waiting_for_spot_nodes(self) -> str | None:
+        """One line while iteration 1 waits for ``cluster.min_spot_nodes`` spot nodes
+        (:func:`~spotlight.core.iteration.spot_nodes_missing`), else None."""
+        want = self.cfg.cluster.min_spot_nodes
+        if self.core.phase is not Phase.STARTING or not want:
+            return None
+        have = len(self.instances.live(spot=True))
+        missing = spot_nodes_missing(self.core.iteration, have, want)
+        if not missing:
+            return None
+        return (
+            f"waiting for spot nodes: {have} of {want} alive (cluster.min_spot_nodes); "
+            f"iteration 1 starts when {missing} more join"
         )
 
     def serve(self, timeout_s: float | None = None, *, on_tick: Callable[[], None] | None = None) -> None:
@@ -305,6 +323,7 @@ class Coordinator:
                 if on_tick is not None:
                     on_tick()
                 last_house = now
+                self._say_waiting(now)
             failed = None if self.error or self.done else self.trainers.failed()
             if failed is not None:
                 self.error = failed.summary  # one line for status.json; the console gets its log's tail too
@@ -324,6 +343,15 @@ class Coordinator:
         from spotlight.util.plots import reward_curve
 
         reward_curve(self.history, self.run_dir / "reward_curve.png")
+
+    def _say_waiting(self, now: float) -> None:
+        """While iteration 1 waits for ``cluster.min_spot_nodes``: a console line (and a fresh
+        status snapshot) each time the count of live spot nodes changes."""
+        line = self.waiting_for_spot_nodes()
+        if line is not None and line != self._waiting_said:
+            self.progress(line)
+            self.write_status(now)
+        self._waiting_said = line
 
     def _serve_until_evaluated(self, timeout_s: float, on_tick: Callable[[], None] | None) -> None:
         """Keep answering agents and trainers (heartbeats, goodbyes) while the last held-out
@@ -632,6 +660,7 @@ def build_core(cfg: SpotlightConfig, sched: RequestScheduler, seed_bank: SeedBan
             reuse_exploration=cfg.explore.reuse_as_rollout and mode == "critical_path",
             stream_extra=cfg.explore.stream_extra,
             max_candidates_per_prompt=cfg.explore.max_candidates_per_prompt,
+            min_spot_nodes=cfg.cluster.min_spot_nodes,
         ),
         sched,
         seed_bank,
