@@ -233,8 +233,9 @@ class DataConfig(_Section):
     strings or of such objects), ``.csv`` / ``.tsv`` with a header row (the ``prompt``, ``text``
     or ``caption`` column, any case; CSV quoting, TSV without quoting as IANA defines it, a
     byte-order mark), anything else one prompt per line; a record's other fields are the
-    prompt's metadata, passed to the reward. Empty = the 553
-    GenEval prompts in ``examples/default/prompts/``. Relative paths: working directory,
+    prompt's metadata, passed to the reward. Empty = the GenEval-style training set
+    ``examples/prompts/geneval/train_metadata.jsonl`` (3,400 records, disjoint from GenEval's 553
+    evaluation prompts). Relative paths: working directory,
     then the repository root. The run directory's ``prompts.json`` records the file, its
     SHA-256 and the number of prompts."""
     prompt_column: str = ""

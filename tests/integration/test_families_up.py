@@ -68,14 +68,21 @@ def _config(family: str, mode: str, ckpt: pathlib.Path) -> dict:
     changes = {
         "model": model,
         "sampler": {"num_steps": 4, "sde_window_size": 2, "sde_window_range": [0, 3], "noise_level": 1.2},
-        "data": {"prompts_per_iteration": 3, "group_size": 2, "num_control_prompts": 1},
+        # the default training set's 160 counting prompts (fewer to encode than all 3,400)
+        "data": {
+            "prompts_per_iteration": 3,
+            "group_size": 2,
+            "num_control_prompts": 1,
+            "category_column": "tag",
+            "categories": ["counting"],
+        },
         "explore": {"planner": "fixed", "num_candidates": 4},
         "train": train,
         "cluster": {"worker_batch_size": 4},
         # held-out evaluation during training (docs/evaluation.md) on a 2-prompt panel
         "eval": {"every": 1, "prompts_path": "examples/default/prompts/evaluation_metadata.jsonl", "num_prompts": 2},
     }
-    # every key written out (the built-in defaults: JPEG reward, GenEval prompts, the tiny
+    # every key written out (the built-in defaults: JPEG reward, GenEval-style training prompts, the tiny
     # architecture the checkpoint above was built with), so the embedded default's shapes
     # task never merges in
     from spotlight.config import SpotlightConfig, config_to_dict
