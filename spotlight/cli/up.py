@@ -281,10 +281,12 @@ def encode_prompts(run: UpRun) -> tuple:
         torch.set_num_threads(max(1, cfg.cluster.torch_threads))
         importlib.import_module("spotlight.coordinator.coordinator")  # it imports torch: under the spinner
         from spotlight.models.families import ModelLoadError, cached_conditioning, get_family
+        from spotlight.models.families.base import quiet_text_encoders
         from spotlight.util.disk import DiskSpaceError
 
         try:
-            token_counts = get_family(cfg.model).prompt_token_counts(run.prompts)
+            with quiet_text_encoders():  # the counts below say what was cut, once
+                token_counts = get_family(cfg.model).prompt_token_counts(run.prompts)
             check_encodings(run, get_family(cfg.model), token_counts)
             cond = cached_conditioning(get_family(cfg.model), run.prompts, _cache_dir())
         except DiskSpaceError as exc:

@@ -376,3 +376,35 @@ def test_denoise_and_decode_match_pipeline(which, sd3, flux, sd3_dir, flux_dir):
     assert img.shape == (len(PROMPTS), 3, SIZE, SIZE) and img.dtype == torch.uint8 and img.device.type == "cpu"
     ref_img = pipe(latents=x0.clone(), output_type="pt", **kw).images  # [B, 3, H, W] in [0, 1]
     assert (img.float() - ref_img * 255).abs().max() <= 1.0
+
+
+def test_encoding_long_prompts_does_not_flood_the_console(sd3_dir, tmp_path):
+    """CLIP's window is 77 tokens: diffusers warned once per batch with the cut text and its pad
+    tokens (12 MB of console in a minute for the PickScore prompts); encoding through the cache
+    keeps the libraries' warnings down, and their loggers' levels are restored afterwards."""
+    import logging
+
+    from spotlight.models.families import cached_conditioning
+
+    class Records(logging.Handler):
+        def __init__(self):
+            super().__init__(logging.DEBUG)
+            self.messages = []
+
+        def emit(self, record):
+            self.messages.append(record.getMessage())
+
+    seen = Records()
+    loggers = [logging.getLogger(name) for name in ("diffusers", "transformers")]
+    for lg in loggers:
+        lg.addHandler(seen)
+    before = [lg.level for lg in loggers]
+    try:
+        fam = get_family(_cfg("sd3", sd3_dir))
+        long = ["a very long prompt " + " ".join(f"word{i}" for i in range(150))] * 3
+        cached_conditioning(fam, long, tmp_path)
+    finally:
+        for lg in loggers:
+            lg.removeHandler(seen)
+    assert not [m for m in seen.messages if "truncated" in m], seen.messages[:1]
+    assert [lg.level for lg in loggers] == before
