@@ -679,7 +679,8 @@ class EvalConfig(_Section):
     every ``every`` iterations the newest weight version samples a fixed panel (the first
     ``num_prompts`` prompts of ``prompts_path`` × ``num_seeds`` fixed seeds, ODE sampling) in a
     separate process on the reserved side while training goes on; scores land in ``eval.jsonl``,
-    as ``eval/*`` in the next ``metrics.jsonl`` row and TensorBoard, with a grid per evaluation
+    as ``eval/*`` in the next ``metrics.jsonl`` row (the last row: the final weights' evaluation,
+    waited for) and TensorBoard, with a grid per evaluation
     (``eval/iter_NNNN.png``, comparable across iterations), and the best version is kept in
     ``best/`` beside ``final/``."""
 

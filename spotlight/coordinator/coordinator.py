@@ -309,6 +309,7 @@ class Coordinator:
             RuntimeError: a train worker died (the message: one line, then the last lines of its
                 log), reward scoring gave up, or the timeout passed.
         """
+        self._on_tick = on_tick
         t_start = last_house = time.monotonic()
         while not self.done:
             self.control.serve_once(50)
@@ -353,11 +354,13 @@ class Coordinator:
             self.write_status(now)
         self._waiting_said = line
 
-    def _serve_until_evaluated(self, timeout_s: float, on_tick: Callable[[], None] | None) -> None:
-        """Keep answering agents and trainers (heartbeats, goodbyes) while the last held-out
-        evaluations finish, up to ``timeout_s``; then stop any still running."""
+    def _serve_until_evaluated(self, timeout_s: float, on_tick: Callable[[], None] | None) -> dict:
+        """Keep answering agents and trainers (heartbeats, goodbyes) while the queued held-out
+        evaluations finish, up to ``timeout_s``; then stop any still running. Returns the newest
+        finished evaluation's ``eval/*`` (:meth:`_poll_evals`; {} when none finished)."""
         deadline = last_house = time.monotonic()
         deadline += timeout_s
+        newest: dict = {}
         while self.evals.busy and time.monotonic() < deadline:
             self.control.serve_once(200)
             now = time.monotonic()
@@ -366,10 +369,11 @@ class Coordinator:
                 if on_tick is not None:
                     on_tick()
                 last_house = now
-            self._poll_evals()
+            newest = self._poll_evals() or newest
         if self.evals.busy:
             log.warning("held-out evaluation did not finish within %.0f s; stopped", timeout_s)
             self.evals.close()
+        return newest
 
     def step(self, now: float) -> None:
         """Advance the iteration core; this shell carries its decisions out."""
@@ -425,11 +429,18 @@ class Coordinator:
         row |= self.trainers.metrics()
         row |= image_stats([s.image.numpy() for s in self.samples.values() if s.iteration == n and s.in_rollout])
         row |= self._poll_evals()
+        total = self.cfg.run.iterations
+        if self.evals is not None and n == total - 1:
+            # the last iteration's row carries the last evaluation (of the final weights): it is
+            # requested now and joined, so every run that evaluates ends with eval/* in metrics.jsonl
+            self._request_evals(n, total)
+            if self.evals.busy:
+                self.progress("waiting for the last held-out evaluation…")
+                row |= self._serve_until_evaluated(self.cfg.eval.timeout_s, getattr(self, "_on_tick", None))
         parked, self._parked_at_row = self.control.requests_parked - self._parked_at_row, self.control.requests_parked
         row["requests/parked"] = parked
         self.history.append(row)
         self.recorder.append_metrics(row)
-        total = self.cfg.run.iterations
         self.progress(format_progress(row, total))
         self._guard(now)
         self.events.append(
@@ -445,13 +456,19 @@ class Coordinator:
         for rid, s in list(self.samples.items()):  # trained on; explored for the next batch
             if s.iteration <= n or (s.kind == RequestKind.EXPLORE and s.iteration == n + 1):
                 del self.samples[rid]
-        if self.evals is not None:
-            if n == 0:
-                self.evals.request(-1, 0)  # the base model, for comparison (skipped when its result exists)
-            if evaluation.due(n, self.cfg.eval.every, total):
-                self.evals.request(n, self.store.latest_version)
+        if self.evals is not None and n != total - 1:  # the last iteration's were joined above
+            self._request_evals(n, total)
         resume.write_run_checkpoint(self, n)
         self.write_status(now)
+
+    def _request_evals(self, n: int, total: int) -> None:
+        """Queue the held-out evaluations iteration ``n`` (0-based) makes due: the base model after
+        iteration 1, the version ``n`` trained when :func:`~spotlight.coordinator.evaluation.due`
+        (a request already queued or done is skipped)."""
+        if n == 0:
+            self.evals.request(-1, 0)  # the base model, for comparison (skipped when its result exists)
+        if evaluation.due(n, self.cfg.eval.every, total):
+            self.evals.request(n, self.store.latest_version)
 
     def _poll_evals(self, results: list[dict] | None = None) -> dict:
         """Record finished held-out evaluations (``eval.jsonl``, TensorBoard at their own

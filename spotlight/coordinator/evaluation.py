@@ -63,8 +63,12 @@ class Evaluations:
 
     def request(self, iteration: int, version: int) -> None:
         """Evaluate ``version`` as the result of 0-based ``iteration`` (-1: the base model),
-        unless its result is already written (a resumed run)."""
-        if result_path(self.run_dir, iteration).is_file() or (iteration, version) in self.queue:
+        unless its result is already written (a resumed run) or it is queued or running."""
+        if (
+            result_path(self.run_dir, iteration).is_file()
+            or (iteration, version) in self.queue
+            or self.running == (iteration, version)
+        ):
             return
         self.queue.append((iteration, version))
         self._start_next()

@@ -199,11 +199,13 @@ def test_held_out_evaluation_during_training_for_every_family(root, family, mode
     assert [(e["iteration"], e["version"]) for e in evals] == [(-1, 0), (0, 1), (1, 2)]
     assert all(e["eval/num_images"] == 4 and e["eval/score"] < 0 for e in evals)  # JPEG reward: -kB
     assert all((rd / "eval" / f"iter_{i:04d}.png").is_file() for i in range(3))
+    last_row = _rows(rd)[-1]  # the final weights' evaluation is joined before the last row
+    assert last_row["eval/iteration"] == 2 and last_row["eval/score"] == evals[-1]["eval/score"]
     layout = "pytorch_lora_weights.safetensors" if mode == "lora" else "config.json"
     assert (rd / "best" / layout).is_file()
 
 
-@pytest.mark.parametrize("family,mode", [("qwen-image", "lora"), ("flux", "lora")])
+@pytest.mark.parametrize("family,mode", [("qwen-image", "lora"), ("sd3", "lora"), ("flux", "lora")])
 def test_spotlight_eval_scores_any_family(root, family, mode):
     rd = _run(family, mode, root)
     proc = subprocess.run(
