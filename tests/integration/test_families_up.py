@@ -227,3 +227,26 @@ def test_lora_versions_are_smaller_than_full_versions(root, family):
     lora = _rows(_run(family, "lora", root))[0]["weights/version_bytes"]
     full = _rows(_run(family, "full", root))[0]["weights/version_bytes"]
     assert 0 < lora < full
+
+
+def test_fig09_reads_any_familys_held_out_evaluation(root, tmp_path):
+    """benchmarks/fig09_heldout_score.py plots a Qwen-Image run from its eval.jsonl (nothing
+    recomputed), and scores its published versions post hoc with the Eval Worker's code."""
+    rd = _run("qwen-image", "lora", root)
+    script = [sys.executable, str(REPO / "benchmarks" / "fig09_heldout_score.py"), "--run-dir", str(rd)]
+    proc = subprocess.run([*script, "--out", str(tmp_path / "a.png")], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    data = json.loads((tmp_path / "a.json").read_text())
+    evals = {
+        json.loads(line)["version"]: json.loads(line)["eval/score"]
+        for line in (rd / "eval.jsonl").read_text().splitlines()
+    }
+    (rows,) = data["results"].values()
+    assert {r["version"]: r["score"] for r in rows} == evals and "eval.jsonl" in next(iter(data["sources"].values()))
+    post_hoc = ["--source", "versions", "--every", "2", "--eval-prompts", "2", "--eval-seeds", "2"]
+    post_hoc += ["--cache", str(tmp_path / "cache.json"), "--out", str(tmp_path / "b.png")]
+    proc = subprocess.run([*script, *post_hoc], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    (rows,) = json.loads((tmp_path / "b.json").read_text())["results"].values()
+    assert [r["version"] for r in rows] == [0, 2]
+    assert rows[0]["score"] == pytest.approx(evals[0], rel=1e-4)  # the same panel, seeds and code as during training
