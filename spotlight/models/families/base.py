@@ -345,15 +345,20 @@ def quiet_text_encoders():
     says how many prompts were cut, once (:func:`spotlight.tasks.prompts.truncation_report`)."""
     import logging
 
-    loggers = [logging.getLogger(name) for name in ("transformers", "diffusers")]
-    before = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.ERROR)
+    import diffusers.utils.logging as diffusers_logging
+    import transformers.utils.logging as transformers_logging
+
+    # each library's own setter: it configures the library's root logger first (a first use inside
+    # the block would otherwise reset a level set here to the library's default)
+    libraries = (diffusers_logging, transformers_logging)
+    before = [lib.get_verbosity() for lib in libraries]
+    for lib in libraries:
+        lib.set_verbosity(logging.ERROR)
     try:
         yield
     finally:
-        for lg, level in zip(loggers, before):
-            lg.setLevel(level)
+        for lib, level in zip(libraries, before):
+            lib.set_verbosity(level)
 
 
 def cached_conditioning(family: ModelFamily, prompts: list[str], cache_dir: pathlib.Path) -> Conditioning:
