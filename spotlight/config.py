@@ -717,9 +717,15 @@ class GuardConfig(_Section):
     the held-out score falls below its best while the training reward rises."""
 
     enabled: bool = True
-    action: Literal["warn", "stop"] = "warn"
+    action: Literal["warn", "stop", "rollback"] = "warn"
     """``warn``: console, event log and ``spotlight status``; ``stop``: also stop the run (resumable
-    from the last checkpoint with ``--resume-existing``)."""
+    from the last checkpoint with ``--resume-existing``); ``rollback``: also roll the trainer back to
+    the best held-out version (``best/``; needs ``eval.every``) and multiply its learning rate by
+    ``rollback_lr_factor`` (docs/collapse-guard.md), at most ``max_rollbacks`` times, then stop."""
+    rollback_lr_factor: float = 0.5
+    """``rollback``: the learning rate is multiplied by this (0 < factor <= 1) at each rollback."""
+    max_rollbacks: int = 3
+    """``rollback``: rollbacks in one run; the alert after the last one stops the run."""
     baseline_iterations: int = 1
     """Iterations whose image statistics are the baseline (1: iteration 1's rollouts, sampled by
     the base model's weights v0; a later iteration's samples already come from trained weights)."""
@@ -732,11 +738,17 @@ class GuardConfig(_Section):
     saturation_ratio: float = 2.0
     kl_max: float = 0.5
     clipfrac_max: float = 0.5
+    color_entropy_change: float = 1.0
+    """``image/color_entropy`` (bits, of the 4×4×4 colour histogram) allowed away from the baseline,
+    either way: up when noise adds colours, down when the images collapse to few."""
 
     def __post_init__(self) -> None:
         _check(self.baseline_iterations >= 1, "guard.baseline_iterations", "must be >= 1")
+        f = self.rollback_lr_factor
+        _check(math.isfinite(f) and 0 < f <= 1, "guard.rollback_lr_factor", "must be a number in (0, 1]")
+        _check(self.max_rollbacks >= 1, "guard.max_rollbacks", "must be >= 1")
         _check(self.patience >= 1, "guard.patience", "must be >= 1")
-        for name in ("heldout_drop", "speckle_rise", "kl_max", "clipfrac_max"):
+        for name in ("heldout_drop", "speckle_rise", "kl_max", "clipfrac_max", "color_entropy_change"):
             v = getattr(self, name)
             _check(math.isfinite(v) and v > 0, f"guard.{name}", "must be a finite number > 0")
         for name in ("hf_energy_ratio", "saturation_ratio"):
@@ -807,6 +819,18 @@ class SpotlightConfig(_Section):
             "required with eval.every > 0 (the held-out prompts; only the shapes task has a default): "
             "set it, or eval.every = 0",
         )
+        if self.guard.enabled and self.guard.action == "rollback":
+            _check(
+                self.eval.every > 0,
+                "guard.action",
+                '"rollback" rolls back to the best held-out version: it needs eval.every > 0',
+            )
+            _check(
+                self.eval.every % self.run.checkpoint_every == 0,
+                "guard.action",
+                f'"rollback" needs a trainer checkpoint of every evaluated version: eval.every = {self.eval.every} '
+                f"must be a multiple of run.checkpoint_every = {self.run.checkpoint_every}",
+            )
         self._check_family_features()
 
     def _check_family_features(self) -> None:

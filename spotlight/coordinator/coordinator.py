@@ -185,6 +185,8 @@ class Coordinator:
         self._waiting_said: str | None = None  # the last "waiting for spot nodes" line printed
         self.guard_alerts: list[Alert] = []  # every alert of this coordinator (status shows them)
         self._guard_live: list[Alert] = []  # alerts whose condition still holds (not repeated)
+        self._rollback: tuple[int, Alert] | None = None  # a planned rollback: (target version, its alert)
+        self.rollbacks_done = 0  # this coordinator's collapse-guard rollbacks
 
     def start(self) -> Coordinator:
         """Write the run's config and keys, bind the sockets, open the run's files, restore a
@@ -414,7 +416,10 @@ class Coordinator:
                 batches.num_micro_batches,
             )
         self._train_stats = batches.metrics()
-        self.trainers.train(n, batches)
+        rollback_version, lr_scale = self._rollback_for_update(n)
+        self.trainers.train(
+            n, batches, rollback_version=rollback_version, lr_scale=lr_scale, keep_versions=self._kept_train_versions()
+        )
         if self.cfg.run.save_rollouts:
             recorder.save_rollouts(self.run_dir, n, samples)
         log_plan(self.core.plan_logs.get(n + 1), n + 1, stream_extra=self.cfg.explore.stream_extra)
@@ -507,6 +512,58 @@ class Coordinator:
             self.events.append(now, "guard", "", f"{a.kind}: {a.message}"[:300])
             if g.action == "stop":
                 self.error = self.error or f"collapse guard stopped the run at iteration {a.iteration + 1}: {a.message}"
+            elif g.action == "rollback":
+                self._plan_rollback(a, now)
+
+    def _plan_rollback(self, a: Alert, now: float) -> None:
+        """``guard.action = "rollback"``: the next update is replaced by a rollback to the best
+        held-out version (``best/``: the highest ``eval/score`` so far; the base model v0 before any
+        evaluation finished) with the learning rate times ``guard.rollback_lr_factor``
+        (docs/collapse-guard.md). One at a time; after ``guard.max_rollbacks`` the run stops."""
+        g = self.cfg.guard
+        if self._rollback is not None:
+            return
+        if self.rollbacks_done >= g.max_rollbacks:
+            self.error = self.error or (
+                f"collapse guard stopped the run at iteration {a.iteration + 1} after {self.rollbacks_done} "
+                f"rollbacks (guard.max_rollbacks): {a.message}"
+            )
+            return
+        best = evaluation.best_evaluation(evaluation.read_results(self.run_dir))
+        target = int(best["version"]) if best is not None else 0
+        self._rollback = (target, a)
+        where = f"v{target} (held-out {best['eval/score']:.3f})" if best is not None else "v0 (the base model)"
+        self.events.append(now, "guard", "", f"rollback to {where} planned: {a.kind}"[:300])
+
+    def _rollback_for_update(self, n: int) -> tuple[int, float]:
+        """``(rollback_version, lr_scale)`` of iteration ``n``'s update: a planned rollback's, else (-1, 1)."""
+        if self._rollback is None:
+            return -1, 1.0
+        (target, alert), self._rollback = self._rollback, None
+        self.rollbacks_done += 1
+        factor = self.cfg.guard.rollback_lr_factor
+        latest = self.store.latest_version
+        if target >= latest:  # the weights in use are the best evaluated: only the learning rate drops
+            self.progress(
+                f"collapse guard ({alert.kind}): v{latest} is the best held-out version; learning rate × {factor:g}"
+            )
+            return -1, factor
+        self.progress(
+            f"collapse guard ({alert.kind}): iteration {n + 1} rolls back to v{target} (the best held-out "
+            f"version) instead of training, learning rate × {factor:g} (rollback {self.rollbacks_done} of "
+            f"{self.cfg.guard.max_rollbacks})"
+        )
+        return target, factor
+
+    def _kept_train_versions(self) -> tuple[int, ...]:
+        """Trainer checkpoints a rollback may need (``guard.action = "rollback"``): the best held-out
+        version's and those of versions still being evaluated; () otherwise."""
+        g = self.cfg.guard
+        if not (g.enabled and g.action == "rollback") or self.evals is None:
+            return ()
+        best = evaluation.best_evaluation(evaluation.read_results(self.run_dir))
+        keep = set(self.evals.pending_versions) | ({int(best["version"])} if best is not None else {0})
+        return tuple(sorted(keep))
 
     # ------------------------------------------------------------ status & shutdown
     def needed_versions(self) -> set[int]:
