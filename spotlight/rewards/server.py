@@ -117,6 +117,16 @@ SCORER_NAMES = (
     "geneval_partial",
     "aesthetic",
 )
+NOT_BUILT_IN = {
+    "imagereward": "its package (image-reward 1.5) pins timm 0.6.13 and fairscale 0.4.13, imports its "
+    "training code (datasets, accelerate) and loads BLIP's tokenizer by hub id (bert-base-uncased) at "
+    "construction",
+    "hpsv2": "its package pins pytest 7.2.0 and protobuf<4 as run-time dependencies, and the OpenCLIP "
+    "model it runs imports torchvision, whose registry wheels are CUDA builds that do not load against "
+    "the CPU torch wheel this project is tested on",
+}
+"""Flow-GRPO rewards that are not built in, and why (README "Reward server"): serve them behind
+the protocol, or, for HPSv2 in ``transformers``' CLIPModel format, with ``--scorer clip``."""
 _DRAIN_MAX_BYTES = 64 * 1024 * 1024
 _DRAIN_MAX_S = 2.0
 
@@ -332,6 +342,11 @@ def parse_scorer_spec(spec: str) -> tuple[str, float]:
     if not sep:
         name, weight_text = weight_text, "1.0"
     name = name.strip().lower()
+    if name in NOT_BUILT_IN:
+        raise SpotlightError(
+            f"scorer {name!r} is not built in: {NOT_BUILT_IN[name]}. Serve it behind the reward protocol "
+            "(README 'Reward server') and point reward.url at it; built in: " + ", ".join(SCORER_NAMES)
+        )
     if name not in SCORER_NAMES:
         raise SpotlightError(f"unknown scorer {name!r} in --scorer {spec!r}; known: {', '.join(SCORER_NAMES)}")
     try:

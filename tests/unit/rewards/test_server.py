@@ -356,7 +356,9 @@ def test_parse_scorer_spec():
 @pytest.mark.parametrize(
     "args, fragment",
     [
-        (["--scorer", "imagereward"], "unknown scorer 'imagereward'"),
+        (["--scorer", "imagereward"], "scorer 'imagereward' is not built in: its package (image-reward 1.5) pins"),
+        (["--scorer", "hpsv2:0.5"], "scorer 'hpsv2' is not built in"),
+        (["--scorer", "dreamsim"], "unknown scorer 'dreamsim'"),
         (["--scorer", "aesthetic"], "needs --aesthetic-head"),
         (["--scorer", "clip:heavy"], "bad weight 'heavy'"),
         (["--scorer", "jpeg_compressibility:nan"], "must be finite"),
