@@ -155,6 +155,12 @@ def register(app: typer.Typer) -> None:
         out: Optional[pathlib.Path] = typer.Option(
             None, "--out", "-o", metavar="FILE", help="Write here, not to stdout."
         ),
+        try_out: bool = typer.Option(
+            False,
+            "--try-out",
+            help="Sizes for a tiny random-weight checkpoint on CPU (README 'No weights at hand?'): "
+            "32-pixel images, 4 prompts x 4 samples per iteration, one Train Worker.",
+        ),
     ) -> None:
         """Print an annotated run config: every field with its value, default and documentation.
 
@@ -174,8 +180,9 @@ def register(app: typer.Typer) -> None:
             train_gpus=train_gpus,
             rollout_gpus=_gpu_list(reserved_rollout_gpus),
             sp_degree=sp_degree,
+            try_out=try_out,
         )
-        cluster = is_cluster_layout(
+        cluster = not try_out and is_cluster_layout(
             family, train_gpus, reserved_rollout_gpus, sp_degree, spot_nodes=spot_nodes, gpus_per_node=gpus_per_node
         )
         spot_nodes = 2 if spot_nodes is None else spot_nodes
@@ -189,6 +196,17 @@ def register(app: typer.Typer) -> None:
             return
         _write(out, text, cluster=cluster)
 
+
+TRY_OUT = {
+    "model.image_size": 32,
+    "data.prompts_per_iteration": 4,
+    "data.group_size": 4,
+    "train.num_train_workers": 1,
+    "cluster.reserved_rollout_gpus": [0],
+}
+"""``spotlight init --try-out``: what a tiny random-weight checkpoint (``make_random_checkpoint``,
+32 pixels) needs to finish two iterations in minutes on a CPU, not the family's Flow-GRPO batch
+of 48 prompts × 24 samples on 4 Train Workers (about 20 min per iteration on 2 loaded cores)."""
 
 CPU_FAMILIES = frozenset({"shapes", "jpeg-toy"})
 """``--family`` choices that run as shipped on this machine's CPU (``spotlight up --local``)."""
@@ -228,8 +246,10 @@ def _layout_config(
     train_gpus: Optional[int],
     rollout_gpus: Optional[list[int]],
     sp_degree: Optional[int],
+    try_out: bool = False,
 ) -> SpotlightConfig:
-    """The config of ``example`` with the layout flags applied (each None: as the example has it).
+    """The config of ``example`` with the layout flags applied (each None: as the example has it),
+    and with ``try_out`` the :data:`TRY_OUT` sizes on top.
 
     Raises:
         typer.Exit: 2 with one line: the result is not a valid config (a value a flag set is
@@ -245,6 +265,11 @@ def _layout_config(
             data["train"]["num_train_workers"] = train_gpus
         if rollout_gpus is not None:
             data["cluster"]["reserved_rollout_gpus"] = rollout_gpus
+        if try_out:
+            for key, value in TRY_OUT.items():
+                section, name = key.split(".")
+                data[section][name] = value
+            data["data"]["num_control_prompts"] = min(data["data"]["num_control_prompts"], 1)
         if sp_degree is not None:
             data["cluster"]["sp_degree"] = sp_degree
         given = {
