@@ -685,7 +685,7 @@ def run_config(ckpt: pathlib.Path, prompts: pathlib.Path, sz: Sizes):
 
 
 def write_prompts(path: pathlib.Path, n: int = 32) -> None:
-    src = REPO / "examples" / "default" / "prompts" / "evaluation_metadata.jsonl"
+    src = REPO / "examples" / "prompts" / "geneval" / "train_metadata.jsonl"  # a training set
     lines = src.read_text().splitlines()[:n]
     path.write_text("\n".join(json.loads(line)["prompt"] for line in lines if line.strip()) + "\n")
 

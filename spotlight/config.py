@@ -47,6 +47,7 @@ CLI_FLAGS = {
     "explore.max_candidates_per_prompt": "--uncapped-exploration",
     "explore.stream_extra": "--uncapped-exploration",
     "model.pretrained_path": "--pretrained-path",
+    "cluster.min_spot_nodes": "--min-spot-nodes",
 }
 
 
@@ -232,8 +233,9 @@ class DataConfig(_Section):
     strings or of such objects), ``.csv`` / ``.tsv`` with a header row (the ``prompt``, ``text``
     or ``caption`` column, any case; CSV quoting, TSV without quoting as IANA defines it, a
     byte-order mark), anything else one prompt per line; a record's other fields are the
-    prompt's metadata, passed to the reward. Empty = the 553
-    GenEval prompts in ``examples/default/prompts/``. Relative paths: working directory,
+    prompt's metadata, passed to the reward. Empty = the GenEval-style training set
+    ``examples/prompts/geneval/train_metadata.jsonl`` (3,400 records, disjoint from GenEval's 553
+    evaluation prompts). Relative paths: working directory,
     then the repository root. The run directory's ``prompts.json`` records the file, its
     SHA-256 and the number of prompts."""
     prompt_column: str = ""
@@ -575,6 +577,12 @@ class ClusterConfig(_Section):
     use_spot: bool = True
     """False (the ``reserved-only`` baseline): ``spotlight up --local`` starts no spot agents
     and the coordinator refuses spot nodes; all rollouts run on the reserved GPUs."""
+    min_spot_nodes: int = 0
+    """Iteration 1 starts only once this many spot nodes (agents) are alive, so training starts
+    with the spot capacity it was planned for; meanwhile the console and ``spotlight status`` say
+    how many have joined. Nodes that leave later do not stop the run (spot capacity comes and
+    goes); a resumed run past iteration 1 does not wait. 0 = start as soon as any node is alive.
+    ``spotlight up --min-spot-nodes N`` sets it."""
     gpu_memory_gib: float | None = None
     """Memory of one GPU (GiB): ``spotlight up`` refuses a config whose trainer or rollout GPUs
     cannot hold it (``spotlight plan`` prints the estimate, docs/planning.md); None = no check."""
@@ -598,6 +606,12 @@ class ClusterConfig(_Section):
             "must be >= 0 (0 = serve every version from disk)",
         )
         _check(self.sp_degree >= 1, "cluster.sp_degree", "must be >= 1")
+        _check(self.min_spot_nodes >= 0, "cluster.min_spot_nodes", "must be >= 0 (0 = do not wait)")
+        _check(
+            self.use_spot or self.min_spot_nodes == 0,
+            "cluster.min_spot_nodes",
+            f"is {self.min_spot_nodes} but cluster.use_spot = false (no spot node may join): set it to 0",
+        )
         gpus = list(self.reserved_rollout_gpus)
         twice = sorted({g for g in gpus if gpus.count(g) > 1})
         _check(not twice, "cluster.reserved_rollout_gpus", f"GPU {', '.join(map(str, twice))} listed twice: {gpus}")
@@ -676,7 +690,8 @@ class EvalConfig(_Section):
     every ``every`` iterations the newest weight version samples a fixed panel (the first
     ``num_prompts`` prompts of ``prompts_path`` × ``num_seeds`` fixed seeds, ODE sampling) in a
     separate process on the reserved side while training goes on; scores land in ``eval.jsonl``,
-    as ``eval/*`` in the next ``metrics.jsonl`` row and TensorBoard, with a grid per evaluation
+    as ``eval/*`` in the next ``metrics.jsonl`` row (the last row: the final weights' evaluation,
+    waited for) and TensorBoard, with a grid per evaluation
     (``eval/iter_NNNN.png``, comparable across iterations), and the best version is kept in
     ``best/`` beside ``final/``."""
 
@@ -713,9 +728,15 @@ class GuardConfig(_Section):
     the held-out score falls below its best while the training reward rises."""
 
     enabled: bool = True
-    action: Literal["warn", "stop"] = "warn"
+    action: Literal["warn", "stop", "rollback"] = "warn"
     """``warn``: console, event log and ``spotlight status``; ``stop``: also stop the run (resumable
-    from the last checkpoint with ``--resume-existing``)."""
+    from the last checkpoint with ``--resume-existing``); ``rollback``: also roll the trainer back to
+    the best held-out version (``best/``; needs ``eval.every``) and multiply its learning rate by
+    ``rollback_lr_factor`` (docs/collapse-guard.md), at most ``max_rollbacks`` times, then stop."""
+    rollback_lr_factor: float = 0.5
+    """``rollback``: the learning rate is multiplied by this (0 < factor <= 1) at each rollback."""
+    max_rollbacks: int = 3
+    """``rollback``: rollbacks in one run; the alert after the last one stops the run."""
     baseline_iterations: int = 1
     """Iterations whose image statistics are the baseline (1: iteration 1's rollouts, sampled by
     the base model's weights v0; a later iteration's samples already come from trained weights)."""
@@ -728,11 +749,17 @@ class GuardConfig(_Section):
     saturation_ratio: float = 2.0
     kl_max: float = 0.5
     clipfrac_max: float = 0.5
+    color_entropy_change: float = 1.0
+    """``image/color_entropy`` (bits, of the 4×4×4 colour histogram) allowed away from the baseline,
+    either way: up when noise adds colours, down when the images collapse to few."""
 
     def __post_init__(self) -> None:
         _check(self.baseline_iterations >= 1, "guard.baseline_iterations", "must be >= 1")
+        f = self.rollback_lr_factor
+        _check(math.isfinite(f) and 0 < f <= 1, "guard.rollback_lr_factor", "must be a number in (0, 1]")
+        _check(self.max_rollbacks >= 1, "guard.max_rollbacks", "must be >= 1")
         _check(self.patience >= 1, "guard.patience", "must be >= 1")
-        for name in ("heldout_drop", "speckle_rise", "kl_max", "clipfrac_max"):
+        for name in ("heldout_drop", "speckle_rise", "kl_max", "clipfrac_max", "color_entropy_change"):
             v = getattr(self, name)
             _check(math.isfinite(v) and v > 0, f"guard.{name}", "must be a finite number > 0")
         for name in ("hf_energy_ratio", "saturation_ratio"):
@@ -803,6 +830,18 @@ class SpotlightConfig(_Section):
             "required with eval.every > 0 (the held-out prompts; only the shapes task has a default): "
             "set it, or eval.every = 0",
         )
+        if self.guard.enabled and self.guard.action == "rollback":
+            _check(
+                self.eval.every > 0,
+                "guard.action",
+                '"rollback" rolls back to the best held-out version: it needs eval.every > 0',
+            )
+            _check(
+                self.eval.every % self.run.checkpoint_every == 0,
+                "guard.action",
+                f'"rollback" needs a trainer checkpoint of every evaluated version: eval.every = {self.eval.every} '
+                f"must be a multiple of run.checkpoint_every = {self.run.checkpoint_every}",
+            )
         self._check_family_features()
 
     def _check_family_features(self) -> None:

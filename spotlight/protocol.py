@@ -507,6 +507,15 @@ class TrainBatch(_Msg, kw_only=True):
     tensors: list[TensorMeta] = []
     checkpoint: bool = True
     """Save the trainer checkpoint of the new version (``run.checkpoint_every``)."""
+    rollback_version: Annotated[int, Meta(ge=-1, lt=1 << 62)] = -1
+    """>= 0: the collapse guard's rollback (docs/collapse-guard.md): instead of training on this
+    batch, load the trainer checkpoint of that version (the best held-out one) and publish it as
+    the new version; -1: train as usual."""
+    lr_scale: Annotated[float, Meta(gt=0.0, le=1.0)] = 1.0
+    """Multiply the learning rate by this before the step (a rollback lowers it)."""
+    keep_versions: Annotated[list[Annotated[int, Meta(ge=0, lt=1 << 62)]], Meta(max_length=64)] = []
+    """Versions whose trainer checkpoints must survive pruning (the best held-out version and those
+    still being evaluated: what a rollback may need)."""
 
 
 class TrainDone(_Msg, kw_only=True):

@@ -71,14 +71,37 @@ def register(app: typer.Typer) -> None:
         _write_report(results, out_dir, num_prompts=len(specs), num_seeds=num_seeds, weights=weights)
         n_img = len(specs) * num_seeds
         per_kind = next(iter(results.values())).per_task_prompts
-        # overall = mean over K kinds of a mean of n_k verdicts (each of variance <= 1/4):
-        # its standard error is at most sqrt(sum_k 1/(4 n_k)) / K
-        se = (sum(0.25 / (n * num_seeds) for n in per_kind.values()) ** 0.5) / max(1, len(per_kind))
+        se = overall_standard_error(per_kind, num_seeds)
         console.print(
             f"{n_img} images per model: the overall score's standard error is up to ±{se:.3f} (a mean over "
             f"{len(per_kind)} task kinds, some with few prompts; more seeds narrow it)"
         )
         console.print(f"wrote {out_dir / 'eval.json'} and {out_dir / 'eval_grid.png'}")
+
+
+def overall_standard_error(prompts_per_kind: dict[str, int], num_seeds: int) -> float:
+    """Upper bound of the standard error of the overall score, a mean over K task kinds of the mean
+    of kind k's ``n_k · num_seeds`` strict verdicts (each a 0/1 of variance <= 1/4):
+    ``sqrt(Σ_k 1/(4 n_k s)) / K``. A kind with one prompt dominates it, which the standard error of
+    one mean over all images (``0.5 / sqrt(N)``) hides."""
+    if not prompts_per_kind:
+        return 0.0
+    var = sum(0.25 / (max(1, n) * max(1, num_seeds)) for n in prompts_per_kind.values())
+    return var**0.5 / len(prompts_per_kind)
+
+
+def refusal(cfg, prompts: Optional[pathlib.Path] = None) -> Optional[str]:
+    """Why ``spotlight eval`` refuses a run of ``cfg`` (None: it accepts it). Pure: the shapes task
+    has its own test prompts; any other task needs held-out prompts (``--prompts`` or
+    ``eval.prompts_path``). ``spotlight up`` asks this before it suggests ``spotlight eval``."""
+    if cfg.reward.kind == "geneval_shapes" and cfg.model.family == "tiny":
+        return None
+    if prompts is None and not cfg.eval.prompts_path:
+        return (
+            "this config is not the shapes task: give its held-out prompts with --prompts FILE "
+            "(or set eval.prompts_path in the config)"
+        )
+    return None
 
 
 def _inputs(
@@ -110,12 +133,9 @@ def _inputs(
                 )
     else:
         cfg = load_config(config)
+    if (why := refusal(cfg, prompts)) is not None:
+        raise ConfigError(why)
     if cfg.reward.kind != "geneval_shapes" or cfg.model.family != "tiny":
-        if prompts is None and not cfg.eval.prompts_path:
-            raise ConfigError(
-                "this config is not the shapes task: give its held-out prompts with --prompts FILE "
-                "(or set eval.prompts_path in the config)"
-            )
         return cfg, weights, None
     from spotlight.tasks.shapes import evaluate as ev
 

@@ -146,14 +146,20 @@ def register(app: typer.Typer) -> None:
         sp_degree: Optional[int] = typer.Option(
             None, "--sp-degree", min=1, metavar="N", help="Spot SP degree (cluster.sp_degree)."
         ),
-        spot_nodes: int = typer.Option(
-            2, "--spot-nodes", min=0, metavar="N", help="Spot nodes (for the header's commands)."
+        spot_nodes: Optional[int] = typer.Option(
+            None, "--spot-nodes", min=0, metavar="N", help="Spot nodes (for the header's commands; default 2)."
         ),
-        gpus_per_node: int = typer.Option(
-            1, "--gpus-per-node", min=1, metavar="N", help="GPUs per spot node (header)."
+        gpus_per_node: Optional[int] = typer.Option(
+            None, "--gpus-per-node", min=1, metavar="N", help="GPUs per spot node (header; default 1)."
         ),
         out: Optional[pathlib.Path] = typer.Option(
             None, "--out", "-o", metavar="FILE", help="Write here, not to stdout."
+        ),
+        try_out: bool = typer.Option(
+            False,
+            "--try-out",
+            help="Sizes for a tiny random-weight checkpoint on CPU (README 'No weights at hand?'): "
+            "32-pixel images, 4 prompts x 4 samples per iteration, one Train Worker.",
         ),
     ) -> None:
         """Print an annotated run config: every field with its value, default and documentation.
@@ -174,13 +180,45 @@ def register(app: typer.Typer) -> None:
             train_gpus=train_gpus,
             rollout_gpus=_gpu_list(reserved_rollout_gpus),
             sp_degree=sp_degree,
+            try_out=try_out,
         )
-        header = _header(family, example, cfg, spot_nodes=spot_nodes, gpus_per_node=gpus_per_node, out=out)
+        cluster = not try_out and is_cluster_layout(
+            family, train_gpus, reserved_rollout_gpus, sp_degree, spot_nodes=spot_nodes, gpus_per_node=gpus_per_node
+        )
+        spot_nodes = 2 if spot_nodes is None else spot_nodes
+        gpus_per_node = 1 if gpus_per_node is None else gpus_per_node
+        header = _header(
+            family, example, cfg, spot_nodes=spot_nodes, gpus_per_node=gpus_per_node, out=out, cluster=cluster
+        )
         text = annotated_config(cfg, header)
         if out is None:
             typer.echo(text, nl=False)
             return
-        _write(out, text)
+        _write(out, text, cluster=cluster)
+
+
+TRY_OUT = {
+    "model.image_size": 32,
+    "data.prompts_per_iteration": 4,
+    "data.group_size": 4,
+    "train.num_train_workers": 1,
+    "cluster.reserved_rollout_gpus": [0],
+}
+"""``spotlight init --try-out``: what a tiny random-weight checkpoint (``make_random_checkpoint``,
+32 pixels) needs to finish two iterations in minutes on a CPU, not the family's Flow-GRPO batch
+of 48 prompts × 24 samples on 4 Train Workers (about 20 min per iteration on 2 loaded cores)."""
+
+CPU_FAMILIES = frozenset({"shapes", "jpeg-toy"})
+"""``--family`` choices that run as shipped on this machine's CPU (``spotlight up --local``)."""
+
+
+def is_cluster_layout(family: str, *layout_flags, spot_nodes=None, gpus_per_node=None) -> bool:
+    """Whether ``spotlight init`` describes a cluster (pure): a family whose checkpoint needs GPUs
+    (qwen-image, sd3, flux) or any layout flag given (``--train-gpus``, ``--reserved-rollout-gpus``,
+    ``--sp-degree``, ``--spot-nodes``, ``--gpus-per-node``). Its header and closing line then give
+    the commands for real machines (the README's), not ``spotlight up --local``."""
+    given = [f for f in (*layout_flags, spot_nodes, gpus_per_node) if f is not None]
+    return family not in CPU_FAMILIES or bool(given)
 
 
 def _gpu_list(reserved_rollout_gpus: Optional[str]) -> Optional[list[int]]:
@@ -208,8 +246,10 @@ def _layout_config(
     train_gpus: Optional[int],
     rollout_gpus: Optional[list[int]],
     sp_degree: Optional[int],
+    try_out: bool = False,
 ) -> SpotlightConfig:
-    """The config of ``example`` with the layout flags applied (each None: as the example has it).
+    """The config of ``example`` with the layout flags applied (each None: as the example has it),
+    and with ``try_out`` the :data:`TRY_OUT` sizes on top.
 
     Raises:
         typer.Exit: 2 with one line: the result is not a valid config (a value a flag set is
@@ -225,6 +265,11 @@ def _layout_config(
             data["train"]["num_train_workers"] = train_gpus
         if rollout_gpus is not None:
             data["cluster"]["reserved_rollout_gpus"] = rollout_gpus
+        if try_out:
+            for key, value in TRY_OUT.items():
+                section, name = key.split(".")
+                data[section][name] = value
+            data["data"]["num_control_prompts"] = min(data["data"]["num_control_prompts"], 1)
         if sp_degree is not None:
             data["cluster"]["sp_degree"] = sp_degree
         given = {
@@ -250,11 +295,21 @@ def _header(
     spot_nodes: int,
     gpus_per_node: int,
     out: Optional[pathlib.Path],
+    cluster: bool = False,
 ) -> list[str]:
     """The file's leading comment: where it came from, how to use it, the example's own
-    description, the layout and the commands that start it."""
+    description, the layout and the commands that start it (``cluster``: on real machines only,
+    as the README gives them; else also on this machine with ``--local``)."""
     gpus = ",".join(str(g) for g in range(gpus_per_node))
     cfg_name = str(out) if out is not None else "run.toml"
+    local = [
+        "  on one machine (CPU 'GPUs'):  spotlight up --local "
+        f"--agents {spot_nodes} --gpus-per-agent {gpus_per_node} --config {cfg_name}",
+    ]
+    wait = [
+        f"  (add --min-spot-nodes {spot_nodes} to the reserved node's command to start iteration 1 only once "
+        f"the {spot_nodes} spot nodes are alive)"
+    ]
     return [
         f"Spotlight run config: {family} (from {example.relative_to(EXAMPLES_DIR.parent)}), "
         f"written by `spotlight init --family {family}`.",
@@ -266,9 +321,9 @@ def _header(
         f"Layout: {cfg.train.num_train_workers} training GPU(s) and rollout GPUs "
         f"{list(cfg.cluster.reserved_rollout_gpus)} on the reserved node,",
         f"{spot_nodes} spot node(s) x {gpus_per_node} GPU(s). Start it:",
-        "  on one machine (CPU 'GPUs'):  spotlight up --local "
-        f"--agents {spot_nodes} --gpus-per-agent {gpus_per_node} --config {cfg_name}",
+        *([] if cluster else local),
         *(f"  {line}" for line in cluster_commands(cfg_name, cfg, gpus)),
+        *(wait if cluster and spot_nodes > 1 else []),
         "  (README 'On real machines'; recipes for SkyPilot, Kubernetes, Slurm, a container: deploy/, docs/deploy/)",
     ]
 
@@ -296,8 +351,9 @@ def cluster_commands(cfg_name: str, cfg: SpotlightConfig, gpus: str) -> list[str
     ]
 
 
-def _write(out: pathlib.Path, text: str) -> None:
-    """Write ``text`` to a new file ``out`` and say how to start it.
+def _write(out: pathlib.Path, text: str, *, cluster: bool = False) -> None:
+    """Write ``text`` to a new file ``out`` and say how to start it (``cluster``: on the reserved
+    node, as the README's 'On real machines'; else on this machine with ``--local``).
 
     Raises:
         typer.Exit: 2 with one line: ``out`` exists or cannot be written.
@@ -310,4 +366,13 @@ def _write(out: pathlib.Path, text: str) -> None:
     except OSError as exc:
         console.print(f"[red]error:[/red] cannot write {escape(str(out))}: {escape(exc.strerror or str(exc))}")
         raise typer.Exit(2)
-    console.print(f"wrote {escape(str(out))}; start with [cyan]spotlight up --local --config {escape(str(out))}[/cyan]")
+    if not cluster:
+        console.print(
+            f"wrote {escape(str(out))}; start with [cyan]spotlight up --local --config {escape(str(out))}[/cyan]"
+        )
+        return
+    console.print(
+        f"wrote {escape(str(out))}; on the reserved node start it with [cyan]spotlight up --config "
+        f"{escape(str(out))} --reserved 0.0.0.0:{PORT} --keys {KEYS_DIR} --run-dir /var/lib/spotlight/run[/cyan], "
+        "then join the reserved and spot agents (the commands are in its header; README 'On real machines')"
+    )

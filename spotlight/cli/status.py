@@ -177,6 +177,8 @@ def _notes(snap: dict, gone: bool) -> list[Text]:
     notes = []
     if snap.get("source"):
         notes.append(Text(str(snap["source"]), style="yellow"))
+    if snap.get("waiting") and not gone:  # iteration 1 waits for cluster.min_spot_nodes
+        notes.append(Text(str(snap["waiting"]), style="yellow"))
     for a in (snap.get("guard_alerts") or [])[-GUARD_ROWS:]:
         if isinstance(a, dict):
             notes.append(

@@ -128,6 +128,10 @@ class UpOptions:
         "(default: the --reserved port + 1; 0 = any free port)."
     )
     trainer_timeout_s: float = _option("With --external-trainers: seconds to wait for every trainer rank to connect.")
+    min_spot_nodes: Optional[int] = _option(
+        "Start iteration 1 only once this many spot agents are alive (overrides the config's "
+        "min_spot_nodes in [cluster]); nodes that leave later do not stop the run."
+    )
 
 
 HELP = {f.name: f.metadata["help"] for f in dataclasses.fields(UpOptions)}
@@ -178,6 +182,7 @@ def register(app: typer.Typer) -> None:
         external_trainers: bool = typer.Option(False, "--external-trainers", help=HELP["external_trainers"]),
         trainer_port: Optional[int] = typer.Option(None, "--trainer-port", min=0, max=65535, help=HELP["trainer_port"]),
         trainer_timeout_s: float = typer.Option(900.0, "--trainer-timeout-s", help=HELP["trainer_timeout_s"]),
+        min_spot_nodes: Optional[int] = typer.Option(None, "--min-spot-nodes", min=0, help=HELP["min_spot_nodes"]),
     ) -> None:
         """:data:`UP_HELP`: the options collected into :class:`UpOptions` for :func:`run_up`."""
         run_up(
@@ -213,6 +218,7 @@ def register(app: typer.Typer) -> None:
                 external_trainers=external_trainers,
                 trainer_port=trainer_port,
                 trainer_timeout_s=trainer_timeout_s,
+                min_spot_nodes=min_spot_nodes,
             )
         )
 
@@ -291,10 +297,12 @@ def encode_prompts(run: UpRun) -> tuple:
         torch.set_num_threads(max(1, cfg.cluster.torch_threads))
         importlib.import_module("spotlight.coordinator.coordinator")  # it imports torch: under the spinner
         from spotlight.models.families import ModelLoadError, cached_conditioning, get_family
+        from spotlight.models.families.base import quiet_text_encoders
         from spotlight.util.disk import DiskSpaceError
 
         try:
-            token_counts = get_family(cfg.model).prompt_token_counts(run.prompts)
+            with quiet_text_encoders():  # the counts below say what was cut, once
+                token_counts = get_family(cfg.model).prompt_token_counts(run.prompts)
             check_encodings(run, get_family(cfg.model), token_counts)
             cond = cached_conditioning(get_family(cfg.model), run.prompts, _cache_dir())
         except DiskSpaceError as exc:
@@ -450,6 +458,24 @@ def _stop_on_signals() -> dict:
     return received
 
 
+def next_steps(rd: pathlib.Path, cfg) -> str:
+    """The finished run's ``next:`` line (rich markup). It suggests ``spotlight eval`` as is only
+    when eval accepts the run (:func:`spotlight.cli.eval.refusal`); otherwise it says what eval
+    needs (held-out prompts)."""
+    from spotlight.cli.eval import refusal
+
+    status = f"[cyan]spotlight status {rd}[/cyan] shows the run's summary"
+    if refusal(cfg) is None:
+        return (
+            f"next: [cyan]spotlight eval --run-dir {rd}[/cyan] scores the base and the trained model on held-out "
+            f"prompts; {status}"
+        )
+    return (
+        f"next: {status}; [cyan]spotlight eval --run-dir {rd} --prompts FILE[/cyan] scores the base and the "
+        "trained model on your held-out prompts (this config has no eval.prompts_path)"
+    )
+
+
 def _serve_to_the_end(run: UpRun, coord, cluster, received: dict) -> int:
     """Start the Train Workers and the local agents (or say how agents join), serve the run
     and print its done and next lines. Returns the exit status: 0 done, 130 interrupted
@@ -469,10 +495,7 @@ def _serve_to_the_end(run: UpRun, coord, cluster, received: dict) -> int:
             f"[green]done[/green] in {time.monotonic() - t0:.0f}s: metrics {rd / 'metrics.jsonl'}, "
             f"model {rd / 'final'}, curve {rd / 'reward_curve.png'}"
         )
-        console.print(
-            f"next: [cyan]spotlight eval --run-dir {rd}[/cyan] scores the base and the trained model on held-out "
-            f"prompts; [cyan]spotlight status {rd}[/cyan] shows the run's summary"
-        )
+        console.print(next_steps(rd, run.cfg))
         return 0
     except KeyboardInterrupt:
         cluster.interrupt()  # a second Ctrl-C must not cut the clean-up short, but it gets an answer

@@ -251,6 +251,13 @@ def resolve_options(opts: UpOptions) -> UpRun:
         check_trackers(cfg.run.trackers)
     except TrackingError as exc:
         raise refuse(str(exc)) from None
+    n_agents = 2 if opts.agents is None else opts.agents
+    if opts.local and cfg.cluster.min_spot_nodes > n_agents:  # it would wait for ever
+        flag = "--min-spot-nodes" if opts.min_spot_nodes is not None else "cluster.min_spot_nodes"
+        raise refuse(
+            f"{flag} {cfg.cluster.min_spot_nodes}: --local starts {n_agents} spot agents; "
+            f"wait for at most {n_agents} (or start more with --agents)"
+        )
     rd = run_dir or pathlib.Path("runs") / f"{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
     reserved = opts.reserved.removeprefix("tcp://")  # the coordinator binds tcp://HOST:PORT
     if resume is not None and reserved == DEFAULT_RESERVED:
@@ -268,7 +275,8 @@ def resolve_options(opts: UpOptions) -> UpRun:
 
 
 def _config_overrides(opts: UpOptions) -> dict:
-    """The config keys ``--iterations``, ``--mode``, ``--tracker`` and ``--uncapped-exploration`` set.
+    """The config keys ``--iterations``, ``--mode``, ``--tracker``, ``--uncapped-exploration`` and
+    ``--min-spot-nodes`` set.
 
     Raises:
         Stop: an unknown ``--mode``.
@@ -284,6 +292,8 @@ def _config_overrides(opts: UpOptions) -> dict:
         overrides["run.trackers"] = [] if opts.tracker == ["none"] else opts.tracker
     if opts.uncapped_exploration:
         overrides.update({"explore.max_candidates_per_prompt": UNCAPPED_CANDIDATES, "explore.stream_extra": True})
+    if opts.min_spot_nodes is not None:
+        overrides["cluster.min_spot_nodes"] = opts.min_spot_nodes
     return overrides
 
 

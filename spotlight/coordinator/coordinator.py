@@ -72,6 +72,7 @@ from spotlight.core.iteration import (
     StartSaving,
     StartTraining,
     build_iteration_core,
+    spot_nodes_missing,
 )
 from spotlight.core.offload import RELEASE_TIMEOUT_S, release_wait_over
 from spotlight.core.planner import Action, StepOption, StepTimes, no_fit_message
@@ -191,8 +192,11 @@ class Coordinator:
         self._warned_steps = False
         self.evals = evaluation.Evaluations(self.run_dir, evaluation.cache_dir()) if cfg.eval.every else None
         self.eval_results: list[dict] = []  # this coordinator's finished held-out evaluations
+        self._waiting_said: str | None = None  # the last "waiting for spot nodes" line printed
         self.guard_alerts: list[Alert] = []  # every alert of this coordinator (status shows them)
         self._guard_live: list[Alert] = []  # alerts whose condition still holds (not repeated)
+        self._rollback: tuple[int, Alert] | None = None  # a planned rollback: (target version, its alert)
+        self.rollbacks_done = 0  # this coordinator's collapse-guard rollbacks
 
     def start(self) -> Coordinator:
         """Write the run's config and keys, bind the sockets, open the run's files, restore a
@@ -299,6 +303,22 @@ class Coordinator:
             num_spot_gpus=self.instances.num_spot_gpus(),
             step_time_s=self.step_times.t_step_s,
             spot_slots=spot_workers * self.cfg.cluster.worker_batch_size,
+            num_spot_nodes=len(self.instances.live(spot=True)),
+        )
+
+    def waiting_for_spot_nodes(self) -> str | None:
+        """One line while iteration 1 waits for ``cluster.min_spot_nodes`` spot nodes
+        (:func:`~spotlight.core.iteration.spot_nodes_missing`), else None."""
+        want = self.cfg.cluster.min_spot_nodes
+        if self.core.phase is not Phase.STARTING or not want:
+            return None
+        have = len(self.instances.live(spot=True))
+        missing = spot_nodes_missing(self.core.iteration, have, want)
+        if not missing:
+            return None
+        return (
+            f"waiting for spot nodes: {have} of {want} alive (cluster.min_spot_nodes); "
+            f"iteration 1 starts when {missing} more join"
         )
 
     def serve(self, timeout_s: float | None = None, *, on_tick: Callable[[], None] | None = None) -> None:
@@ -310,6 +330,7 @@ class Coordinator:
             RuntimeError: a train worker died (the message: one line, then the last lines of its
                 log), reward scoring gave up, or the timeout passed.
         """
+        self._on_tick = on_tick
         t_start = last_house = time.monotonic()
         while not self.done:
             self.control.serve_once(50)
@@ -325,6 +346,7 @@ class Coordinator:
                 if on_tick is not None:
                     on_tick()
                 last_house = now
+                self._say_waiting(now)
             failed = None if self.error or self.done else self.trainers.failed(now)
             if failed is not None:
                 self.error = failed.summary  # one line for status.json; the console gets its log's tail too
@@ -345,11 +367,22 @@ class Coordinator:
 
         reward_curve(self.history, self.run_dir / "reward_curve.png")
 
-    def _serve_until_evaluated(self, timeout_s: float, on_tick: Callable[[], None] | None) -> None:
-        """Keep answering agents and trainers (heartbeats, goodbyes) while the last held-out
-        evaluations finish, up to ``timeout_s``; then stop any still running."""
+    def _say_waiting(self, now: float) -> None:
+        """While iteration 1 waits for ``cluster.min_spot_nodes``: a console line (and a fresh
+        status snapshot) each time the count of live spot nodes changes."""
+        line = self.waiting_for_spot_nodes()
+        if line is not None and line != self._waiting_said:
+            self.progress(line)
+            self.write_status(now)
+        self._waiting_said = line
+
+    def _serve_until_evaluated(self, timeout_s: float, on_tick: Callable[[], None] | None) -> dict:
+        """Keep answering agents and trainers (heartbeats, goodbyes) while the queued held-out
+        evaluations finish, up to ``timeout_s``; then stop any still running. Returns the newest
+        finished evaluation's ``eval/*`` (:meth:`_poll_evals`; {} when none finished)."""
         deadline = last_house = time.monotonic()
         deadline += timeout_s
+        newest: dict = {}
         while self.evals.busy and time.monotonic() < deadline:
             self.control.serve_once(200)
             now = time.monotonic()
@@ -359,10 +392,11 @@ class Coordinator:
                 if on_tick is not None:
                     on_tick()
                 last_house = now
-            self._poll_evals()
+            newest = self._poll_evals() or newest
         if self.evals.busy:
             log.warning("held-out evaluation did not finish within %.0f s; stopped", timeout_s)
             self.evals.close()
+        return newest
 
     def step(self, now: float) -> None:
         """Advance the iteration core; this shell carries its decisions out."""
@@ -398,7 +432,10 @@ class Coordinator:
             )
         self._held_update = None
         self.control.offload.waited(now - ready_at)
-        self.trainers.train(n, batches)
+        rollback_version, lr_scale = self._rollback_for_update(n)
+        self.trainers.train(
+            n, batches, rollback_version=rollback_version, lr_scale=lr_scale, keep_versions=self._kept_train_versions()
+        )
 
     def _start_training(self, n: int, request_ids: list[str], now: float | None = None) -> None:
         """Build iteration ``n``'s update: the DONE rollout requests the core chose, filtered
@@ -444,11 +481,18 @@ class Coordinator:
         row |= self.control.offload.take()
         row |= image_stats([s.image.numpy() for s in self.samples.values() if s.iteration == n and s.in_rollout])
         row |= self._poll_evals()
+        total = self.cfg.run.iterations
+        if self.evals is not None and n == total - 1:
+            # the last iteration's row carries the last evaluation (of the final weights): it is
+            # requested now and joined, so every run that evaluates ends with eval/* in metrics.jsonl
+            self._request_evals(n, total)
+            if self.evals.busy:
+                self.progress("waiting for the last held-out evaluation…")
+                row |= self._serve_until_evaluated(self.cfg.eval.timeout_s, getattr(self, "_on_tick", None))
         parked, self._parked_at_row = self.control.requests_parked - self._parked_at_row, self.control.requests_parked
         row["requests/parked"] = parked
         self.history.append(row)
         self.recorder.append_metrics(row)
-        total = self.cfg.run.iterations
         self.progress(format_progress(row, total))
         self._guard(now)
         self.events.append(
@@ -464,13 +508,19 @@ class Coordinator:
         for rid, s in list(self.samples.items()):  # trained on; explored for the next batch
             if s.iteration <= n or (s.kind == RequestKind.EXPLORE and s.iteration == n + 1):
                 del self.samples[rid]
-        if self.evals is not None:
-            if n == 0:
-                self.evals.request(-1, 0)  # the base model, for comparison (skipped when its result exists)
-            if evaluation.due(n, self.cfg.eval.every, total):
-                self.evals.request(n, self.store.latest_version)
+        if self.evals is not None and n != total - 1:  # the last iteration's were joined above
+            self._request_evals(n, total)
         resume.write_run_checkpoint(self, n)
         self.write_status(now)
+
+    def _request_evals(self, n: int, total: int) -> None:
+        """Queue the held-out evaluations iteration ``n`` (0-based) makes due: the base model after
+        iteration 1, the version ``n`` trained when :func:`~spotlight.coordinator.evaluation.due`
+        (a request already queued or done is skipped)."""
+        if n == 0:
+            self.evals.request(-1, 0)  # the base model, for comparison (skipped when its result exists)
+        if evaluation.due(n, self.cfg.eval.every, total):
+            self.evals.request(n, self.store.latest_version)
 
     def _poll_evals(self, results: list[dict] | None = None) -> dict:
         """Record finished held-out evaluations (``eval.jsonl``, TensorBoard at their own
@@ -509,6 +559,58 @@ class Coordinator:
             self.events.append(now, "guard", "", f"{a.kind}: {a.message}"[:300])
             if g.action == "stop":
                 self.error = self.error or f"collapse guard stopped the run at iteration {a.iteration + 1}: {a.message}"
+            elif g.action == "rollback":
+                self._plan_rollback(a, now)
+
+    def _plan_rollback(self, a: Alert, now: float) -> None:
+        """``guard.action = "rollback"``: the next update is replaced by a rollback to the best
+        held-out version (``best/``: the highest ``eval/score`` so far; the base model v0 before any
+        evaluation finished) with the learning rate times ``guard.rollback_lr_factor``
+        (docs/collapse-guard.md). One at a time; after ``guard.max_rollbacks`` the run stops."""
+        g = self.cfg.guard
+        if self._rollback is not None:
+            return
+        if self.rollbacks_done >= g.max_rollbacks:
+            self.error = self.error or (
+                f"collapse guard stopped the run at iteration {a.iteration + 1} after {self.rollbacks_done} "
+                f"rollbacks (guard.max_rollbacks): {a.message}"
+            )
+            return
+        best = evaluation.best_evaluation(evaluation.read_results(self.run_dir))
+        target = int(best["version"]) if best is not None else 0
+        self._rollback = (target, a)
+        where = f"v{target} (held-out {best['eval/score']:.3f})" if best is not None else "v0 (the base model)"
+        self.events.append(now, "guard", "", f"rollback to {where} planned: {a.kind}"[:300])
+
+    def _rollback_for_update(self, n: int) -> tuple[int, float]:
+        """``(rollback_version, lr_scale)`` of iteration ``n``'s update: a planned rollback's, else (-1, 1)."""
+        if self._rollback is None:
+            return -1, 1.0
+        (target, alert), self._rollback = self._rollback, None
+        self.rollbacks_done += 1
+        factor = self.cfg.guard.rollback_lr_factor
+        latest = self.store.latest_version
+        if target >= latest:  # the weights in use are the best evaluated: only the learning rate drops
+            self.progress(
+                f"collapse guard ({alert.kind}): v{latest} is the best held-out version; learning rate × {factor:g}"
+            )
+            return -1, factor
+        self.progress(
+            f"collapse guard ({alert.kind}): iteration {n + 1} rolls back to v{target} (the best held-out "
+            f"version) instead of training, learning rate × {factor:g} (rollback {self.rollbacks_done} of "
+            f"{self.cfg.guard.max_rollbacks})"
+        )
+        return target, factor
+
+    def _kept_train_versions(self) -> tuple[int, ...]:
+        """Trainer checkpoints a rollback may need (``guard.action = "rollback"``): the best held-out
+        version's and those of versions still being evaluated; () otherwise."""
+        g = self.cfg.guard
+        if not (g.enabled and g.action == "rollback") or self.evals is None:
+            return ()
+        best = evaluation.best_evaluation(evaluation.read_results(self.run_dir))
+        keep = set(self.evals.pending_versions) | ({int(best["version"])} if best is not None else {0})
+        return tuple(sorted(keep))
 
     # ------------------------------------------------------------ status & shutdown
     def needed_versions(self) -> set[int]:
@@ -680,6 +782,7 @@ def build_core(cfg: SpotlightConfig, sched: RequestScheduler, seed_bank: SeedBan
             reuse_exploration=cfg.explore.reuse_as_rollout and mode == "critical_path",
             stream_extra=cfg.explore.stream_extra,
             max_candidates_per_prompt=cfg.explore.max_candidates_per_prompt,
+            min_spot_nodes=cfg.cluster.min_spot_nodes,
         ),
         sched,
         seed_bank,

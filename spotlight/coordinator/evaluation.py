@@ -39,6 +39,31 @@ def result_path(run_dir: pathlib.Path, iteration: int) -> pathlib.Path:
     return pathlib.Path(run_dir) / "eval" / f"iter_{max(iteration + 1, 0):04d}.json"
 
 
+def best_evaluation(results: list[dict]) -> dict | None:
+    """The evaluation with the highest ``eval/score`` (the earliest of equals, as ``best/`` keeps
+    it), or None. Pure."""
+    best = None
+    for r in results:
+        score = r.get("eval/score")
+        if isinstance(score, (int, float)) and score == score and (best is None or score > best["eval/score"]):
+            best = r
+    return best
+
+
+def read_results(run_dir: pathlib.Path) -> list[dict]:
+    """Every evaluation of the run so far (``eval.jsonl``, earlier coordinators' too); a line that
+    is not JSON is skipped."""
+    path = pathlib.Path(run_dir) / "eval.jsonl"
+    out = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+    return out
+
+
 class Evaluations:
     """The run's Eval Worker processes, one at a time, in request order.
 
@@ -61,10 +86,19 @@ class Evaluations:
     def busy(self) -> bool:
         return self.proc is not None or bool(self.queue)
 
+    @property
+    def pending_versions(self) -> set[int]:
+        """Versions queued or being evaluated now."""
+        return {v for _, v in self.queue} | ({self.running[1]} if self.running else set())
+
     def request(self, iteration: int, version: int) -> None:
         """Evaluate ``version`` as the result of 0-based ``iteration`` (-1: the base model),
-        unless its result is already written (a resumed run)."""
-        if result_path(self.run_dir, iteration).is_file() or (iteration, version) in self.queue:
+        unless its result is already written (a resumed run) or it is queued or running."""
+        if (
+            result_path(self.run_dir, iteration).is_file()
+            or (iteration, version) in self.queue
+            or self.running == (iteration, version)
+        ):
             return
         self.queue.append((iteration, version))
         self._start_next()

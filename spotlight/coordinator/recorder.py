@@ -176,6 +176,8 @@ def format_progress(row: dict, iterations: int) -> str:
         line += f"  [{int(row['train/nonfinite_samples'])} non-finite dropped]"
     if row.get("train/skipped_steps"):
         line += f"  [{int(row['train/skipped_steps'])} steps skipped]"
+    if isinstance(row.get("train/rolled_back_to"), (int, float)) and row["train/rolled_back_to"] >= 0:
+        line += f"  [rolled back to v{int(row['train/rolled_back_to'])}, lr {row.get('train/learning_rate', 0):.3g}]"
     return line
 
 

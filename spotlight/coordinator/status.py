@@ -111,6 +111,7 @@ def snapshot(coord, now: float) -> dict:
             {k: v for k, v in e.items() if k in ("iteration", "version", "eval/score", "eval/strict")}
             for e in getattr(coord, "eval_results", [])
         ],
+        "waiting": coord.waiting_for_spot_nodes() if hasattr(coord, "waiting_for_spot_nodes") else None,
         "guard_alerts": [  # the collapse guard's alerts (docs/collapse-guard.md), oldest first
             {"kind": a.kind, "iteration": a.iteration + 1, "metric": a.metric, "message": a.message}
             for a in getattr(coord, "guard_alerts", [])

@@ -185,6 +185,8 @@ class TrainerGroup:
             cmd += ["--spool-dir", str(self.run_dir / "tensor_store" / "spool")]
             if self.resume_version is not None:
                 cmd += ["--resume-version", str(self.resume_version)]
+            if self.cfg.guard.enabled and self.cfg.guard.action == "rollback":
+                cmd += ["--checkpoint-initial"]  # the base model is a version a rollback may return to
             self.logs.append(log_mark(f"trainer-{rank}", env))
             self.procs.append(spawn_logged(cmd, f"trainer-{rank}", env=env))
 
@@ -314,14 +316,34 @@ class TrainerGroup:
         ident = self.ids.get(rank)
         return ident is not None and self.server is not None and self.server.send(TRAINER, ident, msg, frames)
 
-    def train(self, n: int, batches: TrainingBatches) -> None:
+    def train(
+        self,
+        n: int,
+        batches: TrainingBatches,
+        *,
+        rollback_version: int = -1,
+        lr_scale: float = 1.0,
+        keep_versions: tuple[int, ...] = (),
+    ) -> None:
         """Send iteration ``n``'s update (one :class:`~spotlight.rl.batch.RankBatch` per rank); the
-        ranks save their checkpoint of v_{n+1} only on a checkpointed iteration (``run.checkpoint_every``)."""
+        ranks save their checkpoint of v_{n+1} only on a checkpointed iteration (``run.checkpoint_every``).
+        ``rollback_version`` >= 0: the collapse guard's rollback instead of the update (the ranks
+        load that version's checkpoint and publish it as v_{n+1}); ``lr_scale``: the learning rate's
+        factor; ``keep_versions``: trainer checkpoints the ranks must not prune."""
         self.done.clear()
         save = is_checkpoint_iteration(n, self.cfg.run.checkpoint_every, self.cfg.run.iterations)
         for rank, rb in enumerate(batches.ranks):
             metas, frames = pack_tensors(rb.tensors)
-            msg = P.TrainBatch(iteration=n, version=n, micro_batches=rb.micro_batches, tensors=metas, checkpoint=save)
+            msg = P.TrainBatch(
+                iteration=n,
+                version=n,
+                micro_batches=rb.micro_batches,
+                tensors=metas,
+                checkpoint=save,
+                rollback_version=rollback_version,
+                lr_scale=lr_scale,
+                keep_versions=sorted(keep_versions),
+            )
             self.send(rank, msg, frames)
 
     def save_final(self, final_dir: pathlib.Path) -> None:

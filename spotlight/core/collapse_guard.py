@@ -12,7 +12,8 @@ raises an alert when:
   pixels with visible colour, the patch-grid noise of a pixel-space DiT under RL) by more
   than ``speckle_rise`` absolute, ``image/hf_energy`` (high-frequency energy) by more than
   ``hf_energy_ratio`` times, ``image/saturation`` by more than ``saturation_ratio`` times
-  (either way) — over ``patience`` consecutive iterations;
+  (either way), ``image/color_entropy`` by more than ``color_entropy_change`` bits (either way:
+  noise adds colours, collapse removes them) — over ``patience`` consecutive iterations;
 * ``kl_runaway`` / ``clipfrac_runaway``: ``train/approx_kl`` or ``train/clipfrac`` above
   ``kl_max`` / ``clipfrac_max`` for ``patience`` consecutive iterations.
 
@@ -44,6 +45,7 @@ class GuardSettings:
     saturation_ratio: float = 2.0
     kl_max: float = 0.5
     clipfrac_max: float = 0.5
+    color_entropy_change: float = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +91,11 @@ def _image_breach(rows: Sequence[dict], i: int, key: str, s: GuardSettings) -> t
             return v, hi
         if base > 0 and v < lo:
             return v, lo
+    if key == "image/color_entropy":
+        if v > base + s.color_entropy_change:
+            return v, base + s.color_entropy_change
+        if v < base - s.color_entropy_change:
+            return v, base - s.color_entropy_change
     return None
 
 
@@ -138,7 +145,7 @@ def check(rows: Sequence[dict], settings: GuardSettings, *, already: Sequence[Al
                 f"held-out score {now:.3f} is {best - now:.3f} below its best {best:.3f} (iteration {best_j + 1}) "
                 f"while the training reward rose ({r_best:+.3f} → {r_now:+.3f}): reward hacking or collapse",
             )
-    for key in ("image/speckle", "image/hf_energy", "image/saturation"):
+    for key in IMAGE_STATS:
         got = _sustained(rows, lambda i, key=key: _image_breach(rows, i, key, s), s)
         if got is not None:
             base = _baseline(rows, key, s.baseline_iterations)

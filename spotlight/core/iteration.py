@@ -62,6 +62,7 @@ __all__ = [
     "StartSaving",
     "StartTraining",
     "build_iteration_core",
+    "spot_nodes_missing",
 ]
 
 _STATE_VERSION = 1
@@ -71,7 +72,7 @@ class Phase(str, enum.Enum):
     """Where iteration ``IterationCore.iteration`` stands. A ``str`` enum: ``"train"`` in
     ``status.json`` and in ``spotlight status`` is ``Phase.TRAIN``."""
 
-    STARTING = "starting"  # waiting for the Train Workers (and, to begin, one worker node)
+    STARTING = "starting"  # waiting for the Train Workers (and, to begin, one worker node; min_spot_nodes)
     EXPLORE_FIRST = "explore_first"  # critical_path: batch n's candidates before its rollout
     ROLLOUT = "rollout"  # batch n on v_n, pulled by every worker, scored as it finishes
     TRAIN = "train"  # v_n -> v_{n+1} on the Train Workers; stale: spot workers explore n+1
@@ -90,7 +91,7 @@ class Phase(str, enum.Enum):
 PHASE_TRANSITIONS: dict[Phase, frozenset[Phase]] = {
     Phase.STARTING: frozenset(
         {
-            Phase.ROLLOUT,  # trainers ready and a node alive: iteration n begins (stale, off)
+            Phase.ROLLOUT,  # trainers ready, a node alive (iteration 1: min_spot_nodes spot nodes): n begins
             Phase.EXPLORE_FIRST,  # ... or begins with its own exploration (critical_path)
             Phase.SAVING,  # resumed from the checkpoint of the last iteration: only the save is left
         }
@@ -142,6 +143,9 @@ class IterationSettings:
     reuse_exploration: critical_path only: the selected candidates are the rollout (veRL-omni).
     stream_extra: stale only: queue extra candidates while training runs.
     max_candidates_per_prompt: cap on planned + extra candidates of one prompt in one iteration.
+    min_spot_nodes: iteration 1 begins only once this many spot nodes are alive
+        (``cluster.min_spot_nodes``; :func:`spot_nodes_missing`); later iterations go on with
+        whatever is alive.
     """
 
     iterations: int
@@ -154,6 +158,7 @@ class IterationSettings:
     reuse_exploration: bool = False
     stream_extra: bool = True
     max_candidates_per_prompt: int = 256
+    min_spot_nodes: int = 0
 
     def __post_init__(self) -> None:
         if self.explore_mode not in STRATEGIES:
@@ -164,6 +169,8 @@ class IterationSettings:
             raise ValueError("reuse_exploration needs explore_mode='critical_path'")
         if self.max_candidates_per_prompt < 1:
             raise ValueError(f"max_candidates_per_prompt must be >= 1, got {self.max_candidates_per_prompt}")
+        if self.min_spot_nodes < 0:
+            raise ValueError(f"min_spot_nodes must be >= 0, got {self.min_spot_nodes}")
 
     def is_control(self, slot: int) -> bool:
         """Control (unexplored) prompt groups are the last ``num_control_prompts`` slots."""
@@ -182,6 +189,7 @@ class CoreObservation:
     step_time_s: t_step, GPU-seconds per sequence per computed step (None = unknown yet).
     spot_slots: requests the live spot workers can hold at once (workers × batch size);
         extras are streamed while fewer than this many exploration requests are queued.
+    num_spot_nodes: live spot nodes (registered and heartbeating).
     """
 
     trainers_ready: bool = True
@@ -191,6 +199,19 @@ class CoreObservation:
     num_spot_gpus: int = 0
     step_time_s: float | None = None
     spot_slots: int = 0
+    num_spot_nodes: int = 0
+
+
+def spot_nodes_missing(iteration: int, num_spot_nodes: int, min_spot_nodes: int) -> int:
+    """How many more spot nodes must join before 0-based ``iteration`` may begin (0: it may).
+
+    Only iteration 1 (``iteration == 0``, also when a run stopped before its first iteration
+    ended starts again) waits for ``min_spot_nodes``: the run starts with the capacity it asked
+    for; nodes that leave later are spot capacity coming and going, so a later iteration (and a
+    resumed run) goes on with whatever is alive, as always."""
+    if iteration > 0:
+        return 0
+    return max(0, min_spot_nodes - num_spot_nodes)
 
 
 @dataclass(frozen=True)
@@ -371,7 +392,9 @@ class IterationCore:
             return
         if self.iteration >= self.settings.iterations:
             self._begin_saving(out)
-        elif obs.any_worker_node:
+        elif obs.any_worker_node and not spot_nodes_missing(
+            self.iteration, obs.num_spot_nodes, self.settings.min_spot_nodes
+        ):
             self.begin_iteration(self.iteration, now)
 
     def _from_explore_first(self, now: float, obs: CoreObservation, out: list) -> None:

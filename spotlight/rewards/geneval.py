@@ -33,7 +33,7 @@ import json
 import pathlib
 from collections.abc import Callable, Mapping, Sequence
 
-from spotlight.errors import SpotlightError
+from spotlight.errors import InputError, SpotlightError
 
 THRESHOLD = 0.3
 COUNTING_THRESHOLD = 0.9
@@ -60,6 +60,46 @@ def select_objects(detections: Sequence[Detection], tag: str) -> dict[str, list[
     return {k: v for k, v in out.items() if v}
 
 
+def check_record(metadata: object) -> None:
+    """Refuse a GenEval record that :func:`clauses` cannot judge, naming what is wrong: not an
+    object, no ``include``/``exclude`` entry, an entry without a string ``class`` and an integer
+    ``count`` >= 1, a ``color`` that is no string, a ``position`` that is no ``[relation, j]`` with
+    an earlier entry ``j``.
+
+    Raises:
+        InputError: (a ValueError) the record is malformed.
+    """
+    if not isinstance(metadata, Mapping):
+        raise InputError(f"GenEval metadata must be a JSON object, got {type(metadata).__name__}")
+    entries = {}
+    for key in ("include", "exclude"):
+        val = metadata.get(key, [])
+        if not isinstance(val, list):
+            raise InputError(f"GenEval metadata {key!r} must be a list, got {type(val).__name__}")
+        entries[key] = val
+    if not entries["include"] and not entries["exclude"]:
+        raise InputError("GenEval metadata with no include or exclude entry")
+    for key, val in entries.items():
+        for k, req in enumerate(val):
+            where = f"GenEval metadata {key}[{k}]"
+            if not isinstance(req, Mapping) or not isinstance(req.get("class"), str):
+                raise InputError(f"{where} needs a 'class' (a string) and a 'count': {req!r}")
+            count = req.get("count")
+            if type(count) is not int or count < 1:
+                raise InputError(f"{where}: 'count' must be an integer >= 1, got {count!r}")
+            if key == "exclude":
+                continue
+            if "color" in req and not isinstance(req["color"], str):
+                raise InputError(f"{where}: 'color' must be a string, got {req['color']!r}")
+            if "position" in req:
+                pos = req["position"]
+                ok = isinstance(pos, list) and len(pos) == 2 and isinstance(pos[0], str) and type(pos[1]) is int
+                if not ok or not 0 <= pos[1] < k:
+                    raise InputError(
+                        f"{where}: 'position' must be [relation, j] with j an earlier include entry, got {pos!r}"
+                    )
+
+
 def clauses(
     metadata: Mapping, objects: Mapping[str, Sequence[Detection]], color_of: Callable[[Detection], str] | None = None
 ) -> list[tuple[str, bool]]:
@@ -67,15 +107,13 @@ def clauses(
     ``(description, holds)``; ``color_of`` names a detection's colour (needed for colour clauses).
 
     Raises:
-        ValueError: malformed metadata (an entry without class/count, a position out of range).
+        InputError: (a ValueError) malformed metadata (:func:`check_record`).
     """
+    check_record(metadata)
     out: list[tuple[str, bool]] = []
     matched: list[list[Detection] | None] = []
     for k, req in enumerate(metadata.get("include", [])):
-        try:
-            name, count = str(req["class"]), int(req["count"])
-        except (KeyError, TypeError, ValueError):
-            raise ValueError(f"include[{k}] needs 'class' and 'count': {req!r}") from None
+        name, count = req["class"], req["count"]
         found = list(objects.get(name, []))[:count]
         ok = len(found) >= count
         out.append((f"{count} {name} (found {len(found)})", ok))
@@ -87,9 +125,7 @@ def clauses(
             out.append((f"{count} {req['color']} {name} (colours {colors})", c_ok))
             ok = ok and c_ok
         if "position" in req:
-            rel, j = req["position"][0], int(req["position"][1])
-            if not 0 <= j < k:
-                raise ValueError(f"include[{k}]: position refers to entry {j}, which is not before it")
+            rel, j = req["position"]
             targets = matched[j]
             from spotlight.tasks.shapes.world import relations_between
 
@@ -108,9 +144,8 @@ def verdict(
     metadata: Mapping, detections: Sequence[Detection], color_of: Callable[[Detection], str] | None = None
 ) -> tuple[bool, float]:
     """``(strict, partial credit)`` of ``detections`` for a prompt's GenEval ``metadata``."""
+    check_record(metadata)
     checked = clauses(metadata, select_objects(detections, str(metadata.get("tag", ""))), color_of)
-    if not checked:
-        raise ValueError("GenEval metadata with no include or exclude entry")
     n_ok = sum(ok for _, ok in checked)
     return n_ok == len(checked), n_ok / len(checked)
 
@@ -227,7 +262,8 @@ class GenEvalScorer:
                 self.metadata.get(p)
             )
             if rec is None:
-                raise ValueError(f"no GenEval metadata for prompt {p!r} (give --geneval-metadata FILE.jsonl)")
+                raise InputError(f"no GenEval metadata for prompt {p!r} (give --geneval-metadata FILE.jsonl)")
+            check_record(rec)  # before any detection: a malformed record is the request's fault
             records.append(rec)
         images = [im.convert("RGB") for im in images]
         scores = []

@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from spotlight.errors import SpotlightError
+from spotlight.errors import InputError, SpotlightError
 from spotlight.tasks.prompt_sets import ocr_target
 
 
@@ -45,11 +45,11 @@ def ocr_reward(recognised: str, target: str) -> float:
     """``1 - min(lev, |t|)/|t|`` over normalised texts, 1 when the target occurs in the recognised text.
 
     Raises:
-        ValueError: an empty target (nothing to render).
+        InputError: (a ValueError) an empty target (nothing to render).
     """
     t, r = normalise(target), normalise(recognised)
     if not t:
-        raise ValueError("empty OCR target")
+        raise InputError("empty OCR target")
     if t in r:
         return 1.0
     return 1.0 - min(levenshtein(r, t), len(t)) / len(t)
@@ -59,11 +59,11 @@ def prompt_target(prompt: str) -> str:
     """The quoted target of a text-rendering prompt.
 
     Raises:
-        ValueError: the prompt quotes nothing (the message quotes the prompt).
+        InputError: (a ValueError) the prompt quotes nothing (the message quotes the prompt).
     """
     t = ocr_target(prompt)
     if t is None or not normalise(t):
-        raise ValueError(f'OCR prompt has no "quoted" target text: {prompt[:120]!r}')
+        raise InputError(f'OCR prompt has no "quoted" target text: {prompt[:120]!r}')
     return t
 
 
@@ -76,7 +76,7 @@ class OcrScorer:
     Raises (on build):
         SpotlightError: ``rapidocr_onnxruntime`` is not installed.
     Raises (on call):
-        ValueError: a prompt without a quoted target.
+        InputError: (a ValueError) a prompt without a quoted target.
     """
 
     thread_safe = False

@@ -27,8 +27,12 @@ Protocol::
       413  Content-Length over the body limit (answered before the body is read; the
            connection is then closed)
       415  Content-Type is not application/json
-      500  a scorer raised, or returned a non-finite score (JSON has no NaN/Infinity) —
-           the message names the scorer
+      400  also: a scorer refused a prompt or its metadata as invalid (it raised
+           :class:`~spotlight.errors.InputError`: a caption no shapes-world template fits, a
+           text-rendering prompt that quotes nothing, a malformed GenEval record, a prompt with
+           no GenEval record) — one line naming the scorer, the image and the reason
+      500  a scorer crashed (any other exception), or returned a non-finite score (JSON has no
+           NaN/Infinity) — the message names the scorer
 
 ``metadata`` carries each prompt's record fields from the prompt file (GenEval's ``tag`` /
 ``include`` / ``exclude``, an ``ocr_target``, a CSV/TSV row's other columns; ``{}`` for plain
@@ -48,7 +52,7 @@ Scorers (registry :data:`SCORER_NAMES`):
   colour / position clauses on shapes-world captions); ``geneval_shapes_partial``: the
   fraction of the prompt's clauses that hold, in [0, 1] (a denser training signal, like
   Flow-GRPO's GenEval server's fractional score). A prompt that is no shapes-world caption
-  fails the request (500, naming the scorer and quoting the prompt). Images of any size;
+  fails the request (400, naming the scorer and quoting the prompt). Images of any size;
   the world's are 32×32.
 * ``clip`` (alias ``pickscore``): PickScore-style preference (Kirstain et al. 2023; Flow-GRPO
   ``pickscore_scorer.py``): ``logit_scale.exp() · cos(image_embeds, text_embeds) / 26``, in
@@ -66,7 +70,7 @@ Scorers (registry :data:`SCORER_NAMES`):
 * ``ocr``: Flow-GRPO's OCR reward, ``1 - normalised edit distance`` between the prompt's
   quoted text and the text RapidOCR reads in the image (:mod:`spotlight.rewards.ocr`;
   ONNX models inside the ``rapidocr_onnxruntime`` wheel, offline). A prompt without a
-  quoted target fails the request (500, naming the scorer and quoting the prompt).
+  quoted target fails the request (400, naming the scorer and quoting the prompt).
 """
 
 from __future__ import annotations
@@ -88,7 +92,7 @@ from urllib.parse import urlsplit
 
 from PIL import Image
 
-from spotlight.errors import SpotlightError
+from spotlight.errors import InputError, SpotlightError
 from spotlight.rewards.reward_fn import REWARD_PROTOCOL_VERSION
 
 logger = logging.getLogger("spotlight.rewards.server")
@@ -113,12 +117,27 @@ SCORER_NAMES = (
     "geneval_partial",
     "aesthetic",
 )
+NOT_BUILT_IN = {
+    "imagereward": "its package (image-reward 1.5) pins timm 0.6.13 and fairscale 0.4.13, imports its "
+    "training code (datasets, accelerate) and loads BLIP's tokenizer by hub id (bert-base-uncased) at "
+    "construction",
+    "hpsv2": "its package pins pytest 7.2.0 and protobuf<4 as run-time dependencies, and the OpenCLIP "
+    "model it runs imports torchvision, whose registry wheels are CUDA builds that do not load against "
+    "the CPU torch wheel this project is tested on",
+}
+"""Flow-GRPO rewards that are not built in, and why (README "Reward server"): serve them behind
+the protocol, or, for HPSv2 in ``transformers``' CLIPModel format, with ``--scorer clip``."""
 _DRAIN_MAX_BYTES = 64 * 1024 * 1024
 _DRAIN_MAX_S = 2.0
 
 
 class ScorerError(SpotlightError):
     """A scorer failed or returned unusable scores (served as HTTP 500)."""
+
+
+class ScorerInputError(ScorerError):
+    """A scorer refused its input as invalid (:class:`~spotlight.errors.InputError`): the
+    request's fault, served as HTTP 400."""
 
 
 class Scorer(Protocol):
@@ -323,6 +342,11 @@ def parse_scorer_spec(spec: str) -> tuple[str, float]:
     if not sep:
         name, weight_text = weight_text, "1.0"
     name = name.strip().lower()
+    if name in NOT_BUILT_IN:
+        raise SpotlightError(
+            f"scorer {name!r} is not built in: {NOT_BUILT_IN[name]}. Serve it behind the reward protocol "
+            "(README 'Reward server') and point reward.url at it; built in: " + ", ".join(SCORER_NAMES)
+        )
     if name not in SCORER_NAMES:
         raise SpotlightError(f"unknown scorer {name!r} in --scorer {spec!r}; known: {', '.join(SCORER_NAMES)}")
     try:
@@ -465,7 +489,9 @@ class MultiScorer:
         image, None = ``{}`` each) goes to the scorers that take it.
 
         Raises:
-            ScorerError: a scorer raised, returned the wrong number of scores, or a
+            ScorerInputError: a scorer refused a prompt or its metadata (it raised
+                :class:`~spotlight.errors.InputError`); the message names the scorer.
+            ScorerError: a scorer raised anything else, returned the wrong number of scores, or a
                 non-finite score (NaN/inf); the message names the scorer.
         """
         n = len(images)
@@ -489,7 +515,9 @@ class MultiScorer:
                     with lock:
                         raw = scorer(*args)
                 values = [float(v) for v in raw]
-            except Exception as exc:  # noqa: BLE001 - any scorer failure is a 500 naming the scorer
+            except InputError as exc:  # the request's prompts or metadata: a 400
+                raise ScorerInputError(f"scorer {name!r} refused the request: {exc}") from exc
+            except Exception as exc:  # noqa: BLE001 - any other scorer failure is a 500 naming the scorer
                 raise ScorerError(f"scorer {name!r} failed: {type(exc).__name__}: {exc}") from exc
             if len(values) != n:
                 raise ScorerError(f"scorer {name!r} returned {len(values)} scores for {n} images")
@@ -734,6 +762,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
         try:
             total, per = self.server.scorer.score(images, prompts, metadata)
+        except ScorerInputError as exc:
+            self._send_error_json(400, str(exc))
+            return
         except ScorerError as exc:
             self._send_error_json(500, str(exc))
             return

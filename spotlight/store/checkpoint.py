@@ -30,6 +30,7 @@ import pathlib
 import re
 import shutil
 import uuid
+from collections.abc import Iterable
 from typing import Any
 
 from spotlight.errors import SpotlightError
@@ -340,8 +341,11 @@ def train_versions(ckpt_dir: str | os.PathLike) -> list[int]:
     return sorted(out)
 
 
-def prune_train_versions(ckpt_dir: str | os.PathLike, keep: int, *, protect: int | None = None) -> list[int]:
-    """Delete all but the newest ``keep`` complete trainer checkpoints (never ``protect``).
+def prune_train_versions(
+    ckpt_dir: str | os.PathLike, keep: int, *, protect: int | Iterable[int] | None = None
+) -> list[int]:
+    """Delete all but the newest ``keep`` complete trainer checkpoints (never ``protect``: a version
+    or several, e.g. the best held-out version a collapse-guard rollback may return to).
 
     Also removes temp dirs of crashed saves. Call on one rank, with no save in
     progress. Returns the deleted versions.
@@ -355,7 +359,8 @@ def prune_train_versions(ckpt_dir: str | os.PathLike, keep: int, *, protect: int
     if not root.is_dir():
         return []
     _remove_temps(root)
-    drop = [v for v in train_versions(root)[:-keep] if v != protect]
+    kept = {protect} if isinstance(protect, int) else set(protect or ())
+    drop = [v for v in train_versions(root)[:-keep] if v not in kept]
     for v in drop:
         shutil.rmtree(train_version_path(root, v), ignore_errors=True)
     return drop

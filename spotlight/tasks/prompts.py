@@ -41,8 +41,10 @@ from spotlight.config import DEFAULT_CONFIG_PATH, EXAMPLES_DIR, ConfigError, Dat
 PROMPT_COLUMN_NAMES = ("prompt", "text", "caption")
 """Column (CSV/TSV, any case) or key (JSONL, in this order of preference) that holds the prompt."""
 
-DEFAULT_PROMPTS_PATH = EXAMPLES_DIR / "default" / "prompts" / "evaluation_metadata.jsonl"
-"""The prompt file of an empty ``data.prompts_path``: the 553 GenEval prompts."""
+DEFAULT_PROMPTS_PATH = EXAMPLES_DIR / "prompts" / "geneval" / "train_metadata.jsonl"
+"""The prompt file of an empty ``data.prompts_path``: the GenEval-style *training* set (3,400
+records, disjoint from GenEval's 553 evaluation prompts; ``examples/prompts/SOURCES.md``). An
+empty path never trains on an evaluation set."""
 
 
 @dataclasses.dataclass(frozen=True)

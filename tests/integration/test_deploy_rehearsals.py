@@ -1,6 +1,6 @@
 """The deployment recipes rehearsed on this machine (deploy/<recipe>/rehearse.sh, deploy/rehearse.py):
 each recipe's own commands start the coordinator and the agents on localhost and run 2 iterations
-of the embedded default.
+of the embedded default (Kubernetes: 1).
 
 Slurm: the batch scripts as they are (``srun`` a shim that runs one process per task, so the
 reserved job's Train Workers are two ranks of the multi-node entry point on two localhost "nodes").
@@ -37,10 +37,10 @@ def _rehearse(recipe: str, work: pathlib.Path, *args: str) -> dict:
     return facts
 
 
-def _check_run(facts: dict) -> list[dict]:
+def _check_run(facts: dict, iterations: int = 2) -> list[dict]:
     rd = pathlib.Path(facts["run_dir"])
-    assert facts["coordinator_exit"] == 0 and facts["iterations_done"] == 2
-    assert [m["iteration"] for m in read_jsonl(rd / "metrics.jsonl")] == [0, 1]
+    assert facts["coordinator_exit"] == 0 and facts["iterations_done"] == iterations
+    assert [m["iteration"] for m in read_jsonl(rd / "metrics.jsonl")] == list(range(iterations))
     reqs = read_jsonl(rd / "requests.jsonl")
     assert reqs
     assert_each_request_ended_once(reqs)
@@ -74,3 +74,14 @@ def test_skypilot_rehearsal_with_a_preempted_spot_node(tmp_path):
     assert ("join", "spot-vm0r1") in events, events
     # the replacement took work: some request of the run was leased to it
     assert any("leased to spot-vm0r1/" in json.dumps(r["history"]) for r in reqs)
+
+
+def test_kubernetes_rehearsal(tmp_path):
+    """The StatefulSet's containers (coordinator with --resume-existing on its volume, reserved
+    agent) and the agent Deployment's pods (node id $(POD_NAME)) as the manifests give their
+    arguments; one iteration is enough to show the cluster forms and trains (the other two
+    rehearsals run two)."""
+    facts = _rehearse("kubernetes", tmp_path, "--iterations", "1")
+    _check_run(facts, iterations=1)
+    assert facts["nodes"] == ["spotlight-agent-0x0", "spotlight-agent-1x0"]
+    assert pathlib.Path(facts["run_dir"]) == tmp_path / "run"  # the PersistentVolume's mount, here

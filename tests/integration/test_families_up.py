@@ -68,14 +68,21 @@ def _config(family: str, mode: str, ckpt: pathlib.Path) -> dict:
     changes = {
         "model": model,
         "sampler": {"num_steps": 4, "sde_window_size": 2, "sde_window_range": [0, 3], "noise_level": 1.2},
-        "data": {"prompts_per_iteration": 3, "group_size": 2, "num_control_prompts": 1},
+        # the default training set's 160 counting prompts (fewer to encode than all 3,400)
+        "data": {
+            "prompts_per_iteration": 3,
+            "group_size": 2,
+            "num_control_prompts": 1,
+            "category_column": "tag",
+            "categories": ["counting"],
+        },
         "explore": {"planner": "fixed", "num_candidates": 4},
         "train": train,
         "cluster": {"worker_batch_size": 4},
         # held-out evaluation during training (docs/evaluation.md) on a 2-prompt panel
         "eval": {"every": 1, "prompts_path": "examples/default/prompts/evaluation_metadata.jsonl", "num_prompts": 2},
     }
-    # every key written out (the built-in defaults: JPEG reward, GenEval prompts, the tiny
+    # every key written out (the built-in defaults: JPEG reward, GenEval-style training prompts, the tiny
     # architecture the checkpoint above was built with), so the embedded default's shapes
     # task never merges in
     from spotlight.config import SpotlightConfig, config_to_dict
@@ -192,11 +199,13 @@ def test_held_out_evaluation_during_training_for_every_family(root, family, mode
     assert [(e["iteration"], e["version"]) for e in evals] == [(-1, 0), (0, 1), (1, 2)]
     assert all(e["eval/num_images"] == 4 and e["eval/score"] < 0 for e in evals)  # JPEG reward: -kB
     assert all((rd / "eval" / f"iter_{i:04d}.png").is_file() for i in range(3))
+    last_row = _rows(rd)[-1]  # the final weights' evaluation is joined before the last row
+    assert last_row["eval/iteration"] == 2 and last_row["eval/score"] == evals[-1]["eval/score"]
     layout = "pytorch_lora_weights.safetensors" if mode == "lora" else "config.json"
     assert (rd / "best" / layout).is_file()
 
 
-@pytest.mark.parametrize("family,mode", [("qwen-image", "lora"), ("flux", "lora")])
+@pytest.mark.parametrize("family,mode", [("qwen-image", "lora"), ("sd3", "lora"), ("flux", "lora")])
 def test_spotlight_eval_scores_any_family(root, family, mode):
     rd = _run(family, mode, root)
     proc = subprocess.run(
@@ -218,3 +227,26 @@ def test_lora_versions_are_smaller_than_full_versions(root, family):
     lora = _rows(_run(family, "lora", root))[0]["weights/version_bytes"]
     full = _rows(_run(family, "full", root))[0]["weights/version_bytes"]
     assert 0 < lora < full
+
+
+def test_fig09_reads_any_familys_held_out_evaluation(root, tmp_path):
+    """benchmarks/fig09_heldout_score.py plots a Qwen-Image run from its eval.jsonl (nothing
+    recomputed), and scores its published versions post hoc with the Eval Worker's code."""
+    rd = _run("qwen-image", "lora", root)
+    script = [sys.executable, str(REPO / "benchmarks" / "fig09_heldout_score.py"), "--run-dir", str(rd)]
+    proc = subprocess.run([*script, "--out", str(tmp_path / "a.png")], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    data = json.loads((tmp_path / "a.json").read_text())
+    evals = {
+        json.loads(line)["version"]: json.loads(line)["eval/score"]
+        for line in (rd / "eval.jsonl").read_text().splitlines()
+    }
+    (rows,) = data["results"].values()
+    assert {r["version"]: r["score"] for r in rows} == evals and "eval.jsonl" in next(iter(data["sources"].values()))
+    post_hoc = ["--source", "versions", "--every", "2", "--eval-prompts", "2", "--eval-seeds", "2"]
+    post_hoc += ["--cache", str(tmp_path / "cache.json"), "--out", str(tmp_path / "b.png")]
+    proc = subprocess.run([*script, *post_hoc], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    (rows,) = json.loads((tmp_path / "b.json").read_text())["results"].values()
+    assert [r["version"] for r in rows] == [0, 2]
+    assert rows[0]["score"] == pytest.approx(evals[0], rel=1e-4)  # the same panel, seeds and code as during training

@@ -207,8 +207,9 @@ def test_eval_reports_base_and_final_per_task_kind(run_dir):
 
 def test_held_out_evaluation_during_training(run_dir):
     """The base model and every version are evaluated on the same panel, recorded in
-    eval.jsonl with a comparable grid each; best/ is kept. (Which metrics row carries a result
-    depends on when its process finishes, so that is not asserted.)"""
+    eval.jsonl with a comparable grid each; best/ is kept. The last metrics row carries the
+    final weights' evaluation (the coordinator joins it before writing that row); which earlier
+    row carries an earlier result depends on when its process finishes, so that is not asserted."""
     evals = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
     assert sorted((e["iteration"], e["version"]) for e in evals) == [(-1, 0), (0, 1), (1, 2)]
     for e in evals:
@@ -216,6 +217,9 @@ def test_held_out_evaluation_during_training(run_dir):
     for name in ("iter_0000", "iter_0001", "iter_0002"):
         assert (run_dir / "eval" / f"{name}.png").is_file() and (run_dir / "eval" / f"{name}.json").is_file()
     assert (run_dir / "eval" / "first_vs_last.png").is_file()
+    last_row = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][-1]
+    final = next(e for e in evals if e["iteration"] == 1)
+    assert last_row["eval/iteration"] == 2 and last_row["eval/score"] == final["eval/score"]
     best = json.loads((run_dir / "best" / "best.json").read_text())
     assert best["eval/score"] == max(e["eval/score"] for e in evals)
     assert (run_dir / "best" / "config.json").is_file()  # final/'s layout: a diffusers transformer folder

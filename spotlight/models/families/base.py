@@ -25,6 +25,7 @@ length so rows from different prompts batch together.
 from __future__ import annotations
 
 import abc
+import contextlib
 import hashlib
 import json
 import os
@@ -335,6 +336,31 @@ def prompt_cache_path(family: ModelFamily, prompts: list[str], cache_dir: pathli
     return pathlib.Path(cache_dir) / f"{family.name}-{digest}.safetensors"
 
 
+@contextlib.contextmanager
+def quiet_text_encoders():
+    """Raise the ``transformers`` and ``diffusers`` loggers to ERROR for the block: their tokenizers
+    and pipelines warn once per *batch* of prompts longer than a text encoder's window ("The
+    following part of your input was truncated because CLIP can only handle sequences up to 77
+    tokens: [...]", pad tokens and all), megabytes of console for a 25,000-prompt set. The product
+    says how many prompts were cut, once (:func:`spotlight.tasks.prompts.truncation_report`)."""
+    import logging
+
+    import diffusers.utils.logging as diffusers_logging
+    import transformers.utils.logging as transformers_logging
+
+    # each library's own setter: it configures the library's root logger first (a first use inside
+    # the block would otherwise reset a level set here to the library's default)
+    libraries = (diffusers_logging, transformers_logging)
+    before = [lib.get_verbosity() for lib in libraries]
+    for lib in libraries:
+        lib.set_verbosity(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lib, level in zip(libraries, before):
+            lib.set_verbosity(level)
+
+
 def cached_conditioning(family: ModelFamily, prompts: list[str], cache_dir: pathlib.Path) -> Conditioning:
     """:meth:`ModelFamily.encode_prompts` once per (prompt set, checkpoint, settings), cached
     as safetensors in ``cache_dir`` (text encoders are only loaded on a cache miss).
@@ -348,7 +374,8 @@ def cached_conditioning(family: ModelFamily, prompts: list[str], cache_dir: path
         return Conditioning.from_tensors(load_file(path))
     from spotlight.util.disk import ensure_free_space
 
-    cond = family.encode_prompts(prompts)
+    with quiet_text_encoders():
+        cond = family.encode_prompts(prompts)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tensors = {k: v.contiguous() for k, v in cond.to_tensors().items()}

@@ -73,6 +73,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from spotlight.errors import InputError
 from spotlight.tasks.shapes import world
 
 COLOR_NAMES: tuple[str, ...] = tuple(world.COLORS)
@@ -464,8 +465,8 @@ TEMPLATES = (
 """The caption templates :func:`parse_prompt` accepts (``a``/``an`` either way)."""
 
 
-def _reject(prompt: str, why: str) -> ValueError:
-    return ValueError(
+def _reject(prompt: str, why: str) -> InputError:
+    return InputError(
         f"cannot parse {prompt!r} as a shapes-world GenEval prompt ({why}); accepted templates: "
         + "; ".join(repr(t) for t in TEMPLATES)
         + f" with shape in {list(world.SHAPES)}, color in {list(COLOR_NAMES)}"
@@ -482,12 +483,12 @@ def parse_prompt(prompt: str) -> world.PromptSpec:
     Results are cached (``functools.lru_cache``, 4096 entries).
 
     Raises:
-        ValueError: the caption fits none of :data:`TEMPLATES` (the message quotes it and
+        InputError: (a ValueError) the caption fits none of :data:`TEMPLATES` (the message quotes it and
             lists them), or mixes a coloured and an uncoloured object, puts colours in a
             position caption, or names the same shape twice in a two-object caption.
     """
     if not isinstance(prompt, str):
-        raise ValueError(f"a prompt must be a string, got {type(prompt).__name__}")
+        raise InputError(f"a prompt must be a string, got {type(prompt).__name__}")
     text = " ".join(prompt.strip().lower().split()).removesuffix(".").rstrip()
     O = world.ObjectClause  # noqa: N806
     if m := _COUNT_RE.fullmatch(text):
@@ -540,7 +541,7 @@ def clauses(spec: world.PromptSpec, objects: Sequence[DetectedObject]) -> list[t
         if c.position is not None:
             rel, j = c.position
             if not 0 <= j < len(spec.include):
-                raise ValueError(f"{spec.prompt!r}: position refers to clause {j}, but there are {len(spec.include)}")
+                raise InputError(f"{spec.prompt!r}: position refers to clause {j}, but there are {len(spec.include)}")
             targets = candidates[j][1]
             ok = any(a is not b and rel in world.relations_between(a.box, b.box) for a in matching for b in targets)
             out.append((f"a {c.shape} {rel} a {spec.include[j].shape}", ok))

@@ -216,22 +216,32 @@ def keep_best(run_dir: pathlib.Path, family, transformer, cfg: SpotlightConfig, 
     return True
 
 
-def evaluate_version(run_dir: pathlib.Path, version: int, iteration: int, *, cache_dir: pathlib.Path) -> dict:
-    """Evaluate weight ``version`` of the run in ``run_dir`` (see the module docstring) and
-    return the scores written to ``eval/iter_NNNN.json`` (``iteration``: 0-based; the file is
-    numbered from 1, like ``samples/``; the base model's evaluation is ``iter_0000``)."""
+def score_version(cfg: SpotlightConfig, state_dict, *, cache_dir: pathlib.Path):
+    """``(scores, images, panel, rewards, family, transformer)`` of one published version
+    (``state_dict``: :func:`~spotlight.store.tensor_wire.mmap_state_dict` of its file) on
+    ``cfg``'s panel: what :func:`evaluate_version` writes, and what a post-hoc evaluation of a
+    run's versions (``benchmarks/fig09_heldout_score.py``) computes for any family. Writes nothing."""
     from spotlight.models.families import cached_conditioning
-    from spotlight.store.tensor_wire import mmap_state_dict
 
-    t0 = time.monotonic()
-    cfg = load_config(run_dir / "config.toml")
     device = eval_device(cfg)
     panel = build_panel(cfg)
-    state_dict = mmap_state_dict(str(run_dir / "tensor_store" / "weights" / f"v{int(version)}.safetensors"))
     family, transformer = load_policy(cfg, state_dict, device)
     cond = cached_conditioning(family, panel.unique_prompts, cache_dir)
     images = sample_panel(family, transformer, cfg, cond, panel, device)
     scores, rewards = score_panel(cfg, images, panel)
+    return scores, images, panel, rewards, family, transformer
+
+
+def evaluate_version(run_dir: pathlib.Path, version: int, iteration: int, *, cache_dir: pathlib.Path) -> dict:
+    """Evaluate weight ``version`` of the run in ``run_dir`` (see the module docstring) and
+    return the scores written to ``eval/iter_NNNN.json`` (``iteration``: 0-based; the file is
+    numbered from 1, like ``samples/``; the base model's evaluation is ``iter_0000``)."""
+    from spotlight.store.tensor_wire import mmap_state_dict
+
+    t0 = time.monotonic()
+    cfg = load_config(run_dir / "config.toml")
+    state_dict = mmap_state_dict(str(run_dir / "tensor_store" / "weights" / f"v{int(version)}.safetensors"))
+    scores, images, panel, rewards, family, transformer = score_version(cfg, state_dict, cache_dir=cache_dir)
     result = {"iteration": int(iteration), "version": int(version)} | scores
     out = run_dir / "eval"
     out.mkdir(exist_ok=True)

@@ -399,6 +399,8 @@ def main(argv: list[str] | None = None) -> int:
         checkpoint_dir=args.checkpoint_dir or setup.checkpoint_dir or None,
         resume_version=setup.resume_version if setup.resume_version >= 0 else None,
         spool_dir=args.spool_dir,
+        # a collapse-guard rollback may return to the base model: its checkpoint is saved too
+        checkpoint_initial=cfg.guard.enabled and cfg.guard.action == "rollback",
     )
     join_process_group(env, device)
     watch = tw.start_peer_watch(env.master_addr, env.master_port, env.rank, env.world_size, args.peer_timeout_s)

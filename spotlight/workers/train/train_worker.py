@@ -623,7 +623,33 @@ class FlowGRPOTrainer:
             "train/num_samples": total_samples,
             "train/optimizer_steps": float(tally.steps),
             "train/skipped_steps": float(tally.skipped),
+            "train/learning_rate": self.learning_rate,
         }
+
+    # ------------------------------------------------------------------ learning rate, rollback
+
+    @property
+    def learning_rate(self) -> float:
+        """The optimizer's learning rate now (``train.learning_rate``, unless a rollback lowered it)."""
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def set_learning_rate(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = float(lr)
+
+    def roll_back(self, path: str | os.PathLike, lr_scale: float) -> float:
+        """The collapse guard's rollback (docs/collapse-guard.md): restore the trainer checkpoint
+        at ``path`` (weights, AdamW state, RNG: those of the best held-out version) and set the
+        learning rate to ``lr_scale`` times the one in use now. Collective. Returns the new rate.
+
+        Raises:
+            FileNotFoundError, RuntimeError: as :meth:`load_checkpoint`.
+        """
+        lr = self.learning_rate * lr_scale
+        self.load_checkpoint(path)
+        self.set_learning_rate(lr)
+        log.warning("rolled back to %s; learning rate now %.3g", path, lr)
+        return lr
 
     # ------------------------------------------------------------------ weights
 
@@ -715,6 +741,7 @@ class FlowGRPOTrainer:
             "world_size": self.world_size,
             "steps_done": self.steps_done,
             "steps_skipped": self.steps_skipped,
+            "learning_rate": self.learning_rate,  # a collapse-guard rollback may have lowered it
             "torch": torch.get_rng_state().numpy().tobytes().hex(),
             "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
             "python": [py_state[0], list(py_state[1]), py_state[2]],
@@ -736,6 +763,8 @@ class FlowGRPOTrainer:
         version, internal, gauss = d["python"]
         random.setstate((version, tuple(internal), gauss))
         self.steps_done, self.steps_skipped = int(d["steps_done"]), int(d["steps_skipped"])
+        if "learning_rate" in d:
+            self.set_learning_rate(float(d["learning_rate"]))
 
     def save_checkpoint(self, path: str | os.PathLike) -> None:
         """Atomically write this trainer's resumable state to directory ``path``. Collective.
@@ -903,7 +932,15 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         default=PEER_TIMEOUT_S,
         help="a rank silent this long is taken as dead: the others abort their communicator and exit",
     )
+    ap.add_argument(
+        "--checkpoint-initial",
+        action="store_true",
+        help="also save the trainer checkpoint of the starting weights v0 (a collapse-guard rollback "
+        "may return to the base model); needs --checkpoint-dir",
+    )
     args = ap.parse_args(argv)
+    if args.checkpoint_initial and args.checkpoint_dir is None:
+        ap.error("--checkpoint-initial needs --checkpoint-dir")
     if args.resume_version is not None and (args.checkpoint_dir is None or args.resume_version < 0):
         ap.error("--resume-version needs --checkpoint-dir and a version >= 0")
     return args
@@ -1015,6 +1052,8 @@ class _TrainerProcess:
         self.parent = os.getppid()
         self.alive = alive if alive is not None else self._parent_alive
         self.watch = watch
+        self.keep_versions: set[int] = set()
+        """Versions whose checkpoints pruning keeps (the coordinator's latest TRAIN_BATCH says)."""
 
     def _parent_alive(self) -> bool:
         return os.getppid() == self.parent
@@ -1050,7 +1089,7 @@ class _TrainerProcess:
         ensure_free_space(self.args.checkpoint_dir, need, f"the trainer checkpoint of v{ver}")
         self.trainer.save_checkpoint(train_version_path(self.args.checkpoint_dir, ver))
         if self.args.rank == 0:
-            prune_train_versions(self.args.checkpoint_dir, keep=2, protect=ver)
+            prune_train_versions(self.args.checkpoint_dir, keep=2, protect={ver, *self.keep_versions})
 
     def publish(self, ver: int) -> None:
         """Rank 0: write version ``ver`` to a spool file and stream it in chunks (module docstring)."""
@@ -1084,6 +1123,11 @@ class _TrainerProcess:
         from spotlight import protocol as P
 
         args = self.args
+        if args.checkpoint_initial and version == 0:
+            from spotlight.store.checkpoint import train_version_path
+
+            if not (train_version_path(args.checkpoint_dir, 0) / ".metadata").is_file():
+                self.checkpoint(0)  # the base model, for a rollback to it
         self.sock.send_multipart(P.encode(P.TrainReady(rank=args.rank, world_size=args.world_size, version=version)))
         self.publish(version)
         log.info("ready (world %d, device %s)", args.world_size, self.trainer.device)
@@ -1155,7 +1199,26 @@ class _TrainerProcess:
 
         t0 = time.perf_counter()
         _reset_peak_memory(self.trainer.device)
-        metrics = self.trainer.train_step(tensors, body.micro_batches, iteration=body.iteration)
+        self.keep_versions = set(body.keep_versions)
+        if body.rollback_version >= 0:  # the collapse guard: no step on this batch (made by the weights left behind)
+            from spotlight.store.checkpoint import train_version_path
+
+            if self.args.checkpoint_dir is None:
+                raise RuntimeError("a rollback needs the trainer checkpoints (--checkpoint-dir)")
+            lr = self.trainer.roll_back(
+                train_version_path(self.args.checkpoint_dir, body.rollback_version), body.lr_scale
+            )
+            metrics = {
+                "train/rolled_back_to": float(body.rollback_version),
+                "train/learning_rate": lr,
+                "train/optimizer_steps": 0.0,
+                "train/skipped_steps": 0.0,
+                "train/num_samples": 0.0,
+            }
+        else:
+            if body.lr_scale != 1.0:  # lowered without a rollback (the current version was the best)
+                self.trainer.set_learning_rate(self.trainer.learning_rate * body.lr_scale)
+            metrics = self.trainer.train_step(tensors, body.micro_batches, iteration=body.iteration)
         metrics.update(_step_memory_metrics(self.trainer.device, time.perf_counter() - t0))
         version = body.version + 1
         if body.checkpoint:  # run.checkpoint_every: no wait on a save the run does not need

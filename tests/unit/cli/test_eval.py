@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from typer.testing import CliRunner
 
 from spotlight.cli import app
@@ -59,3 +60,57 @@ def test_eval_scores_any_family_on_its_panel(tmp_path, monkeypatch):
     assert report["num_prompts"] == 2 and report["base"]["eval/score"] < 0  # -kB
     assert report["final"]["eval/score"] == report["base"]["eval/score"]  # the same weights
     assert (out / "eval_base.png").is_file() and (out / "eval_final.png").is_file()
+
+
+def test_up_suggests_eval_only_for_a_run_eval_accepts(tmp_path):
+    """The finished run's ``next:`` line names ``spotlight eval --run-dir`` as is only when eval
+    accepts that run (it refused the JPEG toy, which has no held-out prompts, after suggesting it)."""
+    from spotlight.cli.up import next_steps
+    from spotlight.config import load_config
+
+    for example, accepted in (("default/config.toml", True), ("jpeg-toy/config.toml", False)):
+        rd = tmp_path / example.split("/")[0]
+        rd.mkdir()
+        (rd / "config.toml").write_text((EXAMPLES_DIR / example).read_text())
+        (rd / "final").mkdir()
+        line = next_steps(rd, load_config(rd / "config.toml"))
+        if accepted:
+            assert f"spotlight eval --run-dir {rd}[/cyan]" in line
+        else:
+            assert f"spotlight eval --run-dir {rd}[/cyan]" not in line and "--prompts FILE" in line
+            refused = CliRunner().invoke(app, ["eval", "--run-dir", str(rd)])
+            assert refused.exit_code == 2 and "--prompts" in refused.stdout
+        assert "spotlight status" in line
+
+
+def test_overall_standard_error_is_that_of_a_mean_over_task_kinds():
+    """One kind with a single prompt: the bound is sqrt(Σ 1/(4 n_k s)) / K, not 0.5/sqrt(N) of one
+    mean over every image (which printed ±0.026 for 46 prompts × 8 seeds)."""
+    from spotlight.cli.eval import overall_standard_error
+
+    kinds, seeds = {"counting": 1, "colors": 45}, 8
+    se = overall_standard_error(kinds, seeds)
+    assert se == pytest.approx((0.25 / 8 + 0.25 / 360) ** 0.5 / 2)
+    assert se > 3 * 0.5 / (46 * seeds) ** 0.5  # the old formula's ±0.026 understated it
+    even = overall_standard_error({"a": 23, "b": 23}, seeds)  # equal kinds: both formulas agree
+    assert even == pytest.approx(0.5 / (46 * seeds) ** 0.5)
+    assert overall_standard_error({}, seeds) == 0.0
+
+
+def test_eval_prints_the_bound_of_its_task_kinds(tmp_path, monkeypatch):
+    """`spotlight eval` on two task kinds of one and three prompts prints the kinds' bound."""
+    import re
+
+    from spotlight.cli.eval import overall_standard_error
+    from spotlight.tasks.shapes import world
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    specs = world.all_prompts()
+    counting = [s.prompt for s in specs if s.tag == "counting"][:1]
+    colors = [s.prompt for s in specs if s.tag == "colors"][:3]
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("\n".join(counting + colors) + "\n")
+    res = CliRunner().invoke(app, ["eval", "--prompts", str(prompts), "--num-seeds", "1", "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    shown = float(re.search(r"up to ±([0-9.]+)", res.stdout)[1])
+    assert shown == pytest.approx(overall_standard_error({"counting": 1, "colors": 3}, 1), abs=1e-3)

@@ -72,7 +72,35 @@ def test_cluster_layout_options_land_in_the_config(tmp_path):
     assert (
         cfg.train.num_train_workers == 4 and cfg.cluster.reserved_rollout_gpus == [0, 1] and cfg.cluster.sp_degree == 2
     )
-    assert "--agents 3 --gpus-per-agent 8" in res.stdout and "--gpus 0,1,2,3,4,5,6,7" in res.stdout
+    assert "--gpus 0,1,2,3,4,5,6,7" in res.stdout and "--min-spot-nodes 3" in res.stdout
+    assert "spotlight up --local" not in res.stdout.split("\n[", 1)[0]  # a cluster is not started on one machine
+
+
+@pytest.mark.parametrize(
+    "args, cluster",
+    [
+        ((), False),
+        (("--family", "jpeg-toy"), False),
+        (("--family", "sd3"), True),
+        (("--family", "qwen-image", "--pretrained-path", "/models/qwen"), True),
+        (("--spot-nodes", "8", "--gpus-per-node", "8"), True),
+        (("--train-gpus", "2"), True),
+    ],
+)
+def test_a_cluster_layout_prints_the_readmes_cluster_commands_not_local(args, cluster, tmp_path):
+    """`spotlight init` for a cluster layout (a GPU family or layout flags) starts it the README's
+    way (port 7400, --keys) and never suggests `spotlight up --local`; the CPU examples with no
+    layout flags still do."""
+    out = tmp_path / "run.toml"
+    res = _init(*args, "--out", str(out))
+    assert res.exit_code == 0, res.output
+    header = out.read_text().split("\n[", 1)[0]
+    closing = " ".join(res.stderr.split())
+    assert ("spotlight up --local" in header) is not cluster
+    assert ("start with spotlight up --local" in closing) is not cluster
+    assert "--reserved 0.0.0.0:7400 --keys /etc/spotlight/keys" in header
+    if cluster:
+        assert f"spotlight up --config {out} --reserved 0.0.0.0:7400 --keys /etc/spotlight/keys" in closing
 
 
 def test_mistakes_are_one_line_errors_and_out_is_not_overwritten(tmp_path):

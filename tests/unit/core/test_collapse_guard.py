@@ -62,6 +62,16 @@ def test_saturation_collapse_either_way():
     assert [a.kind for a in up] == ["image_drift"] and [a.kind for a in down] == ["image_drift"]
 
 
+@pytest.mark.parametrize("direction", [+1, -1])
+def test_colour_entropy_drift_either_way(direction):
+    """Noise adds colours (entropy up), collapse removes them (down): both alert once sustained."""
+    drift = [2.0, 2.0, 2.0 + direction * 0.5, 2.0 + direction * 1.5, 2.0 + direction * 1.6]
+    got = _run(_rows(image__color_entropy=drift))
+    assert [(a.kind, a.metric, a.iteration) for a in got] == [("image_drift", "image/color_entropy", 4)]
+    assert got[0].bound == pytest.approx(2.0 + direction * S.color_entropy_change)
+    assert _run(_rows(image__color_entropy=[2.0, 2.0, 2.5, 2.6, 1.5])) == []  # within a bit of the baseline
+
+
 def test_heldout_drop_while_reward_rises_is_reward_hacking():
     rows = _rows(eval__score=[0.5, 0.6, 0.55, 0.45], reward__mean=[0.1, 0.2, 0.3, 0.4])
     got = _run(rows)

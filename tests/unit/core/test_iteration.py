@@ -24,6 +24,7 @@ from spotlight.core.iteration import (
     StartSaving,
     StartTraining,
     build_iteration_core,
+    spot_nodes_missing,
 )
 from spotlight.core.planner import Action, Planner, PlannerConfig, StepOption
 from spotlight.core.request_scheduler import RequestKind, RequestScheduler, RequestStatus
@@ -32,8 +33,9 @@ from spotlight.core.seed_bank import SeedBank, derive_seed
 T = 10
 
 
-def _core(*, mode="stale", iterations=3, stream=True, d=8, reuse=False, control=2, planner=None):
+def _core(*, mode="stale", iterations=3, stream=True, d=8, reuse=False, control=2, planner=None, min_spot=0):
     settings = IterationSettings(
+        min_spot_nodes=min_spot,
         iterations=iterations,
         prompts_per_iteration=4,
         num_control_prompts=control,
@@ -409,3 +411,29 @@ def test_a_parked_exploration_request_is_dropped_and_the_iteration_ends():
     out += core.advance(6.0, CoreObservation())
     assert core.sched.get(bad.request_id).status is RequestStatus.PARKED
     assert [type(d) for d in out] == [IterationDone]
+
+
+def test_iteration_1_waits_for_min_spot_nodes_and_later_iterations_do_not():
+    """cluster.min_spot_nodes: iteration 1 starts once that many spot nodes are alive; nodes that
+    leave afterwards do not hold up later iterations, nor a resumed run past iteration 1."""
+    assert spot_nodes_missing(0, 1, 3) == 2 and spot_nodes_missing(0, 3, 3) == 0 and spot_nodes_missing(0, 5, 0) == 0
+    assert spot_nodes_missing(1, 0, 3) == 0  # after iteration 1: go on with whatever is alive
+    core = _core(iterations=2, min_spot=2)
+    assert core.advance(0.0, CoreObservation(num_spot_nodes=0)) == [] and core.phase == "starting"
+    assert core.advance(1.0, CoreObservation(num_spot_nodes=1)) == [] and core.phase == "starting"
+    core.advance(2.0, CoreObservation(num_spot_nodes=2))
+    assert core.phase == "rollout"
+    _finish(core, "r/0", is_spot=False, now=3.0)
+    assert [type(d) for d in core.advance(4.0, CoreObservation(num_spot_nodes=0))] == [StartTraining]
+    core.advance(5.0, CoreObservation(train_done=True, num_spot_nodes=0))
+    _finish(core, "r/0", is_spot=False, now=5.5)  # the spot nodes left: the reserved side drains
+    out = core.advance(6.0, CoreObservation(num_spot_nodes=0))
+    assert [type(d) for d in out] == [IterationDone]  # and iteration 1 still ends
+    core.advance(7.0, CoreObservation(num_spot_nodes=0))
+    assert core.phase == "rollout" and core.iteration == 1  # and iteration 2 begins without them
+    resumed = _core(iterations=2, min_spot=2)
+    resumed.load_state_dict(core.state_dict())
+    resumed.advance(8.0, CoreObservation(num_spot_nodes=0))
+    assert resumed.phase == "rollout"  # a run resumed past iteration 1 does not wait either
+    with pytest.raises(ValueError, match="min_spot_nodes"):
+        _core(min_spot=-1)

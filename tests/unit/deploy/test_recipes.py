@@ -3,9 +3,9 @@ check out offline, with the fields Spotlight relies on.
 
 Kubernetes manifests go through the kubernetes client's typed models (unknown fields, wrong types
 and missing required fields fail; the round trip must give the manifest back, so a misspelt field
-cannot be dropped silently). SkyPilot tasks go through SkyPilot's own loader when it is installed
-(``pip install skypilot``: it works without cloud credentials, but it is not in the test extra,
-too large to install quickly), and always through the structural checks here.
+cannot be dropped silently). SkyPilot tasks go through SkyPilot's own loader (run from ``.venv-sky``, which
+``./scripts/test`` creates: skypilot's click pin conflicts with huggingface-hub's, so it cannot join
+the test extra; no cloud credentials needed), and always through the structural checks here.
 """
 
 from __future__ import annotations
@@ -112,11 +112,44 @@ def _task(name: str) -> dict:
     return yaml.safe_load((DEPLOY / "skypilot" / name).read_text())
 
 
-@pytest.mark.parametrize("name", ["reserved.yaml", "agents.yaml"])
-def test_skypilot_tasks_load_with_skypilots_own_loader(name):
-    sky = pytest.importorskip("sky", reason="skypilot is not installed (pip install skypilot)")
-    task = sky.Task.from_yaml(str(DEPLOY / "skypilot" / name))
-    assert task.run and task.setup
+def _sky_python() -> str | None:
+    """An interpreter with SkyPilot: ``$SPOTLIGHT_SKY_PYTHON`` (``./scripts/test`` sets it to
+    ``.venv-sky``'s, scripts/_sky_venv.sh), else this one when it imports ``sky``, else None."""
+    import importlib.util
+    import os
+    import sys
+
+    if os.environ.get("SPOTLIGHT_SKY_PYTHON"):
+        return os.environ["SPOTLIGHT_SKY_PYTHON"]
+    return sys.executable if importlib.util.find_spec("sky") else None
+
+
+@pytest.mark.procs
+def test_skypilot_tasks_load_with_skypilots_own_loader():
+    """``sky.Task.from_yaml`` (SkyPilot's schema validation and parsing, no cloud) accepts both
+    tasks, with their setup, run and resources (the port, the spot choice). SkyPilot lives in a
+    venv of its own (its click pin conflicts with huggingface-hub's), run as a subprocess."""
+    import subprocess
+
+    python = _sky_python()
+    if python is None:
+        pytest.skip("no SkyPilot: ./scripts/test creates .venv-sky for it (scripts/_sky_venv.sh)")
+    script = (
+        "import json, sys, sky\n"
+        "out = {}\n"
+        "for path in sys.argv[1:]:\n"
+        "    t = sky.Task.from_yaml(path)\n"
+        "    (r,) = t.resources\n"
+        "    out[path] = {'run': bool(t.run), 'setup': bool(t.setup), 'ports': r.ports, 'spot': r.use_spot}\n"
+        "print(json.dumps(out))\n"
+    )
+    paths = [str(DEPLOY / "skypilot" / name) for name in ("reserved.yaml", "agents.yaml")]
+    proc = subprocess.run([python, "-c", script, *paths], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    reserved, agents = (got[p] for p in paths)
+    assert all(t["run"] and t["setup"] for t in (reserved, agents))
+    assert reserved["ports"] == [str(PORT)] and reserved["spot"] is False and agents["spot"] is True
 
 
 def test_skypilot_reserved_opens_the_port_and_mounts_the_keys():

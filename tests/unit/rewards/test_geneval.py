@@ -13,6 +13,7 @@ from spotlight.rewards.geneval import (
     COUNTING_THRESHOLD,
     THRESHOLD,
     Detection,
+    check_record,
     load_metadata,
     verdict,
 )
@@ -51,6 +52,39 @@ def test_colour_clause_uses_the_classifier_on_the_matched_objects():
     assert verdict(COLOR, [car], lambda d: "blue") == (False, 0.5)
     with pytest.raises(ValueError, match="colour"):
         verdict(COLOR, [car])
+
+
+@pytest.mark.parametrize(
+    "record, fragment",
+    [
+        ([1], "must be a JSON object"),
+        ({"tag": "single_object"}, "no include or exclude"),
+        ({"include": {"class": "dog"}}, "'include' must be a list"),
+        ({"include": [{"count": 1}]}, "needs a 'class'"),
+        ({"include": [{"class": "dog", "count": 0}]}, "'count' must be an integer >= 1"),
+        ({"include": [{"class": "dog", "count": 1, "color": 3}]}, "'color' must be a string"),
+        ({"include": [{"class": "dog", "count": 1, "position": ["left of", 0]}]}, "earlier include entry"),
+        ({"include": [{"class": "dog", "count": 1}], "exclude": [{"class": "dog"}]}, "exclude[0]"),
+    ],
+)
+def test_malformed_records_are_input_errors_naming_the_fault(record, fragment):
+    from spotlight.errors import InputError
+
+    with pytest.raises(InputError, match=fragment.replace("[", r"\[")):
+        check_record(record)
+    with pytest.raises(ValueError):  # an InputError is a ValueError too
+        verdict(record, [])
+
+
+def test_every_shipped_geneval_record_is_well_formed():
+    from spotlight.config import EXAMPLES_DIR
+
+    for f in (
+        EXAMPLES_DIR / "default/prompts/evaluation_metadata.jsonl",
+        EXAMPLES_DIR / "prompts/geneval/train_metadata.jsonl",
+    ):
+        for line in f.read_text().splitlines():
+            check_record(json.loads(line))
 
 
 def test_position_needs_every_pair_and_a_matched_target():
@@ -163,7 +197,14 @@ def test_scorer_on_a_real_server_with_a_tiny_detector_and_clip(tiny_detector, tm
             json={"version": 2, "images": images[:1], "prompts": ["nobody described this"], "metadata": [{}]},
             timeout=60,
         )
-        assert r.status_code == 500 and "no GenEval metadata" in r.json()["error"]
+        assert r.status_code == 400 and "no GenEval metadata" in r.json()["error"]  # the request's fault
+        bad = {"tag": "counting", "include": [{"class": "cup", "count": "three"}]}
+        r = requests.post(
+            server.url,
+            json={"version": 2, "images": images[:1], "prompts": ["three cups"], "metadata": [bad]},
+            timeout=60,
+        )
+        assert r.status_code == 400 and "'count' must be an integer" in r.json()["error"]
         meta = SINGLE | {"prompt": "nobody described this"}  # the record on the wire is used first
         r = requests.post(
             server.url,

@@ -107,4 +107,4 @@ def test_reward_server_scorer_ocr_over_http():
         bad = requests.post(server.url, json=one)
     assert body["rewards"][0] >= 0.95
     assert body["rewards"][1] <= 0.5
-    assert bad.status_code == 500 and "ocr" in bad.json()["error"]
+    assert bad.status_code == 400 and "ocr" in bad.json()["error"] and "no quotes" in bad.json()["error"]

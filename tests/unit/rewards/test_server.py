@@ -31,6 +31,7 @@ from spotlight.rewards.server import (
     build_multi_scorer,
     make_server,
     parse_scorer_spec,
+    parse_scorer_specs,
 )
 
 pytestmark = pytest.mark.timeout(120)
@@ -269,6 +270,20 @@ def test_scorer_failure_is_500_naming_the_scorer(bad, fragment):
         assert requests.get(server.url + "health", timeout=10).status_code == 200
 
 
+def test_a_prompt_a_scorer_refuses_is_400_naming_scorer_and_prompt():
+    """A caption the shapes scorer cannot parse is the client's error (400, one line), not a
+    server failure; the server keeps serving."""
+    multi = build_multi_scorer(parse_scorer_specs(["geneval_shapes"]))
+    with running(multi) as server:
+        payload = good_payload(1) | {"prompts": ["a photo of a dragon"]}
+        resp = requests.post(server.url, json=payload, timeout=30)
+        assert resp.status_code == 400, resp.text
+        error = resp.json()["error"]
+        assert "'geneval_shapes'" in error and "a photo of a dragon" in error and "\n" not in error
+        ok = good_payload(1) | {"prompts": ["a photo of a red circle"]}
+        assert requests.post(server.url, json=ok, timeout=30).status_code == 200
+
+
 # ------------------------------------------------------------------------------------------ CLIP
 
 
@@ -341,7 +356,9 @@ def test_parse_scorer_spec():
 @pytest.mark.parametrize(
     "args, fragment",
     [
-        (["--scorer", "imagereward"], "unknown scorer 'imagereward'"),
+        (["--scorer", "imagereward"], "scorer 'imagereward' is not built in: its package (image-reward 1.5) pins"),
+        (["--scorer", "hpsv2:0.5"], "scorer 'hpsv2' is not built in"),
+        (["--scorer", "dreamsim"], "unknown scorer 'dreamsim'"),
         (["--scorer", "aesthetic"], "needs --aesthetic-head"),
         (["--scorer", "clip:heavy"], "bad weight 'heavy'"),
         (["--scorer", "jpeg_compressibility:nan"], "must be finite"),

@@ -376,3 +376,28 @@ def test_denoise_and_decode_match_pipeline(which, sd3, flux, sd3_dir, flux_dir):
     assert img.shape == (len(PROMPTS), 3, SIZE, SIZE) and img.dtype == torch.uint8 and img.device.type == "cpu"
     ref_img = pipe(latents=x0.clone(), output_type="pt", **kw).images  # [B, 3, H, W] in [0, 1]
     assert (img.float() - ref_img * 255).abs().max() <= 1.0
+
+
+@pytest.mark.procs
+def test_encoding_long_prompts_does_not_flood_the_console(sd3_dir, tmp_path):
+    """CLIP's window is 77 tokens: diffusers warned once per batch with the cut text and its pad
+    tokens (224 MB of console in a few minutes for the PickScore prompts); encoding through the
+    cache keeps the libraries' warnings down. In a fresh process: the libraries configure their
+    loggers on first use, which must not undo the quieting."""
+    import subprocess
+    import sys
+
+    script = f"""
+import logging, pathlib
+from spotlight.config import ModelConfig
+from spotlight.models.families import cached_conditioning, get_family
+fam = get_family(ModelConfig(family="sd3", pretrained_path={str(sd3_dir)!r}, image_size=32, max_text_tokens=64))
+long = ["a very long prompt " + " ".join(f"word{{i}}" for i in range(150))] * 3
+cached_conditioning(fam, long, pathlib.Path({str(tmp_path)!r}))
+levels = [logging.getLogger(name).getEffectiveLevel() for name in ("diffusers", "transformers")]
+print("levels", *levels)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "truncated" not in out.stderr and "truncated" not in out.stdout, out.stderr[-2000:]
+    assert "levels 30 30" in out.stdout  # the libraries' own levels (WARNING) come back afterwards

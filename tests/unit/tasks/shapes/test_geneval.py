@@ -15,7 +15,7 @@ from spotlight.rewards.reward_fn import RewardError, RewardFn
 from spotlight.rewards.server import (
     GenevalShapesScorer,
     MultiScorer,
-    ScorerError,
+    ScorerInputError,
     build_multi_scorer,
     parse_scorer_spec,
 )
@@ -329,8 +329,8 @@ def test_reward_server_geneval_scorers_match_the_built_in_reward(rendered):
         Image.fromarray(images[0].transpose(1, 2, 0)).resize((64, 64), Image.NEAREST),
     ]
     assert scorer(pil, [specs[0].prompt] * 2) == [1.0, 1.0]
-    with pytest.raises(
-        ScorerError, match=r"scorer 'geneval_shapes_partial' failed: ValueError: cannot parse 'a photo of a cat'"
+    with pytest.raises(  # the request's fault: the server answers it 400 (ScorerInputError)
+        ScorerInputError, match=r"scorer 'geneval_shapes_partial' refused the request: cannot parse 'a photo of a cat'"
     ):
         MultiScorer({"geneval_shapes_partial": (scorer, 1.0)}).score(pil[:1], ["a photo of a cat"])
 

@@ -132,6 +132,29 @@ def test_save_replaces_and_missing_checkpoint_raises(pg, rollout, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["v000003"]
 
 
+@pytest.mark.parametrize("variant", ["full", "lora"])
+def test_roll_back_restores_the_best_version_and_lowers_the_learning_rate(pg, rollout, tmp_path, variant):
+    """The collapse guard's rollback (docs/collapse-guard.md): the trainer returns to the
+    checkpoint of an earlier version (weights and AdamW state exactly) with a lower learning rate,
+    and that rate survives the next checkpoint and a resume."""
+    cfg = _cfg(**VARIANTS[variant], learning_rate=1e-3)
+    dev = torch.device("cpu")
+    tr = FlowGRPOTrainer(cfg, rank=0, world_size=1, device=dev, text_dim=TEXT_DIM)
+    tr.train_step(rollout, ROLLOUT_MBS, iteration=0)
+    tr.save_checkpoint(train_version_path(tmp_path, 1))
+    best = _trainer_state(tr)
+    tr.train_step(rollout, ROLLOUT_MBS, iteration=1)
+    assert _diff(best, _trainer_state(tr))  # trained on: the state moved
+    assert tr.roll_back(train_version_path(tmp_path, 1), 0.5) == pytest.approx(5e-4)
+    assert _diff(best, _trainer_state(tr)) == [] and tr.learning_rate == pytest.approx(5e-4)
+    tr.save_checkpoint(train_version_path(tmp_path, 3))
+    again = FlowGRPOTrainer(cfg, rank=0, world_size=1, device=dev, text_dim=TEXT_DIM)
+    assert again.learning_rate == pytest.approx(1e-3)
+    again.load_checkpoint(train_version_path(tmp_path, 3))
+    assert again.learning_rate == pytest.approx(5e-4)  # resumed after a rollback: the lowered rate
+    assert tr.roll_back(train_version_path(tmp_path, 1), 0.5) == pytest.approx(2.5e-4)  # compounds
+
+
 def test_train_versions_and_retention(tmp_path):
     root = tmp_path / "train"
     for v in (1, 2, 3, 4):
@@ -145,6 +168,11 @@ def test_train_versions_and_retention(tmp_path):
     assert train_versions(root) == [1, 3, 4]
     assert not (root / ".tmp-v000006").exists()
     assert prune_train_versions(root, keep=2) == [1]
+    for v in (5, 6):
+        (train_version_path(root, v)).mkdir(exist_ok=True)
+        (train_version_path(root, v) / ".metadata").write_bytes(b"x")
+    assert prune_train_versions(root, keep=1, protect={3, 5}) == [4]  # several kept: best and pending versions
+    assert train_versions(root) == [3, 5, 6]
     with pytest.raises(ValueError):
         prune_train_versions(root, keep=0)
     assert train_versions(tmp_path / "nowhere") == []
