@@ -137,8 +137,10 @@ def held(tmp_path):
     sent = []
     coord = types.SimpleNamespace(
         control=cp,
-        trainers=types.SimpleNamespace(train=lambda n, batches: sent.append((n, batches))),
+        trainers=types.SimpleNamespace(train=lambda n, batches, **kw: sent.append((n, batches))),
         _held_update=(4, "batches", 100.0),
+        _rollback_for_update=lambda n: (-1, 1.0),  # no collapse-guard rollback planned
+        _kept_train_versions=lambda: (),
     )
     pull = lambda **kw: _pull(cp, "reserved-0", res, rs, "reserved-0/gpu0", **kw)  # noqa: E731
     return coord, sent, pull
