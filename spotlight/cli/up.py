@@ -245,6 +245,7 @@ def announce(run: UpRun) -> None:
         f"{cfg.data.prompts_per_iteration}×{cfg.data.group_size} samples/iteration)"
     )
     console.print(escape(run.prompt_set.summary()))
+    _announce_memory(run)
     if len(run.prompts) < cfg.data.prompts_per_iteration:
         console.print(
             f"[yellow]warning:[/yellow] {len(run.prompts)} prompts for data.prompts_per_iteration = "
@@ -258,6 +259,29 @@ def announce(run: UpRun) -> None:
             transformers.utils.logging.disable_progress_bar()
         except (ImportError, AttributeError):
             pass
+
+
+def _announce_memory(run: UpRun) -> None:
+    """The memory plan the preflight checked (:func:`spotlight.cli.plan.plan_summary`), and a
+    warning when the disk plan exceeds the run directory's free space."""
+    from spotlight.cli.plan import plan_summary
+    from spotlight.util.disk import free_bytes
+
+    check = run.memory
+    if check is None:
+        return
+    if check.plan is None:
+        console.print(f"memory plan: none ({escape(check.note or 'the transformer could not be counted')})")
+        return
+    free = free_bytes(run.run_dir)
+    for line in plan_summary(check.plan, device=check.device, limit_source=check.limit_source, disk_free_bytes=free):
+        console.print(escape(line), highlight=False)
+    if check.plan.disk_bytes > free:
+        console.print(
+            f"[yellow]warning:[/yellow] the run may need up to {check.plan.disk_bytes / (1 << 30):.1f} GiB of disk at "
+            f"{escape(str(run.run_dir))} and {free / (1 << 30):.1f} GiB are free (run.keep_weight_versions, "
+            "run.keep_train_checkpoints; docs/planning.md §4-5)"
+        )
 
 
 def encode_prompts(run: UpRun) -> tuple:
