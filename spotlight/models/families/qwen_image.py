@@ -622,6 +622,7 @@ def make_random_checkpoint(
     transformer_kwargs: dict[str, Any] | None = None,
     image_size: int = 32,
     dtype: torch.dtype = torch.float32,
+    max_shard_size: str | None = None,
 ) -> pathlib.Path:
     """Write a tiny random-weight Qwen-Image checkpoint of the real classes, in diffusers
     layout (``QwenImagePipeline(...).save_pretrained(path)``): ``transformer/``, ``vae/``,
@@ -643,6 +644,8 @@ def make_random_checkpoint(
         image_size: the image side the checkpoint is meant for; must be a multiple of 16
             (VAE ×8 and 2×2 packing). The saved files do not depend on it.
         dtype: dtype of the saved weights (all components).
+        max_shard_size: cut each component's weights into safetensors files of at most this
+            size (``"500MB"``; None: diffusers' default), as the real checkpoint is cut.
 
     Returns:
         ``pathlib.Path(path)``.
@@ -713,7 +716,8 @@ def make_random_checkpoint(
             module.to(dtype)
     out = pathlib.Path(path)
     out.mkdir(parents=True, exist_ok=True)
-    pipe.save_pretrained(str(out), safe_serialization=True)
+    kwargs = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
+    pipe.save_pretrained(str(out), safe_serialization=True, **kwargs)
     return out
 
 
