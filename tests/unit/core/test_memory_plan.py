@@ -138,3 +138,10 @@ def test_gpu_memory_field_is_validated():
     for bad in (0, -1.0, float("nan")):
         with pytest.raises(ConfigError, match="cluster.gpu_memory_gib"):
             _cfg(cluster={"gpu_memory_gib": bad})
+
+
+def test_keep_train_checkpoints_is_validated():
+    from spotlight.config import ConfigError
+
+    with pytest.raises(ConfigError, match="run.keep_train_checkpoints: must be >= 1"):
+        _cfg(run={"keep_train_checkpoints": 0})
