@@ -51,15 +51,21 @@ def plan_table(plan, title: str) -> Table:
 def plan_summary(plan, *, device: str, limit_source: str | None, disk_free_bytes: int | None = None) -> list[str]:
     """The memory plan in three plain-text lines, as ``spotlight up`` prints it before the run
     starts: each trainer GPU's terms (the CPU's host memory per trainer rank without GPUs),
-    the rollout GPU, the reserved host and the disk at its peak (with the free space)."""
+    the rollout GPU, the reserved host and the disk at its peak (with the free space). In GiB,
+    or MiB when a trainer needs less than 1 GiB (the tiny family)."""
     from spotlight.core.memory_plan import GIB, MemoryPlan
 
+    unit, scale = ("GiB", GIB) if plan.trainer_gpu_bytes >= GIB else ("MiB", 1 << 20)
+
+    def n(x: int | float) -> str:
+        return f"{x / scale:.1f}"
+
     def terms(lines) -> str:
-        return ", ".join(f"{line.name} {line.bytes / GIB:.1f}" for line in lines if line.bytes)
+        return ", ".join(f"{line.name} {n(line.bytes)}" for line in lines if line.bytes)
 
     where = "trainer GPU" if device == "cuda" else "trainer rank (CPU, fp32, host memory)"
     limit = plan.gpu_limit_bytes
-    of = f" of {limit / GIB:.1f} GiB ({limit_source})" if limit is not None and limit_source else ""
+    of = f" of {n(limit)} {unit} ({limit_source})" if limit is not None and limit_source else ""
     act = (
         f"{plan.rows_per_micro_batch} row(s) per forward, {plan.tokens_per_micro_batch} tokens, "
         f"activation checkpointing {'on' if plan.activation_checkpointing else 'off'}"
@@ -67,11 +73,10 @@ def plan_summary(plan, *, device: str, limit_source: str | None, disk_free_bytes
     free = f", {disk_free_bytes / GIB:.1f} GiB free" if disk_free_bytes is not None else ""
     rollout = "rollout GPU" if device == "cuda" else "rollout worker"
     return [
-        f"memory plan (docs/planning.md; `spotlight plan` shows every formula), GiB; {act}:",
-        f"  {where} {plan.trainer_gpu_bytes / GIB:.1f}{of}: {terms(plan.trainer_gpu)}",
-        f"  {rollout} {plan.rollout_gpu_bytes / GIB:.1f}; reserved host "
-        f"{MemoryPlan.total(plan.reserved_host) / GIB:.1f}; disk up to {plan.disk_bytes / GIB:.1f}{free} "
-        f"({terms(plan.disk)})",
+        f"memory plan (docs/planning.md; `spotlight plan` shows every formula), {unit}; {act}:",
+        f"  {where} {n(plan.trainer_gpu_bytes)}{of}: {terms(plan.trainer_gpu)}",
+        f"  {rollout} {n(plan.rollout_gpu_bytes)}; reserved host {n(MemoryPlan.total(plan.reserved_host))}; "
+        f"disk up to {n(plan.disk_bytes)} {unit}{free} ({terms(plan.disk)})",
     ]
 
 
