@@ -19,9 +19,17 @@ the ratios, the activation bytes per token and block the off/on difference impli
 the memory plan's estimate for the same config (``spotlight.core.memory_plan`` on the CPU:
 fp32) with its error.
 
-Usage: ``nice -n 10 python benchmarks/trainer_memory.py`` (defaults: 0.69 B, 512², LoRA r64;
-about 30-60 minutes on 2 shared CPU cores, under 8 GiB at once). ``--lora-rank 0`` trains
-every parameter (16 bytes per parameter per rank: use ``--heads 6 --layers 9``).
+The RSS counts what glibc's allocator keeps, not only live tensors: with its default dynamic
+mmap threshold, freed blocks of up to 32 MiB stay in the heap. ``--mmap-threshold 65536`` sets
+``MALLOC_MMAP_THRESHOLD_`` for the ranks, so every freed block of 64 KiB or more goes back to
+the OS at once and the RSS follows the live tensors (closer to what a GPU's caching allocator
+holds); the results name the allocator setting.
+
+Usage: ``nice -n 10 python benchmarks/trainer_memory.py --out benchmarks/results/trainer_memory.json``
+(defaults: 0.69 B, 512², LoRA r64; about 20-40 minutes on 2 shared CPU cores, 9 GiB at once;
+``--resume`` continues a run whose ranks were killed, ``--wait-free-gib 9`` waits for memory on
+a shared machine, ``--reprint FILE`` prints the tables again). ``--lora-rank 0`` trains every
+parameter (16 bytes per parameter per rank: use ``--heads 6 --layers 9``).
 """
 
 from __future__ import annotations
@@ -201,8 +209,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-cfg", dest="cfg", action="store_false", help="no true CFG (1 row per sample, not 2)")
     ap.add_argument("--shard-mb", type=int, default=500, help="checkpoint file size, MB (default 500)")
     ap.add_argument("--worlds", default="1,2", help="rank counts to run (default 1,2)")
-    ap.add_argument("--out", type=pathlib.Path, help="also write the measurements to this JSON file")
+    ap.add_argument("--out", type=pathlib.Path, help="also write the measurements to this JSON file (after each run)")
+    ap.add_argument("--resume", action="store_true", help="keep the runs already in --out, run the others")
     ap.add_argument("--reprint", type=pathlib.Path, help="print the tables of an --out file (no run)")
+    ap.add_argument(
+        "--mmap-threshold",
+        type=int,
+        default=0,
+        help="glibc MALLOC_MMAP_THRESHOLD_ of the ranks, bytes (0: glibc's dynamic default). 65536 returns every "
+        "freed tensor of 64 KiB or more to the OS at once, so the RSS follows the live tensors",
+    )
+    ap.add_argument(
+        "--wait-free-gib",
+        type=float,
+        default=0.0,
+        help="before each run wait until the host has this much memory available (a shared machine)",
+    )
     args = ap.parse_args(argv)
     if args.reprint is not None:
         doc = json.loads(args.reprint.read_text())
@@ -213,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch.multiprocessing as mp
 
     worlds = [int(w) for w in args.worlds.split(",")]
+    if args.mmap_threshold:  # read by glibc when each spawned rank starts
+        os.environ["MALLOC_MMAP_THRESHOLD_"] = str(args.mmap_threshold)
     with tempfile.TemporaryDirectory(prefix="trainer-memory-") as tmp:
         tmp = pathlib.Path(tmp)
         t0 = time.perf_counter()
@@ -227,8 +251,13 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         results, size = [], _count(args, str(ckpt))
+        if args.resume and args.out is not None and args.out.is_file():
+            results = json.loads(args.out.read_text())["results"]
         for world in worlds:
             for ac in (False, True):
+                if any(r["world"] == world and r["activation_checkpointing"] == ac for r in results):
+                    continue
+                _wait_for_memory(args.wait_free_gib)
                 out = tmp / f"w{world}-ac{int(ac)}"
                 out.mkdir()
                 t1 = time.perf_counter()
@@ -237,30 +266,57 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 for f in sorted(out.glob("*.json")):
                     results.append(json.loads(f.read_text()))
+                _save(args, size, results)
                 print(
                     f"  {world} rank(s), checkpointing {'on' if ac else 'off'}: {time.perf_counter() - t1:.0f} s",
                     flush=True,
                 )
-    if args.out is not None:
-        saved = {k: v for k, v in vars(args).items() if k not in ("out", "reprint")}
-        args.out.write_text(json.dumps({"args": saved, "size": size, "results": results}, indent=1))
     _print(results, size, args, worlds)
     return 0
 
 
+def _save(args, size: dict, results: list[dict]) -> None:
+    if args.out is not None:
+        saved = {k: v for k, v in vars(args).items() if k not in ("out", "reprint", "resume", "wait_free_gib")}
+        args.out.write_text(json.dumps({"args": saved, "size": size, "results": results}, indent=1))
+
+
+def _wait_for_memory(gib: float) -> None:
+    """Block until ``MemAvailable`` is at least ``gib`` GiB (0: no wait)."""
+    if gib <= 0:
+        return
+    said = False
+    while True:
+        with open("/proc/meminfo") as f:
+            avail = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+        if avail >= gib * (1 << 30):
+            return
+        if not said:
+            print(f"  waiting for {gib:g} GiB of available memory ({avail / (1 << 30):.1f} now)", flush=True)
+            said = True
+        time.sleep(10)
+
+
 def _print(results: list[dict], size: dict, args, worlds: list[int]) -> None:
-    plans = {(w, ac): _plan(args, size, w, ac) for w in worlds for ac in (False, True)}
+    from spotlight.core.memory_plan import BLOCK_ACT_BYTES_PER_TOKEN
+
+    done = {(r["world"], r["activation_checkpointing"]) for r in results}
+    worlds = [w for w in worlds if (w, False) in done and (w, True) in done]  # the pairs measured
+    plans = {(w, ac): _plan(args, size, w, ac) for w, ac in sorted(done)}
     r0 = results[0]
     total, trainable = r0["total_params"], r0["trainable_params"]
     rows = 2 if args.cfg else 1
     tokens = rows * ((args.image_size // 16) ** 2 + T_TOKENS)
     kind = f"LoRA r{args.lora_rank} ({trainable / 1e6:.0f} M trainable)" if args.lora_rank else "full fine-tuning"
     print(
-        f"\nQwen-Image transformer, {total / 1e9:.3f} B parameters ({4 * total / MIB:.0f} MiB fp32), width "
+        f"\nQwen-Image transformer, {(total - trainable if args.lora_rank else total) / 1e9:.3f} B parameters "
+        f"({4 * (total - trainable if args.lora_rank else total) / MIB:.0f} MiB fp32), width "
         f"{args.heads * 128}, {args.layers} blocks; {kind}, AdamW, fp32 on the CPU; {args.image_size}² with "
         f"{'true CFG' if args.cfg else 'no CFG'}: {tokens} tokens per forward ({rows} row(s) × "
         f"{(args.image_size // 16) ** 2} image + {T_TOKENS} text), {args.samples} sample(s) per rank, SDE window "
-        f"{args.window}. MiB above the baseline (the rank's RSS after imports and process group):\n"
+        f"{args.window}; glibc allocator: "
+        f"{f'MALLOC_MMAP_THRESHOLD_={args.mmap_threshold}' if getattr(args, 'mmap_threshold', 0) else 'default'}. "
+        "MiB above the baseline (the rank's RSS after imports and process group):\n"
     )
     print(
         "| ranks | activation ckpt | rank | params held | baseline | build + load peak | held after load "
@@ -289,7 +345,7 @@ def _print(results: list[dict], size: dict, args, worlds: list[int]) -> None:
         terms = ", ".join(f"{k} {v / MIB:.0f}" for k, v in plan.items() if k not in ("total", "tokens") and v)
         print(f"* {world} rank(s), checkpointing {'on' if ac else 'off'}: {terms}")
     print("\nRatios and derived numbers:\n")
-    model = 4 * total
+    model = 4 * total  # the whole model a rank would hold unsharded (LoRA: base and adapter)
     if 2 in worlds and 1 in worlds:
         for ac in (False, True):
             tag = "on" if ac else "off"
@@ -312,7 +368,8 @@ def _print(results: list[dict], size: dict, args, worlds: list[int]) -> None:
             f"* checkpointing on / off, {world} rank(s), rank 0: train step peak {on / off:.2f} "
             f"({on / MIB:.0f} / {off / MIB:.0f} MiB); step growth {grow_on / grow_off:.2f} "
             f"({grow_on / MIB:.0f} / {grow_off / MIB:.0f} MiB); implied a = {a / 1024:.0f} KiB per token per block "
-            f"(fp32, width {d}) = {a * 3072 / d / 2 / 1024:.0f} KiB scaled to bf16 at width 3072 (the plan uses 91)"
+            f"(fp32, width {d}) = {a * 3072 / d / 2 / 1024:.0f} KiB scaled to bf16 at width 3072 "
+            f"(the plan uses {BLOCK_ACT_BYTES_PER_TOKEN // 1024})"
         )
 
 

@@ -24,7 +24,7 @@ parameters, ``T`` trainable ones: ``P`` for full fine-tuning, the LoRA adapter's
   ``train.micro_batch_size``, and ``cfg`` = 2 with true CFG (the negative rows run in the
   same forward). Without activation checkpointing ``tokens · blocks · a``; with it
   ``tokens · blocks · hidden · b`` (the block inputs) ``+ tokens · a`` (one block
-  recomputed). ``a`` = :data:`BLOCK_ACT_BYTES_PER_TOKEN` scaled by ``hidden / 3072`` and by
+  recomputed). ``a`` = :data:`BLOCK_ACT_BYTES_PER_TOKEN` (120 KiB) scaled by ``hidden / 3072`` and by
   ``b / 2``;
 * the reserved Rollout Worker's model copy, if it shares the GPU
   (``cluster.reserved_rollout_gpus`` ∩ the trainer ranks): ``b·P`` (+ ``b·T`` for the adapter)
@@ -44,10 +44,12 @@ import math
 
 GIB = 1 << 30
 
-BLOCK_ACT_BYTES_PER_TOKEN = 91 * 1024
-"""Activation bytes a Qwen-Image transformer block keeps for the backward, per token, in bf16
-(hidden size :data:`REFERENCE_HIDDEN`; measured on CPU, docs/planning.md). Other widths scale
-linearly by hidden size, fp32 by 2."""
+BLOCK_ACT_BYTES_PER_TOKEN = 120 * 1024
+"""Activation bytes a Qwen-Image transformer block keeps for the backward, per token, in bf16 at
+hidden size :data:`REFERENCE_HIDDEN`. Measured with the Train Worker itself (LoRA r64, true
+CFG, 512²) on a real-width block in fp32 on the CPU: 114 and 131 KiB at width 1536 on 1 and 2
+ranks, from the peaks with and without activation checkpointing (``benchmarks/trainer_memory.py``,
+docs/planning.md §3); other widths scale linearly by hidden size, fp32 by 2."""
 
 REFERENCE_HIDDEN = 3072
 """Hidden size at which :data:`BLOCK_ACT_BYTES_PER_TOKEN` was measured (Qwen-Image: 24 × 128)."""
