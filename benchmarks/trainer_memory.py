@@ -278,7 +278,11 @@ def main(argv: list[str] | None = None) -> int:
 def _save(args, size: dict, results: list[dict]) -> None:
     if args.out is not None:
         saved = {k: v for k, v in vars(args).items() if k not in ("out", "reprint", "resume", "wait_free_gib")}
-        args.out.write_text(json.dumps({"args": saved, "size": size, "results": results}, indent=1))
+        sys.path.insert(0, str(REPO / "benchmarks"))
+        from _provenance import provenance
+
+        doc = {"provenance": provenance(), "args": saved, "size": size, "results": results}
+        args.out.write_text(json.dumps(doc, indent=1))
 
 
 def _wait_for_memory(gib: float) -> None:
