@@ -153,8 +153,8 @@ def register(app: typer.Typer) -> None:
                 f"{preset or cfg.model.family}: {size.params / 1e9:.2f} B parameters"
                 + (f", LoRA r={t.lora_rank} {size.lora_params / 1e6:.0f} M" if t.lora_rank else ", full fine-tuning")
                 + f", {t.num_train_workers} trainer GPUs, {cfg.model.image_size} px, "
-                f"{result.rows_per_micro_batch} rows × {cfg.sampler.sde_window_size} window steps per micro-batch "
-                f"({result.tokens_per_micro_batch} tokens), activation checkpointing "
+                f"{result.rows_per_micro_batch} rows per training forward ({result.tokens_per_micro_batch} tokens, "
+                "one SDE window step at a time), activation checkpointing "
                 f"{'on' if result.activation_checkpointing else 'off'}"
             )
             console.print(plan_table(result, title))
