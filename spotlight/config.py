@@ -649,6 +649,12 @@ class RunConfig(_Section):
     """Write the run checkpoint and the Train Workers' DCP checkpoint after every N-th iteration
     (and the last); a resume continues from the last one written, re-running up to N
     iterations. A full Qwen-Image trainer checkpoint is ~228 GiB (docs/planning.md)."""
+    keep_train_checkpoints: int = 1
+    """Train Worker DCP checkpoints (``checkpoints/train/``) kept once a run checkpoint names
+    them: the newest N. The one being written, and the newest until the next iteration starts,
+    come on top, so the disk holds at most N + 1 (a full Qwen-Image fine-tune with the
+    defaults stays under 750 GiB, docs/planning.md §4). Checkpoints are written atomically, so
+    1 is enough to resume; 2 also keeps the one before it."""
     save_rollouts: bool = False
     """Write every iteration's rollout samples (images, window latents, log-probs, rewards) to
     ``rollouts/iter_NNNN.safetensors`` (for audits and tests)."""
@@ -660,6 +666,7 @@ class RunConfig(_Section):
     def __post_init__(self) -> None:
         _check(self.iterations >= 1, "run.iterations", "must be >= 1")
         _check(self.checkpoint_every >= 1, "run.checkpoint_every", "must be >= 1 (iterations)")
+        _check(self.keep_train_checkpoints >= 1, "run.keep_train_checkpoints", "must be >= 1")
         _check(self.sample_grid_every >= 0, "run.sample_grid_every", "must be >= 0 (0 = no sample grids)")
         bad = sorted(set(self.trackers) - {"tensorboard", "wandb"})
         _check(not bad, "run.trackers", f"unknown tracker(s) {bad}: expected 'tensorboard' and/or 'wandb' ([] = none)")

@@ -48,6 +48,38 @@ def plan_table(plan, title: str) -> Table:
     return table
 
 
+def plan_summary(plan, *, device: str, limit_source: str | None, disk_free_bytes: int | None = None) -> list[str]:
+    """The memory plan in three plain-text lines, as ``spotlight up`` prints it before the run
+    starts: each trainer GPU's terms (the CPU's host memory per trainer rank without GPUs),
+    the rollout GPU, the reserved host and the disk at its peak (with the free space). In GiB,
+    or MiB when a trainer needs less than 1 GiB (the tiny family)."""
+    from spotlight.core.memory_plan import GIB, MemoryPlan
+
+    unit, scale = ("GiB", GIB) if plan.trainer_gpu_bytes >= GIB else ("MiB", 1 << 20)
+
+    def n(x: int | float) -> str:
+        return f"{x / scale:.1f}"
+
+    def terms(lines) -> str:
+        return ", ".join(f"{line.name} {n(line.bytes)}" for line in lines if line.bytes)
+
+    where = "trainer GPU" if device == "cuda" else "trainer rank (CPU, fp32, host memory)"
+    limit = plan.gpu_limit_bytes
+    of = f" of {n(limit)} {unit} ({limit_source})" if limit is not None and limit_source else ""
+    act = (
+        f"{plan.rows_per_micro_batch} row(s) per forward, {plan.tokens_per_micro_batch} tokens, "
+        f"activation checkpointing {'on' if plan.activation_checkpointing else 'off'}"
+    )
+    free = f", {disk_free_bytes / GIB:.1f} GiB free" if disk_free_bytes is not None else ""
+    rollout = "rollout GPU" if device == "cuda" else "rollout worker"
+    return [
+        f"memory plan (docs/planning.md; `spotlight plan` shows every formula), {unit}; {act}:",
+        f"  {where} {n(plan.trainer_gpu_bytes)}{of}: {terms(plan.trainer_gpu)}",
+        f"  {rollout} {n(plan.rollout_gpu_bytes)}; reserved host {n(MemoryPlan.total(plan.reserved_host))}; "
+        f"disk up to {n(plan.disk_bytes)} {unit}{free} ({terms(plan.disk)})",
+    ]
+
+
 def plan_dict(plan) -> dict:
     """``plan`` as JSON-able data (bytes per line and totals)."""
     from spotlight.core.memory_plan import MemoryPlan
@@ -121,8 +153,8 @@ def register(app: typer.Typer) -> None:
                 f"{preset or cfg.model.family}: {size.params / 1e9:.2f} B parameters"
                 + (f", LoRA r={t.lora_rank} {size.lora_params / 1e6:.0f} M" if t.lora_rank else ", full fine-tuning")
                 + f", {t.num_train_workers} trainer GPUs, {cfg.model.image_size} px, "
-                f"{result.rows_per_micro_batch} rows × {cfg.sampler.sde_window_size} window steps per micro-batch "
-                f"({result.tokens_per_micro_batch} tokens), activation checkpointing "
+                f"{result.rows_per_micro_batch} rows per training forward ({result.tokens_per_micro_batch} tokens, "
+                "one SDE window step at a time), activation checkpointing "
                 f"{'on' if result.activation_checkpointing else 'off'}"
             )
             console.print(plan_table(result, title))

@@ -267,6 +267,7 @@ def announce(run: UpRun) -> None:
         f"{cfg.data.prompts_per_iteration}×{cfg.data.group_size} samples/iteration)"
     )
     console.print(escape(run.prompt_set.summary()))
+    _announce_memory(run)
     if len(run.prompts) < cfg.data.prompts_per_iteration:
         console.print(
             f"[yellow]warning:[/yellow] {len(run.prompts)} prompts for data.prompts_per_iteration = "
@@ -282,37 +283,111 @@ def announce(run: UpRun) -> None:
             pass
 
 
+def _announce_memory(run: UpRun) -> None:
+    """The memory plan the preflight checked (:func:`spotlight.cli.plan.plan_summary`), and a
+    warning when the disk plan exceeds the run directory's free space."""
+    from spotlight.cli.plan import plan_summary
+    from spotlight.util.disk import free_bytes
+
+    check = run.memory
+    if check is None:
+        return
+    if check.plan is None:
+        console.print(f"memory plan: none ({escape(check.note or 'the transformer could not be counted')})")
+        return
+    free = free_bytes(run.run_dir)
+    for line in plan_summary(check.plan, device=check.device, limit_source=check.limit_source, disk_free_bytes=free):
+        console.print(escape(line), highlight=False)
+    if check.plan.disk_bytes > free:
+        console.print(
+            f"[yellow]warning:[/yellow] the run may need up to {check.plan.disk_bytes / (1 << 30):.1f} GiB of disk at "
+            f"{escape(str(run.run_dir))} and {free / (1 << 30):.1f} GiB are free (run.keep_weight_versions, "
+            "run.keep_train_checkpoints; docs/planning.md §4-5)"
+        )
+
+
 def encode_prompts(run: UpRun) -> tuple:
     """``(conditioning, token counts)`` of the run's prompts by its model family's text
-    encoder (:func:`spotlight.models.families.cached_conditioning`, cached after the first
-    run; token counts None when the family cannot count), under a spinner.
+    encoder (:func:`spotlight.models.prompt_encoding.encode_run_prompts`: from the prompt
+    cache, else on this host's GPU in bf16 in a child process that exits before the trainers
+    start, else on the CPU; token counts None when the family cannot count). A spinner while
+    the libraries load, a progress bar while prompts are encoded.
 
     Raises:
         Stop: the text encoder cannot be loaded or cannot encode the prompts.
     """
     cfg = run.cfg
-    with console.status(f"encoding prompts ({cfg.model.family} text encoder, cached after the first run)…"):
+    with console.status(f"loading the {cfg.model.family} text encoder's tokenizer…"):
         import torch
 
         torch.set_num_threads(max(1, cfg.cluster.torch_threads))
         importlib.import_module("spotlight.coordinator.coordinator")  # it imports torch: under the spinner
-        from spotlight.models.families import ModelLoadError, cached_conditioning, get_family
+        from spotlight.models.families import ModelLoadError, get_family
         from spotlight.models.families.base import quiet_text_encoders
+        from spotlight.models.prompt_encoding import EncodeError, encode_run_prompts
         from spotlight.util.disk import DiskSpaceError
 
         try:
             with quiet_text_encoders():  # the counts below say what was cut, once
                 token_counts = get_family(cfg.model).prompt_token_counts(run.prompts)
             check_encodings(run, get_family(cfg.model), token_counts)
-            cond = cached_conditioning(get_family(cfg.model), run.prompts, _cache_dir())
-        except DiskSpaceError as exc:
-            raise Stop(f"[red]error:[/red] {escape(str(exc))}") from None
         except (ModelLoadError, OSError, ValueError) as exc:
-            raise Stop(
-                f"[red]error:[/red] cannot encode prompts with model.family = {cfg.model.family!r} from "
-                f"{cfg.model.pretrained_path or '(built in)'}: {escape(str(exc))}"
-            ) from None
+            raise _encode_stop(cfg, exc) from None
+    progress = _EncodeProgress()
+    try:
+        cond = encode_run_prompts(
+            cfg.model,
+            run.prompts,
+            _cache_dir(),
+            on_start=progress.start,
+            on_progress=progress.update,
+            torch_threads=cfg.cluster.torch_threads,
+        )
+    except DiskSpaceError as exc:
+        raise Stop(f"[red]error:[/red] {escape(str(exc))}") from None
+    except (ModelLoadError, EncodeError, OSError, ValueError) as exc:
+        raise _encode_stop(cfg, exc) from None
+    finally:
+        progress.stop()
     return cond, token_counts
+
+
+def _encode_stop(cfg, exc: Exception) -> Stop:
+    return Stop(
+        f"[red]error:[/red] cannot encode prompts with model.family = {cfg.model.family!r} from "
+        f"{cfg.model.pretrained_path or '(built in)'}: {escape(str(exc))}"
+    )
+
+
+class _EncodeProgress:
+    """The rich progress bar of a prompt encoding (started by its first callback; none on a cache hit)."""
+
+    def __init__(self):
+        self.bar = None
+        self.task = None
+
+    def start(self, where: str, total: int) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.bar = Progress(
+            TextColumn("encoding prompts on {task.fields[where]}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            console=console,
+            transient=False,
+        )
+        self.task = self.bar.add_task("encode", total=total, where=where)
+        self.bar.start()
+
+    def update(self, done: int) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, completed=done)
+
+    def stop(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
 
 
 def check_encodings(run: UpRun, family, token_counts: list[int] | None) -> None:

@@ -46,6 +46,25 @@ def refuse(message: str) -> Stop:
 
 
 @dataclasses.dataclass(frozen=True)
+class MemoryCheck:
+    """The memory plan of a run as :func:`preflight` checked it (docs/planning.md).
+
+    Attributes:
+        plan: :class:`spotlight.core.memory_plan.MemoryPlan` of the config (None: its
+            transformer could not be counted, ``note`` says why).
+        device: "cuda" (bf16 where ``model.dtype = auto``) or "cpu" (fp32, host memory): where
+            this host's trainers will run.
+        limit_source: where ``plan.gpu_limit_bytes`` came from (``cluster.gpu_memory_gib`` or
+            this host's GPUs as ``nvidia-smi`` reports them); None without a limit.
+    """
+
+    plan: object | None
+    device: str
+    limit_source: str | None
+    note: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class UpRun:
     """What ``spotlight up``'s options resolve to (:func:`resolve_options`).
 
@@ -64,6 +83,7 @@ class UpRun:
         agents: local spot agents (``--agents``, default 2).
         replay: the ``--trace`` or ``--preemption-cycles`` replay, planned by :func:`preflight`
             (None: no replay).
+        memory: the memory plan :func:`preflight` checked.
     """
 
     opts: UpOptions
@@ -75,6 +95,8 @@ class UpRun:
     reserved: str
     agents: int
     replay: LocalReplay | None = None
+    memory: MemoryCheck | None = None
+    """Set by :func:`preflight`."""
 
     @property
     def prompts(self) -> list[str]:
@@ -337,9 +359,9 @@ def _earlier_address(run_dir: pathlib.Path) -> str | None:
 def preflight(run: UpRun) -> UpRun:
     """Every check that can refuse ``run`` before anything is written or started, in order:
     the run directory (:func:`check_run_dir`), the model checkpoint, the GPU memory
-    (``cluster.gpu_memory_gib``), the reward against the prompts, the replay. Returns ``run``
-    with its replay planned (reading the trace is the
-    replay's check).
+    (``cluster.gpu_memory_gib``, else this host's GPUs), the reward against the prompts, the
+    replay. Returns ``run`` with its replay planned (reading the trace is the replay's check)
+    and its memory plan.
 
     Raises:
         Stop: the first refusal (exit 2), or ``--resume-existing`` of a finished run (exit 0).
@@ -347,10 +369,10 @@ def preflight(run: UpRun) -> UpRun:
     check_run_dir(run)
     _check_trainer_keys(run)
     _check_model(run.cfg)
-    _check_memory(run.cfg)
+    memory = _check_memory(run.cfg)
     _check_reward(run)
     _check_eval(run.cfg)
-    return dataclasses.replace(run, replay=_plan_replay(run))
+    return dataclasses.replace(run, replay=_plan_replay(run), memory=memory)
 
 
 def check_run_dir(run: UpRun) -> None:
@@ -437,29 +459,49 @@ def _check_eval(cfg: SpotlightConfig) -> None:
         raise refuse(f"eval.prompts_path: {exc}") from None
 
 
-def _check_memory(cfg: SpotlightConfig) -> None:
-    """Refuse a config whose trainer or rollout GPUs cannot hold it (``cluster.gpu_memory_gib``;
-    :mod:`spotlight.core.memory_plan`, parameters counted on the meta device).
+def _check_memory(cfg: SpotlightConfig) -> MemoryCheck:
+    """The memory plan of ``cfg`` (:mod:`spotlight.core.memory_plan`, parameters counted on the
+    meta device); refuse a config whose GPUs cannot hold it.
+
+    The limit is ``cluster.gpu_memory_gib`` (trainer and rollout GPUs), else the smallest
+    of this host's GPUs as ``nvidia-smi`` reports them (the trainer GPUs: the trainers run
+    here; spot GPUs are elsewhere). The plan is of bf16 on CUDA where this host has GPUs or
+    the limit is given, else of fp32 on the CPU. Without a limit, a transformer that cannot be
+    counted gives a check without a plan (its ``note`` says why).
 
     Raises:
-        Stop: as above, with the plan's numbers.
+        Stop: the plan exceeds the limit (with its numbers), or a limit is given and the
+            transformer cannot be counted.
     """
-    if cfg.cluster.gpu_memory_gib is None:
-        return
     from spotlight.cli.plan import make_plan
     from spotlight.errors import SpotlightError
+    from spotlight.util.gpus import host_gpus
 
+    configured = cfg.cluster.gpu_memory_gib is not None
+    gpus = None if configured else host_gpus()
+    device = "cuda" if configured or gpus is not None else "cpu"
     try:
-        plan, _ = make_plan(cfg)
+        plan, _ = make_plan(cfg, device=device)
     except SpotlightError as exc:
-        raise refuse(f"memory check (cluster.gpu_memory_gib): {exc}") from None
-    problems = plan.problems()
+        if configured:
+            raise refuse(f"memory check (cluster.gpu_memory_gib): {exc}") from None
+        return MemoryCheck(None, device, None, note=str(exc))
+    if configured:
+        source, kinds = "cluster.gpu_memory_gib", ("trainer GPU", "rollout GPU")
+    elif gpus is not None:
+        plan = dataclasses.replace(plan, gpu_limit_bytes=gpus.smallest_bytes)
+        source, kinds = f"this host's GPU size ({gpus.describe()})", ("trainer GPU",)
+    else:
+        return MemoryCheck(plan, device, None)
+    problems = plan.problems(limit_source=source, kinds=kinds)
     if problems:
+        override = "" if configured else "; set cluster.gpu_memory_gib to check against another size"
         raise refuse(
             f"the run does not fit its GPUs: {problems[0]}; `spotlight plan CONFIG` prints the whole estimate "
             "(docs/planning.md: lower train.micro_batch_size, turn on train.activation_checkpointing, use LoRA "
-            "or more trainer GPUs)"
+            f"or more trainer GPUs){override}"
         )
+    return MemoryCheck(plan, device, source)
 
 
 def _check_reward(run: UpRun) -> None:

@@ -12,16 +12,20 @@ parameters, ``T`` trainable ones: ``P`` for full fine-tuning, the LoRA adapter's
 * parameters: full fine-tuning ``4·P/W`` (fp32 master); LoRA ``b·P/W + 4·T/W`` (frozen base
   in the compute dtype, ``b`` = 2 for bf16, plus the fp32 adapter);
 * gradients ``4·T/W``; Adam state ``8·T/W`` (two fp32 moments);
-* gathered blocks: FSDP2 all-gathers one block's parameters in the compute dtype, and
-  prefetches the next: ``2 · b · P/blocks``;
-* activations of one training micro-batch: ``tokens = rows · window · cfg · (image + text
-  tokens)`` (``rows`` = ``train.micro_batch_size``, or the whole rank batch per optimizer step;
-  ``window`` = ``sampler.sde_window_size``, every window step stays alive until the backward;
-  ``cfg`` = 2 with true CFG, whose negative rows run in the same forward). Without activation
-  checkpointing ``tokens · blocks · a``; with it ``tokens · blocks · hidden · b`` (the block
-  inputs) ``+ tokens · a`` (one block recomputed). ``a`` = :data:`BLOCK_ACT_BYTES_PER_TOKEN`
-  (91 KiB per token per Qwen-Image block in bf16, measured on CPU) scaled by ``hidden / 3072``
-  and by ``b / 2``;
+* the KL reference of full fine-tuning (``train.kl_beta > 0``): a second sharded model, frozen,
+  in the compute dtype: ``b·P/W`` (LoRA's reference is the policy without its adapter: none);
+* gathered blocks: FSDP2 all-gathers one block's parameters in the compute dtype and
+  prefetches the next, ``2·b·P/blocks``; in the backward one block's unsharded gradient
+  before its reduce-scatter, ``(b + 4)·T/blocks`` (``b·T/blocks`` in fp32);
+* activations of one training forward: the trainer runs one SDE window step of one
+  micro-batch at a time (forward, loss, backward, then the next step), so
+  ``tokens = rows · cfg · (image + text tokens)`` with ``rows`` = the rollout batch
+  (``cluster.worker_batch_size``; rollout batches are never merged) cut to
+  ``train.micro_batch_size``, and ``cfg`` = 2 with true CFG (the negative rows run in the
+  same forward). Without activation checkpointing ``tokens · blocks · a``; with it
+  ``tokens · blocks · hidden · b`` (the block inputs) ``+ tokens · a`` (one block
+  recomputed). ``a`` = :data:`BLOCK_ACT_BYTES_PER_TOKEN` (120 KiB) scaled by ``hidden / 3072`` and by
+  ``b / 2``;
 * the reserved Rollout Worker's model copy, if it shares the GPU
   (``cluster.reserved_rollout_gpus`` ∩ the trainer ranks): ``b·P`` (+ ``b·T`` for the adapter)
   plus its inference activations (one block of ``worker_batch_size · cfg · tokens``). With
@@ -30,8 +34,12 @@ parameters, ``T`` trainable ones: ``P`` for full fine-tuning, the LoRA adapter's
   resident state plus the larger of its training transients (gradients, gathered blocks,
   activations) and the worker's copy: the line counts only what the copy exceeds them by,
   ``max(0, copy − transients)``, and the reserved host holds the released copy (pinned);
-* the KL reference of full fine-tuning (``train.kl_beta > 0``): ``4·P/W`` more;
 * a CUDA context reserve (:data:`CUDA_RESERVE_BYTES`; none on the CPU).
+
+Disk, at its peak (``K_w = run.keep_weight_versions``, ``K_t = run.keep_train_checkpoints``):
+``(K_w + 1)`` weight versions in the Tensor Store (the newest ``K_w`` and the one arriving),
+one more in the trainer's spool file while it streams, ``(K_t + 1)`` trainer checkpoints of
+``12·T`` (the kept ones and the one being written) and the final model.
 """
 
 from __future__ import annotations
@@ -43,19 +51,18 @@ from spotlight.core.offload import offload_enabled
 
 GIB = 1 << 30
 
-BLOCK_ACT_BYTES_PER_TOKEN = 91 * 1024
-"""Activation bytes a Qwen-Image transformer block keeps for the backward, per token, in bf16
-(hidden size :data:`REFERENCE_HIDDEN`; measured on CPU, docs/planning.md). Other widths scale
-linearly by hidden size, fp32 by 2."""
+BLOCK_ACT_BYTES_PER_TOKEN = 120 * 1024
+"""Activation bytes a Qwen-Image transformer block keeps for the backward, per token, in bf16 at
+hidden size :data:`REFERENCE_HIDDEN`. Measured with the Train Worker itself (LoRA r64, true
+CFG, 512²) on a real-width block in fp32 on the CPU: 114 and 131 KiB at width 1536 on 1 and 2
+ranks, from the peaks with and without activation checkpointing (``benchmarks/trainer_memory.py``,
+docs/planning.md §3); other widths scale linearly by hidden size, fp32 by 2."""
 
 REFERENCE_HIDDEN = 3072
 """Hidden size at which :data:`BLOCK_ACT_BYTES_PER_TOKEN` was measured (Qwen-Image: 24 × 128)."""
 
 CUDA_RESERVE_BYTES = 1 * GIB
 """CUDA context, NCCL buffers and allocator slack per GPU (not on the CPU)."""
-
-TRAIN_CHECKPOINTS_KEPT = 2
-"""Trainer DCP checkpoints kept (``checkpoints/train/``)."""
 
 COORDINATOR_MEMORY_VERSIONS = 3
 """Weight versions of at most ``cluster.weight_memory_max_bytes`` the coordinator also keeps in memory."""
@@ -129,18 +136,23 @@ class MemoryPlan:
     def rollout_gpu_bytes(self) -> int:
         return self.total(self.rollout_gpu)
 
-    def problems(self) -> list[str]:
-        """One line per GPU kind that exceeds ``gpu_limit_bytes`` (none without a limit)."""
+    @property
+    def disk_bytes(self) -> int:
+        return self.total(self.disk)
+
+    def problems(
+        self, *, limit_source: str = "cluster.gpu_memory_gib", kinds=("trainer GPU", "rollout GPU")
+    ) -> list[str]:
+        """One line per GPU kind in ``kinds`` that exceeds ``gpu_limit_bytes`` (none without a
+        limit); ``limit_source`` says where the limit came from."""
         if self.gpu_limit_bytes is None:
             return []
         out = []
         for kind, lines in (("trainer GPU", self.trainer_gpu), ("rollout GPU", self.rollout_gpu)):
             need = self.total(lines)
-            if need > self.gpu_limit_bytes:
+            if kind in kinds and need > self.gpu_limit_bytes:
                 parts = ", ".join(f"{line.name} {gib(line.bytes)}" for line in lines if line.bytes)
-                out.append(
-                    f"a {kind} needs {gib(need)} but cluster.gpu_memory_gib = {self.gpu_limit_bytes / GIB:g} ({parts})"
-                )
+                out.append(f"a {kind} needs {gib(need)} but {limit_source} = {self.gpu_limit_bytes / GIB:g} ({parts})")
         return out
 
 
@@ -166,26 +178,31 @@ def block_act_bytes_per_token(hidden_size: int, dtype_bytes: int) -> float:
     return BLOCK_ACT_BYTES_PER_TOKEN * hidden_size / REFERENCE_HIDDEN * dtype_bytes / 2
 
 
+def rows_per_forward(cfg) -> int:
+    """Rows of one training forward (before CFG doubles them): the rollout batch
+    (``cluster.worker_batch_size``, never merged; at most the iteration's samples) cut to
+    ``train.micro_batch_size``."""
+    rows = min(cfg.cluster.worker_batch_size, cfg.data.prompts_per_iteration * cfg.data.group_size)
+    micro = getattr(cfg.train, "micro_batch_size", None)
+    return min(rows, micro) if micro else rows
+
+
 def plan_memory(cfg, size: ModelSize, *, device: str = "cuda") -> MemoryPlan:
     """The memory and disk plan of ``cfg`` (a :class:`~spotlight.config.SpotlightConfig`) for a
     transformer of ``size``; ``device`` "cuda" (bf16 compute and rollouts where the config says
     ``auto``) or "cpu" (everything fp32).
 
-    ``train.micro_batch_size`` (None: the rank's whole batch per optimizer step) and
-    ``train.activation_checkpointing`` (None: on for every family but tiny) are read when the
-    config has them.
+    ``train.activation_checkpointing`` None means on for every family but tiny.
     """
-    t, m, s, c = cfg.train, cfg.model, cfg.sampler, cfg.cluster
+    t, m, c = cfg.train, cfg.model, cfg.cluster
     w = t.num_train_workers
     lora = t.lora_rank > 0
-    p, trainable = size.params, (size.lora_params if t.lora_rank > 0 else size.params)
+    p, trainable = size.params, (size.lora_params if lora else size.params)
     cuda = device == "cuda"
     model_b = 2 if cuda and m.dtype in ("auto", "bfloat16") else 4
     compute_b = 4 if not cuda or t.mixed_precision == "fp32" else (2 if t.mixed_precision == "bf16" else model_b)
 
-    rows = getattr(t, "micro_batch_size", None) or math.ceil(
-        cfg.data.prompts_per_iteration * cfg.data.group_size / (w * t.steps_per_iteration)
-    )
+    rows = rows_per_forward(cfg)
     ckpt = getattr(t, "activation_checkpointing", None)
     ckpt = size.family != "tiny" if ckpt is None else bool(ckpt)
     cfg_rows = 2 if uses_true_cfg(size.family, m.guidance_scale) else 1
@@ -194,7 +211,7 @@ def plan_memory(cfg, size: ModelSize, *, device: str = "cuda") -> MemoryPlan:
         + m.max_text_tokens
         + EXTRA_TEXT_TOKENS.get(size.family, 0)
     )
-    tokens = rows * s.sde_window_size * cfg_rows * seq
+    tokens = rows * cfg_rows * seq
     a = block_act_bytes_per_token(size.hidden_size, compute_b)
     blocks = size.num_blocks
 
@@ -206,8 +223,15 @@ def plan_memory(cfg, size: ModelSize, *, device: str = "cuda") -> MemoryPlan:
     trainer.append(Line("gradients", _ceil(4 * trainable / w), "4·T/W"))
     trainer.append(Line("Adam state", _ceil(8 * trainable / w), "8·T/W"))
     if t.kl_beta > 0 and not lora:
-        trainer.append(Line("KL reference", _ceil(4 * p / w), "4·P/W"))
-    trainer.append(Line("gathered blocks", _ceil(2 * compute_b * p / blocks), f"2·{compute_b}·P/blocks"))
+        trainer.append(Line("KL reference", _ceil(compute_b * p / w), f"{compute_b}·P/W (frozen, compute dtype)"))
+    grad_b = compute_b + 4 if compute_b < 4 else compute_b  # unsharded block gradient (+ its fp32 reduction)
+    trainer.append(
+        Line(
+            "gathered blocks",
+            _ceil((2 * compute_b * p + grad_b * trainable) / blocks),
+            f"2·{compute_b}·P/blocks + {grad_b}·T/blocks",
+        )
+    )
     if ckpt:
         act = tokens * blocks * size.hidden_size * compute_b + tokens * a
         formula = f"tokens·blocks·hidden·{compute_b} + tokens·a (checkpointed)"
@@ -251,15 +275,22 @@ def plan_memory(cfg, size: ModelSize, *, device: str = "cuda") -> MemoryPlan:
         reserved_host += (Line("rollout worker: released copy (pinned)", worker_model, "model copy"),)
     spot_host = (Line("agent: cached versions (mmap)", AGENT_CACHED_VERSIONS * version, "2 versions"),)
     keep = cfg.run.keep_weight_versions
+    keep_train = getattr(cfg.run, "keep_train_checkpoints", 1)
     ckpt_bytes = 12 * trainable  # fp32 weights + two fp32 Adam moments (LoRA: the adapter's)
     final = 4 * (trainable if lora else p)
+    stored = keep + 1 if keep else cfg.run.iterations + 1
     disk = (
         Line(
             "tensor store versions",
-            version * (keep or cfg.run.iterations + 1),
-            f"{keep or 'every'} × version ({gib(version)})",
+            version * stored,
+            f"{f'{keep} + 1 arriving' if keep else 'every'} × version ({gib(version)})",
         ),
-        Line("trainer checkpoints", TRAIN_CHECKPOINTS_KEPT * ckpt_bytes, f"2 × 12·T ({gib(ckpt_bytes)})"),
+        Line("trainer spool", version, "1 version while rank 0 streams it"),
+        Line(
+            "trainer checkpoints",
+            (keep_train + 1) * ckpt_bytes,
+            f"({keep_train} + 1 being written) × 12·T ({gib(ckpt_bytes)})",
+        ),
         Line("final model", final, "4·T" if lora else "4·P (fp32)"),
     )
     limit = getattr(c, "gpu_memory_gib", None)

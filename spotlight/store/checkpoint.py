@@ -45,6 +45,7 @@ __all__ = [
     "load_checkpoint",
     "next_epoch",
     "prune_train_versions",
+    "retire_train_versions",
     "train_checkpoint_dir",
     "train_version_path",
     "train_versions",
@@ -364,3 +365,38 @@ def prune_train_versions(
     for v in drop:
         shutil.rmtree(train_version_path(root, v), ignore_errors=True)
     return drop
+
+
+def retire_train_versions(
+    ckpt_dir: str | os.PathLike, keep: int, *, committed: int, protect: Iterable[int] = ()
+) -> list[int]:
+    """Trainer checkpoint retention (``run.keep_train_checkpoints = keep``), given that the
+    run's checkpoints name only versions up to ``committed``: keep the newest ``keep`` complete
+    checkpoints of versions <= ``committed`` and delete the older ones, and delete every
+    version > ``committed`` (written by an iteration that a resume runs again, so never
+    named by a run checkpoint). Versions in ``protect`` (<= ``committed``) are kept whatever
+    their age: the base model, the best held-out version and those being evaluated, which a
+    collapse-guard rollback may return to. Also removes the temp dirs of crashed saves.
+
+    The resume point is never deleted: a run checkpoint that names version v is written only
+    after the trainer's checkpoint of v is complete, so the newest complete version <=
+    ``committed`` is what the newest run checkpoint names. Call on one rank, with no save in
+    progress (a Train Worker calls it when a TRAIN_BATCH arrives, ``committed`` = the batch's
+    version, and before the final save). Returns the deleted versions.
+
+    Raises:
+        ValueError: ``keep < 1``.
+    """
+    if keep < 1:
+        raise ValueError(f"keep must be >= 1, got {keep}")
+    root = pathlib.Path(ckpt_dir)
+    if not root.is_dir():
+        return []
+    _remove_temps(root)
+    versions = train_versions(root)
+    named = [v for v in versions if v <= committed]
+    kept = set(protect)
+    drop = [v for v in versions if v > committed] + [v for v in named[:-keep] if v not in kept]
+    for v in drop:
+        shutil.rmtree(train_version_path(root, v), ignore_errors=True)
+    return sorted(drop)

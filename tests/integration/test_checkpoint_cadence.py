@@ -1,7 +1,9 @@
 """``run.checkpoint_every = 2``: a local run checkpoints (coordinator and Train Workers) only after
 iterations 2 and 3 (the last) of 3; with the last checkpoint gone (a crash before it was
 written) ``--resume`` continues from the one before it, and the Train Worker loads the DCP
-checkpoint of that iteration's weights."""
+checkpoint of that iteration's weights. ``run.keep_train_checkpoints = 2`` keeps the trainer
+checkpoint the simulated crash resumes from (with the default 1, the one before the last is
+deleted once the last run checkpoint names the last; a real crash comes before that)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,9 @@ def _up(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_checkpoint_every_two_then_resume_from_the_last_written(tmp_path):
-    cfg = toy_config(tmp_path / "config.toml", **{"run.iterations": 3, "run.checkpoint_every": 2})
+    cfg = toy_config(
+        tmp_path / "config.toml", **{"run.iterations": 3, "run.checkpoint_every": 2, "run.keep_train_checkpoints": 2}
+    )
     rd = tmp_path / "run"
     res = _up("--config", str(cfg), "--run-dir", str(rd))
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
@@ -40,3 +44,4 @@ def test_checkpoint_every_two_then_resume_from_the_last_written(tmp_path):
     assert "loaded trainer checkpoint" in (rd / "logs" / "trainer-0.log").read_text()
     assert "v000002" in (rd / "logs" / "trainer-0.log").read_text().split("loaded trainer checkpoint")[-1][:200]
     assert (rd / "final").is_dir()
+    assert train_versions(train_checkpoint_dir(rd)) == [2, 3]  # run.keep_train_checkpoints = 2

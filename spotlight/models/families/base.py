@@ -30,7 +30,7 @@ import hashlib
 import json
 import os
 import pathlib
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 import torch
 
@@ -168,11 +168,15 @@ class ModelFamily(abc.ABC):
             )
 
     def identity(self) -> str:
-        """Stable text naming the checkpoint and prompt settings (prompt-cache key)."""
+        """Stable text naming the checkpoint and prompt settings (prompt-cache key).
+
+        ``model.max_text_tokens`` is part of it only for a bidirectional text encoder: a causal
+        one's cache holds uncut encodings that any ``max_text_tokens`` cuts on load
+        (:attr:`text_encoding_is_causal`, :mod:`spotlight.models.text_cache`)."""
         parts = [
             self.name,
             str(self.path.resolve()) if self.cfg.pretrained_path else "",
-            str(self.cfg.max_text_tokens),
+            "uncut" if self.text_encoding_is_causal else str(self.cfg.max_text_tokens),
             self.negative_prompt,
             str(self.guidance_scale > 1),
         ]
@@ -249,9 +253,20 @@ class ModelFamily(abc.ABC):
         scheduler has a static shift and no config of its own)."""
 
     # ------------------------------------------------------------------ text
+    text_encoding_is_causal: ClassVar[bool] = False
+    """Whether the text encoder is causal (a token's embedding depends only on the tokens
+    before it), so the encoding cut to ``T`` tokens is the first ``T`` rows of the uncut one.
+    Such a family implements :meth:`encode_prompts_packed` and its prompt cache serves every
+    ``model.max_text_tokens`` (:mod:`spotlight.models.text_cache`). False for T5, CLIP and
+    BERT-like encoders, which see the padding up to ``T``."""
+
     @abc.abstractmethod
-    def encode_prompts(self, prompts: list[str], device: torch.device | str = "cpu") -> Conditioning:
-        """Encode every prompt with the family's text encoder(s) and template.
+    def encode_prompts(
+        self, prompts: list[str], device: torch.device | str = "cpu", progress: Callable[[int], None] | None = None
+    ) -> Conditioning:
+        """Encode every prompt with the family's text encoder(s) and template, on ``device``
+        in ``model.dtype`` (bf16 on CUDA with ``auto``); ``progress(n)`` is called with the
+        number of prompts encoded so far after each batch.
 
         Returns:
             :class:`Conditioning` with ``embeds [N, T, D] float32``, ``mask [N, T] int64``
@@ -259,6 +274,28 @@ class ModelFamily(abc.ABC):
             projections, the negative prompt's tensors ``neg.*`` as one shared row when CFG
             is on).
         """
+
+    def encode_prompts_packed(
+        self, prompts: list[str], device: torch.device | str = "cpu", progress: Callable[[int], None] | None = None
+    ) -> dict[str, torch.Tensor]:
+        """A causal family's uncut encodings in the packed layout of
+        :mod:`spotlight.models.text_cache` (what its prompt cache stores).
+
+        Raises:
+            NotImplementedError: the family's text encoder is not causal.
+        """
+        raise NotImplementedError(f"{self.name}: its text encoder is not causal; encodings cannot be cut")
+
+    def text_encoder_bytes(self) -> int:
+        """Bytes of the checkpoint's text encoder weights (``text_encoder*/`` files; 0 when the
+        family has none on disk): what encoding on a GPU must find free there."""
+        if not self.cfg.pretrained_path:
+            return 0
+        try:
+            dirs = [d for d in self.path.iterdir() if d.is_dir() and d.name.startswith("text_encoder")]
+        except OSError:
+            return 0
+        return sum(f.stat().st_size for d in dirs for f in d.iterdir() if f.suffix in (".safetensors", ".bin"))
 
     prompt_tokenizer_dir: ClassVar[str] = ""
     """Checkpoint subfolder of the tokenizer whose length ``model.max_text_tokens`` limits
@@ -361,32 +398,63 @@ def quiet_text_encoders():
             lib.set_verbosity(level)
 
 
-def cached_conditioning(family: ModelFamily, prompts: list[str], cache_dir: pathlib.Path) -> Conditioning:
+def cached_conditioning(
+    family: ModelFamily,
+    prompts: list[str],
+    cache_dir: pathlib.Path,
+    *,
+    device: torch.device | str = "cpu",
+    progress: Callable[[int], None] | None = None,
+) -> Conditioning:
     """:meth:`ModelFamily.encode_prompts` once per (prompt set, checkpoint, settings), cached
-    as safetensors in ``cache_dir`` (text encoders are only loaded on a cache miss).
+    as safetensors in ``cache_dir`` (text encoders are only loaded on a cache miss, on
+    ``device``; ``progress`` as in :meth:`ModelFamily.encode_prompts`).
+
+    A causal family's cache holds the uncut encodings, packed, and serves every
+    ``model.max_text_tokens`` (:mod:`spotlight.models.text_cache`); other families' caches
+    are per ``max_text_tokens``.
 
     Raises:
         DiskSpaceError: the cache file would not fit in ``cache_dir``."""
     from safetensors.torch import load_file, save_file
 
+    from spotlight.models import text_cache
+
     path = prompt_cache_path(family, prompts, cache_dir)
     if path.is_file():
-        return Conditioning.from_tensors(load_file(path))
+        return _from_cache(family, load_file(path))
     from spotlight.util.disk import ensure_free_space
 
     with quiet_text_encoders():
-        cond = family.encode_prompts(prompts)
+        if family.text_encoding_is_causal:
+            tensors = family.encode_prompts_packed(prompts, device, progress)
+        else:
+            tensors = family.encode_prompts(prompts, device, progress).to_tensors()
+    tensors = {k: v.contiguous() for k, v in tensors.items()}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tensors = {k: v.contiguous() for k, v in cond.to_tensors().items()}
     ensure_free_space(path.parent, sum(t.numel() * t.element_size() for t in tensors.values()), "the prompt cache")
+    dtype = torch_dtype(family.cfg.dtype, torch.device(device))
     save_file(
         tensors,
         tmp,
-        metadata={"prompts": str(len(prompts)), "family": family.name},
+        metadata={
+            "prompts": str(len(prompts)),
+            "family": family.name,
+            "encoded_on": f"{torch.device(device)} ({str(dtype).removeprefix('torch.')})",
+            "layout": "packed" if text_cache.is_packed(tensors) else "padded",
+        },
     )
     os.replace(tmp, path)
-    return cond
+    return _from_cache(family, tensors)
+
+
+def _from_cache(family: ModelFamily, tensors: dict[str, torch.Tensor]) -> Conditioning:
+    from spotlight.models import text_cache
+
+    if text_cache.is_packed(tensors):
+        return text_cache.unpack_conditioning(tensors, family.cfg.max_text_tokens)
+    return Conditioning.from_tensors(tensors)
 
 
 def read_json(path: pathlib.Path) -> dict:

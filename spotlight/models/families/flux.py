@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import pathlib
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -130,9 +130,14 @@ class FluxFamily(VaeLatentFamily):
 
     # ------------------------------------------------------------------ text
     @torch.no_grad()
-    def encode_prompts(self, prompts: list[str], device: torch.device | str = "cpu") -> Conditioning:
+    def encode_prompts(
+        self, prompts: list[str], device: torch.device | str = "cpu", progress: Callable[[int], None] | None = None
+    ) -> Conditioning:
         """Encode with ``FluxPipeline.encode_prompt`` (CLIP-L pooled output, T5 token
-        embeddings; ``max_sequence_length = model.max_text_tokens``).
+        embeddings; ``max_sequence_length = model.max_text_tokens``), on ``device`` in
+        ``model.dtype``; ``progress(n)`` after each chunk. T5 runs without an attention mask
+        over the padding to ``max_text_tokens`` (as the pipeline runs it): an encoding cannot
+        be cut to another length, so the prompt cache is per ``max_text_tokens``.
 
         Returns:
             :class:`Conditioning` on the CPU: ``embeds [N, max_text_tokens, D] float32``,
@@ -158,6 +163,8 @@ class FluxFamily(VaeLatentFamily):
             )
             embeds.append(pe.float().cpu())
             pooled.append(pp.float().cpu())
+            if progress is not None:
+                progress(sum(len(x) for x in embeds))
         e = torch.cat(embeds)
         return Conditioning(e, torch.ones(e.shape[:2], dtype=torch.int64), {"pooled": torch.cat(pooled)})
 

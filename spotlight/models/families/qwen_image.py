@@ -32,7 +32,7 @@ import logging
 import os
 import pathlib
 import re
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -85,6 +85,8 @@ class QwenImageFamily(ModelFamily):
 
     encode_batch_size: int = 16
     """Prompts per text-encoder forward in :meth:`encode_prompts`."""
+    text_encoding_is_causal = True
+    """Qwen2.5-VL is a decoder: the prompt cache keeps uncut encodings for every ``max_text_tokens``."""
 
     def __init__(self, cfg):
         super().__init__(cfg)
@@ -232,10 +234,12 @@ class QwenImageFamily(ModelFamily):
         pipe.text_encoder.to(device).eval()
         return pipe
 
-    def _encode_rows(self, pipe, prompts: list[str], device) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-        """One ``encode_prompt`` call → ``([n, T, D] float32, [n, T] int64, token counts)`` on
-        the CPU, zero-padded / cut to ``T = model.max_text_tokens``."""
-        T = self.cfg.max_text_tokens
+    def _encode_rows(self, pipe, prompts: list[str], device) -> tuple[list[torch.Tensor], list[int]]:
+        """One ``encode_prompt`` call, uncut: each prompt's real token embeddings ``[len_i, D]
+        float32`` on the CPU (the pipeline's own limit of :data:`PIPELINE_MAX_TEXT_TOKENS`) and
+        the lengths (:func:`spotlight.models.text_cache.pack_rows`)."""
+        from spotlight.models.text_cache import pack_rows
+
         template, drop_idx = pipe.prompt_template_encode, int(pipe.prompt_template_encode_start_idx)
         ids = pipe.tokenizer([template.format(p) for p in prompts], truncation=False, verbose=False)["input_ids"]
         empty = [p for p, row in zip(prompts, ids) if len(row) <= drop_idx]
@@ -244,22 +248,15 @@ class QwenImageFamily(ModelFamily):
                 f"qwen-image: {empty[0]!r} encodes to no tokens with {self.path}/tokenizer once the pipeline "
                 f"drops its {drop_idx}-token template prefix"
             )
-        # Encode uncut (the pipeline's own limit) so cut prompts can be reported; the text
-        # encoder is causal, so the first T rows equal encode_prompt(max_sequence_length=T).
+        # Encoded uncut (the pipeline's own limit): the text encoder is causal, so the first T
+        # rows equal encode_prompt(max_sequence_length=T) for any T (text_cache cuts on load).
         embeds, mask = pipe.encode_prompt(
             prompt=list(prompts), device=device, num_images_per_prompt=1, max_sequence_length=PIPELINE_MAX_TEXT_TOKENS
         )
         if mask is None:  # the pipeline drops an all-ones mask
             mask = torch.ones(embeds.shape[:2], dtype=torch.int64, device=embeds.device)
-        embeds = embeds.float().cpu()
-        mask = mask.to(torch.int64).cpu()
-        lengths = [int(x) for x in mask.sum(dim=1)]
-        n = min(T, embeds.shape[1])
-        out_e = torch.zeros(len(prompts), T, embeds.shape[2], dtype=torch.float32)
-        out_m = torch.zeros(len(prompts), T, dtype=torch.int64)
-        out_m[:, :n] = mask[:, :n]
-        out_e[:, :n] = embeds[:, :n] * out_m[:, :n, None]
-        return out_e, out_m, lengths
+        rows, lengths = pack_rows(embeds.float().cpu(), mask.to(torch.int64).cpu())
+        return [r.clone() for r in rows], lengths
 
     def prompt_token_counts(self, prompts: list[str]) -> list[int] | None:
         """Qwen2.5-VL tokens of each prompt in the pipeline's chat template, the dropped
@@ -294,58 +291,72 @@ class QwenImageFamily(ModelFamily):
                 example[:80],
             )
 
-    def encode_prompts(self, prompts: list[str], device: torch.device | str = "cpu") -> Conditioning:
+    def encode_prompts(
+        self, prompts: list[str], device: torch.device | str = "cpu", progress: Callable[[int], None] | None = None
+    ) -> Conditioning:
         """Encode ``prompts`` with ``QwenImagePipeline.encode_prompt`` (Qwen2.5-VL, the
         pipeline's chat template, its first 34 template tokens dropped), batched
-        :attr:`encode_batch_size` at a time; the text encoder is loaded here and freed
-        afterwards (the transformer and VAE are never loaded).
+        :attr:`encode_batch_size` at a time on ``device`` in ``model.dtype`` (bf16 on CUDA
+        with ``auto``); the text encoder is loaded here and freed afterwards (the transformer
+        and VAE are never loaded). ``progress(n)``: prompts encoded so far, after each batch.
 
         Every row is zero-padded, or cut, to ``T = model.max_text_tokens`` tokens (the
         template's closing ``<|im_end|>\\n<|im_start|>assistant\\n`` counts: 5 tokens for the
         real tokenizer); cut prompts are logged at INFO (:meth:`prompt_token_counts` counts them
-        without encoding; ``spotlight up`` reports them).
+        without encoding; ``spotlight up`` reports them). The cut is that of
+        :meth:`encode_prompts_packed`'s uncut encodings: the encoder is causal.
 
         Returns:
             :class:`Conditioning` on the CPU: ``embeds [N, T, D] float32`` (D = 3584 for
             Qwen-Image), ``mask [N, T] int64`` (1 = token, 0 = padding) and, when CFG is on
-            (guidance scale > 1), ``extra["neg.embeds"] [N, T, D]`` / ``extra["neg.mask"]
-            [N, T]``: the negative prompt's encoding repeated per row.
+            (guidance scale > 1), ``extra["neg.embeds"] [1, T, D]`` / ``extra["neg.mask"]
+            [1, T]``: the negative prompt's encoding, one row shared by every prompt.
 
         Raises:
             ModelLoadError: the text encoder or tokenizer folder is missing or does not load.
         """
+        from spotlight.models.text_cache import unpack_conditioning
+
+        return unpack_conditioning(self.encode_prompts_packed(prompts, device, progress), self.cfg.max_text_tokens)
+
+    def encode_prompts_packed(
+        self, prompts: list[str], device: torch.device | str = "cpu", progress: Callable[[int], None] | None = None
+    ) -> dict[str, torch.Tensor]:
+        """:meth:`encode_prompts` before the cut: every prompt's whole encoding (up to the
+        pipeline's :data:`PIPELINE_MAX_TEXT_TOKENS`), and the negative prompt's with CFG, in
+        the packed layout of :mod:`spotlight.models.text_cache` (``packed.embeds``,
+        ``lengths.embeds``, ``packed.neg.embeds``, ``lengths.neg.embeds``).
+
+        Raises:
+            ModelLoadError: the text encoder or tokenizer folder is missing or does not load.
+        """
+        from spotlight.models.text_cache import packed_stream
+
         device = torch.device(device)
-        T = self.cfg.max_text_tokens
         pipe = self._load_text_pipeline(device)
         try:
+            dim = int(pipe.text_encoder.config.get_text_config().hidden_size)
             with torch.no_grad():
-                embeds, masks, lengths = [], [], []
+                rows, lengths = [], []
                 for i in range(0, len(prompts), self.encode_batch_size):
-                    chunk = prompts[i : i + self.encode_batch_size]
-                    e, m, n = self._encode_rows(pipe, chunk, device)
-                    embeds.append(e)
-                    masks.append(m)
+                    r, n = self._encode_rows(pipe, prompts[i : i + self.encode_batch_size], device)
+                    rows.extend(r)
                     lengths.extend(n)
-                self._warn_cut(
-                    prompts, lengths, logging.INFO
-                )  # `spotlight up` reports the cut prompts once (prompt_token_counts)
-                if embeds:
-                    cond = Conditioning(torch.cat(embeds), torch.cat(masks))
-                else:
-                    dim = int(pipe.text_encoder.config.get_text_config().hidden_size)
-                    cond = Conditioning(torch.zeros(0, T, dim), torch.zeros(0, T, dtype=torch.int64))
+                    if progress is not None:
+                        progress(len(lengths))
+                # `spotlight up` reports the cut prompts once (prompt_token_counts)
+                self._warn_cut(prompts, lengths, logging.INFO)
+                out = packed_stream("embeds", rows, lengths, dim)
                 if self.guidance_scale > 1:
-                    ne, nm, nl = self._encode_rows(pipe, [self.negative_prompt], device)
+                    nr, nl = self._encode_rows(pipe, [self.negative_prompt], device)
                     self._warn_cut([self.negative_prompt], nl)
-                    # one shared row (Conditioning.index expands it): not one copy per prompt
-                    cond.extra["neg.embeds"] = ne[:1].clone()
-                    cond.extra["neg.mask"] = nm[:1].clone()
+                    out |= packed_stream("neg.embeds", nr, nl, dim)
         finally:
             del pipe
             gc.collect()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-        return cond
+        return out
 
     # ------------------------------------------------------------------ velocity
     def velocity(
@@ -676,6 +687,7 @@ def make_random_checkpoint(
     dtype: torch.dtype = torch.float32,
     text_kwargs: dict[str, Any] | None = None,
     vae_kwargs: dict[str, Any] | None = None,
+    max_shard_size: str | None = None,
 ) -> pathlib.Path:
     """Write a tiny random-weight Qwen-Image checkpoint of the real classes, in diffusers
     layout (``QwenImagePipeline(...).save_pretrained(path)``): ``transformer/``, ``vae/``,
@@ -702,6 +714,8 @@ def make_random_checkpoint(
             real text width, so the transformer's ``txt_in`` has its real shape).
         vae_kwargs: overrides of :data:`TINY_VAE_CONFIG` (``z_dim=16``: the real latent
             channels; latent statistics default to mean 0, std 1 for another ``z_dim``).
+        max_shard_size: cut each component's weights into safetensors files of at most this
+            size (``"500MB"``; None: diffusers' default), as the real checkpoint is cut.
 
     Returns:
         ``pathlib.Path(path)``.
@@ -719,7 +733,7 @@ def make_random_checkpoint(
         pipe = _random_pipeline(
             seed, transformer, image_size, text_kwargs, vae_kwargs, transformer_kwargs, seeded=False
         )
-    return _save_pipeline(pipe, path, dtype)
+    return _save_pipeline(pipe, path, dtype, max_shard_size)
 
 
 def _random_pipeline(seed, transformer, image_size, text_kwargs, vae_kwargs, transformer_kwargs, *, seeded=True):
@@ -739,14 +753,15 @@ def _random_pipeline(seed, transformer, image_size, text_kwargs, vae_kwargs, tra
     )
 
 
-def _save_pipeline(pipe, path, dtype: torch.dtype) -> pathlib.Path:
+def _save_pipeline(pipe, path, dtype: torch.dtype, max_shard_size: str | None = None) -> pathlib.Path:
     if dtype != torch.float32:
         for module in (pipe.transformer, pipe.vae, pipe.text_encoder):
             if module is not None:
                 module.to(dtype)
     out = pathlib.Path(path)
     out.mkdir(parents=True, exist_ok=True)
-    pipe.save_pretrained(str(out), safe_serialization=True)
+    kwargs = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
+    pipe.save_pretrained(str(out), safe_serialization=True, **kwargs)
     return out
 
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pathlib
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -376,8 +376,8 @@ class SD3Family(VaeLatentFamily):
         return scheduler.sigmas.to(torch.float32).clone()
 
     # ------------------------------------------------------------------ text
-    def _encode(self, pipe, prompts: list[str], device) -> tuple[torch.Tensor, torch.Tensor]:
-        embeds, pooled = [], []
+    def _encode(self, pipe, prompts: list[str], device, progress=None) -> tuple[torch.Tensor, torch.Tensor]:
+        embeds, pooled, done = [], [], 0
         for chunk in chunked(prompts, ENCODE_CHUNK):
             pe, _, pp, _ = pipe.encode_prompt(
                 prompt=chunk,
@@ -390,12 +390,20 @@ class SD3Family(VaeLatentFamily):
             )
             embeds.append(pe.float().cpu())
             pooled.append(pp.float().cpu())
+            done += len(chunk)
+            if progress is not None:
+                progress(done)
         return torch.cat(embeds), torch.cat(pooled)
 
     @torch.no_grad()
-    def encode_prompts(self, prompts: list[str], device: torch.device | str = "cpu") -> Conditioning:
+    def encode_prompts(
+        self, prompts: list[str], device: torch.device | str = "cpu", progress: Callable[[int], None] | None = None
+    ) -> Conditioning:
         """Encode with ``StableDiffusion3Pipeline.encode_prompt`` (CLIP-L, CLIP-G, T5; the same
-        prompt for all three; ``max_sequence_length = model.max_text_tokens``).
+        prompt for all three; ``max_sequence_length = model.max_text_tokens``), on ``device`` in
+        ``model.dtype``; ``progress(n)`` after each chunk. T5 runs without an attention mask
+        over the padding to ``max_text_tokens`` (as the pipeline runs it): an encoding cannot
+        be cut to another length, so the prompt cache is per ``max_text_tokens``.
 
         The negative prompt (CFG only) is encoded once by the same call and repeated per
         row; this equals what ``encode_prompt(..., do_classifier_free_guidance=True,
@@ -416,7 +424,7 @@ class SD3Family(VaeLatentFamily):
             raise ValueError("encode_prompts needs at least one prompt")
         device = torch.device(device)
         pipe = self.text_pipeline(device)
-        embeds, pooled = self._encode(pipe, prompts, device)
+        embeds, pooled = self._encode(pipe, prompts, device, progress)
         mask = torch.ones(embeds.shape[:2], dtype=torch.int64)
         extra = {"pooled": pooled}
         if self.guidance_scale > 1:

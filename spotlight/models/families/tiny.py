@@ -119,8 +119,11 @@ class TinyFamily(ModelFamily):
         """MiniLM tokens of each prompt, [CLS] and [SEP] included."""
         return token_counts(prompts)
 
-    def encode_prompts(self, prompts: list[str], device="cpu") -> Conditioning:
+    def encode_prompts(self, prompts: list[str], device="cpu", progress=None) -> Conditioning:
+        """MiniLM sentence-transformer token embeddings (bidirectional: per ``max_text_tokens``), on the CPU."""
         embeds, mask = encode_prompts(prompts, self.cfg.max_text_tokens)
+        if progress is not None:
+            progress(len(prompts))
         return Conditioning(embeds, mask)
 
     def velocity(self, transformer, latents, sigma, cond: Conditioning) -> torch.Tensor:

@@ -6,7 +6,7 @@ to the coordinator over a CURVE-encrypted ZeroMQ DEALER (the coordinator's loopb
 
     → TRAIN_READY(rank, world_size, version=0)      (rank 0 also → version v0, see below)
                   (with --resume-version N: load the trainer checkpoint, version=N, publish vN)
-    ← TRAIN_BATCH  → train_step → [--checkpoint-dir: save DIR/v{v+1:06d}, keep 2]
+    ← TRAIN_BATCH  → [rank 0: retention of DIR] → train_step → [checkpointed iteration: save DIR/v{v+1:06d}]
                    → full state dict → (rank 0) publish v+1
                                                    → TRAIN_DONE(rank, iteration, v+1)
 
@@ -911,8 +911,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--checkpoint-dir",
         default=None,
-        help="save the trainer state (DCP) for every new version v into DIR/v{v:06d}, keeping the newest 2 "
-        "(default: no checkpoints); the coordinator passes RUN_DIR/checkpoints/train",
+        help="save the trainer state (DCP) of a checkpointed iteration's new version v into DIR/v{v:06d}, "
+        "keeping run.keep_train_checkpoints of them (default: no checkpoints); the coordinator passes "
+        "RUN_DIR/checkpoints/train",
     )
     ap.add_argument(
         "--spool-dir",
@@ -1053,7 +1054,10 @@ class _TrainerProcess:
         self.alive = alive if alive is not None else self._parent_alive
         self.watch = watch
         self.keep_versions: set[int] = set()
-        """Versions whose checkpoints pruning keeps (the coordinator's latest TRAIN_BATCH says)."""
+        """Versions whose checkpoints retention keeps (the coordinator's latest TRAIN_BATCH says:
+        the base model, the best held-out version and those being evaluated, for a rollback)."""
+        self.version = 0
+        """The newest weight version this trainer holds (published or being published)."""
 
     def _parent_alive(self) -> bool:
         return os.getppid() == self.parent
@@ -1078,7 +1082,7 @@ class _TrainerProcess:
 
     def checkpoint(self, ver: int) -> None:
         """Trainer state for weights v_ver, before TRAIN_DONE: a run checkpoint naming v_ver finds it."""
-        from spotlight.store.checkpoint import prune_train_versions, train_version_path
+        from spotlight.store.checkpoint import train_version_path
 
         if self.args.checkpoint_dir is None:
             return
@@ -1088,8 +1092,25 @@ class _TrainerProcess:
         need = 12 * sum(p.numel() for p in self.trainer.params)
         ensure_free_space(self.args.checkpoint_dir, need, f"the trainer checkpoint of v{ver}")
         self.trainer.save_checkpoint(train_version_path(self.args.checkpoint_dir, ver))
-        if self.args.rank == 0:
-            prune_train_versions(self.args.checkpoint_dir, keep=2, protect={ver, *self.keep_versions})
+
+    def retire_checkpoints(self, committed: int) -> None:
+        """Rank 0: trainer checkpoint retention (``run.keep_train_checkpoints``), given that the
+        coordinator's run checkpoints name versions up to ``committed``
+        (:func:`~spotlight.store.checkpoint.retire_train_versions`). Called when a TRAIN_BATCH
+        arrives (the coordinator wrote its run checkpoint of the previous iteration before
+        sending it) and before the final save, never during a save."""
+        if self.args.checkpoint_dir is None or self.args.rank != 0:
+            return
+        from spotlight.store.checkpoint import retire_train_versions
+
+        keep = self.cfg.run.keep_train_checkpoints
+        dropped = retire_train_versions(self.args.checkpoint_dir, keep, committed=committed, protect=self.keep_versions)
+        if dropped:
+            log.info(
+                "deleted trainer checkpoints %s (run.keep_train_checkpoints = %d)",
+                ", ".join(f"v{v}" for v in dropped),
+                keep,
+            )
 
     def publish(self, ver: int) -> None:
         """Rank 0: write version ``ver`` to a spool file and stream it in chunks (module docstring)."""
@@ -1123,6 +1144,7 @@ class _TrainerProcess:
         from spotlight import protocol as P
 
         args = self.args
+        self.version = version
         if args.checkpoint_initial and version == 0:
             from spotlight.store.checkpoint import train_version_path
 
@@ -1150,8 +1172,12 @@ class _TrainerProcess:
             mtype, body, tensors = message
             try:
                 if mtype == P.MsgType.TRAIN_BATCH:
+                    self.keep_versions = set(body.keep_versions)
+                    self.retire_checkpoints(committed=body.version)
                     self._train(body, tensors)
                 elif mtype == P.MsgType.SHUTDOWN and body.reason.startswith("save:"):
+                    # the coordinator checkpointed the last iteration before it asked for the final save
+                    self.retire_checkpoints(committed=self.version)
                     self.trainer.save_pretrained(body.reason[len("save:") :])
                     self.sock.send_multipart(P.encode(P.TrainDone(rank=self.args.rank, iteration=-1, new_version=-1)))
                     continue
@@ -1221,6 +1247,7 @@ class _TrainerProcess:
             metrics = self.trainer.train_step(tensors, body.micro_batches, iteration=body.iteration)
         metrics.update(_step_memory_metrics(self.trainer.device, time.perf_counter() - t0))
         version = body.version + 1
+        self.version = version
         if body.checkpoint:  # run.checkpoint_every: no wait on a save the run does not need
             self.checkpoint(version)
         self.publish(version)

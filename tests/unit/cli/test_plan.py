@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from spotlight.cli import app
@@ -43,3 +44,48 @@ def test_up_refuses_a_config_that_cannot_fit_before_anything_starts(tmp_path):
     assert "does not fit its GPUs: a trainer GPU needs" in errors[0]
     assert "cluster.gpu_memory_gib = 0.01" in errors[0] and "Adam state" in errors[0]
     assert not rd.exists()
+
+
+def _fake_nvidia_smi(tmp_path, mib: int) -> dict:
+    """An ``nvidia-smi`` on PATH that reports two GPUs of ``mib`` MiB (this machine has none)."""
+    import os
+    import stat
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    exe = bin_dir / "nvidia-smi"
+    exe.write_text(f"#!/bin/sh\necho '0, {mib}'\necho '1, {mib}'\n")
+    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    return {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "COLUMNS": "400"}
+
+
+@pytest.mark.procs  # runs the fake nvidia-smi
+def test_up_checks_against_this_hosts_gpu_size_when_no_limit_is_configured(tmp_path, monkeypatch):
+    env = _fake_nvidia_smi(tmp_path, 8)  # 8 MiB GPUs: nothing fits
+    monkeypatch.setenv("PATH", env["PATH"])
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    rd = tmp_path / "run"
+    res = CliRunner().invoke(app, ["up", "--local", "--run-dir", str(rd)], env=env)
+    assert res.exit_code == 2, res.output
+    (error,) = [line for line in res.output.splitlines() if line.startswith("error:")]
+    assert "a trainer GPU needs" in error and "this host's GPU size (2 GPUs of 0.0 GiB (nvidia-smi))" in error
+    assert "set cluster.gpu_memory_gib to check against another size" in error
+    assert not rd.exists()
+
+
+def test_memory_check_and_summary_on_a_cpu_host_and_with_a_limit(tmp_path, monkeypatch):
+    from spotlight.cli.plan import plan_summary
+    from spotlight.cli.up_preflight import _check_memory
+    from spotlight.config import load_config
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi: a CPU host
+    check = _check_memory(load_config(None))
+    assert check.device == "cpu" and check.limit_source is None and check.plan.gpu_limit_bytes is None
+    lines = plan_summary(check.plan, device="cpu", limit_source=None, disk_free_bytes=10 << 30)
+    assert len(lines) == 3 and lines[1].startswith("  trainer rank (CPU, fp32, host memory) ")
+    assert "Adam state" in lines[1] and "10.0 GiB free" in lines[2] and "trainer checkpoints" in lines[2]
+    # a configured limit: bf16 on CUDA, checked against cluster.gpu_memory_gib
+    big = _check_memory(load_config(None, {"cluster.gpu_memory_gib": 80.0}))
+    assert big.device == "cuda" and big.limit_source == "cluster.gpu_memory_gib"
+    (line,) = [x for x in plan_summary(big.plan, device="cuda", limit_source=big.limit_source) if "trainer GPU" in x]
+    assert "of 80.0 GiB (cluster.gpu_memory_gib)" in line and "CUDA reserve 1.0" in line

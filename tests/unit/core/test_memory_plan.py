@@ -8,7 +8,7 @@ from spotlight.config import config_from_dict
 from spotlight.core.memory_plan import CUDA_RESERVE_BYTES, GIB, ModelSize, plan_memory
 
 P = 1_000_000_000  # parameters
-A = 91 * 1024  # activation bytes per token per block at hidden 3072, bf16
+A = 120 * 1024  # activation bytes per token per block at hidden 3072, bf16
 SIZE = ModelSize(family="qwen-image", params=P, lora_params=10_000_000, hidden_size=3072, num_blocks=10)
 
 
@@ -32,15 +32,17 @@ def _lines(lines) -> dict[str, int]:
 
 def test_full_fine_tuning_by_hand():
     plan = plan_memory(_cfg(), SIZE)
-    # rows = 8 prompts × 4 / (2 ranks × 2 steps) = 8; tokens = 8 rows × 2 window × 2 (true CFG) × (16 image + 16 text)
-    assert plan.rows_per_micro_batch == 8 and plan.tokens_per_micro_batch == 1024
+    # one forward = one rollout batch (worker_batch_size 2 rows) at one SDE window step (the
+    # trainer's backward per step frees the graph): 2 rows × 2 (true CFG) × (16 image + 16 text)
+    assert plan.rows_per_micro_batch == 2 and plan.tokens_per_micro_batch == 128
     assert plan.activation_checkpointing  # None = on for qwen-image
     assert _lines(plan.trainer_gpu) == {
         "parameters": 4 * P // 2,  # fp32 master, sharded over 2
         "gradients": 4 * P // 2,
         "Adam state": 8 * P // 2,
-        "gathered blocks": 2 * 2 * P // 10,  # two bf16 blocks unsharded
-        "activations": 1024 * 10 * 3072 * 2 + 1024 * A,  # block inputs + one block recomputed
+        # two bf16 blocks unsharded + one block's bf16 gradient and its fp32 reduction
+        "gathered blocks": 2 * 2 * P // 10 + 6 * P // 10,
+        "activations": 128 * 10 * 3072 * 2 + 128 * A,  # block inputs + one block recomputed
         "CUDA reserve": CUDA_RESERVE_BYTES,
     }
     assert _lines(plan.rollout_gpu) == {
@@ -49,7 +51,12 @@ def test_full_fine_tuning_by_hand():
         "CUDA reserve": CUDA_RESERVE_BYTES,
     }
     assert plan.version_bytes == 2 * P
-    disk = {"tensor store versions": 3 * 2 * P, "trainer checkpoints": 2 * 12 * P, "final model": 4 * P}
+    disk = {
+        "tensor store versions": (3 + 1) * 2 * P,  # the newest 3 and the one arriving
+        "trainer spool": 2 * P,
+        "trainer checkpoints": (1 + 1) * 12 * P,  # run.keep_train_checkpoints = 1, and the one being written
+        "final model": 4 * P,
+    }
     assert _lines(plan.disk) == disk
     assert _lines(plan.reserved_host)["trainer rank 0: version gather"] == 4 * P + 2 * P
     assert _lines(plan.spot_host) == {"agent: cached versions (mmap)": 2 * 2 * P}
@@ -62,7 +69,7 @@ def test_lora_micro_batch_without_checkpointing_and_a_shared_rollout_gpu():
     )
     plan = plan_memory(cfg, SIZE)
     T = SIZE.lora_params
-    tokens = 1 * 2 * 2 * 32
+    tokens = 1 * 2 * 32  # 1 row × true CFG × 32 tokens
     assert plan.tokens_per_micro_batch == tokens and not plan.activation_checkpointing
     got = _lines(plan.trainer_gpu)
     assert got["parameters"] == 2 * P // 2 + 4 * T // 2  # bf16 frozen base + fp32 adapter
@@ -116,9 +123,9 @@ def test_cpu_is_fp32_and_a_wider_model_scales_the_coefficient():
     plan = plan_memory(_cfg(), wide, device="cpu")
     got = _lines(plan.trainer_gpu)
     assert "CUDA reserve" not in got
-    assert got["gathered blocks"] == 2 * 4 * P // 10
-    # a = 91 KiB × (6144 / 3072) × (4 / 2)
-    assert got["activations"] == 1024 * 10 * 6144 * 4 + 1024 * A * 4
+    assert got["gathered blocks"] == 2 * 4 * P // 10 + 4 * P // 10  # fp32: the gradient reduces in place
+    # a = 120 KiB × (6144 / 3072) × (4 / 2)
+    assert got["activations"] == 128 * 10 * 6144 * 4 + 128 * A * 4
     assert plan.version_bytes == 4 * P
 
 
@@ -127,9 +134,40 @@ def test_limit_refusal_names_the_numbers():
     assert fits.trainer_gpu_bytes < 10 * GIB and fits.problems() == []
     tight = plan_memory(_cfg(cluster={"gpu_memory_gib": 8.0}), SIZE)
     (problem,) = tight.problems()
-    assert problem.startswith("a trainer GPU needs 9.0 GiB but cluster.gpu_memory_gib = 8 (")
-    assert "Adam state 3.7 GiB" in problem and "activations 0.1 GiB" in problem
+    assert problem.startswith("a trainer GPU needs 9.4 GiB but cluster.gpu_memory_gib = 8 (")
+    assert "Adam state 3.7 GiB" in problem and "activations 0.0 GiB" in problem
     assert plan_memory(_cfg(), SIZE).problems() == []  # no limit, no check
+    # a limit found on this host's GPU checks the trainer GPU only, and says where it came from
+    (mine,) = tight.problems(limit_source="GPU 0 (nvidia-smi)", kinds=("trainer GPU",))
+    assert mine.startswith("a trainer GPU needs 9.4 GiB but GPU 0 (nvidia-smi) = 8 (")
+
+
+def test_kl_reference_is_held_in_the_compute_dtype_and_lora_has_none():
+    full = _lines(plan_memory(_cfg(train={"kl_beta": 0.04}), SIZE).trainer_gpu)
+    assert full["KL reference"] == 2 * P // 2  # bf16 on CUDA, sharded over 2 ranks
+    cpu = _lines(plan_memory(_cfg(train={"kl_beta": 0.04}), SIZE, device="cpu").trainer_gpu)
+    assert cpu["KL reference"] == 4 * P // 2  # fp32 on the CPU
+    lora = _lines(plan_memory(_cfg(train={"kl_beta": 0.04, "lora_rank": 8}), SIZE).trainer_gpu)
+    assert "KL reference" not in lora  # the policy with its adapter disabled
+
+
+def test_rows_are_one_rollout_batch_cut_to_the_micro_batch_never_merged():
+    assert plan_memory(_cfg(train={"micro_batch_size": 64}), SIZE).rows_per_micro_batch == 2  # worker batch 2
+    big = _cfg(cluster={"worker_batch_size": 16}, train={"micro_batch_size": 4})
+    assert plan_memory(big, SIZE).rows_per_micro_batch == 4
+    # never more than the iteration's samples (8 prompts × 4)
+    assert plan_memory(_cfg(cluster={"worker_batch_size": 64}), SIZE).rows_per_micro_batch == 32
+    # the SDE window does not multiply the activations: one step's graph lives at a time
+    wide = plan_memory(_cfg(sampler={"sde_window_size": 4}), SIZE)
+    assert wide.tokens_per_micro_batch == plan_memory(_cfg(), SIZE).tokens_per_micro_batch
+
+
+def test_disk_counts_the_kept_trainer_checkpoints_and_the_one_being_written():
+    plan = plan_memory(_cfg(run={"keep_train_checkpoints": 3}), SIZE)
+    assert _lines(plan.disk)["trainer checkpoints"] == (3 + 1) * 12 * P
+    every = plan_memory(_cfg(run={"keep_weight_versions": 0, "iterations": 5}), SIZE)
+    assert _lines(every.disk)["tensor store versions"] == (5 + 1) * 2 * P  # v0 .. v5
+    assert plan.disk_bytes == sum(_lines(plan.disk).values())
 
 
 def test_gpu_memory_field_is_validated():
@@ -138,3 +176,10 @@ def test_gpu_memory_field_is_validated():
     for bad in (0, -1.0, float("nan")):
         with pytest.raises(ConfigError, match="cluster.gpu_memory_gib"):
             _cfg(cluster={"gpu_memory_gib": bad})
+
+
+def test_keep_train_checkpoints_is_validated():
+    from spotlight.config import ConfigError
+
+    with pytest.raises(ConfigError, match="run.keep_train_checkpoints: must be >= 1"):
+        _cfg(run={"keep_train_checkpoints": 0})

@@ -13,7 +13,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from spotlight.config import SpotlightConfig, TrainConfig
-from spotlight.store.checkpoint import prune_train_versions, train_version_path, train_versions
+from spotlight.store.checkpoint import (
+    prune_train_versions,
+    retire_train_versions,
+    train_version_path,
+    train_versions,
+)
 from spotlight.workers.train.train_worker import FlowGRPOTrainer
 from tests.unit.workers.train.test_train_worker import ROLLOUT_MBS, TEXT_DIM, _select, make_rollout
 
@@ -176,6 +181,35 @@ def test_train_versions_and_retention(tmp_path):
     with pytest.raises(ValueError):
         prune_train_versions(root, keep=0)
     assert train_versions(tmp_path / "nowhere") == []
+
+
+def test_retention_keeps_the_resume_point_and_drops_a_rerun_iterations_leftovers(tmp_path):
+    """run.keep_train_checkpoints: the newest K versions a run checkpoint can name (<= the
+    committed version) stay; versions above it were written by an iteration a resume runs
+    again and go."""
+    root = tmp_path / "train"
+
+    def make(*versions):
+        for v in versions:
+            d = train_version_path(root, v)
+            d.mkdir(parents=True, exist_ok=True)
+            (d / ".metadata").write_bytes(b"x")
+
+    make(1, 2, 3)
+    # TRAIN_BATCH of version 3 arrives: the run checkpoint naming v3 is written; keep 1
+    assert retire_train_versions(root, 1, committed=3) == [1, 2]
+    assert train_versions(root) == [3]
+    make(4)  # saved during that iteration, before the coordinator's run checkpoint names it
+    # a crash now: the resume starts from v3; its first TRAIN_BATCH (version 3) retires v4
+    (root / ".tmp-v000005").mkdir()
+    assert retire_train_versions(root, 1, committed=3) == [4]
+    assert train_versions(root) == [3] and not (root / ".tmp-v000005").exists()
+    make(4, 5)
+    assert retire_train_versions(root, 2, committed=5) == [3]
+    assert train_versions(root) == [4, 5]
+    assert retire_train_versions(tmp_path / "nowhere", 1, committed=0) == []
+    with pytest.raises(ValueError):
+        retire_train_versions(root, 0, committed=5)
 
 
 def _two_rank(rank: int, world: int, store_path: str, out_dir: str, batch: dict) -> None:
