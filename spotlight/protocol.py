@@ -382,6 +382,9 @@ class GroupForm(_Msg, kw_only=True):
     generation: int
     version: int = -1
     """Weight version the leader must hold before forming (fetched if missing)."""
+    pids: list[int] = []
+    """Process ids of the members (same order): each member watches its peers and aborts its
+    communicator as soon as one dies (NCCL; docs/architecture.md §6). Empty when unknown."""
 
 
 class GroupFormed(_Msg, kw_only=True):

@@ -704,6 +704,7 @@ def make_worker(agent_endpoint: str, worker_id: str, gpus: list[int], conf: dict
             sampler_cfg,
             int(conf.get("worker_batch_size", 8)),
             member=member,
+            lora=conf.get("lora") or {},
             weights_dir=conf.get("weights_dir"),
         )
     return WorkerProcess(
