@@ -331,7 +331,10 @@ class AgentDaemon:
         self._registered = reg
         if reg is not None:
             self.sched.configure(
-                sp_degree=reg.sp_degree, reconfiguration=reg.reconfiguration, live_migration=reg.live_migration
+                sp_degree=reg.sp_degree,
+                sp_degrees=reg.sp_degrees,
+                reconfiguration=reg.reconfiguration,
+                live_migration=reg.live_migration,
             )
 
     @property

@@ -767,19 +767,9 @@ class SpotlightConfig(_Section):
                 "candidates are all kept by the top-K/2 + bottom-K/2 selection (spot time for no selection)",
             )
         _check(
-            self.model.family == "tiny" or self.cluster.reserved_sp_degree == 1,
-            "cluster.reserved_sp_degree",
-            f"elastic SP groups run the tiny family only so far; use 1 for family = '{self.model.family}'",
-        )
-        _check(
             not self.explore.reuse_as_rollout or self.data.num_control_prompts == 0,
             "explore.reuse_as_rollout",
             "needs data.num_control_prompts = 0 (an unexplored prompt would get no rollout)",
-        )
-        _check(
-            self.model.family == "tiny" or self.cluster.sp_degree == 1,
-            "cluster.sp_degree",
-            f"elastic SP groups run the tiny family only so far; use 1 for family = '{self.model.family}'",
         )
         _check(
             self.explore.num_steps <= self.sampler.num_steps,
@@ -793,6 +783,27 @@ class SpotlightConfig(_Section):
             "set it, or eval.every = 0",
         )
         self._check_family_features()
+        self._check_sp_degrees()
+
+    def _check_sp_degrees(self) -> None:
+        """Refuse an SP degree the model cannot be split by, where the config alone tells
+        (:mod:`spotlight.workers.sp.degrees`): a family without a context-parallel plan (SD3),
+        the tiny family's heads and image tokens, FLUX's unpadded text. Degrees that depend on a
+        checkpoint's architecture are checked by ``spotlight up`` before anything starts."""
+        from spotlight.workers.sp.degrees import SPShape, degree_problem
+
+        m = self.model
+        side = m.image_size // max(1, m.patch_size)
+        c = self.cluster
+        for field, degree in (("cluster.sp_degree", c.sp_degree), ("cluster.reserved_sp_degree", c.reserved_sp_degree)):
+            if degree <= 1:
+                continue
+            if m.family == "tiny":
+                shape = SPShape("tiny", m.num_attention_heads, side * side, m.max_text_tokens, True)
+            else:  # heads and image tokens come from the checkpoint: checked before the run starts
+                shape = SPShape(m.family, degree, degree, m.max_text_tokens, m.family != "flux")
+            problem = degree_problem(shape, degree)
+            _check(problem is None, field, problem or "")
 
     def _check_family_features(self) -> None:
         """Refuse the family x feature combinations the workers cannot run (docs/architecture.md §7)."""

@@ -153,6 +153,9 @@ class Registered(_Msg, kw_only=True):
     torch_threads: int
     sp_degree: int = 1
     """Sequence-parallel degree of each worker group on the node (elastic below it)."""
+    sp_degrees: list[int] = []
+    """The degrees up to ``sp_degree`` the model can run at (``spotlight.workers.sp.degrees``);
+    the node Scheduler forms groups of these sizes only. Empty = every degree."""
     model: dict[str, Any]
     """The run's ``[model]`` config section (workers build the transformer from it)."""
     sampler: dict[str, Any]

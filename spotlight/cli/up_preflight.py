@@ -348,8 +348,33 @@ def _check_model(cfg: SpotlightConfig) -> None:
         family.check()
         if cfg.train.use_lora and cfg.train.lora_target_modules:
             family.check_lora_targets(list(cfg.train.lora_target_modules))
+        _check_sp_degrees(cfg, family)
     except ModelLoadError as exc:
         raise refuse(str(exc)) from None
+
+
+def _check_sp_degrees(cfg: SpotlightConfig, family) -> None:
+    """Refuse an SP degree the checkpoint's transformer cannot be split by (its attention heads,
+    its image tokens at ``model.image_size``, unpadded text; :mod:`spotlight.workers.sp.degrees`),
+    reading only its config files. Smaller degrees that do not work are never formed (a group of
+    survivors splits into groups that do).
+
+    Raises:
+        Stop: the degree and the reason.
+        ModelLoadError: the checkpoint's configs cannot be read.
+    """
+    from spotlight.workers.sp.degrees import degree_problem, sp_shape
+
+    c = cfg.cluster
+    pairs = (("cluster.sp_degree", c.sp_degree), ("cluster.reserved_sp_degree", c.reserved_sp_degree))
+    degrees = [(field, k) for field, k in pairs if k > 1]
+    if not degrees:
+        return
+    shape = sp_shape(family)
+    for field, k in degrees:
+        problem = degree_problem(shape, k)
+        if problem:
+            raise refuse(f"{field} = {k}: {problem} ({family.path})")
 
 
 def _check_eval(cfg: SpotlightConfig) -> None:
