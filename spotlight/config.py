@@ -511,7 +511,9 @@ class ClusterConfig(_Section):
     """An agent silent for this long is marked dead; its leased requests are re-enqueued."""
     sp_degree: int = 1
     """Sequence-parallel degree of each spot node's Rollout Worker groups (diffusers context
-    parallelism, Ulysses). Groups shrink and grow elastically as GPUs leave and join."""
+    parallelism, Ulysses). Groups shrink and grow elastically as GPUs leave and join, at the
+    degrees the model can be split by: the attention heads and image tokens (and FLUX.1's
+    ``model.max_text_tokens``) must divide by it; SD3 runs at 1 (docs/architecture.md §6)."""
     warm_spare: bool = True
     """Each spot node's agent keeps one warm spare worker process (torch, diffusers and the
     worker modules imported, the weights' receive buffer prepared, no GPU touched) that
@@ -560,7 +562,8 @@ class ClusterConfig(_Section):
     False: they give the requests back, which are re-run from step 0 (paper Fig. 13)."""
     reserved_sp_degree: int = 1
     """SP degree of the reserved node's Rollout Worker groups (paper: SP = 2 for large images).
-    Like ``sp_degree``, > 1 runs the tiny family only so far."""
+    Like ``sp_degree``: any family with a context-parallel plan (tiny, Qwen-Image, FLUX.1), at
+    a degree that splits its attention heads and image tokens (docs/architecture.md §6)."""
     use_spot: bool = True
     """False (the ``reserved-only`` baseline): ``spotlight up --local`` starts no spot agents
     and the coordinator refuses spot nodes; all rollouts run on the reserved GPUs."""
