@@ -676,6 +676,8 @@ class AgentDaemon:
             "worker_batch_size": reg.worker_batch_size,
             "torch_threads": reg.torch_threads,
             "sp_degree": reg.sp_degree,
+            "sp_cfg_parallel": reg.sp_cfg_parallel,
+            "sp_backend": reg.sp_backend,
             "lora": reg.lora,
             "weights_dir": str(self.wcache.dir),
         }

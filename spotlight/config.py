@@ -514,6 +514,16 @@ class ClusterConfig(_Section):
     parallelism, Ulysses). Groups shrink and grow elastically as GPUs leave and join, at the
     degrees the model can be split by: the attention heads and image tokens (and FLUX.1's
     ``model.max_text_tokens``) must divide by it; SD3 runs at 1 (docs/architecture.md §6)."""
+    sp_cfg_parallel: bool = False
+    """With true CFG (Qwen-Image, ``model.guidance_scale > 1``), an SP group of an even degree runs
+    the positive rows on one half of its GPUs and the negative prompt's rows on the other (one
+    all-gather per denoising step), each half splitting its sequence Ulysses-wise over
+    ``degree / 2`` GPUs, instead of splitting the positive+negative batch over all of them.
+    Off by default; benchmarks/RESULTS.md says where it pays (docs/architecture.md §6)."""
+    sp_backend: Literal["diffusers", "xfuser"] = "diffusers"
+    """The SP groups' parallel attention: ``diffusers`` (its context parallelism; CPU and GPU) or
+    ``xfuser`` (xDiT's process groups, on CUDA only: ``pip install 'spotlight-rl[xdit]'``;
+    refused on a machine without CUDA). docs/architecture.md §6."""
     warm_spare: bool = True
     """Each spot node's agent keeps one warm spare worker process (torch, diffusers and the
     worker modules imported, the weights' receive buffer prepared, no GPU touched) that
@@ -793,19 +803,26 @@ class SpotlightConfig(_Section):
         (:mod:`spotlight.workers.sp.degrees`): a family without a context-parallel plan (SD3),
         the tiny family's heads and image tokens, FLUX's unpadded text. Degrees that depend on a
         checkpoint's architecture are checked by ``spotlight up`` before anything starts."""
-        from spotlight.workers.sp.degrees import SPShape, degree_problem
+        from spotlight.workers.sp.degrees import XFUSER_FAMILIES, SPShape, degree_problem
 
         m = self.model
+        _check(
+            self.cluster.sp_backend == "diffusers" or m.family in XFUSER_FAMILIES,
+            "cluster.sp_backend",
+            f"'xfuser' serves {', '.join(sorted(XFUSER_FAMILIES))} (its Qwen-Image wrapper), not "
+            f"family = '{m.family}'; use 'diffusers'",
+        )
         side = m.image_size // max(1, m.patch_size)
         c = self.cluster
         for field, degree in (("cluster.sp_degree", c.sp_degree), ("cluster.reserved_sp_degree", c.reserved_sp_degree)):
             if degree <= 1:
                 continue
+            true_cfg = m.family == "qwen-image" and m.guidance_scale != 1
             if m.family == "tiny":
                 shape = SPShape("tiny", m.num_attention_heads, side * side, m.max_text_tokens, True)
             else:  # heads and image tokens come from the checkpoint: checked before the run starts
-                shape = SPShape(m.family, degree, degree, m.max_text_tokens, m.family != "flux")
-            problem = degree_problem(shape, degree)
+                shape = SPShape(m.family, degree, degree, m.max_text_tokens, m.family != "flux", true_cfg)
+            problem = degree_problem(shape, degree, cfg_parallel=c.sp_cfg_parallel)
             _check(problem is None, field, problem or "")
 
     def _check_family_features(self) -> None:

@@ -156,6 +156,10 @@ class Registered(_Msg, kw_only=True):
     sp_degrees: list[int] = []
     """The degrees up to ``sp_degree`` the model can run at (``spotlight.workers.sp.degrees``);
     the node Scheduler forms groups of these sizes only. Empty = every degree."""
+    sp_cfg_parallel: bool = False
+    """``cluster.sp_cfg_parallel``: even-sized groups of a true-CFG model split the CFG branches."""
+    sp_backend: Literal["diffusers", "xfuser"] = "diffusers"
+    """``cluster.sp_backend``: the SP groups' parallel attention."""
     model: dict[str, Any]
     """The run's ``[model]`` config section (workers build the transformer from it)."""
     sampler: dict[str, Any]

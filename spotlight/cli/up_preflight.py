@@ -303,6 +303,7 @@ def preflight(run: UpRun) -> UpRun:
         Stop: the first refusal (exit 2), or ``--resume-existing`` of a finished run (exit 0).
     """
     check_run_dir(run)
+    _check_sp_backend(run)
     _check_model(run.cfg)
     _check_memory(run.cfg)
     _check_reward(run)
@@ -333,6 +334,25 @@ def check_run_dir(run: UpRun) -> None:
         if run.opts.resume_existing:
             raise Stop(f"{escape(why.split(';')[0])}: nothing to do", code=0)
         raise refuse(why)
+
+
+def _check_sp_backend(run: UpRun) -> None:
+    """Refuse ``cluster.sp_backend = "xfuser"`` for a local run on a machine without CUDA (xfuser
+    cannot even be imported there; its SP groups would never form).
+
+    Raises:
+        Stop: as above.
+    """
+    c = run.cfg.cluster
+    if c.sp_backend != "xfuser" or not run.opts.local or max(c.sp_degree, c.reserved_sp_degree) <= 1:
+        return
+    import torch
+
+    from spotlight.workers.sp.xfuser_backend import xfuser_problem
+
+    problem = xfuser_problem(torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu"))
+    if problem:
+        raise refuse(problem)
 
 
 def _check_model(cfg: SpotlightConfig) -> None:
@@ -372,7 +392,7 @@ def _check_sp_degrees(cfg: SpotlightConfig, family) -> None:
         return
     shape = sp_shape(family)
     for field, k in degrees:
-        problem = degree_problem(shape, k)
+        problem = degree_problem(shape, k, cfg_parallel=c.sp_cfg_parallel)
         if problem:
             raise refuse(f"{field} = {k}: {problem} ({family.path})")
 

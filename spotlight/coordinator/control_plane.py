@@ -374,7 +374,8 @@ class ControlPlane:
                 from spotlight.workers.sp.degrees import sp_shape, usable_degrees
 
                 try:
-                    cache[degree] = usable_degrees(sp_shape(get_family(self.cfg.model)), degree)
+                    shape = sp_shape(get_family(self.cfg.model))
+                    cache[degree] = usable_degrees(shape, degree, cfg_parallel=self.cfg.cluster.sp_cfg_parallel)
                 except Exception as exc:  # checked before the run started; never stop registrations for it
                     log.warning("cannot read the model's SP shape (%s): every SP degree up to %d is used", exc, degree)
                     cache[degree] = list(range(1, degree + 1))
@@ -390,6 +391,8 @@ class ControlPlane:
             torch_threads=c.torch_threads,
             sp_degree=c.sp_degree if body.is_spot else c.reserved_sp_degree,
             sp_degrees=self._usable_sp_degrees(c.sp_degree if body.is_spot else c.reserved_sp_degree),
+            sp_cfg_parallel=c.sp_cfg_parallel,
+            sp_backend=c.sp_backend,
             reconfiguration=c.reconfiguration,
             live_migration=c.live_migration,
             model=msgspec.to_builtins(self.cfg.model),

@@ -706,6 +706,8 @@ def make_worker(agent_endpoint: str, worker_id: str, gpus: list[int], conf: dict
             member=member,
             lora=conf.get("lora") or {},
             weights_dir=conf.get("weights_dir"),
+            cfg_parallel=bool(conf.get("sp_cfg_parallel", False)),
+            backend=str(conf.get("sp_backend", "diffusers")),
         )
     return WorkerProcess(
         agent_endpoint,

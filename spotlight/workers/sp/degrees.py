@@ -33,6 +33,10 @@ CP_FAMILIES = frozenset({"tiny", "qwen-image", "flux"})
 TEXT_MASK_FAMILIES = frozenset({"tiny", "qwen-image"})
 """Families whose transformer takes a text mask, so text tokens are padded to the degree."""
 
+XFUSER_FAMILIES = frozenset({"tiny", "qwen-image"})
+"""Families ``cluster.sp_backend = "xfuser"`` serves (xfuser's Qwen-Image wrapper; the tiny family
+is the same diffusers class): :mod:`spotlight.workers.sp.xfuser_backend`."""
+
 NO_CP_REASON = {
     "sd3": (
         "SD3Transformer2DModel has no context-parallel plan in diffusers 0.42 (its JointAttnProcessor2_0 calls "
@@ -51,6 +55,9 @@ class SPShape:
         image_tokens: image tokens per sample (packed latent sequence length).
         text_tokens: text tokens per sample (``model.max_text_tokens``).
         pads_text: the text is padded with masked tokens to a multiple of the degree.
+        true_cfg: every forward runs a positive and a negative batch (Qwen-Image with a
+            guidance scale > 1), so a CFG-parallel group (``cluster.sp_cfg_parallel``) can run the
+            two on different halves of its ranks.
     """
 
     family: str
@@ -58,18 +65,29 @@ class SPShape:
     image_tokens: int
     text_tokens: int
     pads_text: bool
+    true_cfg: bool = False
 
     @property
     def has_cp_plan(self) -> bool:
         return self.family in CP_FAMILIES
 
 
-def degree_problem(shape: SPShape, degree: int) -> str | None:
-    """Why ``degree`` cannot split ``shape``, as one sentence; None when it can."""
+def cfg_split(shape: SPShape, degree: int, cfg_parallel: bool) -> bool:
+    """Whether a group of ``degree`` runs CFG-parallel: asked for, true CFG, an even degree (the
+    positive rows on one half of the ranks, the negative rows on the other; each half splits its
+    sequence Ulysses-wise ``degree / 2`` ways)."""
+    return cfg_parallel and shape.true_cfg and degree >= 2 and degree % 2 == 0
+
+
+def degree_problem(shape: SPShape, degree: int, *, cfg_parallel: bool = False) -> str | None:
+    """Why ``degree`` cannot split ``shape``, as one sentence; None when it can. With
+    ``cfg_parallel`` an even degree of a true-CFG model needs only its half to split the sequence."""
     if degree < 1:
         return f"SP degree must be >= 1, got {degree}"
     if degree == 1:
         return None
+    if cfg_split(shape, degree, cfg_parallel):
+        return degree_problem(shape, degree // 2)
     if not shape.has_cp_plan:
         return NO_CP_REASON.get(shape.family, f"family '{shape.family}' has no context-parallel plan; use 1")
     if shape.heads % degree:
@@ -91,9 +109,9 @@ def degree_problem(shape: SPShape, degree: int) -> str | None:
     return None
 
 
-def usable_degrees(shape: SPShape, max_degree: int) -> list[int]:
+def usable_degrees(shape: SPShape, max_degree: int, *, cfg_parallel: bool = False) -> list[int]:
     """The degrees 1..``max_degree`` that split ``shape`` (always includes 1)."""
-    return [d for d in range(1, max(1, max_degree) + 1) if degree_problem(shape, d) is None]
+    return [d for d in range(1, max(1, max_degree) + 1) if degree_problem(shape, d, cfg_parallel=cfg_parallel) is None]
 
 
 def sp_shape(family) -> SPShape:
@@ -112,7 +130,8 @@ def sp_shape(family) -> SPShape:
         tokens = (latent[1] // p) * (latent[2] // p)
     else:
         tokens = int(latent[0])
-    return SPShape(name, heads, tokens, int(family.cfg.max_text_tokens), name in TEXT_MASK_FAMILIES)
+    true_cfg = name == "qwen-image" and family.guidance_scale > 1
+    return SPShape(name, heads, tokens, int(family.cfg.max_text_tokens), name in TEXT_MASK_FAMILIES, true_cfg)
 
 
 def split_into_usable(members: list, usable: list[int]) -> list[list]:

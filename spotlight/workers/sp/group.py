@@ -146,7 +146,7 @@ import torch.distributed as dist
 
 from spotlight.config import ModelConfig
 from spotlight.rl.sampler import Conditioning, DenoiseState, Sampler
-from spotlight.workers.sp.degrees import degree_problem, sp_shape
+from spotlight.workers.sp.degrees import cfg_split, degree_problem, sp_shape
 
 log = logging.getLogger("spotlight.sp_group")
 
@@ -428,6 +428,13 @@ class SPGroupMember:
         timeout_s: rendezvous / collective timeout of the process group.
         watch_peers: abort the communicator when a peer's process dies (:class:`PeerWatch`);
             None = on NCCL only (gloo notices a dead peer by itself).
+        backend: ``cluster.sp_backend``: ``"diffusers"`` (its context parallelism) or ``"xfuser"``
+            (xDiT's process groups and model wrapper, CUDA only:
+            :mod:`spotlight.workers.sp.xfuser_backend`).
+        cfg_parallel: with true CFG, an even-sized group runs the positive rows on its first
+            half of ranks and the negative rows on its second (one all-gather per step), each
+            half splitting its sequence Ulysses-wise over ``degree / 2`` ranks
+            (``cluster.sp_cfg_parallel``; docs/architecture.md §6).
     """
 
     def __init__(
@@ -440,6 +447,8 @@ class SPGroupMember:
         lora: dict | None = None,
         timeout_s: float = 120.0,
         watch_peers: bool | None = None,
+        cfg_parallel: bool = False,
+        backend: str = "diffusers",
     ):
         from spotlight.models.families import get_family
 
@@ -450,6 +459,11 @@ class SPGroupMember:
         self.lora = dict(lora or {})
         self.timeout_s = timeout_s
         self.watch_peers = watch_peers
+        self.cfg_parallel = cfg_parallel
+        if backend not in ("diffusers", "xfuser"):
+            raise ValueError(f"SP backend must be 'diffusers' or 'xfuser', got {backend!r}")
+        self.sp_backend = backend
+        self._xfuser = None  # XfuserAdapter, made on the first form (it needs the device)
         self.dtype: torch.dtype | None = None
         self._entries: list[Entry] | None = None
         self._base_names: dict[str, str] = {}
@@ -522,6 +536,16 @@ class SPGroupMember:
         return self._state
 
     @property
+    def cfg_split(self) -> bool:
+        """The current generation runs CFG-parallel (:func:`~spotlight.workers.sp.degrees.cfg_split`)."""
+        return self.spec is not None and cfg_split(self.shape, self.spec.world_size, self.cfg_parallel)
+
+    @property
+    def ulysses_degree(self) -> int:
+        """Ranks that split one forward's sequence: the degree, or half of it under CFG-parallel."""
+        return self.sp_degree // 2 if self.cfg_split else self.sp_degree
+
+    @property
     def _comm_device(self) -> torch.device:
         return self.device if self.backend == "nccl" else torch.device("cpu")
 
@@ -580,7 +604,7 @@ class SPGroupMember:
         """
         if self.worker_id not in spec.members:
             raise ValueError(f"worker {self.worker_id!r} is not a member of {spec.members}")
-        problem = degree_problem(self.shape, spec.world_size)
+        problem = degree_problem(self.shape, spec.world_size, cfg_parallel=self.cfg_parallel)
         if problem:
             raise ValueError(problem)
         given = self._adopt(state_dict) if state_dict is not None else None
@@ -648,10 +672,25 @@ class SPGroupMember:
             timeout=datetime.timedelta(seconds=self.timeout_s),
             device_id=device_id,
         )
+        if self.sp_backend == "xfuser":
+            split = cfg_split(self.shape, spec.world_size, self.cfg_parallel)
+            self._xfuser_adapter().setup(
+                self.rank,
+                spec.world_size,
+                ulysses_degree=spec.world_size // 2 if split else spec.world_size,
+                cfg_degree=2 if split else 1,
+            )
         watch = self.backend == "nccl" if self.watch_peers is None else self.watch_peers
         peers = [p for i, p in enumerate(spec.pids) if i != self.rank]
         if watch and peers:
             self._watch = PeerWatch(peers, self._peer_died)
+
+    def _xfuser_adapter(self):
+        if self._xfuser is None:
+            from spotlight.workers.sp.xfuser_backend import XfuserAdapter
+
+            self._xfuser = XfuserAdapter(self.family.name, self.device)
+        return self._xfuser
 
     def _peer_died(self, pid: int) -> None:
         """:class:`PeerWatch`'s callback (its thread): abort the communicator now."""
@@ -675,17 +714,26 @@ class SPGroupMember:
                 # a dead peer's communicator: waiting on it (destroy) could block until the
                 # timeout and let the watchdog kill this survivor; abort it (NCCL)
                 abort_communicator()
-            if dist.is_initialized():
-                dist.destroy_process_group()
+        if self._xfuser is not None:
+            self._xfuser.teardown()  # xfuser's groups go with ours (re-formed every generation)
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
         self._broken = False
         self.spec = None
         self.rank = -1
 
     # ------------------------------------------------------------ weights
-    def _skeleton(self):
+    def _skeleton(self, world: int = 1):
         """A fresh transformer of the family with every parameter on ``meta`` (and the LoRA
-        adapter, with LoRA), eval mode: what a model object is built from."""
-        model = self.family.build_empty_transformer()
+        adapter, with LoRA), eval mode: what a model object is built from. With the xfuser
+        backend a group of several builds xfuser's wrapper class (same config and names)."""
+        if world > 1 and self.sp_backend == "xfuser":
+            from accelerate import init_empty_weights
+
+            with init_empty_weights(include_buffers=False):
+                model = self._xfuser_adapter().model_class().from_config(self.family.transformer_config())
+        else:
+            model = self.family.build_empty_transformer()
         if self.lora:
             from spotlight.models.lora import add_lora
 
@@ -888,22 +936,29 @@ class SPGroupMember:
         split hooks)."""
         if world == 1 and self._plain is not None:
             return self._plain
-        model = self._skeleton()
+        model = self._skeleton(world)
         model.load_state_dict(self._model_state(), strict=True, assign=True)
         model = model.to(self.device).eval().requires_grad_(False)
         self.cache_threshold = 0.0
         self.cache_supported = self._install_cache(model)
-        if world > 1:
+        ulysses = self.ulysses_degree if world > 1 else 1
+        if ulysses > 1 and self.sp_backend == "diffusers":
             from diffusers import ContextParallelConfig
 
+            mesh = None
+            if self.cfg_split:  # two halves (positive, negative rows), each a Ulysses group
+                from torch.distributed.device_mesh import init_device_mesh
+
+                kind = "cuda" if self.device.type == "cuda" else "cpu"
+                mesh = init_device_mesh(kind, (2, 1, ulysses), mesh_dim_names=("cfg", "ring", "ulysses"))
             with _cpu_device_count_patch():
-                model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=world))
+                model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=ulysses, mesh=mesh))
             if self.cache_supported:
                 from diffusers.hooks import HookRegistry
 
                 # the split hooks were registered on blocks after the cache's: drop stale child lists
                 HookRegistry.check_if_exists_or_initialize(model).invalidate_child_registries_cache()
-        else:
+        elif world == 1:
             self._plain = model
         return model
 
@@ -958,15 +1013,37 @@ class SPGroupMember:
         if self.model is None:
             raise RuntimeError(f"worker {self.worker_id} is not in a formed group")
         model, family, device = self.model, self.family, self.device
-        world = self.sp_degree
-        pad = world > 1 and self.shape.pads_text
+        world, ulysses = self.sp_degree, self.ulysses_degree
+        # xfuser's wrapper pads (or replicates) the text itself
+        pad = ulysses > 1 and self.shape.pads_text and self.sp_backend == "diffusers"
         cached = self.cache_supported
+        if self.cfg_split:
+            return self._cfg_parallel_velocity_fn(pad)
 
         def velocity_fn(latents: torch.Tensor, sigma: torch.Tensor, cond: Conditioning) -> torch.Tensor:
             c = pad_text(cond, world) if pad else cond
             with model.cache_context("sp") if cached else contextlib.nullcontext():
                 out = family.velocity(model, latents.to(device), sigma.to(device), c.to(device))
             return out.to(latents.device)
+
+        return velocity_fn
+
+    def _cfg_parallel_velocity_fn(self, pad: bool):
+        """CFG-parallel: this rank's half computes its branch (positive or negative rows) of the
+        batch, one ``all_gather`` brings both branches to every rank, and the family combines them
+        (:meth:`~spotlight.models.families.qwen_image.QwenImageFamily.combine_cfg`)."""
+        model, family, device = self.model, self.family, self.device
+        world, half = self.sp_degree, self.sp_degree // 2
+        branch = "pos" if self.rank < half else "neg"
+        cached, comm = self.cache_supported, self._comm_device
+
+        def velocity_fn(latents: torch.Tensor, sigma: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+            c = pad_text(cond, half) if pad else cond
+            with model.cache_context("sp") if cached else contextlib.nullcontext():
+                mine = family.velocity_branch(model, latents.to(device), sigma.to(device), c.to(device), branch)
+            parts = [torch.empty_like(mine, device=comm) for _ in range(world)]
+            dist.all_gather(parts, mine.to(comm).contiguous())
+            return family.combine_cfg(parts[0], parts[half]).to(latents.device)
 
         return velocity_fn
 

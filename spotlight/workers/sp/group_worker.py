@@ -196,21 +196,26 @@ class GroupWorkerProcess(WorkerProcess):
         member: G.SPGroupMember | None = None,
         lora: dict | None = None,
         weights_dir: str | None = None,
+        cfg_parallel: bool = False,
+        backend: str = "diffusers",
     ):
         """``member``: a prepared, unused member (a warm spare's, see
         :meth:`~spotlight.workers.sp.group.SPGroupMember.prewarm`); it is reassigned to this
         worker id and device. Default: a new one. ``lora``: the run's LoRA settings (versions
         are adapters over one frozen base). ``weights_dir``: the agent's weight-version cache
-        (versions are memory-mapped from it)."""
+        (versions are memory-mapped from it). ``cfg_parallel``, ``backend``:
+        ``cluster.sp_cfg_parallel`` and ``cluster.sp_backend``."""
         super().__init__(
             agent_endpoint, worker_id, gpus, model_cfg, sampler_cfg, batch_size, lora=lora, weights_dir=weights_dir
         )
         device = torch.device(f"cuda:{0}") if torch.cuda.is_available() else torch.device("cpu")
         if member is None:
-            member = G.SPGroupMember(model_cfg, worker_id, device, lora=lora)
+            member = G.SPGroupMember(
+                model_cfg, worker_id, device, lora=lora, cfg_parallel=cfg_parallel, backend=backend
+            )
         else:
-            if member.lora != dict(lora or {}):
-                raise ValueError("the warm spare's member was prepared for other LoRA settings")
+            if (member.lora, member.cfg_parallel, member.backend_name) != (dict(lora or {}), cfg_parallel, backend):
+                raise ValueError("the warm spare's member was prepared for another SP configuration")
             member.reassign(worker_id, device)
         self.member = member
         self.executor = GroupExecutor(self.member, sampler_cfg, self._reform)

@@ -220,3 +220,42 @@ def _fields(cfg: ModelConfig) -> dict:
     import msgspec
 
     return msgspec.to_builtins(cfg)
+
+
+def _t_cfg_parallel(q, rank, root, ports):
+    """Qwen-Image with true CFG at SP 2, CFG-parallel: rank 0 the positive rows, rank 1 the
+    negative ones; a full batch, then one with First Block Cache at a huge threshold."""
+    _setup_child()
+    from spotlight.workers.sp.group import release_followers, run_group_batch, serve_until_released
+
+    def body():
+        cfg = _model_cfg("qwen-image", root)
+        m = SPGroupMember(cfg, f"w{rank}", torch.device("cpu"), cfg_parallel=True)
+        m.form(_spec(["w0", "w1"], ports[0], 1), state_dict=_weights(m) if rank == 0 else None, version=1)
+        q.put((f"r{rank}.split", (m.cfg_split, m.ulysses_degree)))
+        if rank == 0:
+            sampler, cond = _sampler(m.family), _conditioning("qwen-image", cfg)
+            state = sampler.initial_state(SEEDS)
+            run_group_batch(m, sampler, state, cond)
+            q.put(("full", (state.latents.numpy(), torch.stack(state.log_probs, 1).numpy())))
+            cached = sampler.initial_state(SEEDS)
+            run_group_batch(m, sampler, cached, cond, cache_threshold=100.0)
+            q.put(("cached_steps", cached.computed_steps.tolist()))
+            release_followers(m)
+        else:
+            serve_until_released(m)
+        m.leave()
+
+    _guard(q, f"r{rank}", body)
+
+
+@pytest.mark.procs
+def test_cfg_parallel_runs_each_cfg_branch_on_its_own_rank_and_matches_one_process(checkpoints):
+    ports = free_ports(1)
+    out = _run([(_t_cfg_parallel, (r, checkpoints, ports)) for r in range(2)], timeout=600)
+    assert out["r0.split"] == out["r1.split"] == (True, 1)  # two halves of one rank: no Ulysses split
+    latents, log_probs = out["full"]
+    ref_latents, ref_log_probs = _reference("qwen-image", False, checkpoints)
+    assert np.abs(latents - ref_latents).max() <= TOLERANCE
+    assert np.abs(log_probs - ref_log_probs).max() <= TOLERANCE * 10
+    assert out["cached_steps"] == [1, 1]  # the group-wide cache decision: every step after the first skipped
