@@ -205,6 +205,12 @@ class GroupWorkerProcess(WorkerProcess):
         are adapters over one frozen base). ``weights_dir``: the agent's weight-version cache
         (versions are memory-mapped from it). ``cfg_parallel``, ``backend``:
         ``cluster.sp_cfg_parallel`` and ``cluster.sp_backend``."""
+        if member is not None and (member.lora, member.cfg_parallel, member.sp_backend) != (
+            dict(lora or {}),
+            cfg_parallel,
+            backend,
+        ):
+            raise ValueError("the warm spare's member was prepared for another SP configuration")
         super().__init__(
             agent_endpoint, worker_id, gpus, model_cfg, sampler_cfg, batch_size, lora=lora, weights_dir=weights_dir
         )
@@ -214,8 +220,6 @@ class GroupWorkerProcess(WorkerProcess):
                 model_cfg, worker_id, device, lora=lora, cfg_parallel=cfg_parallel, backend=backend
             )
         else:
-            if (member.lora, member.cfg_parallel, member.backend_name) != (dict(lora or {}), cfg_parallel, backend):
-                raise ValueError("the warm spare's member was prepared for another SP configuration")
             member.reassign(worker_id, device)
         self.member = member
         self.executor = GroupExecutor(self.member, sampler_cfg, self._reform)

@@ -211,3 +211,24 @@ def test_a_peer_that_dies_mid_batch_leaves_a_commit_at_its_last_step_and_the_lea
     assert isinstance(commit, P.Commit), commit
     assert [(i.request_id, i.step) for i in commit.items] == [("r1", 2), ("r2", 2)]
     assert follower.exitcode == 1
+
+
+def test_a_warm_spares_member_becomes_the_group_workers_member(tmp_path):
+    """The warm spare prepares an SP member for the run's settings (LoRA included) before it is
+    assigned; the worker it becomes takes that member (it used to fail on an attribute the member
+    did not have, so every grant with a spare crashed and restarted cold)."""
+    from spotlight.workers.rollout.spare import warm_up
+    from spotlight.workers.rollout.worker import make_worker
+
+    conf = dict(CONF, lora={"rank": 2, "alpha": 4.0, "target_modules": []})
+    member = warm_up(conf)
+    assert member is not None and member.lora == conf["lora"]
+    worker = make_worker(f"ipc://{tmp_path}/a.sock", "n/gpu1", [1], conf, member=member)
+    try:
+        assert worker.member is member and member.worker_id == "n/gpu1"
+        assert worker.executor.lora == conf["lora"]
+    finally:
+        worker.close(linger_s=0)
+    other = warm_up(CONF)  # prepared for full weights: not for a LoRA run
+    with pytest.raises(ValueError, match="another SP configuration"):
+        make_worker(f"ipc://{tmp_path}/b.sock", "n/gpu2", [2], conf, member=other)
