@@ -4,10 +4,11 @@ the positive rows on rank 0, the negative ones on rank 1, one all-gather per ste
 process, for a few image sizes (docs/architecture.md §6).
 
 The model is a saved tiny checkpoint of Qwen-Image's real classes with a wider transformer
-(``--layers`` blocks of ``--heads`` × 64); each configuration is a real group of two processes
-(spotlight.workers.sp.group.SPGroupMember, gloo on CPU) timing ``--repeats`` forwards after one
-warm-up. CPU caveat: gloo over loopback on 2 shared cores makes every collective far dearer than
-NVLink, so the absolute numbers say little about GPUs; what carries over is the count of
+(``--layers`` blocks of ``--heads`` × 64); both modes run in one real group of two processes
+(spotlight.workers.sp.group.SPGroupMember, gloo on CPU), re-formed in turn ``--rounds`` times
+(so both see the same load), each timing ``--repeats`` forwards after one warm-up. CPU caveat:
+gloo over loopback on 2 shared cores makes every collective far dearer than NVLink, so the
+absolute numbers say little about GPUs; what carries over is the count of
 collectives per forward: Ulysses pays 4 all-to-alls per attention layer (q, k, v in; out), CFG-
 parallel one all-gather per forward, with the same compute split in two.
 
@@ -63,29 +64,35 @@ def _inputs(family, seed: int = 0):
     return latents, torch.full((BATCH,), 0.7), cond
 
 
-def _rank(rank: int, port: int, ckpt: str, image_size: int, cfg_parallel: bool, repeats: int, q) -> None:
+def _rank(rank: int, ports: list[int], ckpt: str, image_size: int, rounds: int, repeats: int, q) -> None:
+    """One rank: ``rounds`` times, a group in each mode (Ulysses, then CFG-parallel) in turn, each
+    timing ``repeats`` forwards after a warm-up, so both modes see the same machine load."""
     import torch
 
     torch.set_num_threads(1)
     from spotlight.workers.sp import group as G
 
     cfg = _cfg(ckpt, image_size)
-    m = G.SPGroupMember(cfg, f"b{rank}", torch.device("cpu"), cfg_parallel=cfg_parallel)
-    weights = m.family.build_transformer(torch.float32).state_dict() if rank == 0 else None
-    m.form(G.GroupSpec(("b0", "b1"), "127.0.0.1", port, 1), state_dict=weights, version=0)
-    latents, sigma, cond = _inputs(m.family)
-    vfn = m.velocity_fn()
-    times = []
-    with torch.no_grad():
-        for i in range(repeats + 1):
-            torch.distributed.barrier()
-            t0 = time.perf_counter()
-            vfn(latents, sigma, cond)
-            if i:
-                times.append(time.perf_counter() - t0)
-    m.leave()
+    members = {mode: G.SPGroupMember(cfg, f"b{rank}", torch.device("cpu"), cfg_parallel=mode) for mode in (False, True)}
+    weights = members[False].family.build_transformer(torch.float32).state_dict() if rank == 0 else None
+    latents, sigma, cond = _inputs(members[False].family)
+    times: dict[bool, list[float]] = {False: [], True: []}
+    port = iter(ports)
+    for _ in range(rounds):
+        for mode, m in members.items():
+            given = weights if m.weights_version is None else None
+            m.form(G.GroupSpec(("b0", "b1"), "127.0.0.1", next(port), 1), state_dict=given, version=0)
+            vfn = m.velocity_fn()
+            with torch.no_grad():
+                for i in range(repeats + 1):
+                    torch.distributed.barrier()
+                    t0 = time.perf_counter()
+                    vfn(latents, sigma, cond)
+                    if i:
+                        times[mode].append(time.perf_counter() - t0)
+            m.leave()
     if rank == 0:
-        q.put(statistics.median(times))
+        q.put({mode: statistics.median(t) for mode, t in times.items()})
 
 
 def _single(ckpt: str, image_size: int, repeats: int) -> float:
@@ -108,19 +115,24 @@ def _single(ckpt: str, image_size: int, repeats: int) -> float:
     return statistics.median(times)
 
 
-def _group(ckpt: str, image_size: int, cfg_parallel: bool, repeats: int) -> float:
+def _group(ckpt: str, image_size: int, rounds: int, repeats: int) -> dict:
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    with socket.socket() as s:
+    socks = []
+    for _ in range(2 * rounds):
+        s = socket.socket()
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = [ctx.Process(target=_rank, args=(r, port, ckpt, image_size, cfg_parallel, repeats, q)) for r in range(2)]
+        socks.append(s)
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    procs = [ctx.Process(target=_rank, args=(r, ports, ckpt, image_size, rounds, repeats, q)) for r in range(2)]
     for p in procs:
         p.start()
     try:
-        return float(q.get(timeout=1800))
+        return q.get(timeout=1800)
     finally:
         for p in procs:
             p.join(60)
@@ -133,7 +145,8 @@ def main() -> None:
     ap.add_argument("--sizes", default="128,256,512", help="image sides (16 px per token side)")
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--heads", type=int, default=8)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3, help="timed forwards per mode and round")
+    ap.add_argument("--rounds", type=int, default=3, help="alternations of the two modes in one pair of processes")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "out" / "sp_cfg_parallel.json"))
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -153,8 +166,8 @@ def main() -> None:
     for size in [int(x) for x in args.sizes.split(",")]:
         tokens = (size // 16) ** 2
         one = _single(ckpt, size, args.repeats)
-        uly = _group(ckpt, size, False, args.repeats)
-        cfgp = _group(ckpt, size, True, args.repeats)
+        both = _group(ckpt, size, args.rounds, args.repeats)
+        uly, cfgp = both[False], both[True]
         rows.append(
             {"image_size": size, "image_tokens": tokens, "sp1_s": one, "ulysses2_s": uly, "cfg_parallel2_s": cfgp}
         )

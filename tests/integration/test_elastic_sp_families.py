@@ -58,36 +58,48 @@ def _elastic_config(family: str, mode: str, ckpt: pathlib.Path) -> dict:
 
 
 def _freeze_leader_mid_denoising(events: pathlib.Path, max_step: int, alive, timeout_s: float = 600.0):
-    """SIGSTOP the SP 2 leader as soon as its worker events (``$SPOTLIGHT_WORKER_EVENTS``) show it
-    finished a denoising step ``<= max_step`` at SP 2: it is then inside the next step of a leased
-    batch (the tiny models' steps take tens of milliseconds, so the file is followed, not polled
-    with a whole process-tree freeze). Returns the frozen process and its worker id."""
+    """SIGSTOP the SP 2 leader inside a leased batch: as soon as its worker events
+    (``$SPOTLIGHT_WORKER_EVENTS``) show a denoising step ``<= max_step`` done at SP 2 it is
+    stopped, and kept stopped if its last event is still that step (it is then inside the next
+    step of the batch; else it is let go and the next chance taken). The tiny models' steps take
+    tens of milliseconds, so the file is followed, not polled with a whole process-tree freeze.
+    Returns the frozen process and its worker id."""
     import time
 
     import psutil
 
     deadline, offset, buf = time.monotonic() + timeout_s, 0, b""
-    while time.monotonic() < deadline and alive():
+
+    def new_events():
+        nonlocal offset, buf
         if not events.is_file():
-            time.sleep(0.01)
-            continue
+            return []
         with open(events, "rb") as f:
             f.seek(offset)
             buf += f.read()
             offset = f.tell()
         *lines, buf = buf.split(b"\n")
+        out = []
         for line in lines:
             try:
-                ev = json.loads(line)
+                out.append(json.loads(line))
             except ValueError:
                 continue
-            fresh = time.time() - ev.get("t_unix_s", 0) < 0.02  # its next step is still running
-            if fresh and ev.get("event") == "step" and ev.get("sp") == 2 and ev.get("step", 99) <= max_step:
-                leader = psutil.Process(ev["pid"])
-                leader.suspend()
+        return out
+
+    while time.monotonic() < deadline and alive():
+        for ev in new_events():
+            if ev.get("event") != "step" or ev.get("sp") != 2 or ev.get("step", 99) > max_step:
+                continue
+            leader = psutil.Process(ev["pid"])
+            leader.suspend()
+            later = [e for e in new_events() if e.get("pid") == ev["pid"]]
+            if not later:
                 return leader, ev["worker"]
+            leader.resume()  # it moved on while we looked: take the next chance
+            break
         time.sleep(0.001)
-    raise AssertionError("the SP 2 leader never denoised at SP 2 (or the run ended)")
+    raise AssertionError("the SP 2 leader was never caught mid-batch at SP 2 (or the run ended)")
 
 
 def _status(state: str) -> dict:
