@@ -476,6 +476,7 @@ class SPGroupMember:
         self._compute: dict[str, torch.Tensor] | None = None  # … on the device, in the family dtype
         self._base: dict[str, torch.Tensor] | None = None  # LoRA: frozen base, model names, on the device
         self._plain = None  # the SP-1 model object, reused while the weights stay the same
+        self._xmodel = None  # xfuser: the SP>1 model object, reused across re-forms while the weights stay
         self._recv_flat: dict[torch.dtype, torch.Tensor] | None = None  # pre-faulted by prewarm()
         self._shape = None
         self._source: str = ""
@@ -785,7 +786,7 @@ class SPGroupMember:
         built before keep theirs."""
         self._state, self._compute = state, compute
         self.weights_version = version
-        self._plain = None
+        self._plain = self._xmodel = None
 
     def _base_state(self) -> dict[str, torch.Tensor]:
         """LoRA: the frozen base under the model's names, on the device in the family dtype,
@@ -857,6 +858,8 @@ class SPGroupMember:
         self.model.load_state_dict(self._model_state(), strict=True, assign=True)
         if self.sp_degree == 1:
             self._plain = self.model  # still the plain model, now of these weights
+        elif self.sp_backend == "xfuser":
+            self._xmodel = self.model
 
     def _exchange_weights(self) -> None:
         world = self.spec.world_size
@@ -936,6 +939,10 @@ class SPGroupMember:
         split hooks)."""
         if world == 1 and self._plain is not None:
             return self._plain
+        if world > 1 and self._xmodel is not None:
+            # xfuser's wrapper reads its groups at every forward: one object survives re-forms
+            self.cache_threshold = 0.0
+            return self._xmodel
         model = self._skeleton(world)
         model.load_state_dict(self._model_state(), strict=True, assign=True)
         model = model.to(self.device).eval().requires_grad_(False)
@@ -960,6 +967,8 @@ class SPGroupMember:
                 HookRegistry.check_if_exists_or_initialize(model).invalidate_child_registries_cache()
         elif world == 1:
             self._plain = model
+        elif self.sp_backend == "xfuser":
+            self._xmodel = model
         return model
 
     def blocks(self, model=None) -> list:

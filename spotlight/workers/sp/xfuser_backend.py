@@ -16,9 +16,11 @@ life exactly:
    ulysses_degree=u)`` with ``c = 2`` under CFG-parallel (``cluster.sp_cfg_parallel``: the
    positive rows on the first half of the ranks, the negative on the second, exactly xfuser's
    rank order ``tp-sp-pp-cfg-dp``), else 1;
-3. the model object of every generation is built from xfuser's wrapper class of the family
-   (a subclass of the diffusers class: same config and weights names, so it is built on ``meta``
-   and takes the member's kept weights like any other);
+3. the model object is xfuser's wrapper class of the family (a subclass of the diffusers class:
+   same config and weights names, so it is built on ``meta`` and takes the member's kept weights
+   like any other); it reads xfuser's groups at every forward, so ONE object survives re-forms
+   while the weights stay the same (diffusers' ``enable_parallelism`` binds a model to one mesh,
+   so that backend builds a fresh object per generation);
 4. :meth:`XfuserAdapter.teardown` on every re-form and exit: ``destroy_model_parallel()`` and
    ``destroy_distributed_environment()`` (which also destroys the default group; a broken NCCL
    group is aborted before, :func:`~spotlight.workers.sp.group.abort_communicator`).

@@ -27,7 +27,9 @@ def _t_xfuser(q, rank, ports):
         m.form(_spec(["w0", "w1"], ports[0], 1), state_dict=_weights() if rank == 0 else None)
         q.put((f"r{rank}.class", type(m.model).__name__))
         q.put((f"r{rank}.v1", _velocity(m)))
+        first = m.model
         m.form(_spec(["w0", "w1"], ports[1], 2))  # a re-form: xfuser's groups are rebuilt
+        q.put((f"r{rank}.same_model", m.model is first))  # one model object survives re-forms
         q.put((f"r{rank}.v2", _velocity(m)))
         if rank == 0:
             m.form(_spec(["w0"], ports[2], 3))  # alone: no process group, no xfuser groups
@@ -44,7 +46,7 @@ def test_xfuser_groups_follow_ours_and_are_rebuilt_on_every_reform():
     out = _run([(_t_xfuser, (r, ports)) for r in range(2)])
     ref = _reference()
     for r in range(2):
-        assert out[f"r{r}.class"] == "xFuserQwenImageTransformerWrapper"
+        assert out[f"r{r}.class"] == "xFuserQwenImageTransformerWrapper" and out[f"r{r}.same_model"]
         np.testing.assert_allclose(out[f"r{r}.v1"], ref, atol=1e-5, rtol=0)
         np.testing.assert_allclose(out[f"r{r}.v2"], ref, atol=1e-5, rtol=0)
         generation = [
