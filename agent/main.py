@@ -68,7 +68,7 @@ from agent.preemption import (
     sigterm_notice,
 )
 from agent.revocations import revocation_changes
-from agent.visibility import visibility_error, worker_visible_devices
+from agent.visibility import visibility_error, worker_nccl_env, worker_visible_devices
 from agent.weight_cache import WeightCache
 from spotlight import protocol as P
 from spotlight.net.agent_paths import control_endpoint, state_dir
@@ -331,7 +331,10 @@ class AgentDaemon:
         self._registered = reg
         if reg is not None:
             self.sched.configure(
-                sp_degree=reg.sp_degree, reconfiguration=reg.reconfiguration, live_migration=reg.live_migration
+                sp_degree=reg.sp_degree,
+                sp_degrees=reg.sp_degrees,
+                reconfiguration=reg.reconfiguration,
+                live_migration=reg.live_migration,
             )
 
     @property
@@ -658,6 +661,7 @@ class AgentDaemon:
             master_port=port,
             generation=action.generation,
             version=latest if latest is not None else self.registered.latest_version,
+            pids=[self.sched.workers[m].pid if m in self.sched.workers else 0 for m in action.members],
         )
         for m in action.members:
             self._to_worker(m, form)
@@ -672,6 +676,8 @@ class AgentDaemon:
             "worker_batch_size": reg.worker_batch_size,
             "torch_threads": reg.torch_threads,
             "sp_degree": reg.sp_degree,
+            "sp_cfg_parallel": reg.sp_cfg_parallel,
+            "sp_backend": reg.sp_backend,
             "lora": reg.lora,
             "weights_dir": str(self.wcache.dir),
             "offload_rollout_while_training": reg.offload_rollout_while_training,
@@ -700,6 +706,7 @@ class AgentDaemon:
         up has a head start), else a fresh process starts."""
         wid, gpus = action.worker_id, list(action.gpus)
         env = scrubbed_env()  # workers never authenticate: no credentials in their environment
+        env.update(worker_nccl_env(env))  # a peer's death aborts the communicator, never kills the survivor
         # its own device only, whatever the agent sees (Slurm and container runtimes set the agent's)
         env["CUDA_VISIBLE_DEVICES"] = worker_visible_devices(gpus, self.visible_devices)
         self.worker_logs[wid] = log_mark(f"worker-{wid}", env)
@@ -776,6 +783,7 @@ class AgentDaemon:
         if not self.warm_spare or self.spare is not None or self.registered is None or self.draining:
             return
         env = scrubbed_env(PYTORCH_NVML_BASED_CUDA_CHECK="1")  # an availability check must not initialise CUDA
+        env.update(worker_nccl_env(env))  # the spare becomes a worker: the same NCCL settings
         read_fd, write_fd = os.pipe()
         conf = self._worker_conf_json()
         cmd = self._spare_cmd(conf, write_fd)

@@ -44,6 +44,8 @@ import dataclasses
 import enum
 from typing import Any, Literal, Protocol
 
+from spotlight.workers.sp.degrees import split_into_usable
+
 # Warm spare timing (spotlight/workers/rollout/spare.py), seconds: the first spare starts once the
 # initial workers said hello (or after SPARE_FIRST_WAIT_S), so its imports do not slow the node's
 # cold start; a taken spare is replaced as soon as the worker it became is serving (its group
@@ -366,6 +368,9 @@ class NodeScheduler:
         self.configured = False
         """The coordinator's registration reply set the mode (:meth:`configure`)."""
         self.sp_degree = 1
+        self.sp_degrees: list[int] = [1]
+        """Group sizes that can run the model (``spotlight.workers.sp.degrees``): no group of
+        another size is ever formed."""
         self.restart_mode = False
         self.live_migration = True
 
@@ -373,12 +378,17 @@ class NodeScheduler:
         self,
         *,
         sp_degree: int = 1,
+        sp_degrees: list[int] | tuple[int, ...] = (),
         reconfiguration: Literal["elastic", "restart"] = "elastic",
         live_migration: bool = True,
     ) -> None:
-        """The coordinator's choices (REGISTERED): SP degree of the node's groups, how a GPU
-        change reconfigures the node, and whether stopped workers commit their batch."""
+        """The coordinator's choices (REGISTERED): SP degree of the node's groups, the smaller
+        degrees the model can also run at (``sp_degrees``; empty = every degree up to
+        ``sp_degree``), how a GPU change reconfigures the node, and whether stopped workers commit
+        their batch."""
         self.sp_degree = sp_degree
+        usable = {d for d in sp_degrees if 1 <= d <= sp_degree} if sp_degrees else set(range(1, sp_degree + 1))
+        self.sp_degrees = sorted(usable | {1, sp_degree})
         self.restart_mode = reconfiguration == "restart"
         self.live_migration = live_migration
         self.configured = True
@@ -389,10 +399,13 @@ class NodeScheduler:
         return f"{node_id}/gpu{'+'.join(map(str, gpus))}"
 
     def plan_workers(self, gpus: list[int], sp_degree: int = 1) -> list[list[int]]:
-        """Group the node's GPUs into SP groups of ``sp_degree`` (leftovers form a smaller group)."""
+        """Group the node's GPUs into SP groups of ``sp_degree``; leftovers form smaller groups of
+        sizes the model can run at (:attr:`sp_degrees`)."""
         gpus = sorted(gpus)
-        groups = [gpus[i : i + sp_degree] for i in range(0, len(gpus), sp_degree)]
-        return [g for g in groups if g]
+        full = len(gpus) - len(gpus) % sp_degree
+        groups = [gpus[i : i + sp_degree] for i in range(0, full, sp_degree)]
+        usable = [d for d in self.sp_degrees if d <= sp_degree] if sp_degree > 1 else [1]
+        return [g for g in groups if g] + split_into_usable(gpus[full:], usable)
 
     def add_worker(self, gpus: list[int]) -> WorkerSlot:
         """A new worker process for ``gpus``. Every process gets its own id: a restart or a
@@ -539,8 +552,11 @@ class NodeScheduler:
 
     def _group_hello(self, worker_id: str, now: float) -> list[Action]:
         group = self.group_of(worker_id)
-        if group is None:  # a new GPU: join a group that lost a member, else start one
-            group = next((g for g in self.groups if len(g.members) < self.sp_degree), None)
+        if group is None:  # a new GPU: join a group that lost a member (to a size that runs), else start one
+            group = next(
+                (g for g in self.groups if len(g.members) < self.sp_degree and len(g.members) + 1 in self.sp_degrees),
+                None,
+            )
             if group is None:
                 group = SPGroup([])
                 self.groups.append(group)
@@ -558,8 +574,16 @@ class NodeScheduler:
             self.groups.remove(group)
             return []
         # a surviving member leads next (it keeps its weights in memory): re-form now; a
-        # blocked follower reads this after the old leader releases it
-        return [self._reform(group, now)]
+        # blocked follower reads this after the old leader releases it. Survivors whose count
+        # the model cannot run at (e.g. 3 of 4 with 4 heads) split into groups that it can.
+        parts = split_into_usable(group.members, self.sp_degrees)
+        group.members = parts[0]
+        actions: list[Action] = [self._reform(group, now)]
+        for members in parts[1:]:
+            extra = SPGroup(list(members))
+            self.groups.append(extra)
+            actions.append(self._reform(extra, now))
+        return actions
 
     def _end_revoked(self, worker_id: str, why: str) -> list[Action]:
         """Kill a revoked worker whose part is provably over (its commit reached the agent, or the

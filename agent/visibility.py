@@ -18,7 +18,7 @@ Pure: no environment reads here; the daemon passes its own ``CUDA_VISIBLE_DEVICE
 
 from __future__ import annotations
 
-__all__ = ["visible_entries", "visibility_error", "worker_visible_devices"]
+__all__ = ["NCCL_WORKER_ENV", "visible_entries", "visibility_error", "worker_nccl_env", "worker_visible_devices"]
 
 
 def visible_entries(agent_visible: str | None) -> list[str] | None:
@@ -56,3 +56,23 @@ def worker_visible_devices(gpus: list[int], agent_visible: str | None) -> str:
     if bad is not None:
         raise ValueError(bad)
     return ",".join(entries[g] for g in gpus)
+
+
+NCCL_WORKER_ENV = {
+    # CleanUpOnly: on a collective's error or timeout the NCCL watchdog aborts the communicator
+    # (the blocked collective raises, the SP member rolls its denoising state back to the last
+    # completed step and commits it) instead of killing the whole process with its in-flight
+    # batch (torch's default, 3 = SkipCleanUp, tears the process down).
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2",
+    # the heartbeat monitor kills a process whose watchdog looks stuck (e.g. inside an abort of
+    # a communicator whose peer died): a survivor must not be killed for its peer's death
+    "TORCH_NCCL_ENABLE_MONITORING": "0",
+}
+"""NCCL settings of every Rollout Worker the agent starts (docs/architecture.md §6: a peer's
+death aborts the communicator; nothing may kill a survivor's in-flight work). A value the
+agent's own environment sets wins (an operator's deliberate choice)."""
+
+
+def worker_nccl_env(agent_env: dict[str, str]) -> dict[str, str]:
+    """:data:`NCCL_WORKER_ENV` entries the agent's environment ``agent_env`` does not set."""
+    return {k: v for k, v in NCCL_WORKER_ENV.items() if k not in agent_env}

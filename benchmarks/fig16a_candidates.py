@@ -64,6 +64,7 @@ def main() -> None:
     from spotlight.core.seed_bank import derive_seed
     from spotlight.models.text_encoder import cached_prompt_embeddings
     from spotlight.rewards.reward_fn import RewardFn
+    from spotlight.rl.sampler import Conditioning
     from spotlight.studies.stale_ranking import generate_rewards
     from spotlight.workers.rollout.worker import RolloutExecutor
 
@@ -83,7 +84,7 @@ def main() -> None:
     ex.add_version(0, load_file(str(weights_path)))
     seeds = [[derive_seed("fig16a", p, j) for j in range(args.max_d)] for p in idx]
     t0 = time.perf_counter()
-    rewards = generate_rewards(cfg, ex, 0, embeds, mask, idx, seeds, RewardFn(cfg.reward), prompts)
+    rewards = generate_rewards(cfg, ex, 0, Conditioning(embeds, mask), idx, seeds, RewardFn(cfg.reward), prompts)
     gen_s = time.perf_counter() - t0
     ds = sorted({k} | {d for d in range(k, args.max_d + 1, max(1, k // 2))} | {args.max_d})
     rows = []

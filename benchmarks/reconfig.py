@@ -37,7 +37,14 @@ elastic event fires at a uniformly random point inside a denoising step, seeded 
 * ``released`` (elastic revocation) — until the revoked worker's process has ended (the agent
   noticed), i.e. the GPU is free for whoever revoked it.
 
-    python benchmarks/reconfig.py --repeats 3     # ~10 min on 2 busy CPU cores
+The same scenarios run for the tiny family and for a ``qwen-image`` SP group: a saved tiny
+checkpoint of Qwen-Image's real classes (VAE, Qwen2.5-VL text encoder, the transformer as wide as
+the tiny one: ``QWEN_TRANSFORMER``), loaded through ``model.pretrained_path`` as a user's
+checkpoint is, with true CFG (the negative prompt's rows travel with every batch) at 128² (64
+image tokens).
+
+    python benchmarks/reconfig.py --repeats 3     # ~10 min per family on 2 busy CPU cores
+    python benchmarks/reconfig.py --families qwen-image --repeats 1 --skip-cold
 """
 
 from __future__ import annotations
@@ -68,6 +75,13 @@ BIG_MODEL = {
     "max_text_tokens": 16,
 }
 SAMPLER = {"num_steps": 40, "sde_window_size": 8}
+QWEN_TRANSFORMER = {
+    "num_layers": 3,
+    "num_attention_heads": 16,
+    "attention_head_dim": 64,
+    "axes_dims_rope": (16, 24, 24),
+}
+QWEN_IMAGE_SIZE = 128
 WAIT_S = 600.0
 LIVE_NODES: list["Node"] = []
 """Agents started and not killed yet (killed if the benchmark is interrupted)."""
@@ -285,24 +299,50 @@ def restart_round(tag: str, ctx: dict) -> dict:
     return out
 
 
-def measure(args) -> dict:
+def _model(family: str, args, work: pathlib.Path):
+    """``(model section, v0 weights file, one row of conditioning, parameters, weights bytes)``."""
     import torch
 
-    from spotlight.config import ClusterConfig, ModelConfig, SamplerConfig, SpotlightConfig
-    from spotlight.coordinator.fixed_run import FixedRun
+    from spotlight.config import ModelConfig
     from spotlight.models.dit import build_transformer
-    from spotlight.net.security import add_client, init_keys, load_server_keys
     from spotlight.rl.sampler import Conditioning
     from spotlight.store.tensor_wire import save_version
 
-    torch.set_num_threads(1)
-    cfg = ModelConfig(**dict(BIG_MODEL, num_layers=args.num_layers))
-    model = build_transformer(cfg)
+    tokens = BIG_MODEL["max_text_tokens"]
+    if family == "tiny":
+        cfg = ModelConfig(**dict(BIG_MODEL, num_layers=args.num_layers))
+        model = build_transformer(cfg)
+        cond = Conditioning(torch.randn(1, tokens, 384), torch.ones(1, tokens, dtype=torch.int64))
+    else:
+        from spotlight.models.families import get_family
+        from spotlight.models.families.qwen_image import TINY_TEXT_CONFIG, make_random_checkpoint
+
+        ckpt = make_random_checkpoint(
+            work / "ckpt-qwen-image", transformer_kwargs=dict(QWEN_TRANSFORMER, num_layers=args.num_layers)
+        )
+        cfg = ModelConfig(
+            family="qwen-image", pretrained_path=str(ckpt), image_size=QWEN_IMAGE_SIZE, max_text_tokens=tokens
+        )
+        model = get_family(cfg).build_transformer(torch.float32)
+        dim, mask = TINY_TEXT_CONFIG["hidden_size"], torch.ones(1, tokens, dtype=torch.int64)
+        neg = {"neg.embeds": torch.randn(1, tokens, dim), "neg.mask": mask.clone()}
+        cond = Conditioning(torch.randn(1, tokens, dim), mask, neg)
     n_params = sum(p.numel() for p in model.parameters())
-    work = pathlib.Path(tempfile.mkdtemp(prefix="spotlight-reconfig-"))
     size_bytes, _ = save_version(model.state_dict(), work / "v0.safetensors")
-    del model
-    print(f"model: {n_params / 1e6:.1f} M parameters, {size_bytes / 1e6:.0f} MB fp32 weights", flush=True)
+    return cfg, work / "v0.safetensors", cond, n_params, size_bytes
+
+
+def measure(args, family: str) -> dict:
+    import torch
+
+    from spotlight.config import ClusterConfig, SamplerConfig, SpotlightConfig
+    from spotlight.coordinator.fixed_run import FixedRun
+    from spotlight.net.security import add_client, init_keys, load_server_keys
+
+    torch.set_num_threads(1)
+    work = pathlib.Path(tempfile.mkdtemp(prefix=f"spotlight-reconfig-{family}-"))
+    cfg, weights, cond, n_params, size_bytes = _model(family, args, work)
+    print(f"{family} model: {n_params / 1e6:.1f} M parameters, {size_bytes / 1e6:.0f} MB fp32 weights", flush=True)
     os.environ["SPOTLIGHT_AGENT_STATE"] = str(work / "state")
     keys_dir = work / "keys"
     init_keys(keys_dir)
@@ -314,9 +354,7 @@ def measure(args) -> dict:
             sp_degree=2, heartbeat_interval_s=1.0, lease_timeout_s=600.0, worker_batch_size=1, torch_threads=1
         ),
     )
-    tokens = BIG_MODEL["max_text_tokens"]
-    cond = Conditioning(torch.randn(1, tokens, 384), torch.ones(1, tokens, dtype=torch.int64))
-    coord = FixedRun(run_cfg, work, keys=load_server_keys(keys_dir), weights=work / "v0.safetensors", cond=cond).start()
+    coord = FixedRun(run_cfg, work, keys=load_server_keys(keys_dir), weights=weights, cond=cond).start()
     ctx = {"port": coord.port, "keys_dir": keys_dir, "work": work}
     rows: dict[str, list[dict]] = {
         k: [] for k in ("elastic_revoke", "elastic_add", "cold_add", "restart_revoke", "restart_add")
@@ -358,6 +396,7 @@ def measure(args) -> dict:
     }
     med["elastic_revoke"]["released_s"] = statistics.median(r["released_s"] for r in rows["elastic_revoke"])
     return {
+        "family": family,
         "model_params_m": n_params / 1e6,
         "weights_mb": size_bytes / 1e6,
         "repeats": args.repeats,
@@ -376,17 +415,31 @@ def main() -> None:
     ap.add_argument(
         "--seed", type=int, default=0, help="seed of the random point inside a step at which elastic events fire"
     )
+    ap.add_argument(
+        "--families", default="tiny,qwen-image", help="comma-separated: tiny, qwen-image (a real-class checkpoint)"
+    )
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "out" / "reconfig.json"))
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanup below
+    results = {}
     try:
-        res = measure(args)
+        for family in [f.strip() for f in args.families.split(",") if f.strip()]:
+            if family not in ("tiny", "qwen-image"):
+                raise SystemExit(f"--families: unknown family {family!r} (tiny, qwen-image)")
+            results[family] = measure(args, family)
+            report(results[family])
     finally:
         for node in list(LIVE_NODES):  # an interrupted run leaves no agent behind
             node.kill()
+    out = pathlib.Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
+
+
+def report(res: dict) -> None:
     m, r = res["median"], res["ratios"]
     lines = [
-        f"\nweights {res['weights_mb']:.0f} MB; median of {res['repeats']} (seconds from the event):",
+        f"\n{res['family']}: weights {res['weights_mb']:.0f} MB; median of {res['repeats']} (seconds from the event):",
         f"{'':34s}{'serve':>8s}{'step':>8s}{'stall':>8s}",
     ]
     names = {
@@ -411,10 +464,7 @@ def main() -> None:
         f"  restart / elastic, grant:       serve {r['add_serve_s']:.1f}x  step {r['add_step_s']:.1f}x"
         f"  stall {r['add_stall_s']:.1f}x"
     )
-    print("\n".join(lines))
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=2))
+    print("\n".join(lines), flush=True)
 
 
 if __name__ == "__main__":

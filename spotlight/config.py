@@ -513,7 +513,19 @@ class ClusterConfig(_Section):
     """An agent silent for this long is marked dead; its leased requests are re-enqueued."""
     sp_degree: int = 1
     """Sequence-parallel degree of each spot node's Rollout Worker groups (diffusers context
-    parallelism, Ulysses). Groups shrink and grow elastically as GPUs leave and join."""
+    parallelism, Ulysses). Groups shrink and grow elastically as GPUs leave and join, at the
+    degrees the model can be split by: the attention heads and image tokens (and FLUX.1's
+    ``model.max_text_tokens``) must divide by it; SD3 runs at 1 (docs/architecture.md §6)."""
+    sp_cfg_parallel: bool = False
+    """With true CFG (Qwen-Image, ``model.guidance_scale > 1``), an SP group of an even degree runs
+    the positive rows on one half of its GPUs and the negative prompt's rows on the other (one
+    all-gather per denoising step), each half splitting its sequence Ulysses-wise over
+    ``degree / 2`` GPUs, instead of splitting the positive+negative batch over all of them.
+    Off by default; benchmarks/RESULTS.md says where it pays (docs/architecture.md §6)."""
+    sp_backend: Literal["diffusers", "xfuser"] = "diffusers"
+    """The SP groups' parallel attention: ``diffusers`` (its context parallelism; CPU and GPU) or
+    ``xfuser`` (xDiT's process groups, on CUDA only: ``pip install 'spotlight-rl[xdit]'``;
+    refused on a machine without CUDA). docs/architecture.md §6."""
     warm_spare: bool = True
     """Each spot node's agent keeps one warm spare worker process (torch, diffusers and the
     worker modules imported, the weights' receive buffer prepared, no GPU touched) that
@@ -573,7 +585,8 @@ class ClusterConfig(_Section):
     False: they give the requests back, which are re-run from step 0 (paper Fig. 13)."""
     reserved_sp_degree: int = 1
     """SP degree of the reserved node's Rollout Worker groups (paper: SP = 2 for large images).
-    Like ``sp_degree``, > 1 runs the tiny family only so far."""
+    Like ``sp_degree``: any family with a context-parallel plan (tiny, Qwen-Image, FLUX.1), at
+    a degree that splits its attention heads and image tokens (docs/architecture.md §6)."""
     use_spot: bool = True
     """False (the ``reserved-only`` baseline): ``spotlight up --local`` starts no spot agents
     and the coordinator refuses spot nodes; all rollouts run on the reserved GPUs."""
@@ -812,19 +825,9 @@ class SpotlightConfig(_Section):
                 "candidates are all kept by the top-K/2 + bottom-K/2 selection (spot time for no selection)",
             )
         _check(
-            self.model.family == "tiny" or self.cluster.reserved_sp_degree == 1,
-            "cluster.reserved_sp_degree",
-            f"elastic SP groups run the tiny family only so far; use 1 for family = '{self.model.family}'",
-        )
-        _check(
             not self.explore.reuse_as_rollout or self.data.num_control_prompts == 0,
             "explore.reuse_as_rollout",
             "needs data.num_control_prompts = 0 (an unexplored prompt would get no rollout)",
-        )
-        _check(
-            self.model.family == "tiny" or self.cluster.sp_degree == 1,
-            "cluster.sp_degree",
-            f"elastic SP groups run the tiny family only so far; use 1 for family = '{self.model.family}'",
         )
         _check(
             self.explore.num_steps <= self.sampler.num_steps,
@@ -850,6 +853,34 @@ class SpotlightConfig(_Section):
                 f"must be a multiple of run.checkpoint_every = {self.run.checkpoint_every}",
             )
         self._check_family_features()
+        self._check_sp_degrees()
+
+    def _check_sp_degrees(self) -> None:
+        """Refuse an SP degree the model cannot be split by, where the config alone tells
+        (:mod:`spotlight.workers.sp.degrees`): a family without a context-parallel plan (SD3),
+        the tiny family's heads and image tokens, FLUX's unpadded text. Degrees that depend on a
+        checkpoint's architecture are checked by ``spotlight up`` before anything starts."""
+        from spotlight.workers.sp.degrees import XFUSER_FAMILIES, SPShape, degree_problem
+
+        m = self.model
+        _check(
+            self.cluster.sp_backend == "diffusers" or m.family in XFUSER_FAMILIES,
+            "cluster.sp_backend",
+            f"'xfuser' serves {', '.join(sorted(XFUSER_FAMILIES))} (its Qwen-Image wrapper), not "
+            f"family = '{m.family}'; use 'diffusers'",
+        )
+        side = m.image_size // max(1, m.patch_size)
+        c = self.cluster
+        for field, degree in (("cluster.sp_degree", c.sp_degree), ("cluster.reserved_sp_degree", c.reserved_sp_degree)):
+            if degree <= 1:
+                continue
+            true_cfg = m.family == "qwen-image" and m.guidance_scale != 1
+            if m.family == "tiny":
+                shape = SPShape("tiny", m.num_attention_heads, side * side, m.max_text_tokens, True)
+            else:  # heads and image tokens come from the checkpoint: checked before the run starts
+                shape = SPShape(m.family, degree, degree, m.max_text_tokens, m.family != "flux", true_cfg)
+            problem = degree_problem(shape, degree, cfg_parallel=c.sp_cfg_parallel)
+            _check(problem is None, field, problem or "")
 
     def _check_family_features(self) -> None:
         """Refuse the family x feature combinations the workers cannot run (docs/architecture.md §7)."""

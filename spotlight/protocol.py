@@ -161,6 +161,13 @@ class Registered(_Msg, kw_only=True):
     torch_threads: int
     sp_degree: int = 1
     """Sequence-parallel degree of each worker group on the node (elastic below it)."""
+    sp_degrees: list[int] = []
+    """The degrees up to ``sp_degree`` the model can run at (``spotlight.workers.sp.degrees``);
+    the node Scheduler forms groups of these sizes only. Empty = every degree."""
+    sp_cfg_parallel: bool = False
+    """``cluster.sp_cfg_parallel``: even-sized groups of a true-CFG model split the CFG branches."""
+    sp_backend: Literal["diffusers", "xfuser"] = "diffusers"
+    """``cluster.sp_backend``: the SP groups' parallel attention."""
     model: dict[str, Any]
     """The run's ``[model]`` config section (workers build the transformer from it)."""
     sampler: dict[str, Any]
@@ -418,6 +425,9 @@ class GroupForm(_Msg, kw_only=True):
     generation: int
     version: int = -1
     """Weight version the leader must hold before forming (fetched if missing)."""
+    pids: list[int] = []
+    """Process ids of the members (same order): each member watches its peers and aborts its
+    communicator as soon as one dies (NCCL; docs/architecture.md §6). Empty when unknown."""
 
 
 class GroupFormed(_Msg, kw_only=True):

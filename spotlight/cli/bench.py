@@ -111,8 +111,9 @@ def stale_ranking(
         found = available_versions(run_dir)
         vers, pair_idx = choose_pairs(list(found), pairs, versions)
         prompts = load_prompts(cfg.data, run_dir / "config.toml")
-        if cfg.model.family != "tiny":
-            raise ValueError(f"stale-ranking runs the tiny family only so far (model.family = {cfg.model.family!r})")
+        from spotlight.models.families import get_family
+
+        get_family(cfg.model).check()  # the run's checkpoint must still be where its config says
     except (SpotlightError, ValueError) as exc:
         console.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2)
@@ -121,18 +122,18 @@ def stale_ranking(
     from safetensors.torch import load_file
 
     torch.set_num_threads(max(1, threads or cfg.cluster.torch_threads))
-    from spotlight.models.text_encoder import cached_prompt_embeddings
+    from spotlight.models.families import cached_conditioning, get_family
     from spotlight.studies.stale_ranking import plot_heatmap, run_stale_ranking
 
-    embeds, mask = cached_prompt_embeddings(prompts, _cache_dir(), cfg.model.max_text_tokens)
+    with console.status(f"encoding prompts ({cfg.model.family} text encoder, cached after the first run)…"):
+        cond = cached_conditioning(get_family(cfg.model), prompts, _cache_dir())
     prompt_idx = spread_indices(len(prompts), num_prompts)
     pair_txt = ", ".join(f"v{vers[a]}→v{vers[b]}" for a, b in pair_idx)
     console.print(f"stale ranking on {run_dir}: pairs {pair_txt}; {len(prompt_idx)} prompts × {num_seeds} seeds")
     weights = [load_file(str(found[v])) for v in vers]
     result = run_stale_ranking(
         cfg,
-        embeds,
-        mask,
+        cond,
         weights,
         prompt_idx,
         num_seeds,

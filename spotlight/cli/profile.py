@@ -38,8 +38,8 @@ def register(app: typer.Typer) -> None:
         weights: Optional[pathlib.Path] = typer.Option(
             None,
             "--weights",
-            help="Profile these weights (a safetensors file, e.g. a version in the run's tensor_store/weights/) "
-            "instead of the initial ones.",
+            help="Profile these weights (a safetensors file, e.g. a version in the run's tensor_store/weights/: "
+            "the whole transformer, or the adapter in a LoRA run) instead of the initial ones.",
         ),
         thresholds: str = typer.Option(
             "0.3,0.5,0.7,1.0,1.5", "--thresholds", help="Comma-separated First-Block-Cache thresholds to profile."
@@ -70,7 +70,7 @@ def _inputs(console: Console, config, thresholds: str, sp_degrees: str):
     """``(config, prompts, thresholds, SP degrees)`` of the command line.
 
     Raises:
-        typer.Exit: 2 with one line: a bad config, prompt file or list, or a family not profiled yet.
+        typer.Exit: 2 with one line: a bad config, prompt file or list, or a checkpoint that is missing.
     """
     from spotlight.cli.up import load_prompts
     from spotlight.config import load_config
@@ -81,12 +81,9 @@ def _inputs(console: Console, config, thresholds: str, sp_degrees: str):
         prompts = load_prompts(cfg.data, config)
         ths = [float(t) for t in thresholds.split(",") if t.strip()]
         degrees = [int(d) for d in sp_degrees.split(",") if d.strip()]
-        if cfg.model.family != "tiny":
-            raise ValueError(
-                "`spotlight profile` measures the tiny family only so far "
-                f"(model.family = {cfg.model.family!r}); the planner falls back to uncached full-step "
-                "exploration without a profile"
-            )
+        from spotlight.models.families import get_family
+
+        get_family(cfg.model).check()  # a missing or incomplete checkpoint: one line, before any work
     except (SpotlightError, ValueError) as exc:
         console.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2)
@@ -94,15 +91,18 @@ def _inputs(console: Console, config, thresholds: str, sp_degrees: str):
 
 
 def _measure(cfg, prompts, weights, ths, degrees, num_prompts: int, num_seeds: int, console: Console) -> dict:
-    """:func:`spotlight.studies.profiling.run_profile` of the initial weights or ``weights``."""
+    """:func:`spotlight.studies.profiling.run_profile` of the initial weights (the run's version 0:
+    the family's transformer, or its initial LoRA adapter) or ``weights``, on the prompts as the
+    family's own text encoder encodes them (cached, as ``spotlight up`` caches them)."""
     import torch
 
     from spotlight.cli.up import _cache_dir
-    from spotlight.models.text_encoder import cached_prompt_embeddings
+    from spotlight.models.families import cached_conditioning, get_family
     from spotlight.studies.profiling import run_profile
 
     torch.set_num_threads(max(1, cfg.cluster.torch_threads))
-    embeds, mask = cached_prompt_embeddings(prompts, _cache_dir(), cfg.model.max_text_tokens)
+    with console.status(f"encoding prompts ({cfg.model.family} text encoder, cached after the first run)…"):
+        cond = cached_conditioning(get_family(cfg.model), prompts, _cache_dir())
     sd = None
     if weights is not None:
         from safetensors.torch import load_file
@@ -110,8 +110,7 @@ def _measure(cfg, prompts, weights, ths, degrees, num_prompts: int, num_seeds: i
         sd = load_file(str(weights))
     return run_profile(
         cfg,
-        embeds,
-        mask,
+        cond,
         thresholds=ths,
         num_prompts=num_prompts,
         num_seeds=num_seeds,

@@ -368,6 +368,7 @@ def preflight(run: UpRun) -> UpRun:
     """
     check_run_dir(run)
     _check_trainer_keys(run)
+    _check_sp_backend(run)
     _check_model(run.cfg)
     memory = _check_memory(run.cfg)
     _check_reward(run)
@@ -424,6 +425,25 @@ def _check_trainer_keys(run: UpRun) -> None:
         )
 
 
+def _check_sp_backend(run: UpRun) -> None:
+    """Refuse ``cluster.sp_backend = "xfuser"`` for a local run on a machine without CUDA (xfuser
+    cannot even be imported there; its SP groups would never form).
+
+    Raises:
+        Stop: as above.
+    """
+    c = run.cfg.cluster
+    if c.sp_backend != "xfuser" or not run.opts.local or max(c.sp_degree, c.reserved_sp_degree) <= 1:
+        return
+    import torch
+
+    from spotlight.workers.sp.xfuser_backend import xfuser_problem
+
+    problem = xfuser_problem(torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu"))
+    if problem:
+        raise refuse(problem)
+
+
 def _check_model(cfg: SpotlightConfig) -> None:
     """Refuse a missing or incomplete checkpoint, or LoRA targets it lacks (no weights load).
 
@@ -437,8 +457,33 @@ def _check_model(cfg: SpotlightConfig) -> None:
         family.check()
         if cfg.train.use_lora and cfg.train.lora_target_modules:
             family.check_lora_targets(list(cfg.train.lora_target_modules))
+        _check_sp_degrees(cfg, family)
     except ModelLoadError as exc:
         raise refuse(str(exc)) from None
+
+
+def _check_sp_degrees(cfg: SpotlightConfig, family) -> None:
+    """Refuse an SP degree the checkpoint's transformer cannot be split by (its attention heads,
+    its image tokens at ``model.image_size``, unpadded text; :mod:`spotlight.workers.sp.degrees`),
+    reading only its config files. Smaller degrees that do not work are never formed (a group of
+    survivors splits into groups that do).
+
+    Raises:
+        Stop: the degree and the reason.
+        ModelLoadError: the checkpoint's configs cannot be read.
+    """
+    from spotlight.workers.sp.degrees import degree_problem, sp_shape
+
+    c = cfg.cluster
+    pairs = (("cluster.sp_degree", c.sp_degree), ("cluster.reserved_sp_degree", c.reserved_sp_degree))
+    degrees = [(field, k) for field, k in pairs if k > 1]
+    if not degrees:
+        return
+    shape = sp_shape(family)
+    for field, k in degrees:
+        problem = degree_problem(shape, k, cfg_parallel=c.sp_cfg_parallel)
+        if problem:
+            raise refuse(f"{field} = {k}: {problem} ({family.path})")
 
 
 def _check_eval(cfg: SpotlightConfig) -> None:

@@ -376,6 +376,25 @@ class ControlPlane:
             self.events.append(now, "refused", body.node_id, f"node id in use: a second agent ({who}) was refused")
         raise Rejected("node_id_in_use", text, retry_after_s=claim.retry_after_s + 0.5)
 
+    def _usable_sp_degrees(self, degree: int) -> list[int]:
+        """The SP degrees up to ``degree`` the run's model can be split by (read once from the
+        checkpoint's configs; :func:`spotlight.workers.sp.degrees.usable_degrees`)."""
+        cache = self.__dict__.setdefault("_sp_degrees", {})
+        if degree not in cache:
+            if degree <= 1:
+                cache[degree] = [1]
+            else:
+                from spotlight.models.families import get_family
+                from spotlight.workers.sp.degrees import sp_shape, usable_degrees
+
+                try:
+                    shape = sp_shape(get_family(self.cfg.model))
+                    cache[degree] = usable_degrees(shape, degree, cfg_parallel=self.cfg.cluster.sp_cfg_parallel)
+                except Exception as exc:  # checked before the run started; never stop registrations for it
+                    log.warning("cannot read the model's SP shape (%s): every SP degree up to %d is used", exc, degree)
+                    cache[degree] = list(range(1, degree + 1))
+        return cache[degree]
+
     def _registered(self, body: P.Register, session: str) -> P.Registered:
         c = self.cfg.cluster
         return P.Registered(
@@ -385,6 +404,9 @@ class ControlPlane:
             worker_batch_size=c.worker_batch_size,
             torch_threads=c.torch_threads,
             sp_degree=c.sp_degree if body.is_spot else c.reserved_sp_degree,
+            sp_degrees=self._usable_sp_degrees(c.sp_degree if body.is_spot else c.reserved_sp_degree),
+            sp_cfg_parallel=c.sp_cfg_parallel,
+            sp_backend=c.sp_backend,
             reconfiguration=c.reconfiguration,
             live_migration=c.live_migration,
             offload_rollout_while_training=c.offload_rollout_while_training,

@@ -179,14 +179,37 @@ def spearman(a: Sequence[float], b: Sequence[float]) -> float:
     return float(spearmanr(a, b).statistic)
 
 
+def initial_version(cfg: SpotlightConfig, text_dim: int = 384) -> dict:
+    """The weights a run of ``cfg`` starts from (version 0, what its Train Worker publishes
+    first): the family's transformer (the checkpoint, or the tiny family's seeded build) in full
+    fine-tuning; with LoRA the seeded initial adapter (``lora_B = 0``: the base model's output).
+
+    Raises:
+        ModelLoadError: the checkpoint cannot be loaded.
+    """
+    import torch
+
+    from spotlight.models.families import get_family
+    from spotlight.models.lora import add_lora, initial_adapter_state, lora_spec
+
+    family = get_family(cfg.model, text_dim=text_dim)
+    model = family.build_transformer(torch.float32)
+    spec = lora_spec(cfg.train)
+    if not spec:
+        return model.state_dict()
+    add_lora(model, spec, family.default_lora_targets, seed=cfg.model.init_seed)
+    return initial_adapter_state(model, spec, seed=cfg.model.init_seed)
+
+
 def _sp_member(
     rank: int,
     world: int,
     port: int,
     model_cfg: dict,
     sampler_cfg: dict,
+    lora: dict,
     state_dict_path: str,
-    batch: int,
+    cond_path: str,
     repeats: int,
     out_q,
 ) -> None:
@@ -197,22 +220,21 @@ def _sp_member(
     from safetensors.torch import load_file
 
     from spotlight.config import ModelConfig, SamplerConfig
-    from spotlight.models.dit import token_shape
     from spotlight.rl.sampler import Conditioning, Sampler
     from spotlight.workers.sp import group as G
 
     mc = msgspec.convert(model_cfg, ModelConfig)
-    sampler = Sampler(msgspec.convert(sampler_cfg, SamplerConfig), token_shape(mc))
-    member = G.SPGroupMember(mc, f"profile/{rank}", torch.device("cpu"))
+    sc = msgspec.convert(sampler_cfg, SamplerConfig)
+    cond = Conditioning.from_tensors(load_file(cond_path))
+    member = G.SPGroupMember(mc, f"profile/{rank}", torch.device("cpu"), text_dim=cond.embeds.shape[-1], lora=lora)
+    sampler = Sampler(sc, member.family.latent_shape, member.family.sigmas(sc.num_steps, sc.shift))
     sd = load_file(state_dict_path) if rank == 0 else None
     member.form(
         G.GroupSpec(tuple(f"profile/{r}" for r in range(world)), "127.0.0.1", port, 1),
         state_dict=sd,
         version=0 if sd else None,
     )
-    cond = Conditioning(
-        torch.zeros(batch, mc.max_text_tokens, 384), torch.ones(batch, mc.max_text_tokens, dtype=torch.long)
-    )
+    batch = len(cond)
     times = []
     for i in range(repeats + 1):  # the first batch warms up
         state = sampler.initial_state(list(range(batch))) if rank == 0 else None
@@ -229,9 +251,10 @@ def _sp_member(
         out_q.put(sorted(times)[len(times) // 2])
 
 
-def profile_sp_t_step(cfg: SpotlightConfig, state_dict: dict, degree: int, *, repeats: int = 2) -> float:
+def profile_sp_t_step(cfg: SpotlightConfig, state_dict: dict, degree: int, cond, *, repeats: int = 2) -> float:
     """Seconds per (sequence × step) of an SP group of ``degree`` worker processes (diffusers
-    context parallelism over gloo/NCCL), at the worker batch size.
+    context parallelism over gloo/NCCL) of the run's model family, at the worker batch size,
+    on the first rows of ``cond`` (:class:`~spotlight.rl.sampler.Conditioning`, cycled to the batch).
 
     Raises:
         ValueError: the model cannot be split ``degree`` ways.
@@ -242,17 +265,20 @@ def profile_sp_t_step(cfg: SpotlightConfig, state_dict: dict, degree: int, *, re
     import torch.multiprocessing as mp
     from safetensors.torch import save_file
 
+    from spotlight.models.lora import lora_spec
     from spotlight.workers.sp.group import check_sp_degree
 
-    check_sp_degree(cfg.model, degree)
+    check_sp_degree(cfg.model, degree, text_dim=cond.embeds.shape[-1])
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    rows = [i % len(cond) for i in range(cfg.cluster.worker_batch_size)]
     with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "w.safetensors")
+        path, cond_path = os.path.join(d, "w.safetensors"), os.path.join(d, "cond.safetensors")
         save_file({k: v.contiguous() for k, v in state_dict.items()}, path)
+        save_file({k: v.contiguous() for k, v in cond.index(rows).to_tensors().items()}, cond_path)
         procs = [
             ctx.Process(
                 target=_sp_member,
@@ -262,8 +288,9 @@ def profile_sp_t_step(cfg: SpotlightConfig, state_dict: dict, degree: int, *, re
                     port,
                     msgspec.to_builtins(cfg.model),
                     msgspec.to_builtins(cfg.sampler),
+                    lora_spec(cfg.train),
                     path,
-                    cfg.cluster.worker_batch_size,
+                    cond_path,
                     repeats,
                     q,
                 ),
@@ -282,27 +309,43 @@ def profile_sp_t_step(cfg: SpotlightConfig, state_dict: dict, degree: int, *, re
     return float(result)
 
 
+def profile_device():
+    """Where ``spotlight profile`` runs the model: the first CUDA device when there is one, else
+    the CPU (the worker kind its t_step is recorded under)."""
+    import torch
+
+    return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+
+
 class _ProfileRunner:
-    """One in-process :class:`RolloutExecutor` on the profiled weights, and the run's reward.
+    """One in-process :class:`RolloutExecutor` of the run's model family on the profiled
+    weights (LoRA included), and the run's reward.
 
     Args:
         cfg: run config.
-        embeds, mask: ``[N, T, D]`` / ``[N, T]`` prompt embeddings.
-        state_dict: the weights (version 0).
-        prompts: prompt text per embedding row, or None (rewards score empty prompts).
+        cond: the prompts' :class:`~spotlight.rl.sampler.Conditioning` (the family's encoding).
+        state_dict: the weights (version 0: the transformer, or the adapter with LoRA).
+        prompts: prompt text per conditioning row, or None (rewards score empty prompts).
     """
 
-    def __init__(self, cfg: SpotlightConfig, embeds, mask, state_dict: dict, prompts: Sequence[str] | None):
+    def __init__(self, cfg: SpotlightConfig, cond, state_dict: dict, prompts: Sequence[str] | None):
+        from spotlight.models.lora import lora_spec
         from spotlight.rewards.reward_fn import RewardFn
         from spotlight.workers.rollout.worker import RolloutExecutor
 
-        self.embeds = embeds
-        self.mask = mask
+        self.cond = cond
         self.prompts = prompts
-        self.ex = RolloutExecutor(cfg.model, cfg.sampler, text_dim=embeds.shape[-1])
+        self.device = profile_device()
+        self.ex = RolloutExecutor(
+            cfg.model, cfg.sampler, text_dim=cond.embeds.shape[-1], lora=lora_spec(cfg.train), device=self.device
+        )
         self.ex.add_version(0, state_dict)
         self.reward_fn = RewardFn(cfg.reward)
         self.bs = cfg.cluster.worker_batch_size
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.cond)
 
     def run(self, prompt_idx: list[int], seeds: list[int], threshold: float):
         """One batch at ``threshold`` (0: a full rollout): ``(images, computed steps per item, seconds)``."""
@@ -323,7 +366,7 @@ class _ProfileRunner:
             )
             for i, (p, s) in enumerate(zip(prompt_idx, seeds))
         ]
-        tensors = {"cond.embeds": self.embeds[prompt_idx], "cond.mask": self.mask[prompt_idx]}
+        tensors = self.cond.index(list(prompt_idx)).to_tensors()
         t0 = time.perf_counter()
         out = self.ex.run("profile", P.Leases(worker_id="profile", items=items), tensors)
         dt = time.perf_counter() - t0
@@ -356,13 +399,13 @@ def _measure_t_steps(
     """``t_step_s`` per worker kind: the median of 3 full-fidelity worker batches (after one
     warm-up) for SP 1, then a real SP group per degree > 1."""
     import numpy as np
-    import torch
 
     from spotlight.core.seed_bank import derive_seed
+    from spotlight.workers.sp.degrees import degree_problem, sp_shape
 
     bs = runner.bs
     T = cfg.sampler.num_steps
-    prompt_idx = [i % runner.embeds.shape[0] for i in range(bs)]
+    prompt_idx = [i % runner.num_rows for i in range(bs)]
     seeds = [derive_seed("profile-tstep", i) for i in range(bs)]
     runner.run(prompt_idx, seeds, 0.0)
     times = []
@@ -370,11 +413,17 @@ def _measure_t_steps(
         _, _, dt = runner.run(prompt_idx, seeds, 0.0)
         times.append(dt / (bs * T))
     t_step = float(np.median(times))
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = runner.device.type
     progress(f"t_step = {t_step * 1e3:.2f} ms per sequence-step ({device}, SP 1, batch {bs})")
     t_steps = {f"{device}/sp1": t_step}
+    shape = None
     for k in sorted(set(int(d) for d in sp_degrees if int(d) > 1)):
-        t_steps[f"{device}/sp{k}"] = profile_sp_t_step(cfg, state_dict, k)
+        shape = shape or sp_shape(runner.ex.family)
+        problem = degree_problem(shape, k)
+        if problem:
+            progress(f"SP {k}: not measured ({problem})")
+            continue
+        t_steps[f"{device}/sp{k}"] = profile_sp_t_step(cfg, state_dict, k, runner.cond)
         progress(
             f"t_step = {t_steps[f'{device}/sp{k}'] * 1e3:.2f} ms per sequence-step "
             f"({device}, SP {k} group of {k} processes, batch {bs})"
@@ -434,8 +483,7 @@ def _accuracy_rows(
 
 def run_profile(
     cfg: SpotlightConfig,
-    embeds,
-    mask,
+    cond,
     *,
     thresholds: Sequence[float],
     num_prompts: int,
@@ -445,34 +493,42 @@ def run_profile(
     progress=print,
     prompts: Sequence[str] | None = None,
 ) -> dict:
-    """Measure t_step and the threshold → (effective steps, accuracy) table.
+    """Measure t_step and the threshold → (effective steps, accuracy) table for the run's model
+    family (its transformer, its conditioning, LoRA or full weights).
 
     Args:
-        cfg: run config (model, sampler, reward, worker batch size).
-        embeds, mask: ``[N, T, D]`` / ``[N, T]`` prompt embeddings (the first
-            ``num_prompts`` are used).
-        prompts: the prompt text of each embedding row, for rewards that read it (the shapes
+        cfg: run config (model, sampler, reward, worker batch size, LoRA settings).
+        cond: the prompts' :class:`~spotlight.rl.sampler.Conditioning`, as the family encodes
+            them (:func:`spotlight.models.families.cached_conditioning`; the first
+            ``num_prompts`` rows are used).
+        prompts: the prompt text of each conditioning row, for rewards that read it (the shapes
             task's GenEval verdict); None scores with empty prompts (JPEG rewards).
         thresholds: First-Block-Cache thresholds to try (0 is always included: it is the
-            full rollout the others are compared with).
+            full rollout the others are compared with). A family without First Block Cache
+            (SD3) gets the full-rollout row only.
         num_prompts, num_seeds: prompts and seeds per prompt for the accuracy estimate.
-        state_dict: weights to profile (default: the config's initial weights).
-        sp_degrees: SP degrees whose t_step is measured (> 1 spawns a real group).
+        state_dict: weights to profile (default: the run's version 0, :func:`initial_version`).
+        sp_degrees: SP degrees whose t_step is measured (> 1 spawns a real group; a degree the
+            model cannot be split by is skipped with a note).
 
     Returns:
         The JSON-able profile dict.
     """
-    if state_dict is None:
-        from spotlight.models.dit import build_transformer
+    from spotlight.config import STEP_CACHE_FAMILIES
 
-        state_dict = build_transformer(cfg.model, embeds.shape[-1]).state_dict()
-    runner = _ProfileRunner(cfg, embeds, mask, state_dict, prompts)
+    if state_dict is None:
+        state_dict = initial_version(cfg, cond.embeds.shape[-1])
+    if cfg.model.family not in STEP_CACHE_FAMILIES and any(t > 0 for t in thresholds):
+        progress(f"{cfg.model.family}: no First Block Cache, so only the full rollout is profiled")
+        thresholds = []
+    runner = _ProfileRunner(cfg, cond, state_dict, prompts)
     t_steps = _measure_t_steps(runner, cfg, state_dict, sp_degrees, progress)
     rows = _accuracy_rows(runner, cfg.sampler.num_steps, thresholds, num_prompts, num_seeds, progress)
     return {
         "version": PROFILE_VERSION,
         "config_key": config_key(cfg),
         "created_unix_s": time.time(),
+        "family": cfg.model.family,
         "t_step_s": t_steps,
         "steps": rows,
     }

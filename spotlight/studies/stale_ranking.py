@@ -101,8 +101,7 @@ def generate_rewards(
     cfg: SpotlightConfig,
     executor,
     version: int,
-    embeds,
-    mask,
+    cond,
     prompt_indices: Sequence[int],
     seeds: Sequence[Sequence[int]],
     reward_fn,
@@ -111,7 +110,9 @@ def generate_rewards(
     """``[P, S]`` rewards of ``prompt_indices`` × ``seeds[p]`` rolled out under ``version``.
 
     Full-fidelity rollout requests, batched at ``cfg.cluster.worker_batch_size``, the way
-    :func:`spotlight.studies.profiling.run_profile` drives :class:`RolloutExecutor`.
+    :func:`spotlight.studies.profiling.run_profile` drives :class:`RolloutExecutor`; ``cond`` is the
+    prompts' :class:`~spotlight.rl.sampler.Conditioning` as the run's family encodes them (every
+    tensor: negative prompt, pooled embeddings).
     """
     from spotlight import protocol as P
     from spotlight.store.tensor_wire import unpack_tensors
@@ -135,7 +136,7 @@ def generate_rewards(
             )
             for i, (p, s) in enumerate(chunk)
         ]
-        tensors = {"cond.embeds": embeds[idx], "cond.mask": mask[idx]}
+        tensors = cond.index(idx).to_tensors()
         out = executor.run("stale-ranking", P.Leases(worker_id="stale-ranking", items=items), tensors)
         msg, frames = out.result
         imgs = unpack_tensors(msg.tensors, frames)["images"].numpy()
@@ -145,8 +146,7 @@ def generate_rewards(
 
 def run_stale_ranking(
     cfg: SpotlightConfig,
-    embeds,
-    mask,
+    cond,
     weights: list[dict],
     prompt_indices: Sequence[int],
     num_seeds: int,
@@ -160,10 +160,11 @@ def run_stale_ranking(
     """Rank agreement between consecutive weight versions on the same prompts and seeds.
 
     Args:
-        prompts: prompt text of each embedding row, for rewards that read it (None = empty).
-        cfg: run config (model, sampler, reward, worker batch size, group size).
-        embeds, mask: ``[N, T, D]`` / ``[N, T]`` prompt embeddings.
-        weights: state dicts of consecutive versions (oldest first).
+        prompts: prompt text of each conditioning row, for rewards that read it (None = empty).
+        cfg: run config (model, sampler, reward, worker batch size, group size, LoRA settings).
+        cond: the prompts' :class:`~spotlight.rl.sampler.Conditioning` (the family's encoding).
+        weights: versions of consecutive iterations (oldest first): whole transformers, or
+            adapters in a LoRA run (over the checkpoint's frozen base).
         prompt_indices: rows of ``embeds`` to use (P prompt groups).
         num_seeds: seeds per prompt group (S); the same seeds for every version.
         progress: called with one line per generated version.
@@ -177,7 +178,9 @@ def run_stale_ranking(
         ``overall`` (ρ mean/std over every prompt of every pair) and the pooled
         ``heatmap``.
     """
+    from spotlight.models.lora import lora_spec
     from spotlight.rewards.reward_fn import RewardFn
+    from spotlight.studies.profiling import profile_device
     from spotlight.workers.rollout.worker import RolloutExecutor
 
     if len(weights) < 2:
@@ -191,7 +194,9 @@ def run_stale_ranking(
     prompt_indices = [int(p) for p in prompt_indices]
     seeds = [[derive_seed(seed_tag, p, k) for k in range(num_seeds)] for p in prompt_indices]
 
-    ex = RolloutExecutor(cfg.model, cfg.sampler, text_dim=embeds.shape[-1])
+    ex = RolloutExecutor(
+        cfg.model, cfg.sampler, text_dim=cond.embeds.shape[-1], lora=lora_spec(cfg.train), device=profile_device()
+    )
     reward_fn = RewardFn(cfg.reward)
     cache: dict[int, np.ndarray] = {}
 
@@ -199,7 +204,7 @@ def run_stale_ranking(
         if i not in cache:
             t0 = time.perf_counter()
             ex.add_version(labels[i], weights[i])
-            cache[i] = generate_rewards(cfg, ex, labels[i], embeds, mask, prompt_indices, seeds, reward_fn, prompts)
+            cache[i] = generate_rewards(cfg, ex, labels[i], cond, prompt_indices, seeds, reward_fn, prompts)
             progress(
                 f"v{labels[i]}: {cache[i].size} samples in {time.perf_counter() - t0:.1f}s, "
                 f"reward mean {np.nanmean(cache[i]):.4f} "

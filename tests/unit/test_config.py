@@ -247,10 +247,30 @@ def test_family_needs_a_checkpoint_path():
 
     with pytest.raises(ConfigError, match="pretrained_path"):
         config_from_dict({"model": {"family": "sd3"}})
-    with pytest.raises(ConfigError, match="sp_degree"):
+    with pytest.raises(ConfigError, match="sp_degree"):  # no context-parallel plan
         config_from_dict(
-            {"model": {"family": "flux", "pretrained_path": "/x", "image_size": 32}, "cluster": {"sp_degree": 2}}
+            {"model": {"family": "sd3", "pretrained_path": "/x", "image_size": 32}, "cluster": {"sp_degree": 2}}
         )
+
+
+def test_sp_degrees_that_cannot_split_the_model_are_refused_when_the_config_loads():
+    """Accepted before and failing at run time: tiny with 4 heads at SP 3 (every group form raised);
+    FLUX whose text has no mask, at a degree that does not divide its tokens."""
+    from spotlight.config import ConfigError, config_from_dict
+
+    with pytest.raises(ConfigError, match=r"cluster.sp_degree: SP degree 3 does not divide .* 4 attention heads"):
+        config_from_dict(
+            {"model": {"num_attention_heads": 4, "axes_dims_rope": [8, 12, 12]}, "cluster": {"sp_degree": 3}}
+        )
+    with pytest.raises(ConfigError, match="cluster.reserved_sp_degree: .* image tokens"):
+        config_from_dict({"model": {"image_size": 34}, "cluster": {"reserved_sp_degree": 2}})  # 17² tokens
+    with pytest.raises(ConfigError, match="max_text_tokens = 15"):
+        flux = {"family": "flux", "pretrained_path": "/x", "image_size": 32, "max_text_tokens": 15}
+        config_from_dict({"model": flux, "cluster": {"sp_degree": 2}})
+    ok = config_from_dict({"model": {"num_attention_heads": 4}, "cluster": {"sp_degree": 4}})
+    assert ok.cluster.sp_degree == 4  # 3 does not work either, but groups are never formed at 3
+    qwen = {"family": "qwen-image", "pretrained_path": "/x", "image_size": 32, "max_text_tokens": 15}
+    assert config_from_dict({"model": qwen, "cluster": {"sp_degree": 2}}).cluster.sp_degree == 2  # text is padded
 
 
 def test_bad_enum_value_in_a_file_lists_the_choices(tmp_path):

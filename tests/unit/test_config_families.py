@@ -31,8 +31,8 @@ FEATURES = {
 REFUSED = {
     ("sd3", "cache_threshold"): "explore.cache_threshold",
     ("sd3", "cached_num_steps"): "explore.num_steps",
-    **{(f, "sp_degree"): "cluster.sp_degree" for f in FAMILIES if f != "tiny"},
-    **{(f, "reserved_sp_degree"): "cluster.reserved_sp_degree" for f in FAMILIES if f != "tiny"},
+    ("sd3", "sp_degree"): "cluster.sp_degree",  # no _cp_plan (spotlight/workers/sp/degrees.py)
+    ("sd3", "reserved_sp_degree"): "cluster.reserved_sp_degree",
     ("tiny", "negative_prompt"): "model.negative_prompt",
     ("flux", "negative_prompt"): "model.negative_prompt",
     **{(f, "negative_prompt_without_cfg"): "model.negative_prompt" for f in FAMILIES},
@@ -53,7 +53,7 @@ def _has_code_path(family: str, feature: str) -> bool:
     if feature in ("cache_threshold", "cached_num_steps"):
         return issubclass(transformer, CacheMixin)
     if feature in ("sp_degree", "reserved_sp_degree"):
-        return family == "tiny" and getattr(transformer, "_cp_plan", None) is not None
+        return getattr(transformer, "_cp_plan", None) is not None  # the SP member is family-driven
     if feature == "negative_prompt":
         return "neg.embeds" in inspect.getsource(cls)  # the velocity runs the negative rows
     if feature == "guidance_scale":
@@ -86,6 +86,9 @@ def test_the_tables_match_the_code():
     assert STEP_CACHE_FAMILIES == {f for f in FAMILIES if _has_code_path(f, "cache_threshold")}
     assert TRUE_CFG_FAMILIES == {f for f in FAMILIES if _has_code_path(f, "negative_prompt")}
     assert "sd3" not in STEP_CACHE_FAMILIES  # SD3Transformer2DModel: no CacheMixin
+    from spotlight.workers.sp.degrees import CP_FAMILIES
+
+    assert CP_FAMILIES == {f for f in FAMILIES if _has_code_path(f, "sp_degree")}
 
 
 def test_a_profile_s_cached_arms_are_not_planned_for_sd3():

@@ -403,11 +403,40 @@ class QwenImageFamily(ModelFamily):
         )[0].float()
         if not use_cfg:
             return out
-        pos, neg = out[:batch], out[batch:]
-        comb = neg + scale * (pos - neg)
+        return self.combine_cfg(out[:batch], out[batch:])
+
+    def combine_cfg(self, pos: torch.Tensor, neg: torch.Tensor) -> torch.Tensor:
+        """True CFG of the two branches' predictions, as ``QwenImagePipeline.__call__``:
+        ``comb = neg + w·(pos − neg)`` rescaled to the positive prediction's per-token norm."""
+        comb = neg + self.guidance_scale * (pos - neg)
         return comb * (
             torch.linalg.vector_norm(pos, dim=-1, keepdim=True) / torch.linalg.vector_norm(comb, dim=-1, keepdim=True)
         )
+
+    def velocity_branch(
+        self, transformer: torch.nn.Module, latents: torch.Tensor, sigma: torch.Tensor, cond: Conditioning, branch: str
+    ) -> torch.Tensor:
+        """One CFG branch's prediction ``[B, L, C] float32``: ``branch = "pos"`` (the prompts) or
+        ``"neg"`` (the negative prompt), each as its own ``[B]`` forward. CFG-parallel SP groups
+        run the two on different ranks and combine them with :meth:`combine_cfg`."""
+        if branch == "neg":
+            b = latents.shape[0]
+            cond = Conditioning(cond.rows("neg.embeds", b), cond.rows("neg.mask", b))
+        elif branch != "pos":
+            raise ValueError(f"branch must be 'pos' or 'neg', got {branch!r}")
+        else:
+            cond = Conditioning(cond.embeds, cond.mask)
+        dtype = next(transformer.parameters()).dtype
+        h, w = self.packed_grid()
+        mask = cond.mask.to(device=latents.device)
+        return transformer(
+            hidden_states=latents.to(dtype),
+            encoder_hidden_states=cond.embeds.to(device=latents.device, dtype=dtype),
+            encoder_hidden_states_mask=None if bool(mask.all()) else mask,
+            timestep=sigma.to(device=latents.device, dtype=dtype).reshape(-1).expand(latents.shape[0]),
+            img_shapes=[(1, h, w)] * latents.shape[0],
+            return_dict=False,
+        )[0].float()
 
     # ------------------------------------------------------------------ images
     def load_decoder(self, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> None:

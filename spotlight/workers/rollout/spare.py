@@ -89,7 +89,7 @@ def warm_up(conf: dict):
     import diffusers  # noqa: F401  (the import is the point)
     import msgspec
     import torch
-    from diffusers import ContextParallelConfig, QwenImageTransformer2DModel  # noqa: F401
+    from diffusers import ContextParallelConfig  # noqa: F401
     from diffusers.hooks import FirstBlockCacheConfig  # noqa: F401
 
     from spotlight.config import ModelConfig
@@ -108,7 +108,14 @@ def warm_up(conf: dict):
     from spotlight.workers.sp import group_worker  # noqa: F401
     from spotlight.workers.sp.group import SPGroupMember
 
-    member = SPGroupMember(model_cfg, "spare", torch.device("cpu"))
+    member = SPGroupMember(
+        model_cfg,
+        "spare",
+        torch.device("cpu"),
+        lora=conf.get("lora") or {},
+        cfg_parallel=bool(conf.get("sp_cfg_parallel", False)),
+        backend=str(conf.get("sp_backend", "diffusers")),
+    )
     # A CUDA build receives the weights in device memory (a host receive buffer would only cost
     # memory). Asked of the build, not the driver: no CUDA call at all before the assignment.
     member.prewarm(preallocate=not torch.backends.cuda.is_built())

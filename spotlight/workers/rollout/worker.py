@@ -797,7 +797,10 @@ def make_worker(agent_endpoint: str, worker_id: str, gpus: list[int], conf: dict
             sampler_cfg,
             int(conf.get("worker_batch_size", 8)),
             member=member,
+            lora=conf.get("lora") or {},
             weights_dir=conf.get("weights_dir"),
+            cfg_parallel=bool(conf.get("sp_cfg_parallel", False)),
+            backend=str(conf.get("sp_backend", "diffusers")),
         )
     return WorkerProcess(
         agent_endpoint,

@@ -44,8 +44,13 @@ from spotlight.workers.sp import group as G
 
 log = logging.getLogger("spotlight.worker")
 
-OP_WEIGHTS = 5
+OP_WEIGHTS = G.OP_WEIGHTS
 """Leader → followers: a new weight version follows (tensors in sorted-name order)."""
+
+REFORM_WAIT_S = 60.0
+"""A member whose group broke waits this long for the node Scheduler's next GROUP_FORM (sent
+when the dead peer's exit is seen); without one (the peer hangs instead of dying) it exits, so
+the agent replaces it and the group re-forms."""
 
 
 class _JoinPending(Exception):
@@ -68,8 +73,11 @@ class GroupExecutor(RolloutExecutor):
     """
 
     def __init__(self, member: G.SPGroupMember, sampler_cfg, reform):
-        super().__init__(member.model_cfg, sampler_cfg, member.text_dim)
+        super().__init__(member.model_cfg, sampler_cfg, member.text_dim, lora=member.lora, device=member.device)
         self.member = member
+        self.broken: G.SPGroupError | None = None
+        """Set when the group broke under a batch (a peer died): the batch's state was rolled
+        back to its last completed step and is committed, not lost."""
         self.reform = reform
         self.pending_form: P.GroupForm | None = None
         self.batch_cache_threshold = 0.0
@@ -79,17 +87,29 @@ class GroupExecutor(RolloutExecutor):
     def _watch_blocks(self, should_stop) -> list:
         """Forward pre-hooks on the model's blocks raising :class:`_JoinPending` (SP 1 only)."""
         hook = _pending_check(self, should_stop)
-        return [b.register_forward_pre_hook(hook) for b in _blocks(self.member.model)]
+        return [b.register_forward_pre_hook(hook) for b in self.member.blocks()]
 
     def _prepare(self, version: int, threshold: float) -> None:
+        self.broken = None
         if self.member.weights_version != version:
-            broadcast_weights(self.member, self.versions[version], version)
-            # keep the member's flat copy as this version (switching back is then zero-copy)
+            self.member.broadcast_weights(self.versions[version], version)
+            # the member's kept tensors are this version from now on (the same tensors when
+            # they were handed in: a memory-mapped file of the node's weight cache)
             self.versions[version] = self.member.state_dict()
+            self._drop_device_versions()
         # First Block Cache runs on the group itself (sp_group module docstring): the leader
         # sends the threshold with every batch; RolloutExecutor.run passes 0 for rollouts.
         self.batch_cache_threshold = float(threshold)
         self._degree_s = self._denoise_s = 0.0
+
+    def _drop_device_versions(self) -> None:
+        """On a GPU, forget kept versions other than the current one whose tensors live in device
+        memory (received by broadcast): they would hold a second device copy of the model. The
+        agent's weight cache still has them (:meth:`WorkerProcess._ensure_version`)."""
+        current = self.member.weights_version
+        for v, sd in list(self.versions.items()):
+            if v != current and any(t.device.type != "cpu" for t in sd.values()):
+                del self.versions[v]
 
     def _batch_num_gpus(self) -> float:
         """The batch's SP degree, time-averaged over its denoising (re-forms change it)."""
@@ -105,6 +125,8 @@ class GroupExecutor(RolloutExecutor):
                 worker_event("step", worker=self.member.worker_id, sp=self.member.sp_degree, step=st.step)
 
         while True:
+            if self.broken is not None:
+                return state  # the group broke under an earlier part of this batch: commit this part too
             degree, t0 = self.member.sp_degree, time.monotonic()
             hooks = self._watch_blocks(should_stop) if degree == 1 else []
             try:
@@ -119,6 +141,12 @@ class GroupExecutor(RolloutExecutor):
                 )
             except _JoinPending:
                 pass  # state is back at the start of the abandoned step
+            except G.SPGroupError as exc:
+                # a peer died: the state is back at its last completed step; it is committed
+                # (run() sees it unfinished) and resumes there, here or elsewhere
+                log.warning("worker %s: %s; committing the batch at step %d", self.member.worker_id, exc, state.step)
+                self.broken = exc
+                return state
             finally:
                 for h in hooks:
                     h.remove()
@@ -132,10 +160,6 @@ class GroupExecutor(RolloutExecutor):
                 return state
 
 
-def _blocks(model) -> list:
-    return list(getattr(model, "transformer_blocks", []))
-
-
 def _pending_check(executor: "GroupExecutor", should_stop):
     def hook(_module, _args):
         should_stop()  # reads the agent socket: a GROUP_FORM becomes executor.pending_form
@@ -146,46 +170,15 @@ def _pending_check(executor: "GroupExecutor", should_stop):
 
 
 def broadcast_weights(member: G.SPGroupMember, state_dict: dict[str, torch.Tensor] | None, version: int) -> None:
-    """Collective: the leader sends weight ``version`` to every follower, all load it.
-
-    Tensor names are not sent: every member derives the flat-buffer layout from its own
-    weights (names sorted, same architecture; no pickle on the wire). Followers call it with
-    ``state_dict=None`` after receiving the ``OP_WEIGHTS`` header. The weights kept before
-    are not overwritten (:meth:`~spotlight.workers.sp.group.SPGroupMember.broadcast_weights`),
-    so an older version kept for exploration stays intact.
-    """
-    if member.is_leader and member.sp_degree > 1:
-        G._bcast_header(member, OP_WEIGHTS, version)
+    """Collective: the leader sends weight ``version`` to every follower, all load it
+    (:meth:`~spotlight.workers.sp.group.SPGroupMember.broadcast_weights`; followers in
+    :func:`serve` receive it on the ``OP_WEIGHTS`` header)."""
     member.broadcast_weights(state_dict, version)
 
 
 def serve(member: G.SPGroupMember) -> None:
     """Follower loop: mirror batches and weight updates until the leader releases the group."""
-    while True:
-        op, *f = G._recv_header(member)
-        if op == G.OP_RELEASE:
-            return
-        if op == OP_WEIGHTS:
-            broadcast_weights(member, None, f[0])
-            continue
-        if op == G.OP_BATCH:
-            b, t, d = f[:3]
-            member.begin_batch(G._threshold_from_int(f[3]))
-            cond = Conditioning(G._recv(member, (b, t, d), torch.float32), G._recv(member, (b, t), torch.int64))
-            vfn = member.velocity_fn()
-            while True:
-                op2, *g = G._recv_header(member)
-                if op2 == G.OP_END:
-                    break
-                if op2 != G.OP_STEP:
-                    raise G.SPGroupError(f"unexpected op {op2} inside a batch")
-                bb, ll, cc = g[:3]
-                latents = G._recv(member, (bb, ll, cc), torch.float32)
-                sigma = G._recv(member, (bb,), torch.float32)
-                with torch.no_grad():
-                    vfn(latents, sigma, cond)
-            continue
-        raise G.SPGroupError(f"unknown SP group op {op}")
+    G.serve_until_released(member)
 
 
 class GroupWorkerProcess(WorkerProcess):
@@ -201,28 +194,47 @@ class GroupWorkerProcess(WorkerProcess):
         batch_size,
         *,
         member: G.SPGroupMember | None = None,
+        lora: dict | None = None,
         weights_dir: str | None = None,
+        cfg_parallel: bool = False,
+        backend: str = "diffusers",
     ):
         """``member``: a prepared, unused member (a warm spare's, see
         :meth:`~spotlight.workers.sp.group.SPGroupMember.prewarm`); it is reassigned to this
-        worker id and device. Default: a new one. ``weights_dir``: the agent's weight-version
-        cache (versions are memory-mapped from it)."""
-        super().__init__(agent_endpoint, worker_id, gpus, model_cfg, sampler_cfg, batch_size, weights_dir=weights_dir)
+        worker id and device. Default: a new one. ``lora``: the run's LoRA settings (versions
+        are adapters over one frozen base). ``weights_dir``: the agent's weight-version cache
+        (versions are memory-mapped from it). ``cfg_parallel``, ``backend``:
+        ``cluster.sp_cfg_parallel`` and ``cluster.sp_backend``."""
+        if member is not None and (member.lora, member.cfg_parallel, member.sp_backend) != (
+            dict(lora or {}),
+            cfg_parallel,
+            backend,
+        ):
+            raise ValueError("the warm spare's member was prepared for another SP configuration")
+        super().__init__(
+            agent_endpoint, worker_id, gpus, model_cfg, sampler_cfg, batch_size, lora=lora, weights_dir=weights_dir
+        )
         device = torch.device(f"cuda:{0}") if torch.cuda.is_available() else torch.device("cpu")
         if member is None:
-            member = G.SPGroupMember(model_cfg, worker_id, device)
+            member = G.SPGroupMember(
+                model_cfg, worker_id, device, lora=lora, cfg_parallel=cfg_parallel, backend=backend
+            )
         else:
             member.reassign(worker_id, device)
         self.member = member
         self.executor = GroupExecutor(self.member, sampler_cfg, self._reform)
 
     # ------------------------------------------------------------ membership
-    def _wait_form_or_stop(self):
+    def _wait_form_or_stop(self, timeout_s: float | None = None):
+        """The next GROUP_FORM or STOP; None when the agent died; ``False`` after ``timeout_s``."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             got = self._recv(500)
             if got is None:
                 if not self.agent_alive():
                     return None
+                if deadline is not None and time.monotonic() > deadline:
+                    return False
                 continue
             mtype, body, payload = got
             if mtype in (P.MsgType.GROUP_FORM, P.MsgType.STOP):
@@ -235,7 +247,8 @@ class GroupWorkerProcess(WorkerProcess):
         return self.executor.versions[version]
 
     def _form(self, form: P.GroupForm) -> None:
-        spec = G.GroupSpec(tuple(form.members), form.master_addr, form.master_port, form.generation)
+        pids = tuple(form.pids) if len(form.pids) == len(form.members) else ()
+        spec = G.GroupSpec(tuple(form.members), form.master_addr, form.master_port, form.generation, pids)
         sd, ver = None, None
         if spec.members[0] == self.worker_id and self.member._state is None:
             ver = max(0, form.version)  # -1: nothing published when the agent registered
@@ -264,7 +277,7 @@ class GroupWorkerProcess(WorkerProcess):
         )
         self.send(P.GroupFormed(worker_id=self.worker_id, generation=spec.generation, sp=spec.world_size, took_s=took))
         if self.member.weights_version is not None:
-            # the member's flat copy is this version from now on (a copy given in is dropped)
+            # the member's kept tensors are this version from now on
             self.executor.add_version(self.member.weights_version, self.member.state_dict())
 
     def _reform(self, form: P.GroupForm) -> bool:
@@ -274,6 +287,16 @@ class GroupWorkerProcess(WorkerProcess):
             return False
         self._form(form)
         return self.member.is_leader
+
+    def _recv_socket(self, timeout_ms: int):
+        """As :meth:`WorkerProcess._recv_socket`; a leader waiting on its agent first keeps its
+        idle group alive (:func:`~spotlight.workers.sp.group.keepalive`)."""
+        if self.member.model is not None:
+            try:
+                G.keepalive(self.member)
+            except G.SPGroupError as exc:
+                log.error("worker %s: %s", self.worker_id, exc)
+        return super()._recv_socket(timeout_ms)
 
     def _check_stop(self) -> bool:
         if self.stop_requested is not None:
@@ -298,32 +321,48 @@ class GroupWorkerProcess(WorkerProcess):
     def run(self) -> int:
         self.send(P.WorkerHello(worker_id=self.worker_id, gpus=self.gpus, pid=os.getpid()))
         worker_event("hello", worker=self.worker_id)
-        form = None
+        form, wait_s = None, None
         while True:
-            msg = form or self._wait_form_or_stop()
-            form = None
+            msg = form or self._wait_form_or_stop(wait_s)
+            form, wait_s = None, None
+            if msg is False:
+                log.error(
+                    "worker %s: the group broke and no new generation came in %.0f s; exiting so the agent replaces "
+                    "this worker",
+                    self.worker_id,
+                    REFORM_WAIT_S,
+                )
+                self.member.leave()
+                return 4
             if msg is None or isinstance(msg, P.Stop):
                 self.member.leave()
                 return 0
             try:
                 self._form(msg)
-            except (G.SPGroupError, RuntimeError) as exc:
+            except Exception as exc:  # a form that cannot work must not loop: wait for the next one
                 log.error("worker %s: could not form generation %d: %s", self.worker_id, msg.generation, exc)
+                self.member.mark_broken()
                 self.member.leave()
                 continue
             if not self.member.is_leader:
                 try:
                     serve(self.member)
-                except (G.SPGroupError, RuntimeError) as exc:
+                except Exception as exc:
                     log.error("worker %s: group broke: %s", self.worker_id, exc)
+                    self.member.mark_broken()
+                    wait_s = REFORM_WAIT_S
                 self.member.leave()
                 continue
             form = self._lead()
             if form is False:
                 return 0
+            if form == "broken":
+                form, wait_s = None, REFORM_WAIT_S
 
     def _lead(self):
-        """Pull and run batches as leader. Returns a pending GroupForm, or False to exit."""
+        """Pull and run batches as leader. Returns a pending GroupForm, ``"broken"`` when the
+        group broke (the batch was committed; wait for the next generation), None when demoted,
+        or False to exit."""
         pulled = False
         idle_wait_ms = 20
         while True:
@@ -367,14 +406,29 @@ class GroupWorkerProcess(WorkerProcess):
             idle_wait_ms = 20
             tensors = unpack_tensors(body.tensors, payload)
             self._ensure_version(body.items[0].weight_version)
+            if self.stop_requested is not None:  # stopped before starting: give the leases back untouched
+                self.give_back(body, "worker stopping")
+                continue
             try:
                 outcome = self.executor.run(self.worker_id, body, tensors, should_stop=self._check_stop)
-            except (G.SPGroupError, RuntimeError) as exc:
+            except G.SPGroupError as exc:  # the group broke outside the denoising loop: nothing to commit
+                log.error("worker %s: the group broke: %s", self.worker_id, exc)
+                self.give_back(body, f"SP group broke: {exc}")
+                self.member.mark_broken()
+                self.member.leave()
+                return "broken"
+            except Exception as exc:  # the batch failed, the group stands: report, keep leading
                 log.exception("worker %s: batch failed on the group", self.worker_id)
                 self.give_back(body, f"{type(exc).__name__}: {exc}", failed=True)
-                G.release_followers(self.member)
-                return False
+                self._back_off()
+                continue
             if outcome.commit is not None:
+                if self.executor.broken is not None:
+                    # a peer died mid-batch: the state (rolled back to its last completed step)
+                    # goes to the Tensor Store and resumes there; this member waits to re-form
+                    self.send(*outcome.commit)
+                    self.member.leave()
+                    return "broken"
                 G.release_followers(self.member)
                 if self.stop_requested is not None and not self.stop_requested.commit:
                     self.give_back(body, "stopped without live migration (cluster.live_migration = false)")

@@ -186,6 +186,24 @@ def test_granted_gpu_gets_a_worker_that_joins_the_group_that_lost_a_member():
     assert ns.worker_hello("n/gpu3", pid=13, now=9.0) == [FormGroup(("n/gpu0", "n/gpu3"), generation=3)]
 
 
+def test_only_group_sizes_the_model_runs_at_are_formed():
+    """SP 4 of a model with 4 heads cannot run at 3 (Ulysses splits heads): 3 survivors of a
+    revocation split into SP 2 + SP 1, a granted GPU joins the SP 1 group (making 2, not 3),
+    and a node of 3 GPUs starts as 2 + 1."""
+    ns = make_scheduler((0, 1, 2, 3), sp_degree=4, sp_degrees=[1, 2, 4])
+    assert [g.members for g in ns.groups] == [["n/gpu0", "n/gpu1", "n/gpu2", "n/gpu3"]]
+    actions = ns.revoke([3], grace_s=10.0, now=5.0)
+    forms = [a for a in actions if isinstance(a, FormGroup)]
+    assert forms == [FormGroup(("n/gpu0", "n/gpu1"), generation=2), FormGroup(("n/gpu2",), generation=1)]
+    assert sorted(len(g.members) for g in ns.groups) == [1, 2]
+    ns.add([3], now=8.0)
+    assert ns.worker_hello("n/gpu3.r1", pid=13, now=9.0) == [FormGroup(("n/gpu2", "n/gpu3.r1"), generation=2)]
+    assert sorted(len(g.members) for g in ns.groups) == [2, 2]
+    fresh = make_scheduler((0, 1, 2), ready=False, sp_degree=4, sp_degrees=[1, 2, 4])
+    assert [g.members for g in fresh.groups] == [["n/gpu0", "n/gpu1"], ["n/gpu2"]]
+    assert make_scheduler((0, 1, 2), ready=False, sp_degree=4).sp_degrees == [1, 2, 3, 4]  # default: all
+
+
 def test_crashed_member_leaves_its_group_its_leases_go_back_and_its_replacement_joins():
     ns = serving_pair()
     assert ns.leases_granted("n/gpu0", [("r1", 7), ("r2", 8)], now=2.0) == [DeliverLeases("n/gpu0")]

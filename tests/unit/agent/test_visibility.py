@@ -102,3 +102,13 @@ def test_spawned_workers_each_see_their_own_device(tmp_path, monkeypatch, keys):
         for s in (d.coord, d.workers_sock, d.control):
             s.close(linger=0)
     assert seen == {(0,): "4", (1,): "5", (2,): "6", (3,): "7"}
+
+
+def test_workers_get_nccl_settings_that_never_kill_a_survivor_unless_the_operator_chose_otherwise():
+    from agent.visibility import NCCL_WORKER_ENV, worker_nccl_env
+
+    env = worker_nccl_env({"PATH": "/bin"})
+    assert env == NCCL_WORKER_ENV
+    assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "2"  # CleanUpOnly: abort the communicator, keep the process
+    assert env["TORCH_NCCL_ENABLE_MONITORING"] == "0"
+    assert "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in worker_nccl_env({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"})

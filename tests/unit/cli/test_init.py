@@ -132,7 +132,7 @@ def test_family_tiny_means_the_shapes_task(tmp_path):
 
 
 def test_an_invalid_value_from_a_flag_names_the_flag():
-    res = _init("--family", "sd3", "--sp-degree", "2")  # sp_degree > 1 runs the tiny family only
+    res = _init("--family", "sd3", "--sp-degree", "2")  # SD3 has no context-parallel plan
     assert res.exit_code == 2
     out = " ".join(res.output.split())
     assert "error: --sp-degree: cluster.sp_degree:" in out, res.output

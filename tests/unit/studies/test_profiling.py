@@ -25,8 +25,16 @@ def test_profile_table_roundtrip(tmp_path):
     prompts = ["a photo of a red circle", "a photo of two squares", "a photo of a triangle"]
     n = len(prompts)
     embeds, mask = torch.randn(n, 16, 384), torch.ones(n, 16, dtype=torch.long)
+    from spotlight.rl.sampler import Conditioning
+
     prof = run_profile(
-        cfg, embeds, mask, thresholds=[0.7, 100.0], num_prompts=2, num_seeds=4, progress=lambda s: None, prompts=prompts
+        cfg,
+        Conditioning(embeds, mask),
+        thresholds=[0.7, 100.0],
+        num_prompts=2,
+        num_seeds=4,
+        progress=lambda s: None,
+        prompts=prompts,
     )
     rows = {r["cache_threshold"]: r for r in prof["steps"]}
     assert rows[0.0]["effective_steps"] == cfg.sampler.num_steps and rows[0.0]["accuracy"] == 1.0

@@ -116,7 +116,9 @@ def test_run_stale_ranking_on_two_tiny_versions():
     mask = torch.ones(3, 4, dtype=torch.int64)
     a, b = _two_versions()
     lines: list[str] = []
-    res = run_stale_ranking(cfg, embeds, mask, [a, b], [0, 2], 6, progress=lines.append, versions=[4, 5])
+    from spotlight.rl.sampler import Conditioning
+
+    res = run_stale_ranking(cfg, Conditioning(embeds, mask), [a, b], [0, 2], 6, progress=lines.append, versions=[4, 5])
     assert len(res["pairs"]) == 1
     pair = res["pairs"][0]
     assert (pair["stale_version"], pair["updated_version"]) == (4, 5)

@@ -550,3 +550,66 @@ def test_leader_alone_abandons_its_step_for_a_join_and_the_result_is_unchanged(m
     torch.testing.assert_close(a["window_latents"], b["window_latents"], atol=1e-5, rtol=0)
     torch.testing.assert_close(a["log_probs"], b["log_probs"], atol=1e-4, rtol=1e-6)
     m.leave()
+
+
+def test_a_broken_nccl_group_is_aborted_not_waited_on(monkeypatch):
+    """On a peer's death an NCCL survivor must abort its communicator (``ncclCommAbort``) before
+    anything waits on it: ``destroy_process_group`` on a communicator whose peer died blocks until
+    the timeout and lets the watchdog kill the survivor with its batch. Gloo notices a dead peer by
+    itself and is destroyed as before. (No NCCL here: torch.distributed is stood in for.)"""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    calls, state = [], {"init": True}
+
+    def abort(group=None):
+        calls.append("abort")
+        state["init"] = False  # torch clears its process-group table on an abort of the world
+
+    monkeypatch.setattr(dist, "is_available", lambda: True)
+    monkeypatch.setattr(dist, "is_initialized", lambda: state["init"])
+    monkeypatch.setattr(c10d, "_abort_process_group", abort)
+
+    def destroy(group=None):
+        calls.append("destroy")
+        state["init"] = False
+
+    monkeypatch.setattr(dist, "destroy_process_group", destroy)
+    m = SPGroupMember(ModelConfig(), "w0", torch.device("cpu"))
+    m.backend = "nccl"
+    m.mark_broken()
+    m.leave()
+    assert calls == ["abort"] and not m._broken
+    calls.clear()
+    state["init"] = True
+    m.leave()  # a healthy group (released by its leader) is destroyed normally
+    assert calls == ["destroy"]
+    calls.clear()
+    state["init"] = True
+    m._peer_died(12345)  # the PeerWatch callback aborts at once, from its thread
+    assert calls == ["abort"] and m._broken
+    m.backend, state["init"] = "gloo", True
+    calls.clear()
+    m.leave()
+    assert calls == ["destroy"]
+
+
+@pytest.mark.procs
+def test_peer_watch_reports_a_dead_peer_even_before_its_parent_reaps_it():
+    import subprocess
+    import sys
+    import threading
+
+    from spotlight.workers.sp.group import PeerWatch
+
+    peer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    seen, fired = [], threading.Event()
+    watch = PeerWatch([peer.pid], lambda pid: (seen.append(pid), fired.set()), interval_s=0.02)
+    try:
+        assert not fired.wait(0.2)  # alive: nothing happens
+        peer.kill()  # not reaped yet: a zombie counts as dead
+        assert fired.wait(30), "the watch did not notice the dead peer"
+        assert seen == [peer.pid]
+    finally:
+        watch.stop()
+        peer.wait()
