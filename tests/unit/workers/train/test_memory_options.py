@@ -88,8 +88,10 @@ def test_micro_batches_accumulate_the_one_big_batch_gradient_and_stay_on_policy(
     small = _step(cfg, rollout, ROLLOUT_MBS)  # 6 forwards of one sample per window step
     # one backward per window step of every micro-batch: [3, 4, 5] was cut into three
     assert backwards[0] == 6 * window
-    # the weights only change at the single optimizer step: every sample is on-policy
-    assert small["metrics"]["train/ratio_max_dev"] == 0.0
+    # the weights only change at the single optimizer step: every sample is on-policy, up to the
+    # fp32 rounding of a forward of another batch shape (docs/memory.md: bit-exact on some BLAS
+    # builds, 6e-8 on others)
+    assert small["metrics"]["train/ratio_max_dev"] < 1e-6
     assert small["metrics"]["train/optimizer_steps"] == 1.0
     assert _worst(small["grads"], big["grads"]) < 1e-6
     assert small["metrics"]["train/loss"] == pytest.approx(big["metrics"]["train/loss"], abs=1e-7)
