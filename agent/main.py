@@ -577,6 +577,7 @@ class AgentDaemon:
                     self._spawn(action)
                 case StopWorker(worker_id=wid, commit=commit, reason=reason):
                     self._to_worker(wid, P.Stop(commit=commit, reason=reason))
+                    log.info("worker %s: stop sent (%s; %s)", wid, reason, "commit" if commit else "no commit")
                 case KillWorker(worker_id=wid, reason=reason):
                     proc = self.procs.get(wid)
                     if proc is not None and proc.poll() is None:

@@ -23,9 +23,15 @@ pytestmark = pytest.mark.e2e
 PROMPTS = ["a red apple", "a blue car", "a green bench", "a yellow kite"]
 
 
+def _prompt_file(tmp_path):
+    """The prompts as JSON lines in the toy config's category column (``tag``), so its filter keeps them."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p, "tag": ("single_object", "counting")[i % 2]}) + "\n" for i, p in enumerate(PROMPTS)))
+    return prompts
+
+
 def test_always_failing_rollout_request_stops_the_run_with_one_message(tmp_path):
-    prompts = tmp_path / "prompts.txt"
-    prompts.write_text("\n".join(PROMPTS) + "\n")
+    prompts = _prompt_file(tmp_path)
     cfg = toy_config(
         tmp_path / "config.toml",
         **{
@@ -70,8 +76,7 @@ def test_always_failing_exploration_request_is_dropped_and_the_run_finishes(tmp_
     from spotlight.core.request_scheduler import RequestScheduler
     from spotlight.core.seed_bank import SeedBank
 
-    prompts = tmp_path / "prompts.txt"
-    prompts.write_text("\n".join(PROMPTS) + "\n")
+    prompts = _prompt_file(tmp_path)
     overrides = {
         "data.prompts_path": str(prompts),
         "data.prompts_per_iteration": 4,

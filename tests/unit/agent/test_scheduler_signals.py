@@ -112,7 +112,10 @@ def test_sigterm_is_a_notice_with_the_grace_deadline_and_the_agent_drains_and_ex
         node.wait(lambda: node.run.num_results >= 1, "the worker to serve")
         frozen, _ = node.freeze_mid_denoising(NUM_STEPS - 4)
         sent_unix_s = time.time()
-        node.proc.send_signal(signal.SIGTERM)  # delivered when the agent continues
+        node.proc.send_signal(signal.SIGTERM)  # the agent runs; its workers are frozen
+        # the worker's STOP is queued before it continues (else it may finish this request and
+        # pull another before the STOP reaches it: a race on how fast the tiny model denoises)
+        node.wait(lambda: "stop sent" in node.logs(), "the agent to send its worker STOP")
         thaw(frozen)
         frozen = []
         rc = node.proc.wait(WAIT_S)

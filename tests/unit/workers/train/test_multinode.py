@@ -15,6 +15,7 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
 from spotlight.workers.train.train_worker import FlowGRPOTrainer
+from tests.unit.spawned import exit_together
 from tests.unit.workers.train.test_train_worker import ROLLOUT_MBS, SEEDS, TEXT_DIM, _cfg, _select, make_rollout
 
 pytestmark = [pytest.mark.procs, pytest.mark.filterwarnings("ignore:FSDP2-wrapped module")]
@@ -50,7 +51,7 @@ def _hsdp_rank(rank: int, world: int, store_path: str, out_dir: str, batch: dict
             save_file(resumed, os.path.join(out_dir, "resumed.safetensors"))
             with open(os.path.join(out_dir, "hsdp.json"), "w") as f:
                 json.dump(facts, f)
-        dist.barrier()
+        exit_together()
     finally:
         dist.destroy_process_group()
 
@@ -130,7 +131,7 @@ def _mismatched_rank(rank: int, world: int, store_path: str, out_dir: str) -> No
             said = str(exc)
         with open(os.path.join(out_dir, f"rank{rank}.txt"), "w") as f:
             f.write(said)
-        dist.barrier()
+        exit_together()
     finally:
         dist.destroy_process_group()
 

@@ -24,6 +24,7 @@ from spotlight.models.families import get_family
 from spotlight.models.families.qwen_image import make_random_checkpoint
 from spotlight.rl.sampler import Conditioning, Sampler
 from spotlight.workers.train.train_worker import FlowGRPOTrainer
+from tests.unit.spawned import exit_together
 
 pytestmark = [pytest.mark.procs, pytest.mark.filterwarnings("ignore:FSDP2-wrapped module")]
 
@@ -122,7 +123,7 @@ def _two_ranks(rank: int, world: int, store: str, out_dir: str, ckpt: str, batch
             save_file(v0, os.path.join(out_dir, "lora_v0.safetensors"))
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
             json.dump(report, f)
-        dist.barrier()
+        exit_together()
     finally:
         dist.destroy_process_group()
 

@@ -20,6 +20,7 @@ from spotlight.store.checkpoint import (
     train_versions,
 )
 from spotlight.workers.train.train_worker import FlowGRPOTrainer
+from tests.unit.spawned import exit_together
 from tests.unit.workers.train.test_train_worker import ROLLOUT_MBS, TEXT_DIM, _select, make_rollout
 
 pytestmark = pytest.mark.filterwarnings("ignore:FSDP2-wrapped module")
@@ -224,10 +225,7 @@ def _two_rank(rank: int, world: int, store_path: str, out_dir: str, batch: dict)
             result[name] = {"loaded_diff": loaded_diff, "diff": diff, "steps": steps, "files": sorted(os.listdir(ckpt))}
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
             json.dump(result, f)
-        # Both ranks leave together: a rank tearing gloo down while its peer is still
-        # in a collective or writing aborts the process ("terminate called without an
-        # active exception"), seen as a flaky SIGABRT in CI.
-        dist.barrier()
+        exit_together()
     finally:
         dist.destroy_process_group()
 

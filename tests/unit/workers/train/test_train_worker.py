@@ -23,6 +23,7 @@ from spotlight.config import SpotlightConfig, TrainConfig
 from spotlight.models.dit import build_transformer, make_velocity_fn, token_shape
 from spotlight.rl.sampler import Conditioning, Sampler
 from spotlight.workers.train.train_worker import FlowGRPOTrainer
+from tests.unit.spawned import exit_together
 
 # diffusers returns a tuple view; FSDP2's warning about in-place ops on it is noise here.
 pytestmark = pytest.mark.filterwarnings("ignore:FSDP2-wrapped module")
@@ -154,10 +155,7 @@ def _two_rank_worker(rank: int, world: int, store_path: str, out_dir: str, batch
                     json.dump(metrics, f)
             else:
                 assert sd == {}
-        # Both ranks leave together: a rank tearing gloo down while its peer is still
-        # in a collective or writing aborts the process ("terminate called without an
-        # active exception"), seen as a flaky SIGABRT in CI.
-        dist.barrier()
+        exit_together()
     finally:
         dist.destroy_process_group()
 
@@ -364,10 +362,7 @@ def _two_rank_lora_worker(rank: int, world: int, store_path: str, out_dir: str, 
             save_file(sd, os.path.join(out_dir, "lora2.safetensors"))
         else:
             assert sd == {}
-        # Both ranks leave together: a rank tearing gloo down while its peer is still
-        # in a collective or writing aborts the process ("terminate called without an
-        # active exception"), seen as a flaky SIGABRT in CI.
-        dist.barrier()
+        exit_together()
     finally:
         dist.destroy_process_group()
 
