@@ -33,10 +33,8 @@ REFUSED = {
     ("sd3", "cached_num_steps"): "explore.num_steps",
     **{(f, "sp_degree"): "cluster.sp_degree" for f in FAMILIES if f != "tiny"},
     **{(f, "reserved_sp_degree"): "cluster.reserved_sp_degree" for f in FAMILIES if f != "tiny"},
-    ("tiny", "negative_prompt"): "model.negative_prompt",
     ("flux", "negative_prompt"): "model.negative_prompt",
     **{(f, "negative_prompt_without_cfg"): "model.negative_prompt" for f in FAMILIES},
-    ("tiny", "guidance_scale"): "model.guidance_scale",
 }
 
 

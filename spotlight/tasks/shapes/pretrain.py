@@ -64,6 +64,9 @@ ARCH = dict(
 )
 """The base model's diffusers config (2.5 M parameters, 8×8 = 64 image tokens of 4×4 pixels)."""
 MAX_TEXT_TOKENS = 16
+NULL_PROMPT = ""
+"""The caption that replaces a dropped one (``--caption-dropout``): the unconditional branch of
+classifier-free guidance, and the tiny family's negative prompt."""
 
 
 def pack(images_bchw_uint8: np.ndarray) -> torch.Tensor:
@@ -98,6 +101,7 @@ def train(args) -> pathlib.Path:
     train_specs, _ = world.prompt_split()
     by_tag = {t: [i for i, s in enumerate(train_specs) if s.tag == t] for t in world.TASKS}
     embeds, mask = encode_prompts([s.prompt for s in train_specs], MAX_TEXT_TOKENS)
+    null_embeds, null_mask = encode_prompts([NULL_PROMPT], MAX_TEXT_TOKENS)
     model = build_model(args.seed).train()
     if args.init_from:  # a second stage: continue from a shipped/EMA checkpoint with a fresh optimizer
         from diffusers import QwenImageTransformer2DModel
@@ -126,10 +130,15 @@ def train(args) -> pathlib.Path:
         sigma = torch.sigmoid(torch.randn(args.batch_size, generator=gen))
         s = sigma.view(-1, 1, 1)
         xt = (1.0 - s) * x0 + s * noise
+        e, m = embeds[idx], mask[idx]
+        if args.caption_dropout > 0:
+            drop = torch.rand(args.batch_size, generator=gen) < args.caption_dropout
+            e = torch.where(drop.view(-1, 1, 1), null_embeds, e)
+            m = torch.where(drop.view(-1, 1), null_mask, m)
         pred = model(
             hidden_states=xt,
-            encoder_hidden_states=embeds[idx],
-            encoder_hidden_states_mask=mask[idx],
+            encoder_hidden_states=e,
+            encoder_hidden_states_mask=m,
             timestep=sigma,
             img_shapes=[(1, side, side)] * args.batch_size,
             return_dict=False,
@@ -405,6 +414,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--seed", type=int, default=0, help="seed of the data stream, noise and initial weights (default: %(default)s)"
+    )
+    ap.add_argument(
+        "--caption-dropout",
+        type=float,
+        default=0.0,
+        help="fraction of samples trained on the empty caption (classifier-free guidance; default: %(default)s)",
     )
     ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default: %(default)s)")
     ap.add_argument("--save-every", type=int, default=400, help="checkpoint every N steps (default: %(default)s)")
