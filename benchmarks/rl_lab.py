@@ -45,8 +45,15 @@ def run_one(name: str, overrides: dict, lab: dict, seed: int, out: pathlib.Path,
         threads=int(lab.get("threads", 1)),
     )
     res = run_lab(cfg, settings, progress=lambda s: print(f"[{name} s{seed}] {s}", flush=True))
-    doc = {"name": name, "seed": seed, "overrides": ov, "lab": lab, "rows": res.rows, "evals": res.evals,
-           "seconds": res.seconds}
+    doc = {
+        "name": name,
+        "seed": seed,
+        "overrides": ov,
+        "lab": lab,
+        "rows": res.rows,
+        "evals": res.evals,
+        "seconds": res.seconds,
+    }
     out.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=1))
     return doc
@@ -56,7 +63,10 @@ def summarise(docs: list[dict]) -> str:
     by = {}
     for d in docs:
         by.setdefault(d["name"], []).append(d)
-    lines = ["| setting | runs | base strict | Δ strict | Δ partial | final speckle | min/run |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| setting | runs | base strict | Δ strict | Δ partial | final speckle | min/run |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name, ds in by.items():
         ds_ = [d for d in ds if d["evals"]]
         if not ds_:
@@ -95,8 +105,13 @@ def main() -> int:
     for item in args.set:
         key, _, val = item.partition("=")
         base_ov[key] = parse_value(val)
-    lab = {"config": args.config, "explore": args.explore, "eval_every": args.eval_every,
-           "eval_seeds": args.eval_seeds, "threads": args.threads}
+    lab = {
+        "config": args.config,
+        "explore": args.explore,
+        "eval_every": args.eval_every,
+        "eval_seeds": args.eval_seeds,
+        "threads": args.threads,
+    }
     settings = {args.name: {}}
     if args.sweep:
         settings = tomllib.loads(pathlib.Path(args.sweep).read_text())["setting"]

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import random
 import time
 from typing import Callable
 
@@ -116,7 +115,8 @@ class _Rollouts:
             windows.append(torch.stack(state.window_latents, dim=1))
             log_probs.append(torch.stack(state.log_probs, dim=1))
         img = torch.cat(images).numpy()
-        rewards = self.reward(img, [self.prompts[prompt_index]] * len(seeds), [self.metadata[prompt_index]] * len(seeds))
+        n = len(seeds)
+        rewards = self.reward(img, [self.prompts[prompt_index]] * n, [self.metadata[prompt_index]] * n)
         return {
             "images": img,
             "window_latents": torch.cat(windows),
@@ -149,11 +149,12 @@ def run_lab(
         ``update/rel_change``, ``image/*``, ``time/*``) and evaluations (``iteration`` = the
         number of updates before it, ``strict``, ``partial``, ``per_task``).
     """
+    from spotlight.coordinator.coordinator import build_core
     from spotlight.core.collapse_guard import image_stats
+    from spotlight.core.request_scheduler import RequestKind, RequestScheduler
     from spotlight.core.seed_bank import SeedBank, candidate_seeds
     from spotlight.models.families import get_family
     from spotlight.rl.batch import Sample, build_training_batches
-    from spotlight.core.request_scheduler import RequestKind
     from spotlight.tasks.prompts import load_prompt_set
     from spotlight.workers.train.train_worker import FlowGRPOTrainer
 
@@ -171,16 +172,12 @@ def run_lab(
     cond_all = cond_unique.index([row_of[p] for p in prompts])
     trainer = FlowGRPOTrainer(cfg, rank=0, world_size=1, device=torch.device("cpu"))
     rollouts = _Rollouts(cfg, family, trainer.model, cond_all, prompts, metadata)
-    order = list(range(len(prompts)))
-    random.Random(cfg.data.shuffle_seed).shuffle(order)
-    n_prompts = cfg.data.prompts_per_iteration
-    n_control = cfg.data.num_control_prompts
     k = cfg.data.group_size
-
-    def batch_prompts(n: int) -> list[int]:
-        return [order[(n * n_prompts + i) % len(order)] for i in range(n_prompts)]
-
     bank = SeedBank(cfg.run.seed, k)
+    # the coordinator's own iteration core: its prompt order, control slots and SDE windows
+    core = build_core(cfg, RequestScheduler(), bank, None, num_prompts=len(prompts))
+    batch_prompts, is_control = core.batch_prompts, core.settings.is_control
+    n_control = cfg.data.num_control_prompts
     d = settings.explore_candidates
     population: dict[int, list[float]] = {}
 
@@ -188,7 +185,7 @@ def run_lab(
         if d <= 0:
             return
         for slot, pidx in enumerate(batch_prompts(n_next)):
-            if slot >= n_prompts - n_control:
+            if is_control(slot):
                 continue
             seeds = candidate_seeds(cfg.run.seed, n_next, slot, d)
             res = rollouts.run(pidx, seeds)
@@ -221,16 +218,12 @@ def run_lab(
 
     if specs is not None:
         evaluate(0)
-    explore(0)
-    rows = []
+    rows = []  # batch 0 is never explored (there is no v_{-1} training window to hide it in)
     for n in range(cfg.run.iterations):
         t0 = time.monotonic()
         samples: list[Sample] = []
         images, rewards = [], []
-        win_start = cfg.sampler.window_start_for(cfg.run.seed, n) if hasattr(cfg.sampler, "window_start_for") else None
-        lo, hi = cfg.sampler.sde_window_range
-        if not hi > lo:
-            win_start = None
+        win_start = core.sampler_params(n).get("sde_window_start")
         for slot, pidx in enumerate(batch_prompts(n)):
             seeds, _ = bank.seeds_for(n, slot)
             res = rollouts.run(pidx, seeds, win_start)
@@ -278,7 +271,7 @@ def run_lab(
             "iteration": n,
             "reward/mean": float(np.mean(rewards)),
             "reward/std": float(np.std(rewards)),
-            "reward/control_mean": float(np.mean(rewards[(n_prompts - n_control) * k :])) if n_control else math.nan,
+            "reward/control_mean": float(np.mean(rewards[-n_control * k :])) if n_control else math.nan,
             "reward/population_mean": float(np.mean(pop)) if pop else math.nan,
             "update/rel_change": rel,
             **{key: float(v) for key, v in metrics.items()},

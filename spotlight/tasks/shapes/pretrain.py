@@ -77,11 +77,11 @@ def pack(images_bchw_uint8: np.ndarray) -> torch.Tensor:
     return _pack(x, PATCH_SIZE)
 
 
-def build_model(seed: int):
+def build_model(seed: int, num_layers: int | None = None):
     from diffusers import QwenImageTransformer2DModel
 
     torch.manual_seed(seed)
-    return QwenImageTransformer2DModel(**ARCH)
+    return QwenImageTransformer2DModel(**{**ARCH, **({"num_layers": num_layers} if num_layers else {})})
 
 
 def lr_at(args, step: int) -> float:
@@ -102,7 +102,7 @@ def train(args) -> pathlib.Path:
     by_tag = {t: [i for i, s in enumerate(train_specs) if s.tag == t] for t in world.TASKS}
     embeds, mask = encode_prompts([s.prompt for s in train_specs], MAX_TEXT_TOKENS)
     null_embeds, null_mask = encode_prompts([NULL_PROMPT], MAX_TEXT_TOKENS)
-    model = build_model(args.seed).train()
+    model = build_model(args.seed, args.num_layers).train()
     if args.init_from:  # a second stage: continue from a shipped/EMA checkpoint with a fresh optimizer
         from diffusers import QwenImageTransformer2DModel
 
@@ -421,6 +421,7 @@ def main(argv: list[str] | None = None) -> int:
         default=0.0,
         help="fraction of samples trained on the empty caption (classifier-free guidance; default: %(default)s)",
     )
+    ap.add_argument("--num-layers", type=int, default=0, help="transformer blocks (default: 0 = the base model's ARCH)")
     ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default: %(default)s)")
     ap.add_argument("--save-every", type=int, default=400, help="checkpoint every N steps (default: %(default)s)")
     ap.add_argument(
