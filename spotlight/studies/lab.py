@@ -135,6 +135,33 @@ def _param_vector(model) -> torch.Tensor:
     return torch.cat(parts) if parts else torch.zeros(0)
 
 
+@torch.no_grad()
+def _policy_shift(trainer, rb, max_micro_batches: int = 2) -> dict[str, float]:
+    """How far one update moved the policy on its own samples: the window log-probs of the first
+    ``max_micro_batches`` rollout batches recomputed with the new weights against those stored at
+    rollout (``update/kl`` = 0.5·mean Δlogp², ``update/ratio_spread`` = std of the ratio, in
+    element-mean log-prob units as the loss uses them). The first minibatch's ratio before the
+    step is exactly 1 (``train/ratio_max_dev``); this is the ratio the *next* step would see."""
+    from spotlight.rl.sampler import Conditioning
+
+    deltas = []
+    for mb in rb.micro_batches[:max_micro_batches]:
+        idx = torch.as_tensor(mb)
+        t = {key: v[idx] for key, v in rb.tensors.items() if not key.startswith("pad.")}
+        cond = Conditioning.from_tensors(t)
+        sampler = trainer.sampler.with_window(int(t["window_start"][0]) if "window_start" in t else None)
+        new, _ = sampler.window_log_probs(trainer.velocity_fn, t["window_latents"].float(), cond)
+        deltas.append((new - t["log_probs"].float()).reshape(-1))
+    if not deltas:
+        return {}
+    dl = torch.cat(deltas).double()
+    return {
+        "update/kl": float(0.5 * (dl**2).mean()),
+        "update/ratio_spread": float(torch.exp(dl).std()),
+        "update/max_ratio_dev": float((torch.exp(dl) - 1).abs().max()),
+    }
+
+
 def run_lab(
     cfg: SpotlightConfig,
     settings: LabSettings,
@@ -180,6 +207,7 @@ def run_lab(
     n_control = cfg.data.num_control_prompts
     d = settings.explore_candidates
     population: dict[int, list[float]] = {}
+    explore_groups: dict[int, list[tuple[float, float]]] = {}  # batch -> (candidates' std, selected std)
 
     def explore(n_next: int) -> None:
         if d <= 0:
@@ -190,7 +218,9 @@ def run_lab(
             seeds = candidate_seeds(cfg.run.seed, n_next, slot, d)
             res = rollouts.run(pidx, seeds)
             population.setdefault(n_next, []).extend(res["rewards"])
-            bank.record_exploration(n_next, slot, seeds, res["rewards"], required=d)
+            picked = set(bank.record_exploration(n_next, slot, seeds, res["rewards"], required=d))
+            chosen = [r for s_, r in zip(seeds, res["rewards"]) if s_ in picked]
+            explore_groups.setdefault(n_next, []).append((float(np.std(res["rewards"])), float(np.std(chosen))))
 
     evals: list[dict] = []
     specs = None
@@ -222,13 +252,14 @@ def run_lab(
     for n in range(cfg.run.iterations):
         t0 = time.monotonic()
         samples: list[Sample] = []
-        images, rewards = [], []
+        images, rewards, group_stds = [], [], []
         win_start = core.sampler_params(n).get("sde_window_start")
         for slot, pidx in enumerate(batch_prompts(n)):
             seeds, _ = bank.seeds_for(n, slot)
             res = rollouts.run(pidx, seeds, win_start)
             images.extend(res["images"])
             rewards.extend(res["rewards"])
+            group_stds.append(float(np.std(res["rewards"])))
             for b, rows_b in enumerate(res["batches"]):
                 for i in rows_b:
                     samples.append(
@@ -264,9 +295,10 @@ def run_lab(
         rb = batches.ranks[0]
         metrics = trainer.train_step(rb.tensors, rb.micro_batches, iteration=n)
         t_train = time.monotonic() - t2
+        moved = _policy_shift(trainer, rb)
         after = _param_vector(trainer.model)
         rel = float((after - before).norm() / max(float(before.norm()), 1e-12)) if before.numel() else 0.0
-        pop = population.get(n, [])
+        pop, ex = population.get(n, []), explore_groups.get(n, [])
         row = {
             "iteration": n,
             "reward/mean": float(np.mean(rewards)),
@@ -274,6 +306,11 @@ def run_lab(
             "reward/control_mean": float(np.mean(rewards[-n_control * k :])) if n_control else math.nan,
             "reward/population_mean": float(np.mean(pop)) if pop else math.nan,
             "update/rel_change": rel,
+            **moved,
+            "groups/rollout_std": float(np.mean(group_stds)),
+            "groups/rollout_zero_std": float(np.mean([g == 0.0 for g in group_stds])),
+            "groups/candidates_std": float(np.mean([a for a, _ in ex])) if ex else math.nan,
+            "groups/selected_std": float(np.mean([b for _, b in ex])) if ex else math.nan,
             **{key: float(v) for key, v in metrics.items()},
             **batches.metrics(),
             **image_stats(images),
