@@ -65,7 +65,7 @@ STEP_CACHE_FAMILIES = frozenset({"tiny", "qwen-image", "flux"})
 """Families whose transformer runs diffusers' First Block Cache (a ``CacheMixin`` whose blocks
 the hook handles): sd3's ``SD3Transformer2DModel`` is no ``CacheMixin`` and its last block is
 ``context_pre_only``, so sd3 explores at full fidelity (tests check this against diffusers)."""
-TRUE_CFG_FAMILIES = frozenset({"qwen-image", "sd3"})
+TRUE_CFG_FAMILIES = frozenset({"qwen-image", "sd3", "tiny"})
 """Families with true classifier-free guidance, the only ones a negative prompt means anything to."""
 
 
@@ -902,11 +902,6 @@ class SpotlightConfig(_Section):
                 "model.negative_prompt",
                 "guidance_scale = 1 turns classifier-free guidance off, so the negative prompt would not be used",
             )
-        _check(
-            fam != "tiny" or m.guidance_scale in (0, 1),
-            "model.guidance_scale",
-            "the tiny family has no classifier-free guidance; use 0 or 1",
-        )
 
     @property
     def planner_min_sequences(self) -> int:

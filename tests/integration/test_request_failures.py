@@ -26,7 +26,11 @@ PROMPTS = ["a red apple", "a blue car", "a green bench", "a yellow kite"]
 def _prompt_file(tmp_path):
     """The prompts as JSON lines in the toy config's category column (``tag``), so its filter keeps them."""
     prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": p, "tag": ("single_object", "counting")[i % 2]}) + "\n" for i, p in enumerate(PROMPTS)))
+    prompts.write_text(
+        "".join(
+            json.dumps({"prompt": p, "tag": ("single_object", "counting")[i % 2]}) + "\n" for i, p in enumerate(PROMPTS)
+        )
+    )
     return prompts
 
 

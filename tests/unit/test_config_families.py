@@ -33,10 +33,8 @@ REFUSED = {
     ("sd3", "cached_num_steps"): "explore.num_steps",
     ("sd3", "sp_degree"): "cluster.sp_degree",  # no _cp_plan (spotlight/workers/sp/degrees.py)
     ("sd3", "reserved_sp_degree"): "cluster.reserved_sp_degree",
-    ("tiny", "negative_prompt"): "model.negative_prompt",
     ("flux", "negative_prompt"): "model.negative_prompt",
     **{(f, "negative_prompt_without_cfg"): "model.negative_prompt" for f in FAMILIES},
-    ("tiny", "guidance_scale"): "model.guidance_scale",
 }
 
 

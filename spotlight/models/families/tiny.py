@@ -1,8 +1,11 @@
 """The embedded tiny family: a pixel-space ``QwenImageTransformer2DModel`` conditioned on
 MiniLM-L6 token embeddings (``spotlight/models/dit.py``, ``text_encoder.py``).
 
-No VAE: packed latents are 2×2 (``patch_size``) pixel patches in [-1, 1], decoded by
-unpacking. No CFG (guidance scale 1).
+No VAE: packed latents are ``patch_size`` × ``patch_size`` pixel patches in [-1, 1], decoded by
+unpacking. Classifier-free guidance is true CFG, ``neg + w·(pos − neg)``, with the empty caption
+as the negative prompt: the shapes base model is pretrained with caption dropout to the empty
+caption (``spotlight/tasks/shapes/pretrain.py``), so ``model.guidance_scale > 1`` is meaningful
+for it; a transformer built from config (random weights) has no such training.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ class TinyFamily(ModelFamily):
         "txt_mlp.net.2",
     )
     default_guidance_scale = 1.0
+    default_negative_prompt = ""
+    """The empty caption: what caption dropout trained the base model's unconditional branch on."""
     activation_checkpointing = False  # a few MB of activations: recomputing them only costs time
 
     def __init__(self, cfg, text_dim: int = TEXT_DIM):
@@ -91,7 +96,8 @@ class TinyFamily(ModelFamily):
                 )
 
     def identity(self) -> str:
-        return f"minilm|{self.cfg.max_text_tokens}"
+        neg = f"|neg={self.negative_prompt!r}" if self.guidance_scale > 1 else ""
+        return f"minilm|{self.cfg.max_text_tokens}{neg}"
 
     def build_transformer(self, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
         model = dit.build_transformer(self.cfg, self.text_dim)
@@ -122,22 +128,40 @@ class TinyFamily(ModelFamily):
     def encode_prompts(self, prompts: list[str], device="cpu", progress=None) -> Conditioning:
         """MiniLM sentence-transformer token embeddings (bidirectional: per ``max_text_tokens``), on the CPU."""
         embeds, mask = encode_prompts(prompts, self.cfg.max_text_tokens)
+        cond = Conditioning(embeds, mask)
+        if self.guidance_scale > 1:  # the negative prompt (default: the empty caption), one shared row
+            ne, nm = encode_prompts([self.negative_prompt], self.cfg.max_text_tokens)
+            cond.extra["neg.embeds"], cond.extra["neg.mask"] = ne, nm
         if progress is not None:
             progress(len(prompts))
-        return Conditioning(embeds, mask)
+        return cond
 
     def velocity(self, transformer, latents, sigma, cond: Conditioning) -> torch.Tensor:
+        """Velocity of the packed pixel latents; with ``guidance_scale = w > 1`` and the negative
+        prompt's ``neg.*`` tensors, true CFG ``neg + w·(pos − neg)`` from one ``[2B]`` forward
+        (float32 combination)."""
         dtype = next(transformer.parameters()).dtype
         side = self.cfg.image_size // self.cfg.patch_size
+        batch = latents.shape[0]
+        scale = self.guidance_scale
+        use_cfg = scale > 1 and "neg.embeds" in cond.extra
+        x, t, embeds, mask = latents.to(dtype), sigma.to(dtype), cond.embeds, cond.mask
+        if use_cfg:
+            x, t = torch.cat([x, x]), torch.cat([t, t])
+            embeds = torch.cat([embeds, cond.rows("neg.embeds", batch).to(embeds.device)])
+            mask = torch.cat([mask, cond.rows("neg.mask", batch).to(mask.device)])
         out = transformer(
-            hidden_states=latents.to(dtype),
-            encoder_hidden_states=cond.embeds.to(dtype),
-            encoder_hidden_states_mask=cond.mask,
-            timestep=sigma.to(dtype),
-            img_shapes=[(1, side, side)] * latents.shape[0],
+            hidden_states=x,
+            encoder_hidden_states=embeds.to(dtype),
+            encoder_hidden_states_mask=mask,
+            timestep=t,
+            img_shapes=[(1, side, side)] * x.shape[0],
             return_dict=False,
-        )[0]
-        return out.float()
+        )[0].float()
+        if not use_cfg:
+            return out
+        pos, neg = out[:batch], out[batch:]
+        return neg + scale * (pos - neg)
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         return dit.decode_images(latents.float().cpu(), self.cfg)

@@ -1,0 +1,131 @@
+"""RL lab runs on the shapes task (spotlight/studies/lab.py): one setting, or a sweep of settings
+with several run seeds each, with held-out strict and partial scores.
+
+    python benchmarks/rl_lab.py --iterations 20 --set train.learning_rate=3e-4 --seeds 0,1,2
+    python benchmarks/rl_lab.py --sweep benchmarks/lab_sweeps/recipe.toml --out runs/lab
+
+Each run writes ``OUT/<name>-s<seed>.json`` (rows and evaluations); the sweep ends with a table
+(mean ± standard error over run seeds of the held-out gain over the base model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+import tomllib
+
+import numpy as np
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def parse_value(text: str):
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def run_one(name: str, overrides: dict, lab: dict, seed: int, out: pathlib.Path, reuse: bool) -> dict:
+    from spotlight.config import load_config
+    from spotlight.studies.lab import LabSettings, run_lab
+
+    path = out / f"{name}-s{seed}.json"
+    if reuse and path.is_file():
+        return json.loads(path.read_text())
+    ov = {"run.seed": seed, "data.shuffle_seed": seed, **overrides}
+    cfg = load_config(lab.get("config"), overrides=ov)
+    settings = LabSettings(
+        explore_candidates=int(lab.get("explore", 0)),
+        eval_every=int(lab.get("eval_every", 5)),
+        eval_seeds=int(lab.get("eval_seeds", 16)),
+        threads=int(lab.get("threads", 1)),
+    )
+    res = run_lab(cfg, settings, progress=lambda s: print(f"[{name} s{seed}] {s}", flush=True))
+    doc = {
+        "name": name,
+        "seed": seed,
+        "overrides": ov,
+        "lab": lab,
+        "rows": res.rows,
+        "evals": res.evals,
+        "seconds": res.seconds,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1))
+    return doc
+
+
+def summarise(docs: list[dict]) -> str:
+    by = {}
+    for d in docs:
+        by.setdefault(d["name"], []).append(d)
+    lines = [
+        "| setting | runs | base strict | Δ strict | Δ partial | final speckle | min/run |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, ds in by.items():
+        ds_ = [d for d in ds if d["evals"]]
+        if not ds_:
+            continue
+        base = np.array([d["evals"][0]["strict"] for d in ds_])
+        ds_strict = np.array([d["evals"][-1]["strict"] - d["evals"][0]["strict"] for d in ds_])
+        ds_partial = np.array([d["evals"][-1]["partial"] - d["evals"][0]["partial"] for d in ds_])
+        speck = np.array([d["evals"][-1].get("image/speckle", np.nan) for d in ds_])
+        mins = np.mean([d["seconds"] for d in ds_]) / 60
+        se = lambda a: a.std(ddof=1) / np.sqrt(len(a)) if len(a) > 1 else float("nan")  # noqa: E731
+        lines.append(
+            f"| {name} | {len(ds_)} | {base.mean():.3f} | {ds_strict.mean():+.3f} ± {se(ds_strict):.3f} | "
+            f"{ds_partial.mean():+.3f} ± {se(ds_partial):.3f} | {speck.mean():.3f} | {mins:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", default=None)
+    ap.add_argument("--iterations", type=int, default=20)
+    ap.add_argument("--set", action="append", default=[], help="dotted config override KEY=VALUE (TOML value)")
+    ap.add_argument("--explore", type=int, default=0, help="candidates per explored prompt (0: none)")
+    ap.add_argument("--eval-every", type=int, default=5)
+    ap.add_argument("--eval-seeds", type=int, default=16)
+    ap.add_argument("--seeds", default="0")
+    ap.add_argument("--name", default="run")
+    ap.add_argument("--sweep", default="", help="TOML: [setting.NAME] tables of dotted overrides (+ lab keys)")
+    ap.add_argument("--out", default="runs/lab")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--reuse", action="store_true")
+    args = ap.parse_args()
+    out = pathlib.Path(args.out)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    base_ov = {"run.iterations": args.iterations}
+    for item in args.set:
+        key, _, val = item.partition("=")
+        base_ov[key] = parse_value(val)
+    lab = {
+        "config": args.config,
+        "explore": args.explore,
+        "eval_every": args.eval_every,
+        "eval_seeds": args.eval_seeds,
+        "threads": args.threads,
+    }
+    settings = {args.name: {}}
+    if args.sweep:
+        settings = tomllib.loads(pathlib.Path(args.sweep).read_text())["setting"]
+    docs = []
+    for name, ov in settings.items():
+        ov = dict(ov)
+        lab_ov = {k: ov.pop(k) for k in list(ov) if k in ("explore", "eval_every", "eval_seeds", "config")}
+        for seed in seeds:
+            docs.append(run_one(name, {**base_ov, **ov}, {**lab, **lab_ov}, seed, out, args.reuse))
+    table = summarise(docs)
+    print(table)
+    (out / "summary.md").write_text(table + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

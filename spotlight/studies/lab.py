@@ -1,0 +1,330 @@
+"""The RL lab: Spotlight's Flow-GRPO iteration in one process, for tuning a recipe in minutes.
+
+``spotlight up --local`` runs an iteration across a coordinator, agents, Rollout Workers and
+Train Workers that talk over ZeroMQ; that is what a deployment needs and what a recipe sweep
+does not. The lab runs the same pieces in one process, one after another:
+
+1. **Rollout** of batch ``n`` on weights ``v_n``: the batch's prompts (the coordinator's seeded
+   epoch order, ``data.shuffle_seed``), the seed bank's seeds for each prompt group (selected
+   ones where batch ``n`` was explored, default seeds otherwise), the project's
+   :class:`~spotlight.rl.sampler.Sampler` (SDE window, per-step log-probs) with the family's
+   velocity, one micro-batch per prompt group, then the run's reward
+   (:class:`~spotlight.rewards.reward_fn.RewardFn`).
+2. **Stale exploration** of batch ``n + 1`` on ``v_n`` (Spotlight, paper §4.2): ``d`` candidate
+   seeds per explored prompt (every slot but the ``data.num_control_prompts`` control slots),
+   scored, and the seed bank's top-k / bottom-k selection
+   (:meth:`~spotlight.core.seed_bank.SeedBank.record_exploration`). In a real run this
+   overlaps training on the spot GPUs; here it runs before the update, on the same weights.
+3. **Update** ``v_n → v_{n+1}``: :func:`~spotlight.rl.batch.build_training_batches` (group
+   advantages, filters) and :meth:`FlowGRPOTrainer.train_step
+   <spotlight.workers.train.train_worker.FlowGRPOTrainer.train_step>` on a one-rank process
+   group (gloo, in this process).
+4. **Held-out evaluation** every ``eval_every`` iterations: ODE samples of the shapes task's
+   test prompts with fixed seeds, strict and partial GenEval-style scores
+   (:mod:`spotlight.tasks.shapes.evaluate`).
+
+Beside the run's own metrics it logs what a recipe search needs: the reward of every scored
+candidate (the population) next to the selected groups' reward, the update's size (relative
+parameter change, approximate KL, clip fraction, gradient norm) and the images' statistics
+(:func:`~spotlight.core.collapse_guard.image_stats`).
+
+Not modelled: the Planner (the lab explores a fixed ``d``, or none), streamed extra
+candidates, timing, preemption. With exploration off, its rollouts are those of
+``spotlight up --local`` on the same config (same prompts, seeds and weights), which
+``benchmarks/rl_lab.py --check-against-up`` verifies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Callable
+
+import numpy as np
+import torch
+
+from spotlight.config import SpotlightConfig
+
+
+@dataclasses.dataclass
+class LabSettings:
+    """What the lab adds to a run config.
+
+    Attributes:
+        explore_candidates: ``d`` candidate seeds per explored prompt (0: no exploration).
+        eval_every: held-out evaluation after every N iterations (and of the base model); 0 = none.
+        eval_seeds: seeds per test prompt.
+        eval_prompts_path: the held-out prompts (default: the shapes task's test set).
+        threads: torch intra-op threads.
+    """
+
+    explore_candidates: int = 0
+    eval_every: int = 5
+    eval_seeds: int = 16
+    eval_prompts_path: str = ""
+    threads: int = 1
+
+
+@dataclasses.dataclass
+class LabResult:
+    """One lab run: a metrics row per iteration and the held-out evaluations."""
+
+    rows: list[dict]
+    evals: list[dict]
+    seconds: float
+
+
+def _init_single_process_group() -> None:
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+
+
+class _Rollouts:
+    """Sampling and scoring of prompt groups with the current weights."""
+
+    def __init__(self, cfg: SpotlightConfig, family, model, cond_all, prompts, metadata):
+        from spotlight.rewards.reward_fn import RewardFn
+        from spotlight.rl.sampler import Sampler
+
+        self.cfg = cfg
+        self.family = family
+        self.model = model
+        self.cond_all = cond_all
+        self.prompts = prompts
+        self.metadata = metadata
+        self.sampler = Sampler(
+            cfg.sampler, family.latent_shape, family.sigmas(cfg.sampler.num_steps, cfg.sampler.shift)
+        )
+        self.velocity_fn = family.make_velocity_fn(model)
+        self.reward = RewardFn(cfg.reward)
+
+    @torch.no_grad()
+    def run(self, prompt_index: int, seeds: list[int], window_start: int | None = None) -> dict:
+        """Denoise ``seeds`` for one prompt in batches of ``cluster.worker_batch_size`` rows."""
+        sampler = self.sampler.with_window(window_start)
+        size = self.cfg.cluster.worker_batch_size
+        images, windows, log_probs = [], [], []
+        for start in range(0, len(seeds), size):
+            part = seeds[start : start + size]
+            cond = self.cond_all.index([prompt_index] * len(part))
+            state = sampler.run(sampler.initial_state(part), self.velocity_fn, cond)
+            images.append(self.family.decode(state.latents))
+            windows.append(torch.stack(state.window_latents, dim=1))
+            log_probs.append(torch.stack(state.log_probs, dim=1))
+        img = torch.cat(images).numpy()
+        n = len(seeds)
+        rewards = self.reward(img, [self.prompts[prompt_index]] * n, [self.metadata[prompt_index]] * n)
+        return {
+            "images": img,
+            "window_latents": torch.cat(windows),
+            "log_probs": torch.cat(log_probs),
+            "rewards": [float(r) for r in rewards],
+            "batches": [list(range(s, min(s + size, len(seeds)))) for s in range(0, len(seeds), size)],
+        }
+
+
+def _param_vector(model) -> torch.Tensor:
+    parts = []
+    for p in model.parameters():
+        if p.requires_grad:
+            t = p.full_tensor() if hasattr(p, "full_tensor") else p
+            parts.append(t.detach().float().reshape(-1).cpu())
+    return torch.cat(parts) if parts else torch.zeros(0)
+
+
+@torch.no_grad()
+def _policy_shift(trainer, rb, max_micro_batches: int = 2) -> dict[str, float]:
+    """How far one update moved the policy on its own samples: the window log-probs of the first
+    ``max_micro_batches`` rollout batches recomputed with the new weights against those stored at
+    rollout (``update/kl`` = 0.5·mean Δlogp², ``update/ratio_spread`` = std of the ratio, in
+    element-mean log-prob units as the loss uses them). The first minibatch's ratio before the
+    step is exactly 1 (``train/ratio_max_dev``); this is the ratio the *next* step would see."""
+    from spotlight.rl.sampler import Conditioning
+
+    deltas = []
+    for mb in rb.micro_batches[:max_micro_batches]:
+        idx = torch.as_tensor(mb)
+        t = {key: v[idx] for key, v in rb.tensors.items() if not key.startswith("pad.")}
+        cond = Conditioning.from_tensors(t)
+        sampler = trainer.sampler.with_window(int(t["window_start"][0]) if "window_start" in t else None)
+        new, _ = sampler.window_log_probs(trainer.velocity_fn, t["window_latents"].float(), cond)
+        deltas.append((new - t["log_probs"].float()).reshape(-1))
+    if not deltas:
+        return {}
+    dl = torch.cat(deltas).double()
+    return {
+        "update/kl": float(0.5 * (dl**2).mean()),
+        "update/ratio_spread": float(torch.exp(dl).std()),
+        "update/max_ratio_dev": float((torch.exp(dl) - 1).abs().max()),
+    }
+
+
+def run_lab(
+    cfg: SpotlightConfig,
+    settings: LabSettings,
+    *,
+    progress: Callable[[str], None] | None = None,
+) -> LabResult:
+    """Run ``cfg.run.iterations`` lab iterations (see the module docstring).
+
+    Returns:
+        Per-iteration rows (``iteration`` 0-based, ``reward/mean`` of the trained rollout,
+        ``reward/population_mean`` over every candidate scored for the batch, ``train/*``,
+        ``update/rel_change``, ``image/*``, ``time/*``) and evaluations (``iteration`` = the
+        number of updates before it, ``strict``, ``partial``, ``per_task``).
+    """
+    from spotlight.coordinator.coordinator import build_core
+    from spotlight.core.collapse_guard import image_stats
+    from spotlight.core.request_scheduler import RequestKind, RequestScheduler
+    from spotlight.core.seed_bank import SeedBank, candidate_seeds
+    from spotlight.models.families import get_family
+    from spotlight.rl.batch import Sample, build_training_batches
+    from spotlight.tasks.prompts import load_prompt_set
+    from spotlight.workers.train.train_worker import FlowGRPOTrainer
+
+    say = progress or (lambda s: None)
+    torch.set_num_threads(settings.threads)
+    t_start = time.monotonic()
+    _init_single_process_group()
+    family = get_family(cfg.model)
+    pset = load_prompt_set(cfg.data.prompts_path)
+    prompts = list(pset.prompts)
+    metadata = list(pset.metadata) if getattr(pset, "metadata", None) else [{} for _ in prompts]
+    unique = sorted(set(prompts))
+    row_of = {p: i for i, p in enumerate(unique)}
+    cond_unique = family.encode_prompts(unique)
+    cond_all = cond_unique.index([row_of[p] for p in prompts])
+    trainer = FlowGRPOTrainer(cfg, rank=0, world_size=1, device=torch.device("cpu"))
+    rollouts = _Rollouts(cfg, family, trainer.model, cond_all, prompts, metadata)
+    k = cfg.data.group_size
+    bank = SeedBank(cfg.run.seed, k)
+    # the coordinator's own iteration core: its prompt order, control slots and SDE windows
+    core = build_core(cfg, RequestScheduler(), bank, None, num_prompts=len(prompts))
+    batch_prompts, is_control = core.batch_prompts, core.settings.is_control
+    n_control = cfg.data.num_control_prompts
+    d = settings.explore_candidates
+    population: dict[int, list[float]] = {}
+    explore_groups: dict[int, list[tuple[float, float]]] = {}  # batch -> (candidates' std, selected std)
+
+    def explore(n_next: int) -> None:
+        if d <= 0:
+            return
+        for slot, pidx in enumerate(batch_prompts(n_next)):
+            if is_control(slot):
+                continue
+            seeds = candidate_seeds(cfg.run.seed, n_next, slot, d)
+            res = rollouts.run(pidx, seeds)
+            population.setdefault(n_next, []).extend(res["rewards"])
+            picked = set(bank.record_exploration(n_next, slot, seeds, res["rewards"], required=d))
+            chosen = [r for s_, r in zip(seeds, res["rewards"]) if s_ in picked]
+            explore_groups.setdefault(n_next, []).append((float(np.std(res["rewards"])), float(np.std(chosen))))
+
+    evals: list[dict] = []
+    specs = None
+    if settings.eval_every > 0:
+        from spotlight.tasks.shapes import evaluate as ev
+
+        specs = ev.read_prompts(settings.eval_prompts_path) if settings.eval_prompts_path else ev.read_prompts()
+
+    def evaluate(after: int) -> None:
+        from spotlight.tasks.shapes import evaluate as ev
+
+        t0 = time.monotonic()
+        res = ev.evaluate(trainer.model, cfg.model, cfg.sampler, specs, num_seeds=settings.eval_seeds)
+        evals.append(
+            {
+                "iteration": after,
+                "strict": res.overall,
+                "partial": res.partial,
+                "per_task": res.per_task,
+                **{k2: v for k2, v in image_stats(list(res.images)).items()},
+                "time_s": round(time.monotonic() - t0, 2),
+            }
+        )
+        say(f"eval after {after} iterations: strict {res.overall:.3f} partial {res.partial:.3f}")
+
+    if specs is not None:
+        evaluate(0)
+    rows = []  # batch 0 is never explored (there is no v_{-1} training window to hide it in)
+    for n in range(cfg.run.iterations):
+        t0 = time.monotonic()
+        samples: list[Sample] = []
+        images, rewards, group_stds = [], [], []
+        win_start = core.sampler_params(n).get("sde_window_start")
+        for slot, pidx in enumerate(batch_prompts(n)):
+            seeds, _ = bank.seeds_for(n, slot)
+            res = rollouts.run(pidx, seeds, win_start)
+            images.extend(res["images"])
+            rewards.extend(res["rewards"])
+            group_stds.append(float(np.std(res["rewards"])))
+            for b, rows_b in enumerate(res["batches"]):
+                for i in rows_b:
+                    samples.append(
+                        Sample(
+                            request_id=f"{n}-{slot}-{i}",
+                            kind=RequestKind.ROLLOUT,
+                            iteration=n,
+                            slot=slot,
+                            prompt_index=pidx,
+                            seed=seeds[i],
+                            batch_id=f"{slot}-{b}",
+                            image=torch.from_numpy(res["images"][i]),
+                            window_latents=res["window_latents"][i],
+                            log_probs=res["log_probs"][i],
+                            reward=res["rewards"][i],
+                            window_start=win_start if win_start is not None else cfg.sampler.sde_window_start,
+                        )
+                    )
+        t_roll = time.monotonic() - t0
+        t1 = time.monotonic()
+        if n + 1 < cfg.run.iterations:
+            explore(n + 1)
+        t_explore = time.monotonic() - t1
+        before = _param_vector(trainer.model)
+        t2 = time.monotonic()
+        batches = build_training_batches(
+            samples,
+            cond_all,
+            world_size=1,
+            advantage_std=cfg.train.advantage_std,
+            filter_zero_std_groups=cfg.train.filter_zero_std_groups,
+        )
+        rb = batches.ranks[0]
+        metrics = trainer.train_step(rb.tensors, rb.micro_batches, iteration=n)
+        t_train = time.monotonic() - t2
+        moved = _policy_shift(trainer, rb)
+        after = _param_vector(trainer.model)
+        rel = float((after - before).norm() / max(float(before.norm()), 1e-12)) if before.numel() else 0.0
+        pop, ex = population.get(n, []), explore_groups.get(n, [])
+        row = {
+            "iteration": n,
+            "reward/mean": float(np.mean(rewards)),
+            "reward/std": float(np.std(rewards)),
+            "reward/control_mean": float(np.mean(rewards[-n_control * k :])) if n_control else math.nan,
+            "reward/population_mean": float(np.mean(pop)) if pop else math.nan,
+            "update/rel_change": rel,
+            **moved,
+            "groups/rollout_std": float(np.mean(group_stds)),
+            "groups/rollout_zero_std": float(np.mean([g == 0.0 for g in group_stds])),
+            "groups/candidates_std": float(np.mean([a for a, _ in ex])) if ex else math.nan,
+            "groups/selected_std": float(np.mean([b for _, b in ex])) if ex else math.nan,
+            **{key: float(v) for key, v in metrics.items()},
+            **batches.metrics(),
+            **image_stats(images),
+            "time/rollout_s": round(t_roll, 2),
+            "time/explore_s": round(t_explore, 2),
+            "time/train_s": round(t_train, 2),
+        }
+        rows.append(row)
+        say(
+            f"iter {n + 1}/{cfg.run.iterations} reward {row['reward/mean']:+.3f} "
+            f"(population {row['reward/population_mean']:+.3f}) grad {row.get('train/grad_norm', math.nan):.3g} "
+            f"Δθ {rel:.2e} speckle {row['image/speckle']:.3f}  "
+            f"rollout {t_roll:.0f}s explore {t_explore:.0f}s train {t_train:.0f}s"
+        )
+        if specs is not None and ((n + 1) % settings.eval_every == 0 or n + 1 == cfg.run.iterations):
+            evaluate(n + 1)
+    return LabResult(rows=rows, evals=evals, seconds=time.monotonic() - t_start)
