@@ -29,7 +29,8 @@ def test_default_config_loads():
     # its relative paths resolve against the repository root from any working directory
     assert (cfg.model.pretrained_dir / "config.json").is_file()
     assert cfg.model.axes_dims_rope == (8, 12, 12)
-    assert cfg.sampler.num_steps == 10 and cfg.sampler.sde_window_size == 8
+    assert cfg.sampler.num_steps == 10 and cfg.sampler.sde_window_size == 4
+    assert cfg.model.guidance_scale == 5.0 and cfg.train.lora_rank == 32
     assert cfg.data.group_size == 8 and cfg.explore.num_candidates == 24
     assert cfg.num_explored_prompts == cfg.data.prompts_per_iteration - cfg.data.num_control_prompts
 

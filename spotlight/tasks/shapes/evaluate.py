@@ -161,10 +161,8 @@ def load_transformer(model_cfg: ModelConfig, weights_dir: str | pathlib.Path | N
         return model.eval()
     d = pathlib.Path(weights_dir)
     if (d / "pytorch_lora_weights.safetensors").is_file():
-        from diffusers import QwenImagePipeline
-
-        state, alphas = QwenImagePipeline.lora_state_dict(str(d), return_alphas=True)
-        model.load_lora_adapter(state, network_alphas=alphas, adapter_name="default", prefix="transformer")
+        # rank and alpha come from the file's peft metadata (``lora_adapter_metadata``)
+        model.load_lora_adapter(str(d), prefix="transformer", weight_name="pytorch_lora_weights.safetensors")
         return model.eval()
     if (d / "config.json").is_file():
         from diffusers import QwenImageTransformer2DModel

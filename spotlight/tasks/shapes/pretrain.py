@@ -9,7 +9,7 @@ optimizer and the learning rate decaying linearly from 3e-4 to 0 (seed 1), which
 the shapes; stage 3, 1 500 steps more the same way (seed 2) with 10 % of the captions
 replaced by the empty caption (``--caption-dropout 0.1``), which teaches the model the
 unconditional velocity that classifier-free guidance needs (``model.guidance_scale`` of
-the embedded default). About 55 minutes on 2 CPU cores.
+the embedded default). About 65 minutes on 2 CPU cores.
 
 Data: every step draws ``batch_size`` captions from the *train* prompts of
 :func:`spotlight.tasks.shapes.world.prompt_split` (task kind uniform, then prompt uniform) and

@@ -44,8 +44,7 @@ def _cfg(family: str, lora: bool, root: pathlib.Path):
         "reward.kind": "jpeg_incompressibility",
         "eval.every": 0,
     }
-    if lora:
-        overrides["train.lora_rank"] = 2
+    overrides["train.lora_rank"] = 2 if lora else 0
     return load_config(overrides=overrides)
 
 

@@ -31,7 +31,9 @@ def test_cfg_velocity_is_neg_plus_scale_times_the_difference():
     neg_cond = type(cond)(cond.rows("neg.embeds", 2), cond.rows("neg.mask", 2))
     neg = plain.velocity(model, x, sigma, neg_cond)
     got = fam.velocity(model, x, sigma, cond)
-    torch.testing.assert_close(got, neg + 3.0 * (pos - neg), rtol=1e-4, atol=1e-5)
+    # one [2B] forward against two [B] forwards: fp32 rounding differs by ~1e-6 per branch, and the
+    # combination scales it by up to 2w - 1 = 5
+    torch.testing.assert_close(got, neg + 3.0 * (pos - neg), rtol=1e-4, atol=1e-4)
 
 
 def test_the_negative_prompt_and_scale_are_part_of_the_prompt_cache_key():

@@ -17,7 +17,9 @@ from spotlight.workers.eval import eval_worker as ew
 
 
 def _run_dir(tmp_path, **overrides):
-    cfg = load_config(overrides={"eval.every": 1, "eval.num_prompts": 6, "eval.num_seeds": 2} | overrides)
+    # full fine-tuning: v0 below is the whole transformer (a LoRA run's versions are adapters)
+    base = {"eval.every": 1, "eval.num_prompts": 6, "eval.num_seeds": 2, "train.lora_rank": 0}
+    cfg = load_config(overrides=base | overrides)
     rd = tmp_path / "run"
     (rd / "tensor_store" / "weights").mkdir(parents=True)
     dump_config(cfg, rd / "config.toml")
