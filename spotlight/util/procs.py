@@ -56,10 +56,33 @@ def _ignoring_sigint(preexec_fn=None):
     return run
 
 
+PARENT_PID_ENV = "SPOTLIGHT_PARENT_PID"
+"""Set by :func:`spawn_logged` to the spawning process's pid (see :func:`spawned_by`)."""
+
+
+def spawned_by() -> int:
+    """The pid of the process that started this one: ``$SPOTLIGHT_PARENT_PID`` when
+    :func:`spawn_logged` started it (removed from the environment, so this process's own
+    children do not inherit it), else ``os.getppid()``.
+
+    A child that watches for its parent's death (``os.getppid() != spawned_by()``) must not take
+    ``os.getppid()`` at an arbitrary moment: a parent killed while the child was still importing
+    torch leaves it re-parented already, and it would then wait for a dead parent forever."""
+    global _spawned_by
+    if _spawned_by is None:
+        value = os.environ.pop(PARENT_PID_ENV, "")
+        _spawned_by = int(value) if value.isdigit() else os.getppid()
+    return _spawned_by
+
+
+_spawned_by: int | None = None
+
+
 def spawn_logged(cmd: list[str], name: str, *, env: dict[str, str], preexec_fn=None, **popen_kwargs):
-    """``subprocess.Popen(cmd, env=env, **popen_kwargs)`` whose output goes to its log file,
-    started with SIGINT ignored: a Ctrl-C in the terminal reaches the whole process group, but
-    only the parent acts on it (it stops its children in order, without their tracebacks).
+    """``subprocess.Popen(cmd, env=env, **popen_kwargs)`` whose output goes to its log file, told
+    this process's pid (:func:`spawned_by`), started with SIGINT ignored: a Ctrl-C in the
+    terminal reaches the whole process group, but only the parent acts on it (it stops its
+    children in order, without their tracebacks).
 
     With ``$SPOTLIGHT_LOG_DIR`` set in ``env`` and no echo (``$SPOTLIGHT_LOG_ECHO`` != ``1``),
     the child's stdout and stderr (log records, and tracebacks a crash prints) are appended to
@@ -71,6 +94,7 @@ def spawn_logged(cmd: list[str], name: str, *, env: dict[str, str], preexec_fn=N
     """
     import subprocess
 
+    env = {**env, PARENT_PID_ENV: str(os.getpid())}
     path = log_path(name, env)
     if path is None or env.get(LOG_ECHO_ENV) == "1":
         return subprocess.Popen(cmd, env=env, preexec_fn=_ignoring_sigint(preexec_fn), **popen_kwargs)

@@ -49,7 +49,7 @@ from spotlight.models.families import get_family, torch_dtype
 from spotlight.models.lora import add_lora, load_version
 from spotlight.rl.sampler import Conditioning, DenoiseState, Sampler
 from spotlight.store.tensor_wire import bytes_to_state_dict, mmap_state_dict, pack_tensors, unpack_tensors
-from spotlight.util.procs import configure_logging
+from spotlight.util.procs import configure_logging, spawned_by
 from spotlight.workers.rollout.offload import ModelOffloader, MoveStats
 
 EVENTS_ENV = "SPOTLIGHT_WORKER_EVENTS"
@@ -511,7 +511,7 @@ class WorkerProcess:
         self.sock.connect(agent_endpoint)
         self.stop_requested: P.Stop | None = None
         self._backlog: list[tuple[P.MsgType, object, list]] = []
-        self._parent = os.getppid()
+        self._parent = spawned_by()  # the agent, even if it died while we started
         self.streak = FailureStreak()
 
     @property

@@ -63,6 +63,7 @@ from spotlight.models.families import get_family, torch_dtype
 from spotlight.models.lora import adapter_metadata, add_lora, lora_spec
 from spotlight.rl.grpo import clipped_policy_loss, kl_to_reference
 from spotlight.rl.sampler import Conditioning, Sampler
+from spotlight.util.procs import spawned_by
 
 log = logging.getLogger("spotlight.train")
 
@@ -1050,7 +1051,7 @@ class _TrainerProcess:
         self.trainer = trainer
         self.sock = sock
         self.spool = pathlib.Path(args.spool_dir) if args.spool_dir else pathlib.Path(tempfile.gettempdir())
-        self.parent = os.getppid()
+        self.parent = spawned_by()  # the coordinator, even if it died while we started
         self.alive = alive if alive is not None else self._parent_alive
         self.watch = watch
         self.keep_versions: set[int] = set()

@@ -130,12 +130,112 @@ def test_config_fields_are_the_core_settings():
 
 # measured: `python benchmarks/collapse_guard.py --iterations 12 --eval-every 2` (benchmarks/RESULTS.md)
 SPECKLE_LR3E4_NO_KL = [0.016, 0.358, 0.623, 0.73, 0.787, 0.83, 0.854, 0.87, 0.88, 0.89, 0.894, 0.901]
-SPECKLE_DEFAULT = [0.016, 0.032, 0.094, 0.177, 0.238, 0.279, 0.305, 0.319, 0.341, 0.34, 0.357, 0.365]
+SPECKLE_FULL_FT = [0.016, 0.032, 0.094, 0.177, 0.238, 0.279, 0.305, 0.319, 0.341, 0.34, 0.357, 0.365]
 
 
 def test_the_measured_collapse_fires_by_iteration_3_with_the_base_model_as_baseline():
     got = _run(_rows(image__speckle=SPECKLE_LR3E4_NO_KL), GuardSettings())
     assert [(a.kind, a.iteration + 1) for a in got] == [("image_drift", 3)]
-    # the default recipe's images degrade too, more slowly: the guard says so two iterations later
-    got = _run(_rows(image__speckle=SPECKLE_DEFAULT), GuardSettings())
+    # the previous default (full fine-tuning, lr 1e-4, KL 0.04, window 0-7) degraded too, more
+    # slowly: the guard says so two iterations later
+    got = _run(_rows(image__speckle=SPECKLE_FULL_FT), GuardSettings())
     assert [(a.kind, a.iteration + 1) for a in got] == [("image_drift", 5)]
+
+
+# measured: `./scripts/run-local` on the embedded default (LoRA r32, CFG 5, window 0-3), 2026-12-05
+DEFAULT_RUN = dict(
+    image__speckle=[
+        0.021,
+        0.018,
+        0.019,
+        0.016,
+        0.032,
+        0.026,
+        0.019,
+        0.023,
+        0.025,
+        0.029,
+        0.03,
+        0.038,
+        0.023,
+        0.025,
+        0.031,
+        0.032,
+        0.031,
+        0.05,
+        0.03,
+        0.045,
+    ],
+    image__hf_energy=[
+        0.0166,
+        0.0153,
+        0.014,
+        0.0135,
+        0.0187,
+        0.02,
+        0.0151,
+        0.0158,
+        0.0195,
+        0.0174,
+        0.0218,
+        0.0225,
+        0.0175,
+        0.0177,
+        0.021,
+        0.0164,
+        0.0196,
+        0.0227,
+        0.017,
+        0.0229,
+    ],
+    image__saturation=[
+        0.112,
+        0.126,
+        0.113,
+        0.126,
+        0.172,
+        0.162,
+        0.134,
+        0.129,
+        0.157,
+        0.152,
+        0.18,
+        0.18,
+        0.141,
+        0.165,
+        0.177,
+        0.156,
+        0.178,
+        0.185,
+        0.153,
+        0.194,
+    ],
+    image__color_entropy=[
+        0.8,
+        0.81,
+        0.78,
+        0.84,
+        1.06,
+        1.05,
+        0.93,
+        0.88,
+        1.0,
+        0.89,
+        1.15,
+        1.12,
+        0.9,
+        1.05,
+        1.12,
+        0.93,
+        1.06,
+        1.13,
+        0.96,
+        1.22,
+    ],
+    train__approx_kl=[0.0] * 20,
+    train__clipfrac=[0.0] * 20,
+)
+
+
+def test_the_default_recipe_s_measured_run_raises_nothing():
+    assert _run(_rows(**DEFAULT_RUN), GuardSettings()) == []
