@@ -9,7 +9,7 @@ behind, each holding its model, after an agent was SIGKILLed). The agent's pid c
 
 from __future__ import annotations
 
-import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -35,8 +35,15 @@ os._exit(0)  # the agent dies at once, long before the worker has imported torch
 
 def test_a_worker_whose_agent_died_during_its_start_exits(tmp_path):
     endpoint = f"ipc://{tmp_path / 'agent.sock'}"  # nobody listens: the agent is gone
+    env = dict(os.environ, SPOTLIGHT_LOG_DIR=str(tmp_path / "logs"))  # the worker's output goes to a file
     out = subprocess.run(
-        [sys.executable, "-c", AGENT, endpoint], cwd=REPO, capture_output=True, text=True, timeout=120, check=True
+        [sys.executable, "-c", AGENT, endpoint],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
     )
     worker = psutil.Process(int(out.stdout.split()[0]))
     try:
