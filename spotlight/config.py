@@ -1055,7 +1055,7 @@ def load_config(path: str | pathlib.Path | None = None, overrides: dict[str, Any
         _check_own_value(p, data, key)
     if p.resolve() != DEFAULT_CONFIG_PATH.resolve():
         # a config file only needs the keys it changes: the rest is the embedded default's
-        data = _merged(tomllib.loads(DEFAULT_CONFIG_PATH.read_text()), data)
+        data = _merged(_inherited_defaults(data), data)
     for key, value in (overrides or {}).items():
         node = data
         *parents, leaf = key.split(".")
@@ -1104,6 +1104,18 @@ def _check_own_value(p: pathlib.Path, data: dict[str, Any], field: str) -> None:
         msg = str(exc)
         msg = msg.replace(" - at `$", f" - at `$.{field}", 1) if " - at `$" in msg else f"{msg} - at `$.{field}`"
         raise ConfigError(f"{p}: {_validation_error(msg)}", field) from None
+
+
+def _inherited_defaults(data: dict[str, Any]) -> dict[str, Any]:
+    """The embedded default's keys a config file inherits. Its ``model.guidance_scale`` belongs
+    to its model (the shapes base model, trained for classifier-free guidance): a file for
+    another family that does not set the scale gets that family's own default (0)."""
+    base = tomllib.loads(DEFAULT_CONFIG_PATH.read_text())
+    model = data.get("model") if isinstance(data.get("model"), dict) else {}
+    family = model.get("family", base["model"].get("family"))
+    if family != base["model"].get("family") and "guidance_scale" not in model:
+        base["model"].pop("guidance_scale", None)
+    return base
 
 
 def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

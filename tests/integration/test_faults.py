@@ -210,6 +210,7 @@ def test_resumed_rollouts_are_bit_identical(notice_run):
     from spotlight import protocol as P
     from spotlight.cli.up import _cache_dir, load_prompts
     from spotlight.config import load_config
+    from spotlight.models.lora import lora_spec
     from spotlight.models.text_encoder import cached_prompt_embeddings
     from spotlight.store.tensor_wire import unpack_tensors
     from spotlight.workers.rollout.worker import RolloutExecutor
@@ -223,7 +224,7 @@ def test_resumed_rollouts_are_bit_identical(notice_run):
     torch.set_num_threads(max(1, c.cluster.torch_threads))
     embeds, mask = cached_prompt_embeddings(load_prompts(c.data), _cache_dir(), c.model.max_text_tokens)
     embeds = embeds.float()
-    ex = RolloutExecutor(c.model, c.sampler)
+    ex = RolloutExecutor(c.model, c.sampler, lora=lora_spec(c.train))  # as the run's workers
     saved: dict[int, dict] = {}
     for r in rollouts:
         n = r["iteration"]

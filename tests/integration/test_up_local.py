@@ -153,29 +153,45 @@ def test_tensorboard_events_and_log_files(run_dir):
     assert any(n.startswith("worker-spot-0-gpu0") for n in logs), logs
 
 
-def test_training_changed_the_weights(run_dir):
-    from diffusers import QwenImageTransformer2DModel
+def _final_adapter(run_dir: pathlib.Path, folder: str = "final") -> dict[str, torch.Tensor]:
+    """The LoRA adapter a run saved (the default trains one), in v0's key names."""
     from safetensors.torch import load_file
 
-    final = QwenImageTransformer2DModel.from_pretrained(run_dir / "final")
+    saved = load_file(run_dir / folder / "pytorch_lora_weights.safetensors")  # diffusers' naming
+    return {
+        k.removeprefix("transformer.")
+        .replace(".lora_A.", ".lora_A.default.")
+        .replace(".lora_B.", ".lora_B.default."): v
+        for k, v in saved.items()
+    }
+
+
+def test_training_changed_the_weights(run_dir):
+    """The default trains a LoRA adapter: final/ holds it (diffusers format) and most of its
+    lora_B matrices, zero in v0, have moved."""
+    from safetensors.torch import load_file
+
     v0 = load_file(run_dir / "tensor_store" / "weights" / "v0.safetensors")
-    final_sd = final.state_dict()
-    assert set(final_sd) == set(v0)
-    changed = sum(not torch.equal(final_sd[k], v0[k]) for k in v0)
-    assert changed > len(v0) // 2
+    final = _final_adapter(run_dir)
+    assert set(final) == set(v0) and all("lora_" in k for k in v0)
+    lora_b = [k for k in v0 if "lora_B" in k]
+    assert all(not v0[k].any() for k in lora_b)
+    assert sum(bool(final[k].any()) for k in lora_b) > len(lora_b) // 2
 
 
 def test_default_is_the_shapes_task_from_the_shipped_base_model(run_dir):
-    """The embedded default starts from the shipped pretrained checkpoint (v0 = its weights),
-    scores with the GenEval-style reward, and draws grids with the prompt above each row."""
-    from diffusers import QwenImageTransformer2DModel
+    """The embedded default starts from the shipped pretrained checkpoint (the base under the
+    adapter; v0 = a fresh adapter, so the v0 policy is the base model), scores with the
+    GenEval-style reward, and draws grids with the prompt above each row."""
     from safetensors.torch import load_file
 
+    from spotlight.config import load_config
     from spotlight.tasks.shapes.pretrain import SHIP_DIR
 
-    base = QwenImageTransformer2DModel.from_pretrained(SHIP_DIR).state_dict()
+    cfg = load_config(run_dir / "config.toml")
+    assert cfg.model.pretrained_dir.resolve() == SHIP_DIR.resolve() and cfg.train.lora_rank > 0
     v0 = load_file(run_dir / "tensor_store" / "weights" / "v0.safetensors")
-    assert all(torch.equal(base[k], v0[k]) for k in v0)
+    assert all(not v.any() for k, v in v0.items() if "lora_B" in k)  # the adapter adds nothing yet
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     # partial-credit GenEval reward: a fraction of clauses per image
     assert all(0.0 <= r["reward/mean"] <= 1.0 for r in rows)
@@ -222,7 +238,7 @@ def test_held_out_evaluation_during_training(run_dir):
     assert last_row["eval/iteration"] == 2 and last_row["eval/score"] == final["eval/score"]
     best = json.loads((run_dir / "best" / "best.json").read_text())
     assert best["eval/score"] == max(e["eval/score"] for e in evals)
-    assert (run_dir / "best" / "config.json").is_file()  # final/'s layout: a diffusers transformer folder
+    assert set(_final_adapter(run_dir, "best")) == set(_final_adapter(run_dir))  # final/'s layout (an adapter)
 
 
 def test_status_shows_the_finished_run(run_dir):

@@ -377,3 +377,18 @@ def test_unset_fields_round_trip_through_toml(tmp_path):
         cfg = SpotlightConfig(train=train)
         dump_config(cfg, tmp_path / "c.toml")
         assert load_config(tmp_path / "c.toml").train == train
+
+
+def test_the_default_s_guidance_scale_is_inherited_only_by_its_own_family(tmp_path):
+    """A file is merged on the embedded default, but the default's guidance scale (its shapes
+    model was trained for CFG) is not another family's: a qwen-image file without the key gets
+    the family default (0); a tiny file inherits it; an explicit value always wins."""
+    other = tmp_path / "qwen.toml"
+    other.write_text('[model]\nfamily = "qwen-image"\n')
+    assert load_config(other).model.guidance_scale == 0.0
+    same = tmp_path / "tiny.toml"
+    same.write_text("[run]\niterations = 3\n")
+    assert load_config(same).model.guidance_scale == load_config().model.guidance_scale == 5.0
+    explicit = tmp_path / "explicit.toml"
+    explicit.write_text('[model]\nfamily = "qwen-image"\nguidance_scale = 2.5\n')
+    assert load_config(explicit).model.guidance_scale == 2.5
