@@ -4,6 +4,7 @@ kind, or for any family and task the run's reward on its held-out panel (docs/ev
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 from typing import Optional
 
@@ -56,8 +57,9 @@ def register(app: typer.Typer) -> None:
         from spotlight.tasks.shapes import evaluate as ev
 
         out_dir = out or run_dir or pathlib.Path("runs/eval")
-        if out_dir.exists() and not out_dir.is_dir():  # found before minutes of sampling, not after
-            console.print(f"[red]error:[/red] --out {escape(str(out_dir))}: not a directory")
+        problem = _unwritable(out_dir)  # found before minutes of sampling, not after
+        if problem:
+            console.print(f"[red]error:[/red] --out {escape(str(out_dir))}: {escape(problem)}")
             raise typer.Exit(2)
         if specs is None:  # another task than the shapes world: the run's held-out panel, any family
             _eval_panel(console, cfg, weights, prompts, num_seeds, out_dir)
@@ -65,7 +67,7 @@ def register(app: typer.Typer) -> None:
         loaded = _load_models(console, cfg, weights)
         results = {}
         for name, model in loaded.items():
-            with console.status(f"sampling {len(specs)} test prompts × {num_seeds} seeds with the {name} model…"):
+            with console.status(f"sampling {len(specs)} test prompts × {_seeds(num_seeds)} with the {name} model…"):
                 results[name] = ev.evaluate(model, cfg.model, cfg.sampler, specs, num_seeds=num_seeds)
         console.print(score_table(results, num_prompts=len(specs), num_seeds=num_seeds))
         _write_report(results, out_dir, num_prompts=len(specs), num_seeds=num_seeds, weights=weights)
@@ -77,6 +79,35 @@ def register(app: typer.Typer) -> None:
             f"{len(per_kind)} task kinds, some with few prompts; more seeds narrow it)"
         )
         console.print(f"wrote {out_dir / 'eval.json'} and {out_dir / 'eval_grid.png'}")
+
+
+def _unwritable(out_dir: pathlib.Path) -> str:
+    """Why the report could not be written to ``out_dir`` ("" if it could), without creating
+    anything: it is a directory we may write to, or its nearest existing parent is."""
+    if out_dir.exists():
+        if not out_dir.is_dir():
+            return "not a directory"
+        return "" if os.access(out_dir, os.W_OK | os.X_OK) else "not writable"
+    parent = out_dir.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"cannot be created ({parent} is not a directory)"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"cannot be created ({parent} is not writable)"
+    try:  # what permissions do not tell (root, read-only or virtual file systems): try, then undo
+        os.makedirs(out_dir)
+    except OSError as exc:
+        return f"cannot be created ({exc.strerror or exc})"
+    made = out_dir.absolute()
+    while made != parent:
+        made.rmdir()
+        made = made.parent
+    return ""
+
+
+def _seeds(n: int) -> str:
+    return f"{n} seed" if n == 1 else f"{n} seeds"
 
 
 def overall_standard_error(prompts_per_kind: dict[str, int], num_seeds: int) -> float:
@@ -169,7 +200,7 @@ def score_table(results: dict, *, num_prompts: int, num_seeds: int) -> Table:
     """The score per task kind of each model in ``results`` (name → evaluation result), its
     overall mean of kinds and its partial credit (pure)."""
     table = Table(
-        title=f"GenEval-style score on {num_prompts} test prompts × {num_seeds} seeds (strict verdict, ODE sampling)"
+        title=f"GenEval-style score on {num_prompts} test prompts × {_seeds(num_seeds)} (strict verdict, ODE sampling)"
     )
     table.add_column("task kind")
     table.add_column("prompts", justify="right")
@@ -268,7 +299,7 @@ def _eval_panel(console: Console, cfg, weights, prompts, num_seeds: int, out_dir
         out_dir.mkdir(parents=True, exist_ok=True)
         ew.write_grid(out_dir / f"eval_{name}.png", images, panel, rewards, title=f"{name}: {scores['eval/score']:.3f}")
     table = Table(
-        title=f"held-out score ({cfg.reward.kind}) on {len(panel.unique_prompts)} prompts × {num_seeds} seeds, ODE"
+        title=f"held-out score ({cfg.reward.kind}) on {len(panel.unique_prompts)} prompts × {_seeds(num_seeds)}, ODE"
     )
     table.add_column("model")
     table.add_column("score", justify="right")

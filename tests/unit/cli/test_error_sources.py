@@ -51,3 +51,26 @@ def test_simulate_trace_errors_name_the_flag_as_up_does(tmp_path):
         assert res.exit_code == 2, res.output
         assert " ".join(res.output.split()) == f"error: --trace {path}: {why}", res.output
         assert not (tmp_path / "sim").exists()
+
+
+def test_eval_out_that_cannot_be_created_fails_before_any_sampling(tmp_path, monkeypatch):
+    """Was: minutes of sampling, then a traceback ending in FileNotFoundError."""
+    import os
+
+    import pytest
+
+    from spotlight.tasks.shapes import evaluate as ev
+
+    monkeypatch.setattr(ev, "evaluate", lambda *a, **k: pytest.fail("sampled before --out was checked"))
+    (tmp_path / "f").write_text("")
+    res = runner.invoke(app, ["eval", "--num-seeds", "1", "--out", str(tmp_path / "f" / "sub")])
+    assert res.exit_code == 2, res.output
+    assert " ".join(res.output.split()).startswith(f"error: --out {tmp_path / 'f' / 'sub'}: cannot be created")
+    if os.geteuid() != 0:  # root may write anywhere
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        res = runner.invoke(app, ["eval", "--num-seeds", "1", "--out", str(locked / "sub")])
+        assert res.exit_code == 2 and "is not writable" in res.output, res.output
+    if os.path.isdir("/proc/self"):  # writable by permissions (root), yet nothing can be made there
+        res = runner.invoke(app, ["eval", "--num-seeds", "1", "--out", "/proc/spotlight-eval-out"])
+        assert res.exit_code == 2 and "cannot be created" in res.output, res.output
