@@ -346,6 +346,7 @@ def _model_card(
 
     n_params, res, res_train, rows = shipped.n_params, shipped.res, shipped.res_train, history.rows
     table = "\n".join(f"| {t} | {res.per_task[t]:.3f} | {res_train.per_task[t]:.3f} |" for t in res.per_task)
+    loss_label = "The two stages'" if history.stage1 else "The shipped stage's"
     return f"""# Shapes-world base model (Spotlight's embedded default)
 
 A pixel-space diffusers `QwenImageTransformer2DModel` ({n_params / 1e6:.2f} M parameters: 4 blocks,
@@ -377,6 +378,8 @@ often, which leaves Flow-GRPO room: it is the starting point of the embedded def
 - Machine: {platform.machine()} CPU, {args.threads} threads, torch {torch.__version__}.
   Deterministic on a given machine and thread count.
 - Final loss (mean of the last 100 steps): {np.mean([r["loss"] for r in rows[-100:]]):.4f}.
+
+{loss_label} training loss (earlier stages: their own logs):
 
 ![loss curve](loss_curve.png)
 
