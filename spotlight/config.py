@@ -825,6 +825,14 @@ class SpotlightConfig(_Section):
                 "candidates are all kept by the top-K/2 + bottom-K/2 selection (spot time for no selection)",
             )
         _check(
+            not self.explore.enabled
+            or self.explore.mode == "off"
+            or self.data.num_control_prompts < self.data.prompts_per_iteration,
+            "data.num_control_prompts",
+            f"must be < data.prompts_per_iteration={self.data.prompts_per_iteration} with exploration on "
+            "(control prompts are never explored: none would be left to explore); or set explore.enabled = false",
+        )
+        _check(
             not self.explore.reuse_as_rollout or self.data.num_control_prompts == 0,
             "explore.reuse_as_rollout",
             "needs data.num_control_prompts = 0 (an unexplored prompt would get no rollout)",

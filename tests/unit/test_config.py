@@ -392,3 +392,13 @@ def test_the_default_s_guidance_scale_is_inherited_only_by_its_own_family(tmp_pa
     explicit = tmp_path / "explicit.toml"
     explicit.write_text('[model]\nfamily = "qwen-image"\nguidance_scale = 2.5\n')
     assert load_config(explicit).model.guidance_scale == 2.5
+
+
+def test_every_prompt_a_control_prompt_with_exploration_on_is_refused():
+    """Was accepted: exploration then had nothing to explore (spot GPUs idle all run)."""
+    with pytest.raises(ConfigError, match="data.num_control_prompts"):
+        load_config(overrides={"data.num_control_prompts": 12, "data.prompts_per_iteration": 12})
+    cfg = load_config(
+        overrides={"data.num_control_prompts": 12, "data.prompts_per_iteration": 12, "explore.enabled": False}
+    )
+    assert cfg.num_explored_prompts == 0
