@@ -166,7 +166,7 @@ TAIL_LINES = 12
 """Lines of a failed child's log shown on the console."""
 _TAIL_BYTES = 64 * 1024
 """How much of the end of a log is read for its tail."""
-_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ")
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]:(?: |$)")
 _ERROR_LINE = re.compile(r"(^|\s)error:", re.IGNORECASE)
 _ENOSPC_PATH = re.compile(r"No space left on device: '([^']+)'")
 
@@ -207,7 +207,9 @@ def log_tail(mark: LogMark, max_lines: int = TAIL_LINES) -> list[str]:
     except OSError:
         return []
     # torch.distributed prefixes a rank's traceback lines with "[rank0]: "
-    lines = [_RANK_PREFIX.sub("", line.rstrip(), count=1) for line in text.splitlines() if line.strip()]
+    # (an empty line of such a traceback is the bare prefix "[rank0]:")
+    lines = [_RANK_PREFIX.sub("", line.rstrip(), count=1) for line in text.splitlines()]
+    lines = [line for line in lines if line.strip()]
     starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")]
     if not starts:
         return lines[-max_lines:]

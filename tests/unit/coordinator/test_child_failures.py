@@ -278,3 +278,23 @@ def test_a_ranks_prefixed_traceback_is_read_like_any_other(tmp_path):
         "    publish()",
         "OSError: [Errno 28] No space left on device",
     )
+
+
+def test_a_ranks_traceback_with_its_blank_lines_keeps_the_exception(tmp_path):
+    """A blank line of a rank's traceback is the bare prefix ``[rank0]:``: it used to end the
+    traceback early, so the console showed ``[rank0]:`` instead of the exception."""
+    log = tmp_path / "trainer-0.log"
+    log.write_text(
+        "[rank0]: Traceback (most recent call last):\n"
+        '[rank0]:   File "<frozen runpy>", line 198, in _run_module_as_main\n'
+        '[rank0]:   File "train_worker.py", line 1362, in <module>\n'
+        "[rank0]:\n"
+        '[rank0]:   File "train_worker.py", line 900, in train_step\n'
+        "[rank0]:     loss.backward()\n"
+        "[rank0]: RuntimeError: the real cause\n"
+    )
+    from spotlight.util.procs import LogMark
+
+    failed = ChildExit.of("train worker rank 0", 1, LogMark(str(log), 0))
+    assert failed.summary == "train worker rank 0 exited with code 1: RuntimeError: the real cause"
+    assert failed.tail[-1] == "RuntimeError: the real cause" and "[rank0]:" not in failed.tail
