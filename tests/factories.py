@@ -154,3 +154,49 @@ def free_ports(n: int) -> list[int]:
 def free_port() -> int:
     """One loopback TCP port that was free a moment ago."""
     return free_ports(1)[0]
+
+
+# ---------------------------------------------------------------- coordinator parts
+
+
+def control_plane(tmp_path: pathlib.Path, cfg: SpotlightConfig, *, run: Any, workers: Any, server: Any):
+    """A real :class:`~spotlight.coordinator.control_plane.ControlPlane` of ``cfg`` (its own
+    Request Scheduler, Instance Manager, a memory-less Tensor Store under ``tmp_path/store``
+    and an event log) with the test's stand-ins for the run, the worker book and the server."""
+    from spotlight.coordinator.control_plane import ControlPlane
+    from spotlight.core.events import EventLog
+    from spotlight.core.instance_manager import InstanceManager
+    from spotlight.core.request_scheduler import RequestScheduler
+    from spotlight.store.tensor_store import TensorStore
+
+    cp = ControlPlane(
+        cfg,
+        RequestScheduler(cfg.cluster.lease_timeout_s),
+        InstanceManager(cfg.cluster.heartbeat_timeout_s),
+        TensorStore(tmp_path / "store", memory_max_bytes=0),
+        EventLog(),
+        run=run,
+        workers=workers,
+    )
+    cp.attach(server)
+    return cp
+
+
+def toy_coordinator(run_dir: pathlib.Path, *, progress=None, num_prompts: int = 8, **overrides: Any):
+    """A :class:`~spotlight.coordinator.coordinator.Coordinator` of the jpeg-toy example with
+    ``overrides`` (dotted keys, ``**{"run.iterations": 2}``) on an ephemeral loopback port, with
+    ``num_prompts`` prompts of zero embeddings."""
+    import torch
+
+    from spotlight.coordinator.coordinator import Coordinator
+
+    n = num_prompts
+    return Coordinator(
+        example_config("jpeg-toy", overrides),
+        run_dir,
+        bind="tcp://127.0.0.1:0",
+        prompts=[f"p{i}" for i in range(n)],
+        embeds=torch.zeros(n, 16, 384),
+        mask=torch.ones(n, 16, dtype=torch.long),
+        progress=progress or (lambda s: None),
+    )

@@ -29,6 +29,7 @@ import os
 import pathlib
 import re
 import shutil
+import sys
 import uuid
 from collections.abc import Iterable
 from typing import Any
@@ -354,17 +355,8 @@ def prune_train_versions(
     Raises:
         ValueError: ``keep < 1``.
     """
-    if keep < 1:
-        raise ValueError(f"keep must be >= 1, got {keep}")
-    root = pathlib.Path(ckpt_dir)
-    if not root.is_dir():
-        return []
-    _remove_temps(root)
     kept = {protect} if isinstance(protect, int) else set(protect or ())
-    drop = [v for v in train_versions(root)[:-keep] if v not in kept]
-    for v in drop:
-        shutil.rmtree(train_version_path(root, v), ignore_errors=True)
-    return drop
+    return retire_train_versions(ckpt_dir, keep, committed=sys.maxsize, protect=kept)  # every version is committed
 
 
 def retire_train_versions(

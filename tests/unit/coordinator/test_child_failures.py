@@ -174,25 +174,10 @@ class _Server:
 @pytest.fixture
 def control(tmp_path):
     from spotlight.config import load_config
-    from spotlight.coordinator.control_plane import ControlPlane
-    from spotlight.core.events import EventLog
-    from spotlight.core.instance_manager import InstanceManager
-    from spotlight.core.request_scheduler import RequestScheduler
-    from spotlight.store.tensor_store import TensorStore
+    from tests.factories import control_plane
 
-    cfg = load_config()
     workers = types.SimpleNamespace(worker_seen=lambda *a: None, worker_gone=lambda *a: None)
-    cp = ControlPlane(
-        cfg,
-        RequestScheduler(cfg.cluster.lease_timeout_s),
-        InstanceManager(cfg.cluster.heartbeat_timeout_s),
-        TensorStore(tmp_path / "store", memory_max_bytes=0),
-        EventLog(),
-        run=types.SimpleNamespace(),
-        workers=workers,
-    )
-    cp.attach(_Server())
-    return cp
+    return control_plane(tmp_path, load_config(), run=types.SimpleNamespace(), workers=workers, server=_Server())
 
 
 def _inbound(identity: bytes, principal, msg):

@@ -5,25 +5,14 @@ run's error. The coordinator is only built, never started (no socket, no file)."
 from __future__ import annotations
 
 import pytest
-import torch
 
 from spotlight.config import EXAMPLES_DIR, load_config
-from spotlight.coordinator.coordinator import Coordinator
 from spotlight.coordinator.status import snapshot
+from tests.factories import toy_coordinator
 
 
 def _coordinator(tmp_path, **overrides):
-    cfg = load_config(EXAMPLES_DIR / "jpeg-toy" / "config.toml", overrides=overrides)
-    n = 8
-    return Coordinator(
-        cfg,
-        tmp_path / "run",
-        bind="tcp://127.0.0.1:0",
-        prompts=[f"p{i}" for i in range(n)],
-        embeds=torch.zeros(n, 16, 384),
-        mask=torch.ones(n, 16, dtype=torch.long),
-        progress=lambda s: None,
-    )
+    return toy_coordinator(tmp_path / "run", **overrides)
 
 
 def _feed(coord, speckle):

@@ -4,31 +4,20 @@ never started: no socket is served, no process spawned)."""
 
 from __future__ import annotations
 
-import torch
 from rich.console import Console
 from typer.testing import CliRunner
 
 from spotlight.cli import app
 from spotlight.cli.status import render_status
 from spotlight.config import EXAMPLES_DIR, ConfigError, load_config
-from spotlight.coordinator.coordinator import Coordinator
 from spotlight.coordinator.status import snapshot
+from tests.factories import toy_coordinator
 
 TOY = EXAMPLES_DIR / "jpeg-toy" / "config.toml"
 
 
 def _coordinator(tmp_path, said: list, **overrides):
-    cfg = load_config(TOY, overrides=overrides)
-    n = 8
-    return Coordinator(
-        cfg,
-        tmp_path / "run",
-        bind="tcp://127.0.0.1:0",
-        prompts=[f"p{i}" for i in range(n)],
-        embeds=torch.zeros(n, 16, 384),
-        mask=torch.ones(n, 16, dtype=torch.long),
-        progress=said.append,
-    )
+    return toy_coordinator(tmp_path / "run", progress=said.append, **overrides)
 
 
 def test_iteration_1_waits_with_a_console_line_per_change_and_a_status_note(tmp_path):

@@ -11,15 +11,12 @@ import pytest
 
 from spotlight import protocol as P
 from spotlight.config import load_config
-from spotlight.coordinator.control_plane import ControlPlane
 from spotlight.coordinator.coordinator import Coordinator
 from spotlight.coordinator.server import PUBLIC, Inbound
 from spotlight.core.events import EventLog
-from spotlight.core.instance_manager import InstanceManager
 from spotlight.core.offload import RELEASE_TIMEOUT_S, Residency
-from spotlight.core.request_scheduler import RequestScheduler
 from spotlight.net.security import Principal
-from spotlight.store.tensor_store import TensorStore
+from tests.factories import control_plane
 
 
 class _Server:
@@ -42,17 +39,7 @@ class _Run:
 def _plane(tmp_path, **overrides):
     cfg = load_config(overrides={"train.num_train_workers": 1, **overrides})
     workers = types.SimpleNamespace(worker_seen=lambda *a: None, lease_started=lambda *a: None)
-    cp = ControlPlane(
-        cfg,
-        RequestScheduler(cfg.cluster.lease_timeout_s),
-        InstanceManager(cfg.cluster.heartbeat_timeout_s),
-        TensorStore(tmp_path / "store", memory_max_bytes=0),
-        EventLog(),
-        run=_Run(),
-        workers=workers,
-    )
-    cp.attach(_Server())
-    return cp
+    return control_plane(tmp_path, cfg, run=_Run(), workers=workers, server=_Server())
 
 
 def _handle(cp, identity, principal, msg):

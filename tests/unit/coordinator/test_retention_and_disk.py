@@ -11,13 +11,11 @@ import pytest
 
 from spotlight import protocol as P
 from spotlight.config import load_config
-from spotlight.coordinator.control_plane import ControlPlane
 from spotlight.coordinator.server import PUBLIC, Inbound
 from spotlight.core.events import EventLog
-from spotlight.core.instance_manager import InstanceManager
-from spotlight.core.request_scheduler import RequestScheduler
 from spotlight.net.security import Principal
 from spotlight.store.tensor_store import TensorStore
+from tests.factories import control_plane
 
 
 class _Server:
@@ -41,16 +39,13 @@ def _inbound(identity, principal, msg):
 
 def test_versions_held_by_live_workers_only(tmp_path):
     cfg = load_config()
-    cp = ControlPlane(
+    cp = control_plane(
+        tmp_path,
         cfg,
-        RequestScheduler(cfg.cluster.lease_timeout_s),
-        InstanceManager(cfg.cluster.heartbeat_timeout_s),
-        TensorStore(tmp_path / "store", memory_max_bytes=0),
-        EventLog(),
         run=types.SimpleNamespace(accepts_pulls=lambda: False),
         workers=types.SimpleNamespace(worker_seen=lambda *a: None, worker_gone=lambda *a: None),
+        server=_Server(),
     )
-    cp.attach(_Server())
     agent = Principal("agent", "local")
     reg = P.Register(protocol_version=P.PROTOCOL_VERSION, node_id="spot-0", gpus=[0], is_spot=True)
     cp.handle(_inbound(b"a", agent, reg))
@@ -76,8 +71,6 @@ def test_a_version_upload_that_cannot_fit_stops_the_run_naming_the_disk(tmp_path
     from spotlight.config import load_config
     from spotlight.coordinator import trainer_group
     from spotlight.coordinator.server import Rejected
-    from spotlight.core.events import EventLog
-    from spotlight.store.tensor_store import TensorStore
 
     store = TensorStore(tmp_path / "tensor_store").open()
     group = trainer_group.TrainerGroup(
