@@ -4,7 +4,6 @@ kind, or for any family and task the run's reward on its held-out panel (docs/ev
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 from typing import Optional
 
@@ -12,6 +11,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+from spotlight.util.disk import unwritable_dir
 
 EVAL_HELP = (
     "Sample held-out prompts with the ODE sampler and score the base model against trained weights: "
@@ -57,7 +58,7 @@ def register(app: typer.Typer) -> None:
         from spotlight.tasks.shapes import evaluate as ev
 
         out_dir = out or run_dir or pathlib.Path("runs/eval")
-        problem = _unwritable(out_dir)  # found before minutes of sampling, not after
+        problem = unwritable_dir(out_dir)  # found before minutes of sampling, not after
         if problem:
             console.print(f"[red]error:[/red] --out {escape(str(out_dir))}: {escape(problem)}")
             raise typer.Exit(2)
@@ -79,31 +80,6 @@ def register(app: typer.Typer) -> None:
             f"{len(per_kind)} task kinds, some with few prompts; more seeds narrow it)"
         )
         console.print(f"wrote {out_dir / 'eval.json'} and {out_dir / 'eval_grid.png'}")
-
-
-def _unwritable(out_dir: pathlib.Path) -> str:
-    """Why the report could not be written to ``out_dir`` ("" if it could), without creating
-    anything: it is a directory we may write to, or its nearest existing parent is."""
-    if out_dir.exists():
-        if not out_dir.is_dir():
-            return "not a directory"
-        return "" if os.access(out_dir, os.W_OK | os.X_OK) else "not writable"
-    parent = out_dir.absolute().parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        return f"cannot be created ({parent} is not a directory)"
-    if not os.access(parent, os.W_OK | os.X_OK):
-        return f"cannot be created ({parent} is not writable)"
-    try:  # what permissions do not tell (root, read-only or virtual file systems): try, then undo
-        os.makedirs(out_dir)
-    except OSError as exc:
-        return f"cannot be created ({exc.strerror or exc})"
-    made = out_dir.absolute()
-    while made != parent:
-        made.rmdir()
-        made = made.parent
-    return ""
 
 
 def _seeds(n: int) -> str:

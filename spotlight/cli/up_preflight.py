@@ -154,6 +154,10 @@ class UpRun:
         return f"{host}:{int(port) + 1 if int(port) else 0}"
 
 
+WRITTEN_DIRS = frozenset({"--run-dir"})
+"""Options naming a directory the run writes (the others are only read)."""
+
+
 def check_options(
     *,
     mock_cloud: str,
@@ -173,11 +177,13 @@ def check_options(
 ) -> list[str]:
     """One-line problems with ``spotlight up``'s plain options, found before anything starts
     or is written (an empty list: none). ``dirs``: ``(flag, path)`` of options naming a
-    directory (``--run-dir``, ``--keys``): one that exists as something else is refused."""
+    directory (``--run-dir``, ``--keys``): one that exists as something else is refused, and the
+    run directory must be creatable and writable."""
     from spotlight.cloud.mock_metadata import CLOUDS
     from spotlight.coordinator.tracking import KINDS
     from spotlight.net.endpoints import parse_host_port
     from spotlight.traces.replay_plan import TRACE_MODES
+    from spotlight.util.disk import unwritable_dir
 
     problems = []
     if not local:  # options that only mean something for local agents are refused, not ignored
@@ -220,11 +226,15 @@ def check_options(
     problems += [
         f"--tracker {t}: choose from {', '.join(KINDS)}, none" for t in tracker or [] if t not in (*KINDS, "none")
     ]
-    problems += [
-        f"{flag} {path}: not a directory"
-        for flag, path in dirs
-        if path is not None and path.exists() and not path.is_dir()
-    ]
+    for flag, path in dirs:
+        if path is None:
+            continue
+        if flag in WRITTEN_DIRS:  # the run writes there: it must be creatable and writable
+            problem = unwritable_dir(path)
+            if problem:
+                problems.append(f"{flag} {path}: {problem}")
+        elif path.exists() and not path.is_dir():  # read only (keys may be a read-only mount)
+            problems.append(f"{flag} {path}: not a directory")
     return problems
 
 

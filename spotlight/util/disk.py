@@ -46,3 +46,30 @@ def ensure_free_space(path: str | os.PathLike, need_bytes: int, what: str = "") 
     problem = space_problem(path, int(need_bytes), free_bytes(path), what)
     if problem is not None:
         raise DiskSpaceError(problem)
+
+
+def unwritable_dir(out_dir: str | os.PathLike) -> str:
+    """Why files could not be written in the directory ``out_dir`` ("" if they could), leaving
+    nothing behind: it is a directory we may write to, or it can be created (checked by
+    creating it and removing what was created)."""
+    out_dir = pathlib.Path(out_dir)
+    if out_dir.exists():
+        if not out_dir.is_dir():
+            return "not a directory"
+        return "" if os.access(out_dir, os.W_OK | os.X_OK) else "not writable"
+    parent = out_dir.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"cannot be created ({parent} is not a directory)"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"cannot be created ({parent} is not writable)"
+    try:  # what permissions do not tell (root, read-only or virtual file systems): try, then undo
+        os.makedirs(out_dir)
+    except OSError as exc:
+        return f"cannot be created ({exc.strerror or exc})"
+    made = out_dir.absolute()
+    while made != parent:
+        made.rmdir()
+        made = made.parent
+    return ""

@@ -399,3 +399,14 @@ def test_an_sp_degree_the_checkpoint_cannot_split_is_one_line_before_anything_st
     assert str(ckpt) in stop.value.line
     good = config_from_dict({"model": model, "cluster": {"sp_degree": 2, "reserved_sp_degree": 2}})
     _check_sp_degrees(good, get_family(good.model))
+
+
+def test_a_run_dir_that_cannot_be_created_is_one_line_before_anything_is_printed(tmp_path):
+    """Was accepted, then failed when the run first wrote there."""
+    f = tmp_path / "README.md"
+    f.write_text("not a run\n")
+    res = _up("--local", "--config", TOY, "--run-dir", str(f / "run"))
+    assert res.exit_code == 2, res.output
+    assert res.output.strip().splitlines() == [
+        f"error: --run-dir {f / 'run'}: cannot be created ({f} is not a directory)"
+    ], res.output
