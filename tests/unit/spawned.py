@@ -18,6 +18,12 @@ def exit_together() -> None:
     without running those destructors. A rank that raises does not get here: its exception
     reaches ``mp.spawn`` as usual."""
     dist.barrier()
+    leave_now()
+
+
+def leave_now() -> None:
+    """End a spawned rank with status 0 at once, without tearing gloo down: the way out for a
+    rank whose peer is dead (no barrier can be passed, and gloo's destructors abort)."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

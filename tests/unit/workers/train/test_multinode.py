@@ -15,7 +15,7 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
 from spotlight.workers.train.train_worker import FlowGRPOTrainer
-from tests.unit.spawned import exit_together
+from tests.unit.spawned import exit_together, leave_now
 from tests.unit.workers.train.test_train_worker import ROLLOUT_MBS, SEEDS, TEXT_DIM, _cfg, _select, make_rollout
 
 pytestmark = [pytest.mark.procs, pytest.mark.filterwarnings("ignore:FSDP2-wrapped module")]
@@ -96,6 +96,7 @@ def _doomed_rank(rank: int, world: int, store_path: str, out_dir: str) -> None:
         verdict = {"raised": type(exc).__name__, "peer_failure": is_peer_failure(exc), "message": str(exc)[:300]}
     with open(os.path.join(out_dir, "survivor.json"), "w") as f:
         json.dump(verdict, f)
+    leave_now()  # the peer is dead: tearing gloo down now can abort (SIGABRT, seen in a full run)
 
 
 def test_a_killed_peer_makes_the_survivors_collective_fail_as_a_lost_peer(tmp_path):
