@@ -78,6 +78,9 @@ Known diffusers faults handled here (diffusers 0.42.1, torch 2.13.0+cpu):
   text mask (Qwen-Image, tiny) with masked zero tokens to a multiple of the degree (exact:
   padded keys are masked out and text RoPE positions are by index); FLUX.1 has no text mask,
   so its ``model.max_text_tokens`` must divide.
+* Ulysses' key order and strided shards round differently from one worker;
+  :mod:`spotlight.workers.sp.invariant` makes a group compute what one worker computes, bit
+  for bit, so a rollout that crosses degrees is the rollout an uninterrupted worker makes.
 
 Running a batch over a group (:func:`run_group_batch`): the leader (rank 0) owns the
 :class:`~spotlight.rl.sampler.DenoiseState` and drives :class:`~spotlight.rl.sampler.Sampler`;
@@ -146,6 +149,7 @@ import torch.distributed as dist
 
 from spotlight.config import ModelConfig
 from spotlight.rl.sampler import Conditioning, DenoiseState, Sampler
+from spotlight.workers.sp import invariant
 from spotlight.workers.sp.degrees import cfg_split, degree_problem, sp_shape
 
 log = logging.getLogger("spotlight.sp_group")
@@ -308,19 +312,28 @@ Entry = tuple[str, tuple, torch.dtype]
 """``(name, shape, dtype)`` of one weight tensor."""
 
 
+ALIGN_BYTES = 64
+"""Every tensor in a flat receive buffer starts on a 64-byte boundary (what torch's allocator
+gives a tensor of its own): CPU kernels take another vector path for data off that boundary and
+round differently, so a member that received its weights would not compute what the sender
+computes (spotlight/workers/sp/invariant.py)."""
+
+
 def _layout(entries: list[Entry]) -> list[tuple[torch.dtype, int, list[tuple[str, tuple, int, int]]]]:
     """How received weights sit in flat buffers: one buffer per dtype (dtypes in name order),
-    the tensors in ``entries`` order (names sorted) back to back. Returns ``[(dtype, numel,
-    [(name, shape, offset, numel)…])…]``; every member derives the same layout from the same
-    entries."""
+    the tensors in ``entries`` order (names sorted), each starting on an :data:`ALIGN_BYTES`
+    boundary. Returns ``[(dtype, numel, [(name, shape, offset, numel)…])…]``; every member
+    derives the same layout from the same entries."""
     out = []
     for dt in sorted({e[2] for e in entries}, key=str):
         items, off = [], 0
+        step = max(1, ALIGN_BYTES // torch.empty((), dtype=dt).element_size())
         for name, shape, d in entries:
             if d == dt:
                 n = 1
                 for s in shape:
                     n *= int(s)
+                off = -(-off // step) * step
                 items.append((name, tuple(shape), off, n))
                 off += n
         out.append((dt, off, items))
@@ -1029,9 +1042,13 @@ class SPGroupMember:
         if self.cfg_split:
             return self._cfg_parallel_velocity_fn(pad)
 
+        ordered = ulysses > 1 and self.sp_backend == "diffusers" and invariant.install()
+
         def velocity_fn(latents: torch.Tensor, sigma: torch.Tensor, cond: Conditioning) -> torch.Tensor:
             c = pad_text(cond, world) if pad else cond
-            with model.cache_context("sp") if cached else contextlib.nullcontext():
+            text, added = c.embeds.shape[1], c.embeds.shape[1] - cond.embeds.shape[1]
+            keys = invariant.joint_key_order(text, ulysses, added) if ordered else contextlib.nullcontext()
+            with keys, model.cache_context("sp") if cached else contextlib.nullcontext():
                 out = family.velocity(model, latents.to(device), sigma.to(device), c.to(device))
             return out.to(latents.device)
 
@@ -1046,9 +1063,14 @@ class SPGroupMember:
         branch = "pos" if self.rank < half else "neg"
         cached, comm = self.cache_supported, self._comm_device
 
+        ulysses = self.ulysses_degree
+        ordered = ulysses > 1 and self.sp_backend == "diffusers" and invariant.install()
+
         def velocity_fn(latents: torch.Tensor, sigma: torch.Tensor, cond: Conditioning) -> torch.Tensor:
             c = pad_text(cond, half) if pad else cond
-            with model.cache_context("sp") if cached else contextlib.nullcontext():
+            text, added = c.embeds.shape[1], c.embeds.shape[1] - cond.embeds.shape[1]
+            keys = invariant.joint_key_order(text, ulysses, added) if ordered else contextlib.nullcontext()
+            with keys, model.cache_context("sp") if cached else contextlib.nullcontext():
                 mine = family.velocity_branch(model, latents.to(device), sigma.to(device), c.to(device), branch)
             parts = [torch.empty_like(mine, device=comm) for _ in range(world)]
             dist.all_gather(parts, mine.to(comm).contiguous())
