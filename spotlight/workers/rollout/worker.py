@@ -45,6 +45,7 @@ import zmq
 from spotlight import protocol as P
 from spotlight.config import ModelConfig, SamplerConfig
 from spotlight.core.offload import Move, Residency, next_move, offload_enabled
+from spotlight.models.alignment import realign_
 from spotlight.models.families import get_family, torch_dtype
 from spotlight.models.lora import add_lora, load_version
 from spotlight.rl.sampler import Conditioning, DenoiseState, Sampler
@@ -256,7 +257,8 @@ class RolloutExecutor:
                 add_lora(model, self.lora, self.family.default_lora_targets, seed=self.model_cfg.init_seed)
                 if self.dtype != torch.float32:
                     model.to(self.dtype)
-            self.transformer = model.to(self.device).eval()
+            # on the CPU every weight on a 64-byte boundary, as in an SP group (models/alignment.py)
+            self.transformer = realign_(model.to(self.device).eval())
             self._counter = StepCounter(self.transformer, self.family.block_names)
         if self.loaded_version != version:
             load_version(self.transformer, self.versions[version])

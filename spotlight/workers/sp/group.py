@@ -16,13 +16,15 @@ the followers (negative prompt, pooled embeddings, masks).
 
 Weights. A published *version* is either the whole transformer (full fine-tuning) or a LoRA
 adapter (``train.lora_rank > 0``). With LoRA every member keeps ONE frozen base, read from
-the checkpoint's safetensors through a memory map (the node's page cache holds one copy for
-all its workers; on a GPU the member holds the device copy it computes with), and the group
-only ever moves adapters. A full version handed in (the agent's weight cache, memory-mapped)
-is used as it is: on the CPU the model's parameters ARE the mapped tensors (no private copy);
-on a GPU the member holds one device copy. A member that lacks the version receives it from
-rank 0, tensor by tensor, straight into one flat buffer per dtype on its compute device
-(NVLink on GPUs, gloo on CPU): no host copy on a GPU node, no pickle on the wire.
+the checkpoint's safetensors through a memory map (on a GPU the member holds the device copy it
+computes with), and the group only ever moves adapters. A full version handed in (the agent's
+weight cache, memory-mapped) is used as it is: on a GPU the member holds one device copy; on
+the CPU the model's parameters are the mapped tensors where the file puts them on a 64-byte
+boundary and aligned private copies elsewhere (CPU kernels round differently off it,
+:mod:`spotlight.models.alignment`; in a diffusers-written file nearly every tensor is off
+it). A member that lacks the version receives it from rank 0, tensor by tensor, straight into
+one flat buffer per dtype on its compute device (NVLink on GPUs, gloo on CPU): no host copy
+on a GPU node, no pickle on the wire.
 
 * **shrink** (a GPU is revoked): only that member's process exits. The survivors call
   :meth:`SPGroupMember.form` with the next :class:`GroupSpec`; it destroys the old process
@@ -148,6 +150,7 @@ import torch
 import torch.distributed as dist
 
 from spotlight.config import ModelConfig
+from spotlight.models.alignment import ALIGN_BYTES, aligned
 from spotlight.rl.sampler import Conditioning, DenoiseState, Sampler
 from spotlight.workers.sp import invariant
 from spotlight.workers.sp.degrees import cfg_split, degree_problem, sp_shape
@@ -312,18 +315,12 @@ Entry = tuple[str, tuple, torch.dtype]
 """``(name, shape, dtype)`` of one weight tensor."""
 
 
-ALIGN_BYTES = 64
-"""Every tensor in a flat receive buffer starts on a 64-byte boundary (what torch's allocator
-gives a tensor of its own): CPU kernels take another vector path for data off that boundary and
-round differently, so a member that received its weights would not compute what the sender
-computes (spotlight/workers/sp/invariant.py)."""
-
-
 def _layout(entries: list[Entry]) -> list[tuple[torch.dtype, int, list[tuple[str, tuple, int, int]]]]:
     """How received weights sit in flat buffers: one buffer per dtype (dtypes in name order),
-    the tensors in ``entries`` order (names sorted), each starting on an :data:`ALIGN_BYTES`
-    boundary. Returns ``[(dtype, numel, [(name, shape, offset, numel)…])…]``; every member
-    derives the same layout from the same entries."""
+    the tensors in ``entries`` order (names sorted), each starting on a 64-byte boundary
+    (:mod:`spotlight.models.alignment`: CPU kernels round differently off it). Returns
+    ``[(dtype, numel, [(name, shape, offset, numel)…])…]``; every member derives the same layout
+    from the same entries."""
     out = []
     for dt in sorted({e[2] for e in entries}, key=str):
         items, off = [], 0
@@ -791,7 +788,7 @@ class SPGroupMember:
             t = state_dict[n]
             if tuple(t.shape) != shape:
                 raise WeightVersionError(f"weight version: {n} has shape {tuple(t.shape)}, the model {shape}")
-            compute[n] = t.to(self.device, dt)
+            compute[n] = aligned(t.to(self.device, dt))  # on the CPU: a mapped tensor off 64 bytes is copied
         return state_dict, compute
 
     def _keep(self, state: dict, compute: dict, *, version: int | None) -> None:
@@ -804,9 +801,10 @@ class SPGroupMember:
     def _base_state(self) -> dict[str, torch.Tensor]:
         """LoRA: the frozen base under the model's names, on the device in the family dtype,
         read once: the checkpoint's ``transformer/*.safetensors`` through a memory map (on the
-        CPU the parameters are the mapped tensors themselves, so the node's page cache holds
-        the one copy its workers share), or for a model without weight files (the tiny family
-        built from its config) the family's own seeded build.
+        CPU a tensor the file puts on a 64-byte boundary is the mapped tensor itself, shared
+        through the node's page cache; one off it is an aligned private copy), or for a model
+        without weight files (the tiny family built from its config) the family's own seeded
+        build.
 
         Raises:
             ModelLoadError: the checkpoint lacks a base weight.
@@ -829,7 +827,7 @@ class SPGroupMember:
                     from spotlight.models.families import ModelLoadError
 
                     raise ModelLoadError(f"{self.family.path}: the transformer checkpoint has no {ckpt_name}")
-                out[name] = t.to(self.device, self.dtype if t.is_floating_point() else t.dtype)
+                out[name] = aligned(t.to(self.device, self.dtype if t.is_floating_point() else t.dtype))
             self._base = out
         return self._base
 

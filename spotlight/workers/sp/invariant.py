@@ -29,14 +29,15 @@ shard is made contiguous (an exact copy). Outside it, diffusers' code runs untou
 uninterrupted worker, bit for bit, for every family, LoRA and full fine-tuning.
 
 Scope. Equality holds where the kernels compute a row the same whatever the number of rows or
-heads beside it. The CPU's attention kernel does for any number of heads; its GEMM does from 4
-rows up (measured for every shape of the test models and for 3072 × 3072: a GEMM of 1–3 rows
-takes a small-matrix path that rounds differently). Measured on the CPU: Qwen-Image (LoRA and
-full, padded text, true CFG), FLUX.1 at batch 2 and the tiny model are bit for bit across
-SP 2 → 1 → 2; FLUX.1 at batch 1 is not (~2e-7: the member that received its weights computes
-the time embedding's one-row GEMM differently with bit-equal inputs, weights and thread count;
-not isolated). On GPUs cuBLAS may pick another GEMM algorithm for another number of rows, so a
-group there matches one worker to rounding, not bit for bit.
+heads beside it and wherever its weights sit. The CPU's attention kernel does for any number
+of heads; its GEMM does from 4 rows up (measured for every shape of the test models and for
+3072 × 3072: a GEMM of 1–3 rows takes a small-matrix path that rounds differently), so a rank
+needs at least 4 token rows per stream (batch × tokens / degree: hundreds at any real image
+size; a 32² FLUX.1 test image at batch 1 has 2); and weights must be 64-byte aligned in every
+worker (:mod:`spotlight.models.alignment`). Measured on the CPU: Qwen-Image (LoRA and full,
+padded text, true CFG), FLUX.1 and the tiny model are bit for bit across SP 2 → 1 → 2. On GPUs
+cuBLAS may pick another GEMM algorithm for another number of rows, so a group there matches
+one worker to rounding, not bit for bit.
 
 How: diffusers' Ulysses path (``TemplatedUlyssesAttention``) calls the native backend's
 forward op, a module global of ``diffusers.models.attention_dispatch``, after its all-to-all;

@@ -132,12 +132,13 @@ def _t_cases(q, role, root, ports):
 
 def _reference(family_name: str, lora: bool, root: str):
     """One uninterrupted single-process run of the family's own velocity (no SP code)."""
+    from spotlight.models.alignment import realign_
     from spotlight.models.families import get_family
     from spotlight.models.lora import add_lora, load_version
 
     cfg = _model_cfg(family_name, root)
     family = get_family(cfg)
-    model = family.build_transformer(torch.float32)
+    model = realign_(family.build_transformer(torch.float32))  # as a Rollout Worker does on the CPU
     if lora:
         add_lora(model, LORA, family.default_lora_targets, seed=cfg.init_seed)
         entries = SPGroupMember(cfg, "ref", torch.device("cpu"), lora=LORA)._skeleton_entries()
@@ -175,14 +176,34 @@ def test_families_survive_sp_2_1_2_mid_denoising_full_and_lora(checkpoints):
         assert np.array_equal(log_probs, ref_log_probs), (family, lora, np.abs(log_probs - ref_log_probs).max())
 
 
-def test_lora_member_keeps_the_checkpoint_base_memory_mapped_and_moves_adapters_only(checkpoints):
-    """A LoRA member's frozen base is the checkpoint's safetensors, memory-mapped (the node's page
-    cache holds the copy every worker shares); versions are the adapter alone, and a version
-    that is not an adapter of this architecture is refused before anything is sent."""
+def test_lora_member_reads_the_checkpoint_base_through_a_memory_map_and_moves_adapters_only(checkpoints, tmp_path):
+    """A LoRA member's frozen base is the checkpoint's safetensors read through a memory map: a
+    tensor the file puts on a 64-byte boundary is the mapped tensor (the node's page cache holds
+    the copy every worker shares), one off it an aligned private copy (CPU kernels round
+    differently off it: spotlight/models/alignment.py). Both kinds are checked: the checkpoint as
+    diffusers wrote it (every tensor off the boundary) and a copy whose header is padded so they
+    all sit on it. Versions are the adapter alone, and a version that is not an adapter of this
+    architecture is refused before anything is sent."""
     from spotlight.models.lora import WeightVersionError
 
     _setup_child()
-    cfg = _model_cfg("qwen-image", checkpoints)
+    as_written = _base_mapping(_model_cfg("qwen-image", checkpoints))
+    assert not any(as_written.values())  # diffusers' file: every tensor 24 bytes past the boundary
+    padded = tmp_path / "padded"
+    _copy_with_aligned_data(pathlib.Path(checkpoints), padded)
+    assert all(_base_mapping(_model_cfg("qwen-image", str(padded))).values())
+
+    m = SPGroupMember(_model_cfg("qwen-image", checkpoints), "w0", torch.device("cpu"), lora=LORA)
+    m.form(_spec(["w0"], 1, 1), state_dict=_adapter(m._skeleton_entries()), version=4)
+    with pytest.raises(WeightVersionError, match="missing"):
+        m.form(_spec(["w0"], 1, 2), state_dict={"transformer_blocks.0.attn.to_q.weight": torch.zeros(1)})
+    m.leave()
+
+
+def _base_mapping(cfg: ModelConfig) -> dict[str, bool]:
+    """Form a LoRA member at SP 1 and return, per base tensor, whether it is the checkpoint's
+    mapped data; asserts every base tensor is 64-byte aligned and mapped exactly where the file
+    puts it on the boundary, and that the adapter is kept as handed in."""
     m = SPGroupMember(cfg, "w0", torch.device("cpu"), lora=LORA)
     entries = m._skeleton_entries()
     assert entries and all("lora_" in n for n, _, _ in entries)
@@ -190,6 +211,7 @@ def test_lora_member_keeps_the_checkpoint_base_memory_mapped_and_moves_adapters_
     m.form(_spec(["w0"], 1, 1), state_dict=adapter, version=4)  # port 1: never bound at SP 1
     assert m.state_dict() is adapter  # used as handed in: no copy
     base = m._base_state()
+    in_file = _mapped_checkpoint(m)  # keeps a map of the files open while the ranges are read
     files = {str(f.resolve()) for f in m.family.transformer_weight_files()}
     ranges = []
     with open("/proc/self/maps") as maps:
@@ -199,11 +221,36 @@ def test_lora_member_keeps_the_checkpoint_base_memory_mapped_and_moves_adapters_
                 lo, hi = (int(x, 16) for x in parts[0].split("-"))
                 ranges.append((lo, hi))
     assert ranges, "the checkpoint's safetensors are not mapped"
-    inside = [any(lo <= t.data_ptr() < hi for lo, hi in ranges) for t in base.values() if t.numel()]
-    assert all(inside), f"{inside.count(False)} of {len(inside)} base tensors are private copies"
-    with pytest.raises(WeightVersionError, match="missing"):
-        m.form(_spec(["w0"], 1, 2), state_dict={"transformer_blocks.0.attn.to_q.weight": torch.zeros(1)})
+    mapped = {n: any(lo <= t.data_ptr() < hi for lo, hi in ranges) for n, t in base.items() if t.numel()}
+    assert all(base[n].data_ptr() % 64 == 0 for n in mapped), "a base tensor is off the 64-byte boundary"
+    for n, is_mapped in mapped.items():
+        assert is_mapped == (in_file[m._base_names[n]].data_ptr() % 64 == 0), n
     m.leave()
+    return mapped
+
+
+def _copy_with_aligned_data(src: pathlib.Path, dst: pathlib.Path) -> None:
+    """``src``'s Qwen-Image checkpoint copied to ``dst`` with each transformer safetensors
+    header padded with spaces (the format allows it) so its data starts on a 64-byte boundary."""
+    import shutil
+    import struct
+
+    shutil.copytree(src / "qwen-image", dst / "qwen-image")
+    for f in (dst / "qwen-image" / "transformer").glob("*.safetensors"):
+        raw = f.read_bytes()
+        (n,) = struct.unpack("<Q", raw[:8])
+        header, data = raw[8 : 8 + n].rstrip(b" "), raw[8 + n :]
+        header += b" " * (-(8 + len(header)) % 64)
+        f.write_bytes(struct.pack("<Q", len(header)) + header + data)
+
+
+def _mapped_checkpoint(member) -> dict[str, torch.Tensor]:
+    from spotlight.store.tensor_wire import mmap_state_dict
+
+    out: dict[str, torch.Tensor] = {}
+    for f in member.family.transformer_weight_files():
+        out.update(mmap_state_dict(f))
+    return out
 
 
 def test_sp_degree_checks_read_the_checkpoint(checkpoints):
