@@ -5,7 +5,7 @@ one-row GEMM (a time embedding at batch 1) with its weight 8 bytes off the bound
 result 1.2e-7 away from the same GEMM on an aligned copy, and one 4 bytes off 3.8e-6. Workers
 must compute a rollout bit for bit alike however they got their weights (loaded by diffusers,
 memory-mapped from a weight cache or a checkpoint, received into a flat buffer: paper §3.2.2,
-docs/architecture.md §6 "Elastic SP"), so every tensor a model computes with on the CPU is
+docs/architecture.md §6), so every tensor a model computes with on the CPU is
 either already on the boundary, as torch's allocator places every tensor of its own, or
 replaced by an aligned copy. Tensors of a memory-mapped safetensors file (diffusers'
 ``from_pretrained`` on the CPU, our weight caches) sit wherever the file's data offsets put

@@ -1067,6 +1067,11 @@ class SPGroupMember:
         def velocity_fn(latents: torch.Tensor, sigma: torch.Tensor, cond: Conditioning) -> torch.Tensor:
             c = pad_text(cond, half) if pad else cond
             text, added = c.embeds.shape[1], c.embeds.shape[1] - cond.embeds.shape[1]
+            neg = cond.extra.get("neg.embeds")  # the negative ranks take the prompts' text length
+            if ordered and neg is not None and neg.shape[1] != cond.embeds.shape[1]:
+                raise ValueError(
+                    f"negative prompt of {neg.shape[1]} tokens, prompts of {cond.embeds.shape[1]}: encode both alike"
+                )
             keys = invariant.joint_key_order(text, ulysses, added) if ordered else contextlib.nullcontext()
             with keys, model.cache_context("sp") if cached else contextlib.nullcontext():
                 mine = family.velocity_branch(model, latents.to(device), sigma.to(device), c.to(device), branch)

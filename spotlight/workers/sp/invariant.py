@@ -1,6 +1,6 @@
 """Degree-invariant Ulysses: an SP group computes what one worker computes, bit for bit.
 
-Why (paper §3.2.2, docs/architecture.md §6 "Elastic SP"): a rollout interrupted at SP k and
+Why (paper §3.2.2, docs/architecture.md §6): a rollout interrupted at SP k and
 resumed at another degree must end with the latents an uninterrupted run ends with, so a
 preemption never changes what the trainer learns from. In exact arithmetic Ulysses gives one
 worker's result; in float32 two things made it differ (~1e-6 after a 6-step rollout, measured
@@ -35,7 +35,10 @@ of heads; its GEMM does from 4 rows up (measured for every shape of the test mod
 needs at least 4 token rows per stream (batch × tokens / degree: hundreds at any real image
 size; a 32² FLUX.1 test image at batch 1 has 2); and weights must be 64-byte aligned in every
 worker (:mod:`spotlight.models.alignment`). Measured on the CPU: Qwen-Image (LoRA and full,
-padded text, true CFG), FLUX.1 and the tiny model are bit for bit across SP 2 → 1 → 2. On GPUs
+padded text, true CFG), FLUX.1 and the tiny model are bit for bit across SP 2 → 1 → 2. Padded
+text keeps its query rows, so a group's attention has a few more queries than one worker's; the
+tests' shapes show no effect, but a kernel that blocks queries could round its last block
+differently (not seen; the same row-count caveat as the GEMM's). On GPUs
 cuBLAS may pick another GEMM algorithm for another number of rows, so a group there matches
 one worker to rounding, not bit for bit.
 
@@ -52,6 +55,8 @@ import contextvars
 import logging
 
 import torch
+
+from spotlight.models.alignment import aligned
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +86,7 @@ def canonical_order(x: torch.Tensor, text_tokens_local: int, degree: int, dim: i
 
 
 def _active() -> tuple[int, int, int] | None:
-    return _ORDER.get() if not torch.is_grad_enabled() else None
+    return _ORDER.get()
 
 
 def install() -> bool:
@@ -109,7 +114,9 @@ def install() -> bool:
         order = _active()
         if order is not None:
             text_local, degree, pad = order
-            if attn_mask is not None and attn_mask.shape[-1] == key.shape[1]:
+            if attn_mask is not None:
+                if attn_mask.shape[-1] != key.shape[1]:
+                    raise ValueError(f"key mask of {attn_mask.shape[-1]} keys for {key.shape[1]} keys")
                 attn_mask = canonical_order(attn_mask, text_local, degree, -1, pad)
             elif pad:  # padded keys need their mask: without one they would be attended to
                 raise ValueError("padded text keys reached attention without a key mask")
@@ -119,7 +126,8 @@ def install() -> bool:
 
     def contiguous_shard(cls, tensor, dim, mesh):
         out = shard(cls, tensor, dim, mesh)
-        return out.contiguous() if _active() is not None else out
+        # a contiguous chunk (batch 1) can still start off the 64-byte boundary: aligned() copies it
+        return aligned(out.contiguous()) if _active() is not None else out
 
     forward_op.__wrapped__ = attention_op
     contiguous_shard.__wrapped__ = shard
@@ -136,7 +144,11 @@ def joint_key_order(text_tokens: int, degree: int, text_pad: int = 0):
     which the last ``text_pad`` are masked padding."""
     if degree > 1 and text_tokens % degree:
         raise ValueError(f"{text_tokens} text tokens do not split over SP degree {degree}")
-    token = _ORDER.set((int(text_tokens) // degree, int(degree), int(text_pad)) if degree > 1 else None)
+    # the grad state is read here, not in the wrapped op: diffusers calls that op inside an
+    # autograd Function's forward, where grad is always off; with grad the keys must keep
+    # Ulysses' order, which its backward assumes
+    active = degree > 1 and not torch.is_grad_enabled()
+    token = _ORDER.set((int(text_tokens) // degree, int(degree), int(text_pad)) if active else None)
     try:
         yield
     finally:

@@ -83,8 +83,14 @@ def test_wrapped_attention_op_sees_one_workers_keys_only_inside_the_context():
         outside = ad._native_attention_forward_op(None, q, k_u, v_u, m_u, _save_ctx=False)
     assert torch.equal(inside, one_worker())
     torch.testing.assert_close(outside, inside)  # Ulysses' own order: the same attention up to rounding
-    with torch.enable_grad(), invariant.joint_key_order(text, degree, text - text_real):
+    with torch.enable_grad(), invariant.joint_key_order(text, degree, text - text_real), torch.no_grad():
+        # diffusers calls the op inside an autograd Function's forward, where grad is always off:
+        # what counts is the grad state where the context was entered (Ulysses' backward needs
+        # its own key order)
         graded = ad._native_attention_forward_op(None, q, k_u, v_u, m_u, _save_ctx=False)
     assert torch.equal(graded, outside)  # with autograd (never a rollout): diffusers' op untouched
+    with torch.no_grad(), invariant.joint_key_order(text, degree, text - text_real):
+        with pytest.raises(ValueError, match="key mask of"):
+            ad._native_attention_forward_op(None, q, k_u, v_u, m_u[..., 1:], _save_ctx=False)
     with torch.no_grad(), invariant.joint_key_order(text, degree, 1), pytest.raises(ValueError, match="key mask"):
         ad._native_attention_forward_op(None, q, k_u, v_u, None, _save_ctx=False)
