@@ -38,10 +38,9 @@ def realign_(module: torch.nn.Module) -> torch.nn.Module:
     (in place: the parameter objects stay, so optimisers and hooks built on them still hold).
     Returns ``module``."""
     for sub in module.modules():
-        for name, p in sub._parameters.items():
+        for p in sub._parameters.values():
             if p is not None and not is_aligned(p):
-                with torch.no_grad():
-                    p.data = aligned(p.data)
+                p.data = aligned(p.data)
         for name, b in sub._buffers.items():
             if b is not None and not is_aligned(b):
                 sub._buffers[name] = aligned(b)

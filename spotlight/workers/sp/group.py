@@ -324,7 +324,7 @@ def _layout(entries: list[Entry]) -> list[tuple[torch.dtype, int, list[tuple[str
     out = []
     for dt in sorted({e[2] for e in entries}, key=str):
         items, off = [], 0
-        step = max(1, ALIGN_BYTES // torch.empty((), dtype=dt).element_size())
+        step = max(1, ALIGN_BYTES // dt.itemsize)
         for name, shape, d in entries:
             if d == dt:
                 n = 1
@@ -1017,6 +1017,25 @@ class SPGroupMember:
             self.model._reset_stateful_cache()
 
     # ------------------------------------------------------------ compute
+    def _key_order(self, ulysses: int) -> Callable[[Conditioning, Conditioning], contextlib.AbstractContextManager]:
+        """``key_order(cond, padded)``: the context a forward at this Ulysses degree runs in, so the
+        group computes what one worker computes (:mod:`spotlight.workers.sp.invariant`); a no-op
+        at degree 1 or with the xfuser backend. ``padded``: ``cond`` after :func:`pad_text`.
+
+        Raises (from the context): ValueError for a negative prompt of another text length
+        (a CFG-parallel rank takes the prompts' length for it)."""
+        if not (ulysses > 1 and self.sp_backend == "diffusers" and invariant.install()):
+            return lambda cond, padded: contextlib.nullcontext()
+
+        def key_order(cond: Conditioning, padded: Conditioning):
+            text = cond.embeds.shape[1]
+            neg = cond.extra.get("neg.embeds")
+            if neg is not None and neg.shape[1] != text:
+                raise ValueError(f"negative prompt of {neg.shape[1]} tokens, prompts of {text}: encode both alike")
+            return invariant.joint_key_order(padded.embeds.shape[1], ulysses, padded.embeds.shape[1] - text)
+
+        return key_order
+
     def velocity_fn(self) -> Callable[[torch.Tensor, torch.Tensor, Conditioning], torch.Tensor]:
         """``velocity_fn(latents [B, *latent_shape], sigma [B], cond) -> v`` on the group: the
         family's own velocity (its guidance included) through the parallel model.
@@ -1040,13 +1059,11 @@ class SPGroupMember:
         if self.cfg_split:
             return self._cfg_parallel_velocity_fn(pad)
 
-        ordered = ulysses > 1 and self.sp_backend == "diffusers" and invariant.install()
+        key_order = self._key_order(ulysses)
 
         def velocity_fn(latents: torch.Tensor, sigma: torch.Tensor, cond: Conditioning) -> torch.Tensor:
             c = pad_text(cond, world) if pad else cond
-            text, added = c.embeds.shape[1], c.embeds.shape[1] - cond.embeds.shape[1]
-            keys = invariant.joint_key_order(text, ulysses, added) if ordered else contextlib.nullcontext()
-            with keys, model.cache_context("sp") if cached else contextlib.nullcontext():
+            with key_order(cond, c), model.cache_context("sp") if cached else contextlib.nullcontext():
                 out = family.velocity(model, latents.to(device), sigma.to(device), c.to(device))
             return out.to(latents.device)
 
@@ -1061,19 +1078,11 @@ class SPGroupMember:
         branch = "pos" if self.rank < half else "neg"
         cached, comm = self.cache_supported, self._comm_device
 
-        ulysses = self.ulysses_degree
-        ordered = ulysses > 1 and self.sp_backend == "diffusers" and invariant.install()
+        key_order = self._key_order(self.ulysses_degree)
 
         def velocity_fn(latents: torch.Tensor, sigma: torch.Tensor, cond: Conditioning) -> torch.Tensor:
             c = pad_text(cond, half) if pad else cond
-            text, added = c.embeds.shape[1], c.embeds.shape[1] - cond.embeds.shape[1]
-            neg = cond.extra.get("neg.embeds")  # the negative ranks take the prompts' text length
-            if ordered and neg is not None and neg.shape[1] != cond.embeds.shape[1]:
-                raise ValueError(
-                    f"negative prompt of {neg.shape[1]} tokens, prompts of {cond.embeds.shape[1]}: encode both alike"
-                )
-            keys = invariant.joint_key_order(text, ulysses, added) if ordered else contextlib.nullcontext()
-            with keys, model.cache_context("sp") if cached else contextlib.nullcontext():
+            with key_order(cond, c), model.cache_context("sp") if cached else contextlib.nullcontext():
                 mine = family.velocity_branch(model, latents.to(device), sigma.to(device), c.to(device), branch)
             parts = [torch.empty_like(mine, device=comm) for _ in range(world)]
             dist.all_gather(parts, mine.to(comm).contiguous())

@@ -85,10 +85,6 @@ def canonical_order(x: torch.Tensor, text_tokens_local: int, degree: int, dim: i
     return torch.cat([text.narrow(dim, 0, text.shape[dim] - text_pad), image], dim=dim)
 
 
-def _active() -> tuple[int, int, int] | None:
-    return _ORDER.get()
-
-
 def install() -> bool:
     """Wrap diffusers' native attention forward op and its sequence sharder (idempotent).
     Returns False, with one warning, when this diffusers has neither where expected: groups
@@ -111,7 +107,7 @@ def install() -> bool:
         return False
 
     def forward_op(ctx, query, key, value, attn_mask=None, *args, **kwargs):
-        order = _active()
+        order = _ORDER.get()
         if order is not None:
             text_local, degree, pad = order
             if attn_mask is not None:
@@ -127,7 +123,7 @@ def install() -> bool:
     def contiguous_shard(cls, tensor, dim, mesh):
         out = shard(cls, tensor, dim, mesh)
         # a contiguous chunk (batch 1) can still start off the 64-byte boundary: aligned() copies it
-        return aligned(out.contiguous()) if _active() is not None else out
+        return aligned(out.contiguous()) if _ORDER.get() is not None else out
 
     forward_op.__wrapped__ = attention_op
     contiguous_shard.__wrapped__ = shard
