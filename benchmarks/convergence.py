@@ -299,6 +299,10 @@ def _ci(d: dict | None, fmt: str = "%.2f", scale: float = 1.0) -> str:
     return cv.CI(d["mean"], d["low"], d["high"], d["n"]).format(fmt, scale)
 
 
+def _n(n: int, what: str) -> str:
+    return f"{n} {what}" + ("" if n == 1 else "s")
+
+
 def _yes(b: bool) -> str:
     return "yes" if b else "**no**"
 
@@ -325,10 +329,10 @@ def render_md(s: dict) -> str:
             if s["target_source"] != "--target"
             else "set with --target"
         )
-        + f". {len(s['seeds'])} run seeds per mode ({', '.join(map(str, s['seeds']))}), {iters} iterations, "
+        + f". {_n(len(s['seeds']), 'run seed')} per mode ({', '.join(map(str, s['seeds']))}), {iters} iterations, "
         f"{s.get('agents', '?')} local spot agents, verl-omni-spot with N = {s.get('best_of', '?')}. "
         f"Mean [95 % percentile-bootstrap interval] over runs ({bs['resamples']} resamples, seed {bs['seed']}); "
-        f"held-out score of final/ by `spotlight eval` on the 46 test prompts × {s.get('eval_seeds', '?')} seeds.",
+        f"held-out score of final/ by `spotlight eval` on the 46 test prompts × {_n(s.get('eval_seeds', 0), 'seed')}.",
         "",
         "| mode | reached target | iterations to target¹ | wall time to target (s)¹ | mean iteration (s) "
         f"| exploration on the critical path (share of iteration time) | held-out strict of final/ (base {bstr}) "
@@ -429,7 +433,7 @@ def profile_update(s: dict, profile_text: str, spotlight_iterations: int, *, dat
     }
     comments = [
         f"benchmarks/convergence.py, {date}: iterations to target measured on the shapes task (CPU, toy scale),",
-        f"{len(s['seeds'])} run seeds ({','.join(map(str, s['seeds']))}) x {s.get('iterations', '?')} iterations, "
+        f"{_n(len(s['seeds']), 'run seed')} ({','.join(map(str, s['seeds']))}) x {s.get('iterations', '?')} iterations, "
         f"score {s['score']} ({s['window']}-point moving average), target {s['target']:.4f}.",
         "Ratio of iterations to target over spotlight's, mean [95 % bootstrap interval]:",
         f"{key} = {r['mean']:.2f} [{r['low']:.2f}, {r['high']:.2f}]",

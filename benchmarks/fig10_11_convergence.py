@@ -132,7 +132,7 @@ def main() -> None:
     conv = read_summary(src)
     rows = rows_from_summary(conv)
     print(
-        f"Fig. 10/11 (shapes task, {len(conv['seeds'])} seeds x {conv['iterations']} iterations): target "
+        f"Fig. 10/11 (shapes task, {len(conv['seeds'])} run seed(s) x {conv['iterations']} iterations): target "
         f"{conv['target']:.4f} of {conv['score']} ({conv['window']}-point moving average); "
         "mean [95 % bootstrap interval]"
     )
