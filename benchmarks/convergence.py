@@ -433,7 +433,8 @@ def profile_update(s: dict, profile_text: str, spotlight_iterations: int, *, dat
     }
     comments = [
         f"benchmarks/convergence.py, {date}: iterations to target measured on the shapes task (CPU, toy scale),",
-        f"{_n(len(s['seeds']), 'run seed')} ({','.join(map(str, s['seeds']))}) x {s.get('iterations', '?')} iterations, "
+        f"{_n(len(s['seeds']), 'run seed')} ({','.join(map(str, s['seeds']))}) x {s.get('iterations', '?')} "
+        "iterations, "
         f"score {s['score']} ({s['window']}-point moving average), target {s['target']:.4f}.",
         "Ratio of iterations to target over spotlight's, mean [95 % bootstrap interval]:",
         f"{key} = {r['mean']:.2f} [{r['low']:.2f}, {r['high']:.2f}]",
