@@ -1,9 +1,10 @@
 """Reading finished ``spotlight up`` run directories for the figure scripts.
 
 A run directory holds ``metrics.jsonl`` (one JSON object per iteration, written by the
-coordinator: ``reward/control_mean``, ``time/*_s``, cumulative ``cost/usd`` …),
-``config.toml`` and ``tensor_store/weights/v<N>.safetensors`` (every published weight
-version). Nothing here starts a process.
+coordinator: ``reward/control_mean``, ``time/*_s``, cumulative ``cost/usd`` …), with
+``eval.every`` set ``eval.jsonl`` (the held-out evaluations), ``config.toml`` and
+``tensor_store/weights/v<N>.safetensors`` (the published weight versions it keeps). Nothing
+here starts a process.
 """
 
 from __future__ import annotations
@@ -60,15 +61,32 @@ def iterations_to_target(rows: list[dict], target: float, *, key: str = SCORE, k
 def cost_to_target(run_dir: str | pathlib.Path, target: float, *, key: str = SCORE, k: int = 3) -> dict:
     """Cost, wall time and iterations of one local run until it reached ``target``.
 
+    ``key`` is a metrics.jsonl column (``reward/control_mean``: one value per iteration) or a
+    held-out score of the run's ``eval.jsonl`` (``eval/partial``, ``eval/strict``, ``eval/score``:
+    the evaluated iterations; :mod:`spotlight.studies.convergence`), averaged over ``k``
+    consecutive points.
+
     Returns ``{"run", "mode", "iterations", "reached", "cost_usd", "wall_s", "iterations_run"}``:
     ``cost_usd`` is the cumulative ``cost/usd`` of the metrics row at the target iteration (the
     whole run's when never reached, with ``reached`` False); ``mode`` is the config's
     ``run.mode`` / ``explore.mode`` as found.
+
+    Raises:
+        ValueError: no metrics rows, or (an ``eval/`` key) no eval.jsonl or rows without ``key``.
     """
     rows = read_metrics(run_dir)
     if not rows:
         raise ValueError(f"{run_dir}: metrics.jsonl is empty")
-    n = iterations_to_target(rows, target, key=key, k=k)
+    if key.startswith("eval/"):
+        from spotlight.studies import convergence
+
+        path = pathlib.Path(run_dir) / "eval.jsonl"
+        if not path.is_file():
+            raise ValueError(f"{run_dir}: no eval.jsonl (the run had eval.every = 0)")
+        evals = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        n = convergence.iterations_to_target(convergence.heldout_curve(evals, key), target, k)
+    else:
+        n = iterations_to_target(rows, target, key=key, k=k)
     last = rows[(n or len(rows)) - 1]
     return {
         "run": str(run_dir),

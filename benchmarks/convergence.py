@@ -1,35 +1,64 @@
-"""Convergence benchmark on the shapes task (paper §6.2–6.3, Fig. 10): does seed exploration
-reach the target in fewer iterations, and what does it cost on the critical path?
+"""Convergence benchmark on the shapes task (paper §6.2–6.3, Fig. 10–11): does Spotlight
+reach the target held-out score in fewer iterations than the baselines, and what does its
+exploration cost on the critical path? With run seeds enough for confidence intervals.
 
 Runs `spotlight up --local` on the embedded default (the shapes world, GenEval-style reward)
-for each variant and each run seed (``run.seed``, ``data.shuffle_seed`` and ``planner.seed``
-all set to it, so the variants of one seed see the same prompts in the same order and
-start from the same default seeds):
+once per mode and run seed, the modes being the product's own (``run.mode``,
+``spotlight.core.modes``; each a configuration of the same code):
 
-  (a) no-exploration   explore.mode = "off"            (RLBoost: default seeds only)
-  (b) critical-path    explore.mode = "critical_path"  (veRL-omni(spot): best-of-N on v_n
-                       before each rollout, N = --best-of, keep top/bottom K/2)
-  (c) spotlight        explore.mode = "stale", planner = "bandit" (exploration of batch
-                       n+1 on the stale v_n by the spot workers during training)
+  rlboost          no exploration: every group uses default seeds; restart reconfiguration
+  verl-omni-spot   best-of-N on the current weights before each rollout, on the critical path
+                   (N = --best-of candidates per prompt, the selected K are the rollout; no
+                   control prompts)
+  spotlight        bandit-planned exploration of batch n+1 on the stale weights v_n by the spot
+                   workers while training runs
 
-Score per iteration: the mean reward (partial credit) of the 4 control prompt groups, which
-are never explored, so seed selection never biases it. Target: the lowest saturated score
-among the variants' seed-averaged curves (saturated = best 3-iteration moving average), as
-the paper does in §6.2. A run reaches the target at the first iteration whose 3-iteration
-moving average is at or above it. After each run, ``final/`` is evaluated on the held-out
-test prompts (strict GenEval-style verdict, ODE sampling, ``--eval-seeds`` per prompt).
+``run.seed``, ``data.shuffle_seed`` and ``planner.seed`` are all set to the run seed, so the
+modes of one seed see the same prompts in the same order and start from the same default seeds.
 
-    python benchmarks/convergence.py                     # 3 variants x 3 seeds x 20 iterations
-    python benchmarks/convergence.py --reuse             # re-summarise finished runs
+Score per iteration: the run's own held-out evaluation (``[eval]``, docs/evaluation.md), set
+to every iteration (``eval.every = --eval-every``): the weights each iteration trained sample a
+fixed panel of test prompts × fixed seeds with the ODE, scored into ``eval.jsonl``
+(``--score``: ``eval/partial`` by default, the GenEval partial credit, finer-grained than the
+strict verdict on a 32-image panel). Every mode has it (``verl-omni-spot`` has no control
+prompts, so no ``reward/control_mean``) and seed selection cannot bias it (the panel's seeds
+are fixed and never explored). The statistics are in :mod:`spotlight.studies.convergence`:
 
-Writes ``--out``/convergence.{md,json,png}.
+* target = the lowest saturated score among the modes (the best ``--window``-point moving
+  average of each mode's seed-mean curve; paper §6.2), or ``--target``;
+* iterations to target of a run = the first iteration whose window (the same ``--window``
+  evaluated points for every mode, fewer only when a run has fewer) averages at least the
+  target; a run that never gets there is censored at iterations + 1 (and its wall time at the
+  whole run's plus one mean iteration) and counted in the "reached" column;
+* mean and 95 % percentile-bootstrap interval over runs (10 000 resamples, fixed seed) of
+  iterations and wall time to target, critical-path share (summed
+  ``time/explore_critical_path_s`` / summed ``time/iteration_s``), mean iteration time, and the
+  held-out score of ``final/`` (``spotlight eval``: the 46 test prompts × ``--eval-seeds``,
+  strict and partial); the ratio of rlboost's (and verl-omni-spot's) iterations to target over
+  Spotlight's, each mode's runs resampled independently, and whether the goal holds
+  (Spotlight ≥ 1.5× fewer iterations than rlboost, the two intervals apart, ≤ 2 % of iteration
+  time on the critical path).
+
+    python benchmarks/convergence.py                     # 3 modes x 5 seeds x 20 iterations
+    python benchmarks/convergence.py --reuse             # re-summarise finished runs (runs the missing ones)
+    python benchmarks/convergence.py --summarize-only    # run nothing: summarise what is finished
+    python benchmarks/convergence.py --reuse --write-profile spotlight/sim/profiles/qwen-image-h100.toml
+
+Writes ``--out``/convergence.{md,json,png}; ``benchmarks/fig10_11_convergence.py``,
+``fig08_cost_to_target.py`` and ``fig09_heldout_score.py`` read them. ``--write-profile``
+carries the measured ratios into a simulation profile's ``[iterations_to_target]`` (what
+``spotlight simulate`` takes as convergence): rlboost and reserved-only (which converges like
+rlboost, paper §6.2) become the profile's Spotlight count times the measured rlboost/Spotlight
+ratio, verl-omni-spot its own ratio times it, with comment lines citing this script, the date,
+the seeds and the intervals; every other line of the profile stays as it is.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
-import math
+import os
 import pathlib
 import shutil
 import subprocess
@@ -40,147 +69,335 @@ import numpy as np
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
-from spotlight.config import dump_config, load_config  # noqa: E402
+from spotlight.config import ConfigError, dump_config, load_config  # noqa: E402
+from spotlight.studies import convergence as cv  # noqa: E402
 
-VARIANTS = {
-    "no-exploration": {"explore.mode": "off"},
-    "critical-path": {"explore.mode": "critical_path", "explore.planner": "fixed"},
-    "spotlight": {"explore.mode": "stale", "explore.planner": "bandit"},
-}
+SCHEMA = 2
+"""Version of convergence.json (1: the variants no-exploration / critical-path / spotlight
+scored by reward/control_mean, without intervals)."""
+MODES = ("rlboost", "verl-omni-spot", "spotlight")
 LABELS = {
-    "no-exploration": "(a) no exploration (RLBoost)",
-    "critical-path": "(b) best-of-N on the critical path (veRL-omni(spot))",
-    "spotlight": "(c) **Spotlight**: bandit-planned exploration on stale weights",
+    "rlboost": "rlboost (no exploration)",
+    "verl-omni-spot": "verl-omni-spot (best-of-N on the critical path)",
+    "spotlight": "**spotlight** (stale-weight exploration, bandit-planned)",
+    "rlboost+explore": "rlboost+explore",
+    "reserved-only": "reserved-only",
 }
-SCORE = "reward/control_mean"
+BASELINE, OURS = "rlboost", "spotlight"
+PROFILE_MARK = "[measured] "
 
 
-def moving_average(x, k: int = 3) -> np.ndarray:
-    x = np.asarray(x, dtype=np.float64)
-    if len(x) < k:
-        return x
-    return np.convolve(x, np.ones(k) / k, mode="valid")
+def run_name(mode: str, seed: int) -> str:
+    return f"{mode.replace('+', '-plus-')}-s{seed}"
 
 
-def run_one(variant: str, seed: int, args, out_dir: pathlib.Path) -> dict:
-    run_dir = out_dir / f"{variant}-s{seed}"
-    metrics = run_dir / "metrics.jsonl"
-    evaluation = run_dir / "eval.json"
-    done = metrics.is_file() and len(metrics.read_text().splitlines()) == args.iterations and evaluation.is_file()
-    if not (args.reuse and done):
-        overrides = {
-            "run.iterations": args.iterations,
-            "run.keep_weight_versions": 0,  # fig09 scores every version of these runs
-            "run.sample_grid_every": 5,
-            "run.seed": seed,
-            "data.shuffle_seed": seed,
-            "planner.seed": seed,
-            **VARIANTS[variant],
-        }
-        if variant == "critical-path":
-            overrides["explore.num_candidates"] = args.best_of
-        cfg = load_config(args.config, overrides)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        conf = out_dir / f"{variant}-s{seed}.toml"
-        dump_config(cfg, conf)
-        if run_dir.exists():
-            shutil.rmtree(run_dir)
-        cmd = [
-            sys.executable,
-            "-m",
-            "spotlight.cli",
-            "up",
-            "--local",
-            "--agents",
-            str(args.agents),
-            "--config",
-            str(conf),
-            "--run-dir",
-            str(run_dir),
-        ]
-        print(f"== {variant} seed {seed}: {' '.join(cmd)}", flush=True)
-        t0 = time.monotonic()
-        subprocess.run(cmd, cwd=REPO, check=True)
-        print(f"== {variant} seed {seed}: {time.monotonic() - t0:.0f} s", flush=True)
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "spotlight.cli",
-                "eval",
-                "--run-dir",
-                str(run_dir),
-                "--num-seeds",
-                str(args.eval_seeds),
-            ],
-            cwd=REPO,
-            check=True,
-        )
-    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
-    return {"rows": rows, "eval": json.loads(evaluation.read_text())}
-
-
-def summarize(results: dict[str, dict[int, dict]]) -> tuple[float, dict]:
-    mean_curves = {
-        v: np.mean([moving_average([r[SCORE] for r in run["rows"]]) for run in runs.values()], axis=0)
-        for v, runs in results.items()
+def bench_overrides(
+    mode: str,
+    seed: int,
+    *,
+    iterations: int,
+    eval_every: int = 1,
+    best_of: int = 24,
+    panel_prompts: int | None = None,
+    panel_seeds: int | None = None,
+) -> dict:
+    """The config overrides of one benchmark run (dotted keys, ``load_config(overrides=...)``):
+    the mode, the run seed everywhere a seed is drawn, the held-out evaluation every
+    ``eval_every`` iterations, best-of-``best_of`` for verl-omni-spot."""
+    out = {
+        "run.mode": mode,
+        "run.iterations": iterations,
+        "run.seed": seed,
+        "run.sample_grid_every": 5,
+        "data.shuffle_seed": seed,
+        "planner.seed": seed,
+        "eval.every": eval_every,
     }
-    target = float(min(np.max(c) for c in mean_curves.values()))
-    table = {}
-    for v, runs in results.items():
-        iters, walls, shares, it_s, tests, bases, reached = [], [], [], [], [], [], 0
-        for run in runs.values():
-            rows = run["rows"]
-            s = moving_average([r[SCORE] for r in rows])
-            hit = np.nonzero(s >= target - 1e-12)[0]
-            t_iter = np.array([r["time/iteration_s"] for r in rows])
-            crit = np.array([r["time/explore_critical_path_s"] for r in rows])
-            if hit.size:
-                n = int(hit[0]) + 3  # the average at index i covers iterations i..i+2 (1-based: i+1..i+3)
-                reached += 1
-                iters.append(n)
-                walls.append(float(t_iter[:n].sum()))
-            shares.append(float(crit.sum() / t_iter.sum()))
-            it_s.append(float(t_iter.mean()))
-            tests.append(run["eval"]["final"]["overall"])
-            bases.append(run["eval"]["base"]["overall"])
-        table[v] = {
-            "runs": len(runs),
-            "reached": reached,
-            "iterations_to_target": iters,
-            "wall_s_to_target": walls,
-            "mean_iteration_s": float(np.mean(it_s)),
-            "critical_path_share": float(np.mean(shares)),
-            "test_score_final": tests,
-            "test_score_base": float(np.mean(bases)),
-            "saturated_score": float(np.max(mean_curves[v])),
+    if panel_prompts:
+        out["eval.num_prompts"] = panel_prompts
+    if panel_seeds:
+        out["eval.num_seeds"] = panel_seeds
+    if mode == "verl-omni-spot":  # the mode fixes everything else of best-of-N but N
+        out["explore.num_candidates"] = best_of
+    return out
+
+
+def finished(run_dir: pathlib.Path, iterations: int | None = None) -> bool:
+    """A run with all its metrics rows (``iterations`` of them, if given), its evaluations
+    during training and the final ``spotlight eval``."""
+    metrics = run_dir / "metrics.jsonl"
+    if not (metrics.is_file() and (run_dir / "eval.jsonl").is_file() and (run_dir / "eval.json").is_file()):
+        return False
+    return iterations is None or len([x for x in metrics.read_text().splitlines() if x.strip()]) == iterations
+
+
+def _cli(args: list[str], what: str, run_dir: pathlib.Path) -> None:
+    cmd = [sys.executable, "-m", "spotlight.cli", *args]
+    print("$ spotlight " + " ".join(args), flush=True)
+    rc = subprocess.run(cmd, cwd=REPO).returncode
+    if rc != 0:
+        sys.exit(f"error: {what} failed (exit code {rc}); its logs are in {run_dir / 'logs'}")
+
+
+def _checked_config(path, overrides: dict):
+    """The run's config, or exit with the config error (which names the field)."""
+    try:
+        return load_config(path, overrides)
+    except ConfigError as exc:
+        sys.exit(f"error: the config of mode {overrides.get('run.mode')!r}: {exc}")
+
+
+def run_one(mode: str, seed: int, args, out_dir: pathlib.Path) -> None:
+    """Run ``spotlight up --local`` and ``spotlight eval`` for one mode and seed (skipped with
+    ``--reuse`` when the run is finished)."""
+    run_dir = out_dir / run_name(mode, seed)
+    if args.reuse and finished(run_dir, args.iterations):
+        return
+    overrides = bench_overrides(
+        mode,
+        seed,
+        iterations=args.iterations,
+        eval_every=args.eval_every,
+        best_of=args.best_of,
+        panel_prompts=args.panel_prompts,
+        panel_seeds=args.panel_seeds,
+    )
+    cfg = _checked_config(args.config, overrides)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    conf = out_dir / f"{run_name(mode, seed)}.toml"
+    dump_config(cfg, conf)
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    t0 = time.monotonic()
+    _cli(
+        ["up", "--local", "--agents", str(args.agents), "--config", str(conf), "--run-dir", str(run_dir)],
+        f"spotlight up ({mode}, seed {seed})",
+        run_dir,
+    )
+    _cli(
+        ["eval", "--run-dir", str(run_dir), "--num-seeds", str(args.eval_seeds)],
+        f"spotlight eval ({mode}, seed {seed})",
+        run_dir,
+    )
+    print(f"== {mode} seed {seed}: {time.monotonic() - t0:.0f} s", flush=True)
+
+
+def _jsonl(path: pathlib.Path) -> list[dict]:
+    rows = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                sys.exit(f"error: {path}:{n}: not JSON ({exc.msg})")
+    return rows
+
+
+def load_run(run_dir: pathlib.Path, score: str) -> dict:
+    """A finished run's metrics rows, held-out curve and final ``spotlight eval`` scores."""
+    final = json.loads((run_dir / "eval.json").read_text())
+    try:
+        curve = cv.heldout_curve(_jsonl(run_dir / "eval.jsonl"), score)
+    except ValueError as exc:
+        sys.exit(f"error: {run_dir / 'eval.jsonl'}: {exc}")
+    return {
+        "metrics": _jsonl(run_dir / "metrics.jsonl"),
+        "curve": curve,
+        "final": {
+            name: {"strict": final[name].get("overall"), "partial": final[name].get("partial_credit")}
+            for name in ("base", "final")
+            if name in final
+        },
+    }
+
+
+def summarize(
+    runs: dict[str, dict[int, dict]],
+    *,
+    score: str,
+    window: int,
+    target: float | None = None,
+    resamples: int = cv.RESAMPLES,
+    bootstrap_seed: int = cv.BOOTSTRAP_SEED,
+) -> dict:
+    """The benchmark's numbers (JSON-ready) from ``{mode: {seed: load_run(...)}}``."""
+    curves = {m: [r["curve"] for r in by_seed.values()] for m, by_seed in runs.items()}
+    k = cv.common_window([c for cs in curves.values() for c in cs], window)
+    sat = {m: cv.saturated_score(cs, k) for m, cs in curves.items()}
+    tgt = min(sat.values()) if target is None else float(target)
+    kw = {"resamples": resamples, "seed": bootstrap_seed}
+    modes, outcomes = {}, {}
+    for m, by_seed in runs.items():
+        per_run, outs = [], []
+        for seed, r in by_seed.items():
+            o = cv.run_outcome(r["metrics"], r["curve"], tgt, k)
+            outs.append(o)
+            fin, base = r["final"].get("final", {}), r["final"].get("base", {})
+            per_run.append(
+                {
+                    "seed": seed,
+                    "run_dir": run_name(m, seed),
+                    **{f: getattr(o, f) for f in o.__dataclass_fields__},
+                    "heldout_strict": fin.get("strict"),
+                    "heldout_partial": fin.get("partial"),
+                    "base_strict": base.get("strict"),
+                    "base_partial": base.get("partial"),
+                    "curve": {
+                        "iterations": list(r["curve"].iterations),
+                        "scores": list(r["curve"].scores),
+                        "base": r["curve"].base,
+                    },
+                }
+            )
+        outcomes[m] = outs
+        heldout = {
+            "heldout_strict": [p["heldout_strict"] for p in per_run],
+            "heldout_partial": [p["heldout_partial"] for p in per_run],
+            "base_strict": [p["base_strict"] for p in per_run],
+            "base_partial": [p["base_partial"] for p in per_run],
         }
-    return target, table
+        row = cv.mode_summary(outs, heldout, **kw)
+        modes[m] = {
+            "label": LABELS.get(m, m),
+            "runs": per_run,
+            "reached": row.pop("reached"),
+            "n": row.pop("runs"),
+            **{name: ci.to_json() for name, ci in row.items()},
+        }
+    ratios, goal = {}, None
+    if OURS in outcomes:
+        den = [o.iterations_censored for o in outcomes[OURS]]
+        for m in outcomes:
+            if m != OURS:
+                num = [o.iterations_censored for o in outcomes[m]]
+                ratios[f"{m}/{OURS}"] = cv.bootstrap_ratio_ci(num, den, **kw).to_json()
+        if BASELINE in outcomes:
+            g = cv.goal_check(outcomes[BASELINE], outcomes[OURS], **kw)
+            goal = {key: (v.to_json() if isinstance(v, cv.CI) else v) for key, v in g.items()}
+    seeds = sorted({s for by_seed in runs.values() for s in by_seed})
+    return {
+        "schema": SCHEMA,
+        "score": score,
+        "window": k,
+        "window_asked": window,
+        "target": tgt,
+        "target_source": "--target" if target is not None else "lowest saturated score among the modes",
+        "saturated": sat,
+        "seeds": seeds,
+        "bootstrap": {"resamples": resamples, "seed": bootstrap_seed, "level": cv.LEVEL},
+        "modes": modes,
+        "ratios": ratios,
+        "goal": goal,
+    }
 
 
-def _ms(xs: list[float], fmt: str) -> str:
-    if not xs:
+def _ci(d: dict | None, fmt: str = "%.2f", scale: float = 1.0) -> str:
+    if not d or d.get("n", 0) == 0 or d.get("mean") is None:
         return "—"
-    return (fmt % np.mean(xs)) + " ± " + (fmt % (np.std(xs, ddof=1) if len(xs) > 1 else 0.0))
+    return cv.CI(d["mean"], d["low"], d["high"], d["n"]).format(fmt, scale)
 
 
-def plot(results, target: float, path: pathlib.Path) -> None:
+def _n(n: int, what: str) -> str:
+    return f"{n} {what}" + ("" if n == 1 else "s")
+
+
+def _yes(b: bool) -> str:
+    return "yes" if b else "**no**"
+
+
+def render_md(s: dict) -> str:
+    """The benchmark's table and verdict (Markdown)."""
+    iters = s.get("iterations")
+    bs = s["bootstrap"]
+    base_strict = [r["base_strict"] for m in s["modes"].values() for r in m["runs"] if r["base_strict"] is not None]
+    base_partial = [r["base_partial"] for m in s["modes"].values() for r in m["runs"] if r["base_partial"] is not None]
+    bstr = f"{np.mean(base_strict):.3f}" if base_strict else "—"
+    bpar = f"{np.mean(base_partial):.3f}" if base_partial else "—"
+    sat = ", ".join(f"{m} {v:.4f}" for m, v in s["saturated"].items())
+    window = f"{s['window']}-point" + (
+        f" (fewer than the {s['window_asked']} asked: a run evaluated only {s['window']} iterations)"
+        if s["window"] < s["window_asked"]
+        else ""
+    )
+    lines = [
+        f"Score per evaluated iteration: `{s['score']}` of the run's held-out panel (`eval.jsonl`, evaluated every "
+        f"{s.get('eval_every', '?')} iteration(s)), {window} moving average. Target {s['target']:.4f} = "
+        + (
+            f"the lowest saturated score (best moving average of the seed-mean curve) among the modes ({sat})"
+            if s["target_source"] != "--target"
+            else "set with --target"
+        )
+        + f". {_n(len(s['seeds']), 'run seed')} per mode ({', '.join(map(str, s['seeds']))}), {iters} iterations, "
+        f"{s.get('agents', '?')} local spot agents, verl-omni-spot with N = {s.get('best_of', '?')}. "
+        f"Mean [95 % percentile-bootstrap interval] over runs ({bs['resamples']} resamples, seed {bs['seed']}); "
+        f"held-out score of final/ by `spotlight eval` on the 46 test prompts × {_n(s.get('eval_seeds', 0), 'seed')}.",
+        "",
+        "| mode | reached target | iterations to target¹ | wall time to target (s)¹ | mean iteration (s) "
+        f"| exploration on the critical path (share of iteration time) | held-out strict of final/ (base {bstr}) "
+        f"| held-out partial of final/ (base {bpar}) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for m, row in s["modes"].items():
+        lines.append(
+            f"| {row['label']} | {row['reached']}/{row['n']} | {_ci(row['iterations_to_target'], '%.1f')} "
+            f"| {_ci(row['wall_s_to_target'], '%.0f')} | {_ci(row['mean_iteration_s'], '%.1f')} "
+            f"| {_ci(row['critical_path_share'], '%.1f', 100)} % | {_ci(row['heldout_strict'], '%.3f')} "
+            f"| {_ci(row['heldout_partial'], '%.3f')} |"
+        )
+    censor = f"{iters + 1}" if isinstance(iters, int) else "iterations + 1"
+    lines += [
+        "",
+        f'¹ Runs that never reached the target (see "reached") count as {censor} iterations and their whole wall '
+        "time plus one mean iteration: censored, so those means are lower bounds.",
+        "",
+    ]
+    for name, r in s["ratios"].items():
+        lines.append(
+            f"- iterations to target, {name}: **{r['mean']:.2f}×** (95 % interval {r['low']:.2f}–{r['high']:.2f})"
+        )
+    g = s.get("goal")
+    if g:
+        share = g["critical_path_share"]
+        lines += [
+            "",
+            f"Goal (Spotlight reaches the target in ≥ {g['min_ratio']}× fewer iterations than rlboost, the two "
+            f"intervals apart, ≤ {100 * g['max_critical_share']:.0f} % of iteration time on the critical path): "
+            f"ratio ≥ {g['min_ratio']}: {_yes(g['ratio_ok'])} (its interval's low end too: {_yes(g['ratio_low_ok'])}); "
+            f"intervals apart: {_yes(g['separated'])}; critical path {_ci(share, '%.1f', 100)} % ≤ "
+            f"{100 * g['max_critical_share']:.0f} %: {_yes(g['critical_path_ok'])} → "
+            + ("**met**" if g["met"] else "**not met**")
+            + (
+                f". {g['censored_runs']} of these runs never reached the target (censored), so the ratio is "
+                "uncertain beyond its interval."
+                if g["censored_runs"]
+                else "."
+            ),
+        ]
+    return "\n".join(lines)
+
+
+def plot(s: dict, path: pathlib.Path) -> None:
+    """Seed-mean held-out curves (moving average) with their run-to-run spread, and the target."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    k = s["window"]
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
-    for v, runs in results.items():
-        curves = np.array([moving_average([r[SCORE] for r in run["rows"]]) for run in runs.values()])
-        x = np.arange(3, curves.shape[1] + 3)
-        m, sd = curves.mean(0), curves.std(0)
-        ax.plot(x, m, linewidth=2, label=f"{v} (mean of {len(curves)} seeds, 3-iter avg)")
-        ax.fill_between(x, m - sd, m + sd, alpha=0.15)
-    ax.axhline(target, color="gray", linestyle="--", label="target")
+    for m, row in s["modes"].items():
+        curves = [cv.Curve(tuple(r["curve"]["iterations"]), tuple(r["curve"]["scores"])) for r in row["runs"]]
+        common = cv.mean_curve(curves).iterations
+        mas = np.array([cv.moving_average([c.scores[c.iterations.index(i)] for i in common], k) for c in curves])
+        x = np.array(common[k - 1 :])
+        mean, sd = mas.mean(0), mas.std(0)
+        ax.plot(x, mean, linewidth=2, label=f"{m} (mean of {len(curves)} runs, {k}-point average)")
+        ax.fill_between(x, mean - sd, mean + sd, alpha=0.15)
+    ax.axhline(s["target"], color="gray", linestyle="--", label=f"target {s['target']:.3f}")
     ax.set_xlabel("iteration")
-    ax.set_ylabel("control-prompt reward (GenEval partial credit)")
+    ax.set_ylabel(f"held-out {s['score']}")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -188,72 +405,189 @@ def plot(results, target: float, path: pathlib.Path) -> None:
     plt.close(fig)
 
 
+def profile_update(s: dict, profile_text: str, spotlight_iterations: int, *, date: str) -> str:
+    """``profile_text`` with its ``[iterations_to_target]`` scaled by the measured ratios
+    (:func:`spotlight.sim.profile.set_iterations_to_target`): rlboost and reserved-only =
+    ``spotlight_iterations`` × rlboost/spotlight, verl-omni-spot × its own ratio; Spotlight's
+    and rlboost+explore's counts stay.
+
+    Raises:
+        ValueError: the summary has no rlboost/spotlight ratio.
+    """
+    from spotlight.sim.profile import set_iterations_to_target
+
+    key = f"{BASELINE}/{OURS}"
+    if key not in s["ratios"]:
+        raise ValueError(f"the benchmark has no {key} ratio (run both modes)")
+
+    def scaled(ratio: dict) -> int:
+        return max(1, round(spotlight_iterations * ratio["mean"]))
+
+    def note(name: str, ratio: dict) -> str:
+        return f"benchmarks/convergence.py: spotlight's {spotlight_iterations} x {ratio['mean']:.2f} (measured {name})"
+
+    r = s["ratios"][key]
+    values = {
+        "rlboost": (scaled(r), note(key, r)),
+        "reserved-only": (scaled(r), note(key, r) + "; converges like rlboost, paper §6.2"),
+    }
+    comments = [
+        f"benchmarks/convergence.py, {date}: iterations to target measured on the shapes task (CPU, toy scale),",
+        f"{_n(len(s['seeds']), 'run seed')} ({','.join(map(str, s['seeds']))}) x {s.get('iterations', '?')} "
+        "iterations, "
+        f"score {s['score']} ({s['window']}-point moving average), target {s['target']:.4f}.",
+        "Ratio of iterations to target over spotlight's, mean [95 % bootstrap interval]:",
+        f"{key} = {r['mean']:.2f} [{r['low']:.2f}, {r['high']:.2f}]",
+    ]
+    vkey = f"verl-omni-spot/{OURS}"
+    if vkey in s["ratios"]:
+        v = s["ratios"][vkey]
+        values["verl-omni-spot"] = (scaled(v), note(vkey, v))
+        comments.append(f"{vkey} = {v['mean']:.2f} [{v['low']:.2f}, {v['high']:.2f}]")
+    censored = sum(not r["reached"] for m in s["modes"].values() for r in m["runs"])
+    comments.append(
+        f"Runs that never reached the target: {censored} (censored at iterations + 1). spotlight and "
+        "rlboost+explore keep their counts."
+    )
+    return set_iterations_to_target(profile_text, values, comments, PROFILE_MARK)
+
+
+def write_profile(s: dict, path: pathlib.Path) -> None:
+    """Rewrite the profile at ``path`` (checked with the simulator's loader before it replaces the file)."""
+    from spotlight.sim.profile import ProfileError, load_profile
+
+    try:
+        prof = load_profile(path)
+    except ProfileError as exc:
+        sys.exit(f"error: --write-profile: {exc}")
+    spot = prof.iterations_to_target.get(OURS)
+    if spot is None:
+        sys.exit(f"error: --write-profile: {path} has no [iterations_to_target] spotlight count to scale")
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    try:
+        text = profile_update(s, path.read_text(encoding="utf-8"), spot, date=date)
+    except ValueError as exc:
+        sys.exit(f"error: --write-profile: {exc}")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    try:
+        new = load_profile(tmp)
+    except ProfileError as exc:
+        tmp.unlink()
+        sys.exit(f"error: --write-profile: the rewritten profile does not load ({exc}); {path} left as it was")
+    os.replace(tmp, path)
+    print(f"wrote {path}: [iterations_to_target] {new.iterations_to_target}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--iterations", type=int, default=20)
-    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--seeds", default="0,1,2,3,4")
+    ap.add_argument("--modes", default=",".join(MODES), help="run modes (run.mode), comma-separated")
     ap.add_argument("--agents", type=int, default=2)
-    ap.add_argument("--best-of", type=int, default=24, help="N of the critical-path best-of-N baseline")
-    ap.add_argument("--eval-seeds", type=int, default=4, help="test samples per prompt for final/")
+    ap.add_argument("--best-of", type=int, default=24, help="N of verl-omni-spot's best-of-N")
+    ap.add_argument("--eval-every", type=int, default=1, help="eval.every: held-out panel after every N iterations")
+    ap.add_argument("--panel-prompts", type=int, default=None, help="eval.num_prompts (default: the config's)")
+    ap.add_argument("--panel-seeds", type=int, default=None, help="eval.num_seeds (default: the config's)")
+    ap.add_argument("--score", default="eval/partial", choices=cv.SCORE_KEYS, help="held-out score per iteration")
+    ap.add_argument("--window", type=int, default=3, help="moving-average window (evaluated iterations)")
+    ap.add_argument("--target", type=float, default=None, help="fixed target (default: lowest saturated score)")
+    ap.add_argument("--eval-seeds", type=int, default=8, help="spotlight eval of final/: samples per test prompt")
+    ap.add_argument("--resamples", type=int, default=cv.RESAMPLES, help="bootstrap resamples")
     ap.add_argument("--config", default=None)
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "out" / "convergence"))
-    ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--reuse", action="store_true", help="reuse finished runs found in --out")
     ap.add_argument(
         "--summarize-only",
         action="store_true",
         help="run nothing: summarise the finished runs found in --out (a partial benchmark)",
     )
+    ap.add_argument(
+        "--write-profile",
+        type=pathlib.Path,
+        default=None,
+        help="rewrite this simulation profile's [iterations_to_target] with the measured ratios",
+    )
     args = ap.parse_args()
     out = pathlib.Path(args.out)
-    seeds = [int(s) for s in args.seeds.split(",")]
-    variants = args.variants.split(",")
-    results: dict[str, dict[int, dict]] = {v: {} for v in variants}
-    for seed in seeds:  # seed-major: a partial benchmark still compares the variants
-        for v in variants:
-            if args.summarize_only:
-                rd = out / f"{v}-s{seed}"
-                if not ((rd / "eval.json").is_file() and (rd / "metrics.jsonl").is_file()):
-                    print(f"== {v} seed {seed}: not finished, left out")
-                    continue
-                args.reuse = True
-            results[v][seed] = run_one(v, seed, args, out)
-    seeds_done = sorted({s for runs in results.values() for s in runs})
-    common = [s for s in seeds_done if all(s in runs for runs in results.values())]
-    if common != seeds_done:
-        print(f"== summarising the seeds every variant finished: {common}")
-        results = {v: {s: runs[s] for s in common} for v, runs in results.items()}
-    seeds = common
-    target, table = summarize(results)
-    plot(results, target, out / "convergence.png")
-    lines = [
-        f"Target: {target:.4f} = the lowest saturated control-prompt score (best 3-iteration average of the seed-mean "
-        "curve) among the variants. "
-        f"{len(seeds)} run seeds per variant ({', '.join(map(str, seeds))}), {args.iterations} iterations, "
-        f"{args.agents} local spot agents; mean ± sample std over seeds.",
-        "",
-        "| variant | reached target | iterations to target (runs that reached it) | wall time to target (s) "
-        "| mean iteration (s) | exploration on critical path (share of iteration time) | test score of final/ (base "
-        + f"{np.mean([t['test_score_base'] for t in table.values()]):.3f}) |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for v, row in table.items():
-        lines.append(
-            f"| {LABELS.get(v, v)} | {row['reached']}/{row['runs']} | {_ms(row['iterations_to_target'], '%.1f')} | "
-            f"{_ms(row['wall_s_to_target'], '%.0f')} "
-            f"| {row['mean_iteration_s']:.1f} | {100 * row['critical_path_share']:.1f} % | "
-            f"{_ms(row['test_score_final'], '%.3f')} |"
-        )
-    text = "\n".join(lines)
+    try:
+        seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
+    except ValueError:
+        sys.exit(f"error: --seeds: expected comma-separated integers, got {args.seeds!r}")
+    modes = [m for m in args.modes.split(",") if m.strip()]
+    from spotlight.core.modes import MODE_NAMES
+
+    bad = [m for m in modes if m not in MODE_NAMES]
+    if bad or not modes:
+        sys.exit(f"error: --modes: unknown mode(s) {bad}; choose from {', '.join(MODE_NAMES)}")
+    if args.eval_every < 1:
+        sys.exit("error: --eval-every must be >= 1 (the score per iteration is the held-out evaluation)")
+    if not args.summarize_only:  # a config every run accepts, before hours of runs
+        for m in modes:
+            _checked_config(
+                args.config,
+                bench_overrides(
+                    m,
+                    seeds[0],
+                    iterations=args.iterations,
+                    eval_every=args.eval_every,
+                    best_of=args.best_of,
+                    panel_prompts=args.panel_prompts,
+                    panel_seeds=args.panel_seeds,
+                ),
+            )
+
+    t_start, done = time.monotonic(), 0
+    todo = [(s, m) for s in seeds for m in modes]  # seed-major: a partial benchmark still compares the modes
+    runs: dict[str, dict[int, dict]] = {m: {} for m in modes}
+    for i, (seed, m) in enumerate(todo, 1):
+        rd = out / run_name(m, seed)
+        if args.summarize_only:
+            if not finished(rd):
+                print(f"== {m} seed {seed}: not finished, left out")
+                continue
+        else:
+            fresh = not (args.reuse and finished(rd, args.iterations))
+            if fresh:
+                eta = ""
+                if done:
+                    per = (time.monotonic() - t_start) / done
+                    eta = f", ~{per * (len(todo) - i + 1) / 60:.0f} min left"
+                print(f"== run {i}/{len(todo)}: {m} seed {seed}{eta}", flush=True)
+            run_one(m, seed, args, out)
+            done += fresh
+        runs[m][seed] = load_run(rd, args.score)
+    have = [set(by_seed) for by_seed in runs.values()]
+    common = sorted(set.intersection(*have)) if have else []
+    if not common:
+        sys.exit(f"error: no run seed finished in every mode under {out}")
+    if any(h != set(common) for h in have):
+        print(f"== summarising the seeds every mode finished: {common}")
+        runs = {m: {s: by_seed[s] for s in common} for m, by_seed in runs.items()}
+    try:
+        s = summarize(runs, score=args.score, window=args.window, target=args.target, resamples=args.resamples)
+    except ValueError as exc:
+        sys.exit(f"error: {exc}")
+    iters = {len(r["metrics"]) for by_seed in runs.values() for r in by_seed.values()}
+    s |= {
+        "iterations": iters.pop() if len(iters) == 1 else sorted(iters),
+        "eval_every": args.eval_every,
+        "eval_seeds": args.eval_seeds,
+        "best_of": args.best_of,
+        "agents": args.agents,
+    }
+    from _provenance import provenance
+
+    s["provenance"] = provenance()
+    out.mkdir(parents=True, exist_ok=True)
+    plot(s, out / "convergence.png")
+    text = render_md(s)
     (out / "convergence.md").write_text(text + "\n")
-    (out / "convergence.json").write_text(
-        json.dumps(
-            {"target": target, "table": table, "seeds": seeds, "iterations": args.iterations},
-            indent=2,
-            default=lambda o: None if isinstance(o, float) and math.isnan(o) else o,
-        )
-    )
+    (out / "convergence.json").write_text(json.dumps(s, indent=2))
     print(text)
+    print(f"wrote {out / 'convergence.md'}, convergence.json and convergence.png")
+    if args.write_profile is not None:
+        write_profile(s, args.write_profile)
 
 
 if __name__ == "__main__":

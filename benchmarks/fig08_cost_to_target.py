@@ -8,17 +8,18 @@ Two sources, side by side:
   (``examples/traces/bamboo/p3-trace.csv``) placed on 4 spot nodes x 2 GPUs + 4 reserved
   GPUs, with the shipped Qwen-Image / H100 profile (its iterations to target and prices,
   each with its source);
-* **real local runs**: ``--run-dir LABEL=PATH`` (repeatable) reads each run's
-  ``metrics.jsonl`` and takes the cumulative ``cost/usd`` at the first iteration whose
-  3-iteration moving average of ``reward/control_mean`` reaches ``--target``. By default the
-  runs of ``benchmarks/convergence.py`` found under ``--convergence-dir`` are used, with their
-  target (the lowest saturated score, paper §6.2), one bar per variant (mean over seeds that
-  reached it).
+* **real local runs**: ``--run-dir LABEL=PATH`` (repeatable) reads each run's held-out
+  evaluations (``eval.jsonl``; ``--score``, ``eval/partial`` by default, or a ``metrics.jsonl``
+  column such as ``reward/control_mean``) and takes the cumulative ``cost/usd`` of
+  ``metrics.jsonl`` at the first iteration whose ``--window``-point moving average reaches
+  ``--target``. By default the runs of ``benchmarks/convergence.py`` found under
+  ``--convergence-dir`` are used as its ``convergence.json`` measured them (its target: the
+  lowest saturated score, paper §6.2), one bar per run mode (mean over the runs that reached it).
 
 Toy scale on CPU::
 
     python benchmarks/fig08_cost_to_target.py                          # ~20 s
-    python benchmarks/fig08_cost_to_target.py --run-dir spotlight=runs/a --run-dir rlboost=runs/b --target 0.46
+    python benchmarks/fig08_cost_to_target.py --run-dir spotlight=runs/a --run-dir rlboost=runs/b --target 0.30
 
 Real scale on a GPU cluster: run each mode with ``spotlight up --config examples/paper/<setup>.toml``
 (``run.mode`` set per baseline) until its validation score saturates, then pass the run
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import pathlib
 import statistics
 import sys
@@ -44,32 +46,51 @@ from _provenance import provenance, provenance_line, save_result  # noqa: E402
 from _runs import BAMBOO, cost_to_target, parse_labelled, simulate_policies  # noqa: E402
 
 MODES = ["reserved-only", "rlboost", "verl-omni-spot", "rlboost+explore", "spotlight"]
-CONV_LABELS = {
-    "no-exploration": "rlboost (explore off)",
-    "critical-path": "verl-omni-spot (critical path)",
-    "spotlight": "spotlight",
-}
 
 
 def local_runs(args) -> tuple[dict[str, list[dict]], float | None]:
-    """Cost to target of the local runs: ``{label: [per-run dicts]}`` and the target used."""
-    runs: dict[str, list[pathlib.Path]] = {}
+    """Cost to target of the local runs: ``{label: [per-run dicts]}`` and the target used.
+
+    With ``--run-dir``: each run's ``--score`` curve against ``--target``
+    (:func:`_runs.cost_to_target`). Otherwise the runs of ``benchmarks/convergence.py`` under
+    ``--convergence-dir``, as its ``convergence.json`` measured them (its target, one label per
+    run mode); a summary written by the older script is skipped with a note."""
     target = args.target
     if args.run_dir:
+        if target is None:
+            sys.exit(f"error: --run-dir needs --target (the {args.score} to reach)")
+        runs: dict[str, list[pathlib.Path]] = {}
         for label, path in parse_labelled(args.run_dir).items():
             runs.setdefault(label.split("#")[0], []).append(path)
-    else:
-        conv = pathlib.Path(args.convergence_dir)
-        if (conv / "convergence.json").is_file():
-            summary = json.loads((conv / "convergence.json").read_text())
-            target = summary["target"] if target is None else target
-            for v in summary["table"]:
-                runs[CONV_LABELS.get(v, v)] = [
-                    conv / f"{v}-s{s}" for s in summary["seeds"] if (conv / f"{v}-s{s}" / "metrics.jsonl").is_file()
-                ]
-    if runs and target is None:
-        sys.exit("error: --run-dir needs --target (the reward/control_mean to reach)")
-    return {label: [cost_to_target(p, target) for p in paths] for label, paths in runs.items()}, target
+        try:
+            return {
+                label: [cost_to_target(p, target, key=args.score, k=args.window) for p in paths]
+                for label, paths in runs.items()
+            }, target
+        except ValueError as exc:
+            sys.exit(f"error: {exc}")
+    summary = pathlib.Path(args.convergence_dir) / "convergence.json"
+    if not summary.is_file():
+        return {}, target
+    conv = json.loads(summary.read_text())
+    if conv.get("schema") != 2:
+        print(f"note: {summary} is from an older benchmarks/convergence.py; re-run it for the local bars")
+        return {}, target
+    out = {}
+    for mode, t in conv["modes"].items():
+        out[mode] = [
+            {
+                "run": r["run_dir"],
+                "mode": mode,
+                "iterations": r["iterations_censored"],
+                "reached": r["reached"],
+                "cost_usd": r["cost_usd_to_target"] if r["cost_usd_to_target"] is not None else math.nan,
+                "wall_s": r["wall_s_censored"],
+                "iterations_run": r["iterations_run"],
+            }
+            for r in t["runs"]
+        ]
+    return out, conv["target"]
 
 
 def _plot_costs(sim_rows: list[dict], local_rows: list[dict]):
@@ -114,7 +135,14 @@ def main() -> None:
         default=[],
         help="LABEL=PATH of a finished local run (repeatable; LABEL#2=PATH adds a seed)",
     )
-    ap.add_argument("--target", type=float, default=None, help="target reward/control_mean for --run-dir")
+    ap.add_argument("--target", type=float, default=None, help="target --score for --run-dir")
+    ap.add_argument(
+        "--score",
+        default="eval/partial",
+        help="--run-dir: held-out score of eval.jsonl (eval/partial, eval/strict, eval/score) or a metrics column "
+        "(reward/control_mean)",
+    )
+    ap.add_argument("--window", type=int, default=3, help="--run-dir: moving-average window")
     ap.add_argument("--convergence-dir", default=str(REPO / "benchmarks" / "out" / "convergence"))
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "fig08_cost_to_target.png"))
     args = ap.parse_args()
@@ -146,7 +174,7 @@ def main() -> None:
     local_rows = []
     if local:
         print(
-            "\nFig. 8 (real local runs, CPU 'GPUs'): cost until the 3-iteration average of reward/control_mean >= "
+            "\nFig. 8 (real local runs, CPU 'GPUs'): cost until the moving average of the held-out score reaches "
             f"{target:.4f}"
         )
         print(f"{'mode':>32} {'reached':>7} {'iterations':>10} {'cost ($)':>9} {'x spotlight':>11}")

@@ -12,9 +12,9 @@ Each run's held-out scores come from the run's own held-out evaluation (docs/eva
   ``--eval-prompts`` prompts × ``--eval-seeds`` seeds), which is also what ``spotlight eval
   --run-dir`` runs for any family.
 
-Toy scale on CPU (default): the seed-0 runs of the three variants of
-``benchmarks/convergence.py`` (no exploration / best-of-N on the critical path / Spotlight,
-found under ``--convergence-dir``; the shapes task evaluates every 5 iterations during training).
+Toy scale on CPU (default): the seed-0 runs of the three run modes of
+``benchmarks/convergence.py`` (rlboost / verl-omni-spot / Spotlight, found under
+``--convergence-dir``; the benchmark evaluates the held-out panel after every iteration).
 Without those runs it first makes one short local run with an evaluation after every iteration
 (``spotlight up --local --iterations 4 --agents 2`` with ``eval.every = 1``, ~4 min)::
 
@@ -48,7 +48,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from _provenance import provenance, provenance_line, save_result  # noqa: E402
 from _runs import spotlight_cli  # noqa: E402
 
-VARIANTS = ("no-exploration", "critical-path", "spotlight")
+MODES = ("rlboost", "verl-omni-spot", "spotlight")
+"""The run modes of benchmarks/convergence.py; its run directories are ``<mode>-s<seed>``."""
 
 
 def versions(run_dir: pathlib.Path) -> dict[int, pathlib.Path]:
@@ -147,9 +148,7 @@ def main() -> None:
     runs = {pathlib.Path(d).name: pathlib.Path(d) for d in args.run_dir}
     if not runs:
         conv = pathlib.Path(args.convergence_dir)
-        runs = {
-            v: conv / f"{v}-s{args.seed}" for v in VARIANTS if (conv / f"{v}-s{args.seed}" / "config.toml").is_file()
-        }
+        runs = {m: conv / f"{m}-s{args.seed}" for m in MODES if (conv / f"{m}-s{args.seed}" / "config.toml").is_file()}
     if not runs:
         rd = REPO / "benchmarks" / "out" / "fig09" / "local-run"
         if not (rd / "eval.jsonl").is_file():

@@ -1,21 +1,22 @@
 """Paper Fig. 10 (iterations to the target score) and Fig. 11 (exploration overhead on the
 critical path), on the embedded shapes task.
 
-Reads the output of ``benchmarks/convergence.py`` (``<dir>/convergence.json`` and the run
-directories next to it: three variants — no exploration (RLBoost), best-of-N on the critical
-path (veRL-omni(spot)), Spotlight — times the run seeds) and draws both figures from it:
+Reads the output of ``benchmarks/convergence.py`` (``<dir>/convergence.json``: the run modes
+rlboost, verl-omni-spot and Spotlight times the run seeds, each run's numbers and the means with
+their 95 % bootstrap intervals) and draws both figures from it:
 
-* Fig. 10: iterations (and wall seconds) until the 3-iteration moving average of the
-  control-prompt reward reaches the target (the lowest saturated score among the variants,
-  as the paper's §6.2 defines it), per variant, mean and per-seed points;
+* Fig. 10: iterations until the moving average of the held-out score (``eval.jsonl``,
+  ``eval/partial`` by default) reaches the target (the lowest saturated score among the modes,
+  as the paper's §6.2 defines it), per mode: mean with its interval and every run (hollow: a
+  run that never reached it, counted as iterations + 1), and the ratio to Spotlight's;
 * Fig. 11: the share of iteration time spent exploring on the critical path
-  (``time/explore_critical_path_s / time/iteration_s`` from each run's metrics.jsonl), and
-  the mean iteration time.
+  (``time/explore_critical_path_s / time/iteration_s`` over each run), and the mean iteration
+  time.
 
 Toy scale on CPU (default): summarise existing runs, a few seconds::
 
     python benchmarks/fig10_11_convergence.py --from benchmarks/out/convergence
-    python benchmarks/fig10_11_convergence.py --rerun --iterations 12 --seeds 0,1,2   # ~5 h on 2 cores
+    python benchmarks/fig10_11_convergence.py --rerun --iterations 20 --seeds 0,1,2,3,4   # hours on 2 cores
 
 ``--rerun`` runs ``benchmarks/convergence.py`` first with the given options (``--reuse`` keeps
 finished runs). Real scale on a GPU cluster: run ``benchmarks/convergence.py --config
@@ -33,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import statistics
 import subprocess
 import sys
 
@@ -42,13 +42,63 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from _provenance import provenance_line, save_result  # noqa: E402
-from _runs import read_metrics  # noqa: E402
 
 LABELS = {
-    "no-exploration": "no exploration\n(RLBoost)",
-    "critical-path": "best-of-N, critical path\n(veRL-omni(spot))",
+    "rlboost": "rlboost\n(no exploration)",
+    "verl-omni-spot": "verl-omni-spot\n(best-of-N, critical path)",
     "spotlight": "Spotlight",
 }
+SCHEMA = 2
+
+
+def read_summary(src: pathlib.Path) -> dict:
+    """``src/convergence.json`` as benchmarks/convergence.py writes it (schema 2); exits with the
+    command to run when it is missing or was written by the older script."""
+    summary = src / "convergence.json"
+    if not summary.is_file():
+        sys.exit(
+            f"error: {summary} not found; run `python benchmarks/convergence.py --out {src}` (or this script with "
+            "--rerun)"
+        )
+    conv = json.loads(summary.read_text())
+    if conv.get("schema") != SCHEMA:
+        sys.exit(
+            f"error: {summary} was written by an older benchmarks/convergence.py (variants no-exploration / "
+            "critical-path / spotlight scored by reward/control_mean, no intervals); re-run "
+            f"`python benchmarks/convergence.py --out {src}` with the run modes"
+        )
+    return conv
+
+
+def rows_from_summary(conv: dict) -> dict[str, dict]:
+    """Per mode: the figure's numbers (per run and mean [low, high]) from a schema-2 summary."""
+    rows = {}
+    spot = conv["modes"].get("spotlight")
+    for m, t in conv["modes"].items():
+        runs = t["runs"]
+        ratio = conv["ratios"].get(f"{m}/spotlight")
+        if m == "spotlight":
+            ratio = {"mean": 1.0, "low": 1.0, "high": 1.0, "n": t["n"]}
+        rows[m] = {
+            "runs": t["n"],
+            "reached": t["reached"],
+            "iterations_per_run": [r["iterations_censored"] for r in runs],
+            "reached_per_run": [r["reached"] for r in runs],
+            "iterations_to_target": t["iterations_to_target"],
+            "wall_s_to_target": t["wall_s_to_target"],
+            "critical_path_share_per_run": [r["critical_path_share"] for r in runs],
+            "critical_path_share": t["critical_path_share"],
+            "mean_iteration_s": t["mean_iteration_s"],
+            "iterations_vs_spotlight": ratio if spot is not None else None,
+        }
+    return rows
+
+
+def _ci(d: dict | None, fmt: str, scale: float = 1.0) -> str:
+    if not d or d.get("mean") is None:
+        return "-"
+    m, lo, hi = (fmt % (d[k] * scale) for k in ("mean", "low", "high"))
+    return m if lo == hi == m else f"{m} [{lo}, {hi}]"
 
 
 def main() -> None:
@@ -60,8 +110,8 @@ def main() -> None:
         help="convergence.py output directory",
     )
     ap.add_argument("--rerun", action="store_true", help="run benchmarks/convergence.py into --from first")
-    ap.add_argument("--iterations", type=int, default=12, help="with --rerun")
-    ap.add_argument("--seeds", default="0,1,2", help="with --rerun")
+    ap.add_argument("--iterations", type=int, default=20, help="with --rerun")
+    ap.add_argument("--seeds", default="0,1,2,3,4", help="with --rerun")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "fig10_11_convergence.png"))
     args = ap.parse_args()
     src = pathlib.Path(args.src)
@@ -79,60 +129,29 @@ def main() -> None:
         ]
         print("$ " + " ".join(cmd), flush=True)
         subprocess.run(cmd, cwd=REPO, check=True)
-    summary = src / "convergence.json"
-    if not summary.is_file():
-        sys.exit(
-            f"error: {summary} not found; run `python benchmarks/convergence.py --out {src}` (or this script with "
-            "--rerun)"
-        )
-    conv = json.loads(summary.read_text())
-    target, table = conv["target"], conv["table"]
-    rows = {}
-    for v, t in table.items():
-        shares, crit_s, it_s = [], [], []
-        for seed in conv["seeds"]:
-            rd = src / f"{v}-s{seed}"
-            if not (rd / "metrics.jsonl").is_file():
-                continue
-            m = read_metrics(rd)
-            crit = sum(r.get("time/explore_critical_path_s", 0.0) for r in m)
-            tot = sum(r["time/iteration_s"] for r in m)
-            shares.append(crit / tot)
-            crit_s.append(crit / len(m))
-            it_s.append(tot / len(m))
-        rows[v] = {
-            "runs": t["runs"],
-            "reached": t["reached"],
-            "iterations_to_target": t["iterations_to_target"],
-            "wall_s_to_target": t["wall_s_to_target"],
-            "critical_path_share_per_run": shares or [t["critical_path_share"]],
-            "critical_path_s_per_iteration": crit_s,
-            "mean_iteration_s_per_run": it_s or [t["mean_iteration_s"]],
-        }
-    base = rows.get("no-exploration")
+    conv = read_summary(src)
+    rows = rows_from_summary(conv)
     print(
-        f"Fig. 10/11 (shapes task, {len(conv['seeds'])} seeds x {conv['iterations']} iterations): target {target:.4f}"
+        f"Fig. 10/11 (shapes task, {len(conv['seeds'])} run seed(s) x {conv['iterations']} iterations): target "
+        f"{conv['target']:.4f} of {conv['score']} ({conv['window']}-point moving average); "
+        "mean [95 % bootstrap interval]"
     )
     print(
-        f"{'variant':>16} {'reached':>7} {'iters to target':>16} {'vs RLBoost':>10} {'wall to target':>15} "
-        f"{'iteration':>10} {'critical path':>13}"
+        f"{'mode':>15} {'reached':>7} {'iterations to target':>22} {'x spotlight':>20} {'wall to target (s)':>20} "
+        f"{'iteration (s)':>18} {'critical path (%)':>18}"
     )
-    for v, r in rows.items():
-        it = r["iterations_to_target"]
-        mean_it = statistics.mean(it) if it else float("nan")
-        ratio = (
-            statistics.mean(base["iterations_to_target"]) / mean_it
-            if base and base["iterations_to_target"] and it
-            else float("nan")
-        )
-        r["iterations_vs_rlboost"] = ratio
-        wall = f"{statistics.mean(r['wall_s_to_target']):.0f} s" if r["wall_s_to_target"] else "-"
+    for m, r in rows.items():
         print(
-            f"{v:>16} {r['reached']}/{r['runs']:<5} {mean_it:16.1f} {ratio:9.2f}x {wall:>15} "
-            f"{statistics.mean(r['mean_iteration_s_per_run']):9.1f}s "
-            f"{100 * statistics.mean(r['critical_path_share_per_run']):12.1f}%"
+            f"{m:>15} {r['reached']}/{r['runs']:<5} {_ci(r['iterations_to_target'], '%.1f'):>22} "
+            f"{_ci(r['iterations_vs_spotlight'], '%.2f'):>20} {_ci(r['wall_s_to_target'], '%.0f'):>20} "
+            f"{_ci(r['mean_iteration_s'], '%.1f'):>18} {_ci(r['critical_path_share'], '%.1f', 100):>18}"
         )
-    print("(iterations to target counts only the runs that reached it; 'vs RLBoost' = RLBoost's mean / this mean)")
+    print(
+        f"(a run that never reached the target counts as {conv['iterations'] + 1} iterations: censored; "
+        "'x spotlight' = this mode's iterations to target / Spotlight's, runs of each resampled independently)"
+        if isinstance(conv["iterations"], int)
+        else "(a run that never reached the target counts as its iterations + 1: censored)"
+    )
     print(provenance_line())
 
     import matplotlib
@@ -140,47 +159,50 @@ def main() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    names = list(rows)
-    x = range(len(names))
-    ax = axes[0]
-    ax.bar(
-        x,
-        [statistics.mean(rows[v]["iterations_to_target"]) if rows[v]["iterations_to_target"] else 0 for v in names],
-        color="#8fb3d9",
-    )
-    for i, v in enumerate(names):
-        ax.scatter(
-            [i] * len(rows[v]["iterations_to_target"]), rows[v]["iterations_to_target"], color="k", s=12, zorder=3
-        )
-        ax.text(i, 0.3, f"reached {rows[v]['reached']}/{rows[v]['runs']}", ha="center", fontsize=8)
-    ax.set_xticks(list(x), [LABELS.get(v, v) for v in names], fontsize=8)
-    ax.set_ylabel("iterations to target")
-    ax.set_title("Fig. 10: iterations to target", fontsize=10)
-    ax = axes[1]
-    ax.bar(x, [100 * statistics.mean(rows[v]["critical_path_share_per_run"]) for v in names], color="#e6a57e")
-    for i, v in enumerate(names):
-        ax.scatter(
-            [i] * len(rows[v]["critical_path_share_per_run"]),
-            [100 * s for s in rows[v]["critical_path_share_per_run"]],
-            color="k",
-            s=12,
-            zorder=3,
-        )
-    ax.set_xticks(list(x), [LABELS.get(v, v) for v in names], fontsize=8)
-    ax.set_ylabel("exploration on the critical path (% of iteration time)")
-    ax.set_title("Fig. 11: exploration overhead", fontsize=10)
-    for ax in axes:
+    def bars(ax, key, per_run_key, color, scale=1.0, hollow=False):
+        names = list(rows)
+        means = [scale * (rows[m][key]["mean"] or 0.0) for m in names]
+        err = [
+            [scale * (rows[m][key]["mean"] - rows[m][key]["low"]) for m in names],
+            [scale * (rows[m][key]["high"] - rows[m][key]["mean"]) for m in names],
+        ]
+        ax.bar(range(len(names)), means, yerr=err, capsize=4, color=color)
+        for i, m in enumerate(names):
+            ys = [scale * y for y in rows[m][per_run_key]]
+            filled = rows[m]["reached_per_run"] if hollow else [True] * len(ys)
+            ax.scatter(
+                [i + 0.06 * (j - (len(ys) - 1) / 2) for j in range(len(ys))],
+                ys,
+                s=16,
+                zorder=3,
+                facecolors=["k" if f else "none" for f in filled],
+                edgecolors="k",
+            )
+        ax.set_xticks(range(len(names)), [LABELS.get(m, m) for m in names], fontsize=8)
         ax.grid(axis="y", alpha=0.3)
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    bars(axes[0], "iterations_to_target", "iterations_per_run", "#8fb3d9", hollow=True)
+    for i, m in enumerate(rows):
+        axes[0].text(i, 0.3, f"reached {rows[m]['reached']}/{rows[m]['runs']}", ha="center", fontsize=8)
+    axes[0].set_ylabel("iterations to target")
+    axes[0].set_title("Fig. 10: iterations to target (95 % CI; hollow = not reached)", fontsize=9)
+    bars(axes[1], "critical_path_share", "critical_path_share_per_run", "#e6a57e", scale=100)
+    axes[1].set_ylabel("exploration on the critical path (% of iteration time)")
+    axes[1].set_title("Fig. 11: exploration overhead (95 % CI)", fontsize=9)
     out = save_result(
         fig,
         args.out,
         {
             "source": str(src),
-            "target": target,
+            "score": conv["score"],
+            "window": conv["window"],
+            "target": conv["target"],
             "seeds": conv["seeds"],
             "iterations": conv["iterations"],
-            "variants": rows,
+            "modes": rows,
+            "ratios": conv["ratios"],
+            "goal": conv.get("goal"),
         },
         indent=2,
     )

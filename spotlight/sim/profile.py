@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import math
 import pathlib
+import re
 import tomllib
 from dataclasses import dataclass, field
 
 from spotlight.core.planner import StepOption
 from spotlight.errors import SpotlightError
 
-__all__ = ["DEFAULT_PROFILE", "ProfileError", "SimProfile", "load_profile"]
+__all__ = ["DEFAULT_PROFILE", "ProfileError", "SimProfile", "load_profile", "set_iterations_to_target"]
 
 DEFAULT_PROFILE = pathlib.Path(__file__).resolve().parent / "profiles" / "qwen-image-h100.toml"
 KNOWN_POLICIES = frozenset({"spotlight", "rlboost", "rlboost+explore", "verl-omni-spot", "reserved-only"})
@@ -260,6 +261,63 @@ def _iterations_to_target(d: dict, where: str) -> dict[str, int]:
             raise ProfileError(f"{where}: [iterations_to_target] {k} must be an integer >= 1, got {v!r}")
         its[k] = v
     return its
+
+
+_HEADER = re.compile(r"\s*\[\s*iterations_to_target\s*\]\s*(#.*)?")
+_KEY_LINE = re.compile(r'\s*("?)([A-Za-z0-9_+\-]+)\1\s*=')
+
+
+def set_iterations_to_target(text: str, values: dict[str, tuple[int, str]], comments: list[str], mark: str) -> str:
+    """A profile's text with ``[iterations_to_target]`` set to ``values`` (``{policy:
+    (iterations, note)}``, the note becoming the line's comment) and ``comments`` (lines without
+    ``#``) at the top of the table, each starting ``# {mark}``. Earlier comment lines that start
+    ``# {mark}`` are dropped, so rewriting twice leaves one set; the table's other lines and every
+    other section stay byte for byte. A profile without the table gets one at the end. Pure.
+
+    Raises:
+        ProfileError: an unknown policy, or a value that is not an integer >= 1.
+    """
+    for policy, (n, _) in values.items():
+        if policy not in KNOWN_POLICIES:
+            raise ProfileError(f"[iterations_to_target]: unknown policy {policy!r}")
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ProfileError(f"[iterations_to_target] {policy} must be an integer >= 1, got {n!r}")
+    nl = "\r\n" if "\r\n" in text else "\n"
+    lines = text.splitlines(keepends=True)
+
+    def key(policy: str) -> str:
+        return policy if re.fullmatch(r"[A-Za-z0-9_\-]+", policy) else f'"{policy}"'
+
+    def entry(policy: str) -> str:
+        n, note = values[policy]
+        return f"{f'{key(policy)} = {n}':<24}# {note}{nl}" if note else f"{key(policy)} = {n}{nl}"
+
+    notes = [f"# {mark}{c}{nl}" for c in comments]
+    head = next((i for i, line in enumerate(lines) if _HEADER.fullmatch(line.rstrip("\r\n"))), None)
+    if head is None:
+        if lines and not lines[-1].endswith("\n"):
+            lines[-1] += nl
+        return "".join([*lines, nl, f"[iterations_to_target]{nl}", *notes, *(entry(p) for p in values)])
+    if not lines[head].endswith("\n"):
+        lines[head] += nl
+    end = next((i for i in range(head + 1, len(lines)) if lines[i].lstrip().startswith("[")), len(lines))
+    body = [line for line in lines[head + 1 : end] if not line.lstrip().startswith(f"# {mark}")]
+    seen, keyed = set(), []
+    for i, line in enumerate(body):
+        m = _KEY_LINE.match(line)
+        if m:
+            keyed.append(i)
+            if m.group(2) in values:
+                seen.add(m.group(2))
+                ending = line[len(line.rstrip("\r\n")) :] or nl
+                body[i] = entry(m.group(2)).rstrip("\r\n") + ending
+    last = keyed[-1] + 1 if keyed else len(body)
+    if last and not body[last - 1].endswith("\n"):
+        body[last - 1] += nl
+    first = keyed[0] if keyed else last
+    body[last:last] = [entry(p) for p in values if p not in seen]
+    body[first:first] = notes
+    return "".join([*lines[: head + 1], *body, *lines[end:]])
 
 
 def _check_profile(p: SimProfile, where: str) -> None:

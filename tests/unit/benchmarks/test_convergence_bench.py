@@ -1,0 +1,206 @@
+"""benchmarks/convergence.py without running anything: every mode's benchmark config passes the
+config checks with the mode applied, the summary and table of synthetic runs, the profile
+rewrite (``--write-profile``) on a copy of the shipped profile, and the figure scripts that read
+the summary (fig10_11, fig08) and the runs' held-out curves (``_runs.cost_to_target``)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import pathlib
+import re
+import sys
+
+import pytest
+
+from spotlight.config import dump_config, load_config
+from spotlight.core.modes import mode_overrides
+from spotlight.sim.profile import DEFAULT_PROFILE, load_profile
+from spotlight.studies.convergence import Curve
+
+BENCH = pathlib.Path(__file__).resolve().parents[3] / "benchmarks"
+MODES = ("rlboost", "verl-omni-spot", "spotlight")
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return _load("convergence")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_each_modes_benchmark_config_validates_with_the_mode_applied(bench, tmp_path, mode):
+    overrides = bench.bench_overrides(mode, 3, iterations=4, eval_every=1, best_of=24)
+    cfg = load_config(None, overrides)
+    assert cfg.run.mode == mode
+    assert (cfg.run.seed, cfg.data.shuffle_seed, cfg.planner.seed) == (3, 3, 3)
+    assert cfg.eval.every == 1 and cfg.run.iterations == 4
+    for key, value in mode_overrides(mode).items():  # the mode's settings win over the file's
+        section, leaf = key.split(".")
+        assert getattr(getattr(cfg, section), leaf) == value, key
+    if mode == "verl-omni-spot":
+        assert cfg.data.num_control_prompts == 0 and cfg.explore.reuse_as_rollout
+        assert cfg.explore.num_candidates == 24
+    elif mode == "rlboost":
+        assert not cfg.explore.active
+    else:
+        assert cfg.explore.mode == "stale" and cfg.explore.planner == "bandit" and cfg.data.num_control_prompts > 0
+    # the file the benchmark writes for `spotlight up --config` loads back to the same config
+    dump_config(cfg, tmp_path / "run.toml")
+    assert load_config(tmp_path / "run.toml") == cfg
+
+
+def test_panel_flags_reach_the_eval_section(bench):
+    cfg = load_config(None, bench.bench_overrides("spotlight", 0, iterations=2, panel_prompts=46, panel_seeds=3))
+    assert (cfg.eval.num_prompts, cfg.eval.num_seeds) == (46, 3)
+
+
+def _run(first_good: int, iterations: int = 15, critical_s: float = 0.0, final=(0.3, 0.4)) -> dict:
+    """A run whose held-out score is 0.2 before iteration ``first_good`` and 0.5 from it on."""
+    scores = tuple(0.2 if i < first_good else 0.5 for i in range(1, iterations + 1))
+    metrics = [
+        {
+            "iteration": i,
+            "time/iteration_s": 10.0,
+            "time/explore_critical_path_s": critical_s,
+            "cost/usd": 0.1 * (i + 1),
+        }
+        for i in range(iterations)
+    ]
+    return {
+        "metrics": metrics,
+        "curve": Curve(tuple(range(1, iterations + 1)), scores, 0.2),
+        "final": {"base": {"strict": 0.1, "partial": 0.2}, "final": {"strict": final[0], "partial": final[1]}},
+    }
+
+
+@pytest.fixture
+def summary(bench):
+    runs = {
+        "rlboost": {0: _run(9), 1: _run(10), 2: _run(9)},  # target at 11, 12, 11 (3-point window)
+        "verl-omni-spot": {0: _run(6, critical_s=3.0), 1: _run(6, critical_s=3.0), 2: _run(7, critical_s=3.0)},
+        "spotlight": {0: _run(3, critical_s=0.05), 1: _run(4, critical_s=0.05), 2: _run(3, critical_s=0.05)},
+    }
+    s = bench.summarize(runs, score="eval/partial", window=3)
+    return s | {"iterations": 15, "eval_every": 1, "eval_seeds": 8, "best_of": 24, "agents": 2}
+
+
+def test_summary_of_synthetic_runs(summary):
+    s = summary
+    assert s["schema"] == 2 and s["window"] == 3
+    assert s["target"] == pytest.approx(0.5)
+    assert [r["iterations_to_target"] for r in s["modes"]["rlboost"]["runs"]] == [11, 12, 11]
+    assert [r["iterations_to_target"] for r in s["modes"]["spotlight"]["runs"]] == [5, 6, 5]
+    assert s["modes"]["spotlight"]["reached"] == 3
+    assert s["modes"]["spotlight"]["iterations_to_target"]["mean"] == pytest.approx(16 / 3)
+    assert s["modes"]["verl-omni-spot"]["critical_path_share"]["mean"] == pytest.approx(0.3)
+    assert s["ratios"]["rlboost/spotlight"]["mean"] == pytest.approx(34 / 16)
+    assert s["goal"]["met"] and s["goal"]["separated"]
+    json.dumps(s)  # JSON-ready as written
+
+
+def test_table_has_every_mode_with_intervals_and_the_verdict(bench, summary):
+    md = bench.render_md(summary)
+    for mode in MODES:
+        assert re.search(rf"^\| [*]*{re.escape(mode)}", md, re.M), mode
+    assert "| 3/3 | 11.3 [11.0, 12.0] |" in md  # rlboost: reached, mean [low, high]
+    assert re.search(r"rlboost/spotlight: \*\*2\.1[23]×\*\* \(95 % interval 1\.\d\d–2\.\d\d\)", md)
+    assert "→ **met**" in md
+    assert "count as 16 iterations" in md  # the censoring footnote
+
+
+def test_profile_update_rewrites_only_the_table_and_loads(bench, summary, tmp_path):
+    original = DEFAULT_PROFILE.read_text(encoding="utf-8")
+    text = bench.profile_update(summary, original, 39, date="2026-01-02")
+    path = tmp_path / "p.toml"
+    path.write_text(text, encoding="utf-8")
+    its = load_profile(path).iterations_to_target
+    ratio = summary["ratios"]["rlboost/spotlight"]["mean"]
+    verl = summary["ratios"]["verl-omni-spot/spotlight"]["mean"]
+    assert its["rlboost"] == its["reserved-only"] == round(39 * ratio) == 83
+    assert its["verl-omni-spot"] == round(39 * verl)
+    assert its["spotlight"] == 39 and its["rlboost+explore"] == 39  # kept
+    head = original.index("[iterations_to_target]")
+    assert text[:head] == original[:head]  # every other section byte for byte
+    assert "2026-01-02" in text and "seeds (0,1,2)" in text and "benchmarks/convergence.py" in text
+    assert f"rlboost/spotlight = {ratio:.2f} [" in text
+    # the table's own comment lines and the lines it does not set stay
+    old_table = original[head:].splitlines()
+    assert [x for x in old_table if x.startswith("#")] == [
+        x for x in text[head:].splitlines() if x.startswith("#") and "[measured]" not in x
+    ]
+    assert next(x for x in old_table if x.startswith("spotlight =")) in text
+
+    # rewriting again replaces the measured notes instead of adding a second set
+    again = bench.profile_update(summary, text, 39, date="2026-02-03")
+    assert again.count("[measured]") == text.count("[measured]") and "2026-01-02" not in again
+
+
+def test_profile_update_keeps_sections_after_the_table(bench, summary, tmp_path):
+    original = DEFAULT_PROFILE.read_text(encoding="utf-8")
+    head = original.index("[iterations_to_target]")
+    table, rest = original[head:], original[:head]
+    prices = rest.index("[prices]")
+    moved = rest[:prices] + table + "\n" + rest[prices:]  # the table before [prices]
+    text = bench.profile_update(summary, moved, 39, date="2026-01-02")
+    assert text[:prices] == moved[:prices]
+    assert text.endswith(moved[moved.index("\n[prices]") :])
+    path = tmp_path / "p.toml"
+    path.write_text(text, encoding="utf-8")
+    assert load_profile(path).iterations_to_target["rlboost"] == 83
+
+
+def test_write_profile_replaces_the_file_after_checking_it(bench, summary, tmp_path):
+    path = tmp_path / "p.toml"
+    path.write_text(DEFAULT_PROFILE.read_text(encoding="utf-8"), encoding="utf-8")
+    bench.write_profile(summary, path)
+    assert load_profile(path).iterations_to_target["rlboost"] == 83
+    assert not list(tmp_path.glob("*.tmp"))
+    no_spotlight = tmp_path / "q.toml"
+    no_spotlight.write_text(re.sub(r"(?m)^spotlight = .*$", "", DEFAULT_PROFILE.read_text()), encoding="utf-8")
+    with pytest.raises(SystemExit, match="no \\[iterations_to_target\\] spotlight count"):
+        bench.write_profile(summary, no_spotlight)
+
+
+def test_fig10_11_reads_the_summary_and_refuses_the_old_one(summary, tmp_path):
+    fig = _load("fig10_11_convergence")
+    (tmp_path / "convergence.json").write_text(json.dumps(summary))
+    rows = fig.rows_from_summary(fig.read_summary(tmp_path))
+    assert rows["rlboost"]["iterations_per_run"] == [11, 12, 11]
+    assert rows["spotlight"]["iterations_vs_spotlight"]["mean"] == 1.0
+    assert rows["rlboost"]["iterations_vs_spotlight"]["mean"] == pytest.approx(34 / 16)
+    (tmp_path / "convergence.json").write_text(json.dumps({"target": 0.46, "table": {}, "seeds": [0]}))
+    with pytest.raises(SystemExit, match="older benchmarks/convergence.py"):
+        fig.read_summary(tmp_path)
+
+
+def test_fig08_takes_the_local_costs_from_the_summary(summary, tmp_path):
+    fig = _load("fig08_cost_to_target")
+    (tmp_path / "convergence.json").write_text(json.dumps(summary))
+    args = argparse.Namespace(run_dir=[], target=None, convergence_dir=str(tmp_path), score="eval/partial", window=3)
+    local, target = fig.local_runs(args)
+    assert target == pytest.approx(0.5)
+    assert [r["cost_usd"] for r in local["spotlight"]] == pytest.approx([0.5, 0.6, 0.5])
+    assert all(r["reached"] for rs in local.values() for r in rs)
+
+
+def test_cost_to_target_reads_the_held_out_curve(tmp_path):
+    runs = _load("_runs")
+    run = _run(4, iterations=8)
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in run["metrics"]))
+    evals = [{"iteration": -1, "version": 0, "eval/partial": 0.2}] + [
+        {"iteration": i - 1, "version": i, "eval/partial": s}
+        for i, s in zip(run["curve"].iterations, run["curve"].scores)
+    ]
+    (tmp_path / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in evals))
+    c = runs.cost_to_target(tmp_path, 0.5, key="eval/partial", k=3)
+    assert c["reached"] and c["iterations"] == 6 and c["cost_usd"] == pytest.approx(0.6)
+    assert not runs.cost_to_target(tmp_path, 0.6, key="eval/partial", k=3)["reached"]
