@@ -8,7 +8,7 @@ random weights (seed 0); stage 2, 1 200 steps from stage 1's EMA weights with a 
 optimizer and the learning rate decaying linearly from 3e-4 to 0 (seed 1), which sharpens
 the shapes. Both replace 10 % of the captions by the empty caption (``--caption-dropout
 0.1``), which teaches the model the unconditional velocity that classifier-free guidance
-needs (``model.guidance_scale`` of the embedded default). About 80 minutes on 2 CPU cores.
+needs (``model.guidance_scale`` of the embedded default). About 65 minutes on 2 idle CPU cores.
 
 Data: every step draws ``batch_size`` captions from the *train* prompts of
 :func:`spotlight.tasks.shapes.world.prompt_split` (task kind uniform, then prompt uniform) and
