@@ -404,7 +404,13 @@ def render_md(s: dict) -> str:
             f"intervals apart, ≤ {100 * g['max_critical_share']:.0f} % of iteration time on the critical path): "
             f"ratio ≥ {g['min_ratio']}: {_yes(g['ratio_ok'])} (its interval's low end too: {_yes(g['ratio_low_ok'])}); "
             f"intervals apart: {_yes(g['separated'])}; critical path {_ci(share, '%.1f', 100)} % ≤ "
-            f"{100 * g['max_critical_share']:.0f} %: {_yes(g['critical_path_ok'])} → "
+            f"{100 * g['max_critical_share']:.0f} %: {_yes(g['critical_path_ok'])}"
+            + (
+                f"; every Spotlight run reached the target: **no** ({g['ours_censored']} did not)"
+                if g.get("ours_censored")
+                else ""
+            )
+            + " → "
             + ("**met**" if g["met"] else "**not met**")
             + (
                 f". {g['censored_runs']} of these runs never reached the target (censored), so the ratio is "
