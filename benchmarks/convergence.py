@@ -196,12 +196,18 @@ def _jsonl(path: pathlib.Path) -> list[dict]:
 
 
 def load_run(run_dir: pathlib.Path, score: str) -> dict:
-    """A finished run's metrics rows, held-out curve and final ``spotlight eval`` scores."""
-    final = json.loads((run_dir / "eval.json").read_text())
+    """A finished run's metrics rows, held-out curve, final ``spotlight eval`` scores and the
+    settings it ran with (:func:`run_settings`)."""
+    try:
+        final = json.loads((run_dir / "eval.json").read_text())
+    except ValueError as exc:
+        sys.exit(f"error: {run_dir / 'eval.json'}: not JSON ({exc})")
     try:
         curve = cv.heldout_curve(_jsonl(run_dir / "eval.jsonl"), score)
     except ValueError as exc:
         sys.exit(f"error: {run_dir / 'eval.jsonl'}: {exc}")
+    if not curve.iterations:
+        sys.exit(f"error: {run_dir / 'eval.jsonl'}: no evaluated iteration (eval.every = 0, or its evaluations failed)")
     return {
         "metrics": _jsonl(run_dir / "metrics.jsonl"),
         "curve": curve,
@@ -210,7 +216,39 @@ def load_run(run_dir: pathlib.Path, score: str) -> dict:
             for name in ("base", "final")
             if name in final
         },
+        "settings": run_settings(run_dir, final),
     }
+
+
+def run_settings(run_dir: pathlib.Path, final: dict) -> dict:
+    """What a finished run was made with, read from the run (not from this command line, which
+    with ``--summarize-only`` or ``--reuse`` need not match it): ``eval_every`` and ``best_of``
+    (``explore.num_candidates``) of its ``config.toml``, ``eval_seeds`` of its ``eval.json``,
+    ``agents`` (spot agents) of ``local_agents.json``; None for what the run does not record."""
+    import tomllib
+
+    try:
+        cfg = tomllib.loads((run_dir / "config.toml").read_text())
+    except (OSError, ValueError):
+        cfg = {}
+    try:
+        agents = json.loads((run_dir / "local_agents.json").read_text()).get("agents", {})
+        n_agents = sum(1 for a in agents.values() if a.get("spot"))
+    except (OSError, ValueError, AttributeError):
+        n_agents = None
+    return {
+        "eval_every": cfg.get("eval", {}).get("every"),
+        "best_of": cfg.get("explore", {}).get("num_candidates"),
+        "eval_seeds": final.get("num_seeds"),
+        "agents": n_agents,
+    }
+
+
+def _one_or_all(values, fallback):
+    """The value every run shares, the sorted distinct values when they differ, ``fallback``
+    when no run recorded it."""
+    distinct = sorted({v for v in values if v is not None})
+    return fallback if not distinct else distinct[0] if len(distinct) == 1 else distinct
 
 
 def summarize(
@@ -366,7 +404,13 @@ def render_md(s: dict) -> str:
             f"intervals apart, ≤ {100 * g['max_critical_share']:.0f} % of iteration time on the critical path): "
             f"ratio ≥ {g['min_ratio']}: {_yes(g['ratio_ok'])} (its interval's low end too: {_yes(g['ratio_low_ok'])}); "
             f"intervals apart: {_yes(g['separated'])}; critical path {_ci(share, '%.1f', 100)} % ≤ "
-            f"{100 * g['max_critical_share']:.0f} %: {_yes(g['critical_path_ok'])} → "
+            f"{100 * g['max_critical_share']:.0f} %: {_yes(g['critical_path_ok'])}"
+            + (
+                f"; every Spotlight run reached the target: **no** ({g['ours_censored']} did not)"
+                if g.get("ours_censored")
+                else ""
+            )
+            + " → "
             + ("**met**" if g["met"] else "**not met**")
             + (
                 f". {g['censored_runs']} of these runs never reached the target (censored), so the ratio is "
@@ -514,6 +558,11 @@ def main() -> None:
         seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
     except ValueError:
         sys.exit(f"error: --seeds: expected comma-separated integers, got {args.seeds!r}")
+    if not seeds or len(set(seeds)) != len(seeds):
+        sys.exit(f"error: --seeds: expected distinct comma-separated integers, got {args.seeds!r}")
+    for flag in ("iterations", "window", "agents", "best_of", "eval_seeds", "resamples"):
+        if getattr(args, flag) < 1:
+            sys.exit(f"error: --{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     modes = [m for m in args.modes.split(",") if m.strip()]
     from spotlight.core.modes import MODE_NAMES
 
@@ -569,12 +618,14 @@ def main() -> None:
     except ValueError as exc:
         sys.exit(f"error: {exc}")
     iters = {len(r["metrics"]) for by_seed in runs.values() for r in by_seed.values()}
-    s |= {
+    every_run = [r["settings"] for by_seed in runs.values() for r in by_seed.values()]
+    best_of_runs = [r["settings"] for r in runs.get("verl-omni-spot", {}).values()]
+    s |= {  # as the runs were made (a --summarize-only or --reuse command line need not say)
         "iterations": iters.pop() if len(iters) == 1 else sorted(iters),
-        "eval_every": args.eval_every,
-        "eval_seeds": args.eval_seeds,
-        "best_of": args.best_of,
-        "agents": args.agents,
+        "eval_every": _one_or_all((x["eval_every"] for x in every_run), args.eval_every),
+        "eval_seeds": _one_or_all((x["eval_seeds"] for x in every_run), args.eval_seeds),
+        "best_of": _one_or_all((x["best_of"] for x in best_of_runs), args.best_of),
+        "agents": _one_or_all((x["agents"] for x in every_run), args.agents),
     }
     from _provenance import provenance
 

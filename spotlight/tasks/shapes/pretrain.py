@@ -1,7 +1,7 @@
 """Pretrain the shapes world's base model: a small pixel-space ``QwenImageTransformer2DModel``
 trained with the rectified-flow (flow-matching) loss on rendered image–caption pairs.
 
-    ./scripts/pretrain-shapes                  # the shipped recipe: the three stages below, then ship
+    ./scripts/pretrain-shapes                  # the shipped recipe: the two stages below, then ship
 
 The recipe (:data:`RECIPE`): stage 1, 5 000 steps at a constant learning rate 1e-3 from
 random weights (seed 0); stage 2, 1 200 steps from stage 1's EMA weights with a fresh
@@ -178,6 +178,8 @@ def train(args) -> pathlib.Path:
 
 SHIP_DIR = world.PACKAGE_DIR / "base_model"
 """Where the shipped base model lives (``model.pretrained_path`` of the embedded default)."""
+CHECKPOINT_FILES = ("config.json", "diffusion_pytorch_model.safetensors")
+"""What a ``step_NNNNN`` folder (and the shipped model) holds."""
 
 
 def sha256_file(path: pathlib.Path) -> str:
@@ -227,7 +229,7 @@ def ship(checkpoint: pathlib.Path, out: pathlib.Path, ship_dir: pathlib.Path, ar
     import shutil
 
     ship_dir.mkdir(parents=True, exist_ok=True)
-    for name in ("config.json", "diffusion_pytorch_model.safetensors"):
+    for name in CHECKPOINT_FILES:
         shutil.copyfile(checkpoint / name, ship_dir / name)
     history = _training_history(checkpoint, out, args)
     loss_curve(out / "train_log.jsonl", ship_dir / "loss_curve.png", before=history.stage1)
@@ -428,6 +430,47 @@ Apache-2.0, as the repository. The training data is procedural (no external imag
 """
 
 
+def _check_args(args) -> str | None:
+    """The first thing wrong with the command line, before anything is trained, written or
+    replaced (a checkpoint to start from or to ship that is not there, a number out of range);
+    None when it can run."""
+    ranges = (
+        ("--steps", args.steps >= 1, "an integer >= 1"),
+        ("--batch-size", args.batch_size >= 1, "an integer >= 1"),
+        ("--save-every", args.save_every >= 1, "an integer >= 1"),
+        ("--threads", args.threads >= 1, "an integer >= 1"),
+        ("--warmup", args.warmup >= 0, "an integer >= 0"),
+        ("--num-layers", args.num_layers >= 0, "an integer >= 1 (0: the base model's)"),
+        ("--lr", args.lr > 0, "a number > 0"),
+        ("--ema", 0 <= args.ema < 1, "a number in [0, 1)"),
+        ("--caption-dropout", 0 <= args.caption_dropout < 1, "a number in [0, 1)"),
+    )
+    for flag, ok, what in ranges:
+        if not ok:
+            return f"{flag} must be {what}, got {getattr(args, flag[2:].replace('-', '_'))}"
+    folders = [("--init-from", args.init_from)] if args.init_from else []
+    if args.ship_only:
+        folders.append(("--ship-only", args.ship_only))
+    for flag, folder in folders:
+        missing = [n for n in CHECKPOINT_FILES if not (pathlib.Path(folder) / n).is_file()]
+        if missing:
+            return f"{flag} {folder}: not a checkpoint folder (no {', '.join(missing)}); give a step_NNNNN folder"
+    if args.ship_only and not (pathlib.Path(args.out) / "train_log.jsonl").is_file():
+        return (
+            f"--ship-only: no {pathlib.Path(args.out) / 'train_log.jsonl'} for the model card; "
+            "pass the --out of the run that wrote the checkpoint"
+        )
+    if args.init_from:
+        cfg = json.loads((pathlib.Path(args.init_from) / "config.json").read_text())
+        want = args.num_layers or ARCH["num_layers"]
+        if cfg.get("num_layers") != want:
+            return (
+                f"--init-from {args.init_from} has {cfg.get('num_layers')} blocks, this run builds {want}; "
+                f"pass --num-layers {cfg.get('num_layers')}"
+            )
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -479,6 +522,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.ship_only and not args.ship_dir:
         ap.error("--ship-only needs --ship-dir")
+    problem = _check_args(args)
+    if problem:
+        ap.error(problem)
     final = pathlib.Path(args.ship_only) if args.ship_only else train(args)
     print(f"done: {final}")
     if args.ship_dir:

@@ -6,6 +6,7 @@ the summary (fig10_11, fig08) and the runs' held-out curves (``_runs.cost_to_tar
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import pathlib
@@ -204,3 +205,53 @@ def test_cost_to_target_reads_the_held_out_curve(tmp_path):
     c = runs.cost_to_target(tmp_path, 0.5, key="eval/partial", k=3)
     assert c["reached"] and c["iterations"] == 6 and c["cost_usd"] == pytest.approx(0.6)
     assert not runs.cost_to_target(tmp_path, 0.6, key="eval/partial", k=3)["reached"]
+
+
+def _write_run(run_dir: pathlib.Path, run: dict, *, eval_seeds: int, num_candidates: int, spot_agents: int) -> None:
+    """A finished run directory as `spotlight up` and `spotlight eval` leave it (the files the
+    benchmark reads)."""
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in run["metrics"]))
+    evals = [
+        {"iteration": i - 1, "version": i, "eval/partial": s} for i, s in zip(*dataclasses.astuple(run["curve"])[:2])
+    ]
+    (run_dir / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in evals))
+    scores = {"overall": 0.3, "partial_credit": 0.4}
+    (run_dir / "eval.json").write_text(json.dumps({"base": scores, "final": scores, "num_seeds": eval_seeds}))
+    (run_dir / "config.toml").write_text(f"[eval]\nevery = 1\n\n[explore]\nnum_candidates = {num_candidates}\n")
+    agents = {"reserved-0": {"spot": False}} | {f"spot-{i}": {"spot": True} for i in range(spot_agents)}
+    (run_dir / "local_agents.json").write_text(json.dumps({"agents": agents}))
+
+
+def test_summarize_only_reports_the_settings_the_runs_were_made_with(bench, tmp_path, monkeypatch):
+    # runs made with 1 eval seed, best-of-6 and 3 agents; the command line's defaults are 8, 24, 2
+    for mode, first_good in (("rlboost", 6), ("verl-omni-spot", 5), ("spotlight", 3)):
+        for seed in (0, 1):
+            run = _run(first_good, iterations=8)
+            _write_run(tmp_path / f"{mode}-s{seed}", run, eval_seeds=1, num_candidates=6, spot_agents=3)
+    monkeypatch.setattr(sys, "argv", ["convergence.py", "--out", str(tmp_path), "--summarize-only", "--seeds", "0,1"])
+    import _provenance  # on the path the benchmark put it on; no git or uname processes in a unit test
+
+    monkeypatch.setattr(_provenance, "provenance", lambda: {"commit": "test"})
+    bench.main()
+    s = json.loads((tmp_path / "convergence.json").read_text())
+    assert (s["eval_seeds"], s["best_of"], s["agents"], s["eval_every"]) == (1, 6, 3, 1)
+    md = (tmp_path / "convergence.md").read_text()
+    assert "× 1 seed." in md and "3 local spot agents, verl-omni-spot with N = 6" in md
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--seeds", ""], "--seeds: expected distinct"),
+        (["--seeds", "0,0"], "--seeds: expected distinct"),
+        (["--window", "0"], "--window must be >= 1, got 0"),
+        (["--iterations", "-1"], "--iterations must be >= 1"),
+    ],
+)
+def test_bad_arguments_stop_before_any_run(bench, tmp_path, monkeypatch, argv, message):
+    # --summarize-only: whatever happens, this test starts no run
+    monkeypatch.setattr(sys, "argv", ["convergence.py", "--out", str(tmp_path / "out"), "--summarize-only", *argv])
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        bench.main()
+    assert not (tmp_path / "out").exists()

@@ -175,3 +175,17 @@ def test_goal_counts_censored_runs():
     g = cv.goal_check(_outcomes([None, 12, 12], n_run=15), _outcomes([6, 6, 6], n_run=15))
     assert g["censored_runs"] == 1
     assert g["ratio"].mean == pytest.approx(np.mean([16, 12, 12]) / 6)
+
+
+def test_goal_is_not_met_while_a_spotlight_run_never_reached_the_target():
+    # Spotlight's runs were shorter and never got there: censored at 9, a lower bound, against
+    # rlboost's 15 — the 1.67x "ratio" is an upper bound and shows nothing
+    g = cv.goal_check(_outcomes([15] * 5, n_run=20), _outcomes([None] * 5, n_run=8))
+    assert g["ratio_ok"] and g["separated"] and g["critical_path_ok"]
+    assert g["ours_censored"] == 5 and not g["met"]
+    # one Spotlight run of five that never got there is enough to withhold the verdict
+    g = cv.goal_check(_outcomes([19, 20, 20, 19, 20]), _outcomes([None, 6, 6, 6, 6]))
+    assert g["ratio"].mean >= 1.5 and g["separated"] and g["ours_censored"] == 1 and not g["met"]
+    # the baseline's censored runs only make the ratio conservative: the goal can still be met
+    g = cv.goal_check(_outcomes([None, 20, 20, 19, 20]), _outcomes([6, 6, 7, 6, 6]))
+    assert g["censored_runs"] == 1 and g["ours_censored"] == 0 and g["met"]

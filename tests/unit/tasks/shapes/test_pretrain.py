@@ -4,6 +4,8 @@ says about the stages behind a shipped checkpoint."""
 import argparse
 import json
 
+import pytest
+
 from spotlight.tasks.shapes import pretrain
 
 
@@ -55,3 +57,32 @@ def test_recipe_ships_from_the_checkpoint_its_first_stage_writes():
     assert f"--init-from runs/pretrain-shapes/step_{steps:05d}" in last
     assert "--ship-dir spotlight/tasks/shapes/base_model" in last
     assert all("--caption-dropout" in cmd for cmd in pretrain.RECIPE)  # guidance needs the empty caption
+
+
+def _write_checkpoint(folder, num_layers=6):
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"num_layers": num_layers}))
+    (folder / "diffusion_pytorch_model.safetensors").write_bytes(b"weights")
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--steps", "0"], "--steps must be an integer >= 1, got 0"),
+        (["--num-layers", "-1"], "--num-layers must be an integer >= 1"),
+        (["--caption-dropout", "1.5"], "--caption-dropout must be a number in [0, 1)"),
+        (["--init-from", "{tmp}/missing/step_00400"], "--init-from {tmp}/missing/step_00400: not a checkpoint folder"),
+        (["--init-from", "{tmp}/four/step_00400"], "has 4 blocks, this run builds 6; pass --num-layers 4"),
+        (["--ship-only", "{tmp}/missing", "--ship-dir", "{tmp}/ship"], "--ship-only {tmp}/missing: not a checkpoint"),
+        (["--ship-only", "{tmp}/run/step_00400", "--ship-dir", "{tmp}/ship"], "no {tmp}/out/train_log.jsonl"),
+    ],
+)
+def test_bad_command_lines_stop_with_one_line_before_anything_is_written(tmp_path, capsys, argv, message):
+    _write_checkpoint(tmp_path / "four" / "step_00400", num_layers=4)
+    _write_checkpoint(tmp_path / "run" / "step_00400")
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    with pytest.raises(SystemExit) as exc:
+        pretrain.main(["--out", str(tmp_path / "out"), *argv])
+    assert exc.value.code == 2
+    assert message.format(tmp=tmp_path) in capsys.readouterr().err
+    assert not (tmp_path / "out").exists() and not (tmp_path / "ship").exists()  # nothing trained, nothing shipped
