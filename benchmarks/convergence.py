@@ -403,7 +403,9 @@ def render_md(s: dict) -> str:
             f"Goal (Spotlight reaches the target in ≥ {g['min_ratio']}× fewer iterations than rlboost, the two "
             f"intervals apart, ≤ {100 * g['max_critical_share']:.0f} % of iteration time on the critical path): "
             f"ratio ≥ {g['min_ratio']}: {_yes(g['ratio_ok'])} (its interval's low end too: {_yes(g['ratio_low_ok'])}); "
-            f"intervals apart: {_yes(g['separated'])}; critical path {_ci(share, '%.1f', 100)} % ≤ "
+            f"intervals apart: {_yes(g['separated'])}"
+            + (" (too few runs per mode for an interval)" if g.get("too_few_runs") else "")
+            + f"; critical path {_ci(share, '%.1f', 100)} % ≤ "
             f"{100 * g['max_critical_share']:.0f} %: {_yes(g['critical_path_ok'])}"
             + (
                 f"; every Spotlight run reached the target: **no** ({g['ours_censored']} did not)"

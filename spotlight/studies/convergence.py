@@ -304,6 +304,7 @@ def goal_check(
     *,
     min_ratio: float = 1.5,
     max_critical_share: float = 0.02,
+    min_runs: int = 2,
     resamples: int = RESAMPLES,
     seed: int = BOOTSTRAP_SEED,
     level: float = LEVEL,
@@ -320,18 +321,22 @@ def goal_check(
     are lower bounds, so the ratio is uncertain beyond its interval when there are any);
     ``ours_censored`` those of ``ours``: a lower bound in the denominator makes the ratio an
     upper bound, which cannot show the goal (the baseline's, in the numerator, only make it
-    conservative)."""
+    conservative). Intervals are "apart" only when each mode has at least ``min_runs`` runs:
+    the bootstrap interval of one run is a point and says nothing about the spread
+    (``too_few_runs`` is then True)."""
     kw = {"resamples": resamples, "seed": seed, "level": level}
     it_base = [o.iterations_censored for o in baseline]
     it_ours = [o.iterations_censored for o in ours]
     ratio = bootstrap_ratio_ci(it_base, it_ours, **kw)
-    separated = not bootstrap_mean_ci(it_base, **kw).overlaps(bootstrap_mean_ci(it_ours, **kw))
+    too_few_runs = min(len(it_base), len(it_ours)) < min_runs
+    separated = not too_few_runs and not bootstrap_mean_ci(it_base, **kw).overlaps(bootstrap_mean_ci(it_ours, **kw))
     share = bootstrap_mean_ci([o.critical_path_share for o in ours], **kw)
     out = {
         "ratio": ratio,
         "ratio_ok": ratio.mean >= min_ratio,
         "ratio_low_ok": ratio.low >= min_ratio,
         "separated": separated,
+        "too_few_runs": too_few_runs,
         "critical_path_share": share,
         "critical_path_ok": share.mean <= max_critical_share,
         "censored_runs": sum(not o.reached for o in (*baseline, *ours)),

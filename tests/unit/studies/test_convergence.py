@@ -189,3 +189,11 @@ def test_goal_is_not_met_while_a_spotlight_run_never_reached_the_target():
     # the baseline's censored runs only make the ratio conservative: the goal can still be met
     g = cv.goal_check(_outcomes([None, 20, 20, 19, 20]), _outcomes([6, 6, 7, 6, 6]))
     assert g["censored_runs"] == 1 and g["ours_censored"] == 0 and g["met"]
+
+
+def test_goal_needs_more_than_one_run_per_mode_for_intervals_to_be_apart():
+    # one run each: the "intervals" are points, so a 2x ratio shows nothing about the spread
+    g = cv.goal_check(_outcomes([12]), _outcomes([6]))
+    assert g["ratio_ok"] and g["too_few_runs"] and not g["separated"] and not g["met"]
+    g = cv.goal_check(_outcomes([12, 13]), _outcomes([6, 6]))
+    assert not g["too_few_runs"] and g["separated"] and g["met"]
