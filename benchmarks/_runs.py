@@ -78,13 +78,12 @@ def cost_to_target(run_dir: str | pathlib.Path, target: float, *, key: str = SCO
     if not rows:
         raise ValueError(f"{run_dir}: metrics.jsonl is empty")
     if key.startswith("eval/"):
+        from spotlight.coordinator.evaluation import read_results
         from spotlight.studies import convergence
 
-        path = pathlib.Path(run_dir) / "eval.jsonl"
-        if not path.is_file():
+        if not (pathlib.Path(run_dir) / "eval.jsonl").is_file():
             raise ValueError(f"{run_dir}: no eval.jsonl (the run had eval.every = 0)")
-        evals = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        n = convergence.iterations_to_target(convergence.heldout_curve(evals, key), target, k)
+        n = convergence.iterations_to_target(convergence.heldout_curve(read_results(run_dir), key), target, k)
     else:
         n = iterations_to_target(rows, target, key=key, k=k)
     last = rows[(n or len(rows)) - 1]

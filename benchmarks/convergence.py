@@ -71,7 +71,10 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+from _runs import read_metrics  # noqa: E402
+
 from spotlight.config import ConfigError, dump_config, load_config  # noqa: E402
+from spotlight.coordinator.evaluation import read_results  # noqa: E402
 from spotlight.studies import convergence as cv  # noqa: E402
 
 SCHEMA = 2
@@ -184,17 +187,6 @@ def run_one(mode: str, seed: int, args, out_dir: pathlib.Path) -> None:
     print(f"== {mode} seed {seed}: {time.monotonic() - t0:.0f} s", flush=True)
 
 
-def _jsonl(path: pathlib.Path) -> list[dict]:
-    rows = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                sys.exit(f"error: {path}:{n}: not JSON ({exc.msg})")
-    return rows
-
-
 def load_run(run_dir: pathlib.Path, score: str) -> dict:
     """A finished run's metrics rows, held-out curve, final ``spotlight eval`` scores and the
     settings it ran with (:func:`run_settings`)."""
@@ -203,13 +195,17 @@ def load_run(run_dir: pathlib.Path, score: str) -> dict:
     except ValueError as exc:
         sys.exit(f"error: {run_dir / 'eval.json'}: not JSON ({exc})")
     try:
-        curve = cv.heldout_curve(_jsonl(run_dir / "eval.jsonl"), score)
+        curve = cv.heldout_curve(read_results(run_dir), score)  # a torn line is skipped, as the coordinator does
     except ValueError as exc:
         sys.exit(f"error: {run_dir / 'eval.jsonl'}: {exc}")
     if not curve.iterations:
         sys.exit(f"error: {run_dir / 'eval.jsonl'}: no evaluated iteration (eval.every = 0, or its evaluations failed)")
+    try:
+        metrics = read_metrics(run_dir)
+    except ValueError as exc:
+        sys.exit(f"error: {exc}")
     return {
-        "metrics": _jsonl(run_dir / "metrics.jsonl"),
+        "metrics": metrics,
         "curve": curve,
         "final": {
             name: {"strict": final[name].get("overall"), "partial": final[name].get("partial_credit")}

