@@ -40,6 +40,13 @@ def read_metrics(run_dir: str | pathlib.Path) -> list[dict]:
     return rows
 
 
+def finite_mean(values) -> float:
+    """Mean of the finite numbers among ``values`` (metrics.jsonl writes a missing or NaN value as
+    null); NaN when there are none."""
+    xs = [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v)]
+    return float(np.mean(xs)) if xs else float("nan")
+
+
 def moving_average(x, k: int = 3) -> np.ndarray:
     """Trailing ``k``-point mean (``len(x) - k + 1`` values; ``x`` itself when shorter than ``k``)."""
     x = np.asarray(x, dtype=np.float64)

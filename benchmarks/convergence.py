@@ -454,13 +454,21 @@ def profile_update(s: dict, profile_text: str, spotlight_iterations: int, *, dat
     and rlboost+explore's counts stay.
 
     Raises:
-        ValueError: the summary has no rlboost/spotlight ratio.
+        ValueError: the summary has no rlboost/spotlight ratio, or a mode has fewer runs than
+            the goal check needs for an interval (one run's ratio says nothing about its spread,
+            and the simulator would take it as measured).
     """
     from spotlight.sim.profile import set_iterations_to_target
 
     key = f"{BASELINE}/{OURS}"
     if key not in s["ratios"]:
         raise ValueError(f"the benchmark has no {key} ratio (run both modes)")
+    if s["goal"].get("too_few_runs"):
+        runs = {m: len(s["modes"][m]["runs"]) for m in (BASELINE, OURS)}
+        raise ValueError(
+            f"too few runs per mode for an interval ({', '.join(f'{m}: {n}' for m, n in runs.items())}); "
+            "measure at least 2 run seeds per mode (--seeds) before the simulator takes the ratio"
+        )
 
     def scaled(ratio: dict) -> int:
         return max(1, round(spotlight_iterations * ratio["mean"]))
@@ -491,6 +499,11 @@ def profile_update(s: dict, profile_text: str, spotlight_iterations: int, *, dat
         f"Runs that never reached the target: {censored} (censored at iterations + 1). spotlight and "
         "rlboost+explore keep their counts."
     )
+    if s["goal"].get("ours_censored"):
+        comments.append(
+            f"{s['goal']['ours_censored']} spotlight run(s) never reached it: their counts are lower bounds, "
+            "so the ratios above are upper bounds."
+        )
     return set_iterations_to_target(profile_text, values, comments, PROFILE_MARK)
 
 

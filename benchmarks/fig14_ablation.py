@@ -6,8 +6,10 @@ Simulated (default, seconds): ``spotlight simulate --policy rlboost --policy rlb
 shipped Qwen-Image 1280x1280 / H100 profile (the paper's ablation setup: DeepSeek-OCR
 1280x1280). ``--trace-seeds`` averages several random placements of the trace.
 Real local runs: ``--run-dir LABEL=PATH --target R`` adds the same four numbers from finished
-runs of the three modes (``spot/busy_fraction``, iterations until the 3-iteration average of
-``reward/control_mean`` reaches R, ``time/iteration_s``, ``cost/usd``).
+runs of the three modes (``spot/busy_fraction``, iterations until the 3-point average of the
+held-out score (``--score``: ``eval/partial`` of the run's ``eval.jsonl`` by default, as
+``benchmarks/convergence.py`` scores; ``reward/control_mean`` for runs without ``eval.every``)
+reaches R, ``time/iteration_s``, ``cost/usd``).
 
     python benchmarks/fig14_ablation.py                 # toy / CPU, ~30 s
     python benchmarks/fig14_ablation.py --trace-seeds 0,1,2,3,4
@@ -32,7 +34,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from _provenance import provenance, provenance_line, save_result  # noqa: E402
-from _runs import BAMBOO, cost_to_target, parse_labelled, read_metrics, simulate_policies  # noqa: E402
+from _runs import BAMBOO, cost_to_target, finite_mean, parse_labelled, read_metrics, simulate_policies  # noqa: E402
 
 MODES = ["rlboost", "rlboost+explore", "spotlight"]
 METRICS = [
@@ -51,6 +53,12 @@ def main() -> None:
         "--run-dir", action="append", default=[], help="LABEL=PATH of a finished local run of one mode (repeatable)"
     )
     ap.add_argument("--target", type=float, default=None)
+    ap.add_argument(
+        "--score",
+        default="eval/partial",
+        choices=["eval/partial", "eval/strict", "eval/score", "reward/control_mean"],
+        help="score of the local runs' iterations to target (default: the held-out panel's partial credit)",
+    )
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "fig14_ablation.png"))
     args = ap.parse_args()
 
@@ -101,10 +109,14 @@ def main() -> None:
         if args.target is None:
             sys.exit("error: --run-dir needs --target")
         for label, path in parse_labelled(args.run_dir).items():
-            c = cost_to_target(path, args.target)
+            try:
+                c = cost_to_target(path, args.target, key=args.score)
+            except ValueError as exc:
+                sys.exit(f"error: --run-dir {label}: {exc}")
             rows = read_metrics(path)
             local[label] = {
-                "spot_utilisation": statistics.mean(r.get("spot/busy_fraction", float("nan")) for r in rows),
+                # the last row, and a mode that leaves spot GPUs idle by design, have none (null)
+                "spot_utilisation": finite_mean(r.get("spot/busy_fraction") for r in rows),
                 "iterations": c["iterations"],
                 "reached": c["reached"],
                 "iteration_s": statistics.mean(r["time/iteration_s"] for r in rows),

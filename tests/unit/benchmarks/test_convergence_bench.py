@@ -159,6 +159,24 @@ def test_profile_update_keeps_sections_after_the_table(bench, summary, tmp_path)
     assert load_profile(path).iterations_to_target["rlboost"] == 83
 
 
+def test_profile_update_refuses_one_run_per_mode(bench):
+    """One run per mode gives a ratio without a spread; the simulator must not take it as measured."""
+    runs = {"rlboost": {0: _run(9)}, "spotlight": {0: _run(3, critical_s=0.05)}}
+    s = bench.summarize(runs, score="eval/partial", window=3) | {"iterations": 15}
+    with pytest.raises(ValueError, match="too few runs per mode .*rlboost: 1, spotlight: 1.*--seeds"):
+        bench.profile_update(s, DEFAULT_PROFILE.read_text(encoding="utf-8"), 39, date="2026-01-02")
+
+
+def test_profile_update_says_when_spotlights_counts_are_lower_bounds(bench, tmp_path):
+    runs = {"rlboost": {0: _run(9), 1: _run(10)}, "spotlight": {0: _run(3), 1: _run(99)}}  # seed 1 never reaches it
+    s = bench.summarize(runs, score="eval/partial", window=3) | {"iterations": 15}
+    text = bench.profile_update(s, DEFAULT_PROFILE.read_text(encoding="utf-8"), 39, date="2026-01-02")
+    assert "1 spotlight run(s) never reached it" in text and "upper bounds" in text
+    path = tmp_path / "p.toml"
+    path.write_text(text, encoding="utf-8")
+    load_profile(path)
+
+
 def test_write_profile_replaces_the_file_after_checking_it(bench, summary, tmp_path):
     path = tmp_path / "p.toml"
     path.write_text(DEFAULT_PROFILE.read_text(encoding="utf-8"), encoding="utf-8")
@@ -255,3 +273,10 @@ def test_bad_arguments_stop_before_any_run(bench, tmp_path, monkeypatch, argv, m
     with pytest.raises(SystemExit, match=re.escape(message)):
         bench.main()
     assert not (tmp_path / "out").exists()
+
+
+def test_finite_mean_skips_the_nulls_metrics_jsonl_writes():
+    """The last metrics row of a run has ``spot/busy_fraction`` null; fig14 averaged it and failed."""
+    runs = _load("_runs")
+    assert runs.finite_mean([0.99, None, 0.97, float("nan")]) == pytest.approx(0.98)
+    assert runs.finite_mean([None, None]) != runs.finite_mean([None, None])  # NaN: nothing to average
