@@ -707,8 +707,8 @@ class CostConfig(_Section):
 
 class EvalConfig(_Section):
     """Held-out evaluation during training (``spotlight/workers/eval/``, docs/evaluation.md):
-    every ``every`` iterations the newest weight version samples a fixed panel (the first
-    ``num_prompts`` prompts of ``prompts_path`` × ``num_seeds`` fixed seeds, ODE sampling) in a
+    every ``every`` iterations the newest weight version samples a fixed panel (the
+    ``num_prompts`` prompts evenly spaced through ``prompts_path`` × ``num_seeds`` fixed seeds, ODE sampling) in a
     separate process on the reserved side while training goes on; scores land in ``eval.jsonl``,
     as ``eval/*`` in the next ``metrics.jsonl`` row (the last row: the final weights' evaluation,
     waited for) and TensorBoard, with a grid per evaluation
