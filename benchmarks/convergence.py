@@ -310,6 +310,9 @@ def summarize(
         if BASELINE in outcomes:
             g = cv.goal_check(outcomes[BASELINE], outcomes[OURS], **kw)
             goal = {key: (v.to_json() if isinstance(v, cv.CI) else v) for key, v in g.items()}
+    learning = cv.learning_check([c for cs in curves.values() for c in cs], tgt, k)
+    if goal is not None:  # iterations to a target no run learned its way to say nothing about convergence
+        goal["met"] = bool(goal["met"] and learning["learned"])
     seeds = sorted({s for by_seed in runs.values() for s in by_seed})
     return {
         "schema": SCHEMA,
@@ -319,6 +322,7 @@ def summarize(
         "target": tgt,
         "target_source": "--target" if target is not None else "lowest saturated score among the modes",
         "saturated": sat,
+        "learning": learning,
         "seeds": seeds,
         "bootstrap": {"resamples": resamples, "seed": bootstrap_seed, "level": cv.LEVEL},
         "modes": modes,
@@ -339,6 +343,26 @@ def _n(n: int, what: str) -> str:
 
 def _yes(b: bool) -> str:
     return "yes" if b else "**no**"
+
+
+def _learning_lines(lr: dict | None, score: str) -> list[str]:
+    """The sentence on whether the target is above the base model's panel score beyond noise
+    (:func:`spotlight.studies.convergence.learning_check`), and a blank line; nothing for a
+    summary without it."""
+    if not lr or lr.get("learned") is None:
+        return []
+    head = (
+        f"Target vs the base model's panel {score} {lr['base']:.4f}: {lr['gain']:+.4f}, against a noise of "
+        f"±{lr['noise']:.4f} on a moving average ({lr['z']:g}σ = {lr['z'] * lr['noise']:.4f})"
+    )
+    if lr["learned"]:
+        return [f"{head}: the runs learned beyond noise.", ""]
+    return [
+        f"{head}: **no mode raised the held-out score beyond noise**, so iterations to target say how soon a run's "
+        "noise touched a level it started at, not how fast it converged; the ratios below are not a convergence "
+        "measurement, and `--write-profile` refuses them.",
+        "",
+    ]
 
 
 def render_md(s: dict) -> str:
@@ -368,6 +392,7 @@ def render_md(s: dict) -> str:
         f"Mean [95 % percentile-bootstrap interval] over runs ({bs['resamples']} resamples, seed {bs['seed']}); "
         f"held-out score of final/ by `spotlight eval` on the 46 test prompts × {_n(s.get('eval_seeds', 0), 'seed')}.",
         "",
+        *_learning_lines(s.get("learning"), s["score"]),
         "| mode | reached target | iterations to target¹ | wall time to target (s)¹ | mean iteration (s) "
         f"| exploration on the critical path (share of iteration time) | held-out strict of final/ (base {bstr}) "
         f"| held-out partial of final/ (base {bpar}) |",
@@ -454,7 +479,8 @@ def profile_update(s: dict, profile_text: str, spotlight_iterations: int, *, dat
     and rlboost+explore's counts stay.
 
     Raises:
-        ValueError: the summary has no rlboost/spotlight ratio, or a mode has fewer runs than
+        ValueError: the summary has no rlboost/spotlight ratio, the target is not above the base
+            model's score beyond noise (nothing was learned to converge to), or a mode has fewer runs than
             the goal check needs for an interval (one run's ratio says nothing about its spread,
             and the simulator would take it as measured).
     """
@@ -463,6 +489,13 @@ def profile_update(s: dict, profile_text: str, spotlight_iterations: int, *, dat
     key = f"{BASELINE}/{OURS}"
     if key not in s["ratios"]:
         raise ValueError(f"the benchmark has no {key} ratio (run both modes)")
+    lr = s.get("learning") or {}
+    if lr.get("learned") is False:
+        raise ValueError(
+            f"the target ({s['target']:.4f}) is not above the base model's score ({lr['base']:.4f}) by more than "
+            f"{lr['z']:g}x the panel's noise (±{lr['noise']:.4f}): no mode learned measurably, so the ratio is not a "
+            "convergence measurement (run more iterations)"
+        )
     if s["goal"].get("too_few_runs"):
         runs = {m: len(s["modes"][m]["runs"]) for m in (BASELINE, OURS)}
         raise ValueError(

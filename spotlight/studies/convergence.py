@@ -20,6 +20,11 @@ Definitions (the same for every mode):
   the target; a run that never gets there is **censored** at ``iterations run + 1`` (and its
   wall time at the whole run's plus one mean iteration): a lower bound, counted so that a mode
   whose runs fail is not flattered by averaging only its lucky ones;
+* **learned**: the target is above the base model's score by at least ``z`` times the noise of
+  a ``k``-point mean of the panel (the noise of one evaluation estimated from the differences
+  between consecutive evaluations of every run). When it is not, no mode moved the held-out
+  score beyond noise and "iterations to target" counts how soon a run's noise first touched
+  a level it started at: no convergence comparison can be read from it;
 * **confidence interval**: the percentile bootstrap of the mean over runs (fixed generator
   seed, so a summary is reproducible); the ratio of two modes' means resamples each mode's
   runs independently.
@@ -155,6 +160,31 @@ def target_score(curves_by_mode: Mapping[str, Sequence[Curve]], k: int) -> tuple
     if not sat:
         raise ValueError("no modes to take a target from")
     return min(sat.values()), sat
+
+
+def panel_noise(curves: Iterable[Curve], k: int) -> float:
+    """Standard deviation of a ``k``-point mean of held-out scores from evaluation noise alone:
+    one evaluation's σ estimated from consecutive differences (independent noise gives
+    ``var(x[i+1] - x[i]) = 2σ²``, and slow learning barely adds to it) over √k; NaN with fewer
+    than 2 differences."""
+    diffs = [np.diff(np.asarray(c.scores, dtype=np.float64)) for c in curves if len(c.scores) > 1]
+    d = np.concatenate(diffs) if diffs else np.zeros(0)
+    if d.size < 2:
+        return math.nan
+    return float(np.std(d, ddof=1) / math.sqrt(2) / math.sqrt(k))
+
+
+def learning_check(curves: Sequence[Curve], target: float, k: int, *, z: float = 2.0) -> dict:
+    """Is ``target`` above the base model's held-out score by more than noise (module
+    docstring, "learned")? Returns ``{"base", "gain", "noise", "z", "learned"}``; ``learned``
+    is None when the runs have no base evaluation or too few points to estimate the noise."""
+    bases = [c.base for c in curves if c.base is not None]
+    noise = panel_noise(curves, k)
+    if not bases or not math.isfinite(noise):
+        return {"base": float(np.mean(bases)) if bases else None, "gain": None, "noise": noise, "z": z, "learned": None}
+    base = float(np.mean(bases))
+    gain = float(target) - base
+    return {"base": base, "gain": gain, "noise": noise, "z": z, "learned": bool(gain >= z * noise)}
 
 
 def common_window(curves: Iterable[Curve], k: int) -> int:

@@ -177,6 +177,26 @@ def test_profile_update_says_when_spotlights_counts_are_lower_bounds(bench, tmp_
     load_profile(path)
 
 
+def test_runs_that_never_rise_above_the_base_model_meet_no_goal_and_feed_no_profile(bench):
+    """Two modes whose panel score stays at the base model's: whatever their iteration counts,
+    the verdict is "not met", the table says nothing was learned, and the profile is refused."""
+
+    def flat(wobble: tuple[float, ...]) -> dict:
+        run = _run(99, iterations=len(wobble))
+        run["curve"] = Curve(tuple(range(1, len(wobble) + 1)), tuple(0.2 + w for w in wobble), 0.2)
+        return run
+
+    runs = {
+        "rlboost": {s: flat((0.0, -0.02, 0.01, 0.0, -0.01, 0.02, -0.02, 0.0)) for s in range(3)},
+        "spotlight": {s: flat((0.01, 0.02, 0.0, -0.01, 0.0, -0.02, 0.01, -0.01)) for s in range(3)},
+    }
+    s = bench.summarize(runs, score="eval/partial", window=3) | {"iterations": 8}
+    assert s["learning"]["learned"] is False and not s["goal"]["met"]
+    assert "no mode raised the held-out score beyond noise" in bench.render_md(s)
+    with pytest.raises(ValueError, match="no mode learned measurably"):
+        bench.profile_update(s, DEFAULT_PROFILE.read_text(encoding="utf-8"), 39, date="2026-01-02")
+
+
 def test_write_profile_replaces_the_file_after_checking_it(bench, summary, tmp_path):
     path = tmp_path / "p.toml"
     path.write_text(DEFAULT_PROFILE.read_text(encoding="utf-8"), encoding="utf-8")

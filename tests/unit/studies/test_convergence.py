@@ -197,3 +197,34 @@ def test_goal_needs_more_than_one_run_per_mode_for_intervals_to_be_apart():
     assert g["ratio_ok"] and g["too_few_runs"] and not g["separated"] and not g["met"]
     g = cv.goal_check(_outcomes([12, 13]), _outcomes([6, 6]))
     assert not g["too_few_runs"] and g["separated"] and g["met"]
+
+
+def _flat(seed: int, base: float = 0.49, n: int = 10) -> cv.Curve:
+    """A run whose panel score only wobbles around the base model's (no learning)."""
+    rng = np.random.default_rng(seed)
+    return cv.Curve(tuple(range(1, n + 1)), tuple(base + 0.02 * rng.standard_normal(n)), base)
+
+
+def test_a_target_no_run_learned_its_way_to_is_flagged():
+    """The 5-seed shapes benchmark: the lowest saturated score (0.4845) sat below the base model's
+    panel score (0.490) and every iterations-to-target count was noise."""
+    curves = [_flat(s) for s in range(10)]
+    target, _ = cv.target_score({"a": curves[:5], "b": curves[5:]}, 3)
+    check = cv.learning_check(curves, target, 3)
+    assert check["learned"] is False and check["gain"] < 2 * check["noise"]
+    assert 0.005 < check["noise"] < 0.02  # σ 0.02 per evaluation over √3
+
+
+def test_a_target_the_runs_climbed_to_is_learned():
+    rising = [
+        cv.Curve(c.iterations, tuple(x + 0.01 * i for i, x in zip(c.iterations, c.scores)), c.base)
+        for c in (_flat(s) for s in range(5))
+    ]  # the same wobble, plus 0.01 per iteration
+    target, _ = cv.target_score({"a": rising}, 3)
+    assert cv.learning_check(rising, target, 3)["learned"] is True
+
+
+def test_learning_check_without_a_base_evaluation_says_nothing():
+    c = cv.Curve((1, 2, 3), (0.4, 0.5, 0.6), None)
+    assert cv.learning_check([c], 0.5, 3)["learned"] is None
+    assert cv.learning_check([cv.Curve((1,), (0.4,), 0.3)], 0.5, 1)["learned"] is None  # no difference to go on
