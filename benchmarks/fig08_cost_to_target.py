@@ -76,6 +76,11 @@ def local_runs(args) -> tuple[dict[str, list[dict]], float | None]:
     if conv.get("schema") != 2:
         print(f"note: {summary} is from an older benchmarks/convergence.py; re-run it for the local bars")
         return {}, target
+    if (conv.get("learning") or {}).get("learned") is False:
+        print(
+            f"note: in {summary} no mode raised the held-out score beyond noise (the target is not above the base "
+            "model's): the local costs to target below measure noise, not convergence"
+        )
     out = {}
     for mode, t in conv["modes"].items():
         out[mode] = [

@@ -152,6 +152,13 @@ def main() -> None:
         if isinstance(conv["iterations"], int)
         else "(a run that never reached the target counts as its iterations + 1: censored)"
     )
+    lr = conv.get("learning") or {}
+    unlearned = lr.get("learned") is False
+    if unlearned:
+        print(
+            f"NOTE: the target is {lr['gain']:+.4f} from the base model's panel score {lr['base']:.4f} (noise of a "
+            f"moving average ±{lr['noise']:.4f}): no mode learned beyond noise, so Fig. 10 shows noise, not convergence"
+        )
     print(provenance_line())
 
     import matplotlib
@@ -186,7 +193,12 @@ def main() -> None:
     for i, m in enumerate(rows):
         axes[0].text(i, 0.3, f"reached {rows[m]['reached']}/{rows[m]['runs']}", ha="center", fontsize=8)
     axes[0].set_ylabel("iterations to target")
-    axes[0].set_title("Fig. 10: iterations to target (95 % CI; hollow = not reached)", fontsize=9)
+    axes[0].set_title(
+        "Fig. 10: iterations to target (95 % CI; hollow = not reached)"
+        + ("\nno mode learned beyond noise: this shows noise" if unlearned else ""),
+        fontsize=9,
+        color="firebrick" if unlearned else "black",
+    )
     bars(axes[1], "critical_path_share", "critical_path_share_per_run", "#e6a57e", scale=100)
     axes[1].set_ylabel("exploration on the critical path (% of iteration time)")
     axes[1].set_title("Fig. 11: exploration overhead (95 % CI)", fontsize=9)
@@ -198,6 +210,7 @@ def main() -> None:
             "score": conv["score"],
             "window": conv["window"],
             "target": conv["target"],
+            "learning": lr,
             "seeds": conv["seeds"],
             "iterations": conv["iterations"],
             "modes": rows,
