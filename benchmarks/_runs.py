@@ -40,6 +40,37 @@ def read_metrics(run_dir: str | pathlib.Path) -> list[dict]:
     return rows
 
 
+CONVERGENCE_SCHEMA = 2
+"""``schema`` of the ``convergence.json`` that benchmarks/convergence.py writes now."""
+
+
+def read_convergence(src: str | pathlib.Path) -> dict:
+    """``src/convergence.json`` as benchmarks/convergence.py writes it.
+
+    Raises:
+        FileNotFoundError: there is none (the message says what to run).
+        ValueError: it is not JSON, was written by the older script, or lacks a field the
+            figures read (the message says which and what to run).
+    """
+    path = pathlib.Path(src) / "convergence.json"
+    rerun = f"re-run `python benchmarks/convergence.py --out {src}` (with --reuse --summarize-only to keep its runs)"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found; run `python benchmarks/convergence.py --out {src}`")
+    try:
+        conv = json.loads(path.read_text())
+    except ValueError as exc:
+        raise ValueError(f"{path}: not JSON ({exc}); {rerun}") from None
+    if not isinstance(conv, dict) or conv.get("schema") != CONVERGENCE_SCHEMA:
+        raise ValueError(
+            f"{path} was written by an older benchmarks/convergence.py (variants no-exploration / critical-path / "
+            f"spotlight scored by reward/control_mean, no intervals); {rerun}"
+        )
+    missing = [k for k in ("modes", "ratios", "target", "seeds", "score", "window") if k not in conv]
+    if missing:
+        raise ValueError(f"{path} lacks {', '.join(missing)}; {rerun}")
+    return conv
+
+
 def finite_mean(values) -> float:
     """Mean of the finite numbers among ``values`` (metrics.jsonl writes a missing or NaN value as
     null); NaN when there are none."""
@@ -47,61 +78,49 @@ def finite_mean(values) -> float:
     return float(np.mean(xs)) if xs else float("nan")
 
 
-def moving_average(x, k: int = 3) -> np.ndarray:
-    """Trailing ``k``-point mean (``len(x) - k + 1`` values; ``x`` itself when shorter than ``k``)."""
-    x = np.asarray(x, dtype=np.float64)
-    if len(x) < k:
-        return x
-    return np.convolve(x, np.ones(k) / k, mode="valid")
-
-
-def iterations_to_target(rows: list[dict], target: float, *, key: str = SCORE, k: int = 3) -> int | None:
-    """1-based iteration at which the ``k``-iteration moving average of ``key`` first reaches
-    ``target`` (the average at index i covers iterations i+1..i+k), or None if never."""
-    s = moving_average([r[key] for r in rows], k)
-    hit = np.nonzero(s >= target - 1e-12)[0]
-    if not hit.size:
-        return None
-    return int(hit[0]) + (k if len(rows) >= k else 1)
-
-
 def cost_to_target(run_dir: str | pathlib.Path, target: float, *, key: str = SCORE, k: int = 3) -> dict:
-    """Cost, wall time and iterations of one local run until it reached ``target``.
+    """Cost, wall time and iterations of one local run until it reached ``target``, measured as
+    benchmarks/convergence.py measures (:func:`spotlight.studies.convergence.run_outcome`: the
+    first iteration whose ``k``-point moving average reaches it; a run that never does is
+    censored at its iterations + 1, its wall time and cost at the whole run's plus one mean
+    iteration's).
 
-    ``key`` is a metrics.jsonl column (``reward/control_mean``: one value per iteration) or a
-    held-out score of the run's ``eval.jsonl`` (``eval/partial``, ``eval/strict``, ``eval/score``:
-    the evaluated iterations; :mod:`spotlight.studies.convergence`), averaged over ``k``
-    consecutive points.
+    ``key`` is a held-out score of the run's ``eval.jsonl`` (``eval/partial``, ``eval/strict``,
+    ``eval/score``: the evaluated iterations) or a metrics.jsonl column
+    (``reward/control_mean``: one value per iteration; rows without it are skipped).
 
-    Returns ``{"run", "mode", "iterations", "reached", "cost_usd", "wall_s", "iterations_run"}``:
-    ``cost_usd`` is the cumulative ``cost/usd`` of the metrics row at the target iteration (the
-    whole run's when never reached, with ``reached`` False); ``mode`` is the config's
-    ``run.mode`` / ``explore.mode`` as found.
+    Returns ``{"run", "mode", "iterations", "reached", "cost_usd", "wall_s", "iterations_run"}``
+    (censored values for a run that never reached it, with ``reached`` False); ``mode`` is the
+    config's ``run.mode`` / ``explore.mode`` as found.
 
     Raises:
-        ValueError: no metrics rows, or (an ``eval/`` key) no eval.jsonl or rows without ``key``.
+        ValueError: no metrics rows, no eval.jsonl (an ``eval/`` key), or no value of ``key``.
     """
+    from spotlight.studies import convergence as cv
+
     rows = read_metrics(run_dir)
     if not rows:
         raise ValueError(f"{run_dir}: metrics.jsonl is empty")
     if key.startswith("eval/"):
         from spotlight.coordinator.evaluation import read_results
-        from spotlight.studies import convergence
 
         if not (pathlib.Path(run_dir) / "eval.jsonl").is_file():
             raise ValueError(f"{run_dir}: no eval.jsonl (the run had eval.every = 0)")
-        n = convergence.iterations_to_target(convergence.heldout_curve(read_results(run_dir), key), target, k)
+        curve = cv.heldout_curve(read_results(run_dir), key)
     else:
-        n = iterations_to_target(rows, target, key=key, k=k)
-    last = rows[(n or len(rows)) - 1]
+        have = [(i, r[key]) for i, r in enumerate(rows, 1) if isinstance(r.get(key), (int, float))]
+        curve = cv.Curve(tuple(i for i, _ in have), tuple(float(v) for _, v in have), None)
+    if not curve.iterations:
+        raise ValueError(f"{run_dir}: no value of {key} (a mode without control prompts has no reward/control_mean)")
+    o = cv.run_outcome(rows, curve, target, min(k, len(curve.iterations)))
     return {
         "run": str(run_dir),
         "mode": run_mode(run_dir),
-        "iterations": n if n is not None else len(rows),
-        "reached": n is not None,
-        "cost_usd": float(last.get("cost/usd", float("nan"))),
-        "wall_s": float(sum(r.get("time/iteration_s", 0.0) for r in rows[: (n or len(rows))])),
-        "iterations_run": len(rows),
+        "iterations": o.iterations_censored,
+        "reached": o.reached,
+        "cost_usd": o.cost_usd_censored if o.cost_usd_censored is not None else float("nan"),
+        "wall_s": o.wall_s_censored,
+        "iterations_run": o.iterations_run,
     }
 
 

@@ -58,6 +58,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import pathlib
 import shutil
@@ -136,6 +137,39 @@ def finished(run_dir: pathlib.Path, iterations: int | None = None) -> bool:
     return iterations is None or len([x for x in metrics.read_text().splitlines() if x.strip()]) == iterations
 
 
+def kept_runs_problem(run_dirs: list[pathlib.Path], iterations: int | None, *, reuse: bool) -> str | None:
+    """Why the finished runs already in ``--out`` stop this command, or None. Without
+    ``--reuse`` a finished run would be deleted and made again: refused, it may be hours of
+    work. With ``--reuse`` a finished run of another length than ``iterations`` is refused (it
+    would be deleted and made again); with ``--summarize-only`` (``iterations`` None) runs of
+    different lengths are: censoring counts a run that never reached the target as its
+    iterations + 1, so runs of different lengths are not comparable."""
+    done = [rd for rd in run_dirs if finished(rd)]
+    if done and not reuse:
+        return (
+            f"{done[0].parent} already holds {len(done)} finished run(s) (e.g. {done[0].name}); pass --reuse to keep "
+            "them, or choose another --out"
+        )
+    lengths = {rd.name: len([x for x in (rd / "metrics.jsonl").read_text().splitlines() if x.strip()]) for rd in done}
+    if iterations is None:
+        if len(set(lengths.values())) > 1:
+            example = {n: name for name, n in lengths.items()}
+            listed = ", ".join(f"{name}: {n}" for n, name in sorted(example.items()))
+            return (
+                f"the finished runs have different lengths ({listed} iterations): censoring needs one length; "
+                "summarise them in separate --out directories"
+            )
+        return None
+    other = {name: n for name, n in lengths.items() if n != iterations}
+    if other:
+        name, n = next(iter(other.items()))
+        return (
+            f"{len(other)} finished run(s) have another length than --iterations {iterations} (e.g. {name}: {n} "
+            f"iterations); pass --iterations {n}, or choose another --out"
+        )
+    return None
+
+
 def _cli(args: list[str], what: str, run_dir: pathlib.Path) -> None:
     cmd = [sys.executable, "-m", "spotlight.cli", *args]
     print("$ spotlight " + " ".join(args), flush=True)
@@ -194,6 +228,10 @@ def load_run(run_dir: pathlib.Path, score: str) -> dict:
         final = json.loads((run_dir / "eval.json").read_text())
     except ValueError as exc:
         sys.exit(f"error: {run_dir / 'eval.json'}: not JSON ({exc})")
+    if not isinstance(final, dict) or any(not isinstance(final.get(n, {}), dict) for n in ("base", "final")):
+        sys.exit(
+            f"error: {run_dir / 'eval.json'}: not what `spotlight eval` writes (an object with base and final scores)"
+        )
     try:
         curve = cv.heldout_curve(read_results(run_dir), score)  # a torn line is skipped, as the coordinator does
     except ValueError as exc:
@@ -204,6 +242,8 @@ def load_run(run_dir: pathlib.Path, score: str) -> dict:
         metrics = read_metrics(run_dir)
     except ValueError as exc:
         sys.exit(f"error: {exc}")
+    if not metrics:
+        sys.exit(f"error: {run_dir / 'metrics.jsonl'}: no metrics rows")
     return {
         "metrics": metrics,
         "curve": curve,
@@ -310,9 +350,10 @@ def summarize(
         if BASELINE in outcomes:
             g = cv.goal_check(outcomes[BASELINE], outcomes[OURS], **kw)
             goal = {key: (v.to_json() if isinstance(v, cv.CI) else v) for key, v in g.items()}
-    learning = cv.learning_check([c for cs in curves.values() for c in cs], tgt, k)
-    if goal is not None:  # iterations to a target no run learned its way to say nothing about convergence
-        goal["met"] = bool(goal["met"] and learning["learned"])
+    learning = cv.learning_check(curves, tgt, k)
+    if goal is not None:  # iterations to a target reached by noise say nothing about convergence
+        goal["learned"] = compared_learned(learning)
+        goal["met"] = bool(goal["met"] and goal["learned"])
     seeds = sorted({s for by_seed in runs.values() for s in by_seed})
     return {
         "schema": SCHEMA,
@@ -345,24 +386,50 @@ def _yes(b: bool) -> str:
     return "yes" if b else "**no**"
 
 
+def compared_learned(lr: dict) -> bool | None:
+    """Did rlboost and Spotlight (the goal's two modes) both learn beyond noise, with the target
+    beyond noise above the base score? None when that cannot be told (one run per mode, no
+    base-model evaluation)."""
+    flags = [lr["modes"][m]["learned"] for m in (BASELINE, OURS) if m in lr["modes"]] + [lr["target_ok"]]
+    return None if any(f is None for f in flags) else all(flags)
+
+
 def _learning_lines(lr: dict | None, score: str) -> list[str]:
-    """The sentence on whether the target is above the base model's panel score beyond noise
-    (:func:`spotlight.studies.convergence.learning_check`), and a blank line; nothing for a
-    summary without it."""
-    if not lr or lr.get("learned") is None:
+    """What :func:`spotlight.studies.convergence.learning_check` found, as a paragraph and a
+    blank line; nothing for a summary without it."""
+    if not lr or lr.get("base") is None:
         return []
-    head = (
-        f"Target vs the base model's panel {score} {lr['base']:.4f}: {lr['gain']:+.4f}, against a noise of "
-        f"±{lr['noise']:.4f} on a moving average ({lr['z']:g}σ = {lr['z'] * lr['noise']:.4f})"
+    per_mode = "; ".join(
+        f"{m} {r['gain']:+.4f} ± {r['se']:.4f}" if r["gain"] is not None else f"{m} unknown"
+        for m, r in lr["modes"].items()
     )
-    if lr["learned"]:
-        return [f"{head}: the runs learned beyond noise.", ""]
-    return [
-        f"{head}: **no mode raised the held-out score beyond noise**, so iterations to target say how soon a run's "
-        "noise touched a level it started at, not how fast it converged; the ratios below are not a convergence "
-        "measurement, and `--write-profile` refuses them.",
-        "",
-    ]
+    head = (
+        f"Learning (`{score}` of the best window minus the base model's {lr['base']:.4f}, mean ± standard error over "
+        f"runs; learned at ≥ {lr['z']:g} standard errors): {per_mode}"
+        + (f"; target {lr['target_gain']:+.4f}" if lr["target_gain"] is not None else "")
+        + "."
+    )
+    learned = [m for m, r in lr["modes"].items() if r["learned"]]
+    unknown = [m for m, r in lr["modes"].items() if r["learned"] is None]
+    if unknown:
+        verdict = f"Whether {', '.join(unknown)} learned cannot be told (one run, or no base-model evaluation)."
+    elif not learned:
+        verdict = (
+            "**No mode raised the held-out score beyond noise**, so iterations to target say how soon a run's noise "
+            "touched the target, not how fast it converged: the ratios below are not a convergence measurement, "
+            "and `--write-profile` refuses them."
+        )
+    elif len(learned) < len(lr["modes"]):
+        rest = [m for m in lr["modes"] if m not in learned]
+        verdict = (
+            f"**Learned beyond noise: {', '.join(learned)}; not: {', '.join(rest)}** — iterations to target of a mode "
+            "that did not learn are noise."
+        )
+    else:
+        verdict = "Every mode learned beyond noise."
+    if lr["target_ok"] is False:
+        verdict += " The target is within noise of the base model's score: reaching it shows nothing."
+    return [f"{head} {verdict}", ""]
 
 
 def render_md(s: dict) -> str:
@@ -433,6 +500,12 @@ def render_md(s: dict) -> str:
                 if g.get("ours_censored")
                 else ""
             )
+            + (
+                "; rlboost and Spotlight learned beyond noise: "
+                + {True: "yes", False: "**no**", None: "**cannot tell**"}[g["learned"]]
+                if "learned" in g
+                else ""
+            )
             + " → "
             + ("**met**" if g["met"] else "**not met**")
             + (
@@ -479,28 +552,37 @@ def profile_update(s: dict, profile_text: str, spotlight_iterations: int, *, dat
     and rlboost+explore's counts stay.
 
     Raises:
-        ValueError: the summary has no rlboost/spotlight ratio, the target is not above the base
-            model's score beyond noise (nothing was learned to converge to), or a mode has fewer runs than
-            the goal check needs for an interval (one run's ratio says nothing about its spread,
-            and the simulator would take it as measured).
+        ValueError: the summary has no rlboost/spotlight ratio; a mode has fewer runs than the
+            goal check needs for an interval (one run's ratio says nothing about its spread, and
+            the simulator would take it as measured); rlboost or spotlight did not learn beyond
+            noise, or the target is within noise of the base score, or that cannot be told
+            (:func:`compared_learned`); or a run of either never reached the target (its count,
+            and so the ratio, is a bound).
     """
     from spotlight.sim.profile import set_iterations_to_target
 
     key = f"{BASELINE}/{OURS}"
     if key not in s["ratios"]:
         raise ValueError(f"the benchmark has no {key} ratio (run both modes)")
-    lr = s.get("learning") or {}
-    if lr.get("learned") is False:
-        raise ValueError(
-            f"the target ({s['target']:.4f}) is not above the base model's score ({lr['base']:.4f}) by more than "
-            f"{lr['z']:g}x the panel's noise (±{lr['noise']:.4f}): no mode learned measurably, so the ratio is not a "
-            "convergence measurement (run more iterations)"
-        )
     if s["goal"].get("too_few_runs"):
         runs = {m: len(s["modes"][m]["runs"]) for m in (BASELINE, OURS)}
         raise ValueError(
             f"too few runs per mode for an interval ({', '.join(f'{m}: {n}' for m, n in runs.items())}); "
             "measure at least 2 run seeds per mode (--seeds) before the simulator takes the ratio"
+        )
+    learned = compared_learned(s.get("learning") or {"modes": {}, "target_ok": None})
+    if learned is not True:
+        raise ValueError(
+            "cannot tell whether rlboost and spotlight learned (no base-model evaluation)"
+            if learned is None
+            else "rlboost and spotlight did not both learn beyond noise, or the target is within noise of the base "
+            "model's score: the ratio is not a convergence measurement (run more iterations)"
+        )
+    censored = {m: sum(not r["reached"] for r in s["modes"][m]["runs"]) for m in (BASELINE, OURS)}
+    if any(censored.values()):
+        raise ValueError(
+            f"runs that never reached the target ({', '.join(f'{m}: {n}' for m, n in censored.items())}): their "
+            "counts are bounds, so the ratio is a bound, not a measurement"
         )
 
     def scaled(ratio: dict) -> int:
@@ -525,18 +607,15 @@ def profile_update(s: dict, profile_text: str, spotlight_iterations: int, *, dat
     vkey = f"verl-omni-spot/{OURS}"
     if vkey in s["ratios"]:
         v = s["ratios"][vkey]
-        values["verl-omni-spot"] = (scaled(v), note(vkey, v))
         comments.append(f"{vkey} = {v['mean']:.2f} [{v['low']:.2f}, {v['high']:.2f}]")
-    censored = sum(not r["reached"] for m in s["modes"].values() for r in m["runs"])
+        verl_learned = s["learning"]["modes"].get("verl-omni-spot", {}).get("learned")
+        if verl_learned and all(r["reached"] for r in s["modes"]["verl-omni-spot"]["runs"]):
+            values["verl-omni-spot"] = (scaled(v), note(vkey, v))
+        else:
+            comments.append("verl-omni-spot keeps its count: its runs did not all learn and reach the target.")
     comments.append(
-        f"Runs that never reached the target: {censored} (censored at iterations + 1). spotlight and "
-        "rlboost+explore keep their counts."
+        "Every rlboost and spotlight run reached the target. spotlight and rlboost+explore keep their counts."
     )
-    if s["goal"].get("ours_censored"):
-        comments.append(
-            f"{s['goal']['ours_censored']} spotlight run(s) never reached it: their counts are lower bounds, "
-            "so the ratios above are upper bounds."
-        )
     return set_iterations_to_target(profile_text, values, comments, PROFILE_MARK)
 
 
@@ -598,6 +677,8 @@ def main() -> None:
     )
     args = ap.parse_args()
     out = pathlib.Path(args.out)
+    if args.target is not None and not math.isfinite(args.target):
+        sys.exit(f"error: --target must be a finite score, got {args.target}")
     try:
         seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
     except ValueError:
@@ -630,8 +711,15 @@ def main() -> None:
                 ),
             )
 
-    t_start, done = time.monotonic(), 0
     todo = [(s, m) for s in seeds for m in modes]  # seed-major: a partial benchmark still compares the modes
+    problem = kept_runs_problem(
+        [out / run_name(m, s) for s, m in todo],
+        None if args.summarize_only else args.iterations,
+        reuse=args.reuse or args.summarize_only,
+    )
+    if problem:
+        sys.exit(f"error: {problem}")
+    t_start, done = time.monotonic(), 0
     runs: dict[str, dict[int, dict]] = {m: {} for m in modes}
     for i, (seed, m) in enumerate(todo, 1):
         rd = out / run_name(m, seed)

@@ -20,11 +20,11 @@ Definitions (the same for every mode):
   the target; a run that never gets there is **censored** at ``iterations run + 1`` (and its
   wall time at the whole run's plus one mean iteration): a lower bound, counted so that a mode
   whose runs fail is not flattered by averaging only its lucky ones;
-* **learned**: the target is above the base model's score by at least ``z`` times the noise of
-  a ``k``-point mean of the panel (the noise of one evaluation estimated from the differences
-  between consecutive evaluations of every run). When it is not, no mode moved the held-out
-  score beyond noise and "iterations to target" counts how soon a run's noise first touched
-  a level it started at: no convergence comparison can be read from it;
+* **learned**: a mode learned when, at the window where its seed-mean curve is best, its runs'
+  gain over the base model's score is at least ``z`` (2) standard errors over runs above 0; the
+  target must also be that far above the base score. A mode that did not learn reaches a
+  target only by noise, and "iterations to target" then counts how soon its noise touched the
+  target: no convergence comparison can be read from it;
 * **confidence interval**: the percentile bootstrap of the mean over runs (fixed generator
   seed, so a summary is reproducible); the ratio of two modes' means resamples each mode's
   runs independently.
@@ -88,17 +88,21 @@ def heldout_curve(eval_rows: Iterable[Mapping], key: str = "eval/partial") -> Cu
     counts), the base model (``iteration = -1``) as ``base``.
 
     Raises:
-        ValueError: a row without ``iteration`` or without ``key`` (a score this task does not
-            have, e.g. ``eval/strict`` outside the shapes task).
+        ValueError: a row that is not an object with ``iteration``, a row without ``key`` (a
+            score this task does not have, e.g. ``eval/strict`` outside the shapes task), or a
+            score that is not a finite number.
     """
     by_iteration: dict[int, float] = {}
     for row in eval_rows:
-        if "iteration" not in row:
-            raise ValueError(f"evaluation row without 'iteration': {dict(row)}")
+        if not isinstance(row, Mapping) or "iteration" not in row:
+            raise ValueError(f"evaluation row without 'iteration': {str(row)[:120]}")
         if key not in row:
             have = sorted(k for k in row if k in SCORE_KEYS)
             raise ValueError(f"evaluation of iteration {row['iteration']} has no {key!r} (it has {have})")
-        by_iteration[int(row["iteration"])] = float(row[key])
+        value = row[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"evaluation of iteration {row['iteration']}: {key} is {value!r}, not a number")
+        by_iteration[int(row["iteration"])] = float(value)
     base = by_iteration.pop(-1, None)
     its = sorted(i for i in by_iteration if i >= 0)
     return Curve(tuple(i + 1 for i in its), tuple(by_iteration[i] for i in its), base)
@@ -162,29 +166,47 @@ def target_score(curves_by_mode: Mapping[str, Sequence[Curve]], k: int) -> tuple
     return min(sat.values()), sat
 
 
-def panel_noise(curves: Iterable[Curve], k: int) -> float:
-    """Standard deviation of a ``k``-point mean of held-out scores from evaluation noise alone:
-    one evaluation's σ estimated from consecutive differences (independent noise gives
-    ``var(x[i+1] - x[i]) = 2σ²``, and slow learning barely adds to it) over √k; NaN with fewer
-    than 2 differences."""
-    diffs = [np.diff(np.asarray(c.scores, dtype=np.float64)) for c in curves if len(c.scores) > 1]
-    d = np.concatenate(diffs) if diffs else np.zeros(0)
-    if d.size < 2:
-        return math.nan
-    return float(np.std(d, ddof=1) / math.sqrt(2) / math.sqrt(k))
+def mode_learning(curves: Sequence[Curve], k: int, *, z: float = 2.0) -> dict:
+    """Did one mode's runs raise the held-out score above the base model's (module docstring,
+    "learned")? At the ``k``-point window where the mode's seed-mean curve is best (its
+    saturated score), each run's own window mean minus its base score is that run's gain; the
+    mode learned when the mean gain is at least ``z`` standard errors (spread over runs / √n)
+    above 0. The window is picked after looking, so this errs towards "learned".
+
+    Returns ``{"gain", "se", "n", "learned"}``; ``learned`` (and ``gain``/``se``) None with
+    fewer than 2 runs, a run without a base evaluation, or fewer than ``k`` common points.
+    """
+    out = {"gain": None, "se": None, "n": len(curves), "learned": None}
+    if len(curves) < 2 or any(c.base is None for c in curves):
+        return out
+    common = sorted(set.intersection(*(set(c.iterations) for c in curves)))
+    ma = moving_average(mean_curve(curves).scores, k)
+    if not ma.size:
+        return out
+    window = common[int(np.argmax(ma)) : int(np.argmax(ma)) + k]
+    gains = np.array([np.mean([c.scores[c.iterations.index(i)] for i in window]) - c.base for c in curves])
+    gain, se = float(gains.mean()), float(gains.std(ddof=1) / math.sqrt(len(gains)))
+    # scores live in [0, 1]: a gain below 1e-6 is rounding, whatever its standard error
+    return {"gain": gain, "se": se, "n": len(curves), "learned": bool(gain > 1e-6 and gain >= z * se)}
 
 
-def learning_check(curves: Sequence[Curve], target: float, k: int, *, z: float = 2.0) -> dict:
-    """Is ``target`` above the base model's held-out score by more than noise (module
-    docstring, "learned")? Returns ``{"base", "gain", "noise", "z", "learned"}``; ``learned``
-    is None when the runs have no base evaluation or too few points to estimate the noise."""
-    bases = [c.base for c in curves if c.base is not None]
-    noise = panel_noise(curves, k)
-    if not bases or not math.isfinite(noise):
-        return {"base": float(np.mean(bases)) if bases else None, "gain": None, "noise": noise, "z": z, "learned": None}
-    base = float(np.mean(bases))
+def learning_check(curves_by_mode: Mapping[str, Sequence[Curve]], target: float, k: int, *, z: float = 2.0) -> dict:
+    """:func:`mode_learning` of every mode, and whether ``target`` is above the base model's
+    score by at least ``z`` times the largest of their standard errors (a target within noise
+    of the base is "reached" by noise alone).
+
+    Returns ``{"base", "z", "modes": {mode: mode_learning}, "target_gain", "target_ok"}``;
+    ``target_ok`` None when a mode's standard error is unknown or no run has a base score.
+    """
+    bases = [c.base for cs in curves_by_mode.values() for c in cs if c.base is not None]
+    modes = {m: mode_learning(cs, k, z=z) for m, cs in curves_by_mode.items()}
+    base = float(np.mean(bases)) if bases else None
+    ses = [r["se"] for r in modes.values()]
+    if base is None or any(se is None for se in ses) or not ses:
+        return {"base": base, "z": z, "modes": modes, "target_gain": None, "target_ok": None}
     gain = float(target) - base
-    return {"base": base, "gain": gain, "noise": noise, "z": z, "learned": bool(gain >= z * noise)}
+    target_ok = bool(gain >= z * max(ses) and gain > 1e-6)
+    return {"base": base, "z": z, "modes": modes, "target_gain": gain, "target_ok": target_ok}
 
 
 def common_window(curves: Iterable[Curve], k: int) -> int:
@@ -248,8 +270,9 @@ def _percentiles(x: np.ndarray, level: float) -> tuple[float, float]:
 @dataclasses.dataclass(frozen=True)
 class RunOutcome:
     """One run measured against the target. ``iterations_to_target`` / ``wall_s_to_target`` /
-    ``cost_usd_to_target`` are None when it never reached it; ``iterations_censored`` and
-    ``wall_s_censored`` always have a value (see :func:`run_outcome`)."""
+    ``cost_usd_to_target`` are None when it never reached it; ``iterations_censored``,
+    ``wall_s_censored`` and (when the run bills) ``cost_usd_censored`` always have a value (see
+    :func:`run_outcome`)."""
 
     reached: bool
     iterations_to_target: int | None
@@ -257,6 +280,7 @@ class RunOutcome:
     wall_s_to_target: float | None
     wall_s_censored: float
     cost_usd_to_target: float | None
+    cost_usd_censored: float | None
     critical_path_share: float
     mean_iteration_s: float
     iterations_run: int
@@ -268,8 +292,8 @@ def run_outcome(metrics_rows: Sequence[Mapping], curve: Curve, target: float, k:
 
     Wall time to target = the summed ``time/iteration_s`` of iterations 1..n. A run that never
     reaches the target is censored at ``iterations run + 1`` iterations and its whole wall time
-    plus one mean iteration. Critical-path share = summed ``time/explore_critical_path_s`` over
-    summed ``time/iteration_s`` of the whole run.
+    (and cumulative ``cost/usd``) plus one mean iteration's. Critical-path share = summed
+    ``time/explore_critical_path_s`` over summed ``time/iteration_s`` of the whole run.
 
     Raises:
         ValueError: no metrics rows.
@@ -286,6 +310,12 @@ def run_outcome(metrics_rows: Sequence[Mapping], curve: Curve, target: float, k:
         raise ValueError(f"iteration {n} was evaluated but the run has {n_run} metrics rows")
     wall = float(t_iter[:n].sum()) if n is not None else None
     cost = metrics_rows[n - 1].get("cost/usd") if n is not None else None
+    last_cost = metrics_rows[-1].get("cost/usd")
+    billed = isinstance(last_cost, (int, float)) and not isinstance(last_cost, bool)
+    if n is not None:
+        cost_censored = float(cost) if isinstance(cost, (int, float)) else None
+    else:
+        cost_censored = float(last_cost) * (n_run + 1) / n_run if billed else None
     return RunOutcome(
         reached=n is not None,
         iterations_to_target=n,
@@ -293,6 +323,7 @@ def run_outcome(metrics_rows: Sequence[Mapping], curve: Curve, target: float, k:
         wall_s_to_target=wall,
         wall_s_censored=wall if wall is not None else total + mean_it,
         cost_usd_to_target=float(cost) if isinstance(cost, (int, float)) else None,
+        cost_usd_censored=cost_censored,
         critical_path_share=float(crit.sum() / total) if total > 0 else 0.0,
         mean_iteration_s=mean_it,
         iterations_run=n_run,

@@ -167,14 +167,50 @@ def test_profile_update_refuses_one_run_per_mode(bench):
         bench.profile_update(s, DEFAULT_PROFILE.read_text(encoding="utf-8"), 39, date="2026-01-02")
 
 
-def test_profile_update_says_when_spotlights_counts_are_lower_bounds(bench, tmp_path):
-    runs = {"rlboost": {0: _run(9), 1: _run(10)}, "spotlight": {0: _run(3), 1: _run(99)}}  # seed 1 never reaches it
+def test_profile_update_refuses_a_ratio_of_censored_runs(bench):
+    """A Spotlight run that never reached the target has a lower-bound count, so the ratio is a
+    bound: the simulator must not take it as measured (both modes learned here)."""
+    runs = {"rlboost": {s: _run(9) for s in range(3)}, "spotlight": {0: _run(3), 1: _run(4), 2: _run(14)}}
     s = bench.summarize(runs, score="eval/partial", window=3) | {"iterations": 15}
-    text = bench.profile_update(s, DEFAULT_PROFILE.read_text(encoding="utf-8"), 39, date="2026-01-02")
-    assert "1 spotlight run(s) never reached it" in text and "upper bounds" in text
-    path = tmp_path / "p.toml"
-    path.write_text(text, encoding="utf-8")
-    load_profile(path)
+    assert bench.compared_learned(s["learning"]) is True
+    assert [r["reached"] for r in s["modes"]["spotlight"]["runs"]] == [True, True, False]
+    with pytest.raises(ValueError, match="never reached the target .*spotlight: 1"):
+        bench.profile_update(s, DEFAULT_PROFILE.read_text(encoding="utf-8"), 39, date="2026-01-02")
+
+
+def test_profile_update_refuses_a_target_set_above_every_run(bench):
+    """--target 0.9 that no run reaches: every count is censored, the ratio 1.00 is no measurement."""
+    runs = {"rlboost": {s: _run(9) for s in range(3)}, "spotlight": {s: _run(3) for s in range(3)}}
+    s = bench.summarize(runs, score="eval/partial", window=3, target=0.9) | {"iterations": 15}
+    assert not s["goal"]["met"]
+    with pytest.raises(ValueError, match="never reached the target"):
+        bench.profile_update(s, DEFAULT_PROFILE.read_text(encoding="utf-8"), 39, date="2026-01-02")
+
+
+def test_profile_update_refuses_runs_without_a_base_model_evaluation(bench):
+    """Without the base model's score, whether the runs learned cannot be told: refuse, not fail open."""
+    runs = {"rlboost": {s: _run(9) for s in range(3)}, "spotlight": {s: _run(3) for s in range(3)}}
+    for by_seed in runs.values():
+        for r in by_seed.values():
+            r["curve"] = dataclasses.replace(r["curve"], base=None)
+    s = bench.summarize(runs, score="eval/partial", window=3) | {"iterations": 15}
+    assert bench.compared_learned(s["learning"]) is None and not s["goal"]["met"]
+    with pytest.raises(ValueError, match="cannot tell whether"):
+        bench.profile_update(s, DEFAULT_PROFILE.read_text(encoding="utf-8"), 39, date="2026-01-02")
+
+
+def test_one_mode_learning_is_not_reported_as_no_mode(bench):
+    """rlboost climbs far above the base model while Spotlight stays flat: the table names who learned."""
+    runs = {
+        "rlboost": {s: _run(3 + s) for s in range(3)},
+        "spotlight": {s: _run(99) for s in range(3)},
+    }
+    for s_, r in runs["spotlight"].items():
+        r["curve"] = Curve(r["curve"].iterations, tuple(0.2 + 0.01 * ((i * (s_ + 1)) % 3 - 1) for i in range(15)), 0.2)
+    s = bench.summarize(runs, score="eval/partial", window=3) | {"iterations": 15}
+    assert s["learning"]["modes"]["rlboost"]["learned"] and not s["learning"]["modes"]["spotlight"]["learned"]
+    md = bench.render_md(s)
+    assert "Learned beyond noise: rlboost; not: spotlight" in md and "No mode raised" not in md
 
 
 def test_runs_that_never_rise_above_the_base_model_meet_no_goal_and_feed_no_profile(bench):
@@ -186,14 +222,19 @@ def test_runs_that_never_rise_above_the_base_model_meet_no_goal_and_feed_no_prof
         run["curve"] = Curve(tuple(range(1, len(wobble) + 1)), tuple(0.2 + w for w in wobble), 0.2)
         return run
 
+    wobbles = [
+        (0.0, -0.02, 0.01, 0.0, -0.01, 0.02, -0.02, 0.0),
+        (0.01, 0.02, 0.0, -0.01, 0.0, -0.02, 0.01, -0.01),
+        (-0.01, 0.0, 0.02, -0.02, 0.01, 0.0, -0.01, 0.02),
+    ]
     runs = {
-        "rlboost": {s: flat((0.0, -0.02, 0.01, 0.0, -0.01, 0.02, -0.02, 0.0)) for s in range(3)},
-        "spotlight": {s: flat((0.01, 0.02, 0.0, -0.01, 0.0, -0.02, 0.01, -0.01)) for s in range(3)},
+        "rlboost": {s: flat(wobbles[s]) for s in range(3)},
+        "spotlight": {s: flat(wobbles[(s + 1) % 3][::-1]) for s in range(3)},
     }
     s = bench.summarize(runs, score="eval/partial", window=3) | {"iterations": 8}
-    assert s["learning"]["learned"] is False and not s["goal"]["met"]
-    assert "no mode raised the held-out score beyond noise" in bench.render_md(s)
-    with pytest.raises(ValueError, match="no mode learned measurably"):
+    assert not any(r["learned"] for r in s["learning"]["modes"].values()) and not s["goal"]["met"]
+    assert "No mode raised the held-out score beyond noise" in bench.render_md(s)
+    with pytest.raises(ValueError, match="did not both learn beyond noise"):
         bench.profile_update(s, DEFAULT_PROFILE.read_text(encoding="utf-8"), 39, date="2026-01-02")
 
 
@@ -285,6 +326,7 @@ def test_summarize_only_reports_the_settings_the_runs_were_made_with(bench, tmp_
         (["--seeds", "0,0"], "--seeds: expected distinct"),
         (["--window", "0"], "--window must be >= 1, got 0"),
         (["--iterations", "-1"], "--iterations must be >= 1"),
+        (["--target", "nan"], "--target must be a finite score, got nan"),
     ],
 )
 def test_bad_arguments_stop_before_any_run(bench, tmp_path, monkeypatch, argv, message):
@@ -300,3 +342,58 @@ def test_finite_mean_skips_the_nulls_metrics_jsonl_writes():
     runs = _load("_runs")
     assert runs.finite_mean([0.99, None, 0.97, float("nan")]) == pytest.approx(0.98)
     assert runs.finite_mean([None, None]) != runs.finite_mean([None, None])  # NaN: nothing to average
+
+
+def test_finished_runs_are_neither_deleted_nor_mixed_with_runs_of_another_length(bench, tmp_path):
+    """A plain re-run would delete finished runs, ``--reuse`` with another --iterations would too,
+    and a truncated run summarised beside full ones is censored at the wrong count."""
+    for mode in ("rlboost", "spotlight"):
+        _write_run(tmp_path / f"{mode}-s0", _run(3, iterations=8), eval_seeds=1, num_candidates=6, spot_agents=2)
+    dirs = [tmp_path / "rlboost-s0", tmp_path / "spotlight-s0"]
+    assert "pass --reuse to keep" in bench.kept_runs_problem(dirs, 8, reuse=False)
+    assert "pass --iterations 8" in bench.kept_runs_problem(dirs, 20, reuse=True)
+    assert bench.kept_runs_problem(dirs, 8, reuse=True) is None
+    assert bench.kept_runs_problem(dirs, None, reuse=True) is None
+    metrics = tmp_path / "spotlight-s0" / "metrics.jsonl"
+    metrics.write_text("".join(metrics.read_text().splitlines(keepends=True)[:5]))
+    assert "different lengths (spotlight-s0: 5, rlboost-s0: 8" in bench.kept_runs_problem(dirs, None, reuse=True)
+
+
+@pytest.mark.parametrize(
+    "eval_json, metrics, message",
+    [
+        ("[]", None, "not what `spotlight eval` writes"),
+        ('{"final": 3}', None, "not what `spotlight eval` writes"),
+        (None, "", "metrics.jsonl: no metrics rows"),
+    ],
+)
+def test_a_broken_run_file_stops_with_its_path(bench, tmp_path, eval_json, metrics, message):
+    run_dir = tmp_path / "rlboost-s0"
+    _write_run(run_dir, _run(3, iterations=8), eval_seeds=1, num_candidates=6, spot_agents=2)
+    if eval_json is not None:
+        (run_dir / "eval.json").write_text(eval_json)
+    if metrics is not None:
+        (run_dir / "metrics.jsonl").write_text(metrics)
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        bench.load_run(run_dir, "eval/partial")
+
+
+def test_figures_stop_with_one_line_on_a_broken_summary(tmp_path):
+    fig = _load("fig10_11_convergence")
+    (tmp_path / "convergence.json").write_text("{not json")
+    with pytest.raises(SystemExit, match="not JSON"):
+        fig.read_summary(tmp_path)
+    (tmp_path / "convergence.json").write_text('{"schema": 2}')
+    with pytest.raises(SystemExit, match="lacks modes, ratios, target"):
+        fig.read_summary(tmp_path)
+
+
+def test_cost_to_target_names_a_score_the_run_never_logged(tmp_path):
+    """verl-omni-spot has no control prompts: its reward/control_mean is null in every row."""
+    runs = _load("_runs")
+    rows = [
+        {"iteration": i, "time/iteration_s": 1.0, "cost/usd": 0.1 * i, "reward/control_mean": None} for i in range(4)
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(ValueError, match="no value of reward/control_mean"):
+        runs.cost_to_target(tmp_path, 0.5, key="reward/control_mean")

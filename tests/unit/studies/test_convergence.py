@@ -205,26 +205,35 @@ def _flat(seed: int, base: float = 0.49, n: int = 10) -> cv.Curve:
     return cv.Curve(tuple(range(1, n + 1)), tuple(base + 0.02 * rng.standard_normal(n)), base)
 
 
-def test_a_target_no_run_learned_its_way_to_is_flagged():
-    """The 5-seed shapes benchmark: the lowest saturated score (0.4845) sat below the base model's
-    panel score (0.490) and every iterations-to-target count was noise."""
-    curves = [_flat(s) for s in range(10)]
-    target, _ = cv.target_score({"a": curves[:5], "b": curves[5:]}, 3)
+def test_a_mode_whose_runs_only_wobble_did_not_learn():
+    """The 5-seed shapes benchmark: every mode's best 3-point window sat within noise of the base
+    model's panel score, and the iterations-to-target counts were noise."""
+    curves = {"a": [_flat(s) for s in range(5)], "b": [_flat(s) for s in range(5, 10)]}
+    target, _ = cv.target_score(curves, 3)
     check = cv.learning_check(curves, target, 3)
-    assert check["learned"] is False and check["gain"] < 2 * check["noise"]
-    assert 0.005 < check["noise"] < 0.02  # σ 0.02 per evaluation over √3
+    assert not check["modes"]["a"]["learned"] and not check["modes"]["b"]["learned"]
+    assert check["target_ok"] is False
 
 
-def test_a_target_the_runs_climbed_to_is_learned():
+def test_a_mode_that_climbs_learned_and_its_target_is_beyond_noise():
     rising = [
         cv.Curve(c.iterations, tuple(x + 0.01 * i for i, x in zip(c.iterations, c.scores)), c.base)
         for c in (_flat(s) for s in range(5))
     ]  # the same wobble, plus 0.01 per iteration
-    target, _ = cv.target_score({"a": rising}, 3)
-    assert cv.learning_check(rising, target, 3)["learned"] is True
+    check = cv.learning_check({"a": rising}, cv.target_score({"a": rising}, 3)[0], 3)
+    assert check["modes"]["a"]["learned"] is True and check["target_ok"] is True
+    assert check["modes"]["a"]["gain"] == pytest.approx(0.09, abs=0.03)
 
 
-def test_learning_check_without_a_base_evaluation_says_nothing():
+def test_learning_is_unknown_with_one_run_or_without_a_base_evaluation():
     c = cv.Curve((1, 2, 3), (0.4, 0.5, 0.6), None)
-    assert cv.learning_check([c], 0.5, 3)["learned"] is None
-    assert cv.learning_check([cv.Curve((1,), (0.4,), 0.3)], 0.5, 1)["learned"] is None  # no difference to go on
+    assert cv.mode_learning([c, c], 3)["learned"] is None  # no base score
+    assert cv.mode_learning([cv.Curve((1, 2, 3), (0.4, 0.5, 0.6), 0.3)], 3)["learned"] is None  # one run
+    assert cv.learning_check({"a": [c, c]}, 0.5, 3)["target_ok"] is None
+
+
+def test_heldout_curve_names_a_row_that_is_not_an_object_or_a_score_that_is_not_a_number():
+    with pytest.raises(ValueError, match="without 'iteration'"):
+        cv.heldout_curve([[1, 2]])
+    with pytest.raises(ValueError, match="eval/partial is None, not a number"):
+        cv.heldout_curve([{"iteration": 0, "eval/partial": None}])
