@@ -71,6 +71,14 @@ def read_convergence(src: str | pathlib.Path) -> dict:
     return conv
 
 
+def learned_modes(conv: dict) -> list[str] | None:
+    """The modes of a :func:`read_convergence` summary whose runs learned beyond noise
+    (``learning``, :func:`spotlight.studies.convergence.learning_check`); None for a summary
+    without that check."""
+    modes = (conv.get("learning") or {}).get("modes")
+    return None if not modes else [m for m, r in modes.items() if r.get("learned")]
+
+
 def finite_mean(values) -> float:
     """Mean of the finite numbers among ``values`` (metrics.jsonl writes a missing or NaN value as
     null); NaN when there are none."""

@@ -134,7 +134,12 @@ def finished(run_dir: pathlib.Path, iterations: int | None = None) -> bool:
     metrics = run_dir / "metrics.jsonl"
     if not (metrics.is_file() and (run_dir / "eval.jsonl").is_file() and (run_dir / "eval.json").is_file()):
         return False
-    return iterations is None or len([x for x in metrics.read_text().splitlines() if x.strip()]) == iterations
+    return iterations is None or run_length(run_dir) == iterations
+
+
+def run_length(run_dir: pathlib.Path) -> int:
+    """Iterations a run finished: its ``metrics.jsonl`` rows."""
+    return len([x for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()])
 
 
 def kept_runs_problem(run_dirs: list[pathlib.Path], iterations: int | None, *, reuse: bool) -> str | None:
@@ -150,7 +155,7 @@ def kept_runs_problem(run_dirs: list[pathlib.Path], iterations: int | None, *, r
             f"{done[0].parent} already holds {len(done)} finished run(s) (e.g. {done[0].name}); pass --reuse to keep "
             "them, or choose another --out"
         )
-    lengths = {rd.name: len([x for x in (rd / "metrics.jsonl").read_text().splitlines() if x.strip()]) for rd in done}
+    lengths = {rd.name: run_length(rd) for rd in done}
     if iterations is None:
         if len(set(lengths.values())) > 1:
             example = {n: name for name, n in lengths.items()}

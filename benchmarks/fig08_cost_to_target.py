@@ -42,7 +42,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from _provenance import provenance, provenance_line, save_result  # noqa: E402
-from _runs import BAMBOO, cost_to_target, parse_labelled, read_convergence, simulate_policies  # noqa: E402
+from _runs import BAMBOO, cost_to_target, learned_modes, parse_labelled, read_convergence, simulate_policies  # noqa: E402
 
 MODES = ["reserved-only", "rlboost", "verl-omni-spot", "rlboost+explore", "spotlight"]
 
@@ -76,8 +76,7 @@ def local_runs(args) -> tuple[dict[str, list[dict]], float | None]:
     except ValueError as exc:
         print(f"note: no local bars: {exc}")
         return {}, target
-    learned = [m for m, r in (conv.get("learning") or {}).get("modes", {}).items() if r.get("learned")]
-    if conv.get("learning") and not learned:
+    if learned_modes(conv) == []:
         print(
             f"note: in {summary} no mode raised the held-out score beyond noise: the local costs to target below "
             "measure noise, not convergence"

@@ -41,7 +41,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from _provenance import provenance_line, save_result  # noqa: E402
-from _runs import read_convergence  # noqa: E402
+from _runs import learned_modes, read_convergence  # noqa: E402
 
 LABELS = {
     "rlboost": "rlboost\n(no exploration)",
@@ -141,8 +141,8 @@ def main() -> None:
         else "(a run that never reached the target counts as its iterations + 1: censored)"
     )
     lr = conv.get("learning") or {}
-    learned = [m for m, r in lr.get("modes", {}).items() if r.get("learned")]
-    unlearned = bool(lr.get("modes")) and not learned
+    learned = learned_modes(conv)
+    unlearned = learned == []
     if unlearned:
         print(
             f"NOTE: no mode raised the held-out score beyond noise (target {lr['target_gain']:+.4f} from the base "

@@ -36,6 +36,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from _provenance import provenance, provenance_line, save_result  # noqa: E402
 from _runs import BAMBOO, cost_to_target, finite_mean, parse_labelled, read_metrics, simulate_policies  # noqa: E402
 
+from spotlight.studies.convergence import SCORE_KEYS  # noqa: E402
+
 MODES = ["rlboost", "rlboost+explore", "spotlight"]
 METRICS = [
     ("spot_utilisation", "spot GPU utilisation", 100, "%"),
@@ -56,7 +58,7 @@ def main() -> None:
     ap.add_argument(
         "--score",
         default="eval/partial",
-        choices=["eval/partial", "eval/strict", "eval/score", "reward/control_mean"],
+        choices=[*SCORE_KEYS, "reward/control_mean"],
         help="score of the local runs' iterations to target (default: the held-out panel's partial credit)",
     )
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "fig14_ablation.png"))
