@@ -15,6 +15,7 @@ trajectory started from a seed the run sampled.
 from __future__ import annotations
 
 import dataclasses
+import math
 import pathlib
 from typing import Callable
 
@@ -208,3 +209,83 @@ def comparison_grid(
         f"{n} {r.overall:.3f}" for n, r in results.items()
     )
     labelled_grid(rows, path, title=title, colors=colors)
+
+
+_OPPOSITE = {"left of": "right of", "right of": "left of", "above": "below", "below": "above"}
+
+
+def binding_counts(
+    specs: list[world.PromptSpec], objects: list[list[geneval.DetectedObject]]
+) -> dict[str, dict[str, int]]:
+    """Whether a model binds attributes to the right object beyond chance, from detections.
+
+    For each colour-attribution and position prompt and the objects detected in one of its
+    images (``objects[i]`` belongs to ``specs[i]``), counted among the images that show each of
+    the prompt's two shapes exactly once:
+
+    * ``color_attr``: ``both_colors`` -- the two shapes carry the prompt's two colours (in either
+      order); ``bound_right`` -- each carries its own. Swapped colours pass the same detector,
+      so with no binding ``bound_right / both_colors`` is 1/2.
+    * ``position``: ``on_axis`` -- the second shape is on the prompt's side of the first or on the
+      opposite side; ``relation_right`` -- on the prompt's side. Chance is 1/2 again.
+
+    Other task kinds are skipped. Returns ``{kind: {"images", "both_shapes_once", …}}``.
+    """
+    out = {
+        "color_attr": dict.fromkeys(("images", "both_shapes_once", "both_colors", "bound_right"), 0),
+        "position": dict.fromkeys(("images", "both_shapes_once", "on_axis", "relation_right"), 0),
+    }
+    for spec, found in zip(specs, objects, strict=True):
+        if spec.tag not in out:
+            continue
+        first, second = spec.include
+        row = out[spec.tag]
+        row["images"] += 1
+        a = [o for o in found if o.shape == first.shape]
+        b = [o for o in found if o.shape == second.shape]
+        if len(a) != 1 or len(b) != 1:
+            continue
+        row["both_shapes_once"] += 1
+        a, b = a[0], b[0]
+        if spec.tag == "color_attr":
+            if {a.color, b.color} == {first.color, second.color}:
+                row["both_colors"] += 1
+                row["bound_right"] += a.color == first.color
+        else:
+            relation = second.position[0]
+            holds = world.relations_between(b.box, a.box)
+            if relation in holds or _OPPOSITE[relation] in holds:
+                row["on_axis"] += 1
+                row["relation_right"] += relation in holds
+    return out
+
+
+def binding_counts_of(res: EvalResult) -> dict[str, dict[str, int]]:
+    """:func:`binding_counts` of an :func:`evaluate` result's images (its prompts parsed again)."""
+    specs = [geneval.parse_prompt(p) for p in res.prompts]
+    return binding_counts(specs, geneval.detect_many(list(res.images.transpose(0, 2, 3, 1))))
+
+
+def wilson_interval(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval of a proportion ``k / n`` (95 % for the default ``z``);
+    ``(nan, nan)`` for ``n = 0``."""
+    if n == 0:
+        return math.nan, math.nan
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return centre - half, centre + half
+
+
+BINDING_SHARES = (("color_attr", "both_colors", "bound_right"), ("position", "on_axis", "relation_right"))
+"""Per kind of :func:`binding_counts`: the images with the right parts, and of those, the ones the
+right way round."""
+
+
+def binding_shares(counts: dict[str, dict[str, int]]) -> dict[str, tuple[float, float, float]]:
+    """``{kind: (share the right way round, 95 % low, high)}`` of :func:`binding_counts`; chance is 1/2."""
+    out = {}
+    for kind, of, right in BINDING_SHARES:
+        k, n = counts[kind][right], counts[kind][of]
+        out[kind] = (k / n if n else math.nan, *wilson_interval(k, n))
+    return out

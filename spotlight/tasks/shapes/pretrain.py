@@ -355,6 +355,8 @@ def _model_card(
     """``MODEL_CARD.md`` of the shipped base model."""
     import platform
 
+    from spotlight.tasks.shapes import evaluate as ev
+
     n_params, res, res_train, rows = shipped.n_params, shipped.res, shipped.res_train, history.rows
     table = "\n".join(f"| {t} | {res.per_task[t]:.3f} | {res_train.per_task[t]:.3f} |" for t in res.per_task)
     loss_label = "The two stages'" if history.stage1 else "The shipped stage's"
@@ -412,10 +414,37 @@ GenEval-style score (strict verdict, mean per task kind; `overall` = mean of the
 
 Reproduce the test column with `spotlight eval` (its "base" column).
 
+{binding_paragraph(ev.binding_counts_of(res))}
+
 ## License
 
 Apache-2.0, as the repository. The training data is procedural (no external images).
 """
+
+
+def binding_paragraph(counts: dict[str, dict[str, int]]) -> str:
+    """The model card's words on attribute binding, from :func:`evaluate.binding_counts` of the
+    test images: whether the model ties colours to shapes and shapes to sides beyond chance
+    (the interval's low end above 1/2)."""
+    from spotlight.tasks.shapes import evaluate as ev
+
+    shares = ev.binding_shares(counts)
+    ca, pos = shares["color_attr"], shares["position"]
+    binds = [kind for kind, (_, lo, _) in shares.items() if lo > 0.5]
+    n_ca, n_pos = counts["color_attr"]["both_colors"], counts["position"]["on_axis"]
+    text = (
+        "Among its test images that show both prompted shapes once, the colours are the right way round in\n"
+        f"{ca[0]:.2f} [{ca[1]:.2f}, {ca[2]:.2f}] (95 % CI) of the {n_ca} colour-attribution images with both colours, "
+        f"and the named shape\nis on the named side in {pos[0]:.2f} [{pos[1]:.2f}, {pos[2]:.2f}] of the {n_pos} "
+        "position images; chance is 0.50\n(`python benchmarks/shapes_binding.py` measures it with more seeds)."
+    )
+    if binds:
+        return f"It binds above chance ({', '.join(binds)}). {text}"
+    return (
+        f"**Known limit: it does not bind.** {text} Its colour-attribution and position passes are\n"
+        'lucky draws, not a skill RL can sharpen (`benchmarks/RESULTS.md`, "Why colour attribution and position\n'
+        'do not move").'
+    )
 
 
 def _check_args(args) -> str | None:

@@ -1,0 +1,85 @@
+"""`evaluate.binding_counts` on rendered ground truth: the real renderer and detector, with the
+prompt's own scene (bound right every time) and the scene with colours swapped or the two shapes'
+places exchanged (bound wrong every time)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from spotlight.tasks.shapes import evaluate, geneval, world
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _specs(tag: str) -> list[world.PromptSpec]:
+    return [s for s in world.all_prompts() if s.tag == tag][::7]
+
+
+def _swapped_colors(spec: world.PromptSpec) -> world.PromptSpec:
+    a, b = spec.include
+    return dataclasses.replace(
+        spec, include=(dataclasses.replace(a, color=b.color), dataclasses.replace(b, color=a.color))
+    )
+
+
+def _reversed_relation(spec: world.PromptSpec) -> world.PromptSpec:
+    a, b = spec.include
+    rel, j = b.position
+    opposite = {"left of": "right of", "right of": "left of", "above": "below", "below": "above"}[rel]
+    return dataclasses.replace(spec, include=(a, dataclasses.replace(b, position=(opposite, j))))
+
+
+def _counts(specs, drawn_specs):
+    images = [world.render(d, np.random.default_rng(i))[0] for i, d in enumerate(drawn_specs)]
+    return evaluate.binding_counts(specs, geneval.detect_many(images))
+
+
+def test_the_prompts_own_scenes_are_bound_right_every_time():
+    specs = _specs("color_attr") + _specs("position")
+    got = _counts(specs, specs)
+    ca, pos = got["color_attr"], got["position"]
+    assert ca["images"] == len(_specs("color_attr")) and pos["images"] == len(_specs("position"))
+    assert ca["bound_right"] == ca["both_colors"] == ca["both_shapes_once"] == ca["images"]
+    assert pos["relation_right"] == pos["on_axis"] == pos["both_shapes_once"] == pos["images"]
+
+
+def test_swapped_colours_and_reversed_places_are_bound_wrong_every_time():
+    ca_specs, pos_specs = _specs("color_attr"), _specs("position")
+    got = _counts(
+        ca_specs + pos_specs, [_swapped_colors(s) for s in ca_specs] + [_reversed_relation(s) for s in pos_specs]
+    )
+    ca, pos = got["color_attr"], got["position"]
+    assert ca["both_colors"] == ca["images"] and ca["bound_right"] == 0
+    assert pos["on_axis"] == pos["images"] and pos["relation_right"] == 0
+
+
+def test_other_kinds_and_missing_shapes_are_not_counted():
+    two, ca = [s for s in world.all_prompts() if s.tag == "two_object"][0], _specs("color_attr")[0]
+    single = world.make_prompt("single_object", (world.ObjectClause(ca.include[0].shape, color=ca.include[0].color),))
+    got = _counts([two, ca], [two, single])  # the colour-attribution image shows only its first shape
+    assert got["color_attr"] == {"images": 1, "both_shapes_once": 0, "both_colors": 0, "bound_right": 0}
+    assert got["position"]["images"] == 0
+
+
+def test_binding_shares_and_the_model_cards_words():
+    from spotlight.tasks.shapes import pretrain
+
+    at_chance = {
+        "color_attr": {"images": 240, "both_shapes_once": 68, "both_colors": 53, "bound_right": 29},
+        "position": {"images": 48, "both_shapes_once": 18, "on_axis": 18, "relation_right": 9},
+    }
+    shares = evaluate.binding_shares(at_chance)
+    share, lo, hi = shares["color_attr"]
+    assert share == pytest.approx(29 / 53) and lo < 0.5 < hi
+    assert "does not bind" in pretrain.binding_paragraph(at_chance)
+    bound = {kind: dict(c) for kind, c in at_chance.items()}
+    bound["color_attr"]["bound_right"] = 50
+    assert evaluate.binding_shares(bound)["color_attr"][1] > 0.5
+    words = pretrain.binding_paragraph(bound)
+    assert "does not bind" not in words and "above chance (color_attr)" in words
+    nothing = {kind: dict.fromkeys(c, 0) for kind, c in at_chance.items()}
+    assert all(np.isnan(v) for v in evaluate.binding_shares(nothing)["position"])
+    assert "does not bind" in pretrain.binding_paragraph(nothing)
