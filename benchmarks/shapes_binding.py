@@ -37,32 +37,58 @@ def rows(name: str, counts: dict[str, dict[str, int]]) -> list[str]:
     return out
 
 
+def fail(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
 def main() -> int:
     import torch
 
     from spotlight.config import load_config
+    from spotlight.errors import SpotlightError
     from spotlight.tasks.shapes import evaluate as ev
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", default=None, help="config whose model and sampler to use (default: the embedded one)")
     ap.add_argument(
-        "--weights", action="append", default=[], help="a run's final/ folder (repeat; default: the base model)"
+        "--weights",
+        action="append",
+        default=[],
+        help="a run's final/ folder (repeat); sampled with its run's config.toml when the run has one",
     )
     ap.add_argument("--seeds", type=int, default=16, help="samples per test prompt")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
+    if args.seeds < 1:
+        return fail(f"--seeds {args.seeds}: needs an integer >= 1")
+    if args.threads < 1:
+        return fail(f"--threads {args.threads}: needs an integer >= 1")
     torch.set_num_threads(args.threads)
-    cfg = load_config(args.config)
+    # every config and model is loaded before any sampling, so a bad argument fails at once
+    runs = []
+    try:
+        for weights in [None, *args.weights]:
+            run_config = pathlib.Path(weights).parent / "config.toml" if weights else None
+            config = run_config if run_config is not None and run_config.is_file() else args.config
+            cfg = load_config(config)
+            if cfg.reward.kind != "geneval_shapes" or cfg.model.family != "tiny":
+                return fail(
+                    f"{config or 'the embedded config'}: not a shapes-task config (reward.kind = "
+                    f"{cfg.reward.kind!r}, model.family = {cfg.model.family!r})"
+                )
+            runs.append((weights or "base", cfg, ev.load_transformer(cfg.model, weights)))
+    except (SpotlightError, OSError, ValueError) as exc:
+        return fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
     specs = [s for s in ev.read_prompts() if s.tag in ("color_attr", "position")]
     lines = [
         "| model | kind | images | both shapes once | of those, right parts | the right way round "
         "| share [95 % CI] (chance 0.50) |",
         "|---|---|---|---|---|---|---|",
     ]
-    for weights in [None, *args.weights]:
-        model = ev.load_transformer(cfg.model, weights)
+    for name, cfg, model in runs:
         res = ev.evaluate(model, cfg.model, cfg.sampler, specs, num_seeds=args.seeds)
-        lines += rows(weights or "base", ev.binding_counts_of(res))
+        lines += rows(name, ev.binding_counts_of(res))
         print(lines[-2], lines[-1], sep="\n", flush=True)
     print("\n".join(lines))
     return 0

@@ -229,7 +229,10 @@ def binding_counts(
     * ``position``: ``on_axis`` -- the second shape is on the prompt's side of the first or on the
       opposite side; ``relation_right`` -- on the prompt's side. Chance is 1/2 again.
 
-    Other task kinds are skipped. Returns ``{kind: {"images", "both_shapes_once", …}}``.
+    Other task kinds are skipped, and so are prompts whose two shapes (or, for colour
+    attribution, two colours) are the same: swapping them changes nothing, so chance would
+    not be 1/2 (the world never writes such prompts; ``geneval.parse_prompt`` accepts them).
+    Returns ``{kind: {"images", "both_shapes_once", …}}``.
     """
     out = {
         "color_attr": dict.fromkeys(("images", "both_shapes_once", "both_colors", "bound_right"), 0),
@@ -239,6 +242,8 @@ def binding_counts(
         if spec.tag not in out:
             continue
         first, second = spec.include
+        if first.shape == second.shape or (spec.tag == "color_attr" and first.color == second.color):
+            continue
         row = out[spec.tag]
         row["images"] += 1
         a = [o for o in found if o.shape == first.shape]

@@ -74,12 +74,22 @@ def test_binding_shares_and_the_model_cards_words():
     shares = evaluate.binding_shares(at_chance)
     share, lo, hi = shares["color_attr"]
     assert share == pytest.approx(29 / 53) and lo < 0.5 < hi
-    assert "does not bind" in pretrain.binding_paragraph(at_chance)
+    assert "not distinguishable from chance" in pretrain.binding_paragraph(at_chance)
     bound = {kind: dict(c) for kind, c in at_chance.items()}
     bound["color_attr"]["bound_right"] = 50
+    bound["position"]["relation_right"] = 1
     assert evaluate.binding_shares(bound)["color_attr"][1] > 0.5
     words = pretrain.binding_paragraph(bound)
-    assert "does not bind" not in words and "above chance (color_attr)" in words
+    assert "colour attribution above chance, position below chance" in words
     nothing = {kind: dict.fromkeys(c, 0) for kind, c in at_chance.items()}
     assert all(np.isnan(v) for v in evaluate.binding_shares(nothing)["position"])
-    assert "does not bind" in pretrain.binding_paragraph(nothing)
+    words = pretrain.binding_paragraph(nothing)
+    assert "not distinguishable" not in words and "cannot be told" in words
+
+
+def test_prompts_whose_two_parts_are_the_same_are_not_counted():
+    """Swapping two equal colours or two equal shapes changes nothing: chance would not be 1/2."""
+    same_color = geneval.parse_prompt("a photo of a red circle and a red square")
+    same_shape = geneval.parse_prompt("a photo of a circle left of a circle")
+    got = _counts([same_color, same_shape], [same_color, same_shape])
+    assert got["color_attr"]["images"] == 0 and got["position"]["images"] == 0

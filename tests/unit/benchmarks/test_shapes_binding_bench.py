@@ -1,0 +1,53 @@
+"""benchmarks/shapes_binding.py refuses bad arguments with one line and exit 2, before sampling
+anything, and its table rows read the counts right."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import sys
+
+import pytest
+
+BENCH = pathlib.Path(__file__).resolve().parents[3] / "benchmarks"
+REPO = BENCH.parent
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("shapes_binding", BENCH / "shapes_binding.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--seeds", "0"], "--seeds 0"),
+        (["--threads", "-1"], "--threads -1"),
+        (["--config", "/nonexistent.toml"], "not found"),
+        (["--config", str(REPO / "examples/jpeg-toy/config.toml")], "not a shapes-task config"),
+        (["--weights", "/nonexistent/final"], "neither a transformer folder"),
+    ],
+)
+def test_bad_arguments_fail_with_one_line(bench, monkeypatch, capsys, argv, says):
+    monkeypatch.setattr(sys, "argv", ["shapes_binding.py", *argv])
+    sampled = []
+    from spotlight.tasks.shapes import evaluate
+
+    monkeypatch.setattr(evaluate, "evaluate", lambda *a, **k: sampled.append(a))
+    assert bench.main() == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and says in err and len(err.splitlines()) == 1
+    assert not sampled
+
+
+def test_rows_show_the_share_and_its_interval(bench):
+    counts = {
+        "color_attr": {"images": 240, "both_shapes_once": 68, "both_colors": 53, "bound_right": 29},
+        "position": {"images": 48, "both_shapes_once": 0, "on_axis": 0, "relation_right": 0},
+    }
+    ca, pos = bench.rows("base", counts)
+    assert ca.startswith("| base | color_attr | 240 | 0.28 | 53 | 29 | 0.55 [0.41, 0.67] |")
+    assert "| 0 | 0 | nan [nan, nan] |" in pos
