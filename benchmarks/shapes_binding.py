@@ -82,8 +82,8 @@ def main() -> int:
         return fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
     specs = [s for s in ev.read_prompts() if s.tag in ("color_attr", "position")]
     lines = [
-        "| model | kind | images | both shapes once | of those, right parts | the right way round "
-        "| share [95 % CI] (chance 0.50) |",
+        "| model | kind | images | both shapes once | of those, right parts (colours; position: on the axis) "
+        "| the right way round | share [95 % CI] (chance 0.50) |",
         "|---|---|---|---|---|---|---|",
     ]
     for name, cfg, model in runs:
