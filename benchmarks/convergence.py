@@ -377,12 +377,6 @@ def summarize(
     }
 
 
-def _ci(d: dict | None, fmt: str = "%.2f", scale: float = 1.0) -> str:
-    if not d or d.get("n", 0) == 0 or d.get("mean") is None:
-        return "—"
-    return cv.CI(d["mean"], d["low"], d["high"], d["n"]).format(fmt, scale)
-
-
 def _n(n: int, what: str) -> str:
     return f"{n} {what}" + ("" if n == 1 else "s")
 
@@ -472,10 +466,10 @@ def render_md(s: dict) -> str:
     ]
     for m, row in s["modes"].items():
         lines.append(
-            f"| {row['label']} | {row['reached']}/{row['n']} | {_ci(row['iterations_to_target'], '%.1f')} "
-            f"| {_ci(row['wall_s_to_target'], '%.0f')} | {_ci(row['mean_iteration_s'], '%.1f')} "
-            f"| {_ci(row['critical_path_share'], '%.1f', 100)} % | {_ci(row['heldout_strict'], '%.3f')} "
-            f"| {_ci(row['heldout_partial'], '%.3f')} |"
+            f"| {row['label']} | {row['reached']}/{row['n']} | {cv.format_ci(row['iterations_to_target'], '%.1f')} "
+            f"| {cv.format_ci(row['wall_s_to_target'], '%.0f')} | {cv.format_ci(row['mean_iteration_s'], '%.1f')} "
+            f"| {cv.format_ci(row['critical_path_share'], '%.1f', 100)} % "
+            f"| {cv.format_ci(row['heldout_strict'], '%.3f')} | {cv.format_ci(row['heldout_partial'], '%.3f')} |"
         )
     censor = f"{iters + 1}" if isinstance(iters, int) else "iterations + 1"
     lines += [
@@ -498,7 +492,7 @@ def render_md(s: dict) -> str:
             f"ratio ≥ {g['min_ratio']}: {_yes(g['ratio_ok'])} (its interval's low end too: {_yes(g['ratio_low_ok'])}); "
             f"intervals apart: {_yes(g['separated'])}"
             + (" (too few runs per mode for an interval)" if g.get("too_few_runs") else "")
-            + f"; critical path {_ci(share, '%.1f', 100)} % ≤ "
+            + f"; critical path {cv.format_ci(share, '%.1f', 100)} % ≤ "
             f"{100 * g['max_critical_share']:.0f} %: {_yes(g['critical_path_ok'])}"
             + (
                 f"; every Spotlight run reached the target: **no** ({g['ours_censored']} did not)"

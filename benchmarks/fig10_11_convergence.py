@@ -43,6 +43,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from _provenance import provenance_line, save_result  # noqa: E402
 from _runs import learned_modes, read_convergence  # noqa: E402
 
+from spotlight.studies.convergence import format_ci  # noqa: E402
+
 LABELS = {
     "rlboost": "rlboost\n(no exploration)",
     "verl-omni-spot": "verl-omni-spot\n(best-of-N, critical path)",
@@ -80,13 +82,6 @@ def rows_from_summary(conv: dict) -> dict[str, dict]:
             "iterations_vs_spotlight": ratio if spot is not None else None,
         }
     return rows
-
-
-def _ci(d: dict | None, fmt: str, scale: float = 1.0) -> str:
-    if not d or d.get("mean") is None:
-        return "-"
-    m, lo, hi = (fmt % (d[k] * scale) for k in ("mean", "low", "high"))
-    return m if lo == hi == m else f"{m} [{lo}, {hi}]"
 
 
 def main() -> None:
@@ -130,9 +125,9 @@ def main() -> None:
     )
     for m, r in rows.items():
         print(
-            f"{m:>15} {r['reached']}/{r['runs']:<5} {_ci(r['iterations_to_target'], '%.1f'):>22} "
-            f"{_ci(r['iterations_vs_spotlight'], '%.2f'):>20} {_ci(r['wall_s_to_target'], '%.0f'):>20} "
-            f"{_ci(r['mean_iteration_s'], '%.1f'):>18} {_ci(r['critical_path_share'], '%.1f', 100):>18}"
+            f"{m:>15} {r['reached']}/{r['runs']:<5} {format_ci(r['iterations_to_target'], '%.1f'):>22} "
+            f"{format_ci(r['iterations_vs_spotlight'], '%.2f'):>20} {format_ci(r['wall_s_to_target'], '%.0f'):>20} "
+            f"{format_ci(r['mean_iteration_s'], '%.1f'):>18} {format_ci(r['critical_path_share'], '%.1f', 100):>18}"
         )
     print(
         f"(a run that never reached the target counts as {conv['iterations'] + 1} iterations: censored; "

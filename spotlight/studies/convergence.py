@@ -82,6 +82,14 @@ class CI:
         return m if lo == hi == m else f"{m} [{lo}, {hi}]"
 
 
+def format_ci(d: Mapping | None, fmt: str = "%.2f", scale: float = 1.0) -> str:
+    """:meth:`CI.format` of a :meth:`CI.to_json` dict as a summary stores it (``"—"`` for None,
+    no values or a null mean)."""
+    if not d or d.get("n", 0) == 0 or d.get("mean") is None:
+        return "—"
+    return CI(d["mean"], d["low"], d["high"], d["n"]).format(fmt, scale)
+
+
 def heldout_curve(eval_rows: Iterable[Mapping], key: str = "eval/partial") -> Curve:
     """The curve of a run from its ``eval.jsonl`` rows (``{"iteration", "version", "eval/…"}``):
     one point per evaluated iteration (a resumed run may have evaluated one twice: the last row

@@ -211,9 +211,6 @@ def comparison_grid(
     labelled_grid(rows, path, title=title, colors=colors)
 
 
-_OPPOSITE = {"left of": "right of", "right of": "left of", "above": "below", "below": "above"}
-
-
 def binding_counts(
     specs: list[world.PromptSpec], objects: list[list[geneval.DetectedObject]]
 ) -> dict[str, dict[str, int]]:
@@ -259,7 +256,7 @@ def binding_counts(
         else:
             relation = second.position[0]
             holds = world.relations_between(b.box, a.box)
-            if relation in holds or _OPPOSITE[relation] in holds:
+            if relation in holds or world.OPPOSITE_RELATION[relation] in holds:
                 row["on_axis"] += 1
                 row["relation_right"] += relation in holds
     return out

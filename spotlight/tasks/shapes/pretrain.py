@@ -34,6 +34,7 @@ import argparse
 import copy
 import dataclasses
 import json
+import math
 import pathlib
 import shlex as _shlex
 import sys
@@ -424,7 +425,7 @@ Apache-2.0, as the repository. The training data is procedural (no external imag
 
 def binding_verdict(share: float, low: float, high: float) -> str:
     """Words for a binding share and its 95 % interval against chance (1/2)."""
-    if share != share:  # nan: no image showed the prompt's parts
+    if math.isnan(share):  # no image showed the prompt's parts
         return "cannot be told (no image showed the prompt's parts)"
     if low > 0.5:
         return "above chance"

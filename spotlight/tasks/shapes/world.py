@@ -53,6 +53,8 @@ COLORS: dict[str, tuple[int, int, int]] = {
 BACKGROUND = (245, 245, 245)
 NUMBERS = {2: "two", 3: "three", 4: "four"}
 RELATIONS = ("left of", "right of", "above", "below")
+OPPOSITE_RELATION = {"left of": "right of", "right of": "left of", "above": "below", "below": "above"}
+"""Each relation of :data:`RELATIONS` with the two shapes' places exchanged."""
 TASKS = ("single_object", "two_object", "counting", "colors", "position", "color_attr")
 POSITION_THRESHOLD = 0.1
 """GenEval's margin: offsets smaller than 0.1 × (size A + size B) count as no offset."""

@@ -28,8 +28,7 @@ def _swapped_colors(spec: world.PromptSpec) -> world.PromptSpec:
 def _reversed_relation(spec: world.PromptSpec) -> world.PromptSpec:
     a, b = spec.include
     rel, j = b.position
-    opposite = {"left of": "right of", "right of": "left of", "above": "below", "below": "above"}[rel]
-    return dataclasses.replace(spec, include=(a, dataclasses.replace(b, position=(opposite, j))))
+    return dataclasses.replace(spec, include=(a, dataclasses.replace(b, position=(world.OPPOSITE_RELATION[rel], j))))
 
 
 def _counts(specs, drawn_specs):
