@@ -4,7 +4,7 @@ prompt's side, more often than chance? (``spotlight.tasks.shapes.evaluate.bindin
     python benchmarks/shapes_binding.py                                  # the shipped base model
     python benchmarks/shapes_binding.py --weights runs/<run>/final --weights runs/<other>/final
 
-Samples the held-out colour-attribution and position prompts (ODE, the config's steps and
+Samples the held-out colour-attribution and position prompts (``--prompts``: another file) (ODE, the config's steps and
 guidance, ``--seeds`` per prompt, the seeds ``spotlight eval`` uses), detects objects with the
 reward's detector and, among the images that show both prompted shapes once, counts how often
 the colours (or the places) are the right way round rather than swapped. A model that only
@@ -57,7 +57,13 @@ def main() -> int:
         default=[],
         help="a run's final/ folder (repeat); sampled with its run's config.toml when the run has one",
     )
-    ap.add_argument("--seeds", type=int, default=16, help="samples per test prompt")
+    ap.add_argument(
+        "--prompts",
+        default=None,
+        help="prompt file to sample (default: the held-out test prompts; the train split, "
+        "spotlight/tasks/shapes/prompts/train.jsonl, tells memorised binding from learned binding)",
+    )
+    ap.add_argument("--seeds", type=int, default=16, help="samples per prompt")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     if args.seeds < 1:
@@ -68,6 +74,7 @@ def main() -> int:
     # every config and model is loaded before any sampling, so a bad argument fails at once
     runs = []
     try:
+        all_specs = ev.read_prompts(args.prompts, source="--prompts") if args.prompts else ev.read_prompts()
         for weights in [None, *args.weights]:
             run_config = pathlib.Path(weights).parent / "config.toml" if weights else None
             config = run_config if run_config is not None and run_config.is_file() else args.config
@@ -80,7 +87,9 @@ def main() -> int:
             runs.append((weights or "base", cfg, ev.load_transformer(cfg.model, weights)))
     except (SpotlightError, OSError, ValueError) as exc:
         return fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-    specs = [s for s in ev.read_prompts() if s.tag in ("color_attr", "position")]
+    specs = [s for s in all_specs if s.tag in ("color_attr", "position")]
+    if not specs:
+        return fail(f"{args.prompts}: no colour-attribution or position prompts to measure binding on")
     lines = [
         "| model | kind | images | both shapes once | of those, right parts (colours; position: on the axis) "
         "| the right way round | share [95 % CI] (chance 0.50) |",

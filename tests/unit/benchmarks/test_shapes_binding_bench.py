@@ -29,6 +29,8 @@ def bench():
         (["--config", "/nonexistent.toml"], "not found"),
         (["--config", str(REPO / "examples/jpeg-toy/config.toml")], "not a shapes-task config"),
         (["--weights", "/nonexistent/final"], "neither a transformer folder"),
+        (["--prompts", "/nonexistent.jsonl"], "--prompts"),
+        (["--prompts", str(REPO / "spotlight/tasks/shapes/prompts/test.jsonl"), "--seeds", "-3"], "--seeds -3"),
     ],
 )
 def test_bad_arguments_fail_with_one_line(bench, monkeypatch, capsys, argv, says):
@@ -41,6 +43,18 @@ def test_bad_arguments_fail_with_one_line(bench, monkeypatch, capsys, argv, says
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and says in err and len(err.splitlines()) == 1
     assert not sampled
+
+
+def test_prompts_without_binding_kinds_are_refused(bench, monkeypatch, capsys, tmp_path):
+    prompts = tmp_path / "single.txt"
+    prompts.write_text("a photo of a circle\n")
+    monkeypatch.setattr(sys, "argv", ["shapes_binding.py", "--prompts", str(prompts)])
+    from spotlight.tasks.shapes import evaluate
+
+    monkeypatch.setattr(evaluate, "evaluate", lambda *a, **k: pytest.fail("sampled"))
+    assert bench.main() == 2
+    err = capsys.readouterr().err.strip()
+    assert "no colour-attribution or position prompts" in err and len(err.splitlines()) == 1
 
 
 def test_rows_show_the_share_and_its_interval(bench):
