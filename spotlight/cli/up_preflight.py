@@ -409,6 +409,8 @@ def check_run_dir(run: UpRun) -> None:
         if run.opts.resume_existing:
             raise Stop(f"{escape(why.split(';')[0])}: nothing to do", code=0)
         raise refuse(why)
+    if run.resuming and (why := _checkpoints_gone(rd, run.cfg.run.checkpoint_every)):
+        raise refuse(why)
 
 
 def _check_trainer_keys(run: UpRun) -> None:
@@ -668,6 +670,31 @@ def _finished(run_dir: pathlib.Path, iterations: int) -> str | None:
     return (
         f"{run_dir} is finished ({done}/{done} iterations): model in {rd / 'final'}, "
         f"metrics in {rd / 'metrics.jsonl'}; to train it further, resume with --iterations N (N > {done})"
+    )
+
+
+def _checkpoints_gone(run_dir: pathlib.Path, every: int) -> str | None:
+    """Why ``--resume run_dir`` must not start: ``metrics.jsonl`` proves that a checkpoint newer
+    than the newest one left was written (:func:`spotlight.store.checkpoint.missing_checkpoint`),
+    so resuming would go back to that older state (with none left: iteration 1) and cut the
+    later rows of ``metrics.jsonl`` and ``requests.jsonl``; else None."""
+    from spotlight.store.checkpoint import missing_checkpoint
+
+    try:
+        with (run_dir / "metrics.jsonl").open("rb") as f:
+            recorded = sum(1 for line in f if line.strip())
+    except OSError:
+        return None
+    done = _checkpointed_iterations(run_dir) or 0
+    lost = missing_checkpoint(recorded, done, every)
+    if lost is None:
+        return None
+    back_to = f"the checkpoint of iteration {done}" if done else "iteration 1 (no checkpoint is left)"
+    return (
+        f"--resume {run_dir}: metrics.jsonl records {recorded} iterations and the checkpoint of iteration "
+        f"{lost + 1} was written, but {run_dir / 'checkpoints'} no longer holds it (deleted or moved?); "
+        f"resuming would go back to {back_to} and erase the later rows of metrics.jsonl and requests.jsonl. "
+        "Put the checkpoints back, or start a new run in another --run-dir"
     )
 
 

@@ -103,6 +103,22 @@ def is_checkpoint_iteration(iteration: int, every: int, iterations: int) -> bool
     return (iteration + 1) % every == 0 or iteration + 1 >= iterations
 
 
+def missing_checkpoint(recorded: int, checkpointed: int, every: int) -> int | None:
+    """The 0-based iteration whose checkpoint must have been written but is gone, or None.
+
+    ``recorded``: the rows of the run's ``metrics.jsonl`` (one per finished iteration);
+    ``checkpointed``: the iterations its newest complete checkpoint holds (0 without one). The
+    coordinator writes iteration ``n``'s checkpoint after its metrics row and before iteration
+    ``n + 1`` starts (``spotlight/coordinator/resume.py``), so a row after an iteration that
+    ``run.checkpoint_every = every`` checkpoints proves that checkpoint was complete; only the
+    last row may lack its checkpoint (a crash between the two writes). The newest such iteration
+    is returned when it is past ``checkpointed`` (the checkpoint was deleted or moved). A run's
+    last iteration, also checkpointed, is not counted: a resume with ``--iterations`` may have
+    moved it."""
+    proven = [n for n in range(checkpointed, recorded - 1) if (n + 1) % every == 0]
+    return proven[-1] if proven else None
+
+
 def write_checkpoint(
     run_dir: str | os.PathLike,
     iteration: int,

@@ -138,6 +138,42 @@ def test_resuming_a_finished_run_is_refused_and_leaves_it_untouched(tmp_path):
     assert _snapshot_files(rd) == before
 
 
+@pytest.mark.parametrize("left", [None, 0])
+def test_resuming_a_run_whose_checkpoints_are_gone_is_refused_and_leaves_it_untouched(tmp_path, left):
+    """Was: "no complete checkpoint; restarting the run at iteration 0", and metrics.jsonl and
+    requests.jsonl emptied (or, with an older checkpoint left, silently cut back to it)."""
+    from spotlight.store.checkpoint import write_checkpoint
+
+    rd = tmp_path / "run"
+    rd.mkdir()
+    (rd / "config.toml").write_text(pathlib.Path(TOY).read_text())
+    (rd / "metrics.jsonl").write_text("".join(f'{{"iteration": {i}}}\n' for i in range(4)))
+    (rd / "requests.jsonl").write_text('{"request_id": 1}\n')
+    if left is not None:
+        write_checkpoint(rd, left, {"iteration": left + 1}, keep=2)
+    before = _snapshot_files(rd)
+    res = _up("--local", "--resume", str(rd))
+    assert res.exit_code == 2, res.output
+    text = " ".join(res.output.split())
+    back_to = "the checkpoint of iteration 1" if left is not None else "iteration 1 (no checkpoint is left)"
+    assert text.startswith(
+        f"error: --resume {rd}: metrics.jsonl records 4 iterations and the checkpoint of iteration 3"
+    )
+    assert f"resuming would go back to {back_to}" in text, text
+    assert _snapshot_files(rd) == before
+
+
+def test_resuming_after_a_crash_before_the_first_checkpoint_is_not_refused(tmp_path):
+    from spotlight.cli.up_preflight import _checkpoints_gone
+
+    (tmp_path / "metrics.jsonl").write_text('{"iteration": 0}\n')
+    assert _checkpoints_gone(tmp_path, 1) is None
+    (tmp_path / "metrics.jsonl").write_text('{"iteration": 0}\n{"iteration": 1}\n')
+    assert "checkpoint of iteration 1 was written" in _checkpoints_gone(tmp_path, 1)
+    assert _checkpoints_gone(tmp_path, 2) is None  # iteration 2's checkpoint may not have been written
+    assert _checkpoints_gone(tmp_path / "nowhere", 1) is None
+
+
 def test_a_resumed_run_keeps_the_earlier_run_time_and_events(tmp_path):
     """Was: every resume restarted status.json's elapsed time and event log from zero."""
     from spotlight.coordinator.recorder import earlier_sessions

@@ -15,6 +15,7 @@ from spotlight.store.checkpoint import (
     complete_checkpoints,
     latest_checkpoint,
     load_checkpoint,
+    missing_checkpoint,
     next_epoch,
     write_checkpoint,
 )
@@ -175,3 +176,22 @@ def test_checkpoint_cadence_is_every_nth_iteration_and_the_last():
     assert [n for n in range(7) if is_checkpoint_iteration(n, 2, 7)] == [1, 3, 5, 6]
     assert [n for n in range(4) if is_checkpoint_iteration(n, 1, 4)] == [0, 1, 2, 3]
     assert [n for n in range(5) if is_checkpoint_iteration(n, 10, 5)] == [4]
+
+
+@pytest.mark.parametrize(
+    ("recorded", "checkpointed", "every", "missing"),
+    [
+        (0, 0, 1, None),  # a fresh run
+        (1, 0, 1, None),  # killed between iteration 1's metrics row and its checkpoint
+        (5, 4, 1, None),  # the same later in the run
+        (5, 5, 1, None),  # killed during iteration 6
+        (3, 0, 1, 1),  # rows 2 and 3 prove the checkpoints of iterations 1 and 2 were written: gone
+        (20, 0, 1, 18),
+        (12, 5, 5, 9),  # checkpoint_every 5: iteration 10's checkpoint was written before row 11
+        (10, 5, 5, None),  # row 10 without its checkpoint: a crash between the two writes
+        (4, 0, 5, None),  # no checkpoint iteration finished yet
+        (12, 10, 5, None),
+    ],
+)
+def test_a_checkpoint_the_metrics_prove_was_written_is_missing(recorded, checkpointed, every, missing):
+    assert missing_checkpoint(recorded, checkpointed, every) == missing
