@@ -1,15 +1,23 @@
 """Does a shapes model bind colours to the right shape, and place the right shape on the
-prompt's side, more often than chance? (``spotlight.tasks.shapes.evaluate.binding_counts``)
+prompt's side, more often than chance? (``spotlight.tasks.shapes.evaluate.binding_counts`` and
+``likelihood_margins``)
 
     python benchmarks/shapes_binding.py                                  # the shipped base model
     python benchmarks/shapes_binding.py --weights runs/<run>/final --weights runs/<other>/final
+    python benchmarks/shapes_binding.py --probe likelihood --weights runs/pretrain-shapes/step_00400
 
-Samples the held-out colour-attribution and position prompts (``--prompts``: another file) (ODE, the config's steps and
-guidance, ``--seeds`` per prompt, the seeds ``spotlight eval`` uses), detects objects with the
-reward's detector and, among the images that show both prompted shapes once, counts how often
-the colours (or the places) are the right way round rather than swapped. A model that only
-draws the right parts scores 1/2; the 95 % interval is the Wilson score interval
-(``evaluate.wilson_interval``).
+Two probes of the held-out colour-attribution and position prompts (``--prompts``: another file):
+
+* ``sample``: ODE samples (the config's steps and guidance, ``--seeds`` per prompt, the seeds
+  ``spotlight eval`` uses), objects detected with the reward's detector; among the images that
+  show both prompted shapes once, how often the colours (or the places) are the right way round
+  rather than swapped. A model that only draws the right parts scores 1/2; the 95 % interval is
+  the Wilson score interval (``evaluate.wilson_interval``).
+* ``likelihood``: ``--pairs`` rendered scenes per prompt and their twins with the colours (or the
+  shapes' places) swapped; at each noise level σ, the rectified-flow loss of both under the
+  prompt, with one shared noise. The margin (swapped minus right, in % of the loss) and the
+  share of pairs the model prefers the right way round (chance 0.50). The colours prompts' row
+  (the object recoloured) is the scale: an attribute the model learned. About a minute per model.
 """
 
 from __future__ import annotations
@@ -35,6 +43,28 @@ def rows(name: str, counts: dict[str, dict[str, int]]) -> list[str]:
             f"{c[of]} | {c[right]} | {share:.2f} [{lo:.2f}, {hi:.2f}] |"
         )
     return out
+
+
+def likelihood_table(rows_by_model: list[tuple[str, list[dict]]]) -> list[str]:
+    """Markdown rows of :func:`spotlight.tasks.shapes.evaluate.likelihood_margins` per model:
+    one row per kind, one column per σ, "margin in % of the loss (share of pairs right)"."""
+    sigmas = sorted({r["sigma"] for _, rows in rows_by_model for r in rows})
+    lines = [
+        "| model | kind | pairs | "
+        + " | ".join(f"σ {s:.1f}" for s in sigmas)
+        + " |  (loss margin swapped − right, % of the loss (share of pairs right; chance 0.50))",
+        "|---|---|---|" + "---|" * len(sigmas),
+    ]
+    for name, rows in rows_by_model:
+        for kind in dict.fromkeys(r["kind"] for r in rows):
+            cells = {r["sigma"]: r for r in rows if r["kind"] == kind}
+            pairs = next(iter(cells.values()))["pairs"]
+            text = [
+                f"{100 * c['margin'] / c['loss']:+.0f} % ({c['accuracy']:.2f})" if (c := cells.get(s)) else "—"
+                for s in sigmas
+            ]
+            lines.append(f"| {name} | {kind} | {pairs} | " + " | ".join(text) + " |")
+    return lines
 
 
 def fail(message: str) -> int:
@@ -63,11 +93,20 @@ def main() -> int:
         help="prompt file to sample (default: the held-out test prompts; the train split, "
         "spotlight/tasks/shapes/prompts/train.jsonl, tells memorised binding from learned binding)",
     )
-    ap.add_argument("--seeds", type=int, default=16, help="samples per prompt")
+    ap.add_argument(
+        "--probe",
+        choices=("both", "sample", "likelihood"),
+        default="both",
+        help="sample and detect, compare losses of rendered pairs, or both (default: %(default)s)",
+    )
+    ap.add_argument("--seeds", type=int, default=16, help="samples per prompt (the sample probe)")
+    ap.add_argument("--pairs", type=int, default=16, help="rendered pairs per prompt (the likelihood probe)")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     if args.seeds < 1:
         return fail(f"--seeds {args.seeds}: needs an integer >= 1")
+    if args.pairs < 1:
+        return fail(f"--pairs {args.pairs}: needs an integer >= 1")
     if args.threads < 1:
         return fail(f"--threads {args.threads}: needs an integer >= 1")
     torch.set_num_threads(args.threads)
@@ -90,6 +129,15 @@ def main() -> int:
     specs = [s for s in all_specs if s.tag in ("color_attr", "position")]
     if not specs:
         return fail(f"{args.prompts}: no colour-attribution or position prompts to measure binding on")
+    if args.probe in ("both", "likelihood"):
+        probed = [
+            (name, ev.likelihood_margins(model, cfg.model, all_specs, images_per_prompt=args.pairs))
+            for name, cfg, model in runs
+        ]
+        print("\n".join(likelihood_table(probed)), flush=True)
+        if args.probe == "likelihood":
+            return 0
+        print()
     lines = [
         "| model | kind | images | both shapes once | of those, right parts (colours; position: on the axis) "
         "| the right way round | share [95 % CI] (chance 0.50) |",

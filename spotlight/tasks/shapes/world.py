@@ -312,10 +312,14 @@ def render(spec: PromptSpec, rng: np.random.Generator) -> tuple[np.ndarray, list
         break
     else:
         raise SceneError(f"could not place {spec.prompt!r}")
+    placed = [PlacedObject(shape, color, box) for (shape, color), box in zip(shapes, boxes)]
+    return draw_scene(placed), placed
+
+
+def draw_scene(objects: list[PlacedObject]) -> np.ndarray:
+    """``objects`` on the background, in order: ``[IMAGE_SIZE, IMAGE_SIZE, 3] uint8``."""
     img = Image.new("RGB", (IMAGE_SIZE, IMAGE_SIZE), BACKGROUND)
     draw = ImageDraw.Draw(img)
-    placed = []
-    for (shape, color), box in zip(shapes, boxes):
-        draw_object(draw, shape, color, box[0], box[1], box[2] - box[0])
-        placed.append(PlacedObject(shape, color, box))
-    return np.asarray(img, dtype=np.uint8).copy(), placed
+    for o in objects:
+        draw_object(draw, o.shape, o.color, o.box[0], o.box[1], o.box[2] - o.box[0])
+    return np.asarray(img, dtype=np.uint8).copy()

@@ -26,6 +26,7 @@ def bench():
     [
         (["--seeds", "0"], "--seeds 0"),
         (["--threads", "-1"], "--threads -1"),
+        (["--pairs", "0", "--probe", "likelihood"], "--pairs 0"),
         (["--config", "/nonexistent.toml"], "not found"),
         (["--config", str(REPO / "examples/jpeg-toy/config.toml")], "not a shapes-task config"),
         (["--weights", "/nonexistent/final"], "neither a transformer folder"),
@@ -39,6 +40,7 @@ def test_bad_arguments_fail_with_one_line(bench, monkeypatch, capsys, argv, says
     from spotlight.tasks.shapes import evaluate
 
     monkeypatch.setattr(evaluate, "evaluate", lambda *a, **k: sampled.append(a))
+    monkeypatch.setattr(evaluate, "likelihood_margins", lambda *a, **k: sampled.append(a))
     assert bench.main() == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and says in err and len(err.splitlines()) == 1
@@ -65,3 +67,15 @@ def test_rows_show_the_share_and_its_interval(bench):
     ca, pos = bench.rows("base", counts)
     assert ca.startswith("| base | color_attr | 240 | 0.28 | 53 | 29 | 0.55 [0.41, 0.67] |")
     assert "| 0 | 0 | nan [nan, nan] |" in pos
+
+
+def test_the_likelihood_table_has_a_column_per_sigma(bench):
+    rows = [
+        {"kind": k, "sigma": s, "pairs": 8, "loss": 0.1, "margin": m, "stderr": 0.01, "accuracy": a}
+        for k, m, a in (("colors", 0.1, 0.95), ("color_attr", -0.004, 0.5))
+        for s in (0.5, 0.8)
+    ]
+    head, rule, colors, attr = bench.likelihood_table([("base", rows)])
+    assert head.startswith("| model | kind | pairs | σ 0.5 | σ 0.8 |") and rule == "|---|---|---|---|---|"
+    assert colors == "| base | colors | 8 | +100 % (0.95) | +100 % (0.95) |"
+    assert attr == "| base | color_attr | 8 | -4 % (0.50) | -4 % (0.50) |"
