@@ -11,7 +11,8 @@ the shapes. Both replace 10 % of the captions by the empty caption (``--caption-
 needs (``model.guidance_scale`` of the embedded default). About 65 minutes on 2 idle CPU cores.
 
 Data: every step draws ``batch_size`` captions from the *train* prompts of
-:func:`spotlight.tasks.shapes.world.prompt_split` (task kind uniform, then prompt uniform) and
+:func:`spotlight.tasks.shapes.world.prompt_split` (task kind uniform, or as ``--task-weights`` says;
+then prompt uniform) and
 renders a fresh image for each (:func:`spotlight.tasks.shapes.world.render`), all from one
 ``numpy`` generator seeded with ``--seed``. Test prompts are never seen.
 
@@ -87,6 +88,54 @@ def build_model(seed: int, num_layers: int | None = None):
     return QwenImageTransformer2DModel(**{**ARCH, **({"num_layers": num_layers} if num_layers else {})})
 
 
+def parse_task_weights(text: str) -> dict[str, float]:
+    """``--task-weights``: ``"color_attr=3,position=2,single_object=1"`` → ``{kind: weight}``; a
+    task kind not named is not drawn. ``""`` → ``{}`` (every kind equally often).
+
+    Raises:
+        ValueError: an unknown kind, a weight that is not a number >= 0, a kind named twice, or
+            weights that sum to 0.
+    """
+    out: dict[str, float] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        kind, sep, value = item.partition("=")
+        kind = kind.strip()
+        if kind not in world.TASKS:
+            raise ValueError(f"unknown task kind {kind!r} (task kinds: {', '.join(world.TASKS)})")
+        if kind in out:
+            raise ValueError(f"{kind} is named twice")
+        try:
+            weight = float(value) if sep else math.nan
+        except ValueError:
+            weight = math.nan
+        if not weight >= 0 or math.isinf(weight):
+            raise ValueError(f"{item!r}: expected KIND=WEIGHT with a number >= 0")
+        out[kind] = weight
+    if out and sum(out.values()) <= 0:
+        raise ValueError("the weights sum to 0: no task kind would be drawn")
+    return out
+
+
+def draw_task_kinds(rng: np.random.Generator, weights: dict[str, float], n: int) -> np.ndarray:
+    """``n`` task kinds for one batch, drawn as :func:`parse_task_weights`'s ``weights`` say
+    (``{}``: uniform, the very draw of the stages made before ``--task-weights`` existed, so their
+    commands reproduce their checkpoints)."""
+    if not weights:
+        return rng.choice(world.TASKS, size=n)
+    kinds = [k for k in world.TASKS if weights.get(k, 0) > 0]
+    total = sum(weights[k] for k in kinds)
+    return rng.choice(kinds, size=n, p=[weights[k] / total for k in kinds])
+
+
+def task_mix_text(text: str) -> str:
+    """How the model card says which task kinds a stage drew (``--task-weights``)."""
+    weights = parse_task_weights(text)
+    if not weights:
+        return "task kind uniform"
+    total = sum(weights.values())
+    return "task kinds " + ", ".join(f"{k} {w / total:.0%}" for k, w in weights.items() if w > 0)
+
+
 def lr_at(args, step: int) -> float:
     """Linear warm-up over ``args.warmup`` steps, then constant or linearly decaying to 0."""
     lr = args.lr * min(1.0, step / max(1, args.warmup))
@@ -124,8 +173,9 @@ def train(args) -> pathlib.Path:
     )
     t0 = time.monotonic()
     running = None
+    weights = parse_task_weights(args.task_weights)
     for step in range(1, args.steps + 1):
-        tags = rng.choice(world.TASKS, size=args.batch_size)
+        tags = draw_task_kinds(rng, weights, args.batch_size)
         idx = np.array([rng.choice(by_tag[t]) for t in tags])
         images = np.stack([world.render(train_specs[i], rng)[0].transpose(2, 0, 1) for i in idx])
         x0 = pack(images)
@@ -290,9 +340,11 @@ def _stages_text(history: _TrainingHistory, args) -> str:
     dropout = ""
     if args.caption_dropout:
         dropout = f", {args.caption_dropout:.0%} of the captions dropped (the empty caption)"
+    mix = getattr(args, "task_weights", "")
     this = (
         f"{history.step} steps, lr {args.lr} after a {args.warmup}-step warm-up, {args.lr_schedule} schedule, "
-        f"seed {args.seed}{dropout}; {history.rows[-1]['elapsed_s'] / 60:.1f} min"
+        f"seed {args.seed}{dropout}{', ' + task_mix_text(mix) if mix else ''}; "
+        f"{history.rows[-1]['elapsed_s'] / 60:.1f} min"
     )
     if not args.init_from:
         return f"- One stage from random weights: {this}."
@@ -359,6 +411,7 @@ def _model_card(
     from spotlight.tasks.shapes import evaluate as ev
 
     n_params, res, res_train, rows = shipped.n_params, shipped.res, shipped.res_train, history.rows
+    mix = task_mix_text(getattr(args, "task_weights", ""))
     table = "\n".join(f"| {t} | {res.per_task[t]:.3f} | {res_train.per_task[t]:.3f} |" for t in res.per_task)
     loss_label = "The two stages'" if history.stage1 else "The shipped stage's"
     layers, heads, head_dim = (shipped.config[k] for k in ("num_layers", "num_attention_heads", "attention_head_dim"))
@@ -387,7 +440,7 @@ often, which leaves Flow-GRPO room: it is the starting point of the embedded def
 {stages}
   Batch {args.batch_size}, gradient clipping 1.0, σ ~ logit-normal(0, 1); the shipped weights are the EMA
   (decay {args.ema}) at the last step (`{checkpoint.name}`).
-- Data: {shipped.num_train_prompts} *train* prompts of the shapes world (task kind uniform, then prompt uniform), a
+- Data: {shipped.num_train_prompts} *train* prompts of the shapes world ({mix}, then prompt uniform), a
   freshly rendered image per sample, from `numpy.random.default_rng(seed)`; the 46 test prompts
   (`spotlight/tasks/shapes/prompts/test.jsonl`) were never seen.
 - Machine: {platform.machine()} CPU, {args.threads} threads, torch {torch.__version__}.
@@ -477,6 +530,10 @@ def _check_args(args) -> str | None:
     for flag, ok, what in ranges:
         if not ok:
             return f"{flag} must be {what}, got {getattr(args, flag[2:].replace('-', '_'))}"
+    try:
+        parse_task_weights(args.task_weights)
+    except ValueError as exc:
+        return f"--task-weights {args.task_weights}: {exc}"
     folders = [("--init-from", args.init_from)] if args.init_from else []
     if args.ship_only:
         folders.append(("--ship-only", args.ship_only))
@@ -532,6 +589,12 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=0.0,
         help="fraction of samples trained on the empty caption (classifier-free guidance; default: %(default)s)",
+    )
+    ap.add_argument(
+        "--task-weights",
+        default="",
+        help="how often each task kind is drawn, e.g. color_attr=3,position=2,two_object=1 (kinds not named: "
+        "never; default: every kind equally often)",
     )
     ap.add_argument("--num-layers", type=int, default=0, help="transformer blocks (default: 0 = the base model's ARCH)")
     ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default: %(default)s)")

@@ -69,6 +69,9 @@ def _write_checkpoint(folder, num_layers=6):
     "argv, message",
     [
         (["--steps", "0"], "--steps must be an integer >= 1, got 0"),
+        (["--task-weights", "colour=1"], "--task-weights colour=1: unknown task kind 'colour'"),
+        (["--task-weights", "color_attr=0"], "the weights sum to 0"),
+        (["--task-weights", "color_attr=-2,position=1"], "expected KIND=WEIGHT with a number >= 0"),
         (["--num-layers", "-1"], "--num-layers must be an integer >= 1"),
         (["--caption-dropout", "1.5"], "--caption-dropout must be a number in [0, 1)"),
         (["--init-from", "{tmp}/missing/step_00400"], "--init-from {tmp}/missing/step_00400: not a checkpoint folder"),
@@ -86,3 +89,19 @@ def test_bad_command_lines_stop_with_one_line_before_anything_is_written(tmp_pat
     assert exc.value.code == 2
     assert message.format(tmp=tmp_path) in capsys.readouterr().err
     assert not (tmp_path / "out").exists() and not (tmp_path / "ship").exists()  # nothing trained, nothing shipped
+
+
+def test_task_weights_draw_only_the_named_kinds_in_proportion():
+    import numpy as np
+
+    from spotlight.tasks.shapes import world
+
+    # no weights: the same draw as before the option existed (the recipe's stages reproduce)
+    a, b = np.random.default_rng(3), np.random.default_rng(3)
+    assert list(pretrain.draw_task_kinds(a, {}, 64)) == list(b.choice(world.TASKS, size=64))
+    weights = pretrain.parse_task_weights("color_attr=3,position=1")
+    tags = list(pretrain.draw_task_kinds(np.random.default_rng(0), weights, 4000))
+    assert set(tags) == {"color_attr", "position"}
+    assert 0.72 < tags.count("color_attr") / len(tags) < 0.78
+    assert pretrain.task_mix_text("color_attr=3,position=1") == "task kinds color_attr 75%, position 25%"
+    assert pretrain.task_mix_text("") == "task kind uniform"
