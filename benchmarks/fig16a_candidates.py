@@ -74,7 +74,7 @@ def main() -> None:
     k = cfg.data.group_size
     prompts = load_prompts(cfg.data.prompts_path)
     idx = spread_indices(len(prompts), args.prompts)
-    embeds, mask = cached_prompt_embeddings(prompts, _cache_dir(), cfg.model.max_text_tokens)
+    embeds, mask = cached_prompt_embeddings(prompts, _cache_dir(), cfg.model.max_text_tokens, cfg.model.text_encoder)
     weights_path = (
         pathlib.Path(args.weights)
         if args.weights

