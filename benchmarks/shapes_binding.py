@@ -73,10 +73,12 @@ def fail(message: str) -> int:
 
 
 def main() -> int:
+    import msgspec
     import torch
 
     from spotlight.config import load_config
     from spotlight.errors import SpotlightError
+    from spotlight.models.families.tiny import read_text_conditioning
     from spotlight.tasks.shapes import evaluate as ev
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -118,6 +120,10 @@ def main() -> int:
             run_config = pathlib.Path(weights).parent / "config.toml" if weights else None
             config = run_config if run_config is not None and run_config.is_file() else args.config
             cfg = load_config(config)
+            if weights and (pathlib.Path(weights) / "config.json").is_file() and not run_config.is_file():
+                # a pretraining checkpoint: probe it with the prompt embeddings it was trained on
+                trained_on = read_text_conditioning(weights)
+                cfg = msgspec.structs.replace(cfg, model=msgspec.structs.replace(cfg.model, text_encoder=trained_on))
             if cfg.reward.kind != "geneval_shapes" or cfg.model.family != "tiny":
                 return fail(
                     f"{config or 'the embedded config'}: not a shapes-task config (reward.kind = "

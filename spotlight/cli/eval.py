@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from spotlight.errors import SpotlightError
 from spotlight.util.disk import unwritable_dir
 
 EVAL_HELP = (
@@ -48,8 +49,6 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """:data:`EVAL_HELP`: the base model and (``--run-dir``, ``--weights``) trained weights, scored."""
         console = Console(emoji=False, soft_wrap=True)
-        from spotlight.errors import SpotlightError
-
         try:
             cfg, weights, specs = _inputs(run_dir, config, weights, prompts)
         except (SpotlightError, ValueError, OSError) as exc:
@@ -166,7 +165,7 @@ def _load_models(console: Console, cfg, weights: Optional[pathlib.Path]) -> dict
     for name, w in models.items():
         try:
             loaded[name] = ev.load_transformer(cfg.model, w)
-        except (OSError, FileNotFoundError, ValueError) as exc:
+        except (OSError, ValueError, SpotlightError) as exc:
             console.print(f"[red]error:[/red] cannot load {name} weights: {escape(str(exc))}")
             raise typer.Exit(2)
     return loaded

@@ -411,6 +411,8 @@ def check_run_dir(run: UpRun) -> None:
         raise refuse(why)
     if run.resuming and (why := _checkpoints_gone(rd, run.cfg.run.checkpoint_every)):
         raise refuse(why)
+    if run.resuming and not run.opts.external_trainers and (why := _trainer_checkpoint_gone(rd)):
+        raise refuse(why)
 
 
 def _check_trainer_keys(run: UpRun) -> None:
@@ -695,6 +697,37 @@ def _checkpoints_gone(run_dir: pathlib.Path, every: int) -> str | None:
         f"{lost + 1} was written, but {run_dir / 'checkpoints'} no longer holds it (deleted or moved?); "
         f"resuming would go back to {back_to} and erase the later rows of metrics.jsonl and requests.jsonl. "
         "Put the checkpoints back, or start a new run in another --run-dir"
+    )
+
+
+def _trainer_checkpoint_gone(run_dir: pathlib.Path) -> str | None:
+    """Why ``--resume run_dir`` must not start: the newest run checkpoint names weights ``v``
+    whose Train Worker checkpoint (``checkpoints/train/vNNNNNN``, local trainers) is missing, so
+    the resumed trainer would fail after the logs were cut back; else None (also without a run
+    checkpoint, or one the resume itself will report as unreadable)."""
+    from spotlight.store.checkpoint import (
+        TRAIN_METADATA,
+        CheckpointError,
+        latest_checkpoint,
+        load_checkpoint,
+        train_checkpoint_dir,
+        train_version_path,
+    )
+
+    try:
+        got = latest_checkpoint(run_dir, cleanup=False)
+        version = int(load_checkpoint(got[1])["version"]) if got is not None else None
+    except (OSError, CheckpointError, KeyError, TypeError, ValueError):
+        return None
+    if version is None or version < 1:
+        return None
+    path = train_version_path(train_checkpoint_dir(run_dir), version)
+    if (path / TRAIN_METADATA).is_file():
+        return None
+    return (
+        f"--resume {run_dir}: its last run checkpoint (after iteration {got[0] + 1}) continues from weights "
+        f"v{version}, but the Train Worker checkpoint {path} is missing (deleted or moved?); resuming would "
+        "cut metrics.jsonl and requests.jsonl back and then fail. Put it back, or start a new run in another --run-dir"
     )
 
 

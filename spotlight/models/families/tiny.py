@@ -105,9 +105,14 @@ class TinyFamily(ModelFamily):
             raise ModelLoadError(f"{self.path}: no weight files (*.safetensors)")
         trained_on = read_text_conditioning(self.path)
         if trained_on != self.cfg.text_encoder:
+            source = (
+                TEXT_CONDITIONING_FILE
+                if (self.path / TEXT_CONDITIONING_FILE).is_file()
+                else "no " + TEXT_CONDITIONING_FILE
+            )
             raise ModelLoadError(
-                f"{self.path}: the checkpoint was trained on {trained_on!r} prompt embeddings "
-                f"({TEXT_CONDITIONING_FILE}) but model.text_encoder = {self.cfg.text_encoder!r}; "
+                f"{self.path}: the checkpoint was trained on {trained_on!r} prompt embeddings ({source}) "
+                f"but model.text_encoder = {self.cfg.text_encoder!r}; "
                 f"set model.text_encoder = {trained_on!r}"
             )
         # the latent layout and the architecture come from the model section; they must be the checkpoint's

@@ -154,21 +154,34 @@ def load_transformer(model_cfg: ModelConfig, weights_dir: str | pathlib.Path | N
 
     Raises:
         FileNotFoundError: ``weights_dir`` holds neither.
+        ModelLoadError: the base checkpoint or a transformer folder was trained on other prompt
+            embeddings than ``model_cfg.text_encoder`` (or another architecture).
     """
     from spotlight.models.families import get_family
+    from spotlight.models.families.base import ModelLoadError
+    from spotlight.models.families.tiny import TEXT_CONDITIONING_FILE, read_text_conditioning
 
-    model = get_family(model_cfg).build_transformer()
-    if weights_dir is None:
+    d = pathlib.Path(weights_dir) if weights_dir is not None else None
+    if d is not None and not (d / "pytorch_lora_weights.safetensors").is_file() and (d / "config.json").is_file():
+        from diffusers import QwenImageTransformer2DModel
+
+        # a folder that names its prompt embeddings must be sampled with them (a run's full
+        # fine-tune names none: it is the run's config's)
+        if (d / TEXT_CONDITIONING_FILE).is_file() and read_text_conditioning(d) != model_cfg.text_encoder:
+            raise ModelLoadError(
+                f"{d}: trained on {read_text_conditioning(d)!r} prompt embeddings but model.text_encoder = "
+                f"{model_cfg.text_encoder!r}; its scores would be wrong"
+            )
+        return QwenImageTransformer2DModel.from_pretrained(d, torch_dtype=torch.float32).eval()
+    family = get_family(model_cfg)
+    family.check()  # a pretrained base must be the model section's (architecture, text encoder)
+    model = family.build_transformer()
+    if d is None:
         return model.eval()
-    d = pathlib.Path(weights_dir)
     if (d / "pytorch_lora_weights.safetensors").is_file():
         # rank and alpha come from the file's peft metadata (``lora_adapter_metadata``)
         model.load_lora_adapter(str(d), prefix="transformer", weight_name="pytorch_lora_weights.safetensors")
         return model.eval()
-    if (d / "config.json").is_file():
-        from diffusers import QwenImageTransformer2DModel
-
-        return QwenImageTransformer2DModel.from_pretrained(d, torch_dtype=torch.float32).eval()
     raise FileNotFoundError(
         f"{d}: neither a transformer folder (config.json) nor LoRA weights (pytorch_lora_weights.safetensors)"
     )

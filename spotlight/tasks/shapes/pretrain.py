@@ -572,6 +572,11 @@ def _check_args(args) -> str | None:
         parse_task_weights(args.task_weights)
     except ValueError as exc:
         return f"--task-weights {args.task_weights}: {exc}"
+    if not args.ship_only and (pathlib.Path(args.out) / "train_log.jsonl").is_file():
+        return (
+            f"--out {args.out} already holds a pretraining run (train_log.jsonl); choose another --out, "
+            "or delete it to train it again"
+        )
     folders = [("--init-from", args.init_from)] if args.init_from else []
     if args.ship_only:
         folders.append(("--ship-only", args.ship_only))

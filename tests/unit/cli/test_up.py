@@ -163,6 +163,31 @@ def test_resuming_a_run_whose_checkpoints_are_gone_is_refused_and_leaves_it_unto
     assert _snapshot_files(rd) == before
 
 
+def test_resuming_without_the_trainer_checkpoint_it_needs_is_refused_and_leaves_it_untouched(tmp_path):
+    """Was: metrics.jsonl and requests.jsonl cut back, then the Train Worker failed on the
+    missing checkpoints/train/vNNNNNN (a trainer checkpoint deleted, or pruned once the newest run
+    checkpoint was deleted)."""
+    from spotlight.cli.up_preflight import _trainer_checkpoint_gone
+    from spotlight.store.checkpoint import train_checkpoint_dir, write_checkpoint
+
+    rd = tmp_path / "run"
+    rd.mkdir()
+    (rd / "config.toml").write_text(pathlib.Path(TOY).read_text())
+    (rd / "metrics.jsonl").write_text('{"iteration": 0}\n{"iteration": 1}\n')
+    write_checkpoint(rd, 1, {"iteration": 2, "version": 2}, keep=2)
+    before = _snapshot_files(rd)
+    res = _up("--local", "--resume", str(rd))
+    assert res.exit_code == 2, res.output
+    text = " ".join(res.output.split())
+    assert text.startswith(
+        f"error: --resume {rd}: its last run checkpoint (after iteration 2) continues from weights v2"
+    )
+    assert _snapshot_files(rd) == before
+    (train_checkpoint_dir(rd) / "v000002").mkdir(parents=True)
+    (train_checkpoint_dir(rd) / "v000002" / ".metadata").write_bytes(b"dcp")
+    assert _trainer_checkpoint_gone(rd) is None
+
+
 def test_resuming_after_a_crash_before_the_first_checkpoint_is_not_refused(tmp_path):
     from spotlight.cli.up_preflight import _checkpoints_gone
 

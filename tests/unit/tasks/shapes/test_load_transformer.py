@@ -36,3 +36,29 @@ def test_a_lora_final_folder_loads_with_its_rank_and_alpha(tmp_path):
         plain = family.velocity(base, x, sigma, cond)
     assert (want - plain).abs().max() > 1e-3  # the adapter matters
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_weights_trained_on_other_prompt_embeddings_are_refused(tmp_path):
+    """Was: scored with the config's embeddings, silently wrong (colour attribution 0.233
+    instead of 0.617 for the shipped base under text_encoder = "minilm")."""
+    import shutil
+
+    import msgspec
+    import pytest
+
+    from spotlight.config import load_config
+    from spotlight.models.families.base import ModelLoadError
+    from spotlight.models.families.tiny import write_text_conditioning
+    from spotlight.tasks.shapes import evaluate as ev
+    from spotlight.tasks.shapes.world import PACKAGE_DIR
+
+    cfg = load_config(None).model
+    plain = msgspec.structs.replace(cfg, text_encoder="minilm")
+    with pytest.raises(ModelLoadError, match="set model.text_encoder = 'minilm-bigram'"):
+        ev.load_transformer(plain)
+    folder = tmp_path / "step_00400"
+    shutil.copytree(PACKAGE_DIR / "base_model", folder)
+    write_text_conditioning(folder, "minilm")
+    with pytest.raises(ModelLoadError, match="trained on 'minilm' prompt embeddings but model.text_encoder"):
+        ev.load_transformer(cfg, folder)
+    assert ev.load_transformer(plain, folder) is not None

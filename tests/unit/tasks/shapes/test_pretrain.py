@@ -62,7 +62,8 @@ def test_each_stage_of_the_recipe_starts_from_the_last_checkpoint_of_the_one_bef
     assert all("--caption-dropout" in cmd for cmd in pretrain.RECIPE)  # guidance needs the empty caption
     for cmd in pretrain.RECIPE:  # every stage's command line is one the CLI accepts
         args = pretrain.build_parser().parse_args(cmd.split()[3:])
-        assert pretrain._check_args(argparse.Namespace(**{**vars(args), "init_from": ""})) is None
+        fresh = {"init_from": "", "out": "/nonexistent/pretrain-out"}  # this machine may hold the runs already
+        assert pretrain._check_args(argparse.Namespace(**{**vars(args), **fresh})) is None
 
 
 def _write_checkpoint(folder, num_layers=6):
@@ -119,3 +120,12 @@ def test_each_checkpoint_records_the_text_encoder_it_was_trained_on(tmp_path):
     argv = ["--steps", "2", "--batch-size", "2", "--num-layers", "1", "--threads", "1", "--save-every", "1"]
     assert pretrain.main(["--out", str(tmp_path), *argv, "--text-encoder", "minilm-bigram"]) == 0
     assert [read_text_conditioning(tmp_path / f"step_{s:05d}") for s in (1, 2)] == ["minilm-bigram"] * 2
+
+
+def test_an_out_folder_that_holds_a_run_is_not_overwritten(tmp_path, capsys):
+    _log(tmp_path / "train_log.jsonl", 3)
+    before = (tmp_path / "train_log.jsonl").read_text()
+    with pytest.raises(SystemExit):
+        pretrain.main(["--out", str(tmp_path), "--steps", "1"])
+    assert f"--out {tmp_path} already holds a pretraining run" in capsys.readouterr().err
+    assert (tmp_path / "train_log.jsonl").read_text() == before
