@@ -132,9 +132,12 @@ def main() -> int:
             runs.append((weights or "base", cfg, ev.load_transformer(cfg.model, weights)))
     except (SpotlightError, OSError, ValueError) as exc:
         return fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-    specs = [s for s in all_specs if s.tag in ("color_attr", "position")]
+    specs = [s for s in all_specs if ev.binds_two_parts(s)]
     if not specs:
-        return fail(f"{args.prompts}: no colour-attribution or position prompts to measure binding on")
+        return fail(
+            f"{args.prompts}: no colour-attribution or position prompts with two different shapes (and colours) "
+            "to measure binding on"
+        )
     if args.probe in ("both", "likelihood"):
         probed = [
             (name, ev.likelihood_margins(model, cfg.model, all_specs, images_per_prompt=args.pairs))

@@ -224,6 +224,17 @@ def comparison_grid(
     labelled_grid(rows, path, title=title, colors=colors)
 
 
+def binds_two_parts(spec: world.PromptSpec) -> bool:
+    """Whether ``spec`` is a colour-attribution or position prompt whose two shapes (and, for
+    colour attribution, two colours) differ: only then does swapping its binding give a scene
+    the prompt rules out (the world never writes the others; ``geneval.parse_prompt`` accepts
+    them)."""
+    if spec.tag not in ("color_attr", "position") or len(spec.include) != 2:
+        return False
+    first, second = spec.include
+    return first.shape != second.shape and (spec.tag != "color_attr" or first.color != second.color)
+
+
 def binding_counts(
     specs: list[world.PromptSpec], objects: list[list[geneval.DetectedObject]]
 ) -> dict[str, dict[str, int]]:
@@ -249,11 +260,9 @@ def binding_counts(
         "position": dict.fromkeys(("images", "both_shapes_once", "on_axis", "relation_right"), 0),
     }
     for spec, found in zip(specs, objects, strict=True):
-        if spec.tag not in out:
+        if not binds_two_parts(spec):
             continue
         first, second = spec.include
-        if first.shape == second.shape or (spec.tag == "color_attr" and first.color == second.color):
-            continue
         row = out[spec.tag]
         row["images"] += 1
         a = [o for o in found if o.shape == first.shape]
@@ -322,11 +331,12 @@ def swapped_scene(spec: world.PromptSpec, objects: list[world.PlacedObject]) -> 
       side);
     * ``colors``: the object in the next colour of the palette (a wrong attribute, no binding).
 
-    Prompts whose two shapes (or colours) are equal give None: the swap changes nothing."""
+    Prompts whose two shapes (or colours) are equal give None (:func:`binds_two_parts`): the
+    swapped scene would fit the prompt as well."""
     if spec.tag == "colors" and len(objects) == 1:
         names = list(world.COLORS)
         return [dataclasses.replace(objects[0], color=names[(names.index(objects[0].color) + 1) % len(names)])]
-    if spec.tag not in ("color_attr", "position") or len(objects) != 2:
+    if not binds_two_parts(spec) or len(objects) != 2:
         return None
     a, b = objects
     if spec.tag == "color_attr":

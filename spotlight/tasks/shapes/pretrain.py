@@ -478,7 +478,8 @@ often, which leaves Flow-GRPO room: it is the starting point of the embedded def
 {stages}
   Batch {args.batch_size}, gradient clipping 1.0, σ ~ logit-normal(0, 1); the shipped weights are the EMA
   (decay {args.ema}) at the last step (`{checkpoint.name}`).
-- Data: {shipped.num_train_prompts} *train* prompts of the shapes world ({mix}, then prompt uniform), a
+- Data: {shipped.num_train_prompts} *train* prompts of the shapes world (the shipped stage: {mix}, then prompt
+  uniform; the earlier stages: their commands), a
   freshly rendered image per sample, from `numpy.random.default_rng(seed)`; the 46 test prompts
   (`spotlight/tasks/shapes/prompts/test.jsonl`) were never seen.
 - Machine: {platform.machine()} CPU, {args.threads} threads, torch {torch.__version__}.

@@ -47,9 +47,13 @@ def test_bad_arguments_fail_with_one_line(bench, monkeypatch, capsys, argv, says
     assert not sampled
 
 
-def test_prompts_without_binding_kinds_are_refused(bench, monkeypatch, capsys, tmp_path):
+@pytest.mark.parametrize(
+    "text",
+    ["a photo of a circle\n", "a photo of a red circle and a blue circle\na photo of a circle left of a circle\n"],
+)
+def test_prompts_without_binding_kinds_are_refused(bench, monkeypatch, capsys, tmp_path, text):
     prompts = tmp_path / "single.txt"
-    prompts.write_text("a photo of a circle\n")
+    prompts.write_text(text)
     monkeypatch.setattr(sys, "argv", ["shapes_binding.py", "--prompts", str(prompts)])
     from spotlight.tasks.shapes import evaluate
 

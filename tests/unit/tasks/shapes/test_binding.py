@@ -119,8 +119,9 @@ def test_the_swapped_scene_of_other_kinds_and_of_equal_parts():
     assert recoloured.color != obj.color and recoloured.shape == obj.shape and recoloured.box == obj.box
     two = next(s for s in world.all_prompts() if s.tag == "two_object")
     assert evaluate.swapped_scene(two, world.render(two, np.random.default_rng(0))[1]) is None
-    same = geneval.parse_prompt("a photo of a red circle and a red square")
-    assert evaluate.swapped_scene(same, world.render(same, np.random.default_rng(0))[1]) is None
+    for text in ("a photo of a red circle and a red square", "a photo of a red circle and a blue circle"):
+        same = geneval.parse_prompt(text)
+        assert evaluate.swapped_scene(same, world.render(same, np.random.default_rng(0))[1]) is None
 
 
 @pytest.fixture(scope="module")
