@@ -167,9 +167,10 @@ def load_transformer(model_cfg: ModelConfig, weights_dir: str | pathlib.Path | N
 
         # a folder that names its prompt embeddings must be sampled with them (a run's full
         # fine-tune names none: it is the run's config's)
-        if (d / TEXT_CONDITIONING_FILE).is_file() and read_text_conditioning(d) != model_cfg.text_encoder:
+        trained_on = read_text_conditioning(d) if (d / TEXT_CONDITIONING_FILE).is_file() else model_cfg.text_encoder
+        if trained_on != model_cfg.text_encoder:
             raise ModelLoadError(
-                f"{d}: trained on {read_text_conditioning(d)!r} prompt embeddings but model.text_encoder = "
+                f"{d}: trained on {trained_on!r} prompt embeddings but model.text_encoder = "
                 f"{model_cfg.text_encoder!r}; its scores would be wrong"
             )
         return QwenImageTransformer2DModel.from_pretrained(d, torch_dtype=torch.float32).eval()
@@ -373,8 +374,8 @@ def likelihood_margins(
     """
     import msgspec
 
-    from spotlight.models import dit
     from spotlight.models.families import get_family
+    from spotlight.tasks.shapes.pretrain import pack
 
     family = get_family(msgspec.structs.replace(model_cfg, guidance_scale=1.0))
     rng = np.random.default_rng(seed)
@@ -389,8 +390,7 @@ def likelihood_margins(
                 pairs.setdefault(spec.tag, []).append((spec.prompt, image, world.draw_scene(other)))
 
     def latents(images: list[np.ndarray]) -> torch.Tensor:
-        x = torch.from_numpy(np.stack(images).transpose(0, 3, 1, 2).copy()).float() / 127.5 - 1.0
-        return dit.pack(x, model_cfg.patch_size)
+        return pack(np.stack(images).transpose(0, 3, 1, 2).copy(), model_cfg.patch_size)
 
     rows = []
     for kind in LIKELIHOOD_KINDS:

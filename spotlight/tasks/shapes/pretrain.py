@@ -9,8 +9,8 @@ optimizer and the learning rate decaying linearly from 3e-4 to 0 (seed 1), which
 the shapes. Stage 3 switches the text conditioning to ``minilm-bigram`` (each token's state
 plus its left neighbour's, so a noun carries its colour) and trains 1 500 steps on
 colour-attribution captions only at 1e-3 (seed 4): the model learns to bind colours to shapes,
-which it never did on plain MiniLM states (``benchmarks/RESULTS.md``, "A base model that binds
-colours"). Stage 4, 800 steps over every task kind (colour attribution weighted 2) at 3e-4
+which it never did on plain MiniLM states (``benchmarks/RESULTS.md``, "Base model: a base that
+binds colours"). Stage 4, 800 steps over every task kind (colour attribution weighted 2) at 3e-4
 decaying linearly (seed 5), brings back what stage 3 let slip. Every stage replaces 10 % of the
 captions by the empty caption (``--caption-dropout 0.1``), which teaches the model the
 unconditional velocity that classifier-free guidance needs (``model.guidance_scale`` of the
@@ -90,12 +90,12 @@ NULL_PROMPT = ""
 classifier-free guidance, and the tiny family's negative prompt."""
 
 
-def pack(images_bchw_uint8: np.ndarray) -> torch.Tensor:
-    """``[B, 3, 32, 32] uint8`` → packed latents ``[B, 64, 48] float32`` in [−1, 1]."""
+def pack(images_bchw_uint8: np.ndarray, patch_size: int = PATCH_SIZE) -> torch.Tensor:
+    """``[B, 3, 32, 32] uint8`` → packed latents ``[B, 64, 48] float32`` in [−1, 1] (for 4×4 patches)."""
     from spotlight.models.dit import pack as _pack
 
     x = torch.from_numpy(images_bchw_uint8).float() / 127.5 - 1.0
-    return _pack(x, PATCH_SIZE)
+    return _pack(x, patch_size)
 
 
 def build_model(seed: int, num_layers: int | None = None):
