@@ -3,9 +3,16 @@ with several run seeds each, with held-out strict and partial scores.
 
     python benchmarks/rl_lab.py --iterations 20 --set train.learning_rate=3e-4 --seeds 0,1,2
     python benchmarks/rl_lab.py --sweep benchmarks/lab_sweeps/recipe.toml --out runs/lab
+    python benchmarks/rl_lab.py --gradient-agreement 8 --set data.group_size=16
 
 Each run writes ``OUT/<name>-s<seed>.json`` (rows and evaluations); the sweep ends with a table
 (mean ± standard error over run seeds of the held-out gain over the base model).
+
+``--gradient-agreement B`` learns nothing: it draws ``B`` independent batches (the run's first
+``B`` iterations' prompts and seeds) at the initial weights, keeps each one's policy gradient
+and reports how much of a batch gradient is signal (``spotlight.studies.lab.gradient_agreement``:
+the mean pairwise cosine, and the fewest optimizer steps before an update's direction is as
+much signal as noise); it writes ``OUT/<name>-grad-s<seed>.json``.
 """
 
 from __future__ import annotations
@@ -27,6 +34,47 @@ def parse_value(text: str):
         return tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
         return text
+
+
+def run_gradients(name: str, overrides: dict, lab: dict, seed: int, out: pathlib.Path, batches: int) -> dict:
+    """``batches`` independent policy gradients at the initial weights and their agreement."""
+    from spotlight.config import load_config
+    from spotlight.studies.lab import LabSettings, gradient_agreement, run_lab
+
+    ov = {"run.seed": seed, "data.shuffle_seed": seed, **overrides, "run.iterations": batches}
+    cfg = load_config(lab.get("config"), overrides=ov)
+    settings = LabSettings(eval_every=0, threads=int(lab.get("threads", 1)), gradients_only=True)
+    res = run_lab(cfg, settings, progress=lambda s: print(f"[{name} s{seed}] {s}", flush=True))
+    doc = {
+        "name": name,
+        "seed": seed,
+        "overrides": ov,
+        "samples_per_batch": cfg.data.prompts_per_iteration * cfg.data.group_size,
+        "window_steps": cfg.sampler.sde_window_size,
+        "agreement": gradient_agreement(res.gradients),
+        "rewards": [r["reward/mean"] for r in res.rows],
+        "seconds": res.seconds,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}-grad-s{seed}.json").write_text(json.dumps(doc, indent=1))
+    return doc
+
+
+def summarise_gradients(docs: list[dict]) -> str:
+    lines = [
+        "| setting | batches × samples | pairwise cosine | halves cosine (expected) | steps for SNR 1, at least "
+        "| s/batch |",
+        "|---|---|---|---|---|---|",
+    ]
+    for d in docs:
+        a = d["agreement"]
+        lines.append(
+            f"| {d['name']} s{d['seed']} | {int(a['num_gradients'])} × {d['samples_per_batch']} | "
+            f"{a['pairwise_cos_mean']:+.4f} ± {a['pairwise_cos_se']:.4f} | {a['halves_cos']:+.4f} "
+            f"({a['halves_cos_expected']:+.4f}) | {a['steps_for_snr1_lower']:.0f} | "
+            f"{d['seconds'] / max(a['num_gradients'], 1):.1f} |"
+        )
+    return "\n".join(lines)
 
 
 def run_one(name: str, overrides: dict, lab: dict, seed: int, out: pathlib.Path, reuse: bool) -> dict:
@@ -98,7 +146,16 @@ def main() -> int:
     ap.add_argument("--out", default="runs/lab")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--reuse", action="store_true")
+    ap.add_argument(
+        "--gradient-agreement",
+        type=int,
+        default=0,
+        metavar="B",
+        help="learn nothing: B independent batch gradients at the initial weights and how much of each is signal",
+    )
     args = ap.parse_args()
+    if args.gradient_agreement and args.gradient_agreement < 2:
+        ap.error(f"--gradient-agreement needs at least 2 batches, got {args.gradient_agreement}")
     out = pathlib.Path(args.out)
     seeds = [int(s) for s in args.seeds.split(",")]
     base_ov = {"run.iterations": args.iterations}
@@ -120,7 +177,17 @@ def main() -> int:
         ov = dict(ov)
         lab_ov = {k: ov.pop(k) for k in list(ov) if k in ("explore", "eval_every", "eval_seeds", "config")}
         for seed in seeds:
-            docs.append(run_one(name, {**base_ov, **ov}, {**lab, **lab_ov}, seed, out, args.reuse))
+            if args.gradient_agreement:
+                docs.append(
+                    run_gradients(name, {**base_ov, **ov}, {**lab, **lab_ov}, seed, out, args.gradient_agreement)
+                )
+            else:
+                docs.append(run_one(name, {**base_ov, **ov}, {**lab, **lab_ov}, seed, out, args.reuse))
+    if args.gradient_agreement:
+        table = summarise_gradients(docs)
+        print(table)
+        (out / "gradients.md").write_text(table + "\n")
+        return 0
     table = summarise(docs)
     print(table)
     (out / "summary.md").write_text(table + "\n")

@@ -57,6 +57,11 @@ class LabSettings:
         eval_seeds: seeds per test prompt.
         eval_prompts_path: the held-out prompts (default: the shapes task's test set).
         threads: torch intra-op threads.
+        gradients_only: measure, do not learn: each optimizer step's gradient (the trained
+            parameters, flattened, after clipping) is kept in :attr:`LabResult.gradients` and
+            the step is not taken, so every iteration's batch is drawn and scored at the
+            initial weights: independent draws of the update direction, for
+            :func:`gradient_agreement`.
     """
 
     explore_candidates: int = 0
@@ -64,6 +69,7 @@ class LabSettings:
     eval_seeds: int = 16
     eval_prompts_path: str = ""
     threads: int = 1
+    gradients_only: bool = False
 
 
 @dataclasses.dataclass
@@ -73,6 +79,62 @@ class LabResult:
     rows: list[dict]
     evals: list[dict]
     seconds: float
+    gradients: list[torch.Tensor] = dataclasses.field(default_factory=list)
+    """With :attr:`LabSettings.gradients_only`: one float64 vector per optimizer step."""
+
+
+def gradient_agreement(gradients: list[torch.Tensor]) -> dict[str, float]:
+    """How much of a batch's policy gradient is signal: cosines between independent draws.
+
+    For unbiased estimates ``ĝ_i = g + noise_i`` of the expected gradient ``g`` from
+    independent batches, ``E[ĝ_i·ĝ_j] = |g|²`` (``i ≠ j``) and ``E|ĝ_i|² = |g|² + tr Σ / n``, so
+    the mean pairwise cosine ``c`` estimates the signal's share of one batch gradient's
+    squared norm. Averaging ``T`` such steps gives a signal-to-noise ratio (of squared norms)
+    of ``T·c / (1 − c)``: ``(1 − c) / c`` steps before the update's direction is as much
+    signal as noise (plain SGD; Adam's per-coordinate scaling changes the constant, not the
+    order of magnitude).
+
+    Args:
+        gradients: ``B ≥ 2`` gradient vectors of equal length, drawn independently at the
+            same weights (:attr:`LabSettings.gradients_only`).
+
+    Returns:
+        ``pairwise_cos_mean`` and its standard error ``pairwise_cos_se`` (over the
+        ``B(B−1)/2`` pairs; pairs share draws, so it is a rough error), ``halves_cos`` (the
+        mean of the first ``B // 2`` against the rest's: it should grow as
+        ``h·c / (1 + (h − 1)·c)`` if ``c`` is real, ``halves_cos_expected``),
+        ``signal_share_upper`` (``c + 2·se``, at least 0) and ``steps_for_snr1_lower``
+        (``(1 − c_hi) / c_hi`` with that upper bound: the fewest steps consistent with the
+        measurement; inf when the bound is 0).
+
+    Raises:
+        ValueError: fewer than two vectors, or vectors of different lengths.
+    """
+    if len(gradients) < 2:
+        raise ValueError(f"gradient_agreement needs at least 2 gradients, got {len(gradients)}")
+    if len({t.numel() for t in gradients}) != 1:
+        raise ValueError("gradient_agreement: the gradients have different lengths")
+    g = torch.stack([t.double().reshape(-1) for t in gradients])
+    unit = g / g.norm(dim=1, keepdim=True).clamp_min(1e-300)
+    cos = unit @ unit.T
+    iu = torch.triu_indices(len(g), len(g), offset=1)
+    pair = cos[iu[0], iu[1]]
+    c = float(pair.mean())
+    se = float(pair.std(unbiased=True) / math.sqrt(len(pair))) if len(pair) > 1 else math.nan
+    h = len(g) // 2
+    a, b = g[:h].mean(0), g[h:].mean(0)
+    halves = float(a @ b / (a.norm() * b.norm()).clamp_min(1e-300))
+    c_hi = max(c + 2.0 * (se if math.isfinite(se) else 0.0), 0.0)
+    return {
+        "num_gradients": float(len(g)),
+        "pairwise_cos_mean": c,
+        "pairwise_cos_se": se,
+        "halves_cos": halves,
+        "halves_cos_expected": h * c / (1.0 + (h - 1) * c) if 1.0 + (h - 1) * c > 0 else math.nan,
+        "signal_share_upper": c_hi,
+        "steps_for_snr1_lower": (1.0 - c_hi) / c_hi if c_hi > 0 else math.inf,
+        "grad_norm_mean": float(g.norm(dim=1).mean()),
+    }
 
 
 def _init_single_process_group() -> None:
@@ -198,6 +260,20 @@ def run_lab(
     cond_unique = family.encode_prompts(unique)
     cond_all = cond_unique.index([row_of[p] for p in prompts])
     trainer = FlowGRPOTrainer(cfg, rank=0, world_size=1, device=torch.device("cpu"))
+    gradients: list[torch.Tensor] = []
+    if settings.gradients_only:
+
+        def keep_and_drop(optimizer, args, kwargs) -> None:
+            # keep this step's gradient, then clear it so that the optimizer skips every
+            # parameter: the weights (and the optimizer state) stay as they are
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+            grads = [t.full_tensor() if hasattr(t, "full_tensor") else t for t in grads]  # FSDP2's DTensors
+            gradients.append(torch.cat([t.detach().double().reshape(-1) for t in grads]))
+            for p in params:
+                p.grad = None
+
+        trainer.optimizer.register_step_pre_hook(keep_and_drop)
     rollouts = _Rollouts(cfg, family, trainer.model, cond_all, prompts, metadata)
     k = cfg.data.group_size
     bank = SeedBank(cfg.run.seed, k)
@@ -327,4 +403,4 @@ def run_lab(
         )
         if specs is not None and ((n + 1) % settings.eval_every == 0 or n + 1 == cfg.run.iterations):
             evaluate(n + 1)
-    return LabResult(rows=rows, evals=evals, seconds=time.monotonic() - t_start)
+    return LabResult(rows=rows, evals=evals, seconds=time.monotonic() - t_start, gradients=gradients)

@@ -6,9 +6,10 @@ import json
 import math
 
 import pytest
+import torch
 
 from spotlight.config import load_config
-from spotlight.studies.lab import LabSettings, run_lab
+from spotlight.studies.lab import LabSettings, gradient_agreement, run_lab
 
 pytestmark = pytest.mark.procs  # a one-rank gloo process group in the test process
 
@@ -87,3 +88,38 @@ def test_the_default_recipe_keeps_the_background_clean():
 
 SPECKLE_BOUND = 0.03
 """Background speckle the default recipe may add over the base model (share of near-white pixels)."""
+
+
+def test_gradients_only_draws_every_batch_at_the_initial_weights():
+    """``gradients_only`` keeps one gradient per optimizer step and takes none of the steps."""
+    res = run_lab(_cfg(**{"run.iterations": 3}), LabSettings(eval_every=0, gradients_only=True))
+    assert len(res.gradients) == 3
+    assert all(r["update/rel_change"] == 0.0 and r["train/ratio_max_dev"] == 0.0 for r in res.rows)
+    norms = [float(g.norm()) for g in res.gradients]
+    assert all(math.isfinite(n) and n > 0 for n in norms)
+    assert len({g.numel() for g in res.gradients}) == 1
+    agreement = gradient_agreement(res.gradients)
+    assert -1.0 <= agreement["pairwise_cos_mean"] <= 1.0
+
+
+def test_gradient_agreement_recovers_the_signal_share():
+    """Draws ``g + noise`` with ``|g|² = 1`` and noise ``tr Σ = 9``: the signal's share of a
+    draw's squared norm is 0.1, and the mean of half of 40 draws agrees with the other half's
+    far more (20·0.1 / (1 + 19·0.1) ≈ 0.69)."""
+    gen = torch.Generator().manual_seed(0)
+    dim = 20_000
+    g = torch.zeros(dim, dtype=torch.float64)
+    g[0] = 1.0
+    draws = [g + 3.0 * torch.randn(dim, generator=gen, dtype=torch.float64) / math.sqrt(dim) for _ in range(40)]
+    a = gradient_agreement(draws)
+    assert a["pairwise_cos_mean"] == pytest.approx(0.1, abs=0.02)
+    assert a["halves_cos"] == pytest.approx(a["halves_cos_expected"], abs=0.1)
+    assert 4 < a["steps_for_snr1_lower"] < 15  # (1 - 0.1) / 0.1 = 9, from an upper bound on c
+    pure_noise = [torch.randn(dim, generator=gen, dtype=torch.float64) for _ in range(10)]
+    n = gradient_agreement(pure_noise)
+    assert abs(n["pairwise_cos_mean"]) < 0.01
+    assert n["steps_for_snr1_lower"] > 20
+    with pytest.raises(ValueError, match="at least 2"):
+        gradient_agreement(draws[:1])
+    with pytest.raises(ValueError, match="different lengths"):
+        gradient_agreement([draws[0], draws[1][:10]])
