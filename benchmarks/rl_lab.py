@@ -39,7 +39,7 @@ def parse_value(text: str):
 def run_gradients(name: str, overrides: dict, lab: dict, seed: int, out: pathlib.Path, batches: int) -> dict:
     """``batches`` independent policy gradients at the initial weights and their agreement."""
     from spotlight.config import load_config
-    from spotlight.studies.lab import LabSettings, gradient_agreement, run_lab
+    from spotlight.studies.lab import LabSettings, cosine_matrix, gradient_agreement, run_lab
 
     ov = {"run.seed": seed, "data.shuffle_seed": seed, **overrides, "run.iterations": batches}
     cfg = load_config(lab.get("config"), overrides=ov)
@@ -51,13 +51,29 @@ def run_gradients(name: str, overrides: dict, lab: dict, seed: int, out: pathlib
         "overrides": ov,
         "samples_per_batch": cfg.data.prompts_per_iteration * cfg.data.group_size,
         "window_steps": cfg.sampler.sde_window_size,
-        "agreement": gradient_agreement(res.gradients),
+        "agreement": finite_or_none(gradient_agreement(res.gradients)),
+        "cosines": cosine_matrix(res.gradients).tolist(),
         "rewards": [r["reward/mean"] for r in res.rows],
         "seconds": res.seconds,
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{name}-grad-s{seed}.json").write_text(json.dumps(doc, indent=1))
     return doc
+
+
+def finite_or_none(values: dict[str, float]) -> dict[str, float | None]:
+    """NaN and infinity as JSON null (standard JSON has neither)."""
+    return {k: (v if np.isfinite(v) else None) for k, v in values.items()}
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "—" if value is None else format(value, spec)
+
+
+def _steps(agreement: dict) -> str:
+    if agreement["signal_share_upper"] == 0:
+        return "inf"  # no signal within 2 standard errors
+    return _fmt(agreement["steps_for_snr1_lower"], ".0f")
 
 
 def summarise_gradients(docs: list[dict]) -> str:
@@ -70,11 +86,29 @@ def summarise_gradients(docs: list[dict]) -> str:
         a = d["agreement"]
         lines.append(
             f"| {d['name']} s{d['seed']} | {int(a['num_gradients'])} × {d['samples_per_batch']} | "
-            f"{a['pairwise_cos_mean']:+.4f} ± {a['pairwise_cos_se']:.4f} | {a['halves_cos']:+.4f} "
-            f"({a['halves_cos_expected']:+.4f}) | {a['steps_for_snr1_lower']:.0f} | "
+            f"{a['pairwise_cos_mean']:+.4f} ± {_fmt(a['pairwise_cos_se'], '.4f')} | {a['halves_cos']:+.4f} "
+            f"({_fmt(a['halves_cos_expected'], '+.4f')}) | "
+            f"{_steps(a)} | "
             f"{d['seconds'] / max(a['num_gradients'], 1):.1f} |"
         )
     return "\n".join(lines)
+
+
+def check_runs(runs: list[tuple[str, dict, dict]], seeds: list[int], *, gradients: bool) -> str:
+    """Every setting's config, built before anything runs: the first problem, or ""."""
+    from spotlight.config import ConfigError, load_config
+
+    for name, overrides, lab in runs:
+        try:
+            cfg = load_config(lab.get("config"), overrides={"run.seed": seeds[0], **overrides})
+        except ConfigError as exc:
+            return f"setting {name!r}: {exc}"
+        if gradients and cfg.train.steps_per_iteration != 1:
+            return (
+                f"setting {name!r}: --gradient-agreement keeps one gradient per whole batch; "
+                f"train.steps_per_iteration must be 1, not {cfg.train.steps_per_iteration}"
+            )
+    return ""
 
 
 def run_one(name: str, overrides: dict, lab: dict, seed: int, out: pathlib.Path, reuse: bool) -> dict:
@@ -149,13 +183,13 @@ def main() -> int:
     ap.add_argument(
         "--gradient-agreement",
         type=int,
-        default=0,
+        default=None,
         metavar="B",
         help="learn nothing: B independent batch gradients at the initial weights and how much of each is signal",
     )
     args = ap.parse_args()
-    if args.gradient_agreement and args.gradient_agreement < 2:
-        ap.error(f"--gradient-agreement needs at least 2 batches, got {args.gradient_agreement}")
+    if args.gradient_agreement is not None and args.gradient_agreement < 4:
+        ap.error(f"--gradient-agreement needs at least 4 batches (two halves of 2), got {args.gradient_agreement}")
     out = pathlib.Path(args.out)
     seeds = [int(s) for s in args.seeds.split(",")]
     base_ov = {"run.iterations": args.iterations}
@@ -172,18 +206,23 @@ def main() -> int:
     settings = {args.name: {}}
     if args.sweep:
         settings = tomllib.loads(pathlib.Path(args.sweep).read_text())["setting"]
-    docs = []
+    runs = []
     for name, ov in settings.items():
         ov = dict(ov)
         lab_ov = {k: ov.pop(k) for k in list(ov) if k in ("explore", "eval_every", "eval_seeds", "config")}
+        runs.append((name, {**base_ov, **ov}, {**lab, **lab_ov}))
+    problem = check_runs(runs, seeds, gradients=args.gradient_agreement is not None)
+    if problem:
+        print(f"rl_lab.py: error: {problem}", file=sys.stderr)
+        return 2
+    docs = []
+    for name, ov, lab_ov in runs:
         for seed in seeds:
-            if args.gradient_agreement:
-                docs.append(
-                    run_gradients(name, {**base_ov, **ov}, {**lab, **lab_ov}, seed, out, args.gradient_agreement)
-                )
+            if args.gradient_agreement is not None:
+                docs.append(run_gradients(name, ov, lab_ov, seed, out, args.gradient_agreement))
             else:
-                docs.append(run_one(name, {**base_ov, **ov}, {**lab, **lab_ov}, seed, out, args.reuse))
-    if args.gradient_agreement:
+                docs.append(run_one(name, ov, lab_ov, seed, out, args.reuse))
+    if args.gradient_agreement is not None:
         table = summarise_gradients(docs)
         print(table)
         (out / "gradients.md").write_text(table + "\n")

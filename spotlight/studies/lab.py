@@ -57,11 +57,13 @@ class LabSettings:
         eval_seeds: seeds per test prompt.
         eval_prompts_path: the held-out prompts (default: the shapes task's test set).
         threads: torch intra-op threads.
-        gradients_only: measure, do not learn: each optimizer step's gradient (the trained
+        gradients_only: measure, do not learn: each iteration's gradient (the trained
             parameters, flattened, after clipping) is kept in :attr:`LabResult.gradients` and
             the step is not taken, so every iteration's batch is drawn and scored at the
             initial weights: independent draws of the update direction, for
-            :func:`gradient_agreement`.
+            :func:`gradient_agreement`. Needs ``train.steps_per_iteration = 1`` (one gradient
+            per whole batch); an iteration whose gradient norm is not finite keeps none (the
+            trainer skips that step), so fewer gradients than iterations can come back.
     """
 
     explore_candidates: int = 0
@@ -83,29 +85,8 @@ class LabResult:
     """With :attr:`LabSettings.gradients_only`: one float64 vector per optimizer step."""
 
 
-def gradient_agreement(gradients: list[torch.Tensor]) -> dict[str, float]:
-    """How much of a batch's policy gradient is signal: cosines between independent draws.
-
-    For unbiased estimates ``ĝ_i = g + noise_i`` of the expected gradient ``g`` from
-    independent batches, ``E[ĝ_i·ĝ_j] = |g|²`` (``i ≠ j``) and ``E|ĝ_i|² = |g|² + tr Σ / n``, so
-    the mean pairwise cosine ``c`` estimates the signal's share of one batch gradient's
-    squared norm. Averaging ``T`` such steps gives a signal-to-noise ratio (of squared norms)
-    of ``T·c / (1 − c)``: ``(1 − c) / c`` steps before the update's direction is as much
-    signal as noise (plain SGD; Adam's per-coordinate scaling changes the constant, not the
-    order of magnitude).
-
-    Args:
-        gradients: ``B ≥ 2`` gradient vectors of equal length, drawn independently at the
-            same weights (:attr:`LabSettings.gradients_only`).
-
-    Returns:
-        ``pairwise_cos_mean`` and its standard error ``pairwise_cos_se`` (over the
-        ``B(B−1)/2`` pairs; pairs share draws, so it is a rough error), ``halves_cos`` (the
-        mean of the first ``B // 2`` against the rest's: it should grow as
-        ``h·c / (1 + (h − 1)·c)`` if ``c`` is real, ``halves_cos_expected``),
-        ``signal_share_upper`` (``c + 2·se``, at least 0) and ``steps_for_snr1_lower``
-        (``(1 − c_hi) / c_hi`` with that upper bound: the fewest steps consistent with the
-        measurement; inf when the bound is 0).
+def cosine_matrix(gradients: list[torch.Tensor]) -> torch.Tensor:
+    """``[B, B]`` float64 cosines between the gradient vectors.
 
     Raises:
         ValueError: fewer than two vectors, or vectors of different lengths.
@@ -116,23 +97,73 @@ def gradient_agreement(gradients: list[torch.Tensor]) -> dict[str, float]:
         raise ValueError("gradient_agreement: the gradients have different lengths")
     g = torch.stack([t.double().reshape(-1) for t in gradients])
     unit = g / g.norm(dim=1, keepdim=True).clamp_min(1e-300)
-    cos = unit @ unit.T
-    iu = torch.triu_indices(len(g), len(g), offset=1)
-    pair = cos[iu[0], iu[1]]
-    c = float(pair.mean())
-    se = float(pair.std(unbiased=True) / math.sqrt(len(pair))) if len(pair) > 1 else math.nan
-    h = len(g) // 2
-    a, b = g[:h].mean(0), g[h:].mean(0)
-    halves = float(a @ b / (a.norm() * b.norm()).clamp_min(1e-300))
-    c_hi = max(c + 2.0 * (se if math.isfinite(se) else 0.0), 0.0)
+    return unit @ unit.T
+
+
+def gradient_agreement(gradients: list[torch.Tensor]) -> dict[str, float]:
+    """How much of a batch's policy gradient is signal: cosines between independent draws.
+
+    Let ``g`` be the expected gradient of the loss the trainer minimises (Flow-GRPO's clipped
+    surrogate with group-normalised advantages, not the gradient of the expected reward
+    itself), ``n`` the samples per batch and ``Σ`` one sample's gradient covariance. For
+    independent batch estimates ``ĝ_i = g + noise_i``, ``E[ĝ_i·ĝ_j] = |g|²`` (``i ≠ j``) and
+    ``E|ĝ_i|² = |g|² + tr Σ / n``. In high dimension the norms concentrate, so the mean
+    pairwise cosine ``c`` estimates ``|g|² / (|g|² + tr Σ / n)``: the signal's share of one
+    batch gradient's squared norm. Averaging ``T`` such gradients gives a signal-to-noise
+    ratio (of squared norms) of ``T·c / (1 − c)``, so ``(1 − c) / c`` plain-SGD steps before an
+    update's direction is as much signal as noise. Adam rescales each coordinate and its
+    momentum averages about ten steps, so for the trainer this count is a guide to the order
+    of magnitude, not a bound.
+
+    Args:
+        gradients: ``B ≥ 2`` gradient vectors of equal length, drawn independently at the
+            same weights (:attr:`LabSettings.gradients_only`).
+
+    Returns:
+        ``pairwise_cos_mean`` (``c``) and ``pairwise_cos_se``, its jackknife standard error
+        over the ``B`` draws (pairs that share a draw are correlated, so an error over the
+        pairs would be too small; NaN for ``B < 3``); ``halves_cos``, the cosine between the
+        mean of the first ``h1 = B // 2`` draws and the mean of the other ``h2``, and
+        ``halves_cos_expected = c·√(h1·h2) / √((1 + (h1 − 1)c)(1 + (h2 − 1)c))``, what it
+        should be if ``c`` is real; ``signal_share_upper`` (``max(c + 2·se, 0)``) and
+        ``steps_for_snr1_lower`` (``(1 − c_hi) / c_hi`` with that bound: the fewest steps the
+        measurement allows at about 2 standard errors; inf when the bound is 0; both NaN
+        for ``B < 3``).
+
+    Raises:
+        ValueError: fewer than two vectors, or vectors of different lengths.
+    """
+    cos = cosine_matrix(gradients)
+    b = len(cos)
+    iu = torch.triu_indices(b, b, offset=1)
+    pairs = float(cos[iu[0], iu[1]].sum())
+    n_pairs = b * (b - 1) / 2
+    c = pairs / n_pairs
+    se = math.nan
+    if b >= 3:
+        off_diag_rows = cos.sum(dim=1) - cos.diagonal()  # each draw's pairs
+        leave_one_out = (pairs - off_diag_rows) / (n_pairs - (b - 1))
+        se = float(math.sqrt((b - 1) / b * float(((leave_one_out - leave_one_out.mean()) ** 2).sum())))
+    g = torch.stack([t.double().reshape(-1) for t in gradients])
+    h1 = b // 2
+    h2 = b - h1
+    first, rest = g[:h1].mean(0), g[h1:].mean(0)
+    halves = float(first @ rest / (first.norm() * rest.norm()).clamp_min(1e-300))
+    denominator = (1.0 + (h1 - 1) * c) * (1.0 + (h2 - 1) * c)
+    expected = c * math.sqrt(h1 * h2) / math.sqrt(denominator) if denominator > 0 else math.nan
+    c_hi = max(c + 2.0 * se, 0.0) if math.isfinite(se) else math.nan
+    if math.isnan(c_hi):
+        steps = math.nan
+    else:
+        steps = (1.0 - c_hi) / c_hi if c_hi > 0 else math.inf
     return {
-        "num_gradients": float(len(g)),
+        "num_gradients": float(b),
         "pairwise_cos_mean": c,
         "pairwise_cos_se": se,
         "halves_cos": halves,
-        "halves_cos_expected": h * c / (1.0 + (h - 1) * c) if 1.0 + (h - 1) * c > 0 else math.nan,
+        "halves_cos_expected": expected,
         "signal_share_upper": c_hi,
-        "steps_for_snr1_lower": (1.0 - c_hi) / c_hi if c_hi > 0 else math.inf,
+        "steps_for_snr1_lower": steps,
         "grad_norm_mean": float(g.norm(dim=1).mean()),
     }
 
@@ -259,6 +290,11 @@ def run_lab(
     row_of = {p: i for i, p in enumerate(unique)}
     cond_unique = family.encode_prompts(unique)
     cond_all = cond_unique.index([row_of[p] for p in prompts])
+    if settings.gradients_only and cfg.train.steps_per_iteration != 1:
+        raise ValueError(
+            "the lab's gradients_only keeps one gradient per whole batch: it needs train.steps_per_iteration = 1, "
+            f"not {cfg.train.steps_per_iteration}"
+        )
     trainer = FlowGRPOTrainer(cfg, rank=0, world_size=1, device=torch.device("cpu"))
     gradients: list[torch.Tensor] = []
     if settings.gradients_only:
@@ -395,9 +431,10 @@ def run_lab(
             "time/train_s": round(t_train, 2),
         }
         rows.append(row)
+        explored = f"(population {row['reward/population_mean']:+.3f}) " if pop else ""
         say(
             f"iter {n + 1}/{cfg.run.iterations} reward {row['reward/mean']:+.3f} "
-            f"(population {row['reward/population_mean']:+.3f}) grad {row.get('train/grad_norm', math.nan):.3g} "
+            f"{explored}grad {row.get('train/grad_norm', math.nan):.3g} "
             f"Δθ {rel:.2e} speckle {row['image/speckle']:.3f}  "
             f"rollout {t_roll:.0f}s explore {t_explore:.0f}s train {t_train:.0f}s"
         )

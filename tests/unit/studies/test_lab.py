@@ -100,6 +100,9 @@ def test_gradients_only_draws_every_batch_at_the_initial_weights():
     assert len({g.numel() for g in res.gradients}) == 1
     agreement = gradient_agreement(res.gradients)
     assert -1.0 <= agreement["pairwise_cos_mean"] <= 1.0
+    # one gradient per whole batch: several optimizer steps per iteration would give minibatches
+    with pytest.raises(ValueError, match="steps_per_iteration = 1"):
+        run_lab(_cfg(**{"train.steps_per_iteration": 2}), LabSettings(eval_every=0, gradients_only=True))
 
 
 def test_gradient_agreement_recovers_the_signal_share():
@@ -119,6 +122,16 @@ def test_gradient_agreement_recovers_the_signal_share():
     n = gradient_agreement(pure_noise)
     assert abs(n["pairwise_cos_mean"]) < 0.01
     assert n["steps_for_snr1_lower"] > 20
+    # odd B: halves of 20 and 21 draws, and the expectation for unequal halves
+    odd = gradient_agreement(draws + [g + 3.0 * torch.randn(dim, generator=gen, dtype=torch.float64) / math.sqrt(dim)])
+    c = odd["pairwise_cos_mean"]
+    assert odd["halves_cos_expected"] == pytest.approx(
+        c * math.sqrt(20 * 21) / math.sqrt((1 + 19 * c) * (1 + 20 * c)), rel=1e-9
+    )
+    assert odd["halves_cos"] == pytest.approx(odd["halves_cos_expected"], abs=0.1)
+    # two draws: one pair, no error to bound it with
+    two = gradient_agreement(draws[:2])
+    assert math.isnan(two["pairwise_cos_se"]) and math.isnan(two["steps_for_snr1_lower"])
     with pytest.raises(ValueError, match="at least 2"):
         gradient_agreement(draws[:1])
     with pytest.raises(ValueError, match="different lengths"):
