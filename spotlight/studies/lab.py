@@ -82,7 +82,7 @@ class LabResult:
     evals: list[dict]
     seconds: float
     gradients: list[torch.Tensor] = dataclasses.field(default_factory=list)
-    """With :attr:`LabSettings.gradients_only`: one float64 vector per optimizer step."""
+    """With :attr:`LabSettings.gradients_only`: one float64 vector per iteration (its whole batch)."""
 
 
 def cosine_matrix(gradients: list[torch.Tensor]) -> torch.Tensor:
@@ -104,8 +104,8 @@ def gradient_agreement(gradients: list[torch.Tensor]) -> dict[str, float]:
     """How much of a batch's policy gradient is signal: cosines between independent draws.
 
     Let ``g`` be the expected gradient of the loss the trainer minimises (Flow-GRPO's clipped
-    surrogate with group-normalised advantages, not the gradient of the expected reward
-    itself), ``n`` the samples per batch and ``Σ`` one sample's gradient covariance. For
+    surrogate with group-centred advantages, not the gradient of the expected reward itself),
+    ``n`` the samples per batch and ``Σ`` one sample's gradient covariance. For
     independent batch estimates ``ĝ_i = g + noise_i``, ``E[ĝ_i·ĝ_j] = |g|²`` (``i ≠ j``) and
     ``E|ĝ_i|² = |g|² + tr Σ / n``. In high dimension the norms concentrate, so the mean
     pairwise cosine ``c`` estimates ``|g|² / (|g|² + tr Σ / n)``: the signal's share of one
