@@ -244,11 +244,9 @@ def test_shutdown_terminates_cooperative_workers_without_kill(state, keys):
 
 # --- start-up ----------------------------------------------------------------------------------
 def _unused_port() -> int:
-    import socket
+    from tests.factories import free_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_port()
 
 
 def _agent(args: list[str], state_dir, **kw) -> subprocess.Popen:

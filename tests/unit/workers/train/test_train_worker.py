@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -203,9 +202,9 @@ def test_save_pretrained_roundtrip(pg, trained, tmp_path):
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from tests.factories import free_port
+
+    return free_port()
 
 
 def recv_version(recv, header) -> dict[str, torch.Tensor]:
