@@ -72,6 +72,7 @@ from agent.visibility import visibility_error, worker_nccl_env, worker_visible_d
 from agent.weight_cache import WeightCache
 from spotlight import protocol as P
 from spotlight.net.agent_paths import control_endpoint, state_dir
+from spotlight.net.ports import listen_port
 from spotlight.net.security import ClientKeys, KeysError, apply_client, load_client_keys
 from spotlight.util.procs import ChildExit, LogMark, configure_logging, log_mark, scrubbed_env, spawn_logged
 from spotlight.workers.rollout.spare import EXIT_SPARE_UNUSABLE
@@ -652,9 +653,7 @@ class AgentDaemon:
 
     def _send_form(self, action: FormGroup) -> None:
         """Tell every member to (re)form generation ``action.generation`` at a fresh rendezvous port."""
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = listen_port()  # below the ephemeral range: no outgoing connection takes it meanwhile
         latest = self.wcache.latest()
         form = P.GroupForm(
             members=list(action.members),

@@ -8,15 +8,12 @@ Torch is imported inside the tensor builders, so a module that uses only the oth
 
 from __future__ import annotations
 
-import os
 import pathlib
-import random
-import socket
-import time
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from spotlight import protocol as P
 from spotlight.config import EXAMPLES_DIR, SpotlightConfig, dump_config, load_config
+from spotlight.net.ports import listen_ports
 from spotlight.net.security import add_client, init_keys
 
 if TYPE_CHECKING:
@@ -140,63 +137,15 @@ def make_leases(
 # ---------------------------------------------------------------- ports
 
 
-def _ephemeral_port_range() -> tuple[int, int]:
-    """The kernel's range for the local ports of outgoing connections (Linux; else its default)."""
-    try:
-        lo, hi = (int(v) for v in pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
-        return lo, hi
-    except (OSError, ValueError):
-        return 32768, 60999
-
-
-LISTEN_PORTS_LOW = 20000
-"""Test listen ports come from ``[LISTEN_PORTS_LOW, start of the ephemeral range)``."""
-
-
 def free_ports(n: int) -> list[int]:
-    """``n`` distinct loopback TCP ports that were free a moment ago (all held while choosing).
-
-    Chosen below the kernel's ephemeral range: a port the test binds later cannot meanwhile be
-    taken as the local port of some outgoing connection (a gloo or store client, a ZeroMQ
-    peer), which a port from ``bind(0)`` can, and then the later bind fails with "Address
-    already in use". Falls back to ``bind(0)`` where the range leaves no room below it.
-    """
-    lo, _ = _ephemeral_port_range()
-    socks: list[socket.socket] = []
-    try:
-        if lo - LISTEN_PORTS_LOW < 1000:
-            for _ in range(n):
-                s = socket.socket()
-                s.bind(("127.0.0.1", 0))
-                socks.append(s)
-            return [s.getsockname()[1] for s in socks]
-        rng = random.Random(os.getpid() ^ time.monotonic_ns())
-        ports: list[int] = []
-        for _ in range(100 * n):
-            if len(ports) == n:
-                break
-            port = rng.randrange(LISTEN_PORTS_LOW, lo)
-            if port in ports:
-                continue
-            s = socket.socket()
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                s.close()
-                continue
-            socks.append(s)
-            ports.append(port)
-        if len(ports) < n:
-            raise RuntimeError(f"found only {len(ports)} of {n} free ports in {LISTEN_PORTS_LOW}..{lo - 1}")
-        return ports
-    finally:
-        for s in socks:
-            s.close()
+    """``n`` distinct loopback TCP ports that were free a moment ago, chosen where no outgoing
+    connection can take them before the test binds them (:mod:`spotlight.net.ports`)."""
+    return listen_ports(n)
 
 
 def free_port() -> int:
-    """One loopback TCP port that was free a moment ago (see :func:`free_ports`)."""
-    return free_ports(1)[0]
+    """One loopback TCP port of :func:`free_ports`."""
+    return listen_ports(1)[0]
 
 
 # ---------------------------------------------------------------- coordinator parts

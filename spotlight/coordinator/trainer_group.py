@@ -537,6 +537,6 @@ def _monotonic() -> float:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from spotlight.net.ports import listen_port
+
+    return listen_port()  # below the ephemeral range: no outgoing connection takes it meanwhile

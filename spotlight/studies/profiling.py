@@ -35,6 +35,7 @@ import msgspec
 
 from spotlight.config import SpotlightConfig, resolve_path
 from spotlight.core.planner import StepOption
+from spotlight.net.ports import listen_port
 
 PROFILE_VERSION = 1
 RUN_DIR_PROFILE = "profile.json"
@@ -259,7 +260,6 @@ def profile_sp_t_step(cfg: SpotlightConfig, state_dict: dict, degree: int, cond,
     Raises:
         ValueError: the model cannot be split ``degree`` ways.
     """
-    import socket
     import tempfile
 
     import torch.multiprocessing as mp
@@ -271,9 +271,7 @@ def profile_sp_t_step(cfg: SpotlightConfig, state_dict: dict, degree: int, cond,
     check_sp_degree(cfg.model, degree, text_dim=cond.embeds.shape[-1])
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = listen_port()
     rows = [i % len(cond) for i in range(cfg.cluster.worker_batch_size)]
     with tempfile.TemporaryDirectory() as d:
         path, cond_path = os.path.join(d, "w.safetensors"), os.path.join(d, "cond.safetensors")

@@ -1,14 +1,15 @@
-"""Test listen ports (tests/factories.py): chosen where no outgoing connection can take them."""
+"""Listen ports (spotlight/net/ports.py, tests/factories.py): chosen where no outgoing connection can take them."""
 
 from __future__ import annotations
 
 import socket
 
-from tests.factories import LISTEN_PORTS_LOW, _ephemeral_port_range, free_port, free_ports
+from spotlight.net.ports import LISTEN_PORTS_LOW, ephemeral_port_range
+from tests.factories import free_port, free_ports
 
 
 def test_free_ports_are_distinct_bindable_and_below_the_ephemeral_range():
-    lo, _ = _ephemeral_port_range()
+    lo, _ = ephemeral_port_range()
     ports = free_ports(8) + [free_port()]
     assert len(set(ports[:8])) == 8
     if lo - LISTEN_PORTS_LOW >= 1000:
