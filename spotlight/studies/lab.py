@@ -85,19 +85,27 @@ class LabResult:
     """With :attr:`LabSettings.gradients_only`: one float64 vector per iteration (its whole batch)."""
 
 
+def _stacked(gradients: list[torch.Tensor]) -> torch.Tensor:
+    """``[B, D]`` float64 rows of the gradients, checked."""
+    if len(gradients) < 2:
+        raise ValueError(f"gradient_agreement needs at least 2 gradients, got {len(gradients)}")
+    if len({t.numel() for t in gradients}) != 1:
+        raise ValueError("gradient_agreement: the gradients have different lengths")
+    return torch.stack([t.double().reshape(-1) for t in gradients])
+
+
+def _cosines(g: torch.Tensor) -> torch.Tensor:
+    unit = g / g.norm(dim=1, keepdim=True).clamp_min(1e-300)
+    return unit @ unit.T
+
+
 def cosine_matrix(gradients: list[torch.Tensor]) -> torch.Tensor:
     """``[B, B]`` float64 cosines between the gradient vectors.
 
     Raises:
         ValueError: fewer than two vectors, or vectors of different lengths.
     """
-    if len(gradients) < 2:
-        raise ValueError(f"gradient_agreement needs at least 2 gradients, got {len(gradients)}")
-    if len({t.numel() for t in gradients}) != 1:
-        raise ValueError("gradient_agreement: the gradients have different lengths")
-    g = torch.stack([t.double().reshape(-1) for t in gradients])
-    unit = g / g.norm(dim=1, keepdim=True).clamp_min(1e-300)
-    return unit @ unit.T
+    return _cosines(_stacked(gradients))
 
 
 def gradient_agreement(gradients: list[torch.Tensor]) -> dict[str, float]:
@@ -133,7 +141,8 @@ def gradient_agreement(gradients: list[torch.Tensor]) -> dict[str, float]:
     Raises:
         ValueError: fewer than two vectors, or vectors of different lengths.
     """
-    cos = cosine_matrix(gradients)
+    g = _stacked(gradients)
+    cos = _cosines(g)
     b = len(cos)
     iu = torch.triu_indices(b, b, offset=1)
     pairs = float(cos[iu[0], iu[1]].sum())
@@ -144,7 +153,6 @@ def gradient_agreement(gradients: list[torch.Tensor]) -> dict[str, float]:
         off_diag_rows = cos.sum(dim=1) - cos.diagonal()  # each draw's pairs
         leave_one_out = (pairs - off_diag_rows) / (n_pairs - (b - 1))
         se = float(math.sqrt((b - 1) / b * float(((leave_one_out - leave_one_out.mean()) ** 2).sum())))
-    g = torch.stack([t.double().reshape(-1) for t in gradients])
     h1 = b // 2
     h2 = b - h1
     first, rest = g[:h1].mean(0), g[h1:].mean(0)
