@@ -41,19 +41,27 @@ def run_gradients(name: str, overrides: dict, lab: dict, seed: int, out: pathlib
     from spotlight.config import load_config
     from spotlight.studies.lab import LabSettings, cosine_matrix, gradient_agreement, run_lab
 
-    ov = {"run.seed": seed, "data.shuffle_seed": seed, **overrides, "run.iterations": batches}
+    explore = int(lab.get("explore", 0))
+    # batch 0 is never explored (the lab explores batch n+1 while batch n trains): with
+    # exploration one more batch runs and its gradient is left out
+    ov = {"run.seed": seed, "data.shuffle_seed": seed, **overrides, "run.iterations": batches + (explore > 0)}
     cfg = load_config(lab.get("config"), overrides=ov)
-    settings = LabSettings(eval_every=0, threads=int(lab.get("threads", 1)), gradients_only=True)
+    settings = LabSettings(
+        explore_candidates=explore, eval_every=0, threads=int(lab.get("threads", 1)), gradients_only=True
+    )
     res = run_lab(cfg, settings, progress=lambda s: print(f"[{name} s{seed}] {s}", flush=True))
+    gradients = res.gradients[1:] if explore > 0 else res.gradients
+    rows = res.rows[1:] if explore > 0 else res.rows
     doc = {
         "name": name,
         "seed": seed,
         "overrides": ov,
         "samples_per_batch": cfg.data.prompts_per_iteration * cfg.data.group_size,
         "window_steps": cfg.sampler.sde_window_size,
-        "agreement": finite_or_none(gradient_agreement(res.gradients)),
-        "cosines": cosine_matrix(res.gradients).tolist(),
-        "rewards": [r["reward/mean"] for r in res.rows],
+        "explore_candidates": explore,
+        "agreement": finite_or_none(gradient_agreement(gradients)),
+        "cosines": cosine_matrix(gradients).tolist(),
+        "rewards": [r["reward/mean"] for r in rows],
         "seconds": res.seconds,
     }
     out.mkdir(parents=True, exist_ok=True)
@@ -84,8 +92,9 @@ def summarise_gradients(docs: list[dict]) -> str:
     ]
     for d in docs:
         a = d["agreement"]
+        explored = f" (explored, d = {d['explore_candidates']})" if d.get("explore_candidates") else ""
         lines.append(
-            f"| {d['name']} s{d['seed']} | {int(a['num_gradients'])} × {d['samples_per_batch']} | "
+            f"| {d['name']} s{d['seed']}{explored} | {int(a['num_gradients'])} × {d['samples_per_batch']} | "
             f"{a['pairwise_cos_mean']:+.4f} ± {_fmt(a['pairwise_cos_se'], '.4f')} | {a['halves_cos']:+.4f} "
             f"({_fmt(a['halves_cos_expected'], '+.4f')}) | "
             f"{_steps(a)} | "

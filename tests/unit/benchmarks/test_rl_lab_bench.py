@@ -1,0 +1,46 @@
+"""benchmarks/rl_lab.py --gradient-agreement: with exploration the batches it compares are
+the explored ones (batch 0 never is), and the table says so."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import pathlib
+
+import pytest
+
+BENCH = pathlib.Path(__file__).resolve().parents[3] / "benchmarks"
+
+pytestmark = pytest.mark.procs  # the lab's one-rank gloo process group, in the test process
+
+SMALL = {
+    "data.prompts_per_iteration": 3,
+    "data.num_control_prompts": 1,
+    "data.group_size": 4,
+    "cluster.worker_batch_size": 4,
+    "sampler.num_steps": 4,
+    "sampler.sde_window_size": 2,
+}
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("rl_lab", BENCH / "rl_lab.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_gradient_agreement_with_exploration_compares_explored_batches(bench, tmp_path):
+    doc = bench.run_gradients("ex", dict(SMALL), {"explore": 6}, 0, tmp_path, 3)
+    # 4 batches ran (the first is never explored) and the first one's gradient is left out
+    assert doc["overrides"]["run.iterations"] == 4
+    assert doc["explore_candidates"] == 6
+    assert doc["agreement"]["num_gradients"] == 3 and len(doc["rewards"]) == 3
+    assert len(doc["cosines"]) == 3
+    assert (tmp_path / "ex-grad-s0.json").is_file()
+    assert "(explored, d = 6)" in bench.summarise_gradients([doc])
+    plain = bench.run_gradients("plain", dict(SMALL), {}, 0, tmp_path, 3)
+    assert plain["overrides"]["run.iterations"] == 3 and plain["agreement"]["num_gradients"] == 3
+    assert "explored" not in bench.summarise_gradients([plain])
+    assert all(math.isfinite(x) for row in plain["cosines"] for x in row)
