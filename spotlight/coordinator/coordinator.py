@@ -486,8 +486,8 @@ class Coordinator:
             # the last iteration's row carries the last evaluation (of the final weights): it is
             # requested now and joined, so every run that evaluates ends with eval/* in metrics.jsonl
             self._request_evals(n, total)
-            if self.evals.busy:
-                self.progress("waiting for the last held-out evaluation…")
+            if self.evals.busy:  # its progress line follows once the evaluation is in the row
+                self.progress(f"iteration {total}/{total} trained; evaluating its weights on the held-out panel…")
                 row |= self._serve_until_evaluated(self.cfg.eval.timeout_s, getattr(self, "_on_tick", None))
         parked, self._parked_at_row = self.control.requests_parked - self._parked_at_row, self.control.requests_parked
         row["requests/parked"] = parked

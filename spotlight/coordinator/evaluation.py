@@ -52,15 +52,17 @@ def best_evaluation(results: list[dict]) -> dict | None:
 
 def read_results(run_dir: pathlib.Path) -> list[dict]:
     """Every evaluation of the run so far (``eval.jsonl``, earlier coordinators' too); a line that
-    is not JSON is skipped."""
+    is not JSON (one torn by a crash mid-write) is skipped with a warning naming it."""
     path = pathlib.Path(run_dir) / "eval.jsonl"
     out = []
     if path.is_file():
-        for line in path.read_text().splitlines():
+        for number, line in enumerate(path.read_text().splitlines(), start=1):
+            if not line.strip():
+                continue
             try:
                 out.append(json.loads(line))
             except ValueError:
-                continue
+                log.warning("%s line %d is not JSON (torn by a crash?); skipped", path, number)
     return out
 
 
