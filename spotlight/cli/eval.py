@@ -44,7 +44,10 @@ def register(app: typer.Typer) -> None:
         ),
         num_seeds: int = typer.Option(8, "--num-seeds", min=1, help="Samples per prompt."),
         out: Optional[pathlib.Path] = typer.Option(
-            None, "--out", help="Where to write eval.json and eval_grid.png (default: the run directory, or runs/eval)."
+            None,
+            "--out",
+            help="Where to write eval.json and eval_grid.png (default: the run directory, or a new "
+            "runs/eval/<timestamp>, so an earlier evaluation is kept).",
         ),
     ) -> None:
         """:data:`EVAL_HELP`: the base model and (``--run-dir``, ``--weights``) trained weights, scored."""
@@ -56,7 +59,7 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(2)
         from spotlight.tasks.shapes import evaluate as ev
 
-        out_dir = out or run_dir or pathlib.Path("runs/eval")
+        out_dir = out or run_dir or new_eval_dir()
         problem = unwritable_dir(out_dir)  # found before minutes of sampling, not after
         if problem:
             console.print(f"[red]error:[/red] --out {escape(str(out_dir))}: {escape(problem)}")
@@ -79,6 +82,19 @@ def register(app: typer.Typer) -> None:
             f"{len(per_kind)} task kinds, some with few prompts; more seeds narrow it)"
         )
         console.print(f"wrote {out_dir / 'eval.json'} and {out_dir / 'eval_grid.png'}")
+
+
+def new_eval_dir(root: pathlib.Path = pathlib.Path("runs/eval")) -> pathlib.Path:
+    """A directory under ``root`` no earlier evaluation used: ``<YYYYmmdd-HHMMSS>``, with ``-2``,
+    ``-3``… when one from the same second exists (not created here)."""
+    import datetime
+
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    path, n = root / stamp, 1
+    while path.exists():
+        n += 1
+        path = root / f"{stamp}-{n}"
+    return path
 
 
 def _seeds(n: int) -> str:

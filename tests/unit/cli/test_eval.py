@@ -114,3 +114,16 @@ def test_eval_prints_the_bound_of_its_task_kinds(tmp_path, monkeypatch):
     assert res.exit_code == 0, res.output
     shown = float(re.search(r"up to ±([0-9.]+)", res.stdout)[1])
     assert shown == pytest.approx(overall_standard_error({"counting": 1, "colors": 3}, 1), abs=1e-3)
+
+
+def test_eval_without_a_run_or_out_writes_a_new_directory_each_time(tmp_path):
+    """An evaluation of a config (no --run-dir, no --out) never overwrites an earlier one."""
+    from spotlight.cli.eval import new_eval_dir
+
+    first = new_eval_dir(tmp_path)
+    assert first.parent == tmp_path and not first.exists()
+    first.mkdir()
+    second = new_eval_dir(tmp_path)
+    assert second != first and not second.exists()
+    second.mkdir()
+    assert new_eval_dir(tmp_path) not in (first, second)
