@@ -163,10 +163,30 @@ def lr_at(args, step: int) -> float:
     return lr
 
 
+def encoder_switch_note(init_from: str | None, text_encoder: str) -> str | None:
+    """A line saying that this stage conditions on another text encoder than the ``--init-from``
+    checkpoint was trained on, or None. Stage 3 of the recipe switches on purpose; a stage that
+    only forgot ``--text-encoder`` would otherwise retrain the model on other embeddings unnoticed."""
+    if not init_from:
+        return None
+    from spotlight.models.families.tiny import read_text_conditioning
+
+    before = read_text_conditioning(init_from)
+    if before == text_encoder:
+        return None
+    return (
+        f"note: --init-from {init_from} was trained on text encoder {before!r}; this stage conditions on "
+        f"{text_encoder!r} (--text-encoder). Pass --text-encoder {before} to keep it."
+    )
+
+
 def train(args) -> pathlib.Path:
     from spotlight.models.text_encoder import encode_prompts
 
     torch.set_num_threads(args.threads)
+    note = encoder_switch_note(args.init_from, args.text_encoder)
+    if note:
+        print(note, flush=True)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     train_specs, _ = world.prompt_split()

@@ -129,3 +129,17 @@ def test_an_out_folder_that_holds_a_run_is_not_overwritten(tmp_path, capsys):
         pretrain.main(["--out", str(tmp_path), "--steps", "1"])
     assert f"--out {tmp_path} already holds a pretraining run" in capsys.readouterr().err
     assert (tmp_path / "train_log.jsonl").read_text() == before
+
+
+def test_a_stage_that_changes_the_text_encoder_says_so(tmp_path):
+    """Continuing a bigram checkpoint without ``--text-encoder minilm-bigram`` is named, with the
+    flag that keeps it; the same encoder, or no ``--init-from``, says nothing."""
+    from spotlight.models.families.tiny import write_text_conditioning
+
+    write_text_conditioning(tmp_path, "minilm-bigram")
+    note = pretrain.encoder_switch_note(str(tmp_path), "minilm")
+    assert note is not None and "'minilm-bigram'" in note and "--text-encoder minilm-bigram" in note
+    assert pretrain.encoder_switch_note(str(tmp_path), "minilm-bigram") is None
+    assert pretrain.encoder_switch_note(None, "minilm") is None
+    # a checkpoint without the file was trained on plain MiniLM embeddings
+    assert "'minilm'" in pretrain.encoder_switch_note(str(tmp_path / "missing"), "minilm-bigram")
