@@ -1069,17 +1069,32 @@ def load_config(path: str | pathlib.Path | None = None, overrides: dict[str, Any
     for key, value in (overrides or {}).items():
         node = data
         *parents, leaf = key.split(".")
-        for part in parents:
+        for i, part in enumerate(parents):
             node = node.setdefault(part, {})
+            if not isinstance(node, dict):  # e.g. run.iterations.x: no such table
+                where = ".".join(parents[: i + 1])
+                flag = CLI_FLAGS.get(key, f"override {key}")
+                raise ConfigError(f"{flag}: {where} is a value, not a table, so it has no key {key!r}", key)
         node[leaf] = value
     try:
         return config_from_dict(data)
     except ConfigError as exc:
-        if exc.field is not None and exc.field in (overrides or {}):
-            # the value came from the command line, not from the file
-            flag = CLI_FLAGS.get(exc.field, f"override {exc.field}")
+        key = _override_at(exc.field, overrides or {})
+        if key is not None:  # the value (or the unknown key) came from the command line, not from the file
+            flag = CLI_FLAGS.get(key, f"override {key}")
             raise ConfigError(f"{flag}: {exc}", exc.field) from None
         raise ConfigError(f"{p}: {exc}", exc.field) from None
+
+
+def _override_at(field: str | None, overrides: dict[str, Any]) -> str | None:
+    """The override key a validation error at ``field`` belongs to: that key, or one inside the
+    unknown table ``field`` names (``nosuch.x`` for ``[nosuch]``); None when the file's."""
+    if field is None:
+        return None
+    for key in overrides:
+        if key == field or key.startswith(field + "."):
+            return key
+    return None
 
 
 def _field_type(field: str) -> Any:
@@ -1101,10 +1116,22 @@ def _check_own_value(p: pathlib.Path, data: dict[str, Any], field: str) -> None:
     the flag. Only the field's type (and enum choices) is checked here; range and cross-field
     checks apply to the merged config."""
     node: Any = data
-    for part in field.split("."):
+    parts = field.split(".")
+    for i, part in enumerate(parts):
         if not isinstance(node, dict) or part not in node:
             return
         node = node[part]
+        if i < len(parts) - 1 and not isinstance(node, dict):
+            # `run = 3` with the flag setting run.iterations: the file's value is the fault; a value
+            # of the right type (run.iterations = 20 for an override run.iterations.x) leaves the
+            # fault to the override, which names it
+            _check_type(p, node, ".".join(parts[: i + 1]))
+            return
+    _check_type(p, node, field)
+
+
+def _check_type(p: pathlib.Path, node: Any, field: str) -> None:
+    """Raise the one-line :class:`ConfigError` for ``node`` when it is not of ``field``'s type."""
     tp = _field_type(field)
     if tp is None:
         return

@@ -338,6 +338,24 @@ def test_a_wrong_file_value_is_reported_even_when_a_flag_overrides_it(tmp_path):
         load_config(cfg, {"run.trackers": []})
 
 
+def test_a_section_the_file_sets_to_a_value_is_a_config_error_under_a_flag(tmp_path):
+    """Was: `run = 3` plus --iterations 1 crashed with a TypeError while the flag was written into
+    the section; without the flag it was a one-line error. Both are now, and an override that
+    descends into a value, or names an unknown table, is blamed on the override, not the file."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("run = 3\n")
+    for overrides in ({"run.iterations": 1}, {}):
+        with pytest.raises(ConfigError) as info:
+            load_config(cfg, overrides)
+        assert str(info.value) == f"{cfg}: run: Expected `object`, got `int`", str(info.value)
+    with pytest.raises(ConfigError, match=r"^override run\.iterations\.x: run\.iterations is a value, not a table"):
+        load_config(None, {"run.iterations.x": 1})
+    with pytest.raises(ConfigError, match=r"^override nosuch\.x: \[nosuch\]: unknown section"):
+        load_config(None, {"nosuch.x": 1})
+    with pytest.raises(ConfigError, match=r"^override run\.nosuch: run\.nosuch: unknown key"):
+        load_config(None, {"run.nosuch": 1})
+
+
 def test_an_overridden_file_value_is_range_checked_only_merged(tmp_path):
     """Only the type of an overridden file value is checked: a value the flag replaces may be
     out of range on its own (the merged config is what runs)."""
