@@ -103,18 +103,20 @@ def summarise_gradients(docs: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def check_runs(runs: list[tuple[str, dict, dict]], seeds: list[int], *, gradients: bool) -> str:
-    """Every setting's config, built before anything runs: the first problem, or ""."""
+def check_runs(runs: list[tuple[str, dict, dict]], seeds: list[int], *, gradients: bool, sweep: bool = False) -> str:
+    """Every setting's config, built before anything runs: the first problem, or "" (named by its
+    setting when ``sweep``: a sweep file's table; the command line's own settings need no name)."""
     from spotlight.config import ConfigError, load_config
 
     for name, overrides, lab in runs:
+        where = f"setting {name!r}: " if sweep else ""
         try:
             cfg = load_config(lab.get("config"), overrides={"run.seed": seeds[0], **overrides})
         except ConfigError as exc:
-            return f"setting {name!r}: {exc}"
+            return f"{where}{exc}"
         if gradients and cfg.train.steps_per_iteration != 1:
             return (
-                f"setting {name!r}: --gradient-agreement keeps one gradient per whole batch; "
+                f"{where}--gradient-agreement keeps one gradient per whole batch; "
                 f"train.steps_per_iteration must be 1, not {cfg.train.steps_per_iteration}"
             )
     return ""
@@ -203,8 +205,10 @@ def main() -> int:
     seeds = [int(s) for s in args.seeds.split(",")]
     base_ov = {"run.iterations": args.iterations}
     for item in args.set:
-        key, _, val = item.partition("=")
-        base_ov[key] = parse_value(val)
+        key, eq, val = item.partition("=")
+        if not eq or not key.strip():
+            ap.error(f"--set {item}: expected KEY=VALUE, e.g. --set train.learning_rate=1e-3")
+        base_ov[key.strip()] = parse_value(val)
     lab = {
         "config": args.config,
         "explore": args.explore,
@@ -220,7 +224,7 @@ def main() -> int:
         ov = dict(ov)
         lab_ov = {k: ov.pop(k) for k in list(ov) if k in ("explore", "eval_every", "eval_seeds", "config")}
         runs.append((name, {**base_ov, **ov}, {**lab, **lab_ov}))
-    problem = check_runs(runs, seeds, gradients=args.gradient_agreement is not None)
+    problem = check_runs(runs, seeds, gradients=args.gradient_agreement is not None, sweep=bool(args.sweep))
     if problem:
         print(f"rl_lab.py: error: {problem}", file=sys.stderr)
         return 2

@@ -1,17 +1,16 @@
-"""benchmarks/rl_lab.py --gradient-agreement: with exploration the batches it compares are
-the explored ones (batch 0 never is), and the table says so."""
+"""benchmarks/rl_lab.py: bad arguments stop with one line before anything runs, and
+--gradient-agreement with exploration compares the explored batches (batch 0 never is)."""
 
 from __future__ import annotations
 
 import importlib.util
 import math
 import pathlib
+import sys
 
 import pytest
 
 BENCH = pathlib.Path(__file__).resolve().parents[3] / "benchmarks"
-
-pytestmark = pytest.mark.procs  # the lab's one-rank gloo process group, in the test process
 
 SMALL = {
     "data.prompts_per_iteration": 3,
@@ -31,6 +30,33 @@ def bench():
     return mod
 
 
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--set", "garbage"], "--set garbage: expected KEY=VALUE"),
+        (["--set", "run.iterations.x=1"], "override run.iterations.x: run.iterations is a value, not a table"),
+        (["--set", "nosuch.key=1"], "override nosuch.key: [nosuch]: unknown section"),
+        (["--gradient-agreement", "2"], "at least 4 batches"),
+        (
+            ["--gradient-agreement", "4", "--set", "train.steps_per_iteration=2"],
+            "error: --gradient-agreement keeps one gradient per whole batch",
+        ),
+    ],
+)
+def test_bad_arguments_stop_with_one_line(bench, monkeypatch, capsys, argv, says):
+    monkeypatch.setattr(sys, "argv", ["rl_lab.py", *argv])
+    monkeypatch.setattr(bench, "run_one", lambda *a, **k: pytest.fail("ran"))
+    monkeypatch.setattr(bench, "run_gradients", lambda *a, **k: pytest.fail("ran"))
+    try:
+        code = bench.main()
+    except SystemExit as exc:  # argparse's own refusals
+        code = exc.code
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert says in err[-1] and "setting 'run'" not in err[-1]
+
+
+@pytest.mark.procs  # the lab's one-rank gloo process group, in the test process
 def test_gradient_agreement_with_exploration_compares_explored_batches(bench, tmp_path):
     doc = bench.run_gradients("ex", dict(SMALL), {"explore": 6}, 0, tmp_path, 3)
     # 4 batches ran (the first is never explored) and the first one's gradient is left out
