@@ -482,18 +482,18 @@ class Coordinator:
         row |= image_stats([s.image.numpy() for s in self.samples.values() if s.iteration == n and s.in_rollout])
         row |= self._poll_evals()
         total = self.cfg.run.iterations
+        parked, self._parked_at_row = self.control.requests_parked - self._parked_at_row, self.control.requests_parked
+        row["requests/parked"] = parked
+        self.progress(format_progress(row, total))
         if self.evals is not None and n == total - 1:
             # the last iteration's row carries the last evaluation (of the final weights): it is
             # requested now and joined, so every run that evaluates ends with eval/* in metrics.jsonl
             self._request_evals(n, total)
-            if self.evals.busy:  # its progress line follows once the evaluation is in the row
-                self.progress(f"iteration {total}/{total} trained; evaluating its weights on the held-out panel…")
+            if self.evals.busy:
+                self.progress("evaluating the final weights on the held-out panel…")
                 row |= self._serve_until_evaluated(self.cfg.eval.timeout_s, getattr(self, "_on_tick", None))
-        parked, self._parked_at_row = self.control.requests_parked - self._parked_at_row, self.control.requests_parked
-        row["requests/parked"] = parked
         self.history.append(row)
         self.recorder.append_metrics(row)
-        self.progress(format_progress(row, total))
         self._guard(now)
         self.events.append(
             now, "iteration", "", f"{n + 1}/{total} done: reward {row.get('reward/mean', math.nan):+.4f}"
@@ -537,7 +537,8 @@ class Coordinator:
             grid = evaluation.result_path(self.run_dir, int(r["iteration"])).with_suffix(".png")
             if grid.is_file():
                 self.tracker.log_image(step, "eval", grid)
-            log.info("held-out evaluation of v%d: score %.3f", r["version"], r["eval/score"])
+            base = next((e for e in self.eval_results if int(e["iteration"]) < 0), None)
+            self.progress(evaluation.result_line(r, base))
         if not results:
             return {}
         last = results[-1]

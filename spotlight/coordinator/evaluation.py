@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import pathlib
 import subprocess
 import sys
@@ -37,6 +38,23 @@ def cache_dir() -> pathlib.Path:
 def result_path(run_dir: pathlib.Path, iteration: int) -> pathlib.Path:
     """``eval/iter_NNNN.json`` of 0-based ``iteration`` (numbered from 1; the base model is 0000)."""
     return pathlib.Path(run_dir) / "eval" / f"iter_{max(iteration + 1, 0):04d}.json"
+
+
+def result_line(result: dict, base: dict | None = None) -> str:
+    """The console line for one held-out evaluation: the GenEval strict and partial scores where
+    the task has them, else the panel's mean reward, and the base model's for comparison. Pure."""
+    it = int(result["iteration"])
+    keys = ("eval/strict", "eval/partial") if "eval/strict" in result else ("eval/score",)
+
+    def scores(r: dict) -> str:
+        return " ".join(f"{k.removeprefix('eval/')} {float(r.get(k, math.nan)):.3f}" for k in keys)
+
+    if it < 0:
+        return f"held-out panel, base model: {scores(result)}"
+    line = f"held-out panel after iteration {it + 1}: {scores(result)}"
+    if base is not None and int(base["iteration"]) < 0:
+        line += f" (base {scores(base)})"
+    return line
 
 
 def best_evaluation(results: list[dict]) -> dict | None:

@@ -16,3 +16,19 @@ def test_read_results_skips_a_torn_line_with_a_warning(tmp_path, caplog):
     warned = [r.getMessage() for r in caplog.records]
     assert len(warned) == 1 and "line 3 is not JSON" in warned[0]
     assert read_results(tmp_path / "missing") == []
+
+
+def test_result_line_names_the_iteration_and_compares_with_the_base_model():
+    from spotlight.coordinator.evaluation import result_line
+
+    base = {"iteration": -1, "eval/score": 0.7, "eval/strict": 0.578, "eval/partial": 0.733}
+    after = {"iteration": 19, "eval/score": 0.75, "eval/strict": 0.6, "eval/partial": 0.75}
+    assert result_line(base) == "held-out panel, base model: strict 0.578 partial 0.733"
+    assert result_line(after, base) == (
+        "held-out panel after iteration 20: strict 0.600 partial 0.750 (base strict 0.578 partial 0.733)"
+    )
+    assert result_line(after) == "held-out panel after iteration 20: strict 0.600 partial 0.750"
+    # another task: the panel's mean reward
+    assert result_line({"iteration": 4, "eval/score": -12.5}, {"iteration": -1, "eval/score": -13.0}) == (
+        "held-out panel after iteration 5: score -12.500 (base score -13.000)"
+    )
