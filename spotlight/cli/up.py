@@ -533,22 +533,46 @@ def _stop_on_signals() -> dict:
     return received
 
 
-def next_steps(rd: pathlib.Path, cfg) -> str:
+def next_steps(rd: pathlib.Path, cfg, activate: str | None = None) -> str:
     """The finished run's ``next:`` line (rich markup). It suggests ``spotlight eval`` as is only
     when eval accepts the run (:func:`spotlight.cli.eval.refusal`); otherwise it says what eval
-    needs (held-out prompts)."""
+    needs (held-out prompts). ``activate`` (:func:`activate_hint`): the command that puts
+    ``spotlight`` on the PATH first, when it is not (``./scripts/run-local`` runs the venv's)."""
     from spotlight.cli.eval import refusal
 
+    first = f"[cyan]{activate}[/cyan], then " if activate else ""
     status = f"[cyan]spotlight status {rd}[/cyan] shows the run's summary"
     if refusal(cfg) is None:
         return (
-            f"next: [cyan]spotlight eval --run-dir {rd}[/cyan] scores the base and the trained model on held-out "
-            f"prompts; {status}"
+            f"next: {first}[cyan]spotlight eval --run-dir {rd}[/cyan] scores the base and the trained model on "
+            f"held-out prompts; {status}"
         )
     return (
-        f"next: {status}; [cyan]spotlight eval --run-dir {rd} --prompts FILE[/cyan] scores the base and the "
-        "trained model on your held-out prompts (this config has no eval.prompts_path)"
+        f"next: {first}{status}; [cyan]spotlight eval --run-dir {rd} --prompts FILE[/cyan] scores the base and "
+        "the trained model on your held-out prompts (this config has no eval.prompts_path)"
     )
+
+
+def activate_hint(executable: str | None = None, path: str | None = None) -> str | None:
+    """``source <venv>/bin/activate`` when the ``spotlight`` on ``path`` (default ``$PATH``) is not
+    the one next to ``executable`` (default this interpreter) and that directory is a virtual
+    environment's; else None."""
+    import os
+    import shutil
+    import sys
+
+    here = pathlib.Path(executable or sys.executable).absolute().parent
+    found = shutil.which("spotlight", path=path if path is not None else os.environ.get("PATH", ""))
+    if found and pathlib.Path(found).absolute().parent == here:
+        return None
+    activate = here / "activate"
+    if not activate.is_file():
+        return None
+    try:
+        shown = activate.relative_to(pathlib.Path.cwd())
+    except ValueError:
+        shown = activate
+    return f"source {shown}"
 
 
 def _serve_to_the_end(run: UpRun, coord, cluster, received: dict) -> int:
@@ -570,7 +594,7 @@ def _serve_to_the_end(run: UpRun, coord, cluster, received: dict) -> int:
             f"[green]done[/green] in {time.monotonic() - t0:.0f}s: metrics {rd / 'metrics.jsonl'}, "
             f"model {rd / 'final'}, curve {rd / 'reward_curve.png'}"
         )
-        console.print(next_steps(rd, run.cfg))
+        console.print(next_steps(rd, run.cfg, activate_hint()))
         return 0
     except KeyboardInterrupt:
         cluster.interrupt()  # a second Ctrl-C must not cut the clean-up short, but it gets an answer

@@ -83,6 +83,26 @@ def test_up_suggests_eval_only_for_a_run_eval_accepts(tmp_path):
         assert "spotlight status" in line
 
 
+def test_next_line_says_how_to_get_spotlight_on_the_path_when_it_is_not(tmp_path):
+    """`./scripts/run-local` runs the venv's `spotlight` without activating the venv: the `next:`
+    line says `source …/bin/activate` first; with the venv's `spotlight` on the PATH it does not."""
+    from spotlight.cli.up import activate_hint, next_steps
+    from spotlight.config import load_config
+
+    venv_bin = tmp_path / "venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    (venv_bin / "activate").write_text("")
+    spotlight = venv_bin / "spotlight"
+    spotlight.write_text("#!/bin/sh\n")
+    spotlight.chmod(0o755)
+    python = str(venv_bin / "python")
+    assert activate_hint(python, path="/nonexistent") == f"source {venv_bin / 'activate'}"
+    assert activate_hint(python, path=str(venv_bin)) is None
+    assert activate_hint(str(tmp_path / "bare" / "python"), path="/nonexistent") is None  # not a venv
+    line = next_steps(tmp_path, load_config(None), activate_hint(python, path="/nonexistent"))
+    assert line.startswith(f"next: [cyan]source {venv_bin / 'activate'}[/cyan], then [cyan]spotlight eval")
+
+
 def test_overall_standard_error_is_that_of_a_mean_over_task_kinds():
     """One kind with a single prompt: the bound is sqrt(Σ 1/(4 n_k s)) / K, not 0.5/sqrt(N) of one
     mean over every image (which printed ±0.026 for 46 prompts × 8 seeds)."""
