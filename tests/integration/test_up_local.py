@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import json
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -70,7 +71,9 @@ def test_console_is_quiet(run_dir):
         "iter 1/2",
         "iter 2/2",
     ]
-    assert "next: spotlight eval --run-dir" in console.replace("\n", " ")  # what to do with the finished run
+    # what to do with the finished run (first putting `spotlight` on the PATH where it is not)
+    assert re.search(r"next: (source \S+/bin/activate, then )?spotlight eval --run-dir", console.replace("\n", " "))
+    assert re.search(r"held-out panel after iteration 2: strict \d\.\d{3} partial \d\.\d{3} \(base strict", console)
 
 
 def _requests(rd: pathlib.Path) -> list[dict]:
