@@ -21,7 +21,36 @@ if TYPE_CHECKING:
 
     from spotlight.rl.sampler import Conditioning
 
+# ---------------------------------------------------------------- benchmark scripts
+
+BENCHMARKS_DIR = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def load_benchmark(name: str):
+    """``benchmarks/<name>.py`` as a module (registered in ``sys.modules`` under ``name``, so the
+    script's dataclasses and pickles resolve); nothing of it runs but its imports."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS_DIR / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
 # ---------------------------------------------------------------- configs
+
+LAB_SMALL = {
+    "data.prompts_per_iteration": 3,
+    "data.num_control_prompts": 1,
+    "data.group_size": 4,
+    "cluster.worker_batch_size": 4,
+    "sampler.num_steps": 4,
+    "sampler.sde_window_size": 2,
+}
+"""Overrides of the embedded default for RL-lab tests: 3 prompts (one control) × 4 seeds, 4
+sampler steps with a 2-step SDE window."""
 
 
 def example_config(example: str | None = "jpeg-toy", overrides: Mapping[str, Any] | None = None) -> SpotlightConfig:

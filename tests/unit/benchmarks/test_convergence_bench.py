@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import json
 import pathlib
 import re
@@ -19,17 +18,14 @@ from spotlight.config import dump_config, load_config
 from spotlight.core.modes import mode_overrides
 from spotlight.sim.profile import DEFAULT_PROFILE, load_profile
 from spotlight.studies.convergence import Curve
+from tests.factories import load_benchmark
 
 BENCH = pathlib.Path(__file__).resolve().parents[3] / "benchmarks"
 MODES = ("rlboost", "verl-omni-spot", "spotlight")
 
 
 def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark(name)
 
 
 @pytest.fixture(scope="module")

@@ -3,31 +3,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import pathlib
 import sys
 
 import pytest
 
-BENCH = pathlib.Path(__file__).resolve().parents[3] / "benchmarks"
-
-SMALL = {
-    "data.prompts_per_iteration": 3,
-    "data.num_control_prompts": 1,
-    "data.group_size": 4,
-    "cluster.worker_batch_size": 4,
-    "sampler.num_steps": 4,
-    "sampler.sde_window_size": 2,
-}
+from tests.factories import LAB_SMALL as SMALL
+from tests.factories import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("rl_lab", BENCH / "rl_lab.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("rl_lab")
 
 
 @pytest.mark.parametrize(

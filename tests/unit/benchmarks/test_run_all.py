@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import pathlib
 import subprocess
@@ -10,16 +9,14 @@ import sys
 
 import pytest
 
+from tests.factories import load_benchmark
+
 BENCH = pathlib.Path(__file__).resolve().parents[3] / "benchmarks"
 
 
 @pytest.fixture(scope="module")
 def run_all():
-    spec = importlib.util.spec_from_file_location("run_all", BENCH / "run_all.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["run_all"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("run_all")
 
 
 def figs(run_all, *spec):

@@ -3,11 +3,12 @@ anything, and its table rows read the counts right."""
 
 from __future__ import annotations
 
-import importlib.util
 import pathlib
 import sys
 
 import pytest
+
+from tests.factories import load_benchmark
 
 BENCH = pathlib.Path(__file__).resolve().parents[3] / "benchmarks"
 REPO = BENCH.parent
@@ -15,10 +16,7 @@ REPO = BENCH.parent
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("shapes_binding", BENCH / "shapes_binding.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("shapes_binding")
 
 
 @pytest.mark.parametrize(

@@ -10,22 +10,13 @@ import torch
 
 from spotlight.config import load_config
 from spotlight.studies.lab import LabSettings, gradient_agreement, run_lab
+from tests.factories import LAB_SMALL
 
 pytestmark = pytest.mark.procs  # a one-rank gloo process group in the test process
 
 
 def _cfg(**extra):
-    overrides = {
-        "run.iterations": 2,
-        "data.prompts_per_iteration": 3,
-        "data.num_control_prompts": 1,
-        "data.group_size": 4,
-        "cluster.worker_batch_size": 4,
-        "sampler.num_steps": 4,
-        "sampler.sde_window_size": 2,
-        **extra,
-    }
-    return load_config(overrides=overrides)
+    return load_config(overrides={"run.iterations": 2, **LAB_SMALL, **extra})
 
 
 def test_lab_iterations_explore_the_next_batch_train_on_policy_and_evaluate(tmp_path):
