@@ -176,11 +176,15 @@ def gradient_agreement(gradients: list[torch.Tensor]) -> dict[str, float]:
     }
 
 
-def _init_single_process_group() -> None:
+def _init_single_process_group() -> bool:
+    """A world-size-1 gloo process group for the trainer's collectives, unless one is up; True
+    when this call made it (the caller then takes it down)."""
     import torch.distributed as dist
 
-    if not dist.is_initialized():
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    if dist.is_initialized():
+        return False
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    return True
 
 
 class _Rollouts:
@@ -276,7 +280,21 @@ def run_lab(
         ``reward/population_mean`` over every candidate scored for the batch, ``train/*``,
         ``update/rel_change``, ``image/*``, ``time/*``) and evaluations (``iteration`` = the
         number of updates before it, ``strict``, ``partial``, ``per_task``).
+
+    The process group it needs is taken down at the end when it made it, so a lab run leaves
+    the process as it found it.
     """
+    import torch.distributed as dist
+
+    made_group = _init_single_process_group()
+    try:
+        return _run_lab(cfg, settings, progress=progress)
+    finally:
+        if made_group:
+            dist.destroy_process_group()
+
+
+def _run_lab(cfg: SpotlightConfig, settings: LabSettings, *, progress: Callable[[str], None] | None) -> LabResult:
     from spotlight.coordinator.coordinator import build_core
     from spotlight.core.collapse_guard import image_stats
     from spotlight.core.request_scheduler import RequestKind, RequestScheduler
@@ -289,7 +307,6 @@ def run_lab(
     say = progress or (lambda s: None)
     torch.set_num_threads(settings.threads)
     t_start = time.monotonic()
-    _init_single_process_group()
     family = get_family(cfg.model)
     pset = load_prompt_set(cfg.data.prompts_path)
     prompts = list(pset.prompts)

@@ -53,6 +53,10 @@ def test_gradient_agreement_with_exploration_compares_explored_batches(bench, tm
     assert len(doc["cosines"]) == 3
     assert (tmp_path / "ex-grad-s0.json").is_file()
     assert "(explored, d = 6)" in bench.summarise_gradients([doc])
+    # the lab takes down the process group it made (a later module's own group must come up)
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()
     plain = bench.run_gradients("plain", dict(SMALL), {}, 0, tmp_path, 3)
     assert plain["overrides"]["run.iterations"] == 3 and plain["agreement"]["num_gradients"] == 3
     assert "explored" not in bench.summarise_gradients([plain])
