@@ -44,14 +44,14 @@ def run_gradients(name: str, overrides: dict, lab: dict, seed: int, out: pathlib
     explore = int(lab.get("explore", 0))
     # batch 0 is never explored (the lab explores batch n+1 while batch n trains): with
     # exploration one more batch runs and its gradient is left out
-    ov = {"run.seed": seed, "data.shuffle_seed": seed, **overrides, "run.iterations": batches + (explore > 0)}
+    unexplored = 1 if explore > 0 else 0
+    ov = {"run.seed": seed, "data.shuffle_seed": seed, **overrides, "run.iterations": batches + unexplored}
     cfg = load_config(lab.get("config"), overrides=ov)
     settings = LabSettings(
         explore_candidates=explore, eval_every=0, threads=int(lab.get("threads", 1)), gradients_only=True
     )
     res = run_lab(cfg, settings, progress=lambda s: print(f"[{name} s{seed}] {s}", flush=True))
-    gradients = res.gradients[1:] if explore > 0 else res.gradients
-    rows = res.rows[1:] if explore > 0 else res.rows
+    gradients, rows = res.gradients[unexplored:], res.rows[unexplored:]
     doc = {
         "name": name,
         "seed": seed,
