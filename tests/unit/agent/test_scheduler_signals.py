@@ -121,6 +121,13 @@ def test_sigterm_is_a_notice_with_the_grace_deadline_and_the_agent_drains_and_ex
         rc = node.proc.wait(WAIT_S)
         assert rc == 0, node.logs()
         rec = node.run.instances.nodes["n"]
+        # the coordinator handles the agent's messages on its own thread: wait, don't assume
+        wait_until(
+            lambda: rec.notices and {"notice", "leave"} <= {e["kind"] for e in node.run.events.to_list()},
+            "the coordinator to record the notice and the agent's leave",
+            timeout_s=WAIT_S,
+            logs=node.logs,
+        )
         (notice,) = rec.notices
         assert notice["source"] == "sigterm" and notice["scope"] == "node" and notice["kind"] == "terminate"
         assert sent_unix_s + 45.0 <= notice["deadline_unix_s"] <= time.time() + 45.0
@@ -199,6 +206,8 @@ def test_sigusr1_with_the_revoked_gpus_file_revokes_and_gives_back_one_gpu(tmp_p
         path.write_text("1\n")
         node.proc.send_signal(signal.SIGUSR1)
         node.wait(lambda: _agent_status(node).get("gpus") == [0], "GPU 1 to be revoked")
+        # the agent's own status changes before its notice reaches the coordinator's thread
+        node.wait(lambda: node.run.instances.nodes["n"].notices, "the coordinator to record the notice")
         (notice,) = node.run.instances.nodes["n"].notices
         assert notice["source"] == "revoke" and notice["scope"] == "gpu:1"
         node.wait(lambda: node.run.instances.nodes["n"].gpus == [0], "the coordinator to see GPU 1 gone")
