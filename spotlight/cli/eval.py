@@ -58,7 +58,9 @@ def register(app: typer.Typer) -> None:
             console.print(f"[red]error:[/red] {escape(str(exc))}")
             raise typer.Exit(2)
         from spotlight.tasks.shapes import evaluate as ev
+        from spotlight.util.quiet import hide_loading_bars
 
+        hide_loading_bars()  # the console shows the score table, not the libraries' loading bars
         out_dir = out or run_dir or new_eval_dir()
         problem = unwritable_dir(out_dir)  # found before minutes of sampling, not after
         if problem:

@@ -274,13 +274,9 @@ def announce(run: UpRun) -> None:
             f"{cfg.data.prompts_per_iteration}: the same prompts repeat within every batch"
         )
     if not opts.verbose:  # the console shows progress lines only: no library loading bars
-        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-        try:
-            import transformers
+        from spotlight.util.quiet import hide_loading_bars
 
-            transformers.utils.logging.disable_progress_bar()
-        except (ImportError, AttributeError):
-            pass
+        hide_loading_bars()
 
 
 def _announce_memory(run: UpRun) -> None:

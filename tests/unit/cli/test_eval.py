@@ -125,6 +125,7 @@ def test_eval_prints_the_bound_of_its_task_kinds(tmp_path, monkeypatch):
     from spotlight.tasks.shapes import world
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    _show_loading_bars(monkeypatch)  # as in a fresh process: an earlier test may have hidden them
     specs = world.all_prompts()
     counting = [s.prompt for s in specs if s.tag == "counting"][:1]
     colors = [s.prompt for s in specs if s.tag == "colors"][:3]
@@ -134,6 +135,31 @@ def test_eval_prints_the_bound_of_its_task_kinds(tmp_path, monkeypatch):
     assert res.exit_code == 0, res.output
     shown = float(re.search(r"up to ±([0-9.]+)", res.stdout)[1])
     assert shown == pytest.approx(overall_standard_error({"counting": 1, "colors": 3}, 1), abs=1e-3)
+    assert "Loading weights" not in res.output  # the libraries' loading bars stay off the console
+
+
+def _show_loading_bars(monkeypatch) -> None:
+    import diffusers
+    import transformers
+
+    monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
+    transformers.utils.logging.enable_progress_bar()
+    diffusers.utils.logging.enable_progress_bar()
+
+
+def test_hide_loading_bars_turns_off_every_library_s_bars(monkeypatch):
+    import os
+
+    import diffusers
+    import transformers
+
+    from spotlight.util.quiet import hide_loading_bars
+
+    _show_loading_bars(monkeypatch)
+    hide_loading_bars()
+    assert not transformers.utils.logging.is_progress_bar_enabled()
+    assert not diffusers.utils.logging.is_progress_bar_enabled()
+    assert os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"
 
 
 def test_eval_without_a_run_or_out_writes_a_new_directory_each_time(tmp_path):
