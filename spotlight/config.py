@@ -1055,6 +1055,13 @@ def load_config(path: str | pathlib.Path | None = None, overrides: dict[str, Any
         ConfigError: the file is missing, is not valid TOML, or fails validation.
     """
     p = pathlib.Path(path) if path is not None else DEFAULT_CONFIG_PATH
+    if p.is_dir():
+        hint = (
+            f": a run directory; its config is {p / 'config.toml'}"
+            if (p / "config.toml").is_file()
+            else ", not a config file"
+        )
+        raise ConfigError(f"{p} is a directory{hint}")
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}")
     try:

@@ -17,6 +17,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from spotlight.cli.progress import working
+
 bench_app = typer.Typer(help="Benchmarks and studies on a finished run directory.", no_args_is_help=True)
 
 _VERSION_RE = re.compile(r"^v(\d+)\.safetensors$")
@@ -125,7 +127,7 @@ def stale_ranking(
     from spotlight.models.families import cached_conditioning, get_family
     from spotlight.studies.stale_ranking import plot_heatmap, run_stale_ranking
 
-    with console.status(f"encoding prompts ({cfg.model.family} text encoder, cached after the first run)…"):
+    with working(console, f"encoding prompts ({cfg.model.family} text encoder, cached after the first run)…"):
         cond = cached_conditioning(get_family(cfg.model), prompts, _cache_dir())
     prompt_idx = spread_indices(len(prompts), num_prompts)
     pair_txt = ", ".join(f"v{vers[a]}→v{vers[b]}" for a, b in pair_idx)

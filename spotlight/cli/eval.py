@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from spotlight.cli.progress import working
 from spotlight.errors import SpotlightError
 from spotlight.util.disk import unwritable_dir
 
@@ -72,7 +73,7 @@ def register(app: typer.Typer) -> None:
         loaded = _load_models(console, cfg, weights)
         results = {}
         for name, model in loaded.items():
-            with console.status(f"sampling {len(specs)} test prompts × {_seeds(num_seeds)} with the {name} model…"):
+            with working(console, f"sampling {len(specs)} test prompts × {_seeds(num_seeds)} with the {name} model…"):
                 results[name] = ev.evaluate(model, cfg.model, cfg.sampler, specs, num_seeds=num_seeds)
         console.print(score_table(results, num_prompts=len(specs), num_seeds=num_seeds))
         _write_report(results, out_dir, num_prompts=len(specs), num_seeds=num_seeds, weights=weights)
@@ -145,6 +146,10 @@ def _inputs(
     from spotlight.config import ConfigError, load_config
 
     if run_dir is not None:
+        if not run_dir.exists():
+            raise ConfigError(f"--run-dir {run_dir}: no such directory")
+        if not run_dir.is_dir():
+            raise ConfigError(f"--run-dir {run_dir}: a file, not a run directory")
         if not (run_dir / "config.toml").is_file():
             raise ConfigError(f"{run_dir}: no config.toml (is it a run directory?)")
         cfg = load_config(run_dir / "config.toml")
@@ -284,7 +289,7 @@ def _eval_panel(console: Console, cfg, weights, prompts, num_seeds: int, out_dir
         except (OSError, ValueError, SpotlightError) as exc:
             console.print(f"[red]error:[/red] cannot load {name} weights: {escape(str(exc))}")
             raise typer.Exit(2)
-        with console.status(f"sampling {len(panel.prompts)} panel images with the {name} model…"):
+        with working(console, f"sampling {len(panel.prompts)} panel images with the {name} model…"):
             cond = cached_conditioning(family, panel.unique_prompts, _cache_dir())
             images = ew.sample_panel(family, model, cfg, cond, panel, device)
             scores, rewards = ew.score_panel(cfg, images, panel)

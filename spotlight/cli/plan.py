@@ -28,8 +28,9 @@ def plan_table(plan, title: str) -> Table:
     """The rich table of ``plan`` (a :class:`~spotlight.core.memory_plan.MemoryPlan`)."""
     from spotlight.core.memory_plan import MemoryPlan, gib
 
+    unit, scale = table_unit(plan)
     table = Table(title=title, show_lines=False)
-    for col, kw in (("where", {}), ("item", {}), ("GiB", {"justify": "right"}), ("formula", {})):
+    for col, kw in (("where", {}), ("item", {}), (unit, {"justify": "right"}), ("formula", {})):
         table.add_column(col, **kw)
     limit = plan.gpu_limit_bytes
     for where, lines in (
@@ -40,12 +41,30 @@ def plan_table(plan, title: str) -> Table:
         ("disk", plan.disk),
     ):
         for i, line in enumerate(lines):
-            table.add_row(where if i == 0 else "", line.name, f"{line.bytes / (1 << 30):.2f}", escape(line.formula))
+            table.add_row(where if i == 0 else "", line.name, f"{line.bytes / scale:.2f}", escape(line.formula))
         total = MemoryPlan.total(lines)
         over = where.endswith("GPU") and limit is not None and total > limit
         mark = f" [red](over {gib(limit)})[/red]" if over else ""
-        table.add_row("", "[bold]total[/bold]", f"[bold]{total / (1 << 30):.2f}[/bold]", mark, end_section=True)
+        table.add_row("", "[bold]total[/bold]", f"[bold]{total / scale:.2f}[/bold]", mark, end_section=True)
     return table
+
+
+def table_unit(plan) -> tuple[str, int]:
+    """``("GiB", 2**30)``, or ``("MiB", 2**20)`` when no term but the fixed CUDA reserve reaches
+    1 GiB (the tiny family), so the plan's rows do not all read 0.00."""
+    from spotlight.core.memory_plan import GIB
+
+    lines = [*plan.trainer_gpu, *plan.rollout_gpu, *plan.reserved_host, *plan.spot_host, *plan.disk]
+    largest = max((line.bytes for line in lines if line.name != "CUDA reserve"), default=0)
+    return ("GiB", GIB) if largest >= GIB else ("MiB", 1 << 20)
+
+
+def count_text(n: int | float) -> str:
+    """A parameter count as people write it: ``20.4 B``, ``3.7 M``, ``12 k``, ``950``."""
+    for div, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if abs(n) >= div:
+            return f"{n / div:.{1 if abs(n) < 100 * div else 0}f} {suffix}"
+    return f"{n:.0f}"
 
 
 def plan_summary(plan, *, device: str, limit_source: str | None, disk_free_bytes: int | None = None) -> list[str]:
@@ -55,7 +74,7 @@ def plan_summary(plan, *, device: str, limit_source: str | None, disk_free_bytes
     or MiB when a trainer needs less than 1 GiB (the tiny family)."""
     from spotlight.core.memory_plan import GIB, MemoryPlan
 
-    unit, scale = ("GiB", GIB) if plan.trainer_gpu_bytes >= GIB else ("MiB", 1 << 20)
+    unit, scale = table_unit(plan)
 
     def n(x: int | float) -> str:
         return f"{x / scale:.1f}"
@@ -149,10 +168,11 @@ def register(app: typer.Typer) -> None:
             print(json.dumps(plan_dict(result) | {"params": size.params, "lora_params": size.lora_params}, indent=2))
         else:
             t = cfg.train
+            gpus = f"{t.num_train_workers} trainer GPU{'s' if t.num_train_workers != 1 else ''}"
             title = (
-                f"{preset or cfg.model.family}: {size.params / 1e9:.2f} B parameters"
-                + (f", LoRA r={t.lora_rank} {size.lora_params / 1e6:.0f} M" if t.lora_rank else ", full fine-tuning")
-                + f", {t.num_train_workers} trainer GPUs, {cfg.model.image_size} px, "
+                f"{preset or cfg.model.family}: {count_text(size.params)} parameters"
+                + (f", LoRA r={t.lora_rank} {count_text(size.lora_params)}" if t.lora_rank else ", full fine-tuning")
+                + f", {gpus}, {cfg.model.image_size} px, "
                 f"{result.rows_per_micro_batch} rows per training forward ({result.tokens_per_micro_batch} tokens, "
                 "one SDE window step at a time), activation checkpointing "
                 f"{'on' if result.activation_checkpointing else 'off'}"

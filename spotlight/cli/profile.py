@@ -11,6 +11,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from spotlight.cli.progress import working
+
 PROFILE_HELP = (
     "Measure t_step, effective steps per cache threshold, and exploration accuracy (Spearman ρ vs full rollout)."
 )
@@ -101,7 +103,7 @@ def _measure(cfg, prompts, weights, ths, degrees, num_prompts: int, num_seeds: i
     from spotlight.studies.profiling import run_profile
 
     torch.set_num_threads(max(1, cfg.cluster.torch_threads))
-    with console.status(f"encoding prompts ({cfg.model.family} text encoder, cached after the first run)…"):
+    with working(console, f"encoding prompts ({cfg.model.family} text encoder, cached after the first run)…"):
         cond = cached_conditioning(get_family(cfg.model), prompts, _cache_dir())
     sd = None
     if weights is not None:

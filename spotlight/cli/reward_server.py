@@ -12,6 +12,8 @@ from typing import Annotated, NoReturn, Optional
 
 import typer
 
+from spotlight.cli.progress import working
+
 
 def register(app: "typer.Typer") -> None:
     """Add the ``reward-server`` command to ``app``."""
@@ -189,12 +191,12 @@ def _build(
 
     try:
         if any(name in ("clip", "pickscore") for name in weights):
-            with console.status(f"loading CLIP from {clip_path}…"):
+            with working(console, f"loading CLIP from {clip_path}…"):
                 return build_multi_scorer(
                     weights, clip_path=clip_path, clip_processor_path=clip_processor_path, device=device
                 )
         if detector_path is not None or "aesthetic" in weights:
-            with console.status("loading the scorers' models…"):
+            with working(console, "loading the scorers' models…"):
                 return build_multi_scorer(
                     weights,
                     clip_path=clip_path,

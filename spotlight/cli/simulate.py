@@ -12,6 +12,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from spotlight.cli.progress import working
+
 
 def register(app: typer.Typer) -> None:
     @app.command()
@@ -194,7 +196,7 @@ def _simulate_all(console: Console, prof, names: list[str], actions, iterations,
     err = Console(emoji=False, stderr=True, soft_wrap=True)
     results = []
     for name in names:
-        with console.status(f"simulating {name} …"):
+        with working(err, f"simulating {name} …"):
             r = run_policy(
                 prof, name, actions, iterations=iterations, seed=seed, max_candidates_per_prompt=max_candidates
             )

@@ -21,6 +21,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from spotlight.cli.progress import working
 from spotlight.cli.up_preflight import (
     DEFAULT_RESERVED,
     Stop,
@@ -313,7 +314,7 @@ def encode_prompts(run: UpRun) -> tuple:
         Stop: the text encoder cannot be loaded or cannot encode the prompts.
     """
     cfg = run.cfg
-    with console.status(f"loading the {cfg.model.family} text encoder's tokenizer…"):
+    with working(console, f"loading the {cfg.model.family} text encoder's tokenizer…"):
         import torch
 
         torch.set_num_threads(max(1, cfg.cluster.torch_threads))

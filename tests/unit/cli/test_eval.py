@@ -16,6 +16,14 @@ def test_eval_refuses_a_run_without_final(tmp_path):
     assert "no final/" in res.stdout
 
 
+def test_eval_names_a_missing_run_directory_as_missing(tmp_path):
+    res = CliRunner().invoke(app, ["eval", "--run-dir", str(tmp_path / "nosuch")])
+    assert res.exit_code == 2 and "nosuch: no such directory" in res.stdout, res.output
+    (tmp_path / "f").write_text("")
+    res = CliRunner().invoke(app, ["eval", "--run-dir", str(tmp_path / "f")])
+    assert res.exit_code == 2 and "a file, not a run directory" in res.stdout, res.output
+
+
 def test_eval_of_another_task_needs_held_out_prompts(tmp_path):
     res = CliRunner().invoke(app, ["eval", "--config", str(EXAMPLES_DIR / "jpeg-toy" / "config.toml")])
     assert res.exit_code == 2, res.output
@@ -136,6 +144,8 @@ def test_eval_prints_the_bound_of_its_task_kinds(tmp_path, monkeypatch):
     shown = float(re.search(r"up to ±([0-9.]+)", res.stdout)[1])
     assert shown == pytest.approx(overall_standard_error({"counting": 1, "colors": 3}, 1), abs=1e-3)
     assert "Loading weights" not in res.output  # the libraries' loading bars stay off the console
+    # off a terminal (a log file, CI) the spinner's text is a line: minutes of silence otherwise
+    assert "sampling 4 test prompts × 1 seed with the base model…" in res.output, res.output
 
 
 def _show_loading_bars(monkeypatch) -> None:

@@ -88,4 +88,34 @@ def test_memory_check_and_summary_on_a_cpu_host_and_with_a_limit(tmp_path, monke
     big = _check_memory(load_config(None, {"cluster.gpu_memory_gib": 80.0}))
     assert big.device == "cuda" and big.limit_source == "cluster.gpu_memory_gib"
     (line,) = [x for x in plan_summary(big.plan, device="cuda", limit_source=big.limit_source) if "trainer GPU" in x]
-    assert "of 80.0 GiB (cluster.gpu_memory_gib)" in line and "CUDA reserve 1.0" in line
+    # the tiny model's terms are MiB: in GiB all but the fixed CUDA reserve would read 0.0
+    assert "of 81920.0 MiB (cluster.gpu_memory_gib)" in line and "CUDA reserve 1024.0" in line
+
+
+def test_plan_of_the_tiny_model_speaks_mib_and_counts_its_parameters():
+    res = CliRunner().invoke(app, ["plan"], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    title = res.output.splitlines()[0]
+    assert title.startswith("tiny: 3.7 M parameters, LoRA r=32 885 k, 1 trainer GPU,"), title
+    assert " MiB " in res.output.splitlines()[2] and "1024.00" in res.output  # the CUDA reserve
+
+
+@pytest.mark.parametrize(
+    "n, text",
+    [(20_430_000_000, "20.4 B"), (212_000_000, "212 M"), (3_700_000, "3.7 M"), (885_000, "885 k"), (12, "12")],
+)
+def test_count_text(n, text):
+    from spotlight.cli.plan import count_text
+
+    assert count_text(n) == text
+
+
+def test_a_directory_given_as_the_config_is_named_as_one(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.toml").write_text("")
+    (tmp_path / "empty").mkdir()
+    for command in (["plan"], ["up", "--config"]):
+        res = CliRunner().invoke(app, [*command, str(tmp_path / "run")])
+        assert res.exit_code == 2 and "is a directory: a run directory; its config is" in res.output, res.output
+        res = CliRunner().invoke(app, [*command, str(tmp_path / "empty")])
+        assert res.exit_code == 2 and "is a directory, not a config file" in res.output, res.output
