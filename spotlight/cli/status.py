@@ -617,11 +617,11 @@ class _View:
             return
 
     def saved(self, note: str) -> None:
-        """The run as its coordinator last saved it (the coordinator is not running)."""
-        if self.watch:
-            self._watch(lambda: self.from_files(note))
-        else:
-            self.show(self.from_files(note))
+        """The run as its coordinator last saved it (the coordinator is not running): shown once,
+        also with ``--watch`` — nothing will change it until a coordinator runs again."""
+        if self.watch and not self.as_json:
+            Console(stderr=True, emoji=False).print("--watch: the coordinator is not running; its last saved status:")
+        self.show(self.from_files(note))
 
     def live(self, endpoint: str, client, pid) -> None:
         """The running coordinator's snapshots over CURVE; one that does not answer falls back
@@ -631,7 +631,11 @@ class _View:
             typer.Exit: 1 when the coordinator did not answer.
         """
         try:
-            if not self.watch:
+            if self.watch and not self.console.is_terminal:  # a Live view draws nothing into a pipe or file
+                Console(stderr=True, emoji=False).print(
+                    "--watch needs a terminal: one snapshot instead (--json for scripts)"
+                )
+            if not self.watch or not self.console.is_terminal:
                 self.show(fetch_snapshot(endpoint, client))
                 return
             self._watch(lambda: fetch_snapshot(endpoint, client))

@@ -73,3 +73,15 @@ def test_with_none_running_the_newest_is_shown_and_named(tmp_path, two_runs):
     assert code == 0, out
     assert "(the newest run of 2 under runs/; none is running)" in out and "run dir " in out, out
     assert str((tmp_path / "b" / "run").resolve()) in out and "not running" in out
+
+
+def test_watch_off_a_terminal_or_of_a_stopped_run_shows_one_snapshot_and_returns(tmp_path, two_runs):
+    """``status --watch`` redrew a live view forever: into a pipe or file (where rich draws nothing:
+    0 bytes) and for a run whose coordinator is not running (nothing will change)."""
+    _stopped(tmp_path, two_runs["a"], "a")
+    code, out = _status("runs/b", "--watch", "--interval-s", "0.1")  # CliRunner's output is no terminal
+    assert code == 0, out
+    assert "--watch needs a terminal: one snapshot instead" in out and "phase starting" in out, out
+    code, out = _status("runs/a", "--watch", "--interval-s", "0.1")
+    assert code == 0, out
+    assert "--watch: the coordinator is not running; its last saved status:" in out and "not running" in out, out
