@@ -289,12 +289,16 @@ def _reward_lines(snap: dict) -> Text:
     evals = snap.get("eval_results") or []
     evals = [e for e in evals if isinstance(e, dict) and _real(e.get("eval/score")) is not None]
     if evals:
-        scores = [float(e["eval/score"]) for e in evals]
-        best = max(evals, key=lambda e: float(e["eval/score"]))
+        # the score the console's held-out lines lead with: GenEval's strict verdict where the task
+        # has one (the shapes task), else the panel's mean reward (docs/evaluation.md)
+        strict = all(_real(e.get("eval/strict")) is not None for e in evals)
+        key, name = ("eval/strict", "strict") if strict else ("eval/score", "reward")
+        scores = [float(e[key]) for e in evals]
+        best = max(evals, key=lambda e: float(e[key]))
         last = evals[-1]
         lines.append(
-            f"held-out {sparkline(scores)}  last {scores[-1]:.3f} (v{last.get('version')})  "
-            f"best {float(best['eval/score']):.3f} (v{best.get('version')})  ({_plural(len(evals), 'evaluation')})"
+            f"held-out {name} {sparkline(scores)}  last {scores[-1]:.3f} (v{last.get('version')})  "
+            f"best {float(best[key]):.3f} (v{best.get('version')})  ({_plural(len(evals), 'evaluation')})"
         )
     return Text("\n".join(lines))
 

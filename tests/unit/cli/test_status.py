@@ -290,6 +290,10 @@ def test_collapse_guard_alerts_show_newest_first_lines():
 def test_held_out_scores_show_as_a_sparkline_with_the_best():
     evals = [{"iteration": i - 1, "version": i, "eval/score": v} for i, v in enumerate([0.0, 0.5, 0.4])]
     text = _text(snapshot() | {"eval_results": evals})
-    assert "held-out" in text and "last 0.400 (v2)" in text and "best 0.500 (v1)" in text
+    assert "held-out reward" in text and "last 0.400 (v2)" in text and "best 0.500 (v1)" in text
     assert "(3 evaluations)" in text  # a score of 0 is a score
     assert "held-out" not in _text(snapshot())
+    # the shapes task: the strict verdict, as the console's held-out lines lead with, named as such
+    strict = [e | {"eval/strict": v} for e, v in zip(evals, [0.1, 0.2, 0.6])]
+    text = _text(snapshot() | {"eval_results": strict})
+    assert "held-out strict" in text and "last 0.600 (v2)" in text and "best 0.600 (v2)" in text
