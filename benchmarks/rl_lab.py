@@ -201,6 +201,9 @@ def main() -> int:
     args = ap.parse_args()
     if args.gradient_agreement is not None and args.gradient_agreement < 4:
         ap.error(f"--gradient-agreement needs at least 4 batches (two halves of 2), got {args.gradient_agreement}")
+    from spotlight.util.quiet import hide_loading_bars
+
+    hide_loading_bars()  # the lab's own progress lines only
     out = pathlib.Path(args.out)
     seeds = [int(s) for s in args.seeds.split(",")]
     base_ov = {"run.iterations": args.iterations}
