@@ -71,7 +71,7 @@ def plan_summary(plan, *, device: str, limit_source: str | None, disk_free_bytes
     """The memory plan in three plain-text lines, as ``spotlight up`` prints it before the run
     starts: each trainer GPU's terms (the CPU's host memory per trainer rank without GPUs),
     the rollout GPU, the reserved host and the disk at its peak (with the free space). In GiB,
-    or MiB when a trainer needs less than 1 GiB (the tiny family)."""
+    or MiB as in :func:`table_unit` (the tiny family)."""
     from spotlight.core.memory_plan import GIB, MemoryPlan
 
     unit, scale = table_unit(plan)
