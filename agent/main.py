@@ -1723,8 +1723,9 @@ def revoke(
     ),
     state_dir_opt: Optional[pathlib.Path] = typer.Option(None, "--state-dir", help=_STATE_DIR_HELP),
 ) -> None:
-    """Per-GPU revocation by a cluster scheduler: the worker on that GPU commits and exits; the rest
-    of the node keeps running."""
+    """Per-GPU revocation by a cluster scheduler: the worker on that GPU commits and exits.
+
+    The rest of the node keeps running."""
     if (bad := gpu_ids_error(gpu)) is not None:
         _fail(f"--gpu: {bad}")
     _reply(_control(node_id, {"cmd": "revoke", "gpus": gpu, "grace_s": grace_s}, state_dir_opt=state_dir_opt))

@@ -48,6 +48,7 @@ CLI_FLAGS = {
     "explore.stream_extra": "--uncapped-exploration",
     "model.pretrained_path": "--pretrained-path",
     "cluster.min_spot_nodes": "--min-spot-nodes",
+    "cluster.gpu_memory_gib": "--gpu-memory-gib",
 }
 
 
@@ -1056,11 +1057,7 @@ def load_config(path: str | pathlib.Path | None = None, overrides: dict[str, Any
     """
     p = pathlib.Path(path) if path is not None else DEFAULT_CONFIG_PATH
     if p.is_dir():
-        hint = (
-            f": a run directory; its config is {p / 'config.toml'}"
-            if (p / "config.toml").is_file()
-            else ", not a config file"
-        )
+        hint = f"; did you mean {p / 'config.toml'}?" if (p / "config.toml").is_file() else ", not a config file"
         raise ConfigError(f"{p} is a directory{hint}")
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}")
@@ -1088,8 +1085,12 @@ def load_config(path: str | pathlib.Path | None = None, overrides: dict[str, Any
     except ConfigError as exc:
         key = _override_at(exc.field, overrides or {})
         if key is not None:  # the value (or the unknown key) came from the command line, not from the file
-            flag = CLI_FLAGS.get(key, f"override {key}")
-            raise ConfigError(f"{flag}: {exc}", exc.field) from None
+            if key in CLI_FLAGS:
+                raise ConfigError(f"{CLI_FLAGS[key]}: {exc}", exc.field) from None
+            # "override cost.x: must be …", not "override cost.x: cost.x: must be …"
+            said = str(exc)
+            message = f"override {said}" if said.startswith(f"{key}:") else f"override {key}: {said}"
+            raise ConfigError(message, exc.field) from None
         raise ConfigError(f"{p}: {exc}", exc.field) from None
 
 

@@ -85,7 +85,9 @@ def spread_indices(n_total: int, n: int) -> list[int]:
 @bench_app.command("stale-ranking")
 def stale_ranking(
     run_dir: pathlib.Path = typer.Option(
-        ..., "--run-dir", help="Run directory (reads config.toml and tensor_store/weights/v*.safetensors)."
+        ...,
+        "--run-dir",
+        help="Run directory (reads its config.toml and the weight versions v*.safetensors in tensor_store/weights).",
     ),
     pairs: int = typer.Option(3, "--pairs", min=1, help="Use the last N consecutive pairs (v_n, v_{n+1}) of the run."),
     versions: Optional[str] = typer.Option(

@@ -70,8 +70,9 @@ def register(app: typer.Typer) -> None:
         ),
         as_json: bool = typer.Option(False, "--json", help="Print the results as JSON instead of a table."),
     ) -> None:
-        """Discrete-event simulation of the job under each policy: cost and wall time to the target
-        score, GPU-hours by kind, spot utilisation, critical-path share, preemptions and lost work."""
+        """Discrete-event simulation of the job under each policy: cost and wall time to target.
+
+        Also GPU-hours by kind, spot utilisation, critical-path share, preemptions and lost work."""
         from spotlight.errors import SpotlightError
 
         console = _console()

@@ -131,7 +131,7 @@ class UpOptions:
     trainer_timeout_s: float = _option("With --external-trainers: seconds to wait for every trainer rank to connect.")
     min_spot_nodes: Optional[int] = _option(
         "Start iteration 1 only once this many spot agents are alive (overrides the config's "
-        "min_spot_nodes in [cluster]); nodes that leave later do not stop the run."
+        "min_spot_nodes, in the cluster table); nodes that leave later do not stop the run."
     )
 
 

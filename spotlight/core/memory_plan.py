@@ -151,14 +151,24 @@ class MemoryPlan:
         for kind, lines in (("trainer GPU", self.trainer_gpu), ("rollout GPU", self.rollout_gpu)):
             need = self.total(lines)
             if kind in kinds and need > self.gpu_limit_bytes:
-                parts = ", ".join(f"{line.name} {gib(line.bytes)}" for line in lines if line.bytes)
-                out.append(f"a {kind} needs {gib(need)} but {limit_source} = {self.gpu_limit_bytes / GIB:g} ({parts})")
+                parts = ", ".join(f"{line.name} {size_text(line.bytes)}" for line in lines if line.bytes)
+                limit = float(f"{self.gpu_limit_bytes / GIB:g}")  # as the line shows it
+                digits = 1  # as many as it takes for the need not to read as the limit (1.07 vs 1)
+                while round(need / GIB, digits) <= limit and digits < 6:
+                    digits += 1
+                out.append(f"a {kind} needs {need / GIB:.{digits}f} GiB but {limit_source} = {limit:g} ({parts})")
         return out
 
 
 def gib(n: int | float) -> str:
     """``n`` bytes as ``12.3 GiB``."""
     return f"{n / GIB:.1f} GiB"
+
+
+def size_text(n: int | float) -> str:
+    """``n`` bytes as ``12.3 GiB``, or ``850.2 MiB`` below 1 GiB (a tiny model's terms would all
+    read 0.0 GiB)."""
+    return gib(n) if n >= GIB else f"{n / (1 << 20):.1f} MiB"
 
 
 def image_tokens(family: str, image_size: int, patch_size: int) -> int:
@@ -283,13 +293,13 @@ def plan_memory(cfg, size: ModelSize, *, device: str = "cuda") -> MemoryPlan:
         Line(
             "tensor store versions",
             version * stored,
-            f"{f'{keep} + 1 arriving' if keep else 'every'} × version ({gib(version)})",
+            f"{f'{keep} + 1 arriving' if keep else 'every'} × version ({size_text(version)})",
         ),
         Line("trainer spool", version, "1 version while rank 0 streams it"),
         Line(
             "trainer checkpoints",
             (keep_train + 1) * ckpt_bytes,
-            f"({keep_train} + 1 being written) × 12·T ({gib(ckpt_bytes)})",
+            f"({keep_train} + 1 being written) × 12·T ({size_text(ckpt_bytes)})",
         ),
         Line("final model", final, "4·T" if lora else "4·P (fp32)"),
     )

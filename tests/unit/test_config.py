@@ -314,6 +314,10 @@ def test_an_overridden_value_is_blamed_on_the_flag_not_the_file():
     with pytest.raises(ConfigError) as info:
         load_config(overrides={"cost.spot_usd_per_gpu_hour": "cheap"})
     assert str(info.value).startswith("override cost.spot_usd_per_gpu_hour: "), str(info.value)
+    assert "cost.spot_usd_per_gpu_hour: cost.spot_usd_per_gpu_hour" not in str(info.value)  # said once
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides={"cluster.gpu_memory_gib": 0.0})  # `spotlight plan --gpu-memory-gib 0`
+    assert str(info.value).startswith("--gpu-memory-gib: "), str(info.value)
 
 
 def test_a_file_value_is_still_blamed_on_the_file(tmp_path):
@@ -352,7 +356,7 @@ def test_a_section_the_file_sets_to_a_value_is_a_config_error_under_a_flag(tmp_p
         load_config(None, {"run.iterations.x": 1})
     with pytest.raises(ConfigError, match=r"^override nosuch\.x: \[nosuch\]: unknown section"):
         load_config(None, {"nosuch.x": 1})
-    with pytest.raises(ConfigError, match=r"^override run\.nosuch: run\.nosuch: unknown key"):
+    with pytest.raises(ConfigError, match=r"^override run\.nosuch: unknown key"):
         load_config(None, {"run.nosuch": 1})
 
 

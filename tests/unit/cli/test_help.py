@@ -25,7 +25,11 @@ COMMANDS = [
     ["keys"],
     ["keys", "init"],
     ["keys", "add"],
+    ["keys", "list"],
+    ["keys", "revoke"],
+    ["plan"],
     ["bench"],
+    ["bench", "stale-ranking"],
 ]
 AGENT_COMMANDS = [[], ["join"], ["revoke"], ["add-gpu"], ["agent-status"]]
 
@@ -47,10 +51,10 @@ def test_help_fits_80_columns(module, command):
 
 
 def _walk(command, path=()):
-    import click
-
     yield path, command
-    if isinstance(command, click.Group):
+    # typer's groups: not click.Group subclasses with every typer version (a check that was
+    # `isinstance(command, click.Group)` walked the root command alone)
+    if isinstance(getattr(command, "commands", None), dict):
         for name, sub in command.commands.items():
             yield from _walk(sub, path + (name,))
 
@@ -70,3 +74,30 @@ def test_no_help_text_is_eaten_as_rich_markup():
         texts = [command.help or ""] + [getattr(p, "help", None) or "" for p in command.params]
         found += [(" ".join(path), m.group(0)) for t in texts for m in tag.finditer(t)]
     assert not found, found
+
+
+def test_no_command_summary_breaks_mid_sentence():
+    """A command's help comes from its docstring when it has no ``help=``; rich keeps the
+    docstring's line breaks, so ``spotlight --help`` listed ``simulate`` as "… wall time to the
+    target" with "score, GPU-hours …" on the next line. Each command's first paragraph is one line."""
+    import typer
+
+    from agent.main import app as agent_app
+    from spotlight.cli import app
+
+    broken = [
+        " ".join(path)
+        for root in (app, agent_app)
+        for path, command in _walk(typer.main.get_command(root))
+        if "\n" in (command.help or "").strip().split("\n\n")[0]
+    ]
+    assert not broken, broken
+
+
+def test_the_walk_reaches_every_command():
+    import typer
+
+    from spotlight.cli import app
+
+    paths = {" ".join(path) for path, _ in _walk(typer.main.get_command(app))}
+    assert {"simulate", "keys add", "bench stale-ranking"} <= paths, paths

@@ -116,6 +116,6 @@ def test_a_directory_given_as_the_config_is_named_as_one(tmp_path):
     (tmp_path / "empty").mkdir()
     for command in (["plan"], ["up", "--config"]):
         res = CliRunner().invoke(app, [*command, str(tmp_path / "run")])
-        assert res.exit_code == 2 and "is a directory: a run directory; its config is" in res.output, res.output
+        assert res.exit_code == 2 and "run is a directory; did you mean " in res.output, res.output
         res = CliRunner().invoke(app, [*command, str(tmp_path / "empty")])
         assert res.exit_code == 2 and "is a directory, not a config file" in res.output, res.output

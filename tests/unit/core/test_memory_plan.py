@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from spotlight.config import config_from_dict
@@ -135,8 +137,14 @@ def test_limit_refusal_names_the_numbers():
     tight = plan_memory(_cfg(cluster={"gpu_memory_gib": 8.0}), SIZE)
     (problem,) = tight.problems()
     assert problem.startswith("a trainer GPU needs 9.4 GiB but cluster.gpu_memory_gib = 8 (")
-    assert "Adam state 3.7 GiB" in problem and "activations 0.0 GiB" in problem
+    assert "Adam state 3.7 GiB" in problem and "activations 0.0 GiB" not in problem  # terms under 1 GiB: MiB
+    assert re.search(r"activations \d+\.\d MiB", problem), problem
     assert plan_memory(_cfg(), SIZE).problems() == []  # no limit, no check
+    # a need just over the limit never reads as the limit ("needs 1.0 GiB but … = 1")
+    need = tight.trainer_gpu_bytes
+    (close,) = plan_memory(_cfg(cluster={"gpu_memory_gib": round(need / GIB, 1)}), SIZE).problems()
+    shown = float(re.match(r"a trainer GPU needs ([0-9.]+) GiB", close)[1])
+    assert shown > round(need / GIB, 1), close
     # a limit found on this host's GPU checks the trainer GPU only, and says where it came from
     (mine,) = tight.problems(limit_source="GPU 0 (nvidia-smi)", kinds=("trainer GPU",))
     assert mine.startswith("a trainer GPU needs 9.4 GiB but GPU 0 (nvidia-smi) = 8 (")
