@@ -44,7 +44,7 @@ def plan_table(plan, title: str) -> Table:
             table.add_row(where if i == 0 else "", line.name, f"{line.bytes / scale:.2f}", escape(line.formula))
         total = MemoryPlan.total(lines)
         over = where.endswith("GPU") and limit is not None and total > limit
-        mark = f" [red](over {gib(limit)})[/red]" if over else ""
+        mark = f"[red](over {gib(limit)})[/red]" if over else ""
         table.add_row("", "[bold]total[/bold]", f"[bold]{total / scale:.2f}[/bold]", mark, end_section=True)
     return table
 
@@ -86,7 +86,8 @@ def plan_summary(plan, *, device: str, limit_source: str | None, disk_free_bytes
     limit = plan.gpu_limit_bytes
     of = f" of {n(limit)} {unit} ({limit_source})" if limit is not None and limit_source else ""
     act = (
-        f"{plan.rows_per_micro_batch} row(s) per forward, {plan.tokens_per_micro_batch} tokens, "
+        f"{plan.rows_per_micro_batch} row{'s' if plan.rows_per_micro_batch != 1 else ''} per forward, "
+        f"{plan.tokens_per_micro_batch} tokens, "
         f"activation checkpointing {'on' if plan.activation_checkpointing else 'off'}"
     )
     free = f", {disk_free_bytes / GIB:.1f} GiB free" if disk_free_bytes is not None else ""
@@ -97,6 +98,21 @@ def plan_summary(plan, *, device: str, limit_source: str | None, disk_free_bytes
         f"  {rollout} {n(plan.rollout_gpu_bytes)}; reserved host {n(MemoryPlan.total(plan.reserved_host))}; "
         f"disk up to {n(plan.disk_bytes)} {unit}{free} ({terms(plan.disk)})",
     ]
+
+
+def plan_notes(cfg, preset: str | None, plan) -> list[str]:
+    """What the plan did not check or assumed from the config: no GPU size to check against; a
+    preset planned at the tiny embedded default's resolution (its activations are then those of
+    a 32 px image, not of a real run)."""
+    notes = []
+    if plan.gpu_limit_bytes is None:
+        notes.append("no GPU size to check against: give --gpu-memory-gib (or set cluster.gpu_memory_gib)")
+    if preset is not None and cfg.model.family == "tiny":
+        notes.append(
+            f"--preset is planned at this config's {cfg.model.image_size} px (model.image_size of the embedded "
+            "default): pass your run's config, whose resolution sets the activations"
+        )
+    return notes
 
 
 def plan_dict(plan) -> dict:
@@ -183,5 +199,8 @@ def register(app: typer.Typer) -> None:
             console.print(f"[red]does not fit:[/red] {escape(line)}", highlight=False)
         if not problems and result.gpu_limit_bytes is not None and not as_json:
             console.print(f"fits: every GPU within {gib(result.gpu_limit_bytes)}")
+        if not as_json:
+            for line in plan_notes(cfg, preset, result):
+                console.print(f"note: {escape(line)}", highlight=False)
         if problems:
             raise typer.Exit(1)

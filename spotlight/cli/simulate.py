@@ -239,6 +239,9 @@ def _report(
     plot_comparison(results, out / "simulate.png", title=f"{prof.name}; {trace_note}")
     if as_json:
         print(json.dumps(payload, indent=2))
+        Console(stderr=True, emoji=False).print(
+            f"wrote {escape(str(out / 'simulate.json'))} and {escape(str(out / 'simulate.png'))}", highlight=False
+        )
         return
     console.print(render_table(payload["results"], f"cost to target — {prof.name}; {trace_note}", console.width))
     speed = sum(r.wall_s for r in results) / max(1e-9, sum(r.sim_elapsed_s for r in results))

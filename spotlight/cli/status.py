@@ -10,7 +10,9 @@ as in the console progress line and the sample grids' names and titles.
 from __future__ import annotations
 
 import json
+import os
 import pathlib
+import sys
 import time
 from typing import Optional
 
@@ -112,7 +114,7 @@ def render_status(snap: dict, *, max_events: int = EVENT_ROWS):
         _gpu_line(snap, gone, saved_at),
     ]
     if snap.get("cost"):
-        parts.append(_cost_line(snap["cost"]))
+        parts.append(_cost_line(snap["cost"], "cost" if snap.get("finished") or gone else "cost so far"))
     parts += [_nodes_table(snap["nodes"], gone, saved_at), _requests_table(snap["requests"])]
     parts.append(_reward_lines(snap))
     events = snap.get("events") or []
@@ -214,13 +216,13 @@ def _gpu_line(snap: dict, gone: bool, saved_at: str) -> Text:
     )
 
 
-def _cost_line(cost: dict) -> Text:
-    """The cost so far by GPU kind, against the same GPU-hours all on reserved GPUs."""
+def _cost_line(cost: dict, label: str = "cost so far") -> Text:
+    """The cost (so far, on a live run) by GPU kind, against the same GPU-hours all on reserved GPUs."""
     line = (
-        f"cost so far ${cost['total_usd']:.2f}: spot {cost['spot_gpu_hours']:.2f} GPU-h × "
+        f"{label} ${cost['total_usd']:.2f}: spot {cost['spot_gpu_hours']:.2f} GPU-h × "
         f"${cost['spot_usd_per_gpu_hour']:.2f}"
         f" + reserved {cost['reserved_gpu_hours']:.2f} GPU-h × ${cost['reserved_usd_per_gpu_hour']:.2f}"
-        f";  the same GPU-hours all on reserved: ${cost['all_reserved_usd']:.2f}"
+        f"; the same GPU-hours all on reserved: ${cost['all_reserved_usd']:.2f}"
     )
     if cost["all_reserved_usd"] > 0:
         line += f" (spot saves {100 * (1 - cost['total_usd'] / cost['all_reserved_usd']):.0f}%)"
@@ -454,7 +456,9 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """:data:`STATUS_HELP`: one snapshot (or ``--watch``), from the coordinator or the run directory."""
-        console = Console(emoji=False)
+        # off a terminal (a file, a pipe) rich would cut the tables to 80 columns: node names to "reserv…"
+        wide = not sys.stdout.isatty() and "COLUMNS" not in os.environ
+        console = Console(emoji=False, width=160) if wide else Console(emoji=False)
         if coordinator is not None:  # checked before anything connects: one line, not a ZeroMQ error
             from spotlight.net.endpoints import tcp_endpoint
 

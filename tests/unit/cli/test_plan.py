@@ -98,6 +98,9 @@ def test_plan_of_the_tiny_model_speaks_mib_and_counts_its_parameters():
     title = res.output.splitlines()[0]
     assert title.startswith("tiny: 3.7 M parameters, LoRA r=32 885 k, 1 trainer GPU,"), title
     assert " MiB " in res.output.splitlines()[2] and "1024.00" in res.output  # the CUDA reserve
+    assert "note: no GPU size to check against: give --gpu-memory-gib" in res.output
+    res = CliRunner().invoke(app, ["plan", "--preset", "qwen-image-20b"], env={"COLUMNS": "200"})
+    assert "note: --preset is planned at this config's 32 px" in res.output, res.output
 
 
 @pytest.mark.parametrize(

@@ -201,6 +201,7 @@ def test_finished_run_from_files_says_so():
     text = _text(snap)
     assert "finished: 10/10 iterations" in text and "ETA" not in text
     assert "is not running" in text and "status.json" in text
+    assert "cost $15.82" in text and "cost so far" not in text  # a finished run's cost is its cost
 
 
 def test_event_details_are_not_markup():

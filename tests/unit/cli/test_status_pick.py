@@ -85,3 +85,12 @@ def test_watch_off_a_terminal_or_of_a_stopped_run_shows_one_snapshot_and_returns
     code, out = _status("runs/a", "--watch", "--interval-s", "0.1")
     assert code == 0, out
     assert "--watch: the coordinator is not running; its last saved status:" in out and "not running" in out, out
+
+
+def test_off_a_terminal_the_tables_are_not_cut_to_80_columns(tmp_path, two_runs, monkeypatch):
+    """Into a file or pipe rich assumed 80 columns and cut node and column names ("reserv…")."""
+    _stopped(tmp_path, two_runs["a"], "a")
+    monkeypatch.delenv("COLUMNS", raising=False)
+    res = CliRunner().invoke(app, ["status", "runs/a"])
+    assert res.exit_code == 0, res.output
+    assert max(len(line) for line in res.output.splitlines()) > 80, res.output

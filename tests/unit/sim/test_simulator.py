@@ -210,7 +210,7 @@ def test_cli_prints_the_cost_to_target_table(tmp_path):
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     payload = json.loads(proc.stdout)  # progress off a terminal goes to stderr, as lines
-    assert "simulating spotlight …" in proc.stderr, proc.stderr[-2000:]
+    assert "simulating spotlight …" in proc.stderr and "wrote " in proc.stderr, proc.stderr[-2000:]
     assert [r["policy"] for r in payload["results"]] == ["spotlight", "rlboost", "verl-omni-spot", "reserved-only"]
     assert (tmp_path / "simulate.png").stat().st_size > 10_000
     bad = subprocess.run(
