@@ -109,8 +109,8 @@ def plan_notes(cfg, preset: str | None, plan) -> list[str]:
         notes.append("no GPU size to check against: give --gpu-memory-gib (or set cluster.gpu_memory_gib)")
     if preset is not None and cfg.model.family == "tiny":
         notes.append(
-            f"--preset is planned at this config's {cfg.model.image_size} px (model.image_size of the embedded "
-            "default): pass your run's config, whose resolution sets the activations"
+            f"--preset is planned at this config's {cfg.model.image_size} px (model.image_size of a tiny-model "
+            "config): pass your run's config, whose resolution sets the activations"
         )
     return notes
 
