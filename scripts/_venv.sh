@@ -22,6 +22,9 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
   "$VENV/bin/python" -m pip install -q -e "$ROOT[test]" >&2
   echo "$WANT" > "$STAMP"
 fi
+# the caller's PATH, before the venv joins it: `spotlight up` tells a user whose shell lacks the
+# venv's `spotlight` to activate it first (spotlight.cli.up.activate_hint)
+export SPOTLIGHT_CALLER_PATH="${SPOTLIGHT_CALLER_PATH:-$PATH}"
 export PATH="$VENV/bin:$PATH"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1

@@ -551,15 +551,18 @@ def next_steps(rd: pathlib.Path, cfg, activate: str | None = None) -> str:
 
 
 def activate_hint(executable: str | None = None, path: str | None = None) -> str | None:
-    """``source <venv>/bin/activate`` when the ``spotlight`` on ``path`` (default ``$PATH``) is not
-    the one next to ``executable`` (default this interpreter) and that directory is a virtual
-    environment's; else None."""
+    """``source <venv>/bin/activate`` when the ``spotlight`` on ``path`` is not the one next to
+    ``executable`` (default this interpreter) and that directory is a virtual environment's; else
+    None. ``path`` defaults to the user's shell's PATH: ``$SPOTLIGHT_CALLER_PATH``, which
+    ``scripts/_venv.sh`` sets before it puts the venv first for ``scripts/run-local``, else ``$PATH``."""
     import os
     import shutil
     import sys
 
     here = pathlib.Path(executable or sys.executable).absolute().parent
-    found = shutil.which("spotlight", path=path if path is not None else os.environ.get("PATH", ""))
+    if path is None:
+        path = os.environ.get("SPOTLIGHT_CALLER_PATH", os.environ.get("PATH", ""))
+    found = shutil.which("spotlight", path=path)
     if found and pathlib.Path(found).absolute().parent == here:
         return None
     activate = here / "activate"

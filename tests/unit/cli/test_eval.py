@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import pathlib
+
 import pytest
 from typer.testing import CliRunner
 
@@ -109,6 +112,32 @@ def test_next_line_says_how_to_get_spotlight_on_the_path_when_it_is_not(tmp_path
     assert activate_hint(str(tmp_path / "bare" / "python"), path="/nonexistent") is None  # not a venv
     line = next_steps(tmp_path, load_config(None), activate_hint(python, path="/nonexistent"))
     assert line.startswith(f"next: [cyan]source {venv_bin / 'activate'}[/cyan], then [cyan]spotlight eval")
+
+
+@pytest.mark.procs
+def test_run_local_asks_for_the_venv_the_callers_shell_lacks(tmp_path, monkeypatch):
+    """`scripts/_venv.sh` puts the venv first on PATH for `spotlight up`, so the hint looked at
+    that PATH and never fired: a new user's next `spotlight eval` was "command not found". The
+    script keeps the caller's PATH, and the hint reads it."""
+    import subprocess
+
+    from spotlight.cli.up import activate_hint
+
+    root = pathlib.Path(__file__).resolve().parents[3]
+    probe = f'source "{root}/scripts/_venv.sh" >/dev/null; echo "$SPOTLIGHT_CALLER_PATH"'
+    env = {k: v for k, v in os.environ.items() if k != "SPOTLIGHT_CALLER_PATH"} | {"PATH": "/usr/bin:/bin"}
+    out = subprocess.run(["bash", "-c", probe], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0 and out.stdout.strip() == "/usr/bin:/bin", out.stderr[-2000:]
+    venv_bin = tmp_path / "venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    (venv_bin / "activate").write_text("")
+    (venv_bin / "spotlight").write_text("#!/bin/sh\n")
+    (venv_bin / "spotlight").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{venv_bin}:/usr/bin:/bin")  # as run-local runs `spotlight up`
+    monkeypatch.setenv("SPOTLIGHT_CALLER_PATH", "/usr/bin:/bin")
+    assert activate_hint(str(venv_bin / "python")) == f"source {venv_bin / 'activate'}"
+    monkeypatch.delenv("SPOTLIGHT_CALLER_PATH")
+    assert activate_hint(str(venv_bin / "python")) is None  # `spotlight up` from an activated shell
 
 
 def test_overall_standard_error_is_that_of_a_mean_over_task_kinds():
