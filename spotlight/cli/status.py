@@ -582,6 +582,7 @@ class _View:
         why: str = "",
     ):
         self.console, self.rd, self.why = console, rd, why
+        self.notes = Console(stderr=True, emoji=False)  # what --watch did instead, beside the snapshot
         self.as_json, self.watch, self.interval_s = as_json, watch, interval_s
 
     def named(self, snap: dict) -> dict:
@@ -628,7 +629,7 @@ class _View:
         """The run as its coordinator last saved it (the coordinator is not running): shown once,
         also with ``--watch`` — nothing will change it until a coordinator runs again."""
         if self.watch and not self.as_json:
-            Console(stderr=True, emoji=False).print("--watch: the coordinator is not running; its last saved status:")
+            self.notes.print("--watch: the coordinator is not running; its last saved status:")
         self.show(self.from_files(note))
 
     def live(self, endpoint: str, client, pid) -> None:
@@ -640,9 +641,7 @@ class _View:
         """
         try:
             if self.watch and not self.console.is_terminal:  # a Live view draws nothing into a pipe or file
-                Console(stderr=True, emoji=False).print(
-                    "--watch needs a terminal: one snapshot instead (--json for scripts)"
-                )
+                self.notes.print("--watch needs a terminal: one snapshot instead (--json for scripts)")
             if not self.watch or not self.console.is_terminal:
                 self.show(fetch_snapshot(endpoint, client))
                 return
