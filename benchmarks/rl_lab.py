@@ -12,7 +12,9 @@ Each run writes ``OUT/<name>-s<seed>.json`` (rows and evaluations); the sweep en
 ``B`` iterations' prompts and seeds) at the initial weights, keeps each one's policy gradient
 and reports how much of a batch gradient is signal (``spotlight.studies.lab.gradient_agreement``:
 the mean pairwise cosine, and the fewest optimizer steps before an update's direction is as
-much signal as noise); it writes ``OUT/<name>-grad-s<seed>.json``.
+much signal as noise), for the whole gradient and for each transformer block's and each
+module's slice of it (where the signal is, if anywhere); it writes ``OUT/<name>-grad-s<seed>.json``
+and ``OUT/gradients.md``.
 """
 
 from __future__ import annotations
@@ -39,7 +41,13 @@ def parse_value(text: str):
 def run_gradients(name: str, overrides: dict, lab: dict, seed: int, out: pathlib.Path, batches: int) -> dict:
     """``batches`` independent policy gradients at the initial weights and their agreement."""
     from spotlight.config import load_config
-    from spotlight.studies.lab import LabSettings, cosine_matrix, gradient_agreement, run_lab
+    from spotlight.studies.lab import (
+        LabSettings,
+        cosine_matrix,
+        gradient_agreement,
+        gradient_agreement_by_part,
+        run_lab,
+    )
 
     explore = int(lab.get("explore", 0))
     # batch 0 is never explored (the lab explores batch n+1 while batch n trains): with
@@ -60,6 +68,9 @@ def run_gradients(name: str, overrides: dict, lab: dict, seed: int, out: pathlib
         "window_steps": cfg.sampler.sde_window_size,
         "explore_candidates": explore,
         "agreement": finite_or_none(gradient_agreement(gradients)),
+        "by_part": {
+            part: finite_or_none(a) for part, a in gradient_agreement_by_part(gradients, res.gradient_layout).items()
+        },
         "cosines": cosine_matrix(gradients).tolist(),
         "rewards": [r["reward/mean"] for r in rows],
         "seconds": res.seconds,
@@ -100,6 +111,22 @@ def summarise_gradients(docs: list[dict]) -> str:
             f"{_steps(a)} | "
             f"{d['seconds'] / max(a['num_gradients'], 1):.1f} |"
         )
+    for d in docs:
+        if not d.get("by_part"):
+            continue
+        lines += [
+            "",
+            f"{d['name']} s{d['seed']}, by block and by module (the LoRA parameters with a nonzero gradient):",
+            "",
+            "| part | values | share of the squared norm | pairwise cosine | halves cosine (expected) |",
+            "|---|---|---|---|---|",
+        ]
+        for part, a in d["by_part"].items():
+            lines.append(
+                f"| {part} | {int(a['numel'])} | {_fmt(a['norm_share'], '.3f')} | "
+                f"{a['pairwise_cos_mean']:+.4f} ± {_fmt(a['pairwise_cos_se'], '.4f')} | "
+                f"{a['halves_cos']:+.3f} ({_fmt(a['halves_cos_expected'], '+.3f')}) |"
+            )
     return "\n".join(lines)
 
 

@@ -106,6 +106,7 @@ def count_model(cfg, preset: str | None = None) -> ModelSize:
     Raises:
         PlanError: as :func:`transformer_config`, or LoRA targets that match nothing.
     """
+    family, cls_name, config = transformer_config(cfg, preset)  # a bad preset is refused before torch loads
     import importlib
 
     import diffusers
@@ -114,7 +115,6 @@ def count_model(cfg, preset: str | None = None) -> ModelSize:
     from spotlight.models.families import _MODULES
     from spotlight.models.lora import add_lora, lora_spec
 
-    family, cls_name, config = transformer_config(cfg, preset)
     with torch.device("meta"):
         model = getattr(diffusers, cls_name).from_config(config)
     params = sum(p.numel() for p in model.parameters())

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import time
 from typing import Callable
 
@@ -83,6 +84,9 @@ class LabResult:
     seconds: float
     gradients: list[torch.Tensor] = dataclasses.field(default_factory=list)
     """With :attr:`LabSettings.gradients_only`: one float64 vector per iteration (its whole batch)."""
+    gradient_layout: list[tuple[str, int]] = dataclasses.field(default_factory=list)
+    """With :attr:`LabSettings.gradients_only`: ``(parameter name, numel)`` of each slice of a
+    gradient vector, in order (for :func:`gradient_agreement_by_part`)."""
 
 
 def _stacked(gradients: list[torch.Tensor]) -> torch.Tensor:
@@ -174,6 +178,72 @@ def gradient_agreement(gradients: list[torch.Tensor]) -> dict[str, float]:
         "steps_for_snr1_lower": steps,
         "grad_norm_mean": float(g.norm(dim=1).mean()),
     }
+
+
+def gradient_part(name: str) -> tuple[str, str]:
+    """The two parts a trained parameter belongs to: its block (``"block 3"``, or ``"other"``
+    outside the transformer blocks) and its module within a block, LoRA's and peft's wrapping
+    left out (``"attn.to_v"``, ``"img_mlp.net.2"``)."""
+    n = re.sub(r"\.(lora_[AB]|lora_embedding_[AB])(\.[A-Za-z0-9_]+)?\.weight$", "", name)
+    n = re.sub(r"\.base_layer", "", n).removeprefix("base_model.model.")
+    m = re.search(r"transformer_blocks\.(\d+)\.(.+)$", n)
+    if m is None:
+        return "other", re.sub(r"\.(weight|bias)$", "", n)
+    return f"block {m.group(1)}", re.sub(r"\.(weight|bias)$", "", m.group(2))
+
+
+def gradient_agreement_by_part(
+    gradients: list[torch.Tensor], layout: list[tuple[str, int]]
+) -> dict[str, dict[str, float]]:
+    """:func:`gradient_agreement` of each block's and each module's slice of the gradients: where
+    a batch gradient's signal is, if anywhere (a part whose slices agree when the whole does not
+    is where LoRA would learn fastest: ``train.lora_target_modules``).
+
+    Args:
+        gradients: as for :func:`gradient_agreement`.
+        layout: ``(parameter name, numel)`` per slice, in the vectors' order
+            (:attr:`LabResult.gradient_layout`); names are grouped by :func:`gradient_part`.
+
+    Returns:
+        ``{"block 0": {...}, ..., "module attn.to_v": {...}, ...}``: each part's agreement
+        dict plus ``numel`` and ``norm_share`` (its share of the gradients' summed squared
+        norm; the shares of the blocks, and of the modules, each sum to 1). Parameters whose
+        gradient is zero in every draw (LoRA's A matrices while B is zero) are left out.
+
+    Raises:
+        ValueError: as :func:`gradient_agreement`, or a layout whose sizes do not add up to
+            the vectors' length.
+    """
+    g = _stacked(gradients)
+    if sum(n for _, n in layout) != g.shape[1]:
+        raise ValueError(
+            f"gradient_agreement_by_part: the layout covers {sum(n for _, n in layout)} values, "
+            f"the gradients have {g.shape[1]}"
+        )
+    total = float((g**2).sum())
+    slices: dict[str, list[tuple[int, int]]] = {}
+    offset = 0
+    for name, n in layout:
+        span = (offset, offset + n)
+        offset += n
+        if not bool(g[:, span[0] : span[1]].any()):
+            continue
+        block, module = gradient_part(name)
+        slices.setdefault(block, []).append(span)
+        slices.setdefault(f"module {module}", []).append(span)
+    out = {}
+    for part in sorted(slices, key=lambda k: (k.startswith("module"), _natural(k))):
+        sub = torch.cat([g[:, a:b] for a, b in slices[part]], dim=1)
+        out[part] = {
+            **gradient_agreement(list(sub)),
+            "numel": float(sub.shape[1]),
+            "norm_share": float((sub**2).sum()) / total if total > 0 else math.nan,
+        }
+    return out
+
+
+def _natural(key: str) -> list:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", key)]
 
 
 def _init_single_process_group() -> bool:
@@ -322,6 +392,7 @@ def _run_lab(cfg: SpotlightConfig, settings: LabSettings, *, progress: Callable[
         )
     trainer = FlowGRPOTrainer(cfg, rank=0, world_size=1, device=torch.device("cpu"))
     gradients: list[torch.Tensor] = []
+    layout: list[tuple[str, int]] = []
     if settings.gradients_only:
 
         def keep_and_drop(optimizer, args, kwargs) -> None:
@@ -331,6 +402,11 @@ def _run_lab(cfg: SpotlightConfig, settings: LabSettings, *, progress: Callable[
             grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
             grads = [t.full_tensor() if hasattr(t, "full_tensor") else t for t in grads]  # FSDP2's DTensors
             gradients.append(torch.cat([t.detach().double().reshape(-1) for t in grads]))
+            if not layout:
+                name_of = {id(p): n for n, p in trainer.model.named_parameters()}
+                layout.extend(
+                    (name_of.get(id(p), f"param{i}"), t.numel()) for i, (p, t) in enumerate(zip(params, grads))
+                )
             for p in params:
                 p.grad = None
 
@@ -465,4 +541,6 @@ def _run_lab(cfg: SpotlightConfig, settings: LabSettings, *, progress: Callable[
         )
         if specs is not None and ((n + 1) % settings.eval_every == 0 or n + 1 == cfg.run.iterations):
             evaluate(n + 1)
-    return LabResult(rows=rows, evals=evals, seconds=time.monotonic() - t_start, gradients=gradients)
+    return LabResult(
+        rows=rows, evals=evals, seconds=time.monotonic() - t_start, gradients=gradients, gradient_layout=layout
+    )

@@ -60,4 +60,5 @@ def test_gradient_agreement_with_exploration_compares_explored_batches(bench, tm
     plain = bench.run_gradients("plain", dict(SMALL), {}, 0, tmp_path, 3)
     assert plain["overrides"]["run.iterations"] == 3 and plain["agreement"]["num_gradients"] == 3
     assert "explored" not in bench.summarise_gradients([plain])
+    assert plain["by_part"] and "by block and by module" in bench.summarise_gradients([plain])
     assert all(math.isfinite(x) for row in plain["cosines"] for x in row)

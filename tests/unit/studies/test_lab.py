@@ -9,7 +9,13 @@ import pytest
 import torch
 
 from spotlight.config import load_config
-from spotlight.studies.lab import LabSettings, gradient_agreement, run_lab
+from spotlight.studies.lab import (
+    LabSettings,
+    gradient_agreement,
+    gradient_agreement_by_part,
+    gradient_part,
+    run_lab,
+)
 from tests.factories import LAB_SMALL
 
 pytestmark = pytest.mark.procs  # a one-rank gloo process group in the test process
@@ -91,6 +97,15 @@ def test_gradients_only_draws_every_batch_at_the_initial_weights():
     assert len({g.numel() for g in res.gradients}) == 1
     agreement = gradient_agreement(res.gradients)
     assert -1.0 <= agreement["pairwise_cos_mean"] <= 1.0
+    # the layout names every slice of the vector: the LoRA parameters of each block
+    assert sum(n for _, n in res.gradient_layout) == res.gradients[0].numel()
+    assert all("lora_" in name for name, _ in res.gradient_layout)
+    parts = gradient_agreement_by_part(res.gradients, res.gradient_layout)
+    blocks = {k for k in parts if k.startswith("block ")}
+    assert blocks == {f"block {i}" for i in range(_cfg().model.num_layers)}
+    assert "module attn.to_q" in parts and "module img_mlp.net.2" in parts
+    for prefix in ("block ", "module "):
+        assert sum(a["norm_share"] for k, a in parts.items() if k.startswith(prefix)) == pytest.approx(1.0)
     # one gradient per whole batch: several optimizer steps per iteration would give minibatches
     with pytest.raises(ValueError, match="steps_per_iteration = 1"):
         run_lab(_cfg(**{"train.steps_per_iteration": 2}), LabSettings(eval_every=0, gradients_only=True))
@@ -127,3 +142,40 @@ def test_gradient_agreement_recovers_the_signal_share():
         gradient_agreement(draws[:1])
     with pytest.raises(ValueError, match="different lengths"):
         gradient_agreement([draws[0], draws[1][:10]])
+
+
+def test_gradient_agreement_by_part_finds_where_the_signal_is():
+    """Signal in one module of one block, noise everywhere: that block's and that module's slices
+    agree (their own signal share, |g|² / (|g|² + noise) = 0.5), the other parts do not; the
+    LoRA A matrices' all-zero slices are left out."""
+    gen = torch.Generator().manual_seed(1)
+    names = [
+        f"base_model.model.transformer_blocks.{b}.{m}.lora_{ab}.default.weight"
+        for b in range(2)
+        for m in ("attn.to_q", "img_mlp.net.2")
+        for ab in "AB"
+    ]
+    size = 2_000
+    layout = [(n, size) for n in names]
+    signal = torch.zeros(len(names) * size, dtype=torch.float64)
+    i = names.index("base_model.model.transformer_blocks.1.attn.to_q.lora_B.default.weight")
+    signal[i * size] = 1.0
+    draws = []
+    for _ in range(30):
+        noise = torch.randn(len(names) * size, generator=gen, dtype=torch.float64) / math.sqrt(size)
+        d = signal + noise
+        for j, n in enumerate(names):
+            if ".lora_A." in n:
+                d[j * size : (j + 1) * size] = 0.0
+        draws.append(d)
+    parts = gradient_agreement_by_part(draws, layout)
+    assert list(parts) == ["block 0", "block 1", "module attn.to_q", "module img_mlp.net.2"]
+    assert all(a["numel"] == 2 * size for a in parts.values())  # the two B matrices of each part
+    assert parts["block 1"]["pairwise_cos_mean"] == pytest.approx(1 / 3, abs=0.07)  # |g|² / (|g|² + 2)
+    assert parts["module attn.to_q"]["pairwise_cos_mean"] == pytest.approx(1 / 3, abs=0.07)
+    for quiet in ("block 0", "module img_mlp.net.2"):
+        assert abs(parts[quiet]["pairwise_cos_mean"]) < 0.02
+    assert gradient_part("transformer_blocks.3.attn.to_out.0.lora_B.default.weight") == ("block 3", "attn.to_out.0")
+    assert gradient_part("proj_out.weight") == ("other", "proj_out")
+    with pytest.raises(ValueError, match="layout covers"):
+        gradient_agreement_by_part(draws, layout[:-1])
