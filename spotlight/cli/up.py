@@ -610,8 +610,23 @@ def _serve_to_the_end(run: UpRun, coord, cluster, received: dict) -> int:
 
 def _waiting_line(run: UpRun, coord) -> str:
     """What a run without ``--local`` prints while it waits for agents: how to add a node."""
+    import shlex
+
+    from spotlight.cli.up_preflight import _local_agents_alive, _local_flags
+
     port = coord.endpoint.rsplit(":", 1)[1]
     keys_dir = run.keys_dir
+    if run.resuming and (local := _local_flags(run.run_dir)) and not _local_agents_alive(run.run_dir):
+        # its agents ended with it: none will reconnect
+        again = shlex.join(["spotlight", "up", "--resume", str(run.run_dir), *local])
+        return (
+            "waiting for agents: this run was last run with --local, and its local agents stopped with it. "
+            f"To run it locally again, stop this (Ctrl-C) and start [cyan]{escape(again)}[/cyan]; to add a "
+            f"node instead, give it a key: [cyan]spotlight keys add {keys_dir} agent NODE[/cyan], copy "
+            f"[cyan]{keys_dir}/server.key[/cyan] and [cyan]{keys_dir}/agent.NODE.key_secret[/cyan] to the node's "
+            f"keys directory, then run [cyan]spotlight-agent join --coordinator <this-host>:{port} --keys DIR "
+            "--gpus 0[/cyan]"
+        )
     return (
         (
             "waiting for agents: those of the earlier coordinator reconnect by themselves. "

@@ -668,11 +668,42 @@ def _finished(run_dir: pathlib.Path, iterations: int) -> str | None:
     done = _checkpointed_iterations(run_dir) or 0
     if done < iterations:
         return None
+    import shlex
+
     rd = pathlib.Path(run_dir)
+    command = shlex.join(["spotlight", "up", "--resume", str(rd), *_local_flags(rd), "--iterations", "N"])
     return (
         f"{run_dir} is finished ({done}/{done} iterations): model in {rd / 'final'}, "
-        f"metrics in {rd / 'metrics.jsonl'}; to train it further, resume with --iterations N (N > {done})"
+        f"metrics in {rd / 'metrics.jsonl'}; to train it further, resume with {command} (N > {done})"
     )
+
+
+def _local_flags(run_dir: pathlib.Path) -> list[str]:
+    """``["--local", "--agents", "N"]`` when ``run_dir`` was last run with ``--local`` (its
+    ``local_agents.json``; N its spot agents then), else ``[]``: a local run's agents end with
+    it, so only ``--local`` starts them again (without it, the resumed coordinator waits for
+    agents that never come)."""
+    try:
+        agents = json.loads((pathlib.Path(run_dir) / "local_agents.json").read_text()).get("agents", {})
+    except (OSError, ValueError, AttributeError):
+        return []
+    if not isinstance(agents, dict):
+        return []
+    spot = sum(1 for a in agents.values() if isinstance(a, dict) and a.get("spot"))
+    return ["--local", "--agents", str(spot)]
+
+
+def _local_agents_alive(run_dir: pathlib.Path) -> bool:
+    """Whether an agent that ``run_dir``'s ``local_agents.json`` lists still runs (a crashed
+    coordinator's agents outlive it and reconnect to the resumed one by themselves)."""
+    from spotlight.cli.up_local import live_process
+
+    try:
+        agents = json.loads((pathlib.Path(run_dir) / "local_agents.json").read_text()).get("agents", {})
+        pids = [int(a["pid"]) for a in agents.values() if isinstance(a, dict) and a.get("pid")]
+    except (OSError, ValueError, AttributeError, TypeError):
+        return False
+    return any(live_process(pid, "agent.main") is not None for pid in pids)
 
 
 def _checkpoints_gone(run_dir: pathlib.Path, every: int) -> str | None:
@@ -739,7 +770,7 @@ def _continue_hint(run_dir: pathlib.Path) -> str:
 
     from spotlight.config import ConfigError, load_config
 
-    command = f"spotlight up --resume {shlex.quote(str(run_dir))}"
+    command = shlex.join(["spotlight", "up", "--resume", str(run_dir), *_local_flags(run_dir)])
     try:
         iterations = load_config(pathlib.Path(run_dir) / "config.toml").run.iterations
     except ConfigError:

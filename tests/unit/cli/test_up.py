@@ -471,3 +471,69 @@ def test_a_run_dir_that_cannot_be_created_is_one_line_before_anything_is_printed
     assert res.output.strip().splitlines() == [
         f"error: --run-dir {f / 'run'}: cannot be created ({f} is not a directory)"
     ], res.output
+
+
+def _local_listing(rd: pathlib.Path, pid: int = 999999999) -> None:
+    agents = {"reserved-0": {"pid": pid, "spot": False, "gpus": [0]}}
+    agents |= {f"spot-{i}": {"pid": pid, "spot": True, "gpus": [0]} for i in range(3)}
+    (rd / "local_agents.json").write_text(json.dumps({"coordinator": "tcp://127.0.0.1:1", "agents": agents}))
+
+
+def test_a_finished_local_run_s_commands_to_go_on_start_its_agents_again(tmp_path):
+    """Was: "resume with --iterations N", and `spotlight up --resume RUN --iterations 3` (no
+    --local) then waited forever for the local agents, which had ended with the run."""
+    from spotlight.store.checkpoint import write_checkpoint
+
+    rd = tmp_path / "run"
+    rd.mkdir()
+    (rd / "config.toml").write_text(pathlib.Path(TOY).read_text().replace("\niterations = 20\n", "\niterations = 2\n"))
+    (rd / "metrics.jsonl").write_text('{"iteration": 0}\n{"iteration": 1}\n')
+    write_checkpoint(rd, 1, {"iteration": 2}, keep=2)
+    _local_listing(rd)
+    res = _up("--local", "--resume", str(rd))
+    assert res.exit_code == 2, res.output
+    assert f"spotlight up --resume {rd} --local --agents 3 --iterations N (N > 2)" in res.output, res.output
+    res = _up("--local", "--run-dir", str(rd))  # a plain start in it: the same command line
+    assert res.exit_code == 2, res.output
+    assert f"spotlight up --resume {rd} --local --agents 3 --iterations N (N > 2)" in " ".join(res.output.split())
+
+
+def test_resuming_a_local_run_without_local_says_its_agents_are_gone(tmp_path):
+    """The waiting line of a resumed run: a local run's agents ended with it, so it names the
+    command with --local instead of promising that agents reconnect; a crashed coordinator's
+    agents that still run do reconnect."""
+    import os
+    import types
+
+    from spotlight.cli.up import _waiting_line
+
+    rd = tmp_path / "run"
+    rd.mkdir()
+    run = types.SimpleNamespace(resuming=True, run_dir=rd, keys_dir=rd / "keys")
+    coord = types.SimpleNamespace(endpoint="tcp://0.0.0.0:5555")
+    assert "reconnect by themselves" in _waiting_line(run, coord)  # not a local run
+    _local_listing(rd)
+    line = _waiting_line(run, coord)
+    assert "its local agents stopped with it" in line and f"spotlight up --resume {rd} --local --agents 3" in line
+    assert "reconnect" not in line
+    _local_listing(rd, pid=os.getpid())  # "alive", but not an agent: still gone
+    assert "stopped with it" in _waiting_line(run, coord)
+
+
+@pytest.mark.procs  # a process that looks like a local agent
+def test_resuming_a_local_run_whose_agents_survived_waits_for_them(tmp_path):
+    import types
+
+    from spotlight.cli.up import _waiting_line
+
+    rd = tmp_path / "run"
+    rd.mkdir()
+    run = types.SimpleNamespace(resuming=True, run_dir=rd, keys_dir=rd / "keys")
+    coord = types.SimpleNamespace(endpoint="tcp://0.0.0.0:5555")
+    survivor = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "spotlight.agent.main"])
+    try:
+        _local_listing(rd, pid=survivor.pid)  # an agent that outlived a crashed coordinator
+        assert "reconnect by themselves" in _waiting_line(run, coord)
+    finally:
+        survivor.kill()
+        survivor.wait()
