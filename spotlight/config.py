@@ -1062,7 +1062,16 @@ def load_config(path: str | pathlib.Path | None = None, overrides: dict[str, Any
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}")
     try:
-        data = tomllib.loads(p.read_text())
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8-sig")  # a byte-order mark (some editors write one) dropped
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ConfigError(f"{p}:{line}: not UTF-8 text (byte {exc.start}); TOML files are UTF-8") from None
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{p}: not valid TOML: {exc}") from None
     for key in overrides or {}:  # a value the command line replaces is still the file's: check its type

@@ -157,9 +157,14 @@ def load_metadata(paths: Sequence[str | pathlib.Path]) -> dict[str, dict]:
     for path in paths:
         p = pathlib.Path(path)
         try:
-            lines = p.read_text().splitlines()
+            raw = p.read_bytes()
         except OSError as exc:
-            raise SpotlightError(f"--geneval-metadata {p}: {exc}") from None
+            raise SpotlightError(f"--geneval-metadata {p}: {exc.strerror or exc}") from None
+        try:
+            lines = raw.decode("utf-8-sig").splitlines()
+        except UnicodeDecodeError as exc:
+            line = raw[: exc.start].count(b"\n") + 1
+            raise SpotlightError(f"{p}:{line}: not UTF-8 text (byte {exc.start})") from None
         for n, line in enumerate(lines, 1):
             if not line.strip():
                 continue

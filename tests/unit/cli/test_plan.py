@@ -122,3 +122,18 @@ def test_a_directory_given_as_the_config_is_named_as_one(tmp_path):
         assert res.exit_code == 2 and "run is a directory; did you mean " in res.output, res.output
         res = CliRunner().invoke(app, [*command, str(tmp_path / "empty")])
         assert res.exit_code == 2 and "is a directory, not a config file" in res.output, res.output
+
+
+def test_a_config_that_is_not_utf8_is_one_line_naming_the_file(tmp_path):
+    """Was: a traceback ending in UnicodeDecodeError from plan and up, and from eval a line
+    that did not name the file."""
+    bad = tmp_path / "latin1.toml"
+    bad.write_bytes('[run]\nseed = 1\n# caf\u00e9\n'.encode("latin-1"))
+    for command in (["plan", str(bad)], ["up", "--local", "--config", str(bad)], ["eval", "--config", str(bad)]):
+        res = CliRunner().invoke(app, command)
+        assert res.exit_code == 2, res.output
+        assert "Traceback" not in res.output and f"{bad}:3: not UTF-8 text" in " ".join(res.output.split()), res.output
+    bom = tmp_path / "bom.toml"
+    bom.write_bytes(b"\xef\xbb\xbf[run]\nseed = 1\n")  # a byte-order mark, as some editors write: fine
+    res = CliRunner().invoke(app, ["plan", str(bom)], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output

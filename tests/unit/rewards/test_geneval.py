@@ -104,6 +104,10 @@ def test_metadata_files_and_bad_records(tmp_path):
 
     with pytest.raises(SpotlightError, match="bad.jsonl:1"):
         load_metadata([bad])
+    latin1 = tmp_path / "latin1.jsonl"
+    latin1.write_bytes(b'{"prompt": "a caf\xe9"}\n')
+    with pytest.raises(SpotlightError, match="latin1.jsonl:1: not UTF-8 text"):  # was a UnicodeDecodeError
+        load_metadata([latin1])
     from spotlight.config import REPO_ROOT
 
     published = load_metadata([REPO_ROOT / "examples/default/prompts/evaluation_metadata.jsonl"])
