@@ -128,7 +128,7 @@ def test_a_config_that_is_not_utf8_is_one_line_naming_the_file(tmp_path):
     """Was: a traceback ending in UnicodeDecodeError from plan and up, and from eval a line
     that did not name the file."""
     bad = tmp_path / "latin1.toml"
-    bad.write_bytes('[run]\nseed = 1\n# caf\u00e9\n'.encode("latin-1"))
+    bad.write_bytes("[run]\nseed = 1\n# caf\u00e9\n".encode("latin-1"))
     for command in (["plan", str(bad)], ["up", "--local", "--config", str(bad)], ["eval", "--config", str(bad)]):
         res = CliRunner().invoke(app, command)
         assert res.exit_code == 2, res.output
