@@ -130,6 +130,56 @@ def summarise_gradients(docs: list[dict]) -> str:
     return "\n".join(lines)
 
 
+LAB_KEYS = {"explore": 0, "eval_every": 0, "eval_seeds": 1, "config": None}
+"""A sweep setting's keys that are the lab's, not the config's: the least each may be (None: a path)."""
+
+
+def _int_at_least(lo: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < lo:
+            raise argparse.ArgumentTypeError(f"must be >= {lo}, got {value}")
+        return value
+
+    return parse
+
+
+def read_sweep(path: pathlib.Path) -> dict[str, dict]:
+    """The ``[setting.NAME]`` tables of a sweep file, checked.
+
+    Raises:
+        ValueError: an unreadable file, bad TOML, no ``[setting.NAME]`` table, a setting that is
+            not a table, or a lab key (:data:`LAB_KEYS`) with a bad value; the message names
+            the file (and the setting).
+    """
+    try:
+        doc = tomllib.loads(path.read_bytes().decode("utf-8"))
+    except OSError as exc:
+        raise ValueError(f"--sweep {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"--sweep {path}: not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"--sweep {path}: not valid TOML: {exc}") from None
+    settings = doc.get("setting")
+    if not isinstance(settings, dict) or not settings:
+        raise ValueError(f"--sweep {path}: no settings; expected [setting.NAME] tables of dotted overrides")
+    for name, table in settings.items():
+        if not isinstance(table, dict):
+            raise ValueError(f"--sweep {path}: setting.{name} must be a table ([setting.{name}]), not a value")
+        for key, least in LAB_KEYS.items():
+            if key not in table:
+                continue
+            value = table[key]
+            ok = isinstance(value, str) if least is None else isinstance(value, int) and not isinstance(value, bool)
+            if not ok or (least is not None and value < least):
+                want = "a path" if least is None else f"a whole number >= {least}"
+                raise ValueError(f"--sweep {path}: setting.{name}.{key} must be {want}, got {value!r}")
+    return settings
+
+
 def check_runs(runs: list[tuple[str, dict, dict]], seeds: list[int], *, gradients: bool, sweep: bool = False) -> str:
     """Every setting's config, built before anything runs: the first problem, or "" (named by its
     setting when ``sweep``: a sweep file's table; the command line's own settings need no name)."""
@@ -207,16 +257,16 @@ def summarise(docs: list[dict]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", default=None)
-    ap.add_argument("--iterations", type=int, default=20)
+    ap.add_argument("--iterations", type=_int_at_least(1), default=20)
     ap.add_argument("--set", action="append", default=[], help="dotted config override KEY=VALUE (TOML value)")
-    ap.add_argument("--explore", type=int, default=0, help="candidates per explored prompt (0: none)")
-    ap.add_argument("--eval-every", type=int, default=5)
-    ap.add_argument("--eval-seeds", type=int, default=16)
+    ap.add_argument("--explore", type=_int_at_least(0), default=0, help="candidates per explored prompt (0: none)")
+    ap.add_argument("--eval-every", type=_int_at_least(0), default=5)
+    ap.add_argument("--eval-seeds", type=_int_at_least(1), default=16)
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--name", default="run")
     ap.add_argument("--sweep", default="", help="TOML: [setting.NAME] tables of dotted overrides (+ lab keys)")
     ap.add_argument("--out", default="runs/lab")
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--threads", type=_int_at_least(1), default=1)
     ap.add_argument("--reuse", action="store_true")
     ap.add_argument(
         "--gradient-agreement",
@@ -228,11 +278,16 @@ def main() -> int:
     args = ap.parse_args()
     if args.gradient_agreement is not None and args.gradient_agreement < 4:
         ap.error(f"--gradient-agreement needs at least 4 batches (two halves of 2), got {args.gradient_agreement}")
+    try:
+        seeds = [int(s) for s in args.seeds.split(",")]
+    except ValueError:
+        seeds = []
+    if not seeds or min(seeds) < 0:
+        ap.error(f"--seeds {args.seeds}: expected run seeds >= 0 separated by commas, e.g. --seeds 0,1,2")
+    out = pathlib.Path(args.out)
     from spotlight.util.quiet import hide_loading_bars
 
     hide_loading_bars()  # the lab's own progress lines only
-    out = pathlib.Path(args.out)
-    seeds = [int(s) for s in args.seeds.split(",")]
     base_ov = {"run.iterations": args.iterations}
     for item in args.set:
         key, eq, val = item.partition("=")
@@ -248,15 +303,24 @@ def main() -> int:
     }
     settings = {args.name: {}}
     if args.sweep:
-        settings = tomllib.loads(pathlib.Path(args.sweep).read_text())["setting"]
+        try:
+            settings = read_sweep(pathlib.Path(args.sweep))
+        except ValueError as exc:
+            print(f"rl_lab.py: error: {exc}", file=sys.stderr)
+            return 2
     runs = []
     for name, ov in settings.items():
         ov = dict(ov)
-        lab_ov = {k: ov.pop(k) for k in list(ov) if k in ("explore", "eval_every", "eval_seeds", "config")}
+        lab_ov = {k: ov.pop(k) for k in list(ov) if k in LAB_KEYS}
         runs.append((name, {**base_ov, **ov}, {**lab, **lab_ov}))
     problem = check_runs(runs, seeds, gradients=args.gradient_agreement is not None, sweep=bool(args.sweep))
     if problem:
         print(f"rl_lab.py: error: {problem}", file=sys.stderr)
+        return 2
+    try:  # before hours of runs, not after them
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(f"rl_lab.py: error: --out {out}: not a writable directory ({exc.strerror or exc})", file=sys.stderr)
         return 2
     docs = []
     for name, ov, lab_ov in runs:

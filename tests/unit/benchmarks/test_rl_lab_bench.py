@@ -31,6 +31,10 @@ def bench():
     ],
 )
 def test_bad_arguments_stop_with_one_line(bench, monkeypatch, capsys, argv, says):
+    _refused_before_running(bench, monkeypatch, capsys, argv, says)
+
+
+def _refused_before_running(bench, monkeypatch, capsys, argv, says):
     monkeypatch.setattr(sys, "argv", ["rl_lab.py", *argv])
     monkeypatch.setattr(bench, "run_one", lambda *a, **k: pytest.fail("ran"))
     monkeypatch.setattr(bench, "run_gradients", lambda *a, **k: pytest.fail("ran"))
@@ -41,6 +45,53 @@ def test_bad_arguments_stop_with_one_line(bench, monkeypatch, capsys, argv, says
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert says in err[-1] and "setting 'run'" not in err[-1]
+
+
+SWEEPS = {
+    "unclosed.toml": ("[setting.a\n", "not valid TOML"),
+    "none.toml": ("[other]\nx = 1\n", "no settings; expected [setting.NAME] tables"),
+    "empty.toml": ("[setting]\n", "no settings"),
+    "value.toml": ("[setting]\na = 1\n", "setting.a must be a table"),
+    "explore.toml": ('[setting.a]\nexplore = "many"\n', "setting.a.explore must be a whole number >= 0"),
+    "seeds.toml": ("[setting.a]\neval_seeds = 0\n", "setting.a.eval_seeds must be a whole number >= 1"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SWEEPS))
+def test_bad_sweep_files_stop_with_one_line(bench, monkeypatch, capsys, tmp_path, name):
+    """Were tracebacks: FileNotFoundError, TOMLDecodeError, KeyError, TypeError, ValueError, or
+    (an empty [setting]) nothing run and then a FileNotFoundError."""
+    text, says = SWEEPS[name]
+    (tmp_path / name).write_text(text)
+    _refused_before_running(bench, monkeypatch, capsys, ["--sweep", str(tmp_path / name)], says)
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--seeds", "a"], "--seeds a: expected run seeds >= 0"),
+        (["--seeds", "0,,1"], "--seeds 0,,1: expected"),
+        (["--seeds", "-1"], "--seeds -1: expected"),
+        (["--threads", "-1"], "argument --threads: must be >= 1, got -1"),
+        (["--eval-seeds", "0"], "argument --eval-seeds: must be >= 1, got 0"),
+        (["--explore", "-3"], "argument --explore: must be >= 0, got -3"),
+        (["--eval-every", "-1"], "argument --eval-every: must be >= 0"),
+        (["--iterations", "x"], "argument --iterations: expected a whole number, got 'x'"),
+    ],
+)
+def test_bad_numbers_stop_with_one_line(bench, monkeypatch, capsys, argv, says):
+    """Were a traceback (--seeds), an error after the model had loaded (--threads, --eval-seeds),
+    or a full run started anyway (--explore -3, --eval-every -1, --seeds -1)."""
+    _refused_before_running(bench, monkeypatch, capsys, argv, says)
+
+
+def test_an_out_that_is_a_file_is_refused_before_running(bench, monkeypatch, capsys, tmp_path):
+    """Was: every batch run, then FileExistsError and the results lost."""
+    (tmp_path / "afile").write_text("")
+    _refused_before_running(bench, monkeypatch, capsys, ["--out", str(tmp_path / "afile")], "not a writable directory")
+    _refused_before_running(
+        bench, monkeypatch, capsys, ["--sweep", str(tmp_path / "nosuch.toml")], "nosuch.toml: No such file"
+    )
 
 
 @pytest.mark.procs  # the lab's one-rank gloo process group, in the test process
