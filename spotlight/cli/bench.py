@@ -109,6 +109,8 @@ def stale_ranking(
     from spotlight.errors import SpotlightError
 
     try:
+        if run_dir.is_file():
+            raise ValueError(f"{run_dir} is a file, not a run directory")
         if not run_dir.is_dir():
             raise ValueError(f"run directory not found: {run_dir}")
         cfg = load_config(run_dir / "config.toml")

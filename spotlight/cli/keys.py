@@ -22,7 +22,11 @@ console = Console(emoji=False, soft_wrap=True)
 
 
 def _fail(exc: Exception) -> None:
-    console.print(f"[red]error:[/red] {escape(str(exc))}")
+    if isinstance(exc, OSError) and exc.strerror:  # "PATH: Not a directory", not "[Errno 20] …"
+        text = f"{exc.filename}: {exc.strerror}" if exc.filename else exc.strerror
+    else:
+        text = str(exc)
+    console.print(f"[red]error:[/red] {escape(text)}")
     raise typer.Exit(2)
 
 

@@ -100,11 +100,17 @@ def plan_summary(plan, *, device: str, limit_source: str | None, disk_free_bytes
     ]
 
 
-def plan_notes(cfg, preset: str | None, plan) -> list[str]:
-    """What the plan did not check or assumed from the config: no GPU size to check against; a
-    preset planned at the tiny embedded default's resolution (its activations are then those of
-    a 32 px image, not of a real run)."""
+def plan_notes(cfg, preset: str | None, plan, *, device: str = "cuda", has_cuda: bool = True) -> list[str]:
+    """What the plan did not check or assumed from the config: a CUDA plan made on a host
+    without a GPU (a run there is fp32 on the CPU: ``--device cpu`` plans that); no GPU size to
+    check against; a preset planned at the tiny embedded default's resolution (its activations
+    are then those of a 32 px image, not of a real run)."""
     notes = []
+    if device == "cuda" and not has_cuda:
+        notes.append(
+            "planned for CUDA (bf16 where model.dtype = auto); this host has no GPU, and a run here is fp32 "
+            "on the CPU: --device cpu plans that"
+        )
     if plan.gpu_limit_bytes is None:
         notes.append("no GPU size to check against: give --gpu-memory-gib (or set cluster.gpu_memory_gib)")
     if preset is not None and cfg.model.family == "tiny":
@@ -200,7 +206,9 @@ def register(app: typer.Typer) -> None:
         if not problems and result.gpu_limit_bytes is not None and not as_json:
             console.print(f"fits: every GPU within {gib(result.gpu_limit_bytes)}")
         if not as_json:
-            for line in plan_notes(cfg, preset, result):
+            import torch
+
+            for line in plan_notes(cfg, preset, result, device=device, has_cuda=torch.cuda.is_available()):
                 console.print(f"note: {escape(line)}", highlight=False)
         if problems:
             raise typer.Exit(1)

@@ -115,9 +115,11 @@ def init_keys(directory: str | os.PathLike, *, exist_ok: bool = False) -> pathli
         The path of ``server.key`` (the public key to copy to clients).
 
     Raises:
-        KeysError: ``DIR`` already holds a server key and ``exist_ok`` is false.
+        KeysError: ``DIR`` is a file, or already holds a server key and ``exist_ok`` is false.
     """
     d = pathlib.Path(directory)
+    if d.exists() and not d.is_dir():
+        raise KeysError(f"{d} is a file, not a keys directory")
     if (d / "server.key_secret").exists():
         if exist_ok:
             return d / "server.key"

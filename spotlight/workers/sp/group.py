@@ -144,6 +144,7 @@ import hashlib
 import logging
 import struct
 import time
+import warnings
 from typing import Callable
 
 import torch
@@ -154,6 +155,19 @@ from spotlight.models.alignment import ALIGN_BYTES, aligned
 from spotlight.rl.sampler import Conditioning, DenoiseState, Sampler
 from spotlight.workers.sp import invariant
 from spotlight.workers.sp.degrees import cfg_split, degree_problem, sp_shape
+
+# diffusers' context-parallel hooks call torch's deprecated functional all_gather_tensor; the
+# warning is theirs to fix, not a user's, and it printed through `spotlight profile`
+warnings.filterwarnings(
+    "ignore",
+    message=r"`torch\.distributed\._functional_collectives\.all_gather_tensor` is deprecated",
+    category=FutureWarning,
+)
+# and diffusers says at every enable_parallelism that the API is experimental: the SP tests pin
+# what we rely on (tests/unit/workers/sp/)
+logging.getLogger("diffusers.models.modeling_utils").addFilter(
+    lambda record: "`enable_parallelism` is an experimental feature" not in record.getMessage()
+)
 
 log = logging.getLogger("spotlight.sp_group")
 

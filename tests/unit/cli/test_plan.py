@@ -137,3 +137,16 @@ def test_a_config_that_is_not_utf8_is_one_line_naming_the_file(tmp_path):
     bom.write_bytes(b"\xef\xbb\xbf[run]\nseed = 1\n")  # a byte-order mark, as some editors write: fine
     res = CliRunner().invoke(app, ["plan", str(bom)], env={"COLUMNS": "200"})
     assert res.exit_code == 0, res.output
+
+
+def test_a_cuda_plan_on_a_host_without_a_gpu_says_so():
+    """A fresh-clone user on a CPU host read bf16 sizes for a run that is fp32 there."""
+    from spotlight.cli.plan import make_plan, plan_notes
+    from spotlight.config import load_config
+
+    cfg = load_config(None)
+    plan, _ = make_plan(cfg)
+    cpu_host = plan_notes(cfg, None, plan, device="cuda", has_cuda=False)
+    assert any("this host has no GPU" in n and "--device cpu" in n for n in cpu_host)
+    assert not any("no GPU" in n and "host" in n for n in plan_notes(cfg, None, plan, device="cuda", has_cuda=True))
+    assert not any("this host" in n for n in plan_notes(cfg, None, plan, device="cpu", has_cuda=False))

@@ -168,6 +168,9 @@ def test_cli_on_fake_run_dir(tmp_path, monkeypatch):
     dump_config(cfg, run / "config.toml")
 
     runner = CliRunner()
+    (tmp_path / "afile").write_text("")
+    res = runner.invoke(app, ["bench", "stale-ranking", "--run-dir", str(tmp_path / "afile")])
+    assert res.exit_code == 2 and "afile is a file, not a run directory" in res.output, res.output  # was "not found"
     # fewer than two versions: a clear error, not a traceback
     save_file(
         {k: v.contiguous() for k, v in build_transformer(SMALL_MODEL, MINILM_DIM, seed=1).state_dict().items()},

@@ -1,0 +1,16 @@
+"""`spotlight keys init` on paths that cannot be a keys directory: one line naming the path."""
+
+from __future__ import annotations
+
+from typer.testing import CliRunner
+
+from spotlight.cli import app
+
+
+def test_keys_init_on_a_file_or_under_one_is_one_line(tmp_path):
+    """Was: `error: [Errno 17] File exists: '…/afile'`."""
+    (tmp_path / "afile").write_text("")
+    res = CliRunner().invoke(app, ["keys", "init", str(tmp_path / "afile")])
+    assert res.exit_code == 2 and res.output.strip() == f"error: {tmp_path / 'afile'} is a file, not a keys directory"
+    res = CliRunner().invoke(app, ["keys", "init", str(tmp_path / "afile" / "keys")])
+    assert res.exit_code == 2 and "Errno" not in res.output and "Not a directory" in res.output, res.output
