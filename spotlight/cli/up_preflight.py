@@ -678,19 +678,23 @@ def _finished(run_dir: pathlib.Path, iterations: int) -> str | None:
     )
 
 
-def _local_flags(run_dir: pathlib.Path) -> list[str]:
-    """``["--local", "--agents", "N"]`` when ``run_dir`` was last run with ``--local`` (its
-    ``local_agents.json``; N its spot agents then), else ``[]``: a local run's agents end with
-    it, so only ``--local`` starts them again (without it, the resumed coordinator waits for
-    agents that never come)."""
+def _local_agents(run_dir: pathlib.Path) -> dict[str, dict] | None:
+    """The agents ``run_dir``'s ``local_agents.json`` lists (a run last run with ``--local``), or None."""
     try:
         agents = json.loads((pathlib.Path(run_dir) / "local_agents.json").read_text()).get("agents", {})
     except (OSError, ValueError, AttributeError):
+        return None
+    return {k: a for k, a in agents.items() if isinstance(a, dict)} if isinstance(agents, dict) else None
+
+
+def _local_flags(run_dir: pathlib.Path) -> list[str]:
+    """``["--local", "--agents", "N"]`` when ``run_dir`` was last run with ``--local`` (N: its
+    spot agents then), else ``[]``: a local run's agents end with it, so only ``--local``
+    starts them again (without it, the resumed coordinator waits for agents that never come)."""
+    agents = _local_agents(run_dir)
+    if agents is None:
         return []
-    if not isinstance(agents, dict):
-        return []
-    spot = sum(1 for a in agents.values() if isinstance(a, dict) and a.get("spot"))
-    return ["--local", "--agents", str(spot)]
+    return ["--local", "--agents", str(sum(1 for a in agents.values() if a.get("spot")))]
 
 
 def _local_agents_alive(run_dir: pathlib.Path) -> bool:
@@ -698,11 +702,7 @@ def _local_agents_alive(run_dir: pathlib.Path) -> bool:
     coordinator's agents outlive it and reconnect to the resumed one by themselves)."""
     from spotlight.cli.up_local import live_process
 
-    try:
-        agents = json.loads((pathlib.Path(run_dir) / "local_agents.json").read_text()).get("agents", {})
-        pids = [int(a["pid"]) for a in agents.values() if isinstance(a, dict) and a.get("pid")]
-    except (OSError, ValueError, AttributeError, TypeError):
-        return False
+    pids = [a["pid"] for a in (_local_agents(run_dir) or {}).values() if isinstance(a.get("pid"), int)]
     return any(live_process(pid, "agent.main") is not None for pid in pids)
 
 

@@ -156,18 +156,28 @@ from spotlight.rl.sampler import Conditioning, DenoiseState, Sampler
 from spotlight.workers.sp import invariant
 from spotlight.workers.sp.degrees import cfg_split, degree_problem, sp_shape
 
-# diffusers' context-parallel hooks call torch's deprecated functional all_gather_tensor; the
-# warning is theirs to fix, not a user's, and it printed through `spotlight profile`
-warnings.filterwarnings(
-    "ignore",
-    message=r"`torch\.distributed\._functional_collectives\.all_gather_tensor` is deprecated",
-    category=FutureWarning,
-)
-# and diffusers says at every enable_parallelism that the API is experimental: the SP tests pin
-# what we rely on (tests/unit/workers/sp/)
-logging.getLogger("diffusers.models.modeling_utils").addFilter(
-    lambda record: "`enable_parallelism` is an experimental feature" not in record.getMessage()
-)
+
+def hide_library_notices() -> None:
+    """Keep two notices of the SP group's libraries off the user's console (``spotlight profile``
+    printed them at every group): torch's FutureWarning about the deprecated functional
+    ``all_gather_tensor`` that diffusers' context-parallel hooks call (theirs to fix, not a
+    user's), and diffusers' note at every ``enable_parallelism`` that the API is experimental
+    (the SP tests pin what we rely on: tests/unit/workers/sp/). Installed at import."""
+    warnings.filterwarnings(
+        "ignore",
+        message=r"`torch\.distributed\._functional_collectives\.all_gather_tensor` is deprecated",
+        category=FutureWarning,
+    )
+    modeling = logging.getLogger("diffusers.models.modeling_utils")
+    if not any(getattr(f, "__name__", "") == "_not_experimental_note" for f in modeling.filters):
+        modeling.addFilter(_not_experimental_note)
+
+
+def _not_experimental_note(record: logging.LogRecord) -> bool:
+    return "`enable_parallelism` is an experimental feature" not in record.getMessage()
+
+
+hide_library_notices()
 
 log = logging.getLogger("spotlight.sp_group")
 
