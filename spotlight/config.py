@@ -1055,6 +1055,8 @@ def load_config(path: str | pathlib.Path | None = None, overrides: dict[str, Any
     Raises:
         ConfigError: the file is missing, is not valid TOML, or fails validation.
     """
+    from spotlight.util.text import decode_utf8
+
     p = pathlib.Path(path) if path is not None else DEFAULT_CONFIG_PATH
     if p.is_dir():
         hint = f"; did you mean {p / 'config.toml'}?" if (p / "config.toml").is_file() else ", not a config file"
@@ -1066,10 +1068,9 @@ def load_config(path: str | pathlib.Path | None = None, overrides: dict[str, Any
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read: {exc.strerror or exc}") from None
     try:
-        text = raw.decode("utf-8-sig")  # a byte-order mark (some editors write one) dropped
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise ConfigError(f"{p}:{line}: not UTF-8 text (byte {exc.start}); TOML files are UTF-8") from None
+        text = decode_utf8(raw, str(p))
+    except ValueError as exc:
+        raise ConfigError(f"{exc}; TOML files are UTF-8") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -619,22 +619,20 @@ def _waiting_line(run: UpRun, coord) -> str:
     if run.resuming and (local := _local_flags(run.run_dir)) and not _local_agents_alive(run.run_dir):
         # its agents ended with it: none will reconnect
         again = shlex.join(["spotlight", "up", "--resume", str(run.run_dir), *local])
-        return (
+        opening = (
             "waiting for agents: this run was last run with --local, and its local agents stopped with it. "
             f"To run it locally again, stop this (Ctrl-C) and start [cyan]{escape(again)}[/cyan]; to add a "
-            f"node instead, give it a key: [cyan]spotlight keys add {keys_dir} agent NODE[/cyan], copy "
-            f"[cyan]{keys_dir}/server.key[/cyan] and [cyan]{keys_dir}/agent.NODE.key_secret[/cyan] to the node's "
-            f"keys directory, then run [cyan]spotlight-agent join --coordinator <this-host>:{port} --keys DIR "
-            "--gpus 0[/cyan]"
+            "node instead, give it a key: "
         )
-    return (
-        (
+    elif run.resuming:
+        opening = (
             "waiting for agents: those of the earlier coordinator reconnect by themselves. "
             "To add a node, give it a key: "
-            if run.resuming
-            else "waiting for agents. Give each spot node a key: "
         )
-        + f"[cyan]spotlight keys add {keys_dir} agent NODE[/cyan], copy "
+    else:
+        opening = "waiting for agents. Give each spot node a key: "
+    return (
+        opening + f"[cyan]spotlight keys add {keys_dir} agent NODE[/cyan], copy "
         f"[cyan]{keys_dir}/server.key[/cyan] and [cyan]{keys_dir}/agent.NODE.key_secret[/cyan] to the node's keys "
         f"directory, then run [cyan]spotlight-agent join --coordinator <this-host>:{port} --keys DIR --gpus 0[/cyan]"
     )

@@ -153,6 +153,8 @@ def verdict(
 def load_metadata(paths: Sequence[str | pathlib.Path]) -> dict[str, dict]:
     """Prompt → GenEval metadata from JSONL files (GenEval's ``evaluation_metadata.jsonl`` and
     our training set). Raises SpotlightError naming file and line on a malformed record."""
+    from spotlight.util.text import decode_utf8
+
     out: dict[str, dict] = {}
     for path in paths:
         p = pathlib.Path(path)
@@ -161,10 +163,9 @@ def load_metadata(paths: Sequence[str | pathlib.Path]) -> dict[str, dict]:
         except OSError as exc:
             raise SpotlightError(f"--geneval-metadata {p}: {exc.strerror or exc}") from None
         try:
-            lines = raw.decode("utf-8-sig").splitlines()
-        except UnicodeDecodeError as exc:
-            line = raw[: exc.start].count(b"\n") + 1
-            raise SpotlightError(f"{p}:{line}: not UTF-8 text (byte {exc.start})") from None
+            lines = decode_utf8(raw, str(p)).splitlines()
+        except ValueError as exc:
+            raise SpotlightError(str(exc)) from None
         for n, line in enumerate(lines, 1):
             if not line.strip():
                 continue

@@ -192,11 +192,12 @@ def _read_utf8(p: pathlib.Path, source: str) -> tuple[bytes, str]:
         raise ConfigError(f"{source}: file not found: {p}") from None
     except OSError as exc:
         raise ConfigError(f"{source}: cannot read {p}: {exc.strerror or exc}") from None
+    from spotlight.util.text import decode_utf8
+
     try:
-        return raw, raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise ConfigError(f"{p}:{line}: not UTF-8 text (byte {exc.start}); save the prompt file as UTF-8") from None
+        return raw, decode_utf8(raw, str(p))
+    except ValueError as exc:
+        raise ConfigError(f"{exc}; save the prompt file as UTF-8") from None
 
 
 @dataclasses.dataclass(frozen=True)
