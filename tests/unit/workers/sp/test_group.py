@@ -23,6 +23,7 @@ from spotlight.models.dit import build_transformer, make_velocity_fn, token_shap
 from spotlight.rl.sampler import Conditioning, Sampler
 from spotlight.workers.sp.group import GroupSpec, SPGroupMember, check_sp_degree
 from tests.factories import cond_tensors, free_ports, make_lease_item, make_leases
+from tests.unit.spawned import leave_now
 
 TEXT_DIM = 384
 TIMEOUT_S = 240  # stall detection only; a scenario takes ~10-20 s on 2 idle cores
@@ -110,6 +111,13 @@ def _run(targets, timeout=TIMEOUT_S, *, dies: tuple[int, ...] = ()) -> dict:
 
 
 def _guard(q, name, fn):
+    """Run ``fn`` in a spawned rank and report "<name>.done" (or "<name>.error") last.
+
+    A rank that succeeded then exits with status 0 without the interpreter's teardown:
+    gloo's and the TCP store's destructors at exit can abort a process whose peer is
+    tearing down at the same moment ("terminate called without an active exception",
+    SIGABRT after every result was in: seen in a full run), as in ``tests/unit/spawned``.
+    The queue's feeder thread is drained first so no message is lost."""
     try:
         fn()
     except BaseException:  # report instead of dying silently
@@ -118,6 +126,9 @@ def _guard(q, name, fn):
         q.put((f"{name}.error", traceback.format_exc()))
         raise
     q.put((f"{name}.done", True))
+    q.close()
+    q.join_thread()
+    leave_now()
 
 
 # ---------------------------------------------------------------- child targets
