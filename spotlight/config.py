@@ -950,10 +950,25 @@ def config_from_dict(data: dict[str, Any]) -> SpotlightConfig:
         ConfigError: unknown key, wrong type or out-of-range value (message names the field).
     """
     data = _with_mode(data)
+    _check_finite(data, "")
     try:
         return msgspec.convert(data, type=SpotlightConfig)
     except msgspec.ValidationError as exc:
         raise _validation_error(str(exc)) from None
+
+
+def _check_finite(node: Any, where: str) -> None:
+    """Refuse ``inf`` and ``nan`` anywhere in a TOML-shaped config: no key means "unbounded" by
+    an infinity, and a non-finite float cannot travel to the workers (JSON has no such number;
+    msgspec writes it as null, which the worker then refuses at every start)."""
+    if isinstance(node, float) and not math.isfinite(node):
+        raise ConfigError(f"{where}: must be a finite number, got {node}", where)
+    if isinstance(node, dict):
+        for key, value in node.items():
+            _check_finite(value, f"{where}.{key}" if where else str(key))
+    elif isinstance(node, (list, tuple)):
+        for value in node:
+            _check_finite(value, where)
 
 
 def _validation_error(message: str) -> ConfigError:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import pathlib
 
 import pytest
@@ -424,3 +425,40 @@ def test_every_prompt_a_control_prompt_with_exploration_on_is_refused():
         overrides={"data.num_control_prompts": 12, "data.prompts_per_iteration": 12, "explore.enabled": False}
     )
     assert cfg.num_explored_prompts == 0
+
+
+def _float_keys() -> list[str]:
+    """Every dotted key of the resolved default config whose value is a float (or holds floats)."""
+    out = []
+    for section, table in config_to_dict(load_config()).items():
+        for key, value in table.items():
+            values = value if isinstance(value, (list, tuple)) else [value]
+            if any(isinstance(v, float) for v in values):
+                out.append(f"{section}.{key}")
+    return out
+
+
+FLOAT_KEYS = _float_keys()
+
+
+def test_the_default_config_has_float_keys_in_every_numeric_section():
+    assert len(FLOAT_KEYS) > 20 and {"sampler.noise_level", "train.learning_rate", "cluster.lease_timeout_s"} <= set(
+        FLOAT_KEYS
+    )
+
+
+@pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan], ids=["inf", "-inf", "nan"])
+@pytest.mark.parametrize("key", FLOAT_KEYS)
+def test_no_float_key_accepts_a_non_finite_number(key, value, tmp_path):
+    """``inf`` once passed every check and reached the workers as JSON null, which they refused
+    at every start: the run hung while its worker crash-looped. Every float key refuses it at
+    load time, from a file and from an override, naming the key."""
+    default = config_to_dict(load_config())
+    section, name = key.split(".")
+    bad = [value] * len(default[section][name]) if isinstance(default[section][name], (list, tuple)) else value
+    path = tmp_path / "bad.toml"
+    path.write_text(f"[{section}]\n{name} = {bad}\n")  # TOML spells them inf, -inf, nan
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert f"{key}: must be a finite number" in str(info.value) and str(path) in str(info.value), str(info.value)
+    _raises_naming(key, **{key: bad})
