@@ -44,6 +44,7 @@ from agent.node_scheduler import (
     DeliverLeases,
     Drain,
     FormGroup,
+    GiveUpGpus,
     GroupServing,
     KillWorker,
     NodeScheduler,
@@ -290,6 +291,7 @@ class AgentDaemon:
         self.detector = detector or NullDetector()
         self.detector_healthy = True
         self.detector_error = ""
+        self.workers_error = ""  # GPUs given up after failed worker starts (heartbeat)
         self._detector_q: queue.Queue = queue.Queue()
         self._detector_thread = DetectorThread(self.detector, self._detector_q, poll_interval_s)
         self._pending_ack: list[PreemptionNotice] = []
@@ -614,6 +616,13 @@ class AgentDaemon:
                     if give_up:
                         log.error("%s: no more spares on this node", give_up)
                     self._stop_spare()
+                case GiveUpGpus(gpus=gpus, failures=failures, exit_code=code):
+                    why = (
+                        f"workers on GPUs {list(gpus)} failed {failures} starts in a row (last exit code {code}); "
+                        "not starting them again: see this node's worker logs"
+                    )
+                    log.error("%s", why)
+                    self.workers_error = why if not self.workers_error else f"{self.workers_error}; {why}"
                 case DeliverLeases():  # carried out by _on_leases, which holds the frames
                     raise AssertionError("DeliverLeases outside _on_leases")
 
@@ -905,6 +914,7 @@ class AgentDaemon:
                 draining=self.draining,
                 detector_healthy=self.detector_healthy,
                 detector_error=self.detector_error,
+                workers_error=self.workers_error,
                 gpus=self.gpus,
             )
         )

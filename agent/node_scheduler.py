@@ -57,6 +57,10 @@ SPARE_FIRST_WAIT_S = 120.0
 SPARE_REPLACE_MAX_WAIT_S = 60.0
 SPARE_RETRY_S = 5.0
 SPARE_MAX_FAILURES = 3
+# A worker that exits with an error before its hello, WORKER_MAX_START_FAILURES times in a row
+# on the same GPUs, is not started there again (the node reports it): a fault that fails every
+# start (a broken install, a driver error) must not restart forever in silence.
+WORKER_MAX_START_FAILURES = 5
 
 
 # ---------------------------------------------------------------- worker table
@@ -296,6 +300,16 @@ class StopSpare:
     give_up: str = ""
 
 
+@dataclasses.dataclass(frozen=True)
+class GiveUpGpus:
+    """Workers on ``gpus`` failed ``failures`` starts in a row (the last with ``exit_code``) and
+    are not started there again: report it (the node's heartbeat carries it to the coordinator)."""
+
+    gpus: tuple[int, ...]
+    failures: int
+    exit_code: int
+
+
 Action = (
     SpawnWorker
     | StopWorker
@@ -310,6 +324,7 @@ Action = (
     | ReturnLeases
     | StartSpare
     | StopSpare
+    | GiveUpGpus
 )
 
 
@@ -346,6 +361,8 @@ class NodeScheduler:
         spare_timing: SpareTiming = SpareTiming(),
     ):
         self.node_id = node_id
+        self.start_failures: dict[tuple[int, ...], int] = {}
+        """GPUs → workers on them that exited with an error before their hello, in a row."""
         self.gpus: list[int] = list(gpus)
         self.grace_s = grace_s
         self.workers: dict[str, WorkerSlot] = {}
@@ -435,6 +452,7 @@ class NodeScheduler:
         if slot.status is not WorkerStatus.STARTING:
             return False
         self._set(slot, WorkerStatus.READY)
+        self.start_failures.pop(tuple(slot.gpus), None)  # it started: earlier failures no longer count
         return True
 
     def leased(self, worker_id: str, items: list[tuple[str, int]], now: float) -> None:
@@ -641,12 +659,15 @@ class NodeScheduler:
 
     def worker_exited(self, worker_id: str, exit_code: int, now: float, *, spare_refused: bool = False) -> list[Action]:
         """The worker's process is gone (``exit_code``). Its group re-forms without it, its leases
-        go back, and unless it was stopped on purpose it is replaced on the same GPUs.
+        go back, and unless it was stopped on purpose it is replaced on the same GPUs, except
+        after :data:`WORKER_MAX_START_FAILURES` exits with an error before a hello in a row
+        there (:class:`GiveUpGpus`).
         ``spare_refused``: it was to be a warm spare that could not become a worker (it had
         initialised CUDA early), so the node keeps no spares any more."""
         slot = self.workers.get(worker_id)
         if slot is None or slot.status is WorkerStatus.EXITED:
             return []
+        failed_start = slot.status is WorkerStatus.STARTING and exit_code != 0 and not spare_refused
         held = self.exited(worker_id)
         actions: list[Action] = []
         revoked = worker_id in self.revoking
@@ -665,7 +686,13 @@ class NodeScheduler:
             del self.revoking[worker_id]
             self.done_when_serving.pop(worker_id, None)
         elif not self.draining:
-            actions.append(self.spawn(slot.gpus, "replace"))
+            key = tuple(slot.gpus)
+            failures = self.start_failures.get(key, 0) + 1 if failed_start else 0
+            self.start_failures[key] = failures
+            if failures >= WORKER_MAX_START_FAILURES:
+                actions.append(GiveUpGpus(key, failures, exit_code))
+            else:
+                actions.append(self.spawn(slot.gpus, "replace"))
         return actions + self._finish_restart(now)
 
     def overdue(self, now: float) -> list[Action]:

@@ -208,6 +208,9 @@ class Heartbeat(_Msg, kw_only=True):
     draining: bool = False
     gpus: GpuList | None = None
     """The node's current GPUs (after revocations/additions); None = unchanged."""
+    workers_error: Text = ""
+    """Why some of the node's GPUs get no workers any more (their workers failed every start);
+    empty when none."""
 
 
 class Notice(_Msg, kw_only=True):

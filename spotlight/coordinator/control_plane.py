@@ -432,6 +432,7 @@ class ControlPlane:
             workers={w.worker_id: list(w.gpus) for w in body.workers},
             detector_healthy=body.detector_healthy,
             detector_error=body.detector_error,
+            workers_error=body.workers_error,
             gpus=body.gpus,
         )
         is_spot = self.instances.nodes[node_id].is_spot
@@ -459,6 +460,9 @@ class ControlPlane:
         if body.detector_healthy != rec.detector_healthy:
             detail = f"unhealthy: {body.detector_error}" if not body.detector_healthy else "healthy again"
             self.events.append(now, "detector", node_id, detail)
+        if body.workers_error and body.workers_error != rec.workers_error:
+            self.events.append(now, "gave-up", node_id, body.workers_error[:300])
+            log.error("node %s: %s", node_id, body.workers_error)
 
     def on_notice(self, identity, body: P.Notice, payload, now) -> None:
         if not math.isfinite(body.deadline_unix_s):

@@ -67,6 +67,7 @@ def _node(r, now: float) -> dict:
         "workers": sorted(r.workers),
         "detector_healthy": r.detector_healthy,
         "detector_error": r.detector_error,
+        "workers_error": r.workers_error,
         "last_seen_s_ago": round(now - r.last_seen, 1),
     }
 

@@ -16,6 +16,7 @@ Event kinds (``EventLog.append``'s ``kind``):
     reform     a node's workers changed (an SP group re-formed; detail: worker → GPUs)
     commit     a draining worker committed partial work (detail: requests, steps)
     detector   a node's preemption detector turned unhealthy or recovered (detail: its error)
+    gave-up    a node stopped starting workers on some GPUs: they failed every start (detail: which, why)
     unhealthy  a Rollout Worker whose consecutive batches all failed backs off (detail: its last error)
     parked     a request failed on cluster.max_request_failures leases and is not run again (detail: error)
     weights    a weight version was published (detail: version, size)

@@ -48,6 +48,8 @@ class NodeRecord:
     """worker id → GPUs, from the latest heartbeat."""
     detector_healthy: bool = True
     detector_error: str = ""
+    workers_error: str = ""
+    """Why some of its GPUs get no workers any more (the agent gave them up); empty when none."""
     notices: list[dict] = dataclasses.field(default_factory=list)
     history: list[tuple[NodeStatus, float, str]] = dataclasses.field(default_factory=list)
     host: str = ""
@@ -252,6 +254,7 @@ class InstanceManager:
         workers: dict[str, list[int]] | None = None,
         detector_healthy: bool | None = None,
         detector_error: str | None = None,
+        workers_error: str | None = None,
         gpus: list[int] | None = None,
     ) -> None:
         """Liveness (and, when given, the node's current workers, GPUs and detector health)."""
@@ -270,6 +273,8 @@ class InstanceManager:
             rec.detector_healthy = detector_healthy
         if detector_error is not None:
             rec.detector_error = detector_error
+        if workers_error is not None:
+            rec.workers_error = workers_error
 
     def notice(self, node_id: str, notice: dict, now: float) -> None:
         """A preemption notice for the node (scope "node") or some of its GPUs."""

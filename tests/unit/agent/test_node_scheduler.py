@@ -13,9 +13,11 @@ import pytest
 
 from agent.node_scheduler import (
     VALID_WORKER_TRANSITIONS,
+    WORKER_MAX_START_FAILURES,
     DeliverLeases,
     Drain,
     FormGroup,
+    GiveUpGpus,
     GroupServing,
     InvalidTransition,
     KillWorker,
@@ -219,6 +221,47 @@ def test_crashed_member_leaves_its_group_its_leases_go_back_and_its_replacement_
             ReturnLeases(wid, ("r3",), (9,), "worker exited before its leases arrived")
         ]
     assert ns.worker_hello("n/gpu0.r1", pid=20, now=4.0) == [FormGroup(("n/gpu1", "n/gpu0.r1"), generation=3)]
+
+
+def _fail_starts(ns, worker_id: str, times: int, now: float) -> tuple[str, list]:
+    """The worker ``worker_id`` and each of its replacements exit with code 1 before a hello,
+    ``times`` times; returns the last replacement's id and the last exit's actions."""
+    actions: list = []
+    for i in range(times):
+        actions = ns.worker_exited(worker_id, 1, now=now + i)
+        spawned = [a for a in actions if isinstance(a, SpawnWorker)]
+        if spawned:
+            worker_id = spawned[0].worker_id
+            ns.worker_spawned(worker_id, 0, now + i)
+    return worker_id, actions
+
+
+def test_a_worker_that_fails_every_start_is_given_up_after_max_failures_and_reported():
+    """A fault that fails every start (a bad install, a value the worker cannot read) must not be
+    restarted forever in silence: after WORKER_MAX_START_FAILURES exits before a hello in a row,
+    those GPUs get no worker and the node reports why; the other GPU's worker is untouched."""
+    ns = make_scheduler((0, 1), ready=False)
+    ns.worker_hello("n/gpu1", pid=101, now=0.0)
+    wid, last = _fail_starts(ns, "n/gpu0", WORKER_MAX_START_FAILURES - 1, now=1.0)
+    assert last == [SpawnWorker(wid, (0,), cause="replace")]  # still replaced
+    assert ns.worker_exited(wid, 1, now=20.0) == [GiveUpGpus((0,), WORKER_MAX_START_FAILURES, 1)]
+    assert [s.worker_id for s in ns.live_workers()] == ["n/gpu1"]
+
+
+def test_a_hello_or_a_clean_exit_resets_the_start_failures():
+    ns = make_scheduler((0,), ready=False)
+    wid, _ = _fail_starts(ns, "n/gpu0", WORKER_MAX_START_FAILURES - 1, now=1.0)
+    ns.worker_hello(wid, pid=7, now=10.0)  # it started: the earlier failures no longer count
+    wid, last = _fail_starts(ns, wid, WORKER_MAX_START_FAILURES - 1, now=11.0)
+    assert last == [SpawnWorker(wid, (0,), cause="replace")]
+    # a worker that said hello and then crashed is replaced and counts as no failed start
+    ns.worker_hello(wid, pid=8, now=30.0)
+    actions = ns.worker_exited(wid, 1, now=31.0)
+    assert [type(a) for a in actions] == [SpawnWorker]
+    wid = actions[0].worker_id
+    ns.worker_spawned(wid, 0, 31.0)
+    _, last = _fail_starts(ns, wid, WORKER_MAX_START_FAILURES - 1, now=32.0)
+    assert all(not isinstance(a, GiveUpGpus) for a in last)
 
 
 def test_stopped_worker_past_its_deadline_is_killed():

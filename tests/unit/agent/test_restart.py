@@ -130,3 +130,30 @@ def test_without_live_migration_an_elastic_revocation_does_not_commit(daemon):
     d.revoke_gpus([1], grace_s=30.0)
     _pump(d, lambda: len(_stops(out)) == 1)
     assert _stops(out) == [{"worker": "n/gpu1", "commit": False}]
+
+
+def test_a_gpu_whose_worker_fails_every_start_is_given_up_and_reported(daemon):
+    """A worker that exits with an error before its hello on every start (here GPU 1's: a
+    stand-in that refuses its config) is restarted WORKER_MAX_START_FAILURES − 1 times, then
+    that GPU gets no worker and the node's heartbeat says why; the other GPUs serve."""
+    from agent.node_scheduler import WORKER_MAX_START_FAILURES
+
+    d, out = daemon
+    healthy = d._launch
+    starts: list[str] = []
+
+    def launch(worker_id, gpus, env):
+        if gpus != [1]:
+            return healthy(worker_id, gpus, env)
+        starts.append(worker_id)
+        return subprocess.Popen([sys.executable, "-c", "import sys; sys.exit('cannot read the config')"])
+
+    d._launch = launch
+    _register(d)
+    d.start_workers()
+    _pump(d, lambda: bool(d.workers_error) and len(_ready(d)) == 2)
+    assert len(starts) == WORKER_MAX_START_FAILURES
+    assert "GPUs [1] failed 5 starts in a row (last exit code 1)" in d.workers_error, d.workers_error
+    assert sorted(tuple(d.sched.workers[w].gpus) for w in _ready(d)) == [(0,), (2,)]
+    d.check_workers()  # nothing more is started on GPU 1
+    assert len(starts) == WORKER_MAX_START_FAILURES and sorted(d.procs) == sorted(_ready(d))

@@ -43,6 +43,12 @@ def test_snapshot_events_and_status_file(tmp_path):
         node = snap["nodes"][0]
         # the trainer's reserved GPU is billed from the start: it is counted too (it was not)
         assert node["num_gpus"] == 2 and snap["gpus"] == {"spot": 2, "reserved": 1, "train": 1, "reserved_rollout": 0}
+        # the agent gave up a GPU whose workers failed every start: an event and the node's record
+        gave_up = "workers on GPUs [1] failed 5 starts in a row (last exit code 1); not starting them again"
+        for _ in range(2):  # said on every heartbeat from then on: one event
+            run.agent.send_multipart(P.encode(P.Heartbeat(node_id="spot-a", session=session, workers_error=gave_up)))
+            assert run.recv(run.agent)[0] == P.MsgType.HEARTBEAT
+        assert _ask_status(run)["nodes"][0]["workers_error"] == gave_up
         notice = P.Notice(
             node_id="spot-a",
             session=session,
@@ -59,8 +65,15 @@ def test_snapshot_events_and_status_file(tmp_path):
             assert time.monotonic() < deadline, snap
         assert snap["nodes"][0]["why"] == "bye: preempted: committed"
         kinds = [(e["kind"], e["node"]) for e in snap["events"]]
-        assert kinds == [("join", "spot-a"), ("add", "spot-a"), ("notice", "spot-a"), ("leave", "spot-a")], kinds
-        assert "gcp preempt" in snap["events"][2]["detail"] and snap["events"][3]["detail"] == "preempted: committed"
+        assert kinds == [
+            ("join", "spot-a"),
+            ("add", "spot-a"),
+            ("gave-up", "spot-a"),
+            ("notice", "spot-a"),
+            ("leave", "spot-a"),
+        ], kinds
+        assert snap["events"][2]["detail"] == gave_up
+        assert "gcp preempt" in snap["events"][3]["detail"] and snap["events"][4]["detail"] == "preempted: committed"
         assert all(e["t_s"] >= 0 for e in snap["events"])
         assert snap["gpus"] == {"spot": 0, "reserved": 1, "train": 1, "reserved_rollout": 0}
     finally:
