@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
+import os
 import pathlib
-from typing import Optional
+from typing import Callable, Optional
 
 import typer
 from rich.console import Console
@@ -61,35 +63,187 @@ def register(app: typer.Typer) -> None:
         if out is not None and run_dir is not None:
             console.print("[red]error:[/red] give --out or --run-dir, not both")
             raise typer.Exit(2)
-        cfg, prompts, ths, degrees = _inputs(console, config, thresholds, sp_degrees)
+        cfg, prompts, ths, degrees, path = _inputs(
+            console, config, thresholds, sp_degrees, out=out, run_dir=run_dir, weights=weights, num_prompts=num_prompts
+        )
         result = _measure(cfg, prompts, weights, ths, degrees, num_prompts, num_seeds, console)
-        path = _write(console, result, run_dir, out)
+        path = _write(console, result, path)
         _show(console, cfg, result)
         console.print(escape(_how_to_use(path, run_dir is not None)))
 
 
-def _inputs(console: Console, config, thresholds: str, sp_degrees: str):
-    """``(config, prompts, thresholds, SP degrees)`` of the command line.
+THRESHOLDS_ALLOWED = "comma-separated finite numbers >= 0 (0 is the full rollout), at least one, e.g. 0.3,0.5,0.7"
+"""What ``--thresholds`` takes, as its refusals say."""
+
+SP_DEGREES_ALLOWED = "comma-separated integers >= 1, at least one, e.g. 1,2"
+"""What ``--sp-degrees`` takes, as its refusals say."""
+
+
+def _inputs(
+    console: Console,
+    config,
+    thresholds: str,
+    sp_degrees: str,
+    *,
+    out: Optional[pathlib.Path] = None,
+    run_dir: Optional[pathlib.Path] = None,
+    weights: Optional[pathlib.Path] = None,
+    num_prompts: int = 2,
+):
+    """``(config, prompts, thresholds, SP degrees, profile path)`` of the command line, every
+    option checked before anything is built or measured.
 
     Raises:
-        typer.Exit: 2 with one line: a bad config, prompt file or list, or a checkpoint that is missing.
+        typer.Exit: 2 with one line: a bad list, an output path that cannot be written, weights
+            that are not a readable safetensors file, a bad config or prompt file, more
+            ``--num-prompts`` than the prompt file has, or a checkpoint that is missing.
     """
     from spotlight.cli.up import load_prompts
     from spotlight.config import load_config
     from spotlight.errors import SpotlightError
 
     try:
+        ths = parse_list("--thresholds", thresholds, _threshold, THRESHOLDS_ALLOWED)
+        degrees = parse_list("--sp-degrees", sp_degrees, _sp_degree, SP_DEGREES_ALLOWED)
+        path = profile_path(out, run_dir)
+        if weights is not None:
+            check_weights(weights)
         cfg = load_config(config)
         prompts = load_prompts(cfg.data, config)
-        ths = [float(t) for t in thresholds.split(",") if t.strip()]
-        degrees = [int(d) for d in sp_degrees.split(",") if d.strip()]
+        if num_prompts > len(prompts):
+            raise ValueError(
+                f"--num-prompts {num_prompts}: the prompt file ({cfg.data.prompts_path}) has only "
+                f"{len(prompts)} prompts; use at most {len(prompts)}"
+            )
         from spotlight.models.families import get_family
 
         get_family(cfg.model).check()  # a missing or incomplete checkpoint: one line, before any work
     except (SpotlightError, ValueError) as exc:
         console.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2)
-    return cfg, prompts, ths, degrees
+    return cfg, prompts, ths, degrees, path
+
+
+def _threshold(text: str) -> float:
+    """One ``--thresholds`` element as a float. Raises ValueError: why it is not allowed."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError("not a number") from None
+    if not math.isfinite(value):
+        raise ValueError("not a finite number")
+    if value < 0:
+        raise ValueError("negative")
+    return value
+
+
+def _sp_degree(text: str) -> int:
+    """One ``--sp-degrees`` element as an int. Raises ValueError: why it is not allowed."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError("not an integer") from None
+    if value < 1:
+        raise ValueError("less than 1")
+    return value
+
+
+def parse_list(option: str, raw: str, parse: Callable[[str], object], allowed: str) -> list:
+    """The comma-separated elements of ``option``'s value ``raw``, each through ``parse``.
+
+    Raises:
+        ValueError: one line naming ``option``, the bad element and what is ``allowed`` (an
+            empty element, ``raw`` itself empty included, is refused).
+    """
+    values = []
+    for item in raw.split(","):
+        text = item.strip()
+        if not text:
+            raise ValueError(f"{option} {raw!r}: an empty element; allowed: {allowed}")
+        try:
+            values.append(parse(text))
+        except ValueError as exc:
+            raise ValueError(f"{option} {raw!r}: {text!r} is {exc}; allowed: {allowed}") from None
+    return values
+
+
+def profile_path(out: Optional[pathlib.Path], run_dir: Optional[pathlib.Path]) -> pathlib.Path:
+    """Where the profile goes: ``run_dir/profile.json`` (the directory is created when missing),
+    else ``out``, else ``profile.json`` here (its directory is created when missing) -- checked,
+    writing nothing, so that a bad path fails before minutes of measuring.
+
+    Raises:
+        ValueError: one line naming the option and the path that cannot be written.
+    """
+    from spotlight.studies.profiling import RUN_DIR_PROFILE
+    from spotlight.util.disk import unwritable_dir
+
+    if run_dir is not None:
+        if run_dir.exists() and not run_dir.is_dir():
+            raise ValueError(f"--run-dir {run_dir}: a file, not a directory")
+        problem = unwritable_dir(run_dir)
+        if problem:
+            raise ValueError(f"--run-dir {run_dir}: {problem}")
+        path, name = run_dir / RUN_DIR_PROFILE, f"--run-dir {run_dir}"
+    else:
+        path = out if out is not None else pathlib.Path(RUN_DIR_PROFILE)
+        name = f"--out {path}" if out is not None else f"{path} (the default --out)"
+        if path.is_dir():
+            raise ValueError(f"{name}: a directory; give a file path, e.g. --out {path / RUN_DIR_PROFILE}")
+        problem = unwritable_dir(path.parent)
+        if problem:
+            raise ValueError(f"{name}: {path.parent}: {problem}")
+    if path.is_dir():
+        raise ValueError(f"{name}: {path} is a directory")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise ValueError(f"{name}: {path} is not writable")
+    return path
+
+
+def check_weights(weights: pathlib.Path) -> None:
+    """``--weights`` names a readable safetensors file holding tensors (only its header is read).
+
+    Raises:
+        ValueError: one line naming ``--weights``, the path and why not.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    if not weights.exists():
+        raise ValueError(f"--weights {weights}: no such file")
+    if not weights.is_file():
+        what = "a directory" if weights.is_dir() else "not a regular file"
+        raise ValueError(f"--weights {weights}: {what}, not a safetensors file")
+    try:
+        with safe_open(str(weights), framework="pt") as f:
+            empty = not list(f.keys())
+    except (SafetensorError, OSError) as exc:
+        raise ValueError(f"--weights {weights}: not a readable safetensors file ({_reason(exc)})") from None
+    if empty:
+        raise ValueError(f"--weights {weights}: a safetensors file without tensors")
+
+
+def _reason(exc: BaseException) -> str:
+    """An OS or library error as a short phrase."""
+    return (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
+
+
+def load_weights(console: Console, weights: pathlib.Path) -> dict:
+    """The tensors of the safetensors file ``weights``.
+
+    Raises:
+        typer.Exit: 2 with one line when the file cannot be read (it changed since it was checked).
+    """
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(weights))
+    except (SafetensorError, OSError) as exc:
+        console.print(
+            f"[red]error:[/red] --weights {escape(str(weights))}: not a readable safetensors file "
+            f"({escape(_reason(exc))})"
+        )
+        raise typer.Exit(2) from None
 
 
 def _measure(cfg, prompts, weights, ths, degrees, num_prompts: int, num_seeds: int, console: Console) -> dict:
@@ -105,11 +259,7 @@ def _measure(cfg, prompts, weights, ths, degrees, num_prompts: int, num_seeds: i
     torch.set_num_threads(max(1, cfg.cluster.torch_threads))
     with working(console, f"encoding prompts ({cfg.model.family} text encoder, cached after the first run)…"):
         cond = cached_conditioning(get_family(cfg.model), prompts, _cache_dir())
-    sd = None
-    if weights is not None:
-        from safetensors.torch import load_file
-
-        sd = load_file(str(weights))
+    sd = load_weights(console, weights) if weights is not None else None
     return run_profile(
         cfg,
         cond,
@@ -123,15 +273,13 @@ def _measure(cfg, prompts, weights, ths, degrees, num_prompts: int, num_seeds: i
     )
 
 
-def _write(console: Console, result: dict, run_dir, out) -> pathlib.Path:
-    """Write ``result`` to ``run_dir/profile.json``, else ``out``, else ``profile.json``; its path.
+def _write(console: Console, result: dict, path: pathlib.Path) -> pathlib.Path:
+    """Write ``result`` to ``path`` (:func:`profile_path`, checked before measuring), creating its
+    directory; ``path``.
 
     Raises:
-        typer.Exit: 1 with one line: the file cannot be written.
+        typer.Exit: 1 with one line: the file cannot be written after all.
     """
-    from spotlight.studies.profiling import RUN_DIR_PROFILE
-
-    path = run_dir / RUN_DIR_PROFILE if run_dir is not None else out or pathlib.Path("profile.json")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(result, indent=2))
