@@ -1385,7 +1385,6 @@ _Cloud = Annotated[str, typer.Option("--cloud", help="Preemption notice source: 
 _MetadataUrl = Annotated[
     Optional[str], typer.Option("--metadata-url", help="Override the cloud metadata base URL (e.g. a mock server).")
 ]
-_Config = Annotated[Optional[pathlib.Path], typer.Option("--config", help="Agent TOML config (optional).")]
 _Keys = Annotated[
     Optional[pathlib.Path],
     typer.Option(
@@ -1482,7 +1481,6 @@ def join(
     reserved: _Reserved = False,
     cloud: _Cloud = "none",
     metadata_url: _MetadataUrl = None,
-    config: _Config = None,
     keys: _Keys = None,
     key: _Key = None,
     grace_s: _GraceS = 20.0,

@@ -101,3 +101,30 @@ def test_the_walk_reaches_every_command():
 
     paths = {" ".join(path) for path, _ in _walk(typer.main.get_command(app))}
     assert {"simulate", "keys add", "bench stale-ranking"} <= paths, paths
+
+
+def test_every_option_of_every_command_is_used():
+    """An option a command declares but never reads is accepted and silently ignored
+    (``spotlight-agent join --config`` was): every parameter of every ``spotlight`` and
+    ``spotlight-agent`` command is read in its function's body."""
+    import ast
+    import inspect
+    import textwrap
+
+    import typer
+
+    from agent.main import app as agent_app
+    from spotlight.cli import app
+
+    unused = []
+    for root in (app, agent_app):
+        for path, command in _walk(typer.main.get_command(root)):
+            fn = getattr(command.callback, "__wrapped__", command.callback)
+            if fn is None:
+                continue
+            tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+            func = next(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
+            read = {n.id for stmt in func.body for n in ast.walk(stmt) if isinstance(n, ast.Name)}
+            params = [a.arg for a in func.args.args + func.args.kwonlyargs]
+            unused += [f"{' '.join(path)} {p}" for p in params if p not in read and p != "ctx"]
+    assert not unused, unused
