@@ -11,6 +11,7 @@ Real scale: ``spotlight up --config examples/paper/<setup>.toml`` on a cluster's
 
 from __future__ import annotations
 
+import argparse
 import json
 import pathlib
 import sys
@@ -22,7 +23,10 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from _provenance import provenance, provenance_line  # noqa: E402
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    # no options: --help prints the docstring and anything else is refused before the table is
+    # written (before, ``--bogus`` rewrote results/table2_configs.json with it in its provenance)
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
     from spotlight.config import EXAMPLES_DIR, load_config
 
     rows = []

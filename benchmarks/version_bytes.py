@@ -16,6 +16,7 @@ Usage: ``python benchmarks/version_bytes.py`` (about a minute on 2 CPU cores).
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import sys
 import tempfile
@@ -135,7 +136,9 @@ def arithmetic() -> list[str]:
     return rows
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    # no options: --help prints the docstring and anything else is refused before anything runs
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
     torch.set_num_threads(1)
     print("## Measured: tiny checkpoints (float32 versions, as CPU runs publish)\n")
     print("\n".join(measured()))

@@ -14,6 +14,7 @@ import ast
 import functools
 import inspect
 import pathlib
+import shlex
 from typing import Optional
 
 import msgspec
@@ -301,7 +302,7 @@ def _header(
     description, the layout and the commands that start it (``cluster``: on real machines only,
     as the README gives them; else also on this machine with ``--local``)."""
     gpus = ",".join(str(g) for g in range(gpus_per_node))
-    cfg_name = str(out) if out is not None else "run.toml"
+    cfg_name = shlex.quote(str(out)) if out is not None else "run.toml"  # a command line to copy
     local = [
         "  on one machine (CPU 'GPUs'):  spotlight up --local "
         f"--agents {spot_nodes} --gpus-per-agent {gpus_per_node} --config {cfg_name}",
@@ -335,8 +336,9 @@ KEYS_DIR = "/etc/spotlight/keys"
 
 
 def cluster_commands(cfg_name: str, cfg: SpotlightConfig, gpus: str) -> list[str]:
-    """The commands that start ``cfg_name`` on real machines, as the README's 'On real machines'
-    gives them (``tests/unit/cli/test_init.py`` checks that the README holds each one)."""
+    """The commands that start ``cfg_name`` (as a command line spells it: shell-quoted) on real
+    machines, as the README's 'On real machines' gives them (``tests/unit/cli/test_init.py``
+    checks that the README holds each one)."""
     reserved = ",".join(str(g) for g in cfg.cluster.reserved_rollout_gpus)
     return [
         f"reserved node, once:   spotlight keys init {KEYS_DIR}",
@@ -366,13 +368,12 @@ def _write(out: pathlib.Path, text: str, *, cluster: bool = False) -> None:
     except OSError as exc:
         console.print(f"[red]error:[/red] cannot write {escape(str(out))}: {escape(exc.strerror or str(exc))}")
         raise typer.Exit(2)
+    config = escape(shlex.quote(str(out)))  # in a command line to copy
     if not cluster:
-        console.print(
-            f"wrote {escape(str(out))}; start with [cyan]spotlight up --local --config {escape(str(out))}[/cyan]"
-        )
+        console.print(f"wrote {escape(str(out))}; start with [cyan]spotlight up --local --config {config}[/cyan]")
         return
     console.print(
         f"wrote {escape(str(out))}; on the reserved node start it with [cyan]spotlight up --config "
-        f"{escape(str(out))} --reserved 0.0.0.0:{PORT} --keys {KEYS_DIR} --run-dir /var/lib/spotlight/run[/cyan], "
+        f"{config} --reserved 0.0.0.0:{PORT} --keys {KEYS_DIR} --run-dir /var/lib/spotlight/run[/cyan], "
         "then join the reserved and spot agents (the commands are in its header; README 'On real machines')"
     )

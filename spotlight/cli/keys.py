@@ -7,6 +7,7 @@ how keys reach a new spot node.
 from __future__ import annotations
 
 import pathlib
+import shlex
 
 import typer
 from rich.console import Console
@@ -30,6 +31,19 @@ def _fail(exc: Exception) -> None:
     raise typer.Exit(2)
 
 
+def _keys_dir_error(directory: pathlib.Path) -> str | None:
+    """Why ``directory`` is not a coordinator's keys directory (None: it is one), in the words of
+    ``keys init`` and ``keys add``: no such directory, a file, or no ``server.key`` in it."""
+    init = shlex.join(["spotlight", "keys", "init", str(directory)])
+    if not directory.exists():
+        return f"{directory}: no such directory (create keys with `{init}`)"
+    if not directory.is_dir():
+        return f"{directory} is a file, not a keys directory"
+    if not (directory / "server.key").is_file():
+        return f"{directory} is not a keys directory (no server.key): create one with `{init}`"
+    return None
+
+
 @keys_app.command("init")
 def init(
     directory: pathlib.Path = typer.Argument(
@@ -49,8 +63,8 @@ def init(
         f"secret {directory / 'server.key_secret'} (keep it on the reserved node)"
     )
     console.print(
-        f"next: [cyan]spotlight keys add {directory} agent NODE[/cyan] for each spot node "
-        "(or one shared name for a pool)"
+        f"next: [cyan]{escape(shlex.join(['spotlight', 'keys', 'add', str(directory)]))} agent NODE[/cyan] "
+        "for each spot node (or one shared name for a pool)"
     )
 
 
@@ -82,6 +96,9 @@ def list_(directory: pathlib.Path = typer.Argument(..., help="The coordinator's 
     """List allow-listed clients (role, name, public key, whether the secret is still here)."""
     from spotlight.net.security import KeysError, list_keys
 
+    why = _keys_dir_error(directory)
+    if why is not None:  # an empty table, exit 0, before: as if the directory held no keys
+        _fail(KeysError(why))
     try:
         rows = list_keys(directory)
     except (KeysError, OSError) as exc:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shlex
 import sys
 import time
 from typing import Optional
@@ -474,13 +475,13 @@ def register(app: typer.Typer) -> None:
             pid = info.get("pid")
             if keys is None and info.get("keys_dir"):
                 keys = pathlib.Path(info["keys_dir"])
+        elif rd is not None:  # by hand: the run's coordinator's pid only if it is that endpoint
+            pid = _coordinator_pid(rd, endpoint)
         view = _View(console, rd, as_json=as_json, watch=watch, interval_s=interval_s, why=why)
         if rd is not None and coordinator is None and not _pid_running(pid):
             view.saved(f"the coordinator (pid {pid}) is not running: the run has finished or stopped")
             return
-        if "://" not in endpoint:
-            endpoint = f"tcp://{endpoint}"
-        view.live(endpoint, _client_keys(console, keys, rd, key), pid)
+        view.live(_tcp(endpoint), _client_keys(console, keys, rd, key), pid)
 
 
 def _run_dir_info(console: Console, rd: Optional[pathlib.Path]) -> tuple[pathlib.Path, str, dict, str]:
@@ -512,11 +513,20 @@ def _run_dir_info(console: Console, rd: Optional[pathlib.Path]) -> tuple[pathlib
     return rd, endpoint, info, why
 
 
-def _coordinator_pid(run_dir: pathlib.Path):
+def _coordinator_pid(run_dir: pathlib.Path, endpoint: Optional[str] = None):
+    """The pid in ``run_dir/coordinator.json`` (None: none readable); with ``endpoint``, only if
+    the file names that endpoint (``tcp://`` or not)."""
     try:
-        return json.loads((run_dir / "coordinator.json").read_text()).get("pid")
-    except (OSError, ValueError, AttributeError):
+        info = json.loads((pathlib.Path(run_dir) / "coordinator.json").read_text())
+        if endpoint is not None and _tcp(str(info["endpoint"])) != _tcp(endpoint):
+            return None
+        return info.get("pid")
+    except (OSError, ValueError, AttributeError, KeyError, TypeError):
         return None
+
+
+def _tcp(endpoint: str) -> str:
+    return endpoint if "://" in endpoint else f"tcp://{endpoint}"
 
 
 def pick_run(console: Console, runs: pathlib.Path) -> tuple[pathlib.Path, str]:
@@ -536,7 +546,7 @@ def pick_run(console: Console, runs: pathlib.Path) -> tuple[pathlib.Path, str]:
         names = ", ".join(escape(str(d)) for d in running)
         console.print(
             f"[red]error:[/red] {len(running)} runs are running ({names}): name one, "
-            f"e.g. [cyan]spotlight status {escape(str(running[0]))}[/cyan]"
+            f"e.g. [cyan]{escape(shlex.join(['spotlight', 'status', str(running[0])]))}[/cyan]"
         )
         raise typer.Exit(2)
     if running:
@@ -634,7 +644,9 @@ class _View:
 
     def live(self, endpoint: str, client, pid) -> None:
         """The running coordinator's snapshots over CURVE; one that does not answer falls back
-        to the run directory's saved status (exit 1).
+        to the run directory's saved status (exit 1). ``pid``: the run's coordinator's, when
+        ``endpoint`` is its endpoint (None: unknown, e.g. an endpoint given with --coordinator
+        that is not the run's).
 
         Raises:
             typer.Exit: 1 when the coordinator did not answer.
@@ -648,8 +660,16 @@ class _View:
             self._watch(lambda: fetch_snapshot(endpoint, client))
         except TimeoutError as exc:
             if self.rd is not None and (pathlib.Path(self.rd) / "status.json").is_file():
-                note = f"the coordinator (pid {pid}) is running but did not answer: {exc}"
-                self.show(self.from_files(note, running=True))
+                if _pid_running(pid):
+                    note = f"the coordinator (pid {pid}) is running but did not answer: {exc}"
+                    self.show(self.from_files(note, running=True))
+                    raise typer.Exit(1)
+                # not the run's own coordinator, or no pid known: no claim that anything runs
+                said, prefix = str(exc), f"no answer from {endpoint} "
+                note = f"the coordinator at {endpoint} did not answer" + (
+                    f" {said[len(prefix) :]}" if said.startswith(prefix) else f": {said}"
+                )
+                self.show(self.from_files(note, running=_pid_running(_coordinator_pid(pathlib.Path(self.rd)))))
                 raise typer.Exit(1)
             msg = f"{exc} (the run has finished, or its coordinator is not reachable)"
             if self.as_json:

@@ -535,17 +535,19 @@ def next_steps(rd: pathlib.Path, cfg, activate: str | None = None) -> str:
     when eval accepts the run (:func:`spotlight.cli.eval.refusal`); otherwise it says what eval
     needs (held-out prompts). ``activate`` (:func:`activate_hint`): the command that puts
     ``spotlight`` on the PATH first, when it is not (``./scripts/run-local`` runs the venv's)."""
+    import shlex
+
     from spotlight.cli.eval import refusal
 
-    first = f"[cyan]{activate}[/cyan], then " if activate else ""
-    status = f"[cyan]spotlight status {rd}[/cyan] shows the run's summary"
+    first = f"[cyan]{escape(activate)}[/cyan], then " if activate else ""
+    status = f"[cyan]{escape(shlex.join(['spotlight', 'status', str(rd)]))}[/cyan] shows the run's summary"
+    evaluate = escape(shlex.join(["spotlight", "eval", "--run-dir", str(rd)]))  # commands to copy: shell-quoted
     if refusal(cfg) is None:
         return (
-            f"next: {first}[cyan]spotlight eval --run-dir {rd}[/cyan] scores the base and the trained model on "
-            f"held-out prompts; {status}"
+            f"next: {first}[cyan]{evaluate}[/cyan] scores the base and the trained model on held-out prompts; {status}"
         )
     return (
-        f"next: {first}{status}; [cyan]spotlight eval --run-dir {rd} --prompts FILE[/cyan] scores the base and "
+        f"next: {first}{status}; [cyan]{evaluate} --prompts FILE[/cyan] scores the base and "
         "the trained model on your held-out prompts (this config has no eval.prompts_path)"
     )
 
