@@ -119,6 +119,9 @@ def revoke(
     """Remove a client from the allow-list: new connections with that key are refused."""
     from spotlight.net.security import KeysError, revoke_client
 
+    why = _keys_dir_error(directory)
+    if why is not None:  # "X is not on the allow-list of DIR" would hide that DIR is wrong
+        _fail(KeysError(why))
     try:
         revoke_client(directory, principal)
     except (KeysError, OSError) as exc:

@@ -6,6 +6,7 @@ import json
 import math
 import os
 import pathlib
+import shlex
 from typing import Callable, Optional
 
 import typer
@@ -312,7 +313,8 @@ def _how_to_use(path: pathlib.Path, in_run_dir: bool) -> str:
     """The line after a profile is written: which runs use it (none but those told to)."""
     if in_run_dir:
         return (
-            f"wrote {path}: the run in {path.parent} uses it (`spotlight up --run-dir {path.parent}` or "
+            f"wrote {path}: the run in {path.parent} uses it "
+            f"(`spotlight up --run-dir {shlex.quote(str(path.parent))}` or "
             "--resume), unless its config sets explore.profile_path"
         )
     return (

@@ -13,6 +13,7 @@ import importlib
 import logging
 import os
 import pathlib
+import shlex
 import signal
 import time
 from typing import Optional
@@ -574,7 +575,7 @@ def activate_hint(executable: str | None = None, path: str | None = None) -> str
         shown = activate.relative_to(pathlib.Path.cwd())
     except ValueError:
         shown = activate
-    return f"source {shown}"
+    return f"source {shlex.quote(str(shown))}"
 
 
 def _serve_to_the_end(run: UpRun, coord, cluster, received: dict) -> int:
@@ -634,7 +635,7 @@ def _waiting_line(run: UpRun, coord) -> str:
     else:
         opening = "waiting for agents. Give each spot node a key: "
     return (
-        opening + f"[cyan]spotlight keys add {keys_dir} agent NODE[/cyan], copy "
+        opening + f"[cyan]spotlight keys add {shlex.quote(str(keys_dir))} agent NODE[/cyan], copy "
         f"[cyan]{keys_dir}/server.key[/cyan] and [cyan]{keys_dir}/agent.NODE.key_secret[/cyan] to the node's keys "
         f"directory, then run [cyan]spotlight-agent join --coordinator <this-host>:{port} --keys DIR --gpus 0[/cyan]"
     )
@@ -650,7 +651,7 @@ def _waiting_trainers_line(run: UpRun, coord) -> str:
         f"On each reserved node run [cyan]torchrun --nnodes NODES --nproc-per-node GPUS --node-rank N "
         f"--master-addr FIRST_NODE --master-port 29500 -m spotlight.workers.train.launch --coordinator {address} "
         f"--keys DIR[/cyan] (NODES × GPUS = {world}; DIR holds {run.keys_dir}/server.key and a "
-        f"trainer.NAME.key_secret from [cyan]spotlight keys add {run.keys_dir} trainer NAME[/cyan])"
+        f"trainer.NAME.key_secret from [cyan]spotlight keys add {shlex.quote(str(run.keys_dir))} trainer NAME[/cyan])"
     )
 
 

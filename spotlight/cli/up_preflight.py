@@ -12,6 +12,7 @@ import logging
 import os
 import pathlib
 import secrets
+import shlex
 from typing import TYPE_CHECKING
 
 from rich.markup import escape
@@ -398,7 +399,8 @@ def check_run_dir(run: UpRun) -> None:
     if (running := _running_coordinator(rd)) is not None:  # before --resume is suggested: it would be refused
         raise Stop(
             f"[red]error:[/red] the run in {rd} is still running (coordinator pid {running}); watch it with "
-            f"[cyan]spotlight status {rd}[/cyan] (stop it with Ctrl-C in its terminal or kill {running})"
+            f"[cyan]spotlight status {shlex.quote(str(rd))}[/cyan] "
+            f"(stop it with Ctrl-C in its terminal or kill {running})"
         )
     if not run.resuming and (rd / "metrics.jsonl").is_file() and (rd / "metrics.jsonl").stat().st_size > 0:
         raise Stop(
@@ -432,9 +434,10 @@ def _check_trainer_keys(run: UpRun) -> None:
     except KeysError as exc:
         raise refuse(f"--keys {d}: {exc}") from None
     if not trainers:
+        q = shlex.quote(str(d))
         raise refuse(
             f"--external-trainers: the allow-list of {d} holds no trainer key, so no rank could connect; make one "
-            f"first (spotlight keys init {d}; spotlight keys add {d} trainer NAME), pass --keys {d}, and give each "
+            f"first (spotlight keys init {q}; spotlight keys add {q} trainer NAME), pass --keys {q}, and give each "
             "reserved node server.key and trainer.NAME.key_secret"
         )
 

@@ -33,6 +33,7 @@ import dataclasses
 import os
 import pathlib
 import re
+import shlex
 import threading
 
 import zmq
@@ -151,7 +152,7 @@ def add_client(directory: str | os.PathLike, role: str, name: str) -> pathlib.Pa
     _check_name(name)
     d = pathlib.Path(directory)
     if not (d / "server.key").is_file():
-        raise KeysError(f"{d} has no server.key: run `spotlight keys init {d}` first")
+        raise KeysError(f"{d} has no server.key: run `spotlight keys init {shlex.quote(str(d))}` first")
     pid = f"{role}.{name}"
     if (d / "clients" / f"{pid}.key").exists():
         raise KeysError(f"key {pid} already exists in {d / 'clients'}")
@@ -209,7 +210,7 @@ def load_server_keys(directory: str | os.PathLike) -> ServerKeys:
     d = pathlib.Path(directory)
     sec_file = d / "server.key_secret"
     if not sec_file.is_file():
-        raise KeysError(f"{d} has no server.key_secret: create keys with `spotlight keys init {d}`")
+        raise KeysError(f"{d} has no server.key_secret: create keys with `spotlight keys init {shlex.quote(str(d))}`")
     try:
         pub, sec = zmq.auth.load_certificate(sec_file)
     except (OSError, ValueError) as exc:
@@ -276,7 +277,7 @@ def load_client_keys(directory: str | os.PathLike, *, name: str | None = None, r
         hint = f" named {name!r}" if name else ""
         r = role or "agent"
         if (d / "server.key_secret").is_file():  # the coordinator's own keys directory
-            how = f"create one with `spotlight keys add {d} {r} NAME` (it writes the secret here)"
+            how = f"create one with `spotlight keys add {shlex.quote(str(d))} {r} NAME` (it writes the secret here)"
         else:  # a client's: keys are made where the coordinator's keys live
             how = (
                 f"create one on the coordinator's machine with `spotlight keys add COORDINATOR_KEYS {r} NAME` "

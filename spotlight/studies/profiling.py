@@ -28,6 +28,7 @@ import json
 import math
 import os
 import pathlib
+import shlex
 import time
 from typing import Sequence
 
@@ -150,7 +151,8 @@ def load_profile(cfg: SpotlightConfig, run_dir: pathlib.Path | None = None) -> P
     path, source = found
     if not path.is_file():
         raise SpotlightError(
-            f"explore.profile_path: file not found: {path} (write it with `spotlight profile --out {path}`)"
+            f"explore.profile_path: file not found: {path} "
+            f"(write it with `spotlight profile --out {shlex.quote(str(path))}`)"
         )
     try:
         data = json.loads(path.read_text())

@@ -23,10 +23,12 @@ def _keys(*args):
     ],
     ids=["missing", "file", "empty-dir"],
 )
-def test_keys_list_of_a_path_that_is_not_a_keys_directory_is_one_line(tmp_path, make, says):
+@pytest.mark.parametrize("command", [["list"], ["revoke", "agent.n1"]], ids=["list", "revoke"])
+def test_keys_list_of_a_path_that_is_not_a_keys_directory_is_one_line(tmp_path, make, says, command):
+    """``revoke`` said "agent.n1 is not on the allow-list of PATH", hiding that PATH is wrong."""
     path = tmp_path / "keys"
     make(path)
-    code, out = _keys("list", str(path))
+    code, out = _keys(command[0], str(path), *command[1:])
     assert code == 2, out
     assert out.startswith(f"error: {path}") and says in out and len(out.strip().splitlines()) == 1, out
     assert "allow-list of" not in out

@@ -62,3 +62,30 @@ def test_status_names_one_of_several_running_runs_quoted(tmp_path):
         raise AssertionError("pick_run picked one of two running runs")
     text = console.export_text()
     assert "e.g. spotlight status '" in text and f"'{tmp_path}/" in text, text
+
+
+def test_keys_and_profile_hints_quote_their_paths(tmp_path):
+    """The commands inside error messages (keys, explore.profile_path) quote their paths too."""
+    import pytest
+
+    from spotlight.errors import SpotlightError
+    from spotlight.net.security import KeysError, add_client, init_keys, load_client_keys, load_server_keys
+    from spotlight.studies.profiling import load_profile
+
+    d = tmp_path / "my keys"
+    d.mkdir()
+    q = shlex.quote(str(d))
+    for call in (lambda: add_client(d, "agent", "n1"), lambda: load_server_keys(d)):
+        with pytest.raises(KeysError) as info:
+            call()
+        assert f"spotlight keys init {q}" in str(info.value), str(info.value)
+    init_keys(d, exist_ok=True)
+    with pytest.raises(KeysError) as info:
+        load_client_keys(d, role="agent")
+    assert f"spotlight keys add {q} agent NAME" in str(info.value), str(info.value)
+    from spotlight.config import load_config
+
+    missing = tmp_path / "a run" / "profile.json"
+    with pytest.raises(SpotlightError) as info:
+        load_profile(load_config(overrides={"explore.profile_path": str(missing)}))
+    assert f"spotlight profile --out {shlex.quote(str(missing))}" in str(info.value), str(info.value)
