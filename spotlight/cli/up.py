@@ -536,8 +536,6 @@ def next_steps(rd: pathlib.Path, cfg, activate: str | None = None) -> str:
     when eval accepts the run (:func:`spotlight.cli.eval.refusal`); otherwise it says what eval
     needs (held-out prompts). ``activate`` (:func:`activate_hint`): the command that puts
     ``spotlight`` on the PATH first, when it is not (``./scripts/run-local`` runs the venv's)."""
-    import shlex
-
     from spotlight.cli.eval import refusal
 
     first = f"[cyan]{escape(activate)}[/cyan], then " if activate else ""
