@@ -31,19 +31,6 @@ def _fail(exc: Exception) -> None:
     raise typer.Exit(2)
 
 
-def _keys_dir_error(directory: pathlib.Path) -> str | None:
-    """Why ``directory`` is not a coordinator's keys directory (None: it is one), in the words of
-    ``keys init`` and ``keys add``: no such directory, a file, or no ``server.key`` in it."""
-    init = shlex.join(["spotlight", "keys", "init", str(directory)])
-    if not directory.exists():
-        return f"{directory}: no such directory (create keys with `{init}`)"
-    if not directory.is_dir():
-        return f"{directory} is a file, not a keys directory"
-    if not (directory / "server.key").is_file():
-        return f"{directory} is not a keys directory (no server.key): create one with `{init}`"
-    return None
-
-
 @keys_app.command("init")
 def init(
     directory: pathlib.Path = typer.Argument(
@@ -96,9 +83,6 @@ def list_(directory: pathlib.Path = typer.Argument(..., help="The coordinator's 
     """List allow-listed clients (role, name, public key, whether the secret is still here)."""
     from spotlight.net.security import KeysError, list_keys
 
-    why = _keys_dir_error(directory)
-    if why is not None:  # an empty table, exit 0, before: as if the directory held no keys
-        _fail(KeysError(why))
     try:
         rows = list_keys(directory)
     except (KeysError, OSError) as exc:
@@ -119,9 +103,6 @@ def revoke(
     """Remove a client from the allow-list: new connections with that key are refused."""
     from spotlight.net.security import KeysError, revoke_client
 
-    why = _keys_dir_error(directory)
-    if why is not None:  # "X is not on the allow-list of DIR" would hide that DIR is wrong
-        _fail(KeysError(why))
     try:
         revoke_client(directory, principal)
     except (KeysError, OSError) as exc:

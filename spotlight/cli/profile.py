@@ -186,6 +186,8 @@ def profile_path(out: Optional[pathlib.Path], run_dir: Optional[pathlib.Path]) -
         if problem:
             raise ValueError(f"--run-dir {run_dir}: {problem}")
         path, name = run_dir / RUN_DIR_PROFILE, f"--run-dir {run_dir}"
+        if path.is_dir():
+            raise ValueError(f"{name}: {path} is a directory")
     else:
         path = out if out is not None else pathlib.Path(RUN_DIR_PROFILE)
         name = f"--out {path}" if out is not None else f"{path} (the default --out)"
@@ -194,8 +196,6 @@ def profile_path(out: Optional[pathlib.Path], run_dir: Optional[pathlib.Path]) -
         problem = unwritable_dir(path.parent)
         if problem:
             raise ValueError(f"{name}: {path.parent}: {problem}")
-    if path.is_dir():
-        raise ValueError(f"{name}: {path} is a directory")
     if path.exists() and not os.access(path, os.W_OK):
         raise ValueError(f"{name}: {path} is not writable")
     return path

@@ -168,12 +168,25 @@ def add_client(directory: str | os.PathLike, role: str, name: str) -> pathlib.Pa
     return pathlib.Path(sec)
 
 
+def _require_keys_dir(d: pathlib.Path) -> None:
+    """Raise KeysError when ``d`` is not a coordinator's keys directory: missing, a file, or no
+    ``server.key`` in it (an allow-list read there would look empty, not wrong)."""
+    init = shlex.join(["spotlight", "keys", "init", str(d)])
+    if not d.exists():
+        raise KeysError(f"{d}: no such directory (create keys with `{init}`)")
+    if not d.is_dir():
+        raise KeysError(f"{d} is a file, not a keys directory")
+    if not (d / "server.key").is_file():
+        raise KeysError(f"{d} is not a keys directory (no server.key): create one with `{init}`")
+
+
 def revoke_client(directory: str | os.PathLike, principal: str) -> None:
     """Remove ``<role>.<name>`` from the allow-list (a running coordinator drops it on reload).
 
     Raises:
-        KeysError: no such key on the allow-list.
+        KeysError: ``DIR`` is no keys directory, or no such key on the allow-list.
     """
+    _require_keys_dir(pathlib.Path(directory))
     p = Principal.parse(principal)
     f = pathlib.Path(directory) / "clients" / f"{p.id}.key"
     if not f.is_file():
@@ -182,8 +195,13 @@ def revoke_client(directory: str | os.PathLike, principal: str) -> None:
 
 
 def list_keys(directory: str | os.PathLike) -> list[dict]:
-    """Allow-listed clients and local secret keys: ``[{principal, role, name, public, has_secret}]``."""
+    """Allow-listed clients and local secret keys: ``[{principal, role, name, public, has_secret}]``.
+
+    Raises:
+        KeysError: ``DIR`` is no keys directory.
+    """
     d = pathlib.Path(directory)
+    _require_keys_dir(d)
     out = []
     for f in sorted((d / "clients").glob("*.key")):
         p = Principal.parse(f.name[: -len(".key")])
