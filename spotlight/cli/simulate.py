@@ -126,7 +126,7 @@ def _setup(
     out: pathlib.Path,
 ):
     """``(profile, trace actions or None, setup note)`` of a simulation of policies ``names``;
-    ``out`` is created (and found writable) once the trace is known to be readable.
+    ``out`` is created (and found writable) only once every other input has been accepted.
 
     Raises:
         ValueError: an unknown policy, ``--trace-replicas`` without ``--trace``, an unwritable
@@ -157,13 +157,6 @@ def _setup(
     if trace is not None:  # readable, before --out is created
         with open(trace, "rb"):
             pass
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as exc:
-        raise ValueError(f"--out {out}: not a writable directory ({exc.strerror or exc})") from None
     missing = [n for n in names if iterations is None and n not in prof.iterations_to_target]
     if missing:
         raise ValueError(
@@ -172,21 +165,38 @@ def _setup(
         )
     pool = f"{prof.spot_nodes}×{prof.gpus_per_spot_node} spot GPUs"
     if trace is None:
-        return prof, None, f"static pool of {pool}"
-    from spotlight.traces.actions import trace_actions
+        actions, note = None, f"static pool of {pool}"
+    else:
+        from spotlight.traces.actions import trace_actions
 
-    actions = trace_actions(
-        trace,
-        spot_nodes=prof.spot_nodes,
-        gpus_per_node=prof.gpus_per_spot_node,
-        seed=trace_seed,
-        replicas=trace_replicas,
-    )
-    return (
-        prof,
-        actions,
-        f"trace {trace.name} on {pool}" + (f" ({trace_replicas} placements)" if trace_replicas > 1 else ""),
-    )
+        actions = trace_actions(
+            trace,
+            spot_nodes=prof.spot_nodes,
+            gpus_per_node=prof.gpus_per_spot_node,
+            seed=trace_seed,
+            replicas=trace_replicas,
+        )
+        note = f"trace {trace.name} on {pool}" + (f" ({trace_replicas} placements)" if trace_replicas > 1 else "")
+    _make_out(out)  # last: a refused simulation leaves no empty --out behind
+    return prof, actions, note
+
+
+def _make_out(out: pathlib.Path) -> None:
+    """Create ``out`` (and its missing parents) and check that it takes files; on failure remove
+    the directories this call created."""
+    created = [d for d in (out, *out.parents) if not d.exists()]
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        for d in created:  # deepest first
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+        raise ValueError(f"--out {out}: not a writable directory ({exc.strerror or exc})") from None
 
 
 def _simulate_all(console: Console, prof, names: list[str], actions, iterations, *, seed: int, max_candidates: int):

@@ -119,6 +119,44 @@ def _get(d: dict, section: str, key: str, kind, where: str, *, positive: bool = 
     return v
 
 
+PROFILE_KEYS = {
+    "workload": ("prompts_per_iteration", "group_size", "num_control_prompts", "num_steps", "batch_size"),
+    "timing": (
+        "step_gpu_s",
+        "sp_efficiency",
+        "cached_step_cost",
+        "train_time_s",
+        "train_gpus",
+        "train_scaling_efficiency",
+        "weight_sync_s",
+        "engine_restart_s",
+        "elastic_join_s",
+        "elastic_revoke_s",
+        "node_start_s",
+        "commit_s",
+        "reward_s",
+    ),
+    "exploration": (
+        "step_options",
+        "max_sequences",
+        "sequence_step",
+        "min_effective_steps",
+        "min_exploration_accuracy",
+        "beta",
+        "best_of_n",
+    ),
+    "cluster": (
+        "reserved_gpus",
+        "reserved_sp",
+        "spot_nodes",
+        "gpus_per_spot_node",
+        "spot_sp",
+        "reserved_only_gpus",
+        "notice_s",
+    ),
+    "prices": ("spot_usd_per_gpu_hour", "reserved_usd_per_gpu_hour"),
+}  # every key of these sections is required and no other is read
+
 PROFILE_SECTIONS = (
     "workload",
     "timing",
@@ -170,6 +208,7 @@ def load_profile(path: str | pathlib.Path = DEFAULT_PROFILE) -> SimProfile:
         if section in d and not isinstance(d[section], dict):
             raise ProfileError(f"{where}: [{section}] must be a table, got {type(d[section]).__name__}")
     _check_sections(d, where)
+    _check_keys(d, where)
     g = lambda s, k, kind=float, positive=True: _get(d, s, k, kind, where, positive=positive)
     eff = _sp_efficiency(d, where)
     opts = _step_options(d, where)
@@ -215,6 +254,30 @@ def load_profile(path: str | pathlib.Path = DEFAULT_PROFILE) -> SimProfile:
     )
     _check_profile(p, where)
     return p
+
+
+def _check_keys(d: dict, where: str) -> None:
+    """A key the simulator does not read (a misspelling, a key in the wrong section) is refused,
+    naming the key it was probably meant to be, instead of being ignored."""
+    import difflib
+
+    for key in d:
+        if key != "name" and not isinstance(d[key], dict):
+            raise ProfileError(f'{where}: unknown top-level key {key!r} (only name = "..." and tables)')
+    for section, keys in PROFILE_KEYS.items():
+        for key in d[section]:
+            if key in keys:
+                continue
+            owner = next((s for s, ks in PROFILE_KEYS.items() if key in ks), None)
+            near = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
+            hint = (
+                f"; it belongs in [{owner}]"
+                if owner
+                else f"; did you mean {near[0]}?"
+                if near
+                else f" (the keys are {', '.join(keys)})"
+            )
+            raise ProfileError(f"{where}: [{section}] unknown key {key!r}{hint}")
 
 
 def _sp_efficiency(d: dict, where: str) -> dict[int, float]:

@@ -74,3 +74,24 @@ def test_eval_out_that_cannot_be_created_fails_before_any_sampling(tmp_path, mon
     if os.path.isdir("/proc/self"):  # writable by permissions (root), yet nothing can be made there
         res = runner.invoke(app, ["eval", "--num-seeds", "1", "--out", "/proc/spotlight-eval-out"])
         assert res.exit_code == 2 and "cannot be created" in res.output, res.output
+
+
+def test_a_refused_simulation_leaves_no_out_directory_behind(tmp_path):
+    """Was: a profile without iterations to target, or a malformed trace, was refused after
+    `--out` had been created, leaving an empty `runs/simulate/`."""
+    from spotlight.sim.profile import DEFAULT_PROFILE
+
+    text = DEFAULT_PROFILE.read_text()
+    no_targets = tmp_path / "no-targets.toml"
+    no_targets.write_text(text[: text.index("[iterations_to_target]")])
+    bad_trace = tmp_path / "trace.csv"
+    bad_trace.write_text("this is not,a trace\n1,2\n")
+    for args, why in (
+        (["--profile", str(no_targets)], "has no [iterations_to_target]"),
+        (["--trace", str(bad_trace)], ""),
+        (["--policy", "nope"], "unknown policy"),
+    ):
+        out = tmp_path / "runs" / "simulate"
+        res = runner.invoke(app, ["simulate", *args, "--out", str(out)])
+        assert res.exit_code == 2 and why in " ".join(res.output.split()), res.output
+        assert not (tmp_path / "runs").exists(), args

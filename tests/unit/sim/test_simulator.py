@@ -175,6 +175,40 @@ def test_profile_errors_name_the_field(tmp_path):
         load_profile(bad)
 
 
+@pytest.mark.parametrize(
+    "old, new, match",
+    [
+        # a misspelled key next to the real one used to be ignored: the run used the real one
+        (
+            "batch_size = 4 ",
+            "batch_size = 4\nnum_step = 30 ",
+            r"\[workload\] unknown key 'num_step'; did you mean num_steps\?",
+        ),
+        ("[timing]\n", "[timing]\nnotice_s = 5\n", r"\[timing\] unknown key 'notice_s'; it belongs in \[cluster\]"),
+        ("[prices]\n", "[prices]\nzzz = 1\n", r"\[prices\] unknown key 'zzz' \(the keys are spot_usd_per_gpu_hour"),
+        ("name = ", "nmae = 'x'\nname = ", r"unknown top-level key 'nmae'"),
+    ],
+)
+def test_a_key_the_simulator_does_not_read_is_refused_with_the_key_it_was_meant_to_be(tmp_path, old, new, match):
+    text = DEFAULT_PROFILE.read_text()
+    assert old in text
+    bad = tmp_path / "p.toml"
+    bad.write_text(text.replace(old, new, 1))
+    with pytest.raises(ProfileError, match=match):
+        load_profile(bad)
+
+
+def test_the_shipped_profiles_set_every_key_the_simulator_reads():
+    import tomllib
+
+    from spotlight.sim.profile import PROFILE_KEYS
+
+    for path in DEFAULT_PROFILE.parent.glob("*.toml"):
+        d = tomllib.loads(path.read_text())
+        assert {s: sorted(d[s]) for s in PROFILE_KEYS} == {s: sorted(k) for s, k in PROFILE_KEYS.items()}, path
+        load_profile(path)
+
+
 def test_a_run_config_given_as_profile_is_named_as_not_a_profile(tmp_path):
     from spotlight.config import DEFAULT_CONFIG_PATH
 
