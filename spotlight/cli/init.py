@@ -188,6 +188,12 @@ def register(app: typer.Typer) -> None:
         )
         spot_nodes = 2 if spot_nodes is None else spot_nodes
         gpus_per_node = 1 if gpus_per_node is None else gpus_per_node
+        if pretrained_path is not None and not cfg.model.pretrained_dir.is_dir():
+            # a warning, not a refusal: the config may be written here for the reserved node
+            console.print(
+                f"[yellow]warning:[/yellow] --pretrained-path {escape(pretrained_path)}: no such directory on this "
+                "machine; `spotlight up` refuses the config wherever the folder is missing"
+            )
         header = _header(
             family, example, cfg, spot_nodes=spot_nodes, gpus_per_node=gpus_per_node, out=out, cluster=cluster
         )

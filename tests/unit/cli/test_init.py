@@ -164,3 +164,21 @@ def test_the_cluster_commands_are_the_readmes():
     missing = [c for c in printed if c not in documented]
     assert not missing, f"printed by `spotlight init` but not in the README: {missing}"
     assert "--gpus 0,1 --cloud aws" in res.stdout  # the layout's GPUs per spot node
+
+
+def test_a_pretrained_path_missing_here_is_warned_about_and_the_config_still_written(tmp_path):
+    """Was: written without a word; `spotlight up` then refused the config. The folder may be on
+    the reserved node only, so init warns on stderr instead of refusing."""
+    from typer.testing import CliRunner
+
+    from spotlight.cli import app
+
+    out = tmp_path / "run.toml"
+    for path, warned in ((tmp_path / "nonexistent", True), (tmp_path, False)):
+        out.unlink(missing_ok=True)
+        args = ["init", "--family", "sd3", "--pretrained-path", str(path), "--try-out", "--out", str(out)]
+        res = CliRunner().invoke(app, args)
+        assert res.exit_code == 0, res.output
+        err = " ".join(res.stderr.split())
+        assert (f"warning: --pretrained-path {path}: no such directory on this machine" in err) is warned, err
+        assert f'pretrained_path = "{path}"' in out.read_text()
