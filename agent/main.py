@@ -915,6 +915,7 @@ class AgentDaemon:
                 detector_healthy=self.detector_healthy,
                 detector_error=self.detector_error,
                 workers_error=self.workers_error,
+                gpus_given_up=self.sched.given_up_gpus(),
                 gpus=self.gpus,
             )
         )

@@ -485,6 +485,12 @@ class NodeScheduler:
     def in_flight(self) -> list[str]:
         return [rid for s in self.workers.values() for rid in s.in_flight]
 
+    def given_up_gpus(self) -> list[int]:
+        """The node's GPUs that get no workers any more: their workers failed
+        :data:`WORKER_MAX_START_FAILURES` starts in a row (:class:`GiveUpGpus`)."""
+        failed = {g for key, n in self.start_failures.items() if n >= WORKER_MAX_START_FAILURES for g in key}
+        return sorted(g for g in self.gpus if g in failed)
+
     def live_workers(self) -> list[WorkerSlot]:
         return [s for s in self.workers.values() if s.status.is_live()]
 

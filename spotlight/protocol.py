@@ -211,6 +211,8 @@ class Heartbeat(_Msg, kw_only=True):
     workers_error: Text = ""
     """Why some of the node's GPUs get no workers any more (their workers failed every start);
     empty when none."""
+    gpus_given_up: GpuList = []
+    """Those GPUs: still the node's (and billed) but serving nothing, so not rollout capacity."""
 
 
 class Notice(_Msg, kw_only=True):

@@ -239,7 +239,11 @@ def _nodes_table(nodes_list: list[dict], gone: bool, saved_at: str) -> Table:
     for col in ("node", "status", "kind", "GPUs", "GPU ids", "workers", "detector", "last seen", "why"):
         nodes.add_column(col)
     for n in nodes_list:
-        why = n.get("why", "") if n["status"] != "alive" else ""
+        why = n.get("why", "") if n["status"] != "alive" else n.get("workers_error", "")
+        given_up = set(n.get("gpus_given_up", []))
+        gpu_ids = Text()
+        for i, g in enumerate(n["gpus"]):
+            gpu_ids.append(("," if i else "") + str(g) + ("✗" if g in given_up else ""), "red" if g in given_up else "")
         nodes.add_row(
             Text(str(n["node_id"])),
             Text(
@@ -248,7 +252,7 @@ def _nodes_table(nodes_list: list[dict], gone: bool, saved_at: str) -> Table:
             ),
             "spot" if n["spot"] else "reserved",
             str(n.get("num_gpus", len(n["gpus"]))),
-            Text(",".join(map(str, n["gpus"]))),
+            gpu_ids,
             str(len(n["workers"])),
             "ok" if n["detector_healthy"] else Text.assemble(("unhealthy ", "red"), str(n["detector_error"])),
             Text(f"{n['last_seen_s_ago']}s {'before' if gone else 'ago'}"),

@@ -433,6 +433,7 @@ class ControlPlane:
             detector_healthy=body.detector_healthy,
             detector_error=body.detector_error,
             workers_error=body.workers_error,
+            gpus_given_up=body.gpus_given_up,
             gpus=body.gpus,
         )
         is_spot = self.instances.nodes[node_id].is_spot

@@ -68,6 +68,7 @@ def _node(r, now: float) -> dict:
         "detector_healthy": r.detector_healthy,
         "detector_error": r.detector_error,
         "workers_error": r.workers_error,
+        "gpus_given_up": r.gpus_given_up,
         "last_seen_s_ago": round(now - r.last_seen, 1),
     }
 

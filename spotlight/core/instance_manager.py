@@ -50,6 +50,8 @@ class NodeRecord:
     detector_error: str = ""
     workers_error: str = ""
     """Why some of its GPUs get no workers any more (the agent gave them up); empty when none."""
+    gpus_given_up: list[int] = dataclasses.field(default_factory=list)
+    """Those GPUs: billed while the node lives, but no rollout capacity."""
     notices: list[dict] = dataclasses.field(default_factory=list)
     history: list[tuple[NodeStatus, float, str]] = dataclasses.field(default_factory=list)
     host: str = ""
@@ -61,6 +63,11 @@ class NodeRecord:
     @property
     def num_gpus(self) -> int:
         return len(self.gpus)
+
+    @property
+    def num_serving_gpus(self) -> int:
+        """GPUs that can serve rollouts: the node's, less those its agent gave up."""
+        return len(set(self.gpus) - set(self.gpus_given_up))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,9 +262,11 @@ class InstanceManager:
         detector_healthy: bool | None = None,
         detector_error: str | None = None,
         workers_error: str | None = None,
+        gpus_given_up: list[int] | None = None,
         gpus: list[int] | None = None,
     ) -> None:
-        """Liveness (and, when given, the node's current workers, GPUs and detector health)."""
+        """Liveness (and, when given, the node's current workers, GPUs, given-up GPUs and
+        detector health)."""
         self.integrate(now)
         rec = self.nodes[node_id]
         rec.last_seen = now
@@ -275,6 +284,8 @@ class InstanceManager:
             rec.detector_error = detector_error
         if workers_error is not None:
             rec.workers_error = workers_error
+        if gpus_given_up is not None:
+            rec.gpus_given_up = sorted(set(gpus_given_up) & set(rec.gpus))
 
     def notice(self, node_id: str, notice: dict, now: float) -> None:
         """A preemption notice for the node (scope "node") or some of its GPUs."""
@@ -317,8 +328,9 @@ class InstanceManager:
         return [r for r in self.nodes.values() if r.status == NodeStatus.ALIVE and (spot is None or r.is_spot == spot)]
 
     def num_spot_gpus(self) -> int:
-        """N_spot for the Planner: GPUs of live, non-draining spot nodes."""
-        return sum(r.num_gpus for r in self.live(spot=True))
+        """N_spot for the Planner: GPUs of live, non-draining spot nodes that can serve (a GPU
+        the agent gave up is billed but plans no work)."""
+        return sum(r.num_serving_gpus for r in self.live(spot=True))
 
     def gpu_seconds(self, *, spot: bool) -> float:
         return self._gpu_seconds[spot]

@@ -244,8 +244,12 @@ def test_a_worker_that_fails_every_start_is_given_up_after_max_failures_and_repo
     ns.worker_hello("n/gpu1", pid=101, now=0.0)
     wid, last = _fail_starts(ns, "n/gpu0", WORKER_MAX_START_FAILURES - 1, now=1.0)
     assert last == [SpawnWorker(wid, (0,), cause="replace")]  # still replaced
+    assert ns.given_up_gpus() == []
     assert ns.worker_exited(wid, 1, now=20.0) == [GiveUpGpus((0,), WORKER_MAX_START_FAILURES, 1)]
     assert [s.worker_id for s in ns.live_workers()] == ["n/gpu1"]
+    assert ns.given_up_gpus() == [0]  # the heartbeat's gpus_given_up: no rollout capacity
+    ns.revoke([0], grace_s=10.0, now=21.0)  # a GPU the node no longer has is not reported
+    assert ns.given_up_gpus() == []
 
 
 def test_a_hello_or_a_clean_exit_resets_the_start_failures():

@@ -104,6 +104,7 @@ def test_restart_reconfiguration_stops_every_worker_and_starts_fresh_ones(daemon
     assert sorted(s["worker"] for s in _stops(out)) == sorted(first)
     assert all(s["commit"] is False for s in _stops(out))
     assert sorted(tuple(d.sched.workers[w].gpus) for w in _ready(d)) == [(0,), (2,)]
+    assert d.sched.given_up_gpus() == [1]  # what the heartbeat's gpus_given_up carries
     assert d.gpus == [0, 2] and d.restarts == 1
     second = set(_ready(d))
     d.add_gpus([1])  # an addition restarts the node too

@@ -298,3 +298,14 @@ def test_held_out_scores_show_as_a_sparkline_with_the_best():
     strict = [e | {"eval/strict": v} for e, v in zip(evals, [0.1, 0.2, 0.6])]
     text = _text(snapshot() | {"eval_results": strict})
     assert "held-out strict" in text and "last 0.600 (v2)" in text and "best 0.600 (v2)" in text
+
+
+def test_a_given_up_gpu_is_marked_and_the_node_says_why():
+    """Was: a node whose GPU 1 got no workers any more (every start failed) looked healthy."""
+    snap = mid_snapshot()
+    node = snap["nodes"][2]  # spot-1, GPUs 0 and 1
+    node["gpus_given_up"] = [1]
+    node["workers_error"] = "workers on GPUs [1] failed 5 starts in a row (last exit code 1)"
+    text = _text(snap, width=300)
+    assert "0,1✗" in text and "0✗" not in text
+    assert "failed 5 starts in a row" in text

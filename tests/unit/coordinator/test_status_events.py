@@ -46,9 +46,11 @@ def test_snapshot_events_and_status_file(tmp_path):
         # the agent gave up a GPU whose workers failed every start: an event and the node's record
         gave_up = "workers on GPUs [1] failed 5 starts in a row (last exit code 1); not starting them again"
         for _ in range(2):  # said on every heartbeat from then on: one event
-            run.agent.send_multipart(P.encode(P.Heartbeat(node_id="spot-a", session=session, workers_error=gave_up)))
+            hb = P.Heartbeat(node_id="spot-a", session=session, workers_error=gave_up, gpus_given_up=[1])
+            run.agent.send_multipart(P.encode(hb))
             assert run.recv(run.agent)[0] == P.MsgType.HEARTBEAT
-        assert _ask_status(run)["nodes"][0]["workers_error"] == gave_up
+        node = _ask_status(run)["nodes"][0]
+        assert node["workers_error"] == gave_up and node["gpus_given_up"] == [1] and node["num_gpus"] == 2
         notice = P.Notice(
             node_id="spot-a",
             session=session,

@@ -138,3 +138,18 @@ def test_simulated_rows_carry_the_same_cost_and_throughput_columns():
     assert last["cost/usd_per_1k_requests"] == pytest.approx(1000 * last["cost/usd"] / last["sim/requests_done"])
     for row in r.rows:
         assert row["throughput/requests_per_s"] == pytest.approx(row["requests/completed"] / row["time/iteration_s"])
+
+
+def test_a_gpu_the_agent_gave_up_is_billed_but_no_rollout_capacity():
+    """Was: a GPU whose workers failed every start stayed in the Planner's N_spot until its node
+    left, so exploration was planned for capacity that served nothing."""
+    im = InstanceManager(heartbeat_timeout_s=10.0)
+    im.register("spot-a", "a", [0, 1], True, 0.0)
+    assert im.num_spot_gpus() == 2
+    im.heartbeat("spot-a", 5.0, workers_error="workers on GPUs [1] failed 5 starts", gpus_given_up=[1])
+    assert im.num_spot_gpus() == 1 and im.nodes["spot-a"].gpus_given_up == [1]
+    assert im.gpu_counts()["spot"] == 2  # still rented: still billed
+    im.heartbeat("spot-a", 6.0, gpus=[0])  # the given-up GPU revoked: nothing left to discount
+    assert im.num_spot_gpus() == 1
+    im.heartbeat("spot-a", 7.0, gpus_given_up=[5])  # a GPU the node does not have counts for nothing
+    assert im.nodes["spot-a"].gpus_given_up == [] and im.num_spot_gpus() == 1
