@@ -529,6 +529,7 @@ class Coordinator:
             return {}
         results = self.evals.poll() if results is None else results
         for r in results:
+            base = evaluation.base_result(self.run_dir, self.eval_results)  # before r is in eval.jsonl
             self.eval_results.append(r)
             with (self.run_dir / "eval.jsonl").open("a") as f:
                 f.write(json.dumps(r) + "\n")
@@ -537,7 +538,6 @@ class Coordinator:
             grid = evaluation.result_path(self.run_dir, int(r["iteration"])).with_suffix(".png")
             if grid.is_file():
                 self.tracker.log_image(step, "eval", grid)
-            base = next((e for e in self.eval_results if int(e["iteration"]) < 0), None)
             self.progress(evaluation.result_line(r, base))
         if not results:
             return {}
