@@ -87,13 +87,27 @@ def register(app: typer.Typer) -> None:
                 gpus_per_node=gpus_per_node,
                 trace_replicas=trace_replicas,
                 trace_seed=trace_seed,
-                out=out,
             )
+            created = _make_out(out)  # last: a refused simulation leaves no empty --out behind
         except (SpotlightError, ValueError, OSError, UnicodeDecodeError) as exc:
             console.print(f"[red]error:[/red] {escape(_setup_error(exc, trace))}")
             raise typer.Exit(2)
-        results = _simulate_all(console, prof, names, actions, iterations, seed=seed, max_candidates=max_candidates)
-        _report(console, prof, results, trace=trace, trace_note=trace_note, out=out, as_json=as_json)
+        try:
+            results = _simulate_all(console, prof, names, actions, iterations, seed=seed, max_candidates=max_candidates)
+        except KeyboardInterrupt:  # nothing written yet: leave no empty --out behind either
+            _remove_empty(created)
+            console.print("interrupted: nothing written")
+            raise typer.Exit(130)
+        _report(
+            console,
+            prof,
+            results,
+            trace=trace,
+            trace_note=trace_note,
+            out=out,
+            as_json=as_json,
+            iterations_given=iterations is not None,
+        )
 
 
 def _console() -> Console:
@@ -123,14 +137,14 @@ def _setup(
     gpus_per_node: Optional[int],
     trace_replicas: int,
     trace_seed: int,
-    out: pathlib.Path,
 ):
-    """``(profile, trace actions or None, setup note)`` of a simulation of policies ``names``;
-    ``out`` is created (and found writable) only once every other input has been accepted.
+    """``(profile, trace actions or None, setup note)`` of a simulation of policies ``names``
+    (``--out`` is made afterwards, by :func:`_make_out`).
 
     Raises:
-        ValueError: an unknown policy, ``--trace-replicas`` without ``--trace``, an unwritable
-            ``--out``, or a policy without iterations to target.
+        ValueError: an unknown policy, ``--trace-replicas`` without ``--trace``, a spot node
+            override too small for the profile's SP degree, or a policy without iterations to
+            target.
         SpotlightError, OSError, UnicodeDecodeError: a bad profile or cluster size, an
             unreadable or malformed trace.
     """
@@ -149,9 +163,18 @@ def _setup(
             spot_nodes=spot_nodes or prof.spot_nodes,
             gpus_per_spot_node=gpus_per_node or prof.gpus_per_spot_node,
         )
-        from spotlight.sim.profile import check_cluster
+        from spotlight.sim.profile import ProfileError, check_cluster
 
-        check_cluster(prof)
+        try:
+            check_cluster(prof)
+        except ProfileError:
+            flags = " and ".join(
+                f for f, v in (("--spot-nodes", spot_nodes), ("--gpus-per-node", gpus_per_node)) if v is not None
+            )
+            raise ValueError(
+                f"{flags}: {prof.gpus_per_spot_node} GPU(s) per spot node cannot host the profile's SP degree "
+                f"{prof.spot_sp} ([cluster] spot_sp in {prof.source}); give --gpus-per-node {prof.spot_sp} or more"
+            ) from None
     if trace is None and trace_replicas > 1:
         raise ValueError("--trace-replicas needs --trace")
     if trace is not None:  # readable, before --out is created
@@ -177,13 +200,16 @@ def _setup(
             replicas=trace_replicas,
         )
         note = f"trace {trace.name} on {pool}" + (f" ({trace_replicas} placements)" if trace_replicas > 1 else "")
-    _make_out(out)  # last: a refused simulation leaves no empty --out behind
     return prof, actions, note
 
 
-def _make_out(out: pathlib.Path) -> None:
-    """Create ``out`` (and its missing parents) and check that it takes files; on failure remove
-    the directories this call created."""
+def _make_out(out: pathlib.Path) -> list[pathlib.Path]:
+    """Create ``out`` (and its missing parents) and check that it takes files: the directories
+    this call created, deepest first; on failure they are removed again.
+
+    Raises:
+        ValueError: ``out`` cannot be created or written to.
+    """
     created = [d for d in (out, *out.parents) if not d.exists()]
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -197,6 +223,16 @@ def _make_out(out: pathlib.Path) -> None:
             except OSError:
                 pass
         raise ValueError(f"--out {out}: not a writable directory ({exc.strerror or exc})") from None
+    return created
+
+
+def _remove_empty(created: list[pathlib.Path]) -> None:
+    """Remove the directories :func:`_make_out` created, deepest first, as far as they are empty."""
+    for d in created:
+        try:
+            d.rmdir()
+        except OSError:
+            return
 
 
 def _simulate_all(console: Console, prof, names: list[str], actions, iterations, *, seed: int, max_candidates: int):
@@ -229,6 +265,7 @@ def _report(
     trace_note: str,
     out: pathlib.Path,
     as_json: bool,
+    iterations_given: bool = False,
 ) -> None:
     """Write ``out/simulate.json`` and ``out/simulate.png``, then print the JSON (``as_json``)
     or the comparison table (:func:`render_table`) with where its numbers come from."""
@@ -255,10 +292,12 @@ def _report(
         return
     console.print(render_table(payload["results"], f"cost to target — {prof.name}; {trace_note}", console.width))
     speed = sum(r.wall_s for r in results) / max(1e-9, sum(r.sim_elapsed_s for r in results))
-    console.print(
-        f"iterations to target and every cost come from {escape(prof.source)} (each number with its source); "
-        f"simulated {speed:,.0f}× faster than real time"
+    origin = (
+        f"iterations from --iterations, every cost from {escape(prof.source)}"
+        if iterations_given
+        else f"iterations to target and every cost come from {escape(prof.source)}"
     )
+    console.print(f"{origin} (each number with its source); simulated {speed:,.0f}× faster than real time")
     console.print(f"wrote {escape(str(out / 'simulate.json'))} and {escape(str(out / 'simulate.png'))}")
 
 

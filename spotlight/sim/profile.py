@@ -257,22 +257,33 @@ def load_profile(path: str | pathlib.Path = DEFAULT_PROFILE) -> SimProfile:
 
 
 def _check_keys(d: dict, where: str) -> None:
-    """A key the simulator does not read (a misspelling, a key in the wrong section) is refused,
-    naming the key it was probably meant to be, instead of being ignored."""
+    """A key the simulator does not read (a misspelling, a key in the wrong section, a key that
+    TOML put in the table above it) is refused, naming the key it was probably meant to be,
+    instead of being ignored."""
     import difflib
+
+    def owner(key: str) -> str | None:
+        return next((s for s, ks in PROFILE_KEYS.items() if key in ks), None)
 
     for key in d:
         if key != "name" and not isinstance(d[key], dict):
-            raise ProfileError(f'{where}: unknown top-level key {key!r} (only name = "..." and tables)')
+            hint = f"; it belongs in [{owner(key)}]" if owner(key) else ' (only name = "..." and tables)'
+            raise ProfileError(f"{where}: unknown top-level key {key!r}{hint}")
+    for key in d.get("iterations_to_target", {}):
+        if owner(key) or key == "name":
+            home = f"[{owner(key)}]" if owner(key) else "the top of the file"
+            raise ProfileError(
+                f"{where}: [iterations_to_target] has {key!r}, which belongs in {home}: a key written below "
+                "the [iterations_to_target] header is part of that table"
+            )
     for section, keys in PROFILE_KEYS.items():
         for key in d[section]:
             if key in keys:
                 continue
-            owner = next((s for s, ks in PROFILE_KEYS.items() if key in ks), None)
             near = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
             hint = (
-                f"; it belongs in [{owner}]"
-                if owner
+                f"; it belongs in [{owner(key)}]"
+                if owner(key)
                 else f"; did you mean {near[0]}?"
                 if near
                 else f" (the keys are {', '.join(keys)})"
@@ -286,9 +297,13 @@ def _sp_efficiency(d: dict, where: str) -> dict[int, float]:
     if not isinstance(eff_raw, dict) or not eff_raw:
         raise ProfileError(f"{where}: [timing] sp_efficiency must be a table like {{ 1 = 1.0, 2 = 0.9 }}")
     try:
-        eff = {int(k): float(v) for k, v in eff_raw.items()}
+        pairs = [(int(k), float(v)) for k, v in eff_raw.items()]
     except (TypeError, ValueError):
         raise ProfileError(f"{where}: [timing] sp_efficiency keys must be SP degrees and values numbers") from None
+    eff = dict(pairs)
+    if len(eff) < len(pairs):  # "2" and "02" are one degree: which one counts would be silent
+        twice = next(k for k, _ in pairs if sum(1 for j, _ in pairs if j == k) > 1)
+        raise ProfileError(f"{where}: [timing] sp_efficiency gives SP degree {twice} twice")
     if any(k < 1 or not (0 < v <= 1.0) for k, v in eff.items()):
         raise ProfileError(f"{where}: [timing] sp_efficiency: degrees >= 1 and efficiencies in (0, 1]")
     return eff
@@ -299,6 +314,15 @@ def _step_options(d: dict, where: str) -> list[StepOption]:
     opts_raw = d.get("exploration", {}).get("step_options")
     if not isinstance(opts_raw, list) or not opts_raw:
         raise ProfileError(f"{where}: [exploration] step_options must be a non-empty list")
+    fields = ("cache_threshold", "effective_steps", "accuracy")
+    for i, o in enumerate(opts_raw):
+        extra = sorted(set(o) - set(fields)) if isinstance(o, dict) else []
+        if extra:
+            import difflib
+
+            near = difflib.get_close_matches(extra[0], fields, n=1, cutoff=0.6)
+            hint = f"; did you mean {near[0]}?" if near else f" (the keys are {', '.join(fields)})"
+            raise ProfileError(f"{where}: [exploration] step_options entry {i + 1}: unknown key {extra[0]!r}{hint}")
     try:
         opts = [
             StepOption(float(o["cache_threshold"]), float(o["effective_steps"]), float(o["accuracy"])) for o in opts_raw

@@ -95,3 +95,30 @@ def test_a_refused_simulation_leaves_no_out_directory_behind(tmp_path):
         res = runner.invoke(app, ["simulate", *args, "--out", str(out)])
         assert res.exit_code == 2 and why in " ".join(res.output.split()), res.output
         assert not (tmp_path / "runs").exists(), args
+
+
+def test_simulate_names_the_flag_that_made_the_spot_node_too_small(tmp_path):
+    """Was: `error: …/qwen-image-h100.toml: SP degree 2 needs …`, blaming the profile file."""
+    res = runner.invoke(app, ["simulate", "--gpus-per-node", "1", "--out", str(tmp_path / "sim")])
+    out = " ".join(res.output.split())
+    assert res.exit_code == 2 and out.startswith("error: --gpus-per-node: 1 GPU(s) per spot node"), res.output
+    assert "[cluster] spot_sp" in out and "give --gpus-per-node 2 or more" in out
+
+
+def test_an_interrupted_simulation_leaves_no_empty_out_and_the_footer_says_where_iterations_came_from(
+    tmp_path, monkeypatch
+):
+    from spotlight.cli import simulate as cli_simulate
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli_simulate, "_simulate_all", interrupted)
+    res = runner.invoke(app, ["simulate", "--out", str(tmp_path / "runs" / "sim")])
+    assert res.exit_code == 130 and "interrupted" in res.output, res.output
+    assert not (tmp_path / "runs").exists()
+    monkeypatch.undo()
+    args = ["simulate", "--policy", "reserved-only", "--iterations", "1", "--out", str(tmp_path / "sim")]
+    res = runner.invoke(app, args)
+    out = " ".join(res.output.split())
+    assert res.exit_code == 0 and "iterations from --iterations, every cost from" in out, res.output

@@ -187,6 +187,18 @@ def test_profile_errors_name_the_field(tmp_path):
         ("[timing]\n", "[timing]\nnotice_s = 5\n", r"\[timing\] unknown key 'notice_s'; it belongs in \[cluster\]"),
         ("[prices]\n", "[prices]\nzzz = 1\n", r"\[prices\] unknown key 'zzz' \(the keys are spot_usd_per_gpu_hour"),
         ("name = ", "nmae = 'x'\nname = ", r"unknown top-level key 'nmae'"),
+        ("name = ", "spot_nodes = 8\nname = ", r"unknown top-level key 'spot_nodes'; it belongs in \[cluster\]"),
+        # appended at the end of the file, TOML puts the key in [iterations_to_target]
+        ("reserved-only = 64", "reserved-only = 64\nspot_nodes = 8", r"has 'spot_nodes', which belongs in \[cluster\]"),
+        ("reserved-only = 64", "reserved-only = 64\nname = 'x'", r"has 'name', which belongs in the top of the file"),
+        # a key of one step option is as read as any other
+        (
+            "accuracy = 1.00",
+            "accuracy = 1.00, acuracy = 0.3",
+            r"step_options entry 1: unknown key 'acuracy'; did you mean accuracy\?",
+        ),
+        # "02" and 2 are one SP degree: one of the two values was dropped silently
+        ("2 = 0.87,", '2 = 0.87, "02" = 0.5,', r"sp_efficiency gives SP degree 2 twice"),
     ],
 )
 def test_a_key_the_simulator_does_not_read_is_refused_with_the_key_it_was_meant_to_be(tmp_path, old, new, match):
