@@ -139,12 +139,19 @@ def _inputs(
     directory's config and ``final/`` weights, else ``config`` (default: the embedded one).
 
     Raises:
-        ConfigError: no run directory there, a run without ``final/``, or a config of
-            another task than the shapes task.
+        ConfigError: ``run_dir`` with ``config`` (a run is evaluated with its own config), no run
+            directory there, a run without ``final/``, or a config of another task than the
+            shapes task without held-out prompts.
         ValueError, OSError: the prompts cannot be read.
     """
     from spotlight.config import ConfigError, load_config
 
+    if run_dir is not None and config is not None:  # was: --config silently ignored
+        raise ConfigError(
+            f"--run-dir and --config cannot be used together: --run-dir evaluates the run with its own "
+            f"config ({run_dir / 'config.toml'}); to evaluate {config} instead, give --config alone "
+            f"(with --weights {run_dir / 'final'} to compare the run's trained weights)"
+        )
     if run_dir is not None:
         if not run_dir.exists():
             raise ConfigError(f"--run-dir {run_dir}: no such directory")
@@ -170,6 +177,26 @@ def _inputs(
 
     specs = ev.read_prompts(prompts, source="--prompts") if prompts is not None else ev.read_prompts()
     return cfg, weights, specs
+
+
+def reward_refusal(cfg, panel) -> Optional[str]:
+    """Why the run's reward cannot score the held-out ``panel`` (None: it can), found before any
+    sampling: prompts it cannot score (``geneval_shapes``, ``ocr``), and for ``reward.kind =
+    "http"`` a reward service that does not answer one probe image (as ``spotlight up`` checks,
+    with its wording)."""
+    from spotlight.rewards.reward_fn import RewardError, RewardFn
+
+    try:
+        reward = RewardFn(cfg.reward)
+        reward.check_prompts(panel.prompts, panel.metadata or None)
+    except SpotlightError as exc:
+        return f"reward.kind = {cfg.reward.kind!r} cannot score the held-out prompts: {exc}"
+    if panel.prompts:
+        try:
+            reward.check_service(cfg.model.image_size, panel.prompts[0], panel.metadata[0] if panel.metadata else None)
+        except RewardError as exc:
+            return str(exc)
+    return None
 
 
 def _load_models(console: Console, cfg, weights: Optional[pathlib.Path]) -> dict:
@@ -278,6 +305,9 @@ def _eval_panel(console: Console, cfg, weights, prompts, num_seeds: int, out_dir
     except (SpotlightError, ValueError, OSError) as exc:
         console.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2)
+    if (why := reward_refusal(cfg, panel)) is not None:  # before any model is loaded or sampled
+        console.print(f"[red]error:[/red] {escape(why)}")
+        raise typer.Exit(2)
     device = ew.eval_device(cfg)
     models = {"base": None} | ({"final": weights} if weights is not None else {})
     report = {}
@@ -292,7 +322,11 @@ def _eval_panel(console: Console, cfg, weights, prompts, num_seeds: int, out_dir
         with working(console, f"sampling {len(panel.prompts)} panel images with the {name} model…"):
             cond = cached_conditioning(family, panel.unique_prompts, _cache_dir())
             images = ew.sample_panel(family, model, cfg, cond, panel, device)
-            scores, rewards = ew.score_panel(cfg, images, panel)
+            try:  # the service may stop answering while the models sample
+                scores, rewards = ew.score_panel(cfg, images, panel)
+            except SpotlightError as exc:
+                console.print(f"[red]error:[/red] scoring the {name} model's panel failed: {escape(str(exc))}")
+                raise typer.Exit(2)
         report[name] = scores
         out_dir.mkdir(parents=True, exist_ok=True)
         ew.write_grid(out_dir / f"eval_{name}.png", images, panel, rewards, title=f"{name}: {scores['eval/score']:.3f}")

@@ -585,16 +585,12 @@ def _check_reward(run: UpRun) -> None:
                 f"{escape(str(exc))}"
             ) from None
     if cfg.reward.kind == "http":  # fail fast on an unreachable reward service
-        import numpy as np
-
         from spotlight.rewards.reward_fn import RewardError, RewardFn
 
         try:
-            RewardFn(cfg.reward)(
-                np.zeros((1, 3, cfg.model.image_size, cfg.model.image_size), dtype=np.uint8), [run.prompts[0]]
-            )
+            RewardFn(cfg.reward).check_service(cfg.model.image_size, run.prompts[0])
         except RewardError as exc:
-            raise refuse(f"reward service check failed: {exc}") from None
+            raise refuse(str(exc)) from None
 
 
 def _plan_replay(run: UpRun) -> LocalReplay | None:

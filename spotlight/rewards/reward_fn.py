@@ -126,6 +126,20 @@ class RewardFn:
             return [jpeg_size_kb(im, self.cfg.jpeg_quality) for im in hwc]
         return self._http(hwc, prompts, metadata)
 
+    def check_service(self, image_size: int, prompt: str, metadata: dict | None = None) -> None:
+        """Fail fast on a reward service that does not answer (``kind = "http"``: one black
+        ``image_size`` probe image for ``prompt``); other kinds have no service to check.
+
+        Raises:
+            RewardError: ``reward service check failed: …`` with the client's reason.
+        """
+        if self.cfg.kind != "http":
+            return
+        try:
+            self(np.zeros((1, 3, image_size, image_size), dtype=np.uint8), [prompt], [metadata or {}])
+        except RewardError as exc:
+            raise RewardError(f"reward service check failed: {exc}") from None
+
     def check_prompts(self, prompts: list[str], metadata: list[dict] | None = None) -> None:
         """Fail fast on prompts this reward cannot score (``geneval_shapes``: prompts that are
         no shapes-world caption; ``ocr``: prompts without a quoted target, unless their
