@@ -464,6 +464,13 @@ def register(app: typer.Typer) -> None:
         # off a terminal (a file, a pipe) rich would cut the tables to 80 columns: node names to "reserv…"
         wide = not sys.stdout.isatty() and "COLUMNS" not in os.environ
         console = Console(emoji=False, width=160) if wide else Console(emoji=False)
+        if run_dir is not None and run_dir_arg is not None and run_dir.resolve() != run_dir_arg.resolve():
+            # one run per call: showing one and dropping the other in silence misleads
+            console.print(
+                f"[red]error:[/red] RUN_DIR {escape(str(run_dir_arg))} and --run-dir {escape(str(run_dir))} "
+                "name different runs: give one"
+            )
+            raise typer.Exit(2)
         if coordinator is not None:  # checked before anything connects: one line, not a ZeroMQ error
             from spotlight.net.endpoints import tcp_endpoint
 
