@@ -188,20 +188,28 @@ def register(app: typer.Typer) -> None:
         )
         spot_nodes = 2 if spot_nodes is None else spot_nodes
         gpus_per_node = 1 if gpus_per_node is None else gpus_per_node
-        if pretrained_path is not None and not cfg.model.pretrained_dir.is_dir():
-            # a warning, not a refusal: the config may be written here for the reserved node
-            console.print(
-                f"[yellow]warning:[/yellow] --pretrained-path {escape(pretrained_path)}: no such directory on this "
-                "machine; `spotlight up` refuses the config wherever the folder is missing"
-            )
         header = _header(
             family, example, cfg, spot_nodes=spot_nodes, gpus_per_node=gpus_per_node, out=out, cluster=cluster
         )
         text = annotated_config(cfg, header)
         if out is None:
             typer.echo(text, nl=False)
-            return
-        _write(out, text, cluster=cluster)
+        else:
+            _write(out, text, cluster=cluster)
+        if pretrained_path is not None:  # once the config is out: a refused --out needs no warning
+            _warn_missing_checkpoint(pretrained_path, cfg.model.pretrained_dir)
+
+
+def _warn_missing_checkpoint(given: str, folder: pathlib.Path) -> None:
+    """Warn (not refuse: the config may be written here for the reserved node, where the folder
+    is) when ``--pretrained-path`` is no folder on this machine."""
+    if folder.is_dir():
+        return
+    what = "a file, not a checkpoint folder" if folder.exists() else "no such folder"
+    console.print(
+        f"[yellow]warning:[/yellow] --pretrained-path {escape(given)}: {what} on this machine; "
+        "`spotlight up` refuses the config wherever the checkpoint folder is missing"
+    )
 
 
 TRY_OUT = {

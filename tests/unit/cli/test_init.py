@@ -180,5 +180,11 @@ def test_a_pretrained_path_missing_here_is_warned_about_and_the_config_still_wri
         res = CliRunner().invoke(app, args)
         assert res.exit_code == 0, res.output
         err = " ".join(res.stderr.split())
-        assert (f"warning: --pretrained-path {path}: no such directory on this machine" in err) is warned, err
+        assert (f"warning: --pretrained-path {path}: no such folder on this machine" in err) is warned, err
         assert f'pretrained_path = "{path}"' in out.read_text()
+    (tmp_path / "afile").write_text("")
+    res = CliRunner().invoke(app, [*args[:4], str(tmp_path / "afile"), "--out", str(tmp_path / "b.toml")])
+    assert "afile: a file, not a checkpoint folder on this machine" in " ".join(res.stderr.split())
+    # a refused --out gets its one error line and no warning about the checkpoint
+    res = CliRunner().invoke(app, args)  # run.toml exists now
+    assert res.exit_code == 2 and "warning" not in res.stderr, res.stderr
