@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import pathlib
 import re
+import shlex
 import tomllib
 import typing
 from typing import Any, Literal
@@ -1090,6 +1091,14 @@ def load_config(path: str | pathlib.Path | None = None, overrides: dict[str, Any
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{p}: not valid TOML: {exc}") from None
+    profile_tables = {"workload", "timing", "exploration", "prices"} & {
+        k for k, v in data.items() if isinstance(v, dict)
+    }
+    if len(profile_tables) >= 2:  # said before its first unknown key is: the file is of another kind
+        raise ConfigError(
+            f"{p}: a simulation profile ({', '.join(f'[{t}]' for t in sorted(profile_tables))}), not a run config: "
+            f"`spotlight simulate --profile {shlex.quote(str(p))}` reads it; `spotlight init` writes a run config"
+        )
     for key in overrides or {}:  # a value the command line replaces is still the file's: check its type
         _check_own_value(p, data, key)
     if p.resolve() != DEFAULT_CONFIG_PATH.resolve():

@@ -462,3 +462,13 @@ def test_no_float_key_accepts_a_non_finite_number(key, value, tmp_path):
         load_config(path)
     assert f"{key}: must be a finite number" in str(info.value) and str(path) in str(info.value), str(info.value)
     _raises_naming(key, **{key: bad})
+
+
+def test_a_simulation_profile_given_as_run_config_is_named_as_one():
+    """Was: `cluster.reserved_gpus: unknown key; did you mean cluster.reserved_rollout_gpus?`
+    (`spotlight plan` or `up --config` on the simulator's profile)."""
+    from spotlight.sim.profile import DEFAULT_PROFILE
+
+    tables = r"\(\[exploration\], \[prices\], \[timing\], \[workload\]\)"
+    with pytest.raises(ConfigError, match=rf"profile {tables}, not a run config: `spotlight simulate --profile "):
+        load_config(DEFAULT_PROFILE)
