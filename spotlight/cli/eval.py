@@ -277,6 +277,8 @@ def load_weights(cfg, weights: Optional[pathlib.Path], device):
     else:
         model = family.build_transformer(dtype)
         if weights is not None:
+            if not weights.exists():
+                raise FileNotFoundError(f"{weights}: no such file or directory")
             if not (weights / "pytorch_lora_weights.safetensors").is_file():
                 raise FileNotFoundError(
                     f"{weights}: neither a transformer folder (config.json) nor LoRA weights "

@@ -351,6 +351,8 @@ def _resume_target(opts: UpOptions) -> tuple[pathlib.Path | None, pathlib.Path |
             resume, config = rd, None  # the run's own config.toml, as with --resume
     if resume is None:
         return None, config, run_dir
+    if not pathlib.Path(resume).is_dir():
+        raise Stop(f"[red]error:[/red] --resume {resume}: no such directory")
     if not (pathlib.Path(resume) / "config.toml").is_file():
         raise Stop(f"[red]error:[/red] --resume {resume}: no config.toml there; not a Spotlight run directory")
     if config is not None:

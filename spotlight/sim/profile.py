@@ -198,12 +198,16 @@ def load_profile(path: str | pathlib.Path = DEFAULT_PROFILE) -> SimProfile:
     """
     path = pathlib.Path(path)
     where = str(path)
+    from spotlight.util.text import decode_utf8
+
     try:
-        d = tomllib.loads(path.read_text(encoding="utf-8"))
+        d = tomllib.loads(decode_utf8(path.read_bytes(), where))  # a byte-order mark is dropped, as in configs
     except OSError as exc:
         raise ProfileError(f"cannot read profile {where}: {exc.strerror or exc}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+    except tomllib.TOMLDecodeError as exc:
         raise ProfileError(f"{where}: not valid TOML: {exc}") from None
+    except ValueError as exc:  # not UTF-8 (decode_utf8 names the line)
+        raise ProfileError(f"{exc}; TOML files are UTF-8") from None
     for section in ("workload", "timing", "exploration", "cluster", "prices", "iterations_to_target"):
         if section in d and not isinstance(d[section], dict):
             raise ProfileError(f"{where}: [{section}] must be a table, got {type(d[section]).__name__}")

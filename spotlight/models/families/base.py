@@ -105,6 +105,8 @@ class ModelFamily(abc.ABC):
                 checkpoint of this family must hold).
         """
         d = self.path / name
+        if not self.path.is_dir():
+            raise ModelLoadError(f"checkpoint directory not found: {self.path} (model.pretrained_path)")
         if not d.is_dir():
             raise ModelLoadError(
                 f"{self.path}: no '{name}/' folder; a {self.name} checkpoint in diffusers layout "

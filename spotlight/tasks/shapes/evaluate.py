@@ -183,6 +183,8 @@ def load_transformer(model_cfg: ModelConfig, weights_dir: str | pathlib.Path | N
         # rank and alpha come from the file's peft metadata (``lora_adapter_metadata``)
         model.load_lora_adapter(str(d), prefix="transformer", weight_name="pytorch_lora_weights.safetensors")
         return model.eval()
+    if not d.exists():
+        raise FileNotFoundError(f"{d}: no such file or directory")
     raise FileNotFoundError(
         f"{d}: neither a transformer folder (config.json) nor LoRA weights (pytorch_lora_weights.safetensors)"
     )
