@@ -108,7 +108,10 @@ def test_latent_shape(family, ckpt):
 
 
 def test_missing_folder_raises(tmp_path, ckpt):
-    fam = _family(tmp_path / "nowhere")
+    with pytest.raises(ModelLoadError, match="checkpoint directory not found: .*nowhere"):
+        _family(tmp_path / "nowhere").build_transformer()
+    (tmp_path / "empty").mkdir()
+    fam = _family(tmp_path / "empty")  # a folder without the checkpoint's parts: each named
     with pytest.raises(ModelLoadError, match="transformer"):
         fam.build_transformer()
     with pytest.raises(ModelLoadError, match="vae"):

@@ -127,8 +127,11 @@ def test_random_checkpoint_is_seeded_and_scoped(tmp_path, sd3_dir):
 
 
 def test_load_errors(tmp_path, sd3_dir):
-    with pytest.raises(ModelLoadError, match="transformer"):
+    with pytest.raises(ModelLoadError, match="checkpoint directory not found: .*missing"):
         get_family(_cfg("sd3", tmp_path / "missing")).build_transformer()
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelLoadError, match="no 'transformer/' folder"):
+        get_family(_cfg("sd3", tmp_path / "empty")).build_transformer()
     # An SD3 checkpoint is not a FLUX one.
     with pytest.raises(ModelLoadError, match="SD3Transformer2DModel"):
         get_family(_cfg("flux", sd3_dir)).build_transformer()
