@@ -27,7 +27,7 @@ def bench():
         (["--pairs", "0", "--probe", "likelihood"], "--pairs 0"),
         (["--config", "/nonexistent.toml"], "not found"),
         (["--config", str(REPO / "examples/jpeg-toy/config.toml")], "not a shapes-task config"),
-        (["--weights", "/nonexistent/final"], "neither a transformer folder"),
+        (["--weights", "/nonexistent/final"], "/nonexistent/final: no such file or directory"),
         (["--prompts", "/nonexistent.jsonl"], "--prompts"),
         (["--prompts", str(REPO / "spotlight/tasks/shapes/prompts/test.jsonl"), "--seeds", "-3"], "--seeds -3"),
     ],
