@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from spotlight.core.planner import StepOption
 from spotlight.errors import SpotlightError
+from spotlight.util.text import decode_utf8
 
 __all__ = ["DEFAULT_PROFILE", "ProfileError", "SimProfile", "load_profile", "set_iterations_to_target"]
 
@@ -198,8 +199,6 @@ def load_profile(path: str | pathlib.Path = DEFAULT_PROFILE) -> SimProfile:
     """
     path = pathlib.Path(path)
     where = str(path)
-    from spotlight.util.text import decode_utf8
-
     try:
         d = tomllib.loads(decode_utf8(path.read_bytes(), where))  # a byte-order mark is dropped, as in configs
     except OSError as exc:
