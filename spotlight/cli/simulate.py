@@ -217,11 +217,7 @@ def _make_out(out: pathlib.Path) -> list[pathlib.Path]:
         probe.write_text("")
         probe.unlink()
     except OSError as exc:
-        for d in created:  # deepest first
-            try:
-                d.rmdir()
-            except OSError:
-                pass
+        _remove_empty(created)
         raise ValueError(f"--out {out}: not a writable directory ({exc.strerror or exc})") from None
     return created
 

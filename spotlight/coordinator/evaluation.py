@@ -87,11 +87,10 @@ def read_results(run_dir: pathlib.Path) -> list[dict]:
 def base_result(run_dir: pathlib.Path, results: list[dict]) -> dict | None:
     """The base model's evaluation: from ``results`` (this coordinator's), else from ``eval.jsonl``
     (a resumed run evaluated the base model in an earlier session); None when there is none."""
-    for pool in (results, None):
-        found = next((e for e in (read_results(run_dir) if pool is None else pool) if int(e["iteration"]) < 0), None)
-        if found is not None:
-            return found
-    return None
+    base = next((e for e in results if int(e["iteration"]) < 0), None)
+    if base is None:
+        base = next((e for e in read_results(run_dir) if int(e["iteration"]) < 0), None)
+    return base
 
 
 class Evaluations:

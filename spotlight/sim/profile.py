@@ -259,11 +259,19 @@ def load_profile(path: str | pathlib.Path = DEFAULT_PROFILE) -> SimProfile:
     return p
 
 
+def _unknown_key_hint(key: str, keys: tuple[str, ...]) -> str:
+    """What to say after an unknown ``key`` of a table whose keys are ``keys``: the key it was
+    probably meant to be, else the keys there are."""
+    import difflib
+
+    near = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
+    return f"; did you mean {near[0]}?" if near else f" (the keys are {', '.join(keys)})"
+
+
 def _check_keys(d: dict, where: str) -> None:
     """A key the simulator does not read (a misspelling, a key in the wrong section, a key that
     TOML put in the table above it) is refused, naming the key it was probably meant to be,
     instead of being ignored."""
-    import difflib
 
     def owner(key: str) -> str | None:
         return next((s for s, ks in PROFILE_KEYS.items() if key in ks), None)
@@ -283,14 +291,7 @@ def _check_keys(d: dict, where: str) -> None:
         for key in d[section]:
             if key in keys:
                 continue
-            near = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
-            hint = (
-                f"; it belongs in [{owner(key)}]"
-                if owner(key)
-                else f"; did you mean {near[0]}?"
-                if near
-                else f" (the keys are {', '.join(keys)})"
-            )
+            hint = f"; it belongs in [{owner(key)}]" if owner(key) else _unknown_key_hint(key, keys)
             raise ProfileError(f"{where}: [{section}] unknown key {key!r}{hint}")
 
 
@@ -321,10 +322,7 @@ def _step_options(d: dict, where: str) -> list[StepOption]:
     for i, o in enumerate(opts_raw):
         extra = sorted(set(o) - set(fields)) if isinstance(o, dict) else []
         if extra:
-            import difflib
-
-            near = difflib.get_close_matches(extra[0], fields, n=1, cutoff=0.6)
-            hint = f"; did you mean {near[0]}?" if near else f" (the keys are {', '.join(fields)})"
+            hint = _unknown_key_hint(extra[0], fields)
             raise ProfileError(f"{where}: [exploration] step_options entry {i + 1}: unknown key {extra[0]!r}{hint}")
     try:
         opts = [
