@@ -5,6 +5,8 @@ Never imports torch."""
 
 from __future__ import annotations
 
+import os
+import re
 import sys
 
 import typer
@@ -16,11 +18,34 @@ except ImportError:  # pragma: no cover - older typer on click
     from click.exceptions import Abort, ClickException, NoArgsIsHelpError, UsageError
 
 
+_TILDE_VALUE = re.compile(r"~[\w.-]*(/|$)")
+
+
+def expand_option_tilde(args: list[str]) -> list[str]:
+    """``--name=~/path`` with the ``~`` expanded, as a shell does for ``--name ~/path`` (pure).
+
+    bash and zsh (by default) leave a ``~`` after ``=`` in an argument as it is, so
+    ``--out=~/runs`` would make a folder named ``~`` in the working directory. A value that is
+    ``~`` or starts with ``~/`` or ``~user/`` is expanded (an unknown user stays as given);
+    nothing after a bare ``--`` is touched."""
+    out = []
+    for i, arg in enumerate(args):
+        if arg == "--":
+            return out + args[i:]
+        name, eq, value = arg.partition("=")
+        if eq and name.startswith("--") and _TILDE_VALUE.match(value):
+            arg = f"{name}={os.path.expanduser(value)}"
+        out.append(arg)
+    return out
+
+
 def run_app(app: typer.Typer, prefix: str = "error:", args: list[str] | None = None) -> int:
     """Run ``app`` on ``args`` (default ``sys.argv[1:]``); return the exit status.
 
-    A usage error prints the usage line, the ``--help`` hint and ``<prefix> <message>`` on
-    stderr (status 2, as click); another click error prints ``<prefix> <message>``."""
+    ``--name=~/path`` values have their ``~`` expanded (:func:`expand_option_tilde`). A usage
+    error prints the usage line, the ``--help`` hint and ``<prefix> <message>`` on stderr
+    (status 2, as click); another click error prints ``<prefix> <message>``."""
+    args = expand_option_tilde(sys.argv[1:] if args is None else list(args))
     try:
         rv = app(args=args, standalone_mode=False)
     except NoArgsIsHelpError as exc:  # `spotlight` alone: its help, as click prints it

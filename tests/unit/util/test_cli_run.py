@@ -31,3 +31,30 @@ def test_success_and_our_own_errors_keep_their_status(capsys):
     assert "[model]" in capsys.readouterr().out
     assert run_app(app, "error:", ["init", "--family", "sd4"]) == 2
     assert capsys.readouterr().err.startswith("error: --family 'sd4'")
+
+
+def test_a_tilde_after_equals_is_expanded_as_the_shell_would_before_a_space(monkeypatch, tmp_path):
+    from spotlight.util.cli_run import expand_option_tilde
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    given = ["--out=~/runs/x", "--out=~", "-o=~/a", "--name=a~b", "~/pos", "--x=~nosuchuser9/y"]
+    assert expand_option_tilde(given) == [
+        f"--out={home}/runs/x",
+        f"--out={home}",
+        "-o=~/a",
+        "--name=a~b",
+        "~/pos",
+        "--x=~nosuchuser9/y",
+    ]
+    assert expand_option_tilde(["--", "--out=~/x"]) == ["--", "--out=~/x"]
+
+
+def test_init_out_with_a_tilde_after_equals_writes_under_home_not_a_folder_named_tilde(monkeypatch, tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    assert run_app(app, "error:", ["init", "--out=~/run.toml"]) == 0
+    assert (home / "run.toml").is_file()
+    assert not (tmp_path / "~").exists()
