@@ -197,19 +197,32 @@ def register(app: typer.Typer) -> None:
         else:
             _write(out, text, cluster=cluster)
         if pretrained_path is not None:  # once the config is out: a refused --out needs no warning
-            _warn_missing_checkpoint(pretrained_path, cfg.model.pretrained_dir)
+            _warn_checkpoint(pretrained_path, cfg.model)
 
 
-def _warn_missing_checkpoint(given: str, folder: pathlib.Path) -> None:
+def _warn_checkpoint(given: str, model) -> None:
     """Warn (not refuse: the config may be written here for the reserved node, where the folder
-    is) when ``--pretrained-path`` is no folder on this machine."""
-    if folder.is_dir():
+    is) when ``--pretrained-path`` is no folder on this machine, or a folder that ``spotlight
+    up`` would refuse for this ``--family`` (another family's checkpoint, a missing component;
+    the family's own up-front check, which reads config files only)."""
+    folder = model.pretrained_dir
+    if not folder.is_dir():
+        what = "a file, not a checkpoint folder" if folder.exists() else "no such folder"
+        console.print(
+            f"[yellow]warning:[/yellow] --pretrained-path {escape(given)}: {what} on this machine; "
+            "`spotlight up` refuses the config wherever the checkpoint folder is missing"
+        )
         return
-    what = "a file, not a checkpoint folder" if folder.exists() else "no such folder"
-    console.print(
-        f"[yellow]warning:[/yellow] --pretrained-path {escape(given)}: {what} on this machine; "
-        "`spotlight up` refuses the config wherever the checkpoint folder is missing"
-    )
+    from spotlight.models.families import ModelLoadError, get_family
+
+    try:
+        get_family(model).check()
+    except ModelLoadError as exc:
+        why = str(exc).replace("check model.family", "check --family")
+        console.print(
+            f"[yellow]warning:[/yellow] --pretrained-path {escape(given)}: {escape(why)}; "
+            "`spotlight up` refuses this config until that is fixed"
+        )
 
 
 TRY_OUT = {

@@ -188,3 +188,30 @@ def test_a_pretrained_path_missing_here_is_warned_about_and_the_config_still_wri
     # a refused --out gets its one error line and no warning about the checkpoint
     res = CliRunner().invoke(app, args)  # run.toml exists now
     assert res.exit_code == 2 and "warning" not in res.stderr, res.stderr
+
+
+def test_a_checkpoint_of_another_family_is_warned_about_and_a_right_one_is_not(tmp_path):
+    """Was: `init --family sd3 --pretrained-path <a Qwen-Image checkpoint>` wrote the config
+    without a word, and only `spotlight up` refused it."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from spotlight.cli import app
+    from spotlight.models.families.sd3 import SD3Family
+
+    qwen = tmp_path / "qwen"
+    qwen.mkdir()
+    (qwen / "model_index.json").write_text(json.dumps({"_class_name": "QwenImagePipeline"}))
+    out = tmp_path / "run.toml"
+    res = CliRunner().invoke(app, ["init", "--family", "sd3", "--pretrained-path", str(qwen), "--out", str(out)])
+    assert res.exit_code == 0 and out.is_file(), res.output
+    err = " ".join(res.stderr.split())
+    assert f"warning: --pretrained-path {qwen}: {qwen} is a QwenImagePipeline checkpoint" in err, err
+    assert "check --family" in err and "`spotlight up` refuses this config" in err, err
+
+    sd3 = SD3Family.make_random_checkpoint(tmp_path / "sd3", seed=1)
+    res = CliRunner().invoke(
+        app, ["init", "--family", "sd3", "--pretrained-path", str(sd3), "--out", str(tmp_path / "ok.toml")]
+    )
+    assert res.exit_code == 0 and "warning" not in res.stderr, res.stderr
