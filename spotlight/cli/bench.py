@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from spotlight.cli.messages import print_error
 from spotlight.cli.progress import working
 
 bench_app = typer.Typer(help="Benchmarks and studies on a finished run directory.", no_args_is_help=True)
@@ -121,7 +122,7 @@ def stale_ranking(
 
         get_family(cfg.model).check()  # the run's checkpoint must still be where its config says
     except (SpotlightError, ValueError) as exc:
-        console.print(f"[red]error:[/red] {escape(str(exc))}")
+        print_error(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2)
     out_dir = out or (run_dir / "bench")
     import torch

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from spotlight.cli.messages import print_error
 from spotlight.cli.progress import working
 from spotlight.errors import SpotlightError
 from spotlight.util.disk import unwritable_dir
@@ -56,7 +57,7 @@ def register(app: typer.Typer) -> None:
         try:
             cfg, weights, specs = _inputs(run_dir, config, weights, prompts)
         except (SpotlightError, ValueError, OSError) as exc:
-            console.print(f"[red]error:[/red] {escape(str(exc))}")
+            print_error(f"[red]error:[/red] {escape(str(exc))}")
             raise typer.Exit(2)
         from spotlight.tasks.shapes import evaluate as ev
         from spotlight.util.quiet import hide_loading_bars
@@ -65,12 +66,12 @@ def register(app: typer.Typer) -> None:
         out_dir = out or run_dir or new_eval_dir()
         problem = unwritable_dir(out_dir)  # found before minutes of sampling, not after
         if problem:
-            console.print(f"[red]error:[/red] --out {escape(str(out_dir))}: {escape(problem)}")
+            print_error(f"[red]error:[/red] --out {escape(str(out_dir))}: {escape(problem)}")
             raise typer.Exit(2)
         if specs is None:  # another task than the shapes world: the run's held-out panel, any family
             _eval_panel(console, cfg, weights, prompts, num_seeds, out_dir)
             return
-        loaded = _load_models(console, cfg, weights)
+        loaded = _load_models(cfg, weights)
         results = {}
         for name, model in loaded.items():
             with working(console, f"sampling {len(specs)} test prompts × {_seeds(num_seeds)} with the {name} model…"):
@@ -199,7 +200,7 @@ def reward_refusal(cfg, panel) -> Optional[str]:
     return None
 
 
-def _load_models(console: Console, cfg, weights: Optional[pathlib.Path]) -> dict:
+def _load_models(cfg, weights: Optional[pathlib.Path]) -> dict:
     """``{"base": model, "final": model}`` (``final`` only with ``weights``), every model loaded
     before any sampling, so that a bad ``--weights`` fails at once.
 
@@ -216,7 +217,7 @@ def _load_models(console: Console, cfg, weights: Optional[pathlib.Path]) -> dict
         try:
             loaded[name] = ev.load_transformer(cfg.model, w)
         except (OSError, ValueError, SpotlightError) as exc:
-            console.print(f"[red]error:[/red] cannot load {name} weights: {escape(str(exc))}")
+            print_error(f"[red]error:[/red] cannot load {name} weights: {escape(str(exc))}")
             raise typer.Exit(2)
     return loaded
 
@@ -305,10 +306,10 @@ def _eval_panel(console: Console, cfg, weights, prompts, num_seeds: int, out_dir
     try:
         panel = ew.build_panel(cfg)
     except (SpotlightError, ValueError, OSError) as exc:
-        console.print(f"[red]error:[/red] {escape(str(exc))}")
+        print_error(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2)
     if (why := reward_refusal(cfg, panel)) is not None:  # before any model is loaded or sampled
-        console.print(f"[red]error:[/red] {escape(why)}")
+        print_error(f"[red]error:[/red] {escape(why)}")
         raise typer.Exit(2)
     device = ew.eval_device(cfg)
     models = {"base": None} | ({"final": weights} if weights is not None else {})
@@ -319,16 +320,19 @@ def _eval_panel(console: Console, cfg, weights, prompts, num_seeds: int, out_dir
         try:
             family, model = load_weights(cfg, w, device)
         except (OSError, ValueError, SpotlightError) as exc:
-            console.print(f"[red]error:[/red] cannot load {name} weights: {escape(str(exc))}")
+            print_error(f"[red]error:[/red] cannot load {name} weights: {escape(str(exc))}")
             raise typer.Exit(2)
         with working(console, f"sampling {len(panel.prompts)} panel images with the {name} model…"):
             cond = cached_conditioning(family, panel.unique_prompts, _cache_dir())
             images = ew.sample_panel(family, model, cfg, cond, panel, device)
             try:  # the service may stop answering while the models sample
                 scores, rewards = ew.score_panel(cfg, images, panel)
+                failed = None
             except SpotlightError as exc:
-                console.print(f"[red]error:[/red] scoring the {name} model's panel failed: {escape(str(exc))}")
-                raise typer.Exit(2)
+                failed = exc
+        if failed is not None:  # said once the spinner is gone (stderr would draw into it on a terminal)
+            print_error(f"[red]error:[/red] scoring the {name} model's panel failed: {escape(str(failed))}")
+            raise typer.Exit(2)
         report[name] = scores
         out_dir.mkdir(parents=True, exist_ok=True)
         ew.write_grid(out_dir / f"eval_{name}.png", images, panel, rewards, title=f"{name}: {scores['eval/score']:.3f}")

@@ -14,6 +14,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from spotlight.cli.messages import print_error
+
 keys_app = typer.Typer(
     help="Create, list and revoke control-plane keys (ZeroMQ CURVE; README 'Security model').",
     no_args_is_help=True,
@@ -27,7 +29,7 @@ def _fail(exc: Exception) -> None:
         text = f"{exc.filename}: {exc.strerror}" if exc.filename else exc.strerror
     else:
         text = str(exc)
-    console.print(f"[red]error:[/red] {escape(text)}")
+    print_error(f"[red]error:[/red] {escape(text)}")
     raise typer.Exit(2)
 
 

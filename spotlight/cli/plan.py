@@ -17,6 +17,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from spotlight.cli.messages import print_error
+
 PLAN_HELP = (
     "Memory per trainer and rollout GPU, host memory and disk of a config; with cluster.gpu_memory_gib, "
     "whether it fits (exit 1 when it does not)."
@@ -177,14 +179,14 @@ def register(app: typer.Typer) -> None:
 
         console = Console(emoji=False, soft_wrap=True, width=None if sys.stdout.isatty() else 150)
         if device not in ("cuda", "cpu"):
-            console.print(f"[red]error:[/red] --device {escape(device)}: choose cuda or cpu")
+            print_error(f"[red]error:[/red] --device {escape(device)}: choose cuda or cpu")
             raise typer.Exit(2)
         overrides = {} if gpu_memory_gib is None else {"cluster.gpu_memory_gib": gpu_memory_gib}
         try:
             cfg = load_config(config, overrides)
             result, size = make_plan(cfg, preset, device)
         except SpotlightError as exc:
-            console.print(f"[red]error:[/red] {escape(str(exc))}")
+            print_error(f"[red]error:[/red] {escape(str(exc))}")
             raise typer.Exit(2)
         if as_json:
             print(json.dumps(plan_dict(result) | {"params": size.params, "lora_params": size.lora_params}, indent=2))
@@ -202,7 +204,7 @@ def register(app: typer.Typer) -> None:
             console.print(plan_table(result, title))
         problems = result.problems()
         for line in problems:
-            console.print(f"[red]does not fit:[/red] {escape(line)}", highlight=False)
+            print_error(f"[red]does not fit:[/red] {escape(line)}", highlight=False)
         if not problems and result.gpu_limit_bytes is not None and not as_json:
             console.print(f"fits: every GPU within {gib(result.gpu_limit_bytes)}")
         if not as_json:

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from spotlight.cli.messages import print_error
 from spotlight.cli.progress import working
 
 PROFILE_HELP = (
@@ -62,13 +63,13 @@ def register(app: typer.Typer) -> None:
         or ``--run-dir``'s ``profile.json``, shown as a table, with how a run uses it."""
         console = Console(emoji=False, soft_wrap=True)
         if out is not None and run_dir is not None:
-            console.print("[red]error:[/red] give --out or --run-dir, not both")
+            print_error("[red]error:[/red] give --out or --run-dir, not both")
             raise typer.Exit(2)
         cfg, prompts, ths, degrees, path = _inputs(
-            console, config, thresholds, sp_degrees, out=out, run_dir=run_dir, weights=weights, num_prompts=num_prompts
+            config, thresholds, sp_degrees, out=out, run_dir=run_dir, weights=weights, num_prompts=num_prompts
         )
         result = _measure(cfg, prompts, weights, ths, degrees, num_prompts, num_seeds, console)
-        path = _write(console, result, path)
+        path = _write(result, path)
         _show(console, cfg, result)
         console.print(escape(_how_to_use(path, run_dir is not None)))
 
@@ -81,7 +82,6 @@ SP_DEGREES_ALLOWED = "comma-separated integers >= 1, at least one, e.g. 1,2"
 
 
 def _inputs(
-    console: Console,
     config,
     thresholds: str,
     sp_degrees: str,
@@ -120,7 +120,7 @@ def _inputs(
 
         get_family(cfg.model).check()  # a missing or incomplete checkpoint: one line, before any work
     except (SpotlightError, ValueError) as exc:
-        console.print(f"[red]error:[/red] {escape(str(exc))}")
+        print_error(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2)
     return cfg, prompts, ths, degrees, path
 
@@ -228,7 +228,7 @@ def _reason(exc: BaseException) -> str:
     return (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
 
 
-def load_weights(console: Console, weights: pathlib.Path) -> dict:
+def load_weights(weights: pathlib.Path) -> dict:
     """The tensors of the safetensors file ``weights``.
 
     Raises:
@@ -240,7 +240,7 @@ def load_weights(console: Console, weights: pathlib.Path) -> dict:
     try:
         return load_file(str(weights))
     except (SafetensorError, OSError) as exc:
-        console.print(
+        print_error(
             f"[red]error:[/red] --weights {escape(str(weights))}: not a readable safetensors file "
             f"({escape(_reason(exc))})"
         )
@@ -260,7 +260,7 @@ def _measure(cfg, prompts, weights, ths, degrees, num_prompts: int, num_seeds: i
     torch.set_num_threads(max(1, cfg.cluster.torch_threads))
     with working(console, f"encoding prompts ({cfg.model.family} text encoder, cached after the first run)…"):
         cond = cached_conditioning(get_family(cfg.model), prompts, _cache_dir())
-    sd = load_weights(console, weights) if weights is not None else None
+    sd = load_weights(weights) if weights is not None else None
     return run_profile(
         cfg,
         cond,
@@ -274,7 +274,7 @@ def _measure(cfg, prompts, weights, ths, degrees, num_prompts: int, num_seeds: i
     )
 
 
-def _write(console: Console, result: dict, path: pathlib.Path) -> pathlib.Path:
+def _write(result: dict, path: pathlib.Path) -> pathlib.Path:
     """Write ``result`` to ``path`` (:func:`profile_path`, checked before measuring), creating its
     directory; ``path``.
 
@@ -285,7 +285,7 @@ def _write(console: Console, result: dict, path: pathlib.Path) -> pathlib.Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(result, indent=2))
     except OSError as exc:
-        console.print(f"[red]error:[/red] cannot write {escape(str(path))}: {escape(exc.strerror or str(exc))}")
+        print_error(f"[red]error:[/red] cannot write {escape(str(path))}: {escape(exc.strerror or str(exc))}")
         raise typer.Exit(1)
     return path
 

@@ -12,6 +12,7 @@ from typing import Annotated, NoReturn, Optional
 
 import typer
 
+from spotlight.cli.messages import print_error
 from spotlight.cli.progress import working
 
 
@@ -98,14 +99,14 @@ def register(app: "typer.Typer") -> None:
         console = Console(emoji=False)
         level = getattr(logging, log_level.upper(), None)
         if not isinstance(level, int):
-            _fail(console, f"unknown --log-level {log_level!r}")
+            _fail(f"unknown --log-level {log_level!r}")
         if not (math.isfinite(max_body_mb) and max_body_mb > 0):
-            _fail(console, "--max-body-mb must be a finite number > 0")
+            _fail("--max-body-mb must be a finite number > 0")
         weights = _scorer_weights(console, scorer, clip_path=clip_path, clip_processor_path=clip_processor_path)
         logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
         if any(n.startswith("geneval") and n not in ("geneval_shapes", "geneval_shapes_partial") for n in weights):
             if detector_path is None:
-                _fail(console, "the geneval scorers need --detector-path DIR (a local transformers object detector)")
+                _fail("the geneval scorers need --detector-path DIR (a local transformers object detector)")
             if not geneval_metadata:
                 console.print("[yellow]note:[/yellow] no --geneval-metadata: prompts must carry GenEval metadata")
         multi = _build(
@@ -131,15 +132,15 @@ def register(app: "typer.Typer") -> None:
                 max_batch=max_batch,
             )
         except OSError as exc:
-            _fail(console, f"cannot listen on {host}:{port}: {exc}")
+            _fail(f"cannot listen on {host}:{port}: {exc}")
         console.print("stopped")
 
 
-def _fail(console, message: str) -> NoReturn:
-    """Print ``error: message`` (plain text) and exit 2."""
+def _fail(message: str) -> NoReturn:
+    """Print ``error: message`` (plain text) on stderr and exit 2."""
     from rich.markup import escape
 
-    console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
+    print_error(f"[red]error:[/red] {escape(message)}", highlight=False)
     raise typer.Exit(2)
 
 
@@ -158,10 +159,10 @@ def _scorer_weights(
     try:
         weights = parse_scorer_specs(scorer)
     except SpotlightError as exc:
-        _fail(console, str(exc))
+        _fail(str(exc))
     uses_clip = any(name in ("clip", "pickscore") for name in weights)
     if uses_clip and clip_path is None:
-        _fail(console, "the clip/pickscore scorer needs --clip-path DIR (a local CLIPModel checkpoint)")
+        _fail("the clip/pickscore scorer needs --clip-path DIR (a local CLIPModel checkpoint)")
     colours = any(name in ("geneval", "geneval_partial", "aesthetic") for name in weights)  # they use CLIP too
     if not uses_clip and not colours and (clip_path is not None or clip_processor_path is not None):
         console.print("[yellow]note:[/yellow] --clip-path is ignored: no clip/pickscore/geneval scorer selected")
@@ -208,7 +209,7 @@ def _build(
                 )
         return build_multi_scorer(weights)
     except SpotlightError as exc:
-        _fail(console, str(exc))
+        _fail(str(exc))
 
 
 def _on_ready(console, multi, host: str):

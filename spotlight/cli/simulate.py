@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from spotlight.cli.messages import print_error
 from spotlight.cli.progress import working
 
 
@@ -90,7 +91,7 @@ def register(app: typer.Typer) -> None:
             )
             created = _make_out(out)  # last: a refused simulation leaves no empty --out behind
         except (SpotlightError, ValueError, OSError, UnicodeDecodeError) as exc:
-            console.print(f"[red]error:[/red] {escape(_setup_error(exc, trace))}")
+            print_error(f"[red]error:[/red] {escape(_setup_error(exc, trace))}")
             raise typer.Exit(2)
         try:
             results = _simulate_all(console, prof, names, actions, iterations, seed=seed, max_candidates=max_candidates)

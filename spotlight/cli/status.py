@@ -23,6 +23,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from spotlight.cli.messages import print_error
+
 SPARK = "▁▂▃▄▅▆▇█"
 EVENT_ROWS = 15
 GUARD_ROWS = 3  # newest collapse-guard alerts shown above the tables
@@ -466,7 +468,7 @@ def register(app: typer.Typer) -> None:
         console = Console(emoji=False, width=160) if wide else Console(emoji=False)
         if run_dir is not None and run_dir_arg is not None and run_dir.resolve() != run_dir_arg.resolve():
             # one run per call: showing one and dropping the other in silence misleads
-            console.print(
+            print_error(
                 f"[red]error:[/red] RUN_DIR {escape(str(run_dir_arg))} and --run-dir {escape(str(run_dir))} "
                 "name different runs: give one"
             )
@@ -477,12 +479,12 @@ def register(app: typer.Typer) -> None:
             try:
                 coordinator = tcp_endpoint(coordinator)
             except ValueError as exc:
-                console.print(f"[red]error:[/red] {escape(str(exc))}")
+                print_error(f"[red]error:[/red] {escape(str(exc))}")
                 raise typer.Exit(2)
         rd = run_dir or run_dir_arg
         endpoint, pid, why = coordinator, None, ""
         if endpoint is None:
-            rd, endpoint, info, why = _run_dir_info(console, rd)
+            rd, endpoint, info, why = _run_dir_info(rd)
             pid = info.get("pid")
             if keys is None and info.get("keys_dir"):
                 keys = pathlib.Path(info["keys_dir"])
@@ -492,10 +494,10 @@ def register(app: typer.Typer) -> None:
         if rd is not None and coordinator is None and not _pid_running(pid):
             view.saved(f"the coordinator (pid {pid}) is not running: the run has finished or stopped")
             return
-        view.live(_tcp(endpoint), _client_keys(console, keys, rd, key), pid)
+        view.live(_tcp(endpoint), _client_keys(keys, rd, key), pid)
 
 
-def _run_dir_info(console: Console, rd: Optional[pathlib.Path]) -> tuple[pathlib.Path, str, dict, str]:
+def _run_dir_info(rd: Optional[pathlib.Path]) -> tuple[pathlib.Path, str, dict, str]:
     """``(run directory, its coordinator's endpoint, its coordinator.json, why this run)``;
     without ``rd`` the run under ``runs/`` that :func:`pick_run` picks ("why" is then its
     reason, else "").
@@ -506,20 +508,20 @@ def _run_dir_info(console: Console, rd: Optional[pathlib.Path]) -> tuple[pathlib
     """
     why = ""
     if rd is None:
-        rd, why = pick_run(console, pathlib.Path("runs"))
+        rd, why = pick_run(pathlib.Path("runs"))
     meta = pathlib.Path(rd) / "coordinator.json"
     if not pathlib.Path(rd).is_dir():
         what = "not a directory" if pathlib.Path(rd).exists() else "no such directory"
-        console.print(f"[red]error:[/red] {escape(str(rd))}: {what}")
+        print_error(f"[red]error:[/red] {escape(str(rd))}: {what}")
         raise typer.Exit(2)
     if not meta.is_file():
-        console.print(f"[red]error:[/red] {escape(str(meta))} not found: not a Spotlight run directory")
+        print_error(f"[red]error:[/red] {escape(str(meta))} not found: not a Spotlight run directory")
         raise typer.Exit(2)
     try:
         info = json.loads(meta.read_text())
         endpoint = info["endpoint"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        console.print(f"[red]error:[/red] {escape(str(meta))}: not readable ({escape(str(exc))})")
+        print_error(f"[red]error:[/red] {escape(str(meta))}: not readable ({escape(str(exc))})")
         raise typer.Exit(2)
     return rd, endpoint, info, why
 
@@ -540,7 +542,7 @@ def _tcp(endpoint: str) -> str:
     return endpoint if "://" in endpoint else f"tcp://{endpoint}"
 
 
-def pick_run(console: Console, runs: pathlib.Path) -> tuple[pathlib.Path, str]:
+def pick_run(runs: pathlib.Path) -> tuple[pathlib.Path, str]:
     """The run ``status`` shows when it is given none: the one whose coordinator is running, or,
     with none running, the newest (by its ``coordinator.json``); and the reason, for the screen.
 
@@ -550,12 +552,12 @@ def pick_run(console: Console, runs: pathlib.Path) -> tuple[pathlib.Path, str]:
     """
     found = sorted(runs.glob("*/coordinator.json"), key=lambda p: p.stat().st_mtime, reverse=True)
     if not found:
-        console.print(f"[red]error:[/red] no --coordinator or RUN_DIR given and no {runs}/*/coordinator.json found")
+        print_error(f"[red]error:[/red] no --coordinator or RUN_DIR given and no {runs}/*/coordinator.json found")
         raise typer.Exit(2)
     running = [p.parent for p in found if _pid_running(_coordinator_pid(p.parent))]
     if len(running) > 1:
         names = ", ".join(escape(str(d)) for d in running)
-        console.print(
+        print_error(
             f"[red]error:[/red] {len(running)} runs are running ({names}): name one, "
             f"e.g. [cyan]{escape(shlex.join(['spotlight', 'status', str(running[0])]))}[/cyan]"
         )
@@ -566,7 +568,7 @@ def pick_run(console: Console, runs: pathlib.Path) -> tuple[pathlib.Path, str]:
     return found[0].parent, f"the newest run{others} under {runs}/; none is running"
 
 
-def _client_keys(console: Console, keys: Optional[pathlib.Path], rd: Optional[pathlib.Path], key: Optional[str]):
+def _client_keys(keys: Optional[pathlib.Path], rd: Optional[pathlib.Path], key: Optional[str]):
     """The client keys ``status`` asks with: ``key`` (default: the only status key) in ``keys``
     (default: the run directory's ``keys/``).
 
@@ -577,14 +579,14 @@ def _client_keys(console: Console, keys: Optional[pathlib.Path], rd: Optional[pa
 
     keys_dir = keys or (pathlib.Path(rd) / "keys" if rd is not None else None)
     if keys_dir is None:
-        console.print(
+        print_error(
             "[red]error:[/red] --coordinator needs --keys DIR (server.key and a client key; README 'Security model')"
         )
         raise typer.Exit(2)
     try:
         return load_client_keys(keys_dir, name=key, role=None if key else "status")
     except KeysError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        print_error(f"[red]error:[/red] {exc}")
         raise typer.Exit(2)
 
 
@@ -631,7 +633,7 @@ class _View:
         try:
             return snapshot_from_run_dir(pathlib.Path(self.rd), note, running=running)
         except (FileNotFoundError, ValueError) as exc:
-            self.console.print(f"[red]error:[/red] {escape(str(exc))}")
+            print_error(f"[red]error:[/red] {escape(str(exc))}")
             raise typer.Exit(1)
 
     def _watch(self, snapshot) -> None:
@@ -686,7 +688,7 @@ class _View:
             if self.as_json:
                 print(json.dumps({"error": msg}))
             else:
-                self.console.print(f"[red]error:[/red] {escape(msg)}")
+                print_error(f"[red]error:[/red] {escape(msg)}")
             raise typer.Exit(1)
         except KeyboardInterrupt:
             return

@@ -22,6 +22,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from spotlight.cli.messages import print_error, say_to
 from spotlight.cli.progress import working
 from spotlight.cli.up_preflight import (
     DEFAULT_RESERVED,
@@ -241,7 +242,10 @@ def run_up(opts: UpOptions) -> None:
         cond, token_counts = encode_prompts(run)
         coord = start_coordinator(run, cond, token_counts)
     except Stop as stop:
-        console.print(stop.line)
+        if stop.code:  # a refusal: its error line on stderr
+            print_error(stop.line)
+        else:  # nothing to do: no error
+            console.print(stop.line)
         raise typer.Exit(stop.code) from None
     serve(run, coord)
 
@@ -252,15 +256,16 @@ def announce(run: UpRun) -> None:
     from spotlight.errors import plural
 
     opts, cfg = run.opts, run.cfg
+    say = say_to(console)  # a replay's notes may be warnings
     for note in run.replay.notes if run.replay is not None else []:
-        console.print(note)
+        say(note)
     if opts.agents is not None and opts.local and not cfg.cluster.use_spot:
-        console.print(
+        print_error(
             f"[yellow]warning:[/yellow] --agents {opts.agents} is ignored: run.mode = {cfg.run.mode!r} uses no spot "
             "GPUs, so no spot agent starts"
         )
     if opts.uncapped_exploration and not (cfg.explore.active and cfg.explore.mode == "stale"):
-        console.print(
+        print_error(
             "[yellow]warning:[/yellow] --uncapped-exploration streams extra candidates only with explore.mode = "
             f"'stale' (this run: {cfg.explore.mode if cfg.explore.active else 'off'})"
         )
@@ -271,7 +276,7 @@ def announce(run: UpRun) -> None:
     console.print(escape(run.prompt_set.summary()))
     _announce_memory(run)
     if len(run.prompts) < cfg.data.prompts_per_iteration:
-        console.print(
+        print_error(
             f"[yellow]warning:[/yellow] {len(run.prompts)} prompts for data.prompts_per_iteration = "
             f"{cfg.data.prompts_per_iteration}: the same prompts repeat within every batch"
         )
@@ -297,7 +302,7 @@ def _announce_memory(run: UpRun) -> None:
     for line in plan_summary(check.plan, device=check.device, limit_source=check.limit_source, disk_free_bytes=free):
         console.print(escape(line), highlight=False)
     if check.plan.disk_bytes > free:
-        console.print(
+        print_error(
             f"[yellow]warning:[/yellow] the run may need up to {check.plan.disk_bytes / (1 << 30):.1f} GiB of disk at "
             f"{escape(str(run.run_dir))} and {free / (1 << 30):.1f} GiB are free (run.keep_weight_versions, "
             "run.keep_train_checkpoints; docs/planning.md §4-5)"
@@ -487,7 +492,7 @@ def _announce_profile(run: UpRun, profile) -> None:
     if profile is not None:
         console.print(escape(profile.describe()))
         if (why := profile_mismatch(profile, run.cfg)) is not None:
-            console.print(f"[yellow]warning:[/yellow] {escape(why)}")
+            print_error(f"[yellow]warning:[/yellow] {escape(why)}")
         return
     old = legacy_cache_path(run.cfg)
     if old.is_file():
@@ -510,7 +515,7 @@ def serve(run: UpRun, coord) -> None:
     from spotlight.cli.up_local import LocalCluster
 
     received = _stop_on_signals()
-    with LocalCluster(run, coord, say=console.print) as cluster:
+    with LocalCluster(run, coord, say=say_to(console)) as cluster:
         code = _serve_to_the_end(run, coord, cluster, received)
     if code:
         _print_stop_hint(run, interrupted=code == 130)
@@ -604,7 +609,7 @@ def _serve_to_the_end(run: UpRun, coord, cluster, received: dict) -> int:
         console.print(f"[yellow]interrupted[/yellow] ({sig}): stopping agents, workers and trainers…")
         return 130
     except RuntimeError as exc:
-        console.print(f"[red]error:[/red] {escape(str(exc))}")
+        print_error(f"[red]error:[/red] {escape(str(exc))}")
         coord.stop_reason = str(exc)  # e.g. the --timeout-s limit; a run error is coord.error
         return 1
 
@@ -699,12 +704,12 @@ def _record_prompts(rd: pathlib.Path, prompt_set, token_counts: list[int] | None
     except (OSError, ValueError, AttributeError):
         before = None
     if before and before != record["sha256"]:
-        console.print(
+        print_error(
             f"[yellow]warning:[/yellow] {escape(str(prompt_set.path))} changed since this run started "
             f"(sha256 {before[:12]} → {record['sha256'][:12]})"
         )
     if message:
-        console.print(f"[yellow]warning:[/yellow] {escape(message)}")
+        print_error(f"[yellow]warning:[/yellow] {escape(message)}")
     path.write_text(json.dumps(record, indent=1) + "\n")
 
 

@@ -9,6 +9,7 @@ its upload spool (``tensor_store/spool``) cannot be created, so publishing v0 ra
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import pathlib
@@ -59,7 +60,8 @@ def test_the_console_names_the_profile_the_run_uses(failed_run):
 def test_a_dead_trainers_exception_and_log_reach_the_console(failed_run):
     rd, res = failed_run
     assert res.returncode == 1, res.stdout + res.stderr
-    out = res.stdout.splitlines()
+    assert not any(x.startswith("error: ") for x in res.stdout.splitlines()), res.stdout  # errors go to stderr
+    out = res.stderr.splitlines()
     spool = rd / "tensor_store" / "spool"
     first = next(i for i, x in enumerate(out) if x.startswith("error: "))
     assert (
@@ -67,9 +69,8 @@ def test_a_dead_trainers_exception_and_log_reach_the_console(failed_run):
         == f"error: train worker rank 0 exited with code 1: FileExistsError: [Errno 17] File exists: '{spool}'"
     )
     assert out[first + 1] == f"  last lines of {rd / 'logs' / 'trainer-0.log'}:"
-    tail = [x for x in out[first + 2 :] if x.startswith("    ")]
-    tail = out[first + 2 : first + 2 + len(tail)]
-    assert tail[0] == "    Traceback (most recent call last):" and len(tail) <= 12, res.stdout
-    assert tail[-1] == f"    FileExistsError: [Errno 17] File exists: '{spool}'", res.stdout
+    tail = list(itertools.takewhile(lambda x: x.startswith("    "), out[first + 2 :]))
+    assert tail[0] == "    Traceback (most recent call last):" and len(tail) <= 12, res.stderr
+    assert tail[-1] == f"    FileExistsError: [Errno 17] File exists: '{spool}'", res.stderr
     saved = json.loads((rd / "status.json").read_text())
     assert saved["error"] == out[first][len("error: ") :]  # one line in the run's status

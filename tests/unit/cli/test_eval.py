@@ -16,21 +16,21 @@ def test_eval_refuses_a_run_without_final(tmp_path):
     (tmp_path / "config.toml").write_text((EXAMPLES_DIR / "default" / "config.toml").read_text())
     res = CliRunner().invoke(app, ["eval", "--run-dir", str(tmp_path)])
     assert res.exit_code == 2, res.output
-    assert "no final/" in res.stdout
+    assert "no final/" in res.stderr and not res.stdout
 
 
 def test_eval_names_a_missing_run_directory_as_missing(tmp_path):
     res = CliRunner().invoke(app, ["eval", "--run-dir", str(tmp_path / "nosuch")])
-    assert res.exit_code == 2 and "nosuch: no such directory" in res.stdout, res.output
+    assert res.exit_code == 2 and "nosuch: no such directory" in res.stderr, res.output
     (tmp_path / "f").write_text("")
     res = CliRunner().invoke(app, ["eval", "--run-dir", str(tmp_path / "f")])
-    assert res.exit_code == 2 and "a file, not a run directory" in res.stdout, res.output
+    assert res.exit_code == 2 and "a file, not a run directory" in res.stderr, res.output
 
 
 def test_eval_of_another_task_needs_held_out_prompts(tmp_path):
     res = CliRunner().invoke(app, ["eval", "--config", str(EXAMPLES_DIR / "jpeg-toy" / "config.toml")])
     assert res.exit_code == 2, res.output
-    assert "--prompts" in res.stdout
+    assert "--prompts" in res.stderr and not res.stdout
 
 
 def test_eval_scores_any_family_on_its_panel(tmp_path, monkeypatch):
@@ -90,7 +90,7 @@ def test_up_suggests_eval_only_for_a_run_eval_accepts(tmp_path):
         else:
             assert f"spotlight eval --run-dir {rd}[/cyan]" not in line and "--prompts FILE" in line
             refused = CliRunner().invoke(app, ["eval", "--run-dir", str(rd)])
-            assert refused.exit_code == 2 and "--prompts" in refused.stdout
+            assert refused.exit_code == 2 and "--prompts" in refused.stderr
         assert "spotlight status" in line
 
 

@@ -27,7 +27,8 @@ def test_plan_of_a_preset_that_does_not_fit(tmp_path):
     conf = _toml(tmp_path, "[train]\nlora_rank = 0\nnum_train_workers = 4\n[cluster]\ngpu_memory_gib = 80\n")
     res = CliRunner().invoke(app, ["plan", conf, "--preset", "qwen-image-20b", "--json"])
     assert res.exit_code == 1, res.output
-    doc = json.loads(res.output[: res.output.rindex("}") + 1])
+    doc = json.loads(res.stdout)  # the JSON alone: the refusal is on stderr
+    assert res.stderr.startswith("does not fit: a trainer GPU needs"), res.stderr
     # full fine-tuning of 20.4 B parameters on 4 GPUs: 16 bytes per parameter / 4 for weights, grads, Adam
     trainer = doc["trainer_gpu"]
     assert abs(trainer["parameters"] + trainer["gradients"] + trainer["Adam state"] - 16 * doc["params"] / 4) < 16

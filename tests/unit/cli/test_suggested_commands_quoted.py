@@ -47,20 +47,20 @@ def test_up_next_line_quotes_the_run_directory(tmp_path):
         assert f"spotlight status {shlex.quote(str(rd))} shows" in text, text
 
 
-def test_status_names_one_of_several_running_runs_quoted(tmp_path):
+def test_status_names_one_of_several_running_runs_quoted(tmp_path, capsys):
     from spotlight.cli.status import pick_run
 
     for name in ("a b", "c d"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "coordinator.json").write_text(json.dumps({"endpoint": "x", "pid": os.getpid()}))
-    console = Console(record=True, width=1000, color_system=None)
     try:
-        pick_run(console, tmp_path)
+        pick_run(tmp_path)
     except Exception as exc:  # typer.Exit(2)
         assert getattr(exc, "exit_code", None) == 2
     else:
         raise AssertionError("pick_run picked one of two running runs")
-    text = console.export_text()
+    out, text = capsys.readouterr()
+    assert not out, out
     assert "e.g. spotlight status '" in text and f"'{tmp_path}/" in text, text
 
 

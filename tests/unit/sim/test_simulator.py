@@ -266,7 +266,7 @@ def test_cli_prints_the_cost_to_target_table(tmp_path):
         text=True,
         timeout=120,
     )
-    assert bad.returncode == 2 and "unknown policy 'nope'" in bad.stdout and "Traceback" not in bad.stderr
+    assert bad.returncode == 2 and "unknown policy 'nope'" in bad.stderr and "Traceback" not in bad.stderr
 
 
 def test_synthetic_reward_many_equals_one_at_a_time():

@@ -173,8 +173,8 @@ def test_run_records_prompts_json_and_reports_the_cut_once(tmp_path, capsys):
         and rec["num_cut"] == 1
         and rec["max_text_tokens"] == 16
     )
-    out = capsys.readouterr().out
-    assert out.count("1 of 2 prompts are longer than model.max_text_tokens = 16") == 1
+    out, err = capsys.readouterr()  # a warning: on stderr
+    assert err.count("1 of 2 prompts are longer than model.max_text_tokens = 16") == 1 and not out, (out, err)
     assert ps.summary().startswith(f"2 prompts loaded from {f} (csv, column 'prompt', sha256 {rec['sha256'][:12]}")
 
 
