@@ -175,7 +175,7 @@ def register(app: typer.Typer) -> None:
 
         from spotlight.config import load_config
         from spotlight.core.memory_plan import gib
-        from spotlight.errors import SpotlightError
+        from spotlight.errors import SpotlightError, plural
 
         console = Console(emoji=False, soft_wrap=True, width=None if sys.stdout.isatty() else 150)
         if device not in ("cuda", "cpu"):
@@ -188,8 +188,15 @@ def register(app: typer.Typer) -> None:
         except SpotlightError as exc:
             print_error(f"[red]error:[/red] {escape(str(exc))}")
             raise typer.Exit(2)
+        import torch
+
+        notes = plan_notes(cfg, preset, result, device=device, has_cuda=torch.cuda.is_available())
+        problems = result.problems()
         if as_json:
-            print(json.dumps(plan_dict(result) | {"params": size.params, "lora_params": size.lora_params}, indent=2))
+            # "fits": null when there is no GPU size to check against (a note says so)
+            fits = None if result.gpu_limit_bytes is None else not problems
+            extra = {"params": size.params, "lora_params": size.lora_params, "fits": fits, "notes": notes}
+            print(json.dumps(plan_dict(result) | extra, indent=2))
         else:
             t = cfg.train
             gpus = f"{t.num_train_workers} trainer GPU{'s' if t.num_train_workers != 1 else ''}"
@@ -197,20 +204,18 @@ def register(app: typer.Typer) -> None:
                 f"{preset or cfg.model.family}: {count_text(size.params)} parameters"
                 + (f", LoRA r={t.lora_rank} {count_text(size.lora_params)}" if t.lora_rank else ", full fine-tuning")
                 + f", {gpus}, {cfg.model.image_size} px, "
-                f"{result.rows_per_micro_batch} rows per training forward ({result.tokens_per_micro_batch} tokens, "
+                f"{plural(result.rows_per_micro_batch, 'row')} per training forward "
+                f"({result.tokens_per_micro_batch} tokens, "
                 "one SDE window step at a time), activation checkpointing "
                 f"{'on' if result.activation_checkpointing else 'off'}"
             )
             console.print(plan_table(result, title))
-        problems = result.problems()
         for line in problems:
             print_error(f"[red]does not fit:[/red] {escape(line)}", highlight=False)
         if not problems and result.gpu_limit_bytes is not None and not as_json:
             console.print(f"fits: every GPU within {gib(result.gpu_limit_bytes)}")
         if not as_json:
-            import torch
-
-            for line in plan_notes(cfg, preset, result, device=device, has_cuda=torch.cuda.is_available()):
+            for line in notes:
                 console.print(f"note: {escape(line)}", highlight=False)
         if problems:
             raise typer.Exit(1)

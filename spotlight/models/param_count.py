@@ -81,9 +81,16 @@ def transformer_config(cfg, preset: str | None = None) -> tuple[str, str, dict]:
     if preset is not None:
         if preset not in PRESETS:
             raise PlanError(f"--preset {preset}: choose from {', '.join(PRESETS)}")
+        preset_family = PRESETS[preset][0]
+        if cfg.model.family != "tiny" and cfg.model.family != preset_family:
+            # its text tokens and CFG rows would be the config's family's, its blocks the preset's
+            fitting = [name for name, (fam, _, _) in PRESETS.items() if fam == cfg.model.family]
+            raise PlanError(
+                f"--preset {preset} is a {preset_family} architecture and this config's model.family is "
+                f"{cfg.model.family}: use --preset {' or '.join(fitting)}, or a {preset_family} config"
+            )
         return PRESETS[preset]
     from spotlight.models.families import ModelLoadError, get_family
-    from spotlight.models.families.base import read_json
 
     family = get_family(cfg.model)
     if cfg.model.family == "tiny" and cfg.model.source == "tiny":
@@ -91,10 +98,14 @@ def transformer_config(cfg, preset: str | None = None) -> tuple[str, str, dict]:
 
         return "tiny", family.transformer_class, dit.transformer_kwargs(cfg.model, family.text_dim)
     try:
-        path = family.component_dir("transformer") / "config.json"
-        config = read_json(path)
+        family.check_pipeline()  # another family's checkpoint would be counted as this family's class
+        config = family.transformer_config()
     except (ModelLoadError, OSError, ValueError) as exc:
-        raise PlanError(f"cannot read the transformer's config of {cfg.model.pretrained_path}: {exc}") from None
+        hint = ""
+        if not family.path.is_dir():
+            fitting = [name for name, (fam, _, _) in PRESETS.items() if fam == cfg.model.family]
+            hint = f"; without the checkpoint at hand, plan a published size with --preset {' or '.join(fitting)}"
+        raise PlanError(f"cannot read the transformer's config of {cfg.model.pretrained_path}: {exc}{hint}") from None
     config = {k: v for k, v in config.items() if not k.startswith("_")}
     return cfg.model.family, family.transformer_class, config
 

@@ -124,16 +124,7 @@ class ModelFamily(abc.ABC):
         Raises:
             ModelLoadError: a folder is missing (the message names it and the expected layout).
         """
-        if not self.path.is_dir():
-            raise ModelLoadError(f"checkpoint directory not found: {self.path} (model.pretrained_path)")
-        index = self.path / "model_index.json"
-        if index.is_file():
-            pipeline = str(read_json(index).get("_class_name", ""))
-            if pipeline and not pipeline.startswith(self.pipeline_class.removesuffix("Pipeline")):
-                raise ModelLoadError(
-                    f"{self.path} is a {pipeline} checkpoint (model_index.json), "
-                    f"not {self.name} ({self.pipeline_class}); check model.family"
-                )
+        self.check_pipeline()
         for name in self.components():
             d = self.component_dir(name)
             if not any(d.glob("*config*.json")):
@@ -147,6 +138,25 @@ class ModelFamily(abc.ABC):
             raise ModelLoadError(
                 f"{self.path / 'transformer'}: no weight files (*.safetensors); the checkpoint is incomplete"
             )
+
+    def check_pipeline(self) -> None:
+        """The checkpoint folder exists and, where it has a ``model_index.json``, holds this
+        family's pipeline (reads that one file: what a command that needs only the config files,
+        such as ``spotlight plan``, checks before it trusts them).
+
+        Raises:
+            ModelLoadError: no such folder, or another family's checkpoint.
+        """
+        if not self.path.is_dir():
+            raise ModelLoadError(f"checkpoint directory not found: {self.path} (model.pretrained_path)")
+        index = self.path / "model_index.json"
+        if index.is_file():
+            pipeline = str(read_json(index).get("_class_name", ""))
+            if pipeline and not pipeline.startswith(self.pipeline_class.removesuffix("Pipeline")):
+                raise ModelLoadError(
+                    f"{self.path} is a {pipeline} checkpoint (model_index.json), "
+                    f"not {self.name} ({self.pipeline_class}); check model.family"
+                )
 
     def check_lora_targets(self, targets: list[str]) -> None:
         """Every LoRA target module name matches a module of the transformer (checked on the

@@ -33,6 +33,10 @@ def test_plan_of_a_preset_that_does_not_fit(tmp_path):
     trainer = doc["trainer_gpu"]
     assert abs(trainer["parameters"] + trainer["gradients"] + trainer["Adam state"] - 16 * doc["params"] / 4) < 16
     assert doc["problems"] and "a trainer GPU needs" in doc["problems"][0]
+    assert doc["fits"] is False and isinstance(doc["notes"], list)
+    res = CliRunner().invoke(app, ["plan", "--json", "--device", "cuda"])  # no GPU size: fits unknown, said
+    doc = json.loads(res.stdout)
+    assert doc["fits"] is None and any("no GPU size" in n or "gpu_memory_gib" in n for n in doc["notes"]), doc
 
 
 def test_up_refuses_a_config_that_cannot_fit_before_anything_starts(tmp_path):
@@ -151,3 +155,42 @@ def test_a_cuda_plan_on_a_host_without_a_gpu_says_so():
     assert any("this host has no GPU" in n and "--device cpu" in n for n in cpu_host)
     assert not any("no GPU" in n and "host" in n for n in plan_notes(cfg, None, plan, device="cuda", has_cuda=True))
     assert not any("this host" in n for n in plan_notes(cfg, None, plan, device="cpu", has_cuda=False))
+
+
+def _family_config(tmp_path, family: str, checkpoint) -> str:
+    out = tmp_path / f"{family}.toml"
+    out.unlink(missing_ok=True)
+    args = ["init", "--family", family, "--pretrained-path", str(checkpoint), "--out", str(out)]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    return str(out)
+
+
+def test_a_checkpoint_of_another_family_is_refused_not_counted_as_this_familys_class(tmp_path):
+    """Was: an sd3 config on a Qwen-Image checkpoint built an SD3 transformer from Qwen's config
+    (diffusers ignored the unknown keys) and printed made-up sizes with exit 0."""
+    qwen = tmp_path / "qwen"
+    (qwen / "transformer").mkdir(parents=True)
+    (qwen / "model_index.json").write_text(json.dumps({"_class_name": "QwenImagePipeline"}))
+    (qwen / "transformer" / "config.json").write_text(json.dumps({"_class_name": "QwenImageTransformer2DModel"}))
+    res = CliRunner().invoke(app, ["plan", _family_config(tmp_path, "sd3", qwen), "--device", "cpu"])
+    assert res.exit_code == 2 and res.stdout == "", res.output
+    assert "is a QwenImagePipeline checkpoint (model_index.json), not sd3" in " ".join(res.stderr.split())
+    (qwen / "model_index.json").unlink()  # no index: the transformer's own class says it
+    res = CliRunner().invoke(app, ["plan", _family_config(tmp_path, "sd3", qwen), "--device", "cpu"])
+    assert res.exit_code == 2, res.output
+    assert "holds a QwenImageTransformer2DModel, not a SD3Transformer2DModel" in " ".join(res.stderr.split())
+
+
+def test_a_preset_of_another_family_than_the_configs_is_refused_and_a_missing_checkpoint_names_the_preset(tmp_path):
+    flux = _family_config(tmp_path, "flux", tmp_path / "nonexistent")
+    res = CliRunner().invoke(app, ["plan", flux, "--preset", "qwen-image-20b", "--device", "cpu"])
+    assert res.exit_code == 2, res.output
+    err = " ".join(res.stderr.split())
+    assert "--preset qwen-image-20b is a qwen-image architecture and this config's model.family is flux" in err
+    assert "use --preset flux-12b" in err, err
+    res = CliRunner().invoke(app, ["plan", flux, "--device", "cpu"])
+    assert res.exit_code == 2, res.output
+    assert "plan a published size with --preset flux-12b" in " ".join(res.stderr.split()), res.stderr
+    assert CliRunner().invoke(app, ["plan", flux, "--preset", "flux-12b", "--device", "cpu"]).exit_code == 0
+    # a tiny-model config with any preset stays allowed (docs/planning.md: planned at its resolution)
+    assert CliRunner().invoke(app, ["plan", "--preset", "sd3.5-large", "--device", "cpu"]).exit_code == 0
