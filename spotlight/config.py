@@ -1214,6 +1214,33 @@ def config_to_dict(cfg: SpotlightConfig) -> dict[str, Any]:
     }
 
 
+PATH_FIELDS = ("model.pretrained_path", "data.prompts_path", "explore.profile_path", "eval.prompts_path")
+"""Config fields that name a file or folder (read through :func:`resolve_path`)."""
+
+
+def anchored_path(path: str) -> str:
+    """``path`` as a config should keep it to mean the same from any working directory: a
+    relative path that exists from this one, outside the repository, made absolute (``~``
+    expanded). A path under the repository root stays as given: :func:`resolve_path` finds it
+    from anywhere, on every node, wherever the package lives there; so does one that does not
+    exist here (it may name a folder on another machine)."""
+    if not path:
+        return path
+    p = pathlib.Path(path).expanduser()
+    if p.is_absolute() or not p.exists():
+        return str(p) if path.startswith("~") else path
+    absolute = p.resolve()
+    return path if absolute.is_relative_to(REPO_ROOT) else str(absolute)
+
+
 def dump_config(cfg: SpotlightConfig, path: str | pathlib.Path) -> None:
-    """Write the resolved config as TOML (tomli-w)."""
-    pathlib.Path(path).write_text(tomli_w.dumps(config_to_dict(cfg)))
+    """Write the resolved config as TOML (tomli-w), its :data:`PATH_FIELDS` anchored
+    (:func:`anchored_path`): a run directory's ``config.toml`` works from any working directory
+    (``--resume``, ``spotlight eval --run-dir``, ``spotlight bench``), not only the one it
+    started in."""
+    data = config_to_dict(cfg)
+    for field in PATH_FIELDS:
+        section, key = field.split(".")
+        if data.get(section, {}).get(key):
+            data[section][key] = anchored_path(data[section][key])
+    pathlib.Path(path).write_text(tomli_w.dumps(data))

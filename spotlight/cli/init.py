@@ -283,12 +283,13 @@ def _layout_config(
         typer.Exit: 2 with one line: the result is not a valid config (a value a flag set is
             named by its flag, as :func:`spotlight.config.load_config` names a file's key).
     """
-    from spotlight.config import ConfigError, config_from_dict, config_to_dict, load_config
+    from spotlight.config import ConfigError, anchored_path, config_from_dict, config_to_dict, load_config
 
+    # a relative --pretrained-path that exists here is written absolute: the config then means
+    # the same checkpoint from any working directory
+    given = {"model.pretrained_path": anchored_path(pretrained_path)} if pretrained_path is not None else None
     try:
-        data = config_to_dict(
-            load_config(example, {"model.pretrained_path": pretrained_path} if pretrained_path is not None else None)
-        )
+        data = config_to_dict(load_config(example, given))
         if train_gpus is not None:
             data["train"]["num_train_workers"] = train_gpus
         if rollout_gpus is not None:

@@ -52,6 +52,30 @@ def test_relative_paths_resolve_from_any_directory(tmp_path, monkeypatch):
     assert resolve_path("nowhere/x.jsonl") == pathlib.Path("nowhere/x.jsonl")
 
 
+def test_a_runs_config_keeps_a_relative_path_meaning_the_same_from_any_directory(tmp_path, monkeypatch):
+    """Was: a run started with ``pretrained_path = "qi tiny"`` wrote that into its config.toml,
+    so ``spotlight bench --run-dir`` (or ``--resume``) from another directory could not find it."""
+    from spotlight.config import anchored_path
+
+    work = tmp_path / "w"
+    (work / "qi tiny").mkdir(parents=True)
+    (work / "p.jsonl").write_text('{"prompt": "a red circle"}\n')
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    cfg = load_config(overrides={"model.pretrained_path": "qi tiny", "data.prompts_path": "p.jsonl"})
+    dump_config(cfg, tmp_path / "run.toml")
+    monkeypatch.chdir(tmp_path)
+    back = load_config(tmp_path / "run.toml")
+    assert back.model.pretrained_path == str(work / "qi tiny") and back.model.pretrained_dir.is_dir()
+    assert back.data.prompts_path == str(work / "p.jsonl")
+    # the shipped data stays relative (found under the repository on every node), as do paths
+    # that do not exist here (another machine's) and absolute ones; ~ is expanded
+    assert back.eval.prompts_path == cfg.eval.prompts_path
+    assert anchored_path("spotlight/tasks") == "spotlight/tasks"
+    assert anchored_path("/models/qwen") == "/models/qwen" and anchored_path("nowhere/x") == "nowhere/x"
+    assert anchored_path("~/m") == str(tmp_path / "m") and anchored_path("") == ""
+
+
 def test_jpeg_toy_example_loads():
     cfg = load_config(EXAMPLES_DIR / "jpeg-toy" / "config.toml")
     assert cfg.model.source == "tiny" and cfg.reward.kind == "jpeg_compressibility"

@@ -215,3 +215,16 @@ def test_a_checkpoint_of_another_family_is_warned_about_and_a_right_one_is_not(t
         app, ["init", "--family", "sd3", "--pretrained-path", str(sd3), "--out", str(tmp_path / "ok.toml")]
     )
     assert res.exit_code == 0 and "warning" not in res.stderr, res.stderr
+
+
+def test_a_relative_pretrained_path_that_exists_is_written_absolute(tmp_path, monkeypatch):
+    """Was: written as given, so the config meant another folder from any other directory."""
+    from typer.testing import CliRunner
+
+    from spotlight.cli import app
+
+    (tmp_path / "qi tiny").mkdir()
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(app, ["init", "--family", "sd3", "--pretrained-path", "qi tiny", "--out", "c.toml"])
+    assert res.exit_code == 0, res.output
+    assert f'pretrained_path = "{tmp_path / "qi tiny"}"' in (tmp_path / "c.toml").read_text()
