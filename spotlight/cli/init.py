@@ -347,9 +347,18 @@ def _header(
         "",
         *_example_header(example),
         "",
-        f"Layout: {cfg.train.num_train_workers} training GPU(s) and rollout GPUs "
-        f"{list(cfg.cluster.reserved_rollout_gpus)} on the reserved node,",
-        f"{spot_nodes} spot node(s) x {gpus_per_node} GPU(s). Start it:",
+        f"Layout: {cfg.train.num_train_workers} training GPU(s) and "
+        + (
+            f"rollout GPUs {list(cfg.cluster.reserved_rollout_gpus)}"
+            if cfg.cluster.reserved_rollout_gpus
+            else "no rollout GPUs"
+        )
+        + " on the reserved node,",
+        (
+            f"{spot_nodes} spot node(s) x {gpus_per_node} GPU(s). Start it:"
+            if spot_nodes
+            else "no spot nodes at the start (they may join at any time: the last command). Start it:"
+        ),
         *([] if cluster else local),
         *(f"  {line}" for line in cluster_commands(cfg_name, cfg, gpus)),
         *(wait if cluster and spot_nodes > 1 else []),
@@ -368,14 +377,23 @@ def cluster_commands(cfg_name: str, cfg: SpotlightConfig, gpus: str) -> list[str
     machines, as the README's 'On real machines' gives them (``tests/unit/cli/test_init.py``
     checks that the README holds each one)."""
     reserved = ",".join(str(g) for g in cfg.cluster.reserved_rollout_gpus)
+    # no reserved rollout GPUs: no reserved agent to key or start (`join --gpus ""` is refused)
+    reserved_key = [f"                       spotlight keys add {KEYS_DIR} reserved reserved-0"] if reserved else []
+    reserved_agent = (
+        [
+            f"reserved node, beside: spotlight-agent join --reserved --coordinator 127.0.0.1:{PORT} "
+            f"--keys {KEYS_DIR} --gpus {reserved}"
+        ]
+        if reserved
+        else []
+    )
     return [
         f"reserved node, once:   spotlight keys init {KEYS_DIR}",
         f"                       spotlight keys add {KEYS_DIR} agent spot-7",
-        f"                       spotlight keys add {KEYS_DIR} reserved reserved-0",
+        *reserved_key,
         f"reserved node:         spotlight up --config {cfg_name} --reserved 0.0.0.0:{PORT} --keys {KEYS_DIR} "
         "--run-dir /var/lib/spotlight/run",
-        f"reserved node, beside: spotlight-agent join --reserved --coordinator 127.0.0.1:{PORT} --keys {KEYS_DIR} "
-        f"--gpus {reserved}",
+        *reserved_agent,
         f"each spot node:        spotlight-agent join --coordinator reserved-host:{PORT} --keys {KEYS_DIR} "
         f"--gpus {gpus} --cloud aws",
     ]
@@ -388,6 +406,12 @@ def _write(out: pathlib.Path, text: str, *, cluster: bool = False) -> None:
     Raises:
         typer.Exit: 2 with one line: ``out`` exists or cannot be written.
     """
+    if out.is_dir():
+        console.print(
+            f"[red]error:[/red] --out {escape(str(out))} is a directory; give a file, "
+            f"e.g. {escape(str(out / 'run.toml'))}"
+        )
+        raise typer.Exit(2)
     if out.exists():
         console.print(f"[red]error:[/red] {escape(str(out))} exists; choose another --out or remove it")
         raise typer.Exit(2)

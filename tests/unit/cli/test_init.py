@@ -228,3 +228,25 @@ def test_a_relative_pretrained_path_that_exists_is_written_absolute(tmp_path, mo
     res = CliRunner().invoke(app, ["init", "--family", "sd3", "--pretrained-path", "qi tiny", "--out", "c.toml"])
     assert res.exit_code == 0, res.output
     assert f'pretrained_path = "{tmp_path / "qi tiny"}"' in (tmp_path / "c.toml").read_text()
+
+
+def test_no_reserved_rollout_gpus_or_spot_nodes_leave_out_what_would_not_work(tmp_path):
+    """Was: `--reserved-rollout-gpus ""` wrote `spotlight-agent join --reserved … --gpus` (which join
+    refuses) and a reserved key to make; `--spot-nodes 0` said "0 spot node(s)"; `--out DIR` said
+    to remove the directory."""
+    from typer.testing import CliRunner
+
+    from spotlight.cli import app
+
+    res = CliRunner().invoke(app, ["init", "--reserved-rollout-gpus", "", "--spot-nodes", "0"])
+    assert res.exit_code == 0, res.output
+    header = res.stdout.split("\n\n", 1)[0]
+    assert "join --reserved" not in header and "reserved reserved-0" not in header, header
+    assert "no rollout GPUs on the reserved node" in header and "no spot nodes at the start" in header, header
+    assert "each spot node:" in header  # they may still join
+    res = CliRunner().invoke(app, ["init", "--reserved-rollout-gpus", "0,1", "--spot-nodes", "3"])
+    assert "join --reserved --coordinator 127.0.0.1:7400 --keys /etc/spotlight/keys --gpus 0,1" in res.stdout
+    assert "3 spot node(s)" in res.stdout
+    res = CliRunner().invoke(app, ["init", "--out", str(tmp_path)])
+    assert res.exit_code == 2, res.output
+    assert f"error: --out {tmp_path} is a directory; give a file, e.g. {tmp_path / 'run.toml'}" in res.stderr
