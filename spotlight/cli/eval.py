@@ -71,6 +71,7 @@ def register(app: typer.Typer) -> None:
         if specs is None:  # another task than the shapes world: the run's held-out panel, any family
             _eval_panel(console, cfg, weights, prompts, num_seeds, out_dir)
             return
+        _check_weights(weights)
         loaded = _load_models(cfg, weights)
         results = {}
         for name, model in loaded.items():
@@ -182,22 +183,54 @@ def _inputs(
 
 def reward_refusal(cfg, panel) -> Optional[str]:
     """Why the run's reward cannot score the held-out ``panel`` (None: it can), found before any
+    sampling (:func:`reward_problem`)."""
+    return reward_problem(cfg, panel.prompts, panel.metadata or None, what="the held-out prompts")
+
+
+def reward_problem(
+    cfg, prompts: list[str], metadata: Optional[list[dict]] = None, *, what: str = "the prompts"
+) -> Optional[str]:
+    """Why the run's reward cannot score ``prompts`` (None: it can), found before any encoding or
     sampling: prompts it cannot score (``geneval_shapes``, ``ocr``), and for ``reward.kind =
     "http"`` a reward service that does not answer one probe image (as ``spotlight up`` checks,
-    with its wording)."""
+    with its wording). ``spotlight eval``, ``profile`` and ``bench stale-ranking`` ask it.
+
+    Args:
+        metadata: one record per prompt (``ocr`` reads ``ocr_target``), or None.
+        what: the prompts, as the refusal names them.
+    """
     from spotlight.rewards.reward_fn import RewardError, RewardFn
 
     try:
         reward = RewardFn(cfg.reward)
-        reward.check_prompts(panel.prompts, panel.metadata or None)
+        reward.check_prompts(prompts, metadata)
     except SpotlightError as exc:
-        return f"reward.kind = {cfg.reward.kind!r} cannot score the held-out prompts: {exc}"
-    if panel.prompts:
+        return f"reward.kind = {cfg.reward.kind!r} cannot score {what}: {exc}"
+    if prompts:
         try:
-            reward.check_service(cfg.model.image_size, panel.prompts[0], panel.metadata[0] if panel.metadata else None)
+            reward.check_service(cfg.model.image_size, prompts[0], metadata[0] if metadata else None)
         except RewardError as exc:
             return str(exc)
     return None
+
+
+def _check_weights(weights: Optional[pathlib.Path]) -> None:
+    """``weights`` (a ``final/`` or ``best/`` folder), when given, holds a LoRA adapter or a
+    transformer folder whose safetensors files are all readable: checked before any model is
+    built or sampled (:func:`spotlight.util.weights_file.check_weights_dir`).
+
+    Raises:
+        typer.Exit: 2 with one line naming the folder or its bad file.
+    """
+    if weights is None:
+        return
+    from spotlight.util.weights_file import WeightsFileError, check_weights_dir
+
+    try:
+        check_weights_dir(weights)
+    except WeightsFileError as exc:
+        print_error(f"[red]error:[/red] cannot load final weights: {escape(str(exc))}")
+        raise typer.Exit(2)
 
 
 def _load_models(cfg, weights: Optional[pathlib.Path]) -> dict:
@@ -213,10 +246,12 @@ def _load_models(cfg, weights: Optional[pathlib.Path]) -> dict:
     if weights is not None:
         models["final"] = weights
     loaded = {}
+    from safetensors import SafetensorError
+
     for name, w in models.items():
         try:
             loaded[name] = ev.load_transformer(cfg.model, w)
-        except (OSError, ValueError, SpotlightError) as exc:
+        except (OSError, ValueError, SpotlightError, SafetensorError) as exc:  # a file changed since its check
             print_error(f"[red]error:[/red] cannot load {name} weights: {escape(str(exc))}")
             raise typer.Exit(2)
     return loaded
@@ -311,15 +346,18 @@ def _eval_panel(console: Console, cfg, weights, prompts, num_seeds: int, out_dir
     if (why := reward_refusal(cfg, panel)) is not None:  # before any model is loaded or sampled
         print_error(f"[red]error:[/red] {escape(why)}")
         raise typer.Exit(2)
+    _check_weights(weights)  # the final weights too: the base model samples first
     device = ew.eval_device(cfg)
     models = {"base": None} | ({"final": weights} if weights is not None else {})
     report = {}
+    from safetensors import SafetensorError
+
     from spotlight.cli.up import _cache_dir
 
     for name, w in models.items():
         try:
             family, model = load_weights(cfg, w, device)
-        except (OSError, ValueError, SpotlightError) as exc:
+        except (OSError, ValueError, SpotlightError, SafetensorError) as exc:  # a file changed since its check
             print_error(f"[red]error:[/red] cannot load {name} weights: {escape(str(exc))}")
             raise typer.Exit(2)
         with working(console, f"sampling {len(panel.prompts)} panel images with the {name} model…"):
@@ -332,7 +370,7 @@ def _eval_panel(console: Console, cfg, weights, prompts, num_seeds: int, out_dir
                 failed = exc
         if failed is not None:  # said once the spinner is gone (stderr would draw into it on a terminal)
             print_error(f"[red]error:[/red] scoring the {name} model's panel failed: {escape(str(failed))}")
-            raise typer.Exit(2)
+            raise typer.Exit(1)  # a run error, not bad input (as bench and profile)
         report[name] = scores
         out_dir.mkdir(parents=True, exist_ok=True)
         ew.write_grid(out_dir / f"eval_{name}.png", images, panel, rewards, title=f"{name}: {scores['eval/score']:.3f}")

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from spotlight.cli.messages import print_error
+from spotlight.cli.messages import WARNING, print_error
 
 keys_app = typer.Typer(
     help="Create, list and revoke control-plane keys (ZeroMQ CURVE; README 'Security model').",
@@ -82,19 +82,54 @@ def add(
 
 @keys_app.command("list")
 def list_(directory: pathlib.Path = typer.Argument(..., help="The coordinator's keys directory.")) -> None:
-    """List allow-listed clients (role, name, public key, whether the secret is still here)."""
-    from spotlight.net.security import KeysError, list_keys
+    """List allow-listed clients (role, name, public key, whether the secret is still here).
+
+    A file in clients/ that is no client key is listed as unreadable and warned about on stderr."""
+    from spotlight.net.security import KeysError, list_keys, server_key_problem
 
     try:
-        rows = list_keys(directory)
+        rows = list_keys(directory, keep_bad=True)
     except (KeysError, OSError) as exc:
         _fail(exc)
     t = Table(title=f"allow-list of {escape(str(directory))}")
     for col in ("principal", "role", "public key", "secret here"):
         t.add_column(col)
     for r in rows:
-        t.add_row(escape(r["principal"]), r["role"], r["public"], "yes" if r["has_secret"] else "no")
+        public = r["public"] if r["problem"] is None else f"[red]unreadable: {escape(r['problem'])}[/red]"
+        t.add_row(escape(r["principal"]), escape(r["role"]), public, "yes" if r["has_secret"] else "no")
     console.print(t)
+    for r in rows:
+        if r["problem"] is not None:
+            f = directory / "clients" / f"{r['principal']}.key"
+            print_error(
+                f"{WARNING} {escape(str(f))}: {escape(r['problem'])}; a coordinator cannot (re)load the "
+                f"allow-list until the file is removed: {escape(_removal_hint(directory, f, r))}"
+            )
+    _warn_server_key(server_key_problem(directory))
+
+
+def _removal_hint(directory: pathlib.Path, f: pathlib.Path, row: dict) -> str:
+    """How to drop the bad allow-list file ``f``: ``spotlight keys revoke`` when it is a file named
+    for a principal (and ``keys add`` for a new key), else ``rm``."""
+    from spotlight.net.security import KeysError, Principal
+
+    try:
+        Principal.parse(row["principal"])
+    except KeysError:
+        return f"`{shlex.join(['rm', str(f)])}`"
+    if not f.is_file():
+        return f"`{shlex.join(['rm', '-r', str(f)])}`"
+    role, _, name = row["principal"].partition(".")
+    return (
+        f"`{shlex.join(['spotlight', 'keys', 'revoke', str(directory), row['principal']])}` "
+        f"(then `{shlex.join(['spotlight', 'keys', 'add', str(directory), role, name])}` for a new key)"
+    )
+
+
+def _warn_server_key(problem: str | None) -> None:
+    """One ``warning:`` line when the keys directory's ``server.key`` is no key a client can use."""
+    if problem:
+        print_error(f"{WARNING} {escape(problem)}")
 
 
 @keys_app.command("revoke")
@@ -103,7 +138,7 @@ def revoke(
     principal: str = typer.Argument(..., help="<role>.<name> to remove from the allow-list."),
 ) -> None:
     """Remove a client from the allow-list: new connections with that key are refused."""
-    from spotlight.net.security import KeysError, revoke_client
+    from spotlight.net.security import KeysError, revoke_client, server_key_problem
 
     try:
         revoke_client(directory, principal)
@@ -112,6 +147,7 @@ def revoke(
     console.print(
         f"revoked {escape(principal)}: new connections with it are refused (restart the coordinator to drop live ones)"
     )
+    _warn_server_key(server_key_problem(directory))  # revoked all the same: a revocation is never held up
 
 
 def register(app: typer.Typer) -> None:

@@ -97,7 +97,8 @@ def _inputs(
     Raises:
         typer.Exit: 2 with one line: a bad list, an output path that cannot be written, weights
             that are not a readable safetensors file, a bad config or prompt file, more
-            ``--num-prompts`` than the prompt file has, or a checkpoint that is missing.
+            ``--num-prompts`` than the prompt file has, a checkpoint that is missing, or prompts
+            the reward cannot score or a reward service that does not answer.
     """
     from spotlight.cli.up import load_prompts
     from spotlight.config import load_config
@@ -119,6 +120,12 @@ def _inputs(
         from spotlight.models.families import get_family
 
         get_family(cfg.model).check()  # a missing or incomplete checkpoint: one line, before any work
+        from spotlight.cli.eval import reward_problem
+
+        # prompts the reward cannot score, a reward service that does not answer: before any encoding
+        problem = reward_problem(cfg, prompts[:num_prompts], what="the profile's prompts")
+        if problem:
+            raise ValueError(problem)
     except (SpotlightError, ValueError) as exc:
         print_error(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2)
@@ -205,27 +212,12 @@ def check_weights(weights: pathlib.Path) -> None:
     """``--weights`` names a readable safetensors file holding tensors (only its header is read).
 
     Raises:
-        ValueError: one line naming ``--weights``, the path and why not.
+        ValueError: one line naming ``--weights``, the path and why not
+            (:func:`spotlight.util.weights_file.check_safetensors`).
     """
-    from safetensors import SafetensorError, safe_open
+    from spotlight.util.weights_file import check_safetensors
 
-    if not weights.exists():
-        raise ValueError(f"--weights {weights}: no such file")
-    if not weights.is_file():
-        what = "a directory" if weights.is_dir() else "not a regular file"
-        raise ValueError(f"--weights {weights}: {what}, not a safetensors file")
-    try:
-        with safe_open(str(weights), framework="pt") as f:
-            empty = not list(f.keys())
-    except (SafetensorError, OSError) as exc:
-        raise ValueError(f"--weights {weights}: not a readable safetensors file ({_reason(exc)})") from None
-    if empty:
-        raise ValueError(f"--weights {weights}: a safetensors file without tensors")
-
-
-def _reason(exc: BaseException) -> str:
-    """An OS or library error as a short phrase."""
-    return (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
+    check_safetensors(weights, option="--weights")
 
 
 def load_weights(weights: pathlib.Path) -> dict:
@@ -234,16 +226,12 @@ def load_weights(weights: pathlib.Path) -> dict:
     Raises:
         typer.Exit: 2 with one line when the file cannot be read (it changed since it was checked).
     """
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    from spotlight.util.weights_file import WeightsFileError, load_safetensors
 
     try:
-        return load_file(str(weights))
-    except (SafetensorError, OSError) as exc:
-        print_error(
-            f"[red]error:[/red] --weights {escape(str(weights))}: not a readable safetensors file "
-            f"({escape(_reason(exc))})"
-        )
+        return load_safetensors(weights, option="--weights")
+    except WeightsFileError as exc:
+        print_error(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
 
 
@@ -255,23 +243,30 @@ def _measure(cfg, prompts, weights, ths, degrees, num_prompts: int, num_seeds: i
 
     from spotlight.cli.up import _cache_dir
     from spotlight.models.families import cached_conditioning, get_family
+    from spotlight.rewards.reward_fn import RewardError
     from spotlight.studies.profiling import run_profile
+    from spotlight.util.quiet import hide_loading_bars
 
+    hide_loading_bars()  # the console shows the profile's progress lines, not the libraries' loading bars
     torch.set_num_threads(max(1, cfg.cluster.torch_threads))
     with working(console, f"encoding prompts ({cfg.model.family} text encoder, cached after the first run)…"):
         cond = cached_conditioning(get_family(cfg.model), prompts, _cache_dir())
     sd = load_weights(weights) if weights is not None else None
-    return run_profile(
-        cfg,
-        cond,
-        thresholds=ths,
-        num_prompts=num_prompts,
-        num_seeds=num_seeds,
-        state_dict=sd,
-        sp_degrees=degrees,
-        progress=console.print,
-        prompts=prompts,
-    )
+    try:
+        return run_profile(
+            cfg,
+            cond,
+            thresholds=ths,
+            num_prompts=num_prompts,
+            num_seeds=num_seeds,
+            state_dict=sd,
+            sp_degrees=degrees,
+            progress=console.print,
+            prompts=prompts,
+        )
+    except RewardError as exc:  # the reward service stopped answering while the profile sampled
+        print_error(f"[red]error:[/red] scoring the samples failed: {escape(str(exc))}")
+        raise typer.Exit(1) from None
 
 
 def _write(result: dict, path: pathlib.Path) -> pathlib.Path:

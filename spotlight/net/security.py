@@ -109,6 +109,71 @@ def _private(path: pathlib.Path) -> None:
     os.chmod(path, 0o600)
 
 
+def _valid_z85_key(key: bytes | None) -> bool:
+    """``key`` is a CurveZMQ key as a certificate file holds it: 40 Z85 characters (32 bytes)."""
+    from zmq.utils import z85
+
+    if not key or len(key) != 40 or any(c not in z85.Z85CHARS for c in key):
+        return False
+    try:
+        return len(z85.decode(key)) == 32
+    except (ValueError, KeyError, OverflowError):  # a 5-character group above 2**32
+        return False
+
+
+def read_public_key(path: str | os.PathLike) -> bytes:
+    """The public key (Z85) of the certificate file ``path`` (``server.key``, an allow-list file
+    ``clients/<role>.<name>.key``, a secret key file).
+
+    Raises:
+        KeysError: ``PATH: why``: the file cannot be read, holds no ``public-key`` line (an empty
+            or corrupt file), or its key is no 40-character Z85 CurveZMQ key.
+    """
+    f = pathlib.Path(path)
+    if f.is_dir():
+        raise KeysError(f"{f}: a directory, not a key file")
+    if not f.exists():
+        raise KeysError(f"{f}: no such file")
+    try:
+        public, _ = zmq.auth.load_certificate(f)
+    except OSError as exc:
+        raise KeysError(f"{f}: {exc.strerror or exc}") from None
+    except ValueError:  # pyzmq: "No public key found in PATH"
+        raise KeysError(f"{f}: no public key in it (an empty or corrupt key file)") from None
+    if not _valid_z85_key(public):
+        raise KeysError(f"{f}: its public-key is not a CurveZMQ key (40 Z85 characters); the file is corrupt")
+    return public
+
+
+def server_key_problem(directory: str | os.PathLike) -> str | None:
+    """Why ``DIR/server.key`` (the coordinator's public key, copied to every client) could not be
+    used by a client (None: it can): unreadable, corrupt, or another key than the coordinator's
+    ``server.key_secret`` holds. A client with such a copy fails only when it joins."""
+    d = pathlib.Path(directory)
+    server = d / "server.key"
+    secret = d / "server.key_secret"
+    fix = (
+        f"rewrite it from {secret} (the same file without its secret-key line)"
+        if secret.is_file()
+        else "copy it again from the coordinator's keys directory"
+    )
+    try:
+        public = read_public_key(server)
+    except KeysError as exc:
+        return f"{exc}: clients given it could not connect; {fix}"
+    if secret.is_file():
+        try:
+            own, _ = zmq.auth.load_certificate(secret)
+        except (OSError, ValueError):
+            return None  # the secret file's own problem: the coordinator reports it when it loads it
+        if own != public:
+            return (
+                f"{server} holds another public key than the coordinator's {secret}: clients given it "
+                f"could not connect; {fix}"
+            )
+    return None
+
+
 def init_keys(directory: str | os.PathLike, *, exist_ok: bool = False) -> pathlib.Path:
     """Create ``DIR`` (mode 0700) with a coordinator key pair and an empty allow-list.
 
@@ -145,7 +210,8 @@ def add_client(directory: str | os.PathLike, role: str, name: str) -> pathlib.Pa
         The secret key file ``DIR/<role>.<name>.key_secret`` (move it to the client's node).
 
     Raises:
-        KeysError: unknown role, bad name, no ``server.key`` in ``DIR``, or the key exists.
+        KeysError: unknown role, bad name, no ``server.key`` in ``DIR`` or one a client could not
+            use (:func:`server_key_problem`), or the key exists.
     """
     if role not in ROLES:
         raise KeysError(f"unknown role {role!r}; choose one of {', '.join(ROLES)}")
@@ -153,6 +219,9 @@ def add_client(directory: str | os.PathLike, role: str, name: str) -> pathlib.Pa
     d = pathlib.Path(directory)
     if not (d / "server.key").is_file():
         raise KeysError(f"{d} has no server.key: run `spotlight keys init {shlex.quote(str(d))}` first")
+    problem = server_key_problem(d)  # the file the new client is told to copy
+    if problem:
+        raise KeysError(problem)
     pid = f"{role}.{name}"
     if (d / "clients" / f"{pid}.key").exists():
         raise KeysError(f"key {pid} already exists in {d / 'clients'}")
@@ -194,18 +263,44 @@ def revoke_client(directory: str | os.PathLike, principal: str) -> None:
     f.unlink()
 
 
-def list_keys(directory: str | os.PathLike) -> list[dict]:
-    """Allow-listed clients and local secret keys: ``[{principal, role, name, public, has_secret}]``.
+def list_keys(directory: str | os.PathLike, *, keep_bad: bool = False) -> list[dict]:
+    """Allow-listed clients and local secret keys: ``[{principal, role, name, public, has_secret,
+    problem}]`` (``problem``: None, or why an allow-list file cannot be read).
+
+    Args:
+        keep_bad: list an allow-list file that is no key of a client (a name that is no
+            ``<role>.<name>.key``, an empty or corrupt file) as a row with its ``problem`` (its
+            role and name as far as its name tells, else ``"?"``; ``public`` empty), after the
+            good ones; without it such a file raises.
 
     Raises:
-        KeysError: ``DIR`` is no keys directory.
+        KeysError: ``DIR`` is no keys directory; without ``keep_bad``, a bad allow-list file
+            (named, as the coordinator names it when it loads the allow-list).
     """
     d = pathlib.Path(directory)
     _require_keys_dir(d)
     out = []
     for f in sorted((d / "clients").glob("*.key")):
-        p = Principal.parse(f.name[: -len(".key")])
-        pub, _ = zmq.auth.load_certificate(f)
+        stem = f.name[: -len(".key")]
+        role, _, name = stem.partition(".")
+        try:
+            p = Principal.parse(stem)
+            pub = read_public_key(f)
+        except KeysError as exc:
+            why = str(exc).removeprefix(f"{f}: ")
+            if not keep_bad:
+                raise KeysError(f"allow-list file {f}: {why}") from None
+            out.append(
+                {
+                    "principal": stem,
+                    "role": role if role in ROLES else "?",
+                    "name": name or stem,
+                    "public": "",
+                    "has_secret": (d / f"{stem}.key_secret").is_file(),
+                    "problem": why,
+                }
+            )
+            continue
         out.append(
             {
                 "principal": p.id,
@@ -213,9 +308,10 @@ def list_keys(directory: str | os.PathLike) -> list[dict]:
                 "name": p.name,
                 "public": pub.decode(),
                 "has_secret": (d / f"{p.id}.key_secret").is_file(),
+                "problem": None,
             }
         )
-    out.sort(key=lambda r: (ROLES.index(r["role"]), r["name"]))
+    out.sort(key=lambda r: (r["problem"] is not None, ROLES.index(r["role"]) if r["role"] in ROLES else 0, r["name"]))
     return out
 
 
@@ -253,9 +349,9 @@ def reload_allow_list(keys: ServerKeys) -> None:
     for f in sorted((keys.directory / "clients").glob("*.key")):
         try:
             principal = Principal.parse(f.name[: -len(".key")])
-            pub, _ = zmq.auth.load_certificate(f)
-        except (KeysError, OSError, ValueError) as exc:
-            raise KeysError(f"allow-list file {f}: {exc}") from None
+            pub = read_public_key(f)
+        except KeysError as exc:
+            raise KeysError(f"allow-list file {f}: {str(exc).removeprefix(f'{f}: ')}") from None
         allowed[pub] = principal
     allowed.update(in_memory)
     keys.allowed = allowed
@@ -309,8 +405,8 @@ def load_client_keys(directory: str | os.PathLike, *, name: str | None = None, r
             f"{d} holds several client keys{want} ({', '.join(p.id for p, _ in cands)}): choose one with --key"
         )
     principal, f = cands[0]
+    spub = read_public_key(server)  # a corrupt copy named as such, not as the client's key
     try:
-        spub, _ = zmq.auth.load_certificate(server)
         pub, sec = zmq.auth.load_certificate(f)
     except (OSError, ValueError) as exc:
         raise KeysError(f"{f}: {exc}") from None

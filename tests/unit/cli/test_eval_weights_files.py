@@ -1,0 +1,117 @@
+"""``spotlight eval`` on a run whose ``final/`` weights are no readable safetensors files: one
+``error:`` line naming the file and the library's reason (exit 2), before any model is sampled,
+as ``spotlight profile --weights`` says it -- for the shapes task and for any other task's panel,
+a LoRA adapter and a transformer folder alike. The files are real (a saved tiny transformer, a
+corrupted copy); the command's own loaders read them."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+from typer.testing import CliRunner
+
+from spotlight.cli import app
+
+runner = CliRunner()
+
+CORRUPT = [
+    pytest.param(lambda b: b"", "header too small", id="empty"),
+    pytest.param(lambda b: b"not a safetensors file" * 8, "header too large", id="garbage"),
+    pytest.param(lambda b: b[:-64], "incomplete metadata", id="truncated"),
+]
+
+
+@pytest.fixture
+def no_sampling(monkeypatch):
+    """Sampling with any model fails the test: the weights must be refused first."""
+    from spotlight.tasks.shapes import evaluate as ev
+    from spotlight.workers.eval import eval_worker as ew
+
+    def fail(*args, **kwargs):
+        pytest.fail("eval sampled before it checked the weights files")
+
+    monkeypatch.setattr(ev, "evaluate", fail)
+    monkeypatch.setattr(ew, "sample_panel", fail)
+
+
+def _run_dir(tmp_path: pathlib.Path, reward: str) -> pathlib.Path:
+    """A finished run of the tiny family (8x8, 3 steps) with ``reward`` and held-out prompts;
+    its ``final/`` is empty (the test fills it)."""
+    (tmp_path / "prompts.txt").write_text("a photo of a cat\na photo of a dog\n")
+    run = tmp_path / "run"
+    (run / "final").mkdir(parents=True)
+    (run / "config.toml").write_text(
+        "[model]\nimage_size = 8\nmax_text_tokens = 8\n\n[sampler]\nnum_steps = 3\nsde_window_size = 1\n\n"
+        f'[reward]\nkind = "{reward}"\n\n[eval]\nprompts_path = "{tmp_path / "prompts.txt"}"\nnum_prompts = 2\n'
+    )
+    return run
+
+
+def _lora_bytes() -> bytes:
+    """A real safetensors file (one tensor) to corrupt."""
+    import torch
+    from safetensors.torch import save
+
+    return save({"transformer.a.lora_A.weight": torch.zeros(4, 8)})
+
+
+def _refused(res, *needles: str) -> str:
+    assert res.exit_code == 2, (res.exit_code, res.output, res.exception)
+    text = res.stderr.strip()
+    assert text.startswith("error: cannot load final weights: ") and "\n" not in text, text
+    assert "Traceback" not in res.output and "SafetensorError" not in res.output
+    for needle in needles:
+        assert needle in text, (needle, text)
+    return text
+
+
+@pytest.mark.parametrize("reward", ["geneval_shapes", "jpeg_compressibility"], ids=["shapes-task", "panel"])
+@pytest.mark.parametrize("corrupt, reason", CORRUPT)
+def test_a_corrupt_lora_file_in_final_is_one_line_before_any_sampling(tmp_path, no_sampling, reward, corrupt, reason):
+    """Was: `SafetensorError: Error while deserializing header: header too small` as a Rich
+    traceback (the panel path: after the base model had sampled the whole panel)."""
+    run = _run_dir(tmp_path, reward)
+    lora = run / "final" / "pytorch_lora_weights.safetensors"
+    lora.write_bytes(corrupt(_lora_bytes()))
+    res = runner.invoke(app, ["eval", "--run-dir", str(run), "--num-seeds", "1", "--out", str(tmp_path / "out")])
+    _refused(res, str(lora), "not a readable safetensors file", reason)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("reward", ["geneval_shapes", "jpeg_compressibility"], ids=["shapes-task", "panel"])
+def test_a_corrupt_transformer_folder_is_one_line_naming_its_file(tmp_path, no_sampling, reward):
+    """A full fine-tune's final/ (config.json and diffusion_pytorch_model.safetensors, as
+    save_pretrained writes it) with its weights file cut short."""
+    from spotlight.config import load_config
+    from spotlight.models.families import get_family
+
+    run = _run_dir(tmp_path, reward)
+    get_family(load_config(run / "config.toml").model).build_transformer().save_pretrained(run / "final")
+    (weights,) = (run / "final").glob("*.safetensors")
+    weights.write_bytes(weights.read_bytes()[:-64])
+    res = runner.invoke(app, ["eval", "--run-dir", str(run), "--num-seeds", "1", "--out", str(tmp_path / "out")])
+    _refused(res, str(weights), "not a readable safetensors file", "incomplete metadata")
+
+
+def test_weights_option_is_checked_the_same_way(tmp_path, no_sampling):
+    """``--weights FOLDER`` with ``--config``: the same check, the same line."""
+    run = _run_dir(tmp_path, "geneval_shapes")
+    lora = run / "final" / "pytorch_lora_weights.safetensors"
+    lora.write_bytes(b"")
+    res = runner.invoke(
+        app,
+        ["eval", "--config", str(run / "config.toml"), "--weights", str(run / "final"), "--num-seeds", "1",
+         "--out", str(tmp_path / "out")],
+    )  # fmt: skip
+    _refused(res, str(lora), "header too small")
+
+
+def test_a_lora_file_without_tensors_is_refused(tmp_path, no_sampling):
+    from safetensors.torch import save_file
+
+    run = _run_dir(tmp_path, "geneval_shapes")
+    lora = run / "final" / "pytorch_lora_weights.safetensors"
+    save_file({}, str(lora))
+    res = runner.invoke(app, ["eval", "--run-dir", str(run), "--num-seeds", "1", "--out", str(tmp_path / "out")])
+    _refused(res, str(lora), "without tensors")
