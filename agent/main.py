@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 import pathlib
 import queue
@@ -260,6 +261,10 @@ class AgentDaemon:
         self.grace_s = grace_s
         self.nice = nice
         self.sched = NodeScheduler(self.node_id, gpus, grace_s=grace_s, warm_spare=warm_spare)
+        # first: a directory that cannot be made leaves no socket or temporary directory behind
+        self.wcache = WeightCache(
+            weights_dir or state_dir(self.node_id) / "weights", keep_versions=MAX_CACHED_WEIGHTS, clear=False
+        )  # emptied once registered
         self._registered: P.Registered | None = None
         self.ctx = zmq.Context.instance()
         self.coord = self._coordinator_socket()
@@ -282,9 +287,6 @@ class AgentDaemon:
         self.procs: dict[str, subprocess.Popen] = {}
         self.worker_logs: dict[str, LogMark | None] = {}  # where each worker's output goes
         self._spare_log: LogMark | None = None  # the current warm spare's
-        self.wcache = WeightCache(
-            weights_dir or state_dir(self.node_id) / "weights", keep_versions=MAX_CACHED_WEIGHTS, clear=False
-        )  # emptied once registered
         self.weight_waiters: dict[int, list[str]] = {}
         self.spare: Spare | None = None
         self._spares_started = 0  # names the spares' logs until one becomes a worker
@@ -303,6 +305,7 @@ class AgentDaemon:
         self._file_revoked: set[int] = set()  # GPUs taken back through that file
         self.control = self.ctx.socket(zmq.REP)
         self.control.setsockopt(zmq.LINGER, 0)
+        self._control_file: tuple[int, int, int] | None = None  # the control socket file it bound: _file_id
 
     def _workers_socket(self) -> zmq.Socket:
         """The local ROUTER the node's workers connect to (identity = worker id)."""
@@ -400,6 +403,10 @@ class AgentDaemon:
         except OSError:
             pass
         self.control.bind(ctl)
+        try:
+            self._control_file = _file_id(ctl[len("ipc://") :])
+        except OSError:
+            pass
 
     # ------------------------------------------------------------ wire helpers
     def _to_coord(self, msg, frames=None) -> bool:
@@ -1319,10 +1326,21 @@ class AgentDaemon:
         self.coord.close(linger=1000)
         self.workers_sock.close(linger=0)
         self.control.close(linger=0)
+        self._remove_control_socket()
         self.wcache.clear()
         try:
             os.unlink(f"{self._ipc_dir}/workers.sock")
             os.rmdir(self._ipc_dir)
+        except OSError:
+            pass
+
+    def _remove_control_socket(self) -> None:
+        """Remove the control socket's file this agent bound, unless another agent of the same
+        node id has bound its own there since (this one's node id was taken while it ran)."""
+        path = control_endpoint(self.node_id, create=False)[len("ipc://") :]
+        try:
+            if self._control_file is not None and _file_id(path) == self._control_file:
+                os.unlink(path)
         except OSError:
             pass
 
@@ -1355,6 +1373,13 @@ class AgentDaemon:
                     p.kill()
 
 
+def _file_id(path: str) -> tuple[int, int, int]:
+    """Which file ``path`` is (device, inode, change time: an inode number alone may be reused
+    at once by a file made after this one was removed)."""
+    st = os.stat(path)
+    return st.st_dev, st.st_ino, st.st_ctime_ns
+
+
 def _with_cause(action, cause: str):
     """``action`` with a worker's ``cause`` (its exception line) added to the reason of leases it
     gives back (:class:`ReturnLeases`: the coordinator logs that reason); other actions as they are."""
@@ -1372,6 +1397,30 @@ def _parse_gpus(text: str) -> list[int]:
         raise typer.BadParameter(f"--gpus must list distinct non-negative indices, got {text[:40]!r}")
     return gpus
 
+
+def _seconds(low: float, high: float | None = None):
+    """A typer ``parser`` for an option in seconds: a finite number in ``[low, high]``. typer's own
+    range check lets ``inf`` through and calls ``nan`` "not greater than or equal to 0"; this one
+    names what is wrong (click's usage error names the option). The option keeps its ``min``
+    and ``max`` for its help text."""
+    span = f">= {low:g}" if high is None else f"from {low:g} to {high:g}"
+
+    def parse(value) -> float:
+        try:
+            x = float(value)
+        except (TypeError, ValueError):
+            raise typer.BadParameter(f"{str(value)[:40]!r} is not a number (seconds, {span})") from None
+        if not math.isfinite(x):
+            raise typer.BadParameter(f"{value} is not a finite number of seconds (expected {span})")
+        if x < low or (high is not None and x > high):
+            raise typer.BadParameter(f"{value} is out of range (seconds, {span})")
+        return x
+
+    return parse
+
+
+MAX_POLL_INTERVAL_S = 3600.0
+"""Longest --poll-interval-s (a larger wait overflows the detector thread's timer)."""
 
 # ---------------------------------------------------------------- `join` options
 _Coordinator = Annotated[
@@ -1400,13 +1449,20 @@ _Key = Annotated[
 ]
 _GraceS = Annotated[
     float,
-    typer.Option("--grace-s", min=0.0, help="Seconds workers get to commit in-flight state on a notice or SIGTERM."),
+    typer.Option(
+        "--grace-s",
+        min=0.0,
+        parser=_seconds(0.0),
+        help="Seconds workers get to commit in-flight state on a notice or SIGTERM.",
+    ),
 ]
 _PollIntervalS = Annotated[
     float,
     typer.Option(
         "--poll-interval-s",
         min=0.05,
+        max=MAX_POLL_INTERVAL_S,
+        parser=_seconds(0.05, MAX_POLL_INTERVAL_S),
         help="Seconds between cloud metadata polls (AWS recommends 5, Azure 1).",
     ),
 ]
@@ -1415,6 +1471,7 @@ _RegisterTimeoutS = Annotated[
     typer.Option(
         "--register-timeout-s",
         min=0.1,
+        parser=_seconds(0.1),
         help="Give up (exit 1) if the coordinator does not answer the first registration within this many "
         "seconds; raise it when the agent may start long before the coordinator.",
     ),
@@ -1424,6 +1481,7 @@ _CoordinatorTimeoutS = Annotated[
     typer.Option(
         "--coordinator-timeout-s",
         min=1.0,
+        parser=_seconds(1.0),
         help="Exit (code 4) after hearing nothing from the coordinator for this long; before that the agent "
         "re-registers with backoff and keeps its workers (a coordinator restarted with --resume finds them).",
     ),
@@ -1503,40 +1561,137 @@ def join(
     If another live agent holds the same --node-id, the coordinator refuses this one, which exits
     with status 78 (also in RestartPreventExitStatus) after one more try once that agent's
     heartbeats would have timed out, if that is within --register-timeout-s (so a crashed agent
-    restarted by systemd gets in then).
+    restarted by systemd gets in then). The directories it makes (its state directory, the weight
+    cache) go again when it exits, unless they hold something (a handled-notice ledger).
     """
     _setup_logging(node_id, log_level, log_file)
     coordinator = _checked_endpoint(coordinator)
-    client_keys = _checked_keys(keys, key, reserved)
-    nid = node_id or f"{socket.gethostname()}-{os.getpid()}"
-    ledger = NoticeLedger(state_dir(nid) / "handled-notices.json")
-    try:
-        detector = make_detector(cloud, metadata_url, ledger=ledger)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
     gpu_list = _parse_gpus(gpus)
+    if (bad := gpu_ids_error(gpu_list)) is not None:
+        _fail(f"--gpus: {bad}")
     if (outside := visibility_error(gpu_list, os.environ.get("CUDA_VISIBLE_DEVICES"))) is not None:
         _fail(f"--gpus: {outside}")
-    daemon = AgentDaemon(
-        coordinator,
-        gpu_list,
-        node_id=nid,
-        is_spot=not reserved,
-        keys=client_keys,
-        grace_s=grace_s,
-        detector=detector,
-        poll_interval_s=poll_interval_s,
-        nice=nice,
-        register_timeout_s=register_timeout_s,
-        coordinator_timeout_s=coordinator_timeout_s,
-        warm_spare=(not reserved) if warm_spare is None else warm_spare,
-        weights_dir=weights_dir,
-        revoked_gpus_file=revoked_gpus_file,
-    )
-    raise typer.Exit(_run_daemon(daemon, grace_s))
+    client_keys = _checked_keys(keys, key, reserved)
+    if revoked_gpus_file is not None and (bad := file_path_error(revoked_gpus_file)) is not None:
+        _fail(f"--revoked-gpus-file {revoked_gpus_file}: {bad}")
+    nid = node_id or f"{socket.gethostname()}-{os.getpid()}"
+    made: list[pathlib.Path] = []  # directories this join created: removed at its end if left empty
+    try:
+        node_dir = _made_node_dirs(nid, weights_dir, made)
+        try:
+            detector = make_detector(cloud, metadata_url, ledger=NoticeLedger(node_dir / "handled-notices.json"))
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
+        try:
+            daemon = AgentDaemon(
+                coordinator,
+                gpu_list,
+                node_id=nid,
+                is_spot=not reserved,
+                keys=client_keys,
+                grace_s=grace_s,
+                detector=detector,
+                poll_interval_s=poll_interval_s,
+                nice=nice,
+                register_timeout_s=register_timeout_s,
+                coordinator_timeout_s=coordinator_timeout_s,
+                warm_spare=(not reserved) if warm_spare is None else warm_spare,
+                weights_dir=weights_dir,
+                revoked_gpus_file=revoked_gpus_file,
+            )
+        except OSError as exc:  # e.g. no room for the workers' socket directory in $TMPDIR
+            _fail(f"cannot start the agent: {exc}")
+        code = _run_daemon(daemon, grace_s)
+    finally:
+        remove_made_dirs(made)
+    raise typer.Exit(code)
+
+
+def make_dir(path: pathlib.Path, *, mode: int = 0o700) -> list[pathlib.Path]:
+    """Create the directory ``path`` (``mode``) and its missing parents, unless it is one already;
+    the directories it created, outermost first (for :func:`remove_made_dirs`).
+
+    Raises:
+        ValueError: why ``path`` cannot be a writable directory, one phrase that names the
+            culprit when it is not ``path`` itself ("not a directory", "/x is not a directory",
+            "not writable", "cannot create /x/y: Permission denied"); nothing is left behind.
+    """
+    target = pathlib.Path(os.path.abspath(path))
+    top, missing = target, []
+    while not os.path.lexists(top) and top.parent != top:
+        missing.append(top)
+        top = top.parent
+    if not os.path.isdir(top):
+        raise ValueError("not a directory" if top == target else f"{top} is not a directory")
+    if not os.access(top, os.W_OK | os.X_OK):
+        raise ValueError("not writable" if top == target else f"cannot create it: {top} is not writable")
+    made: list[pathlib.Path] = []
+    for d in reversed(missing):
+        try:
+            d.mkdir(mode=mode if d == target else 0o777)
+        except FileExistsError:
+            if os.path.isdir(d):  # made by another process meanwhile: not ours to remove
+                continue
+            remove_made_dirs(made)
+            raise ValueError("not a directory" if d == target else f"{d} is not a directory") from None
+        except OSError as exc:
+            remove_made_dirs(made)
+            raise ValueError(f"cannot create {d}: {exc.strerror or exc}") from None
+        made.append(d)
+    return made
+
+
+def remove_made_dirs(made: list[pathlib.Path]) -> None:
+    """Remove the directories :func:`make_dir` created (``made``, outermost first) that are empty,
+    innermost first; one that holds something (a handled-notice ledger, a scheduler's
+    revoked-GPUs file, another agent's files) stays, and so do its parents."""
+    for d in reversed(made):
+        try:
+            os.rmdir(d)
+        except OSError:
+            pass
+
+
+def file_path_error(path: pathlib.Path) -> str | None:
+    """Why ``path`` cannot be a file (it may not exist yet): a directory, or below something that
+    is not a directory; None when it can. Creates nothing."""
+    target = pathlib.Path(os.path.abspath(path))
+    if os.path.isdir(target):
+        return "a directory, not a file"
+    top = target.parent
+    while not os.path.lexists(top) and top.parent != top:
+        top = top.parent
+    if not os.path.isdir(top):
+        return f"{top} is not a directory"
+    return None
+
+
+def _made_node_dirs(node_id: str, weights_dir: pathlib.Path | None, made: list[pathlib.Path]) -> pathlib.Path:
+    """Create this agent's state directory (``<state root>/<node id>``) and its weight cache
+    directory before anything starts, appending what was created to ``made``; the state
+    directory. A path that cannot be a writable directory: one line, exit 2."""
+    from spotlight.net.agent_paths import state_root
+
+    root = state_root()
+    node_dir = state_dir(node_id, create=False)
+    env = " ($SPOTLIGHT_AGENT_STATE)" if os.environ.get("SPOTLIGHT_AGENT_STATE") else ""
+    wanted = [(root, f"agent state directory {root}{env}"), (node_dir, f"agent state directory {node_dir}")]
+    if weights_dir is not None:
+        wanted.append((weights_dir, f"--weights-dir {weights_dir}"))
+    else:
+        wanted.append((node_dir / "weights", f"weight cache {node_dir / 'weights'} (or pass --weights-dir)"))
+    for path, what in wanted:
+        try:
+            made += make_dir(path, mode=0o777 if path == root else 0o700)
+        except ValueError as exc:
+            _fail(f"{what}: {exc}")
+    return node_dir
 
 
 def _setup_logging(node_id: str | None, level: str, log_file: pathlib.Path | None) -> None:
+    """The agent's logging (``--log-level``, ``--log-file``); a bad one: one line, exit 2."""
+    if log_file is not None and (bad := file_path_error(log_file)) is not None:
+        _fail(f"--log-file {log_file}: {bad}")
     try:
         configure_logging(
             f"agent[{node_id}]" if node_id else "agent",
@@ -1544,8 +1699,13 @@ def _setup_logging(node_id: str | None, level: str, log_file: pathlib.Path | Non
             level=level,
             log_file=str(log_file) if log_file else None,
         )
-    except (ValueError, OSError) as exc:
-        raise typer.BadParameter(str(exc), param_hint="--log-level/--log-file") from None
+    except ValueError as exc:
+        _fail(f"--log-level: {exc}")
+    except OSError as exc:
+        where = f"--log-file {log_file}" if log_file is not None else "the agent's log file"
+        other = exc.filename and os.path.abspath(exc.filename) != os.path.abspath(str(log_file))
+        culprit = f" ({exc.filename})" if other else ""
+        _fail(f"{where}: cannot open it{culprit}: {exc.strerror or exc}")
 
 
 def _checked_endpoint(coordinator: str) -> str:
@@ -1567,13 +1727,15 @@ def _checked_keys(keys: pathlib.Path | None, name: str | None, reserved: bool) -
         )
     if not keys.is_dir():
         _fail(
-            f"--keys {keys}: no such directory (it must hold the coordinator's server.key and this node's "
-            "<role>.<name>.key_secret)"
+            f"--keys {keys}: {'not a directory' if os.path.lexists(keys) else 'no such directory'} (it must hold "
+            "the coordinator's server.key and this node's <role>.<name>.key_secret)"
         )
     try:
         return load_client_keys(keys, name=name, role="reserved" if reserved else "agent")
     except KeysError as exc:
         _fail(f"--keys: {exc}")
+    except OSError as exc:  # an unreadable directory or key file
+        _fail(f"--keys {keys}: cannot read {exc.filename or keys}: {exc.strerror or exc}")
 
 
 def sigterm_handler(daemon: AgentDaemon, grace_s: float):
@@ -1632,13 +1794,18 @@ def _run_daemon(daemon: AgentDaemon, grace_s: float) -> int:
 
 
 def gpu_ids_error(gpus: list[int]) -> str | None:
-    """Why a list of GPU ids is malformed whatever the node holds (none given, negative,
-    repeated), or None; the CLI checks it before contacting the agent."""
+    """Why a list of GPU ids is malformed whatever the node holds (none given, negative, above
+    :data:`spotlight.protocol.MAX_GPU_INDEX`, repeated), or None; the CLI checks it before
+    contacting the agent. An id above that bound would be taken, then every HEARTBEAT that
+    carries it would fail to decode at the coordinator (the node would time out)."""
     if not gpus:
         return "no GPU given"
     negative = sorted({g for g in gpus if g < 0})
     if negative:
         return f"GPU ids are 0 or more, got {negative}"
+    too_big = sorted({g for g in gpus if g > P.MAX_GPU_INDEX})
+    if too_big:
+        return f"GPU ids are at most {P.MAX_GPU_INDEX} (the largest the coordinator accepts), got {too_big[:8]}"
     if len(set(gpus)) != len(gpus):
         return f"GPU ids repeated: {gpus}"
     return None
@@ -1728,7 +1895,11 @@ def revoke(
     gpu: list[int] = typer.Option(..., "--gpu", help="GPU index to take away from Spotlight (repeatable)."),
     node_id: str = typer.Option(..., "--node-id", help="Node id of the local agent."),
     grace_s: float = typer.Option(
-        10.0, "--grace-s", min=0.0, help="Seconds the affected worker gets to commit its in-flight state."
+        10.0,
+        "--grace-s",
+        min=0.0,
+        parser=_seconds(0.0),
+        help="Seconds the affected worker gets to commit its in-flight state.",
     ),
     state_dir_opt: Optional[pathlib.Path] = typer.Option(None, "--state-dir", help=_STATE_DIR_HELP),
 ) -> None:

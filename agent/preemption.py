@@ -756,9 +756,10 @@ def make_detector(
 
 def sigterm_notice(grace_s: float, now_unix_s: float, *, key: str | None = None) -> PreemptionNotice:
     """SIGTERM to the agent (docs/preemption-notices.md §6): deadline ``now + grace_s`` (pod grace period or
-    Slurm GraceTime from config; the signal carries none). ``ValueError`` if ``grace_s < 0``."""
-    if not grace_s >= 0:
-        raise ValueError(f"grace_s must be >= 0, got {grace_s}")
+    Slurm GraceTime from config; the signal carries none). ``ValueError`` if ``grace_s`` is not a
+    finite number >= 0."""
+    if not (math.isfinite(grace_s) and grace_s >= 0):
+        raise ValueError(f"grace_s must be a finite number >= 0, got {grace_s}")
     return PreemptionNotice(
         "sigterm",
         "node",
@@ -772,12 +773,12 @@ def sigterm_notice(grace_s: float, now_unix_s: float, *, key: str | None = None)
 def revoke_notice(gpus: list[int], grace_s: float, now_unix_s: float, *, key: str | None = None) -> PreemptionNotice:
     """Per-GPU revocation by a cluster scheduler (docs/preemption-notices.md §6): scope ``gpu:<ids>``
     (sorted, unique), deadline ``now + grace_s``. ``ValueError`` on no GPUs, a negative id or
-    ``grace_s < 0``."""
+    a ``grace_s`` that is not a finite number >= 0."""
     ids = sorted({int(g) for g in gpus})
     if not ids or ids[0] < 0:
         raise ValueError(f"gpus must be a non-empty list of GPU indices >= 0, got {gpus!r}")
-    if not grace_s >= 0:
-        raise ValueError(f"grace_s must be >= 0, got {grace_s}")
+    if not (math.isfinite(grace_s) and grace_s >= 0):
+        raise ValueError(f"grace_s must be a finite number >= 0, got {grace_s}")
     scope = "gpu:" + ",".join(map(str, ids))
     return PreemptionNotice(
         "revoke",

@@ -19,6 +19,8 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from spotlight.protocol import MAX_GPU_INDEX
+
 __all__ = ["RevocationChanges", "revocation_changes"]
 
 
@@ -34,11 +36,15 @@ class RevocationChanges:
 
 
 def parse_gpu_list(text: str) -> list[int]:
-    """GPU indices separated by commas or white space; ``ValueError`` on anything else."""
+    """GPU indices separated by commas or white space; ``ValueError`` on anything else, an index
+    above :data:`spotlight.protocol.MAX_GPU_INDEX` included (no node can hold it)."""
     fields = [f for f in re.split(r"[,\s]+", text.strip()) if f]
-    if not all(f.isdigit() for f in fields):
+    if not all(f.isascii() and f.isdigit() for f in fields):
         raise ValueError(f"expected GPU indices separated by commas or spaces, got {text.strip()[:60]!r}")
-    return sorted({int(f) for f in fields})
+    gpus = sorted({int(f) for f in fields})
+    if gpus and gpus[-1] > MAX_GPU_INDEX:
+        raise ValueError(f"GPU indices are 0 to {MAX_GPU_INDEX}, got {[g for g in gpus if g > MAX_GPU_INDEX][:8]}")
+    return gpus
 
 
 def revocation_changes(text: str, held: list[int], revoked_by_file: set[int]) -> RevocationChanges:

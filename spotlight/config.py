@@ -633,6 +633,13 @@ class ClusterConfig(_Section):
         twice = sorted({g for g in gpus if gpus.count(g) > 1})
         _check(not twice, "cluster.reserved_rollout_gpus", f"GPU {', '.join(map(str, twice))} listed twice: {gpus}")
         _check(min(gpus, default=0) >= 0, "cluster.reserved_rollout_gpus", f"GPU indices must be >= 0: {gpus}")
+        from spotlight.protocol import MAX_GPU_INDEX  # what a REGISTER or HEARTBEAT can carry
+
+        _check(
+            max(gpus, default=0) <= MAX_GPU_INDEX,
+            "cluster.reserved_rollout_gpus",
+            f"GPU indices must be <= {MAX_GPU_INDEX} (the largest a message carries): {gpus}",
+        )
         _check(self.reserved_sp_degree >= 1, "cluster.reserved_sp_degree", "must be >= 1")
         g = self.gpu_memory_gib
         _check(g is None or (math.isfinite(g) and g > 0), "cluster.gpu_memory_gib", "must be a number > 0 (or unset)")

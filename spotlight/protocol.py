@@ -67,7 +67,12 @@ Id = Annotated[str, Meta(min_length=1, max_length=200)]
 Text = Annotated[str, Meta(max_length=4096)]
 Count = Annotated[int, Meta(ge=0, le=1 << 31)]
 Version = Annotated[int, Meta(ge=-1, le=1 << 31)]
-GpuList = Annotated[list[Annotated[int, Meta(ge=0, lt=4096)]], Meta(max_length=4096)]
+MAX_GPU_INDEX = 4095
+"""Largest GPU index a message carries (REGISTER, HEARTBEAT, a train rank's ``gpu``): a body with
+a larger one fails to decode, so every place that accepts a GPU index (``spotlight-agent join
+--gpus``, ``add-gpu``, ``revoke``, ``spotlight init --reserved-rollout-gpus``) refuses it first."""
+GpuIndex = Annotated[int, Meta(ge=0, le=MAX_GPU_INDEX)]
+GpuList = Annotated[list[GpuIndex], Meta(max_length=MAX_GPU_INDEX + 1)]
 IdList = Annotated[list[Id], Meta(max_length=65536)]
 LeaseIdList = Annotated[list[Annotated[int, Meta(ge=0, lt=1 << 62)]], Meta(max_length=65536)]
 LeaseId = Annotated[int, Meta(ge=0, lt=1 << 62)]
@@ -474,7 +479,7 @@ class TrainHello(_Msg, kw_only=True):
     local_world_size: WorldSize = 1
     num_nodes: WorldSize = 1
     host: Annotated[str, Meta(max_length=255)] = ""
-    gpu: Annotated[int, Meta(ge=-1, lt=4096)] = -1
+    gpu: Annotated[int, Meta(ge=-1, le=MAX_GPU_INDEX)] = -1
     """The GPU's index on ``host`` (-1: none, the CPU)."""
     pid: Count = 0
 

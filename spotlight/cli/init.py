@@ -253,18 +253,29 @@ def _gpu_list(reserved_rollout_gpus: Optional[str]) -> Optional[list[int]]:
     """``--reserved-rollout-gpus`` as GPU indices (None: not given).
 
     Raises:
-        typer.Exit: 2 with one line: not comma-separated integers.
+        typer.Exit: 2 with one line: not comma-separated integers, or an index above
+            :data:`spotlight.protocol.MAX_GPU_INDEX` (the reserved agent's REGISTER would not decode).
     """
+    from spotlight.protocol import MAX_GPU_INDEX
+
     if reserved_rollout_gpus is None:
         return None
     try:
-        return [int(g) for g in reserved_rollout_gpus.split(",") if g.strip()]
+        gpus = [int(g) for g in reserved_rollout_gpus.split(",") if g.strip()]
     except ValueError:
         console.print(
             f"[red]error:[/red] --reserved-rollout-gpus {escape(reserved_rollout_gpus or '')!r}: "
             "expected comma-separated GPU indices, e.g. 0,1"
         )
         raise typer.Exit(2)
+    too_big = sorted({g for g in gpus if g > MAX_GPU_INDEX})
+    if too_big:
+        console.print(
+            f"[red]error:[/red] --reserved-rollout-gpus {escape(reserved_rollout_gpus)!r}: GPU indices are at most "
+            f"{MAX_GPU_INDEX} (the largest the coordinator accepts), got {too_big[:8]}"
+        )
+        raise typer.Exit(2)
+    return gpus
 
 
 def _layout_config(

@@ -173,6 +173,8 @@ def test_wrong_type_names_the_field():
         ({"cluster.torch_threads": 0}, "cluster.torch_threads"),
         ({"cost.spot_usd_per_gpu_hour": -1.0}, "cost.spot_usd_per_gpu_hour"),
         ({"cost.reserved_usd_per_gpu_hour": float("nan")}, "cost.reserved_usd_per_gpu_hour"),
+        # a GPU index no message can carry: the reserved agent's REGISTER would not decode
+        ({"cluster.reserved_rollout_gpus": [0, 4096]}, "cluster.reserved_rollout_gpus"),
     ],
 )
 def test_bad_values_name_the_field(overrides, field):

@@ -120,6 +120,9 @@ def test_sigterm_is_a_notice_with_the_grace_deadline_and_the_agent_drains_and_ex
         frozen = []
         rc = node.proc.wait(WAIT_S)
         assert rc == 0, node.logs()
+        # the state directory this agent made held nothing worth keeping: gone with it (its
+        # control socket, emptied weight cache and directories), not one left per start
+        assert not node.state.exists(), sorted(node.state.rglob("*"))
         rec = node.run.instances.nodes["n"]
         # the coordinator handles the agent's messages on its own thread: wait, don't assume
         wait_until(
