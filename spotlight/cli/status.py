@@ -182,6 +182,8 @@ def _notes(snap: dict, gone: bool) -> list[Text]:
     notes = []
     if snap.get("source"):
         notes.append(Text(str(snap["source"]), style="yellow"))
+    if snap.get("hint"):  # what else may keep a coordinator from answering (set by this CLI)
+        notes.append(Text(str(snap["hint"]), style="yellow"))
     if snap.get("waiting") and not gone:  # iteration 1 waits for cluster.min_spot_nodes
         notes.append(Text(str(snap["waiting"]), style="yellow"))
     for a in (snap.get("guard_alerts") or [])[-GUARD_ROWS:]:
@@ -334,22 +336,30 @@ def fetch_snapshot(endpoint: str, keys, timeout_s: float = 3.0) -> dict:
         keys: a :class:`spotlight.net.security.ClientKeys` (any role may ask for status).
 
     Raises:
-        TimeoutError: no answer within ``timeout_s``.
+        TimeoutError: no answer within ``timeout_s`` (the request and the wait for the answer
+            together: a send that cannot go, as when the CURVE handshake failed, a wrong key,
+            before the request was queued, times out too instead of blocking for ever).
     """
     import zmq
 
     from spotlight import protocol as P
     from spotlight.net.security import apply_client
 
+    deadline = time.monotonic() + timeout_s
+    no_answer = f"no answer from {endpoint} within {timeout_s}s"
     ctx = zmq.Context.instance()
     sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    apply_client(sock, keys)
-    sock.connect(endpoint)
     try:
-        sock.send_multipart(P.encode(P.StatusRequest()))
-        if not sock.poll(int(timeout_s * 1000)):
-            raise TimeoutError(f"no answer from {endpoint} within {timeout_s}s")
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDTIMEO, max(1, int(timeout_s * 1000)))
+        apply_client(sock, keys)
+        sock.connect(endpoint)
+        try:
+            sock.send_multipart(P.encode(P.StatusRequest()))
+        except zmq.Again:
+            raise TimeoutError(no_answer) from None
+        if not sock.poll(max(0, int((deadline - time.monotonic()) * 1000))):
+            raise TimeoutError(no_answer)
         mtype, body, _ = P.decode(sock.recv_multipart())
         if mtype != P.MsgType.STATUS:
             raise TimeoutError(f"unexpected reply {mtype.name}")
@@ -363,10 +373,15 @@ def snapshot_from_run_dir(run_dir: pathlib.Path, note: str, *, running: bool = F
     metrics row refreshed from ``metrics.jsonl`` (lines that do not parse are skipped), and
     ``source`` = ``note`` (what the renderer says about where it came from).
 
+    ``run_dir`` is the directory read (resolved), not the one the coordinator recorded in the
+    file: a copied or moved run is named where it is now.
+
     ``running``: whether the run's coordinator is still running (it did not answer). False
-    (default) adds ``running`` = False, ``saved_unix_s`` (when the snapshot was taken: its
-    ``started_unix_s`` + ``elapsed_s``, else the file's time) and, for a run that had not
-    finished, ``eta_s`` = None: the renderer then shows a stopped run, not a live one.
+    (default) adds ``running`` = False, ``saved_unix_s`` (when the snapshot was taken) and, for
+    a run that had not finished, ``eta_s`` = None: the renderer then shows a stopped run, not a
+    live one. When the snapshot was taken (also the ``written`` time in ``source``): the time it
+    records (its ``started_unix_s`` + ``session_elapsed_s``), else the file's time (which a copy
+    of the run sets to the time of the copy).
 
     Raises:
         FileNotFoundError: no ``status.json`` (a run started by an older Spotlight, or one that
@@ -398,37 +413,101 @@ def snapshot_from_run_dir(run_dir: pathlib.Path, note: str, *, running: bool = F
     if len(rows) >= len(snap.get("reward_curve") or []):
         snap["reward_curve"] = [r["reward/mean"] for r in rows]
         snap["last_metrics"] = rows[-1] if rows else {}
-    mtime = path.stat().st_mtime
-    snap["source"] = f"{note}; showing {path} (written {_clock(mtime)})"
+    snap["run_dir"] = str(pathlib.Path(run_dir).resolve())
+    saved = _saved_unix_s(snap)
+    if saved is None:
+        try:
+            saved = path.stat().st_mtime
+        except OSError:
+            saved = None
+    snap["source"] = f"{note}; showing {path}" + (f" (written {_clock(saved)})" if saved is not None else "")
     if not running:
-        start, elapsed = (
-            _real(snap.get("started_unix_s")),
-            _real(snap.get("session_elapsed_s", snap.get("elapsed_s"))),
-        )  # this coordinator's start
         snap["running"] = False
-        snap["saved_unix_s"] = start + elapsed if start is not None and elapsed is not None else mtime
+        snap["saved_unix_s"] = saved
         if not snap.get("finished"):
             snap["eta_s"] = None
     return snap
 
 
-def _pid_running(pid) -> bool:
+def _saved_unix_s(snap: dict) -> float | None:
+    """When the coordinator took ``snap`` (Unix time), as the snapshot records it: its
+    coordinator's start (``started_unix_s``) plus that coordinator's run time
+    (``session_elapsed_s``; an older snapshot has only ``elapsed_s``, the same then); None
+    when it records neither."""
+    start = _real(snap.get("started_unix_s"))
+    elapsed = _real(snap.get("session_elapsed_s", snap.get("elapsed_s")))
+    return start + elapsed if start is not None and elapsed is not None else None
+
+
+START_SLACK_S = 10.0
+"""How much later than its ``coordinator.json`` a process may seem to have started and still be
+the coordinator that wrote it (the file's time and a process's start time come from clocks read
+differently: whole-second boot time, clock adjustments)."""
+
+
+def _not_running(run_dir: Optional[pathlib.Path], pid) -> Optional[str]:
+    """None when ``pid`` (from ``run_dir/coordinator.json``) is the run's coordinator, still
+    running; else why not, in words ("" when the process has simply ended).
+
+    A pid in the file is only a number: after the coordinator exits (or the machine reboots)
+    another process may get it, and a hand-edited or copied file may name any process. A live
+    process counts as the coordinator only if it started before ``coordinator.json`` was written
+    (the coordinator writes it once it listens; a later process is another one) and its command
+    line mentions ``spotlight`` (the test ``spotlight up --resume`` makes; or it is this very
+    process: a coordinator run inside the caller, as tests do). A check that cannot be made (no
+    such information on this platform, another user's process) is skipped: the process then
+    counts as running, as a bare pid did before.
+    """
     import psutil
 
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+        return "coordinator.json names no pid" if pid is None else f"coordinator.json's pid {json.dumps(pid)} is no pid"
     try:
-        return (
-            isinstance(pid, int)
-            and pid > 0
-            and psutil.pid_exists(pid)
-            and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-        )
+        proc = psutil.Process(pid)
     except psutil.Error:
-        return False
+        return ""
+    try:
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return ""
+    except psutil.AccessDenied:
+        pass
+    except psutil.Error:
+        return ""
+    try:
+        written = (pathlib.Path(run_dir) / "coordinator.json").stat().st_mtime if run_dir is not None else None
+    except OSError:
+        written = None
+    try:
+        if written is not None and proc.create_time() > written + START_SLACK_S:
+            return f"pid {pid} is now another process, started after coordinator.json was written"
+    except psutil.NoSuchProcess:
+        return ""
+    except psutil.Error:
+        pass
+    if pid == os.getpid():
+        return None
+    try:
+        if "spotlight" not in " ".join(proc.cmdline()):
+            return f"pid {pid} is now {proc.name()}, not a Spotlight coordinator"
+    except psutil.NoSuchProcess:
+        return ""
+    except psutil.Error:
+        pass
+    return None
+
+
+def _gone_note(pid, why: str) -> str:
+    """The line that says the run's coordinator is not running (``why``: :func:`_not_running`)."""
+    if isinstance(pid, bool) or not isinstance(pid, int):
+        return f"its coordinator is not running ({why}): the run has finished or stopped"
+    return f"the coordinator (pid {pid}) is not running{f' ({why})' if why else ''}: the run has finished or stopped"
 
 
 STATUS_HELP = (
     "Show a job: progress and ETA, nodes and GPUs, cost, events, reward curve "
-    "(a running job, or a finished one from its run directory)."
+    "(a running job, or a finished one from its run directory). Exit status: 0 shown; 1 the coordinator "
+    "did not answer, the run has no status.json yet, or its coordinator.json or status.json is unreadable; "
+    "2 a usage error (no such run, not a run directory, several running, bad options or keys)."
 )
 """``spotlight status --help``'s text (one line: typer keeps a help text's line breaks)."""
 
@@ -462,7 +541,15 @@ def register(app: typer.Typer) -> None:
             None, "--key", help="Which client key in --keys to use (default: the only status key)."
         ),
     ) -> None:
-        """:data:`STATUS_HELP`: one snapshot (or ``--watch``), from the coordinator or the run directory."""
+        """:data:`STATUS_HELP`: one snapshot (or ``--watch``), from the coordinator or the run directory.
+
+        Exit status: 0, shown; 1 (:data:`UNREADABLE_EXIT`), the coordinator did not answer (the
+        saved status is shown where there is one), the run has no ``status.json`` yet, or its
+        ``coordinator.json`` or ``status.json`` is unreadable (also when ``status`` picks the
+        run and every ``runs/*/coordinator.json`` is); 2, a usage error: no such directory, no
+        ``coordinator.json`` (not a run directory), no run under ``runs/``, several running,
+        bad options, no usable keys.
+        """
         # off a terminal (a file, a pipe) rich would cut the tables to 80 columns: node names to "reserv…"
         wide = not sys.stdout.isatty() and "COLUMNS" not in os.environ
         console = Console(emoji=False, width=160) if wide else Console(emoji=False)
@@ -491,10 +578,61 @@ def register(app: typer.Typer) -> None:
         elif rd is not None:  # by hand: the run's coordinator's pid only if it is that endpoint
             pid = _coordinator_pid(rd, endpoint)
         view = _View(console, rd, as_json=as_json, watch=watch, interval_s=interval_s, why=why)
-        if rd is not None and coordinator is None and not _pid_running(pid):
-            view.saved(f"the coordinator (pid {pid}) is not running: the run has finished or stopped")
-            return
-        view.live(_tcp(endpoint), _client_keys(keys, rd, key), pid)
+        if rd is not None and coordinator is None:
+            gone = _not_running(rd, pid)
+            if gone is not None:
+                view.saved(_gone_note(pid, gone))
+                return
+            from spotlight.net.endpoints import tcp_endpoint
+
+            try:  # one line, not a ZeroMQ traceback
+                endpoint = tcp_endpoint(endpoint)
+            except ValueError:
+                meta = pathlib.Path(rd) / "coordinator.json"
+                print_error(
+                    f"[red]error:[/red] {escape(str(meta))}: its 'endpoint' {escape(json.dumps(endpoint))} "
+                    "is not HOST:PORT"
+                )
+                raise typer.Exit(UNREADABLE_EXIT)
+        keys_dir, client = _client_keys(keys, rd, key)
+        view.live(_tcp(endpoint), client, pid, keys_dir=keys_dir, own=coordinator is None)
+
+
+UNREADABLE_EXIT = 1
+"""Exit status when the run directory is there but a file ``status`` needs is unreadable: a
+``coordinator.json`` or ``status.json`` that is not JSON, not an object, or lacks what it must
+hold (also: no ``status.json`` yet). 2 is for what the command line names: no such run, no
+``coordinator.json`` (not a run directory), several running, bad options."""
+
+
+def read_coordinator_json(rd: pathlib.Path) -> dict:
+    """``rd/coordinator.json``: a JSON object with an ``endpoint`` (a string), a ``pid`` and
+    a ``keys_dir`` (a string or null) when it has them.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: it is unreadable or lacks what it must hold; the message says which, in words.
+    """
+    meta = pathlib.Path(rd) / "coordinator.json"
+    try:
+        text = meta.read_text()
+    except FileNotFoundError:
+        raise
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{meta}: not readable ({getattr(exc, 'strerror', None) or exc})") from None
+    try:
+        info = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"{meta}: not JSON ({exc})") from None
+    if not isinstance(info, dict):
+        raise ValueError(f"{meta}: not a JSON object")
+    if "endpoint" not in info:
+        raise ValueError(f"{meta} has no 'endpoint' (where the run's coordinator listens)")
+    if not isinstance(info["endpoint"], str) or not info["endpoint"]:
+        raise ValueError(f"{meta}: its 'endpoint' is {json.dumps(info['endpoint'])}, not HOST:PORT")
+    if info.get("keys_dir") is not None and not isinstance(info["keys_dir"], str):
+        raise ValueError(f"{meta}: its 'keys_dir' is {json.dumps(info['keys_dir'])}, not a path")
+    return info
 
 
 def _run_dir_info(rd: Optional[pathlib.Path]) -> tuple[pathlib.Path, str, dict, str]:
@@ -503,8 +641,8 @@ def _run_dir_info(rd: Optional[pathlib.Path]) -> tuple[pathlib.Path, str, dict, 
     reason, else "").
 
     Raises:
-        typer.Exit: 2 with one line: no run found, several running, not a run directory, or an
-            unreadable ``coordinator.json``.
+        typer.Exit: with one line: 2, no run found, several running, not a run directory;
+            :data:`UNREADABLE_EXIT`, an unreadable ``coordinator.json``.
     """
     why = ""
     if rd is None:
@@ -518,43 +656,64 @@ def _run_dir_info(rd: Optional[pathlib.Path]) -> tuple[pathlib.Path, str, dict, 
         print_error(f"[red]error:[/red] {escape(str(meta))} not found: not a Spotlight run directory")
         raise typer.Exit(2)
     try:
-        info = json.loads(meta.read_text())
-        endpoint = info["endpoint"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        print_error(f"[red]error:[/red] {escape(str(meta))}: not readable ({escape(str(exc))})")
-        raise typer.Exit(2)
-    return rd, endpoint, info, why
+        info = read_coordinator_json(rd)
+    except (OSError, ValueError) as exc:
+        print_error(f"[red]error:[/red] {escape(str(exc))}")
+        raise typer.Exit(UNREADABLE_EXIT)
+    return rd, info["endpoint"], info, why
 
 
 def _coordinator_pid(run_dir: pathlib.Path, endpoint: Optional[str] = None):
     """The pid in ``run_dir/coordinator.json`` (None: none readable); with ``endpoint``, only if
     the file names that endpoint (``tcp://`` or not)."""
     try:
-        info = json.loads((pathlib.Path(run_dir) / "coordinator.json").read_text())
-        if endpoint is not None and _tcp(str(info["endpoint"])) != _tcp(endpoint):
-            return None
-        return info.get("pid")
-    except (OSError, ValueError, AttributeError, KeyError, TypeError):
+        info = read_coordinator_json(run_dir)
+    except (OSError, ValueError):
         return None
+    if endpoint is not None and _tcp(info["endpoint"]) != _tcp(endpoint):
+        return None
+    return info.get("pid")
 
 
 def _tcp(endpoint: str) -> str:
     return endpoint if "://" in endpoint else f"tcp://{endpoint}"
 
 
+def _listed(paths: list, shown: int = 3) -> str:
+    names = ", ".join(str(p) for p in paths[:shown])
+    return names + (f" and {len(paths) - shown} more" if len(paths) > shown else "")
+
+
 def pick_run(runs: pathlib.Path) -> tuple[pathlib.Path, str]:
     """The run ``status`` shows when it is given none: the one whose coordinator is running, or,
     with none running, the newest (by its ``coordinator.json``); and the reason, for the screen.
+    Runs whose ``coordinator.json`` is unreadable (:func:`read_coordinator_json`) are skipped,
+    and the reason names them.
 
     Raises:
-        typer.Exit: 2 with one line: no run under ``runs``, or several running (which to show is
-            the user's choice: the line names them).
+        typer.Exit: with one line: 2, no run under ``runs`` or several running (which to show is
+            the user's choice: the line names them); :data:`UNREADABLE_EXIT`, every run's
+            ``coordinator.json`` is unreadable (the line says why, for each).
     """
-    found = sorted(runs.glob("*/coordinator.json"), key=lambda p: p.stat().st_mtime, reverse=True)
-    if not found:
+    found, bad = [], []
+    for meta in runs.glob("*/coordinator.json"):
+        try:
+            info = read_coordinator_json(meta.parent)
+            found.append((meta.stat().st_mtime, meta.parent, info))
+        except (OSError, ValueError) as exc:
+            bad.append((meta.parent, exc))
+    if not found and not bad:
         print_error(f"[red]error:[/red] no --coordinator or RUN_DIR given and no {runs}/*/coordinator.json found")
         raise typer.Exit(2)
-    running = [p.parent for p in found if _pid_running(_coordinator_pid(p.parent))]
+    if not found:
+        why = "; ".join(escape(str(exc)) for _, exc in sorted(bad, key=lambda b: str(b[0])))
+        print_error(
+            f"[red]error:[/red] no --coordinator or RUN_DIR given and no readable {runs}/*/coordinator.json: {why}"
+        )
+        raise typer.Exit(UNREADABLE_EXIT)
+    found.sort(key=lambda f: f[0], reverse=True)
+    skipped = f"; skipped {_listed(sorted(str(d) for d, _ in bad))} (coordinator.json unreadable)" if bad else ""
+    running = [d for _, d, info in found if _not_running(d, info.get("pid")) is None]
     if len(running) > 1:
         names = ", ".join(escape(str(d)) for d in running)
         print_error(
@@ -563,14 +722,14 @@ def pick_run(runs: pathlib.Path) -> tuple[pathlib.Path, str]:
         )
         raise typer.Exit(2)
     if running:
-        return running[0], f"the only running run under {runs}/"
+        return running[0], f"the only running run under {runs}/{skipped}"
     others = f" of {len(found)}" if len(found) > 1 else ""
-    return found[0].parent, f"the newest run{others} under {runs}/; none is running"
+    return found[0][1], f"the newest run{others} under {runs}/; none is running{skipped}"
 
 
 def _client_keys(keys: Optional[pathlib.Path], rd: Optional[pathlib.Path], key: Optional[str]):
-    """The client keys ``status`` asks with: ``key`` (default: the only status key) in ``keys``
-    (default: the run directory's ``keys/``).
+    """``(keys directory, client keys)``: the keys ``status`` asks with, ``key`` (default: the
+    only status key) in ``keys`` (default: the run directory's ``keys/``).
 
     Raises:
         typer.Exit: 2 with one line: no keys directory, or no usable key in it.
@@ -584,10 +743,36 @@ def _client_keys(keys: Optional[pathlib.Path], rd: Optional[pathlib.Path], key: 
         )
         raise typer.Exit(2)
     try:
-        return load_client_keys(keys_dir, name=key, role=None if key else "status")
+        return keys_dir, load_client_keys(keys_dir, name=key, role=None if key else "status")
     except KeysError as exc:
         print_error(f"[red]error:[/red] {exc}")
         raise typer.Exit(2)
+
+
+def _same_dir(recorded, rd: pathlib.Path) -> bool:
+    """Whether the run directory a coordinator recorded (``recorded``) is ``rd`` (the same
+    directory, by any path); False when ``recorded`` does not exist here (a copy's original
+    that was removed, a path on another machine) and its path differs."""
+    try:
+        return os.path.samefile(str(recorded), rd)
+    except (OSError, ValueError, TypeError):
+        try:
+            return pathlib.Path(str(recorded)).resolve() == pathlib.Path(rd).resolve()
+        except (OSError, ValueError, RuntimeError):
+            return False
+
+
+def _key_hint(client, keys_dir) -> str:
+    """The cause of a silent coordinator that is not the network: CURVE drops, without a word,
+    a request from a key not on its allow-list, or one made with another coordinator's public key."""
+    principal = getattr(getattr(client, "principal", None), "id", None) or "the client key"
+    if keys_dir is None:
+        return f"it does not take {principal}: not on its allow-list, or the server.key used is not this coordinator's"
+    where = pathlib.Path(keys_dir)
+    return (
+        f"it does not take the key {principal} of {where}: that key is not on its allow-list, "
+        f"or {where / 'server.key'} is not this coordinator's"
+    )
 
 
 class _View:
@@ -605,16 +790,21 @@ class _View:
         why: str = "",
     ):
         self.console, self.rd, self.why = console, rd, why
+        self.other = ""  # the live coordinator's run directory, when it is not ``rd`` (--coordinator by hand)
         self.notes = Console(stderr=True, emoji=False)  # what --watch did instead, beside the snapshot
         self.as_json, self.watch, self.interval_s = as_json, watch, interval_s
 
     def named(self, snap: dict) -> dict:
-        """``snap`` with the run directory it is of (``run_dir``: the coordinator's own, else the
-        one this command read) and why ``status`` chose it (``run_dir_note``)."""
-        if self.rd is not None and not snap.get("run_dir"):
-            snap["run_dir"] = str(self.rd)
-        if self.why:
-            snap["run_dir_note"] = self.why
+        """``snap`` with the run directory it is of (``run_dir``) and why ``status`` chose it
+        (``run_dir_note``). The directory is the one this command was given (resolved), as the
+        user knows it; a coordinator's own record of it is shown only where it is another
+        directory (a coordinator named with --coordinator that runs another run), or where no
+        directory was given."""
+        if self.rd is not None and (not snap.get("run_dir") or _same_dir(snap["run_dir"], self.rd)):
+            snap["run_dir"] = str(pathlib.Path(self.rd).resolve())
+        notes = [n for n in (self.other, self.why) if n]
+        if notes:
+            snap["run_dir_note"] = "; ".join(notes)
         return snap
 
     def show(self, snap: dict) -> None:
@@ -624,24 +814,28 @@ class _View:
         else:
             self.console.print(render_status(snap))
 
-    def from_files(self, note: str, running: bool = False) -> dict:
-        """:func:`snapshot_from_run_dir` of the run directory.
+    def from_files(self, note: str, running: bool = False, hint: str = "") -> dict:
+        """:func:`snapshot_from_run_dir` of the run directory (``hint``: a line shown under
+        ``note``, e.g. what else may keep a coordinator from answering).
 
         Raises:
-            typer.Exit: 1 with one line: it saved no readable status.
+            typer.Exit: :data:`UNREADABLE_EXIT` with one line: it saved no readable status.
         """
         try:
-            return snapshot_from_run_dir(pathlib.Path(self.rd), note, running=running)
+            snap = snapshot_from_run_dir(pathlib.Path(self.rd), note, running=running)
         except (FileNotFoundError, ValueError) as exc:
             print_error(f"[red]error:[/red] {escape(str(exc))}")
-            raise typer.Exit(1)
+            raise typer.Exit(UNREADABLE_EXIT)
+        if hint:
+            snap["hint"] = hint
+        return snap
 
-    def _watch(self, snapshot) -> None:
-        """Render ``snapshot()`` in a live view, refreshed every ``interval_s``; returns on Ctrl-C."""
+    def _watch(self, snapshot, first: dict) -> None:
+        """Render ``first``, then ``snapshot()`` every ``interval_s``, in a live view; returns on Ctrl-C."""
         from rich.live import Live
 
         try:
-            with Live(render_status(self.named(snapshot())), console=self.console, refresh_per_second=4) as live:
+            with Live(render_status(self.named(first)), console=self.console, refresh_per_second=4) as live:
                 while True:
                     time.sleep(self.interval_s)
                     live.update(render_status(self.named(snapshot())))
@@ -655,40 +849,64 @@ class _View:
             self.notes.print("--watch: the coordinator is not running; its last saved status:")
         self.show(self.from_files(note))
 
-    def live(self, endpoint: str, client, pid) -> None:
+    def live(self, endpoint: str, client, pid, *, keys_dir=None, own: bool = False) -> None:
         """The running coordinator's snapshots over CURVE; one that does not answer falls back
         to the run directory's saved status (exit 1). ``pid``: the run's coordinator's, when
         ``endpoint`` is its endpoint (None: unknown, e.g. an endpoint given with --coordinator
-        that is not the run's).
+        that is not the run's). ``keys_dir``: where ``client`` (the keys) came from. ``own``:
+        ``endpoint`` is the one the run directory's ``coordinator.json`` names; a coordinator
+        there that records another run directory (this one is a copy, or was moved) is then not
+        this run's, and the run directory's saved status is shown instead.
 
         Raises:
             typer.Exit: 1 when the coordinator did not answer.
         """
         try:
+            first = fetch_snapshot(endpoint, client)
+            recorded = first.get("run_dir")
+            if self.rd is not None and recorded and not _same_dir(recorded, self.rd):
+                if own:
+                    self.saved(
+                        f"the coordinator at {endpoint} (pid {pid}) runs {recorded}, not this directory "
+                        "(a copy of that run, or moved since it started)"
+                    )
+                    return
+                self.other = f"the coordinator at {endpoint} runs this directory, not {pathlib.Path(self.rd).resolve()}"
             if self.watch and not self.console.is_terminal:  # a Live view draws nothing into a pipe or file
                 self.notes.print("--watch needs a terminal: one snapshot instead (--json for scripts)")
             if not self.watch or not self.console.is_terminal:
-                self.show(fetch_snapshot(endpoint, client))
+                self.show(first)
                 return
-            self._watch(lambda: fetch_snapshot(endpoint, client))
+            self._watch(lambda: fetch_snapshot(endpoint, client), first)
         except TimeoutError as exc:
-            if self.rd is not None and (pathlib.Path(self.rd) / "status.json").is_file():
-                if _pid_running(pid):
-                    note = f"the coordinator (pid {pid}) is running but did not answer: {exc}"
-                    self.show(self.from_files(note, running=True))
-                    raise typer.Exit(1)
-                # not the run's own coordinator, or no pid known: no claim that anything runs
-                said, prefix = str(exc), f"no answer from {endpoint} "
-                note = f"the coordinator at {endpoint} did not answer" + (
-                    f" {said[len(prefix) :]}" if said.startswith(prefix) else f": {said}"
-                )
-                self.show(self.from_files(note, running=_pid_running(_coordinator_pid(pathlib.Path(self.rd)))))
-                raise typer.Exit(1)
-            msg = f"{exc} (the run has finished, or its coordinator is not reachable)"
-            if self.as_json:
-                print(json.dumps({"error": msg}))
-            else:
-                print_error(f"[red]error:[/red] {escape(msg)}")
-            raise typer.Exit(1)
+            self._no_answer(endpoint, pid, exc, _key_hint(client, keys_dir))
         except KeyboardInterrupt:
             return
+
+    def _no_answer(self, endpoint: str, pid, exc: TimeoutError, hint: str) -> None:
+        """The coordinator at ``endpoint`` did not answer: the run directory's saved status, with
+        a note that says so (and ``hint``: another cause than a stopped or unreachable
+        coordinator), else one error line.
+
+        Raises:
+            typer.Exit: 1, always.
+        """
+        if self.rd is not None and (pathlib.Path(self.rd) / "status.json").is_file():
+            if _not_running(self.rd, pid) is None:
+                note = f"the coordinator (pid {pid}) is running but did not answer: {exc}"
+                self.show(self.from_files(note, running=True, hint=f"if it is not busy, {hint}"))
+                raise typer.Exit(1)
+            # not the run's own coordinator, or no pid known: no claim that anything runs
+            said, prefix = str(exc), f"no answer from {endpoint} "
+            note = f"the coordinator at {endpoint} did not answer" + (
+                f" {said[len(prefix) :]}" if said.startswith(prefix) else f": {said}"
+            )
+            running = _not_running(self.rd, _coordinator_pid(pathlib.Path(self.rd))) is None
+            self.show(self.from_files(note, running=running, hint=f"it is not running, not reachable, or {hint}"))
+            raise typer.Exit(1)
+        msg = f"{exc} (the run has finished, its coordinator is not reachable, or {hint})"
+        if self.as_json:
+            print(json.dumps({"error": msg}))
+        else:
+            print_error(f"[red]error:[/red] {escape(msg)}")
+        raise typer.Exit(1)

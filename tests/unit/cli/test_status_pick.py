@@ -42,7 +42,10 @@ def _status(*args) -> tuple[int, str]:
 def two_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     runs = {name: _start(tmp_path, name) for name in ("a", "b")}
-    os.utime(tmp_path / "a" / "run" / "coordinator.json", (1, 1))  # b is the newer
+    # b is the newer (moved later, not a back to 1970: a coordinator.json older than the process
+    # whose pid it holds was not written by that process)
+    later = (tmp_path / "b" / "run" / "coordinator.json").stat().st_mtime + 60
+    os.utime(tmp_path / "b" / "run" / "coordinator.json", (later, later))
     yield runs
     for run in runs.values():
         if not run.stop.is_set():
