@@ -5,7 +5,9 @@ of the control plane ship in the package; these are test-only.
   (``step``), for code that takes a ``clock`` callable;
 * :class:`CoordinatorSocket`: the coordinator's side of the control plane as an agent sees it:
   a CURVE ROUTER on a random loopback port, allow-listing the keys directory's clients, that
-  the test reads and answers frame by frame.
+  the test reads and answers frame by frame;
+* :func:`reward_service`: an HTTP reward service (the ``reward.kind = "http"`` format) that
+  answers a given number of requests and then fails with HTTP 500.
 
 The real control plane against a run that never ends (one weight version, fresh rollout requests
 whenever a worker pulls) is :class:`spotlight.coordinator.fixed_run.FixedRun`, in the package because
@@ -14,7 +16,11 @@ the reconfiguration benchmark uses it too.
 
 from __future__ import annotations
 
+import contextlib
+import http.server
+import json
 import pathlib
+import threading
 
 import zmq
 
@@ -88,3 +94,33 @@ class CoordinatorSocket:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def reward_service(answers: int | None = None):
+    """A local HTTP reward service that scores every image 0.5 for its first ``answers`` requests
+    (None: all of them), then answers HTTP 500; yields ``(url, requests)``, ``requests["n"]``
+    the number of requests it has had."""
+    requests = {"n": 0}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 (the stdlib's name)
+            n = len(json.loads(self.rfile.read(int(self.headers["Content-Length"])))["images"])
+            requests["n"] += 1
+            ok = answers is None or requests["n"] <= answers
+            body = json.dumps({"rewards": [0.5] * n}).encode() if ok else b"scorer crashed"
+            self.send_response(200 if ok else 500)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/score", requests
+    finally:
+        server.shutdown()
+        server.server_close()

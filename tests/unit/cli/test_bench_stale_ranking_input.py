@@ -9,17 +9,17 @@ The run directories are real: a config.toml and tiny transformers saved as
 
 from __future__ import annotations
 
-import http.server
+import contextlib
 import json
 import pathlib
 import shutil
 import socket
-import threading
 
 import pytest
 from typer.testing import CliRunner
 
 from spotlight.cli import app
+from tests import fakes
 
 runner = CliRunner()
 
@@ -212,36 +212,9 @@ def _closed_port() -> int:
 
 @pytest.fixture
 def reward_service():
-    """``start(answers)``: a local reward service that gives every image 0.5 for its first
-    ``answers`` requests (None: all) and then HTTP 500; its URL."""
-    servers = []
-
-    def start(answers: int | None = None) -> str:
-        count = {"n": 0}
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 (the stdlib's name)
-                n = len(json.loads(self.rfile.read(int(self.headers["Content-Length"])))["images"])
-                count["n"] += 1
-                ok = answers is None or count["n"] <= answers
-                body = json.dumps({"rewards": [0.5] * n}).encode() if ok else b"scorer crashed"
-                self.send_response(200 if ok else 500)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
-        return f"http://127.0.0.1:{server.server_address[1]}/score"
-
-    yield start
-    for server in servers:
-        server.shutdown()
-        server.server_close()
+    """``start(answers)``: :func:`tests.fakes.reward_service` for the rest of the test; its URL."""
+    with contextlib.ExitStack() as stack:
+        yield lambda answers=None: stack.enter_context(fakes.reward_service(answers))[0]
 
 
 def test_an_unreachable_reward_service_is_one_line_before_any_encoding(run, no_work):

@@ -5,17 +5,15 @@ samples is one line too (exit 1), not a ``RewardError`` traceback."""
 
 from __future__ import annotations
 
-import http.server
-import json
 import pathlib
 import socket
-import threading
 
 import pytest
 from typer.testing import CliRunner
 
 from spotlight.cli import app
 from spotlight.cli import profile as profile_cli
+from tests import fakes
 
 runner = CliRunner()
 
@@ -82,32 +80,10 @@ def test_prompts_the_reward_cannot_score_are_one_line_before_measuring(tmp_path,
 def test_a_reward_service_that_fails_while_measuring_is_one_line(tmp_path, monkeypatch):
     """It answers the check, then HTTP 500 once the profile scores its samples: one line, exit 1,
     no profile written."""
-    count = {"n": 0}
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802 (the stdlib's name)
-            n = len(json.loads(self.rfile.read(int(self.headers["Content-Length"])))["images"])
-            count["n"] += 1
-            ok = count["n"] == 1  # the check's probe image
-            body = json.dumps({"rewards": [0.5] * n}).encode() if ok else b"scorer crashed"
-            self.send_response(200 if ok else 500)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/score"
+    with fakes.reward_service(answers=1) as (url, count):  # the check's probe image is the one answer
         conf = _config(tmp_path, f'kind = "http"\nurl = "{url}"\nmax_retries = 1\ntimeout_s = 5.0')
         res = _profile(conf, tmp_path)
-    finally:
-        server.shutdown()
-        server.server_close()
     assert res.exit_code == 1, (res.output, res.exception)
     text = res.stderr.strip()
     assert text.startswith("error: scoring the samples failed: reward service") and "\n" not in text, text
