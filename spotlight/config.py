@@ -446,6 +446,11 @@ class TrainConfig(_Section):
         _check(self.learning_rate > 0, "train.learning_rate", "must be > 0")
         _check(self.clip_range > 0, "train.clip_range", "must be > 0")
         _check(self.num_train_workers >= 1, "train.num_train_workers", "must be >= 1")
+        _check(
+            self.num_train_workers <= 65536,  # a trainer rank's world size in the protocol (TrainHello)
+            "train.num_train_workers",
+            "must be <= 65536 (the largest world size a trainer rank can join)",
+        )
         _check(self.kl_beta >= 0, "train.kl_beta", "must be >= 0")
         _check(self.weight_decay >= 0, "train.weight_decay", "must be >= 0")
         _check(self.adv_clip_max > 0, "train.adv_clip_max", "must be > 0")
@@ -643,6 +648,7 @@ class ClusterConfig(_Section):
         _check(self.reserved_sp_degree >= 1, "cluster.reserved_sp_degree", "must be >= 1")
         g = self.gpu_memory_gib
         _check(g is None or (math.isfinite(g) and g > 0), "cluster.gpu_memory_gib", "must be a number > 0 (or unset)")
+        _check(g is None or g <= 1 << 20, "cluster.gpu_memory_gib", "must be <= 1048576 GiB (1 PiB)")
         _check(
             self.heartbeat_timeout_s > self.heartbeat_interval_s,
             "cluster.heartbeat_timeout_s",

@@ -151,7 +151,12 @@ def register(app: typer.Typer) -> None:
             None, "--spot-nodes", min=0, metavar="N", help="Spot nodes (for the header's commands; default 2)."
         ),
         gpus_per_node: Optional[int] = typer.Option(
-            None, "--gpus-per-node", min=1, metavar="N", help="GPUs per spot node (header; default 1)."
+            None,
+            "--gpus-per-node",
+            min=1,
+            max=4096,  # protocol.MAX_GPU_INDEX + 1: the header's join --gpus list must be one join takes
+            metavar="N",
+            help="GPUs per spot node (header; default 1).",
         ),
         out: Optional[pathlib.Path] = typer.Option(
             None, "--out", "-o", metavar="FILE", help="Write here, not to stdout."

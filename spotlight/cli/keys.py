@@ -48,8 +48,8 @@ def init(
     except (KeysError, OSError) as exc:
         _fail(exc)
     console.print(
-        f"coordinator key created: public [cyan]{pub}[/cyan] (give it to every client), "
-        f"secret {directory / 'server.key_secret'} (keep it on the reserved node)"
+        f"coordinator key created: public [cyan]{escape(str(pub))}[/cyan] (give it to every client), "
+        f"secret {escape(str(directory / 'server.key_secret'))} (keep it on the reserved node)"
     )
     console.print(
         f"next: [cyan]{escape(shlex.join(['spotlight', 'keys', 'add', str(directory)]))} agent NODE[/cyan] "
@@ -93,9 +93,10 @@ def list_(directory: pathlib.Path = typer.Argument(..., help="The coordinator's 
         _fail(exc)
     t = Table(title=f"allow-list of {escape(str(directory))}")
     for col in ("principal", "role", "public key", "secret here"):
-        t.add_column(col)
+        t.add_column(col, overflow="fold")  # a key wraps whole on a narrow terminal, never cut with …
     for r in rows:
-        public = r["public"] if r["problem"] is None else f"[red]unreadable: {escape(r['problem'])}[/red]"
+        # a Z85 key may hold '[' and ']': printed as it is, never read as markup
+        public = escape(r["public"]) if r["problem"] is None else f"[red]unreadable: {escape(r['problem'])}[/red]"
         t.add_row(escape(r["principal"]), escape(r["role"]), public, "yes" if r["has_secret"] else "no")
     console.print(t)
     for r in rows:

@@ -175,6 +175,10 @@ def test_wrong_type_names_the_field():
         ({"cost.reserved_usd_per_gpu_hour": float("nan")}, "cost.reserved_usd_per_gpu_hour"),
         # a GPU index no message can carry: the reserved agent's REGISTER would not decode
         ({"cluster.reserved_rollout_gpus": [0, 4096]}, "cluster.reserved_rollout_gpus"),
+        # sizes whose plan would not fit in memory or overflow (was: `spotlight plan` ran out of
+        # memory on 10**20 trainers, and an OverflowError traceback on 1e308 GiB)
+        ({"train.num_train_workers": 10**20}, "train.num_train_workers"),
+        ({"cluster.gpu_memory_gib": 1e308}, "cluster.gpu_memory_gib"),
     ],
 )
 def test_bad_values_name_the_field(overrides, field):

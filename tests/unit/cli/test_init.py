@@ -250,3 +250,14 @@ def test_no_reserved_rollout_gpus_or_spot_nodes_leave_out_what_would_not_work(tm
     res = CliRunner().invoke(app, ["init", "--out", str(tmp_path)])
     assert res.exit_code == 2, res.output
     assert f"error: --out {tmp_path} is a directory; give a file, e.g. {tmp_path / 'run.toml'}" in res.stderr
+
+
+def test_gpus_per_node_above_what_join_takes_is_refused():
+    """Was: `--gpus-per-node 4097` wrote a `join --gpus 0,…,4096` line that join refuses."""
+    from typer.testing import CliRunner
+
+    from spotlight.cli import app
+
+    res = CliRunner().invoke(app, ["init", "--gpus-per-node", "4097"])
+    assert res.exit_code == 2 and "--gpus-per-node" in res.stderr, res.output
+    assert CliRunner().invoke(app, ["init", "--gpus-per-node", "8"]).exit_code == 0

@@ -143,3 +143,24 @@ def test_a_client_with_a_corrupt_server_key_copy_is_told_which_file(keys, tmp_pa
     with pytest.raises(KeysError) as info:
         load_client_keys(client)
     assert str(info.value).startswith(f"{client / 'server.key'}: no public key in it"), info.value
+
+
+def test_a_public_key_with_brackets_is_listed_verbatim_not_read_as_markup(tmp_path):
+    """Was: a Z85 key holding '[/{e+k2]' made `keys list` fail with a MarkupError traceback, and
+    one holding '[@Q{]' was listed with those characters dropped."""
+    from typer.testing import CliRunner
+
+    from spotlight.cli import app
+    from spotlight.net.security import add_client, init_keys
+
+    d = tmp_path / "k"
+    init_keys(d)
+    add_client(d, "agent", "spot-7")
+    f = d / "clients" / "agent.spot-7.key"
+    key = "+Eh#E+KdPe{DQ)y:e[/{e+k2]/P9p!Ubp(0Zo{jq"
+    f.write_text(f'metadata\ncurve\n    public-key = "{key}"\n')
+    res = CliRunner().invoke(app, ["keys", "list", str(d)], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    assert key in res.stdout, res.stdout
+    res = CliRunner().invoke(app, ["keys", "list", str(d)], env={"COLUMNS": "60"})  # folded, not cut with …
+    assert res.exit_code == 0 and "…" not in res.stdout, res.stdout
