@@ -93,34 +93,12 @@ def test_eval_refuses_run_dir_with_config_naming_both(tmp_path, monkeypatch):
 
 def test_a_reward_service_that_answers_passes_the_check(tmp_path):
     """The probe refuses only a service that fails: one that answers lets the evaluation go on."""
-    import http.server
-    import json
-    import threading
-
     from spotlight.cli.eval import reward_refusal
     from spotlight.config import load_config
     from spotlight.workers.eval import eval_worker as ew
+    from tests import fakes
 
-    class Answer(http.server.BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802 (the stdlib's name)
-            n = len(json.loads(self.rfile.read(int(self.headers["Content-Length"])))["images"])
-            body = json.dumps({"rewards": [0.5] * n}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answer)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/score"
+    with fakes.reward_service() as (url, _):
         run = _run_dir(tmp_path, f'kind = "http"\nurl = "{url}"\nmax_retries = 1\ntimeout_s = 5.0')
         cfg = load_config(run / "config.toml")
         assert reward_refusal(cfg, ew.build_panel(cfg)) is None
-    finally:
-        server.shutdown()
-        server.server_close()
