@@ -23,7 +23,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from spotlight.cli.messages import print_error
+from spotlight.cli.messages import ERROR, WARNING, print_error
 
 SPARK = "▁▂▃▄▅▆▇█"
 EVENT_ROWS = 15
@@ -439,61 +439,15 @@ def _saved_unix_s(snap: dict) -> float | None:
     return start + elapsed if start is not None and elapsed is not None else None
 
 
-START_SLACK_S = 10.0
-"""How much later than its ``coordinator.json`` a process may seem to have started and still be
-the coordinator that wrote it (the file's time and a process's start time come from clocks read
-differently: whole-second boot time, clock adjustments)."""
-
-
 def _not_running(run_dir: Optional[pathlib.Path], pid) -> Optional[str]:
     """None when ``pid`` (from ``run_dir/coordinator.json``) is the run's coordinator, still
-    running; else why not, in words ("" when the process has simply ended).
+    running; else why not, in words ("" when the process has simply ended): the check
+    ``spotlight up --resume`` makes too (:func:`spotlight.util.coordinator_pid.coordinator_not_running`:
+    a pid reused by a process that started after the file was written, a zombie or a process that
+    is not Spotlight's is no coordinator)."""
+    from spotlight.util.coordinator_pid import coordinator_not_running
 
-    A pid in the file is only a number: after the coordinator exits (or the machine reboots)
-    another process may get it, and a hand-edited or copied file may name any process. A live
-    process counts as the coordinator only if it started before ``coordinator.json`` was written
-    (the coordinator writes it once it listens; a later process is another one) and its command
-    line mentions ``spotlight`` (the test ``spotlight up --resume`` makes; or it is this very
-    process: a coordinator run inside the caller, as tests do). A check that cannot be made (no
-    such information on this platform, another user's process) is skipped: the process then
-    counts as running, as a bare pid did before.
-    """
-    import psutil
-
-    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
-        return "coordinator.json names no pid" if pid is None else f"coordinator.json's pid {json.dumps(pid)} is no pid"
-    try:
-        proc = psutil.Process(pid)
-    except psutil.Error:
-        return ""
-    try:
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return ""
-    except psutil.AccessDenied:
-        pass
-    except psutil.Error:
-        return ""
-    try:
-        written = (pathlib.Path(run_dir) / "coordinator.json").stat().st_mtime if run_dir is not None else None
-    except OSError:
-        written = None
-    try:
-        if written is not None and proc.create_time() > written + START_SLACK_S:
-            return f"pid {pid} is now another process, started after coordinator.json was written"
-    except psutil.NoSuchProcess:
-        return ""
-    except psutil.Error:
-        pass
-    if pid == os.getpid():
-        return None
-    try:
-        if "spotlight" not in " ".join(proc.cmdline()):
-            return f"pid {pid} is now {proc.name()}, not a Spotlight coordinator"
-    except psutil.NoSuchProcess:
-        return ""
-    except psutil.Error:
-        pass
-    return None
+    return coordinator_not_running(run_dir, pid)
 
 
 def _gone_note(pid, why: str) -> str:
@@ -506,7 +460,8 @@ def _gone_note(pid, why: str) -> str:
 STATUS_HELP = (
     "Show a job: progress and ETA, nodes and GPUs, cost, events, reward curve "
     "(a running job, or a finished one from its run directory). Exit status: 0 shown; 1 the coordinator "
-    "did not answer, the run has no status.json yet, or its coordinator.json or status.json is unreadable; "
+    "did not answer (or runs, and its coordinator.json does not say where), the run has no status.json yet, "
+    "or its status.json is unreadable; "
     "2 a usage error (no such run, not a run directory, several running, bad options or keys)."
 )
 """``spotlight status --help``'s text (one line: typer keeps a help text's line breaks)."""
@@ -544,9 +499,11 @@ def register(app: typer.Typer) -> None:
         """:data:`STATUS_HELP`: one snapshot (or ``--watch``), from the coordinator or the run directory.
 
         Exit status: 0, shown; 1 (:data:`UNREADABLE_EXIT`), the coordinator did not answer (the
-        saved status is shown where there is one), the run has no ``status.json`` yet, or its
-        ``coordinator.json`` or ``status.json`` is unreadable (also when ``status`` picks the
-        run and every ``runs/*/coordinator.json`` is); 2, a usage error: no such directory, no
+        saved status is shown where there is one), the run has no ``status.json`` yet, its
+        ``status.json`` is unreadable, or its ``coordinator.json`` is (also when ``status`` picks
+        the run and every ``runs/*/coordinator.json`` is) and there is no saved status to show
+        instead (:meth:`_View.unusable`; with one, a running coordinator exits 1, a stopped
+        one 0); 2, a usage error: no such directory, no
         ``coordinator.json`` (not a run directory), no run under ``runs/``, several running,
         bad options, no usable keys.
         """
@@ -571,8 +528,13 @@ def register(app: typer.Typer) -> None:
         rd = run_dir or run_dir_arg
         endpoint, pid, why = coordinator, None, ""
         if endpoint is None:
-            rd, endpoint, info, why = _run_dir_info(rd)
-            pid = info.get("pid")
+            rd, info, fault, why = _run_dir_info(rd)
+            if info is None:  # coordinator.json cannot say where the coordinator listens
+                _View(console, rd, as_json=as_json, watch=watch, interval_s=interval_s, why=why).unusable(
+                    fault, _file_pid(rd)
+                )
+                return
+            endpoint, pid = info["endpoint"], info.get("pid")
             if keys is None and info.get("keys_dir"):
                 keys = pathlib.Path(info["keys_dir"])
         elif rd is not None:  # by hand: the run's coordinator's pid only if it is that endpoint
@@ -583,25 +545,15 @@ def register(app: typer.Typer) -> None:
             if gone is not None:
                 view.saved(_gone_note(pid, gone))
                 return
-            from spotlight.net.endpoints import tcp_endpoint
-
-            try:  # one line, not a ZeroMQ traceback
-                endpoint = tcp_endpoint(endpoint)
-            except ValueError:
-                meta = pathlib.Path(rd) / "coordinator.json"
-                print_error(
-                    f"[red]error:[/red] {escape(str(meta))}: its 'endpoint' {escape(json.dumps(endpoint))} "
-                    "is not HOST:PORT"
-                )
-                raise typer.Exit(UNREADABLE_EXIT)
         keys_dir, client = _client_keys(keys, rd, key)
         view.live(_tcp(endpoint), client, pid, keys_dir=keys_dir, own=coordinator is None)
 
 
 UNREADABLE_EXIT = 1
 """Exit status when the run directory is there but a file ``status`` needs is unreadable: a
-``coordinator.json`` or ``status.json`` that is not JSON, not an object, or lacks what it must
-hold (also: no ``status.json`` yet). 2 is for what the command line names: no such run, no
+``status.json`` that is not JSON, not a snapshot, or none yet (a ``coordinator.json`` that is
+not JSON, not an object, or lacks what it must hold only when there is no ``status.json`` to
+show instead). 2 is for what the command line names: no such run, no
 ``coordinator.json`` (not a run directory), several running, bad options."""
 
 
@@ -620,6 +572,8 @@ def read_coordinator_json(rd: pathlib.Path) -> dict:
         raise
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"{meta}: not readable ({getattr(exc, 'strerror', None) or exc})") from None
+    if not text.strip():  # as a write cut short (a full disk, a crash) leaves it
+        raise ValueError(f"{meta}: not JSON (empty)")
     try:
         info = json.loads(text)
     except ValueError as exc:
@@ -635,14 +589,17 @@ def read_coordinator_json(rd: pathlib.Path) -> dict:
     return info
 
 
-def _run_dir_info(rd: Optional[pathlib.Path]) -> tuple[pathlib.Path, str, dict, str]:
-    """``(run directory, its coordinator's endpoint, its coordinator.json, why this run)``;
+def _run_dir_info(rd: Optional[pathlib.Path]) -> tuple[pathlib.Path, Optional[dict], str, str]:
+    """``(run directory, its coordinator.json, what is wrong with that file, why this run)``;
     without ``rd`` the run under ``runs/`` that :func:`pick_run` picks ("why" is then its
-    reason, else "").
+    reason, else ""). The file's ``endpoint`` is ``tcp://HOST:PORT``; the file is None, and
+    what is wrong with it says why in words, when it cannot say where the run's coordinator
+    listens (:func:`read_coordinator_json`, or an endpoint that is not ``HOST:PORT``); what is
+    wrong is "" otherwise.
 
     Raises:
         typer.Exit: with one line: 2, no run found, several running, not a run directory;
-            :data:`UNREADABLE_EXIT`, an unreadable ``coordinator.json``.
+            :data:`UNREADABLE_EXIT`, every ``runs/*/coordinator.json`` is unreadable (no ``rd``).
     """
     why = ""
     if rd is None:
@@ -655,12 +612,27 @@ def _run_dir_info(rd: Optional[pathlib.Path]) -> tuple[pathlib.Path, str, dict, 
     if not meta.is_file():
         print_error(f"[red]error:[/red] {escape(str(meta))} not found: not a Spotlight run directory")
         raise typer.Exit(2)
+    from spotlight.net.endpoints import tcp_endpoint
+
     try:
         info = read_coordinator_json(rd)
     except (OSError, ValueError) as exc:
-        print_error(f"[red]error:[/red] {escape(str(exc))}")
-        raise typer.Exit(UNREADABLE_EXIT)
-    return rd, info["endpoint"], info, why
+        return rd, None, str(exc), why
+    try:
+        info["endpoint"] = tcp_endpoint(info["endpoint"])
+    except ValueError:
+        return rd, None, f"{meta}: its 'endpoint' {json.dumps(info['endpoint'])} is not HOST:PORT", why
+    return rd, info, "", why
+
+
+def _file_pid(run_dir: pathlib.Path):
+    """The ``pid`` of ``run_dir/coordinator.json`` if the file is a JSON object, whatever else
+    it lacks (None: no such file, not JSON, not an object, no ``pid``)."""
+    try:
+        info = json.loads((pathlib.Path(run_dir) / "coordinator.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return info.get("pid") if isinstance(info, dict) else None
 
 
 def _coordinator_pid(run_dir: pathlib.Path, endpoint: Optional[str] = None):
@@ -848,6 +820,36 @@ class _View:
         if self.watch and not self.as_json:
             self.notes.print("--watch: the coordinator is not running; its last saved status:")
         self.show(self.from_files(note))
+
+    def unusable(self, fault: str, pid) -> None:
+        """The run as its coordinator last saved it, when its ``coordinator.json`` cannot say
+        where that coordinator listens (``fault``: why, in words): a stopped or crashed run's
+        saved status is what is wanted then. A ``warning:`` line on standard error names the
+        fault; the run shows as stopped, or, when ``pid`` (the file's, where it names one) is
+        still the run's coordinator (:func:`_not_running`), as running but not asked.
+
+        Raises:
+            typer.Exit: :data:`UNREADABLE_EXIT` with one ``error:`` line naming both faults, when
+                the run saved no readable status either; 1 after the saved status of a
+                coordinator that runs (its live status could not be had).
+        """
+        meta = pathlib.Path(self.rd) / "coordinator.json"
+        running = _not_running(self.rd, pid) is None
+        if running:
+            note = f"the coordinator (pid {pid}) is running, but {meta} does not say where it listens"
+        else:
+            note = f"{meta} does not say where its coordinator listens: the run shows as stopped"
+        try:
+            snap = snapshot_from_run_dir(pathlib.Path(self.rd), note, running=running)
+        except (FileNotFoundError, ValueError) as exc:
+            print_error(f"{ERROR} {escape(fault)}; and {escape(str(exc))}")
+            raise typer.Exit(UNREADABLE_EXIT)
+        print_error(f"{WARNING} {escape(fault)}; showing the run's last saved status")
+        if running:
+            snap["hint"] = "ask it with spotlight status --coordinator HOST:PORT --keys DIR"
+        self.show(snap)
+        if running:
+            raise typer.Exit(1)
 
     def live(self, endpoint: str, client, pid, *, keys_dir=None, own: bool = False) -> None:
         """The running coordinator's snapshots over CURVE; one that does not answer falls back

@@ -361,12 +361,13 @@ def _resume_target(opts: UpOptions) -> tuple[pathlib.Path | None, pathlib.Path |
 
 
 def _earlier_address(run_dir: pathlib.Path) -> str | None:
-    """``HOST:PORT`` the earlier coordinator of ``run_dir`` listened on (its ``coordinator.json``), or None."""
+    """``HOST:PORT`` the earlier coordinator of ``run_dir`` listened on (its ``coordinator.json``),
+    or None (no such file, or one that does not say: empty, not JSON, no ``endpoint`` string)."""
     try:
         endpoint = json.loads((run_dir / "coordinator.json").read_text()).get("endpoint")
     except (OSError, ValueError, AttributeError):
         return None
-    return endpoint.removeprefix("tcp://") if endpoint else None
+    return (endpoint.removeprefix("tcp://") or None) if isinstance(endpoint, str) else None
 
 
 def preflight(run: UpRun) -> UpRun:
@@ -649,17 +650,20 @@ def _checkpointed_iterations(run_dir: pathlib.Path) -> int | None:
 
 
 def _running_coordinator(run_dir: pathlib.Path) -> int | None:
-    """The pid of the coordinator of ``run_dir`` (its ``coordinator.json``) if that process
-    is still alive and a Spotlight process, else None."""
-    from spotlight.cli.up_local import live_process
+    """The pid of the coordinator of ``run_dir`` (its ``coordinator.json``) if it still runs,
+    else None: the check ``spotlight status`` makes
+    (:func:`spotlight.util.coordinator_pid.coordinator_not_running`: a pid reused by a process that
+    started after the file was written, a zombie or a process that is not Spotlight's is no
+    coordinator). This very process is none either: it is the one about to start the run."""
+    from spotlight.util.coordinator_pid import coordinator_not_running
 
     try:
         pid = json.loads((pathlib.Path(run_dir) / "coordinator.json").read_text()).get("pid")
     except (OSError, ValueError, AttributeError):
         return None
-    if not isinstance(pid, int) or pid == os.getpid():
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid == os.getpid():
         return None
-    return pid if live_process(pid, "spotlight") is not None else None
+    return pid if coordinator_not_running(run_dir, pid) is None else None
 
 
 def _finished(run_dir: pathlib.Path, iterations: int) -> str | None:

@@ -8,6 +8,9 @@
   finished, or its coordinator is not reachable", naming neither the keys nor the allow-list;
 * a ``coordinator.json`` without ``endpoint`` said ``not readable ('endpoint')`` with exit 2,
   other broken run files exit 1 (now: all exit 1, the message in words);
+* a ``coordinator.json`` that is empty, not JSON or lacks ``endpoint`` hid the run's saved
+  ``status.json`` behind an error, when a stopped or crashed run's saved status is just what is
+  wanted (now: shown, with a ``warning:`` naming the fault; an error only with neither file);
 * "(written HH:MM:SS)" was the time of the copy, not the time the snapshot records;
 * with no RUN_DIR the newest ``runs/*/coordinator.json`` was taken even when it was garbage.
 """
@@ -263,15 +266,52 @@ def test_a_silent_coordinator_over_a_saved_status_names_the_keys_too(tmp_path, m
 
 # ---------------------------------------------------------------- 4. broken run files: words, one exit status
 
-BROKEN = [
-    pytest.param("{garbage", None, "coordinator.json: not JSON", id="not-json"),
-    pytest.param("[]", None, "coordinator.json: not a JSON object", id="not-an-object"),
-    pytest.param('{"pid": 5}', None, "coordinator.json has no 'endpoint'", id="no-endpoint"),
-    pytest.param('{"endpoint": 5}', None, "its 'endpoint' is 5, not HOST:PORT", id="endpoint-a-number"),
-    pytest.param('{"endpoint": "x", "pid": "SELF"}', None, "its 'endpoint' \"x\" is not HOST:PORT", id="endpoint-x"),
+BAD_COORDINATOR_JSON = [  # (its text, what status says of it, whether its pid is a running coordinator)
+    pytest.param("", "coordinator.json: not JSON (empty)", False, id="empty"),
+    pytest.param("{garbage", "coordinator.json: not JSON", False, id="not-json"),
+    pytest.param("[]", "coordinator.json: not a JSON object", False, id="not-an-object"),
+    pytest.param('{"pid": "DEAD"}', "coordinator.json has no 'endpoint'", False, id="no-endpoint"),
+    pytest.param('{"endpoint": 5}', "its 'endpoint' is 5, not HOST:PORT", False, id="endpoint-a-number"),
+    pytest.param('{"endpoint": "x", "pid": "SELF"}', "its 'endpoint' \"x\" is not HOST:PORT", True, id="endpoint-x"),
     pytest.param(
-        '{"endpoint": "127.0.0.1:1", "pid": "SELF", "keys_dir": 5}', None, "'keys_dir' is 5, not a path", id="keys"
+        '{"endpoint": "127.0.0.1:1", "pid": "SELF", "keys_dir": 5}', "'keys_dir' is 5, not a path", True, id="keys"
     ),
+]
+
+
+def _meta(text: str) -> str:
+    return text.replace('"SELF"', str(os.getpid())).replace('"DEAD"', str(DEAD_PID))
+
+
+@pytest.mark.parametrize("meta, said, running", BAD_COORDINATOR_JSON)
+def test_a_broken_coordinator_json_shows_the_saved_status_with_a_warning(tmp_path, monkeypatch, meta, said, running):
+    """A stopped or crashed run is shown from its status.json, as stopped; a warning line (standard
+    error) names the fault. A pid in the file that is still the run's coordinator shows it as
+    running but not asked (no endpoint to ask): exit 1, as when it does not answer."""
+    asked = _silent(monkeypatch)
+    crashed = mid_snapshot() | {"run_dir": "/elsewhere"}  # saved after iteration 3 of 10, no "finish" event
+    rd = _run(tmp_path / "run", meta=_meta(meta), snap=crashed)
+    code, out, err = _status(str(rd))
+    assert not asked, asked
+    assert err.startswith("warning: ") and err.count("\n") == 1 and said in err, err
+    assert "showing the run's last saved status" in err and "KeyError" not in err, err
+    assert f"showing {rd / 'status.json'}" in out and f"run dir {rd.resolve()}\n" in out, out
+    if running:
+        assert code == 1, (code, out, err)
+        assert f"the coordinator (pid {os.getpid()}) is running, but" in out and "ask it with" in out, out
+    else:
+        assert code == 0, (code, out, err)
+        assert "does not say where its coordinator listens: the run shows as stopped" in out, out
+        assert "stopped (not running; last saved at " in out and "3/10 iterations done" in out, out
+        assert "ETA" not in out and "nodes as last seen" in out, out
+    code, out, err = _status(str(rd), "--json")  # the snapshot on stdout, the warning beside it
+    assert code == (1 if running else 0) and err.startswith("warning: ") and said in err, (code, err)
+    snap = json.loads(out)
+    assert snap["iterations_done"] == 3 and snap.get("running", True) is running, snap
+
+
+BROKEN = [
+    *(pytest.param(p.values[0], None, p.values[1], id=p.id) for p in BAD_COORDINATOR_JSON),  # and no status.json
     pytest.param(None, "{garbage", "status.json: not readable as JSON", id="status-not-json"),
     pytest.param(None, '{"nodes": []}', "not a Spotlight status snapshot", id="status-not-a-snapshot"),
 ]
@@ -279,14 +319,19 @@ BROKEN = [
 
 @pytest.mark.parametrize("meta, snap, said", BROKEN)
 def test_a_broken_run_file_is_one_line_in_words_and_exit_1(tmp_path, monkeypatch, meta, snap, said):
+    """A broken status.json, or a broken coordinator.json with no status.json to show instead."""
     _silent(monkeypatch)
-    rd = _run(tmp_path / "run", meta=meta.replace('"SELF"', str(os.getpid())) if meta else None)
+    rd = _run(tmp_path / "run", meta=_meta(meta) if meta is not None else None)
+    if meta is not None:
+        (rd / "status.json").unlink()
     if snap is not None:
         (rd / "status.json").write_text(snap)
     code, out, err = _status(str(rd))
     assert code == 1, (code, out, err)
     assert not out and err.startswith("error: ") and err.count("\n") == 1, (out, err)
     assert said in err and "KeyError" not in err and "('endpoint')" not in err, err
+    if meta is not None:  # both files' faults, in one line
+        assert f"{rd / 'status.json'} not found" in err, err
 
 
 # ---------------------------------------------------------------- 5. when the snapshot was written
