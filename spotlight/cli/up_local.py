@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Callable
 
 from rich.markup import escape
 
+from spotlight.util.atomic_file import write_text_atomic
+
 if TYPE_CHECKING:
     from spotlight.cli.up_preflight import UpRun
 
@@ -33,13 +35,26 @@ def live_process(pid: int, marker: str):
         return None
 
 
-def _adopt(entry: dict | None):
+def _adopt(entry: dict | None, listed_unix_s: float | None = None):
     """The still-running local agent process of ``entry`` (from a crashed run's
-    local_agents.json), or None. Agents with a mock cloud are not adopted: their mock
-    metadata server died with the old coordinator process."""
-    if not entry or entry.get("cloud") or not entry.get("pid"):
+    local_agents.json, last written at ``listed_unix_s``), or None. Agents with a mock cloud
+    are not adopted: their mock metadata server died with the old coordinator process. A pid
+    is only a number: a process that started after the listing was written is another one
+    that got the pid (another run's agent, say), and is not adopted
+    (:data:`spotlight.util.coordinator_pid.START_SLACK_S` as for the coordinator's pid)."""
+    from spotlight.util.coordinator_pid import START_SLACK_S
+
+    pid = entry.get("pid") if isinstance(entry, dict) else None
+    if not entry or entry.get("cloud") or isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
         return None
-    return live_process(int(entry["pid"]), "agent.main")
+    p = live_process(pid, "agent.main")
+    if p is None or listed_unix_s is None:
+        return p
+    try:
+        started = p.create_time()
+    except Exception:  # psutil.Error: the check cannot be made, as for the coordinator's pid
+        return p
+    return None if started > listed_unix_s + START_SLACK_S else p
 
 
 def _spawn_agent(
@@ -138,6 +153,7 @@ class LocalCluster:
         self.agent_logs: dict[int, tuple[str, object]] = {}  # pid -> (node id, its LogMark or None)
         self._reported: set[int] = set()  # pids of agents whose failure was reported
         self.adopted: list = []  # local agents of a crashed coordinator that survived it (psutil.Process)
+        self._listed_unix_s: float | None = None  # when the crashed run's local_agents.json was written
         self.mocks: list = []
         self.driver = None
         self.interrupted = False
@@ -154,14 +170,20 @@ class LocalCluster:
         rd = self.run.run_dir
         state_root = rd / "agents"
         os.environ["SPOTLIGHT_AGENT_STATE"] = str(state_root.resolve())
-        previous = {}
-        if self.run.resuming and (rd / "local_agents.json").is_file():
-            previous = json.loads((rd / "local_agents.json").read_text()).get("agents", {})
+        previous, self._listed_unix_s = {}, None
+        if self.run.resuming:
+            from spotlight.cli.up_preflight import _local_agents
+
+            previous = _local_agents(rd) or {}  # an unreadable listing: no agent to adopt
+            try:
+                self._listed_unix_s = (rd / "local_agents.json").stat().st_mtime
+            except OSError:
+                pass
         listing: dict[str, dict] = {}
         self._start_reserved_agents(listing, previous)
         self._start_spot_agents(listing, previous)
         doc = {"coordinator": self.coord.endpoint, "state_dir": str(state_root.resolve()), "agents": listing}
-        (rd / "local_agents.json").write_text(json.dumps(doc, indent=2))
+        write_text_atomic(rd / "local_agents.json", json.dumps(doc, indent=2))
         if self.adopted:
             from spotlight.errors import plural
 
@@ -175,7 +197,7 @@ class LocalCluster:
 
     def _adopted(self, node_id: str, listing: dict, previous: dict) -> bool:
         """Adopt ``node_id``'s agent of the earlier coordinator if it still runs (then listed as before)."""
-        if (p := _adopt(previous.get(node_id))) is None:
+        if (p := _adopt(previous.get(node_id), self._listed_unix_s)) is None:
             return False
         self.adopted.append(p)
         listing[node_id] = previous[node_id]

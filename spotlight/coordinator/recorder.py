@@ -27,6 +27,7 @@ import pathlib
 from typing import Any, Sequence
 
 from spotlight.store.checkpoint import latest_checkpoint, load_checkpoint, next_epoch, write_checkpoint
+from spotlight.util.atomic_file import write_text_atomic
 
 log = logging.getLogger("spotlight.coordinator")
 
@@ -225,10 +226,8 @@ def write_status(run_dir: pathlib.Path, snapshot: dict) -> None:
     """``status.json``: the last snapshot, so ``spotlight status RUN_DIR`` can show a run whose
     coordinator has ended (written atomically: a reader never sees half a file)."""
     path = pathlib.Path(run_dir) / "status.json"
-    tmp = path.with_name(f".status.json.{os.getpid()}.tmp")
     try:
-        tmp.write_text(json.dumps(snapshot, default=str))
-        os.replace(tmp, path)
+        write_text_atomic(path, json.dumps(snapshot, default=str))
     except (OSError, TypeError, ValueError) as exc:  # a status file must never stop the run
         log.warning("could not write %s: %s", path, exc)
 
@@ -254,6 +253,7 @@ def earlier_sessions(run_dir: pathlib.Path, st: dict) -> tuple[float, list[dict]
 
 def write_coordinator_json(run_dir: pathlib.Path, endpoint: str, trainer_endpoint: str, keys_dir: str | None) -> None:
     """``coordinator.json``: where this coordinator listens, its pid and its keys directory (read
-    by ``spotlight status``, ``spotlight keys`` and a resuming ``spotlight up``)."""
+    by ``spotlight status``, ``spotlight keys`` and a resuming ``spotlight up``; written atomically:
+    a crash leaves the old file or the new, never an empty one)."""
     info = {"endpoint": endpoint, "trainer_endpoint": trainer_endpoint, "pid": os.getpid(), "keys_dir": keys_dir}
-    (pathlib.Path(run_dir) / "coordinator.json").write_text(json.dumps(info))
+    write_text_atomic(pathlib.Path(run_dir) / "coordinator.json", json.dumps(info))

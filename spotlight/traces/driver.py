@@ -24,6 +24,8 @@ import threading
 import time
 from typing import Callable
 
+from spotlight.util.atomic_file import write_text_atomic
+
 log = logging.getLogger("spotlight.traces.driver")
 
 
@@ -190,7 +192,7 @@ class TraceDriver(threading.Thread):
                 "trace: %s on agent %d gpu %s did not apply: %s", action.kind, agent, gpu, result.get("error", result)
             )
         self.listing["trace_actions"] = self.applied
-        self.listing_path.write_text(json.dumps(self.listing, indent=2))
+        write_text_atomic(self.listing_path, json.dumps(self.listing, indent=2))
 
     def _ready(self, agent: int) -> bool:
         node_id = self.node_of_agent.get(agent)

@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from spotlight.config import SpotlightConfig, load_config, resolve_path
+from spotlight.util.atomic_file import write_text_atomic
 
 log = logging.getLogger("spotlight.eval")
 
@@ -179,9 +180,7 @@ def write_grid(path: pathlib.Path, images: np.ndarray, panel: Panel, rewards: li
 
 
 def _atomic_json(path: pathlib.Path, obj: dict) -> None:
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(obj, indent=1) + "\n")
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(obj, indent=1) + "\n")
 
 
 def keep_best(run_dir: pathlib.Path, family, transformer, cfg: SpotlightConfig, result: dict, state_dict) -> bool:

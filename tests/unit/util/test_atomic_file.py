@@ -1,0 +1,43 @@
+"""A state file written by ``write_text_atomic`` holds the old text or the new, never a part."""
+
+from __future__ import annotations
+
+import pytest
+
+from spotlight.util.atomic_file import write_text_atomic
+
+
+def test_it_writes_and_replaces(tmp_path):
+    path = tmp_path / "coordinator.json"
+    write_text_atomic(path, '{"pid": 1}')
+    write_text_atomic(path, '{"pid": 2}')
+    assert path.read_text() == '{"pid": 2}'
+    assert [p.name for p in tmp_path.iterdir()] == ["coordinator.json"]
+
+
+def test_a_failed_write_keeps_the_old_text_and_leaves_no_temporary_file(tmp_path):
+    path = tmp_path / "status.json"
+    path.write_text('{"iteration": 3}')
+    with pytest.raises(UnicodeEncodeError):  # fails after the file was opened, as a full disk would
+        write_text_atomic(path, '{"iteration": 4, "note": "\ud800"}')
+    assert path.read_text() == '{"iteration": 3}'
+    assert [p.name for p in tmp_path.iterdir()] == ["status.json"]
+
+
+def test_a_plain_write_that_fails_the_same_way_empties_the_file(tmp_path):
+    """Why the atomic write exists: the same failure through ``write_text`` loses the old text."""
+    path = tmp_path / "status.json"
+    path.write_text('{"iteration": 3}')
+    with pytest.raises(UnicodeEncodeError):
+        path.write_text('{"iteration": 4, "note": "\ud800"}', encoding="utf-8")
+    assert path.read_text() != '{"iteration": 3}'
+
+
+def test_the_coordinator_files_are_written_atomically(tmp_path, monkeypatch):
+    import spotlight.coordinator.recorder as recorder
+
+    calls = []
+    monkeypatch.setattr(recorder, "write_text_atomic", lambda path, text: calls.append(path.name))
+    recorder.write_coordinator_json(tmp_path, "tcp://127.0.0.1:5555", "tcp://127.0.0.1:5556", None)
+    recorder.write_status(tmp_path, {"iteration": 1})
+    assert calls == ["coordinator.json", "status.json"]
