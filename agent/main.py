@@ -76,6 +76,7 @@ from spotlight import protocol as P
 from spotlight.net.agent_paths import control_endpoint, state_dir
 from spotlight.net.ports import listen_port
 from spotlight.net.security import ClientKeys, KeysError, apply_client, load_client_keys
+from spotlight.util.cli_paths import path_option
 from spotlight.util.procs import ChildExit, LogMark, configure_logging, log_mark, scrubbed_env, spawn_logged
 from spotlight.workers.rollout.spare import EXIT_SPARE_UNUSABLE
 
@@ -1437,7 +1438,7 @@ _MetadataUrl = Annotated[
 ]
 _Keys = Annotated[
     Optional[pathlib.Path],
-    typer.Option(
+    path_option(
         "--keys",
         envvar="SPOTLIGHT_KEYS",
         help="Directory with the coordinator's public key (server.key) and this node's secret key "
@@ -1488,7 +1489,7 @@ _CoordinatorTimeoutS = Annotated[
 ]
 _WeightsDir = Annotated[
     Optional[pathlib.Path],
-    typer.Option(
+    path_option(
         "--weights-dir",
         help="Directory of the node's weight-version cache (a local disk with room for 3 versions; emptied at "
         "start). Default: <state dir>/weights.",
@@ -1515,7 +1516,7 @@ _WarmSpare = Annotated[
 ]
 _RevokedGpusFile = Annotated[
     Optional[pathlib.Path],
-    typer.Option(
+    path_option(
         "--revoked-gpus-file",
         help="File in which a cluster scheduler lists the GPUs it took back (indices as in --gpus); the agent "
         "reads it on SIGUSR1, revokes those and gives back those no longer listed. Default: "
@@ -1528,7 +1529,7 @@ _LogLevel = Annotated[
 ]
 _LogFile = Annotated[
     Optional[pathlib.Path],
-    typer.Option("--log-file", help="Also append the log to this file (the console keeps it too)."),
+    path_option("--log-file", help="Also append the log to this file (the console keeps it too)."),
 ]
 
 
@@ -1901,7 +1902,7 @@ def revoke(
         parser=_seconds(0.0),
         help="Seconds the affected worker gets to commit its in-flight state.",
     ),
-    state_dir_opt: Optional[pathlib.Path] = typer.Option(None, "--state-dir", help=_STATE_DIR_HELP),
+    state_dir_opt: Optional[pathlib.Path] = path_option(None, "--state-dir", help=_STATE_DIR_HELP),
 ) -> None:
     """Per-GPU revocation by a cluster scheduler: the worker on that GPU commits and exits.
 
@@ -1915,7 +1916,7 @@ def revoke(
 def add_gpu(
     gpu: list[int] = typer.Option(..., "--gpu", help="GPU index newly granted to Spotlight (repeatable)."),
     node_id: str = typer.Option(..., "--node-id", help="Node id of the local agent."),
-    state_dir_opt: Optional[pathlib.Path] = typer.Option(None, "--state-dir", help=_STATE_DIR_HELP),
+    state_dir_opt: Optional[pathlib.Path] = path_option(None, "--state-dir", help=_STATE_DIR_HELP),
 ) -> None:
     """A GPU was (re)granted to this node: start a Rollout Worker on it."""
     if (bad := gpu_ids_error(gpu)) is not None:
@@ -1926,7 +1927,7 @@ def add_gpu(
 @app.command("agent-status")
 def agent_status(
     node_id: str = typer.Option(..., "--node-id", help="Node id of the local agent."),
-    state_dir_opt: Optional[pathlib.Path] = typer.Option(None, "--state-dir", help=_STATE_DIR_HELP),
+    state_dir_opt: Optional[pathlib.Path] = path_option(None, "--state-dir", help=_STATE_DIR_HELP),
 ) -> None:
     """Print the local agent's GPUs, workers, SP groups, in-flight requests and detector health (JSON)."""
     typer.echo(json.dumps(_control(node_id, {"cmd": "status"}, state_dir_opt=state_dir_opt), indent=2))

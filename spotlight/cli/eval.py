@@ -15,6 +15,7 @@ from rich.table import Table
 from spotlight.cli.messages import print_error
 from spotlight.cli.progress import working
 from spotlight.errors import SpotlightError
+from spotlight.util.cli_paths import path_option
 from spotlight.util.disk import unwritable_dir
 
 EVAL_HELP = (
@@ -28,24 +29,24 @@ EVAL_HELP = (
 def register(app: typer.Typer) -> None:
     @app.command("eval", help=EVAL_HELP)
     def eval_(
-        run_dir: Optional[pathlib.Path] = typer.Option(
+        run_dir: Optional[pathlib.Path] = path_option(
             None,
             "--run-dir",
             help="A finished run: evaluates its base model and its final/ weights with the run's config.",
         ),
-        config: Optional[pathlib.Path] = typer.Option(
+        config: Optional[pathlib.Path] = path_option(
             None,
             "--config",
             help="Without --run-dir: evaluate this config's base model only (default: the embedded default).",
         ),
-        weights: Optional[pathlib.Path] = typer.Option(
+        weights: Optional[pathlib.Path] = path_option(
             None, "--weights", help="Also evaluate these weights (a final/ folder) against the base model."
         ),
-        prompts: Optional[pathlib.Path] = typer.Option(
+        prompts: Optional[pathlib.Path] = path_option(
             None, "--prompts", help="Prompt file (default: the shapes task's held-out test.jsonl)."
         ),
         num_seeds: int = typer.Option(8, "--num-seeds", min=1, help="Samples per prompt."),
-        out: Optional[pathlib.Path] = typer.Option(
+        out: Optional[pathlib.Path] = path_option(
             None,
             "--out",
             help="Where to write eval.json and eval_grid.png (default: the run directory, or a new "

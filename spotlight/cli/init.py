@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from spotlight.config import EXAMPLES_DIR, SpotlightConfig
+from spotlight.util.cli_paths import nonempty_path_text, path_option
 
 console = Console(emoji=False, soft_wrap=True, stderr=True)
 
@@ -136,7 +137,11 @@ def register(app: typer.Typer) -> None:
             help=f"{', '.join(FAMILY_EXAMPLES)} (shapes: the CPU default; tiny = shapes).",
         ),
         pretrained_path: Optional[str] = typer.Option(
-            None, "--pretrained-path", metavar="DIR", help="Local checkpoint folder (model.pretrained_path)."
+            None,
+            "--pretrained-path",
+            metavar="DIR",
+            parser=nonempty_path_text,
+            help="Local checkpoint folder (model.pretrained_path).",
         ),
         train_gpus: Optional[int] = typer.Option(
             None, "--train-gpus", min=1, metavar="N", help="Training GPUs (train.num_train_workers)."
@@ -158,7 +163,7 @@ def register(app: typer.Typer) -> None:
             metavar="N",
             help="GPUs per spot node (header; default 1).",
         ),
-        out: Optional[pathlib.Path] = typer.Option(
+        out: Optional[pathlib.Path] = path_option(
             None, "--out", "-o", metavar="FILE", help="Write here, not to stdout."
         ),
         try_out: bool = typer.Option(

@@ -15,6 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from spotlight.cli.messages import WARNING, print_error
+from spotlight.util.cli_paths import path_argument
 
 keys_app = typer.Typer(
     help="Create, list and revoke control-plane keys (ZeroMQ CURVE; README 'Security model').",
@@ -35,7 +36,7 @@ def _fail(exc: Exception) -> None:
 
 @keys_app.command("init")
 def init(
-    directory: pathlib.Path = typer.Argument(
+    directory: pathlib.Path = path_argument(
         ..., help="Keys directory to create (mode 0700), e.g. /etc/spotlight/keys."
     ),
 ) -> None:
@@ -59,7 +60,7 @@ def init(
 
 @keys_app.command("add")
 def add(
-    directory: pathlib.Path = typer.Argument(..., help="The coordinator's keys directory."),
+    directory: pathlib.Path = path_argument(..., help="The coordinator's keys directory."),
     role: str = typer.Argument(
         ..., help="agent (spot node), reserved (the reserved node's rollout agent), status (read-only), trainer."
     ),
@@ -81,7 +82,7 @@ def add(
 
 
 @keys_app.command("list")
-def list_(directory: pathlib.Path = typer.Argument(..., help="The coordinator's keys directory.")) -> None:
+def list_(directory: pathlib.Path = path_argument(..., help="The coordinator's keys directory.")) -> None:
     """List allow-listed clients (role, name, public key, whether the secret is still here).
 
     A file in clients/ that is no client key is listed as unreadable and warned about on stderr."""
@@ -135,7 +136,7 @@ def _warn_server_key(problem: str | None) -> None:
 
 @keys_app.command("revoke")
 def revoke(
-    directory: pathlib.Path = typer.Argument(..., help="The coordinator's keys directory."),
+    directory: pathlib.Path = path_argument(..., help="The coordinator's keys directory."),
     principal: str = typer.Argument(..., help="<role>.<name> to remove from the allow-list."),
 ) -> None:
     """Remove a client from the allow-list: new connections with that key are refused."""

@@ -18,6 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from spotlight.cli.messages import print_error
+from spotlight.util.cli_paths import path_argument
 
 PLAN_HELP = (
     "Memory per trainer and rollout GPU, host memory and disk of a config; with cluster.gpu_memory_gib, "
@@ -28,7 +29,7 @@ PLAN_HELP = (
 
 def plan_table(plan, title: str) -> Table:
     """The rich table of ``plan`` (a :class:`~spotlight.core.memory_plan.MemoryPlan`)."""
-    from spotlight.core.memory_plan import MemoryPlan, gib
+    from spotlight.core.memory_plan import MemoryPlan, gib_as_given
 
     unit, scale = table_unit(plan)
     table = Table(title=title, show_lines=False)
@@ -46,7 +47,7 @@ def plan_table(plan, title: str) -> Table:
             table.add_row(where if i == 0 else "", line.name, f"{line.bytes / scale:.2f}", escape(line.formula))
         total = MemoryPlan.total(lines)
         over = where.endswith("GPU") and limit is not None and total > limit
-        mark = f"[red](over {gib(limit)})[/red]" if over else ""
+        mark = f"[red](over {gib_as_given(limit)} GiB)[/red]" if over else ""
         table.add_row("", "[bold]total[/bold]", f"[bold]{total / scale:.2f}[/bold]", mark, end_section=True)
     return table
 
@@ -157,7 +158,7 @@ def make_plan(cfg, preset: str | None = None, device: str = "cuda"):
 def register(app: typer.Typer) -> None:
     @app.command("plan", help=PLAN_HELP)
     def plan(
-        config: Optional[pathlib.Path] = typer.Argument(None, help="Config file (default: the embedded default)."),
+        config: Optional[pathlib.Path] = path_argument(None, help="Config file (default: the embedded default)."),
         preset: Optional[str] = typer.Option(
             None,
             "--preset",
@@ -174,7 +175,7 @@ def register(app: typer.Typer) -> None:
         import sys
 
         from spotlight.config import load_config
-        from spotlight.core.memory_plan import gib
+        from spotlight.core.memory_plan import gib_as_given
         from spotlight.errors import SpotlightError, plural
 
         console = Console(emoji=False, soft_wrap=True, width=None if sys.stdout.isatty() else 150)
@@ -213,7 +214,7 @@ def register(app: typer.Typer) -> None:
         for line in problems:
             print_error(f"[red]does not fit:[/red] {escape(line)}", highlight=False)
         if not problems and result.gpu_limit_bytes is not None and not as_json:
-            console.print(f"fits: every GPU within {gib(result.gpu_limit_bytes)}")
+            console.print(f"fits: every GPU within {gib_as_given(result.gpu_limit_bytes)} GiB")
         if not as_json:
             for line in notes:
                 console.print(f"note: {escape(line)}", highlight=False)

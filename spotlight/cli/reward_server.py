@@ -14,6 +14,7 @@ import typer
 
 from spotlight.cli.messages import print_error
 from spotlight.cli.progress import working
+from spotlight.util.cli_paths import path_option
 
 
 def register(app: "typer.Typer") -> None:
@@ -36,13 +37,13 @@ def register(app: "typer.Typer") -> None:
         ] = [],  # noqa: B006 - typer needs a list default
         clip_path: Annotated[
             Optional[pathlib.Path],
-            typer.Option(
+            path_option(
                 "--clip-path", help="Local CLIPModel directory for clip/pickscore (e.g. a PickScore_v1 download)."
             ),
         ] = None,
         clip_processor_path: Annotated[
             Optional[pathlib.Path],
-            typer.Option(
+            path_option(
                 "--clip-processor-path",
                 help="Processor (image processor + tokenizer) directory when it is not --clip-path "
                 "(PickScore_v1 uses the processor of LAION's CLIP ViT-H-14 laion2B model).",
@@ -50,7 +51,7 @@ def register(app: "typer.Typer") -> None:
         ] = None,
         detector_path: Annotated[
             Optional[pathlib.Path],
-            typer.Option(
+            path_option(
                 "--detector-path",
                 help="Local transformers object detector (COCO class names, e.g. DETR) for the geneval "
                 "scorers; colours are classified with --clip-path.",
@@ -58,7 +59,7 @@ def register(app: "typer.Typer") -> None:
         ] = None,
         geneval_metadata: Annotated[
             list[pathlib.Path],
-            typer.Option(
+            path_option(
                 "--geneval-metadata",
                 help="GenEval records (tag, include, exclude) per prompt, a JSONL file; repeatable "
                 "(the README names the shipped ones).",
@@ -66,14 +67,14 @@ def register(app: "typer.Typer") -> None:
         ] = [],  # noqa: B006 - typer needs a list default
         aesthetic_head: Annotated[
             Optional[pathlib.Path],
-            typer.Option(
+            path_option(
                 "--aesthetic-head",
                 help="Weights of the LAION aesthetic predictor head (.pth or .safetensors).",
             ),
         ] = None,
         aesthetic_clip_path: Annotated[
             Optional[pathlib.Path],
-            typer.Option("--aesthetic-clip-path", help="CLIP ViT-L/14 directory for aesthetic (default: --clip-path)."),
+            path_option("--aesthetic-clip-path", help="CLIP ViT-L/14 directory for aesthetic (default: --clip-path)."),
         ] = None,
         device: Annotated[
             Optional[str], typer.Option(help="Torch device for CLIP (default: cuda if available).")

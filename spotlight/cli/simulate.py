@@ -14,19 +14,20 @@ from rich.table import Table
 
 from spotlight.cli.messages import print_error
 from spotlight.cli.progress import working
+from spotlight.util.cli_paths import path_option
 
 
 def register(app: typer.Typer) -> None:
     @app.command()
     def simulate(
-        trace: Optional[pathlib.Path] = typer.Option(
+        trace: Optional[pathlib.Path] = path_option(
             None,
             "--trace",
             help="Spot trace (any format --trace of `spotlight up` reads, e.g. the Bamboo p3-trace.csv in "
             "examples/traces/bamboo/); replayed whole, looped forward/backward when the job outlasts it. "
             "Without it: a static spot pool.",
         ),
-        profile: Optional[pathlib.Path] = typer.Option(
+        profile: Optional[pathlib.Path] = path_option(
             None,
             "--profile",
             help="Simulation profile TOML (default: the shipped Qwen-Image 20B / H100 profile, "
@@ -66,7 +67,7 @@ def register(app: typer.Typer) -> None:
             min=1,
             help="Cap on planned + streamed exploration candidates per prompt (large = uncapped, paper §6.6).",
         ),
-        out: pathlib.Path = typer.Option(
+        out: pathlib.Path = path_option(
             pathlib.Path("runs/simulate"), "--out", help="Directory for simulate.json and simulate.png."
         ),
         as_json: bool = typer.Option(False, "--json", help="Print the results as JSON instead of a table."),

@@ -32,6 +32,8 @@ from spotlight.cli.up_preflight import (
     preflight,
     resolve_options,
 )
+from spotlight.util.atomic_file import write_text_atomic
+from spotlight.util.cli_paths import path_option
 
 console = Console(emoji=False, soft_wrap=True)
 
@@ -156,8 +158,8 @@ def register(app: typer.Typer) -> None:
         agents: Optional[int] = typer.Option(None, "--agents", min=0, help=HELP["agents"]),
         gpus_per_agent: int = typer.Option(1, "--gpus-per-agent", min=1, help=HELP["gpus_per_agent"]),
         iterations: Optional[int] = typer.Option(None, "--iterations", min=1, help=HELP["iterations"]),
-        config: Optional[pathlib.Path] = typer.Option(None, "--config", help=HELP["config"]),
-        run_dir: Optional[pathlib.Path] = typer.Option(None, "--run-dir", help=HELP["run_dir"]),
+        config: Optional[pathlib.Path] = path_option(None, "--config", help=HELP["config"]),
+        run_dir: Optional[pathlib.Path] = path_option(None, "--run-dir", help=HELP["run_dir"]),
         reserved: str = typer.Option(DEFAULT_RESERVED, "--reserved", help=HELP["reserved"]),
         timeout_s: Optional[float] = typer.Option(None, "--timeout-s", help=HELP["timeout_s"]),
         log_level: str = typer.Option("WARNING", "--log-level", help=HELP["log_level"]),
@@ -165,7 +167,7 @@ def register(app: typer.Typer) -> None:
         tracker: Optional[list[str]] = typer.Option(None, "--tracker", help=HELP["tracker"]),
         mock_cloud: str = typer.Option("none", "--mock-cloud", help=HELP["mock_cloud"]),
         grace_s: float = typer.Option(20.0, "--grace-s", help=HELP["grace_s"]),
-        trace: Optional[pathlib.Path] = typer.Option(None, "--trace", help=HELP["trace"]),
+        trace: Optional[pathlib.Path] = path_option(None, "--trace", help=HELP["trace"]),
         time_scale: Optional[float] = typer.Option(None, "--time-scale", min=0.01, help=HELP["time_scale"]),
         trace_start_s: float = typer.Option(3000.0, "--trace-start-s", min=0.0, help=HELP["trace_start_s"]),
         trace_duration_s: float = typer.Option(1800.0, "--trace-duration-s", min=1.0, help=HELP["trace_duration_s"]),
@@ -178,8 +180,8 @@ def register(app: typer.Typer) -> None:
         cycle_iteration_s: Optional[float] = typer.Option(None, "--cycle-iteration-s", help=HELP["cycle_iteration_s"]),
         uncapped_exploration: bool = typer.Option(False, "--uncapped-exploration", help=HELP["uncapped_exploration"]),
         spot_nice: int = typer.Option(5, "--spot-nice", min=0, max=19, help=HELP["spot_nice"]),
-        keys: Optional[pathlib.Path] = typer.Option(None, "--keys", envvar="SPOTLIGHT_KEYS", help=HELP["keys"]),
-        resume: Optional[pathlib.Path] = typer.Option(None, "--resume", help=HELP["resume"]),
+        keys: Optional[pathlib.Path] = path_option(None, "--keys", envvar="SPOTLIGHT_KEYS", help=HELP["keys"]),
+        resume: Optional[pathlib.Path] = path_option(None, "--resume", help=HELP["resume"]),
         mode: Optional[str] = typer.Option(None, "--mode", help=HELP["mode"]),
         resume_existing: bool = typer.Option(False, "--resume-existing", help=HELP["resume_existing"]),
         external_trainers: bool = typer.Option(False, "--external-trainers", help=HELP["external_trainers"]),
@@ -710,7 +712,7 @@ def _record_prompts(rd: pathlib.Path, prompt_set, token_counts: list[int] | None
         )
     if message:
         print_error(f"[yellow]warning:[/yellow] {escape(message)}")
-    path.write_text(json.dumps(record, indent=1) + "\n")
+    write_text_atomic(path, json.dumps(record, indent=1) + "\n")
 
 
 LOCAL_KEYS = (("agent", "local"), ("reserved", "local"), ("status", "local"))

@@ -152,12 +152,32 @@ class MemoryPlan:
             need = self.total(lines)
             if kind in kinds and need > self.gpu_limit_bytes:
                 parts = ", ".join(f"{line.name} {size_text(line.bytes)}" for line in lines if line.bytes)
-                limit = float(f"{self.gpu_limit_bytes / GIB:g}")  # as the line shows it
+                given = gib_as_given(self.gpu_limit_bytes, min_places=0)
+                limit = float(given)  # as the line shows it
                 digits = 1  # as many as it takes for the need not to read as the limit (1.07 vs 1)
                 while round(need / GIB, digits) <= limit and digits < 6:
                     digits += 1
-                out.append(f"a {kind} needs {need / GIB:.{digits}f} GiB but {limit_source} = {limit:g} ({parts})")
+                out.append(f"a {kind} needs {need / GIB:.{digits}f} GiB but {limit_source} = {given} ({parts})")
         return out
+
+
+def gib_places(limit_bytes: int) -> int:
+    """The fewest decimal places of a GPU size of ``limit_bytes`` as the user gave it.
+
+    A plan holds ``--gpu-memory-gib`` / ``cluster.gpu_memory_gib`` as ``int(x · 2³⁰)`` bytes
+    (:func:`plan_memory`), whose GiB are not ``x`` again: 0.001 gives 1073741 bytes, 0.000999999
+    GiB at six digits. ``x`` rounded to these places gives the same bytes, so the size reads as
+    it was written (0.001, 79.99, 80)."""
+    for places in range(13):
+        if int(round(limit_bytes / GIB, places) * GIB) == limit_bytes:
+            return places
+    return 12
+
+
+def gib_as_given(limit_bytes: int, *, min_places: int = 1) -> str:
+    """A GPU size of ``limit_bytes`` in GiB as the user gave it (:func:`gib_places`), with at
+    least ``min_places`` decimals: ``80.0``, ``79.99``, ``0.001``."""
+    return f"{limit_bytes / GIB:.{max(gib_places(limit_bytes), min_places)}f}"
 
 
 def gib(n: int | float) -> str:
