@@ -24,6 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from spotlight.cli.messages import ERROR, WARNING, print_error
+from spotlight.util.cli_paths import path_argument, path_option
 
 SPARK = "▁▂▃▄▅▆▇█"
 EVENT_ROWS = 15
@@ -470,13 +471,13 @@ STATUS_HELP = (
 def register(app: typer.Typer) -> None:
     @app.command(help=STATUS_HELP)
     def status(
-        run_dir_arg: Optional[pathlib.Path] = typer.Argument(
+        run_dir_arg: Optional[pathlib.Path] = path_argument(
             None, metavar="RUN_DIR", help="Run directory (same as --run-dir)."
         ),
         coordinator: Optional[str] = typer.Option(
             None, "--coordinator", "-c", help="Coordinator endpoint tcp://HOST:PORT (default: read from --run-dir)."
         ),
-        run_dir: Optional[pathlib.Path] = typer.Option(
+        run_dir: Optional[pathlib.Path] = path_option(
             None,
             "--run-dir",
             help="Run directory (its coordinator.json names the endpoint; a finished run is shown from its "
@@ -486,7 +487,7 @@ def register(app: typer.Typer) -> None:
         watch: bool = typer.Option(False, "--watch", "-w", help="Refresh continuously (live TUI); Ctrl-C exits."),
         as_json: bool = typer.Option(False, "--json", help="Print the raw snapshot as JSON."),
         interval_s: float = typer.Option(1.0, "--interval-s", min=0.1, help="Refresh period with --watch."),
-        keys: Optional[pathlib.Path] = typer.Option(
+        keys: Optional[pathlib.Path] = path_option(
             None,
             "--keys",
             envvar="SPOTLIGHT_KEYS",
