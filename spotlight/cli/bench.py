@@ -126,15 +126,41 @@ def out_problem(out_dir: pathlib.Path) -> Optional[str]:
     return None
 
 
-def rho_text(mean: float, std: float, num_valid: int, num_groups: int) -> str:
-    """A Spearman ρ as the output says it: ``mean ± std``, or why there is none (every prompt
-    group's rewards tied under a version, so no rank correlation exists), with the groups left
-    out for tied rewards."""
-    if num_valid == 0:
-        return f"undefined: the rewards tied within each of the {num_groups} prompt groups under a version"
-    left = num_groups - num_valid
-    note = f", {left} left out: rewards tied" if left else ""
-    return f"{mean:.3f} ± {std:.3f} ({num_valid} of {num_groups} prompt groups{note})"
+def holds_no_setting(raw: bytes) -> bool:
+    """Whether the TOML text ``raw`` sets nothing: no bytes, or only whitespace and comments
+    (text that is not UTF-8 or not TOML is :func:`spotlight.config.load_config`'s to refuse). Pure."""
+    import tomllib
+
+    try:
+        return not tomllib.loads(raw.decode("utf-8-sig"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return False
+
+
+def load_run_config(path: pathlib.Path):
+    """A run directory's ``config.toml``, refused when it sets nothing. The coordinator writes a
+    run's config in full when the run starts (``dump_config``), so an empty one is damage, not
+    a config that keeps every default: :func:`spotlight.config.load_config` would merge it on
+    the embedded default and the study would silently run another model.
+
+    Raises:
+        ConfigError: one line: the file is empty, or as :func:`spotlight.config.load_config` says.
+    """
+    from spotlight.config import ConfigError, load_config
+
+    if path.is_file():
+        try:
+            raw = path.read_bytes()
+        except OSError:
+            raw = None  # load_config says why it cannot be read
+        if raw is not None and holds_no_setting(raw):
+            what = "0 bytes" if not raw else "no setting, only whitespace or comments"
+            raise ConfigError(
+                f"{path} is empty ({what}): a run's config.toml holds every setting (written in full when the "
+                "run starts), so this one was damaged; restore it (e.g. the config the run was started with) "
+                "rather than study the embedded default model"
+            )
+    return load_config(path)
 
 
 def spread_indices(n_total: int, n: int) -> list[int]:
@@ -175,9 +201,14 @@ def stale_ranking(
     console = Console(emoji=False, soft_wrap=True)
     from spotlight.cli.eval import reward_problem
     from spotlight.cli.up import _cache_dir, load_prompts
-    from spotlight.config import load_config
     from spotlight.errors import SpotlightError
-    from spotlight.util.weights_file import check_safetensors, load_safetensors
+    from spotlight.studies.profiling import version_layout
+    from spotlight.util.weights_file import (
+        check_loaded_version,
+        check_safetensors,
+        check_weight_version,
+        load_safetensors,
+    )
 
     out_dir = out or (run_dir / "bench")
     try:  # every input checked before the prompts are encoded and minutes are spent sampling
@@ -185,7 +216,7 @@ def stale_ranking(
             raise ValueError(f"{run_dir} is a file, not a run directory")
         if not run_dir.is_dir():
             raise ValueError(f"run directory not found: {run_dir}")
-        cfg = load_config(run_dir / "config.toml")
+        cfg = load_run_config(run_dir / "config.toml")
         found = available_versions(run_dir)
         vers, pair_idx = choose_pairs(list(found), pairs, versions)
         for v in vers:
@@ -194,6 +225,9 @@ def stale_ranking(
         from spotlight.models.families import get_family
 
         get_family(cfg.model).check()  # the run's checkpoint must still be where its config says
+        layout = version_layout(cfg)  # another model size or LoRA rank: one line, not a size-mismatch traceback
+        for v in vers:
+            check_weight_version(found[v], layout)
         problem = out_problem(out_dir)
         if problem:
             option = "--out" if out is not None else "the default --out"
@@ -213,10 +247,12 @@ def stale_ranking(
     torch.set_num_threads(max(1, threads or cfg.cluster.torch_threads))
     from spotlight.models.families import cached_conditioning, get_family
     from spotlight.rewards.reward_fn import RewardError
-    from spotlight.studies.stale_ranking import plot_heatmap, run_stale_ranking
+    from spotlight.studies.stale_ranking import plot_heatmap, rho_text, run_stale_ranking
 
     try:
         weights = [load_safetensors(found[v]) for v in vers]  # a file may change after its check
+        for v, sd in zip(vers, weights):
+            check_loaded_version(sd, layout, found[v])
     except SpotlightError as exc:
         print_error(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2)

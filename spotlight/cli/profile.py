@@ -96,7 +96,8 @@ def _inputs(
 
     Raises:
         typer.Exit: 2 with one line: a bad list, an output path that cannot be written, weights
-            that are not a readable safetensors file, a bad config or prompt file, more
+            that are not a readable safetensors file or no weight version of the config's
+            transformer (another model size, LoRA rank), a bad config or prompt file, more
             ``--num-prompts`` than the prompt file has, a checkpoint that is missing, or prompts
             the reward cannot score or a reward service that does not answer.
     """
@@ -120,6 +121,8 @@ def _inputs(
         from spotlight.models.families import get_family
 
         get_family(cfg.model).check()  # a missing or incomplete checkpoint: one line, before any work
+        if weights is not None:  # another model size or LoRA rank: one line, not a size-mismatch traceback
+            check_weights(weights, cfg)
         from spotlight.cli.eval import reward_problem
 
         # prompts the reward cannot score, a reward service that does not answer: before any encoding
@@ -208,28 +211,43 @@ def profile_path(out: Optional[pathlib.Path], run_dir: Optional[pathlib.Path]) -
     return path
 
 
-def check_weights(weights: pathlib.Path) -> None:
-    """``--weights`` names a readable safetensors file holding tensors (only its header is read).
+def check_weights(weights: pathlib.Path, cfg=None) -> None:
+    """``--weights`` names a readable safetensors file holding tensors (only its header is read)
+    and, given the run config ``cfg``, a weight version of its transformer: the whole transformer,
+    or its LoRA adapter in a LoRA run, with the names and shapes the model has
+    (:func:`spotlight.studies.profiling.version_layout`).
 
     Raises:
         ValueError: one line naming ``--weights``, the path and why not
-            (:func:`spotlight.util.weights_file.check_safetensors`).
+            (:func:`spotlight.util.weights_file.check_safetensors`,
+            :func:`~spotlight.util.weights_file.check_weight_version`).
+        SpotlightError: the config's transformer cannot be built to compare with.
     """
-    from spotlight.util.weights_file import check_safetensors
+    from spotlight.util.weights_file import check_safetensors, check_weight_version
 
     check_safetensors(weights, option="--weights")
+    if cfg is not None:
+        from spotlight.studies.profiling import version_layout
+
+        check_weight_version(weights, version_layout(cfg), option="--weights")
 
 
-def load_weights(weights: pathlib.Path) -> dict:
-    """The tensors of the safetensors file ``weights``.
+def load_weights(weights: pathlib.Path, cfg=None) -> dict:
+    """The tensors of the safetensors file ``weights`` (checked again, given the run config
+    ``cfg``, against its transformer: the file may have changed since :func:`check_weights`).
 
     Raises:
-        typer.Exit: 2 with one line when the file cannot be read (it changed since it was checked).
+        typer.Exit: 2 with one line when the file cannot be read or does not fit the transformer.
     """
-    from spotlight.util.weights_file import WeightsFileError, load_safetensors
+    from spotlight.util.weights_file import WeightsFileError, check_loaded_version, load_safetensors
 
     try:
-        return load_safetensors(weights, option="--weights")
+        sd = load_safetensors(weights, option="--weights")
+        if cfg is not None:
+            from spotlight.studies.profiling import version_layout
+
+            check_loaded_version(sd, version_layout(cfg), weights, option="--weights")
+        return sd
     except WeightsFileError as exc:
         print_error(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
@@ -251,7 +269,7 @@ def _measure(cfg, prompts, weights, ths, degrees, num_prompts: int, num_seeds: i
     torch.set_num_threads(max(1, cfg.cluster.torch_threads))
     with working(console, f"encoding prompts ({cfg.model.family} text encoder, cached after the first run)…"):
         cond = cached_conditioning(get_family(cfg.model), prompts, _cache_dir())
-    sd = load_weights(weights) if weights is not None else None
+    sd = load_weights(weights, cfg) if weights is not None else None
     try:
         return run_profile(
             cfg,

@@ -204,6 +204,68 @@ def initial_version(cfg: SpotlightConfig, text_dim: int = 384) -> dict:
     return initial_adapter_state(model, spec, seed=cfg.model.init_seed)
 
 
+def version_layout(cfg: SpotlightConfig, text_dim: int | None = None):
+    """The tensors a weight version of a run of ``cfg`` holds (what its Train Worker publishes and
+    its Rollout Workers load, docs/architecture.md §7): every state-dict name and shape of the
+    family's transformer (with the LoRA adapter of ``cfg.train`` where it has one), built from
+    its config with every parameter on ``meta`` (no weights load, no memory), as an SP group
+    checks a version it is handed.
+
+    Args:
+        text_dim: width of the tiny family's text embeddings (None: its text encoder's).
+
+    Returns:
+        :class:`spotlight.util.weights_file.VersionLayout`.
+
+    Raises:
+        ModelLoadError: the checkpoint's transformer config cannot be read.
+        SpotlightError: the LoRA target modules match nothing.
+    """
+    from spotlight.models.families import get_family
+    from spotlight.models.lora import add_lora, lora_spec
+    from spotlight.util.weights_file import VersionLayout
+
+    family = get_family(cfg.model, text_dim=text_dim)
+    model = family.build_empty_transformer()
+    spec = lora_spec(cfg.train)
+    if spec:
+        add_lora(model, spec, family.default_lora_targets, seed=cfg.model.init_seed)
+    shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    cls = family.transformer_class
+    if spec:
+        return VersionLayout(
+            shapes=shapes,
+            required=frozenset(n for n in shapes if "lora_" in n),
+            what=f"LoRA adapter (rank {spec['rank']}) of {cls}",
+            hint=f"an adapter of another rank or model? this run has train.lora_rank = {spec['rank']}",
+        )
+    return VersionLayout(
+        shapes=shapes,
+        required=frozenset(shapes),
+        what=f"{cls} transformer (full fine-tuning)",
+        hint="weights of another model size? the run's [model] section sets its shapes",
+    )
+
+
+def check_versions(
+    cfg: SpotlightConfig, weights: Sequence[dict], labels: Sequence, text_dim: int | None = None
+) -> None:
+    """Every one of ``weights`` is a weight version of the run's transformer
+    (:func:`version_layout`), checked before any model is built or sampled.
+
+    Raises:
+        WeightVersionError: one line naming the version (``labels``) and why it does not fit.
+    """
+    from spotlight.models.lora import WeightVersionError
+    from spotlight.util.weights_file import version_problem
+
+    layout = version_layout(cfg, text_dim)
+    for label, sd in zip(labels, weights):
+        problem = version_problem({n: tuple(t.shape) for n, t in sd.items()}, layout)
+        if problem:
+            raise WeightVersionError(f"{label}: {problem}")
+
+
 def _sp_member(
     rank: int,
     world: int,
@@ -513,11 +575,17 @@ def run_profile(
 
     Returns:
         The JSON-able profile dict.
+
+    Raises:
+        WeightVersionError: ``state_dict`` is no weight version of the run's transformer
+            (:func:`check_versions`).
     """
     from spotlight.config import STEP_CACHE_FAMILIES
 
     if state_dict is None:
         state_dict = initial_version(cfg, cond.embeds.shape[-1])
+    else:  # weights of another model size or LoRA rank: one line, not torch's size-mismatch traceback
+        check_versions(cfg, [state_dict], ["the profiled weights"], cond.embeds.shape[-1])
     if cfg.model.family not in STEP_CACHE_FAMILIES and any(t > 0 for t in thresholds):
         progress(f"{cfg.model.family}: no First Block Cache, so only the full rollout is profiled")
         thresholds = []

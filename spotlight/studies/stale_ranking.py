@@ -90,6 +90,17 @@ def selection_overlap(rewards_a, rewards_b, seeds, group_size: int) -> float:
     return float(np.mean(fracs)) if fracs else float("nan")
 
 
+def rho_text(mean: float, std: float, num_valid: int, num_groups: int) -> str:
+    """A Spearman ρ as the output says it: ``mean ± std``, or why there is none (every prompt
+    group's rewards tied under a version, so no rank correlation exists), with the groups left
+    out for tied rewards. Pure; never ``nan``."""
+    if num_valid == 0:
+        return f"undefined: the rewards tied within each of the {num_groups} prompt groups under a version"
+    left = num_groups - num_valid
+    note = f", {left} left out: rewards tied" if left else ""
+    return f"{mean:.3f} ± {std:.3f} ({num_valid} of {num_groups} prompt groups{note})"
+
+
 def _finite_stats(values) -> tuple[float, float, int]:
     v = np.asarray([x for x in np.asarray(values, dtype=np.float64).ravel() if math.isfinite(x)])
     if v.size == 0:
@@ -167,7 +178,8 @@ def run_stale_ranking(
             adapters in a LoRA run (over the checkpoint's frozen base).
         prompt_indices: rows of ``embeds`` to use (P prompt groups).
         num_seeds: seeds per prompt group (S); the same seeds for every version.
-        progress: called with one line per generated version.
+        progress: called with one line per generated version and one per pair (its ρ in words
+            where every group's rewards tied: :func:`rho_text`).
         versions: labels of ``weights`` (default ``0, 1, …``), reported in the result.
         pairs: ``(stale, updated)`` indices into ``weights`` (default: each adjacent pair).
             Each version is generated once and reused by every pair it belongs to.
@@ -177,10 +189,14 @@ def run_stale_ranking(
         ``rho_per_prompt``, ``near_diagonal_frac``, ``selection_overlap``, ``heatmap``),
         ``overall`` (ρ mean/std over every prompt of every pair) and the pooled
         ``heatmap``.
+
+    Raises:
+        WeightVersionError: one of ``weights`` is no weight version of the run's transformer
+            (another model size, LoRA rank, or no name of it), before anything is sampled.
     """
     from spotlight.models.lora import lora_spec
     from spotlight.rewards.reward_fn import RewardFn
-    from spotlight.studies.profiling import profile_device
+    from spotlight.studies.profiling import check_versions, profile_device
     from spotlight.workers.rollout.worker import RolloutExecutor
 
     if len(weights) < 2:
@@ -193,6 +209,8 @@ def run_stale_ranking(
     pair_idx = list(pairs) if pairs is not None else [(i, i + 1) for i in range(len(weights) - 1)]
     prompt_indices = [int(p) for p in prompt_indices]
     seeds = [[derive_seed(seed_tag, p, k) for k in range(num_seeds)] for p in prompt_indices]
+    # weights of another model size or LoRA rank: one line before any sampling, not torch's traceback
+    check_versions(cfg, weights, [f"weight version v{v}" for v in labels], cond.embeds.shape[-1])
 
     ex = RolloutExecutor(
         cfg.model, cfg.sampler, text_dim=cond.embeds.shape[-1], lora=lora_spec(cfg.train), device=profile_device()
@@ -222,10 +240,8 @@ def run_stale_ranking(
         pooled += heat
         all_rhos += list(rhos)
         rows.append({"stale_version": labels[a], "updated_version": labels[b], **row})
-        progress(
-            f"v{labels[a]} -> v{labels[b]}: Spearman rho {row['rho_mean']:.3f} ± {row['rho_std']:.3f} "
-            f"over {row['num_valid_prompts']} prompts"
-        )
+        rho = rho_text(row["rho_mean"], row["rho_std"], row["num_valid_prompts"], len(prompt_indices))
+        progress(f"v{labels[a]} -> v{labels[b]}: Spearman ρ {rho}")
     mean, std, n = _finite_stats(all_rhos)
     return {
         "num_prompts": len(prompt_indices),

@@ -3,11 +3,20 @@ loads them: one error naming the file and the library's reason (``header too sma
 metadata``) instead of a ``SafetensorError`` traceback, found before minutes of encoding and
 sampling rather than after. ``spotlight profile --weights``, ``spotlight bench stale-ranking``
 (a run's ``tensor_store/weights/v<N>.safetensors``) and ``spotlight eval`` (a run's ``final/``)
-use it."""
+use it.
+
+A readable file can still be the wrong weights: a weight version of another model size, another
+LoRA rank, or of no transformer at all. :func:`check_weight_version` compares its tensor names and
+shapes (the header only) with those of the run's transformer (:class:`VersionLayout`, built
+weightless: :func:`spotlight.studies.profiling.version_layout`), as a Rollout Worker loads a
+version (:func:`spotlight.models.lora.load_version`; docs/architecture.md §7): one line naming the
+file instead of torch's size-mismatch traceback, or a study that silently scores other weights."""
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
+from typing import Mapping
 
 from spotlight.errors import InputError
 
@@ -100,3 +109,114 @@ def check_weights_dir(path: str | pathlib.Path, *, option: str = "") -> None:
         raise WeightsFileError(f"{label}: neither a transformer folder (config.json) nor LoRA weights ({LORA_FILE})")
     for f in sorted(path.glob("*.safetensors")):
         check_safetensors(f)
+
+
+@dataclasses.dataclass(frozen=True)
+class VersionLayout:
+    """The tensors a weight version of a run's transformer may and must hold.
+
+    Attributes:
+        shapes: every state-dict name of the Rollout Worker's transformer (with LoRA: the frozen
+            base's and the adapter's) and its shape; a version may hold no other name.
+        required: the names a version must hold: every one in full fine-tuning, the adapter's
+            (``lora_*``) with LoRA.
+        what: the weights as a refusal names them (``"QwenImageTransformer2DModel transformer"``,
+            ``"LoRA adapter (rank 32) of QwenImageTransformer2DModel"``).
+        hint: the settings that fix these shapes (said after a mismatch).
+    """
+
+    shapes: Mapping[str, tuple[int, ...]]
+    required: frozenset[str]
+    what: str
+    hint: str = ""
+
+
+def _some(names, n: int = 3) -> str:
+    names = sorted(names)
+    more = f" and {len(names) - n} more" if len(names) > n else ""
+    return ", ".join(repr(x) for x in names[:n]) + more
+
+
+def version_problem(found: Mapping[str, tuple[int, ...]], layout: VersionLayout) -> str | None:
+    """Why the tensors ``found`` (name → shape) are not a weight version of ``layout``'s
+    transformer (None: they load); the checks of :func:`spotlight.models.lora.load_version`,
+    whose ``load_state_dict`` would fail with a size-mismatch traceback, in words. Pure.
+
+    In order: no name matches (another model, or a diffusers-format LoRA file: a study would
+    score nothing it was asked to), a tensor of another shape (another model size or LoRA rank),
+    names the transformer lacks, names the version lacks.
+    """
+    found = {n: tuple(s) for n, s in found.items()}
+    hint = f" ({layout.hint})" if layout.hint else ""
+    if not found:
+        return "holds no tensors"
+    if not set(found) & layout.required:
+        return (
+            f"holds no weights of this run's {layout.what}: no tensor name in the file "
+            f"(e.g. {min(found)!r}) is one of the model's (e.g. {min(layout.required)!r})"
+        )
+    wrong = [n for n in sorted(found) if n in layout.shapes and found[n] != tuple(layout.shapes[n])]
+    if wrong:
+        n = wrong[0]
+        return (
+            f"not a weight version of this run's {layout.what}: {len(wrong)} tensors of another shape, "
+            f"e.g. {n!r} is {list(found[n])} in the file but {list(layout.shapes[n])} in the model{hint}"
+        )
+    unknown = [n for n in found if n not in layout.shapes]
+    if unknown:
+        return (
+            f"not a weight version of this run's {layout.what}: {len(unknown)} tensors the model does not have, "
+            f"e.g. {_some(unknown)}{hint}"
+        )
+    missing = layout.required - set(found)
+    if missing:
+        return (
+            f"not a weight version of this run's {layout.what}: lacks {len(missing)} of its "
+            f"{len(layout.required)} tensors, e.g. {_some(missing)}{hint}"
+        )
+    return None
+
+
+def tensor_shapes(path: str | pathlib.Path, *, option: str = "") -> dict[str, tuple[int, ...]]:
+    """Name → shape of every tensor of the safetensors file ``path``, from its header alone
+    (:func:`check_safetensors` first).
+
+    Raises:
+        WeightsFileError: as :func:`check_safetensors` says it.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    check_safetensors(path, option=option)
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+    except (SafetensorError, OSError) as exc:
+        raise WeightsFileError(
+            f"{_label(pathlib.Path(path), option)}: not a readable safetensors file ({_reason(exc)})"
+        ) from None
+
+
+def check_weight_version(path: str | pathlib.Path, layout: VersionLayout, *, option: str = "") -> None:
+    """``path`` is a readable safetensors file holding a weight version of ``layout``'s
+    transformer (:func:`version_problem`; only its header is read).
+
+    Raises:
+        WeightsFileError: one line naming ``option`` and ``path``, and why not.
+    """
+    problem = version_problem(tensor_shapes(path, option=option), layout)
+    if problem:
+        raise WeightsFileError(f"{_label(pathlib.Path(path), option)}: {problem}")
+
+
+def check_loaded_version(
+    state_dict: Mapping, layout: VersionLayout, path: str | pathlib.Path, *, option: str = ""
+) -> None:
+    """:func:`check_weight_version` of tensors already loaded from ``path`` (the file may have
+    changed between its check and its load).
+
+    Raises:
+        WeightsFileError: one line naming ``option`` and ``path``, and why not.
+    """
+    problem = version_problem({n: tuple(t.shape) for n, t in state_dict.items()}, layout)
+    if problem:
+        raise WeightsFileError(f"{_label(pathlib.Path(path), option)}: {problem}")

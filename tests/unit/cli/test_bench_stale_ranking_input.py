@@ -250,3 +250,166 @@ def test_rewards_that_all_tie_say_why_there_is_no_rank_correlation(run, reward_s
     assert "overall Spearman ρ = nan" not in out
     data = json.loads((run / "bench" / "stale_ranking.json").read_text())
     assert data["overall"]["num_valid"] == 0
+
+
+# -- (f) weight versions that are readable but not this run's transformer's -----------------------
+
+
+def _save(path: pathlib.Path, state: dict) -> None:
+    from safetensors.torch import save_file
+
+    save_file({k: t.contiguous() for k, t in state.items()}, str(path))
+
+
+@pytest.mark.parametrize(
+    "model_change, says",
+    [
+        ({"num_attention_heads": 4}, "tensors of another shape"),
+        ({"num_layers": 3}, "tensors the model does not have"),
+        ({"num_layers": 1}, "lacks"),
+    ],
+    ids=["wider", "deeper", "shallower"],
+)
+def test_a_weight_version_of_another_model_size_is_one_line_naming_it(run, no_work, model_change, says):
+    """Was: the prompts encoded, then torch's `RuntimeError: Error(s) in loading state_dict …
+    size mismatch for img_in.weight …` as a Rich traceback (or `WeightVersionError: weight
+    version has 8 unknown keys`), naming no file."""
+    from spotlight.config import ModelConfig
+    from spotlight.models.dit import build_transformer
+    from spotlight.models.text_encoder import TEXT_DIM
+
+    other = ModelConfig(image_size=8, max_text_tokens=8, **model_change)
+    v1 = run / "tensor_store" / "weights" / "v1.safetensors"
+    _save(v1, build_transformer(other, TEXT_DIM, seed=2).state_dict())
+    text = _refused(_bench(run, "--versions", "0,1", "--num-prompts", "1", "--num-seeds", "3"), str(v1), says)
+    assert "not a weight version of this run's QwenImageTransformer2DModel transformer" in text, text
+
+
+def test_a_weight_version_whose_names_match_nothing_is_refused(run, no_work):
+    """Was: `WeightVersionError: weight version has 1 unknown keys` as a traceback after the
+    prompts were encoded; no file named."""
+    import torch
+
+    v1 = run / "tensor_store" / "weights" / "v1.safetensors"
+    _save(v1, {"unet.conv_in.weight": torch.zeros(4, 4)})
+    _refused(_bench(run, "--versions", "0,1", "--num-prompts", "1", "--num-seeds", "3"), str(v1),
+             "holds no weights of this run's", "'unet.conv_in.weight'")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def lora_template(template, tmp_path_factory) -> pathlib.Path:
+    """:func:`template` as a LoRA run (``train.lora_rank = 4``): v0 and v1 are its rank-4 adapters."""
+    import msgspec
+
+    from spotlight.config import dump_config, load_config
+    from spotlight.studies.profiling import initial_version
+
+    run = pathlib.Path(shutil.copytree(template, tmp_path_factory.mktemp("bench-lora") / "run"))
+    cfg = load_config(run / "config.toml")
+    cfg = msgspec.structs.replace(cfg, train=msgspec.structs.replace(cfg.train, lora_rank=4))
+    dump_config(cfg, run / "config.toml")
+    for v in (0, 1):
+        _save(run / "tensor_store" / "weights" / f"v{v}.safetensors", initial_version(cfg))
+    return run
+
+
+@pytest.fixture
+def lora_run(lora_template, tmp_path, monkeypatch) -> pathlib.Path:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return pathlib.Path(shutil.copytree(lora_template, tmp_path / "run"))
+
+
+def _lora_cfg(run: pathlib.Path, rank: int):
+    import msgspec
+
+    from spotlight.config import load_config
+
+    cfg = load_config(run / "config.toml")
+    return msgspec.structs.replace(cfg, train=msgspec.structs.replace(cfg.train, lora_rank=rank))
+
+
+def test_a_lora_version_of_another_rank_is_one_line_naming_it(lora_run, no_work):
+    """Was: torch's `size mismatch for …lora_A.default.weight: copying a param with shape
+    torch.Size([8, 64]) …` as a traceback after the prompts were encoded."""
+    from spotlight.studies.profiling import initial_version
+
+    v1 = lora_run / "tensor_store" / "weights" / "v1.safetensors"
+    _save(v1, initial_version(_lora_cfg(lora_run, 8)))
+    _refused(_bench(lora_run, "--versions", "0,1", "--num-prompts", "1", "--num-seeds", "3"), str(v1),
+             "LoRA adapter (rank 4)", "tensors of another shape", "train.lora_rank = 4")  # fmt: skip
+
+
+def test_full_weights_in_a_lora_run_are_refused(lora_run, template, no_work):
+    v1 = lora_run / "tensor_store" / "weights" / "v1.safetensors"
+    shutil.copy(template / "tensor_store" / "weights" / "v1.safetensors", v1)
+    _refused(_bench(lora_run, "--versions", "0,1", "--num-prompts", "1", "--num-seeds", "3"), str(v1),
+             "holds no weights of this run's LoRA adapter (rank 4)")  # fmt: skip
+
+
+def test_a_diffusers_format_lora_file_is_refused(lora_run, no_work):
+    """A ``final/pytorch_lora_weights.safetensors`` copied in as a version: its names
+    (``transformer.….lora_A.weight``) are none of the model's."""
+    from spotlight.studies.profiling import initial_version
+
+    adapter = initial_version(_lora_cfg(lora_run, 4))
+    v1 = lora_run / "tensor_store" / "weights" / "v1.safetensors"
+    _save(v1, {"transformer." + k.replace(".default", ""): t for k, t in adapter.items()})
+    _refused(_bench(lora_run, "--versions", "0,1", "--num-prompts", "1", "--num-seeds", "3"), str(v1),
+             "holds no weights")  # fmt: skip
+
+
+def test_a_lora_run_with_its_own_adapters_is_accepted_by_the_checks(lora_run, monkeypatch):
+    """The checks pass the adapters a LoRA run publishes: the study itself is reached."""
+    from spotlight.studies import stale_ranking
+
+    reached = []
+
+    def stop(*args, **kwargs):
+        reached.append(True)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(stale_ranking, "run_stale_ranking", stop)
+    res = _bench(lora_run, "--versions", "0,1", "--num-prompts", "1", "--num-seeds", "3")
+    assert reached, (res.exit_code, res.output, res.exception)
+
+
+def test_a_version_replaced_between_its_check_and_its_load_is_one_line(run, monkeypatch):
+    """The file checked fine, then changed before it was loaded: one line naming it, exit 2."""
+    import torch
+
+    from spotlight.studies import stale_ranking
+    from spotlight.util import weights_file
+
+    wrong = {"unet.conv_in.weight": torch.zeros(2)}
+    monkeypatch.setattr(weights_file, "load_safetensors", lambda path, **kw: wrong)
+
+    monkeypatch.setattr(stale_ranking, "run_stale_ranking", lambda *a, **k: pytest.fail("sampled"))
+    _refused(_bench(run, "--versions", "0,1", "--num-prompts", "1", "--num-seeds", "3"),
+             str(run / "tensor_store" / "weights" / "v0.safetensors"), "holds no weights")  # fmt: skip
+
+
+# -- (g) an empty config.toml ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "content, says",
+    [(b"", "0 bytes"), (b"\n  \n", "only whitespace or comments"), (b"# nothing here\n\n# [model]\n", "comments")],
+    ids=["zero-bytes", "whitespace", "comments"],
+)
+def test_an_empty_run_config_is_refused_not_replaced_by_the_default(run, no_work, content, says):
+    """Was: the embedded default config (a 32x32 model, the shapes prompts) studied in its place,
+    without a word: the run's own versions then failed to load, or another study ran."""
+    cfg = run / "config.toml"
+    cfg.write_bytes(content)
+    text = _refused(_bench(run, "--versions", "0,1", "--num-prompts", "1", "--num-seeds", "3"), f"{cfg} is empty", says)
+    assert "written in full" in text, text
+
+
+def test_a_run_config_that_sets_something_is_not_called_empty():
+    from spotlight.cli.bench import holds_no_setting
+
+    assert holds_no_setting(b"") and holds_no_setting(b"  \n# c\n") and holds_no_setting(b"\xef\xbb\xbf\n")
+    assert not holds_no_setting(b"[run]\niterations = 2\n")
+    assert not holds_no_setting(b"[run]\n")  # a table: not empty (load_config judges it)
+    assert not holds_no_setting(b"not toml =")  # load_config's to refuse, with its own words
+    assert not holds_no_setting(b"\xff\xfe")

@@ -144,16 +144,86 @@ def test_truncated_and_empty_safetensors_are_refused(tmp_path, measured):
     _refused(["--weights", str(w)], "--weights", "without tensors")
 
 
-def test_readable_weights_are_accepted(tmp_path, measured):
+def _version(path, cfg) -> None:
+    """Write the weight version 0 of a run of ``cfg`` (its transformer, or its LoRA adapter) to ``path``."""
+    from safetensors.torch import save_file
+
+    from spotlight.studies.profiling import initial_version
+
+    save_file({k: t.contiguous() for k, t in initial_version(cfg).items()}, str(path))
+
+
+def _default_cfg(**train):
+    import msgspec
+
+    from spotlight.config import load_config
+
+    cfg = load_config(None)  # what `spotlight profile` without --config profiles
+    return msgspec.structs.replace(cfg, train=msgspec.structs.replace(cfg.train, **train)) if train else cfg
+
+
+def _foreign(path) -> None:
+    """Write a safetensors file whose one tensor name is no transformer's."""
     import torch
     from safetensors.torch import save_file
 
+    save_file({"a": torch.zeros(4)}, str(path))
+
+
+def test_readable_weights_are_accepted(tmp_path, measured):
     calls = measured(fake=True)
     w = tmp_path / "w.safetensors"
-    save_file({"a": torch.zeros(4)}, str(w))
+    _version(w, _default_cfg())
     res = CliRunner().invoke(app, ["profile", "--weights", str(w), "--out", str(tmp_path / "p.json")])
     assert res.exit_code == 0, res.output
     assert calls[0]["weights"] == w
+
+
+@pytest.mark.parametrize(
+    "write, says",
+    [
+        (lambda w: _version(w, _default_cfg(lora_rank=8)), "tensors of another shape"),
+        (lambda w: _version(w, _default_cfg(lora_rank=0)), "holds no weights of this run's LoRA adapter"),
+        (_foreign, "holds no weights"),
+    ],
+    ids=["another-lora-rank", "full-weights-for-a-lora-config", "no-name-matches"],
+)
+def test_weights_of_another_model_are_refused_before_measuring(tmp_path, measured, write, says):
+    """Was: accepted, then the prompts encoded and torch's `size mismatch for …lora_A.default.weight`
+    (or `WeightVersionError: weight version has 1 unknown keys`) as a traceback."""
+    measured()
+    w = tmp_path / "w.safetensors"
+    write(w)
+    _refused(["--weights", str(w), "--out", str(tmp_path / "p.json")], f"--weights {w}", says,
+             "LoRA adapter (rank 32)")  # fmt: skip
+
+
+def test_weights_that_changed_before_their_load_give_one_line(tmp_path, capsys):
+    """Checked fine, then replaced by weights of another rank before the load: one line, exit 2."""
+    w = tmp_path / "w.safetensors"
+    _version(w, _default_cfg(lora_rank=8))
+    with pytest.raises(typer.Exit) as info:
+        profile_cli.load_weights(w, _default_cfg())
+    assert info.value.exit_code == 2
+    out, err = capsys.readouterr()
+    text = err.strip()
+    assert not out and len(text.splitlines()) == 1, (out, err)
+    assert text.startswith(f"error: --weights {w}: not a weight version") and "another shape" in text, text
+
+
+def test_run_profile_refuses_weights_of_another_model():
+    """The study itself: one WeightVersionError before any model is built."""
+    import torch
+
+    from spotlight.models.lora import WeightVersionError
+    from spotlight.rl.sampler import Conditioning
+    from spotlight.studies.profiling import run_profile
+
+    cond = Conditioning(torch.zeros(2, 4, 384), torch.ones(2, 4, dtype=torch.int64))
+    with pytest.raises(WeightVersionError, match="the profiled weights: holds no weights"):
+        run_profile(
+            _default_cfg(), cond, thresholds=[0.5], num_prompts=2, num_seeds=3, state_dict={"a": torch.zeros(1)}
+        )
 
 
 def test_weights_unreadable_when_loaded_give_one_line(tmp_path, capsys):

@@ -194,3 +194,56 @@ def test_cli_on_fake_run_dir(tmp_path, monkeypatch):
     rho = data["overall"]["rho_mean"]
     assert math.isnan(rho) or -1.0 <= rho <= 1.0
     assert (run / "bench" / "stale_ranking_heatmap.png").read_bytes()[:4] == b"\x89PNG"
+
+
+class _TiedReward:
+    """A reward that scores every image 0.5: every prompt group's rewards tie, so no Spearman ρ."""
+
+    def __init__(self, cfg):
+        pass
+
+    def __call__(self, images, prompts):
+        return [0.5] * len(images)
+
+
+def test_progress_says_rho_is_undefined_in_words_when_every_group_ties(monkeypatch):
+    """Was: `v4 -> v5: Spearman rho nan ± nan over 0 prompts` before bench explained the tie."""
+    from spotlight.rewards import reward_fn
+    from spotlight.rl.sampler import Conditioning
+
+    monkeypatch.setattr(reward_fn, "RewardFn", _TiedReward)
+    g = torch.Generator().manual_seed(0)
+    cond = Conditioning(torch.randn(2, 4, TEXT_DIM, generator=g), torch.ones(2, 4, dtype=torch.int64))
+    a, b = _two_versions()
+    lines: list[str] = []
+    res = run_stale_ranking(_cfg(), cond, [a, b], [0, 1], 3, progress=lines.append, versions=[4, 5])
+    assert res["pairs"][0]["num_valid_prompts"] == 0
+    pair_line = next(line for line in lines if line.startswith("v4 -> v5"))
+    assert "nan" not in pair_line.lower(), pair_line
+    assert "undefined" in pair_line and "rewards tied within each of the 2 prompt groups" in pair_line, pair_line
+
+
+def test_rho_text_says_how_many_groups_the_rho_averages():
+    from spotlight.studies.stale_ranking import rho_text
+
+    assert rho_text(0.5, 0.1, 2, 2) == "0.500 ± 0.100 (2 of 2 prompt groups)"
+    assert rho_text(0.5, 0.0, 1, 3) == "0.500 ± 0.000 (1 of 3 prompt groups, 2 left out: rewards tied)"
+    assert "nan" not in rho_text(float("nan"), float("nan"), 0, 3)
+
+
+def test_run_stale_ranking_refuses_weights_of_another_model_before_sampling():
+    """The study itself (not only ``spotlight bench``): one WeightVersionError naming the version,
+    before any model is built, instead of torch's size-mismatch RuntimeError mid-study."""
+    from spotlight.models.dit import build_transformer
+    from spotlight.models.lora import WeightVersionError
+    from spotlight.rl.sampler import Conditioning
+
+    a, _ = _two_versions()
+    other = build_transformer(
+        ModelConfig(image_size=8, max_text_tokens=8, num_attention_heads=4), TEXT_DIM
+    ).state_dict()
+    cond = Conditioning(torch.randn(2, 4, TEXT_DIM), torch.ones(2, 4, dtype=torch.int64))
+    with pytest.raises(WeightVersionError, match="weight version v5: not a weight version .* another shape"):
+        run_stale_ranking(_cfg(), cond, [a, other], [0, 1], 3, progress=lambda line: None, versions=[4, 5])
+    with pytest.raises(WeightVersionError, match="weight version v4: holds no weights"):
+        run_stale_ranking(_cfg(), cond, [{"x": torch.zeros(1)}, a], [0, 1], 3, versions=[4, 5])
