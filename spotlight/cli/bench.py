@@ -20,6 +20,7 @@ from rich.table import Table
 
 from spotlight.cli.messages import print_error
 from spotlight.cli.progress import working
+from spotlight.util.cli_paths import path_option
 
 bench_app = typer.Typer(help="Benchmarks and studies on a finished run directory.", no_args_is_help=True)
 
@@ -173,7 +174,7 @@ def spread_indices(n_total: int, n: int) -> list[int]:
 
 @bench_app.command("stale-ranking")
 def stale_ranking(
-    run_dir: pathlib.Path = typer.Option(
+    run_dir: pathlib.Path = path_option(
         ...,
         "--run-dir",
         help="Run directory (reads its config.toml and the weight versions v*.safetensors in tensor_store/weights).",
@@ -192,7 +193,7 @@ def stale_ranking(
         help=f"Seeds per prompt group (same seeds for both versions; at least {MIN_SEEDS}: "
         "the rank correlation of two seeds is always ±1).",
     ),
-    out: Optional[pathlib.Path] = typer.Option(None, "--out", help="Output folder (default: RUN_DIR/bench)."),
+    out: Optional[pathlib.Path] = path_option(None, "--out", help="Output folder (default: RUN_DIR/bench)."),
     threads: int = typer.Option(
         0, "--threads", min=0, help="torch threads (0 = cluster.torch_threads of the run config)."
     ),

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from spotlight.cli.messages import print_error
 from spotlight.cli.progress import working
+from spotlight.util.cli_paths import path_option
 
 PROFILE_HELP = (
     "Measure t_step, effective steps per cache threshold, and exploration accuracy (Spearman ρ vs full rollout)."
@@ -26,22 +27,22 @@ PROFILE_HELP = (
 def register(app: typer.Typer) -> None:
     @app.command(help=PROFILE_HELP)
     def profile(
-        config: Optional[pathlib.Path] = typer.Option(
+        config: Optional[pathlib.Path] = path_option(
             None, "--config", help="Run config TOML (default: the embedded example)."
         ),
-        out: Optional[pathlib.Path] = typer.Option(
+        out: Optional[pathlib.Path] = path_option(
             None,
             "--out",
             help="Where to write the profile JSON (default: profile.json here). A run uses it when its config "
             "names it (explore.profile_path) or it is the run directory's profile.json.",
         ),
-        run_dir: Optional[pathlib.Path] = typer.Option(
+        run_dir: Optional[pathlib.Path] = path_option(
             None,
             "--run-dir",
             help="Write the profile as RUN_DIR/profile.json, which the run in that directory uses "
             "(a new `spotlight up --run-dir RUN_DIR`, or --resume) unless its config names another.",
         ),
-        weights: Optional[pathlib.Path] = typer.Option(
+        weights: Optional[pathlib.Path] = path_option(
             None,
             "--weights",
             help="Profile these weights (a safetensors file, e.g. a version in the run's tensor_store/weights/: "
