@@ -1141,6 +1141,43 @@ def load_config(path: str | pathlib.Path | None = None, overrides: dict[str, Any
         raise ConfigError(f"{p}: {exc}", exc.field) from None
 
 
+def holds_no_setting(raw: bytes) -> bool:
+    """Whether the TOML text ``raw`` sets nothing: no bytes, or only whitespace and comments
+    (text that is not UTF-8 or not TOML is :func:`load_config`'s to refuse). Pure."""
+    import tomllib
+
+    try:
+        return not tomllib.loads(raw.decode("utf-8-sig"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return False
+
+
+def load_run_config(path: str | pathlib.Path, overrides: dict[str, Any] | None = None) -> SpotlightConfig:
+    """A run directory's ``config.toml``, refused when it sets nothing. The coordinator writes a
+    run's config in full when the run starts (``dump_config``), so an empty one is damage, not
+    a config that keeps every default: :func:`load_config` would merge it on the embedded
+    default, and an evaluation, a study or a resumed run would silently use another model.
+    ``overrides`` as :func:`load_config` takes them.
+
+    Raises:
+        ConfigError: one line: the file is empty, or as :func:`load_config` says.
+    """
+    path = pathlib.Path(path)
+    if path.is_file():
+        try:
+            raw = path.read_bytes()
+        except OSError:
+            raw = None  # load_config says why it cannot be read
+        if raw is not None and holds_no_setting(raw):
+            what = "0 bytes" if not raw else "no setting, only whitespace or comments"
+            raise ConfigError(
+                f"{path} is empty ({what}): a run's config.toml holds every setting (written in full when the "
+                "run starts), so this one was damaged; restore it (e.g. the config the run was started with) "
+                "rather than use the embedded default in its place"
+            )
+    return load_config(path, overrides)
+
+
 def _override_at(field: str | None, overrides: dict[str, Any]) -> str | None:
     """The override key a validation error at ``field`` belongs to: that key, or one inside the
     unknown table ``field`` names (``nosuch.x`` for ``[nosuch]``); None when the file's."""

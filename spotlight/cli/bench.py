@@ -127,43 +127,6 @@ def out_problem(out_dir: pathlib.Path) -> Optional[str]:
     return None
 
 
-def holds_no_setting(raw: bytes) -> bool:
-    """Whether the TOML text ``raw`` sets nothing: no bytes, or only whitespace and comments
-    (text that is not UTF-8 or not TOML is :func:`spotlight.config.load_config`'s to refuse). Pure."""
-    import tomllib
-
-    try:
-        return not tomllib.loads(raw.decode("utf-8-sig"))
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError):
-        return False
-
-
-def load_run_config(path: pathlib.Path):
-    """A run directory's ``config.toml``, refused when it sets nothing. The coordinator writes a
-    run's config in full when the run starts (``dump_config``), so an empty one is damage, not
-    a config that keeps every default: :func:`spotlight.config.load_config` would merge it on
-    the embedded default and the study would silently run another model.
-
-    Raises:
-        ConfigError: one line: the file is empty, or as :func:`spotlight.config.load_config` says.
-    """
-    from spotlight.config import ConfigError, load_config
-
-    if path.is_file():
-        try:
-            raw = path.read_bytes()
-        except OSError:
-            raw = None  # load_config says why it cannot be read
-        if raw is not None and holds_no_setting(raw):
-            what = "0 bytes" if not raw else "no setting, only whitespace or comments"
-            raise ConfigError(
-                f"{path} is empty ({what}): a run's config.toml holds every setting (written in full when the "
-                "run starts), so this one was damaged; restore it (e.g. the config the run was started with) "
-                "rather than study the embedded default model"
-            )
-    return load_config(path)
-
-
 def spread_indices(n_total: int, n: int) -> list[int]:
     """``n`` prompt indices spread evenly over ``range(n_total)``."""
     import numpy as np
@@ -202,6 +165,7 @@ def stale_ranking(
     console = Console(emoji=False, soft_wrap=True)
     from spotlight.cli.eval import reward_problem
     from spotlight.cli.up import _cache_dir, load_prompts
+    from spotlight.config import load_run_config
     from spotlight.errors import SpotlightError
     from spotlight.studies.profiling import version_layout
     from spotlight.util.weights_file import (

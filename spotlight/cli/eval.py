@@ -147,7 +147,7 @@ def _inputs(
             shapes task without held-out prompts.
         ValueError, OSError: the prompts cannot be read.
     """
-    from spotlight.config import ConfigError, load_config
+    from spotlight.config import ConfigError, load_config, load_run_config
 
     if run_dir is not None and config is not None:  # was: --config silently ignored
         raise ConfigError(
@@ -162,7 +162,7 @@ def _inputs(
             raise ConfigError(f"--run-dir {run_dir}: a file, not a run directory")
         if not (run_dir / "config.toml").is_file():
             raise ConfigError(f"{run_dir}: no config.toml (is it a run directory?)")
-        cfg = load_config(run_dir / "config.toml")
+        cfg = load_run_config(run_dir / "config.toml")
         if weights is None:
             weights = run_dir / "final"
             if not weights.is_dir():

@@ -268,7 +268,7 @@ def resolve_options(opts: UpOptions) -> UpRun:
     ):
         raise refuse(problem)
     logging.basicConfig(level=opts.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    from spotlight.config import load_config
+    from spotlight.config import load_config, load_run_config
     from spotlight.coordinator.tracking import TrackingError, check_trackers
     from spotlight.errors import SpotlightError
     from spotlight.tasks.prompts import prompt_set_from_config
@@ -276,7 +276,7 @@ def resolve_options(opts: UpOptions) -> UpRun:
     overrides = _config_overrides(opts)
     resume, config, run_dir = _resume_target(opts)
     try:
-        cfg = load_config(config, overrides)
+        cfg = (load_config if resume is None else load_run_config)(config, overrides)  # a run's own: never empty
         prompt_set = prompt_set_from_config(cfg.data, config)
     except SpotlightError as exc:
         raise refuse(str(exc)) from None

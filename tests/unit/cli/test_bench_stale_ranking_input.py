@@ -406,7 +406,7 @@ def test_an_empty_run_config_is_refused_not_replaced_by_the_default(run, no_work
 
 
 def test_a_run_config_that_sets_something_is_not_called_empty():
-    from spotlight.cli.bench import holds_no_setting
+    from spotlight.config import holds_no_setting
 
     assert holds_no_setting(b"") and holds_no_setting(b"  \n# c\n") and holds_no_setting(b"\xef\xbb\xbf\n")
     assert not holds_no_setting(b"[run]\niterations = 2\n")
