@@ -303,6 +303,7 @@ def load_weights(cfg, weights: Optional[pathlib.Path], device):
 
     Raises:
         FileNotFoundError: ``weights`` holds neither.
+        ModelLoadError: the LoRA weights are not an adapter of this transformer.
     """
     from spotlight.models.families import get_family
     from spotlight.models.families.base import torch_dtype
@@ -321,7 +322,7 @@ def load_weights(cfg, weights: Optional[pathlib.Path], device):
                     f"{weights}: neither a transformer folder (config.json) nor LoRA weights "
                     "(pytorch_lora_weights.safetensors)"
                 )
-            model.load_lora_adapter(str(weights), prefix="transformer", weight_name="pytorch_lora_weights.safetensors")
+            family.load_lora(model, weights)  # one line for a file of another shape, or one that matches nothing
     return family, model.to(device).eval()
 
 
@@ -349,7 +350,9 @@ def _eval_panel(console: Console, cfg, weights, prompts, num_seeds: int, out_dir
         raise typer.Exit(2)
     _check_weights(weights)  # the final weights too: the base model samples first
     device = ew.eval_device(cfg)
-    models = {"base": None} | ({"final": weights} if weights is not None else {})
+    # the final model first: a weights file that does not fit the transformer is refused before
+    # minutes go into sampling the base model; the report lists the base model first
+    models = ({"final": weights} if weights is not None else {}) | {"base": None}
     report = {}
     from safetensors import SafetensorError
 
@@ -380,6 +383,7 @@ def _eval_panel(console: Console, cfg, weights, prompts, num_seeds: int, out_dir
     )
     table.add_column("model")
     table.add_column("score", justify="right")
+    report = {name: report[name] for name in ("base", "final") if name in report}
     for name, scores in report.items():
         table.add_row(name, f"{scores['eval/score']:.4f}")
     console.print(table)

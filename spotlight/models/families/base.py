@@ -38,6 +38,9 @@ from spotlight.config import ModelConfig
 from spotlight.errors import SpotlightError
 from spotlight.rl.sampler import Conditioning
 
+LORA_WEIGHTS_NAME = "pytorch_lora_weights.safetensors"
+"""The adapter file :meth:`ModelFamily.save_lora` writes (diffusers' name)."""
+
 
 class ModelLoadError(SpotlightError):
     """A checkpoint directory is missing, incomplete or of another family."""
@@ -377,6 +380,38 @@ class ModelFamily(abc.ABC):
         pipe_cls.save_lora_weights(
             str(directory), transformer_lora_layers=lora_state_dict, safe_serialization=True, **kwargs
         )
+
+    def load_lora(self, transformer: torch.nn.Module, directory: str | os.PathLike) -> torch.nn.Module:
+        """Load the adapter :meth:`save_lora` wrote in ``directory`` onto ``transformer`` (rank
+        and alpha from the file's peft metadata) and return it.
+
+        diffusers only warns when no key of the file matches a module (the "trained" model
+        would then be the base model) and raises torch's multi-line size-mismatch error for an
+        adapter of another model size or rank: both become one line here.
+
+        Raises:
+            ModelLoadError: the file is not a LoRA adapter of this transformer, or holds none
+                of its LoRA weights.
+        """
+        from diffusers.utils import logging as diffusers_logging
+
+        lora_file = pathlib.Path(directory) / LORA_WEIGHTS_NAME
+        level = diffusers_logging.get_verbosity()
+        diffusers_logging.set_verbosity(diffusers_logging.CRITICAL)  # its warnings: our one line below
+        try:
+            transformer.load_lora_adapter(str(directory), prefix="transformer", weight_name=LORA_WEIGHTS_NAME)
+        except (RuntimeError, ValueError, KeyError) as exc:  # e.g. a tensor of another shape
+            lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
+            why = next((line for line in lines if "mismatch" in line), lines[0])
+            raise ModelLoadError(f"{lora_file}: not a LoRA adapter of this transformer ({why[:300]})") from None
+        finally:
+            diffusers_logging.set_verbosity(level)
+        if not getattr(transformer, "peft_config", None):
+            raise ModelLoadError(
+                f"{lora_file}: holds no LoRA weights of this transformer (no key matches its modules); "
+                "scores would be the base model's"
+            )
+        return transformer
 
 
 def prompt_cache_path(family: ModelFamily, prompts: list[str], cache_dir: pathlib.Path) -> pathlib.Path:

@@ -180,24 +180,7 @@ def load_transformer(model_cfg: ModelConfig, weights_dir: str | pathlib.Path | N
     if d is None:
         return model.eval()
     if (d / "pytorch_lora_weights.safetensors").is_file():
-        from diffusers.utils import logging as diffusers_logging
-
-        lora_file = d / "pytorch_lora_weights.safetensors"
-        level = diffusers_logging.get_verbosity()
-        diffusers_logging.set_verbosity(diffusers_logging.CRITICAL)  # its warnings: our one line below
-        try:  # rank and alpha come from the file's peft metadata (``lora_adapter_metadata``)
-            model.load_lora_adapter(str(d), prefix="transformer", weight_name=lora_file.name)
-        except (RuntimeError, ValueError, KeyError) as exc:  # e.g. a tensor of another shape
-            lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
-            why = next((line for line in lines if "mismatch" in line), lines[0])
-            raise ModelLoadError(f"{lora_file}: not a LoRA adapter of this transformer ({why[:300]})") from None
-        finally:
-            diffusers_logging.set_verbosity(level)
-        if not getattr(model, "peft_config", None):  # diffusers only warns when no key matches
-            raise ModelLoadError(
-                f"{lora_file}: holds no LoRA weights of this transformer (no key matches its modules); "
-                "the 'final' scores would be the base model's"
-            )
+        family.load_lora(model, d)  # one line for a file of another shape, or one that matches nothing
         return model.eval()
     if not d.exists():
         raise FileNotFoundError(f"{d}: no such file or directory")

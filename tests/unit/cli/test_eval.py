@@ -69,6 +69,7 @@ def test_eval_scores_any_family_on_its_panel(tmp_path, monkeypatch):
     assert res.exit_code == 0, res.output
     report = json.loads((out / "eval.json").read_text())
     assert report["num_prompts"] == 2 and report["base"]["eval/score"] < 0  # -kB
+    assert list(report)[:2] == ["base", "final"]  # the base model first, though final loads first
     assert report["final"]["eval/score"] == report["base"]["eval/score"]  # the same weights
     assert (out / "eval_base.png").is_file() and (out / "eval_final.png").is_file()
 

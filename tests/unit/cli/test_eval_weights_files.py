@@ -117,25 +117,28 @@ def test_a_lora_file_without_tensors_is_refused(tmp_path, no_sampling):
     _refused(res, str(lora), "without tensors")
 
 
-def test_a_lora_file_whose_keys_match_nothing_is_refused_not_scored_as_the_base(tmp_path, no_sampling):
+@pytest.mark.parametrize("reward", ["geneval_shapes", "jpeg_compressibility"], ids=["shapes-task", "panel"])
+def test_a_lora_file_whose_keys_match_nothing_is_refused_not_scored_as_the_base(tmp_path, no_sampling, reward):
     """Was: diffusers warned "No LoRA keys associated …", loaded nothing, and eval reported the
-    base model's scores as the final model's (exit 0)."""
+    base model's scores as the final model's (exit 0). The panel path refuses it before the
+    base model samples (``no_sampling``)."""
     import torch
     from safetensors.torch import save_file
 
-    run = _run_dir(tmp_path, "geneval_shapes")
+    run = _run_dir(tmp_path, reward)
     lora = run / "final" / "pytorch_lora_weights.safetensors"
     save_file({"foo": torch.zeros(2)}, str(lora))
     res = runner.invoke(app, ["eval", "--run-dir", str(run), "--num-seeds", "1", "--out", str(tmp_path / "out")])
     _refused(res, str(lora), "holds no LoRA weights of this transformer")
 
 
-def test_a_lora_file_of_another_shape_is_one_line(tmp_path, no_sampling):
+@pytest.mark.parametrize("reward", ["geneval_shapes", "jpeg_compressibility"], ids=["shapes-task", "panel"])
+def test_a_lora_file_of_another_shape_is_one_line(tmp_path, no_sampling, reward):
     """A readable adapter for another transformer size: one line, not a size-mismatch traceback."""
     import torch
     from safetensors.torch import save_file
 
-    run = _run_dir(tmp_path, "geneval_shapes")
+    run = _run_dir(tmp_path, reward)
     lora = run / "final" / "pytorch_lora_weights.safetensors"
     save_file(
         {
