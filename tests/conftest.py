@@ -92,6 +92,13 @@ def _restore_environment():
         os.environ.update(saved)
 
 
+def pytest_sessionstart(session):
+    """Build matplotlib's font cache before any test runs: on a machine or user without one
+    (``~/.cache/matplotlib``, or a fresh ``$MPLCONFIGDIR``), the first plot runs ``fc-list``,
+    and the ``procs`` guard below would fail whichever in-process test happened to plot first."""
+    import matplotlib.font_manager  # noqa: F401  (its import loads or builds the cache)
+
+
 def pytest_collection_modifyitems(config, items):
     integration = TESTS / "integration"
     gpu_items = []
