@@ -71,6 +71,27 @@ TRUE_CFG_FAMILIES = frozenset({"qwen-image", "sd3", "tiny"})
 """Families with true classifier-free guidance, the only ones a negative prompt means anything to."""
 
 
+EVAL_DEVICE = re.compile(r"auto|cpu|cuda(:\d{1,4})?")
+"""What ``eval.device`` may be: ``auto`` or a torch device the evaluation can run on."""
+
+
+def eval_device_problem(device: str, num_cuda_devices: int) -> str | None:
+    """Why ``eval.device`` cannot run on a host with ``num_cuda_devices`` CUDA devices (None: it
+    can). Pure: ``spotlight up`` and ``spotlight eval`` ask it with ``torch.cuda.device_count()``,
+    as the evaluation runs on the host they start on."""
+    if device in ("auto", "cpu"):
+        return None
+    index = int(device.partition(":")[2] or 0)
+    if num_cuda_devices == 0:
+        return f'eval.device = "{device}": this host has no CUDA device (use "auto" or "cpu")'
+    if index >= num_cuda_devices:
+        return (
+            f'eval.device = "{device}": this host has {num_cuda_devices} CUDA device'
+            f'{"s" if num_cuda_devices > 1 else ""} (cuda:0 to cuda:{num_cuda_devices - 1}; or "auto")'
+        )
+    return None
+
+
 def _check(cond: bool, field: str, msg: str) -> None:
     if not cond:
         raise ConfigError(f"{field}: {msg}", field)
@@ -453,6 +474,11 @@ class TrainConfig(_Section):
         )
         _check(self.kl_beta >= 0, "train.kl_beta", "must be >= 0")
         _check(self.weight_decay >= 0, "train.weight_decay", "must be >= 0")
+        _check(
+            all(0 <= b < 1 for b in self.adam_betas),  # what torch.optim.AdamW accepts
+            "train.adam_betas",
+            f"each must be in [0, 1), got {list(self.adam_betas)}",
+        )
         _check(self.adv_clip_max > 0, "train.adv_clip_max", "must be > 0")
         _check(self.max_grad_norm > 0, "train.max_grad_norm", "must be > 0")
         _check(self.steps_per_iteration >= 1, "train.steps_per_iteration", "must be >= 1")
@@ -757,6 +783,11 @@ class EvalConfig(_Section):
         _check(self.num_prompts >= 1, "eval.num_prompts", "must be >= 1")
         _check(self.num_seeds >= 1, "eval.num_seeds", "must be >= 1")
         _check(self.batch_size >= 1, "eval.batch_size", "must be >= 1")
+        _check(
+            EVAL_DEVICE.fullmatch(self.device) is not None,
+            "eval.device",
+            f'must be "auto", "cpu", "cuda" or "cuda:N", got {self.device!r}',
+        )
 
 
 class GuardConfig(_Section):

@@ -147,7 +147,7 @@ def _inputs(
             shapes task without held-out prompts.
         ValueError, OSError: the prompts cannot be read.
     """
-    from spotlight.config import ConfigError, load_config, load_run_config
+    from spotlight.config import ConfigError, eval_device_problem, load_config, load_run_config
 
     if run_dir is not None and config is not None:  # was: --config silently ignored
         raise ConfigError(
@@ -173,6 +173,10 @@ def _inputs(
     else:
         cfg = load_config(config)
     if (why := refusal(cfg, prompts)) is not None:
+        raise ConfigError(why)
+    import torch
+
+    if (why := eval_device_problem(cfg.eval.device, torch.cuda.device_count())) is not None:
         raise ConfigError(why)
     if cfg.reward.kind != "geneval_shapes" or cfg.model.family != "tiny":
         return cfg, weights, None

@@ -507,16 +507,23 @@ def _check_sp_degrees(cfg: SpotlightConfig, family) -> None:
 
 
 def _check_eval(cfg: SpotlightConfig) -> None:
-    """With ``eval.every > 0``: refuse a held-out prompt file that cannot be read, or (shapes
-    task) prompts its reward cannot score, before minutes of training find it out.
+    """With ``eval.every > 0``: refuse an ``eval.device`` this host lacks, a held-out prompt file
+    that cannot be read, or (shapes task) prompts its reward cannot score, before minutes of
+    training find it out.
 
     Raises:
         Stop: as above.
     """
     if not cfg.eval.every:
         return
+    import torch
+
+    from spotlight.config import eval_device_problem
     from spotlight.errors import SpotlightError
     from spotlight.workers.eval.eval_worker import build_panel
+
+    if (why := eval_device_problem(cfg.eval.device, torch.cuda.device_count())) is not None:
+        raise refuse(why)
 
     try:
         build_panel(cfg)

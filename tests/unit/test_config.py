@@ -179,10 +179,32 @@ def test_wrong_type_names_the_field():
         # memory on 10**20 trainers, and an OverflowError traceback on 1e308 GiB)
         ({"train.num_train_workers": 10**20}, "train.num_train_workers"),
         ({"cluster.gpu_memory_gib": 1e308}, "cluster.gpu_memory_gib"),
+        # values the run would only fail on at run time, in a child process's traceback (was:
+        # the train worker's AdamW "Invalid beta parameter", the eval worker's torch.device)
+        ({"train.adam_betas": [1.5, 2.0]}, "train.adam_betas"),
+        ({"train.adam_betas": [-0.5, 0.9]}, "train.adam_betas"),
+        ({"train.adam_betas": [0.9, 1.0]}, "train.adam_betas"),
+        ({"eval.device": "tpu"}, "eval.device"),
+        ({"eval.device": "cuda:x"}, "eval.device"),
+        ({"eval.device": ""}, "eval.device"),
     ],
 )
 def test_bad_values_name_the_field(overrides, field):
     _raises_naming(field, **overrides)
+
+
+@pytest.mark.parametrize("device", ["auto", "cpu", "cuda", "cuda:0", "cuda:7"])
+def test_eval_devices_that_parse_are_accepted(device):
+    assert load_config(overrides={"eval.device": device}).eval.device == device
+
+
+def test_an_eval_device_this_host_lacks_is_named_before_the_run():
+    from spotlight.config import eval_device_problem
+
+    assert eval_device_problem("auto", 0) is None and eval_device_problem("cpu", 0) is None
+    assert eval_device_problem("cuda", 1) is None and eval_device_problem("cuda:1", 2) is None
+    assert "has no CUDA device" in eval_device_problem("cuda", 0)
+    assert "has 2 CUDA devices (cuda:0 to cuda:1" in eval_device_problem("cuda:2", 2)
 
 
 def test_planner_d_grid_starts_above_group_size():
