@@ -143,12 +143,14 @@ def revoke(
     from spotlight.net.security import KeysError, revoke_client, server_key_problem
 
     try:
-        revoke_client(directory, principal)
+        secret = revoke_client(directory, principal)
     except (KeysError, OSError) as exc:
         _fail(exc)
     console.print(
         f"revoked {escape(principal)}: new connections with it are refused (restart the coordinator to drop live ones)"
     )
+    if secret is not None:
+        console.print(f"removed its secret key {escape(str(secret))} (a revoked key is never valid again)")
     _warn_server_key(server_key_problem(directory))  # revoked all the same: a revocation is never held up
 
 

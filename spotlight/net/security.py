@@ -249,8 +249,14 @@ def _require_keys_dir(d: pathlib.Path) -> None:
         raise KeysError(f"{d} is not a keys directory (no server.key): create one with `{init}`")
 
 
-def revoke_client(directory: str | os.PathLike, principal: str) -> None:
-    """Remove ``<role>.<name>`` from the allow-list (a running coordinator drops it on reload).
+def revoke_client(directory: str | os.PathLike, principal: str) -> pathlib.Path | None:
+    """Remove ``<role>.<name>`` from the allow-list (a running coordinator drops it on reload),
+    and its secret key file from ``DIR`` where :func:`add_client` left it: a revoked key is
+    never valid again (adding the name again makes a new pair), and a stale secret beside the
+    others would make ``spotlight-agent join --keys DIR`` see several keys of its role.
+
+    Returns:
+        The secret key file removed, or None when ``DIR`` held none (it was moved to its node).
 
     Raises:
         KeysError: ``DIR`` is no keys directory, or no such key on the allow-list.
@@ -261,6 +267,11 @@ def revoke_client(directory: str | os.PathLike, principal: str) -> None:
     if not f.is_file():
         raise KeysError(f"{p.id} is not on the allow-list of {directory}")
     f.unlink()
+    secret = pathlib.Path(directory) / f"{p.id}.key_secret"
+    if secret.is_file():
+        secret.unlink()
+        return secret
+    return None
 
 
 def list_keys(directory: str | os.PathLike, *, keep_bad: bool = False) -> list[dict]:

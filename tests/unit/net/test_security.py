@@ -34,3 +34,22 @@ def test_the_coordinators_keys_dir_gets_the_direct_command(tmp_path):
     with pytest.raises(KeysError) as info:
         load_client_keys(coord, role="status")
     assert f"spotlight keys add {coord} status NAME" in str(info.value)
+
+
+def test_a_revoked_keys_secret_leaves_the_directory_so_join_sees_one_key(tmp_path):
+    """Was: `keys revoke` left agent.spot-7.key_secret beside agent.spot-8's, and `spotlight-agent
+    join --keys DIR` then refused: "holds several client keys of role 'agent'", counting the
+    revoked one."""
+    from spotlight.net.security import revoke_client
+
+    coord = tmp_path / "coord"
+    init_keys(coord)
+    old = add_client(coord, "agent", "spot-7")
+    new = add_client(coord, "agent", "spot-8")
+    assert revoke_client(coord, "agent.spot-7") == old and not old.exists()
+    assert load_client_keys(coord, role="agent").principal.id == "agent.spot-8"
+    assert new.is_file() and revoke_client(coord, "agent.spot-8") == new
+    add_client(coord, "agent", "spot-8")  # the name can be added again: a new pair
+    secret_moved = coord / "agent.spot-8.key_secret"
+    secret_moved.unlink()  # the secret went to its node: revoking still works
+    assert revoke_client(coord, "agent.spot-8") is None
