@@ -166,6 +166,13 @@ def _inputs(
         if weights is None:
             weights = run_dir / "final"
             if not weights.is_dir():
+                from spotlight.cli.up_preflight import _running_coordinator
+
+                if (pid := _running_coordinator(run_dir)) is not None:
+                    raise ConfigError(
+                        f"{run_dir}: the run is still running (coordinator pid {pid}) and has no final/ folder yet; "
+                        f"evaluate it when it finishes, or its base model now with --config {run_dir / 'config.toml'}"
+                    )
                 raise ConfigError(
                     f"{run_dir}: no final/ folder (the run did not finish); evaluate the base model with "
                     f"--config {run_dir / 'config.toml'}"

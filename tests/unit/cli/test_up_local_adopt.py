@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import psutil
 import pytest
@@ -16,11 +17,21 @@ from spotlight.cli.up_local import _adopt
 pytestmark = pytest.mark.procs
 
 
+def _wait_for_exec(pid: int, marker: str) -> None:
+    """Until the child's command line is its own: between fork and exec it is still pytest's,
+    which the check would rightly not take for a Spotlight process."""
+    for _ in range(2000):  # a bound on a wait for a condition, not a timed assertion
+        if marker in " ".join(psutil.Process(pid).cmdline()[1:]):
+            return
+        time.sleep(0.01)
+
+
 @pytest.fixture
 def agent_sleeper():
     """A live process whose command line holds ``agent.main``, as a local agent's does; and its start time."""
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "agent.main"])
     try:
+        _wait_for_exec(proc.pid, "agent.main")
         yield proc.pid, psutil.Process(proc.pid).create_time()
     finally:
         proc.kill()

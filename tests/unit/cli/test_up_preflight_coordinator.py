@@ -10,6 +10,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import time
 
 import psutil
 import pytest
@@ -23,11 +24,21 @@ pytestmark = pytest.mark.procs
 TOY = pathlib.Path(__file__).resolve().parents[3] / "examples" / "jpeg-toy" / "config.toml"
 
 
+def _wait_for_exec(pid: int, marker: str) -> None:
+    """Until the child's command line is its own: between fork and exec it is still pytest's,
+    which the check would rightly not take for a Spotlight process."""
+    for _ in range(2000):  # a bound on a wait for a condition, not a timed assertion
+        if marker in " ".join(psutil.Process(pid).cmdline()[1:]):
+            return
+        time.sleep(0.01)
+
+
 @pytest.fixture
 def spotlight_sleeper():
     """A live process whose command line mentions spotlight, as a coordinator's does; and its start time."""
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "spotlight"])
     try:
+        _wait_for_exec(proc.pid, "spotlight")
         yield proc.pid, psutil.Process(proc.pid).create_time()
     finally:
         proc.kill()
@@ -92,3 +103,12 @@ def test_a_broken_coordinator_json_is_no_address_to_resume_on_not_a_traceback(tm
     assert res.exit_code == 2 and "no longer holds it" in res.output, res.output
     (rd / "coordinator.json").write_text(json.dumps({"endpoint": "tcp://10.0.0.7:7400"}))
     assert _earlier_address(rd) == "10.0.0.7:7400"
+
+
+def test_eval_of_a_run_still_running_says_so(tmp_path, spotlight_sleeper):
+    """Was: "no final/ folder (the run did not finish)" for a run that was simply not done yet."""
+    pid, started = spotlight_sleeper
+    rd = _run(tmp_path, pid, written=started + 1)
+    res = CliRunner().invoke(app, ["eval", "--run-dir", str(rd)])
+    assert res.exit_code == 2, res.output
+    assert f"the run is still running (coordinator pid {pid}) and has no final/ folder yet" in res.stderr, res.output
