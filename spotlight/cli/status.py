@@ -241,7 +241,8 @@ def _nodes_table(nodes_list: list[dict], gone: bool, saved_at: str) -> Table:
         title=f"nodes as last seen{f' at {saved_at}' if saved_at else ''} (not running now)" if gone else "nodes",
         expand=True,
     )
-    for col in ("node", "status", "kind", "GPUs", "GPU ids", "workers", "detector", "last seen", "why"):
+    status = "status then" if gone else "status"  # a stopped run's nodes: as they were, not alive now
+    for col in ("node", status, "kind", "GPUs", "GPU ids", "workers", "detector", "last seen", "why"):
         nodes.add_column(col)
     for n in nodes_list:
         why = n.get("why", "") if n["status"] != "alive" else n.get("workers_error", "")

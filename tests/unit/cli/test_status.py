@@ -255,6 +255,7 @@ def test_stopped_run_from_files_is_not_shown_as_live():
         and "GPUs now" not in text
     )
     assert "0.4s before" in text and "s ago" not in text
+    assert "status then" in text  # its nodes' status as it was, not "alive" now
     timed_out = stopped | {
         "events": stopped["events"][:-1]
         + [
