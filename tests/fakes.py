@@ -8,6 +8,8 @@ of the control plane ship in the package; these are test-only.
   the test reads and answers frame by frame;
 * :func:`reward_service`: an HTTP reward service (the ``reward.kind = "http"`` format) that
   answers a given number of requests and then fails with HTTP 500.
+* :func:`marked_sleeper`: a live process whose command line holds a marker (``spotlight``,
+  ``agent.main``), as a coordinator's or an agent's does, and its start time.
 
 The real control plane against a run that never ends (one weight version, fresh rollout requests
 whenever a worker pulls) is :class:`spotlight.coordinator.fixed_run.FixedRun`, in the package because
@@ -124,3 +126,26 @@ def reward_service(answers: int | None = None):
     finally:
         server.shutdown()
         server.server_close()
+
+
+@contextlib.contextmanager
+def marked_sleeper(marker: str):
+    """``(pid, start time)`` of a sleeping process whose command line holds ``marker``; killed
+    after the block. Yields once the child has exec'ed: between fork and exec its command line
+    is still pytest's, which a pid check would rightly not take for a Spotlight process."""
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", marker])
+    try:
+        for _ in range(2000):  # a bound on a wait for a condition, not a timed assertion
+            if marker in " ".join(psutil.Process(proc.pid).cmdline()[1:]):
+                break
+            time.sleep(0.01)
+        yield proc.pid, psutil.Process(proc.pid).create_time()
+    finally:
+        proc.kill()
+        proc.wait()

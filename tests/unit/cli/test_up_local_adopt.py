@@ -5,37 +5,19 @@ adopted, and a malformed entry is skipped, never a traceback."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import time
-
-import psutil
 import pytest
 
 from spotlight.cli.up_local import _adopt
+from tests.fakes import marked_sleeper
 
 pytestmark = pytest.mark.procs
-
-
-def _wait_for_exec(pid: int, marker: str) -> None:
-    """Until the child's command line is its own: between fork and exec it is still pytest's,
-    which the check would rightly not take for a Spotlight process."""
-    for _ in range(2000):  # a bound on a wait for a condition, not a timed assertion
-        if marker in " ".join(psutil.Process(pid).cmdline()[1:]):
-            return
-        time.sleep(0.01)
 
 
 @pytest.fixture
 def agent_sleeper():
     """A live process whose command line holds ``agent.main``, as a local agent's does; and its start time."""
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "agent.main"])
-    try:
-        _wait_for_exec(proc.pid, "agent.main")
-        yield proc.pid, psutil.Process(proc.pid).create_time()
-    finally:
-        proc.kill()
-        proc.wait()
+    with marked_sleeper("agent.main") as sleeper:
+        yield sleeper
 
 
 def test_an_agent_started_before_the_listing_is_adopted(agent_sleeper):

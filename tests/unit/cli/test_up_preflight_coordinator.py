@@ -10,7 +10,6 @@ import os
 import pathlib
 import subprocess
 import sys
-import time
 
 import psutil
 import pytest
@@ -18,31 +17,18 @@ from typer.testing import CliRunner
 
 from spotlight.cli import app
 from spotlight.cli.up_preflight import _running_coordinator
+from tests.fakes import marked_sleeper
 
 pytestmark = pytest.mark.procs
 
 TOY = pathlib.Path(__file__).resolve().parents[3] / "examples" / "jpeg-toy" / "config.toml"
 
 
-def _wait_for_exec(pid: int, marker: str) -> None:
-    """Until the child's command line is its own: between fork and exec it is still pytest's,
-    which the check would rightly not take for a Spotlight process."""
-    for _ in range(2000):  # a bound on a wait for a condition, not a timed assertion
-        if marker in " ".join(psutil.Process(pid).cmdline()[1:]):
-            return
-        time.sleep(0.01)
-
-
 @pytest.fixture
 def spotlight_sleeper():
     """A live process whose command line mentions spotlight, as a coordinator's does; and its start time."""
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "spotlight"])
-    try:
-        _wait_for_exec(proc.pid, "spotlight")
-        yield proc.pid, psutil.Process(proc.pid).create_time()
-    finally:
-        proc.kill()
-        proc.wait()
+    with marked_sleeper("spotlight") as sleeper:
+        yield sleeper
 
 
 def _run(tmp_path, pid: int, written: float) -> pathlib.Path:
