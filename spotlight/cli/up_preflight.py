@@ -675,10 +675,14 @@ def _running_coordinator(run_dir: pathlib.Path) -> int | None:
 
 def _finished(run_dir: pathlib.Path, iterations: int) -> str | None:
     """Why ``--resume run_dir`` must not start: its checkpoints already hold ``iterations``
-    iterations (the run finished; resuming would re-run the last one's save and rewrite its
-    results), else None. ``iterations``: the run's, with ``--iterations`` applied."""
+    iterations and its ``final/`` is written (the run finished; resuming would re-run the last
+    one's save and rewrite its results), else None. ``iterations``: the run's, with
+    ``--iterations`` applied. A run stopped after its last checkpoint but before ``final/``
+    (during the evaluation of the final weights, or the save) is not finished: a resume does
+    just what is left (docs/architecture.md §13)."""
     done = _checkpointed_iterations(run_dir) or 0
-    if done < iterations:
+    final = pathlib.Path(run_dir) / "final"
+    if done < iterations or not (final.is_dir() and any(final.iterdir())):
         return None
     import shlex
 
@@ -788,6 +792,6 @@ def _continue_hint(run_dir: pathlib.Path) -> str:
     except ConfigError:
         iterations = None
     done = _checkpointed_iterations(run_dir)
-    if iterations is not None and done is not None and done >= iterations:
+    if iterations is not None and done is not None and done >= iterations and _finished(run_dir, iterations):
         return f"it is finished ({done}/{done} iterations); train it further with {command} --iterations N (N > {done})"
     return f"continue it with {command}"

@@ -197,6 +197,7 @@ class Coordinator:
         self._guard_live: list[Alert] = []  # alerts whose condition still holds (not repeated)
         self._rollback: tuple[int, Alert] | None = None  # a planned rollback: (target version, its alert)
         self.rollbacks_done = 0  # this coordinator's collapse-guard rollbacks
+        self.pending_row: dict | None = None  # resumed: the last iteration's row, written after the final evaluation
 
     def start(self) -> Coordinator:
         """Write the run's config and keys, bind the sockets, open the run's files, restore a
@@ -250,6 +251,8 @@ class Coordinator:
         config_text = (self.run_dir / "config.toml").read_text()
         first = self.core.iteration + 1
         self.tracker = open_trackers(self.tracker_kinds, self.run_dir, config_text=config_text, first_step=first)
+        if self.resume and self.evals is not None:
+            self._catch_up_evaluations()
         keys_dir = str(self.keys.directory) if self.keys.directory else None
         recorder.write_coordinator_json(self.run_dir, self.endpoint, self.server.trainer_endpoint, keys_dir)
 
@@ -331,6 +334,10 @@ class Coordinator:
                 log), reward scoring gave up, or the timeout passed.
         """
         self._on_tick = on_tick
+        if self.pending_row is not None:  # resumed from the last iteration's checkpoint, before its row
+            row, self.pending_row = self.pending_row, None
+            self._finish_last_row(row, time.monotonic())
+            self.write_status()
         t_start = last_house = time.monotonic()
         while not self.done:
             self.control.serve_once(50)
@@ -485,20 +492,9 @@ class Coordinator:
         parked, self._parked_at_row = self.control.requests_parked - self._parked_at_row, self.control.requests_parked
         row["requests/parked"] = parked
         self.progress(format_progress(row, total))
-        if self.evals is not None and n == total - 1:
-            # the last iteration's row carries the last evaluation (of the final weights): it is
-            # requested now and joined, so every run that evaluates ends with eval/* in metrics.jsonl
-            self._request_evals(n, total)
-            if self.evals.busy:
-                self.progress("evaluating the final weights on the held-out panel…")
-                row |= self._serve_until_evaluated(self.cfg.eval.timeout_s, getattr(self, "_on_tick", None))
-        self.history.append(row)
-        self.recorder.append_metrics(row)
-        self._guard(now)
-        self.events.append(
-            now, "iteration", "", f"{n + 1}/{total} done: reward {row.get('reward/mean', math.nan):+.4f}"
-        )
-        self.tracker.log_metrics(n + 1, row)
+        final_eval = self.evals is not None and n == total - 1
+        if not final_eval:
+            self._record_row(row, now)
         every = self.cfg.run.sample_grid_every
         if every and (n % every == 0 or n == total - 1):
             verdicts = self.cfg.reward.kind == "geneval_shapes"
@@ -508,10 +504,46 @@ class Coordinator:
         for rid, s in list(self.samples.items()):  # trained on; explored for the next batch
             if s.iteration <= n or (s.kind == RequestKind.EXPLORE and s.iteration == n + 1):
                 del self.samples[rid]
-        if self.evals is not None and n != total - 1:  # the last iteration's were joined above
+        if self.evals is None:
+            resume.write_run_checkpoint(self, n)
+        elif not final_eval:
             self._request_evals(n, total)
-        resume.write_run_checkpoint(self, n)
+            resume.write_run_checkpoint(self, n)
+        else:
+            # the last iteration's row carries the evaluation of the final weights, so every run
+            # that evaluates ends with eval/* in metrics.jsonl; its checkpoint does not wait for
+            # that evaluation: it holds the row, and a run stopped meanwhile resumes to just the
+            # evaluation and the final save (docs/architecture.md §13, docs/evaluation.md)
+            self._request_evals(n, total)
+            resume.write_run_checkpoint(self, n, pending_row=row)
+            self._finish_last_row(row, now)
         self.write_status(now)
+
+    def _record_row(self, row: dict, now: float) -> None:
+        """Append iteration ``row["iteration"]``'s metrics row (history, ``metrics.jsonl``,
+        trackers, event log) and run the collapse guard on it."""
+        n, total = int(row["iteration"]), self.cfg.run.iterations
+        self.history.append(row)
+        self.recorder.append_metrics(row)
+        self._guard(now)
+        self.events.append(
+            now, "iteration", "", f"{n + 1}/{total} done: reward {row.get('reward/mean', math.nan):+.4f}"
+        )
+        self.tracker.log_metrics(n + 1, row)
+
+    def _finish_last_row(self, row: dict, now: float) -> None:
+        """Join the evaluation of the final weights (answering agents and trainers meanwhile) and
+        record the last iteration's ``row`` with its ``eval/*``: from this coordinator's join, or,
+        after a resume, from ``eval.jsonl`` when an earlier coordinator recorded it already."""
+        row = dict(row)
+        if self.evals.busy:
+            self.progress("evaluating the final weights on the held-out panel…")
+            row |= self._serve_until_evaluated(self.cfg.eval.timeout_s, getattr(self, "_on_tick", None))
+        if not any(k.startswith("eval/") for k in row):
+            final = [r for r in evaluation.read_results(self.run_dir) if int(r["iteration"]) == int(row["iteration"])]
+            if final:
+                row |= evaluation.row_scores(final[-1])
+        self._record_row(row, now)
 
     def _request_evals(self, n: int, total: int) -> None:
         """Queue the held-out evaluations iteration ``n`` (0-based) makes due: the base model after
@@ -539,10 +571,43 @@ class Coordinator:
             if grid.is_file():
                 self.tracker.log_image(step, "eval", grid)
             self.progress(evaluation.result_line(r, base))
-        if not results:
-            return {}
-        last = results[-1]
-        return {k: v for k, v in last.items() if k.startswith("eval/")} | {"eval/iteration": last["iteration"] + 1}
+        return evaluation.row_scores(results[-1]) if results else {}
+
+    def _catch_up_evaluations(self) -> None:
+        """A resumed run: record the results an earlier coordinator left unread, queue the due
+        evaluations that never finished (:func:`~spotlight.coordinator.evaluation.catch_up`), and
+        say once which were skipped because their version is deleted (docs/evaluation.md)."""
+        done, total = self.core.iteration, self.cfg.run.iterations
+        plan = evaluation.catch_up(
+            self.cfg.eval.every,
+            total,
+            done,
+            recorded=(int(r["iteration"]) for r in evaluation.read_results(self.run_dir)),
+            written=evaluation.written_iterations(self.run_dir),
+            available=self.store.weight_versions(),
+        )
+        found = []
+        for n, version in plan.record:
+            path = evaluation.result_path(self.run_dir, n)
+            try:
+                found.append(json.loads(path.read_text()))
+            except (OSError, ValueError) as exc:
+                log.warning("held-out evaluation of v%d: %s is unreadable (%s); skipped", version, path, exc)
+        self._poll_evals(found)
+        if plan.gone:
+            log.warning(
+                "held-out evaluation of %s skipped: the run stopped before it finished and the weights "
+                "are deleted (run.keep_weight_versions)",
+                ", ".join(f"v{v}" for _, v in plan.gone),
+            )
+        if plan.evaluate:
+            self.progress(
+                "queued the held-out evaluation of "
+                + ", ".join(f"v{v}" for _, v in plan.evaluate)
+                + " (stopped before it finished)"
+            )
+        for n, version in plan.evaluate:
+            self.evals.request(n, version)
 
     def _guard(self, now: float) -> None:
         """The collapse guard's alerts for the row just written: console, event log, status;

@@ -9,12 +9,14 @@ the run goes on: evaluation never stops training.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
 import pathlib
 import subprocess
 import sys
+from collections.abc import Iterable
 
 from spotlight.util.procs import log_mark, log_tail, scrubbed_env, spawn_logged
 
@@ -25,6 +27,65 @@ def due(n: int, every: int, total: int) -> bool:
     """True when the version trained by iteration ``n`` (0-based) is evaluated: every
     ``every`` iterations and the last (``every`` = 0: never)."""
     return every > 0 and ((n + 1) % every == 0 or n + 1 == total)
+
+
+@dataclasses.dataclass(frozen=True)
+class CatchUp:
+    """What a resumed run does about the evaluations due before its checkpoint
+    (:func:`catch_up`); each entry is ``(iteration, version)``, 0-based iteration, -1 = the base model.
+
+    Attributes:
+        record: the result file is written but not in ``eval.jsonl`` (the coordinator stopped
+            before it read it): record it as it is.
+        evaluate: no result, and the version is in the Tensor Store: evaluate it again.
+        gone: no result, and the version was deleted (``run.keep_weight_versions``): skipped.
+    """
+
+    record: tuple[tuple[int, int], ...] = ()
+    evaluate: tuple[tuple[int, int], ...] = ()
+    gone: tuple[tuple[int, int], ...] = ()
+
+
+def catch_up(
+    every: int,
+    total: int,
+    done: int,
+    *,
+    recorded: Iterable[int],
+    written: Iterable[int],
+    available: Iterable[int],
+) -> CatchUp:
+    """The held-out evaluations a run resumed after ``done`` iterations (of ``total``) owes:
+    the base model v0 (due once iteration 1 ended) and the version each iteration ``n < done``
+    trained (v(n+1)) where :func:`due` says so, the last included, less those with a result.
+    A run stopped while an evaluation ran or waited in the queue never got its result, and
+    evaluations are only requested when an iteration ends, so the resumed run asks again
+    (docs/evaluation.md, "Versions"; docs/architecture.md §13). Pure.
+
+    Args:
+        every: ``eval.every`` (0: never evaluated: nothing is owed).
+        total: ``run.iterations``.
+        done: iterations the restored checkpoint holds.
+        recorded: iterations with a row in ``eval.jsonl``.
+        written: iterations with a result file ``eval/iter_NNNN.json``.
+        available: versions in the Tensor Store.
+    """
+    if every <= 0 or done <= 0:
+        return CatchUp()
+    recorded, written, available = set(recorded), set(written), set(available)
+    owed = [-1] + [n for n in range(min(done, total)) if due(n, every, total)]
+    record, evaluate, gone = [], [], []
+    for n in owed:
+        if n in recorded:
+            continue
+        pair = (n, n + 1)
+        if n in written:
+            record.append(pair)
+        elif pair[1] in available:
+            evaluate.append(pair)
+        else:
+            gone.append(pair)
+    return CatchUp(tuple(record), tuple(evaluate), tuple(gone))
 
 
 def cache_dir() -> pathlib.Path:
@@ -38,6 +99,16 @@ def cache_dir() -> pathlib.Path:
 def result_path(run_dir: pathlib.Path, iteration: int) -> pathlib.Path:
     """``eval/iter_NNNN.json`` of 0-based ``iteration`` (numbered from 1; the base model is 0000)."""
     return pathlib.Path(run_dir) / "eval" / f"iter_{max(iteration + 1, 0):04d}.json"
+
+
+def written_iterations(run_dir: pathlib.Path) -> set[int]:
+    """0-based iterations with a result file ``eval/iter_NNNN.json`` (-1: the base model)."""
+    out = set()
+    for path in (pathlib.Path(run_dir) / "eval").glob("iter_*.json"):
+        head = path.stem.removeprefix("iter_")
+        if head.isdigit():
+            out.add(int(head) - 1)
+    return out
 
 
 def result_line(result: dict, base: dict | None = None) -> str:
@@ -55,6 +126,11 @@ def result_line(result: dict, base: dict | None = None) -> str:
     if base is not None and int(base["iteration"]) < 0:
         line += f" (base {scores(base)})"
     return line
+
+
+def row_scores(result: dict) -> dict:
+    """An evaluation's ``eval/*`` for a metrics row, with ``eval/iteration`` (1-based). Pure."""
+    return {k: v for k, v in result.items() if k.startswith("eval/")} | {"eval/iteration": result["iteration"] + 1}
 
 
 def best_evaluation(results: list[dict]) -> dict | None:

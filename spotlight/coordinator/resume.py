@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 
-from spotlight.coordinator.recorder import earlier_sessions
+from spotlight.coordinator.recorder import earlier_sessions, unfinite
 
 log = logging.getLogger("spotlight.coordinator")
 
@@ -41,13 +41,16 @@ def checkpoint_state(coord) -> dict:
     }
 
 
-def write_run_checkpoint(coord, n: int) -> bool:
+def write_run_checkpoint(coord, n: int, *, pending_row: dict | None = None) -> bool:
     """Iteration ``n``'s run checkpoint, if ``run.checkpoint_every`` asks for one (returns whether
-    it was written). The terminal requests of iterations before ``n`` first move out of memory
-    (the Request Scheduler, the prompt-slot map) into ``requests.jsonl``, every iteration: a
-    long run's memory and checkpoints then hold about two iterations of requests (a resume cuts
-    the log back to the length its checkpoint recorded, so a request retired after it is not
-    logged twice)."""
+    it was written). ``pending_row``: the last iteration's metrics row, not yet in
+    ``metrics.jsonl`` because it waits for the evaluation of the final weights; the checkpoint
+    holds it, so a run stopped during that evaluation resumes to the evaluation, the row and the
+    final save without training again (docs/architecture.md §13). The terminal requests of
+    iterations before ``n`` first move out of memory (the Request Scheduler, the prompt-slot
+    map) into ``requests.jsonl``, every iteration: a long run's memory and checkpoints then hold
+    about two iterations of requests (a resume cuts the log back to the length its checkpoint
+    recorded, so a request retired after it is not logged twice)."""
     from spotlight.store.checkpoint import is_checkpoint_iteration
 
     dropped = coord.sched.take_terminal(before_iteration=n)
@@ -57,6 +60,8 @@ def write_run_checkpoint(coord, n: int) -> bool:
     if not is_checkpoint_iteration(n, run.checkpoint_every, run.iterations):
         return False
     state = checkpoint_state(coord)
+    if pending_row is not None:
+        state["pending_row"] = pending_row
     coord.recorder.checkpoint(n, state)
     coord.checkpoint_version = int(state["version"])
     return True
@@ -95,6 +100,9 @@ def restore(coord, now: float) -> None:
     coord.step_times.t_step_s = st["t_step_s"]
     coord.trainers.version_bytes = st["version_bytes"]
     coord.history = recorder.truncate_metrics(int(st["metrics_bytes"]))
+    # the last iteration's row, written after the evaluation of the final weights: the resumed
+    # coordinator joins that evaluation (queued again if it never finished) and writes the row
+    coord.pending_row = unfinite(st["pending_row"]) if st.get("pending_row") else None
     coord.clock.iterations_before_start = len(coord.history)  # done by earlier coordinators: not in the ETA
     # checkpoints from before requests were retired hold every request: start the log empty
     recorder.truncate_requests(int(st.get("requests_bytes", 0)))

@@ -110,6 +110,12 @@ def test_reserved_only_says_once_that_agents_is_ignored(tmp_path):
     assert "ignored" not in res.output, res.output
 
 
+def _write_final(rd: pathlib.Path) -> None:
+    """What a finished run has beside its last checkpoint: the final model (a LoRA run's)."""
+    (rd / "final").mkdir()
+    (rd / "final" / "pytorch_lora_weights.safetensors").write_bytes(b"weights")
+
+
 def _snapshot_files(rd: pathlib.Path) -> dict:
     return {
         str(p.relative_to(rd)): (p.stat().st_mtime_ns, p.read_bytes()) for p in sorted(rd.rglob("*")) if p.is_file()
@@ -126,6 +132,7 @@ def test_resuming_a_finished_run_is_refused_and_leaves_it_untouched(tmp_path):
     (rd / "config.toml").write_text(pathlib.Path(TOY).read_text().replace("\niterations = 20\n", "\niterations = 2\n"))
     (rd / "metrics.jsonl").write_text('{"iteration": 0}\n{"iteration": 1}\n')
     (rd / "status.json").write_text('{"finished": true}')
+    _write_final(rd)
     write_checkpoint(rd, 1, {"iteration": 2}, keep=2)
     before = _snapshot_files(rd)
     res = _up("--local", "--resume", str(rd))
@@ -320,6 +327,24 @@ def test_the_local_cluster_stops_the_agents_before_the_coordinator_closes():
     assert said == ["still stopping agents, workers and trainers (2 processes), please wait"]
 
 
+def test_a_run_stopped_after_its_last_checkpoint_but_before_final_is_not_finished(tmp_path):
+    """Stopped during the evaluation of the final weights or the final save: its checkpoints hold
+    every iteration but final/ is missing (or empty), so --resume and --resume-existing go on to
+    do what is left instead of calling it finished (was: "nothing to do", and no final/ ever)."""
+    from spotlight.cli.up_preflight import _continue_hint, _finished
+    from spotlight.store.checkpoint import write_checkpoint
+
+    rd = tmp_path / "run"
+    rd.mkdir()
+    (rd / "config.toml").write_text(pathlib.Path(TOY).read_text().replace("\niterations = 20\n", "\niterations = 2\n"))
+    write_checkpoint(rd, 1, {"iteration": 2, "pending_row": {"iteration": 1}}, keep=2)
+    assert _finished(rd, 2) is None and "--iterations N" not in _continue_hint(rd)
+    (rd / "final").mkdir()
+    assert _finished(rd, 2) is None  # an empty final/: the save did not get far
+    (rd / "final" / "pytorch_lora_weights.safetensors").write_bytes(b"weights")
+    assert _finished(rd, 2).startswith(f"{rd} is finished (2/2 iterations)")
+
+
 def test_resume_existing_of_a_finished_run_is_nothing_to_do_even_with_config(tmp_path):
     """The systemd unit passes --config and --resume-existing: a finished run must neither be
     re-run nor fail (Restart=on-failure would loop), and --config must not be refused."""
@@ -329,6 +354,7 @@ def test_resume_existing_of_a_finished_run_is_nothing_to_do_even_with_config(tmp
     rd.mkdir()
     (rd / "config.toml").write_text(pathlib.Path(TOY).read_text().replace("\niterations = 20\n", "\niterations = 2\n"))
     (rd / "coordinator.json").write_text(json.dumps({"pid": 999999999, "endpoint": "tcp://127.0.0.1:1"}))
+    _write_final(rd)
     write_checkpoint(rd, 1, {"iteration": 2}, keep=2)
     before = _snapshot_files(rd)
     res = _up("--config", TOY, "--run-dir", str(rd), "--resume-existing")
@@ -370,6 +396,7 @@ def test_a_plain_start_on_a_finished_run_suggests_a_command_that_extends_it(tmp_
     (rd / "config.toml").write_text(pathlib.Path(TOY).read_text().replace("\niterations = 20\n", "\niterations = 2\n"))
     (rd / "metrics.jsonl").write_text('{"iteration": 0}\n{"iteration": 1}\n')
     write_checkpoint(rd, 1, {"iteration": 2}, keep=2)
+    _write_final(rd)
     res = _up("--local", "--config", TOY, "--run-dir", str(rd))
     assert res.exit_code == 2, res.output
     (line,) = res.output.strip().splitlines()
@@ -489,6 +516,7 @@ def test_a_finished_local_run_s_commands_to_go_on_start_its_agents_again(tmp_pat
     (rd / "config.toml").write_text(pathlib.Path(TOY).read_text().replace("\niterations = 20\n", "\niterations = 2\n"))
     (rd / "metrics.jsonl").write_text('{"iteration": 0}\n{"iteration": 1}\n')
     write_checkpoint(rd, 1, {"iteration": 2}, keep=2)
+    _write_final(rd)
     _local_listing(rd)
     res = _up("--local", "--resume", str(rd))
     assert res.exit_code == 2, res.output
