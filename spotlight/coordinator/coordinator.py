@@ -681,10 +681,12 @@ class Coordinator:
     # ------------------------------------------------------------ status & shutdown
     def needed_versions(self) -> set[int]:
         """Weight versions the Tensor Store must keep (:func:`spotlight.core.retention.versions_to_delete`):
-        those live workers hold, those unfinished requests must run with, the last checkpoint's."""
+        those live workers hold, those unfinished requests must run with, the last checkpoint's,
+        and those a held-out evaluation still has to read (queued or running)."""
         unfinished = {r.weight_version for r in self.sched.requests() if not r.status.is_terminal()}
         mine = set() if self.checkpoint_version is None else {self.checkpoint_version}
-        return self.control.versions_in_use() | unfinished | mine
+        evaluating = set() if self.evals is None else set(self.evals.pending_versions)
+        return self.control.versions_in_use() | unfinished | mine | evaluating
 
     def node_registered(self, node_id: str) -> bool:
         """True once agent ``node_id`` has registered with this coordinator (whatever its

@@ -153,3 +153,12 @@ def test_a_resume_reruns_an_evaluation_cut_off_and_records_one_left_unread(tmp_p
     assert [json.loads(line)["iteration"] for line in (run_dir / "eval.jsonl").read_text().splitlines()] == [1]
     assert caplog.text.count("evaluation of v0 skipped") == 1
     assert any("v1" in s for s in said)
+
+
+def test_versions_a_queued_evaluation_will_read_are_kept_by_retention(tmp_path):
+    """A held-out evaluation reads its version from the Tensor Store when it starts, so a version
+    queued or being evaluated must not be deleted meanwhile (was: not in needed_versions, so an
+    evaluation that fell behind found its weights gone)."""
+    coord = _opened(tmp_path / "run")
+    coord.evals.pending_versions = {3, 5}
+    assert {3, 5} <= coord.needed_versions()
