@@ -840,7 +840,7 @@ class _View:
         if running:
             note = f"the coordinator (pid {pid}) is running, but {meta} does not say where it listens"
         else:
-            note = f"{meta} does not say where its coordinator listens: the run shows as stopped"
+            note = f"{meta} does not say where its coordinator listens: the run is shown from its saved status"
         try:
             snap = snapshot_from_run_dir(pathlib.Path(self.rd), note, running=running)
         except (FileNotFoundError, ValueError) as exc:

@@ -602,9 +602,8 @@ class Coordinator:
             )
         if plan.evaluate:
             self.progress(
-                "queued the held-out evaluation of "
+                "queued the held-out evaluations the stop left without a result: "
                 + ", ".join(f"v{v}" for _, v in plan.evaluate)
-                + " (stopped before it finished)"
             )
         for n, version in plan.evaluate:
             self.evals.request(n, version)

@@ -122,9 +122,9 @@ def restore(coord, now: float) -> None:
         version,
         recorder.epoch + 1,
     )
-    coord.events.append(
-        now, "resume", "", f"after iteration {n + 1}/{total}: continuing with iteration {nxt}, weights v{version}"
-    )
-    coord.progress(
-        f"resumed {coord.run_dir} after iteration {n + 1}/{total}: continuing with iteration {nxt} (weights v{version})"
-    )
+    if nxt > total:  # the last iteration is done: what is left is its evaluation and the final save
+        going_on = f"every iteration is done; finishing the run (weights v{version})"
+    else:
+        going_on = f"continuing with iteration {nxt} (weights v{version})"
+    coord.events.append(now, "resume", "", f"after iteration {n + 1}/{total}: {going_on}")
+    coord.progress(f"resumed {coord.run_dir} after iteration {n + 1}/{total}: {going_on}")

@@ -79,7 +79,9 @@ def snapshot(coord, now: float) -> dict:
     metrics history, clock, ``done`` and ``error``) at ``now`` (its monotonic clock). JSON-able."""
     cfg, clock, history, instances = coord.cfg, coord.clock, coord.history, coord.instances
     counts = {kind.value: {k.value: v for k, v in coord.sched.counts(kind=kind).items()} for kind in RequestKind}
-    total, done_n = cfg.run.iterations, len(history)
+    # the last iteration's row waits for the evaluation of the final weights (pending_row after a
+    # resume; the core has ended the iteration): it is done all the same
+    total, done_n = cfg.run.iterations, max(len(history), min(coord.core.iteration, cfg.run.iterations))
     elapsed_s = now - clock.t_start  # this coordinator's
     instances.integrate(now)
     cost = cost_summary(

@@ -301,7 +301,7 @@ def test_a_broken_coordinator_json_shows_the_saved_status_with_a_warning(tmp_pat
         assert f"the coordinator (pid {os.getpid()}) is running, but" in out and "ask it with" in out, out
     else:
         assert code == 0, (code, out, err)
-        assert "does not say where its coordinator listens: the run shows as stopped" in out, out
+        assert "does not say where its coordinator listens: the run is shown from its saved status" in out, out
         assert "stopped (not running; last saved at " in out and "3/10 iterations done" in out, out
         assert "ETA" not in out and "nodes as last seen" in out, out
     code, out, err = _status(str(rd), "--json")  # the snapshot on stdout, the warning beside it

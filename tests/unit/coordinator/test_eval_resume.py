@@ -124,6 +124,7 @@ def test_the_last_checkpoint_is_written_before_the_final_evaluation_and_resumes_
     again = _opened(run_dir, resume_run=True)
     resume.restore(again, 0.0)
     assert again.core.iteration == 2 and again.history == [] and again.pending_row["iteration"] == 1
+    assert again.snapshot(0.0)["iterations_done"] == 2  # status: 2/2 done, the row still to come
     again._catch_up_evaluations()
     assert again.evals.requested == [(-1, 0), (0, 1), (1, 2)]
     final = {"iteration": 1, "version": 2, "eval/score": 0.8}
