@@ -25,6 +25,7 @@ from rich.text import Text
 
 from spotlight.cli.messages import ERROR, WARNING, print_error
 from spotlight.util.cli_paths import path_argument, path_option
+from spotlight.util.coordinator_pid import file_pid
 
 SPARK = "▁▂▃▄▅▆▇█"
 EVENT_ROWS = 15
@@ -533,7 +534,7 @@ def register(app: typer.Typer) -> None:
             rd, info, fault, why = _run_dir_info(rd)
             if info is None:  # coordinator.json cannot say where the coordinator listens
                 _View(console, rd, as_json=as_json, watch=watch, interval_s=interval_s, why=why).unusable(
-                    fault, _file_pid(rd)
+                    fault, file_pid(rd)
                 )
                 return
             endpoint, pid = info["endpoint"], info.get("pid")
@@ -625,16 +626,6 @@ def _run_dir_info(rd: Optional[pathlib.Path]) -> tuple[pathlib.Path, Optional[di
     except ValueError:
         return rd, None, f"{meta}: its 'endpoint' {json.dumps(info['endpoint'])} is not HOST:PORT", why
     return rd, info, "", why
-
-
-def _file_pid(run_dir: pathlib.Path):
-    """The ``pid`` of ``run_dir/coordinator.json`` if the file is a JSON object, whatever else
-    it lacks (None: no such file, not JSON, not an object, no ``pid``)."""
-    try:
-        info = json.loads((pathlib.Path(run_dir) / "coordinator.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return info.get("pid") if isinstance(info, dict) else None
 
 
 def _coordinator_pid(run_dir: pathlib.Path, endpoint: Optional[str] = None):

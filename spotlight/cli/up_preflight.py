@@ -662,12 +662,9 @@ def _running_coordinator(run_dir: pathlib.Path) -> int | None:
     (:func:`spotlight.util.coordinator_pid.coordinator_not_running`: a pid reused by a process that
     started after the file was written, a zombie or a process that is not Spotlight's is no
     coordinator). This very process is none either: it is the one about to start the run."""
-    from spotlight.util.coordinator_pid import coordinator_not_running
+    from spotlight.util.coordinator_pid import coordinator_not_running, file_pid
 
-    try:
-        pid = json.loads((pathlib.Path(run_dir) / "coordinator.json").read_text()).get("pid")
-    except (OSError, ValueError, AttributeError):
-        return None
+    pid = file_pid(run_dir)
     if isinstance(pid, bool) or not isinstance(pid, int) or pid == os.getpid():
         return None
     return pid if coordinator_not_running(run_dir, pid) is None else None

@@ -94,6 +94,17 @@ def process_facts(pid: int) -> Optional[ProcessFacts]:
     return ProcessFacts(**got)
 
 
+def file_pid(run_dir: pathlib.Path):
+    """The ``pid`` value of ``run_dir/coordinator.json`` as written (any JSON value), read even
+    when the rest of the file is wrong; None when there is no such file, it is not a JSON
+    object, or it names no pid."""
+    try:
+        info = json.loads((pathlib.Path(run_dir) / "coordinator.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return info.get("pid") if isinstance(info, dict) else None
+
+
 def coordinator_not_running(run_dir: Optional[pathlib.Path], pid) -> Optional[str]:
     """:func:`coordinator_verdict` of ``pid`` (from ``run_dir/coordinator.json``; ``run_dir``
     None: the file's time is unknown, and that check is skipped) as this process sees it."""
