@@ -31,16 +31,14 @@ import dataclasses
 import json
 import logging
 import math
-import os
 import pathlib
-import shutil
 import time
 
 import numpy as np
 import torch
 
 from spotlight.config import SpotlightConfig, load_config, resolve_path
-from spotlight.util.atomic_file import write_text_atomic
+from spotlight.util.atomic_file import replace_dir_atomic, write_text_atomic
 
 log = logging.getLogger("spotlight.eval")
 
@@ -195,23 +193,15 @@ def keep_best(run_dir: pathlib.Path, family, transformer, cfg: SpotlightConfig, 
         before = -math.inf
     if not result["eval/score"] > before:
         return False
-    tmp = run_dir / "best.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
     from spotlight.models.lora import adapter_metadata, lora_spec
 
-    if lora_spec(cfg.train):
-        adapter = {k.replace(".default.", "."): v.float() for k, v in state_dict.items()}
-        family.save_lora(tmp, adapter, adapter_metadata(transformer))
-    else:
-        transformer.save_pretrained(str(tmp))
-    _atomic_json(tmp / "best.json", result)
-    old = run_dir / "best.old"
-    shutil.rmtree(old, ignore_errors=True)
-    if best.exists():
-        os.replace(best, old)
-    os.replace(tmp, best)
-    shutil.rmtree(old, ignore_errors=True)
+    with replace_dir_atomic(best) as tmp:
+        if lora_spec(cfg.train):
+            adapter = {k.replace(".default.", "."): v.float() for k, v in state_dict.items()}
+            family.save_lora(tmp, adapter, adapter_metadata(transformer))
+        else:
+            transformer.save_pretrained(str(tmp))
+        _atomic_json(tmp / "best.json", result)
     return True
 
 

@@ -695,25 +695,28 @@ class FlowGRPOTrainer:
         ``pipeline.load_lora_weights(path)`` or ``transformer.load_lora_adapter(path,
         prefix="transformer")``).
         """
+        from spotlight.util.atomic_file import replace_dir_atomic
         from spotlight.util.disk import ensure_free_space
 
         # saved in fp32; every rank checks, before any collective
         counted = self.params if self.lora else list(self.model.parameters())
         ensure_free_space(path, 4 * sum(p.numel() for p in counted), "the final model")
+        # written beside ``path`` and swapped in: a crash in the save leaves no ``path`` (the run
+        # is then not finished, and ``up --resume`` saves again), never a partial one
         if self.lora:
             sd = self.version_state_dict()
             if self.rank == 0:
-                pathlib.Path(path).mkdir(parents=True, exist_ok=True)
                 adapter = {k.replace(".default.", "."): v.float() for k, v in sd.items()}  # peft's saved naming
-                self.family.save_lora(path, adapter, adapter_metadata(self.model))
+                with replace_dir_atomic(path) as tmp:
+                    self.family.save_lora(tmp, adapter, adapter_metadata(self.model))
         else:
             sd = self.full_state_dict()
             if self.rank == 0:
                 with torch.device("meta"):  # no second full-size allocation (20 B parameters = 80 GB fp32)
                     model = self.family.transformer_cls().from_config(self._diffusers_config)
                 model.load_state_dict(sd, assign=True)
-                pathlib.Path(path).mkdir(parents=True, exist_ok=True)
-                model.save_pretrained(str(path))
+                with replace_dir_atomic(path) as tmp:
+                    model.save_pretrained(str(tmp))
         if self.rank == 0:
             log.info("saved %s to %s", "LoRA adapter" if self.lora else "weights", path)
         dist.barrier()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from spotlight.util.atomic_file import write_text_atomic
+from spotlight.util.atomic_file import replace_dir_atomic, write_text_atomic
 
 
 def test_it_writes_and_replaces(tmp_path):
@@ -41,3 +41,29 @@ def test_the_coordinator_files_are_written_atomically(tmp_path, monkeypatch):
     recorder.write_coordinator_json(tmp_path, "tcp://127.0.0.1:5555", "tcp://127.0.0.1:5556", None)
     recorder.write_status(tmp_path, {"iteration": 1})
     assert calls == ["coordinator.json", "status.json"]
+
+
+def test_a_folder_is_replaced_whole_or_not_at_all(tmp_path):
+    final = tmp_path / "final"
+    with replace_dir_atomic(final) as tmp:
+        assert tmp.parent == tmp_path and not final.exists()  # nothing at final/ while it is written
+        (tmp / "a.safetensors").write_bytes(b"1")
+    assert sorted(p.name for p in final.iterdir()) == ["a.safetensors"]
+    with pytest.raises(OSError):
+        with replace_dir_atomic(final) as tmp:
+            (tmp / "b.safetensors").write_bytes(b"2")
+            raise OSError(28, "No space left on device")
+    assert sorted(p.name for p in final.iterdir()) == ["a.safetensors"]  # the earlier folder, untouched
+    with replace_dir_atomic(final) as tmp:
+        (tmp / "c.safetensors").write_bytes(b"3")
+    assert sorted(p.name for p in final.iterdir()) == ["c.safetensors"]
+    assert [p.name for p in tmp_path.iterdir()] == ["final"]
+
+
+def test_a_temporary_folder_an_earlier_crash_left_is_not_carried_over(tmp_path):
+    (tmp_path / "final.tmp").mkdir()
+    (tmp_path / "final.tmp" / "half.safetensors").write_bytes(b"x")
+    with replace_dir_atomic(tmp_path / "final") as tmp:
+        (tmp / "whole.safetensors").write_bytes(b"y")
+    assert [p.name for p in (tmp_path / "final").iterdir()] == ["whole.safetensors"]
+    assert [p.name for p in tmp_path.iterdir()] == ["final"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -228,6 +229,32 @@ def test_save_pretrained_roundtrip(pg, trained, tmp_path):
         old = make_velocity_fn(base, cfg.model)(x, sigma, cond)
     assert torch.equal(out, want)
     assert not torch.equal(out, old)  # the trained weights, not the initial ones
+
+
+def test_a_final_save_cut_short_leaves_no_final_folder_and_an_earlier_one_intact(pg, trained, tmp_path, monkeypatch):
+    """A crash or a full disk inside the final save leaves no partial ``final/``: ``up --resume``
+    counts a run with ``final/`` as finished, so a partial one would be the run's result."""
+    from diffusers import ModelMixin
+
+    cfg = trained["cfg"]
+    tr = FlowGRPOTrainer(
+        cfg, rank=0, world_size=1, device=torch.device("cpu"), text_dim=TEXT_DIM, initial_state_dict=trained["after"]
+    )
+
+    def cut_short(self, directory, **kwargs):
+        (pathlib.Path(directory) / "config.json").write_text("{}")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(ModelMixin, "save_pretrained", cut_short)
+    with pytest.raises(OSError, match="No space left"):
+        tr.save_pretrained(tmp_path / "final")
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "best").mkdir()
+    (tmp_path / "best" / "config.json").write_text('{"kept": true}')
+    with pytest.raises(OSError, match="No space left"):
+        tr.save_pretrained(tmp_path / "best")
+    assert [p.name for p in tmp_path.iterdir()] == ["best"]
+    assert (tmp_path / "best" / "config.json").read_text() == '{"kept": true}'
 
 
 def _free_port() -> int:
