@@ -574,10 +574,18 @@ class Coordinator:
         return evaluation.row_scores(results[-1]) if results else {}
 
     def _catch_up_evaluations(self) -> None:
-        """A resumed run: record the results an earlier coordinator left unread, queue the due
+        """A resumed run: drop the results of the iterations it trains again, record the results
+        an earlier coordinator left unread, queue the due
         evaluations that never finished (:func:`~spotlight.coordinator.evaluation.catch_up`), and
         say once which were skipped because their version is deleted (docs/evaluation.md)."""
         done, total = self.core.iteration, self.cfg.run.iterations
+        stale = evaluation.drop_discarded(self.run_dir, done)
+        if stale:
+            self.progress(
+                "dropped the held-out results of iteration "
+                + ", ".join(str(n + 1) for n in stale)
+                + ": the stop came before its checkpoint, so it is trained and evaluated again"
+            )
         plan = evaluation.catch_up(
             self.cfg.eval.every,
             total,

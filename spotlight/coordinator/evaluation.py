@@ -88,6 +88,44 @@ def catch_up(
     return CatchUp(tuple(record), tuple(evaluate), tuple(gone))
 
 
+def discarded(done: int, iterations: Iterable[int]) -> list[int]:
+    """The iterations among ``iterations`` (0-based, -1 = the base model) whose held-out results
+    are of weights a run resumed after ``done`` checkpointed iterations throws away: it trains
+    iteration ``done`` and those after it again, so an evaluation an earlier coordinator ran of
+    them scored weights no longer in the run (docs/evaluation.md, "Versions"). Pure."""
+    return sorted(n for n in set(iterations) if n >= done >= 0)
+
+
+def drop_discarded(run_dir: pathlib.Path, done: int) -> list[int]:
+    """Remove the results :func:`discarded` names from ``run_dir``: their ``eval/iter_NNNN.json``
+    and ``.png``, and their lines of ``eval.jsonl`` (rewritten atomically; a line that is not
+    JSON is kept as it is). Returns those iterations. Without this, the re-trained iteration's
+    evaluation would be taken as done (its result file exists) and the old score reported."""
+    from spotlight.util.atomic_file import write_text_atomic
+
+    run_dir = pathlib.Path(run_dir)
+    path = run_dir / "eval.jsonl"
+    lines = path.read_text().splitlines() if path.is_file() else []
+
+    def iteration_of(line: str) -> int | None:
+        try:
+            return int(json.loads(line)["iteration"])
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    in_log = [n for n in map(iteration_of, lines) if n is not None]
+    stale = discarded(done, [*in_log, *written_iterations(run_dir)])
+    if not stale:
+        return []
+    for n in stale:
+        result_path(run_dir, n).unlink(missing_ok=True)
+        result_path(run_dir, n).with_suffix(".png").unlink(missing_ok=True)
+    if any(n in stale for n in in_log):
+        kept = [line for line in lines if iteration_of(line) not in stale]
+        write_text_atomic(path, "".join(line + "\n" for line in kept))
+    return stale
+
+
 def cache_dir() -> pathlib.Path:
     """The prompt-embedding cache: ``$XDG_CACHE_HOME/spotlight`` (default ``~/.cache/spotlight``)."""
     import os

@@ -163,3 +163,49 @@ def test_versions_a_queued_evaluation_will_read_are_kept_by_retention(tmp_path):
     coord = _opened(tmp_path / "run")
     coord.evals.pending_versions = {3, 5}
     assert {3, 5} <= coord.needed_versions()
+
+
+def test_discarded_names_the_iterations_a_resume_trains_again():
+    from spotlight.coordinator.evaluation import discarded
+
+    assert discarded(2, [-1, 0, 1, 2, 3]) == [2, 3]
+    assert discarded(0, [-1, 0]) == [0]  # the base model's evaluation is never of discarded weights
+    assert discarded(5, [-1, 1, 4]) == []
+
+
+def test_a_result_of_weights_the_resume_trains_again_is_dropped_and_evaluated_again(tmp_path):
+    """Was: a stop between iteration 2's evaluation and its checkpoint left ``eval/iter_0002.json``;
+    the resumed run trained iteration 2 again, found that file, took the evaluation as done, and
+    reported the discarded weights' score for the new ones."""
+    from spotlight.coordinator.evaluation import Evaluations
+
+    run_dir = tmp_path / "run"
+    coord = _opened(run_dir)
+    _publish(coord, 0, 1, 2)
+    coord.core.iteration = 1  # the checkpoint holds iteration 1; iteration 2 is trained again
+    (run_dir / "eval").mkdir()
+    rows = [{"iteration": n, "version": n + 1, "eval/score": 0.5 + n / 10} for n in (-1, 0, 1)]
+    for r in rows:
+        path = run_dir / "eval" / f"iter_{r['iteration'] + 1:04d}"
+        path.with_suffix(".json").write_text(json.dumps(r))
+        path.with_suffix(".png").write_bytes(b"png")
+    (run_dir / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"iteration": 1, "ver')
+    said = []
+    coord.progress = said.append
+    coord._catch_up_evaluations()
+    assert sorted(p.name for p in (run_dir / "eval").iterdir()) == [
+        "iter_0000.json",
+        "iter_0000.png",
+        "iter_0001.json",
+        "iter_0001.png",
+    ]
+    lines = (run_dir / "eval.jsonl").read_text().splitlines()
+    assert [json.loads(line)["iteration"] for line in lines[:2]] == [-1, 0]
+    assert lines[2:] == ['{"iteration": 1, "ver']  # a torn line is kept as it was
+    assert coord.evals.requested == []  # v0 and v1 have their results
+    assert any("iteration 2" in s and "again" in s for s in said)
+    # the re-trained iteration's evaluation is requested, not taken as done
+    evals = Evaluations(run_dir, tmp_path / "cache")
+    evals._start_next = lambda: None
+    evals.request(1, 2)
+    assert evals.queue == [(1, 2)]
