@@ -653,12 +653,12 @@ def pick_run(runs: pathlib.Path) -> tuple[pathlib.Path, str]:
     """The run ``status`` shows when it is given none: the one whose coordinator is running, or,
     with none running, the newest (by its ``coordinator.json``); and the reason, for the screen.
     Runs whose ``coordinator.json`` is unreadable (:func:`read_coordinator_json`) are skipped,
-    and the reason names them.
+    and the reason names them; when every run's is, the newest that saved a ``status.json``.
 
     Raises:
         typer.Exit: with one line: 2, no run under ``runs`` or several running (which to show is
             the user's choice: the line names them); :data:`UNREADABLE_EXIT`, every run's
-            ``coordinator.json`` is unreadable (the line says why, for each).
+            ``coordinator.json`` is unreadable and none saved its status (the line says why, for each).
     """
     found, bad = [], []
     for meta in runs.glob("*/coordinator.json"):
@@ -671,6 +671,11 @@ def pick_run(runs: pathlib.Path) -> tuple[pathlib.Path, str]:
         print_error(f"[red]error:[/red] no --coordinator or RUN_DIR given and no {runs}/*/coordinator.json found")
         raise typer.Exit(2)
     if not found:
+        # a crash can leave every coordinator.json unreadable; the newest run that saved its
+        # status is then shown from it (with a warning naming the fault: _View.unusable)
+        saved = sorted((d for d, _ in bad if (d / "status.json").is_file()), key=_mtime, reverse=True)
+        if saved:
+            return saved[0], f"the newest run under {runs}/ that saved its status; no coordinator.json is readable"
         why = "; ".join(escape(str(exc)) for _, exc in sorted(bad, key=lambda b: str(b[0])))
         print_error(
             f"[red]error:[/red] no --coordinator or RUN_DIR given and no readable {runs}/*/coordinator.json: {why}"
@@ -690,6 +695,13 @@ def pick_run(runs: pathlib.Path) -> tuple[pathlib.Path, str]:
         return running[0], f"the only running run under {runs}/{skipped}"
     others = f" of {len(found)}" if len(found) > 1 else ""
     return found[0][1], f"the newest run{others} under {runs}/; none is running{skipped}"
+
+
+def _mtime(run_dir: pathlib.Path) -> float:
+    try:
+        return (run_dir / "coordinator.json").stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def _client_keys(keys: Optional[pathlib.Path], rd: Optional[pathlib.Path], key: Optional[str]):

@@ -364,7 +364,14 @@ def test_with_no_run_dir_an_unreadable_newest_run_is_skipped_and_named(tmp_path,
     assert code == 0, out + err
     assert f"run dir {good.resolve()}  (the newest run under runs/; none is running; skipped " in out, out
     assert "runs/no-endpoint, runs/zz-garbage (coordinator.json unreadable))" in out, out
-    (good / "coordinator.json").write_text("")  # none readable: an error that says why, for each
+    (good / "coordinator.json").write_text("")  # none readable: the newest saved status is shown
+    code, out, err = _status()
+    assert code == 0, out + err
+    assert f"run dir {good.resolve()}" in out and "finished: 10/10 iterations" in out, out  # emptied last: newest
+    assert "that saved its status; no coordinator.json is readable" in out, out
+    assert err.startswith("warning: ") and "good/coordinator.json: not JSON (empty)" in err, err
+    for run in ("good", "zz-garbage", "no-endpoint"):  # and none saved its status: an error that says why, for each
+        (tmp_path / "runs" / run / "status.json").unlink()
     code, out, err = _status()
     assert code == 1 and not out, out + err
     assert err.startswith("error: no --coordinator or RUN_DIR given and no readable runs/*/coordinator.json: "), err
