@@ -264,10 +264,15 @@ def _norm(text: str) -> str:
 def main(argv: list[str] | None = None) -> None:
     """Regenerate the shipped training sets (``--out examples/prompts``)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="examples/prompts", help="folder holding geneval/ and ocr/")
+    from spotlight.util.cli_paths import nonempty_path_arg
+
+    ap.add_argument(
+        "--out", default="examples/prompts", type=nonempty_path_arg, help="folder holding geneval/ and ocr/"
+    )
     ap.add_argument(
         "--geneval-eval",
         default="examples/default/prompts/evaluation_metadata.jsonl",
+        type=nonempty_path_arg,
         help="GenEval's 553 evaluation records (kept out of the training set)",
     )
     ap.add_argument("--seed", type=int, default=0)

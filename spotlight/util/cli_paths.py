@@ -6,7 +6,8 @@ empties, writes or deletes in the folder it is given would do so there (the agen
 cache drops its ``v*.safetensors`` at start). Every path of ``spotlight`` and
 ``spotlight-agent`` goes through :func:`nonempty_path` (a typer ``parser``), so an empty value
 is a usage error that names the option (``cli_run.run_app``: status 2) before the command
-does anything; ``.`` still means the working directory. Never imports torch."""
+does anything; ``.`` still means the working directory. The ``argparse`` entry points a person
+runs use :func:`nonempty_path_arg`. Never imports torch."""
 
 from __future__ import annotations
 
@@ -46,6 +47,20 @@ def nonempty_path_text(value: Any) -> str:
     if empty_path(value):
         raise typer.BadParameter(EMPTY_PATH)
     return str(value)
+
+
+def nonempty_path_arg(value: str) -> str:
+    """An ``argparse`` ``type=`` for a path of the ``python -m`` entry points a person runs
+    (``spotlight.workers.train.launch`` under torchrun or srun, the shapes pretraining): ``value``,
+    an empty one refused (argparse: ``argument --out: empty; …``, status 2).
+
+    Raises:
+        argparse.ArgumentTypeError: ``value`` is empty."""
+    import argparse
+
+    if empty_path(value):
+        raise argparse.ArgumentTypeError(EMPTY_PATH)
+    return value
 
 
 def path_option(*args: Any, **kwargs: Any) -> Any:

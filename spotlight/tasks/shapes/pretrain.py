@@ -623,12 +623,15 @@ def _check_args(args) -> str | None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line of ``python -m spotlight.tasks.shapes.pretrain``."""
+    from spotlight.util.cli_paths import nonempty_path_arg
+
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument(
         "--out",
         default="runs/pretrain-shapes",
+        type=nonempty_path_arg,
         help="output folder: checkpoints step_NNNNN/ (EMA weights) and train_log.jsonl (default: %(default)s)",
     )
     ap.add_argument("--steps", type=int, default=2400, help="optimizer steps (default: %(default)s)")

@@ -52,6 +52,7 @@ class Refused(Exception):
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
+    from spotlight.util.cli_paths import nonempty_path_arg
     from spotlight.workers.train.train_worker import PEER_TIMEOUT_S
 
     ap = argparse.ArgumentParser(
@@ -66,7 +67,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     )
     ap.add_argument(
         "--keys",
-        default=os.environ.get("SPOTLIGHT_KEYS"),
+        default=os.environ.get("SPOTLIGHT_KEYS") or None,
+        type=nonempty_path_arg,
         metavar="DIR",
         help="directory with the coordinator's server.key and a trainer.<name>.key_secret (`spotlight keys add KEYS "
         "trainer NAME`); default $SPOTLIGHT_KEYS",
@@ -75,12 +77,17 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--checkpoint-dir",
         default=None,
+        type=nonempty_path_arg,
         metavar="DIR",
         help="where the trainer checkpoints go (every rank must see the same directory: a shared file system); "
         "default: the coordinator's RUN_DIR/checkpoints/train",
     )
     ap.add_argument(
-        "--spool-dir", default=None, metavar="DIR", help="rank 0's scratch for each version (default: temp dir)"
+        "--spool-dir",
+        default=None,
+        type=nonempty_path_arg,
+        metavar="DIR",
+        help="rank 0's scratch for each version (default: temp dir)",
     )
     ap.add_argument(
         "--connect-timeout-s",
@@ -101,7 +108,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         help="a rank silent this long is taken as dead: the others abort their communicator and exit",
     )
     ap.add_argument(
-        "--log-file", default=None, metavar="PATH", help="also log to PATH ({rank} is replaced by the rank)"
+        "--log-file",
+        default=None,
+        type=nonempty_path_arg,
+        metavar="PATH",
+        help="also log to PATH ({rank} is replaced by the rank)",
     )
     ap.add_argument("--text-dim", type=int, default=384, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)

@@ -192,3 +192,31 @@ def test_an_option_that_is_no_path_keeps_its_empty_value():
 def test_path_options_still_read_path_in_the_help():
     res = CliRunner().invoke(agent_app, ["join", "--help"], env={"COLUMNS": "120"})
     assert "--weights-dir <path>" in res.stdout and "--keys <path>" in res.stdout, res.stdout
+
+
+ARGPARSE_PATHS = [
+    ("spotlight.workers.train.launch", "_parse", ["--coordinator", "127.0.0.1:9", "--keys", "k"], "--keys"),
+    ("spotlight.workers.train.launch", "_parse", ["--coordinator", "127.0.0.1:9", "--keys", "k"], "--checkpoint-dir"),
+    ("spotlight.workers.train.launch", "_parse", ["--coordinator", "127.0.0.1:9", "--keys", "k"], "--spool-dir"),
+    ("spotlight.workers.train.launch", "_parse", ["--coordinator", "127.0.0.1:9", "--keys", "k"], "--log-file"),
+    ("spotlight.tasks.shapes.pretrain", "main", [], "--out"),
+    ("spotlight.tasks.prompt_sets", "main", [], "--out"),
+    ("spotlight.tasks.prompt_sets", "main", [], "--geneval-eval"),
+]
+"""The ``python -m`` entry points a person runs (torchrun/srun ranks, the shapes pretraining, the
+prompt sets): argparse, not typer, so the walk above does not see them."""
+
+
+@pytest.mark.parametrize("module, func, others, option", ARGPARSE_PATHS, ids=lambda v: v if isinstance(v, str) else "")
+def test_an_empty_path_of_an_argparse_entry_point_is_a_usage_error(module, func, others, option, capsys, monkeypatch):
+    """Was: ``--checkpoint-dir ''`` fell back to the default in silence, and ``pretrain --out ''``
+    wrote its checkpoints into the working directory."""
+    import importlib
+
+    monkeypatch.delenv("SPOTLIGHT_KEYS", raising=False)
+    entry = getattr(importlib.import_module(module), func)
+    argv = [a for i, a in enumerate(others) if not (a == option or (i and others[i - 1] == option))]
+    with pytest.raises(SystemExit) as exc:
+        entry([*argv, f"{option}="])
+    assert exc.value.code == 2
+    assert f"argument {option}: {EMPTY_PATH}" in capsys.readouterr().err
