@@ -41,8 +41,8 @@ def _adopt(entry: dict | None, listed_unix_s: float | None = None):
     are not adopted: their mock metadata server died with the old coordinator process. A pid
     is only a number: a process that started after the listing was written is another one
     that got the pid (another run's agent, say), and is not adopted
-    (:data:`spotlight.util.coordinator_pid.START_SLACK_S` as for the coordinator's pid)."""
-    from spotlight.util.coordinator_pid import START_SLACK_S
+    (:func:`spotlight.util.coordinator_pid.started_after`, as for the coordinator's pid)."""
+    from spotlight.util.coordinator_pid import started_after
 
     pid = entry.get("pid") if isinstance(entry, dict) else None
     if not entry or entry.get("cloud") or isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
@@ -54,7 +54,7 @@ def _adopt(entry: dict | None, listed_unix_s: float | None = None):
         started = p.create_time()
     except Exception:  # psutil.Error: the check cannot be made, as for the coordinator's pid
         return p
-    return None if started > listed_unix_s + START_SLACK_S else p
+    return None if started_after(started, listed_unix_s) else p
 
 
 def _spawn_agent(

@@ -31,6 +31,15 @@ MARKER = "spotlight"
 """What a coordinator's command line holds (``spotlight up``, ``python -m spotlight…``)."""
 
 
+def started_after(started_unix_s: Optional[float], written_unix_s: Optional[float]) -> bool:
+    """Whether a process that started at ``started_unix_s`` started after a file written at
+    ``written_unix_s`` (beyond :data:`START_SLACK_S`), and so is not the process the file names
+    (False when either time is unknown: the check cannot be made). Pure."""
+    if started_unix_s is None or written_unix_s is None:
+        return False
+    return started_unix_s > written_unix_s + START_SLACK_S
+
+
 @dataclasses.dataclass(frozen=True)
 class ProcessFacts:
     """What could be read of a live process; None where it could not (another user's process,
@@ -59,9 +68,8 @@ def coordinator_verdict(
         return "coordinator.json names no pid" if pid is None else f"coordinator.json's pid {json.dumps(pid)} is no pid"
     if facts is None or facts.zombie:
         return ""
-    if written_unix_s is not None and facts.started_unix_s is not None:
-        if facts.started_unix_s > written_unix_s + START_SLACK_S:
-            return f"pid {pid} is now another process, started after coordinator.json was written"
+    if started_after(facts.started_unix_s, written_unix_s):
+        return f"pid {pid} is now another process, started after coordinator.json was written"
     if pid == own_pid:
         return None
     if facts.cmdline is not None and MARKER not in facts.cmdline:
