@@ -538,12 +538,13 @@ def _check_memory(cfg: SpotlightConfig) -> MemoryCheck:
     The limit is ``cluster.gpu_memory_gib`` (trainer and rollout GPUs), else the smallest
     of this host's GPUs as ``nvidia-smi`` reports them (the trainer GPUs: the trainers run
     here; spot GPUs are elsewhere). The plan is of bf16 on CUDA where this host has GPUs or
-    the limit is given, else of fp32 on the CPU. Without a limit, a transformer that cannot be
+    the limit is given, else of fp32 on the CPU, where one process's need is checked against this
+    host's memory (:func:`host_memory_problem`). Without a limit, a transformer that cannot be
     counted gives a check without a plan (its ``note`` says why).
 
     Raises:
-        Stop: the plan exceeds the limit (with its numbers), or a limit is given and the
-            transformer cannot be counted.
+        Stop: the plan exceeds the limit or, on a CPU host, the host's memory (with its
+            numbers), or a limit is given and the transformer cannot be counted.
     """
     from spotlight.cli.plan import make_plan
     from spotlight.errors import SpotlightError
@@ -564,6 +565,11 @@ def _check_memory(cfg: SpotlightConfig) -> MemoryCheck:
         plan = dataclasses.replace(plan, gpu_limit_bytes=gpus.smallest_bytes)
         source, kinds = f"this host's GPU size ({gpus.describe()})", ("trainer GPU",)
     else:
+        if (why := host_memory_problem(plan, _host_memory_bytes())) is not None:
+            raise refuse(
+                f"the run does not fit this host: {why}; `spotlight plan CONFIG` prints the whole estimate "
+                "(docs/planning.md)"
+            )
         return MemoryCheck(plan, device, None)
     problems = plan.problems(limit_source=source, kinds=kinds)
     if problems:
@@ -574,6 +580,30 @@ def _check_memory(cfg: SpotlightConfig) -> MemoryCheck:
             f"or more trainer GPUs){override}"
         )
     return MemoryCheck(plan, device, source)
+
+
+def host_memory_problem(plan, host_bytes: int | None) -> str | None:
+    """Why a CPU run of ``plan`` (fp32, host memory) cannot run on a host of ``host_bytes``: one
+    trainer rank or one Rollout Worker alone needs more than the whole host has (it would be
+    killed, or abort, when it allocates); None when each fits, or the size is unknown. Pure."""
+    from spotlight.core.memory_plan import size_text
+
+    if not host_bytes:
+        return None
+    for what, need in (("a trainer rank", plan.trainer_gpu_bytes), ("a Rollout Worker", plan.rollout_gpu_bytes)):
+        if need > host_bytes:
+            return f"{what} needs {size_text(need)} of host memory but this host has {size_text(host_bytes)}"
+    return None
+
+
+def _host_memory_bytes() -> int | None:
+    """This host's memory (``psutil``), None if it cannot be read."""
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().total)
+    except Exception:  # noqa: BLE001 - a check that cannot be made is skipped
+        return None
 
 
 def _check_reward(run: UpRun) -> None:

@@ -97,6 +97,25 @@ def test_memory_check_and_summary_on_a_cpu_host_and_with_a_limit(tmp_path, monke
     assert "of 81920.0 MiB (cluster.gpu_memory_gib)" in line and "CUDA reserve 1024.0" in line
 
 
+def test_a_cpu_run_one_process_of_which_needs_more_than_the_host_has_is_refused(tmp_path, monkeypatch):
+    """Was: on a CPU host nothing was checked: ``model.max_text_tokens = 10**12`` planned a
+    trainer rank of a billion GiB, started, and aborted with "memory allocation … failed"."""
+    import spotlight.cli.up_preflight as pre
+    from spotlight.cli.up_preflight import Stop
+    from spotlight.config import load_config
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi: a CPU host
+    monkeypatch.setattr(pre, "_host_memory_bytes", lambda: 16 << 30)
+    assert pre._check_memory(load_config(None)).plan is not None  # the default fits 16 GiB
+    with pytest.raises(Stop) as exc:
+        pre._check_memory(load_config(None, {"cluster.worker_batch_size": 10**9}))
+    assert "does not fit this host: a trainer rank needs " in str(exc.value), exc.value
+    assert "this host has 16.0 GiB" in str(exc.value)
+    plan = pre._check_memory(load_config(None)).plan
+    assert pre.host_memory_problem(plan, plan.trainer_gpu_bytes - 1).startswith("a trainer rank needs ")
+    assert pre.host_memory_problem(plan, None) is None
+
+
 def test_plan_of_the_tiny_model_speaks_mib_and_counts_its_parameters():
     res = CliRunner().invoke(app, ["plan"], env={"COLUMNS": "200"})
     assert res.exit_code == 0, res.output
