@@ -39,6 +39,10 @@ from spotlight.errors import SpotlightError
 from spotlight.rl.sampler import Conditioning
 
 LORA_WEIGHTS_NAME = "pytorch_lora_weights.safetensors"
+
+LORA_LAYER_TYPES = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, torch.nn.Embedding)
+"""The layer types a ``train.lora_target_modules`` name may match: those peft's LoRA wraps (it
+refuses any other module a name matches, such as a norm or a whole block, when it injects)."""
 """The adapter file :meth:`ModelFamily.save_lora` writes (diffusers' name)."""
 
 
@@ -166,7 +170,8 @@ class ModelFamily(abc.ABC):
         ``meta`` device from its config: no weights load).
 
         Raises:
-            ModelLoadError: a name matches no module (the message lists them).
+            ModelLoadError: a name matches no module (the message lists them), or matches one
+                that LoRA cannot wrap (:data:`LORA_LAYER_TYPES`: a norm, a block, the model).
         """
         import diffusers
 
@@ -174,13 +179,26 @@ class ModelFamily(abc.ABC):
         cls = getattr(diffusers, self.transformer_class)
         with torch.device("meta"):
             model = cls.from_config(read_json(config_path)) if config_path else self.build_transformer()
-        names = [n for n, _ in model.named_modules()]
-        unknown = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
+        modules = [(n, m) for n, m in model.named_modules() if n]  # "" is the model itself
+
+        def matched(t: str) -> list:
+            return [(n, m) for n, m in modules if t and (n == t or n.endswith("." + t))]
+
+        examples = ", ".join(self.default_lora_targets[:4])
+        unknown = [t for t in targets if not matched(t)]
         if unknown:
             raise ModelLoadError(
-                f"train.lora_target_modules: {unknown} match no module of {self.transformer_class} (e.g. "
-                f"{', '.join(self.default_lora_targets[:4])})"
+                f"train.lora_target_modules: {unknown} match no module of {self.transformer_class} (e.g. {examples})"
             )
+        # peft wraps only these layer types and refuses any other module a name matches
+        for t in targets:
+            other = [(n, m) for n, m in matched(t) if not isinstance(m, LORA_LAYER_TYPES)]
+            if other:
+                n, m = other[0]
+                raise ModelLoadError(
+                    f"train.lora_target_modules: {t!r} matches {n} ({type(m).__name__}), which LoRA cannot "
+                    f"wrap: name Linear layers (e.g. {examples})"
+                )
 
     def identity(self) -> str:
         """Stable text naming the checkpoint and prompt settings (prompt-cache key).

@@ -61,6 +61,45 @@ def test_unknown_lora_targets_are_named(ckpts):
     with pytest.raises(ModelLoadError, match=r"\['to_qq', 'foo'\]"):
         fam.check_lora_targets(["to_q", "to_qq", "foo"])
     get_family(ModelConfig()).check_lora_targets(["to_q", "img_mlp.net.2"])  # tiny, built from config
+    for name in ("sd3", "flux", "qwen-image"):  # every family's default targets are layers LoRA wraps
+        if name in ckpts:
+            fam = _fam(name, ckpts[name])
+            fam.check_lora_targets(list(fam.default_lora_targets))
+
+
+@pytest.mark.parametrize("target", ["norm_out", "transformer_blocks", "transformer_blocks.0.img_mod", "attn"])
+def test_a_lora_target_that_is_no_layer_lora_wraps_is_refused_before_the_run(target):
+    """Was: a name that matched a norm, a block or a module list passed the check, and peft refused
+    it in the Train Worker after the run had started ("Target module … is not supported")."""
+    fam = get_family(ModelConfig())
+    with pytest.raises(ModelLoadError, match=r"which LoRA cannot wrap: name Linear layers"):
+        fam.check_lora_targets(["to_q", target])
+    with pytest.raises(ModelLoadError, match=r"\[''\] match no module"):  # not the model itself
+        fam.check_lora_targets([""])
+    fam.check_lora_targets(list(fam.default_lora_targets))
+
+
+def test_what_the_lora_check_accepts_peft_wraps_and_what_it_refuses_peft_refuses():
+    """The check and peft agree, on the tiny model built from config."""
+    from peft import LoraConfig, inject_adapter_in_model
+
+    fam = get_family(ModelConfig())
+    for targets, ok in (
+        (["to_q", "img_mlp.net.2"], True),
+        (["norm_out"], False),
+        (["transformer_blocks.0.img_mod"], False),
+    ):
+        try:
+            fam.check_lora_targets(targets)
+            checked = True
+        except ModelLoadError:
+            checked = False
+        try:
+            inject_adapter_in_model(LoraConfig(r=2, target_modules=targets), fam.build_transformer())
+            injected = True
+        except ValueError:
+            injected = False
+        assert checked == injected == ok, (targets, checked, injected)
 
 
 def test_config_mistakes_found_in_the_trial():
