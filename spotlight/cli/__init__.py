@@ -71,4 +71,4 @@ _register_all()
 def main() -> None:
     from spotlight.util.cli_run import main_of
 
-    main_of(app, "error:")
+    main_of(app, "error:", interrupt=True)

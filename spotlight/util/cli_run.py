@@ -69,6 +69,23 @@ def run_app(app: typer.Typer, prefix: str = "error:", args: list[str] | None = N
     return rv if isinstance(rv, int) else 0
 
 
-def main_of(app: typer.Typer, prefix: str = "error:") -> None:
-    """A console-script entry point: :func:`run_app`, then exit with its status."""
+def interrupt_on_signals() -> None:
+    """Make SIGTERM and SIGHUP (the terminal closed) raise KeyboardInterrupt, as Ctrl-C does, so
+    that a command stopped by ``kill`` or a closed terminal cleans up as after Ctrl-C (``simulate``
+    removes the ``--out`` it created; ``up`` installs its own handler, which also records the
+    signal). Without it they end the process at once, whatever it left half-made."""
+    import signal
+
+    def handler(signum, frame) -> None:
+        raise KeyboardInterrupt
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, handler)
+
+
+def main_of(app: typer.Typer, prefix: str = "error:", *, interrupt: bool = False) -> None:
+    """A console-script entry point: :func:`run_app`, then exit with its status; with
+    ``interrupt``, SIGTERM and SIGHUP first become Ctrl-C (:func:`interrupt_on_signals`)."""
+    if interrupt:
+        interrupt_on_signals()
     sys.exit(run_app(app, prefix))
