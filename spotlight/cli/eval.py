@@ -377,7 +377,7 @@ def _eval_panel(console: Console, cfg, weights, prompts, num_seeds: int, out_dir
             raise typer.Exit(2)
         with working(console, f"sampling {len(panel.prompts)} panel images with the {name} model…"):
             cond = cached_conditioning(family, panel.unique_prompts, _cache_dir())
-            images = ew.sample_panel(family, model, cfg, cond, panel, device)
+            images, nonfinite = ew.sample_panel(family, model, cfg, cond, panel, device)
             try:  # the service may stop answering while the models sample
                 scores, rewards = ew.score_panel(cfg, images, panel)
                 failed = None
@@ -386,7 +386,9 @@ def _eval_panel(console: Console, cfg, weights, prompts, num_seeds: int, out_dir
         if failed is not None:  # said once the spinner is gone (stderr would draw into it on a terminal)
             print_error(f"[red]error:[/red] scoring the {name} model's panel failed: {escape(str(failed))}")
             raise typer.Exit(1)  # a run error, not bad input (as bench and profile)
-        report[name] = scores
+        if (note := ew.nonfinite_note(nonfinite, len(panel.prompts), f"{name} model's panel")) is not None:
+            print_error(f"[yellow]warning:[/yellow] {escape(note)}")
+        report[name] = scores | {"eval/nonfinite_samples": float(nonfinite)}
         out_dir.mkdir(parents=True, exist_ok=True)
         ew.write_grid(out_dir / f"eval_{name}.png", images, panel, rewards, title=f"{name}: {scores['eval/score']:.3f}")
     table = Table(

@@ -125,15 +125,19 @@ def load_policy(cfg: SpotlightConfig, state_dict: dict[str, torch.Tensor], devic
 
 
 @torch.no_grad()
-def sample_panel(family, transformer, cfg: SpotlightConfig, cond_all, panel: Panel, device: torch.device) -> np.ndarray:
-    """``[N, 3, H, W] uint8`` images of the panel's rows: Euler steps of the flow-matching ODE
-    from :func:`~spotlight.rl.sampler.seeded_noise` of each seed (the family's guidance)."""
+def sample_panel(
+    family, transformer, cfg: SpotlightConfig, cond_all, panel: Panel, device: torch.device
+) -> tuple[np.ndarray, int]:
+    """``([N, 3, H, W] uint8 images, non-finite)``: the panel's rows, Euler steps of the
+    flow-matching ODE from :func:`~spotlight.rl.sampler.seeded_noise` of each seed (the family's
+    guidance), and how many of them ended with a NaN or inf in their latents (decoded black, so
+    scored as failures: :func:`nonfinite_note` says so)."""
     from spotlight.rl.sampler import seeded_noise
 
     sigmas = family.sigmas(cfg.sampler.num_steps, cfg.sampler.shift)
     row = {p: i for i, p in enumerate(panel.unique_prompts)}
     family.load_decoder(device, next(transformer.parameters()).dtype)
-    out = []
+    out, nonfinite = [], 0
     bs = cfg.eval.batch_size
     for start in range(0, len(panel.prompts), bs):
         ps, ss = panel.prompts[start : start + bs], panel.seeds[start : start + bs]
@@ -143,8 +147,21 @@ def sample_panel(family, transformer, cfg: SpotlightConfig, cond_all, panel: Pan
             sig = torch.full((x.shape[0],), float(sigmas[j]), device=device)
             v = family.velocity(transformer, x, sig, cond)
             x = x + (float(sigmas[j + 1]) - float(sigmas[j])) * v.float()
+        nonfinite += int((~torch.isfinite(x.reshape(x.shape[0], -1)).all(dim=1)).sum())
         out.append(family.decode(x).cpu().numpy())
-    return np.concatenate(out)
+    return np.concatenate(out), nonfinite
+
+
+def nonfinite_note(nonfinite: int, total: int, what: str = "panel") -> str | None:
+    """The warning for ``nonfinite`` of ``total`` samples whose latents hold NaN or inf (None
+    when there are none): their images are black and score 0, so the score is not the model's
+    drawing but a numerical failure. Pure."""
+    if not nonfinite:
+        return None
+    return (
+        f"{nonfinite} of {total} {what} samples are not finite (NaN/inf latents): decoded black and scored 0; "
+        "look at model.guidance_scale, sampler.shift and the weights"
+    )
 
 
 def score_panel(cfg: SpotlightConfig, images: np.ndarray, panel: Panel) -> tuple[dict[str, float], list[float]]:
@@ -216,8 +233,11 @@ def score_version(cfg: SpotlightConfig, state_dict, *, cache_dir: pathlib.Path):
     panel = build_panel(cfg)
     family, transformer = load_policy(cfg, state_dict, device)
     cond = cached_conditioning(family, panel.unique_prompts, cache_dir)
-    images = sample_panel(family, transformer, cfg, cond, panel, device)
+    images, nonfinite = sample_panel(family, transformer, cfg, cond, panel, device)
+    if (note := nonfinite_note(nonfinite, len(panel.prompts))) is not None:
+        log.warning("%s", note)
     scores, rewards = score_panel(cfg, images, panel)
+    scores["eval/nonfinite_samples"] = float(nonfinite)
     return scores, images, panel, rewards, family, transformer
 
 

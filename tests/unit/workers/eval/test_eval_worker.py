@@ -44,8 +44,10 @@ def test_base_model_evaluation_matches_spotlight_eval_and_keeps_best(tmp_path):
     panel = ew.build_panel(cfg)
     want = ev.sample_ode(model.eval(), cfg.model, cfg.sampler, panel.prompts, panel.seeds)
     fam, policy = ew.load_policy(cfg, model.state_dict(), torch.device("cpu"))
-    got = ew.sample_panel(fam, policy, cfg, fam.encode_prompts(panel.unique_prompts), panel, torch.device("cpu"))
-    assert np.abs(got.astype(int) - want.astype(int)).max() <= 1
+    got, nonfinite = ew.sample_panel(
+        fam, policy, cfg, fam.encode_prompts(panel.unique_prompts), panel, torch.device("cpu")
+    )
+    assert np.abs(got.astype(int) - want.astype(int)).max() <= 1 and nonfinite == 0
 
     assert r["eval/is_best"] == 1.0 and (rd / "best" / "config.json").is_file()
     assert json.loads((rd / "best" / "best.json").read_text())["version"] == 0
@@ -86,3 +88,23 @@ def test_preflight_refuses_an_unreadable_or_unscorable_panel(tmp_path):
     with pytest.raises(Stop, match="eval.prompts_path"):
         _check_eval(load_config(overrides={"eval.every": 1, "eval.prompts_path": str(bad)}))
     _check_eval(load_config(overrides={"eval.every": 1}))
+
+
+def test_non_finite_samples_are_counted_and_said_not_scored_in_silence(tmp_path, caplog):
+    """Was: weights (or a guidance scale) that made every latent NaN gave black images, a score of
+    0.000 per task kind and exit 0, with nothing saying the samples were not finite."""
+    import logging
+
+    cfg, rd, model = _run_dir(tmp_path)
+    broken = {
+        k: torch.full_like(v, float("nan")) if k.endswith("proj_out.weight") else v.contiguous()
+        for k, v in model.state_dict().items()
+    }
+    save_file(broken, rd / "tensor_store/weights/v1.safetensors")
+    with caplog.at_level(logging.WARNING, logger="spotlight.eval"):
+        r = ew.evaluate_version(rd, 1, 0, cache_dir=tmp_path / "cache")
+    assert r["eval/nonfinite_samples"] == r["eval/num_images"] == 12
+    assert "12 of 12 panel samples are not finite (NaN/inf latents)" in caplog.text
+    ok = ew.evaluate_version(rd, 0, -1, cache_dir=tmp_path / "cache")
+    assert ok["eval/nonfinite_samples"] == 0.0
+    assert ew.nonfinite_note(0, 12) is None
