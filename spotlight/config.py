@@ -75,6 +75,54 @@ EVAL_DEVICE = re.compile(r"auto|cpu|cuda(:\d{1,4})?")
 """What ``eval.device`` may be: ``auto`` or a torch device the evaluation can run on."""
 
 
+MAX_DURATION_S = 1e9
+"""Upper bound of every duration field (a key ending in ``_s``), about 31 years: Python's time
+APIs (``socket.settimeout``, ``threading`` waits, ``time.sleep``) overflow the platform's
+``time_t`` above about 9.2e9 s, so a larger value is accepted at load and fails at run time;
+no wait a run makes is meaningfully longer. :meth:`SpotlightConfig.__post_init__` checks every
+``_s`` field of every section against it, so a new duration field is covered without code."""
+
+MAX_CONFIG_INT = (1 << 63) - 1
+"""Every integer in a config (lists' elements too) lies in [-2**63, 2**63 - 1]: the sections
+travel to the workers as msgpack, which has no larger integer, and seeds, sizes and socket
+options reach torch, NumPy and libzmq, which take 64-bit integers (``torch.manual_seed`` of a
+larger ``model.init_seed`` raises ``Overflow when unpacking long``)."""
+
+MAX_THREADS = 4096
+"""Upper bound of a thread count (``cluster.torch_threads``, ``reward.num_threads``):
+``torch.set_num_threads`` takes a C ``int`` and raises ``Overflow when unpacking long`` above it,
+and no host runs more than a few thousand threads per process usefully (the OS refuses to
+start them long before 2**31)."""
+
+MAX_WORKER_BATCH = 4096
+"""Upper bound of ``cluster.worker_batch_size``: a Rollout Worker asks for that many requests
+in one PULL, whose ``max_requests`` the protocol caps at 4096 (``spotlight.protocol.Pull``), so a
+larger batch would be refused at the worker's first pull."""
+
+MAX_SP_DEGREE = 4096
+"""Upper bound of ``cluster.sp_degree`` and ``cluster.reserved_sp_degree``: an SP group spans GPUs
+of one node, and a node reports at most ``spotlight.protocol.MAX_GPU_INDEX + 1`` = 4096 GPUs; the
+coordinator also walks every degree up to it when a node registers."""
+
+MAX_GUIDANCE_SCALE = 100.0
+"""Upper bound of ``model.guidance_scale``: real models use classifier-free guidance of about
+1-10 (Flow-GRPO: 4-4.5; FLUX.1-dev's embedding: 3.5); a scale far above it drives the
+guided velocity to inf/NaN, and every sample decodes to a black image."""
+
+MIN_SHIFT = 1e-3
+MAX_SHIFT = 1e3
+"""Bounds of ``sampler.shift`` (``MIN_SHIFT`` <= shift <= ``MAX_SHIFT``): the static timestep shift
+σ' = shift·σ / (1 + (shift - 1)·σ) of real models is about 1-6 (SD3: 3, FLUX/Qwen-Image up to
+~3.2); at 1e300 or 1e-300 the schedule's sigmas become inf/NaN or all 0/1 in float32, so every
+sample is NaN and every image black."""
+
+
+MAX_NOISE_LEVEL = 10.0
+"""Upper bound of ``sampler.noise_level`` (η): Flow-GRPO uses about 0.7-1.2; the SDE step's
+noise grows as η·sqrt(σ/(1-σ)) and its drift correction as η², so an η far above that swamps the
+flow (and at 1e300 overflows float32: every sample NaN, every image black)."""
+
+
 def eval_device_problem(device: str, num_cuda_devices: int) -> str | None:
     """Why ``eval.device`` cannot run on a host with ``num_cuda_devices`` CUDA devices (None: it
     can). Pure: ``spotlight up`` and ``spotlight eval`` ask it with ``torch.cuda.device_count()``,
@@ -144,7 +192,7 @@ class ModelConfig(_Section):
     """Text tokens per prompt after the family's template (longer prompts are cut, with a warning)."""
     guidance_scale: float = 0.0
     """Classifier-free guidance: true-CFG scale for qwen-image (Flow-GRPO: 4.0) and sd3 (4.5),
-    the guidance-embedding value for FLUX.1-dev (3.5); 0 = the family's default; 1 = no CFG."""
+    the guidance-embedding value for FLUX.1-dev (3.5); 0 = the family's default; 1 = no CFG; at most 100."""
     negative_prompt: str = ""
     """Negative prompt for true CFG; "" = the family's default (qwen-image " ", sd3 "")."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
@@ -189,6 +237,11 @@ class ModelConfig(_Section):
             f"must be a multiple of 16 for family = '{self.family}' (VAE ×8, 2×2 packing)",
         )
         _check(self.guidance_scale >= 0, "model.guidance_scale", "must be >= 0 (0 = family default)")
+        _check(
+            self.guidance_scale <= MAX_GUIDANCE_SCALE,
+            "model.guidance_scale",
+            f"must be <= {MAX_GUIDANCE_SCALE:g} (real models use 1-10; larger scales give NaN samples)",
+        )
         _check(self.max_text_tokens >= 1, "model.max_text_tokens", "must be >= 1")
 
 
@@ -198,13 +251,13 @@ class SamplerConfig(_Section):
     num_steps: int = 10
     """Denoising steps T of the flow-matching Euler schedule."""
     shift: float = 1.0
-    """Static timestep shift of ``FlowMatchEulerDiscreteScheduler``."""
+    """Static timestep shift of ``FlowMatchEulerDiscreteScheduler``, between 1e-3 and 1e3 (:data:`MAX_SHIFT`)."""
     sde_window_start: int = 0
     """First step of the SDE window (steps with noise and log-probs)."""
     sde_window_size: int = 8
     """Number of SDE steps W; the others are deterministic Euler (ODE) steps."""
     noise_level: float = 1.0
-    """η, the SDE noise level inside the window."""
+    """η, the SDE noise level inside the window, in (0, 10] (:data:`MAX_NOISE_LEVEL`)."""
     sde_window_range: tuple[int, int] = (0, 0)
     """Flow-GRPO-Fast random window: when ``hi > lo`` each iteration's window starts at a step
     drawn uniformly from ``[lo, hi - sde_window_size]`` (deterministic from ``run.seed`` and the
@@ -219,8 +272,16 @@ class SamplerConfig(_Section):
             "sampler.sde_window_size",
             "the window must end before the last step (its sigma_next is 0; Flow-GRPO issue #62)",
         )
-        _check(self.noise_level > 0, "sampler.noise_level", "must be > 0 inside the SDE window")
-        _check(self.shift > 0, "sampler.shift", "must be > 0")
+        _check(
+            0 < self.noise_level <= MAX_NOISE_LEVEL,
+            "sampler.noise_level",
+            f"must be > 0 inside the SDE window and at most {MAX_NOISE_LEVEL:g} (Flow-GRPO uses 0.7-1.2)",
+        )
+        _check(
+            MIN_SHIFT <= self.shift <= MAX_SHIFT,
+            "sampler.shift",
+            f"must be between {MIN_SHIFT:g} and {MAX_SHIFT:g} (real models use 1-6; extreme shifts give NaN samples)",
+        )
         lo, hi = self.sde_window_range
         _check(
             (lo, hi) == (0, 0) or hi > lo,
@@ -528,6 +589,7 @@ class RewardConfig(_Section):
             )
         _check(self.max_retries >= 1, "reward.max_retries", "must be >= 1")
         _check(self.num_threads >= 1, "reward.num_threads", "must be >= 1")
+        _check(self.num_threads <= MAX_THREADS, "reward.num_threads", f"must be <= {MAX_THREADS}")
         _check(self.timeout_s > 0, "reward.timeout_s", "must be > 0")
         _check(self.give_up_after_s > 0, "reward.give_up_after_s", "must be > 0")
         _check(1 <= self.jpeg_quality <= 100, "reward.jpeg_quality", "must be in 1..100")
@@ -539,6 +601,8 @@ class ClusterConfig(_Section):
     worker_batch_size: int = 8
     """Most requests a Rollout Worker pulls (and denoises together) at once."""
     lease_timeout_s: float = 120.0
+    """A request leased this long without a renewal (heartbeats renew leases) is re-enqueued;
+    must exceed ``heartbeat_interval_s``."""
     max_request_failures: int = 3
     """A request given back with an error by this many workers (or twice as many times) is
     parked, not run again: an exploration request is dropped, a rollout request stops the run
@@ -586,7 +650,7 @@ class ClusterConfig(_Section):
     the tiny model and on the CPU; true = always (on the CPU nothing moves, the same steps run);
     false = never. SP groups (``reserved_sp_degree > 1``) keep their copy."""
     torch_threads: int = 1
-    """Intra-op threads per worker process (CPU runs)."""
+    """Intra-op threads per worker process (CPU runs), 1 to 4096."""
     max_message_bytes: int = 256 * 1024 * 1024
     """Largest frame an agent or status client may send to the coordinator (bytes; ZeroMQ
     drops the connection of a peer that exceeds it before allocating the frame). Must hold
@@ -637,10 +701,16 @@ class ClusterConfig(_Section):
 
     def __post_init__(self) -> None:
         _check(self.worker_batch_size >= 1, "cluster.worker_batch_size", "must be >= 1")
+        _check(
+            self.worker_batch_size <= MAX_WORKER_BATCH,
+            "cluster.worker_batch_size",
+            f"must be <= {MAX_WORKER_BATCH} (the most requests one PULL may ask for)",
+        )
         _check(self.lease_timeout_s > 0, "cluster.lease_timeout_s", "must be > 0")
         _check(self.max_request_failures >= 1, "cluster.max_request_failures", "must be >= 1")
         _check(self.heartbeat_interval_s > 0, "cluster.heartbeat_interval_s", "must be > 0")
         _check(self.torch_threads >= 1, "cluster.torch_threads", "must be >= 1")
+        _check(self.torch_threads <= MAX_THREADS, "cluster.torch_threads", f"must be <= {MAX_THREADS}")
         _check(self.max_message_bytes >= 1 << 20, "cluster.max_message_bytes", "must be >= 1 MiB")
         _check(
             64 * 1024 <= self.weight_chunk_bytes <= 1 << 30,
@@ -654,6 +724,7 @@ class ClusterConfig(_Section):
             "must be >= 0 (0 = serve every version from disk)",
         )
         _check(self.sp_degree >= 1, "cluster.sp_degree", "must be >= 1")
+        _check(self.sp_degree <= MAX_SP_DEGREE, "cluster.sp_degree", f"must be <= {MAX_SP_DEGREE} (GPUs of one node)")
         _check(self.min_spot_nodes >= 0, "cluster.min_spot_nodes", "must be >= 0 (0 = do not wait)")
         _check(
             self.use_spot or self.min_spot_nodes == 0,
@@ -672,6 +743,11 @@ class ClusterConfig(_Section):
             f"GPU indices must be <= {MAX_GPU_INDEX} (the largest a message carries): {gpus}",
         )
         _check(self.reserved_sp_degree >= 1, "cluster.reserved_sp_degree", "must be >= 1")
+        _check(
+            self.reserved_sp_degree <= MAX_SP_DEGREE,
+            "cluster.reserved_sp_degree",
+            f"must be <= {MAX_SP_DEGREE} (GPUs of one node)",
+        )
         g = self.gpu_memory_gib
         _check(g is None or (math.isfinite(g) and g > 0), "cluster.gpu_memory_gib", "must be a number > 0 (or unset)")
         _check(g is None or g <= 1 << 20, "cluster.gpu_memory_gib", "must be <= 1048576 GiB (1 PiB)")
@@ -679,6 +755,11 @@ class ClusterConfig(_Section):
             self.heartbeat_timeout_s > self.heartbeat_interval_s,
             "cluster.heartbeat_timeout_s",
             "must exceed heartbeat_interval_s",
+        )
+        _check(
+            self.lease_timeout_s > self.heartbeat_interval_s,
+            "cluster.lease_timeout_s",
+            "must exceed heartbeat_interval_s (heartbeats renew the leases)",
         )
 
 
@@ -852,6 +933,7 @@ class SpotlightConfig(_Section):
     guard: GuardConfig = msgspec.field(default_factory=GuardConfig)
 
     def __post_init__(self) -> None:
+        self._check_durations()
         if self.explore.active and self.explore.planner == "fixed":
             _check(
                 self.explore.num_candidates >= self.data.group_size,
@@ -910,6 +992,20 @@ class SpotlightConfig(_Section):
             )
         self._check_family_features()
         self._check_sp_degrees()
+
+    def _check_durations(self) -> None:
+        """Every duration (a field ending in ``_s``, of any section) is at most
+        :data:`MAX_DURATION_S`; lower bounds are each section's own."""
+        for section in self.__struct_fields__:
+            values = getattr(self, section)
+            for name in values.__struct_fields__:
+                v = getattr(values, name)
+                if name.endswith("_s") and isinstance(v, (int, float)) and not isinstance(v, bool):
+                    _check(
+                        v <= MAX_DURATION_S,
+                        f"{section}.{name}",
+                        f"must be <= {MAX_DURATION_S:g} s (about 31 years; longer waits overflow the OS's time APIs)",
+                    )
 
     def _check_sp_degrees(self) -> None:
         """Refuse an SP degree the model cannot be split by, where the config alone tells
@@ -995,6 +1091,9 @@ def config_from_dict(data: dict[str, Any]) -> SpotlightConfig:
         ConfigError: unknown key, wrong type or out-of-range value (message names the field).
     """
     data = _with_mode(data)
+    for key, value in data.items():  # `foo = 1` outside any [section]: not an unknown section
+        if key not in SpotlightConfig.__struct_fields__ and not isinstance(value, dict):
+            raise unknown_key_error("", key, table=False)
     _check_finite(data, "")
     try:
         return msgspec.convert(data, type=SpotlightConfig)
@@ -1005,9 +1104,12 @@ def config_from_dict(data: dict[str, Any]) -> SpotlightConfig:
 def _check_finite(node: Any, where: str) -> None:
     """Refuse ``inf`` and ``nan`` anywhere in a TOML-shaped config: no key means "unbounded" by
     an infinity, and a non-finite float cannot travel to the workers (JSON has no such number;
-    msgspec writes it as null, which the worker then refuses at every start)."""
+    msgspec writes it as null, which the worker then refuses at every start). Every integer
+    fits in 64 bits (:data:`MAX_CONFIG_INT`)."""
     if isinstance(node, float) and not math.isfinite(node):
         raise ConfigError(f"{where}: must be a finite number, got {node}", where)
+    if isinstance(node, int) and not isinstance(node, bool) and not -MAX_CONFIG_INT - 1 <= node <= MAX_CONFIG_INT:
+        raise ConfigError(f"{where}: must be a 64-bit integer (-2**63 to 2**63 - 1), got {node}", where)
     if isinstance(node, dict):
         for key, value in node.items():
             _check_finite(value, f"{where}.{key}" if where else str(key))
@@ -1039,11 +1141,12 @@ def _section_keys() -> dict[str, tuple[str, ...]]:
     return {name: hints[name].__struct_fields__ for name in SpotlightConfig.__struct_fields__}
 
 
-def unknown_key_error(section: str, key: str) -> ConfigError:
+def unknown_key_error(section: str, key: str, *, table: bool = True) -> ConfigError:
     """The error for ``key``, which ``section`` ("" = the top level) does not have: it names the
     dotted key and, when one is near, the key that was probably meant -- the same name in the
     section that has it (``model.lora_rank`` → ``train.lora_rank``), else a close spelling in
-    this section, else in any (``difflib``)."""
+    this section, else in any (``difflib``). ``table``: at the top level, whether ``key`` is a
+    table (an unknown ``[section]``) or a plain value (a key outside any section)."""
     import difflib
 
     sections = _section_keys()
@@ -1052,6 +1155,10 @@ def unknown_key_error(section: str, key: str) -> ConfigError:
         owners = [s for s, names in sections.items() if key in names]
         if owners:
             return ConfigError(f"{key}: unknown top-level key; {key} belongs in [{owners[0]}]", field)
+        if not table:
+            match = _nearest_key(key, sections)
+            hint = f"; did you mean {match}?" if match else f" {_INIT_HINT}"
+            return ConfigError(f"{key}: a key outside any [section]{hint}", field)
         near = difflib.get_close_matches(key, list(sections), n=1, cutoff=0.6)
         hint = f"did you mean [{near[0]}]?" if near else f"the sections are {', '.join(f'[{s}]' for s in sections)}"
         return ConfigError(f"[{key}]: unknown section; {hint}", field)
@@ -1062,11 +1169,21 @@ def unknown_key_error(section: str, key: str) -> ConfigError:
     elif near := difflib.get_close_matches(key, list(own), n=1, cutoff=0.6):
         hint = f"; did you mean {section}.{near[0]}?"
     else:
-        dotted = [f"{s}.{k}" for s, names in sections.items() for k in names]
-        near = difflib.get_close_matches(key, [d.split(".", 1)[1] for d in dotted], n=1, cutoff=0.75)
-        match = next((d for d in dotted if near and d.endswith("." + near[0])), None)
-        hint = f"; did you mean {match}?" if match else " (`spotlight init` prints every key with its documentation)"
+        match = _nearest_key(key, sections)
+        hint = f"; did you mean {match}?" if match else f" {_INIT_HINT}"
     return ConfigError(f"{field}: unknown key{hint}", field)
+
+
+_INIT_HINT = "(`spotlight init` prints every key with its documentation)"
+
+
+def _nearest_key(key: str, sections: dict[str, tuple[str, ...]]) -> str | None:
+    """The dotted key of any section whose name is closest to ``key`` (``difflib``), or None."""
+    import difflib
+
+    dotted = [f"{s}.{k}" for s, names in sections.items() for k in names]
+    near = difflib.get_close_matches(key, [d.split(".", 1)[1] for d in dotted], n=1, cutoff=0.75)
+    return next((d for d in dotted if near and d.endswith("." + near[0])), None)
 
 
 def _literal_choices(field: str) -> tuple[Any, ...]:
