@@ -102,8 +102,8 @@ def transformer_config(cfg, preset: str | None = None) -> tuple[str, str, dict]:
         config = family.transformer_config()
     except (ModelLoadError, OSError, ValueError) as exc:
         hint = ""
-        if not family.path.is_dir():
-            fitting = [name for name, (fam, _, _) in PRESETS.items() if fam == cfg.model.family]
+        fitting = [name for name, (fam, _, _) in PRESETS.items() if fam == cfg.model.family]
+        if not family.path.is_dir() and fitting:  # a family with published sizes (tiny has none)
             hint = f"; without the checkpoint at hand, plan a published size with --preset {' or '.join(fitting)}"
         raise PlanError(f"cannot read the transformer's config of {cfg.model.pretrained_path}: {exc}{hint}") from None
     config = {k: v for k, v in config.items() if not k.startswith("_")}

@@ -213,3 +213,8 @@ def test_a_preset_of_another_family_than_the_configs_is_refused_and_a_missing_ch
     assert CliRunner().invoke(app, ["plan", flux, "--preset", "flux-12b", "--device", "cpu"]).exit_code == 0
     # a tiny-model config with any preset stays allowed (docs/planning.md: planned at its resolution)
     assert CliRunner().invoke(app, ["plan", "--preset", "sd3.5-large", "--device", "cpu"]).exit_code == 0
+    # the tiny family has no published sizes: no hint that ends in "--preset " and nothing (was so)
+    tiny = _family_config(tmp_path, "tiny", tmp_path / "nonexistent")
+    res = CliRunner().invoke(app, ["plan", tiny, "--device", "cpu"])
+    err = " ".join(res.stderr.split())
+    assert res.exit_code == 2 and "checkpoint directory not found" in err and "--preset" not in err, res.output
