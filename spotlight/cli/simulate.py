@@ -249,7 +249,9 @@ def _simulate_all(console: Console, prof, names: list[str], actions, iterations,
         if not r.finished:
             err.print(
                 f"[yellow]warning:[/yellow] {name} did not finish {iterations or prof.iterations_to_target[name]} "
-                "iterations in the simulated time limit"
+                f"iterations: it stopped after {r.iterations}, at {r.wall_s / 3600:,.1f} h, because "
+                f"{escape(r.stopped_because or 'the simulation stopped early')}; its wall time and cost are "
+                "where it stopped, not to target"
             )
     return results
 
@@ -337,8 +339,8 @@ def _cells(row: dict) -> list[str]:
     return [
         row["policy"],
         str(row["iterations_to_target"]) + ("" if row["finished"] else " (unfinished)"),
-        f"{row['wall_h']:.1f} h",
-        f"${row['cost_usd']:,.0f}",
+        f"{row['wall_h']:.1f} h" + ("" if row["finished"] else " (stopped)"),
+        f"${row['cost_usd']:,.0f}" + ("" if row["finished"] else " (stopped)"),
         f"{row['cost_vs_baseline']:.2f}×" if row["cost_vs_baseline"] is not None else "—",
         f"{row['spot_gpu_hours']:.0f}",
         f"{row['reserved_gpu_hours']:.0f}",

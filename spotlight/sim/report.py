@@ -13,17 +13,20 @@ __all__ = ["comparison_rows", "plot_comparison"]
 
 def comparison_rows(results: Sequence[SimResult], *, baseline: str = "spotlight") -> list[dict]:
     """One JSON-able row per policy, with cost and time relative to ``baseline``
-    (``cost_vs_baseline = cost / baseline cost``: > 1 means dearer than the baseline)."""
+    (``cost_vs_baseline = cost / baseline cost``: > 1 means dearer than the baseline). A run that
+    did not finish has no cost to target: its ratio, and every ratio to an unfinished baseline,
+    is NaN (its wall time and cost are where it stopped, ``stopped_because`` says why)."""
     base = next((r for r in results if r.policy == baseline), None)
     rows = []
     for r in results:
+        comparable = base is not None and base.finished and r.finished and base.cost_usd > 0
         rows.append(
             {
                 "policy": r.policy,
                 "iterations_to_target": r.iterations,
                 "wall_h": r.wall_s / 3600,
                 "cost_usd": r.cost_usd,
-                "cost_vs_baseline": r.cost_usd / base.cost_usd if base and base.cost_usd > 0 else math.nan,
+                "cost_vs_baseline": r.cost_usd / base.cost_usd if comparable else math.nan,
                 "time_per_iteration_s": r.wall_s / r.iterations if r.iterations else math.nan,
                 "cost_per_iteration_usd": r.cost_usd / r.iterations if r.iterations else math.nan,
                 "spot_gpu_hours": r.spot_gpu_hours,
@@ -35,6 +38,7 @@ def comparison_rows(results: Sequence[SimResult], *, baseline: str = "spotlight"
                 "additions": r.additions,
                 "work_lost_steps": r.work_lost_steps,
                 "finished": r.finished,
+                "stopped_because": r.stopped_because,
             }
         )
     return rows

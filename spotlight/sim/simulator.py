@@ -238,6 +238,7 @@ class SimResult:
     sim_elapsed_s: float  # real seconds the simulation took
     rows: list[dict] = field(default_factory=list)
     finished: bool = True
+    stopped_because: str = ""  # why it did not finish, in words ("" when it finished)
 
     @property
     def speedup_vs_real_time(self) -> float:
@@ -288,6 +289,7 @@ class Simulator:
             iterations = p.iterations_to_target[policy.name]
         self.iterations = iterations
         self.max_sim_s = max_sim_s
+        self.stopped_because = ""
         self.now = 0.0
         self._heap: list[tuple[float, int, str, object]] = []
         self._seq = 0
@@ -697,9 +699,14 @@ class Simulator:
         heap, heappop, core = self._heap, heapq.heappop, self.core
         while not core.done:
             if not heap:
+                self.stopped_because = "nothing was left to happen (no GPU to roll out or train on?)"
                 return False
             t, _, kind, payload = heappop(heap)
             if t > self.max_sim_s:
+                self.stopped_because = (
+                    f"its next event ({kind.replace('_', ' ')} at {t / 3600:,.1f} h) lies past the simulated time "
+                    f"limit of {self.max_sim_s / 86400:g} days"
+                )
                 return False
             self.now = max(self.now, t)
             if kind == "done":
@@ -801,6 +808,7 @@ class Simulator:
             sim_elapsed_s=time.perf_counter() - t0,
             rows=self.rows,
             finished=finished,
+            stopped_because="" if finished else self.stopped_because,
         )
 
 

@@ -299,3 +299,30 @@ def test_a_run_leaves_the_garbage_collector_as_it_found_it(profile):
             assert gc.isenabled() is state
     finally:
         (gc.enable if was else gc.disable)()
+
+
+def test_an_unfinished_run_says_why_and_is_not_compared_as_a_cost_to_target(profile):
+    """Was: with a training step past the 30-day limit every policy showed "0 (unfinished)", but
+    its wall time, cost and "vs spotlight" ratio were printed as results, and the warning did not
+    say what stopped it."""
+    from spotlight.cli.simulate import _cells
+    from spotlight.sim.report import comparison_rows
+
+    slow = dataclasses.replace(profile, train_time_s=1e8)
+    stuck = [simulate(slow, name, _churn(1e5), iterations=2) for name in ("spotlight", "rlboost")]
+    for r in stuck:
+        assert not r.finished and r.iterations == 0
+        assert "lies past the simulated time limit of 30 days" in r.stopped_because, r.stopped_because
+    rows = comparison_rows(stuck)
+    assert all(row["cost_vs_baseline"] != row["cost_vs_baseline"] for row in rows)  # NaN: no ratio
+    cells = _cells(rows[1] | {"cost_vs_baseline": None})  # as simulate.json holds it
+    assert cells[1] == "0 (unfinished)" and cells[2].endswith("h (stopped)") and cells[3].endswith(" (stopped)")
+    assert cells[4] == "—"
+    done = [simulate(profile, name, _churn(1e6), iterations=2) for name in ("spotlight", "rlboost")]
+    assert all(r.finished and r.stopped_because == "" for r in done)
+    assert comparison_rows(done)[1]["cost_vs_baseline"] > 0
+    # a finished run beside an unfinished baseline: no ratio either
+    assert (
+        comparison_rows([stuck[0], done[1]])[1]["cost_vs_baseline"]
+        != comparison_rows([stuck[0], done[1]])[1]["cost_vs_baseline"]
+    )
