@@ -50,13 +50,22 @@ def ensure_free_space(path: str | os.PathLike, need_bytes: int, what: str = "") 
 
 def unwritable_dir(out_dir: str | os.PathLike) -> str:
     """Why files could not be written in the directory ``out_dir`` ("" if they could), leaving
-    nothing behind: it is a directory we may write to, or it can be created (checked by
-    creating it and removing what was created)."""
+    nothing behind: it is a directory that takes a file (checked by writing and removing one:
+    permissions do not tell for root, or on read-only or virtual file systems such as
+    ``/proc``), or it can be created (checked by creating it and removing what was created)."""
     out_dir = pathlib.Path(out_dir)
     if out_dir.exists():
         if not out_dir.is_dir():
             return "not a directory"
-        return "" if os.access(out_dir, os.W_OK | os.X_OK) else "not writable"
+        if not os.access(out_dir, os.W_OK | os.X_OK):
+            return "not writable"
+        probe = out_dir / f".spotlight-write-test-{os.getpid()}"
+        try:
+            probe.write_bytes(b"")
+        except OSError as exc:
+            return f"not writable ({exc.strerror or exc})"
+        probe.unlink(missing_ok=True)
+        return ""
     parent = out_dir.absolute().parent
     while not parent.exists():
         parent = parent.parent

@@ -64,3 +64,18 @@ def test_a_child_out_of_disk_says_disk_full_at_the_path(tmp_path):
     # our own refusal already says it once
     log.write_text("Traceback (most recent call last):\nspotlight.util.disk.DiskSpaceError: disk full at /x: 5 bytes\n")
     assert ChildExit.of("t", 1, LogMark(str(log), 0)).summary.count("disk full") == 1
+
+
+def test_a_directory_that_takes_no_file_is_unwritable_whatever_its_permissions_say(tmp_path):
+    """Was: ``profile --out /proc/p.json`` (as root, ``os.access`` says /proc is writable)
+    measured for minutes and then failed to write its result."""
+    import pathlib
+
+    from spotlight.cli.profile import profile_path
+    from spotlight.util.disk import unwritable_dir
+
+    assert unwritable_dir(tmp_path) == "" and list(tmp_path.iterdir()) == []  # the probe is removed
+    if pathlib.Path("/proc/self").is_dir():  # Linux: a virtual file system that takes no new file
+        assert unwritable_dir("/proc").startswith("not writable"), unwritable_dir("/proc")
+        with pytest.raises(ValueError, match="/proc"):
+            profile_path(pathlib.Path("/proc/p.json"), None)
