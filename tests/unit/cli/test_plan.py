@@ -107,10 +107,12 @@ def test_a_cpu_run_one_process_of_which_needs_more_than_the_host_has_is_refused(
     monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi: a CPU host
     monkeypatch.setattr(pre, "_host_memory_bytes", lambda: 16 << 30)
     assert pre._check_memory(load_config(None)).plan is not None  # the default fits 16 GiB
+    monkeypatch.setattr(pre, "_host_memory_bytes", lambda: 1 << 20)
     with pytest.raises(Stop) as exc:
-        pre._check_memory(load_config(None, {"cluster.worker_batch_size": 10**9}))
+        pre._check_memory(load_config(None))
     assert "does not fit this host: a trainer rank needs " in str(exc.value), exc.value
-    assert "this host has 16.0 GiB" in str(exc.value)
+    assert "this host has 1.0 MiB" in str(exc.value)
+    monkeypatch.setattr(pre, "_host_memory_bytes", lambda: None)  # unknown: not checked
     plan = pre._check_memory(load_config(None)).plan
     assert pre.host_memory_problem(plan, plan.trainer_gpu_bytes - 1).startswith("a trainer rank needs ")
     assert pre.host_memory_problem(plan, None) is None
