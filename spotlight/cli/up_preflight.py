@@ -384,7 +384,7 @@ def preflight(run: UpRun) -> UpRun:
     _check_trainer_keys(run)
     _check_sp_backend(run)
     _check_model(run.cfg)
-    memory = _check_memory(run.cfg)
+    memory = _check_memory(run.cfg, **_local_processes(run))
     _check_reward(run)
     _check_eval(run.cfg)
     return dataclasses.replace(run, replay=_plan_replay(run), memory=memory)
@@ -531,7 +531,19 @@ def _check_eval(cfg: SpotlightConfig) -> None:
         raise refuse(f"eval.prompts_path: {exc}") from None
 
 
-def _check_memory(cfg: SpotlightConfig) -> MemoryCheck:
+def _local_processes(run: UpRun) -> dict:
+    """How many trainer ranks and Rollout Workers ``run`` starts on this host: its Train Workers
+    (none with ``--external-trainers``), a Rollout Worker per reserved rollout GPU, and with
+    ``--local`` one per GPU of each local spot agent."""
+    cfg, opts = run.cfg, run.opts
+    spot = run.agents * opts.gpus_per_agent if opts.local and cfg.cluster.use_spot and run.replay is None else 0
+    return {
+        "trainer_ranks": 0 if opts.external_trainers else cfg.train.num_train_workers,
+        "rollout_workers": len(cfg.cluster.reserved_rollout_gpus) + spot,
+    }
+
+
+def _check_memory(cfg: SpotlightConfig, *, trainer_ranks: int = 1, rollout_workers: int = 1) -> MemoryCheck:
     """The memory plan of ``cfg`` (:mod:`spotlight.core.memory_plan`, parameters counted on the
     meta device); refuse a config whose GPUs cannot hold it.
 
@@ -565,7 +577,8 @@ def _check_memory(cfg: SpotlightConfig) -> MemoryCheck:
         plan = dataclasses.replace(plan, gpu_limit_bytes=gpus.smallest_bytes)
         source, kinds = f"this host's GPU size ({gpus.describe()})", ("trainer GPU",)
     else:
-        if (why := host_memory_problem(plan, _host_memory_bytes())) is not None:
+        host = _host_memory_bytes()
+        if (why := host_memory_problem(plan, host, trainer_ranks, rollout_workers)) is not None:
             raise refuse(
                 f"the run does not fit this host: {why}; `spotlight plan CONFIG` prints the whole estimate "
                 "(docs/planning.md)"
@@ -582,17 +595,28 @@ def _check_memory(cfg: SpotlightConfig) -> MemoryCheck:
     return MemoryCheck(plan, device, source)
 
 
-def host_memory_problem(plan, host_bytes: int | None) -> str | None:
+def host_memory_problem(plan, host_bytes: int | None, trainer_ranks: int = 1, rollout_workers: int = 1) -> str | None:
     """Why a CPU run of ``plan`` (fp32, host memory) cannot run on a host of ``host_bytes``: one
-    trainer rank or one Rollout Worker alone needs more than the whole host has (it would be
-    killed, or abort, when it allocates); None when each fits, or the size is unknown. Pure."""
+    trainer rank or one Rollout Worker alone, or the ``trainer_ranks`` and ``rollout_workers``
+    this host starts together, need more than the whole host has (they would be killed, or
+    abort, when they allocate); None when they fit, or the size is unknown. Pure."""
     from spotlight.core.memory_plan import size_text
 
     if not host_bytes:
         return None
-    for what, need in (("a trainer rank", plan.trainer_gpu_bytes), ("a Rollout Worker", plan.rollout_gpu_bytes)):
-        if need > host_bytes:
-            return f"{what} needs {size_text(need)} of host memory but this host has {size_text(host_bytes)}"
+    have = f"this host has {size_text(host_bytes)}"
+    for what, need, n in (
+        ("a trainer rank", plan.trainer_gpu_bytes, trainer_ranks),
+        ("a Rollout Worker", plan.rollout_gpu_bytes, rollout_workers),
+    ):
+        if n and need > host_bytes:
+            return f"{what} needs {size_text(need)} of host memory but {have}"
+    total = trainer_ranks * plan.trainer_gpu_bytes + rollout_workers * plan.rollout_gpu_bytes
+    if total > host_bytes:
+        return (
+            f"its {trainer_ranks} trainer rank(s) (train.num_train_workers) and {rollout_workers} Rollout Worker(s) "
+            f"on this host need {size_text(total)} of host memory in all but {have}"
+        )
     return None
 
 

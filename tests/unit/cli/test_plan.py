@@ -112,6 +112,15 @@ def test_a_cpu_run_one_process_of_which_needs_more_than_the_host_has_is_refused(
         pre._check_memory(load_config(None))
     assert "does not fit this host: a trainer rank needs " in str(exc.value), exc.value
     assert "this host has 1.0 MiB" in str(exc.value)
+    # many trainer ranks (was: train.num_train_workers = 1000 started ranks until the host ran out)
+    monkeypatch.setattr(pre, "_host_memory_bytes", lambda: 16 << 30)
+    many = load_config(None, {"train.num_train_workers": 1000})
+    with pytest.raises(Stop) as exc:
+        pre._check_memory(many, trainer_ranks=1000, rollout_workers=3)
+    assert "its 1000 trainer rank(s) (train.num_train_workers) and 3 Rollout Worker(s) on this host need " in str(
+        exc.value
+    )
+    assert pre._check_memory(many, trainer_ranks=0, rollout_workers=3).plan is not None  # --external-trainers
     monkeypatch.setattr(pre, "_host_memory_bytes", lambda: None)  # unknown: not checked
     plan = pre._check_memory(load_config(None)).plan
     assert pre.host_memory_problem(plan, plan.trainer_gpu_bytes - 1).startswith("a trainer rank needs ")
