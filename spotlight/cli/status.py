@@ -666,23 +666,23 @@ def pick_run(runs: pathlib.Path) -> tuple[pathlib.Path, str]:
             info = read_coordinator_json(meta.parent)
             found.append((meta.stat().st_mtime, meta.parent, info))
         except (OSError, ValueError) as exc:
-            bad.append((meta.parent, exc))
+            bad.append((meta.parent, exc, meta.stat().st_mtime if meta.exists() else 0.0))
     if not found and not bad:
         print_error(f"[red]error:[/red] no --coordinator or RUN_DIR given and no {runs}/*/coordinator.json found")
         raise typer.Exit(2)
     if not found:
         # a crash can leave every coordinator.json unreadable; the newest run that saved its
         # status is then shown from it (with a warning naming the fault: _View.unusable)
-        saved = sorted((d for d, _ in bad if (d / "status.json").is_file()), key=_mtime, reverse=True)
+        saved = sorted((m, d) for d, _, m in bad if (d / "status.json").is_file())
         if saved:
-            return saved[0], f"the newest run under {runs}/ that saved its status; no coordinator.json is readable"
-        why = "; ".join(escape(str(exc)) for _, exc in sorted(bad, key=lambda b: str(b[0])))
+            return saved[-1][1], f"the newest run under {runs}/ that saved its status; no coordinator.json is readable"
+        why = "; ".join(escape(str(exc)) for _, exc, _ in sorted(bad, key=lambda b: str(b[0])))
         print_error(
             f"[red]error:[/red] no --coordinator or RUN_DIR given and no readable {runs}/*/coordinator.json: {why}"
         )
         raise typer.Exit(UNREADABLE_EXIT)
     found.sort(key=lambda f: f[0], reverse=True)
-    skipped = f"; skipped {_listed(sorted(str(d) for d, _ in bad))} (coordinator.json unreadable)" if bad else ""
+    skipped = f"; skipped {_listed(sorted(str(d) for d, _, _ in bad))} (coordinator.json unreadable)" if bad else ""
     running = [d for _, d, info in found if _not_running(d, info.get("pid")) is None]
     if len(running) > 1:
         names = ", ".join(escape(str(d)) for d in running)
@@ -695,13 +695,6 @@ def pick_run(runs: pathlib.Path) -> tuple[pathlib.Path, str]:
         return running[0], f"the only running run under {runs}/{skipped}"
     others = f" of {len(found)}" if len(found) > 1 else ""
     return found[0][1], f"the newest run{others} under {runs}/; none is running{skipped}"
-
-
-def _mtime(run_dir: pathlib.Path) -> float:
-    try:
-        return (run_dir / "coordinator.json").stat().st_mtime
-    except OSError:
-        return 0.0
 
 
 def _client_keys(keys: Optional[pathlib.Path], rd: Optional[pathlib.Path], key: Optional[str]):

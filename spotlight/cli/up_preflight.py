@@ -536,7 +536,7 @@ def _local_processes(run: UpRun) -> dict:
     (none with ``--external-trainers``), a Rollout Worker per reserved rollout GPU, and with
     ``--local`` one per GPU of each local spot agent."""
     cfg, opts = run.cfg, run.opts
-    spot = run.agents * opts.gpus_per_agent if opts.local and cfg.cluster.use_spot and run.replay is None else 0
+    spot = run.agents * opts.gpus_per_agent if opts.local and cfg.cluster.use_spot else 0
     return {
         "trainer_ranks": 0 if opts.external_trainers else cfg.train.num_train_workers,
         "rollout_workers": len(cfg.cluster.reserved_rollout_gpus) + spot,
@@ -550,8 +550,9 @@ def _check_memory(cfg: SpotlightConfig, *, trainer_ranks: int = 1, rollout_worke
     The limit is ``cluster.gpu_memory_gib`` (trainer and rollout GPUs), else the smallest
     of this host's GPUs as ``nvidia-smi`` reports them (the trainer GPUs: the trainers run
     here; spot GPUs are elsewhere). The plan is of bf16 on CUDA where this host has GPUs or
-    the limit is given, else of fp32 on the CPU, where one process's need is checked against this
-    host's memory (:func:`host_memory_problem`). Without a limit, a transformer that cannot be
+    the limit is given, else of fp32 on the CPU, where the processes this host starts
+    (``trainer_ranks``, ``rollout_workers``) are checked against its memory
+    (:func:`host_memory_problem`). Without a limit, a transformer that cannot be
     counted gives a check without a plan (its ``note`` says why).
 
     Raises:

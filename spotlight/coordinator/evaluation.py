@@ -113,7 +113,8 @@ def drop_discarded(run_dir: pathlib.Path, done: int) -> list[int]:
         except (ValueError, KeyError, TypeError):
             return None
 
-    in_log = [n for n in map(iteration_of, lines) if n is not None]
+    its = [iteration_of(line) for line in lines]
+    in_log = [n for n in its if n is not None]
     stale = discarded(done, [*in_log, *written_iterations(run_dir)])
     if not stale:
         return []
@@ -121,7 +122,7 @@ def drop_discarded(run_dir: pathlib.Path, done: int) -> list[int]:
         result_path(run_dir, n).unlink(missing_ok=True)
         result_path(run_dir, n).with_suffix(".png").unlink(missing_ok=True)
     if any(n in stale for n in in_log):
-        kept = [line for line in lines if iteration_of(line) not in stale]
+        kept = [line for line, n in zip(lines, its) if n not in stale]
         write_text_atomic(path, "".join(line + "\n" for line in kept))
     return stale
 

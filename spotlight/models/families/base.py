@@ -181,18 +181,16 @@ class ModelFamily(abc.ABC):
             model = cls.from_config(read_json(config_path)) if config_path else self.build_transformer()
         modules = [(n, m) for n, m in model.named_modules() if n]  # "" is the model itself
 
-        def matched(t: str) -> list:
-            return [(n, m) for n, m in modules if t and (n == t or n.endswith("." + t))]
-
+        matched = {t: [(n, m) for n, m in modules if t and (n == t or n.endswith("." + t))] for t in targets}
         examples = ", ".join(self.default_lora_targets[:4])
-        unknown = [t for t in targets if not matched(t)]
+        unknown = [t for t in targets if not matched[t]]
         if unknown:
             raise ModelLoadError(
                 f"train.lora_target_modules: {unknown} match no module of {self.transformer_class} (e.g. {examples})"
             )
         # peft wraps only these layer types and refuses any other module a name matches
         for t in targets:
-            other = [(n, m) for n, m in matched(t) if not isinstance(m, LORA_LAYER_TYPES)]
+            other = [(n, m) for n, m in matched[t] if not isinstance(m, LORA_LAYER_TYPES)]
             if other:
                 n, m = other[0]
                 raise ModelLoadError(
