@@ -731,10 +731,18 @@ def _finished(run_dir: pathlib.Path, iterations: int) -> str | None:
     one's save and rewrite its results), else None. ``iterations``: the run's, with
     ``--iterations`` applied. A run stopped after its last checkpoint but before ``final/``
     (during the evaluation of the final weights, or the save) is not finished: a resume does
-    just what is left (docs/architecture.md §13)."""
+    just what is left (docs/architecture.md §13). Nor is one whose ``final/`` is damaged (a
+    file truncated or removed after the save: :func:`~spotlight.util.weights_file.check_weights_dir`
+    refuses it): a resume saves it again."""
+    from spotlight.util.weights_file import WeightsFileError, check_weights_dir
+
     done = _checkpointed_iterations(run_dir) or 0
     final = pathlib.Path(run_dir) / "final"
     if done < iterations or not (final.is_dir() and any(final.iterdir())):
+        return None
+    try:
+        check_weights_dir(final)
+    except WeightsFileError:
         return None
     import shlex
 

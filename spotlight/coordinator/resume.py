@@ -20,6 +20,23 @@ log = logging.getLogger("spotlight.coordinator")
 __all__ = ["checkpoint_state", "restore", "write_run_checkpoint"]
 
 
+def damaged_final(run_dir) -> str | None:
+    """Why the ``final/`` a finished run left in ``run_dir`` cannot be loaded (a file truncated
+    or removed after the save), or None when it is whole or absent: a resume saves it again."""
+    import pathlib
+
+    from spotlight.util.weights_file import WeightsFileError, check_weights_dir
+
+    final = pathlib.Path(run_dir) / "final"
+    if not final.exists():
+        return None
+    try:
+        check_weights_dir(final)
+    except WeightsFileError as exc:
+        return f"final/ is damaged ({exc})"
+    return None
+
+
 def checkpoint_state(coord) -> dict:
     """Everything the iteration machine of ``coord`` (a Coordinator) needs to continue after
     the iteration that just ended."""
@@ -124,6 +141,8 @@ def restore(coord, now: float) -> None:
     )
     if nxt > total:  # the last iteration is done: what is left is its evaluation and the final save
         going_on = f"every iteration is done; finishing the run (weights v{version})"
+        if (why := damaged_final(coord.run_dir)) is not None:
+            going_on += f"; {why}: saving it again"
     else:
         going_on = f"continuing with iteration {nxt} (weights v{version})"
     coord.events.append(now, "resume", "", f"after iteration {n + 1}/{total}: {going_on}")

@@ -113,7 +113,14 @@ def test_reserved_only_says_once_that_agents_is_ignored(tmp_path):
 def _write_final(rd: pathlib.Path) -> None:
     """What a finished run has beside its last checkpoint: the final model (a LoRA run's)."""
     (rd / "final").mkdir()
-    (rd / "final" / "pytorch_lora_weights.safetensors").write_bytes(b"weights")
+    _write_final_file(rd)
+
+
+def _write_final_file(rd: pathlib.Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"lora_A": torch.zeros(2, 2)}, str(rd / "final" / "pytorch_lora_weights.safetensors"))
 
 
 def _snapshot_files(rd: pathlib.Path) -> dict:
@@ -341,8 +348,33 @@ def test_a_run_stopped_after_its_last_checkpoint_but_before_final_is_not_finishe
     assert _finished(rd, 2) is None and "--iterations N" not in _continue_hint(rd)
     (rd / "final").mkdir()
     assert _finished(rd, 2) is None  # an empty final/: the save did not get far
-    (rd / "final" / "pytorch_lora_weights.safetensors").write_bytes(b"weights")
+    _write_final_file(rd)
     assert _finished(rd, 2).startswith(f"{rd} is finished (2/2 iterations)")
+
+
+def test_a_finished_run_whose_final_is_damaged_is_not_finished(tmp_path):
+    """A final/ file truncated after the save (a full disk, a hand edit): was "is finished",
+    so --resume refused and the run could never save its model again while `spotlight eval`
+    refused the folder. Now a resume saves it again, and says why."""
+    from spotlight.cli.up_preflight import _finished
+    from spotlight.coordinator.resume import damaged_final
+    from spotlight.store.checkpoint import write_checkpoint
+
+    rd = tmp_path / "run"
+    rd.mkdir()
+    (rd / "config.toml").write_text(pathlib.Path(TOY).read_text().replace("\niterations = 20\n", "\niterations = 2\n"))
+    write_checkpoint(rd, 1, {"iteration": 2}, keep=2)
+    assert damaged_final(rd) is None  # no final/ yet
+    _write_final(rd)
+    assert _finished(rd, 2) is not None and damaged_final(rd) is None
+    weights = rd / "final" / "pytorch_lora_weights.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-3])
+    assert _finished(rd, 2) is None
+    why = damaged_final(rd)
+    assert why.startswith("final/ is damaged (") and str(weights) in why, why
+    weights.unlink()
+    (rd / "final" / "README.md").write_text("a model card, the weights gone")
+    assert _finished(rd, 2) is None and damaged_final(rd).startswith("final/ is damaged (")
 
 
 def test_resume_existing_of_a_finished_run_is_nothing_to_do_even_with_config(tmp_path):
