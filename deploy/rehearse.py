@@ -218,7 +218,7 @@ class Rehearsal:
             (bin_dir / name).chmod(0o755)
         nodes = self.SLURM_TRAIN_NODES
         with self.config.open("a") as f:  # nodes × TRAIN_GPUS_PER_NODE (1) ranks
-            f.write(f"\n[train]\nnum_train_workers = {nodes}\n")
+            f.write(f"\n[train]\nnum_train_workers = {nodes}\nnum_train_nodes = {nodes}\n")
         trainer_port, master_port = _free_port(), _free_port()
         env = {"CONFIG": str(self.config), "RUN_DIR": str(self._run_dir()), "PORT": str(self.port)}
         env |= {"TRAINER_PORT": str(trainer_port), "MASTER_PORT": str(master_port), "BIND": "127.0.0.1"}

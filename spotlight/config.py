@@ -501,6 +501,12 @@ class TrainConfig(_Section):
     """Normaliser of group-centred rewards: the batch std (Flow-GRPO global_std) or each group's std."""
     num_train_workers: int = 1
     """FSDP2 world size (processes) on the reserved side."""
+    num_train_nodes: int = 1
+    """Nodes the Train Worker ranks span (``spotlight up --external-trainers`` with torchrun or
+    srun across reserved nodes). Over more than one, the mesh is 2-D HSDP: each node holds a
+    replica sharded over its ``num_train_workers / num_train_nodes`` GPUs, which is the shard
+    ``spotlight plan`` and ``up``'s memory check count per GPU (docs/planning.md); a rank
+    launched over another number of nodes is refused when it connects."""
     steps_per_iteration: int = 1
     """Optimizer steps per iteration (Flow-GRPO ``num_batches_per_epoch`` / gradient accumulation):
     the rollout batches are split into this many consecutive minibatches. The first has ratio
@@ -533,6 +539,13 @@ class TrainConfig(_Section):
             "train.num_train_workers",
             "must be <= 65536 (the largest world size a trainer rank can join)",
         )
+        _check(self.num_train_nodes >= 1, "train.num_train_nodes", "must be >= 1")
+        _check(
+            self.num_train_workers % self.num_train_nodes == 0,
+            "train.num_train_nodes",
+            f"is {self.num_train_nodes}, but train.num_train_workers = {self.num_train_workers} ranks cannot be "
+            "split evenly over that many nodes (HSDP runs the same number of ranks on each)",
+        )
         _check(self.kl_beta >= 0, "train.kl_beta", "must be >= 0")
         _check(self.weight_decay >= 0, "train.weight_decay", "must be >= 0")
         _check(
@@ -550,6 +563,11 @@ class TrainConfig(_Section):
     @property
     def use_lora(self) -> bool:
         return self.lora_rank > 0
+
+    @property
+    def ranks_per_node(self) -> int:
+        """Train Worker ranks on each node: the FSDP2 shard group (HSDP over several nodes)."""
+        return self.num_train_workers // self.num_train_nodes
 
 
 class RewardConfig(_Section):

@@ -201,6 +201,8 @@ def register(app: typer.Typer) -> None:
         else:
             t = cfg.train
             gpus = f"{t.num_train_workers} trainer GPU{'s' if t.num_train_workers != 1 else ''}"
+            if t.num_train_nodes > 1:  # HSDP: the shard is one node's GPUs
+                gpus += f" ({t.num_train_nodes} nodes × {t.ranks_per_node}, HSDP)"
             title = (
                 f"{preset or cfg.model.family}: {count_text(size.params)} parameters"
                 + (f", LoRA r={t.lora_rank} {count_text(size.lora_params)}" if t.lora_rank else ", full fine-tuning")

@@ -381,6 +381,7 @@ def preflight(run: UpRun) -> UpRun:
         Stop: the first refusal (exit 2), or ``--resume-existing`` of a finished run (exit 0).
     """
     check_run_dir(run)
+    _check_train_nodes(run)
     _check_trainer_keys(run)
     _check_sp_backend(run)
     _check_model(run.cfg)
@@ -418,6 +419,23 @@ def check_run_dir(run: UpRun) -> None:
         raise refuse(why)
     if run.resuming and not run.opts.external_trainers and (why := _trainer_checkpoint_gone(rd)):
         raise refuse(why)
+
+
+def _check_train_nodes(run: UpRun) -> None:
+    """``train.num_train_nodes`` above 1 needs ranks launched on those nodes: the coordinator
+    starts its own Train Workers on this host only.
+
+    Raises:
+        Stop: without ``--external-trainers``.
+    """
+    t = run.cfg.train
+    if t.num_train_nodes > 1 and not run.opts.external_trainers:
+        raise refuse(
+            f"train.num_train_nodes = {t.num_train_nodes}: this coordinator would start all "
+            f"{t.num_train_workers} train workers on this host; launch them over {t.num_train_nodes} nodes "
+            "with torchrun or srun and start the coordinator with --external-trainers (README "
+            '"Multi-node training"), or set train.num_train_nodes = 1'
+        )
 
 
 def _check_trainer_keys(run: UpRun) -> None:

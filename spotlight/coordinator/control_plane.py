@@ -158,7 +158,7 @@ class ControlPlane:
         self.residency: dict[str, Residency] = {}  # worker id → where its weights are (its last PULL)
         self.offload = OffloadMeter()
         """What giving device memory back to the Train Workers cost (``spotlight/core/offload.py``)."""
-        self._train_gpus = trainer_gpus(cfg.train.num_train_workers)
+        self._train_gpus = trainer_gpus(cfg.train.ranks_per_node)  # the GPUs of the reserved node's ranks
         self._clashes: set[tuple[str, str, str]] = set()  # (node, holder's, claimant's instance id) refused
         self._allow_list_mtime = 0.0
 

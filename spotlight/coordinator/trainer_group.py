@@ -412,6 +412,17 @@ class TrainerGroup:
                 f"rank {body.rank}: {body.num_nodes} nodes × {body.local_world_size} ranks per node is not "
                 f"{body.world_size} ranks (local rank {body.local_rank})",
             )
+        if body.num_nodes != self.cfg.train.num_train_nodes:
+            # the memory plan counts each GPU's shard over one node's ranks (HSDP): another layout
+            # would hold another share of the model than `up` checked
+            raise Rejected(
+                "bad_request",
+                f"rank {body.rank}: the ranks were launched over {body.num_nodes} node(s) "
+                f"({body.local_world_size} per node), but this run has train.num_train_nodes = "
+                f"{self.cfg.train.num_train_nodes}: set it to {body.num_nodes} in the run config so that "
+                "`spotlight plan` and up's memory check count each GPU's share of the model, or launch "
+                f"over {self.cfg.train.num_train_nodes} node(s)",
+            )
         held = self.ids.get(body.rank)
         if held is not None and held != identity:
             other = self.hellos.get(body.rank)

@@ -6,8 +6,10 @@ from the transformer's config on the meta device) and calls :func:`plan_memory`;
 plan`` prints the result, ``spotlight up`` refuses a config whose GPUs cannot hold it
 (``cluster.gpu_memory_gib``).
 
-Per trainer GPU (FSDP2 over ``W = train.num_train_workers`` ranks, ``P`` transformer
-parameters, ``T`` trainable ones: ``P`` for full fine-tuning, the LoRA adapter's otherwise):
+Per trainer GPU (FSDP2 shards over ``W`` ranks: ``train.num_train_workers``, or over more than
+one node — HSDP, a replica per node — the ranks of one node, ``num_train_workers /
+num_train_nodes``; ``P`` transformer parameters, ``T`` trainable ones: ``P`` for full
+fine-tuning, the LoRA adapter's otherwise):
 
 * parameters: full fine-tuning ``4·P/W`` (fp32 master); LoRA ``b·P/W + 4·T/W`` (frozen base
   in the compute dtype, ``b`` = 2 for bf16, plus the fp32 adapter);
@@ -225,7 +227,7 @@ def plan_memory(cfg, size: ModelSize, *, device: str = "cuda") -> MemoryPlan:
     ``train.activation_checkpointing`` None means on for every family but tiny.
     """
     t, m, c = cfg.train, cfg.model, cfg.cluster
-    w = t.num_train_workers
+    w = t.num_train_workers // max(1, getattr(t, "num_train_nodes", 1))  # the shard group: one node's ranks
     lora = t.lora_rank > 0
     p, trainable = size.params, (size.lora_params if lora else size.params)
     cuda = device == "cuda"

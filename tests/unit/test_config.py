@@ -178,6 +178,9 @@ def test_wrong_type_names_the_field():
         # sizes whose plan would not fit in memory or overflow (was: `spotlight plan` ran out of
         # memory on 10**20 trainers, and an OverflowError traceback on 1e308 GiB)
         ({"train.num_train_workers": 10**20}, "train.num_train_workers"),
+        # HSDP runs the same number of ranks on every node
+        ({"train.num_train_nodes": 0}, "train.num_train_nodes"),
+        ({"train.num_train_workers": 4, "train.num_train_nodes": 3}, "train.num_train_nodes"),
         ({"cluster.gpu_memory_gib": 1e308}, "cluster.gpu_memory_gib"),
         # values the run would only fail on at run time, in a child process's traceback (was:
         # the train worker's AdamW "Invalid beta parameter", the eval worker's torch.device)

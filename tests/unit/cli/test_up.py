@@ -597,3 +597,20 @@ def test_resuming_a_local_run_whose_agents_survived_waits_for_them(tmp_path):
     finally:
         survivor.kill()
         survivor.wait()
+
+
+def test_ranks_over_several_nodes_need_external_trainers(tmp_path):
+    """The coordinator spawns its own Train Workers on this host only: train.num_train_nodes = 2
+    without --external-trainers would start both ranks here and plan each GPU's share as half a
+    replica where each would hold a whole one."""
+    conf = tmp_path / "two-nodes.toml"
+    conf.write_text(pathlib.Path(TOY).read_text() + "\n")
+    from spotlight.config import dump_config, load_config
+
+    dump_config(load_config(conf, overrides={"train.num_train_workers": 2, "train.num_train_nodes": 2}), conf)
+    rd = tmp_path / "run"
+    res = _up("--local", "--config", str(conf), "--run-dir", str(rd))
+    assert res.exit_code == 2, res.output
+    line = " ".join(res.output.split())
+    assert "train.num_train_nodes = 2" in line and "--external-trainers" in line, line
+    assert "Traceback" not in res.output and not (rd / "metrics.jsonl").exists()

@@ -41,7 +41,7 @@ class FakeServer:
 
 
 def _group(tmp_path: pathlib.Path, **external) -> tuple[TrainerGroup, InstanceManager, list[str]]:
-    cfg = example_config("jpeg-toy", {"train.num_train_workers": WORLD})
+    cfg = example_config("jpeg-toy", {"train.num_train_workers": WORLD, "train.num_train_nodes": 2})
     dump_config(cfg, tmp_path / "config.toml")
     instances, said = InstanceManager(10.0), []
     group = TrainerGroup(
@@ -104,6 +104,8 @@ def test_a_gpu_shared_with_a_reserved_agent_on_the_same_host_is_billed_once(tmp_
         (hello(0, world_size=8), "bad_request", "this run has 4 train workers"),
         (hello(4, world_size=4), "bad_request", "this run has 4 train workers"),
         (hello(1, num_nodes=3), "bad_request", "3 nodes × 2 ranks per node is not 4 ranks"),
+        # one node of 4: each GPU would hold half the share the memory plan of 2 nodes × 2 counted
+        (hello(1, num_nodes=1, local_world_size=4, local_rank=1), "bad_request", "set it to 1 in the run config"),
         (hello(1, protocol_version=P.PROTOCOL_VERSION + 1), "protocol", "same Spotlight version"),
     ],
 )
@@ -191,7 +193,7 @@ def served(tmp_path):
     """A control plane with external trainers on a real CURVE trainer socket, served on a thread."""
     keys_dir = make_keys(tmp_path / "keys", agents=["spot"])
     add_client(keys_dir, "trainer", "pool")
-    cfg = example_config("jpeg-toy", {"train.num_train_workers": 2})
+    cfg = example_config("jpeg-toy", {"train.num_train_workers": 2, "train.num_train_nodes": 2})
     dump_config(cfg, tmp_path / "config.toml")
     keys = load_server_keys(keys_dir)
     parts = (RequestScheduler(60.0), InstanceManager(10.0), TensorStore(tmp_path / "ts"), EventLog())

@@ -191,3 +191,20 @@ def test_keep_train_checkpoints_is_validated():
 
     with pytest.raises(ConfigError, match="run.keep_train_checkpoints: must be >= 1"):
         _cfg(run={"keep_train_checkpoints": 0})
+
+
+def test_over_several_nodes_each_gpu_holds_its_share_of_one_nodes_replica():
+    """HSDP (train.num_train_nodes > 1): every node holds a replica sharded over its own GPUs, so
+    2 nodes × 2 GPUs hold per GPU what 1 node × 2 does, twice the share of 4 GPUs on one node
+    (was: the plan divided by all 4 ranks, and passed configs whose shards could not fit)."""
+    sharded = ("parameters", "gradients", "Adam state")
+    two_by_two = _lines(plan_memory(_cfg(train={"num_train_workers": 4, "num_train_nodes": 2}), SIZE).trainer_gpu)
+    one_by_two = _lines(plan_memory(_cfg(train={"num_train_workers": 2}), SIZE).trainer_gpu)
+    one_by_four = _lines(plan_memory(_cfg(train={"num_train_workers": 4}), SIZE).trainer_gpu)
+    assert {k: two_by_two[k] for k in sharded} == {k: one_by_two[k] for k in sharded}
+    assert {k: two_by_two[k] for k in sharded} == {k: 2 * one_by_four[k] for k in sharded}
+    # the reserved rollout GPU 2 is a trainer rank's on one node of 4, not on a node of 2
+    shared = {"reserved_rollout_gpus": [2]}
+    one_node = plan_memory(_cfg(train={"num_train_workers": 4}, cluster=shared), SIZE)
+    two_nodes = plan_memory(_cfg(train={"num_train_workers": 4, "num_train_nodes": 2}, cluster=shared), SIZE)
+    assert "rollout worker" in _lines(one_node.trainer_gpu) and "rollout worker" not in _lines(two_nodes.trainer_gpu)
