@@ -595,6 +595,12 @@ def _check_memory(cfg: SpotlightConfig, *, trainer_ranks: int = 1, rollout_worke
     elif gpus is not None:
         plan = dataclasses.replace(plan, gpu_limit_bytes=gpus.smallest_bytes)
         source, kinds = f"this host's GPU size ({gpus.describe()})", ("trainer GPU",)
+        # the GPUs hold the models; this host still holds the reserved side's share
+        if (why := host_memory_problem(plan, _host_memory_bytes(), 0, 0)) is not None:
+            raise refuse(
+                f"the run does not fit this host: {why}; `spotlight plan CONFIG` prints the whole estimate "
+                "(docs/planning.md)"
+            )
     else:
         host = _host_memory_bytes()
         if (why := host_memory_problem(plan, host, trainer_ranks, rollout_workers)) is not None:
@@ -615,11 +621,13 @@ def _check_memory(cfg: SpotlightConfig, *, trainer_ranks: int = 1, rollout_worke
 
 
 def host_memory_problem(plan, host_bytes: int | None, trainer_ranks: int = 1, rollout_workers: int = 1) -> str | None:
-    """Why a CPU run of ``plan`` (fp32, host memory) cannot run on a host of ``host_bytes``: one
-    trainer rank or one Rollout Worker alone, or the ``trainer_ranks`` and ``rollout_workers``
-    this host starts together, need more than the whole host has (they would be killed, or
-    abort, when they allocate); None when they fit, or the size is unknown. Pure."""
-    from spotlight.core.memory_plan import size_text
+    """Why ``plan`` cannot run on a host of ``host_bytes``: the reserved host's own memory (the
+    coordinator's rollout samples and versions, rank 0's version gather) alone, or in a CPU run
+    (fp32, host memory; ``trainer_ranks`` and ``rollout_workers`` this host starts, 0 and 0 where
+    they run on GPUs) one trainer rank or one Rollout Worker alone, or all of them together, need
+    more than the whole host has (they would be killed, or abort, when they allocate); None when
+    they fit, or the size is unknown. Pure."""
+    from spotlight.core.memory_plan import MemoryPlan, size_text
 
     if not host_bytes:
         return None
@@ -630,11 +638,18 @@ def host_memory_problem(plan, host_bytes: int | None, trainer_ranks: int = 1, ro
     ):
         if n and need > host_bytes:
             return f"{what} needs {size_text(need)} of host memory but {have}"
-    total = trainer_ranks * plan.trainer_gpu_bytes + rollout_workers * plan.rollout_gpu_bytes
+    reserved = MemoryPlan.total(plan.reserved_host)
+    if reserved > host_bytes:
+        biggest = max(plan.reserved_host, key=lambda line: line.bytes)
+        return (
+            f"the reserved host needs {size_text(reserved)} of memory ({biggest.name}: {size_text(biggest.bytes)}, "
+            f"{biggest.formula}) but {have}"
+        )
+    total = trainer_ranks * plan.trainer_gpu_bytes + rollout_workers * plan.rollout_gpu_bytes + reserved
     if total > host_bytes:
         return (
-            f"its {trainer_ranks} trainer rank(s) (train.num_train_workers) and {rollout_workers} Rollout Worker(s) "
-            f"on this host need {size_text(total)} of host memory in all but {have}"
+            f"its {trainer_ranks} trainer rank(s) (train.num_train_workers), {rollout_workers} Rollout Worker(s) "
+            f"and the coordinator on this host need {size_text(total)} of host memory in all but {have}"
         )
     return None
 

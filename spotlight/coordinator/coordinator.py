@@ -81,7 +81,7 @@ from spotlight.core.seed_bank import SeedBank
 from spotlight.errors import SpotlightError
 from spotlight.net.security import ServerKeys, init_keys, load_server_keys
 from spotlight.rewards.reward_fn import RewardFn
-from spotlight.rl.batch import Sample, build_training_batches, keeps_window
+from spotlight.rl.batch import Sample, build_training_batches, result_sample
 from spotlight.rl.sampler import Conditioning
 from spotlight.store.tensor_store import TensorStore
 from spotlight.studies.profiling import load_profile
@@ -277,17 +277,12 @@ class Coordinator:
         ids, images, prompts, metadata = [], [], [], []
         for i, req in completed:
             slot, pidx = self.core.request_meta[req.request_id]
-            s = Sample(
-                req.request_id, req.kind, req.iteration, slot, pidx, req.seed, body.batch_id, tensors["images"][i]
-            )
+            s, image = result_sample(req, slot, pidx, body.batch_id, tensors, i, self.cfg.sampler.sde_window_start)
             s.computed_steps = body.items[i].computed_steps
-            s.window_start = int(req.params.get("sde_window_start", self.cfg.sampler.sde_window_start))
-            if keeps_window(req):  # a rollout, or a candidate that may become the rollout (verl-omni-spot)
-                s.window_latents, s.log_probs = tensors["window_latents"][i], tensors["log_probs"][i]
+            ids.append(req.request_id)
+            images.append(image)
             self.samples[req.request_id] = s
             self.core.record_result(req.request_id, now)
-            ids.append(req.request_id)
-            images.append(s.image.numpy())
             prompts.append(self.prompts[pidx])
             metadata.append(self.prompt_metadata[pidx])
         if ids:

@@ -199,6 +199,31 @@ def image_tokens(family: str, image_size: int, patch_size: int) -> int:
     return side * side
 
 
+def latent_values(family: str, image_size: int) -> int:
+    """Values of one sample's latent: tiny's pixels ``3·H²``; the VAE families' ``16·(H/8)²``
+    (16 latent channels at 1/8 of the image side, packed or not)."""
+    return 3 * image_size * image_size if family == "tiny" else 16 * (image_size // 8) ** 2
+
+
+def rollout_samples_bytes(cfg, family: str) -> tuple[int, str]:
+    """Bytes the coordinator holds for one iteration's rollout samples, and the formula: each
+    sample's ``uint8`` image (``3·H²``) and its SDE window's ``W + 1`` float32 latents
+    (:func:`latent_values` each) twice — as received, and stacked into the Train Workers'
+    batch while it is sent. The rollout is ``N·G`` samples (``data.prompts_per_iteration ·
+    data.group_size``; best-of-N that reuses its candidates as the rollout keeps the window of
+    every candidate, ``N·d``). Exploration candidates keep only their reward once scored."""
+    d = cfg.data
+    explore = getattr(cfg, "explore", None)
+    reuse = bool(explore is not None and getattr(explore, "reuse_as_rollout", False))
+    per_prompt = max(explore.num_candidates, d.group_size) if reuse else d.group_size
+    samples = d.prompts_per_iteration * per_prompt
+    window = cfg.sampler.sde_window_size + 1
+    image = 3 * cfg.model.image_size * cfg.model.image_size
+    latent = latent_values(family, cfg.model.image_size) * 4
+    who = "N·d" if reuse else "N·G"
+    return samples * (image + 2 * window * latent), f"{who} × (3·H² + 2·(W+1)·latent·4), {samples} samples"
+
+
 def uses_true_cfg(family: str, guidance_scale: float) -> bool:
     """Whether the negative rows run through the transformer beside the positive ones."""
     scale = guidance_scale if guidance_scale > 0 else DEFAULT_GUIDANCE.get(family, 1.0)
@@ -299,9 +324,11 @@ def plan_memory(cfg, size: ModelSize, *, device: str = "cuda") -> MemoryPlan:
     version = model_b * (trainable if lora else p)
     publish = version if lora else 4 * p + (version if model_b != 4 else 0)
     coord_mem = COORDINATOR_MEMORY_VERSIONS * version if version <= c.weight_memory_max_bytes else 0
+    samples_b, samples_formula = rollout_samples_bytes(cfg, size.family)
     reserved_host = (
         Line("trainer rank 0: version gather", publish, f"{model_b}·T" if lora else f"4·P + {model_b}·P"),
         Line("coordinator: versions in memory", coord_mem, f"{COORDINATOR_MEMORY_VERSIONS} versions if small"),
+        Line("coordinator: rollout samples", samples_b, samples_formula),
     )
     if offload:
         reserved_host += (Line("rollout worker: released copy (pinned)", worker_model, "model copy"),)

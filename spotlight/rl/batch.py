@@ -35,7 +35,10 @@ class Sample:
 
     ``image``: ``[3, S, S] uint8``; ``window_latents``: ``[W + 1, C, H, W'] float32`` and
     ``log_probs``: ``[W] float32`` (the SDE window's latents and per-step log-probs), kept only
-    for requests the update may use (:func:`keeps_window`)."""
+    for requests the update may use (:func:`keeps_window`); the others, exploration candidates,
+    keep no image either once it is handed to the reward (``image`` None: at real sizes the
+    candidates of an iteration would hold tens of GiB of images on the coordinator only to be
+    ranked by reward; docs/planning.md)."""
 
     request_id: str
     kind: RequestKind
@@ -44,7 +47,7 @@ class Sample:
     prompt_index: int
     seed: int
     batch_id: str
-    image: torch.Tensor
+    image: torch.Tensor | None
     window_latents: torch.Tensor | None = None
     log_probs: torch.Tensor | None = None
     computed_steps: int = 0
@@ -58,6 +61,22 @@ class Sample:
     def in_rollout(self) -> bool:
         """Part of the rollout of its iteration: a rollout request, or a candidate reused as one."""
         return self.kind == RequestKind.ROLLOUT or self.reused_as_rollout
+
+
+def result_sample(req, slot: int, prompt_index: int, batch_id: str, tensors: dict, i: int, window_start: int):
+    """``(sample, image)`` of row ``i`` of a RESULT's ``tensors`` for request ``req``: the
+    :class:`Sample` the coordinator keeps and the ``uint8`` image to score. A request the update
+    may use (:func:`keeps_window`) keeps its image, window latents and log-probs; an exploration
+    candidate keeps neither (its ``image`` is None: only its reward ranks it). ``window_start``:
+    ``sampler.sde_window_start``, unless the request's params name another."""
+    image = tensors["images"][i]
+    s = Sample(req.request_id, req.kind, req.iteration, slot, prompt_index, req.seed, batch_id, image)
+    s.window_start = int(req.params.get("sde_window_start", window_start))
+    if keeps_window(req):  # a rollout, or a candidate that may become the rollout (verl-omni-spot)
+        s.window_latents, s.log_probs = tensors["window_latents"][i], tensors["log_probs"][i]
+    else:
+        s.image = None
+    return s, image.numpy()
 
 
 def keeps_window(req) -> bool:

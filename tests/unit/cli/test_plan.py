@@ -117,14 +117,38 @@ def test_a_cpu_run_one_process_of_which_needs_more_than_the_host_has_is_refused(
     many = load_config(None, {"train.num_train_workers": 1000})
     with pytest.raises(Stop) as exc:
         pre._check_memory(many, trainer_ranks=1000, rollout_workers=3)
-    assert "its 1000 trainer rank(s) (train.num_train_workers) and 3 Rollout Worker(s) on this host need " in str(
-        exc.value
+    assert "its 1000 trainer rank(s) (train.num_train_workers), 3 Rollout Worker(s) and the coordinator on this " in (
+        " ".join(str(exc.value).split())
     )
     assert pre._check_memory(many, trainer_ranks=0, rollout_workers=3).plan is not None  # --external-trainers
     monkeypatch.setattr(pre, "_host_memory_bytes", lambda: None)  # unknown: not checked
     plan = pre._check_memory(load_config(None)).plan
     assert pre.host_memory_problem(plan, plan.trainer_gpu_bytes - 1).startswith("a trainer rank needs ")
     assert pre.host_memory_problem(plan, None) is None
+
+
+@pytest.mark.procs  # runs the fake nvidia-smi
+@pytest.mark.parametrize("gpus", [False, True])
+def test_a_rollout_the_coordinator_cannot_hold_is_refused(tmp_path, monkeypatch, gpus):
+    """Was: data.prompts_per_iteration = 1000000 started (a warning that prompts repeat) and
+    would have gathered 8 million samples' images and SDE windows on the coordinator, about a
+    TiB; the plan did not count them. Refused on a CPU host and on a GPU host alike."""
+    import spotlight.cli.up_preflight as pre
+    from spotlight.cli.up_preflight import Stop
+    from spotlight.config import load_config
+
+    if gpus:  # two 80 GiB GPUs: the models fit them, the samples not the host
+        monkeypatch.setenv("PATH", _fake_nvidia_smi(tmp_path, 81920)["PATH"])
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi: a CPU host
+    monkeypatch.setattr(pre, "_host_memory_bytes", lambda: 16 << 30)
+    assert pre._check_memory(load_config(None)).plan is not None
+    with pytest.raises(Stop) as exc:
+        pre._check_memory(load_config(None, {"data.prompts_per_iteration": 1_000_000}))
+    line = " ".join(str(exc.value).split())
+    assert "does not fit this host: the reserved host needs " in line and "coordinator: rollout samples" in line, line
+    assert "8000000 samples" in line and "this host has 16.0 GiB" in line
 
 
 def test_plan_of_the_tiny_model_speaks_mib_and_counts_its_parameters():

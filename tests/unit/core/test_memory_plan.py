@@ -61,6 +61,9 @@ def test_full_fine_tuning_by_hand():
     }
     assert _lines(plan.disk) == disk
     assert _lines(plan.reserved_host)["trainer rank 0: version gather"] == 4 * P + 2 * P
+    # 8 prompts × 4 samples, each a 64 px uint8 image and its 2-step SDE window's 3 float32
+    # latents of 16 × 8 × 8 values, twice (as received, and stacked into the trainers' batch)
+    assert _lines(plan.reserved_host)["coordinator: rollout samples"] == 32 * (3 * 64 * 64 + 2 * 3 * 16 * 8 * 8 * 4)
     assert _lines(plan.spot_host) == {"agent: cached versions (mmap)": 2 * 2 * P}
 
 
