@@ -205,13 +205,14 @@ def latent_values(family: str, image_size: int) -> int:
     return 3 * image_size * image_size if family == "tiny" else 16 * (image_size // 8) ** 2
 
 
-def rollout_samples_bytes(cfg, family: str) -> tuple[int, str]:
-    """Bytes the coordinator holds for one iteration's rollout samples, and the formula: each
-    sample's ``uint8`` image (``3·H²``) and its SDE window's ``W + 1`` float32 latents
-    (:func:`latent_values` each) twice — as received, and stacked into the Train Workers'
-    batch while it is sent. The rollout is ``N·G`` samples (``data.prompts_per_iteration ·
-    data.group_size``; best-of-N that reuses its candidates as the rollout keeps the window of
-    every candidate, ``N·d``). Exploration candidates keep only their reward once scored."""
+def rollout_samples_bytes(cfg, family: str, *, copies: int = 2) -> tuple[int, str]:
+    """Bytes of one iteration's rollout samples, and the formula: each sample's ``uint8`` image
+    (``3·H²``) and its SDE window's ``W + 1`` float32 latents (:func:`latent_values` each),
+    ``copies`` times — the coordinator holds them twice, as received and stacked into the
+    Train Workers' batch while it is sent; ``run.save_rollouts`` writes them once. The rollout
+    is ``N·G`` samples (``data.prompts_per_iteration · data.group_size``; best-of-N that reuses
+    its candidates as the rollout keeps the window of every candidate, ``N·d``). Exploration
+    candidates keep only their reward once scored."""
     d = cfg.data
     explore = getattr(cfg, "explore", None)
     reuse = bool(explore is not None and getattr(explore, "reuse_as_rollout", False))
@@ -221,7 +222,8 @@ def rollout_samples_bytes(cfg, family: str) -> tuple[int, str]:
     image = 3 * cfg.model.image_size * cfg.model.image_size
     latent = latent_values(family, cfg.model.image_size) * 4
     who = "N·d" if reuse else "N·G"
-    return samples * (image + 2 * window * latent), f"{who} × (3·H² + 2·(W+1)·latent·4), {samples} samples"
+    times = f"{copies}·" if copies != 1 else ""
+    return samples * (image + copies * window * latent), f"{who} × (3·H² + {times}(W+1)·latent·4), {samples} samples"
 
 
 def uses_true_cfg(family: str, guidance_scale: float) -> bool:
@@ -352,6 +354,9 @@ def plan_memory(cfg, size: ModelSize, *, device: str = "cuda") -> MemoryPlan:
         ),
         Line("final model", final, "4·T" if lora else "4·P (fp32)"),
     )
+    if getattr(cfg.run, "save_rollouts", False):  # kept for every iteration: audits and tests
+        one, formula = rollout_samples_bytes(cfg, size.family, copies=1)
+        disk += (Line("saved rollouts (run.save_rollouts)", cfg.run.iterations * one, f"iterations × {formula}"),)
     limit = getattr(c, "gpu_memory_gib", None)
     return MemoryPlan(
         trainer_gpu=tuple(trainer),

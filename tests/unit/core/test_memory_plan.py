@@ -65,6 +65,10 @@ def test_full_fine_tuning_by_hand():
     # latents of 16 × 8 × 8 values, twice (as received, and stacked into the trainers' batch)
     assert _lines(plan.reserved_host)["coordinator: rollout samples"] == 32 * (3 * 64 * 64 + 2 * 3 * 16 * 8 * 8 * 4)
     assert _lines(plan.spot_host) == {"agent: cached versions (mmap)": 2 * 2 * P}
+    # run.save_rollouts keeps every iteration's samples, once each (was: not in the disk plan)
+    saved = plan_memory(_cfg(run={"save_rollouts": True}), SIZE)
+    per_iteration = 32 * (3 * 64 * 64 + 3 * 16 * 8 * 8 * 4)
+    assert _lines(saved.disk) == disk | {"saved rollouts (run.save_rollouts)": 5 * per_iteration}
 
 
 def test_lora_micro_batch_without_checkpointing_and_a_shared_rollout_gpu():
