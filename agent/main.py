@@ -1396,6 +1396,8 @@ def _parse_gpus(text: str) -> list[int]:
         raise typer.BadParameter(f"--gpus must be a comma-separated list of integers, got {text[:40]!r}") from None
     if not gpus or len(set(gpus)) != len(gpus) or min(gpus) < 0:
         raise typer.BadParameter(f"--gpus must list distinct non-negative indices, got {text[:40]!r}")
+    if len(gpus) > P.MAX_GPUS_PER_NODE:  # the coordinator refuses the registration of more
+        raise typer.BadParameter(f"--gpus lists {len(gpus)} GPUs; one node registers at most {P.MAX_GPUS_PER_NODE}")
     return gpus
 
 

@@ -67,6 +67,9 @@ Id = Annotated[str, Meta(min_length=1, max_length=200)]
 Text = Annotated[str, Meta(max_length=4096)]
 Count = Annotated[int, Meta(ge=0, le=1 << 31)]
 Version = Annotated[int, Meta(ge=-1, le=1 << 31)]
+MAX_GPUS_PER_NODE = 64
+"""Most GPUs one node registers (REGISTER's ``gpus``): the coordinator refuses more, so
+``spotlight-agent join --gpus`` and the join command ``spotlight init`` writes stay within it."""
 MAX_GPU_INDEX = 4095
 """Largest GPU index a message carries (REGISTER, HEARTBEAT, a train rank's ``gpu``): a body with
 a larger one fails to decode, so every place that accepts a GPU index (``spotlight-agent join

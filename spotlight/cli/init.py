@@ -159,7 +159,7 @@ def register(app: typer.Typer) -> None:
             None,
             "--gpus-per-node",
             min=1,
-            max=4096,  # protocol.MAX_GPU_INDEX + 1: the header's join --gpus list must be one join takes
+            max=64,  # protocol.MAX_GPUS_PER_NODE: the header's join --gpus list must be one a node may register
             metavar="N",
             help="GPUs per spot node (header; default 1).",
         ),

@@ -76,7 +76,7 @@ TRAINER_MESSAGES = frozenset(
 )
 NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 STATE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
-MAX_GPUS_PER_NODE = 64
+MAX_GPUS_PER_NODE = P.MAX_GPUS_PER_NODE
 
 
 @dataclasses.dataclass
@@ -183,7 +183,7 @@ class ControlPlane:
         who = key.id if key is not None else "an unauthenticated peer"
         if claimed_node:  # the sender's word, not checked yet: quoted unless it is a valid node id
             node = claimed_node if NODE_ID.match(claimed_node) else repr(claimed_node[:64])
-            return f"{who} for node {node} (not its current session)"
+            return f"{who} for node {node} (not registered on this connection)"  # a REGISTER, or a stale session
         return f"{who} (no registered node)"
 
     def serve_once(self, timeout_ms: int = 50) -> int:

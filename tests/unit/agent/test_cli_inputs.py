@@ -163,6 +163,21 @@ def test_join_beyond_the_bound_fails_before_anything_starts(tmp_path, keys_dir):
     assert not state.exists()
 
 
+@pytest.mark.procs
+def test_join_with_more_gpus_than_a_node_registers_fails_before_anything_starts(tmp_path, keys_dir):
+    """Was: `--gpus 0,…,99` connected and was only then refused by the coordinator ("gpus must
+    be 1-64 distinct indices")."""
+    from spotlight.protocol import MAX_GPUS_PER_NODE
+
+    state = tmp_path / "state"
+    gpus = ",".join(str(g) for g in range(MAX_GPUS_PER_NODE + 1))
+    args = ["join", "-c", "127.0.0.1:9", "--gpus", gpus, "--keys", str(keys_dir), "--register-timeout-s", "1"]
+    proc = _agent(args, tmp_path, state)
+    assert proc.returncode == 2, proc.stderr
+    assert f"--gpus lists {MAX_GPUS_PER_NODE + 1} GPUs; one node registers at most {MAX_GPUS_PER_NODE}" in proc.stderr
+    assert not state.exists()
+
+
 def test_init_refuses_a_reserved_rollout_gpu_beyond_the_bound():
     from spotlight.cli import app as spotlight_app
 

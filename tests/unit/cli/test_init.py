@@ -253,11 +253,13 @@ def test_no_reserved_rollout_gpus_or_spot_nodes_leave_out_what_would_not_work(tm
 
 
 def test_gpus_per_node_above_what_join_takes_is_refused():
-    """Was: `--gpus-per-node 4097` wrote a `join --gpus 0,…,4096` line that join refuses."""
+    """Was: `--gpus-per-node 4097` wrote a `join --gpus 0,…,4096` line that join refuses, and
+    `--gpus-per-node 1000` one whose registration the coordinator refuses (64 GPUs a node)."""
     from typer.testing import CliRunner
 
     from spotlight.cli import app
 
-    res = CliRunner().invoke(app, ["init", "--gpus-per-node", "4097"])
-    assert res.exit_code == 2 and "--gpus-per-node" in res.stderr, res.output
-    assert CliRunner().invoke(app, ["init", "--gpus-per-node", "8"]).exit_code == 0
+    for n in ("4097", "1000", "65"):
+        res = CliRunner().invoke(app, ["init", "--gpus-per-node", n])
+        assert res.exit_code == 2 and "--gpus-per-node" in res.stderr, res.output
+    assert CliRunner().invoke(app, ["init", "--gpus-per-node", "64"]).exit_code == 0

@@ -213,7 +213,7 @@ def test_a_stale_session_is_info_and_names_the_node_not_the_routing_id(control, 
     assert lines == [
         (
             "INFO",
-            "rejected message from agent.local for node spot-0 (not its current session): unknown_session: "
+            "rejected message from agent.local for node spot-0 (not registered on this connection): unknown_session: "
             "HEARTBEAT from an unregistered or stale session (node 'spot-0')",
         ),
         (
@@ -225,7 +225,7 @@ def test_a_stale_session_is_info_and_names_the_node_not_the_routing_id(control, 
     assert all("b'" not in text and "\\x" not in text for _, text in lines)
     assert control.server.describe_peer(ROUTE) == "node spot-0 (agent.local)"  # the server's log lines too
     forged = control.peer_name(b"x", principal=agent, claimed_node="a\nFAKE LOG LINE")
-    assert forged == "agent.local for node 'a\\nFAKE LOG LINE' (not its current session)"  # quoted, one line
+    assert forged == "agent.local for node 'a\\nFAKE LOG LINE' (not registered on this connection)"  # quoted, one line
 
 
 def test_a_silent_spot_node_is_info_a_silent_reserved_node_a_warning(control, caplog):
