@@ -63,7 +63,9 @@ def prompt_target(prompt: str) -> str:
     """
     t = ocr_target(prompt)
     if t is None or not normalise(t):
-        raise InputError(f'OCR prompt has no "quoted" target text: {prompt[:120]!r}')
+        from spotlight.util.text import quoted_prompt
+
+        raise InputError(f'OCR prompt has no "quoted" target text: {quoted_prompt(prompt)}')
     return t
 
 

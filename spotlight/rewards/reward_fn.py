@@ -157,15 +157,15 @@ class RewardFn:
                 try:
                     prompt_target(p)
                 except ValueError as exc:
-                    raise RewardError(str(exc)) from None
+                    raise RewardError(f"prompt {i + 1}: {exc}") from None
         if self.cfg.kind == "geneval_shapes":
             from spotlight.tasks.shapes import geneval
 
-            for p in prompts:
+            for i, p in enumerate(prompts):
                 try:
                     geneval.parse_prompt(p)
                 except ValueError as exc:
-                    raise RewardError(str(exc)) from None
+                    raise RewardError(f"prompt {i + 1}: {exc}") from None
 
     def _http(self, hwc: list[np.ndarray], prompts: list[str], metadata: list[dict]) -> list[float]:
         import requests

@@ -466,8 +466,10 @@ TEMPLATES = (
 
 
 def _reject(prompt: str, why: str) -> InputError:
+    from spotlight.util.text import quoted_prompt
+
     return InputError(
-        f"cannot parse {prompt!r} as a shapes-world GenEval prompt ({why}); accepted templates: "
+        f"cannot parse {quoted_prompt(prompt)} as a shapes-world GenEval prompt ({why}); accepted templates: "
         + "; ".join(repr(t) for t in TEMPLATES)
         + f" with shape in {list(world.SHAPES)}, color in {list(COLOR_NAMES)}"
     )

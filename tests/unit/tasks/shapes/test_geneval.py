@@ -294,6 +294,20 @@ def test_reward_fn_geneval_shapes_partial_vs_strict():
     assert all(isinstance(r, float) for r in partial + strict)
 
 
+@pytest.mark.parametrize("kind", ["geneval_shapes", "ocr"])
+def test_a_long_prompt_the_reward_cannot_score_is_named_short(kind):
+    """Was: the refusal quoted the whole prompt, a 10.6 KB error line for a 10 000-character one;
+    it now names the prompt's place and its first 80 characters."""
+    long = "a photo of a red circle and a blue square" + " and a blue square" * 550
+    fn = RewardFn(RewardConfig(kind=kind))
+    good = "a photo of a circle" if kind == "geneval_shapes" else 'a sign that says "open"'
+    with pytest.raises(RewardError) as exc:
+        fn.check_prompts([good, long])
+    line = str(exc.value)
+    assert line.startswith("prompt 2: ") and f"… ({len(long)} characters)" in line, line[:300]
+    assert len(line) < 1000 and "\n" not in line
+
+
 def test_reward_fn_geneval_shapes_errors():
     fn = RewardFn(RewardConfig(kind="geneval_shapes"))
     images = np.full((2, 3, 32, 32), 245, dtype=np.uint8)
