@@ -14,7 +14,7 @@ from rich.table import Table
 
 from spotlight.cli.messages import print_error
 from spotlight.cli.progress import working
-from spotlight.errors import SpotlightError
+from spotlight.errors import SpotlightError, plural
 from spotlight.util.cli_paths import path_option
 from spotlight.util.disk import unwritable_dir
 
@@ -49,8 +49,8 @@ def register(app: typer.Typer) -> None:
         out: Optional[pathlib.Path] = path_option(
             None,
             "--out",
-            help="Where to write eval.json and eval_grid.png (default: the run directory, or a new "
-            "runs/eval/<timestamp>, so an earlier evaluation is kept).",
+            help="Where to write eval.json and eval_grid.png (default: the run directory, whose earlier "
+            "eval.json is replaced, or without --run-dir a new runs/eval/<timestamp>).",
         ),
     ) -> None:
         """:data:`EVAL_HELP`: the base model and (``--run-dir``, ``--weights``) trained weights, scored."""
@@ -69,6 +69,8 @@ def register(app: typer.Typer) -> None:
         if problem:
             print_error(f"[red]error:[/red] --out {escape(str(out_dir))}: {escape(problem)}")
             raise typer.Exit(2)
+        if (earlier := earlier_evaluation(out_dir)) is not None:  # said before minutes of sampling
+            print_error(f"[yellow]note:[/yellow] {escape(earlier)}; give --out DIR to keep both")
         if specs is None:  # another task than the shapes world: the run's held-out panel, any family
             _eval_panel(console, cfg, weights, prompts, num_seeds, out_dir)
             return
@@ -79,13 +81,13 @@ def register(app: typer.Typer) -> None:
             with working(console, f"sampling {len(specs)} test prompts × {_seeds(num_seeds)} with the {name} model…"):
                 results[name] = ev.evaluate(model, cfg.model, cfg.sampler, specs, num_seeds=num_seeds)
         console.print(score_table(results, num_prompts=len(specs), num_seeds=num_seeds))
-        _write_report(results, out_dir, num_prompts=len(specs), num_seeds=num_seeds, weights=weights)
+        _write_report(results, out_dir, num_prompts=len(specs), num_seeds=num_seeds, weights=weights, prompts=prompts)
         n_img = len(specs) * num_seeds
         per_kind = next(iter(results.values())).per_task_prompts
         se = overall_standard_error(per_kind, num_seeds)
         console.print(
             f"{n_img} images per model: the overall score's standard error is up to ±{se:.3f} (a mean over "
-            f"{len(per_kind)} task kinds, some with few prompts; more seeds narrow it)"
+            f"{plural(len(per_kind), 'task kind')}, some with few prompts; more seeds narrow it)"
         )
         console.print(f"wrote {out_dir / 'eval.json'} and {out_dir / 'eval_grid.png'}")
 
@@ -291,17 +293,45 @@ def score_table(results: dict, *, num_prompts: int, num_seeds: int) -> Table:
     return table
 
 
+def earlier_evaluation(out_dir: pathlib.Path) -> str | None:
+    """What this evaluation replaces in ``out_dir`` (its ``eval.json``: prompts, seeds, when),
+    or None when there is none."""
+    import datetime
+
+    path = pathlib.Path(out_dir) / "eval.json"
+    try:
+        earlier = json.loads(path.read_text())
+        when = datetime.datetime.fromtimestamp(path.stat().st_mtime).strftime("%Y-%m-%d %H:%M")
+    except (OSError, ValueError):
+        return None if not path.exists() else f"replacing {path} (unreadable)"
+    if not isinstance(earlier, dict):
+        return f"replacing {path}"
+    n, seeds = earlier.get("num_prompts"), earlier.get("num_seeds")
+    what = " × ".join(plural(v, w) if isinstance(v, int) else f"? {w}s" for v, w in ((n, "prompt"), (seeds, "seed")))
+    if earlier.get("prompts"):
+        what += f" of {earlier['prompts']}"
+    return f"replacing the evaluation in {path} ({what}, written {when})"
+
+
 def _write_report(
-    results: dict, out_dir: pathlib.Path, *, num_prompts: int, num_seeds: int, weights: Optional[pathlib.Path]
+    results: dict,
+    out_dir: pathlib.Path,
+    *,
+    num_prompts: int,
+    num_seeds: int,
+    weights: Optional[pathlib.Path],
+    prompts: Optional[pathlib.Path] = None,
 ) -> None:
-    """``out_dir/eval.json`` (each model's result, the prompt and seed counts, the weights) and
-    ``out_dir/eval_grid.png`` (the models' samples side by side)."""
+    """``out_dir/eval.json`` (each model's result, the prompt and seed counts, the prompt file —
+    null: the held-out test set — and the weights) and ``out_dir/eval_grid.png`` (the models'
+    samples side by side)."""
     from spotlight.tasks.shapes import evaluate as ev
 
     out_dir.mkdir(parents=True, exist_ok=True)
     report = {name: r.to_json() for name, r in results.items()}
     report["num_prompts"] = num_prompts
     report["num_seeds"] = num_seeds
+    report["prompts"] = str(prompts) if prompts is not None else None
     if weights is not None:
         report["weights"] = str(weights)
     (out_dir / "eval.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -403,6 +433,7 @@ def _eval_panel(console: Console, cfg, weights, prompts, num_seeds: int, out_dir
     report |= {
         "num_prompts": len(panel.unique_prompts),
         "num_seeds": num_seeds,
+        "prompts": str(prompts) if prompts is not None else None,
         "weights": str(weights) if weights else None,
     }
     (out_dir / "eval.json").write_text(json.dumps(report, indent=2) + "\n")

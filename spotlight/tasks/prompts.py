@@ -107,7 +107,9 @@ class PromptSet:
         if self.num_skipped_empty:
             extra.append(f"{self.num_skipped_empty} empty skipped")
         details = ", ".join([self.format, *extra, f"sha256 {self.sha256[:12]}"])
-        return f"{len(self.prompts)} prompts loaded from {self.path} ({details})"
+        from spotlight.errors import plural
+
+        return f"{plural(len(self.prompts), 'prompt')} loaded from {self.path} ({details})"
 
 
 def file_format(path: str | pathlib.Path) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 
@@ -176,6 +177,13 @@ def test_eval_prints_the_bound_of_its_task_kinds(tmp_path, monkeypatch):
     assert "Loading weights" not in res.output  # the libraries' loading bars stay off the console
     # off a terminal (a log file, CI) the spinner's text is a line: minutes of silence otherwise
     assert "sampling 4 test prompts × 1 seed with the base model…" in res.output, res.output
+    # eval.json names its prompt file; a second evaluation into the same folder says what it
+    # replaces before it samples (was: replaced silently, a 5-prompt score over the test set's)
+    assert json.loads((tmp_path / "eval.json").read_text())["prompts"] == str(prompts)
+    again = CliRunner().invoke(app, ["eval", "--prompts", str(prompts), "--num-seeds", "1", "--out", str(tmp_path)])
+    assert again.exit_code == 0, again.output
+    note = " ".join(again.stderr.split())
+    assert f"note: replacing the evaluation in {tmp_path / 'eval.json'} (4 prompts × 1 seed of {prompts}, " in note
 
 
 def _show_loading_bars(monkeypatch) -> None:
