@@ -83,6 +83,20 @@ PROCS_TESTS = (
 )
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _session_tmpdir(tmp_path_factory):
+    """The temporary files the code under test makes (an agent's worker-socket folder, a
+    child's scratch files) go under this session's pytest folder, which pytest prunes (it keeps
+    the newest 3), not the system's /tmp, where a test that never closes what it made left them
+    for good (11 ``spotlight-agent-*`` folders per fast lane). Set before the first test, so
+    :func:`_restore_environment` keeps it, and for child processes too (``$TMPDIR``)."""
+    import tempfile
+
+    os.environ["TMPDIR"] = str(tmp_path_factory.mktemp("tmp"))
+    tempfile.tempdir = None  # recomputed from $TMPDIR on next use
+    yield
+
+
 @pytest.fixture(autouse=True)
 def _restore_environment():
     saved = dict(os.environ)
