@@ -98,7 +98,8 @@ def _inputs(
     Raises:
         typer.Exit: 2 with one line: a bad list, an output path that cannot be written, weights
             that are not a readable safetensors file or no weight version of the config's
-            transformer (another model size, LoRA rank), a bad config or prompt file, more
+            transformer (another model size, LoRA rank), an SP degree that cannot split the
+            model, a bad config or prompt file, more
             ``--num-prompts`` than the prompt file has, a checkpoint that is missing, or prompts
             the reward cannot score or a reward service that does not answer.
     """
@@ -121,7 +122,15 @@ def _inputs(
             )
         from spotlight.models.families import get_family
 
-        get_family(cfg.model).check()  # a missing or incomplete checkpoint: one line, before any work
+        family = get_family(cfg.model)
+        family.check()  # a missing or incomplete checkpoint: one line, before any work
+        if any(k > 1 for k in degrees):  # a degree that cannot split the model: before any measurement
+            from spotlight.workers.sp.degrees import degree_problem, sp_shape
+
+            shape = sp_shape(family)
+            for k in degrees:
+                if (problem := degree_problem(shape, k)) is not None:
+                    raise ValueError(f"--sp-degrees {k}: {problem}")
         if weights is not None:  # another model size or LoRA rank: one line, not a size-mismatch traceback
             check_weights(weights, cfg)
         from spotlight.cli.eval import reward_problem

@@ -281,6 +281,13 @@ def test_bad_sp_degrees_are_refused(measured, value, bad, why):
     _refused(["--sp-degrees", value], "--sp-degrees", bad, why, "integers >= 1")
 
 
+def test_an_sp_degree_that_cannot_split_the_model_is_refused_before_measuring(measured):
+    """Was: `--sp-degrees 3` measured SP 1 and the cache thresholds first (minutes on a real
+    model) and only then said "SP 3: not measured (… does not divide … 4 attention heads …)"."""
+    measured()  # measuring would fail the test
+    _refused(["--sp-degrees", "1,3"], "--sp-degrees 3: SP degree 3 does not divide the transformer's 4 attention heads")
+
+
 def test_threshold_zero_alone_is_accepted(tmp_path, measured):
     """0 is a threshold the code treats as valid: the full rollout every profile holds."""
     calls = measured(fake=True)
