@@ -36,6 +36,7 @@ Pure logic: no processes, sockets or clocks; callers pass every time in.
 
 from __future__ import annotations
 
+import bisect
 import csv
 import datetime
 import json
@@ -615,6 +616,10 @@ class TracePlacement:
             raise ValueError(f"time_scale must be a positive finite number, got {time_scale}")
         self._rng = random.Random(self.seed)
         self._slots: list[list[str | None]] = [[None] * self.gpus_per_agent for _ in range(self.num_agents)]
+        # agents with a free GPU and with a live one, in index order (kept as the slots change,
+        # so placing or removing one GPU costs no scan of every agent at 100 000 nodes)
+        self._free_agents: list[int] = list(range(self.num_agents)) if self.gpus_per_agent else []
+        self._busy_agents: list[int] = []
         self._where: dict[str, tuple[int, int]] = {}
         self._actions: list[ReplayAction] = []
         self._scale = time_scale
@@ -674,14 +679,17 @@ class TracePlacement:
         return list(actions)
 
     def _place(self, t_s: float, node: str) -> bool:
-        free_agents = [a for a, slots in enumerate(self._slots) if None in slots]
-        if not free_agents:
+        if not self._free_agents:
             return False
-        agent = self._rng.choice(free_agents)
+        agent = self._rng.choice(self._free_agents)
         slots = self._slots[agent]
         had = sum(s is not None for s in slots)
         gpu = slots.index(None)
         slots[gpu] = node
+        if None not in slots:
+            del self._free_agents[bisect.bisect_left(self._free_agents, agent)]
+        if not had:
+            bisect.insort(self._busy_agents, agent)
         self._where[node] = (agent, gpu)
         self._ever_placed.add(node)
         kind: ActionKind = "add_gpu" if had else "start_node"
@@ -691,8 +699,12 @@ class TracePlacement:
     def _free(self, t_s: float, node: str) -> None:
         agent, gpu = self._where.pop(node)
         slots = self._slots[agent]
+        if None not in slots:
+            bisect.insort(self._free_agents, agent)
         slots[gpu] = None
         left = sum(s is not None for s in slots)
+        if not left:
+            del self._busy_agents[bisect.bisect_left(self._busy_agents, agent)]
         kind: ActionKind = "revoke_gpu" if left else "preempt_node"
         self._actions.append(ReplayAction(t_s / self._scale, kind, agent, gpu, node))
 
@@ -717,8 +729,7 @@ class TracePlacement:
                 self._ever_placed.discard(label)
                 self._ever_placed.add(ev.node)
                 continue
-            busy = [a for a, slots in enumerate(self._slots) if any(x is not None for x in slots)]
-            agent = self._rng.choice(busy)  # the trace does not say where: a random node with live GPUs
+            agent = self._rng.choice(self._busy_agents)  # the trace does not say where: a random node with live GPUs
             victim = self._rng.choice([x for x in self._slots[agent] if x is not None])
             self._free(ev.t_s, victim)
 
@@ -783,17 +794,19 @@ def fragmentation_timeline(actions: Sequence[ReplayAction], sp_degree: int) -> l
         raise ValueError(f"sp_degree must be >= 1, got {sp_degree}")
     per_agent: Counter[int] = Counter()
     out: list[tuple[float, int, int]] = []
+    live = frag = 0  # kept as each action changes one agent's count (no sum over every agent)
     for a in sorted(actions, key=lambda x: x.t_s):
+        n = per_agent[a.agent]
         if a.kind in _GAINS:
-            per_agent[a.agent] += 1
+            per_agent[a.agent] = n + 1
         elif a.kind in _LOSSES:
-            if per_agent[a.agent] <= 0:
+            if n <= 0:
                 raise ValueError(f"t={a.t_s}s: {a.kind} on agent {a.agent} which has no live GPU")
-            per_agent[a.agent] -= 1
+            per_agent[a.agent] = n - 1
         else:
             raise ValueError(f"unknown action kind {a.kind!r}")
-        live = sum(per_agent.values())
-        frag = sum(n % sp_degree for n in per_agent.values())
+        live += per_agent[a.agent] - n
+        frag += per_agent[a.agent] % sp_degree - n % sp_degree
         if out and out[-1][0] == a.t_s:
             out[-1] = (a.t_s, live, frag)
         else:
