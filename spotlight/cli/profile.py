@@ -315,18 +315,29 @@ def _write(result: dict, path: pathlib.Path) -> pathlib.Path:
 
 def _show(console: Console, cfg, result: dict) -> None:
     """The table: per threshold its effective steps, cost, accuracy and whether the Planner may use it."""
+    from spotlight.core.planner import StepOption, costs_full_rollout
+
     table = Table(title="profile")
     for col in ("threshold", "effective steps", "cost (full-step equiv.)", "accuracy (Spearman)", "eligible"):
         table.add_column(col)
-    for row in result["steps"]:
+    options = [
+        StepOption(r["cache_threshold"], r["effective_steps"], 1.0, r.get("cost_steps") or None)
+        for r in result["steps"]
+    ]
+    for row, option in zip(result["steps"], options):
         acc = row["accuracy"]
-        ok = acc is not None and acc >= cfg.planner.min_exploration_accuracy
+        if acc is None or acc < cfg.planner.min_exploration_accuracy:
+            eligible = "[red]no (accuracy)[/red]"
+        elif costs_full_rollout(option, options):
+            eligible = "[yellow]no (costs as much as the full rollout)[/yellow]"
+        else:
+            eligible = "yes"
         table.add_row(
             f"{row['cache_threshold']:.3f}",
             f"{row['effective_steps']:.2f}",
             f"{row.get('cost_steps', row['effective_steps']):.2f}",
             "unknown (tied rewards)" if acc is None else f"{acc:.3f}",
-            "yes" if ok else "[red]no (accuracy)[/red]",
+            eligible,
         )
     console.print(table)
     console.print(f"t_step: {json.dumps(result['t_step_s'])}")

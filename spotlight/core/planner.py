@@ -214,6 +214,15 @@ class StepOption:
             raise ValueError(f"accuracy must be a rank correlation in [-1, 1], got {self.accuracy!r}")
 
 
+def costs_full_rollout(option: StepOption, options: Sequence[StepOption]) -> bool:
+    """A cached ``option`` that costs at least what the uncached rollout (threshold 0, accuracy
+    1) of ``options`` costs per sequence: dominated, never worth exploring with. At a high
+    threshold the cache rarely skips a step while every step still pays for the first block's
+    residual check, so the measured cost can exceed the full rollout's. Pure."""
+    full = [o.cost_steps or o.effective_steps for o in options if o.cache_threshold == 0]
+    return bool(full) and option.cache_threshold > 0 and (option.cost_steps or option.effective_steps) >= min(full)
+
+
 @dataclass(frozen=True)
 class Action:
     """A bandit arm a = (d, s) (§4.3.1).
@@ -435,12 +444,16 @@ class Planner:
         self._rng = rng
         self.rejected_steps: list[StepOption] = []
         # Options with the same effective_steps as a better one (higher accuracy,
-        # then lower threshold) would create indistinguishable arms; keep one.
+        # then lower threshold) would create indistinguishable arms; keep one. A cached option
+        # that costs as much as the uncached rollout is shadowed by it.
         self.shadowed_steps: list[StepOption] = []
         kept: dict[float, StepOption] = {}
         for opt in step_options:
             if opt.accuracy < config.min_exploration_accuracy or opt.effective_steps < config.min_effective_steps:
                 self.rejected_steps.append(opt)
+                continue
+            if costs_full_rollout(opt, step_options):
+                self.shadowed_steps.append(opt)
                 continue
             prev = kept.get(opt.effective_steps)
             if prev is None:

@@ -15,6 +15,7 @@ from spotlight.core.planner import (
     PlannerConfig,
     PlannerObservation,
     StepOption,
+    costs_full_rollout,
     feedback_ratio,
     selection_key,
 )
@@ -114,6 +115,22 @@ def test_accuracy_and_min_steps_filters():
     assert CACHED in p2.rejected_steps
     p3 = make_planner(min_exploration_accuracy=0.5)
     assert {a.effective_steps for a in p3.actions} == {5.0, 10.0, 20.0}
+
+
+def test_a_cached_option_that_costs_as_much_as_the_full_rollout_is_no_arm():
+    """What `spotlight profile` measured on the tiny model: threshold 0.3 computed 9.5 steps of
+    10 but cost 11.04 full-step equivalents (every step still runs the first block's check),
+    with a lower accuracy; it was an arm and marked eligible. It is dominated by the full
+    rollout, so it is shadowed; a cheaper cached option stays."""
+    full = StepOption(0.0, 10.0, 1.0, cost_steps=10.0)
+    dear = StepOption(0.3, 9.5, 0.9, cost_steps=11.04)
+    cheap = StepOption(0.1, 6.0, 0.95, cost_steps=7.0)
+    p = make_planner(options=(full, dear, cheap))
+    assert dear in p.shadowed_steps and dear not in p.step_options
+    assert {a.cache_threshold for a in p.actions} == {0.0, 0.1}
+    assert not costs_full_rollout(cheap, [full, dear, cheap]) and not costs_full_rollout(full, [full, dear, cheap])
+    # without costs measured, effective steps are the cost: fewer steps never cost more
+    assert not costs_full_rollout(CACHED, [FULL, CACHED])
 
 
 def test_all_options_refused_raises():
