@@ -55,6 +55,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """:data:`EVAL_HELP`: the base model and (``--run-dir``, ``--weights``) trained weights, scored."""
         console = Console(emoji=False, soft_wrap=True)
+        if out is not None and (problem := unwritable_dir(out)):  # before the config and models load
+            print_error(f"[red]error:[/red] --out {escape(str(out))}: {escape(problem)}")
+            raise typer.Exit(2)
         try:
             cfg, weights, specs = _inputs(run_dir, config, weights, prompts)
         except (SpotlightError, ValueError, OSError) as exc:

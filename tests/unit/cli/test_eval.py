@@ -28,6 +28,15 @@ def test_eval_names_a_missing_run_directory_as_missing(tmp_path):
     assert res.exit_code == 2 and "a file, not a run directory" in res.stderr, res.output
 
 
+def test_an_out_that_is_a_file_is_refused_before_the_run_is_read(tmp_path):
+    """Was: the run's config and prompts were read (5 s of loading on a fresh process) before
+    `--out afile` was refused; it is the first check now."""
+    (tmp_path / "afile").write_text("")
+    res = CliRunner().invoke(app, ["eval", "--run-dir", str(tmp_path / "nosuch"), "--out", str(tmp_path / "afile")])
+    assert res.exit_code == 2, res.output
+    assert f"--out {tmp_path / 'afile'}: " in res.stderr and "nosuch" not in res.stderr, res.stderr
+
+
 def test_eval_of_another_task_needs_held_out_prompts(tmp_path):
     res = CliRunner().invoke(app, ["eval", "--config", str(EXAMPLES_DIR / "jpeg-toy" / "config.toml")])
     assert res.exit_code == 2, res.output
