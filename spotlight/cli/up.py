@@ -156,7 +156,13 @@ def register(app: typer.Typer) -> None:
     def up(
         local: bool = typer.Option(False, "--local", help=HELP["local"]),
         agents: Optional[int] = typer.Option(None, "--agents", min=0, help=HELP["agents"]),
-        gpus_per_agent: int = typer.Option(1, "--gpus-per-agent", min=1, help=HELP["gpus_per_agent"]),
+        gpus_per_agent: int = typer.Option(
+            1,
+            "--gpus-per-agent",
+            min=1,
+            max=64,
+            help=HELP["gpus_per_agent"],  # protocol.MAX_GPUS_PER_NODE
+        ),
         iterations: Optional[int] = typer.Option(None, "--iterations", min=1, help=HELP["iterations"]),
         config: Optional[pathlib.Path] = path_option(None, "--config", help=HELP["config"]),
         run_dir: Optional[pathlib.Path] = path_option(None, "--run-dir", help=HELP["run_dir"]),

@@ -620,21 +620,28 @@ def _check_memory(cfg: SpotlightConfig, *, trainer_ranks: int = 1, rollout_worke
     return MemoryCheck(plan, device, source)
 
 
+PROCESS_BASE_BYTES = 400 << 20
+"""Host memory of a trainer rank or Rollout Worker process besides what the plan counts: Python
+with torch and diffusers imported is 308 MiB resident on this 2-core machine, and a helper
+saw 300-470 MB for the default run's Rollout Workers (``ps``)."""
+
+
 def host_memory_problem(plan, host_bytes: int | None, trainer_ranks: int = 1, rollout_workers: int = 1) -> str | None:
     """Why ``plan`` cannot run on a host of ``host_bytes``: the reserved host's own memory (the
     coordinator's rollout samples and versions, rank 0's version gather) alone, or in a CPU run
     (fp32, host memory; ``trainer_ranks`` and ``rollout_workers`` this host starts, 0 and 0 where
     they run on GPUs) one trainer rank or one Rollout Worker alone, or all of them together, need
-    more than the whole host has (they would be killed, or abort, when they allocate); None when
-    they fit, or the size is unknown. Pure."""
+    more than the whole host has (they would be killed, or abort, when they allocate), each
+    process with its :data:`PROCESS_BASE_BYTES`; None when they fit, or the size is unknown. Pure."""
     from spotlight.core.memory_plan import MemoryPlan, size_text
 
     if not host_bytes:
         return None
     have = f"this host has {size_text(host_bytes)}"
+    base = PROCESS_BASE_BYTES if trainer_ranks or rollout_workers else 0  # each process's own
     for what, need, n in (
-        ("a trainer rank", plan.trainer_gpu_bytes, trainer_ranks),
-        ("a Rollout Worker", plan.rollout_gpu_bytes, rollout_workers),
+        ("a trainer rank", plan.trainer_gpu_bytes + base, trainer_ranks),
+        ("a Rollout Worker", plan.rollout_gpu_bytes + base, rollout_workers),
     ):
         if n and need > host_bytes:
             return f"{what} needs {size_text(need)} of host memory but {have}"
@@ -645,7 +652,9 @@ def host_memory_problem(plan, host_bytes: int | None, trainer_ranks: int = 1, ro
             f"the reserved host needs {size_text(reserved)} of memory ({biggest.name}: {size_text(biggest.bytes)}, "
             f"{biggest.formula}) but {have}"
         )
-    total = trainer_ranks * plan.trainer_gpu_bytes + rollout_workers * plan.rollout_gpu_bytes + reserved
+    processes = trainer_ranks + rollout_workers
+    total = trainer_ranks * plan.trainer_gpu_bytes + rollout_workers * plan.rollout_gpu_bytes + processes * base
+    total += reserved
     if total > host_bytes:
         return (
             f"its {trainer_ranks} trainer rank(s) (train.num_train_workers), {rollout_workers} Rollout Worker(s) "

@@ -121,6 +121,11 @@ def test_a_cpu_run_one_process_of_which_needs_more_than_the_host_has_is_refused(
         " ".join(str(exc.value).split())
     )
     assert pre._check_memory(many, trainer_ranks=0, rollout_workers=3).plan is not None  # --external-trainers
+    # each process's own memory counts too (was: 2 agents × 64 GPUs planned as 128 × 30 MiB, where
+    # each Rollout Worker process is 300-470 MB resident with torch imported)
+    with pytest.raises(Stop) as exc:
+        pre._check_memory(load_config(None), trainer_ranks=1, rollout_workers=128)
+    assert "1 trainer rank(s) (train.num_train_workers), 128 Rollout Worker(s)" in " ".join(str(exc.value).split())
     monkeypatch.setattr(pre, "_host_memory_bytes", lambda: None)  # unknown: not checked
     plan = pre._check_memory(load_config(None)).plan
     assert pre.host_memory_problem(plan, plan.trainer_gpu_bytes - 1).startswith("a trainer rank needs ")

@@ -614,3 +614,12 @@ def test_ranks_over_several_nodes_need_external_trainers(tmp_path):
     line = " ".join(res.output.split())
     assert "train.num_train_nodes = 2" in line and "--external-trainers" in line, line
     assert "Traceback" not in res.output and not (rd / "metrics.jsonl").exists()
+
+
+def test_more_gpus_per_local_agent_than_a_node_registers_is_refused_before_the_run(tmp_path):
+    """Was: `up --local --gpus-per-agent 65` created the run, both agents exited with "--gpus
+    lists 65 GPUs; one node registers at most 64", and the run finished without spot GPUs, exit 0."""
+    rd = tmp_path / "run"
+    res = _up("--local", "--gpus-per-agent", "65", "--run-dir", str(rd))
+    assert res.exit_code == 2 and "--gpus-per-agent" in res.output and "less than or equal to" in res.output, res.output
+    assert not rd.exists()
