@@ -543,8 +543,9 @@ class TrainConfig(_Section):
         _check(
             self.num_train_workers % self.num_train_nodes == 0,
             "train.num_train_nodes",
-            f"is {self.num_train_nodes}, but train.num_train_workers = {self.num_train_workers} ranks cannot be "
-            "split evenly over that many nodes (HSDP runs the same number of ranks on each)",
+            f"is {self.num_train_nodes}, but train.num_train_workers = {self.num_train_workers} "
+            f"rank{'s' if self.num_train_workers != 1 else ''} cannot be split evenly over that many nodes "
+            "(HSDP runs the same number of ranks on each)",
         )
         _check(self.kl_beta >= 0, "train.kl_beta", "must be >= 0")
         _check(self.weight_decay >= 0, "train.weight_decay", "must be >= 0")

@@ -655,13 +655,15 @@ def _waiting_line(run: UpRun, coord) -> str:
 def _waiting_trainers_line(run: UpRun, coord) -> str:
     """What a run with ``--external-trainers`` prints as it starts: the command that launches its
     ranks on each reserved node (README "Multi-node training")."""
-    world = run.cfg.train.num_train_workers
+    t = run.cfg.train
+    world, nodes, per_node = t.num_train_workers, t.num_train_nodes, t.ranks_per_node
     address = coord.trainers.advertised_endpoint()
     return (
         f"waiting for {world} train worker rank{'s' if world != 1 else ''} (up to {run.opts.trainer_timeout_s:g} s). "
-        f"On each reserved node run [cyan]torchrun --nnodes NODES --nproc-per-node GPUS --node-rank N "
+        f"On each reserved node run [cyan]torchrun --nnodes {nodes} --nproc-per-node {per_node} --node-rank N "
         f"--master-addr FIRST_NODE --master-port 29500 -m spotlight.workers.train.launch --coordinator {address} "
-        f"--keys DIR[/cyan] (NODES × GPUS = {world}; DIR holds {run.keys_dir}/server.key and a "
+        f"--keys DIR[/cyan] (N = 0 … {nodes - 1}: train.num_train_nodes × {per_node} = {world}; DIR holds "
+        f"{run.keys_dir}/server.key and a "
         f"trainer.NAME.key_secret from [cyan]spotlight keys add {shlex.quote(str(run.keys_dir))} trainer NAME[/cyan])"
     )
 

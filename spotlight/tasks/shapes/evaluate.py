@@ -63,7 +63,8 @@ def read_prompts(
 
     Raises:
         ValueError: an unreadable or empty file (the message names file and line), or a
-            prompt that is not a shapes-world caption.
+            prompt that is not a shapes-world caption (named by file and place, as ``spotlight
+            up`` names it).
     """
     from spotlight.tasks.prompts import load_prompt_set
 
@@ -71,7 +72,13 @@ def read_prompts(
         prompts = load_prompt_set(path, source=source).prompts
     except Exception as exc:  # ConfigError and friends: one ValueError kind for callers
         raise ValueError(str(exc)) from None
-    return [geneval.parse_prompt(p) for p in prompts]
+    specs = []
+    for i, p in enumerate(prompts):
+        try:
+            specs.append(geneval.parse_prompt(p))
+        except ValueError as exc:
+            raise ValueError(f"{path}: prompt {i + 1}: {exc}") from None
+    return specs
 
 
 @torch.no_grad()

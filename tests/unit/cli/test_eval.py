@@ -37,6 +37,16 @@ def test_an_out_that_is_a_file_is_refused_before_the_run_is_read(tmp_path):
     assert f"--out {tmp_path / 'afile'}: " in res.stderr and "nosuch" not in res.stderr, res.stderr
 
 
+def test_a_prompt_eval_cannot_score_is_named_by_file_and_place(tmp_path):
+    """Was: "error: cannot parse 'a photo of a dog' …" without the file or which prompt, where
+    `spotlight up` names both."""
+    prompts = tmp_path / "bad.txt"
+    prompts.write_text("a photo of a circle\na photo of a dog\n")
+    res = CliRunner().invoke(app, ["eval", "--prompts", str(prompts), "--out", str(tmp_path / "out")])
+    assert res.exit_code == 2, res.output
+    assert f"{prompts}: prompt 2: cannot parse 'a photo of a dog'" in " ".join(res.stderr.split()), res.stderr
+
+
 def test_eval_of_another_task_needs_held_out_prompts(tmp_path):
     res = CliRunner().invoke(app, ["eval", "--config", str(EXAMPLES_DIR / "jpeg-toy" / "config.toml")])
     assert res.exit_code == 2, res.output

@@ -623,3 +623,17 @@ def test_more_gpus_per_local_agent_than_a_node_registers_is_refused_before_the_r
     res = _up("--local", "--gpus-per-agent", "65", "--run-dir", str(rd))
     assert res.exit_code == 2 and "--gpus-per-agent" in res.output and "less than or equal to" in res.output, res.output
     assert not rd.exists()
+
+
+def test_the_launch_line_for_external_trainers_says_the_configs_layout(tmp_path):
+    """Was: "torchrun --nnodes NODES --nproc-per-node GPUS …" although the config says 2 × 1."""
+    import types
+
+    from spotlight.cli.up import _waiting_trainers_line
+    from spotlight.config import load_config
+
+    cfg = load_config(None, {"train.num_train_workers": 2, "train.num_train_nodes": 2})
+    run = types.SimpleNamespace(cfg=cfg, opts=types.SimpleNamespace(trainer_timeout_s=900.0), keys_dir=tmp_path)
+    coord = types.SimpleNamespace(trainers=types.SimpleNamespace(advertised_endpoint=lambda: "head:7401"))
+    line = _waiting_trainers_line(run, coord)
+    assert "torchrun --nnodes 2 --nproc-per-node 1 --node-rank N" in line and "--coordinator head:7401" in line, line
