@@ -638,7 +638,7 @@ def host_memory_problem(plan, host_bytes: int | None, trainer_ranks: int = 1, ro
     if not host_bytes:
         return None
     have = f"this host has {size_text(host_bytes)}"
-    base = PROCESS_BASE_BYTES if trainer_ranks or rollout_workers else 0  # each process's own
+    base = PROCESS_BASE_BYTES  # each process's own
     for what, need, n in (
         ("a trainer rank", plan.trainer_gpu_bytes + base, trainer_ranks),
         ("a Rollout Worker", plan.rollout_gpu_bytes + base, rollout_workers),
@@ -774,17 +774,13 @@ def _finished(run_dir: pathlib.Path, iterations: int) -> str | None:
     ``--iterations`` applied. A run stopped after its last checkpoint but before ``final/``
     (during the evaluation of the final weights, or the save) is not finished: a resume does
     just what is left (docs/architecture.md §13). Nor is one whose ``final/`` is damaged (a
-    file truncated or removed after the save: :func:`~spotlight.util.weights_file.check_weights_dir`
-    refuses it): a resume saves it again."""
-    from spotlight.util.weights_file import WeightsFileError, check_weights_dir
+    file truncated or removed after the save: :func:`~spotlight.coordinator.resume.damaged_final`):
+    a resume saves it again."""
+    from spotlight.coordinator.resume import damaged_final
 
     done = _checkpointed_iterations(run_dir) or 0
     final = pathlib.Path(run_dir) / "final"
-    if done < iterations or not (final.is_dir() and any(final.iterdir())):
-        return None
-    try:
-        check_weights_dir(final)
-    except WeightsFileError:
+    if done < iterations or not (final.is_dir() and any(final.iterdir())) or damaged_final(run_dir) is not None:
         return None
     import shlex
 
