@@ -543,6 +543,21 @@ class ControlPlane:
         items, tensors, prompt_indices = [], {}, []
         for i, lease in enumerate(leases):
             req = self.sched.get(lease.request_id)
+            resume_step, state = lease.resume_step, None
+            if resume_step is not None:
+                state = self._committed_state(lease.commit_key)
+                if state is None:  # lost or unreadable: the worker starts this request over
+                    if lease.commit_key:
+                        self.store.delete_state(lease.commit_key)
+                    self.sched.commit_lost(req.request_id, lease.lease_id, now)
+                    log.warning(
+                        "committed state of %s (step %d) is missing or unreadable: it starts over from step 0",
+                        req.request_id,
+                        resume_step,
+                    )
+                    resume_step = None
+                else:
+                    tensors.update({f"state.{i}.{name}": t for name, t in state.items()})
             items.append(
                 P.LeaseItem(
                     lease_id=lease.lease_id,
@@ -553,19 +568,26 @@ class ControlPlane:
                     seed=req.seed,
                     weight_version=req.weight_version,
                     params=dict(req.params),
-                    resume_step=lease.resume_step,
+                    resume_step=resume_step,
                 )
             )
             prompt_indices.append(req.prompt_index)
-            if lease.resume_step is not None and lease.commit_key:
-                got = self.store.get_state(lease.commit_key)
-                if got is not None:
-                    tensors.update({f"state.{i}.{name}": t for name, t in unpack_tensors(*got).items()})
         if items:
             tensors.update(self.run.conditioning(prompt_indices))
             self.workers.lease_started(body.worker_id, now)
         metas, frames = pack_tensors(tensors) if tensors else ([], [])
         self.send(identity, P.Leases(worker_id=body.worker_id, items=items, tensors=metas, device=word.value), frames)
+
+    def _committed_state(self, commit_key: str | None) -> dict[str, torch.Tensor] | None:
+        """The committed state under ``commit_key`` as tensors, or None when there is none or it
+        cannot be read back whole (a frame whose size does not match its meta)."""
+        got = self.store.get_state(commit_key) if commit_key else None
+        if got is None:
+            return None
+        try:
+            return unpack_tensors(*got)
+        except P.ProtocolError:
+            return None
 
     def _held(self, worker_id: str, request_id: str, lease_id: int) -> bool:
         """True iff ``worker_id`` holds the current lease ``lease_id`` of ``request_id``."""

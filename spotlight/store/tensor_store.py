@@ -11,8 +11,11 @@ survives the worker:
   memory map of the file. A version is never assembled in memory, except that versions of
   at most ``memory_max_bytes`` (small runs, LoRA adapters) are also kept as bytes for the
   newest ``keep_versions``. All stay on disk until :meth:`prune_weights`;
-* committed in-flight state of a request: tensor metas + raw frames, in memory and on disk,
-  keyed by the commit key the Request Scheduler records; deleted once the request finishes.
+* committed in-flight state of a request: tensor metas + raw frames, on disk only
+  (``state/<key>/``, written to a hidden temporary folder and renamed, so a crash leaves the
+  whole state or none), keyed by the commit key the Request Scheduler records; deleted once the
+  request finishes. Only their sizes are kept in memory: when many spot GPUs are preempted at
+  once, every in-flight state is held once, on disk, not also in the coordinator's memory.
 
 No torch import: versions and frames are opaque bytes here (the coordinator checks that a
 version is a safetensors file through ``validate``).
@@ -21,8 +24,10 @@ version is a safetensors file through ``validate``).
 from __future__ import annotations
 
 import dataclasses
+import os
 import pathlib
 import re
+import shutil
 from typing import Callable
 
 import msgspec
@@ -80,7 +85,7 @@ class TensorStore:
         self._maps: dict[int, MappedFile] = {}
         self._info: dict[int, WeightsInfo] = {}
         self._upload: ChunkReceiver | None = None
-        self._state: dict[str, tuple[list[TensorMeta], list[bytes]]] = {}
+        self._state_bytes: dict[str, int] = {}  # committed states written by this store: key -> bytes
         self.latest_version: int = -1
 
     def open(self) -> "TensorStore":
@@ -90,6 +95,8 @@ class TensorStore:
         (self.root / "state").mkdir(parents=True, exist_ok=True)
         for stale in (self.root / "weights").glob("*.part"):  # an upload cut by a crash
             stale.unlink(missing_ok=True)
+        for stale in (self.root / "state").glob(".*.tmp"):  # a state write cut by a crash
+            shutil.rmtree(stale, ignore_errors=True)
         return self
 
     def _path(self, version: int) -> pathlib.Path:
@@ -284,46 +291,59 @@ class TensorStore:
 
     # ------------------------------------------------------------ rollout state
     def put_state(self, key: str, metas: list[TensorMeta], frames: list[bytes]) -> int:
-        """Store committed state under ``key``; returns its size in bytes.
+        """Store committed state under ``key`` on disk; returns its size in bytes.
+
+        The frames go to ``state/.<key>.tmp/`` first, which then replaces ``state/<key>/``:
+        a crash or a full disk mid-write leaves the earlier state under ``key`` or none, never
+        part of one.
 
         Raises:
-            ValueError: ``key`` is not a valid id (:func:`check_key`).
+            ValueError: ``key`` is not a valid id (:func:`check_key`), or metas and frames differ
+                in number.
+            OSError: the write failed (the temporary folder is removed; nothing is stored).
         """
         check_key(key)
-        frames = [bytes(f) for f in frames]
-        self._state[key] = (list(metas), frames)
-        d = self.root / "state" / key
-        d.mkdir(parents=True, exist_ok=True)
-        (d / "meta.json").write_bytes(msgspec.json.encode(metas))
-        for i, f in enumerate(frames):
-            (d / f"{i}.bin").write_bytes(f)
-        return sum(len(f) for f in frames)
+        if len(metas) != len(frames):
+            raise ValueError(f"committed state {key}: {len(metas)} tensor metas but {len(frames)} frames")
+        state_dir = self.root / "state"
+        d, tmp = state_dir / key, state_dir / f".{key}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            tmp.mkdir(parents=True)
+            for i, f in enumerate(frames):
+                (tmp / f"{i}.bin").write_bytes(f)
+            (tmp / "meta.json").write_bytes(msgspec.json.encode(list(metas)))
+            if d.exists():
+                shutil.rmtree(d)
+            os.replace(tmp, d)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        size = sum(len(f) for f in frames)
+        self._state_bytes[key] = size
+        return size
 
     def get_state(self, key: str) -> tuple[list[TensorMeta], list[bytes]] | None:
-        """Committed state under ``key`` (memory, else disk); None if absent.
+        """Committed state under ``key``, read from disk; None if absent or unreadable (a missing
+        frame, a meta file that does not parse): the caller then starts the request over.
 
         Raises:
             ValueError: ``key`` is not a valid id.
         """
         check_key(key)
-        got = self._state.get(key)
-        if got is None:
-            d = self.root / "state" / key
-            if (d / "meta.json").is_file():
-                metas = msgspec.json.decode((d / "meta.json").read_bytes(), type=list[TensorMeta])
-                frames = [(d / f"{i}.bin").read_bytes() for i in range(len(metas))]
-                got = (metas, frames)
-        return got
+        d = self.root / "state" / key
+        try:
+            metas = msgspec.json.decode((d / "meta.json").read_bytes(), type=list[TensorMeta])
+            frames = [(d / f"{i}.bin").read_bytes() for i in range(len(metas))]
+        except (OSError, msgspec.DecodeError):
+            return None
+        return metas, frames
 
     def delete_state(self, key: str) -> None:
-        """Forget the state under ``key`` (memory and disk). Raises ValueError on an invalid key."""
+        """Forget the state under ``key`` (on disk). Raises ValueError on an invalid key."""
         check_key(key)
-        self._state.pop(key, None)
-        d = self.root / "state" / key
-        if d.is_dir():
-            for f in d.iterdir():
-                f.unlink(missing_ok=True)
-            d.rmdir()
+        self._state_bytes.pop(key, None)
+        shutil.rmtree(self.root / "state" / key, ignore_errors=True)
 
     def stats(self) -> dict:
         return {
@@ -331,6 +351,6 @@ class TensorStore:
             "weights_mapped": sorted(self._maps),
             "weights_upload": self._upload.progress() if self._upload is not None else None,
             "latest_version": self.latest_version,
-            "committed_states": len(self._state),
-            "state_bytes": sum(len(f) for _, fr in self._state.values() for f in fr),
+            "committed_states": len(self._state_bytes),
+            "state_bytes": sum(self._state_bytes.values()),
         }

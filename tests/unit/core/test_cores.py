@@ -204,6 +204,26 @@ def test_tensor_store_state_put_get_delete(tmp_path):
     store.delete_state("r1.L7")  # idempotent
 
 
+def test_tensor_store_state_write_is_whole_or_nothing(tmp_path):
+    """A committed state is written to a hidden folder and renamed: one a crash cut short is
+    dropped when the store opens, a second commit under the same key replaces the first whole,
+    and a write that fails leaves nothing behind."""
+    store = TensorStore(tmp_path).open()
+    cut = tmp_path / "state" / ".r2.L1.tmp"
+    cut.mkdir()
+    (cut / "0.bin").write_bytes(b"\x00" * 3)
+    assert TensorStore(tmp_path).open().get_state("r2.L1") is None and not cut.exists()
+    store.put_state("r2.L1", [TensorMeta("a", "uint8", [2]), TensorMeta("b", "uint8", [1])], [b"ab", b"c"])
+    store.put_state("r2.L1", [TensorMeta("a", "uint8", [1])], [b"z"])
+    assert store.get_state("r2.L1") == ([TensorMeta("a", "uint8", [1])], [b"z"])
+    assert sorted(p.name for p in (tmp_path / "state" / "r2.L1").iterdir()) == ["0.bin", "meta.json"]
+    with pytest.raises(ValueError, match="1 tensor metas but 2 frames"):
+        store.put_state("r2.L2", [TensorMeta("a", "uint8", [1])], [b"z", b"y"])
+    assert sorted(p.name for p in (tmp_path / "state").iterdir()) == ["r2.L1"]
+    (tmp_path / "state" / "r2.L1" / "meta.json").write_text("{not json")
+    assert store.get_state("r2.L1") is None
+
+
 # ---------------------------------------------------------------- instance manager
 
 
