@@ -25,6 +25,7 @@ import msgspec
 import tomli_w
 
 from spotlight.errors import SpotlightError
+from spotlight.util.atomic_file import write_text_atomic
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 EXAMPLES_DIR = REPO_ROOT / "examples"
@@ -1462,4 +1463,4 @@ def dump_config(cfg: SpotlightConfig, path: str | pathlib.Path) -> None:
         section, key = field.split(".")
         if data.get(section, {}).get(key):
             data[section][key] = anchored_path(data[section][key])
-    pathlib.Path(path).write_text(tomli_w.dumps(data))
+    write_text_atomic(path, tomli_w.dumps(data))

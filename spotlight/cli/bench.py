@@ -20,6 +20,7 @@ from rich.table import Table
 
 from spotlight.cli.messages import print_error
 from spotlight.cli.progress import working
+from spotlight.util.atomic_file import write_text_atomic
 from spotlight.util.cli_paths import path_option
 
 bench_app = typer.Typer(help="Benchmarks and studies on a finished run directory.", no_args_is_help=True)
@@ -246,7 +247,7 @@ def stale_ranking(
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path = out_dir / RESULT_JSON
     png_path = out_dir / HEATMAP_PNG
-    json_path.write_text(json.dumps(result, indent=2))
+    write_text_atomic(json_path, json.dumps(result, indent=2))
     ov = result["overall"]
     groups = len(prompt_idx) * len(pair_idx)
     rho_title = f"ρ = {ov['rho_mean']:.3f}" if ov["num_valid"] else "ρ undefined (tied rewards)"

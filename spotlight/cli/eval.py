@@ -15,6 +15,7 @@ from rich.table import Table
 from spotlight.cli.messages import print_error
 from spotlight.cli.progress import working
 from spotlight.errors import SpotlightError, plural
+from spotlight.util.atomic_file import write_text_atomic
 from spotlight.util.cli_paths import path_option
 from spotlight.util.disk import unwritable_dir
 
@@ -337,7 +338,7 @@ def _write_report(
     report["prompts"] = str(prompts) if prompts is not None else None
     if weights is not None:
         report["weights"] = str(weights)
-    (out_dir / "eval.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_text_atomic(out_dir / "eval.json", json.dumps(report, indent=2) + "\n")
     ev.comparison_grid(results, out_dir / "eval_grid.png")
 
 
@@ -439,5 +440,5 @@ def _eval_panel(console: Console, cfg, weights, prompts, num_seeds: int, out_dir
         "prompts": str(prompts) if prompts is not None else None,
         "weights": str(weights) if weights else None,
     }
-    (out_dir / "eval.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_text_atomic(out_dir / "eval.json", json.dumps(report, indent=2) + "\n")
     console.print(f"wrote {out_dir / 'eval.json'} and the panel grids eval_*.png")

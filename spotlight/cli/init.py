@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from spotlight.config import EXAMPLES_DIR, SpotlightConfig
+from spotlight.util.atomic_file import write_text_atomic
 from spotlight.util.cli_paths import nonempty_path_text, path_option
 
 console = Console(emoji=False, soft_wrap=True, stderr=True)
@@ -437,7 +438,7 @@ def _write(out: pathlib.Path, text: str, *, cluster: bool = False) -> None:
         console.print(f"[red]error:[/red] {escape(str(out))} exists; choose another --out or remove it")
         raise typer.Exit(2)
     try:
-        out.write_text(text)
+        write_text_atomic(out, text)
     except OSError as exc:
         console.print(f"[red]error:[/red] cannot write {escape(str(out))}: {escape(exc.strerror or str(exc))}")
         raise typer.Exit(2)

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from spotlight.cli.messages import print_error
 from spotlight.cli.progress import working
+from spotlight.util.atomic_file import write_text_atomic
 from spotlight.util.cli_paths import path_option
 
 PROFILE_HELP = (
@@ -306,7 +307,7 @@ def _write(result: dict, path: pathlib.Path) -> pathlib.Path:
     """
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=2))
+        write_text_atomic(path, json.dumps(result, indent=2))
     except OSError as exc:
         print_error(f"[red]error:[/red] cannot write {escape(str(path))}: {escape(exc.strerror or str(exc))}")
         raise typer.Exit(1)

@@ -14,6 +14,7 @@ from rich.table import Table
 
 from spotlight.cli.messages import print_error
 from spotlight.cli.progress import working
+from spotlight.util.atomic_file import write_text_atomic
 from spotlight.util.cli_paths import path_option
 
 
@@ -282,7 +283,7 @@ def _report(
             "sim": [r.summary() for r in results],
         }
     )
-    (out / "simulate.json").write_text(json.dumps(payload, indent=2))
+    write_text_atomic(out / "simulate.json", json.dumps(payload, indent=2))
     plot_comparison(results, out / "simulate.png", title=f"{prof.name}; {trace_note}")
     if as_json:
         print(json.dumps(payload, indent=2))

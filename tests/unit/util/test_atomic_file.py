@@ -67,3 +67,27 @@ def test_a_temporary_folder_an_earlier_crash_left_is_not_carried_over(tmp_path):
         (tmp / "whole.safetensors").write_bytes(b"y")
     assert [p.name for p in (tmp_path / "final").iterdir()] == ["whole.safetensors"]
     assert [p.name for p in tmp_path.iterdir()] == ["final"]
+
+
+def test_a_run_config_write_that_fails_keeps_the_earlier_config(tmp_path, monkeypatch):
+    """A run's config.toml is what ``--resume`` and ``spotlight eval --run-dir`` read; before, it
+    was written in place, so a full disk while saving it left an empty or cut file. The report
+    files (eval.json, simulate.json, profile and bench results) go the same way now."""
+    import errno
+    import os
+
+    import spotlight.util.atomic_file as atomic_file
+    from spotlight.config import load_config, save_config
+
+    path = tmp_path / "config.toml"
+    save_config(load_config(), path)
+    before = path.read_text()
+
+    def full_disk(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(atomic_file.os, "fsync", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        save_config(load_config(overrides={"run.iterations": 3}), path)
+    assert path.read_text() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["config.toml"]
