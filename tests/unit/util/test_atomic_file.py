@@ -77,10 +77,10 @@ def test_a_run_config_write_that_fails_keeps_the_earlier_config(tmp_path, monkey
     import os
 
     import spotlight.util.atomic_file as atomic_file
-    from spotlight.config import load_config, save_config
+    from spotlight.config import dump_config, load_config
 
     path = tmp_path / "config.toml"
-    save_config(load_config(), path)
+    dump_config(load_config(), path)
     before = path.read_text()
 
     def full_disk(fd):
@@ -88,6 +88,6 @@ def test_a_run_config_write_that_fails_keeps_the_earlier_config(tmp_path, monkey
 
     monkeypatch.setattr(atomic_file.os, "fsync", full_disk)
     with pytest.raises(OSError, match="No space left"):
-        save_config(load_config(overrides={"run.iterations": 3}), path)
+        dump_config(load_config(overrides={"run.iterations": 3}), path)
     assert path.read_text() == before
     assert [p.name for p in tmp_path.iterdir()] == ["config.toml"]
