@@ -1390,10 +1390,12 @@ def _with_cause(action, cause: str):
 
 
 def _parse_gpus(text: str) -> list[int]:
+    from spotlight.util.gpus import parse_gpu_indices
+
     try:
-        gpus = [int(g) for g in text.split(",") if g.strip() != ""]
-    except ValueError:
-        raise typer.BadParameter(f"--gpus must be a comma-separated list of integers, got {text[:40]!r}") from None
+        gpus = parse_gpu_indices(text)
+    except ValueError as exc:
+        raise typer.BadParameter(f"--gpus: {exc}") from None
     if not gpus or len(set(gpus)) != len(gpus) or min(gpus) < 0:
         raise typer.BadParameter(f"--gpus must list distinct non-negative indices, got {text[:40]!r}")
     if len(gpus) > P.MAX_GPUS_PER_NODE:  # the coordinator refuses the registration of more

@@ -268,16 +268,14 @@ def _gpu_list(reserved_rollout_gpus: Optional[str]) -> Optional[list[int]]:
             :data:`spotlight.protocol.MAX_GPU_INDEX` (the reserved agent's REGISTER would not decode).
     """
     from spotlight.protocol import MAX_GPU_INDEX
+    from spotlight.util.gpus import parse_gpu_indices
 
     if reserved_rollout_gpus is None:
         return None
     try:
-        gpus = [int(g) for g in reserved_rollout_gpus.split(",") if g.strip()]
-    except ValueError:
-        console.print(
-            f"[red]error:[/red] --reserved-rollout-gpus {escape(reserved_rollout_gpus or '')!r}: "
-            "expected comma-separated GPU indices, e.g. 0,1"
-        )
+        gpus = parse_gpu_indices(reserved_rollout_gpus)
+    except ValueError as exc:
+        console.print(f"[red]error:[/red] --reserved-rollout-gpus: {escape(str(exc))}")
         raise typer.Exit(2)
     too_big = sorted({g for g in gpus if g > MAX_GPU_INDEX})
     if too_big:

@@ -175,7 +175,7 @@ def parse_list(option: str, raw: str, parse: Callable[[str], object], allowed: s
 
     Raises:
         ValueError: one line naming ``option``, the bad element and what is ``allowed`` (an
-            empty element, ``raw`` itself empty included, is refused).
+            empty element, ``raw`` itself empty included, and a repeated one are refused).
     """
     values = []
     for item in raw.split(","):
@@ -186,6 +186,8 @@ def parse_list(option: str, raw: str, parse: Callable[[str], object], allowed: s
             values.append(parse(text))
         except ValueError as exc:
             raise ValueError(f"{option} {raw!r}: {text!r} is {exc}; allowed: {allowed}") from None
+        if values[-1] in values[:-1]:  # would be measured twice
+            raise ValueError(f"{option} {raw!r}: {text!r} is listed twice")
     return values
 
 

@@ -16,6 +16,27 @@ import subprocess
 MIB = 1 << 20
 
 
+def parse_gpu_indices(text: str) -> list[int]:
+    """Comma-separated GPU indices as given on a command line (``"0,1"``); a blank text is none.
+
+    Raises:
+        ValueError: an empty element (``"0,,1"``, a trailing comma: a typo that would otherwise
+            drop a GPU silently) or one that is not an integer, named in one line.
+    """
+    if not text.strip():
+        return []
+    out = []
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            raise ValueError(f"{text[:40]!r} has an empty element; give comma-separated indices like 0,1")
+        try:
+            out.append(int(item))
+        except ValueError:
+            raise ValueError(f"{item[:20]!r} is not a GPU index; give comma-separated indices like 0,1") from None
+    return out
+
+
 @dataclasses.dataclass(frozen=True)
 class HostGpus:
     """The GPUs this host's processes may use."""

@@ -178,6 +178,23 @@ def test_join_with_more_gpus_than_a_node_registers_fails_before_anything_starts(
     assert not state.exists()
 
 
+@pytest.mark.parametrize("text", ["0,,1", "0,", ",1", ","])
+def test_a_gpu_list_with_an_empty_element_is_refused(text):
+    """Was: `join --gpus 0,,1` and `init --reserved-rollout-gpus 0,,1` dropped the empty element
+    silently (a typo that loses a GPU); `init --reserved-rollout-gpus ""` still means none."""
+    import typer
+
+    from agent.main import _parse_gpus
+    from spotlight.cli import app as spotlight_app
+
+    with pytest.raises(typer.BadParameter, match="has an empty element; give comma-separated indices"):
+        _parse_gpus(text)
+    res = CliRunner().invoke(spotlight_app, ["init", "--reserved-rollout-gpus", text])
+    assert res.exit_code == 2 and "--reserved-rollout-gpus: " in res.stderr and "empty element" in res.stderr
+    assert res.stdout == "", res.output
+    assert _parse_gpus(" 0, 1 ") == [0, 1]
+
+
 def test_init_refuses_a_reserved_rollout_gpu_beyond_the_bound():
     from spotlight.cli import app as spotlight_app
 

@@ -281,6 +281,20 @@ def test_bad_sp_degrees_are_refused(measured, value, bad, why):
     _refused(["--sp-degrees", value], "--sp-degrees", bad, why, "integers >= 1")
 
 
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--sp-degrees", "1,1"], "--sp-degrees '1,1': '1' is listed twice"),
+        (["--sp-degrees", "1, 2,2"], "--sp-degrees '1, 2,2': '2' is listed twice"),
+        (["--thresholds", "0.1,0.10"], "--thresholds '0.1,0.10': '0.10' is listed twice"),
+    ],
+)
+def test_a_repeated_element_is_refused(measured, args, needle):
+    """Was: `--sp-degrees 1,1` was accepted and SP 1 measured twice."""
+    measured()
+    _refused(args, needle)
+
+
 def test_an_sp_degree_that_cannot_split_the_model_is_refused_before_measuring(measured):
     """Was: `--sp-degrees 3` measured SP 1 and the cache thresholds first (minutes on a real
     model) and only then said "SP 3: not measured (… does not divide … 4 attention heads …)"."""
