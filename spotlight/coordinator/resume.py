@@ -143,6 +143,8 @@ def restore(coord, now: float) -> None:
         going_on = f"every iteration is done; finishing the run (weights v{version})"
         if (why := damaged_final(coord.run_dir)) is not None:
             going_on += f"; {why}: saving it again"
+        elif not (coord.run_dir / "final").is_dir():
+            going_on += "; final/ is missing: saving it"
     else:
         going_on = f"continuing with iteration {nxt} (weights v{version})"
     coord.events.append(now, "resume", "", f"after iteration {n + 1}/{total}: {going_on}")

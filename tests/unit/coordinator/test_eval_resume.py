@@ -82,8 +82,8 @@ CONFIG = {
 }
 
 
-def _opened(run_dir, *, resume_run: bool = False):
-    coord = toy_coordinator(run_dir, **CONFIG)
+def _opened(run_dir, *, resume_run: bool = False, progress=None):
+    coord = toy_coordinator(run_dir, progress=progress, **CONFIG)
     coord.resume = coord.recorder.resume = resume_run
     coord.run_dir.mkdir(parents=True, exist_ok=True)
     coord.store.open()
@@ -135,6 +135,34 @@ def test_the_last_checkpoint_is_written_before_the_final_evaluation_and_resumes_
     again._finish_last_row(row, 1.0)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows] == [1] and rows[0]["eval/score"] == 0.8
+
+
+def test_a_resume_after_the_last_iteration_says_whether_final_is_saved_again(tmp_path, monkeypatch):
+    """Was: a resume of a run whose last iteration was done but whose final/ is missing said only
+    "every iteration is done; finishing the run" and then wrote final/ without a word."""
+    run_dir = tmp_path / "run"
+    coord = _opened(run_dir)
+    _publish(coord, 0, 1, 2)
+    coord.core.iteration = 2
+    monkeypatch.setattr(coord.store, "latest_version", 2)
+    metrics = {"iteration": 1, "reward/mean": 0.5, "time/rollout_s": 1.0, "time/train_s": 1.0, "time/explore_s": 0.0}
+
+    def interrupted(timeout_s, on_tick):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(coord, "_serve_until_evaluated", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        coord._end_iteration(1, metrics, 10.0)
+    said: list[str] = []
+    resume.restore(_opened(run_dir, resume_run=True, progress=said.append), 0.0)
+    [line] = [m for m in said if m.startswith("resumed ")]
+    assert line.endswith("every iteration is done; finishing the run (weights v2); final/ is missing: saving it"), line
+    (run_dir / "final").mkdir()
+    (run_dir / "final" / "model.safetensors").write_bytes(b"cut")
+    said.clear()
+    resume.restore(_opened(run_dir, resume_run=True, progress=said.append), 0.0)
+    [line] = [m for m in said if m.startswith("resumed ")]
+    assert "; final/ is damaged (" in line and line.endswith(": saving it again"), line
 
 
 def test_a_resume_reruns_an_evaluation_cut_off_and_records_one_left_unread(tmp_path, monkeypatch, caplog):
