@@ -16,6 +16,7 @@ from spotlight.cli.messages import print_error
 from spotlight.cli.progress import working
 from spotlight.util.atomic_file import write_text_atomic
 from spotlight.util.cli_paths import path_option
+from spotlight.util.cli_run import interrupt_reported
 
 
 def register(app: typer.Typer) -> None:
@@ -100,6 +101,7 @@ def register(app: typer.Typer) -> None:
         except KeyboardInterrupt:  # nothing written yet: leave no empty --out behind either
             _remove_empty(created)
             console.print("interrupted: nothing written")
+            interrupt_reported()
             raise typer.Exit(130)
         _report(
             console,

@@ -34,6 +34,7 @@ from spotlight.cli.up_preflight import (
 )
 from spotlight.util.atomic_file import write_text_atomic
 from spotlight.util.cli_paths import path_option
+from spotlight.util.cli_run import interrupt_reported
 
 console = Console(emoji=False, soft_wrap=True)
 
@@ -615,6 +616,7 @@ def _serve_to_the_end(run: UpRun, coord, cluster, received: dict) -> int:
         sig = {signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP"}.get(received["sig"], "Ctrl-C")
         coord.stop_reason = f"interrupted: {sig}"
         console.print(f"[yellow]interrupted[/yellow] ({sig}): stopping agents, workers and trainers…")
+        interrupt_reported()
         return 130
     except RuntimeError as exc:
         print_error(f"[red]error:[/red] {escape(str(exc))}")

@@ -39,6 +39,16 @@ def expand_option_tilde(args: list[str]) -> list[str]:
     return out
 
 
+_SIGNAL_NAMES = {"SIGINT": "Ctrl-C", "SIGTERM": "SIGTERM", "SIGHUP": "SIGHUP"}
+_interrupt: dict = {"by": None, "reported": False}
+
+
+def interrupt_reported() -> None:
+    """A command that caught an interruption and printed its own line calls this, so that
+    :func:`run_app` adds none."""
+    _interrupt["reported"] = True
+
+
 def run_app(app: typer.Typer, prefix: str = "error:", args: list[str] | None = None) -> int:
     """Run ``app`` on ``args`` (default ``sys.argv[1:]``); return the exit status.
 
@@ -66,6 +76,9 @@ def run_app(app: typer.Typer, prefix: str = "error:", args: list[str] | None = N
     if isinstance(rv, str):  # typer.Exit("message") would print the bare message
         typer.echo(f"{prefix} {rv}", err=True)
         return 1
+    if rv == 130 and _interrupt["by"] is not None and not _interrupt["reported"]:
+        # typer turns an interruption no command caught into a silent exit 130
+        typer.echo(f"interrupted ({_interrupt['by']})", err=True)
     return rv if isinstance(rv, int) else 0
 
 
@@ -73,13 +86,16 @@ def interrupt_on_signals() -> None:
     """Make SIGTERM and SIGHUP (the terminal closed) raise KeyboardInterrupt, as Ctrl-C does, so
     that a command stopped by ``kill`` or a closed terminal cleans up as after Ctrl-C (``simulate``
     removes the ``--out`` it created; ``up`` installs its own handler, which also records the
-    signal). Without it they end the process at once, whatever it left half-made."""
+    signal). Without it they end the process at once, whatever it left half-made. Each of the
+    three is recorded, so that :func:`run_app` can say what stopped a command that did not say so
+    itself."""
     import signal
 
     def handler(signum, frame) -> None:
+        _interrupt["by"] = _SIGNAL_NAMES.get(signal.Signals(signum).name, signal.Signals(signum).name)
         raise KeyboardInterrupt
 
-    for sig in (signal.SIGTERM, signal.SIGHUP):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, handler)
 
 

@@ -16,19 +16,84 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parents[3]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
-def test_the_signals_raise_keyboard_interrupt_once_installed(sig):
-    from spotlight.util.cli_run import interrupt_on_signals
+@pytest.fixture
+def signal_handlers(monkeypatch):
+    """Restores the process's SIGINT, SIGTERM and SIGHUP handlers and cli_run's record of an
+    interruption after the test."""
+    import spotlight.util.cli_run as cli_run
+
+    monkeypatch.setattr(cli_run, "_interrupt", {"by": None, "reported": False})
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    yield cli_run
+    for s, h in before.items():
+        signal.signal(s, h)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_the_signals_raise_keyboard_interrupt_once_installed(sig, signal_handlers):
+    signal_handlers.interrupt_on_signals()
+    with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), sig)
+        time.sleep(5)  # the handler runs at the next bytecode; the sleep is never finished
+    assert signal_handlers._interrupt["by"] == {"SIGINT": "Ctrl-C"}.get(sig.name, sig.name)
+
+
+def _app(reports: bool):
+    import typer
+
+    from spotlight.util.cli_run import interrupt_reported
+
+    app = typer.Typer()
+
+    @app.command()
+    def work() -> None:
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        except KeyboardInterrupt:
+            if not reports:
+                raise
+            print("interrupted: my own line", file=sys.stderr)
+            interrupt_reported()
+            raise typer.Exit(130)
+
+    @app.command()
+    def other() -> None:
+        pass
+
+    return app
+
+
+def test_an_interruption_no_command_caught_is_said(signal_handlers, capfd):
+    """Was: typer turned a KeyboardInterrupt that no command caught (e.g. Ctrl-C while `up`
+    loads the tokenizer) into exit status 130 without a word."""
+    signal_handlers.interrupt_on_signals()
+    assert signal_handlers.run_app(_app(reports=False), args=["work"]) == 130
+    assert capfd.readouterr().err == "interrupted (SIGTERM)\n"
+
+
+def test_a_command_that_says_it_was_interrupted_gets_no_second_line(signal_handlers, capfd):
+    signal_handlers.interrupt_on_signals()
+    assert signal_handlers.run_app(_app(reports=True), args=["work"]) == 130
+    assert capfd.readouterr().err == "interrupted: my own line\n"
+
+
+def test_an_interruption_while_the_cli_is_imported_is_one_line(capfd):
+    """Was: Ctrl-C in the first moment of `spotlight …` (while its modules import) printed a
+    traceback of the import."""
+    from spotlight.entry import _interruptible_import
+
+    def load():
+        raise KeyboardInterrupt
 
     before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        interrupt_on_signals()
-        with pytest.raises(KeyboardInterrupt):
-            os.kill(os.getpid(), sig)
-            time.sleep(5)  # the handler runs at the next bytecode; the sleep is never finished
+        with pytest.raises(SystemExit) as exc:
+            _interruptible_import(load)
     finally:
         for s, h in before.items():
             signal.signal(s, h)
+    assert exc.value.code == 130 and capfd.readouterr().err == "interrupted\n"
 
 
 @pytest.mark.procs  # the real `spotlight` entry point, as a script runs it
