@@ -231,6 +231,7 @@ class ControlPlane:
             return
         try:
             self._dispatch(msg, time.monotonic())
+            self.drop_released_states()
         except Rejected as exc:
             self.error_to(rid, exc.code, str(exc), msg.channel, retry_after_s=exc.retry_after_s, **named)
         except Exception as exc:  # a handler bug must not stop the run: report and carry on
@@ -547,9 +548,7 @@ class ControlPlane:
             if resume_step is not None:
                 state = self._committed_state(lease.commit_key)
                 if state is None:  # lost or unreadable: the worker starts this request over
-                    if lease.commit_key:
-                        self.store.delete_state(lease.commit_key)
-                    self.sched.commit_lost(req.request_id, lease.lease_id, now)
+                    self.sched.commit_lost(req.request_id, lease.lease_id, now)  # its key is released
                     log.warning(
                         "committed state of %s (step %d) is missing or unreadable: it starts over from step 0",
                         req.request_id,
@@ -627,8 +626,6 @@ class ControlPlane:
                 continue
             self.requests_done += 1
             req = self.sched.get(item.request_id)
-            if req.commit_key:
-                self.store.delete_state(req.commit_key)
             completed.append((i, req))
         if len(completed) < len(body.items):
             ignored = len(body.items) - len(completed)
@@ -767,6 +764,13 @@ class ControlPlane:
             self.release_node(node_id, workers, "agent dead", now)
         for rid in self.sched.expire(now):
             log.warning("lease of %s expired: re-enqueued", rid)
+        self.drop_released_states()
+
+    def drop_released_states(self) -> None:
+        """Delete the committed states no request will resume from any more (finished,
+        cancelled, parked, aborted or superseded: :meth:`RequestScheduler.take_released_commits`)."""
+        for key in self.sched.take_released_commits():
+            self.store.delete_state(key)
 
     def _reload_allow_list(self) -> None:
         """Pick up keys added or revoked with ``spotlight keys`` while the run is live."""

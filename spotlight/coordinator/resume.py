@@ -110,6 +110,13 @@ def restore(coord, now: float) -> None:
     coord.core.load_state_dict(st.get("core") or legacy)
     coord.sched.load_state_dict(st["scheduler"], epoch=recorder.epoch, now=now)
     coord.core.adopt_restored_requests()
+    # committed states no restored request resumes from (released after the checkpoint, or
+    # before it by a coordinator that stopped before deleting them) would stay on disk for good
+    keep = coord.sched.commit_keys()
+    coord.sched.take_released_commits()
+    for key in coord.store.state_keys():
+        if key not in keep:
+            coord.store.delete_state(key)
     coord.seed_bank.load_state_dict(st["seed_bank"])
     if coord.core.planner is not None and st.get("planner"):
         coord.core.planner.load_state_dict(st["planner"])

@@ -379,6 +379,7 @@ class RequestScheduler:
         self._id_counters: dict[tuple[RequestKind, int], int] = {}  # next id number per (kind, iteration)
         self._next_seq = 0
         self._aborted: deque[AbortedLease] = deque(maxlen=MAX_ABORTED_KEPT)
+        self._released_commits: deque[str] = deque(maxlen=MAX_ABORTED_KEPT)  # see take_released_commits
         self._next_lease_id = 1
         self._training_active = False
         self.epoch = 0  # restart count of the coordinator process (see load_state_dict)
@@ -703,6 +704,8 @@ class RequestScheduler:
         self._outstanding[okey] -= 1
         self._outstanding_kind[kind] -= 1
         del self._keys[request_id]
+        if req.commit_key is not None:
+            self._release_commit(req)
         req.history.append((_DONE, now, f"done by {req.worker_id} (lease {lease_id})"))
         return True
 
@@ -732,6 +735,8 @@ class RequestScheduler:
         req = self._current(request_id, lease_id, worker_id)
         if req is None:
             return False
+        if req.commit_key != commit_key:  # the state it resumed from is superseded
+            self._release_commit(req)
         req.committed_step, req.commit_key = committed_step, commit_key
         self._transition(
             req,
@@ -752,7 +757,7 @@ class RequestScheduler:
         step, key = req.lease.resume_step, req.lease.commit_key
         _object_setattr(req.lease, "resume_step", None)
         _object_setattr(req.lease, "commit_key", None)
-        req.committed_step = req.commit_key = None
+        self._release_commit(req)
         req.history.append((req.status, now, f"committed state {key!r} (step {step}) unreadable: runs from step 0"))
         return True
 
@@ -1132,6 +1137,26 @@ class RequestScheduler:
             return None
         return req
 
+    def take_released_commits(self) -> list[str]:
+        """Tensor Store keys of committed states that no request will resume from any more, since
+        the previous call: the request finished, was cancelled, parked or aborted (it re-runs from
+        step 0), committed again under another key, or its state was lost. The record is then
+        emptied; the caller deletes the states (paper §4.5: a committed state lives until its
+        request no longer needs it). At most :data:`MAX_ABORTED_KEPT` are kept between calls (a
+        caller that never asks, like the simulator, keeps no more)."""
+        out = list(self._released_commits)
+        self._released_commits.clear()
+        return out
+
+    def commit_keys(self) -> set[str]:
+        """The Tensor Store keys of every committed state a request may still resume from."""
+        return {r.commit_key for r in self._requests.values() if r.commit_key is not None}
+
+    def _release_commit(self, req: Request) -> None:
+        if req.commit_key is not None:
+            self._released_commits.append(req.commit_key)
+        req.committed_step = req.commit_key = None
+
     def take_aborted(self) -> list[AbortedLease]:
         """Leases aborted (worker failed, released or expired: the work was not committed)
         since the previous call, oldest first; the record is then emptied. At most
@@ -1151,7 +1176,7 @@ class RequestScheduler:
                     max(lease.granted_at, min(now, lease.expires_at - self.lease_timeout_s)),
                 )
             )
-        req.committed_step = req.commit_key = None
+        self._release_commit(req)
         self._transition(req, _ABORTED, now, detail)
         if requeue:
             self._transition(req, _PENDING, now, "re-enqueued for full re-execution")
@@ -1273,6 +1298,7 @@ class RequestScheduler:
             self._outstanding[(req.iteration, req.kind)] -= 1
             self._outstanding_kind[req.kind] -= 1
             del self._keys[req.request_id]
+            self._release_commit(req)
         req.history.append((new_status, now, detail))
 
 

@@ -13,8 +13,8 @@ survives the worker:
   newest ``keep_versions``. All stay on disk until :meth:`prune_weights`;
 * committed in-flight state of a request: tensor metas + raw frames, on disk only
   (``state/<key>/``, written to a hidden temporary folder and renamed, so a crash leaves the
-  whole state or none), keyed by the commit key the Request Scheduler records; deleted once the
-  request finishes. Only their sizes are kept in memory: when many spot GPUs are preempted at
+  whole state or none), keyed by the commit key the Request Scheduler records; deleted once no
+  request resumes from it (``RequestScheduler.take_released_commits``). Only their sizes are kept in memory: when many spot GPUs are preempted at
   once, every in-flight state is held once, on disk, not also in the coordinator's memory.
 
 No torch import: versions and frames are opaque bytes here (the coordinator checks that a
@@ -338,6 +338,11 @@ class TensorStore:
         except (OSError, msgspec.DecodeError):
             return None
         return metas, frames
+
+    def state_keys(self) -> list[str]:
+        """The keys of the committed states on disk (written whole), sorted."""
+        d = self.root / "state"
+        return sorted(p.name for p in d.iterdir() if p.is_dir() and not p.name.startswith(".")) if d.is_dir() else []
 
     def delete_state(self, key: str) -> None:
         """Forget the state under ``key`` (on disk). Raises ValueError on an invalid key."""

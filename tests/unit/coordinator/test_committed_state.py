@@ -112,3 +112,14 @@ def test_a_missing_committed_state_starts_the_request_over(tmp_path):
     cp.store.delete_state(key)
     leases, _ = _handle(cp, principal, pull)
     assert leases.items[0].resume_step is None and leases.tensors == []
+
+
+def test_the_state_of_a_cancelled_request_is_deleted(tmp_path):
+    """Was: a committed state was deleted only when its request finished; one whose request was
+    cancelled (exploration left over when training ended, an iteration's leftovers) stayed on
+    the reserved node's disk until the run ended, and a run is preempted all the time."""
+    cp, principal, pull, rid, key = _plane_with_committed_request(tmp_path)
+    cp.sched.cancel(iteration=0, now=1.0, reason="training ended")
+    assert (cp.store.root / "state" / key).is_dir()
+    cp.housekeeping(2.0)
+    assert cp.store.state_keys() == [] and cp.store.stats()["committed_states"] == 0

@@ -165,6 +165,29 @@ def test_a_resume_after_the_last_iteration_says_whether_final_is_saved_again(tmp
     assert "; final/ is damaged (" in line and line.endswith(": saving it again"), line
 
 
+def test_a_resume_deletes_committed_states_no_request_resumes_from(tmp_path, monkeypatch):
+    """A committed state whose request ended after the last checkpoint, or that a stopped
+    coordinator had not deleted yet, would stay in the Tensor Store's state/ for good."""
+    run_dir = tmp_path / "run"
+    coord = _opened(run_dir)
+    _publish(coord, 0, 1, 2)
+    coord.core.iteration = 2
+    monkeypatch.setattr(coord.store, "latest_version", 2)
+    metrics = {"iteration": 1, "reward/mean": 0.5, "time/rollout_s": 1.0, "time/train_s": 1.0, "time/explore_s": 0.0}
+
+    def interrupted(timeout_s, on_tick):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(coord, "_serve_until_evaluated", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        coord._end_iteration(1, metrics, 10.0)
+    coord.store.put_state("e1-3.L7", [], [])
+    again = _opened(run_dir, resume_run=True)
+    assert again.store.state_keys() == ["e1-3.L7"]
+    resume.restore(again, 0.0)
+    assert again.store.state_keys() == []
+
+
 def test_a_resume_reruns_an_evaluation_cut_off_and_records_one_left_unread(tmp_path, monkeypatch, caplog):
     """Was: evaluations still running or queued when the run stopped were never run again (only
     an iteration's end requests them), so eval.jsonl lacked the base model and best/ ignored it."""

@@ -855,3 +855,26 @@ def test_one_broken_worker_does_not_park_what_it_fails_on():
         (l,) = sched.pull("only", is_spot=True, max_requests=1, now=10.0 + k)
         sched.fail(b, l.lease_id, reason="boom", now=10.0 + k)
     assert sched.get(b).status is S.PARKED and sched.get(b).failures == 6
+
+
+def test_committed_states_no_request_resumes_from_are_released():
+    """Was: only a request that finished had its committed state deleted (by the control plane,
+    under the request's last key); a state superseded by a later commit, or left by a request
+    that was cancelled, parked or aborted, stayed in the Tensor Store for good."""
+    sched = make(max_failures=1)
+    a, b, c, d = submit(sched, n=4)
+    for lease in sched.pull("w", is_spot=True, max_requests=4, now=0.0):
+        sched.commit(lease.request_id, lease.lease_id, committed_step=2, commit_key=f"{lease.request_id}.L1", now=1.0)
+    assert sched.take_released_commits() == [] and sched.commit_keys() == {f"{r}.L1" for r in (a, b, c, d)}
+    la, lb, lc, ld = sched.pull("v", is_spot=True, max_requests=4, now=2.0)
+    assert sched.commit(a, la.lease_id, committed_step=5, commit_key=f"{a}.L2", now=3.0)
+    assert sched.take_released_commits() == [f"{a}.L1"]  # superseded by the later commit
+    assert sched.complete(b, lb.lease_id, now=3.0)
+    assert sched.fail(c, lc.lease_id, reason="oom", now=3.0)  # parked: max_failures 1
+    assert sched.get(c).status is S.PARKED
+    assert sched.release_worker("v", reason="preempted", now=3.0) == [d]  # aborted: re-runs from 0
+    assert sched.take_released_commits() == [f"{b}.L1", f"{c}.L1", f"{d}.L1"]
+    assert sched.commit_keys() == {f"{a}.L2"}
+    sched.cancel(iteration=0, now=4.0)
+    assert sched.take_released_commits() == [f"{a}.L2"] and sched.commit_keys() == set()
+    assert sched.take_released_commits() == []
