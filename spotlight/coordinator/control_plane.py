@@ -548,7 +548,7 @@ class ControlPlane:
             if resume_step is not None:
                 state = self._committed_state(lease.commit_key)
                 if state is None:  # lost or unreadable: the worker starts this request over
-                    self.sched.commit_lost(req.request_id, lease.lease_id, now)  # its key is released
+                    self.sched.commit_lost(req.request_id, lease.lease_id)  # its key is released
                     log.warning(
                         "committed state of %s (step %d) is missing or unreadable: it starts over from step 0",
                         req.request_id,

@@ -746,7 +746,7 @@ class RequestScheduler:
         )
         return True
 
-    def commit_lost(self, request_id: str, lease_id: int, now: float) -> bool:
+    def commit_lost(self, request_id: str, lease_id: int) -> bool:
         """The committed state that lease ``lease_id`` of ``request_id`` was to resume from cannot
         be read back (lost or damaged on disk): the request forgets its commit and this lease runs
         it from step 0. Returns False (no change) when ``lease_id`` is not the request's current
@@ -754,11 +754,9 @@ class RequestScheduler:
         req = self._current(request_id, lease_id, None)
         if req is None or req.lease.resume_step is None:
             return False
-        step, key = req.lease.resume_step, req.lease.commit_key
         _object_setattr(req.lease, "resume_step", None)
         _object_setattr(req.lease, "commit_key", None)
         self._release_commit(req)
-        req.history.append((req.status, now, f"committed state {key!r} (step {step}) unreadable: runs from step 0"))
         return True
 
     def fail(

@@ -14,8 +14,9 @@ survives the worker:
 * committed in-flight state of a request: tensor metas + raw frames, on disk only
   (``state/<key>/``, written to a hidden temporary folder and renamed, so a crash leaves the
   whole state or none), keyed by the commit key the Request Scheduler records; deleted once no
-  request resumes from it (``RequestScheduler.take_released_commits``). Only their sizes are kept in memory: when many spot GPUs are preempted at
-  once, every in-flight state is held once, on disk, not also in the coordinator's memory.
+  request resumes from it (``RequestScheduler.take_released_commits``). Only their sizes are
+  kept in memory: when many spot GPUs are preempted at once, every in-flight state is held
+  once, on disk, not also in the coordinator's memory.
 
 No torch import: versions and frames are opaque bytes here (the coordinator checks that a
 version is a safetensors file through ``validate``).

@@ -511,6 +511,7 @@ def test_randomized_operations_end_done_exactly_once():
     believed = {w: [] for w in workers}  # leases each worker thinks it holds (may be stale)
     accepted = {}  # request id -> number of accepted completions
     submitted = []
+    committed, released = set(), []  # commit keys accepted; keys released for deletion
     now = 0.0
     for step in range(2000):
         now += rng.uniform(0.0, 1.0)
@@ -537,7 +538,8 @@ def test_randomized_operations_end_done_exactly_once():
                 accepted[l.request_id] = accepted.get(l.request_id, 0) + 1
         elif op < 0.68 and believed[w]:
             l = believed[w].pop(rng.randrange(len(believed[w])))
-            sched.commit(l.request_id, l.lease_id, committed_step=rng.randrange(10), commit_key=f"k{step}", now=now)
+            if sched.commit(l.request_id, l.lease_id, committed_step=rng.randrange(10), commit_key=f"k{step}", now=now):
+                committed.add(f"k{step}")
         elif op < 0.72 and believed[w]:
             l = believed[w].pop(rng.randrange(len(believed[w])))
             sched.fail(l.request_id, l.lease_id, reason="random", now=now)
@@ -552,6 +554,8 @@ def test_randomized_operations_end_done_exactly_once():
         elif op < 0.96:
             sched.set_training_active(not sched.training_active)
         _check_invariants(sched)
+        released += sched.take_released_commits()
+        assert sched.commit_keys().isdisjoint(released)
 
     # Drain: training over, one reserved worker pulls and completes until nothing is left.
     sched.set_training_active(False)
@@ -565,6 +569,9 @@ def test_randomized_operations_end_done_exactly_once():
             assert sched.complete(l.request_id, l.lease_id, now=now)
             accepted[l.request_id] = accepted.get(l.request_id, 0) + 1
     _check_invariants(sched)
+    released += sched.take_released_commits()
+    # every committed state is released exactly once, when no request resumes from it any more
+    assert len(committed) > 20 and sorted(released) == sorted(committed) and sched.commit_keys() == set()
     assert sched.num_outstanding() == 0
     assert len(submitted) > 100
     assert accepted == {rid: 1 for rid in submitted}
