@@ -62,8 +62,6 @@ def choose_pairs(
         wanted = parse_list("--versions", versions, _version, VERSIONS_ALLOWED)
         if len(wanted) < 2:
             raise ValueError(f"--versions {versions!r}: needs at least two versions; allowed: {VERSIONS_ALLOWED}")
-        if len(set(wanted)) != len(wanted):
-            raise ValueError(f"--versions {versions!r}: lists a version twice; allowed: {VERSIONS_ALLOWED}")
         if wanted != sorted(wanted):  # each entry is the stale v_n of the next, a later version
             raise ValueError(
                 f"--versions {versions!r}: not in increasing order; list the versions oldest first "

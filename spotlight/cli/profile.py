@@ -187,7 +187,7 @@ def parse_list(option: str, raw: str, parse: Callable[[str], object], allowed: s
         except ValueError as exc:
             raise ValueError(f"{option} {raw!r}: {text!r} is {exc}; allowed: {allowed}") from None
         if values[-1] in values[:-1]:  # would be measured twice
-            raise ValueError(f"{option} {raw!r}: {text!r} is listed twice")
+            raise ValueError(f"{option} {raw!r}: {text!r} is listed twice; allowed: {allowed}")
     return values
 
 

@@ -173,7 +173,7 @@ def test_the_default_out_is_checked_too(run, no_work):
         ("0,,1", "an empty element"),
         ("0,-1", "'-1' is negative"),
         ("1", "at least two versions"),
-        ("0,0", "lists a version twice"),
+        ("0,0", "'0' is listed twice"),
     ],
 )
 def test_a_bad_versions_list_names_the_option_and_the_form(run, no_work, value, says):
