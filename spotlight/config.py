@@ -69,6 +69,10 @@ STEP_CACHE_FAMILIES = frozenset({"tiny", "qwen-image", "flux"})
 the hook handles): sd3's ``SD3Transformer2DModel`` is no ``CacheMixin`` and its last block is
 ``context_pre_only``, so sd3 explores at full fidelity (tests check this against diffusers)."""
 TRUE_CFG_FAMILIES = frozenset({"qwen-image", "sd3", "tiny"})
+MAX_TEXT_TOKENS = {"tiny": 512, "sd3": 512, "flux": 512, "qwen-image": 1024}
+"""The most text tokens each family's text encoder takes (``model.max_text_tokens``): MiniLM's 512
+positions for the tiny family, the T5 ``max_sequence_length`` limit of diffusers' SD3 and FLUX
+pipelines, 1024 for Qwen-Image's pipeline."""
 """Families with true classifier-free guidance, the only ones a negative prompt means anything to."""
 
 
@@ -139,6 +143,18 @@ def eval_device_problem(device: str, num_cuda_devices: int) -> str | None:
             f'{"s" if num_cuda_devices > 1 else ""} (cuda:0 to cuda:{num_cuda_devices - 1}; or "auto")'
         )
     return None
+
+
+def _is_http_url(url: str) -> bool:
+    """Whether ``url`` is ``http://`` or ``https://`` with a host (and a port, if any, that parses)."""
+    import urllib.parse
+
+    try:
+        parts = urllib.parse.urlsplit(url.strip())
+        parts.port  # noqa: B018 - raises ValueError on a port that is no number or out of range
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
 
 
 def _check(cond: bool, field: str, msg: str) -> None:
@@ -244,6 +260,12 @@ class ModelConfig(_Section):
             f"must be <= {MAX_GUIDANCE_SCALE:g} (real models use 1-10; larger scales give NaN samples)",
         )
         _check(self.max_text_tokens >= 1, "model.max_text_tokens", "must be >= 1")
+        limit = MAX_TEXT_TOKENS[self.family]
+        _check(
+            self.max_text_tokens <= limit,
+            "model.max_text_tokens",
+            f"must be <= {limit} for family = '{self.family}' (its text encoder takes at most {limit} tokens)",
+        )
 
 
 class SamplerConfig(_Section):
@@ -599,6 +621,7 @@ class RewardConfig(_Section):
 
     def __post_init__(self) -> None:
         _check(self.kind != "http" or bool(self.url), "reward.url", "required when kind = 'http'")
+        _check(not self.url or _is_http_url(self.url), "reward.url", f"{self.url[:80]!r} is not an http(s) URL")
         if self.kind == "ocr":
             import importlib.util
 

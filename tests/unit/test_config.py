@@ -330,6 +330,31 @@ def test_sp_degrees_that_cannot_split_the_model_are_refused_when_the_config_load
     assert config_from_dict({"model": qwen, "cluster": {"sp_degree": 2}}).cluster.sp_degree == 2  # text is padded
 
 
+def test_more_text_tokens_than_the_family_encoder_takes_are_refused():
+    """Was: `model.max_text_tokens = 1000` passed `spotlight plan` and `up`'s checks, then the run
+    failed while encoding the prompts (MiniLM has 512 positions) with a traceback."""
+    err = _raises_naming("model.max_text_tokens", **{"model.max_text_tokens": 513})
+    assert "must be <= 512 for family = 'tiny'" in str(err)
+    assert load_config(overrides={"model.max_text_tokens": 512}).model.max_text_tokens == 512
+    qwen = {"family": "qwen-image", "pretrained_path": "/x", "image_size": 32}
+    assert config_from_dict({"model": {**qwen, "max_text_tokens": 1024}}).model.max_text_tokens == 1024
+    with pytest.raises(ConfigError, match="model.max_text_tokens: must be <= 1024 for family = 'qwen-image'"):
+        config_from_dict({"model": {**qwen, "max_text_tokens": 1025}})
+    with pytest.raises(ConfigError, match="model.max_text_tokens: must be <= 512 for family = 'flux'"):
+        config_from_dict({"model": {**qwen, "family": "flux", "max_text_tokens": 513}})
+
+
+@pytest.mark.parametrize("url", ["not a url", "127.0.0.1:18085", "ftp://host/", "http://", "http://host:port/"])
+def test_a_reward_url_that_is_no_http_url_is_refused(url):
+    """Was: `reward.url = "not a url"` was accepted and refused only after three connection
+    attempts at start-up."""
+    http = {"reward.kind": "http", "eval.every": 0}
+    err = _raises_naming("reward.url", **http, **{"reward.url": url})
+    assert "is not an http(s) URL" in str(err)
+    ok = load_config(overrides={**http, "reward.url": "https://scorer.internal:8443/score"})
+    assert ok.reward.url.startswith("https://")
+
+
 def test_bad_enum_value_in_a_file_lists_the_choices(tmp_path):
     (tmp_path / "c.toml").write_text('[model]\nfamily = "sd4"\n')
     with pytest.raises(ConfigError) as info:
