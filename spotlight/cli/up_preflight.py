@@ -686,7 +686,10 @@ def _check_reward(run: UpRun) -> None:
         try:
             RewardFn(cfg.reward).check_prompts(run.prompts, run.prompt_set.metadata)
         except RewardError as exc:
-            source = cfg.data.prompts_path or "the GenEval set (examples/default/prompts)"
+            from spotlight.tasks.prompts import DEFAULT_PROMPTS_PATH, EXAMPLES_DIR
+
+            default = DEFAULT_PROMPTS_PATH.relative_to(EXAMPLES_DIR.parent)
+            source = cfg.data.prompts_path or f"the GenEval training set ({default}, data.prompts_path unset)"
             raise Stop(
                 f"[red]error:[/red] reward.kind = 'geneval_shapes' cannot score the prompts of {source}: "
                 f"{escape(str(exc))}"

@@ -89,3 +89,18 @@ def test_incomplete_checkpoint_is_a_clear_error_before_anything_starts(tmp_path)
     assert res.exit_code == 2, res.output
     assert "no 'vae/' folder" in res.output
     assert not rd.exists()  # nothing half-made
+
+
+def test_unscorable_default_prompts_name_the_file_they_come_from(tmp_path):
+    """Was: with `data.prompts_path = ""` (the GenEval training set, as README says) and the
+    shapes reward, the refusal said the prompts were those of "the GenEval set
+    (examples/default/prompts)", a folder holding only the evaluation set."""
+    cfg = tmp_path / "c.toml"
+    text = (EXAMPLES_DIR / "default" / "config.toml").read_text()
+    line = next(x for x in text.splitlines() if x.startswith("prompts_path = "))
+    cfg.write_text(text.replace(line, 'prompts_path = ""', 1))
+    rd, res = _up(tmp_path, "--config", str(cfg))
+    assert res.exit_code == 2 and not rd.exists(), res.output[-2000:]
+    [line] = [x for x in res.output.splitlines() if x.startswith("error:")]
+    want = "cannot score the prompts of the GenEval training set (examples/prompts/geneval/train_metadata.jsonl, "
+    assert want in line and "examples/default/prompts" not in line, line
