@@ -546,7 +546,8 @@ def _check_eval(cfg: SpotlightConfig) -> None:
     try:
         build_panel(cfg)
     except (SpotlightError, ValueError, OSError) as exc:
-        raise refuse(f"eval.prompts_path: {exc}") from None
+        why = str(exc)  # most errors name the field already
+        raise refuse(why if why.startswith("eval.") else f"eval.prompts_path: {why}") from None
 
 
 def _local_processes(run: UpRun) -> dict:

@@ -104,3 +104,14 @@ def test_unscorable_default_prompts_name_the_file_they_come_from(tmp_path):
     [line] = [x for x in res.output.splitlines() if x.startswith("error:")]
     want = "cannot score the prompts of the GenEval training set (examples/prompts/geneval/train_metadata.jsonl, "
     assert want in line and "examples/default/prompts" not in line, line
+
+
+def test_a_missing_eval_prompts_file_names_the_field_once(tmp_path):
+    """Was: "error: eval.prompts_path: eval.prompts_path: file not found: …"."""
+    cfg = tmp_path / "c.toml"
+    text = (EXAMPLES_DIR / "default" / "config.toml").read_text()
+    cfg.write_text(text.replace("[eval]\n", f'[eval]\nprompts_path = "{tmp_path / "none.txt"}"\n', 1))
+    rd, res = _up(tmp_path, "--config", str(cfg))
+    assert res.exit_code == 2 and not rd.exists(), res.output[-2000:]
+    [line] = [x for x in res.output.splitlines() if x.startswith("error:")]
+    assert line == f"error: eval.prompts_path: file not found: {tmp_path / 'none.txt'}", line
