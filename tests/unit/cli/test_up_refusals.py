@@ -115,3 +115,20 @@ def test_a_missing_eval_prompts_file_names_the_field_once(tmp_path):
     assert res.exit_code == 2 and not rd.exists(), res.output[-2000:]
     [line] = [x for x in res.output.splitlines() if x.startswith("error:")]
     assert line == f"error: eval.prompts_path: file not found: {tmp_path / 'none.txt'}", line
+
+
+def test_more_eval_prompts_than_the_file_holds_is_said(tmp_path, monkeypatch):
+    """Was: `eval.num_prompts = 1000` scored the 46 test prompts without a word."""
+    import spotlight.cli.up as up
+
+    def stop_here(run):
+        raise up.Stop("stopped after the announcement", code=2)
+
+    monkeypatch.setattr(up, "encode_prompts", stop_here)
+    cfg = tmp_path / "c.toml"
+    text = (EXAMPLES_DIR / "default" / "config.toml").read_text()
+    cfg.write_text(text.replace("num_prompts = 16 ", "num_prompts = 1000 ", 1))
+    rd, res = _up(tmp_path, "--config", str(cfg))
+    assert "warning: eval.num_prompts = 1000, but the held-out prompt file has 46 prompts: the panel scores all 46" in (
+        res.output
+    ), res.output[-2000:]
