@@ -124,6 +124,26 @@ def plan_notes(cfg, preset: str | None, plan, *, device: str = "cuda", has_cuda:
     return notes
 
 
+def start_problems(cfg, preset: str | None) -> list[str]:
+    """What would make ``spotlight up`` refuse ``cfg`` that the plan does not depend on: a
+    checkpoint that does not match the model section (its architecture, its text encoder, LoRA
+    targets it lacks, an SP degree it cannot be split by; the plan counts the checkpoint's
+    own), and a prompt or profile file that does not exist. Not checked with ``preset`` (the
+    plan then counts no checkpoint)."""
+    from spotlight.cli.up_preflight import model_problem
+    from spotlight.config import resolve_path
+
+    out = []
+    if preset is None and (problem := model_problem(cfg)) is not None:
+        out.append(problem)
+    for field in ("data.prompts_path", "eval.prompts_path", "explore.profile_path"):
+        section, key = field.split(".")
+        value = getattr(getattr(cfg, section), key)
+        if value and not resolve_path(value).exists():
+            out.append(f"{field}: file not found: {value}")
+    return out
+
+
 def plan_dict(plan) -> dict:
     """``plan`` as JSON-able data (bytes per line and totals)."""
     from spotlight.core.memory_plan import MemoryPlan
@@ -192,6 +212,7 @@ def register(app: typer.Typer) -> None:
         import torch
 
         notes = plan_notes(cfg, preset, result, device=device, has_cuda=torch.cuda.is_available())
+        notes += [f"spotlight up refuses this config: {why}" for why in start_problems(cfg, preset)]
         problems = result.problems()
         if as_json:
             # "fits": null when there is no GPU size to check against (a note says so)

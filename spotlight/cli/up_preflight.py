@@ -488,6 +488,14 @@ def _check_model(cfg: SpotlightConfig) -> None:
     Raises:
         Stop: as above.
     """
+    if (problem := model_problem(cfg)) is not None:
+        raise refuse(problem)
+
+
+def model_problem(cfg: SpotlightConfig) -> str | None:
+    """Why the checkpoint cannot run ``cfg`` (missing or incomplete, another architecture or text
+    encoder than the model section's, LoRA targets it lacks, an SP degree it cannot be split by),
+    in plain text, or None; reads only its config files."""
     from spotlight.models.families import ModelLoadError, get_family
 
     try:
@@ -495,19 +503,20 @@ def _check_model(cfg: SpotlightConfig) -> None:
         family.check()
         if cfg.train.use_lora and cfg.train.lora_target_modules:
             family.check_lora_targets(list(cfg.train.lora_target_modules))
-        _check_sp_degrees(cfg, family)
+        return _sp_degree_problem(cfg, family)
     except ModelLoadError as exc:
-        raise refuse(str(exc)) from None
+        return str(exc)
 
 
-def _check_sp_degrees(cfg: SpotlightConfig, family) -> None:
+def _sp_degree_problem(cfg: SpotlightConfig, family) -> str | None:
     """Refuse an SP degree the checkpoint's transformer cannot be split by (its attention heads,
     its image tokens at ``model.image_size``, unpadded text; :mod:`spotlight.workers.sp.degrees`),
     reading only its config files. Smaller degrees that do not work are never formed (a group of
     survivors splits into groups that do).
 
+    Returns the degree and the reason, or None.
+
     Raises:
-        Stop: the degree and the reason.
         ModelLoadError: the checkpoint's configs cannot be read.
     """
     from spotlight.workers.sp.degrees import degree_problem, sp_shape
@@ -516,12 +525,13 @@ def _check_sp_degrees(cfg: SpotlightConfig, family) -> None:
     pairs = (("cluster.sp_degree", c.sp_degree), ("cluster.reserved_sp_degree", c.reserved_sp_degree))
     degrees = [(field, k) for field, k in pairs if k > 1]
     if not degrees:
-        return
+        return None
     shape = sp_shape(family)
     for field, k in degrees:
         problem = degree_problem(shape, k, cfg_parallel=c.sp_cfg_parallel)
         if problem:
-            raise refuse(f"{field} = {k}: {problem} ({family.path})")
+            return f"{field} = {k}: {problem} ({family.path})"
+    return None
 
 
 def _check_eval(cfg: SpotlightConfig) -> None:

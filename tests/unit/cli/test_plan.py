@@ -258,3 +258,18 @@ def test_a_preset_of_another_family_than_the_configs_is_refused_and_a_missing_ch
     res = CliRunner().invoke(app, ["plan", tiny, "--device", "cpu"])
     err = " ".join(res.stderr.split())
     assert res.exit_code == 2 and "checkpoint directory not found" in err and "--preset" not in err, res.output
+
+
+def test_plan_says_what_up_would_refuse_that_the_plan_does_not_depend_on(tmp_path):
+    """Was: `num_attention_heads = 3` (the checkpoint has 4) and a missing data.prompts_path were
+    planned without a word ("fits", exit 0), while `spotlight up` refused both at once."""
+    conf = tmp_path / "c.toml"
+    conf.write_text(f'[model]\nnum_attention_heads = 3\n[data]\nprompts_path = "{tmp_path / "none.jsonl"}"\n')
+    res = CliRunner().invoke(app, ["plan", str(conf), "--device", "cpu", "--gpu-memory-gib", "4"])
+    assert res.exit_code == 0, res.output
+    notes = [line for line in res.output.splitlines() if line.startswith("note: spotlight up refuses this config: ")]
+    assert len(notes) == 2, res.output
+    assert "the checkpoint has num_attention_heads = 4 but the config implies 3 (model.num_attention_heads)" in notes[0]
+    assert notes[1].endswith(f"data.prompts_path: file not found: {tmp_path / 'none.jsonl'}")
+    res = CliRunner().invoke(app, ["plan", "--device", "cpu", "--gpu-memory-gib", "4"])
+    assert "refuses" not in res.output

@@ -505,7 +505,7 @@ def test_the_trainer_port_is_the_reserved_port_plus_one_unless_given():
 def test_an_sp_degree_the_checkpoint_cannot_split_is_one_line_before_anything_starts(tmp_path):
     """Qwen-Image's tiny checkpoint has 2 attention heads: SP 4 cannot work and is refused, naming
     the field, the reason and the checkpoint; SP 2 passes (its 7 text tokens are padded)."""
-    from spotlight.cli.up_preflight import Stop, _check_sp_degrees
+    from spotlight.cli.up_preflight import Stop, _check_model, _sp_degree_problem
     from spotlight.config import config_from_dict
     from spotlight.models.families import get_family
     from spotlight.models.families.qwen_image import make_random_checkpoint
@@ -514,11 +514,11 @@ def test_an_sp_degree_the_checkpoint_cannot_split_is_one_line_before_anything_st
     model = {"family": "qwen-image", "pretrained_path": str(ckpt), "image_size": 32, "max_text_tokens": 7}
     bad = config_from_dict({"model": model, "cluster": {"sp_degree": 4}})
     with pytest.raises(Stop) as stop:
-        _check_sp_degrees(bad, get_family(bad.model))
+        _check_model(bad)
     assert "cluster.sp_degree = 4" in stop.value.line and "2 attention heads" in stop.value.line
     assert str(ckpt) in stop.value.line
     good = config_from_dict({"model": model, "cluster": {"sp_degree": 2, "reserved_sp_degree": 2}})
-    _check_sp_degrees(good, get_family(good.model))
+    assert _sp_degree_problem(good, get_family(good.model)) is None
 
 
 def test_a_run_dir_that_cannot_be_created_is_one_line_before_anything_is_printed(tmp_path):
