@@ -386,18 +386,29 @@ def load_client_keys(directory: str | os.PathLike, *, name: str | None = None, r
             f"{d} has no server.key (the coordinator's public key): copy it from the coordinator's keys directory"
         )
     secrets_ = [f for f in sorted(d.glob("*.key_secret")) if f.name != "server.key_secret"]
-    cands = []
+    cands, other_roles = [], []
     for f in secrets_:
         try:
             p = Principal.parse(f.name[: -len(".key_secret")])
         except KeysError:
             continue
-        if role is not None and p.role != role:
-            continue
         if name is not None and name not in (p.id, p.name):
+            continue
+        if role is not None and p.role != role:
+            if name is not None:  # the key asked for by name exists, for another role
+                other_roles.append(p)
             continue
         cands.append((p, f))
     want = f" of role {role!r}" if role else ""
+    if not cands and other_roles:  # the named key exists, for another role
+        found = other_roles[0]
+        can = {
+            "agent": "it joins as a spot agent (without --reserved)",
+            "reserved": "it joins as the reserved agent (with --reserved)",
+            "status": "a status key only reads a run's status (spotlight status); it cannot join",
+            "trainer": "a trainer key is for Train Workers (--external-trainers); it cannot join",
+        }.get(found.role, f"its role is {found.role!r}")
+        raise KeysError(f"{d}: {found.id} is a key of role {found.role!r}, not {role!r}: {can}")
     if not cands:
         hint = f" named {name!r}" if name else ""
         r = role or "agent"

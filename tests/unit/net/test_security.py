@@ -53,3 +53,26 @@ def test_a_revoked_keys_secret_leaves_the_directory_so_join_sees_one_key(tmp_pat
     secret_moved = coord / "agent.spot-8.key_secret"
     secret_moved.unlink()  # the secret went to its node: revoking still works
     assert revoke_client(coord, "agent.spot-8") is None
+
+
+@pytest.mark.parametrize(
+    "name, role, says",
+    [
+        ("agent.local", "reserved", "agent.local is a key of role 'agent', not 'reserved': it joins as a spot agent"),
+        ("local", "reserved", "agent.local is a key of role 'agent', not 'reserved'"),
+        ("status.watch", "agent", "a status key only reads a run's status (spotlight status); it cannot join"),
+        ("reserved.r0", "agent", "it joins as the reserved agent (with --reserved)"),
+    ],
+)
+def test_a_named_key_of_another_role_says_its_role(tmp_path, name, role, says):
+    """Was: `spotlight-agent join --key agent.local --reserved` said the directory "holds no client
+    secret key of role 'reserved' named 'agent.local'" and told to create one; `--key
+    status.watch` without --reserved suggested creating an agent key."""
+    coord = tmp_path / "coord"
+    init_keys(coord)
+    for role_, name_ in (("agent", "local"), ("status", "watch"), ("reserved", "r0")):
+        add_client(coord, role_, name_)
+    with pytest.raises(KeysError) as info:
+        load_client_keys(coord, name=name, role=role)
+    assert says in str(info.value), str(info.value)
+    assert load_client_keys(coord, name="agent.local", role="agent").principal.id == "agent.local"
