@@ -497,7 +497,8 @@ class AgentDaemon:
             self.coord.disable_monitor()
             monitor.close(linger=0)
         raise SystemExit(
-            f"no answer from coordinator at {self.endpoint} within {self.register_timeout_s:g}s{handshake_error}"
+            f"no answer from coordinator at {self.endpoint} within {self.register_timeout_s:g}s"
+            f"{unresolved_host_hint(self.endpoint)}{handshake_error}"
         )
 
     def _handshake_error(self, monitor: zmq.Socket) -> str:
@@ -549,7 +550,10 @@ class AgentDaemon:
                 raise NodeIdInUse(node_id_in_use_line(self.node_id, body.message))  # join() prints it
             if mtype == P.MsgType.ERROR:
                 raise SystemExit(f"coordinator refused registration: {body.code}: {body.message}")
-        raise SystemExit(f"no answer from coordinator at {self.endpoint} within {self.register_timeout_s:g}s")
+        raise SystemExit(
+            f"no answer from coordinator at {self.endpoint} within {self.register_timeout_s:g}s"
+            f"{unresolved_host_hint(self.endpoint)}"
+        )
 
     def _retry_after_holder(self, refusal: P.ErrorMsg) -> None:
         """The node id is in use: the holder may be this node's crashed agent (systemd restarted
@@ -1796,6 +1800,24 @@ def _run_daemon(daemon: AgentDaemon, grace_s: float) -> int:
         import shutil
 
         shutil.rmtree(daemon._ipc_dir, ignore_errors=True)
+
+
+def unresolved_host_hint(endpoint: str) -> str:
+    """``" (HOST does not resolve: …)"`` when the host of a ``tcp://HOST:PORT`` endpoint has no
+    address (a typo in --coordinator, or DNS not up yet), else ``""``: the reason a join heard
+    nothing that the wait alone does not tell."""
+    import socket
+
+    host = endpoint.removeprefix("tcp://").rsplit(":", 1)[0].strip("[]")
+    if not host or host == "*":
+        return ""
+    try:
+        socket.getaddrinfo(host, None)
+    except socket.gaierror as exc:
+        return f" ({host} does not resolve: {exc.strerror or exc})"
+    except OSError:
+        return ""
+    return ""
 
 
 def gpu_ids_error(gpus: list[int]) -> str | None:

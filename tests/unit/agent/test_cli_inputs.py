@@ -407,3 +407,21 @@ def test_notices_refuse_a_grace_that_is_not_finite():
         with pytest.raises(ValueError, match="finite"):
             revoke_notice([0], grace, 0.0)
     assert revoke_notice([0], 0.0, 5.0).deadline_unix_s == 5.0
+
+
+def test_a_coordinator_host_that_does_not_resolve_is_named(monkeypatch):
+    """Was: `join -c no.such.host.invalid:7400` gave up with "no answer from coordinator … within
+    5s", as for a coordinator that is down."""
+    import socket
+
+    from agent.main import unresolved_host_hint
+
+    def lookup(host, port, *a, **k):
+        if host == "no.such.host.invalid":
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", 0))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", lookup)
+    hint = unresolved_host_hint("tcp://no.such.host.invalid:7400")
+    assert hint == " (no.such.host.invalid does not resolve: Name or service not known)"
+    assert unresolved_host_hint("tcp://127.0.0.1:7400") == "" and unresolved_host_hint("tcp://[::1]:7400") == ""
