@@ -34,7 +34,7 @@ from spotlight.cli.up_preflight import (
 )
 from spotlight.util.atomic_file import write_text_atomic
 from spotlight.util.cli_paths import path_option
-from spotlight.util.cli_run import interrupt_reported
+from spotlight.util.cli_run import INTERRUPTED_STATUS, interrupt_reported
 
 console = Console(emoji=False, soft_wrap=True)
 
@@ -241,8 +241,8 @@ def run_up(opts: UpOptions) -> None:
 
     Raises:
         typer.Exit: 2 for a refused start (its one line printed), 0 when there is nothing to
-            do, 130 after an interruption and 1 after a failure (both with the command that
-            continues the run).
+            do, 130 / 143 / 129 after Ctrl-C / SIGTERM / SIGHUP and 1 after a failure (both with
+            the command that continues the run).
     """
     try:
         run = resolve_options(opts)
@@ -528,7 +528,8 @@ def serve(run: UpRun, coord) -> None:
     stopped (the checkpoints on disk are then final).
 
     Raises:
-        typer.Exit: 130 after an interruption, 1 after a failure (e.g. ``--timeout-s``).
+        typer.Exit: 130 after Ctrl-C, 143 after SIGTERM, 129 after SIGHUP
+            (:data:`spotlight.util.cli_run.INTERRUPTED_STATUS`), 1 after a failure (e.g. ``--timeout-s``).
     """
     from spotlight.cli.up_local import LocalCluster
 
@@ -536,7 +537,7 @@ def serve(run: UpRun, coord) -> None:
     with LocalCluster(run, coord, say=say_to(console)) as cluster:
         code = _serve_to_the_end(run, coord, cluster, received)
     if code:
-        _print_stop_hint(run, interrupted=code == 130)
+        _print_stop_hint(run, interrupted=code in INTERRUPTED_STATUS.values())
         raise typer.Exit(code)
 
 
@@ -601,8 +602,8 @@ def activate_hint(executable: str | None = None, path: str | None = None) -> str
 
 def _serve_to_the_end(run: UpRun, coord, cluster, received: dict) -> int:
     """Start the Train Workers and the local agents (or say how agents join), serve the run
-    and print its done and next lines. Returns the exit status: 0 done, 130 interrupted
-    (Ctrl-C, SIGTERM, SIGHUP), 1 failed (the coordinator's RuntimeError)."""
+    and print its done and next lines. Returns the exit status: 0 done, 130 / 143 / 129
+    interrupted by Ctrl-C / SIGTERM / SIGHUP, 1 failed (the coordinator's RuntimeError)."""
     try:
         coord.start_trainers()
         if run.opts.external_trainers:
@@ -626,7 +627,7 @@ def _serve_to_the_end(run: UpRun, coord, cluster, received: dict) -> int:
         coord.stop_reason = f"interrupted: {sig}"
         console.print(f"[yellow]interrupted[/yellow] ({sig}): stopping agents, workers and trainers…")
         interrupt_reported()
-        return 130
+        return INTERRUPTED_STATUS[sig]
     except RuntimeError as exc:
         print_error(f"[red]error:[/red] {escape(str(exc))}")
         coord.stop_reason = str(exc)  # e.g. the --timeout-s limit; a run error is coord.error

@@ -40,6 +40,9 @@ def expand_option_tilde(args: list[str]) -> list[str]:
 
 
 _SIGNAL_NAMES = {"SIGINT": "Ctrl-C", "SIGTERM": "SIGTERM", "SIGHUP": "SIGHUP"}
+INTERRUPTED_STATUS = {"Ctrl-C": 130, "SIGTERM": 143, "SIGHUP": 129}
+"""The exit status of a command stopped by each signal: 128 + the signal's number, as a shell
+reports a process the signal killed (systemd's ``SuccessExitStatus`` of the units lists them)."""
 _interrupt: dict = {"by": None, "reported": False}
 
 
@@ -76,9 +79,10 @@ def run_app(app: typer.Typer, prefix: str = "error:", args: list[str] | None = N
     if isinstance(rv, str):  # typer.Exit("message") would print the bare message
         typer.echo(f"{prefix} {rv}", err=True)
         return 1
-    if rv == 130 and _interrupt["by"] is not None and not _interrupt["reported"]:
-        # typer turns an interruption no command caught into a silent exit 130
-        typer.echo(f"interrupted ({_interrupt['by']})", err=True)
+    if rv == 130 and _interrupt["by"] is not None:  # typer's status (or a command's) for any interruption
+        if not _interrupt["reported"]:  # typer turns an interruption no command caught into a silent exit
+            typer.echo(f"interrupted ({_interrupt['by']})", err=True)
+        return INTERRUPTED_STATUS[_interrupt["by"]]
     return rv if isinstance(rv, int) else 0
 
 

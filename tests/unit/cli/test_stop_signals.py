@@ -66,16 +66,28 @@ def _app(reports: bool):
 
 def test_an_interruption_no_command_caught_is_said(signal_handlers, capfd):
     """Was: typer turned a KeyboardInterrupt that no command caught (e.g. Ctrl-C while `up`
-    loads the tokenizer) into exit status 130 without a word."""
+    loads the tokenizer) into exit status 130 without a word, whatever the signal."""
     signal_handlers.interrupt_on_signals()
-    assert signal_handlers.run_app(_app(reports=False), args=["work"]) == 130
+    assert signal_handlers.run_app(_app(reports=False), args=["work"]) == 143  # 128 + SIGTERM
     assert capfd.readouterr().err == "interrupted (SIGTERM)\n"
 
 
 def test_a_command_that_says_it_was_interrupted_gets_no_second_line(signal_handlers, capfd):
     signal_handlers.interrupt_on_signals()
-    assert signal_handlers.run_app(_app(reports=True), args=["work"]) == 130
+    assert signal_handlers.run_app(_app(reports=True), args=["work"]) == 143
     assert capfd.readouterr().err == "interrupted: my own line\n"
+
+
+def test_the_exit_status_is_128_plus_the_signal():
+    from spotlight.util.cli_run import INTERRUPTED_STATUS
+
+    assert INTERRUPTED_STATUS == {
+        "Ctrl-C": 128 + signal.SIGINT,
+        "SIGTERM": 128 + signal.SIGTERM,
+        "SIGHUP": 128 + signal.SIGHUP,
+    }
+    unit = (REPO / "scripts" / "systemd" / "spotlight-coordinator.service").read_text()
+    assert "\nSuccessExitStatus=129 130 143\n" in unit  # `systemctl stop` is no failure of the unit
 
 
 def test_an_interruption_while_the_cli_is_imported_is_one_line(capfd):
@@ -112,6 +124,6 @@ def test_sigterm_stops_simulate_as_ctrl_c_does_and_leaves_no_out(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 130, (stdout, stderr)
+    assert proc.returncode == 143, (stdout, stderr)  # 128 + SIGTERM, as a shell reports it
     assert "interrupted: nothing written" in stdout and "Traceback" not in stderr, (stdout, stderr)
     assert not out.exists()
