@@ -146,7 +146,8 @@ def eval_device_problem(device: str, num_cuda_devices: int) -> str | None:
 
 
 def _is_http_url(url: str) -> bool:
-    """Whether ``url`` is ``http://`` or ``https://`` with a host (and a port, if any, that parses)."""
+    """Whether ``url`` is ``http://`` or ``https://`` with a host (and a port, if any, that parses),
+    with no whitespace inside."""
     import urllib.parse
 
     try:
@@ -154,7 +155,7 @@ def _is_http_url(url: str) -> bool:
         parts.port  # noqa: B018 - raises ValueError on a port that is no number or out of range
     except ValueError:
         return False
-    return parts.scheme in ("http", "https") and bool(parts.hostname)
+    return parts.scheme in ("http", "https") and bool(parts.hostname) and not any(c.isspace() for c in url.strip())
 
 
 def _check(cond: bool, field: str, msg: str) -> None:

@@ -344,7 +344,9 @@ def test_more_text_tokens_than_the_family_encoder_takes_are_refused():
         config_from_dict({"model": {**qwen, "family": "flux", "max_text_tokens": 513}})
 
 
-@pytest.mark.parametrize("url", ["not a url", "127.0.0.1:18085", "ftp://host/", "http://", "http://host:port/"])
+@pytest.mark.parametrize(
+    "url", ["not a url", "127.0.0.1:18085", "ftp://host/", "http://", "http://host:port/", "http://ho st/s"]
+)
 def test_a_reward_url_that_is_no_http_url_is_refused(url):
     """Was: `reward.url = "not a url"` was accepted and refused only after three connection
     attempts at start-up."""
