@@ -180,6 +180,16 @@ def free_port() -> int:
 # ---------------------------------------------------------------- coordinator parts
 
 
+class PullingRun:
+    """The run a control-plane test needs: it accepts pulls and sends no conditioning."""
+
+    def accepts_pulls(self) -> bool:
+        return True
+
+    def conditioning(self, prompt_indices) -> dict:
+        return {}
+
+
 def control_plane(tmp_path: pathlib.Path, cfg: SpotlightConfig, *, run: Any, workers: Any, server: Any):
     """A real :class:`~spotlight.coordinator.control_plane.ControlPlane` of ``cfg`` (its own
     Request Scheduler, Instance Manager, a memory-less Tensor Store under ``tmp_path/store``

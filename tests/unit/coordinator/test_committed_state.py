@@ -14,7 +14,7 @@ from spotlight.coordinator.server import PUBLIC, Inbound
 from spotlight.core.request_scheduler import RequestKind
 from spotlight.net.security import Principal
 from spotlight.store.tensor_wire import pack_tensors
-from tests.factories import control_plane
+from tests.factories import PullingRun, control_plane
 
 
 class _Server:
@@ -24,14 +24,6 @@ class _Server:
     def send(self, channel, identity, msg, frames=None):
         self.sent.append((msg, list(frames or [])))
         return True
-
-
-class _Run:
-    def accepts_pulls(self):
-        return True
-
-    def conditioning(self, prompt_indices):
-        return {}
 
 
 def _handle(cp, principal, msg, frames=()):
@@ -46,7 +38,7 @@ def _plane_with_committed_request(tmp_path):
     workers = types.SimpleNamespace(
         worker_seen=lambda *a: None, lease_started=lambda *a: None, lease_ended=lambda *a: None
     )
-    cp = control_plane(tmp_path, cfg, run=_Run(), workers=workers, server=_Server())
+    cp = control_plane(tmp_path, cfg, run=PullingRun(), workers=workers, server=_Server())
     cp.store.open()
     principal = Principal("agent", "spot-0")
     reg = P.Register(protocol_version=P.PROTOCOL_VERSION, node_id="spot-0", gpus=[0], is_spot=True)

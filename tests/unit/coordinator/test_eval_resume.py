@@ -137,9 +137,9 @@ def test_the_last_checkpoint_is_written_before_the_final_evaluation_and_resumes_
     assert [r["iteration"] for r in rows] == [1] and rows[0]["eval/score"] == 0.8
 
 
-def test_a_resume_after_the_last_iteration_says_whether_final_is_saved_again(tmp_path, monkeypatch):
-    """Was: a resume of a run whose last iteration was done but whose final/ is missing said only
-    "every iteration is done; finishing the run" and then wrote final/ without a word."""
+def _stopped_after_the_last_iteration(tmp_path, monkeypatch):
+    """A run directory whose coordinator ended iteration 2 of 2, checkpointed it and was stopped
+    during the final evaluation (before saving final/)."""
     run_dir = tmp_path / "run"
     coord = _opened(run_dir)
     _publish(coord, 0, 1, 2)
@@ -153,6 +153,14 @@ def test_a_resume_after_the_last_iteration_says_whether_final_is_saved_again(tmp
     monkeypatch.setattr(coord, "_serve_until_evaluated", interrupted)
     with pytest.raises(KeyboardInterrupt):
         coord._end_iteration(1, metrics, 10.0)
+    coord.store.put_state("e1-3.L7", [], [])  # a committed state no request resumes from
+    return run_dir
+
+
+def test_a_resume_after_the_last_iteration_says_whether_final_is_saved_again(tmp_path, monkeypatch):
+    """Was: a resume of a run whose last iteration was done but whose final/ is missing said only
+    "every iteration is done; finishing the run" and then wrote final/ without a word."""
+    run_dir = _stopped_after_the_last_iteration(tmp_path, monkeypatch)
     said: list[str] = []
     resume.restore(_opened(run_dir, resume_run=True, progress=said.append), 0.0)
     [line] = [m for m in said if m.startswith("resumed ")]
@@ -168,20 +176,7 @@ def test_a_resume_after_the_last_iteration_says_whether_final_is_saved_again(tmp
 def test_a_resume_deletes_committed_states_no_request_resumes_from(tmp_path, monkeypatch):
     """A committed state whose request ended after the last checkpoint, or that a stopped
     coordinator had not deleted yet, would stay in the Tensor Store's state/ for good."""
-    run_dir = tmp_path / "run"
-    coord = _opened(run_dir)
-    _publish(coord, 0, 1, 2)
-    coord.core.iteration = 2
-    monkeypatch.setattr(coord.store, "latest_version", 2)
-    metrics = {"iteration": 1, "reward/mean": 0.5, "time/rollout_s": 1.0, "time/train_s": 1.0, "time/explore_s": 0.0}
-
-    def interrupted(timeout_s, on_tick):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(coord, "_serve_until_evaluated", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        coord._end_iteration(1, metrics, 10.0)
-    coord.store.put_state("e1-3.L7", [], [])
+    run_dir = _stopped_after_the_last_iteration(tmp_path, monkeypatch)
     again = _opened(run_dir, resume_run=True)
     assert again.store.state_keys() == ["e1-3.L7"]
     resume.restore(again, 0.0)

@@ -16,7 +16,7 @@ from spotlight.coordinator.server import PUBLIC, Inbound
 from spotlight.core.events import EventLog
 from spotlight.core.offload import RELEASE_TIMEOUT_S, Residency
 from spotlight.net.security import Principal
-from tests.factories import control_plane
+from tests.factories import PullingRun, control_plane
 
 
 class _Server:
@@ -28,18 +28,10 @@ class _Server:
         return True
 
 
-class _Run:
-    def accepts_pulls(self):
-        return True
-
-    def conditioning(self, prompt_indices):
-        return {}
-
-
 def _plane(tmp_path, **overrides):
     cfg = load_config(overrides={"train.num_train_workers": 1, **overrides})
     workers = types.SimpleNamespace(worker_seen=lambda *a: None, lease_started=lambda *a: None)
-    return control_plane(tmp_path, cfg, run=_Run(), workers=workers, server=_Server())
+    return control_plane(tmp_path, cfg, run=PullingRun(), workers=workers, server=_Server())
 
 
 def _handle(cp, identity, principal, msg):
