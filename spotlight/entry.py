@@ -1,4 +1,5 @@
-"""The console scripts ``spotlight`` and ``spotlight-agent`` (pyproject ``[project.scripts]``).
+"""The console script ``spotlight`` (pyproject ``[project.scripts]``); ``spotlight-agent``'s is
+``agent/entry.py``, through :func:`interruptible_import` too.
 
 Importing the command-line apps takes a moment (typer, rich and every command's module); a
 Ctrl-C or SIGTERM in that moment would print a traceback of the import. Here it prints
@@ -11,7 +12,7 @@ import signal
 import sys
 
 
-def _interruptible_import(load):
+def interruptible_import(load):
     got = {"signum": signal.SIGINT}
 
     def stop(signum, frame) -> None:
@@ -36,13 +37,4 @@ def spotlight_main() -> None:
 
         return main
 
-    _interruptible_import(load)()
-
-
-def agent_main() -> None:
-    def load():
-        from agent.main import main
-
-        return main
-
-    _interruptible_import(load)()
+    interruptible_import(load)()

@@ -289,15 +289,12 @@ def announce(run: UpRun) -> None:
             f"[yellow]warning:[/yellow] {len(run.prompts)} prompts for data.prompts_per_iteration = "
             f"{cfg.data.prompts_per_iteration}: the same prompts repeat within every batch"
         )
-    if cfg.eval.every:
-        from spotlight.workers.eval.eval_worker import eval_prompts
-
-        n = len(eval_prompts(cfg)[0])  # read (and checked) by the preflight already
-        if n < cfg.eval.num_prompts:
-            print_error(
-                f"[yellow]warning:[/yellow] eval.num_prompts = {cfg.eval.num_prompts}, but the held-out prompt file "
-                f"has {plural(n, 'prompt')}: the panel scores all {n}"
-            )
+    n = run.eval_prompts
+    if n is not None and n < cfg.eval.num_prompts:
+        print_error(
+            f"[yellow]warning:[/yellow] eval.num_prompts = {cfg.eval.num_prompts}, but the held-out prompt file "
+            f"has {plural(n, 'prompt')}: the panel scores all {n}"
+        )
     if not opts.verbose:  # the console shows progress lines only: no library loading bars
         from spotlight.util.quiet import hide_loading_bars
 

@@ -97,7 +97,8 @@ class UpRun:
     agents: int
     replay: LocalReplay | None = None
     memory: MemoryCheck | None = None
-    """Set by :func:`preflight`."""
+    eval_prompts: int | None = None
+    """Set by :func:`preflight` (``eval_prompts``: the held-out prompts the panel scores)."""
 
     @property
     def prompts(self) -> list[str]:
@@ -387,8 +388,8 @@ def preflight(run: UpRun) -> UpRun:
     _check_model(run.cfg)
     memory = _check_memory(run.cfg, **_local_processes(run))
     _check_reward(run)
-    _check_eval(run.cfg)
-    return dataclasses.replace(run, replay=_plan_replay(run), memory=memory)
+    eval_prompts = _check_eval(run.cfg)
+    return dataclasses.replace(run, replay=_plan_replay(run), memory=memory, eval_prompts=eval_prompts)
 
 
 def check_run_dir(run: UpRun) -> None:
@@ -534,16 +535,16 @@ def _sp_degree_problem(cfg: SpotlightConfig, family) -> str | None:
     return None
 
 
-def _check_eval(cfg: SpotlightConfig) -> None:
+def _check_eval(cfg: SpotlightConfig) -> int | None:
     """With ``eval.every > 0``: refuse an ``eval.device`` this host lacks, a held-out prompt file
     that cannot be read, or (shapes task) prompts its reward cannot score, before minutes of
-    training find it out.
+    training find it out. Returns the number of prompts the panel scores (None: no evaluation).
 
     Raises:
         Stop: as above.
     """
     if not cfg.eval.every:
-        return
+        return None
     import torch
 
     from spotlight.config import eval_device_problem
@@ -554,7 +555,7 @@ def _check_eval(cfg: SpotlightConfig) -> None:
         raise refuse(why)
 
     try:
-        build_panel(cfg)
+        return len(build_panel(cfg).prompts) // cfg.eval.num_seeds  # one row per (prompt, seed)
     except (SpotlightError, ValueError, OSError) as exc:
         why = str(exc)  # most errors name the field already
         raise refuse(why if why.startswith("eval.") else f"eval.prompts_path: {why}") from None

@@ -93,7 +93,7 @@ def test_the_exit_status_is_128_plus_the_signal():
 def test_an_interruption_while_the_cli_is_imported_is_one_line(capfd):
     """Was: Ctrl-C in the first moment of `spotlight …` (while its modules import) printed a
     traceback of the import."""
-    from spotlight.entry import _interruptible_import
+    from spotlight.entry import interruptible_import
 
     def load():
         raise KeyboardInterrupt
@@ -101,7 +101,7 @@ def test_an_interruption_while_the_cli_is_imported_is_one_line(capfd):
     before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
         with pytest.raises(SystemExit) as exc:
-            _interruptible_import(load)
+            interruptible_import(load)
     finally:
         for s, h in before.items():
             signal.signal(s, h)
