@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from spotlight.config import EXAMPLES_DIR, SpotlightConfig
+from spotlight.protocol import MAX_GPUS_PER_NODE
 from spotlight.util.atomic_file import write_text_atomic
 from spotlight.util.cli_paths import nonempty_path_text, path_option
 
@@ -160,7 +161,7 @@ def register(app: typer.Typer) -> None:
             None,
             "--gpus-per-node",
             min=1,
-            max=64,  # protocol.MAX_GPUS_PER_NODE: the header's join --gpus list must be one a node may register
+            max=MAX_GPUS_PER_NODE,  # the header's join --gpus list must be one a node may register
             metavar="N",
             help="GPUs per spot node (header; default 1).",
         ),

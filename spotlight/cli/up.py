@@ -32,6 +32,7 @@ from spotlight.cli.up_preflight import (
     preflight,
     resolve_options,
 )
+from spotlight.protocol import MAX_GPUS_PER_NODE
 from spotlight.util.atomic_file import write_text_atomic
 from spotlight.util.cli_paths import path_option
 from spotlight.util.cli_run import INTERRUPTED_STATUS, interrupt_reported
@@ -161,8 +162,8 @@ def register(app: typer.Typer) -> None:
             1,
             "--gpus-per-agent",
             min=1,
-            max=64,
-            help=HELP["gpus_per_agent"],  # protocol.MAX_GPUS_PER_NODE
+            max=MAX_GPUS_PER_NODE,
+            help=HELP["gpus_per_agent"],
         ),
         iterations: Optional[int] = typer.Option(None, "--iterations", min=1, help=HELP["iterations"]),
         config: Optional[pathlib.Path] = path_option(None, "--config", help=HELP["config"]),
