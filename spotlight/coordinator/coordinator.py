@@ -581,6 +581,11 @@ class Coordinator:
                 + ", ".join(str(n + 1) for n in stale)
                 + ": the stop came before its checkpoint, so it is trained and evaluated again"
             )
+        if self.cfg.eval.keep_best and (held := evaluation.drop_stale_best(self.run_dir, stale)) is not None:
+            self.progress(
+                f"removed best/ (v{held.get('version', '?')}, the weights of iteration {int(held['iteration']) + 1}, "
+                "trained again): the next evaluation that beats every held-out result kept writes it"
+            )
         plan = evaluation.catch_up(
             self.cfg.eval.every,
             total,

@@ -127,6 +127,50 @@ def drop_discarded(run_dir: pathlib.Path, done: int) -> list[int]:
     return stale
 
 
+def drop_stale_best(run_dir: pathlib.Path, stale: Iterable[int]) -> dict | None:
+    """Remove ``best/`` when it holds the weights of an iteration in ``stale`` (see
+    :func:`drop_discarded`): those weights are no longer the run's, and ``best/best.json``'s score
+    would keep every later version out of ``best/``. Returns the removed ``best.json``, or None
+    when ``best/`` is absent, unreadable as to its iteration, or of weights the run keeps. The next
+    evaluation that scores above every result still on disk writes ``best/`` again
+    (:func:`score_to_beat`)."""
+    import shutil
+
+    best = pathlib.Path(run_dir) / "best"
+    try:
+        held = json.loads((best / "best.json").read_text())
+        iteration = int(held["iteration"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if iteration not in set(stale):
+        return None
+    shutil.rmtree(best)
+    return held
+
+
+def score_to_beat(run_dir: pathlib.Path, iteration: int) -> float:
+    """The ``eval/score`` the evaluation of ``iteration`` must beat to replace ``best/``:
+    ``best/best.json``'s, or, where ``best/`` is absent (a resume removed it with
+    :func:`drop_stale_best`), the highest of the other result files ``eval/iter_NNNN.json``
+    (``-inf`` when there is none: the first evaluation of a run writes ``best/``)."""
+    run_dir = pathlib.Path(run_dir)
+    try:
+        return float(json.loads((run_dir / "best" / "best.json").read_text())["eval/score"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    scores = [-math.inf]
+    for n in written_iterations(run_dir):
+        if n == iteration:
+            continue
+        try:
+            score = float(json.loads(result_path(run_dir, n).read_text())["eval/score"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if score == score:
+            scores.append(score)
+    return max(scores)
+
+
 def cache_dir() -> pathlib.Path:
     """The prompt-embedding cache: ``$XDG_CACHE_HOME/spotlight`` (default ``~/.cache/spotlight``)."""
     import os

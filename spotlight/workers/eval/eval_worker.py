@@ -18,7 +18,7 @@ iteration trains. It
    for the shapes task, GenEval's strict verdict per task kind;
 5. writes ``eval/iter_NNNN.json`` (``eval/*`` scores) and ``eval/iter_NNNN.png`` (the panel:
    one row per prompt, one column per seed, comparable across iterations) atomically, and with
-   ``eval.keep_best`` replaces ``best/`` when the score beats ``best/best.json``'s.
+   ``eval.keep_best`` replaces ``best/`` when the score beats ``best/best.json``'s (docs/evaluation.md).
 
 The coordinator reads the JSON when the process has exited; a failed evaluation is a warning,
 never a stop of the run.
@@ -30,7 +30,6 @@ import argparse
 import dataclasses
 import json
 import logging
-import math
 import pathlib
 import time
 
@@ -199,16 +198,16 @@ def _atomic_json(path: pathlib.Path, obj: dict) -> None:
 
 
 def keep_best(run_dir: pathlib.Path, family, transformer, cfg: SpotlightConfig, result: dict, state_dict) -> bool:
-    """Replace ``best/`` with this version when its ``eval/score`` beats ``best/best.json``'s;
-    written next to it, then swapped in (a crash leaves the old ``best/`` or the new one).
-    ``best/`` has ``final/``'s layout: the diffusers transformer folder, or with LoRA
-    ``pytorch_lora_weights.safetensors``. Returns True when replaced."""
+    """Replace ``best/`` with this version when its ``eval/score`` beats ``best/best.json``'s (or,
+    where a resume removed ``best/``, every other result on disk:
+    :func:`~spotlight.coordinator.evaluation.score_to_beat`); written next to it, then swapped in
+    (a crash leaves the old ``best/`` or the new one). ``best/`` has ``final/``'s layout: the
+    diffusers transformer folder, or with LoRA ``pytorch_lora_weights.safetensors``. Returns True
+    when replaced."""
+    from spotlight.coordinator.evaluation import score_to_beat
+
     best = run_dir / "best"
-    try:
-        before = json.loads((best / "best.json").read_text())["eval/score"]
-    except (OSError, ValueError, KeyError, TypeError):
-        before = -math.inf
-    if not result["eval/score"] > before:
+    if not result["eval/score"] > score_to_beat(run_dir, int(result["iteration"])):
         return False
     from spotlight.models.lora import adapter_metadata, lora_spec
 

@@ -255,3 +255,55 @@ def test_a_result_of_weights_the_resume_trains_again_is_dropped_and_evaluated_ag
     evals._start_next = lambda: None
     evals.request(1, 2)
     assert evals.queue == [(1, 2)]
+
+
+def _write_results(run_dir, rows):
+    (run_dir / "eval").mkdir(exist_ok=True)
+    for r in rows:
+        (run_dir / "eval" / f"iter_{r['iteration'] + 1:04d}.json").write_text(json.dumps(r))
+    (run_dir / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+@pytest.mark.parametrize("best_iteration", [1, 0])
+def test_a_resume_removes_best_when_it_holds_weights_trained_again(tmp_path, best_iteration):
+    """Was: ``best/`` was left as it was. After a stop between iteration 2's evaluation (the best
+    score, so ``best/`` took its weights) and its checkpoint, the resumed run trained iteration 2
+    again, but ``best/`` kept the thrown-away weights, and their score kept every later version
+    out of ``best/``."""
+    from spotlight.coordinator.evaluation import score_to_beat
+
+    run_dir = tmp_path / "run"
+    coord = _opened(run_dir)
+    _publish(coord, 0, 1, 2)
+    coord.core.iteration = 1  # the checkpoint holds iteration 1; iteration 2 is trained again
+    rows = [{"iteration": n, "version": n + 1, "eval/score": s} for n, s in ((-1, 0.5), (0, 0.6), (1, 0.9))]
+    rows[best_iteration + 1]["eval/score"] = 0.95
+    _write_results(run_dir, rows)
+    (run_dir / "best").mkdir()
+    (run_dir / "best" / "best.json").write_text(json.dumps(rows[best_iteration + 1]))
+    said = []
+    coord.progress = said.append
+    coord._catch_up_evaluations()
+    if best_iteration == 1:
+        assert not (run_dir / "best").exists()
+        assert any(s.startswith("removed best/ (v2, the weights of iteration 2") for s in said), said
+        # the re-trained iteration's evaluation must beat every result kept (iteration 1's 0.6)
+        assert score_to_beat(run_dir, 1) == 0.6
+    else:  # best/ holds iteration 1's weights, which the run keeps
+        assert json.loads((run_dir / "best" / "best.json").read_text())["iteration"] == 0
+        assert not any("best/" in s for s in said)
+        assert score_to_beat(run_dir, 1) == 0.95
+
+
+def test_score_to_beat_is_best_json_s_else_the_other_results_on_disk(tmp_path):
+    from spotlight.coordinator.evaluation import score_to_beat
+
+    assert score_to_beat(tmp_path, -1) == float("-inf")  # a run's first evaluation writes best/
+    _write_results(tmp_path, [{"iteration": -1, "version": 0, "eval/score": 0.4}])
+    (tmp_path / "eval" / "iter_0002.json").write_text('{"iteration": 1, "eval/score": NaN}')
+    (tmp_path / "eval" / "iter_0003.json").write_text("{torn")
+    assert score_to_beat(tmp_path, 0) == 0.4
+    assert score_to_beat(tmp_path, -1) == float("-inf")  # its own result does not count
+    (tmp_path / "best").mkdir()
+    (tmp_path / "best" / "best.json").write_text('{"iteration": 3, "eval/score": 0.2}')
+    assert score_to_beat(tmp_path, 0) == 0.2

@@ -108,3 +108,17 @@ def test_non_finite_samples_are_counted_and_said_not_scored_in_silence(tmp_path,
     ok = ew.evaluate_version(rd, 0, -1, cache_dir=tmp_path / "cache")
     assert ok["eval/nonfinite_samples"] == 0.0
     assert ew.nonfinite_note(0, 12) is None
+
+
+def test_without_best_an_evaluation_must_beat_every_result_kept(tmp_path):
+    """``best/`` removed by a resume (its weights were trained again): a version scoring below a
+    result still on disk does not take ``best/`` (was: any version did, as if it were the run's
+    first evaluation)."""
+    cfg, rd, model = _run_dir(tmp_path)
+    (rd / "eval").mkdir()
+    (rd / "eval" / "iter_0001.json").write_text(json.dumps({"iteration": 0, "version": 1, "eval/score": 2.0}))
+    r = ew.evaluate_version(rd, 0, -1, cache_dir=tmp_path / "cache")
+    assert r["eval/is_best"] == 0.0 and not (rd / "best").exists()
+    (rd / "eval" / "iter_0001.json").unlink()
+    r = ew.evaluate_version(rd, 0, -1, cache_dir=tmp_path / "cache")
+    assert r["eval/is_best"] == 1.0 and json.loads((rd / "best" / "best.json").read_text())["version"] == 0
