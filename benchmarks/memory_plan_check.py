@@ -31,7 +31,7 @@ def table() -> None:
     print(
         "| config | rows × CFG | trainer GPU: params / grads / Adam / gathered blocks / activations / rollout copy "
         "/ CUDA | trainer GPU | without the rollout copy | rollout GPU | fits 80 GB | disk peak: versions / spool / "
-        "trainer ckpts / final = total |"
+        "trainer ckpts / final / best / committed states = total |"
     )
     print("|---|---:|---|---:|---:|---:|---|---|")
     names = (
@@ -43,6 +43,14 @@ def table() -> None:
         "rollout worker",
         "CUDA reserve",
     )
+    DISK = (  # noqa: N806  (the table's disk columns, in order; 0 where the plan has no such line)
+        "tensor store versions",
+        "trainer spool",
+        "trainer checkpoints",
+        "final model",
+        "best model (eval.keep_best)",
+        "committed rollout states",
+    )
     for path in sorted(pathlib.Path(EXAMPLES_DIR / "paper").glob("*.toml")):
         for lora in (None, 0):
             for rows in (None, 1):
@@ -52,7 +60,8 @@ def table() -> None:
                 cfg = load_config(path, over)
                 p = plan_memory(cfg, count_model(cfg, "qwen-image-20b"))
                 t = {line.name: line.bytes for line in p.trainer_gpu}
-                d = [line.bytes for line in p.disk]
+                disk = {line.name: line.bytes for line in p.disk}
+                d = [disk.get(k, 0) for k in DISK]
                 kind = f"LoRA r{cfg.train.lora_rank}" if cfg.train.lora_rank else "full FT"
                 cfg_rows = 2 if uses_true_cfg(cfg.model.family, cfg.model.guidance_scale) else 1
                 print(

@@ -41,7 +41,10 @@ fine-tuning, the LoRA adapter's otherwise):
 Disk, at its peak (``K_w = run.keep_weight_versions``, ``K_t = run.keep_train_checkpoints``):
 ``(K_w + 1)`` weight versions in the Tensor Store (the newest ``K_w`` and the one arriving),
 one more in the trainer's spool file while it streams, ``(K_t + 1)`` trainer checkpoints of
-``12·T`` (the kept ones and the one being written) and the final model.
+``12·T`` (the kept ones and the one being written) and the final model; with held-out
+evaluation and ``eval.keep_best``, ``best/`` and its replacement while it is written; the
+committed rollout states (paper §4.5) of at most every request of an iteration
+(:func:`committed_states_bytes`).
 """
 
 from __future__ import annotations
@@ -205,6 +208,24 @@ def latent_values(family: str, image_size: int) -> int:
     return 3 * image_size * image_size if family == "tiny" else 16 * (image_size // 8) ** 2
 
 
+def committed_states_bytes(cfg, family: str) -> tuple[int, str]:
+    """Disk bytes of the committed rollout states the Tensor Store may hold at once, and the
+    formula. A preempted Rollout Worker commits each unfinished request's state (its latent, the
+    SDE window's latents so far and their log-probs: at most ``W + 2`` float32 latents); a
+    request keeps only its newest commit, and a state is deleted once no request can resume from
+    it, so at most every request of one iteration has one: the rollout's ``N·G`` and, with
+    exploration, the next batch's ``N·d`` candidates (docs/planning.md §2)."""
+    d = cfg.data
+    requests = d.prompts_per_iteration * d.group_size
+    explore = getattr(cfg, "explore", None)
+    explored = bool(explore is not None and explore.enabled and explore.mode != "off")
+    if explored:
+        requests += d.prompts_per_iteration * explore.num_candidates
+    latent = latent_values(family, cfg.model.image_size) * 4
+    who = "(N·G + N·d)" if explored else "N·G"
+    return requests * (cfg.sampler.sde_window_size + 2) * latent, f"{who} × (W+2)·latent·4, at most"
+
+
 def rollout_samples_bytes(cfg, family: str, *, copies: int = 2) -> tuple[int, str]:
     """Bytes of one iteration's rollout samples, and the formula: each sample's ``uint8`` image
     (``3·H²``) and its SDE window's ``W + 1`` float32 latents (:func:`latent_values` each),
@@ -354,6 +375,18 @@ def plan_memory(cfg, size: ModelSize, *, device: str = "cuda") -> MemoryPlan:
         ),
         Line("final model", final, "4·T" if lora else "4·P (fp32)"),
     )
+    ev = getattr(cfg, "eval", None)
+    if ev is not None and ev.every > 0 and ev.keep_best:  # the eval worker saves in final/'s layout
+        best = 4 * trainable if lora else model_b * p
+        disk += (
+            Line(
+                "best model (eval.keep_best)",
+                2 * best,
+                f"(1 + 1 being written) × {'4·T' if lora else f'{model_b}·P'} ({size_text(best)})",
+            ),
+        )
+    states, states_formula = committed_states_bytes(cfg, size.family)
+    disk += (Line("committed rollout states", states, states_formula),)
     if getattr(cfg.run, "save_rollouts", False):  # kept for every iteration: audits and tests
         one, formula = rollout_samples_bytes(cfg, size.family, copies=1)
         disk += (Line("saved rollouts (run.save_rollouts)", cfg.run.iterations * one, f"iterations × {formula}"),)

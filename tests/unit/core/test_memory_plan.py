@@ -58,6 +58,9 @@ def test_full_fine_tuning_by_hand():
         "trainer spool": 2 * P,
         "trainer checkpoints": (1 + 1) * 12 * P,  # run.keep_train_checkpoints = 1, and the one being written
         "final model": 4 * P,
+        # every request of an iteration with a commit: 8 prompts × (4 samples + 24 explored
+        # candidates), each its latent and a 2-step window's 3 latents of 16 × 8 × 8 float32 values
+        "committed rollout states": 8 * (4 + 24) * (2 + 2) * 16 * 8 * 8 * 4,
     }
     assert _lines(plan.disk) == disk
     assert _lines(plan.reserved_host)["trainer rank 0: version gather"] == 4 * P + 2 * P
@@ -183,6 +186,21 @@ def test_disk_counts_the_kept_trainer_checkpoints_and_the_one_being_written():
     every = plan_memory(_cfg(run={"keep_weight_versions": 0, "iterations": 5}), SIZE)
     assert _lines(every.disk)["tensor store versions"] == (5 + 1) * 2 * P  # v0 .. v5
     assert plan.disk_bytes == sum(_lines(plan.disk).values())
+
+
+def test_disk_counts_best_and_the_committed_rollout_states():
+    """Was: neither ``best/`` (a whole model copy for a full fine-tune, kept with held-out
+    evaluation) nor the committed states of preempted rollouts were in the disk plan."""
+    plan = plan_memory(_cfg(eval={"every": 2, "prompts_path": "/p.txt"}), SIZE)
+    assert _lines(plan.disk)["best model (eval.keep_best)"] == 2 * 2 * P  # bf16 copy and its replacement
+    assert "best model (eval.keep_best)" not in _lines(
+        plan_memory(_cfg(eval={"every": 2, "prompts_path": "/p.txt", "keep_best": False}), SIZE).disk
+    )
+    lora = plan_memory(_cfg(eval={"every": 1, "prompts_path": "/p.txt"}, train={"lora_rank": 8}), SIZE)
+    assert _lines(lora.disk)["best model (eval.keep_best)"] == 2 * 4 * SIZE.lora_params
+    quiet = plan_memory(_cfg(explore={"enabled": False}), SIZE)
+    assert _lines(quiet.disk)["committed rollout states"] == 8 * 4 * (2 + 2) * 16 * 8 * 8 * 4
+    assert quiet.disk_bytes == sum(_lines(quiet.disk).values())
 
 
 def test_gpu_memory_field_is_validated():
