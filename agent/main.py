@@ -74,6 +74,7 @@ from agent.visibility import visibility_error, worker_nccl_env, worker_visible_d
 from agent.weight_cache import WeightCache
 from spotlight import protocol as P
 from spotlight.net.agent_paths import control_endpoint, state_dir
+from spotlight.net.ipc import ipc_endpoint, ipc_path
 from spotlight.net.ports import listen_port
 from spotlight.net.security import ClientKeys, KeysError, apply_client, load_client_keys
 from spotlight.util.cli_paths import path_option
@@ -283,7 +284,8 @@ class AgentDaemon:
         self.coordinator_timeout_s = coordinator_timeout_s
         self.exit_code = 0
         self._ipc_dir = tempfile.mkdtemp(prefix="spotlight-agent-")
-        self.worker_endpoint = f"ipc://{self._ipc_dir}/workers.sock"
+        # a deep $TMPDIR gives a path too long for a Unix socket: ipc_endpoint shortens it
+        self.worker_endpoint = ipc_endpoint(f"{self._ipc_dir}/workers.sock")
         self.workers_sock = self._workers_socket()
         self.procs: dict[str, subprocess.Popen] = {}
         self.worker_logs: dict[str, LogMark | None] = {}  # where each worker's output goes
@@ -400,12 +402,12 @@ class AgentDaemon:
         self.wcache.remove_stale()
         ctl = control_endpoint(self.node_id)
         try:
-            os.unlink(ctl[len("ipc://") :])
+            os.unlink(ipc_path(ctl))
         except OSError:
             pass
         self.control.bind(ctl)
         try:
-            self._control_file = _file_id(ctl[len("ipc://") :])
+            self._control_file = _file_id(ipc_path(ctl))
         except OSError:
             pass
 
@@ -1334,7 +1336,10 @@ class AgentDaemon:
         self._remove_control_socket()
         self.wcache.clear()
         try:
-            os.unlink(f"{self._ipc_dir}/workers.sock")
+            os.unlink(ipc_path(self.worker_endpoint))
+        except OSError:
+            pass
+        try:
             os.rmdir(self._ipc_dir)
         except OSError:
             pass
@@ -1342,7 +1347,7 @@ class AgentDaemon:
     def _remove_control_socket(self) -> None:
         """Remove the control socket's file this agent bound, unless another agent of the same
         node id has bound its own there since (this one's node id was taken while it ran)."""
-        path = control_endpoint(self.node_id, create=False)[len("ipc://") :]
+        path = ipc_path(control_endpoint(self.node_id, create=False))
         try:
             if self._control_file is not None and _file_id(path) == self._control_file:
                 os.unlink(path)

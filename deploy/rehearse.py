@@ -104,8 +104,8 @@ def _wait(pred, what: str, timeout_s: float = WAIT_S, alive=None):
 class Rehearsal:
     def __init__(self, recipe: str, work: pathlib.Path, iterations: int, agents: int):
         self.recipe, self.work, self.iterations, self.agents = recipe, work, iterations, agents
-        # a short $HOME: the agents' control sockets live under it, and a Unix socket path has at most
-        # 107 characters (work/home links to it)
+        # a $HOME of the rehearsal's own, for the recipes' ~/.spotlight and the agents' default state
+        # dir (work/home links to it; a deep path is fine: spotlight.net.ipc shortens socket paths)
         self.home = pathlib.Path(tempfile.mkdtemp(prefix="sl-home-"))
         (work / "home").unlink(missing_ok=True)
         (work / "home").symlink_to(self.home)

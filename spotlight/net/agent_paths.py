@@ -28,5 +28,9 @@ def state_dir(node_id: str, *, create: bool = True) -> pathlib.Path:
 
 def control_endpoint(node_id: str, *, create: bool = True) -> str:
     """The agent's local control socket (``spotlight-agent revoke`` / ``add-gpu`` talk to it;
-    they pass ``create=False``: a client must not create a missing state directory)."""
-    return f"ipc://{state_dir(node_id, create=create) / 'control.sock'}"
+    they pass ``create=False``: a client must not create a missing state directory):
+    ``<state_dir>/control.sock``, or, where that path is too long for a Unix socket, the short
+    name :func:`~spotlight.net.ipc.ipc_endpoint` maps it to."""
+    from spotlight.net.ipc import ipc_endpoint
+
+    return ipc_endpoint(state_dir(node_id, create=create) / "control.sock", create=create)
