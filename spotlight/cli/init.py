@@ -20,15 +20,15 @@ from typing import Optional
 import msgspec
 import tomli_w
 import typer
-from rich.console import Console
 from rich.markup import escape
 
+from spotlight.cli.messages import CallTimeConsole
 from spotlight.config import EXAMPLES_DIR, SpotlightConfig
 from spotlight.protocol import MAX_GPUS_PER_NODE
 from spotlight.util.atomic_file import write_text_atomic
 from spotlight.util.cli_paths import nonempty_path_text, path_option
 
-console = Console(emoji=False, soft_wrap=True, stderr=True)
+console = CallTimeConsole(emoji=False, soft_wrap=True, stderr=True)  # made when it prints (messages.py)
 
 FAMILY_EXAMPLES = {
     "shapes": EXAMPLES_DIR / "default" / "config.toml",

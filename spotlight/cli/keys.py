@@ -10,11 +10,10 @@ import pathlib
 import shlex
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from spotlight.cli.messages import WARNING, print_error
+from spotlight.cli.messages import WARNING, CallTimeConsole, print_error
 from spotlight.util.cli_paths import path_argument
 
 keys_app = typer.Typer(
@@ -22,7 +21,7 @@ keys_app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
-console = Console(emoji=False, soft_wrap=True)
+console = CallTimeConsole(emoji=False, soft_wrap=True)  # made when it prints (messages.py)
 
 
 def _fail(exc: Exception) -> None:

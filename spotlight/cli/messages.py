@@ -17,6 +17,19 @@ WARNING = "[yellow]warning:[/yellow]"
 """How a warning line starts (rich markup)."""
 
 
+class CallTimeConsole:
+    """A module's console that is made when it prints: rich reads ``$COLUMNS`` (and the terminal's
+    size) once, when a ``Console`` is made, so one made at import time kept the width of whatever
+    imported the module first (a test worker without a terminal: 80 columns, folding a key table
+    the caller asked to be 300 wide) instead of the caller's. ``options`` as ``Console`` takes them."""
+
+    def __init__(self, **options) -> None:
+        self._options = options
+
+    def __getattr__(self, name: str):
+        return getattr(Console(**self._options), name)
+
+
 def error_console() -> Console:
     """A console on standard error, made at each call: with no ``file`` rich looks ``sys.stderr``
     up at every print, so a runner that swaps it (pytest's ``capsys``, click's ``CliRunner``)

@@ -19,10 +19,9 @@ import time
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
-from spotlight.cli.messages import print_error, say_to
+from spotlight.cli.messages import CallTimeConsole, print_error, say_to
 from spotlight.cli.progress import working
 from spotlight.cli.up_preflight import (
     DEFAULT_RESERVED,
@@ -37,7 +36,7 @@ from spotlight.util.atomic_file import write_text_atomic
 from spotlight.util.cli_paths import path_option
 from spotlight.util.cli_run import INTERRUPTED_STATUS, interrupt_reported
 
-console = Console(emoji=False, soft_wrap=True)
+console = CallTimeConsole(emoji=False, soft_wrap=True)  # made when it prints (messages.py)
 
 
 def _option(help: str):
