@@ -71,6 +71,16 @@ def write_config(
 # ---------------------------------------------------------------- keys
 
 
+def deep_dir(root: pathlib.Path, length: int = 180) -> pathlib.Path:
+    """A directory below ``root`` whose path is at least ``length`` characters (created): longer
+    than a Unix socket address allows (107 bytes on Linux)."""
+    d = root
+    while len(str(d)) < length:
+        d = d / "a-rather-long-directory-name"
+    d.mkdir(parents=True)
+    return d
+
+
 def make_keys(keys_dir: pathlib.Path, *, agents: Iterable[str] = (), status: Iterable[str] = ()) -> pathlib.Path:
     """A coordinator keys directory (``spotlight keys init``) with one client key per agent name
     and per status name (``spotlight keys add``); returns ``keys_dir``."""

@@ -15,21 +15,14 @@ from agent.main import AgentDaemon
 from spotlight.net import ipc
 from spotlight.net.agent_paths import control_endpoint
 from spotlight.net.security import add_client, init_keys, load_client_keys
-
-
-def _deep(root, length: int = 160):
-    d = root
-    while len(str(d)) < length:
-        d = d / "a-rather-long-directory-name"
-    d.mkdir(parents=True)
-    return d
+from tests.factories import deep_dir
 
 
 def test_agent_sockets_in_deep_directories(tmp_path, monkeypatch):
     short = tempfile.mkdtemp(prefix="ipc-", dir="/tmp")
     monkeypatch.setattr(ipc, "SHORT_ROOT", short)
-    monkeypatch.setenv("SPOTLIGHT_AGENT_STATE", str(_deep(tmp_path / "state")))
-    monkeypatch.setattr(tempfile, "tempdir", str(_deep(tmp_path / "tmp")))
+    monkeypatch.setenv("SPOTLIGHT_AGENT_STATE", str(deep_dir(tmp_path / "state")))
+    monkeypatch.setattr(tempfile, "tempdir", str(deep_dir(tmp_path / "tmp")))
     init_keys(tmp_path / "keys")
     add_client(tmp_path / "keys", "agent", "spot-a")
     d = AgentDaemon(

@@ -17,14 +17,7 @@ import zmq
 
 from spotlight.net import ipc
 from spotlight.net.agent_paths import control_endpoint
-
-
-def _deep(root, length: int = 180):
-    d = root
-    while len(str(d)) < length:
-        d = d / "a-rather-long-directory-name"
-    d.mkdir(parents=True)
-    return d
+from tests.factories import deep_dir
 
 
 @pytest.fixture
@@ -60,7 +53,7 @@ def test_a_short_path_is_kept(tmp_path, short_root):
 
 
 def test_a_long_path_binds_under_a_private_short_name(tmp_path, short_root):
-    path = _deep(tmp_path) / "control.sock"
+    path = deep_dir(tmp_path) / "control.sock"
     assert len(str(path)) > ipc.IPC_PATH_MAX_BYTES
     with pytest.raises(zmq.ZMQError):  # what the agent did before
         zmq.Context.instance().socket(zmq.REP).bind(f"ipc://{path}")
@@ -68,7 +61,7 @@ def test_a_long_path_binds_under_a_private_short_name(tmp_path, short_root):
     assert len(ipc.ipc_path(endpoint)) <= ipc.IPC_PATH_MAX_BYTES
     # a client computes the same endpoint without creating anything
     assert ipc.ipc_endpoint(path, create=False) == endpoint
-    assert ipc.ipc_endpoint(_deep(tmp_path / "other") / "control.sock") != endpoint
+    assert ipc.ipc_endpoint(deep_dir(tmp_path / "other") / "control.sock") != endpoint
     assert _round_trip(endpoint) == b"ping pong"
     private = short_root / f"spotlight-ipc-{os.getuid()}"
     assert stat.S_IMODE(private.stat().st_mode) == 0o700
@@ -79,16 +72,16 @@ def test_a_private_directory_open_to_others_is_refused(tmp_path, short_root):
     private.mkdir(mode=0o777)
     private.chmod(0o777)
     with pytest.raises(ipc.IpcPathError, match="mode 0700"):
-        ipc.ipc_endpoint(_deep(tmp_path / "one") / "control.sock")
+        ipc.ipc_endpoint(deep_dir(tmp_path / "one") / "control.sock")
     private.rmdir()
     (short_root / "elsewhere").mkdir()
     private.symlink_to(short_root / "elsewhere")
     with pytest.raises(ipc.IpcPathError, match="mode 0700"):
-        ipc.ipc_endpoint(_deep(tmp_path / "two") / "control.sock")
+        ipc.ipc_endpoint(deep_dir(tmp_path / "two") / "control.sock")
 
 
 def test_an_agent_control_socket_in_a_deep_state_directory(tmp_path, short_root, monkeypatch):
-    monkeypatch.setenv("SPOTLIGHT_AGENT_STATE", str(_deep(tmp_path)))
+    monkeypatch.setenv("SPOTLIGHT_AGENT_STATE", str(deep_dir(tmp_path)))
     endpoint = control_endpoint("spot-0")
     assert endpoint == control_endpoint("spot-0", create=False)
     assert _round_trip(endpoint) == b"ping pong"
