@@ -222,7 +222,7 @@ def committed_states_bytes(cfg, family: str) -> tuple[int, str]:
     if explored:
         requests += d.prompts_per_iteration * explore.num_candidates
     latent = latent_values(family, cfg.model.image_size) * 4
-    who = "(N·G + N·d)" if explored else "N·G"
+    who = "(N·G rollouts + N·d explored)" if explored else "N·G rollouts"
     return requests * (cfg.sampler.sde_window_size + 2) * latent, f"{who} × (W+2)·latent·4, at most"
 
 
@@ -365,7 +365,7 @@ def plan_memory(cfg, size: ModelSize, *, device: str = "cuda") -> MemoryPlan:
         Line(
             "tensor store versions",
             version * stored,
-            f"{f'{keep} + 1 arriving' if keep else 'every'} × version ({size_text(version)})",
+            f"{f'({keep} + 1 arriving)' if keep else 'every'} × version ({size_text(version)})",
         ),
         Line("trainer spool", version, "1 version while rank 0 streams it"),
         Line(
