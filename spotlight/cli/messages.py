@@ -17,17 +17,20 @@ WARNING = "[yellow]warning:[/yellow]"
 """How a warning line starts (rich markup)."""
 
 
-class CallTimeConsole:
-    """A module's console that is made when it prints: rich reads ``$COLUMNS`` (and the terminal's
-    size) once, when a ``Console`` is made, so one made at import time kept the width of whatever
-    imported the module first (a test worker without a terminal: 80 columns, folding a key table
-    the caller asked to be 300 wide) instead of the caller's. ``options`` as ``Console`` takes them."""
+class CallTimeConsole(Console):
+    """A module's console whose size follows ``$COLUMNS``/``$LINES`` when it prints. A plain
+    ``Console`` made while ``$COLUMNS`` is set keeps that width for good, so one made at import
+    kept the width of whatever environment imported the module first (``keys list`` folded a key
+    at 80 columns for a caller that set 300) instead of the caller's. Without an explicit
+    ``width``/``height`` rich reads them at each use (``Console.size``). Otherwise a ``Console``:
+    ``spotlight up``'s live progress display uses it as one."""
 
     def __init__(self, **options) -> None:
-        self._options = options
-
-    def __getattr__(self, name: str):
-        return getattr(Console(**self._options), name)
+        super().__init__(**options)
+        if options.get("width") is None:
+            self._width = None
+        if options.get("height") is None:
+            self._height = None
 
 
 def error_console() -> Console:
