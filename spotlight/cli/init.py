@@ -28,7 +28,7 @@ from spotlight.protocol import MAX_GPUS_PER_NODE
 from spotlight.util.atomic_file import write_text_atomic
 from spotlight.util.cli_paths import nonempty_path_text, path_option
 
-console = CallTimeConsole(emoji=False, soft_wrap=True, stderr=True)  # made when it prints (messages.py)
+console = CallTimeConsole(emoji=False, soft_wrap=True, stderr=True)  # sized when it prints (messages.py)
 
 FAMILY_EXAMPLES = {
     "shapes": EXAMPLES_DIR / "default" / "config.toml",

@@ -21,7 +21,7 @@ keys_app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
-console = CallTimeConsole(emoji=False, soft_wrap=True)  # made when it prints (messages.py)
+console = CallTimeConsole(emoji=False, soft_wrap=True)  # sized when it prints (messages.py)
 
 
 def _fail(exc: Exception) -> None:

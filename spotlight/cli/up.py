@@ -36,7 +36,7 @@ from spotlight.util.atomic_file import write_text_atomic
 from spotlight.util.cli_paths import path_option
 from spotlight.util.cli_run import INTERRUPTED_STATUS, interrupt_reported
 
-console = CallTimeConsole(emoji=False, soft_wrap=True)  # made when it prints (messages.py)
+console = CallTimeConsole(emoji=False, soft_wrap=True)  # sized when it prints (messages.py)
 
 
 def _option(help: str):

@@ -166,7 +166,7 @@ def score_to_beat(run_dir: pathlib.Path, iteration: int) -> float:
             score = float(json.loads(result_path(run_dir, n).read_text())["eval/score"])
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        if score == score:
+        if not math.isnan(score):
             scores.append(score)
     return max(scores)
 
