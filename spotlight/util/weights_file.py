@@ -10,18 +10,33 @@ LoRA rank, or of no transformer at all. :func:`check_weight_version` compares it
 shapes (the header only) with those of the run's transformer (:class:`VersionLayout`, built
 weightless: :func:`spotlight.studies.profiling.version_layout`), as a Rollout Worker loads a
 version (:func:`spotlight.models.lora.load_version`; docs/architecture.md §7): one line naming the
-file instead of torch's size-mismatch traceback, or a study that silently scores other weights."""
+file instead of torch's size-mismatch traceback, or a study that silently scores other weights.
+
+A readable file can also hold other bytes than were saved (a disk or a copy that flipped some):
+safetensors checks a file's size against its header, not its contents. A run writes a
+:data:`DIGEST_FILE` (``sha256sum``'s format: ``sha256sum -c SHA256SUMS`` checks it too) into every
+``final/`` and ``best/`` (:func:`write_digests`), and :func:`check_weights_dir` compares every file
+it lists with it (docs/evaluation.md, "What it writes")."""
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import pathlib
+import re
 from typing import Mapping
 
 from spotlight.errors import InputError
 
 LORA_FILE = "pytorch_lora_weights.safetensors"
 """The LoRA adapter of a ``final/`` or ``best/`` folder (diffusers' format)."""
+
+
+DIGEST_FILE = "SHA256SUMS"
+"""The SHA-256 of every other file of a ``final/`` or ``best/`` folder, one ``<hex>  <name>`` line each
+(``sha256sum``'s format)."""
+
+_DIGEST_LINE = re.compile(r"^([0-9a-f]{64}) [ *]([^/\\]+)$")
 
 
 class WeightsFileError(InputError):
@@ -87,7 +102,8 @@ def load_safetensors(path: str | pathlib.Path, *, option: str = "") -> dict:
 def check_weights_dir(path: str | pathlib.Path, *, option: str = "") -> None:
     """``path`` is trained weights a run saved (``final/``, ``best/``): a LoRA adapter
     (:data:`LORA_FILE`) or a transformer folder (``config.json``), every safetensors file in it
-    readable (:func:`check_safetensors`).
+    readable (:func:`check_safetensors`), and every file its :data:`DIGEST_FILE` lists holding
+    the bytes that were saved (:func:`digest_problem`; read once, ~1 s per GB).
 
     Raises:
         WeightsFileError: one line naming the folder or its bad file, and why.
@@ -104,11 +120,76 @@ def check_weights_dir(path: str | pathlib.Path, *, option: str = "") -> None:
     lora = path / LORA_FILE
     if lora.exists():
         check_safetensors(lora)
-        return
-    if not (path / "config.json").is_file():
+    elif not (path / "config.json").is_file():
         raise WeightsFileError(f"{label}: neither a transformer folder (config.json) nor LoRA weights ({LORA_FILE})")
-    for f in sorted(path.glob("*.safetensors")):
-        check_safetensors(f)
+    else:
+        for f in sorted(path.glob("*.safetensors")):
+            check_safetensors(f)
+    problem = digest_problem(path)
+    if problem:
+        raise WeightsFileError(f"{label}: {problem}")
+
+
+def _sha256(path: pathlib.Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def write_digests(folder: str | pathlib.Path) -> pathlib.Path:
+    """Write :data:`DIGEST_FILE` into ``folder``: the SHA-256 of each of its regular files (the
+    folder a save just wrote, so read back from the page cache), sorted by name, through a
+    temporary file. Returns its path."""
+    from spotlight.util.atomic_file import write_text_atomic
+
+    folder = pathlib.Path(folder)
+    names = sorted(
+        p.name
+        for p in folder.iterdir()
+        if p.is_file() and not p.is_symlink() and p.name != DIGEST_FILE and not p.name.startswith(".")
+    )
+    out = folder / DIGEST_FILE
+    write_text_atomic(out, "".join(f"{_sha256(folder / n)}  {n}\n" for n in names))
+    return out
+
+
+def digest_problem(folder: str | pathlib.Path) -> str | None:
+    """Why the files of ``folder`` are not those its :data:`DIGEST_FILE` lists (None: they are,
+    or the folder has no such file: a folder saved before runs wrote one, or by hand). Reads
+    every listed file once.
+
+    In order: the digest file is unreadable or a line is not ``<sha256>  <name>`` (a name is a
+    file of the folder itself, never a path), a listed file is missing, a file's bytes differ
+    from those saved."""
+    folder = pathlib.Path(folder)
+    listing = folder / DIGEST_FILE
+    if not listing.exists():
+        return None
+    try:
+        lines = listing.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        return f"{DIGEST_FILE} is unreadable ({_reason(exc) if isinstance(exc, OSError) else 'not text'})"
+    expected: dict[str, str] = {}
+    for number, line in enumerate(lines, 1):
+        m = _DIGEST_LINE.match(line)
+        if m is None or m.group(2) in (".", ".."):
+            return f"{DIGEST_FILE} line {number} is not '<sha256>  <file name>': {line[:80]!r}"
+        expected[m.group(2)] = m.group(1)
+    if not expected:
+        return f"{DIGEST_FILE} lists no file"
+    for name, digest in expected.items():
+        path = folder / name
+        if not path.is_file():
+            return f"{name} is missing (listed in {DIGEST_FILE})"
+        try:
+            found = _sha256(path)
+        except OSError as exc:
+            return f"{name} is unreadable ({_reason(exc)})"
+        if found != digest:
+            return (
+                f"{name} holds other bytes than were saved (its SHA-256 is {found[:12]}…, "
+                f"{DIGEST_FILE} says {digest[:12]}…): the file was changed or damaged after the save"
+            )
+    return None
 
 
 @dataclasses.dataclass(frozen=True)

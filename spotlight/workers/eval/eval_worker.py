@@ -202,7 +202,8 @@ def keep_best(run_dir: pathlib.Path, family, transformer, cfg: SpotlightConfig, 
     where a resume removed ``best/``, every other result on disk:
     :func:`~spotlight.coordinator.evaluation.score_to_beat`); written next to it, then swapped in
     (a crash leaves the old ``best/`` or the new one). ``best/`` has ``final/``'s layout: the
-    diffusers transformer folder, or with LoRA ``pytorch_lora_weights.safetensors``. Returns True
+    diffusers transformer folder, or with LoRA ``pytorch_lora_weights.safetensors``, and the
+    files' ``SHA256SUMS``. Returns True
     when replaced."""
     from spotlight.coordinator.evaluation import score_to_beat
 
@@ -210,6 +211,7 @@ def keep_best(run_dir: pathlib.Path, family, transformer, cfg: SpotlightConfig, 
     if not result["eval/score"] > score_to_beat(run_dir, int(result["iteration"])):
         return False
     from spotlight.models.lora import adapter_metadata, lora_spec
+    from spotlight.util.weights_file import write_digests
 
     with replace_dir_atomic(best) as tmp:
         if lora_spec(cfg.train):
@@ -218,6 +220,7 @@ def keep_best(run_dir: pathlib.Path, family, transformer, cfg: SpotlightConfig, 
         else:
             transformer.save_pretrained(str(tmp))
         _atomic_json(tmp / "best.json", result)
+        write_digests(tmp)
     return True
 
 

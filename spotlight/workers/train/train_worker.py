@@ -697,18 +697,21 @@ class FlowGRPOTrainer:
         """
         from spotlight.util.atomic_file import replace_dir_atomic
         from spotlight.util.disk import ensure_free_space
+        from spotlight.util.weights_file import write_digests
 
         # saved in fp32; every rank checks, before any collective
         counted = self.params if self.lora else list(self.model.parameters())
         ensure_free_space(path, 4 * sum(p.numel() for p in counted), "the final model")
         # written beside ``path`` and swapped in: a crash in the save leaves no ``path`` (the run
-        # is then not finished, and ``up --resume`` saves again), never a partial one
+        # is then not finished, and ``up --resume`` saves again), never a partial one; with the
+        # files' SHA-256 (SHA256SUMS), so bytes changed later are found before a load
         if self.lora:
             sd = self.version_state_dict()
             if self.rank == 0:
                 adapter = {k.replace(".default.", "."): v.float() for k, v in sd.items()}  # peft's saved naming
                 with replace_dir_atomic(path) as tmp:
                     self.family.save_lora(tmp, adapter, adapter_metadata(self.model))
+                    write_digests(tmp)
         else:
             sd = self.full_state_dict()
             if self.rank == 0:
@@ -717,6 +720,7 @@ class FlowGRPOTrainer:
                 model.load_state_dict(sd, assign=True)
                 with replace_dir_atomic(path) as tmp:
                     model.save_pretrained(str(tmp))
+                    write_digests(tmp)
         if self.rank == 0:
             log.info("saved %s to %s", "LoRA adapter" if self.lora else "weights", path)
         dist.barrier()

@@ -149,3 +149,23 @@ def test_a_lora_file_of_another_shape_is_one_line(tmp_path, no_sampling, reward)
     )
     res = runner.invoke(app, ["eval", "--run-dir", str(run), "--num-seeds", "1", "--out", str(tmp_path / "out")])
     _refused(res, str(lora), "not a LoRA adapter of this transformer")
+
+
+@pytest.mark.parametrize("reward", ["geneval_shapes", "jpeg_compressibility"], ids=["shapes-task", "panel"])
+def test_a_transformer_folder_with_a_flipped_byte_is_refused_by_its_digest(tmp_path, no_sampling, reward):
+    """A full fine-tune's final/ as the run saves it (with SHA256SUMS), one byte of its weights
+    flipped afterwards: the file is still readable safetensors of the right shapes, so it was
+    scored as the run's model. Now one line naming the file, before any sampling."""
+    from spotlight.config import load_config
+    from spotlight.models.families import get_family
+    from spotlight.util.weights_file import write_digests
+
+    run = _run_dir(tmp_path, reward)
+    get_family(load_config(run / "config.toml").model).build_transformer().save_pretrained(run / "final")
+    write_digests(run / "final")
+    (weights,) = (run / "final").glob("*.safetensors")
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0x40
+    weights.write_bytes(bytes(data))
+    res = runner.invoke(app, ["eval", "--run-dir", str(run), "--num-seeds", "1", "--out", str(tmp_path / "out")])
+    _refused(res, f"{weights.name} holds other bytes than were saved")

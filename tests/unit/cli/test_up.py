@@ -377,6 +377,31 @@ def test_a_finished_run_whose_final_is_damaged_is_not_finished(tmp_path):
     assert _finished(rd, 2) is None and damaged_final(rd).startswith("final/ is damaged (")
 
 
+def test_a_finished_run_whose_final_bytes_changed_is_not_finished(tmp_path):
+    """A final/ file of the right size whose bytes changed after the save (a flipped bit): its
+    SHA256SUMS says so, and a resume saves it again (was: "is finished", and eval scored it)."""
+    from spotlight.cli.up_preflight import _finished
+    from spotlight.coordinator.resume import damaged_final
+    from spotlight.store.checkpoint import write_checkpoint
+    from spotlight.util.weights_file import write_digests
+
+    rd = tmp_path / "run"
+    rd.mkdir()
+    (rd / "config.toml").write_text(pathlib.Path(TOY).read_text().replace("\niterations = 20\n", "\niterations = 2\n"))
+    write_checkpoint(rd, 1, {"iteration": 2}, keep=2)
+    _write_final(rd)
+    write_digests(rd / "final")
+    assert _finished(rd, 2) is not None and damaged_final(rd) is None
+    weights = rd / "final" / "pytorch_lora_weights.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0x01
+    weights.write_bytes(bytes(data))
+    assert _finished(rd, 2) is None
+    assert damaged_final(rd).startswith(
+        f"final/ is damaged ({rd / 'final'}: pytorch_lora_weights.safetensors holds other bytes"
+    )
+
+
 def test_resume_existing_of_a_finished_run_is_nothing_to_do_even_with_config(tmp_path):
     """The systemd unit passes --config and --resume-existing: a finished run must neither be
     re-run nor fail (Restart=on-failure would loop), and --config must not be refused."""

@@ -13,6 +13,7 @@ from safetensors.torch import save_file
 
 from spotlight.config import ConfigError, dump_config, load_config
 from spotlight.models.families import get_family
+from spotlight.util.weights_file import check_weights_dir
 from spotlight.workers.eval import eval_worker as ew
 
 
@@ -50,6 +51,10 @@ def test_base_model_evaluation_matches_spotlight_eval_and_keeps_best(tmp_path):
     assert np.abs(got.astype(int) - want.astype(int)).max() <= 1 and nonfinite == 0
 
     assert r["eval/is_best"] == 1.0 and (rd / "best" / "config.json").is_file()
+    # every file of best/ (best.json too) is in its SHA256SUMS, and they match
+    listed = {line.split("  ", 1)[1] for line in (rd / "best" / "SHA256SUMS").read_text().splitlines()}
+    assert listed == {p.name for p in (rd / "best").iterdir()} - {"SHA256SUMS"} and "best.json" in listed
+    check_weights_dir(rd / "best")
     assert json.loads((rd / "best" / "best.json").read_text())["version"] == 0
     again = ew.evaluate_version(rd, 0, 0, cache_dir=tmp_path / "cache")
     assert again["eval/score"] == r["eval/score"]  # fixed panel, deterministic sampling
@@ -69,6 +74,8 @@ def test_lora_version_is_the_adapter_and_best_is_a_lora_folder(tmp_path):
     save_file(adapter, rd / "tensor_store/weights/v1.safetensors")
     r = ew.evaluate_version(rd, 1, 0, cache_dir=tmp_path / "cache")
     assert (rd / "best" / "pytorch_lora_weights.safetensors").is_file()
+    assert "pytorch_lora_weights.safetensors" in (rd / "best" / "SHA256SUMS").read_text()
+    check_weights_dir(rd / "best")
     assert r["version"] == 1
 
 

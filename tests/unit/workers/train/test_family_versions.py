@@ -13,6 +13,7 @@ import torch
 
 from spotlight.config import ModelConfig, SpotlightConfig, TrainConfig
 from spotlight.store.tensor_wire import save_version
+from spotlight.util.weights_file import check_weights_dir
 from spotlight.workers.train.train_worker import FlowGRPOTrainer
 
 pytestmark = [pytest.mark.procs, pytest.mark.filterwarnings("ignore:FSDP2-wrapped module")]  # a gloo process group
@@ -51,3 +52,8 @@ def test_lora_versions_are_the_adapter_and_smaller_than_full_ones_and_full_saves
     # the LoRA result is the adapter in diffusers format
     lora_trainer.save_pretrained(tmp_path / "final-lora")
     assert (tmp_path / "final-lora" / "pytorch_lora_weights.safetensors").is_file()
+    # both carry the SHA-256 of each file they hold (docs/evaluation.md, "What it writes")
+    assert (tmp_path / "final-lora" / "SHA256SUMS").read_text().endswith("  pytorch_lora_weights.safetensors\n")
+    assert "  config.json\n" in (tmp_path / "final" / "SHA256SUMS").read_text()
+    check_weights_dir(tmp_path / "final")
+    check_weights_dir(tmp_path / "final-lora")
