@@ -44,12 +44,16 @@ def init(
 
     try:
         pub = init_keys(directory)
-        add_client(directory, "status", "local")
+        status_secret = add_client(directory, "status", "local")
     except (KeysError, OSError) as exc:
         _fail(exc)
     console.print(
         f"coordinator key created: public [cyan]{escape(str(pub))}[/cyan] (give it to every client), "
         f"secret {escape(str(directory / 'server.key_secret'))} (keep it on the reserved node)"
+    )
+    console.print(
+        f"allow-listed [bold]status.local[/bold]: {escape(str(status_secret))} lets `spotlight status` "
+        "on this host read the run (read-only)"
     )
     console.print(
         f"next: [cyan]{escape(shlex.join(['spotlight', 'keys', 'add', str(directory)]))} agent NODE[/cyan] "

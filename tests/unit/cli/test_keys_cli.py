@@ -14,3 +14,16 @@ def test_keys_init_on_a_file_or_under_one_is_one_line(tmp_path):
     assert res.exit_code == 2 and res.output.strip() == f"error: {tmp_path / 'afile'} is a file, not a keys directory"
     res = CliRunner().invoke(app, ["keys", "init", str(tmp_path / "afile" / "keys")])
     assert res.exit_code == 2 and "Errno" not in res.output and "Not a directory" in res.output, res.output
+
+
+def test_keys_init_names_every_key_it_creates(tmp_path):
+    """Was: the status.local client key it also allow-lists went unmentioned, so a user saw a
+    secret key in the directory no command had told them about."""
+    keys = tmp_path / "keys"
+    res = CliRunner().invoke(app, ["keys", "init", str(keys)], env={"COLUMNS": "400"})
+    assert res.exit_code == 0, res.output
+    created = sorted(p.name for p in keys.iterdir() if p.name.endswith("key_secret"))
+    assert created == ["server.key_secret", "status.local.key_secret"], created
+    for name in created:
+        assert str(keys / name) in res.output, (name, res.output)
+    assert "allow-listed status.local" in res.output
