@@ -1399,16 +1399,22 @@ def _with_cause(action, cause: str):
 
 
 def _parse_gpus(text: str) -> list[int]:
+    """The GPU indices of ``join --gpus``.
+
+    Raises:
+        ValueError: one phrase that starts with ``--gpus`` (``join`` prints it as its one
+            ``error:`` line, as it does every refusal of its input).
+    """
     from spotlight.util.gpus import parse_gpu_indices
 
     try:
         gpus = parse_gpu_indices(text)
     except ValueError as exc:
-        raise typer.BadParameter(f"--gpus: {exc}") from None
+        raise ValueError(f"--gpus: {exc}") from None
     if not gpus or len(set(gpus)) != len(gpus) or min(gpus) < 0:
-        raise typer.BadParameter(f"--gpus must list distinct non-negative indices, got {text[:40]!r}")
+        raise ValueError(f"--gpus must list distinct non-negative indices, got {text[:40]!r}")
     if len(gpus) > P.MAX_GPUS_PER_NODE:  # the coordinator refuses the registration of more
-        raise typer.BadParameter(f"--gpus lists {len(gpus)} GPUs; one node registers at most {P.MAX_GPUS_PER_NODE}")
+        raise ValueError(f"--gpus lists {len(gpus)} GPUs; one node registers at most {P.MAX_GPUS_PER_NODE}")
     return gpus
 
 
@@ -1580,7 +1586,10 @@ def join(
     """
     _setup_logging(node_id, log_level, log_file)
     coordinator = _checked_endpoint(coordinator)
-    gpu_list = _parse_gpus(gpus)
+    try:
+        gpu_list = _parse_gpus(gpus)
+    except ValueError as exc:
+        _fail(str(exc))
     if (bad := gpu_ids_error(gpu_list)) is not None:
         _fail(f"--gpus: {bad}")
     if (outside := visibility_error(gpu_list, os.environ.get("CUDA_VISIBLE_DEVICES"))) is not None:
@@ -1595,7 +1604,7 @@ def join(
         try:
             detector = make_detector(cloud, metadata_url, ledger=NoticeLedger(node_dir / "handled-notices.json"))
         except ValueError as exc:
-            raise typer.BadParameter(str(exc)) from None
+            _fail(f"--cloud: {exc}")
         try:
             daemon = AgentDaemon(
                 coordinator,

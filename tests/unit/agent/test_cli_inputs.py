@@ -174,20 +174,40 @@ def test_join_with_more_gpus_than_a_node_registers_fails_before_anything_starts(
     args = ["join", "-c", "127.0.0.1:9", "--gpus", gpus, "--keys", str(keys_dir), "--register-timeout-s", "1"]
     proc = _agent(args, tmp_path, state)
     assert proc.returncode == 2, proc.stderr
-    assert f"--gpus lists {MAX_GPUS_PER_NODE + 1} GPUs; one node registers at most {MAX_GPUS_PER_NODE}" in proc.stderr
+    assert _one_error_line(proc) == (
+        f"--gpus lists {MAX_GPUS_PER_NODE + 1} GPUs; one node registers at most {MAX_GPUS_PER_NODE}"
+    )
     assert not state.exists()
+
+
+@pytest.mark.procs
+@pytest.mark.parametrize(
+    ("args", "want"),
+    [
+        (["--gpus", "0,,1"], "--gpus: '0,,1' has an empty element"),
+        (["--gpus", "1,1"], "--gpus must list distinct non-negative indices, got '1,1'"),
+        (["--cloud", "oracle"], "--cloud: unknown cloud 'oracle': expected one of aws, gcp, azure, none"),
+    ],
+    ids=["empty-element", "repeated", "unknown-cloud"],
+)
+def test_join_refuses_its_gpus_and_cloud_in_one_line_like_its_other_options(tmp_path, keys_dir, args, want):
+    """Was: typer's usage lines and a boxed "Invalid value" before the reason, where every other
+    refusal of join's input is one `spotlight-agent: error:` line."""
+    state = tmp_path / "state"
+    proc = _agent(["join", "-c", "127.0.0.1:9", "--keys", str(keys_dir), *args], tmp_path, state)
+    assert proc.returncode == 2, proc.stderr
+    assert _one_error_line(proc).startswith(want), proc.stderr
+    assert "Usage" not in proc.stderr and not _leftovers(state)
 
 
 @pytest.mark.parametrize("text", ["0,,1", "0,", ",1", ","])
 def test_a_gpu_list_with_an_empty_element_is_refused(text):
     """Was: `join --gpus 0,,1` and `init --reserved-rollout-gpus 0,,1` dropped the empty element
     silently (a typo that loses a GPU); `init --reserved-rollout-gpus ""` still means none."""
-    import typer
-
     from agent.main import _parse_gpus
     from spotlight.cli import app as spotlight_app
 
-    with pytest.raises(typer.BadParameter, match="has an empty element; give comma-separated indices"):
+    with pytest.raises(ValueError, match="has an empty element; give comma-separated indices"):
         _parse_gpus(text)
     res = CliRunner().invoke(spotlight_app, ["init", "--reserved-rollout-gpus", text])
     assert res.exit_code == 2 and "--reserved-rollout-gpus: " in res.stderr and "empty element" in res.stderr
