@@ -100,7 +100,7 @@ def register(app: typer.Typer) -> None:
             results = _simulate_all(console, prof, names, actions, iterations, seed=seed, max_candidates=max_candidates)
         except KeyboardInterrupt:  # nothing written yet: leave no empty --out behind either
             _remove_empty(created)
-            console.print("interrupted: nothing written")
+            print_error("interrupted: nothing written")  # on stderr, as every "interrupted" line
             interrupt_reported()
             raise typer.Exit(130)
         _report(

@@ -622,7 +622,8 @@ def _serve_to_the_end(run: UpRun, coord, cluster, received: dict) -> int:
         cluster.interrupt()  # a second Ctrl-C must not cut the clean-up short, but it gets an answer
         sig = {signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP"}.get(received["sig"], "Ctrl-C")
         coord.stop_reason = f"interrupted: {sig}"
-        console.print(f"[yellow]interrupted[/yellow] ({sig}): stopping agents, workers and trainers…")
+        # on stderr, as every "interrupted" line of the CLI (cli_run.run_app's before the run starts)
+        print_error(f"[yellow]interrupted[/yellow] ({sig}): stopping agents, workers and trainers…")
         interrupt_reported()
         return INTERRUPTED_STATUS[sig]
     except RuntimeError as exc:

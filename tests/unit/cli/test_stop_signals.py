@@ -125,5 +125,45 @@ def test_sigterm_stops_simulate_as_ctrl_c_does_and_leaves_no_out(tmp_path):
             proc.kill()
             proc.wait()
     assert proc.returncode == 143, (stdout, stderr)  # 128 + SIGTERM, as a shell reports it
-    assert "interrupted: nothing written" in stdout and "Traceback" not in stderr, (stdout, stderr)
+    assert "interrupted: nothing written" in stderr and "Traceback" not in stderr, (stdout, stderr)
+    assert "interrupted" not in stdout, stdout
     assert not out.exists()
+
+
+@pytest.mark.parametrize("sig, name", [(None, "Ctrl-C"), (signal.SIGTERM, "SIGTERM"), (signal.SIGHUP, "SIGHUP")])
+def test_up_says_it_was_interrupted_on_stderr_as_before_the_run_starts(capfd, sig, name):
+    """Was: on stdout once the coordinator had started, on stderr (cli_run's line) before: a
+    script that kept stderr saw the interruption only if it came early."""
+    from types import SimpleNamespace
+
+    import spotlight.util.cli_run as cli_run
+    from spotlight.cli.up import _serve_to_the_end
+
+    class Coordinator:
+        stop_reason = None
+
+        def start_trainers(self):
+            pass
+
+        def serve(self, **kwargs):
+            raise KeyboardInterrupt
+
+    class Cluster:
+        def start(self):
+            pass
+
+        def check(self):
+            pass
+
+        def interrupt(self):
+            pass
+
+    run = SimpleNamespace(opts=SimpleNamespace(external_trainers=False, local=True, timeout_s=None))
+    coord = Coordinator()
+    try:
+        code = _serve_to_the_end(run, coord, Cluster(), {"sig": sig})
+    finally:
+        cli_run._interrupt["reported"] = False
+    out, err = capfd.readouterr()
+    assert code == cli_run.INTERRUPTED_STATUS[name] and coord.stop_reason == f"interrupted: {name}"
+    assert err.strip() == f"interrupted ({name}): stopping agents, workers and trainers…" and out == "", (out, err)
