@@ -78,7 +78,7 @@ def register(app: typer.Typer) -> None:
         if specs is None:  # another task than the shapes world: the run's held-out panel, any family
             _eval_panel(console, cfg, weights, prompts, num_seeds, out_dir)
             return
-        _check_weights(weights)
+        _check_weights(weights, console)
         loaded = _load_models(cfg, weights)
         results = {}
         for name, model in loaded.items():
@@ -232,7 +232,11 @@ def reward_problem(
     return None
 
 
-def _check_weights(weights: Optional[pathlib.Path]) -> None:
+LARGE_WEIGHTS_BYTES = 2**30
+"""A weights folder at least this large gets a progress line while its SHA256SUMS is checked."""
+
+
+def _check_weights(weights: Optional[pathlib.Path], console: Console) -> None:
     """``weights`` (a ``final/`` or ``best/`` folder), when given, holds a LoRA adapter or a
     transformer folder whose safetensors files are all readable: checked before any model is
     built or sampled (:func:`spotlight.util.weights_file.check_weights_dir`).
@@ -242,10 +246,18 @@ def _check_weights(weights: Optional[pathlib.Path]) -> None:
     """
     if weights is None:
         return
-    from spotlight.util.weights_file import WeightsFileError, check_weights_dir
+    from spotlight.cli.progress import working
+    from spotlight.util.weights_file import DIGEST_FILE, WeightsFileError, check_weights_dir, folder_size_bytes
 
     try:
-        check_weights_dir(weights)
+        size = folder_size_bytes(weights)
+        if size >= LARGE_WEIGHTS_BYTES and (weights / DIGEST_FILE).is_file():  # ~1.7 s per GiB: say so
+            with working(
+                console, f"checking {escape(str(weights))} ({size / 2**30:.1f} GiB) against its {DIGEST_FILE}…"
+            ):
+                check_weights_dir(weights)
+        else:
+            check_weights_dir(weights)
     except WeightsFileError as exc:
         print_error(f"[red]error:[/red] cannot load final weights: {escape(str(exc))}")
         raise typer.Exit(2)
@@ -393,7 +405,7 @@ def _eval_panel(console: Console, cfg, weights, prompts, num_seeds: int, out_dir
     if (why := reward_refusal(cfg, panel)) is not None:  # before any model is loaded or sampled
         print_error(f"[red]error:[/red] {escape(why)}")
         raise typer.Exit(2)
-    _check_weights(weights)  # the final weights too: the base model samples first
+    _check_weights(weights, console)  # the final weights too: the base model samples first
     device = ew.eval_device(cfg)
     # the final model first: a weights file that does not fit the transformer is refused before
     # minutes go into sampling the base model; the report lists the base model first

@@ -103,7 +103,7 @@ def check_weights_dir(path: str | pathlib.Path, *, option: str = "") -> None:
     """``path`` is trained weights a run saved (``final/``, ``best/``): a LoRA adapter
     (:data:`LORA_FILE`) or a transformer folder (``config.json``), every safetensors file in it
     readable (:func:`check_safetensors`), and every file its :data:`DIGEST_FILE` lists holding
-    the bytes that were saved (:func:`digest_problem`; read once, ~1 s per GB).
+    the bytes that were saved (:func:`digest_problem`; read once: about 1.7 s per GiB on one core).
 
     Raises:
         WeightsFileError: one line naming the folder or its bad file, and why.
@@ -133,6 +133,14 @@ def check_weights_dir(path: str | pathlib.Path, *, option: str = "") -> None:
 def _sha256(path: pathlib.Path) -> str:
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def folder_size_bytes(folder: str | pathlib.Path) -> int:
+    """The bytes of the regular files directly in ``folder`` (0 when it is no folder)."""
+    folder = pathlib.Path(folder)
+    if not folder.is_dir():
+        return 0
+    return sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
 
 
 def write_digests(folder: str | pathlib.Path) -> pathlib.Path:

@@ -152,10 +152,14 @@ def test_a_lora_file_of_another_shape_is_one_line(tmp_path, no_sampling, reward)
 
 
 @pytest.mark.parametrize("reward", ["geneval_shapes", "jpeg_compressibility"], ids=["shapes-task", "panel"])
-def test_a_transformer_folder_with_a_flipped_byte_is_refused_by_its_digest(tmp_path, no_sampling, reward):
+def test_a_transformer_folder_with_a_flipped_byte_is_refused_by_its_digest(tmp_path, no_sampling, reward, monkeypatch):
     """A full fine-tune's final/ as the run saves it (with SHA256SUMS), one byte of its weights
     flipped afterwards: the file is still readable safetensors of the right shapes, so it was
-    scored as the run's model. Now one line naming the file, before any sampling."""
+    scored as the run's model. Now one line naming the file, before any sampling; a large
+    folder (here: every folder) says that it is being checked first."""
+    import spotlight.cli.eval as cli_eval
+
+    monkeypatch.setattr(cli_eval, "LARGE_WEIGHTS_BYTES", 1)
     from spotlight.config import load_config
     from spotlight.models.families import get_family
     from spotlight.util.weights_file import write_digests
@@ -169,3 +173,4 @@ def test_a_transformer_folder_with_a_flipped_byte_is_refused_by_its_digest(tmp_p
     weights.write_bytes(bytes(data))
     res = runner.invoke(app, ["eval", "--run-dir", str(run), "--num-seeds", "1", "--out", str(tmp_path / "out")])
     _refused(res, f"{weights.name} holds other bytes than were saved")
+    assert " ".join(res.stdout.split()).startswith(f"checking {run / 'final'} (0.0 GiB) against its SHA256SUMS…")
