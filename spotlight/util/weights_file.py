@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 import re
-from typing import Mapping
+from typing import Iterable, Mapping
 
 from spotlight.errors import InputError
 
@@ -35,7 +35,7 @@ DIGEST_FILE = "SHA256SUMS"
 """The SHA-256 of every other file of a ``final/`` or ``best/`` folder, one ``<hex>  <name>`` line each
 (``sha256sum``'s format)."""
 
-_DIGEST_LINE = re.compile(r"^([0-9a-f]{64}) [ *]([^/\\]+)$")
+_DIGEST_LINE = re.compile(r"^([0-9a-fA-F]{64}) [ *](.+)$")
 
 
 class WeightsFileError(InputError):
@@ -101,8 +101,9 @@ def load_safetensors(path: str | pathlib.Path, *, option: str = "") -> dict:
 def check_weights_dir(path: str | pathlib.Path, *, option: str = "") -> None:
     """``path`` is trained weights a run saved (``final/``, ``best/``): a LoRA adapter
     (:data:`LORA_FILE`) or a transformer folder (``config.json``), every safetensors file in it
-    readable (:func:`check_safetensors`), and every file its :data:`DIGEST_FILE` lists holding
-    the bytes that were saved (:func:`digest_problem`; read once: about 1.1 s per GiB on one core).
+    readable (:func:`check_safetensors`), and, where it has a :data:`DIGEST_FILE`, the files a
+    loader reads (the adapter; or ``config.json``, the safetensors files and their index) listed
+    there and every listed file holding the bytes that were saved (:func:`digest_problem`; read once: about 1.1 s per GiB on one core).
 
     Raises:
         WeightsFileError: one line naming the folder or its bad file, and why.
@@ -119,12 +120,19 @@ def check_weights_dir(path: str | pathlib.Path, *, option: str = "") -> None:
     lora = path / LORA_FILE
     if lora.exists():
         check_safetensors(lora)
+        read = [LORA_FILE]
     elif not (path / "config.json").is_file():
         raise WeightsFileError(f"{label}: neither a transformer folder (config.json) nor LoRA weights ({LORA_FILE})")
     else:
-        for f in sorted(path.glob("*.safetensors")):
+        files = sorted(path.glob("*.safetensors"))
+        for f in files:
             check_safetensors(f)
-    problem = digest_problem(path)
+        read = [
+            "config.json",
+            *(f.name for f in files),
+            *(f.name for f in sorted(path.glob("*.safetensors.index.json"))),
+        ]
+    problem = digest_problem(path, must_list=read)
     if problem:
         raise WeightsFileError(f"{label}: {problem}")
 
@@ -160,16 +168,17 @@ def write_digests(folder: str | pathlib.Path) -> pathlib.Path:
     return out
 
 
-def digest_problem(folder: str | pathlib.Path) -> str | None:
-    """Why the files of ``folder`` are not those its :data:`DIGEST_FILE` lists (None: they are,
-    or the folder has no such file: a folder saved before runs wrote one, or by hand). Reads
-    every listed file once.
+def _quoted(line: str, limit: int = 80) -> str:
+    return repr(line if len(line) <= limit else line[:limit] + "…")
 
-    In order: the digest file is unreadable or a line is not ``<sha256>  <name>`` (a name is a
-    file of the folder itself, never a path), a listed file is missing, a file's bytes differ
-    from those saved."""
-    folder = pathlib.Path(folder)
-    listing = folder / DIGEST_FILE
+
+def read_digests(folder: str | pathlib.Path) -> dict[str, str] | str | None:
+    """The file name → SHA-256 (lowercase hex) that ``folder``'s :data:`DIGEST_FILE` lists; None
+    when it has none; or why it cannot be read, as a phrase. Reads what ``sha256sum -c``
+    reads: blank lines are skipped, hex may be uppercase, a name may start with ``./``; a name
+    must be a file of the folder itself (``../x``, ``/x`` and ``sub/x`` are refused: nothing
+    outside the folder is read)."""
+    listing = pathlib.Path(folder) / DIGEST_FILE
     if not listing.exists():
         return None
     try:
@@ -178,12 +187,36 @@ def digest_problem(folder: str | pathlib.Path) -> str | None:
         return f"{DIGEST_FILE} is unreadable ({_reason(exc) if isinstance(exc, OSError) else 'not text'})"
     expected: dict[str, str] = {}
     for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
         m = _DIGEST_LINE.match(line)
-        if m is None or m.group(2) in (".", ".."):
-            return f"{DIGEST_FILE} line {number} is not '<sha256>  <file name>': {line[:80]!r}"
-        expected[m.group(2)] = m.group(1)
-    if not expected:
-        return f"{DIGEST_FILE} lists no file"
+        if m is None:
+            return f"{DIGEST_FILE} line {number} is not '<sha256>  <file name>': {_quoted(line)}"
+        name = m.group(2)
+        while name.startswith("./"):
+            name = name[2:]
+        if not name or "/" in name or name in (".", ".."):
+            return f"{DIGEST_FILE} line {number} names {_quoted(m.group(2))}, not a file of this folder"
+        expected[name] = m.group(1).lower()
+    return expected or f"{DIGEST_FILE} lists no file"
+
+
+def digest_problem(folder: str | pathlib.Path, must_list: Iterable[str] = ()) -> str | None:
+    """Why the files of ``folder`` are not those its :data:`DIGEST_FILE` lists (None: they are,
+    or the folder has no such file: a folder saved before runs wrote one, or by hand). Reads
+    every listed file once.
+
+    In order: the digest file is unreadable or a line is not ``<sha256>  <name>``
+    (:func:`read_digests`), a name of ``must_list`` (the files a loader reads) is not listed, a
+    listed file is missing, a file's bytes differ from those saved. A file neither listed nor
+    in ``must_list`` (a note beside the weights) is not read."""
+    folder = pathlib.Path(folder)
+    expected = read_digests(folder)
+    if expected is None or isinstance(expected, str):
+        return expected
+    for name in must_list:
+        if name not in expected:
+            return f"{name} is not listed in {DIGEST_FILE}, so its bytes cannot be checked"
     for name, digest in expected.items():
         path = folder / name
         if not path.is_file():
