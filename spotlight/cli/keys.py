@@ -39,7 +39,7 @@ def init(
         ..., help="Keys directory to create (mode 0700), e.g. /etc/spotlight/keys."
     ),
 ) -> None:
-    """Create the coordinator's key pair and an empty allow-list (plus a status key for this host)."""
+    """Create the coordinator's key pair and its allow-list, which holds one read-only key: status.local, for `spotlight status` on this host."""
     from spotlight.net.security import KeysError, add_client, init_keys
 
     try:
@@ -52,8 +52,8 @@ def init(
         f"secret {escape(str(directory / 'server.key_secret'))} (keep it on the reserved node)"
     )
     console.print(
-        f"allow-listed [bold]status.local[/bold]: {escape(str(status_secret))} lets `spotlight status` "
-        "on this host read the run (read-only)"
+        f"allow-listed [bold]status.local[/bold] ({escape(str(directory / 'clients' / 'status.local.key'))}): "
+        f"its secret {escape(str(status_secret))} lets `spotlight status` on this host read the run (read-only)"
     )
     console.print(
         f"next: [cyan]{escape(shlex.join(['spotlight', 'keys', 'add', str(directory)]))} agent NODE[/cyan] "

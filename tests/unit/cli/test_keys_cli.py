@@ -22,8 +22,8 @@ def test_keys_init_names_every_key_it_creates(tmp_path):
     keys = tmp_path / "keys"
     res = CliRunner().invoke(app, ["keys", "init", str(keys)], env={"COLUMNS": "400"})
     assert res.exit_code == 0, res.output
-    created = sorted(p.name for p in keys.iterdir() if p.name.endswith("key_secret"))
-    assert created == ["server.key_secret", "status.local.key_secret"], created
+    created = sorted(str(p.relative_to(keys)) for p in keys.rglob("*") if p.is_file())
+    assert created == ["clients/status.local.key", "server.key", "server.key_secret", "status.local.key_secret"]
     for name in created:
         assert str(keys / name) in res.output, (name, res.output)
     assert "allow-listed status.local" in res.output
