@@ -1244,10 +1244,12 @@ class AgentDaemon:
         self.check_not_preempted()
         try:
             self.register()
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:  # SIGINT, or a second SIGTERM (sigterm_handler sets stopped_by)
+            signum = self.stopped_by or signal.SIGINT
             raise StoppedWaiting(
-                f"stopped by SIGINT while waiting for the coordinator at {self.endpoint}; nothing was started",
-                128 + signal.SIGINT,
+                f"stopped by {signal.Signals(signum).name} while waiting for the coordinator at {self.endpoint}; "
+                "nothing was started",
+                128 + signum,
             ) from None
         self._take_node_state()
         self.start_workers()  # the first warm spare follows once they said hello (check_spare)

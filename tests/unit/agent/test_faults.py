@@ -301,6 +301,32 @@ def test_join_to_nothing_shows_progress_and_obeys_sigterm(state, keys_dir):
     assert "stopped by SIGTERM while waiting for the coordinator" in rest and "Traceback" not in rest
 
 
+@pytest.mark.procs
+def test_two_sigterms_while_waiting_are_named_sigterm(state, keys_dir):
+    """GNU timeout and some supervisors send SIGTERM twice. Was: the second one's interruption
+    was reported as "stopped by SIGINT while waiting …" (status 130)."""
+    port = _unused_port()
+    proc = _agent(["--coordinator", f"127.0.0.1:{port}", "--node-id", "spot-a", "--keys", str(keys_dir)], state)
+    try:
+        for line in proc.stderr:  # blocks until the agent reports that it is waiting
+            if "waiting for coordinator at" in line:
+                break
+        proc.send_signal(signal.SIGTERM)
+        # apart, so that Python runs the handler twice (signals that arrive before it runs any are
+        # one call), and within the 200 ms the agent's wait for an answer lasts
+        time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=15)  # generous: an exit, not a speed benchmark
+        rest = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert rc == 128 + signal.SIGTERM, rest
+    assert "stopped by SIGTERM while waiting for the coordinator" in rest, rest
+    assert "SIGINT" not in rest and "Traceback" not in rest, rest
+
+
 def test_first_registration_timeout_is_an_option(state, keys_dir):
     """`--register-timeout-s`: the agent gave up on its first registration after a fixed 60 s."""
     proc = _agent(
