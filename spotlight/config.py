@@ -104,6 +104,23 @@ MAX_WORKER_BATCH = 4096
 in one PULL, whose ``max_requests`` the protocol caps at 4096 (``spotlight.protocol.Pull``), so a
 larger batch would be refused at the worker's first pull."""
 
+MAX_EVAL_SEEDS = 1024
+"""Upper bound of ``eval.num_seeds``: the panel's prompt × seed lists and its images are built in
+memory before the first one samples, so a seed count of billions fills the host's memory instead
+of starting; no held-out score needs more than a few seeds a prompt."""
+
+MAX_PLANNER_SEQUENCES = 1 << 20
+"""Upper bound of ``planner.max_sequences``; :data:`MAX_PLANNER_ARMS` bounds its grid."""
+
+MAX_PLANNER_ARMS = 4096
+"""The most candidate counts d the Planner's grid may hold (``min_sequences``, ``+ sequence_step``,
+…, ``max_sequences``): it is built as a list at coordinator start, and a UCB bandit over more arms
+than iterations learns nothing."""
+
+MIN_TEXT_TOKENS = {"tiny": 2}
+"""The fewest text tokens a family's tokenizer can encode a prompt into (``model.max_text_tokens``):
+MiniLM's tokenizer adds [CLS] and [SEP]; the others' take 1."""
+
 MAX_SP_DEGREE = 4096
 """Upper bound of ``cluster.sp_degree`` and ``cluster.reserved_sp_degree``: an SP group spans GPUs
 of one node, and a node reports at most ``spotlight.protocol.MAX_GPU_INDEX + 1`` = 4096 GPUs; the
@@ -260,7 +277,13 @@ class ModelConfig(_Section):
             "model.guidance_scale",
             f"must be <= {MAX_GUIDANCE_SCALE:g} (real models use 1-10; larger scales give NaN samples)",
         )
-        _check(self.max_text_tokens >= 1, "model.max_text_tokens", "must be >= 1")
+        least = MIN_TEXT_TOKENS.get(self.family, 1)
+        _check(
+            self.max_text_tokens >= least,
+            "model.max_text_tokens",
+            f"must be >= {least}"
+            + (f" for family = '{self.family}' (its tokenizer adds [CLS] and [SEP])" if least > 1 else ""),
+        )
         limit = MAX_TEXT_TOKENS[self.family]
         _check(
             self.max_text_tokens <= limit,
@@ -482,6 +505,19 @@ class PlannerSection(_Section):
             f"must be <= planner.max_sequences={self.max_sequences}",
         )
         _check(self.sequence_step >= 1, "planner.sequence_step", "must be >= 1")
+        _check(
+            self.max_sequences <= MAX_PLANNER_SEQUENCES,
+            "planner.max_sequences",
+            f"must be <= {MAX_PLANNER_SEQUENCES} (candidate seeds per prompt and iteration)",
+        )
+        arms = (self.max_sequences - self.min_sequences) // self.sequence_step + 1
+        _check(
+            arms <= MAX_PLANNER_ARMS,
+            "planner.sequence_step",
+            f"is {self.sequence_step}: the grid from planner.min_sequences to planner.max_sequences = "
+            f"{self.max_sequences} would hold {arms} candidate counts, more than {MAX_PLANNER_ARMS}; "
+            "take a larger step",
+        )
         _check(
             math.isfinite(self.min_effective_steps) and self.min_effective_steps > 0,
             "planner.min_effective_steps",
@@ -776,6 +812,12 @@ class ClusterConfig(_Section):
             f"is {self.min_spot_nodes} but cluster.use_spot = false (no spot node may join): set it to 0",
         )
         gpus = list(self.reserved_rollout_gpus)
+        _check(
+            self.use_spot or bool(gpus),
+            "cluster.reserved_rollout_gpus",
+            "is empty but cluster.use_spot = false (run.mode = 'reserved-only' sets it): no GPU would run "
+            "rollouts and the run would wait for ever; list the reserved GPUs that sample",
+        )
         twice = sorted({g for g in gpus if gpus.count(g) > 1})
         _check(not twice, "cluster.reserved_rollout_gpus", f"GPU {', '.join(map(str, twice))} listed twice: {gpus}")
         _check(min(gpus, default=0) >= 0, "cluster.reserved_rollout_gpus", f"GPU indices must be >= 0: {gpus}")
@@ -909,6 +951,11 @@ class EvalConfig(_Section):
         _check(math.isfinite(self.timeout_s) and self.timeout_s > 0, "eval.timeout_s", "must be > 0")
         _check(self.num_prompts >= 1, "eval.num_prompts", "must be >= 1")
         _check(self.num_seeds >= 1, "eval.num_seeds", "must be >= 1")
+        _check(
+            self.num_seeds <= MAX_EVAL_SEEDS,
+            "eval.num_seeds",
+            f"must be <= {MAX_EVAL_SEEDS} (seeds per held-out prompt; the panel is built in memory)",
+        )
         _check(self.batch_size >= 1, "eval.batch_size", "must be >= 1")
         _check(
             EVAL_DEVICE.fullmatch(self.device) is not None,
@@ -1018,6 +1065,31 @@ class SpotlightConfig(_Section):
             "explore.num_steps",
             f"must be <= sampler.num_steps={self.sampler.num_steps}",
         )
+        if self.explore.active:
+            bandit = self.explore.planner == "bandit"
+            most = self.planner.max_sequences if bandit else self.explore.num_candidates
+            _check(
+                self.explore.max_candidates_per_prompt >= most,
+                "explore.max_candidates_per_prompt",
+                f"must be >= {'planner.max_sequences' if bandit else 'explore.num_candidates'} = {most}: "
+                "a cap below the candidates planned for a prompt cuts them short without a word "
+                + ("(the Planner would be credited for more than ran)" if bandit else "(best-of-N of fewer seeds)"),
+            )
+            if bandit:
+                _check(
+                    self.planner.min_effective_steps <= self.sampler.num_steps,
+                    "planner.min_effective_steps",
+                    f"must be <= sampler.num_steps={self.sampler.num_steps}: no exploration step count "
+                    "(not even the full rollout) would reach it",
+                )
+        samples = self.data.prompts_per_iteration * self.data.group_size
+        _check(
+            self.train.steps_per_iteration <= samples,
+            "train.steps_per_iteration",
+            f"must be <= {samples} (data.prompts_per_iteration × data.group_size samples an iteration: "
+            "each optimizer step needs at least one)",
+        )
+        self._check_message_size()
         _check(
             self.eval.every == 0 or bool(self.eval.prompts_path) or self.reward.kind == "geneval_shapes",
             "eval.prompts_path",
@@ -1038,6 +1110,21 @@ class SpotlightConfig(_Section):
             )
         self._check_family_features()
         self._check_sp_degrees()
+
+    def _check_message_size(self) -> None:
+        """``cluster.max_message_bytes`` holds the largest frame a Rollout Worker sends: one
+        tensor of a worker batch's RESULT (:func:`~spotlight.core.memory_plan.largest_worker_frame_bytes`).
+        ZeroMQ drops the connection of a peer whose frame exceeds it, so a smaller limit made
+        every result re-register its agent, and the run never finished."""
+        from spotlight.core.memory_plan import largest_worker_frame_bytes
+
+        need, what = largest_worker_frame_bytes(self)
+        _check(
+            self.cluster.max_message_bytes >= need,
+            "cluster.max_message_bytes",
+            f"is {self.cluster.max_message_bytes} bytes, but a Rollout Worker's {what} takes {need} "
+            f"({need / 2**20:.1f} MiB): raise it, or lower cluster.worker_batch_size",
+        )
 
     def _check_durations(self) -> None:
         """Every duration (a field ending in ``_s``, of any section) is at most

@@ -39,7 +39,7 @@ def init(
         ..., help="Keys directory to create (mode 0700), e.g. /etc/spotlight/keys."
     ),
 ) -> None:
-    """Create the coordinator's key pair and its allow-list, which holds one read-only key: status.local, for `spotlight status` on this host."""
+    """Create the coordinator's key pair and its allow-list, with one read-only key for `spotlight status` here."""
     from spotlight.net.security import KeysError, add_client, init_keys
 
     try:

@@ -841,9 +841,12 @@ def build_core(cfg: SpotlightConfig, sched: RequestScheduler, seed_bank: SeedBan
     prompt_order = list(range(num_prompts))
     random.Random(cfg.data.shuffle_seed).shuffle(prompt_order)
     T = float(cfg.sampler.num_steps)
-    options = profile.step_options() if profile else [StepOption(0.0, T, 1.0)]
+    # the full rollout is this run's own T steps at accuracy 1 whatever a profile says (one measured
+    # for another sampler, or edited by hand, may lack it), so the Planner always has an arm
+    cached = [o for o in profile.step_options() if o.cache_threshold > 0] if profile else []
     if cfg.model.family not in STEP_CACHE_FAMILIES:  # a profile's cached arms cannot run (sd3: no First Block Cache)
-        options = [o for o in options if o.cache_threshold == 0] or [StepOption(0.0, T, 1.0)]
+        cached = []
+    options = [StepOption(0.0, T, 1.0), *cached]
     bandit = mode != "off" and cfg.explore.planner == "bandit"
     return build_iteration_core(
         IterationSettings(

@@ -208,6 +208,24 @@ def latent_values(family: str, image_size: int) -> int:
     return 3 * image_size * image_size if family == "tiny" else 16 * (image_size // 8) ** 2
 
 
+def largest_worker_frame_bytes(cfg) -> tuple[int, str]:
+    """The largest frame a Rollout Worker sends the coordinator, and what it is: a RESULT carries
+    each tensor of its batch as one frame (``spotlight.store.tensor_wire.pack_tensors``), the
+    biggest of which is a rollout's SDE window latents, ``B·(W+1)·latent·4`` bytes, or the batch's
+    decoded images, ``B·3·H²`` (``B`` = ``cluster.worker_batch_size``); a COMMIT's frames are one
+    request's each, and smaller. Plus 64 KiB for ZeroMQ's and the header's overhead. Pure."""
+    b, h = cfg.cluster.worker_batch_size, cfg.model.image_size
+    window = b * (cfg.sampler.sde_window_size + 1) * latent_values(cfg.model.family, h) * 4
+    images = b * 3 * h * h
+    overhead = 64 * 1024
+    if window >= images:
+        return (
+            window + overhead,
+            "RESULT frame of SDE window latents (worker_batch_size × (sde_window_size + 1) latents)",
+        )
+    return images + overhead, "RESULT frame of decoded images (worker_batch_size images)"
+
+
 def committed_states_bytes(cfg, family: str) -> tuple[int, str]:
     """Disk bytes of the committed rollout states the Tensor Store may hold at once, and the
     formula. A preempted Rollout Worker commits each unfinished request's state (its latent, the

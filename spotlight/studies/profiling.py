@@ -154,23 +154,34 @@ def load_profile(cfg: SpotlightConfig, run_dir: pathlib.Path | None = None) -> P
             f"explore.profile_path: file not found: {path} "
             f"(write it with `spotlight profile --out {shlex.quote(str(path))}`)"
         )
+    errors = (ValueError, KeyError, TypeError, AttributeError, StopIteration)
     try:
         data = json.loads(path.read_text())
         kinds = {str(k): float(v) for k, v in data["t_step_s"].items()}
         steps = list(data["steps"])
         default = kinds.get("cpu/sp1") or kinds.get("cuda/sp1") or next(iter(kinds.values()))
         created = data.get("created_unix_s")
-    except (ValueError, KeyError, TypeError, AttributeError, StopIteration) as exc:
+        profile = Profile(
+            default,
+            kinds,
+            steps,
+            str(path),
+            source=source,
+            config_key=str(data.get("config_key") or ""),
+            created_unix_s=float(created) if isinstance(created, (int, float)) else None,
+        )
+    except errors as exc:
         raise SpotlightError(f"{path}: not a Spotlight profile ({exc})") from None
-    return Profile(
-        default,
-        kinds,
-        steps,
-        str(path),
-        source=source,
-        config_key=str(data.get("config_key") or ""),
-        created_unix_s=float(created) if isinstance(created, (int, float)) else None,
-    )
+    try:
+        options = profile.step_options()  # every row read now: a bad one is refused here, not at run time
+    except errors as exc:
+        what = f"a row of its steps lacks {exc}" if isinstance(exc, KeyError) else f"a row of its steps: {exc}"
+        raise SpotlightError(f"{path}: not a Spotlight profile ({what})") from None
+    if not options:
+        raise SpotlightError(
+            f"{path}: not a Spotlight profile (no steps; `spotlight profile` writes one row a threshold)"
+        )
+    return profile
 
 
 def spearman(a: Sequence[float], b: Sequence[float]) -> float:

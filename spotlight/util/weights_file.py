@@ -103,7 +103,8 @@ def check_weights_dir(path: str | pathlib.Path, *, option: str = "") -> None:
     (:data:`LORA_FILE`) or a transformer folder (``config.json``), every safetensors file in it
     readable (:func:`check_safetensors`), and, where it has a :data:`DIGEST_FILE`, the files a
     loader reads (the adapter; or ``config.json``, the safetensors files and their index) listed
-    there and every listed file holding the bytes that were saved (:func:`digest_problem`; read once: about 1.1 s per GiB on one core).
+    there and every listed file holding the bytes that were saved (:func:`digest_problem`;
+    read once: about 1.1 s per GiB on one core).
 
     Raises:
         WeightsFileError: one line naming the folder or its bad file, and why.

@@ -192,3 +192,79 @@ def test_a_top_level_key_is_not_called_a_section(tmp_path):
     path.write_text("[foo]\nx = 1\n")
     with pytest.raises(ConfigError, match=r"\[foo\]: unknown section"):
         load_config(path)
+
+
+# -- values that loaded and then hung, crashed or trained on less than asked -----------------
+
+
+def test_a_message_limit_below_a_worker_batch_result_is_refused():
+    """Was: accepted, then ZeroMQ dropped every rollout result of 32 × 9 window latents (3.5 MiB)
+    over the 1 MiB limit, the agent re-registered again and again, and the run never finished."""
+    from spotlight.core.memory_plan import largest_worker_frame_bytes
+
+    overrides = {"cluster.max_message_bytes": 1 << 20, "cluster.worker_batch_size": 32, "sampler.sde_window_size": 8}
+    msg = _refused(overrides, "cluster.max_message_bytes")
+    assert "RESULT frame of SDE window latents" in msg and "lower cluster.worker_batch_size" in msg, msg
+    need, _ = largest_worker_frame_bytes(load_config(overrides={**overrides, "cluster.max_message_bytes": 1 << 30}))
+    assert need == 32 * 9 * 3 * 32 * 32 * 4 + 64 * 1024  # the tiny model's 32 px latents are its pixels
+    load_config(overrides={**overrides, "cluster.max_message_bytes": need})
+
+
+def test_reserved_only_without_a_reserved_rollout_gpu_is_refused():
+    """Was: accepted, and `up` waited in "phase starting" for ever: no GPU ran rollouts."""
+    msg = _refused({"run.mode": "reserved-only", "cluster.reserved_rollout_gpus": []}, "cluster.reserved_rollout_gpus")
+    assert "cluster.use_spot = false" in msg and "reserved-only" in msg, msg
+    load_config(overrides={"cluster.reserved_rollout_gpus": []})  # spot GPUs run them
+
+
+@pytest.mark.parametrize(
+    ("mode", "bound", "least"),
+    [("verl-omni-spot", "explore.num_candidates", 24), ("spotlight", "planner.max_sequences", 32)],
+    ids=["best-of-n", "bandit"],
+)
+def test_a_candidate_cap_below_the_planned_candidates_is_refused(mode, bound, least):
+    """Was: best-of-N with a cap of 2 trained on 2 samples a group (24 in all instead of 96),
+    and the bandit's large arms were cut short while the Planner was credited for them."""
+    msg = _refused(
+        {"run.mode": mode, "explore.max_candidates_per_prompt": least - 1}, "explore.max_candidates_per_prompt"
+    )
+    assert f"must be >= {bound} = {least}" in msg, msg
+    load_config(overrides={"run.mode": mode, "explore.max_candidates_per_prompt": least})
+    load_config(overrides={"explore.max_candidates_per_prompt": 2, "explore.enabled": False})  # no exploration
+
+
+def test_a_minimum_step_count_above_the_rollouts_is_refused():
+    """Was: `ValueError: all 1 step options refused …` as a traceback when the coordinator started."""
+    msg = _refused({"planner.min_effective_steps": 50.0}, "planner.min_effective_steps")
+    assert "must be <= sampler.num_steps=" in msg, msg
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        ({"planner.max_sequences": 10**12}, "planner.max_sequences"),
+        ({"planner.max_sequences": 100_000, "planner.sequence_step": 1}, "planner.sequence_step"),
+        ({"eval.num_seeds": 10**10}, "eval.num_seeds"),
+    ],
+    ids=["planner-d", "planner-grid", "eval-seeds"],
+)
+def test_sizes_built_as_lists_at_start_are_bounded(overrides, key):
+    """Was: MemoryError at coordinator start (the Planner's d grid) or in `up`'s check of the
+    held-out panel, both built in memory."""
+    _refused(overrides, key)
+
+
+def test_more_optimizer_steps_than_samples_are_refused():
+    """Was: 10**12 steps accepted; the trainer built a list of that many minibatches and looped
+    through empty ones for ever."""
+    msg = _refused({"train.steps_per_iteration": 97}, "train.steps_per_iteration")
+    assert "must be <= 96" in msg, msg
+    load_config(overrides={"train.steps_per_iteration": 96})
+
+
+def test_text_tokens_below_what_the_tokenizer_needs_are_refused():
+    """Was: `max_text_tokens = 1` loaded; `up` then failed to encode the prompts with the
+    tokenizer's advice ("activate truncation and/or padding") and `eval` with a traceback."""
+    msg = _refused({"model.max_text_tokens": 1}, "model.max_text_tokens")
+    assert "must be >= 2" in msg and "[CLS] and [SEP]" in msg, msg
+    load_config(overrides={"model.max_text_tokens": 2})

@@ -84,3 +84,55 @@ def test_unmeasurable_accuracy_is_refused_not_a_crash(tmp_path):
         for o in load_profile(load_config(overrides={"explore.profile_path": str(path)})).step_options()
     }
     assert opts[0.7].accuracy == -1.0 and opts[0.0].accuracy == 1.0
+
+
+@pytest.mark.parametrize(
+    ("steps", "why"),
+    [
+        pytest.param([], "no steps", id="no-steps"),
+        pytest.param([{"effective_steps": 10.0}], "a row of its steps lacks 'cache_threshold'", id="row-without-key"),
+        pytest.param([{"cache_threshold": "x", "effective_steps": 10.0}], "could not convert", id="not-a-number"),
+        pytest.param(
+            [{"cache_threshold": -1.0, "effective_steps": 4.0}],
+            "cache_threshold must be a finite number >= 0",
+            id="negative",
+        ),
+        pytest.param(
+            [{"cache_threshold": 0.5, "effective_steps": 0.0}],
+            "effective_steps must be a finite number > 0",
+            id="no-steps-left",
+        ),
+        pytest.param(
+            [{"cache_threshold": 0.5, "effective_steps": 4.0, "cost_steps": -2.0}], "cost_steps", id="bad-cost"
+        ),
+    ],
+)
+def test_a_profile_whose_rows_cannot_be_planned_is_refused_when_loaded(tmp_path, steps, why):
+    """Was: loaded, then `KeyError: 'cache_threshold'` or `ValueError: all 0 step options
+    refused` when the coordinator built its Planner, as a traceback."""
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({"t_step_s": {"cpu/sp1": 0.01}, "steps": steps}))
+    with pytest.raises(SpotlightError) as info:
+        load_profile(load_config(overrides={"explore.profile_path": str(path)}))
+    msg = str(info.value)
+    assert msg.startswith(f"{path}: not a Spotlight profile (") and why in msg and "\n" not in msg, msg
+
+
+def test_the_planner_always_has_the_full_rollout(tmp_path):
+    """A profile without a threshold-0 row (edited by hand), or one whose full rollout was
+    measured with fewer steps than the run takes, still gives the Planner the run's own full
+    rollout (was: `ValueError: all … step options refused` at coordinator start)."""
+    from spotlight.coordinator.coordinator import build_core
+    from spotlight.core.request_scheduler import RequestScheduler
+    from spotlight.core.seed_bank import SeedBank
+
+    path = tmp_path / "p.json"
+    steps = [
+        {"cache_threshold": 0.0, "effective_steps": 3.0, "accuracy": 1.0},
+        {"cache_threshold": 0.5, "effective_steps": 2.0, "accuracy": 0.2},
+    ]
+    path.write_text(json.dumps({"t_step_s": {"cpu/sp1": 0.01}, "steps": steps}))
+    cfg = load_config(overrides={"explore.profile_path": str(path), "planner.min_effective_steps": 5.0})
+    core = build_core(cfg, RequestScheduler(), SeedBank(0, cfg.data.group_size), load_profile(cfg), num_prompts=64)
+    full = [(o.cache_threshold, o.effective_steps, o.accuracy) for o in core.planner.step_options]
+    assert full == [(0.0, float(cfg.sampler.num_steps), 1.0)], full
