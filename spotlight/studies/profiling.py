@@ -157,6 +157,8 @@ def load_profile(cfg: SpotlightConfig, run_dir: pathlib.Path | None = None) -> P
     errors = (ValueError, KeyError, TypeError, AttributeError, StopIteration)
     try:
         data = json.loads(path.read_text())
+        if not isinstance(data, dict) or not {"t_step_s", "steps"} <= set(data):
+            raise ValueError("expected a JSON object with t_step_s and steps, as `spotlight profile` writes")
         kinds = {str(k): float(v) for k, v in data["t_step_s"].items()}
         steps = list(data["steps"])
         default = kinds.get("cpu/sp1") or kinds.get("cuda/sp1") or next(iter(kinds.values()))

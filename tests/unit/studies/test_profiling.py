@@ -56,9 +56,14 @@ def test_missing_or_bad_profile_is_a_clear_error(tmp_path):
     with pytest.raises(SpotlightError, match="not found"):
         load_profile(load_config(overrides={"explore.profile_path": str(tmp_path / "nope.json")}))
     bad = tmp_path / "bad.json"
-    bad.write_text("{}")
-    with pytest.raises(SpotlightError, match="not a Spotlight profile"):
-        load_profile(load_config(overrides={"explore.profile_path": str(bad)}))
+    for text in ("{}", "[1, 2]", '{"steps": []}'):  # was: "('t_step_s')", "list indices must be integers …"
+        bad.write_text(text)
+        with pytest.raises(SpotlightError) as info:
+            load_profile(load_config(overrides={"explore.profile_path": str(bad)}))
+        assert str(info.value) == (
+            f"{bad}: not a Spotlight profile (expected a JSON object with t_step_s and steps, "
+            "as `spotlight profile` writes)"
+        )
 
 
 def test_unmeasurable_accuracy_is_refused_not_a_crash(tmp_path):
