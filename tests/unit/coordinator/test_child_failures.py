@@ -150,7 +150,7 @@ def test_a_local_agent_that_fails_is_reported_once_with_its_log(tmp_path, monkey
     assert len(said) == 1, said
     first, *rest = said[0].splitlines()
     assert first == (
-        "[yellow]warning:[/yellow] local agent spot-0 exited with code 2: spotlight-agent: error: Invalid value: "
+        "[yellow]warning:[/yellow] local agent spot-0 exited with code 2: spotlight-agent: error: "
         "--gpus must list distinct non-negative indices, got '1,1' (the run goes on without it)"
     ), said[0]
     assert rest[0] == f"  last lines of {tmp_path / 'logs' / 'agent-spot-0.log'}:"
