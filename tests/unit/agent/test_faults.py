@@ -280,7 +280,9 @@ def test_join_without_keys_is_one_line_before_connecting(state, tmp_path, which)
     assert "Traceback" not in err and "registering" not in err
 
 
-def test_join_to_nothing_shows_progress_and_obeys_sigterm(state, keys_dir):
+def _sigterms_while_waiting(state, keys_dir, times: int) -> tuple[int, list[str], str]:
+    """Start an agent whose coordinator never answers; once it says it is waiting, send it
+    SIGTERM ``times`` times. Returns its exit status, its stderr until it waited, and the rest."""
     port = _unused_port()
     proc = _agent(["--coordinator", f"127.0.0.1:{port}", "--node-id", "spot-a", "--keys", str(keys_dir)], state)
     try:
@@ -289,14 +291,24 @@ def test_join_to_nothing_shows_progress_and_obeys_sigterm(state, keys_dir):
             seen.append(line)
             if "waiting for coordinator at" in line:
                 break
-        assert any(f"waiting for coordinator at tcp://127.0.0.1:{port} (attempt 2" in line for line in seen), seen
-        proc.send_signal(signal.SIGTERM)
+        for k in range(times):
+            if k:
+                # apart, so that Python runs the handler again (signals that arrive before it runs
+                # any are one call), and within the 200 ms the agent's wait for an answer lasts
+                time.sleep(0.02)
+            proc.send_signal(signal.SIGTERM)
         rc = proc.wait(timeout=15)  # generous: an exit, not a speed benchmark
         rest = proc.stderr.read()
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    return rc, [f"tcp://127.0.0.1:{port}", *seen], rest
+
+
+def test_join_to_nothing_shows_progress_and_obeys_sigterm(state, keys_dir):
+    rc, (endpoint, *seen), rest = _sigterms_while_waiting(state, keys_dir, 1)
+    assert any(f"waiting for coordinator at {endpoint} (attempt 2" in line for line in seen), seen
     assert rc == 128 + signal.SIGTERM, rest
     assert "stopped by SIGTERM while waiting for the coordinator" in rest and "Traceback" not in rest
 
@@ -305,23 +317,7 @@ def test_join_to_nothing_shows_progress_and_obeys_sigterm(state, keys_dir):
 def test_two_sigterms_while_waiting_are_named_sigterm(state, keys_dir):
     """GNU timeout and some supervisors send SIGTERM twice. Was: the second one's interruption
     was reported as "stopped by SIGINT while waiting …" (status 130)."""
-    port = _unused_port()
-    proc = _agent(["--coordinator", f"127.0.0.1:{port}", "--node-id", "spot-a", "--keys", str(keys_dir)], state)
-    try:
-        for line in proc.stderr:  # blocks until the agent reports that it is waiting
-            if "waiting for coordinator at" in line:
-                break
-        proc.send_signal(signal.SIGTERM)
-        # apart, so that Python runs the handler twice (signals that arrive before it runs any are
-        # one call), and within the 200 ms the agent's wait for an answer lasts
-        time.sleep(0.02)
-        proc.send_signal(signal.SIGTERM)
-        rc = proc.wait(timeout=15)  # generous: an exit, not a speed benchmark
-        rest = proc.stderr.read()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    rc, _, rest = _sigterms_while_waiting(state, keys_dir, 2)
     assert rc == 128 + signal.SIGTERM, rest
     assert "stopped by SIGTERM while waiting for the coordinator" in rest, rest
     assert "SIGINT" not in rest and "Traceback" not in rest, rest
