@@ -109,8 +109,10 @@ MAX_EVAL_SEEDS = 1024
 memory before the first one samples, so a seed count of billions fills the host's memory instead
 of starting; no held-out score needs more than a few seeds a prompt."""
 
-MAX_PLANNER_SEQUENCES = 1 << 20
-"""Upper bound of ``planner.max_sequences``; :data:`MAX_PLANNER_ARMS` bounds its grid."""
+MAX_PLANNER_SEQUENCES = 1_000_000
+"""Upper bound of ``planner.max_sequences`` (:data:`MAX_PLANNER_ARMS` bounds its grid): the cap
+``spotlight up --uncapped-exploration`` sets on a prompt's candidates, which a planned d must not
+exceed (``explore.max_candidates_per_prompt >= planner.max_sequences``)."""
 
 MAX_PLANNER_ARMS = 4096
 """The most candidate counts d the Planner's grid may hold (``min_sequences``, ``+ sequence_step``,

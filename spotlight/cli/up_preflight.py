@@ -25,7 +25,9 @@ if TYPE_CHECKING:
 
 UNCAPPED_CANDIDATES = 1_000_000
 """``explore.max_candidates_per_prompt`` of ``--uncapped-exploration``: more candidates than
-any training window can explore, i.e. no cap (paper §6.7 Fig. 15 measures peak throughput so)."""
+any training window can explore, i.e. no cap (paper §6.7 Fig. 15 measures peak throughput so),
+and no fewer than any ``planner.max_sequences`` the config accepts
+(``spotlight.config.MAX_PLANNER_SEQUENCES``)."""
 
 DEFAULT_RESERVED = "127.0.0.1:0"
 """``--reserved`` when not given: a resumed run then listens where its coordinator did."""

@@ -268,3 +268,15 @@ def test_text_tokens_below_what_the_tokenizer_needs_are_refused():
     msg = _refused({"model.max_text_tokens": 1}, "model.max_text_tokens")
     assert "must be >= 2" in msg and "[CLS] and [SEP]" in msg, msg
     load_config(overrides={"model.max_text_tokens": 2})
+
+
+def test_uncapped_exploration_takes_any_planner_grid_the_config_accepts():
+    """Was: `planner.max_sequences = 1048576` loaded, and `up --uncapped-exploration` (a cap of
+    1 000 000) then refused it, blaming the flag."""
+    from spotlight.cli.up_preflight import UNCAPPED_CANDIDATES
+    from spotlight.config import MAX_PLANNER_SEQUENCES
+
+    assert UNCAPPED_CANDIDATES >= MAX_PLANNER_SEQUENCES
+    biggest = {"planner.max_sequences": MAX_PLANNER_SEQUENCES, "planner.sequence_step": 1024}
+    load_config(overrides={**biggest, "explore.max_candidates_per_prompt": UNCAPPED_CANDIDATES})
+    _refused({**biggest, "planner.max_sequences": MAX_PLANNER_SEQUENCES + 1}, "planner.max_sequences")
