@@ -62,6 +62,11 @@ reports no residency, so the coordinator never waits for it)."""
 MAX_BODY_BYTES = 1 << 20
 """Largest msgpack body :func:`decode` accepts (tensors travel in their own frames)."""
 
+FRAME_OVERHEAD_BYTES = 64 * 1024
+"""Slack over the largest frame a peer sends, in a ``ZMQ_MAXMSGSIZE`` limit: libzmq checks it
+against the frame as it is on the wire, which CURVE makes a few dozen bytes longer than its
+plaintext."""
+
 # Bounded field types: a body that violates them fails to decode, before any handler runs.
 Id = Annotated[str, Meta(min_length=1, max_length=200)]
 Text = Annotated[str, Meta(max_length=4096)]

@@ -3,6 +3,7 @@ kind, or for any family and task the run's reward on its held-out panel (docs/ev
 
 from __future__ import annotations
 
+import contextlib
 import json
 import pathlib
 from typing import Optional
@@ -249,14 +250,14 @@ def _check_weights(weights: Optional[pathlib.Path], console: Console) -> None:
     from spotlight.cli.progress import working
     from spotlight.util.weights_file import DIGEST_FILE, WeightsFileError, check_weights_dir, folder_size_bytes
 
+    size = folder_size_bytes(weights)
+    checking = (  # ~1.1 s per GiB: say so
+        working(console, f"checking {escape(str(weights))} ({size / 2**30:.1f} GiB) against its {DIGEST_FILE}…")
+        if size >= LARGE_WEIGHTS_BYTES and (weights / DIGEST_FILE).is_file()
+        else contextlib.nullcontext()
+    )
     try:
-        size = folder_size_bytes(weights)
-        if size >= LARGE_WEIGHTS_BYTES and (weights / DIGEST_FILE).is_file():  # ~1.1 s per GiB: say so
-            with working(
-                console, f"checking {escape(str(weights))} ({size / 2**30:.1f} GiB) against its {DIGEST_FILE}…"
-            ):
-                check_weights_dir(weights)
-        else:
+        with checking:
             check_weights_dir(weights)
     except WeightsFileError as exc:
         print_error(f"[red]error:[/red] cannot load final weights: {escape(str(exc))}")

@@ -88,9 +88,6 @@ from spotlight.studies.profiling import load_profile
 
 log = logging.getLogger("spotlight.coordinator")
 
-FRAME_OVERHEAD_BYTES = 64 * 1024
-"""Slack over the largest frame a trainer sends: libzmq checks MAXMSGSIZE against the frame
-as it is on the wire, which CURVE makes a few dozen bytes longer than its plaintext."""
 PULL_PHASES = frozenset({Phase.EXPLORE_FIRST, Phase.ROLLOUT, Phase.TRAIN, Phase.DRAIN})
 
 
@@ -213,7 +210,7 @@ class Coordinator:
             init_keys(self.run_dir / "keys", exist_ok=True)
             self.keys = load_server_keys(self.run_dir / "keys")
         cluster = self.cfg.cluster
-        trainer_frame = max(cluster.weight_chunk_bytes, P.MAX_BODY_BYTES) + FRAME_OVERHEAD_BYTES
+        trainer_frame = max(cluster.weight_chunk_bytes, P.MAX_BODY_BYTES) + P.FRAME_OVERHEAD_BYTES
         external = self.trainers.external
         self.server = ControlServer(
             self.bind,

@@ -213,11 +213,12 @@ def largest_worker_frame_bytes(cfg) -> tuple[int, str]:
     each tensor of its batch as one frame (``spotlight.store.tensor_wire.pack_tensors``), the
     biggest of which is a rollout's SDE window latents, ``B·(W+1)·latent·4`` bytes, or the batch's
     decoded images, ``B·3·H²`` (``B`` = ``cluster.worker_batch_size``); a COMMIT's frames are one
-    request's each, and smaller. Plus 64 KiB for ZeroMQ's and the header's overhead. Pure."""
+    request's each, and smaller. Plus the wire's slack (:data:`spotlight.protocol.FRAME_OVERHEAD_BYTES`). Pure."""
+    from spotlight.protocol import FRAME_OVERHEAD_BYTES as overhead
+
     b, h = cfg.cluster.worker_batch_size, cfg.model.image_size
     window = b * (cfg.sampler.sde_window_size + 1) * latent_values(cfg.model.family, h) * 4
     images = b * 3 * h * h
-    overhead = 64 * 1024
     if window >= images:
         return (
             window + overhead,

@@ -173,33 +173,40 @@ def _quoted(line: str, limit: int = 80) -> str:
     return repr(line if len(line) <= limit else line[:limit] + "…")
 
 
-def read_digests(folder: str | pathlib.Path) -> dict[str, str] | str | None:
+def read_digests(folder: str | pathlib.Path) -> dict[str, str] | None:
     """The file name → SHA-256 (lowercase hex) that ``folder``'s :data:`DIGEST_FILE` lists; None
-    when it has none; or why it cannot be read, as a phrase. Reads what ``sha256sum -c``
-    reads: blank lines are skipped, hex may be uppercase, a name may start with ``./``; a name
-    must be a file of the folder itself (``../x``, ``/x`` and ``sub/x`` are refused: nothing
-    outside the folder is read)."""
+    when it has none. Reads what ``sha256sum -c`` reads: blank lines are skipped, hex may be
+    uppercase, a name may start with ``./``; a name must be a file of the folder itself (``../x``,
+    ``/x`` and ``sub/x`` are refused: nothing outside the folder is read).
+
+    Raises:
+        ValueError: why the listing cannot be read, as one phrase.
+    """
     listing = pathlib.Path(folder) / DIGEST_FILE
     if not listing.exists():
         return None
     try:
         lines = listing.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
-        return f"{DIGEST_FILE} is unreadable ({_reason(exc) if isinstance(exc, OSError) else 'not text'})"
+        raise ValueError(
+            f"{DIGEST_FILE} is unreadable ({_reason(exc) if isinstance(exc, OSError) else 'not text'})"
+        ) from None
     expected: dict[str, str] = {}
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         m = _DIGEST_LINE.match(line)
         if m is None:
-            return f"{DIGEST_FILE} line {number} is not '<sha256>  <file name>': {_quoted(line)}"
+            raise ValueError(f"{DIGEST_FILE} line {number} is not '<sha256>  <file name>': {_quoted(line)}")
         name = m.group(2)
         while name.startswith("./"):
             name = name[2:]
         if not name or "/" in name or name in (".", ".."):
-            return f"{DIGEST_FILE} line {number} names {_quoted(m.group(2))}, not a file of this folder"
+            raise ValueError(f"{DIGEST_FILE} line {number} names {_quoted(m.group(2))}, not a file of this folder")
         expected[name] = m.group(1).lower()
-    return expected or f"{DIGEST_FILE} lists no file"
+    if not expected:
+        raise ValueError(f"{DIGEST_FILE} lists no file")
+    return expected
 
 
 def digest_problem(folder: str | pathlib.Path, must_list: Iterable[str] = ()) -> str | None:
@@ -212,9 +219,12 @@ def digest_problem(folder: str | pathlib.Path, must_list: Iterable[str] = ()) ->
     listed file is missing, a file's bytes differ from those saved. A file neither listed nor
     in ``must_list`` (a note beside the weights) is not read."""
     folder = pathlib.Path(folder)
-    expected = read_digests(folder)
-    if expected is None or isinstance(expected, str):
-        return expected
+    try:
+        expected = read_digests(folder)
+    except ValueError as exc:
+        return str(exc)
+    if expected is None:
+        return None
     for name in must_list:
         if name not in expected:
             return f"{name} is not listed in {DIGEST_FILE}, so its bytes cannot be checked"
